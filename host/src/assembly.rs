@@ -1,0 +1,449 @@
+//! Assembly: every contribution visible to one agent at one step, resolved and ordered
+//! (SPEC A1–A10, T5, T6).
+//!
+//! [`assemble`] is a function of (registry snapshot, step, options). Its only effects are the
+//! dynamic calls it makes through each plugin's [`Provider`](crate::provider::Provider), and
+//! those are made only for effective contributions, each at most once (A2). Everything it
+//! iterates is ordered (`BTreeMap`, explicit sorts), so the result never depends on load
+//! order, registration order or hash seeds (A1).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::error::{Error, Result};
+use crate::interpolate::{interpolate, Resolved};
+use crate::model::{Content, Context, Declaration, Kind, Scope, Section, Step, Tool, Variable};
+use crate::names::UNLISTED_TOOLS;
+use crate::provider::{CallError, CallResult};
+use crate::registry::{PluginEntry, Registry};
+
+/// The fixed first line of the runtime context snapshot (T6).
+pub const RUNTIME_CONTEXT_HEADER: &str =
+    "[Runtime context: this snapshot supersedes any earlier runtime context.]";
+
+/// Per-assembly choices taken from the config.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `tool_order` from the config, already validated (R6).
+    pub tool_order: Option<Vec<String>>,
+    /// False suppresses the runtime context for this agent (A4); contexts are then not called.
+    pub suppress_runtime_context: bool,
+}
+
+/// The result of one assembly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assembly {
+    /// T5: interpolated section texts, empty ones dropped, joined by one blank line.
+    pub system: String,
+    /// T6: the runtime context snapshot text, or `None` when every context is empty.
+    pub runtime_context: Option<String>,
+    pub tools: Vec<AssembledTool>,
+    pub explain: Explain,
+    /// Optional plugins left out because a call failed (A9).
+    pub omitted: Vec<Omission>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AssembledTool {
+    pub name: String,
+    pub description: String,
+    /// A deep copy of the declared schema (A6).
+    pub parameters: serde_json::Value,
+}
+
+/// Which plugin gave each effective contribution, in output order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Explain {
+    pub sections: Vec<Origin>,
+    pub contexts: Vec<Origin>,
+    pub variables: Vec<Origin>,
+    pub tools: Vec<Origin>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub name: String,
+    pub plugin: String,
+    /// The effective scope key.
+    pub scope: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Omission {
+    pub plugin: String,
+    pub contribution: String,
+    pub cause: String,
+}
+
+/// Assembles the request parts for `step.agent`, whose scope chain is `step.scope_chain`
+/// (farthest first, starting with `global`).
+pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<Assembly> {
+    let mut calls = Calls::default();
+    let mut excluded = BTreeSet::new();
+    let mut omitted = Vec::new();
+    loop {
+        match attempt(registry, step, options, &excluded, &mut calls) {
+            Ok(mut assembly) => {
+                assembly.omitted = omitted;
+                return Ok(assembly);
+            }
+            Err(err) => {
+                // A9: an optional plugin's failure removes that plugin and assembly is redone
+                // without it (which may unshadow another plugin's contribution). Call results
+                // are memoised across attempts, so no contribution is called twice.
+                let Some((plugin, contribution, cause)) = plugin_failure(&err) else {
+                    return Err(err);
+                };
+                let optional = registry.get(plugin).is_some_and(|p| p.options.optional);
+                if !optional || excluded.contains(plugin) {
+                    return Err(err);
+                }
+                excluded.insert(plugin.to_string());
+                omitted.push(Omission {
+                    plugin: plugin.to_string(),
+                    contribution,
+                    cause,
+                });
+            }
+        }
+    }
+}
+
+fn plugin_failure(err: &Error) -> Option<(&str, String, String)> {
+    match err {
+        Error::PluginCall {
+            plugin,
+            contribution,
+            cause,
+            ..
+        } => Some((plugin, contribution.clone(), cause.clone())),
+        Error::UnknownShownTool { plugin, .. } => Some((plugin, "shown-tools".into(), err.to_string())),
+        _ => None,
+    }
+}
+
+/// One effective contribution: the item, the plugin that declared it, and its scope.
+struct Pick<'r, T> {
+    entry: &'r PluginEntry,
+    item: &'r T,
+    scope: Scope,
+}
+
+impl<T> Pick<'_, T> {
+    fn origin(&self, name: &str) -> Origin {
+        Origin {
+            name: name.to_string(),
+            plugin: self.entry.id.clone(),
+            scope: self.scope.key().to_string(),
+        }
+    }
+}
+
+/// Merges one kind of contribution over the chain: the nearest scope wins (R3).
+fn effective<'r, T>(
+    registry: &'r Registry,
+    excluded: &BTreeSet<String>,
+    chain: &[String],
+    items: fn(&Declaration) -> &[T],
+    key: fn(&T) -> (&str, &Scope),
+) -> BTreeMap<&'r str, Pick<'r, T>> {
+    let mut best: BTreeMap<&str, (usize, Pick<T>)> = BTreeMap::new();
+    for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
+        for item in items(&entry.declaration) {
+            let (name, declared) = key(item);
+            let scope = entry.effective_scope(declared);
+            let Some(rank) = chain.iter().position(|k| k == scope.key()) else {
+                continue; // not visible to this agent
+            };
+            // Same name in the same scope from two plugins is refused at load (R2), so ranks
+            // never tie; on a tie the first plugin by id would win, still deterministically.
+            if best.get(name).is_none_or(|(r, _)| rank > *r) {
+                best.insert(name, (rank, Pick { entry, item, scope }));
+            }
+        }
+    }
+    best.into_iter().map(|(n, (_, p))| (n, p)).collect()
+}
+
+fn attempt(
+    registry: &Registry,
+    step: &Step,
+    options: &Options,
+    excluded: &BTreeSet<String>,
+    calls: &mut Calls,
+) -> Result<Assembly> {
+    let chain = &step.scope_chain;
+    let sections = effective(registry, excluded, chain, |d| &d.sections[..], |s: &Section| {
+        (&s.name, &s.scope)
+    });
+    let variables = effective(registry, excluded, chain, |d| &d.variables[..], |v: &Variable| {
+        (&v.name, &v.scope)
+    });
+    let tools = effective(registry, excluded, chain, |d| &d.tools[..], |t: &Tool| {
+        (&t.name, &t.scope)
+    });
+
+    // Cheap checks first, before any plugin is called.
+    if let Some(order) = &options.tool_order {
+        check_tool_order(registry, order)?;
+    }
+    let complete: Vec<&Pick<Section>> = sections.values().filter(|p| p.item.complete).collect();
+    if complete.len() > 1 {
+        let names = complete.iter().map(|p| p.item.name.clone()).collect();
+        return Err(Error::MultipleComplete(names)); // already sorted: BTreeMap order
+    }
+
+    // A1, A3: a single complete section stands alone; otherwise sort by (order, name).
+    let mut ordered: Vec<&Pick<Section>> = match complete.first() {
+        Some(only) => vec![only],
+        None => sections.values().collect(),
+    };
+    ordered.sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
+
+    let mut explain = Explain::default();
+    let mut resolver = Resolver {
+        variables: &variables,
+        step,
+        used: BTreeMap::new(),
+    };
+    let mut parts = Vec::new();
+    for pick in &ordered {
+        let s = pick.item;
+        let text = calls.text(pick.entry, Kind::Section, &s.name, &s.scope, &s.text, step)?;
+        let location = format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
+        let rendered = interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?;
+        explain.sections.push(pick.origin(&s.name));
+        if !rendered.is_empty() {
+            parts.push(rendered);
+        }
+    }
+    let system = parts.join("\n\n");
+
+    let mut runtime_context = None;
+    if !options.suppress_runtime_context {
+        let contexts = effective(registry, excluded, chain, |d| &d.contexts[..], |c: &Context| {
+            (&c.name, &c.scope)
+        });
+        let mut ordered: Vec<&Pick<Context>> = contexts.values().collect();
+        ordered.sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
+        let mut parts = Vec::new();
+        for pick in ordered {
+            let c = pick.item;
+            let text = calls.text(pick.entry, Kind::Context, &c.name, &c.scope, &c.text, step)?;
+            let location = format!("context `{}` (plugin `{}`)", c.name, pick.entry.id);
+            let rendered = interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?;
+            explain.contexts.push(pick.origin(&c.name));
+            if !rendered.is_empty() {
+                parts.push(rendered);
+            }
+        }
+        if !parts.is_empty() {
+            runtime_context = Some(format!(
+                "{RUNTIME_CONTEXT_HEADER}\n\n{}",
+                parts.join("\n\n")
+            ));
+        }
+    }
+    explain.variables = resolver
+        .used
+        .keys()
+        .filter_map(|n| variables.get(n.as_str()).map(|p| p.origin(n)))
+        .collect();
+
+    let (tools, tool_origins) = order_tools(&tools, options, step, calls)?;
+    explain.tools = tool_origins;
+
+    Ok(Assembly {
+        system,
+        runtime_context,
+        tools,
+        explain,
+        omitted: Vec::new(),
+    })
+}
+
+/// A8: every `tool_order` name must be known to some loaded plugin.
+fn check_tool_order(registry: &Registry, order: &[String]) -> Result<()> {
+    let known = registry.known_tools();
+    let unknown: Vec<String> = order
+        .iter()
+        .filter(|n| *n != UNLISTED_TOOLS && known.binary_search(n).is_err())
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::UnknownToolOrderName { unknown, known })
+    }
+}
+
+/// A6, A7: shown tools, by name or by `tool_order`.
+fn order_tools(
+    tools: &BTreeMap<&str, Pick<Tool>>,
+    options: &Options,
+    step: &Step,
+    calls: &mut Calls,
+) -> Result<(Vec<AssembledTool>, Vec<Origin>)> {
+    // Each filtering plugin is asked once which of its known tools it shows this step.
+    let mut shown: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for pick in tools.values() {
+        let entry = pick.entry;
+        if entry.declaration.filters_tools && !shown.contains_key(entry.id.as_str()) {
+            let names = calls.shown_tools(entry, step)?;
+            if let Some(bad) = names
+                .iter()
+                .find(|n| !entry.declaration.tools.iter().any(|t| &t.name == *n))
+            {
+                return Err(Error::UnknownShownTool {
+                    plugin: entry.id.clone(),
+                    tool: bad.clone(),
+                });
+            }
+            shown.insert(&entry.id, names.into_iter().collect());
+        }
+    }
+    let visible: BTreeMap<&str, &Pick<Tool>> = tools
+        .iter()
+        .filter(|(name, p)| {
+            shown
+                .get(p.entry.id.as_str())
+                .is_none_or(|s| s.contains(**name))
+        })
+        .map(|(n, p)| (*n, p))
+        .collect();
+
+    let names: Vec<&str> = match &options.tool_order {
+        None => visible.keys().copied().collect(),
+        Some(order) => {
+            let listed: BTreeSet<&str> = order.iter().map(String::as_str).collect();
+            let mut names = Vec::with_capacity(visible.len());
+            for entry in order {
+                if entry == UNLISTED_TOOLS {
+                    names.extend(visible.keys().filter(|n| !listed.contains(*n)));
+                } else if visible.contains_key(entry.as_str()) {
+                    names.push(entry.as_str());
+                }
+            }
+            names
+        }
+    };
+    let mut out = Vec::with_capacity(names.len());
+    let mut origins = Vec::with_capacity(names.len());
+    for name in names {
+        let pick = visible[name];
+        let t = pick.item;
+        let parameters = pick
+            .entry
+            .schemas
+            .get(&(t.name.clone(), t.scope.clone()))
+            .cloned()
+            .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
+        out.push(AssembledTool {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters,
+        });
+        origins.push(pick.origin(name));
+    }
+    Ok((out, origins))
+}
+
+/// Resolves `{{name}}` against the effective variables, calling dynamic ones lazily.
+struct Resolver<'a, 'r> {
+    variables: &'a BTreeMap<&'r str, Pick<'r, Variable>>,
+    step: &'a Step,
+    /// Variables referenced this assembly (for `--explain`).
+    used: BTreeMap<String, ()>,
+}
+
+impl Resolver<'_, '_> {
+    fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved> {
+        let Some(pick) = self.variables.get(name) else {
+            let known = self.variables.keys().map(|k| k.to_string()).collect();
+            return Ok(Resolved::Unknown { known });
+        };
+        self.used.insert(name.to_string(), ());
+        let v = pick.item;
+        let value = match &v.value {
+            Content::Static(s) => Some(s.clone()),
+            Content::Dynamic => calls.value(pick.entry, &v.name, &v.scope, self.step)?,
+        };
+        Ok(match value {
+            Some(v) => Resolved::Value(v),
+            None => Resolved::Absent {
+                plugin: pick.entry.id.clone(),
+            },
+        })
+    }
+}
+
+type CallKey = (String, Kind, String, Scope);
+
+/// Memoised dynamic calls: each contribution is called at most once per assembly (A2).
+#[derive(Default)]
+struct Calls {
+    texts: BTreeMap<CallKey, CallResult<String>>,
+    values: BTreeMap<CallKey, CallResult<Option<String>>>,
+    tools: BTreeMap<String, CallResult<Vec<String>>>,
+}
+
+impl Calls {
+    fn text(
+        &mut self,
+        entry: &PluginEntry,
+        kind: Kind,
+        name: &str,
+        scope: &Scope,
+        content: &Content,
+        step: &Step,
+    ) -> Result<String> {
+        if let Content::Static(s) = content {
+            return Ok(s.clone()); // static text costs no call
+        }
+        let key = (entry.id.clone(), kind, name.to_string(), scope.clone());
+        let result = self.texts.entry(key).or_insert_with(|| match kind {
+            Kind::Section => entry.provider.section_text(name, scope, step),
+            _ => entry.provider.context_text(name, scope, step),
+        });
+        result
+            .clone()
+            .map_err(|e| call_error(entry, &format!("{kind} `{name}`"), e))
+    }
+
+    fn value(
+        &mut self,
+        entry: &PluginEntry,
+        name: &str,
+        scope: &Scope,
+        step: &Step,
+    ) -> Result<Option<String>> {
+        let key = (entry.id.clone(), Kind::Variable, name.to_string(), scope.clone());
+        let result = self
+            .values
+            .entry(key)
+            .or_insert_with(|| entry.provider.variable_value(name, scope, step));
+        result
+            .clone()
+            .map_err(|e| call_error(entry, &format!("variable `{name}`"), e))
+    }
+
+    fn shown_tools(&mut self, entry: &PluginEntry, step: &Step) -> Result<Vec<String>> {
+        let result = self
+            .tools
+            .entry(entry.id.clone())
+            .or_insert_with(|| entry.provider.shown_tools(step));
+        result
+            .clone()
+            .map_err(|e| call_error(entry, "shown-tools", e))
+    }
+}
+
+fn call_error(entry: &PluginEntry, contribution: &str, e: CallError) -> Error {
+    Error::PluginCall {
+        plugin: entry.id.clone(),
+        contribution: contribution.to_string(),
+        cause: e.cause().to_string(),
+        trapped: matches!(e, CallError::Trapped(_)),
+    }
+}

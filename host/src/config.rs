@@ -1,0 +1,307 @@
+//! `promptd.toml`: plugins folder, agents and their scope chains, `tool_order`, per-plugin
+//! settings (R6). Unknown keys are an error, so a typo never silently does nothing.
+//!
+//! ```toml
+//! plugin_dir = "plugins"                       # relative to this file
+//! tool_order = ["read_file", "<unlisted-tools>", "bash"]
+//!
+//! [agents.coder]                               # chain: global → coder
+//! [agents.reviewer]
+//! parent = "coder"                             # chain: global → coder → reviewer
+//! runtime_context = false                      # A4: no runtime context snapshot
+//!
+//! [plugins.persona]                            # the plugin file persona.wasm
+//! scope = "coder"                              # its global contributions move to `coder`
+//! optional = true                              # a failing call omits it (A9)
+//! config = { name = "Ada" }                    # strings passed to its `declare`
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::model::Scope;
+use crate::names::{is_item_name, UNLISTED_TOOLS};
+use crate::registry::PluginOptions;
+
+/// The default agent's name, used when a client names none.
+pub const DEFAULT_AGENT: &str = "default";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    plugin_dir: Option<PathBuf>,
+    tool_order: Option<Vec<String>>,
+    #[serde(default)]
+    agents: BTreeMap<String, AgentConfig>,
+    #[serde(default)]
+    plugins: BTreeMap<String, PluginConfig>,
+}
+
+/// One `[agents.NAME]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The agent whose scope chain this one extends.
+    pub parent: Option<String>,
+    /// Whether this agent gets a runtime context snapshot (A4). Default true.
+    #[serde(default = "yes")]
+    pub runtime_context: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One `[plugins.FILE_STEM]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// The plugin's id, instead of its file stem.
+    pub id: Option<String>,
+    /// Moves the plugin's global contributions into this agent's scope.
+    pub scope: Option<String>,
+    /// A failing call leaves this plugin out instead of failing the assembly (A9).
+    #[serde(default)]
+    pub optional: bool,
+    /// Key/value strings passed to the plugin's `declare`.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// The plugins folder, resolved against the config file's folder.
+    pub plugin_dir: Option<PathBuf>,
+    pub tool_order: Option<Vec<String>>,
+    pub agents: BTreeMap<String, AgentConfig>,
+    /// Keyed by file stem.
+    pub plugins: BTreeMap<String, PluginConfig>,
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let mut config = Self::parse(&text, &path.display().to_string())?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.plugin_dir = config.plugin_dir.map(|d| base.join(d));
+        Ok(config)
+    }
+
+    /// Parses and validates config text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| Error::ConfigParse {
+            path: origin.to_string(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        let config = Config {
+            plugin_dir: raw.plugin_dir,
+            tool_order: raw.tool_order,
+            agents: raw.agents,
+            plugins: raw.plugins,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if let Some(order) = &self.tool_order {
+            let mut seen = BTreeSet::new();
+            for name in order {
+                if !seen.insert(name) {
+                    return Err(Error::ToolOrderDuplicate(name.clone()));
+                }
+            }
+            if !seen.contains(&UNLISTED_TOOLS.to_string()) {
+                return Err(Error::ToolOrderMissingRest);
+            }
+        }
+        for (name, agent) in &self.agents {
+            check_agent_name(name, "agent")?;
+            if let Some(parent) = &agent.parent {
+                check_agent_name(parent, &format!("parent of agent `{name}`"))?;
+            }
+            self.chain(name)?; // detects cycles
+        }
+        let mut ids = BTreeMap::new();
+        for (stem, plugin) in &self.plugins {
+            if let Some(scope) = &plugin.scope {
+                check_agent_name(scope, &format!("scope of plugin `{stem}`"))?;
+            }
+            let id = plugin.id.as_deref().unwrap_or(stem);
+            if !is_item_name(id) {
+                return Err(Error::ConfigInvalid(format!(
+                    "plugin `{stem}`: id `{id}` must be non-empty printable ASCII without whitespace"
+                )));
+            }
+            if let Some(other) = ids.insert(id.to_string(), stem) {
+                return Err(Error::ConfigInvalid(format!(
+                    "plugins `{other}` and `{stem}` both have the id `{id}`"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent's scope chain, farthest first: `global`, ancestors…, the agent. An agent the
+    /// config does not name has the chain `global → agent`.
+    pub fn chain(&self, agent: &str) -> Result<Vec<String>> {
+        check_agent_name(agent, "agent")?;
+        let mut chain = vec![agent.to_string()];
+        let mut current = agent;
+        while let Some(parent) = self.agents.get(current).and_then(|a| a.parent.as_deref()) {
+            if chain.iter().any(|a| a == parent) {
+                chain.push(parent.to_string());
+                chain.reverse();
+                return Err(Error::ConfigInvalid(format!(
+                    "agents form a cycle: {}",
+                    chain.join(" → ")
+                )));
+            }
+            chain.push(parent.to_string());
+            current = parent;
+        }
+        chain.push("global".to_string());
+        chain.reverse();
+        Ok(chain)
+    }
+
+    /// Whether the agent gets a runtime context snapshot (A4).
+    pub fn runtime_context(&self, agent: &str) -> bool {
+        self.agents.get(agent).is_none_or(|a| a.runtime_context)
+    }
+
+    /// The plugin's id: its config `id`, or the file stem.
+    pub fn plugin_id(&self, stem: &str) -> String {
+        self.plugins
+            .get(stem)
+            .and_then(|p| p.id.clone())
+            .unwrap_or_else(|| stem.to_string())
+    }
+
+    /// How the registry treats the plugin with file stem `stem`.
+    pub fn plugin_options(&self, stem: &str) -> PluginOptions {
+        let p = self.plugins.get(stem);
+        PluginOptions {
+            scope_override: p.and_then(|p| p.scope.clone()).map(Scope::Agent),
+            optional: p.is_some_and(|p| p.optional),
+        }
+    }
+
+    /// The key/value strings the plugin's `declare` receives, sorted by key.
+    pub fn plugin_values(&self, stem: &str) -> Vec<(String, String)> {
+        self.plugins
+            .get(stem)
+            .map(|p| p.config.clone().into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn check_agent_name(name: &str, what: &str) -> Result<()> {
+    if name == "global" {
+        return Err(Error::ConfigInvalid(format!(
+            "{what}: `global` is the global scope and cannot name an agent"
+        )));
+    }
+    if !is_item_name(name) {
+        return Err(Error::ConfigInvalid(format!(
+            "{what}: `{name}` must be non-empty printable ASCII without whitespace"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r6_tool_order_needs_rest_marker() {
+        let err = Config::parse(r#"tool_order = ["bash"]"#, "t").unwrap_err();
+        assert_eq!(err.code(), "tool_order_missing_rest");
+    }
+
+    #[test]
+    fn r6_tool_order_rejects_duplicates() {
+        let err = Config::parse(
+            r#"tool_order = ["bash", "<unlisted-tools>", "bash"]"#,
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "tool_order_duplicate");
+        assert!(err.to_string().contains("`bash`"));
+        let err = Config::parse(
+            r#"tool_order = ["<unlisted-tools>", "<unlisted-tools>"]"#,
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "tool_order_duplicate");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = Config::parse("plugin_dri = \"x\"", "promptd.toml").unwrap_err();
+        assert_eq!(err.code(), "config_parse");
+        assert!(err.to_string().contains("plugin_dri"), "{err}");
+        let err = Config::parse("[agents.a]\nparnet = \"b\"", "t").unwrap_err();
+        assert!(err.to_string().contains("parnet"), "{err}");
+    }
+
+    #[test]
+    fn plugin_config_values_must_be_strings() {
+        let err = Config::parse("[plugins.p]\nconfig = { n = 3 }", "t").unwrap_err();
+        assert_eq!(err.code(), "config_parse");
+    }
+
+    #[test]
+    fn chains_follow_parents_farthest_first() {
+        let c = Config::parse(
+            "[agents.coder]\n[agents.reviewer]\nparent = \"coder\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.chain("reviewer").unwrap(), ["global", "coder", "reviewer"]);
+        assert_eq!(c.chain("coder").unwrap(), ["global", "coder"]);
+        assert_eq!(c.chain("stranger").unwrap(), ["global", "stranger"]);
+        assert_eq!(c.chain(DEFAULT_AGENT).unwrap(), ["global", "default"]);
+    }
+
+    #[test]
+    fn cycles_are_config_errors() {
+        let err = Config::parse(
+            "[agents.a]\nparent = \"b\"\n[agents.b]\nparent = \"a\"\n",
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "config_invalid");
+        assert!(err.to_string().contains("cycle"), "{err}");
+    }
+
+    #[test]
+    fn global_cannot_be_an_agent() {
+        let err = Config::parse("[agents.global]\n", "t").unwrap_err();
+        assert_eq!(err.code(), "config_invalid");
+    }
+
+    #[test]
+    fn plugin_settings_are_read() {
+        let c = Config::parse(
+            "[plugins.persona]\nid = \"who\"\nscope = \"coder\"\noptional = true\nconfig = { name = \"Ada\" }\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.plugin_id("persona"), "who");
+        assert_eq!(c.plugin_id("other"), "other");
+        let o = c.plugin_options("persona");
+        assert_eq!(o.scope_override, Some(Scope::agent("coder")));
+        assert!(o.optional);
+        assert_eq!(c.plugin_values("persona"), [("name".into(), "Ada".into())]);
+    }
+}

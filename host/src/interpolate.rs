@@ -1,0 +1,242 @@
+//! Strict `{{name}}` interpolation (SPEC T1–T4).
+//!
+//! A template is parsed into literal pieces and references before any value is looked up, so a
+//! value is never scanned again (T1) and an error never leaves `{{name}}` in place (T4).
+
+use crate::error::{Error, Result};
+use crate::names::is_variable_name;
+
+/// One parsed piece of a template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece<'a> {
+    Literal(&'a str),
+    /// A `{{name}}` reference; `offset` is the byte offset of its `{{`.
+    Reference { name: &'a str, offset: usize },
+}
+
+/// Why a template could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    pub offset: usize,
+    pub snippet: String,
+    pub reason: &'static str,
+}
+
+impl Malformed {
+    pub fn at(self, location: &str) -> Error {
+        Error::MalformedReference {
+            location: location.to_string(),
+            offset: self.offset,
+            snippet: self.snippet,
+            reason: self.reason,
+        }
+    }
+}
+
+/// What a reference resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    Value(String),
+    /// The variable exists but has no value this assembly; `plugin` declared it.
+    Absent { plugin: String },
+    /// No such variable; `known` lists every variable that exists, sorted.
+    Unknown { known: Vec<String> },
+}
+
+/// Splits `text` into literals and references.
+///
+/// - `{{` with no `}}` anywhere after it is literal text (T2).
+/// - `{{` with a later `}}` whose inside holds a brace is malformed (T3).
+/// - a group whose inside is not a variable name (`{{ model }}`, `{{}}`) is malformed (T4).
+pub fn parse(text: &str) -> Result<Vec<Piece<'_>>, Malformed> {
+    let mut pieces = Vec::new();
+    let mut rest_start = 0;
+    let mut search_from = 0;
+    while let Some(found) = text[search_from..].find("{{") {
+        let open = search_from + found;
+        let inner_start = open + 2;
+        let Some(close_rel) = text[inner_start..].find("}}") else {
+            break; // T2: nothing closes it, so it and everything after it is literal.
+        };
+        let close = inner_start + close_rel;
+        let inner = &text[inner_start..close];
+        let snippet = || text[open..close + 2].to_string();
+        if inner.contains(['{', '}']) {
+            return Err(Malformed {
+                offset: open,
+                snippet: snippet(),
+                reason: "a reference is `{{name}}` with no other braces inside",
+            });
+        }
+        if !is_variable_name(inner) {
+            return Err(Malformed {
+                offset: open,
+                snippet: snippet(),
+                reason: "a variable name matches ^[a-z][a-z0-9_]*$ (no spaces)",
+            });
+        }
+        if open > rest_start {
+            pieces.push(Piece::Literal(&text[rest_start..open]));
+        }
+        pieces.push(Piece::Reference {
+            name: inner,
+            offset: open,
+        });
+        rest_start = close + 2;
+        search_from = rest_start;
+    }
+    if rest_start < text.len() {
+        pieces.push(Piece::Literal(&text[rest_start..]));
+    }
+    Ok(pieces)
+}
+
+/// Interpolates `text`, resolving each reference with `resolve`. `location` names the section
+/// or context (e.g. `section deployment:persona`) in errors.
+pub fn interpolate(
+    text: &str,
+    location: &str,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved>,
+) -> Result<String> {
+    let pieces = parse(text).map_err(|m| m.at(location))?;
+    let mut out = String::with_capacity(text.len());
+    for piece in pieces {
+        match piece {
+            Piece::Literal(s) => out.push_str(s),
+            Piece::Reference { name, .. } => match resolve(name)? {
+                Resolved::Value(v) => out.push_str(&v),
+                Resolved::Absent { plugin } => {
+                    return Err(Error::VariableAbsent {
+                        location: location.to_string(),
+                        name: name.to_string(),
+                        plugin,
+                    })
+                }
+                Resolved::Unknown { known } => {
+                    return Err(Error::UnknownVariable {
+                        location: location.to_string(),
+                        name: name.to_string(),
+                        known,
+                    })
+                }
+            },
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn vars(pairs: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<String>> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect()
+    }
+
+    fn render(text: &str, vars: &BTreeMap<String, Option<String>>) -> Result<String> {
+        interpolate(text, "section test", &mut |name| {
+            Ok(match vars.get(name) {
+                Some(Some(v)) => Resolved::Value(v.clone()),
+                Some(None) => Resolved::Absent {
+                    plugin: "p".into(),
+                },
+                None => Resolved::Unknown {
+                    known: vars.keys().cloned().collect(),
+                },
+            })
+        })
+    }
+
+    #[test]
+    fn t1_replaces_reference_with_value() {
+        let v = vars(&[("model", Some("opus"))]);
+        assert_eq!(render("runs on {{model}}.", &v).unwrap(), "runs on opus.");
+    }
+
+    #[test]
+    fn t1_value_containing_braces_is_never_rescanned() {
+        let v = vars(&[("a", Some("{{sneaky}}")), ("sneaky", Some("LEAK"))]);
+        assert_eq!(render("x {{a}} y", &v).unwrap(), "x {{sneaky}} y");
+    }
+
+    #[test]
+    fn t2_unclosed_braces_are_literal() {
+        let text = "shell ${X:-{{fallback} stays";
+        assert_eq!(render(text, &vars(&[])).unwrap(), text);
+        assert_eq!(render("{{", &vars(&[])).unwrap(), "{{");
+        let v = vars(&[("a", Some("1"))]);
+        assert_eq!(render("{{a}} then {{ open", &v).unwrap(), "1 then {{ open");
+    }
+
+    #[test]
+    fn t3_triple_braces_malformed_with_position() {
+        let err = render("ab {{{model}}}", &vars(&[("model", Some("m"))])).unwrap_err();
+        assert_eq!(err.code(), "malformed_reference");
+        match err {
+            Error::MalformedReference {
+                offset, location, ..
+            } => {
+                assert_eq!(offset, 3);
+                assert_eq!(location, "section test");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn t3_brace_inside_group_is_malformed_even_if_later_reference_is_fine() {
+        let err = render("x {{a{b}} y {{model}}", &vars(&[("model", Some("m"))])).unwrap_err();
+        assert!(matches!(err, Error::MalformedReference { offset: 2, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn t4_spaces_or_empty_are_malformed() {
+        for text in ["{{ model }}", "{{}}", "{{Model}}", "{{1x}}"] {
+            let err = render(text, &vars(&[("model", Some("m"))])).unwrap_err();
+            assert_eq!(err.code(), "malformed_reference", "{text}");
+            assert!(err.to_string().contains("section test"), "{err}");
+        }
+    }
+
+    #[test]
+    fn t4_unknown_variable_lists_registered_ones() {
+        let v = vars(&[("b", Some("1")), ("a", Some("2"))]);
+        let err = render("{{constructor}}", &v).unwrap_err();
+        assert_eq!(err.code(), "unknown_variable");
+        assert!(err.to_string().contains("registered variables: a, b"), "{err}");
+    }
+
+    #[test]
+    fn t4_unknown_variable_says_when_there_are_none() {
+        let err = render("{{x}}", &vars(&[])).unwrap_err();
+        assert!(err.to_string().contains("no variables are registered"), "{err}");
+    }
+
+    #[test]
+    fn t4_constructor_is_an_ordinary_name_when_registered() {
+        let v = vars(&[("constructor", Some("ok"))]);
+        assert_eq!(render("{{constructor}}", &v).unwrap(), "ok");
+    }
+
+    #[test]
+    fn t4_absent_value_is_its_own_error() {
+        let err = render("{{date}}", &vars(&[("date", None)])).unwrap_err();
+        assert_eq!(err.code(), "variable_absent");
+    }
+
+    #[test]
+    fn t4_error_never_leaves_reference_in_place() {
+        // A failure is an Err, so no partially rendered text with `{{secret}}` escapes.
+        assert!(render("token {{secret}}", &vars(&[])).is_err());
+    }
+
+    #[test]
+    fn parse_keeps_multibyte_text_intact() {
+        let v = vars(&[("n", Some("世界"))]);
+        assert_eq!(render("你好 {{n}} ✓", &v).unwrap(), "你好 世界 ✓");
+    }
+}

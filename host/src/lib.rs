@@ -1,0 +1,35 @@
+//! promptd: a host for WebAssembly prompt plugins.
+//!
+//! Plugins declare named, ordered, scoped sections, contexts, variables and tools; the host
+//! assembles them into one canonically ordered, byte-stable request. The core is plain data
+//! and pure functions ([`model`], [`registry`], [`assembly`], [`interpolate`], [`request`]); the
+//! engine ([`wasm`]) and files ([`loader`]) sit at the edges.
+//!
+//! ```
+//! use promptd::{assembly, model::Step, provider::NativePlugin, registry::*};
+//!
+//! let (decl, provider) = NativePlugin::new()
+//!     .section("persona", 0, "You are {{name}}.")
+//!     .variable("name", "Ada")
+//!     .build();
+//! let entry = PluginEntry::new("persona", decl, provider, PluginOptions::default()).unwrap();
+//! let registry = Registry::new().with_plugin(entry).unwrap();
+//! let step = Step { agent: "default".into(), scope_chain: vec!["global".into(), "default".into()], ..Step::default() };
+//! let out = assembly::assemble(&registry, &step, &assembly::Options::default()).unwrap();
+//! assert_eq!(out.system, "You are Ada.");
+//! ```
+
+pub mod assembly;
+pub mod config;
+pub mod error;
+pub mod interpolate;
+pub mod loader;
+pub mod model;
+pub mod names;
+pub mod provider;
+pub mod registry;
+pub mod request;
+pub mod validate;
+pub mod wasm;
+
+pub use error::{Error, Result};

@@ -1,0 +1,171 @@
+//! The `promptd` command line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use promptd::assembly::{self, Options};
+use promptd::config::{Config, DEFAULT_AGENT};
+use promptd::model::Step;
+use promptd::request;
+use promptd::wasm::{Limits, WasmRuntime};
+use promptd::{loader, Error};
+
+#[derive(Parser)]
+#[command(name = "promptd", version, about = "A host for WebAssembly prompt plugins")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load the plugins in a folder and print the assembled request as JSON.
+    Assemble {
+        /// The plugins folder (default: the config's `plugin_dir`, else ./plugins).
+        #[arg(long)]
+        plugins: Option<PathBuf>,
+        /// The config file (default: ./promptd.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The agent to assemble for.
+        #[arg(long, default_value = DEFAULT_AGENT)]
+        agent: String,
+        /// A step fact, KEY=VALUE; repeatable.
+        #[arg(long = "fact", value_name = "KEY=VALUE")]
+        facts: Vec<String>,
+        /// Also print which plugin gave each section, context, variable and tool.
+        #[arg(long)]
+        explain: bool,
+    },
+    /// Inspect plugin files.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Load one plugin and print what it declares, or why it is refused.
+    Check {
+        file: PathBuf,
+        /// A config file whose `[plugins.NAME]` table supplies the plugin's settings.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            match err.downcast_ref::<Error>() {
+                Some(e) => eprintln!("error[{}]: {e}", e.code()),
+                None => eprintln!("error[internal]: {err:#}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr; `PROMPTD_LOG=debug` (error, warn, info, debug, trace) sets the level.
+fn init_logging() {
+    let level = std::env::var("PROMPTD_LOG")
+        .ok()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(tracing::Level::WARN);
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Assemble {
+            plugins,
+            config,
+            agent,
+            facts,
+            explain,
+        } => assemble(plugins, config, &agent, &facts, explain),
+        Command::Plugin {
+            command: PluginCommand::Check { file, config },
+        } => check(&file, config),
+    }
+}
+
+/// The explicit config, or ./promptd.toml when present, or the defaults.
+fn read_config(path: Option<PathBuf>) -> Result<Config, Error> {
+    match path {
+        Some(p) => Config::load(&p),
+        None if Path::new("promptd.toml").is_file() => Config::load(Path::new("promptd.toml")),
+        None => Ok(Config::default()),
+    }
+}
+
+fn parse_facts(facts: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    facts
+        .iter()
+        .map(|f| match f.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(Error::ConfigInvalid(format!("--fact `{f}`: expected KEY=VALUE")).into()),
+        })
+        .collect()
+}
+
+fn assemble(
+    plugins: Option<PathBuf>,
+    config: Option<PathBuf>,
+    agent: &str,
+    facts: &[String],
+    explain: bool,
+) -> anyhow::Result<()> {
+    let config = read_config(config)?;
+    let facts = parse_facts(facts)?;
+    let dir = plugins
+        .or_else(|| config.plugin_dir.clone())
+        .unwrap_or_else(|| PathBuf::from("plugins"));
+    let runtime = WasmRuntime::new(Limits::default())?;
+    let loaded = loader::load_dir(&runtime, &dir, &config)?;
+    // The one-shot command is strict: a refused plugin is an error, not a silent omission.
+    if let Some(refusal) = loaded.refused.into_iter().next() {
+        return Err(refusal.error.into());
+    }
+    let step = Step {
+        agent: agent.to_string(),
+        scope_chain: config.chain(agent)?,
+        session_id: String::new(),
+        step_number: 0,
+        facts,
+    };
+    let options = Options {
+        tool_order: config.tool_order.clone(),
+        suppress_runtime_context: !config.runtime_context(agent),
+    };
+    let assembled = assembly::assemble(&loaded.registry, &step, &options)?;
+    for o in &assembled.omitted {
+        tracing::warn!(plugin = %o.plugin, "optional plugin left out: {}: {}", o.contribution, o.cause);
+    }
+    let json = request::request_json(&assembled, explain);
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    Ok(())
+}
+
+fn check(file: &Path, config: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = read_config(config)?;
+    let runtime = WasmRuntime::new(Limits::default())?;
+    let entry = loader::load_file(&runtime, file, &config)?;
+    let json = serde_json::json!({
+        "id": entry.id,
+        "origin": entry.origin,
+        "declares": request::declaration_json(&entry.declaration),
+    });
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    Ok(())
+}

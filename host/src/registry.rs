@@ -1,0 +1,203 @@
+//! The registry: an immutable snapshot of loaded plugins and their contributions (R1–R4).
+//!
+//! Every change returns a *new* `Registry`; a snapshot is never modified, so an assembly that
+//! holds one sees a consistent set of plugins however the registry changes meanwhile (H2).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::model::{Declaration, Kind, Scope};
+use crate::provider::Provider;
+use crate::validate::{self, ToolSchemas};
+
+/// How the host config treats one plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginOptions {
+    /// Moves every contribution the plugin declared as global into this scope.
+    pub scope_override: Option<Scope>,
+    /// A failing call leaves the plugin's contributions out instead of failing the assembly (A9).
+    pub optional: bool,
+}
+
+/// One loaded, validated plugin.
+pub struct PluginEntry {
+    pub id: String,
+    /// Exactly what the plugin declared (its own scopes), used when calling it back.
+    pub declaration: Declaration,
+    pub options: PluginOptions,
+    pub provider: Arc<dyn Provider>,
+    /// Parsed tool parameters by (name, declared scope).
+    pub schemas: ToolSchemas,
+    /// Where it came from, e.g. the file path and its SHA-256; informational.
+    pub origin: Option<String>,
+}
+
+impl std::fmt::Debug for PluginEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginEntry")
+            .field("id", &self.id)
+            .field("declaration", &self.declaration)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginEntry {
+    /// Validates the declaration (R1); nothing is visible until the entry joins a registry.
+    pub fn new(
+        id: &str,
+        declaration: Declaration,
+        provider: Arc<dyn Provider>,
+        options: PluginOptions,
+    ) -> Result<Self> {
+        if let Some(scope) = &options.scope_override {
+            validate::check_scope(id, scope)?;
+        }
+        let schemas = validate::validate(id, &declaration)?;
+        let entry = Self {
+            id: id.to_string(),
+            declaration,
+            options,
+            provider,
+            schemas,
+            origin: None,
+        };
+        entry.check_effective_duplicates()?;
+        Ok(entry)
+    }
+
+    pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
+        self.origin = Some(origin.into());
+        self
+    }
+
+    /// The scope a contribution is visible in, after the config's scope override.
+    pub fn effective_scope(&self, declared: &Scope) -> Scope {
+        match (&self.options.scope_override, declared) {
+            (Some(over), Scope::Global) => over.clone(),
+            _ => declared.clone(),
+        }
+    }
+
+    /// Every (kind, name, effective scope) this plugin contributes.
+    pub fn keys(&self) -> impl Iterator<Item = (Kind, &str, Scope)> + '_ {
+        let d = &self.declaration;
+        let sections = d.sections.iter().map(|s| (Kind::Section, &*s.name, &s.scope));
+        let contexts = d.contexts.iter().map(|c| (Kind::Context, &*c.name, &c.scope));
+        let variables = d.variables.iter().map(|v| (Kind::Variable, &*v.name, &v.scope));
+        let tools = d.tools.iter().map(|t| (Kind::Tool, &*t.name, &t.scope));
+        sections
+            .chain(contexts)
+            .chain(variables)
+            .chain(tools)
+            .map(|(k, n, s)| (k, n, self.effective_scope(s)))
+    }
+
+    /// A scope override can merge a global and an agent-scoped item of the same name.
+    fn check_effective_duplicates(&self) -> Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (kind, name, scope) in self.keys() {
+            if !seen.insert((kind, name, scope.clone())) {
+                return Err(Error::DuplicateName {
+                    plugin: self.id.clone(),
+                    kind,
+                    name: name.into(),
+                    scope: scope.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An immutable set of loaded plugins, keyed by id.
+#[derive(Clone, Default, Debug)]
+pub struct Registry {
+    plugins: BTreeMap<String, Arc<PluginEntry>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Loaded plugins in id order.
+    pub fn plugins(&self) -> impl Iterator<Item = &Arc<PluginEntry>> {
+        self.plugins.values()
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Arc<PluginEntry>> {
+        self.plugins.get(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.plugins.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plugins.is_empty()
+    }
+
+    /// A new snapshot with `entry` added (R2): refused if the id is taken or any contribution
+    /// conflicts with another plugin's in the same scope. `self` is unchanged either way.
+    pub fn with_plugin(&self, entry: PluginEntry) -> Result<Registry> {
+        if self.plugins.contains_key(&entry.id) {
+            return Err(Error::DuplicatePlugin(entry.id.clone()));
+        }
+        self.check_conflicts(&entry, None)?;
+        let mut next = self.clone();
+        next.plugins.insert(entry.id.clone(), Arc::new(entry));
+        Ok(next)
+    }
+
+    /// A new snapshot where `entry` replaces the plugin with the same id (or is added). The
+    /// old version's contributions do not count as conflicts with the new one.
+    pub fn with_replaced(&self, entry: PluginEntry) -> Result<Registry> {
+        self.check_conflicts(&entry, Some(&entry.id))?;
+        let mut next = self.clone();
+        next.plugins.insert(entry.id.clone(), Arc::new(entry));
+        Ok(next)
+    }
+
+    /// A new snapshot without plugin `id` (R4): all its contributions go at once.
+    pub fn without(&self, id: &str) -> Result<Registry> {
+        let mut next = self.clone();
+        next.plugins
+            .remove(id)
+            .ok_or_else(|| Error::UnknownPlugin(id.into()))?;
+        Ok(next)
+    }
+
+    fn check_conflicts(&self, entry: &PluginEntry, skip: Option<&str>) -> Result<()> {
+        for other in self.plugins.values() {
+            if Some(other.id.as_str()) == skip {
+                continue;
+            }
+            let theirs: std::collections::BTreeSet<_> = other.keys().collect();
+            // Report the first conflict in a stable order: kind, then name, then scope.
+            let mut ours: Vec<_> = entry.keys().collect();
+            ours.sort();
+            if let Some((kind, name, scope)) = ours.into_iter().find(|k| theirs.contains(k)) {
+                return Err(Error::Conflict {
+                    plugin: entry.id.clone(),
+                    existing: other.id.clone(),
+                    kind,
+                    name: name.into(),
+                    scope: scope.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tool name any loaded plugin knows, sorted and deduplicated (A8).
+    pub fn known_tools(&self) -> Vec<String> {
+        let names: std::collections::BTreeSet<String> = self
+            .plugins
+            .values()
+            .flat_map(|p| p.declaration.tools.iter().map(|t| t.name.clone()))
+            .collect();
+        names.into_iter().collect()
+    }
+}

@@ -1,0 +1,362 @@
+//! The WebAssembly edge: load a component, check it implements the world, call it.
+//!
+//! One [`WasmRuntime`] owns the engine and the linker; each loaded plugin becomes a
+//! [`WasmProvider`] holding a warm instance (instantiating per call is slow for Python and
+//! JavaScript guests). Every call runs under an epoch deadline, so a looping guest is stopped,
+//! and every store has a memory cap. A trapped instance is never re-entered: it is dropped and a
+//! fresh one is made from the pre-instantiated component on the next call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::error::{Error, Result};
+use crate::model::{self, Content, Declaration, Scope, Step};
+use crate::provider::{CallError, CallResult, Provider};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "plugin",
+    });
+}
+
+use bindings::promptd::plugin::types as wit;
+use bindings::{Plugin, PluginPre};
+
+/// How long one epoch tick lasts; deadlines are counted in ticks.
+const TICK: Duration = Duration::from_millis(5);
+
+/// Limits applied to every plugin call and instance (SPEC L2).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Wall-clock budget of one call into a plugin.
+    pub call_deadline: Duration,
+    /// Largest linear memory one instance may grow to, in bytes.
+    pub memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            call_deadline: Duration::from_secs(2),
+            memory_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The engine, the linker and the epoch ticker shared by every loaded plugin.
+pub struct WasmRuntime {
+    engine: Engine,
+    linker: Linker<State>,
+    limits: Limits,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for WasmRuntime {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl WasmRuntime {
+    pub fn new(limits: Limits) -> Result<Self> {
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true).epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(internal)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(internal)?;
+        Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s).map_err(internal)?;
+
+        // `tokio::time::timeout` cannot stop a busy guest; epoch interruption can. One thread
+        // advances the epoch; each call sets its deadline in ticks.
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ticker_engine, ticker_stop) = (engine.weak(), stop.clone());
+        thread::Builder::new()
+            .name("promptd-epoch".into())
+            .spawn(move || {
+                while !ticker_stop.load(Ordering::Relaxed) {
+                    thread::sleep(TICK);
+                    match ticker_engine.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| internal(e.into()))?;
+        Ok(Self {
+            engine,
+            linker,
+            limits,
+            stop,
+        })
+    }
+
+    /// Compiles `bytes` as the plugin `id`, checks the world, instantiates it and calls
+    /// `declare(config)`. Nothing is validated against the registry here; see
+    /// [`crate::registry::PluginEntry::new`].
+    pub fn load(
+        &self,
+        id: &str,
+        bytes: &[u8],
+        config: Vec<(String, String)>,
+    ) -> Result<(Declaration, Arc<WasmProvider>)> {
+        let component = Component::from_binary(&self.engine, bytes).map_err(|e| {
+            Error::NotAComponent {
+                plugin: id.into(),
+                cause: root_cause(&e),
+            }
+        })?;
+        let wrong_world = |e: wasmtime::Error| Error::WrongWorld {
+            plugin: id.into(),
+            cause: root_cause(&e),
+        };
+        let pre = self.linker.instantiate_pre(&component).map_err(wrong_world)?;
+        let pre = PluginPre::new(pre).map_err(wrong_world)?;
+        let provider = WasmProvider {
+            id: id.to_string(),
+            engine: self.engine.clone(),
+            pre,
+            limits: self.limits.clone(),
+            config,
+            warm: Mutex::new(None),
+        };
+        let declaration = provider.fresh_instance().map_err(|e| Error::DeclareFailed {
+            plugin: id.into(),
+            cause: e.cause().to_string(),
+        })?;
+        Ok((declaration, Arc::new(provider)))
+    }
+}
+
+fn internal(e: wasmtime::Error) -> Error {
+    Error::Io {
+        path: "wasmtime".into(),
+        message: format!("{e:#}"),
+    }
+}
+
+/// The most specific message in an error chain, plus its context.
+fn root_cause(e: &wasmtime::Error) -> String {
+    format!("{e:#}")
+}
+
+/// Per-store host state: WASI with no grants, the memory limiter, and the plugin id for logs.
+struct State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    plugin: String,
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl wit::Host for State {}
+
+impl bindings::promptd::plugin::host::Host for State {
+    fn log(&mut self, level: wit::Level, message: String) {
+        let plugin = &self.plugin;
+        match level {
+            wit::Level::Trace => tracing::trace!(plugin, "{message}"),
+            wit::Level::Debug => tracing::debug!(plugin, "{message}"),
+            wit::Level::Info => tracing::info!(plugin, "{message}"),
+            wit::Level::Warn => tracing::warn!(plugin, "{message}"),
+            wit::Level::Error => tracing::error!(plugin, "{message}"),
+        }
+    }
+}
+
+struct Instance {
+    store: Store<State>,
+    plugin: Plugin,
+}
+
+/// A loaded component: a warm instance, re-made from `pre` after any trap.
+pub struct WasmProvider {
+    id: String,
+    engine: Engine,
+    pre: PluginPre<State>,
+    limits: Limits,
+    config: Vec<(String, String)>,
+    warm: Mutex<Option<Instance>>,
+}
+
+impl WasmProvider {
+    fn new_store(&self) -> Store<State> {
+        let state = State {
+            // Grants nothing: no preopens, environment, arguments, stdin or network.
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(self.limits.memory_bytes)
+                .trap_on_grow_failure(true)
+                .build(),
+            plugin: self.id.clone(),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        (self.limits.call_deadline.as_millis() / TICK.as_millis()).max(1) as u64
+    }
+
+    /// Instantiates and calls `declare`; the instance becomes the warm one. The SDKs set up
+    /// their dynamic callbacks in `declare`, so every fresh instance is declared again.
+    fn fresh_instance(&self) -> CallResult<Declaration> {
+        let mut store = self.new_store();
+        store.set_epoch_deadline(self.deadline_ticks());
+        let plugin = self.pre.instantiate(&mut store).map_err(trap)?;
+        let declared = plugin
+            .call_declare(&mut store, &self.config)
+            .map_err(trap)?
+            .map_err(CallError::Failed)?;
+        let declaration = from_wit(declared);
+        *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instance { store, plugin });
+        Ok(declaration)
+    }
+
+    /// Runs `f` on the warm instance under the call deadline. A trap drops the instance.
+    fn call<T>(
+        &self,
+        f: impl FnOnce(&Plugin, &mut Store<State>) -> wasmtime::Result<Result<T, String>>,
+    ) -> CallResult<T> {
+        let mut guard = self.warm.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            drop(guard);
+            self.fresh_instance()?;
+            guard = self.warm.lock().unwrap_or_else(|p| p.into_inner());
+        }
+        let Some(instance) = guard.as_mut() else {
+            return Err(CallError::Trapped("instance unavailable".into()));
+        };
+        instance.store.set_epoch_deadline(self.deadline_ticks());
+        match f(&instance.plugin, &mut instance.store) {
+            Ok(result) => result.map_err(CallError::Failed),
+            Err(e) => {
+                *guard = None; // never re-enter a trapped instance (L3)
+                Err(trap(e))
+            }
+        }
+    }
+}
+
+fn trap(e: wasmtime::Error) -> CallError {
+    let message = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => "deadline exceeded (the call was interrupted)".into(),
+        Some(t) => format!("trap: {t}"),
+        None => format!("{e:#}"),
+    };
+    CallError::Trapped(message)
+}
+
+impl Provider for WasmProvider {
+    fn section_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
+        let (scope, step) = (to_wit_scope(scope), to_wit_step(step));
+        self.call(|p, s| p.call_section_text(s, name, &scope, &step))
+    }
+
+    fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
+        let (scope, step) = (to_wit_scope(scope), to_wit_step(step));
+        self.call(|p, s| p.call_context_text(s, name, &scope, &step))
+    }
+
+    fn variable_value(
+        &self,
+        name: &str,
+        scope: &Scope,
+        step: &Step,
+    ) -> CallResult<Option<String>> {
+        let (scope, step) = (to_wit_scope(scope), to_wit_step(step));
+        self.call(|p, s| p.call_variable_value(s, name, &scope, &step))
+    }
+
+    fn shown_tools(&self, step: &Step) -> CallResult<Vec<String>> {
+        let step = to_wit_step(step);
+        self.call(|p, s| p.call_shown_tools(s, &step))
+    }
+}
+
+fn to_wit_scope(scope: &Scope) -> wit::Scope {
+    match scope {
+        Scope::Global => wit::Scope::Global,
+        Scope::Agent(a) => wit::Scope::Agent(a.clone()),
+    }
+}
+
+fn to_wit_step(step: &Step) -> wit::Step {
+    wit::Step {
+        agent: step.agent.clone(),
+        scope_chain: step.scope_chain.clone(),
+        session_id: step.session_id.clone(),
+        step_number: step.step_number,
+        facts: step.facts.clone().into_iter().collect(),
+    }
+}
+
+fn from_wit(d: wit::Declaration) -> Declaration {
+    let scope = |s: wit::Scope| match s {
+        wit::Scope::Global => Scope::Global,
+        wit::Scope::Agent(a) => Scope::Agent(a),
+    };
+    let content = |c: wit::Content| match c {
+        wit::Content::StaticText(t) => Content::Static(t),
+        wit::Content::Dynamic => Content::Dynamic,
+    };
+    Declaration {
+        sections: d
+            .sections
+            .into_iter()
+            .map(|s| model::Section {
+                name: s.name,
+                order: s.order,
+                text: content(s.text),
+                complete: s.complete,
+                scope: scope(s.scope),
+            })
+            .collect(),
+        contexts: d
+            .contexts
+            .into_iter()
+            .map(|c| model::Context {
+                name: c.name,
+                order: c.order,
+                text: content(c.text),
+                scope: scope(c.scope),
+            })
+            .collect(),
+        variables: d
+            .variables
+            .into_iter()
+            .map(|v| model::Variable {
+                name: v.name,
+                value: content(v.value),
+                scope: scope(v.scope),
+            })
+            .collect(),
+        tools: d
+            .tools
+            .into_iter()
+            .map(|t| model::Tool {
+                name: t.name,
+                description: t.description,
+                parameters: t.parameters,
+                scope: scope(t.scope),
+            })
+            .collect(),
+        filters_tools: d.filters_tools,
+    }
+}
