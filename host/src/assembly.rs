@@ -447,3 +447,7 @@ fn call_error(entry: &PluginEntry, contribution: &str, e: CallError) -> Error {
         trapped: matches!(e, CallError::Trapped(_)),
     }
 }
+
+#[cfg(test)]
+#[path = "assembly_tests.rs"]
+mod tests;

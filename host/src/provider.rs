@@ -60,9 +60,10 @@ type ToolsFn = Arc<dyn Fn(&Step) -> CallResult<Vec<String>> + Send + Sync>;
 #[derive(Clone, Default)]
 pub struct NativePlugin {
     declaration: Declaration,
-    sections: BTreeMap<(String, Scope), TextFn>,
-    contexts: BTreeMap<(String, Scope), TextFn>,
-    variables: BTreeMap<(String, Scope), ValueFn>,
+    // Callbacks aligned by index with the declaration's items (None for static ones).
+    sections: Vec<Option<TextFn>>,
+    contexts: Vec<Option<TextFn>>,
+    variables: Vec<Option<ValueFn>>,
     shown_tools: Option<ToolsFn>,
     last: Option<Last>,
 }
@@ -81,7 +82,7 @@ impl NativePlugin {
     }
 
     pub fn section(mut self, name: &str, order: i32, text: &str) -> Self {
-        self.push_section(name, order, Content::Static(text.into()));
+        self.push_section(name, order, Content::Static(text.into()), None);
         self
     }
 
@@ -91,13 +92,12 @@ impl NativePlugin {
         order: i32,
         f: impl Fn(&Step) -> CallResult<String> + Send + Sync + 'static,
     ) -> Self {
-        self.push_section(name, order, Content::Dynamic);
-        self.sections
-            .insert((name.into(), Scope::Global), Arc::new(f));
+        self.push_section(name, order, Content::Dynamic, Some(Arc::new(f)));
         self
     }
 
-    fn push_section(&mut self, name: &str, order: i32, text: Content) {
+    fn push_section(&mut self, name: &str, order: i32, text: Content, f: Option<TextFn>) {
+        self.sections.push(f);
         self.declaration.sections.push(Section {
             name: name.into(),
             order,
@@ -109,7 +109,7 @@ impl NativePlugin {
     }
 
     pub fn context(mut self, name: &str, order: i32, text: &str) -> Self {
-        self.push_context(name, order, Content::Static(text.into()));
+        self.push_context(name, order, Content::Static(text.into()), None);
         self
     }
 
@@ -119,13 +119,12 @@ impl NativePlugin {
         order: i32,
         f: impl Fn(&Step) -> CallResult<String> + Send + Sync + 'static,
     ) -> Self {
-        self.push_context(name, order, Content::Dynamic);
-        self.contexts
-            .insert((name.into(), Scope::Global), Arc::new(f));
+        self.push_context(name, order, Content::Dynamic, Some(Arc::new(f)));
         self
     }
 
-    fn push_context(&mut self, name: &str, order: i32, text: Content) {
+    fn push_context(&mut self, name: &str, order: i32, text: Content, f: Option<TextFn>) {
+        self.contexts.push(f);
         self.declaration.contexts.push(Context {
             name: name.into(),
             order,
@@ -136,7 +135,7 @@ impl NativePlugin {
     }
 
     pub fn variable(mut self, name: &str, value: &str) -> Self {
-        self.push_variable(name, Content::Static(value.into()));
+        self.push_variable(name, Content::Static(value.into()), None);
         self
     }
 
@@ -145,13 +144,12 @@ impl NativePlugin {
         name: &str,
         f: impl Fn(&Step) -> CallResult<Option<String>> + Send + Sync + 'static,
     ) -> Self {
-        self.push_variable(name, Content::Dynamic);
-        self.variables
-            .insert((name.into(), Scope::Global), Arc::new(f));
+        self.push_variable(name, Content::Dynamic, Some(Arc::new(f)));
         self
     }
 
-    fn push_variable(&mut self, name: &str, value: Content) {
+    fn push_variable(&mut self, name: &str, value: Content, f: Option<ValueFn>) {
+        self.variables.push(f);
         self.declaration.variables.push(Variable {
             name: name.into(),
             value,
@@ -183,30 +181,16 @@ impl NativePlugin {
 
     /// Puts the contribution added last into `scope`.
     pub fn scoped(mut self, scope: Scope) -> Self {
-        fn rekey<V>(map: &mut BTreeMap<(String, Scope), V>, name: &str, scope: &Scope) {
-            if let Some(f) = map.remove(&(name.to_string(), Scope::Global)) {
-                map.insert((name.to_string(), scope.clone()), f);
-            }
-        }
         let d = &mut self.declaration;
-        match self.last {
-            Some(Last::Section) => {
-                let s = d.sections.last_mut().expect("last section");
-                s.scope = scope.clone();
-                rekey(&mut self.sections, &s.name, &scope);
-            }
-            Some(Last::Context) => {
-                let c = d.contexts.last_mut().expect("last context");
-                c.scope = scope.clone();
-                rekey(&mut self.contexts, &c.name, &scope);
-            }
-            Some(Last::Variable) => {
-                let v = d.variables.last_mut().expect("last variable");
-                v.scope = scope.clone();
-                rekey(&mut self.variables, &v.name, &scope);
-            }
-            Some(Last::Tool) => d.tools.last_mut().expect("last tool").scope = scope,
-            None => {}
+        let target = match self.last {
+            Some(Last::Section) => d.sections.last_mut().map(|s| &mut s.scope),
+            Some(Last::Context) => d.contexts.last_mut().map(|c| &mut c.scope),
+            Some(Last::Variable) => d.variables.last_mut().map(|v| &mut v.scope),
+            Some(Last::Tool) => d.tools.last_mut().map(|t| &mut t.scope),
+            None => None,
+        };
+        if let Some(target) = target {
+            *target = scope;
         }
         self
     }
@@ -221,14 +205,25 @@ impl NativePlugin {
 
     /// Splits into the declaration (data) and the provider (behaviour).
     pub fn build(self) -> (Declaration, Arc<dyn Provider>) {
+        let d = &self.declaration;
         let provider = NativeProvider {
-            sections: self.sections,
-            contexts: self.contexts,
-            variables: self.variables,
+            sections: keyed(d.sections.iter().map(|s| (&s.name, &s.scope)), self.sections),
+            contexts: keyed(d.contexts.iter().map(|c| (&c.name, &c.scope)), self.contexts),
+            variables: keyed(d.variables.iter().map(|v| (&v.name, &v.scope)), self.variables),
             shown_tools: self.shown_tools,
         };
         (self.declaration, Arc::new(provider))
     }
+}
+
+/// Pairs each dynamic item's (name, scope) with its callback.
+fn keyed<'a, F>(
+    keys: impl Iterator<Item = (&'a String, &'a Scope)>,
+    fns: Vec<Option<F>>,
+) -> BTreeMap<(String, Scope), F> {
+    keys.zip(fns)
+        .filter_map(|((n, s), f)| f.map(|f| ((n.clone(), s.clone()), f)))
+        .collect()
 }
 
 struct NativeProvider {
