@@ -99,7 +99,7 @@ impl Config {
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| Error::ConfigParse {
             path: origin.to_string(),
-            message: e.to_string().trim_end().replace('\n', " "),
+            message: describe_toml_error(text, &e),
         })?;
         let config = Config {
             plugin_dir: raw.plugin_dir,
@@ -204,6 +204,20 @@ impl Config {
     }
 }
 
+/// One line: `line L, column C: message`, instead of toml's multi-line caret diagram.
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message,
+    }
+}
+
 fn check_agent_name(name: &str, what: &str) -> Result<()> {
     if name == "global" {
         return Err(Error::ConfigInvalid(format!(
@@ -252,6 +266,7 @@ mod tests {
         assert!(err.to_string().contains("plugin_dri"), "{err}");
         let err = Config::parse("[agents.a]\nparnet = \"b\"", "t").unwrap_err();
         assert!(err.to_string().contains("parnet"), "{err}");
+        assert!(err.to_string().contains("t: line 2, column 1: unknown field"), "{err}");
     }
 
     #[test]

@@ -20,9 +20,9 @@ fn declare(config: &Config) -> Result<Plugin, String> {
                 ""
             };
             Ok(format!(
-                "You are {{{{agent_name}}}}, an AI agent{runs_on}. Your instructions are \
-                 assembled by promptd from plugins; a runtime context message, when present, \
-                 describes your environment and supersedes earlier ones."
+                "You are {{{{agent_name}}}}{runs_on}. Your instructions are assembled by \
+                 promptd from plugins; a runtime context message, when present, describes \
+                 your environment and supersedes earlier ones."
             ))
         }))
 }

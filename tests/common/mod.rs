@@ -1,0 +1,129 @@
+//! Shared helpers for the end-to-end tests: build real plugins, run the real binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_path_buf()
+}
+
+/// Builds a wasm32-wasip2 workspace (release) and returns its output folder.
+fn build_wasm_workspace(dir: &str) -> PathBuf {
+    let root = repo_root();
+    let manifest = root.join(dir).join("Cargo.toml");
+    let target_dir = root.join(dir).join("target");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2"])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .status()
+        .expect("run cargo");
+    assert!(
+        status.success(),
+        "building {dir} for wasm32-wasip2 failed; `cargo xtask test` installs the target \
+         (rustup target add wasm32-wasip2)"
+    );
+    target_dir.join("wasm32-wasip2").join("release")
+}
+
+/// The bundled plugins (plugins/), built once per test binary.
+pub fn bundled() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| build_wasm_workspace("plugins"))
+}
+
+/// The test-only `scripted` plugin (tests/fixtures/scripted), built once per test binary.
+pub fn scripted() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| build_wasm_workspace("tests/fixtures"))
+        .join("scripted.wasm")
+}
+
+/// A temporary plugins folder.
+pub struct Folder {
+    pub dir: tempfile::TempDir,
+}
+
+impl Folder {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Copies a bundled plugin in as `NAME.wasm`.
+    pub fn bundled(self, name: &str) -> Self {
+        let from = bundled().join(format!("{name}.wasm"));
+        std::fs::copy(&from, self.path().join(format!("{name}.wasm")))
+            .unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+        self
+    }
+
+    /// Copies the scripted fixture in as `NAME.wasm`.
+    pub fn scripted(self, name: &str) -> Self {
+        std::fs::copy(scripted(), self.path().join(format!("{name}.wasm"))).expect("copy");
+        self
+    }
+
+    /// Writes raw bytes as `NAME.wasm`.
+    pub fn bytes(self, name: &str, bytes: &[u8]) -> Self {
+        std::fs::write(self.path().join(format!("{name}.wasm")), bytes).expect("write");
+        self
+    }
+
+    /// Writes `promptd.toml` into the folder (with `plugin_dir = "."`) and returns its path.
+    pub fn config(&self, body: &str) -> PathBuf {
+        let path = self.path().join("promptd.toml");
+        std::fs::write(&path, format!("plugin_dir = \".\"\n{body}")).expect("write config");
+        path
+    }
+}
+
+/// Runs the real `promptd` binary.
+pub fn promptd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_promptd"))
+        .args(args)
+        .env_remove("PROMPTD_LOG")
+        .output()
+        .expect("run promptd")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).expect("utf-8 stdout")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).expect("utf-8 stderr")
+}
+
+/// Runs promptd and expects success; returns stdout.
+pub fn ok(args: &[&str]) -> String {
+    let o = promptd(args);
+    assert!(o.status.success(), "promptd {args:?} failed:\n{}", stderr(&o));
+    stdout(&o)
+}
+
+/// Runs promptd and expects exit 1 with a single `error[CODE]:` line; returns that line.
+pub fn fails(args: &[&str], code: &str) -> String {
+    let o = promptd(args);
+    assert_eq!(o.status.code(), Some(1), "promptd {args:?} should fail: {}", stdout(&o));
+    let err = stderr(&o);
+    let line = err.trim_end();
+    assert!(!line.contains('\n'), "expected one line on stderr, got:\n{err}");
+    assert!(
+        line.starts_with(&format!("error[{code}]: ")),
+        "expected error[{code}], got: {line}"
+    );
+    line.to_string()
+}
