@@ -1,0 +1,231 @@
+//! End-to-end: broken and misbehaving plugins are refused with a clear, coded error (R1, R2,
+//! A9, A10). Real components: the `scripted` fixture (Rust, built from source) configured to
+//! misbehave, hand-written WAT components, and raw bytes.
+
+mod common;
+
+use common::{fails, ok, Folder};
+use promptd::config::Config;
+use promptd::loader;
+use promptd::wasm::{Limits, WasmRuntime};
+use serde_json::Value;
+
+fn check(folder: &Folder, name: &str, code: &str) -> String {
+    let file = folder.path().join(format!("{name}.wasm"));
+    let config = folder.path().join("promptd.toml");
+    let mut args = vec!["plugin", "check", file.to_str().unwrap()];
+    if config.exists() {
+        args.extend(["--config", config.to_str().unwrap()]);
+    }
+    fails(&args, code)
+}
+
+fn assemble_fails(folder: &Folder, code: &str) -> String {
+    let config = folder.config_path_or_default();
+    fails(
+        &[
+            "assemble",
+            "--plugins",
+            folder.path().to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        code,
+    )
+}
+
+trait ConfigPath {
+    fn config_path_or_default(&self) -> std::path::PathBuf;
+}
+
+impl ConfigPath for Folder {
+    fn config_path_or_default(&self) -> std::path::PathBuf {
+        let path = self.path().join("promptd.toml");
+        if !path.exists() {
+            self.config("");
+        }
+        path
+    }
+}
+
+#[test]
+fn garbage_bytes_are_not_a_component() {
+    let folder = Folder::new().bytes("junk", b"this is not wasm at all");
+    let line = check(&folder, "junk", "not_a_component");
+    assert!(line.contains("plugin `junk`") && line.contains("magic bytes"), "{line}");
+    assemble_fails(&folder, "not_a_component");
+}
+
+#[test]
+fn a_truncated_plugin_is_not_a_component() {
+    let bytes = std::fs::read(common::bundled().join("persona.wasm")).unwrap();
+    let folder = Folder::new().bytes("half", &bytes[..bytes.len() / 2]);
+    check(&folder, "half", "not_a_component");
+    let empty = Folder::new().bytes("empty", b"");
+    let line = check(&empty, "empty", "not_a_component");
+    assert!(line.contains("the file is empty"), "{line}");
+}
+
+#[test]
+fn a_core_module_is_not_a_component() {
+    let module = wat::parse_str("(module (func (export \"declare\")))").unwrap();
+    let folder = Folder::new().bytes("core", &module);
+    let line = check(&folder, "core", "not_a_component");
+    assert!(line.contains("plugin `core`") && line.contains("core WebAssembly module"), "{line}");
+}
+
+#[test]
+fn a_component_of_another_world_is_refused() {
+    let empty = wat::parse_str("(component)").unwrap();
+    let folder = Folder::new().bytes("empty_world", &empty);
+    let line = check(&folder, "empty_world", "wrong_world");
+    assert!(line.contains("promptd:plugin/plugin@0.1.0"), "{line}");
+
+    // Imports something the host does not provide.
+    let alien = wat::parse_str(
+        r#"(component (import "acme:thing/api@1.0.0" (instance (export "f" (func)))))"#,
+    )
+    .unwrap();
+    let folder = Folder::new().bytes("alien", &alien);
+    let line = check(&folder, "alien", "wrong_world");
+    assert!(line.contains("acme:thing/api@1.0.0"), "{line}");
+}
+
+#[test]
+fn r1_a_duplicate_name_refuses_the_plugin() {
+    let folder = Folder::new().scripted("dup");
+    folder.config("[plugins.dup]\nconfig = { duplicate_section = \"persona\" }\n");
+    let line = check(&folder, "dup", "duplicate_name");
+    assert!(line.contains("plugin `dup`") && line.contains("section `persona`"), "{line}");
+}
+
+#[test]
+fn r1_an_invalid_tool_schema_refuses_the_plugin() {
+    let folder = Folder::new().scripted("schema");
+    folder.config("[plugins.schema]\nconfig = { \"tool.grep\" = '{\"type\": \"object\"' }\n");
+    let line = check(&folder, "schema", "invalid_schema");
+    assert!(line.contains("tool `grep`") && line.contains("not valid JSON"), "{line}");
+
+    folder.config("[plugins.schema]\nconfig = { \"tool.grep\" = '\"object\"' }\n");
+    let line = check(&folder, "schema", "invalid_schema");
+    assert!(line.contains("must be an object, got a string"), "{line}");
+}
+
+#[test]
+fn a8_the_rest_marker_is_refused_as_a_tool_name() {
+    let folder = Folder::new().scripted("sneaky");
+    folder.config("[plugins.sneaky]\nconfig = { \"tool.<unlisted-tools>\" = '{}' }\n");
+    check(&folder, "sneaky", "reserved_tool_name");
+}
+
+#[test]
+fn r1_invalid_names_refuse_the_plugin() {
+    let folder = Folder::new().scripted("names");
+    folder.config("[plugins.names]\nconfig = { \"variable.Bad\" = 'x' }\n");
+    let line = check(&folder, "names", "invalid_name");
+    assert!(line.contains("variable name `Bad`"), "{line}");
+    folder.config("[plugins.names]\nconfig = { \"tool.read.file\" = '{}' }\n");
+    check(&folder, "names", "invalid_name");
+}
+
+#[test]
+fn a_trap_in_declare_refuses_the_plugin_with_the_cause() {
+    let folder = Folder::new().scripted("trapper");
+    folder.config("[plugins.trapper]\nconfig = { trap_in_declare = \"true\" }\n");
+    let line = check(&folder, "trapper", "declare_failed");
+    assert!(line.contains("plugin `trapper`: declare failed: wasm trap"), "{line}");
+    assert!(line.contains("unreachable"), "{line}");
+    assert!(line.contains("the plugin logged: panic:") && line.contains("trap_in_declare is set"), "{line}");
+}
+
+#[test]
+fn an_error_from_declare_is_shown_verbatim() {
+    let folder = Folder::new().scripted("picky");
+    folder.config("[plugins.picky]\nconfig = { fail_declare = \"config key `url` is required\" }\n");
+    let line = check(&folder, "picky", "declare_failed");
+    assert!(line.ends_with("declare failed: config key `url` is required"), "{line}");
+}
+
+#[test]
+fn r2_a_conflict_refuses_the_later_file_and_names_both_plugins() {
+    let folder = Folder::new().scripted("a_first").scripted("b_second");
+    let config = folder.config(
+        "[plugins.a_first]\nconfig = { \"section.persona\" = \"0|first\" }\n\
+         [plugins.b_second]\nconfig = { \"section.persona\" = \"0|second\" }\n",
+    );
+    // The CLI is strict: a refused plugin fails the command.
+    let line = assemble_fails(&folder, "section_conflict");
+    assert!(
+        line.contains("plugin `b_second` conflicts with plugin `a_first`")
+            && line.contains("section `persona` in scope `global`"),
+        "{line}"
+    );
+
+    // The library keeps the plugin loaded first serving, whatever the timing: file-name order.
+    let runtime = WasmRuntime::new(Limits::default()).unwrap();
+    let config = Config::load(&config).unwrap();
+    for _ in 0..3 {
+        let loaded = loader::load_dir(&runtime, folder.path(), &config).unwrap();
+        let ids: Vec<&str> = loaded.registry.plugins().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["a_first"]);
+        assert_eq!(loaded.refused.len(), 1);
+        assert_eq!(loaded.refused[0].error.code(), "section_conflict");
+    }
+}
+
+#[test]
+fn a9_a_trapping_dynamic_section_fails_the_assembly_naming_plugin_and_section() {
+    let folder = Folder::new().scripted("boom");
+    folder.config("[plugins.boom]\nconfig = { \"trap_section.news\" = \"5\", \"section.base\" = \"0|base\" }\n");
+    let line = assemble_fails(&folder, "plugin_trap");
+    assert!(line.contains("plugin `boom`, section `news`"), "{line}");
+    assert!(line.contains("trap_section called"), "{line}");
+}
+
+#[test]
+fn a9_an_optional_plugin_that_traps_is_left_out_and_reported() {
+    let folder = Folder::new().scripted("base").scripted("boom");
+    let config = folder.config(
+        "[plugins.base]\nconfig = { \"section.persona\" = \"0|base persona\" }\n\
+         [plugins.boom]\noptional = true\nscope = \"default\"\n\
+         config = { \"trap_section.persona\" = \"0\", \"tool.extra\" = '{\"type\":\"object\"}' }\n",
+    );
+    let out = ok(&[
+        "assemble",
+        "--plugins",
+        folder.path().to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--explain",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["system"], "base persona");
+    assert_eq!(v["tools"], serde_json::json!([]));
+    let omitted = &v["explain"]["omitted"][0];
+    assert_eq!(omitted["plugin"], "boom");
+    assert_eq!(omitted["contribution"], "section `persona`");
+    assert!(omitted["cause"].as_str().unwrap().contains("unreachable"), "{omitted}");
+}
+
+#[test]
+fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
+    let folder = Folder::new().scripted("dyn");
+    let config = folder.config(
+        "[plugins.dyn]\nconfig = { \"dynamic_section.hello\" = \"0|hello $agent\", \"trap_section.bad\" = \"1\" }\n",
+    );
+    let runtime = WasmRuntime::new(Limits::default()).unwrap();
+    let config = Config::load(&config).unwrap();
+    let loaded = loader::load_dir(&runtime, folder.path(), &config).unwrap();
+    let entry = loaded.registry.get("dyn").unwrap();
+    let step = promptd::model::Step {
+        agent: "coder".into(),
+        scope_chain: vec!["global".into(), "coder".into()],
+        ..Default::default()
+    };
+    let global = promptd::model::Scope::Global;
+    let trap = entry.provider.section_text("bad", &global, &step).unwrap_err();
+    assert!(matches!(trap, promptd::provider::CallError::Trapped(_)), "{trap:?}");
+    // L3: the trapped instance is dropped; the next call runs on a fresh, re-declared one.
+    let text = entry.provider.section_text("hello", &global, &step).unwrap();
+    assert_eq!(text, "hello coder");
+}

@@ -64,21 +64,29 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            match err.downcast_ref::<Error>() {
-                Some(e) => eprintln!("error[{}]: {e}", e.code()),
-                None => eprintln!("error[internal]: {err:#}"),
-            }
+            // One line per error, so scripts can parse it.
+            let (code, message) = match err.downcast_ref::<Error>() {
+                Some(e) => (e.code(), e.to_string()),
+                None => ("internal", format!("{err:#}")),
+            };
+            let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
+            eprintln!("error[{code}]: {message}");
             ExitCode::FAILURE
         }
     }
 }
 
-/// Logs go to stderr; `PROMPTD_LOG=debug` (error, warn, info, debug, trace) sets the level.
+/// Logs (including plugins' `log` lines) go to stderr when `PROMPTD_LOG` names a level
+/// (error, warn, info, debug, trace). One-shot commands are quiet by default: their stderr is
+/// the single `error[CODE]:` line, and a trap's message already carries the plugin's last
+/// error log line.
 fn init_logging() {
-    let level = std::env::var("PROMPTD_LOG")
+    let Some(level) = std::env::var("PROMPTD_LOG")
         .ok()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(tracing::Level::WARN);
+        .and_then(|l| l.parse::<tracing::Level>().ok())
+    else {
+        return;
+    };
     tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)

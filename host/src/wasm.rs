@@ -106,12 +106,15 @@ impl WasmRuntime {
         bytes: &[u8],
         config: Vec<(String, String)>,
     ) -> Result<(Declaration, Arc<WasmProvider>)> {
-        let component = Component::from_binary(&self.engine, bytes).map_err(|e| {
-            Error::NotAComponent {
-                plugin: id.into(),
-                cause: root_cause(&e),
-            }
-        })?;
+        let not_a_component = |cause: String| Error::NotAComponent {
+            plugin: id.into(),
+            cause,
+        };
+        if let Some(cause) = precheck(bytes) {
+            return Err(not_a_component(cause.into()));
+        }
+        let component = Component::from_binary(&self.engine, bytes)
+            .map_err(|e| not_a_component(root_cause(&e)))?;
         let wrong_world = |e: wasmtime::Error| Error::WrongWorld {
             plugin: id.into(),
             cause: root_cause(&e),
@@ -141,9 +144,28 @@ fn internal(e: wasmtime::Error) -> Error {
     }
 }
 
-/// The most specific message in an error chain, plus its context.
+/// The error chain on one line (wasmtime's messages may span several).
 fn root_cause(e: &wasmtime::Error) -> String {
-    format!("{e:#}")
+    format!("{e:#}").split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Plain words for the commonest wrong files, before the engine's parser speaks.
+fn precheck(bytes: &[u8]) -> Option<&'static str> {
+    const MAGIC: &[u8] = b"\0asm";
+    const CORE_VERSION: &[u8] = &[1, 0, 0, 0];
+    if bytes.is_empty() {
+        return Some("the file is empty");
+    }
+    if !bytes.starts_with(MAGIC) {
+        return Some("the file does not start with the WebAssembly magic bytes (wrong format?)");
+    }
+    if bytes.get(4..8) == Some(CORE_VERSION) {
+        return Some(
+            "this is a core WebAssembly module, not a component; build for wasm32-wasip2 or \
+             wrap it with `wasm-tools component new`",
+        );
+    }
+    None
 }
 
 /// Per-store host state: WASI with no grants, the memory limiter, and the plugin id for logs.
@@ -152,6 +174,8 @@ struct State {
     table: ResourceTable,
     limits: StoreLimits,
     plugin: String,
+    /// The last error-level log line, attached to a trap's message (the SDKs log panics).
+    last_error: Option<String>,
 }
 
 impl WasiView for State {
@@ -168,6 +192,9 @@ impl wit::Host for State {}
 impl bindings::promptd::plugin::host::Host for State {
     fn log(&mut self, level: wit::Level, message: String) {
         let plugin = &self.plugin;
+        if matches!(level, wit::Level::Error) {
+            self.last_error = Some(message.chars().take(2000).collect());
+        }
         match level {
             wit::Level::Trace => tracing::trace!(plugin, "{message}"),
             wit::Level::Debug => tracing::debug!(plugin, "{message}"),
@@ -204,6 +231,7 @@ impl WasmProvider {
                 .trap_on_grow_failure(true)
                 .build(),
             plugin: self.id.clone(),
+            last_error: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -219,10 +247,13 @@ impl WasmProvider {
     fn fresh_instance(&self) -> CallResult<Declaration> {
         let mut store = self.new_store();
         store.set_epoch_deadline(self.deadline_ticks());
-        let plugin = self.pre.instantiate(&mut store).map_err(trap)?;
+        let plugin = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| trap(e, &mut store))?;
         let declared = plugin
             .call_declare(&mut store, &self.config)
-            .map_err(trap)?
+            .map_err(|e| trap(e, &mut store))?
             .map_err(CallError::Failed)?;
         let declaration = from_wit(declared);
         *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instance { store, plugin });
@@ -247,19 +278,24 @@ impl WasmProvider {
         match f(&instance.plugin, &mut instance.store) {
             Ok(result) => result.map_err(CallError::Failed),
             Err(e) => {
+                let err = trap(e, &mut instance.store);
                 *guard = None; // never re-enter a trapped instance (L3)
-                Err(trap(e))
+                Err(err)
             }
         }
     }
 }
 
-fn trap(e: wasmtime::Error) -> CallError {
-    let message = match e.downcast_ref::<wasmtime::Trap>() {
+/// Describes a trap, with the plugin's last error log line (e.g. its panic message).
+fn trap(e: wasmtime::Error, store: &mut Store<State>) -> CallError {
+    let mut message = match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => "deadline exceeded (the call was interrupted)".into(),
-        Some(t) => format!("trap: {t}"),
-        None => format!("{e:#}"),
+        Some(t) => t.to_string(),
+        None => root_cause(&e),
     };
+    if let Some(logged) = store.data_mut().last_error.take() {
+        message = format!("{message}; the plugin logged: {logged}");
+    }
     CallError::Trapped(message)
 }
 
