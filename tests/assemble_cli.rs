@@ -35,7 +35,8 @@ fn assemble(folder: &Folder, config: &std::path::Path, extra: &[&str]) -> String
 const IDENTITY: &str = "You are Ada running on the model model-x. Your instructions are assembled \
 by promptd from plugins; a runtime context message, when present, describes your environment and \
 supersedes earlier ones.";
-const GUIDANCE: &str = "Tools: read a file with read_file before you change it, and change it with \
+const GUIDANCE: &str =
+    "Tools: read a file with read_file before you change it, and change it with \
 write_file, giving the whole new content. Use list_dir to look around. Use bash for builds and \
 tests, not for reading or writing files.";
 
@@ -101,11 +102,16 @@ fn bundled_plugins_assemble_to_the_exact_request() {
         &folder,
         &config,
         &[
-            "--fact", "cwd=/home/ada/repo",
-            "--fact", "git_branch=main",
-            "--fact", "git_dirty=true",
-            "--fact", "os=linux",
-            "--fact", "date=2026-11-30",
+            "--fact",
+            "cwd=/home/ada/repo",
+            "--fact",
+            "git_branch=main",
+            "--fact",
+            "git_dirty=true",
+            "--fact",
+            "os=linux",
+            "--fact",
+            "date=2026-11-30",
         ],
     );
     let expected = json!({
@@ -114,8 +120,8 @@ fn bundled_plugins_assemble_to_the_exact_request() {
         "messages": [{
             "role": "user",
             "content": "[Runtime context: this snapshot supersedes any earlier runtime context.]\n\n\
-<workspace>\nWorking directory: /home/ada/repo\nGit branch: main (uncommitted changes)\n\
-Operating system: linux\nDate: 2026-11-30\n</workspace>",
+    <workspace>\nWorking directory: /home/ada/repo\nGit branch: main (uncommitted changes)\n\
+    Operating system: linux\nDate: 2026-11-30\n</workspace>",
         }],
     });
     assert_eq!(out, bytes_of(&expected));
@@ -158,7 +164,8 @@ fn explain_names_the_plugin_of_every_contribution() {
     let config = folder.config(CONFIG);
     let out = assemble(&folder, &config, &["--explain", "--fact", "cwd=/x"]);
     let v: Value = serde_json::from_str(&out).unwrap();
-    let origin = |name: &str, plugin: &str| json!({"name": name, "plugin": plugin, "scope": "global"});
+    let origin =
+        |name: &str, plugin: &str| json!({"name": name, "plugin": plugin, "scope": "global"});
     assert_eq!(
         v["explain"],
         json!({
@@ -176,7 +183,14 @@ fn explain_names_the_plugin_of_every_contribution() {
 
 #[test]
 fn a1_output_is_byte_identical_whatever_the_file_order_timing_or_process() {
-    let facts = ["--fact", "cwd=/r", "--fact", "date=2026-11-30", "--fact", "os=linux"];
+    let facts = [
+        "--fact",
+        "cwd=/r",
+        "--fact",
+        "date=2026-11-30",
+        "--fact",
+        "os=linux",
+    ];
     let forward = all_bundled();
     let config_a = forward.config(CONFIG);
     // The same plugins copied in reverse order, with different modification times.
@@ -209,7 +223,11 @@ fn r3_config_scope_makes_an_agent_scoped_persona_that_shadows_for_that_agent_onl
         serde_json::from_str(&assemble(&folder, &config, &["--agent", "coder"])).unwrap();
     let default: Value = serde_json::from_str(&assemble(&folder, &config, &[])).unwrap();
     let system = |v: &Value| v["system"].as_str().unwrap().to_string();
-    assert!(system(&coder).contains("\n\nYou write Rust.\n\n"), "{}", system(&coder));
+    assert!(
+        system(&coder).contains("\n\nYou write Rust.\n\n"),
+        "{}",
+        system(&coder)
+    );
     assert!(!system(&coder).contains("You are careful"));
     assert!(system(&default).contains("You are careful: small diffs, tests first."));
     assert!(!system(&default).contains("You write Rust."));
@@ -218,10 +236,15 @@ fn r3_config_scope_makes_an_agent_scoped_persona_that_shadows_for_that_agent_onl
 #[test]
 fn a4_runtime_context_can_be_turned_off_per_agent() {
     let folder = all_bundled();
-    let config = folder.config(&format!("{CONFIG}\n[agents.quiet]\nruntime_context = false\n"));
-    let v: Value =
-        serde_json::from_str(&assemble(&folder, &config, &["--agent", "quiet", "--fact", "cwd=/x"]))
-            .unwrap();
+    let config = folder.config(&format!(
+        "{CONFIG}\n[agents.quiet]\nruntime_context = false\n"
+    ));
+    let v: Value = serde_json::from_str(&assemble(
+        &folder,
+        &config,
+        &["--agent", "quiet", "--fact", "cwd=/x"],
+    ))
+    .unwrap();
     assert_eq!(v["messages"], json!([]));
 }
 
@@ -249,11 +272,20 @@ fn a8_unknown_tool_order_names_fail_listing_all_and_the_known_tools() {
     ));
     let dir = folder.path().to_str().unwrap();
     let line = fails(
-        &["assemble", "--plugins", dir, "--config", config.to_str().unwrap()],
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            config.to_str().unwrap(),
+        ],
         "unknown_tool_order_name",
     );
     assert!(line.contains("grep, todo_write"), "{line}");
-    assert!(line.contains("known tools: bash, list_dir, read_file, write_file"), "{line}");
+    assert!(
+        line.contains("known tools: bash, list_dir, read_file, write_file"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -262,12 +294,24 @@ fn r6_a_bad_tool_order_is_a_config_error() {
     let dir = folder.path().to_str().unwrap();
     let config = folder.config("tool_order = [\"bash\"]\n");
     fails(
-        &["assemble", "--plugins", dir, "--config", config.to_str().unwrap()],
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            config.to_str().unwrap(),
+        ],
         "tool_order_missing_rest",
     );
     let config = folder.config("tool_order = [\"bash\", \"<unlisted-tools>\", \"bash\"]\n");
     fails(
-        &["assemble", "--plugins", dir, "--config", config.to_str().unwrap()],
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            config.to_str().unwrap(),
+        ],
         "tool_order_duplicate",
     );
 }
@@ -278,12 +322,24 @@ fn t4_unknown_variable_names_section_plugin_and_registered_variables() {
     let config = folder.config("[plugins.persona]\nconfig = { text = \"Hi {{nickname}}\" }\n");
     let dir = folder.path().to_str().unwrap();
     let line = fails(
-        &["assemble", "--plugins", dir, "--config", config.to_str().unwrap()],
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            config.to_str().unwrap(),
+        ],
         "unknown_variable",
     );
-    assert!(line.contains("section `persona` (plugin `persona`)"), "{line}");
+    assert!(
+        line.contains("section `persona` (plugin `persona`)"),
+        "{line}"
+    );
     assert!(line.contains("`nickname`"), "{line}");
-    assert!(line.contains("registered variables: agent_name, model"), "{line}");
+    assert!(
+        line.contains("registered variables: agent_name, model"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -292,12 +348,21 @@ fn t3_malformed_reference_in_config_text_refuses_the_plugin_showing_where() {
     let config = folder.config("[plugins.persona]\nconfig = { text = \"ab {{{x}}}\" }\n");
     let dir = folder.path().to_str().unwrap();
     let line = fails(
-        &["assemble", "--plugins", dir, "--config", config.to_str().unwrap()],
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            config.to_str().unwrap(),
+        ],
         "malformed_reference",
     );
     assert!(line.contains("byte 3"), "{line}");
     assert!(line.contains("(`{{{x}}`)"), "{line}");
-    assert!(line.contains("plugin `persona`, section `persona`"), "{line}");
+    assert!(
+        line.contains("plugin `persona`, section `persona`"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -306,15 +371,52 @@ fn bad_command_line_and_config_input_get_clear_errors() {
     let dir = folder.path().to_str().unwrap();
     let config = folder.config("");
     let c = config.to_str().unwrap();
-    let line = fails(&["assemble", "--plugins", dir, "--config", c, "--fact", "novalue"], "config_invalid");
+    let line = fails(
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            c,
+            "--fact",
+            "novalue",
+        ],
+        "config_invalid",
+    );
     assert!(line.contains("novalue"), "{line}");
     let other = Folder::new();
     let bad = other.config("[agents.coder]\nparnet = \"x\"\n");
-    let line = fails(&["assemble", "--plugins", dir, "--config", bad.to_str().unwrap()], "config_parse");
-    assert!(line.contains("line 3, column 1: unknown field `parnet`"), "{line}");
-    let line = fails(&["assemble", "--plugins", "/no/such/dir", "--config", c], "io");
+    let line = fails(
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            bad.to_str().unwrap(),
+        ],
+        "config_parse",
+    );
+    assert!(
+        line.contains("line 3, column 1: unknown field `parnet`"),
+        "{line}"
+    );
+    let line = fails(
+        &["assemble", "--plugins", "/no/such/dir", "--config", c],
+        "io",
+    );
     assert!(line.contains("/no/such/dir"), "{line}");
-    fails(&["assemble", "--plugins", dir, "--config", c, "--agent", "has space"], "config_invalid");
+    fails(
+        &[
+            "assemble",
+            "--plugins",
+            dir,
+            "--config",
+            c,
+            "--agent",
+            "has space",
+        ],
+        "config_invalid",
+    );
 }
 
 #[test]
@@ -335,6 +437,11 @@ fn plugin_check_prints_what_a_plugin_declares() {
         d["contexts"],
         json!([{"name": "tools:mode", "order": 100, "scope": "global", "text": "dynamic"}])
     );
-    let names: Vec<&str> = d["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = d["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["read_file", "write_file", "list_dir", "bash"]);
 }

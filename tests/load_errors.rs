@@ -52,7 +52,10 @@ impl ConfigPath for Folder {
 fn garbage_bytes_are_not_a_component() {
     let folder = Folder::new().bytes("junk", b"this is not wasm at all");
     let line = check(&folder, "junk", "not_a_component");
-    assert!(line.contains("plugin `junk`") && line.contains("magic bytes"), "{line}");
+    assert!(
+        line.contains("plugin `junk`") && line.contains("magic bytes"),
+        "{line}"
+    );
     assemble_fails(&folder, "not_a_component");
 }
 
@@ -71,7 +74,10 @@ fn a_core_module_is_not_a_component() {
     let module = wat::parse_str("(module (func (export \"declare\")))").unwrap();
     let folder = Folder::new().bytes("core", &module);
     let line = check(&folder, "core", "not_a_component");
-    assert!(line.contains("plugin `core`") && line.contains("core WebAssembly module"), "{line}");
+    assert!(
+        line.contains("plugin `core`") && line.contains("core WebAssembly module"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -96,7 +102,10 @@ fn r1_a_duplicate_name_refuses_the_plugin() {
     let folder = Folder::new().scripted("dup");
     folder.config("[plugins.dup]\nconfig = { duplicate_section = \"persona\" }\n");
     let line = check(&folder, "dup", "duplicate_name");
-    assert!(line.contains("plugin `dup`") && line.contains("section `persona`"), "{line}");
+    assert!(
+        line.contains("plugin `dup`") && line.contains("section `persona`"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -104,7 +113,10 @@ fn r1_an_invalid_tool_schema_refuses_the_plugin() {
     let folder = Folder::new().scripted("schema");
     folder.config("[plugins.schema]\nconfig = { \"tool.grep\" = '{\"type\": \"object\"' }\n");
     let line = check(&folder, "schema", "invalid_schema");
-    assert!(line.contains("tool `grep`") && line.contains("not valid JSON"), "{line}");
+    assert!(
+        line.contains("tool `grep`") && line.contains("not valid JSON"),
+        "{line}"
+    );
 
     folder.config("[plugins.schema]\nconfig = { \"tool.grep\" = '\"object\"' }\n");
     let line = check(&folder, "schema", "invalid_schema");
@@ -133,17 +145,27 @@ fn a_trap_in_declare_refuses_the_plugin_with_the_cause() {
     let folder = Folder::new().scripted("trapper");
     folder.config("[plugins.trapper]\nconfig = { trap_in_declare = \"true\" }\n");
     let line = check(&folder, "trapper", "declare_failed");
-    assert!(line.contains("plugin `trapper`: declare failed: wasm trap"), "{line}");
+    assert!(
+        line.contains("plugin `trapper`: declare failed: wasm trap"),
+        "{line}"
+    );
     assert!(line.contains("unreachable"), "{line}");
-    assert!(line.contains("the plugin logged: panic:") && line.contains("trap_in_declare is set"), "{line}");
+    assert!(
+        line.contains("the plugin logged: panic:") && line.contains("trap_in_declare is set"),
+        "{line}"
+    );
 }
 
 #[test]
 fn an_error_from_declare_is_shown_verbatim() {
     let folder = Folder::new().scripted("picky");
-    folder.config("[plugins.picky]\nconfig = { fail_declare = \"config key `url` is required\" }\n");
+    folder
+        .config("[plugins.picky]\nconfig = { fail_declare = \"config key `url` is required\" }\n");
     let line = check(&folder, "picky", "declare_failed");
-    assert!(line.ends_with("declare failed: config key `url` is required"), "{line}");
+    assert!(
+        line.ends_with("declare failed: config key `url` is required"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -204,7 +226,10 @@ fn a9_an_optional_plugin_that_traps_is_left_out_and_reported() {
     let omitted = &v["explain"]["omitted"][0];
     assert_eq!(omitted["plugin"], "boom");
     assert_eq!(omitted["contribution"], "section `persona`");
-    assert!(omitted["cause"].as_str().unwrap().contains("unreachable"), "{omitted}");
+    assert!(
+        omitted["cause"].as_str().unwrap().contains("unreachable"),
+        "{omitted}"
+    );
 }
 
 #[test]
@@ -223,9 +248,18 @@ fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
         ..Default::default()
     };
     let global = promptd::model::Scope::Global;
-    let trap = entry.provider.section_text("bad", &global, &step).unwrap_err();
-    assert!(matches!(trap, promptd::provider::CallError::Trapped(_)), "{trap:?}");
+    let trap = entry
+        .provider
+        .section_text("bad", &global, &step)
+        .unwrap_err();
+    assert!(
+        matches!(trap, promptd::provider::CallError::Trapped(_)),
+        "{trap:?}"
+    );
     // L3: the trapped instance is dropped; the next call runs on a fresh, re-declared one.
-    let text = entry.provider.section_text("hello", &global, &step).unwrap();
+    let text = entry
+        .provider
+        .section_text("hello", &global, &step)
+        .unwrap();
     assert_eq!(text, "hello coder");
 }

@@ -116,7 +116,9 @@ fn plugin_failure(err: &Error) -> Option<(&str, String, String)> {
             cause,
             ..
         } => Some((plugin, contribution.clone(), cause.clone())),
-        Error::UnknownShownTool { plugin, .. } => Some((plugin, "shown-tools".into(), err.to_string())),
+        Error::UnknownShownTool { plugin, .. } => {
+            Some((plugin, "shown-tools".into(), err.to_string()))
+        }
         _ => None,
     }
 }
@@ -172,15 +174,27 @@ fn attempt(
     calls: &mut Calls,
 ) -> Result<Assembly> {
     let chain = &step.scope_chain;
-    let sections = effective(registry, excluded, chain, |d| &d.sections[..], |s: &Section| {
-        (&s.name, &s.scope)
-    });
-    let variables = effective(registry, excluded, chain, |d| &d.variables[..], |v: &Variable| {
-        (&v.name, &v.scope)
-    });
-    let tools = effective(registry, excluded, chain, |d| &d.tools[..], |t: &Tool| {
-        (&t.name, &t.scope)
-    });
+    let sections = effective(
+        registry,
+        excluded,
+        chain,
+        |d| &d.sections[..],
+        |s: &Section| (&s.name, &s.scope),
+    );
+    let variables = effective(
+        registry,
+        excluded,
+        chain,
+        |d| &d.variables[..],
+        |v: &Variable| (&v.name, &v.scope),
+    );
+    let tools = effective(
+        registry,
+        excluded,
+        chain,
+        |d| &d.tools[..],
+        |t: &Tool| (&t.name, &t.scope),
+    );
 
     // Cheap checks first, before any plugin is called.
     if let Some(order) = &options.tool_order {
@@ -220,9 +234,13 @@ fn attempt(
 
     let mut runtime_context = None;
     if !options.suppress_runtime_context {
-        let contexts = effective(registry, excluded, chain, |d| &d.contexts[..], |c: &Context| {
-            (&c.name, &c.scope)
-        });
+        let contexts = effective(
+            registry,
+            excluded,
+            chain,
+            |d| &d.contexts[..],
+            |c: &Context| (&c.name, &c.scope),
+        );
         let mut ordered: Vec<&Pick<Context>> = contexts.values().collect();
         ordered.sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
         let mut parts = Vec::new();
@@ -418,7 +436,12 @@ impl Calls {
         scope: &Scope,
         step: &Step,
     ) -> Result<Option<String>> {
-        let key = (entry.id.clone(), Kind::Variable, name.to_string(), scope.clone());
+        let key = (
+            entry.id.clone(),
+            Kind::Variable,
+            name.to_string(),
+            scope.clone(),
+        );
         let result = self
             .values
             .entry(key)

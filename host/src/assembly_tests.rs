@@ -83,7 +83,9 @@ fn c1_static_and_dynamic_sections_render_into_system() {
 fn c2_contexts_go_to_runtime_context_never_system() {
     let reg = registry(vec![(
         "p",
-        NativePlugin::new().section("s", 0, "sys").context("c", 0, "ctx"),
+        NativePlugin::new()
+            .section("s", 0, "sys")
+            .context("c", 0, "ctx"),
     )]);
     let a = run(&reg).unwrap();
     assert_eq!(a.system, "sys");
@@ -119,7 +121,10 @@ fn c4_tool_names_and_schemas_are_checked() {
     assert_eq!(too_long.code(), "invalid_name");
     let not_json = entry("p", NativePlugin::new().tool("t", "d", "{oops")).unwrap_err();
     assert_eq!(not_json.code(), "invalid_schema");
-    assert!(not_json.to_string().contains("not valid JSON"), "{not_json}");
+    assert!(
+        not_json.to_string().contains("not valid JSON"),
+        "{not_json}"
+    );
     let not_object = entry("p", NativePlugin::new().tool("t", "d", "[1]")).unwrap_err();
     assert_eq!(not_object.code(), "invalid_schema");
     assert!(not_object.to_string().contains("an array"), "{not_object}");
@@ -139,15 +144,25 @@ fn c5_section_and_context_names_are_printable_ascii_without_whitespace() {
         let err = entry("p", NativePlugin::new().context(bad, 0, "x")).unwrap_err();
         assert_eq!(err.code(), "invalid_name", "{bad:?}");
     }
-    entry("p", NativePlugin::new().section("deployment:persona", 0, "x")).unwrap();
+    entry(
+        "p",
+        NativePlugin::new().section("deployment:persona", 0, "x"),
+    )
+    .unwrap();
 }
 
 #[test]
 fn c6_conventional_orders_put_identity_then_persona_then_tool_guidance() {
     let reg = registry(vec![
-        ("guide", NativePlugin::new().section("tools:guidance", 100, "G")),
+        (
+            "guide",
+            NativePlugin::new().section("tools:guidance", 100, "G"),
+        ),
         ("persona", NativePlugin::new().section("persona", 0, "P")),
-        ("identity", NativePlugin::new().section("identity", -100, "I")),
+        (
+            "identity",
+            NativePlugin::new().section("identity", -100, "I"),
+        ),
     ]);
     assert_eq!(run(&reg).unwrap().system, "I\n\nP\n\nG");
 }
@@ -181,7 +196,9 @@ fn r1_malformed_static_template_refuses_the_plugin_at_load() {
 fn r1_duplicate_names_within_a_plugin_are_refused() {
     let err = entry(
         "p",
-        NativePlugin::new().section("s", 0, "a").section("s", 1, "b"),
+        NativePlugin::new()
+            .section("s", 0, "a")
+            .section("s", 1, "b"),
     )
     .unwrap_err();
     assert_eq!(err.code(), "duplicate_name");
@@ -198,7 +215,10 @@ fn r1_duplicate_names_within_a_plugin_are_refused() {
 
 #[test]
 fn r2_conflict_names_both_plugins_and_the_name_and_old_keeps_serving() {
-    let reg = registry(vec![("first", NativePlugin::new().section("persona", 0, "one"))]);
+    let reg = registry(vec![(
+        "first",
+        NativePlugin::new().section("persona", 0, "one"),
+    )]);
     let err = reg
         .with_plugin(entry("second", NativePlugin::new().section("persona", 5, "two")).unwrap())
         .unwrap_err();
@@ -226,7 +246,10 @@ fn r2_conflict_codes_per_kind() {
 
 #[test]
 fn r2_scope_override_is_applied_before_conflicts() {
-    let reg = registry(vec![("a", NativePlugin::new().section("persona", 0, "global"))]);
+    let reg = registry(vec![(
+        "a",
+        NativePlugin::new().section("persona", 0, "global"),
+    )]);
     let (decl, provider) = NativePlugin::new().section("persona", 0, "coder").build();
     let options = PluginOptions {
         scope_override: Some(Scope::agent("coder")),
@@ -244,7 +267,10 @@ fn r2_scope_override_is_applied_before_conflicts() {
 #[test]
 fn r3_agent_scope_shadows_global_for_that_agent_only() {
     let reg = registry(vec![
-        ("global_persona", NativePlugin::new().section("persona", 0, "generic")),
+        (
+            "global_persona",
+            NativePlugin::new().section("persona", 0, "generic"),
+        ),
         (
             "coder_persona",
             NativePlugin::new()
@@ -255,7 +281,10 @@ fn r3_agent_scope_shadows_global_for_that_agent_only() {
     let coder = step_for("coder", &["global", "coder"]);
     let other = step_for("writer", &["global", "writer"]);
     let opts = Options::default();
-    assert_eq!(assemble(&reg, &coder, &opts).unwrap().system, "coder persona");
+    assert_eq!(
+        assemble(&reg, &coder, &opts).unwrap().system,
+        "coder persona"
+    );
     assert_eq!(assemble(&reg, &other, &opts).unwrap().system, "generic");
 }
 
@@ -263,8 +292,18 @@ fn r3_agent_scope_shadows_global_for_that_agent_only() {
 fn r3_nearest_ancestor_wins_over_farther_one() {
     let reg = registry(vec![
         ("g", NativePlugin::new().section("s", 0, "global")),
-        ("b", NativePlugin::new().section("s", 0, "base").scoped(Scope::agent("base"))),
-        ("c", NativePlugin::new().section("s", 0, "child").scoped(Scope::agent("child"))),
+        (
+            "b",
+            NativePlugin::new()
+                .section("s", 0, "base")
+                .scoped(Scope::agent("base")),
+        ),
+        (
+            "c",
+            NativePlugin::new()
+                .section("s", 0, "child")
+                .scoped(Scope::agent("child")),
+        ),
     ]);
     let opts = Options::default();
     let child = step_for("child", &["global", "base", "child"]);
@@ -327,8 +366,18 @@ fn r4_unloading_drops_every_contribution_at_once() {
 #[test]
 fn a1_sections_sort_by_order_then_name() {
     let reg = registry(vec![
-        ("x", NativePlugin::new().section("b", 1, "b1").section("z", 0, "z0")),
-        ("y", NativePlugin::new().section("a", 1, "a1").section("m", -5, "m-5")),
+        (
+            "x",
+            NativePlugin::new()
+                .section("b", 1, "b1")
+                .section("z", 0, "z0"),
+        ),
+        (
+            "y",
+            NativePlugin::new()
+                .section("a", 1, "a1")
+                .section("m", -5, "m-5"),
+        ),
     ]);
     assert_eq!(run(&reg).unwrap().system, "m-5\n\nz0\n\na1\n\nb1");
 }
@@ -392,7 +441,10 @@ fn a3_more_than_one_complete_section_fails_naming_them_sorted() {
     ]);
     let err = run(&reg).unwrap_err();
     assert_eq!(err.code(), "multiple_complete");
-    assert_eq!(err, Error::MultipleComplete(vec!["alpha".into(), "zeta".into()]));
+    assert_eq!(
+        err,
+        Error::MultipleComplete(vec!["alpha".into(), "zeta".into()])
+    );
 }
 
 #[test]
@@ -428,7 +480,12 @@ fn a3_a_single_complete_section_stands_alone_but_the_rest_is_collected() {
 fn a3_a_shadowed_complete_section_does_not_count() {
     let reg = registry(vec![
         ("g", NativePlugin::new().section("s", 0, "g").complete()),
-        ("c", NativePlugin::new().section("s", 0, "c").scoped(Scope::agent("coder"))),
+        (
+            "c",
+            NativePlugin::new()
+                .section("s", 0, "c")
+                .scoped(Scope::agent("coder")),
+        ),
         ("o", NativePlugin::new().section("t", 1, "t").complete()),
     ]);
     let coder = step_for("coder", &["global", "coder"]);
@@ -439,9 +496,19 @@ fn a3_a_shadowed_complete_section_does_not_count() {
 #[test]
 fn a4_contexts_merge_and_sort_like_sections() {
     let reg = registry(vec![
-        ("p", NativePlugin::new().context("b", 0, "B").context("a", 0, "A")),
+        (
+            "p",
+            NativePlugin::new()
+                .context("b", 0, "B")
+                .context("a", 0, "A"),
+        ),
         ("q", NativePlugin::new().context("z", -1, "Z")),
-        ("r", NativePlugin::new().context("a", 0, "A2").scoped(Scope::agent("default"))),
+        (
+            "r",
+            NativePlugin::new()
+                .context("a", 0, "A2")
+                .scoped(Scope::agent("default")),
+        ),
     ]);
     let a = run(&reg).unwrap();
     assert_eq!(
@@ -472,28 +539,53 @@ fn a4_runtime_context_can_be_suppressed_and_then_nothing_is_called() {
 #[test]
 fn a5_variables_merge_by_name_nearer_wins() {
     let reg = registry(vec![
-        ("g", NativePlugin::new().variable("who", "everyone").section("s", 0, "hi {{who}}")),
-        ("c", NativePlugin::new().variable("who", "coder").scoped(Scope::agent("coder"))),
+        (
+            "g",
+            NativePlugin::new()
+                .variable("who", "everyone")
+                .section("s", 0, "hi {{who}}"),
+        ),
+        (
+            "c",
+            NativePlugin::new()
+                .variable("who", "coder")
+                .scoped(Scope::agent("coder")),
+        ),
     ]);
     let coder = step_for("coder", &["global", "coder"]);
-    assert_eq!(assemble(&reg, &coder, &Options::default()).unwrap().system, "hi coder");
+    assert_eq!(
+        assemble(&reg, &coder, &Options::default()).unwrap().system,
+        "hi coder"
+    );
     assert_eq!(run(&reg).unwrap().system, "hi everyone");
 }
 
 #[test]
 fn a6_tools_are_ordered_by_name_across_providers() {
     let reg = registry(vec![
-        ("one", NativePlugin::new().tool("charlie", "c", OBJ).tool("alpha", "a", OBJ)),
+        (
+            "one",
+            NativePlugin::new()
+                .tool("charlie", "c", OBJ)
+                .tool("alpha", "a", OBJ),
+        ),
         ("two", NativePlugin::new().tool("bravo", "b", OBJ)),
     ]);
-    assert_eq!(tool_names(&run(&reg).unwrap()), ["alpha", "bravo", "charlie"]);
+    assert_eq!(
+        tool_names(&run(&reg).unwrap()),
+        ["alpha", "bravo", "charlie"]
+    );
 }
 
 #[test]
 fn a6_tool_order_is_byte_order() {
     let reg = registry(vec![(
         "p",
-        NativePlugin::new().tool("b", "", OBJ).tool("B", "", OBJ).tool("_x", "", OBJ).tool("a-1", "", OBJ),
+        NativePlugin::new()
+            .tool("b", "", OBJ)
+            .tool("B", "", OBJ)
+            .tool("_x", "", OBJ)
+            .tool("a-1", "", OBJ),
     )]);
     assert_eq!(tool_names(&run(&reg).unwrap()), ["B", "_x", "a-1", "b"]);
 }
@@ -512,8 +604,18 @@ fn a6_parameters_are_deep_copies_of_the_declared_schema() {
 #[test]
 fn a7_tool_order_places_listed_names_and_the_rest_by_name() {
     let reg = registry(vec![
-        ("p", NativePlugin::new().tool("bash", "", OBJ).tool("echo_b", "", OBJ)),
-        ("q", NativePlugin::new().tool("todo_write", "", OBJ).tool("echo_a", "", OBJ)),
+        (
+            "p",
+            NativePlugin::new()
+                .tool("bash", "", OBJ)
+                .tool("echo_b", "", OBJ),
+        ),
+        (
+            "q",
+            NativePlugin::new()
+                .tool("todo_write", "", OBJ)
+                .tool("echo_a", "", OBJ),
+        ),
     ]);
     let opts = with_order(&["todo_write", "<unlisted-tools>", "bash"]);
     let a = assemble(&reg, &default_step(), &opts).unwrap();
@@ -529,7 +631,12 @@ fn a7_a_listed_tool_not_shown_this_step_yields_nothing() {
             .tool("read", "", OBJ)
             .show_tools(|_| Ok(vec!["read".into()])),
     )]);
-    let a = assemble(&reg, &default_step(), &with_order(&["bash", "<unlisted-tools>"])).unwrap();
+    let a = assemble(
+        &reg,
+        &default_step(),
+        &with_order(&["bash", "<unlisted-tools>"]),
+    )
+    .unwrap();
     assert_eq!(tool_names(&a), ["read"]);
 }
 
@@ -543,18 +650,27 @@ fn a7_shown_tools_are_asked_once_and_must_be_known() {
             .tool("b", "", OBJ)
             .show_tools(move |s| {
                 c.fetch_add(1, Ordering::SeqCst);
-                Ok(if s.facts.contains_key("ro") { vec!["a".into()] } else { vec!["a".into(), "b".into()] })
+                Ok(if s.facts.contains_key("ro") {
+                    vec!["a".into()]
+                } else {
+                    vec!["a".into(), "b".into()]
+                })
             }),
     )]);
     assert_eq!(tool_names(&run(&reg).unwrap()), ["a", "b"]);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let mut ro = default_step();
     ro.facts.insert("ro".into(), "1".into());
-    assert_eq!(tool_names(&assemble(&reg, &ro, &Options::default()).unwrap()), ["a"]);
+    assert_eq!(
+        tool_names(&assemble(&reg, &ro, &Options::default()).unwrap()),
+        ["a"]
+    );
 
     let liar = registry(vec![(
         "liar",
-        NativePlugin::new().tool("a", "", OBJ).show_tools(|_| Ok(vec!["zzz".into()])),
+        NativePlugin::new()
+            .tool("a", "", OBJ)
+            .show_tools(|_| Ok(vec!["zzz".into()])),
     )]);
     let err = run(&liar).unwrap_err();
     assert_eq!(err.code(), "unknown_shown_tool");
@@ -565,7 +681,12 @@ fn a7_shown_tools_are_asked_once_and_must_be_known() {
 fn a8_unknown_tool_order_names_are_all_listed_with_known_tools() {
     let reg = registry(vec![
         ("p", NativePlugin::new().tool("bash", "", OBJ)),
-        ("q", NativePlugin::new().tool("read", "", OBJ).scoped(Scope::agent("other"))),
+        (
+            "q",
+            NativePlugin::new()
+                .tool("read", "", OBJ)
+                .scoped(Scope::agent("other")),
+        ),
     ]);
     let opts = with_order(&["nope", "<unlisted-tools>", "bash", "also_missing"]);
     let err = assemble(&reg, &default_step(), &opts).unwrap_err();
@@ -583,23 +704,35 @@ fn a8_unknown_tool_order_names_are_all_listed_with_known_tools() {
 fn a9_a_failing_call_names_plugin_contribution_and_cause() {
     let reg = registry(vec![(
         "flaky",
-        NativePlugin::new().dynamic_section("news", 0, |_| Err(CallError::Failed("feed down".into()))),
+        NativePlugin::new()
+            .dynamic_section("news", 0, |_| Err(CallError::Failed("feed down".into()))),
     )]);
     let err = run(&reg).unwrap_err();
     assert_eq!(err.code(), "plugin_error");
     let msg = err.to_string();
-    assert!(msg.contains("`flaky`") && msg.contains("section `news`") && msg.contains("feed down"), "{msg}");
+    assert!(
+        msg.contains("`flaky`") && msg.contains("section `news`") && msg.contains("feed down"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn a9_an_optional_plugin_is_left_out_and_the_omission_recorded() {
     let reg = Registry::new()
-        .with_plugin(entry("base", NativePlugin::new().section("persona", 0, "base persona")).unwrap())
+        .with_plugin(
+            entry(
+                "base",
+                NativePlugin::new().section("persona", 0, "base persona"),
+            )
+            .unwrap(),
+        )
         .unwrap()
         .with_plugin(optional(
             "extra",
             NativePlugin::new()
-                .dynamic_section("persona", 0, |_| Err(CallError::Trapped("trap: unreachable".into())))
+                .dynamic_section("persona", 0, |_| {
+                    Err(CallError::Trapped("trap: unreachable".into()))
+                })
                 .scoped(Scope::agent("default"))
                 .tool("extra_tool", "", OBJ),
         ))
@@ -622,7 +755,9 @@ fn a9_an_optional_plugin_is_left_out_and_the_omission_recorded() {
 fn a10_errors_are_values_with_stable_codes() {
     let reg = registry(vec![(
         "p",
-        NativePlugin::new().dynamic_context("c", 0, |_| Err(CallError::Trapped("deadline exceeded".into()))),
+        NativePlugin::new().dynamic_context("c", 0, |_| {
+            Err(CallError::Trapped("deadline exceeded".into()))
+        }),
     )]);
     let err = run(&reg).unwrap_err();
     assert_eq!(err.code(), "plugin_trap");
@@ -633,10 +768,16 @@ fn a10_errors_are_values_with_stable_codes() {
 
 #[test]
 fn t4_errors_name_the_section_or_context() {
-    let reg = registry(vec![("p", NativePlugin::new().dynamic_context("ctx", 0, |_| Ok("{{nope}}".into())))]);
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new().dynamic_context("ctx", 0, |_| Ok("{{nope}}".into())),
+    )]);
     let err = run(&reg).unwrap_err();
     assert_eq!(err.code(), "unknown_variable");
-    assert!(err.to_string().contains("context `ctx` (plugin `p`)"), "{err}");
+    assert!(
+        err.to_string().contains("context `ctx` (plugin `p`)"),
+        "{err}"
+    );
 
     let reg = registry(vec![(
         "p",
@@ -651,7 +792,10 @@ fn t4_errors_name_the_section_or_context() {
 
 #[test]
 fn t4_dynamic_text_is_checked_at_assembly() {
-    let reg = registry(vec![("p", NativePlugin::new().dynamic_section("s", 0, |_| Ok("{{{x}}}".into())))]);
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new().dynamic_section("s", 0, |_| Ok("{{{x}}}".into())),
+    )]);
     assert_eq!(run(&reg).unwrap_err().code(), "malformed_reference");
 }
 
@@ -673,7 +817,10 @@ fn t5_empty_sections_are_dropped_whitespace_only_kept() {
 fn t5_a_section_empty_after_interpolation_is_dropped() {
     let reg = registry(vec![(
         "p",
-        NativePlugin::new().variable("nothing", "").section("a", 0, "{{nothing}}").section("b", 1, "B"),
+        NativePlugin::new()
+            .variable("nothing", "")
+            .section("a", 0, "{{nothing}}")
+            .section("b", 1, "B"),
     )]);
     assert_eq!(run(&reg).unwrap().system, "B");
 }
@@ -682,7 +829,9 @@ fn t5_a_section_empty_after_interpolation_is_dropped() {
 fn t6_no_runtime_context_when_every_context_is_empty() {
     let reg = registry(vec![(
         "p",
-        NativePlugin::new().context("a", 0, "").dynamic_context("b", 0, |_| Ok(String::new())),
+        NativePlugin::new()
+            .context("a", 0, "")
+            .dynamic_context("b", 0, |_| Ok(String::new())),
     )]);
     assert_eq!(run(&reg).unwrap().runtime_context, None);
 }
@@ -700,11 +849,19 @@ fn build_plugin(items: &[Item]) -> NativePlugin {
         let order = order as i32;
         p = match (kind, dynamic) {
             (0, false) => p.section(&n, order, &format!("section {n} uses {{{{v{name}}}}}")),
-            (0, true) => p.dynamic_section(&n, order, move |s| Ok(format!("dyn {} {}", s.agent, order))),
+            (0, true) => {
+                p.dynamic_section(&n, order, move |s| Ok(format!("dyn {} {}", s.agent, order)))
+            }
             (1, false) => p.context(&n, order, &format!("ctx {n}")),
-            (1, true) => p.dynamic_context(&n, order, move |s| Ok(format!("dyn ctx {}", s.step_number as i64 + order as i64))),
+            (1, true) => p.dynamic_context(&n, order, move |s| {
+                Ok(format!("dyn ctx {}", s.step_number as i64 + order as i64))
+            }),
             (2, _) => p.variable(&format!("v{name}"), &format!("value {name} {scope}")),
-            _ => p.tool(&n, &format!("tool {n}"), r#"{"type":"object","b":1,"a":{"z":1,"y":2}}"#),
+            _ => p.tool(
+                &n,
+                &format!("tool {n}"),
+                r#"{"type":"object","b":1,"a":{"z":1,"y":2}}"#,
+            ),
         };
         if scope > 0 {
             p = p.scoped(Scope::agent(if scope == 1 { "base" } else { "child" }));
@@ -716,27 +873,31 @@ fn build_plugin(items: &[Item]) -> NativePlugin {
 fn contributions() -> impl Strategy<Value = Vec<Vec<Item>>> {
     // Items are unique per (kind, name, scope) across all plugins, so no load conflicts; every
     // variable a section uses is declared globally.
-    proptest::collection::btree_map((0u8..4, 0u8..6, 0u8..3), (any::<i8>(), any::<bool>()), 1..24)
-        .prop_flat_map(|items| {
-            let mut list: Vec<Item> = items
-                .into_iter()
-                .map(|((k, n, s), (o, d))| (k, n, s, o % 3, d))
-                .collect();
-            for n in 0u8..6 {
-                if !list.iter().any(|i| i.0 == 2 && i.1 == n && i.2 == 0) {
-                    list.push((2, n, 0, 0, false));
-                }
+    proptest::collection::btree_map(
+        (0u8..4, 0u8..6, 0u8..3),
+        (any::<i8>(), any::<bool>()),
+        1..24,
+    )
+    .prop_flat_map(|items| {
+        let mut list: Vec<Item> = items
+            .into_iter()
+            .map(|((k, n, s), (o, d))| (k, n, s, o % 3, d))
+            .collect();
+        for n in 0u8..6 {
+            if !list.iter().any(|i| i.0 == 2 && i.1 == n && i.2 == 0) {
+                list.push((2, n, 0, 0, false));
             }
-            let len = list.len();
-            (Just(list), proptest::collection::vec(0usize..4, len))
-        })
-        .prop_map(|(list, owners)| {
-            let mut plugins = vec![Vec::new(); 4];
-            for (item, owner) in list.into_iter().zip(owners) {
-                plugins[owner].push(item);
-            }
-            plugins
-        })
+        }
+        let len = list.len();
+        (Just(list), proptest::collection::vec(0usize..4, len))
+    })
+    .prop_map(|(list, owners)| {
+        let mut plugins = vec![Vec::new(); 4];
+        for (item, owner) in list.into_iter().zip(owners) {
+            plugins[owner].push(item);
+        }
+        plugins
+    })
 }
 
 fn assembled_bytes(plugins: &[(usize, Vec<Item>)], tool_order: bool) -> Vec<String> {

@@ -244,11 +244,8 @@ mod tests {
 
     #[test]
     fn r6_tool_order_rejects_duplicates() {
-        let err = Config::parse(
-            r#"tool_order = ["bash", "<unlisted-tools>", "bash"]"#,
-            "t",
-        )
-        .unwrap_err();
+        let err =
+            Config::parse(r#"tool_order = ["bash", "<unlisted-tools>", "bash"]"#, "t").unwrap_err();
         assert_eq!(err.code(), "tool_order_duplicate");
         assert!(err.to_string().contains("`bash`"));
         let err = Config::parse(
@@ -266,7 +263,11 @@ mod tests {
         assert!(err.to_string().contains("plugin_dri"), "{err}");
         let err = Config::parse("[agents.a]\nparnet = \"b\"", "t").unwrap_err();
         assert!(err.to_string().contains("parnet"), "{err}");
-        assert!(err.to_string().contains("t: line 2, column 1: unknown field"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("t: line 2, column 1: unknown field"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -282,7 +283,10 @@ mod tests {
             "t",
         )
         .unwrap();
-        assert_eq!(c.chain("reviewer").unwrap(), ["global", "coder", "reviewer"]);
+        assert_eq!(
+            c.chain("reviewer").unwrap(),
+            ["global", "coder", "reviewer"]
+        );
         assert_eq!(c.chain("coder").unwrap(), ["global", "coder"]);
         assert_eq!(c.chain("stranger").unwrap(), ["global", "stranger"]);
         assert_eq!(c.chain(DEFAULT_AGENT).unwrap(), ["global", "default"]);

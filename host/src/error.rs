@@ -37,7 +37,9 @@ pub enum Error {
     #[error("plugin `{plugin}`: not a WebAssembly component: {cause}")]
     NotAComponent { plugin: String, cause: String },
 
-    #[error("plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.1.0: {cause}")]
+    #[error(
+        "plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.1.0: {cause}"
+    )]
     WrongWorld { plugin: String, cause: String },
 
     #[error("plugin `{plugin}`: declare failed: {cause}")]

@@ -11,7 +11,10 @@ use crate::names::is_variable_name;
 pub enum Piece<'a> {
     Literal(&'a str),
     /// A `{{name}}` reference; `offset` is the byte offset of its `{{`.
-    Reference { name: &'a str, offset: usize },
+    Reference {
+        name: &'a str,
+        offset: usize,
+    },
 }
 
 /// Why a template could not be parsed.
@@ -38,9 +41,13 @@ impl Malformed {
 pub enum Resolved {
     Value(String),
     /// The variable exists but has no value this assembly; `plugin` declared it.
-    Absent { plugin: String },
+    Absent {
+        plugin: String,
+    },
     /// No such variable; `known` lists every variable that exists, sorted.
-    Unknown { known: Vec<String> },
+    Unknown {
+        known: Vec<String>,
+    },
 }
 
 /// Splits `text` into literals and references.
@@ -141,9 +148,7 @@ mod tests {
         interpolate(text, "section test", &mut |name| {
             Ok(match vars.get(name) {
                 Some(Some(v)) => Resolved::Value(v.clone()),
-                Some(None) => Resolved::Absent {
-                    plugin: "p".into(),
-                },
+                Some(None) => Resolved::Absent { plugin: "p".into() },
                 None => Resolved::Unknown {
                     known: vars.keys().cloned().collect(),
                 },
@@ -190,7 +195,10 @@ mod tests {
     #[test]
     fn t3_brace_inside_group_is_malformed_even_if_later_reference_is_fine() {
         let err = render("x {{a{b}} y {{model}}", &vars(&[("model", Some("m"))])).unwrap_err();
-        assert!(matches!(err, Error::MalformedReference { offset: 2, .. }), "{err:?}");
+        assert!(
+            matches!(err, Error::MalformedReference { offset: 2, .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -207,13 +215,19 @@ mod tests {
         let v = vars(&[("b", Some("1")), ("a", Some("2"))]);
         let err = render("{{constructor}}", &v).unwrap_err();
         assert_eq!(err.code(), "unknown_variable");
-        assert!(err.to_string().contains("registered variables: a, b"), "{err}");
+        assert!(
+            err.to_string().contains("registered variables: a, b"),
+            "{err}"
+        );
     }
 
     #[test]
     fn t4_unknown_variable_says_when_there_are_none() {
         let err = render("{{x}}", &vars(&[])).unwrap_err();
-        assert!(err.to_string().contains("no variables are registered"), "{err}");
+        assert!(
+            err.to_string().contains("no variables are registered"),
+            "{err}"
+        );
     }
 
     #[test]

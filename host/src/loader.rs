@@ -47,8 +47,8 @@ pub fn plugin_files(dir: &Path) -> Result<Vec<PathBuf>> {
 pub fn load_dir(runtime: &WasmRuntime, dir: &Path, config: &Config) -> Result<Loaded> {
     let mut loaded = Loaded::default();
     for file in plugin_files(dir)? {
-        let result = load_file(runtime, &file, config)
-            .and_then(|entry| loaded.registry.with_plugin(entry));
+        let result =
+            load_file(runtime, &file, config).and_then(|entry| loaded.registry.with_plugin(entry));
         match result {
             Ok(next) => loaded.registry = next,
             Err(error) => loaded.refused.push(Refusal { file, error }),

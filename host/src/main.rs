@@ -14,7 +14,11 @@ use promptd::wasm::{Limits, WasmRuntime};
 use promptd::{loader, Error};
 
 #[derive(Parser)]
-#[command(name = "promptd", version, about = "A host for WebAssembly prompt plugins")]
+#[command(
+    name = "promptd",
+    version,
+    about = "A host for WebAssembly prompt plugins"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -33,8 +33,7 @@ pub type CallResult<T> = Result<T, CallError>;
 pub trait Provider: Send + Sync {
     fn section_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String>;
     fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String>;
-    fn variable_value(&self, name: &str, scope: &Scope, step: &Step)
-        -> CallResult<Option<String>>;
+    fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>>;
     fn shown_tools(&self, step: &Step) -> CallResult<Vec<String>>;
 }
 
@@ -207,9 +206,18 @@ impl NativePlugin {
     pub fn build(self) -> (Declaration, Arc<dyn Provider>) {
         let d = &self.declaration;
         let provider = NativeProvider {
-            sections: keyed(d.sections.iter().map(|s| (&s.name, &s.scope)), self.sections),
-            contexts: keyed(d.contexts.iter().map(|c| (&c.name, &c.scope)), self.contexts),
-            variables: keyed(d.variables.iter().map(|v| (&v.name, &v.scope)), self.variables),
+            sections: keyed(
+                d.sections.iter().map(|s| (&s.name, &s.scope)),
+                self.sections,
+            ),
+            contexts: keyed(
+                d.contexts.iter().map(|c| (&c.name, &c.scope)),
+                self.contexts,
+            ),
+            variables: keyed(
+                d.variables.iter().map(|v| (&v.name, &v.scope)),
+                self.variables,
+            ),
             shown_tools: self.shown_tools,
         };
         (self.declaration, Arc::new(provider))
@@ -248,12 +256,7 @@ impl Provider for NativeProvider {
         f.ok_or_else(|| missing("context", name))?(step)
     }
 
-    fn variable_value(
-        &self,
-        name: &str,
-        scope: &Scope,
-        step: &Step,
-    ) -> CallResult<Option<String>> {
+    fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>> {
         let f = self.variables.get(&(name.to_string(), scope.clone()));
         f.ok_or_else(|| missing("variable", name))?(step)
     }

@@ -83,9 +83,18 @@ impl PluginEntry {
     /// Every (kind, name, effective scope) this plugin contributes.
     pub fn keys(&self) -> impl Iterator<Item = (Kind, &str, Scope)> + '_ {
         let d = &self.declaration;
-        let sections = d.sections.iter().map(|s| (Kind::Section, &*s.name, &s.scope));
-        let contexts = d.contexts.iter().map(|c| (Kind::Context, &*c.name, &c.scope));
-        let variables = d.variables.iter().map(|v| (Kind::Variable, &*v.name, &v.scope));
+        let sections = d
+            .sections
+            .iter()
+            .map(|s| (Kind::Section, &*s.name, &s.scope));
+        let contexts = d
+            .contexts
+            .iter()
+            .map(|c| (Kind::Context, &*c.name, &c.scope));
+        let variables = d
+            .variables
+            .iter()
+            .map(|v| (Kind::Variable, &*v.name, &v.scope));
         let tools = d.tools.iter().map(|t| (Kind::Tool, &*t.name, &t.scope));
         sections
             .chain(contexts)

@@ -119,7 +119,10 @@ impl WasmRuntime {
             plugin: id.into(),
             cause: root_cause(&e),
         };
-        let pre = self.linker.instantiate_pre(&component).map_err(wrong_world)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(wrong_world)?;
         let pre = PluginPre::new(pre).map_err(wrong_world)?;
         let provider = WasmProvider {
             id: id.to_string(),
@@ -129,10 +132,12 @@ impl WasmRuntime {
             config,
             warm: Mutex::new(None),
         };
-        let declaration = provider.fresh_instance().map_err(|e| Error::DeclareFailed {
-            plugin: id.into(),
-            cause: e.cause().to_string(),
-        })?;
+        let declaration = provider
+            .fresh_instance()
+            .map_err(|e| Error::DeclareFailed {
+                plugin: id.into(),
+                cause: e.cause().to_string(),
+            })?;
         Ok((declaration, Arc::new(provider)))
     }
 }
@@ -146,7 +151,10 @@ fn internal(e: wasmtime::Error) -> Error {
 
 /// The error chain on one line (wasmtime's messages may span several).
 fn root_cause(e: &wasmtime::Error) -> String {
-    format!("{e:#}").split_whitespace().collect::<Vec<_>>().join(" ")
+    format!("{e:#}")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Plain words for the commonest wrong files, before the engine's parser speaks.
@@ -310,12 +318,7 @@ impl Provider for WasmProvider {
         self.call(|p, s| p.call_context_text(s, name, &scope, &step))
     }
 
-    fn variable_value(
-        &self,
-        name: &str,
-        scope: &Scope,
-        step: &Step,
-    ) -> CallResult<Option<String>> {
+    fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>> {
         let (scope, step) = (to_wit_scope(scope), to_wit_step(step));
         self.call(|p, s| p.call_variable_value(s, name, &scope, &step))
     }

@@ -110,17 +110,29 @@ pub fn stderr(o: &Output) -> String {
 /// Runs promptd and expects success; returns stdout.
 pub fn ok(args: &[&str]) -> String {
     let o = promptd(args);
-    assert!(o.status.success(), "promptd {args:?} failed:\n{}", stderr(&o));
+    assert!(
+        o.status.success(),
+        "promptd {args:?} failed:\n{}",
+        stderr(&o)
+    );
     stdout(&o)
 }
 
 /// Runs promptd and expects exit 1 with a single `error[CODE]:` line; returns that line.
 pub fn fails(args: &[&str], code: &str) -> String {
     let o = promptd(args);
-    assert_eq!(o.status.code(), Some(1), "promptd {args:?} should fail: {}", stdout(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "promptd {args:?} should fail: {}",
+        stdout(&o)
+    );
     let err = stderr(&o);
     let line = err.trim_end();
-    assert!(!line.contains('\n'), "expected one line on stderr, got:\n{err}");
+    assert!(
+        !line.contains('\n'),
+        "expected one line on stderr, got:\n{err}"
+    );
     assert!(
         line.starts_with(&format!("error[{code}]: ")),
         "expected error[{code}], got: {line}"

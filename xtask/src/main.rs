@@ -1,1 +1,174 @@
-fn main(){}
+//! Project tasks: `cargo xtask run` and `cargo xtask test` (see README.md).
+//!
+//! - `run [-- ARGS]`: build the bundled plugins to wasm32-wasip2, collect them into
+//!   `target/plugins/`, and run promptd on them (by default: assemble a request with the
+//!   example config `promptd.toml` and a few step facts; ARGS replace the assemble flags).
+//! - `test`: install what the tests need (rustup target, rustfmt, clippy), then check
+//!   formatting, lint, and run every test.
+//! - `plugins`: only build and collect the bundled plugins.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = root();
+    match args.first().map(String::as_str) {
+        Some("run") => run(&root, &args[1..]),
+        Some("test") => test(&root),
+        Some("plugins") => plugins(&root).map(|dir| println!("{}", dir.display())),
+        _ => bail!(
+            "usage: cargo xtask run [-- PROMPTD ARGS] | cargo xtask test | cargo xtask plugins"
+        ),
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ has a parent")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn sh(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: {cmd:?}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Installs the wasm target and the lint tools through rustup; says how when rustup is absent.
+fn install_toolchain_parts() -> Result<()> {
+    let rustup = Command::new("rustup").arg("--version").output();
+    if rustup.is_err() {
+        let sysroot = Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()?;
+        let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_string();
+        if Path::new(&sysroot)
+            .join("lib/rustlib")
+            .join(WASM_TARGET)
+            .is_dir()
+        {
+            return Ok(());
+        }
+        bail!("the {WASM_TARGET} target is missing and rustup is not installed: install rustup, then `rustup target add {WASM_TARGET}`");
+    }
+    sh(Command::new("rustup").args(["target", "add", WASM_TARGET]))?;
+    sh(Command::new("rustup").args(["component", "add", "rustfmt", "clippy"]))
+}
+
+/// Builds a wasm workspace (release) and returns its output folder.
+fn build_wasm(root: &Path, dir: &str) -> Result<PathBuf> {
+    let target_dir = root.join(dir).join("target");
+    sh(cargo()
+        .args([
+            "build",
+            "--release",
+            "--target",
+            WASM_TARGET,
+            "--manifest-path",
+        ])
+        .arg(root.join(dir).join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir))?;
+    Ok(target_dir.join(WASM_TARGET).join("release"))
+}
+
+/// Builds the bundled plugins and copies each `NAME.wasm` into `target/plugins/`.
+fn plugins(root: &Path) -> Result<PathBuf> {
+    let built = build_wasm(root, "plugins")?;
+    let out = root.join("target").join("plugins");
+    std::fs::create_dir_all(&out)?;
+    let manifest = std::fs::read_to_string(root.join("plugins/Cargo.toml"))?;
+    for name in ["identity", "persona", "tools", "workspace"] {
+        if !manifest.contains(&format!("\"{name}\"")) {
+            bail!("plugins/Cargo.toml no longer lists {name}");
+        }
+        let file = format!("{name}.wasm");
+        std::fs::copy(built.join(&file), out.join(&file))
+            .with_context(|| format!("copy {file}"))?;
+    }
+    Ok(out)
+}
+
+fn run(root: &Path, args: &[String]) -> Result<()> {
+    install_toolchain_parts()?;
+    let dir = plugins(root)?;
+    let mut cmd = cargo();
+    cmd.current_dir(root)
+        .args(["run", "--release", "--quiet", "-p", "promptd", "--"]);
+    let rest: Vec<&String> = args.iter().skip_while(|a| *a == "--").collect();
+    if rest.is_empty() {
+        let today = today();
+        cmd.args(["assemble", "--config", "promptd.toml", "--plugins"])
+            .arg(&dir)
+            .args(["--explain", "--fact"])
+            .arg(format!("cwd={}", root.display()))
+            .args(["--fact", "os=linux", "--fact"])
+            .arg(format!("date={today}"));
+    } else {
+        cmd.args(rest);
+    }
+    sh(&mut cmd)
+}
+
+fn today() -> String {
+    Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn test(root: &Path) -> Result<()> {
+    install_toolchain_parts()?;
+    plugins(root)?;
+    build_wasm(root, "tests/fixtures")?;
+    sh(cargo().current_dir(root).args(["fmt", "--all", "--check"]))?;
+    for manifest in ["plugins/Cargo.toml", "tests/fixtures/Cargo.toml"] {
+        sh(cargo().current_dir(root).args([
+            "fmt",
+            "--all",
+            "--check",
+            "--manifest-path",
+            manifest,
+        ]))?;
+    }
+    sh(cargo().current_dir(root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    sh(cargo().current_dir(root).args([
+        "clippy",
+        "--release",
+        "--target",
+        WASM_TARGET,
+        "--manifest-path",
+        "plugins/Cargo.toml",
+        "--target-dir",
+        "plugins/target",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    sh(cargo().current_dir(root).args(["test", "--workspace"]))
+}

@@ -11,7 +11,10 @@ fn declare(config: &Config) -> Result<Plugin, String> {
     Ok(Plugin::new()
         .variable("agent_name", config.get_or("name", "an AI assistant"))
         .dynamic_variable("model", move |step| {
-            Ok(step.fact("model").map(str::to_string).or_else(|| model.clone()))
+            Ok(step
+                .fact("model")
+                .map(str::to_string)
+                .or_else(|| model.clone()))
         })
         .dynamic_section("identity", -100, move |step| {
             let runs_on = if step.fact("model").is_some() || configured_model.is_some() {

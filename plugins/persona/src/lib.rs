@@ -20,7 +20,10 @@ fn declare(config: &Config) -> Result<Plugin, String> {
         None => 0,
     };
     let mut plugin = Plugin::new().section("persona", order, config.get_or("text", DEFAULT_TEXT));
-    for (key, value) in config.iter().filter(|(k, _)| !["text", "order"].contains(k)) {
+    for (key, value) in config
+        .iter()
+        .filter(|(k, _)| !["text", "order"].contains(k))
+    {
         plugin = plugin.variable(key, value);
     }
     Ok(plugin)

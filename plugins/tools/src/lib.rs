@@ -10,7 +10,8 @@ const WRITE_FILE: &str = r#"{"type":"object","properties":{"path":{"type":"strin
 const LIST_DIR: &str = r#"{"type":"object","properties":{"path":{"type":"string","description":"Directory path; defaults to the working directory"}},"additionalProperties":false}"#;
 const BASH: &str = r#"{"type":"object","properties":{"command":{"type":"string","description":"The shell command to run"},"timeout_ms":{"type":"integer","minimum":1,"maximum":600000,"description":"Kill the command after this many milliseconds"}},"required":["command"],"additionalProperties":false}"#;
 
-const GUIDANCE: &str = "Tools: read a file with read_file before you change it, and change it with \
+const GUIDANCE: &str =
+    "Tools: read a file with read_file before you change it, and change it with \
                         write_file, giving the whole new content. Use list_dir to look around. \
                         Use bash for builds and tests, not for reading or writing files.";
 const READ_ONLY_NOTE: &str = "This step is read-only: you can read and list files, but not \
@@ -31,10 +32,18 @@ fn declare(_config: &Config) -> Result<Plugin, String> {
         .tool("read_file", "Read a text file.", READ_FILE)
         .tool("write_file", "Create or overwrite a text file.", WRITE_FILE)
         .tool("list_dir", "List the entries of a directory.", LIST_DIR)
-        .tool("bash", "Run a shell command in the working directory.", BASH)
+        .tool(
+            "bash",
+            "Run a shell command in the working directory.",
+            BASH,
+        )
         .show_tools(|step| {
             let all = ["bash", "list_dir", "read_file", "write_file"];
-            let hidden: &[&str] = if read_only(step) { &["bash", "write_file"] } else { &[] };
+            let hidden: &[&str] = if read_only(step) {
+                &["bash", "write_file"]
+            } else {
+                &[]
+            };
             Ok(all
                 .iter()
                 .filter(|t| !hidden.contains(t))

@@ -41,7 +41,9 @@ pub fn declare(
     f: fn(&Config) -> Result<Plugin, String>,
 ) -> Result<wit::Declaration, String> {
     // A panic traps the instance; send its message to the host first, so the trap says why.
-    std::panic::set_hook(Box::new(|info| crate::log::error(&format!("panic: {info}"))));
+    std::panic::set_hook(Box::new(|info| {
+        crate::log::error(&format!("panic: {info}"))
+    }));
     let config = Config {
         values: config.into_iter().collect(),
     };
