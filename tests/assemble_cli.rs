@@ -24,14 +24,6 @@ fn all_bundled() -> Folder {
         .bundled("workspace")
 }
 
-fn assemble(folder: &Folder, config: &std::path::Path, extra: &[&str]) -> String {
-    let dir = folder.path().to_str().unwrap();
-    let config = config.to_str().unwrap();
-    let mut args = vec!["assemble", "--plugins", dir, "--config", config];
-    args.extend_from_slice(extra);
-    ok(&args)
-}
-
 const IDENTITY: &str = "You are Ada running on the model model-x. Your instructions are assembled \
 by promptd from plugins; a runtime context message, when present, describes your environment and \
 supersedes earlier ones.";
@@ -98,8 +90,7 @@ fn bundled_plugins_assemble_to_the_exact_request() {
     // C1, C2, C4, A1, A6, T5, T6 over real components.
     let folder = all_bundled();
     let config = folder.config(CONFIG);
-    let out = assemble(
-        &folder,
+    let out = folder.assemble(
         &config,
         &[
             "--fact",
@@ -132,7 +123,7 @@ fn read_only_fact_hides_write_tools_and_says_so_in_the_runtime_context() {
     // C4 (per-step subset of known tools), A6.
     let folder = all_bundled();
     let config = folder.config(CONFIG);
-    let out = assemble(&folder, &config, &["--fact", "read_only=true"]);
+    let out = folder.assemble(&config, &["--fact", "read_only=true"]);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["tools"], json!(expected_tools(true)));
     assert_eq!(
@@ -147,14 +138,14 @@ them or run commands."}])
 fn t6_no_facts_means_no_runtime_context_message_and_keys_are_always_present() {
     let folder = all_bundled();
     let config = folder.config(CONFIG);
-    let v: Value = serde_json::from_str(&assemble(&folder, &config, &[])).unwrap();
+    let v: Value = serde_json::from_str(&folder.assemble(&config, &[])).unwrap();
     assert_eq!(v["messages"], json!([]));
     let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
     assert_eq!(keys, ["messages", "system", "tools"]);
 
     let empty = Folder::new();
     let config = empty.config("");
-    let v: Value = serde_json::from_str(&assemble(&empty, &config, &[])).unwrap();
+    let v: Value = serde_json::from_str(&empty.assemble(&config, &[])).unwrap();
     assert_eq!(v, json!({"messages": [], "system": "", "tools": []}));
 }
 
@@ -162,7 +153,7 @@ fn t6_no_facts_means_no_runtime_context_message_and_keys_are_always_present() {
 fn explain_names_the_plugin_of_every_contribution() {
     let folder = all_bundled();
     let config = folder.config(CONFIG);
-    let out = assemble(&folder, &config, &["--explain", "--fact", "cwd=/x"]);
+    let out = folder.assemble(&config, &["--explain", "--fact", "cwd=/x"]);
     let v: Value = serde_json::from_str(&out).unwrap();
     let origin =
         |name: &str, plugin: &str| json!({"name": name, "plugin": plugin, "scope": "global"});
@@ -201,10 +192,10 @@ fn a1_output_is_byte_identical_whatever_the_file_order_timing_or_process() {
     let backward = backward.bundled("identity");
     let config_b = backward.config(CONFIG);
 
-    let reference = assemble(&forward, &config_a, &facts);
+    let reference = forward.assemble(&config_a, &facts);
     for _ in 0..3 {
-        assert_eq!(assemble(&forward, &config_a, &facts), reference);
-        assert_eq!(assemble(&backward, &config_b, &facts), reference);
+        assert_eq!(forward.assemble(&config_a, &facts), reference);
+        assert_eq!(backward.assemble(&config_b, &facts), reference);
     }
 }
 
@@ -220,8 +211,8 @@ fn r3_config_scope_makes_an_agent_scoped_persona_that_shadows_for_that_agent_onl
         "{CONFIG}\n[plugins.coder_persona]\nscope = \"coder\"\nconfig = {{ text = \"You write Rust.\" }}\n"
     ));
     let coder: Value =
-        serde_json::from_str(&assemble(&folder, &config, &["--agent", "coder"])).unwrap();
-    let default: Value = serde_json::from_str(&assemble(&folder, &config, &[])).unwrap();
+        serde_json::from_str(&folder.assemble(&config, &["--agent", "coder"])).unwrap();
+    let default: Value = serde_json::from_str(&folder.assemble(&config, &[])).unwrap();
     let system = |v: &Value| v["system"].as_str().unwrap().to_string();
     assert!(
         system(&coder).contains("\n\nYou write Rust.\n\n"),
@@ -239,12 +230,8 @@ fn a4_runtime_context_can_be_turned_off_per_agent() {
     let config = folder.config(&format!(
         "{CONFIG}\n[agents.quiet]\nruntime_context = false\n"
     ));
-    let v: Value = serde_json::from_str(&assemble(
-        &folder,
-        &config,
-        &["--agent", "quiet", "--fact", "cwd=/x"],
-    ))
-    .unwrap();
+    let out = folder.assemble(&config, &["--agent", "quiet", "--fact", "cwd=/x"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["messages"], json!([]));
 }
 
@@ -254,7 +241,7 @@ fn a7_tool_order_from_config() {
     let config = folder.config(&format!(
         "tool_order = [\"bash\", \"<unlisted-tools>\", \"read_file\"]\n{CONFIG}"
     ));
-    let v: Value = serde_json::from_str(&assemble(&folder, &config, &[])).unwrap();
+    let v: Value = serde_json::from_str(&folder.assemble(&config, &[])).unwrap();
     let names: Vec<&str> = v["tools"]
         .as_array()
         .unwrap()
@@ -270,17 +257,7 @@ fn a8_unknown_tool_order_names_fail_listing_all_and_the_known_tools() {
     let config = folder.config(&format!(
         "tool_order = [\"todo_write\", \"<unlisted-tools>\", \"grep\"]\n{CONFIG}"
     ));
-    let dir = folder.path().to_str().unwrap();
-    let line = fails(
-        &[
-            "assemble",
-            "--plugins",
-            dir,
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "unknown_tool_order_name",
-    );
+    let line = folder.assemble_fails(&config, &[], "unknown_tool_order_name");
     assert!(line.contains("grep, todo_write"), "{line}");
     assert!(
         line.contains("known tools: bash, list_dir, read_file, write_file"),
@@ -291,46 +268,17 @@ fn a8_unknown_tool_order_names_fail_listing_all_and_the_known_tools() {
 #[test]
 fn r6_a_bad_tool_order_is_a_config_error() {
     let folder = all_bundled();
-    let dir = folder.path().to_str().unwrap();
     let config = folder.config("tool_order = [\"bash\"]\n");
-    fails(
-        &[
-            "assemble",
-            "--plugins",
-            dir,
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "tool_order_missing_rest",
-    );
+    folder.assemble_fails(&config, &[], "tool_order_missing_rest");
     let config = folder.config("tool_order = [\"bash\", \"<unlisted-tools>\", \"bash\"]\n");
-    fails(
-        &[
-            "assemble",
-            "--plugins",
-            dir,
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "tool_order_duplicate",
-    );
+    folder.assemble_fails(&config, &[], "tool_order_duplicate");
 }
 
 #[test]
 fn t4_unknown_variable_names_section_plugin_and_registered_variables() {
     let folder = all_bundled();
     let config = folder.config("[plugins.persona]\nconfig = { text = \"Hi {{nickname}}\" }\n");
-    let dir = folder.path().to_str().unwrap();
-    let line = fails(
-        &[
-            "assemble",
-            "--plugins",
-            dir,
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "unknown_variable",
-    );
+    let line = folder.assemble_fails(&config, &[], "unknown_variable");
     assert!(
         line.contains("section `persona` (plugin `persona`)"),
         "{line}"
@@ -346,17 +294,7 @@ fn t4_unknown_variable_names_section_plugin_and_registered_variables() {
 fn t3_malformed_reference_in_config_text_refuses_the_plugin_showing_where() {
     let folder = Folder::new().bundled("persona");
     let config = folder.config("[plugins.persona]\nconfig = { text = \"ab {{{x}}}\" }\n");
-    let dir = folder.path().to_str().unwrap();
-    let line = fails(
-        &[
-            "assemble",
-            "--plugins",
-            dir,
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "malformed_reference",
-    );
+    let line = folder.assemble_fails(&config, &[], "malformed_reference");
     assert!(line.contains("byte 3"), "{line}");
     assert!(line.contains("(`{{{x}}`)"), "{line}");
     assert!(
@@ -368,55 +306,28 @@ fn t3_malformed_reference_in_config_text_refuses_the_plugin_showing_where() {
 #[test]
 fn bad_command_line_and_config_input_get_clear_errors() {
     let folder = all_bundled();
-    let dir = folder.path().to_str().unwrap();
     let config = folder.config("");
-    let c = config.to_str().unwrap();
-    let line = fails(
-        &[
-            "assemble",
-            "--plugins",
-            dir,
-            "--config",
-            c,
-            "--fact",
-            "novalue",
-        ],
-        "config_invalid",
-    );
+    let line = folder.assemble_fails(&config, &["--fact", "novalue"], "config_invalid");
     assert!(line.contains("novalue"), "{line}");
     let other = Folder::new();
     let bad = other.config("[agents.coder]\nparnet = \"x\"\n");
-    let line = fails(
-        &[
-            "assemble",
-            "--plugins",
-            dir,
-            "--config",
-            bad.to_str().unwrap(),
-        ],
-        "config_parse",
-    );
+    let line = folder.assemble_fails(&bad, &[], "config_parse");
     assert!(
         line.contains("line 3, column 1: unknown field `parnet`"),
         "{line}"
     );
     let line = fails(
-        &["assemble", "--plugins", "/no/such/dir", "--config", c],
-        "io",
-    );
-    assert!(line.contains("/no/such/dir"), "{line}");
-    fails(
         &[
             "assemble",
             "--plugins",
-            dir,
+            "/no/such/dir",
             "--config",
-            c,
-            "--agent",
-            "has space",
+            config.to_str().unwrap(),
         ],
-        "config_invalid",
+        "io",
     );
+    assert!(line.contains("/no/such/dir"), "{line}");
+    folder.assemble_fails(&config, &["--agent", "has space"], "config_invalid");
 }
 
 #[test]

@@ -21,31 +21,11 @@ fn check(folder: &Folder, name: &str, code: &str) -> String {
 }
 
 fn assemble_fails(folder: &Folder, code: &str) -> String {
-    let config = folder.config_path_or_default();
-    fails(
-        &[
-            "assemble",
-            "--plugins",
-            folder.path().to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        code,
-    )
-}
-
-trait ConfigPath {
-    fn config_path_or_default(&self) -> std::path::PathBuf;
-}
-
-impl ConfigPath for Folder {
-    fn config_path_or_default(&self) -> std::path::PathBuf {
-        let path = self.path().join("promptd.toml");
-        if !path.exists() {
-            self.config("");
-        }
-        path
+    let config = folder.path().join("promptd.toml");
+    if !config.exists() {
+        folder.config("");
     }
+    folder.assemble_fails(&config, &[], code)
 }
 
 #[test]

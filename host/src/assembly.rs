@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::{Error, Result};
 use crate::interpolate::{interpolate, Resolved};
-use crate::model::{Content, Context, Declaration, Kind, Scope, Section, Step, Tool, Variable};
+use crate::model::{Content, Context, Contribution, Kind, Scope, Section, Step, Tool, Variable};
 use crate::names::UNLISTED_TOOLS;
 use crate::provider::{CallError, CallResult};
 use crate::registry::{PluginEntry, Registry};
@@ -141,25 +141,22 @@ impl<T> Pick<'_, T> {
 }
 
 /// Merges one kind of contribution over the chain: the nearest scope wins (R3).
-fn effective<'r, T>(
+fn effective<'r, T: Contribution>(
     registry: &'r Registry,
     excluded: &BTreeSet<String>,
     chain: &[String],
-    items: fn(&Declaration) -> &[T],
-    key: fn(&T) -> (&str, &Scope),
 ) -> BTreeMap<&'r str, Pick<'r, T>> {
     let mut best: BTreeMap<&str, (usize, Pick<T>)> = BTreeMap::new();
     for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
-        for item in items(&entry.declaration) {
-            let (name, declared) = key(item);
-            let scope = entry.effective_scope(declared);
+        for item in T::all(&entry.declaration) {
+            let scope = entry.effective_scope(item.scope());
             let Some(rank) = chain.iter().position(|k| k == scope.key()) else {
                 continue; // not visible to this agent
             };
             // Same name in the same scope from two plugins is refused at load (R2), so ranks
             // never tie; on a tie the first plugin by id would win, still deterministically.
-            if best.get(name).is_none_or(|(r, _)| rank > *r) {
-                best.insert(name, (rank, Pick { entry, item, scope }));
+            if best.get(item.name()).is_none_or(|(r, _)| rank > *r) {
+                best.insert(item.name(), (rank, Pick { entry, item, scope }));
             }
         }
     }
@@ -174,27 +171,9 @@ fn attempt(
     calls: &mut Calls,
 ) -> Result<Assembly> {
     let chain = &step.scope_chain;
-    let sections = effective(
-        registry,
-        excluded,
-        chain,
-        |d| &d.sections[..],
-        |s: &Section| (&s.name, &s.scope),
-    );
-    let variables = effective(
-        registry,
-        excluded,
-        chain,
-        |d| &d.variables[..],
-        |v: &Variable| (&v.name, &v.scope),
-    );
-    let tools = effective(
-        registry,
-        excluded,
-        chain,
-        |d| &d.tools[..],
-        |t: &Tool| (&t.name, &t.scope),
-    );
+    let sections = effective::<Section>(registry, excluded, chain);
+    let variables = effective::<Variable>(registry, excluded, chain);
+    let tools = effective::<Tool>(registry, excluded, chain);
 
     // Cheap checks first, before any plugin is called.
     if let Some(order) = &options.tool_order {
@@ -234,13 +213,7 @@ fn attempt(
 
     let mut runtime_context = None;
     if !options.suppress_runtime_context {
-        let contexts = effective(
-            registry,
-            excluded,
-            chain,
-            |d| &d.contexts[..],
-            |c: &Context| (&c.name, &c.scope),
-        );
+        let contexts = effective::<Context>(registry, excluded, chain);
         let mut ordered: Vec<&Pick<Context>> = contexts.values().collect();
         ordered.sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
         let mut parts = Vec::new();

@@ -87,6 +87,38 @@ pub struct Declaration {
     pub filters_tools: bool,
 }
 
+/// What every kind of contribution has in common: a name, a scope, and a list in a
+/// declaration.
+pub trait Contribution: Sized {
+    const KIND: Kind;
+    fn name(&self) -> &str;
+    fn scope(&self) -> &Scope;
+    /// This kind's items in a declaration.
+    fn all(declaration: &Declaration) -> &[Self];
+}
+
+macro_rules! contribution {
+    ($ty:ty, $kind:expr, $field:ident) => {
+        impl Contribution for $ty {
+            const KIND: Kind = $kind;
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn scope(&self) -> &Scope {
+                &self.scope
+            }
+            fn all(declaration: &Declaration) -> &[Self] {
+                &declaration.$field
+            }
+        }
+    };
+}
+
+contribution!(Section, Kind::Section, sections);
+contribution!(Context, Kind::Context, contexts);
+contribution!(Variable, Kind::Variable, variables);
+contribution!(Tool, Kind::Tool, tools);
+
 /// What the host knows about the step being assembled; passed to every dynamic call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Step {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::model::{Declaration, Kind, Scope};
+use crate::model::{Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable};
 use crate::provider::Provider;
 use crate::validate::{self, ToolSchemas};
 
@@ -82,25 +82,17 @@ impl PluginEntry {
 
     /// Every (kind, name, effective scope) this plugin contributes.
     pub fn keys(&self) -> impl Iterator<Item = (Kind, &str, Scope)> + '_ {
-        let d = &self.declaration;
-        let sections = d
-            .sections
-            .iter()
-            .map(|s| (Kind::Section, &*s.name, &s.scope));
-        let contexts = d
-            .contexts
-            .iter()
-            .map(|c| (Kind::Context, &*c.name, &c.scope));
-        let variables = d
-            .variables
-            .iter()
-            .map(|v| (Kind::Variable, &*v.name, &v.scope));
-        let tools = d.tools.iter().map(|t| (Kind::Tool, &*t.name, &t.scope));
-        sections
-            .chain(contexts)
-            .chain(variables)
-            .chain(tools)
-            .map(|(k, n, s)| (k, n, self.effective_scope(s)))
+        fn of<'a, T: Contribution + 'a>(
+            e: &'a PluginEntry,
+        ) -> impl Iterator<Item = (Kind, &'a str, Scope)> + 'a {
+            T::all(&e.declaration)
+                .iter()
+                .map(move |c| (T::KIND, c.name(), e.effective_scope(c.scope())))
+        }
+        of::<Section>(self)
+            .chain(of::<Context>(self))
+            .chain(of::<Variable>(self))
+            .chain(of::<Tool>(self))
     }
 
     /// A scope override can merge a global and an agent-scoped item of the same name.

@@ -90,6 +90,25 @@ impl Folder {
     }
 }
 
+impl Folder {
+    /// `promptd assemble --plugins FOLDER --config CONFIG EXTRA...`, expecting success.
+    pub fn assemble(&self, config: &Path, extra: &[&str]) -> String {
+        ok(&self.assemble_args(config, extra))
+    }
+
+    /// The same, expecting `error[CODE]`; returns the error line.
+    pub fn assemble_fails(&self, config: &Path, extra: &[&str], code: &str) -> String {
+        fails(&self.assemble_args(config, extra), code)
+    }
+
+    fn assemble_args<'a>(&'a self, config: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["assemble", "--plugins", self.path().to_str().unwrap()];
+        args.extend(["--config", config.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        args
+    }
+}
+
 /// Runs the real `promptd` binary.
 pub fn promptd(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_promptd"))
