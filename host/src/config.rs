@@ -10,6 +10,9 @@
 //! parent = "coder"                             # chain: global → coder → reviewer
 //! runtime_context = false                      # A4: no runtime context snapshot
 //!
+//! model = { model = "claude-x", max_tokens = 4096 }   # put at the top of provider bodies
+//! token = "…"                                  # bearer token for the daemon (or PROMPTD_TOKEN)
+//!
 //! [plugins.persona]                            # the plugin file persona.wasm
 //! scope = "coder"                              # its global contributions move to `coder`
 //! optional = true                              # a failing call omits it (A9)
@@ -38,10 +41,12 @@ struct RawConfig {
     agents: BTreeMap<String, AgentConfig>,
     #[serde(default)]
     plugins: BTreeMap<String, PluginConfig>,
+    model: Option<toml::Table>,
+    token: Option<String>,
 }
 
 /// One `[agents.NAME]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// The agent whose scope chain this one extends.
@@ -49,6 +54,8 @@ pub struct AgentConfig {
     /// Whether this agent gets a runtime context snapshot (A4). Default true.
     #[serde(default = "yes")]
     pub runtime_context: bool,
+    /// Model settings for this agent's requests, replacing the top-level `model` table.
+    pub model: Option<toml::Table>,
 }
 
 fn yes() -> bool {
@@ -72,7 +79,7 @@ pub struct PluginConfig {
 }
 
 /// A validated configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Config {
     /// The plugins folder, resolved against the config file's folder.
     pub plugin_dir: Option<PathBuf>,
@@ -80,6 +87,10 @@ pub struct Config {
     pub agents: BTreeMap<String, AgentConfig>,
     /// Keyed by file stem.
     pub plugins: BTreeMap<String, PluginConfig>,
+    /// Model settings (`model`, `max_tokens`…) put at the top of provider request bodies.
+    pub model: Option<toml::Table>,
+    /// The bearer token the daemon requires (L5); `PROMPTD_TOKEN` overrides it.
+    pub token: Option<String>,
 }
 
 impl Config {
@@ -106,6 +117,8 @@ impl Config {
             tool_order: raw.tool_order,
             agents: raw.agents,
             plugins: raw.plugins,
+            model: raw.model,
+            token: raw.token,
         };
         config.validate()?;
         Ok(config)
@@ -171,6 +184,19 @@ impl Config {
         chain.push("global".to_string());
         chain.reverse();
         Ok(chain)
+    }
+
+    /// The agent's model settings as JSON: its own `model` table, else the top-level one.
+    pub fn model(&self, agent: &str) -> serde_json::Map<String, serde_json::Value> {
+        let table = self
+            .agents
+            .get(agent)
+            .and_then(|a| a.model.as_ref())
+            .or(self.model.as_ref());
+        match table.map(serde_json::to_value) {
+            Some(Ok(serde_json::Value::Object(map))) => map,
+            _ => serde_json::Map::new(),
+        }
     }
 
     /// Whether the agent gets a runtime context snapshot (A4).
@@ -301,6 +327,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.code(), "config_invalid");
         assert!(err.to_string().contains("cycle"), "{err}");
+    }
+
+    #[test]
+    fn model_settings_per_agent_replace_the_default() {
+        let c = Config::parse(
+            "model = { model = \"m1\", max_tokens = 1024 }\n[agents.big]\nmodel = { model = \"m2\" }\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::Value::Object(c.model("default")),
+            serde_json::json!({"model": "m1", "max_tokens": 1024})
+        );
+        assert_eq!(
+            serde_json::Value::Object(c.model("big")),
+            serde_json::json!({"model": "m2"})
+        );
     }
 
     #[test]

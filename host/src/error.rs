@@ -131,6 +131,28 @@ pub enum Error {
         known: Vec<String>,
     },
 
+    // ---- sessions and the daemon (Q, L5) ----------------------------------------------------
+    #[error("session store: {0}")]
+    Store(String),
+
+    #[error("no session `{0}`")]
+    UnknownSession(String),
+
+    #[error("session `{session}` has no step {step} (it has {steps})")]
+    UnknownStep {
+        session: String,
+        step: u64,
+        steps: u64,
+    },
+
+    #[error("bad request: {0}")]
+    BadRequest(String),
+
+    #[error(
+        "tool result answers call `{0}`, but no assistant message in this session made that call"
+    )]
+    UnknownToolCall(String),
+
     #[error("{location}: variable `{name}` (plugin `{plugin}`) has no value this assembly")]
     VariableAbsent {
         location: String,
@@ -180,6 +202,11 @@ impl Error {
             Error::MalformedReference { .. } => "malformed_reference",
             Error::UnknownVariable { .. } => "unknown_variable",
             Error::VariableAbsent { .. } => "variable_absent",
+            Error::Store(_) => "store",
+            Error::UnknownSession(_) => "unknown_session",
+            Error::UnknownStep { .. } => "unknown_step",
+            Error::BadRequest(_) => "bad_request",
+            Error::UnknownToolCall(_) => "unknown_tool_call",
         }
     }
 }

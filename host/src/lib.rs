@@ -21,14 +21,22 @@
 
 pub mod assembly;
 pub mod config;
+pub mod conversation;
+pub mod daemon;
 pub mod error;
+pub mod events;
+pub mod formats;
+pub mod http;
 pub mod interpolate;
 pub mod loader;
+pub mod metrics;
 pub mod model;
 pub mod names;
 pub mod provider;
 pub mod registry;
 pub mod request;
+pub mod session;
+pub mod store;
 pub mod validate;
 pub mod wasm;
 

@@ -57,23 +57,50 @@ pub fn load_dir(runtime: &WasmRuntime, dir: &Path, config: &Config) -> Result<Lo
     Ok(loaded)
 }
 
-/// Loads and validates one plugin file (R1) with its settings from `config`.
-pub fn load_file(runtime: &WasmRuntime, path: &Path, config: &Config) -> Result<PluginEntry> {
+/// A plugin file read from disk.
+#[derive(Debug, Clone)]
+pub struct PluginFile {
+    pub path: PathBuf,
+    /// The file name without `.wasm`: the default plugin id and its `[plugins.…]` key.
+    pub stem: String,
+    pub bytes: Vec<u8>,
+    /// Hex SHA-256 of the bytes.
+    pub sha256: String,
+}
+
+/// Reads a plugin file.
+pub fn read(path: &Path) -> Result<PluginFile> {
     let stem = file_stem(path)?;
-    let id = config.plugin_id(&stem);
     let bytes = std::fs::read(path).map_err(|e| Error::Io {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
     let sha256 = hex(&Sha256::digest(&bytes));
-    let (declaration, provider) = runtime.load(&id, &bytes, config.plugin_values(&stem))?;
+    Ok(PluginFile {
+        path: path.to_path_buf(),
+        stem,
+        bytes,
+        sha256,
+    })
+}
+
+/// Compiles, declares and validates a plugin (R1) with its settings from `config`.
+pub fn load(runtime: &WasmRuntime, file: &PluginFile, config: &Config) -> Result<PluginEntry> {
+    let id = config.plugin_id(&file.stem);
+    let (declaration, provider) =
+        runtime.load(&id, &file.bytes, config.plugin_values(&file.stem))?;
     let entry = PluginEntry::new(
         &id,
         declaration,
         provider as Arc<_>,
-        config.plugin_options(&stem),
+        config.plugin_options(&file.stem),
     )?;
-    Ok(entry.with_origin(format!("{} sha256:{sha256}", path.display())))
+    Ok(entry.with_origin(format!("{} sha256:{}", file.path.display(), file.sha256)))
+}
+
+/// Reads and loads one plugin file.
+pub fn load_file(runtime: &WasmRuntime, path: &Path, config: &Config) -> Result<PluginEntry> {
+    load(runtime, &read(path)?, config)
 }
 
 fn file_stem(path: &Path) -> Result<String> {

@@ -13,6 +13,9 @@ use promptd::request;
 use promptd::wasm::{Limits, WasmRuntime};
 use promptd::{loader, Error};
 
+mod client;
+mod serve;
+
 #[derive(Parser)]
 #[command(
     name = "promptd",
@@ -49,6 +52,54 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Run the daemon: load the plugins and serve the HTTP API.
+    Serve {
+        /// The config file (default: ./promptd.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The plugins folder (default: the config's `plugin_dir`, else ./plugins).
+        #[arg(long)]
+        plugins: Option<PathBuf>,
+        /// `HOST:PORT` (port 0 picks a free one), or `unix:/path/to.sock`.
+        #[arg(long, default_value = client::DEFAULT_LISTEN)]
+        listen: String,
+        /// Where sessions are stored (SQLite file `sessions.db` inside).
+        #[arg(long, default_value = ".promptd")]
+        state: PathBuf,
+    },
+    /// Drive sessions on a running daemon.
+    Session {
+        #[command(subcommand)]
+        command: SessionCommand,
+        #[command(flatten)]
+        server: client::Server,
+    },
+    /// List the plugins of a running daemon.
+    Plugins {
+        #[command(flatten)]
+        server: client::Server,
+    },
+}
+
+#[derive(Subcommand)]
+enum SessionCommand {
+    /// Create a session for AGENT and print its id.
+    New { agent: String },
+    /// Run one step and print the frozen request.
+    Step {
+        id: String,
+        /// The user's message for this step.
+        #[arg(long)]
+        user: Option<String>,
+        /// A step fact, KEY=VALUE; repeatable.
+        #[arg(long = "fact", value_name = "KEY=VALUE")]
+        facts: Vec<String>,
+        /// neutral, openai or anthropic.
+        #[arg(long, default_value = "neutral")]
+        format: String,
+    },
+    /// Print the session's event log.
+    Log { id: String },
 }
 
 #[derive(Subcommand)]
@@ -63,12 +114,17 @@ enum PluginCommand {
 }
 
 fn main() -> ExitCode {
-    init_logging();
     let cli = Cli::parse();
+    // The daemon logs at info by default; one-shot commands stay quiet (see init_logging).
+    init_logging(matches!(cli.command, Command::Serve { .. }));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // One line per error, so scripts can parse it.
+            if let Some(e) = err.downcast_ref::<client::ClientError>() {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
             let (code, message) = match err.downcast_ref::<Error>() {
                 Some(e) => (e.code(), e.to_string()),
                 None => ("internal", format!("{err:#}")),
@@ -84,15 +140,17 @@ fn main() -> ExitCode {
 /// (error, warn, info, debug, trace). One-shot commands are quiet by default: their stderr is
 /// the single `error[CODE]:` line, and a trap's message already carries the plugin's last
 /// error log line.
-fn init_logging() {
-    let Some(level) = std::env::var("PROMPTD_LOG")
+fn init_logging(daemon: bool) {
+    let level = std::env::var("PROMPTD_LOG")
         .ok()
-        .and_then(|l| l.parse::<tracing::Level>().ok())
-    else {
+        .and_then(|l| l.parse::<tracing::Level>().ok());
+    let Some(level) = level.or(daemon.then_some(tracing::Level::INFO)) else {
         return;
     };
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }
@@ -109,6 +167,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin {
             command: PluginCommand::Check { file, config },
         } => check(&file, config),
+        Command::Serve {
+            config,
+            plugins,
+            listen,
+            state,
+        } => serve::run(read_config(config)?, plugins, &listen, &state),
+        Command::Session { command, server } => match command {
+            SessionCommand::New { agent } => server.create_session(&agent),
+            SessionCommand::Step {
+                id,
+                user,
+                facts,
+                format,
+            } => server.step(&id, user, &parse_facts(&facts)?, &format),
+            SessionCommand::Log { id } => server.log(&id),
+        },
+        Command::Plugins { server } => server.plugins(),
     }
 }
 

@@ -1,0 +1,96 @@
+//! The neutral conversation model: messages, tool calls, the request header, and the frozen
+//! request the daemon returns each step. Plain data with serde, rendered into provider bodies
+//! by [`crate::formats`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// One tool call the model made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    /// The provider's call id; tool results answer it.
+    pub id: String,
+    pub name: String,
+    /// The call's arguments, a JSON object.
+    #[serde(default = "empty_object")]
+    pub arguments: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+/// One message of the conversation, in the project's neutral shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Message {
+    /// User input, or a runtime context snapshot (see [`Message::is_snapshot`]).
+    User {
+        content: String,
+        /// True for runtime context snapshots the daemon appended (Q2).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        snapshot: bool,
+    },
+    /// The model's reply: text and/or tool calls.
+    Assistant {
+        #[serde(default)]
+        content: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    /// A tool's output, answering the call `tool_call_id`.
+    Tool {
+        tool_call_id: String,
+        content: String,
+        /// Whether the tool failed (providers that support it are told).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+}
+
+impl Message {
+    pub fn user(content: impl Into<String>) -> Self {
+        Message::User {
+            content: content.into(),
+            snapshot: false,
+        }
+    }
+
+    pub fn snapshot(content: impl Into<String>) -> Self {
+        Message::User {
+            content: content.into(),
+            snapshot: true,
+        }
+    }
+
+    pub fn is_snapshot(&self) -> bool {
+        matches!(self, Message::User { snapshot: true, .. })
+    }
+}
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// A JSON Schema object.
+    pub parameters: Value,
+}
+
+/// The canonical, cacheable part of a request: model settings, system prompt, tools.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Model settings from the config (`model`, `max_tokens`…), passed through to providers.
+    #[serde(default)]
+    pub model: Map<String, Value>,
+    pub system: String,
+    pub tools: Vec<ToolSpec>,
+}
+
+/// What the model sees at one step: the header and every message derived from the log.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FrozenRequest {
+    pub header: Header,
+    pub messages: Vec<Message>,
+}

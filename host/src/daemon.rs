@@ -1,0 +1,365 @@
+//! The daemon's state and operations, without HTTP: plugins, sessions, steps.
+//!
+//! Every method is synchronous (plugin calls and SQLite are blocking); the HTTP layer runs
+//! them on tokio's blocking pool. The registry is an immutable snapshot behind a lock that is
+//! held only to clone or replace an `Arc`, so a step assembles on the snapshot it started with
+//! while plugins change (H2).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::assembly::{self, Options};
+use crate::config::Config;
+use crate::conversation::{FrozenRequest, Message};
+use crate::error::{Error, Result};
+use crate::events::{RegistryEvent, RegistryEvents};
+use crate::loader;
+use crate::metrics::Metrics;
+use crate::model::Step;
+use crate::registry::Registry;
+use crate::request::declaration_json;
+use crate::session::{self, kind};
+use crate::store::{Event, NewEvent, SessionStore, SqliteStore};
+use crate::wasm::{Limits, WasmRuntime};
+
+/// What `GET /v1/plugins` shows for each plugin file.
+#[derive(Clone, Debug, Serialize)]
+pub struct PluginStatus {
+    pub id: String,
+    pub file: String,
+    pub sha256: String,
+    /// `loaded`, `refused` (never loaded) or `stale` (an older version keeps serving).
+    pub state: &'static str,
+    pub last_error: Option<ErrorBody>,
+    /// What the serving version declares (null when none serves).
+    pub declares: Value,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl From<&Error> for ErrorBody {
+    fn from(e: &Error) -> Self {
+        Self {
+            code: e.code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// One step's input (Q1).
+#[derive(Clone, Debug, Default)]
+pub struct StepInput {
+    pub messages: Vec<Message>,
+    pub facts: BTreeMap<String, String>,
+}
+
+pub struct Daemon {
+    runtime: WasmRuntime,
+    config: Config,
+    plugin_dir: PathBuf,
+    registry: RwLock<Arc<Registry>>,
+    /// By file stem.
+    plugins: RwLock<BTreeMap<String, PluginStatus>>,
+    store: Arc<dyn SessionStore>,
+    /// Sessions this process has stepped; the first step of any other records `resume` (Q3).
+    stepped: Mutex<HashSet<String>>,
+    /// One lock per session, so two steps of one session never interleave.
+    locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    pub events: RegistryEvents,
+    pub metrics: Metrics,
+}
+
+impl Daemon {
+    /// Opens the store in `state_dir` and loads every plugin in `plugin_dir`, in file-name
+    /// order. Refused plugins are recorded (and shown), not fatal.
+    pub fn start(config: Config, plugin_dir: &Path, state_dir: &Path) -> Result<Daemon> {
+        std::fs::create_dir_all(state_dir).map_err(|e| Error::Io {
+            path: state_dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let store = SqliteStore::open(&state_dir.join("sessions.db"))?;
+        let daemon = Daemon {
+            runtime: WasmRuntime::new(Limits::default())?,
+            config,
+            plugin_dir: plugin_dir.to_path_buf(),
+            registry: RwLock::new(Arc::new(Registry::new())),
+            plugins: RwLock::new(BTreeMap::new()),
+            store: Arc::new(store),
+            stepped: Mutex::new(HashSet::new()),
+            locks: Mutex::new(HashMap::new()),
+            events: RegistryEvents::default(),
+            metrics: Metrics::default(),
+        };
+        // Fail early on an unreadable folder; files are then loaded one by one.
+        loader::plugin_files(plugin_dir)?;
+        daemon.reload()?;
+        Ok(daemon)
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn publish(&self, registry: Registry) {
+        self.metrics.set_plugins_loaded(registry.len());
+        *self.registry.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(registry);
+    }
+
+    pub fn plugins(&self) -> Vec<PluginStatus> {
+        let plugins = self.plugins.read().unwrap_or_else(|p| p.into_inner());
+        plugins.values().cloned().collect()
+    }
+
+    /// Rescans the plugin folder: loads new files, reloads changed ones (the old version keeps
+    /// serving if the new one fails), unloads removed ones. Each change is an event (R5).
+    pub fn reload(&self) -> Result<Vec<RegistryEvent>> {
+        let files = loader::plugin_files(&self.plugin_dir)?;
+        let mut applied = Vec::new();
+        let mut present = HashSet::new();
+        for path in files {
+            let stem = match loader::read(&path) {
+                Ok(file) => {
+                    present.insert(file.stem.clone());
+                    let unchanged = self
+                        .plugins
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&file.stem)
+                        .is_some_and(|s| s.sha256 == file.sha256);
+                    if unchanged {
+                        continue;
+                    }
+                    applied.push(self.load(&file));
+                    continue;
+                }
+                Err(e) => (path, e),
+            };
+            let (path, error) = stem;
+            applied.push(self.events.push(
+                "refused",
+                "",
+                &path.display().to_string(),
+                "",
+                Some(&error),
+            ));
+        }
+        let gone: Vec<String> = self
+            .plugins
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|stem| !present.contains(*stem))
+            .cloned()
+            .collect();
+        for stem in gone {
+            let status = self
+                .plugins
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&stem);
+            if let Some(status) = status {
+                if let Ok(next) = self.registry().without(&status.id) {
+                    self.publish(next);
+                }
+                applied.push(self.events.push(
+                    "unload",
+                    &status.id,
+                    &status.file,
+                    &status.sha256,
+                    None,
+                ));
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Loads (or reloads) one file; validates against the other plugins before publishing.
+    fn load(&self, file: &loader::PluginFile) -> RegistryEvent {
+        let started = Instant::now();
+        let id = self.config.plugin_id(&file.stem);
+        let path = file.path.display().to_string();
+        let current = self.registry();
+        let existed = current.get(&id).is_some();
+        let result = loader::load(&self.runtime, file, &self.config).and_then(|entry| {
+            let declares = declaration_json(&entry.declaration);
+            current.with_replaced(entry).map(|next| (next, declares))
+        });
+        let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok((next, declares)) => {
+                self.publish(next);
+                plugins.insert(
+                    file.stem.clone(),
+                    PluginStatus {
+                        id: id.clone(),
+                        file: path.clone(),
+                        sha256: file.sha256.clone(),
+                        state: "loaded",
+                        last_error: None,
+                        declares,
+                    },
+                );
+                tracing::info!(plugin = %id, sha256 = %file.sha256, ms = started.elapsed().as_millis() as u64, "loaded");
+                self.events.push(
+                    if existed { "reload" } else { "load" },
+                    &id,
+                    &path,
+                    &file.sha256,
+                    None,
+                )
+            }
+            Err(error) => {
+                tracing::warn!(plugin = %id, "refused: {error}");
+                self.metrics.plugin_error();
+                let status = plugins
+                    .entry(file.stem.clone())
+                    .or_insert_with(|| PluginStatus {
+                        id: id.clone(),
+                        file: path.clone(),
+                        sha256: String::new(),
+                        state: "refused",
+                        last_error: None,
+                        declares: Value::Null,
+                    });
+                // H3: an older version, if any, keeps serving; the new bytes are remembered so
+                // an unchanged file is not retried on every rescan.
+                status.state = if existed { "stale" } else { "refused" };
+                status.sha256 = file.sha256.clone();
+                status.last_error = Some(ErrorBody::from(&error));
+                self.events
+                    .push("refused", &id, &path, &file.sha256, Some(&error))
+            }
+        }
+    }
+
+    /// Unloads plugin `id` (R4): all its contributions leave the next assembly.
+    pub fn unload(&self, id: &str) -> Result<RegistryEvent> {
+        let next = self.registry().without(id)?;
+        self.publish(next);
+        let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+        let stem = plugins
+            .iter()
+            .find(|(_, s)| s.id == id)
+            .map(|(k, _)| k.clone());
+        let status = stem.and_then(|s| plugins.remove(&s));
+        let (file, sha) = status.map(|s| (s.file, s.sha256)).unwrap_or_default();
+        Ok(self.events.push("unload", id, &file, &sha, None))
+    }
+
+    pub fn create_session(&self, agent: &str) -> Result<String> {
+        self.config.chain(agent)?; // validates the name
+        let id = self.store.create_session(
+            agent,
+            NewEvent::new(kind::SESSION_CREATED, json!({"agent": agent})),
+        )?;
+        // A session created by this process has no header yet: its first step is `initial`.
+        self.stepped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
+        Ok(id)
+    }
+
+    fn agent_of(&self, id: &str) -> Result<String> {
+        self.store
+            .session_agent(id)?
+            .ok_or_else(|| Error::UnknownSession(id.to_string()))
+    }
+
+    fn session_lock(&self, id: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(id.to_string()).or_default().clone()
+    }
+
+    /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return the
+    /// step number and the frozen request rebuilt from the log.
+    pub fn step(&self, id: &str, input: &StepInput) -> Result<(u64, FrozenRequest)> {
+        let started = Instant::now();
+        let result = self.step_inner(id, input);
+        self.metrics.step(started.elapsed(), result.as_ref().err());
+        result
+    }
+
+    fn step_inner(&self, id: &str, input: &StepInput) -> Result<(u64, FrozenRequest)> {
+        let agent = self.agent_of(id)?;
+        let lock = self.session_lock(id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let log = self.store.events(id)?;
+        let registry = self.registry();
+        let step_number = session::step_count(&log) + 1;
+        let step = Step {
+            agent: agent.clone(),
+            scope_chain: self.config.chain(&agent)?,
+            session_id: id.to_string(),
+            step_number,
+            facts: input.facts.clone(),
+        };
+        let options = Options {
+            tool_order: self.config.tool_order.clone(),
+            suppress_runtime_context: !self.config.runtime_context(&agent),
+        };
+        let assembled = assembly::assemble(&registry, &step, &options)?;
+        let header = session::header(&assembled, self.config.model(&agent));
+        let resumed = !self
+            .stepped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id);
+        let plan = session::plan_step(
+            &log,
+            &input.messages,
+            &input.facts,
+            &assembled,
+            &header,
+            resumed,
+        )?;
+        self.store.append(id, log.len() as u64 + 1, &plan.events)?;
+        self.stepped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string());
+        let all = session::with_appended(&log, &plan.events);
+        Ok((plan.step, session::rebuild(id, &all, plan.step)?))
+    }
+
+    /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
+    pub fn record_message(&self, id: &str, message: &Message) -> Result<u64> {
+        self.agent_of(id)?;
+        if matches!(message, Message::User { .. }) {
+            return Err(Error::BadRequest(
+                "user input is sent with a step (POST /v1/sessions/{id}/steps)".into(),
+            ));
+        }
+        let lock = self.session_lock(id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let log = self.store.events(id)?;
+        session::check_message(&log, &[], message)?;
+        let seq = log.len() as u64 + 1;
+        self.store
+            .append(id, seq, &[session::message_event(message)])?;
+        Ok(seq)
+    }
+
+    pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
+        self.agent_of(id)?;
+        self.store.events(id)
+    }
+
+    /// The frozen request of step `n`, rebuilt from the log alone (Q4).
+    pub fn request(&self, id: &str, n: u64) -> Result<FrozenRequest> {
+        let events = self.session_events(id)?;
+        session::rebuild(id, &events, n)
+    }
+}

@@ -1,0 +1,783 @@
+//! Rendering a neutral [`FrozenRequest`] into provider request bodies (Q8).
+//!
+//! Pure functions: the same request always renders to the same JSON value, and because
+//! `serde_json` is built without `preserve_order`, object keys serialize sorted, so the same
+//! request also gives the same bytes. Nothing here panics on any input.
+
+use serde_json::{json, Map, Value};
+
+use crate::conversation::{FrozenRequest, Message, ToolSpec};
+
+/// The shape of the request body to render.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// The project's own shape: model, system, tools, messages as serde gives them.
+    #[default]
+    Neutral,
+    /// OpenAI Chat Completions.
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+impl Format {
+    /// Parses a format name as written in config and on the command line.
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "neutral" => Some(Format::Neutral),
+            "openai" => Some(Format::Openai),
+            "anthropic" => Some(Format::Anthropic),
+            _ => None,
+        }
+    }
+
+    /// The format's name, the inverse of [`Format::parse`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Neutral => "neutral",
+            Format::Openai => "openai",
+            Format::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// Renders `request` as a request body in `format`.
+pub fn render(request: &FrozenRequest, format: Format) -> Value {
+    match format {
+        Format::Neutral => render_neutral(request),
+        Format::Openai => render_openai(request),
+        Format::Anthropic => render_anthropic(request),
+    }
+}
+
+fn render_neutral(request: &FrozenRequest) -> Value {
+    let header = &request.header;
+    let tools: Vec<Value> = header
+        .tools
+        .iter()
+        .map(|tool| {
+            json!({
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            })
+        })
+        .collect();
+    let messages: Vec<Value> = request
+        .messages
+        .iter()
+        .map(|message| serde_json::to_value(message).unwrap_or(Value::Null))
+        .collect();
+    json!({
+        "model": Value::Object(header.model.clone()),
+        "system": header.system,
+        "tools": tools,
+        "messages": messages,
+    })
+}
+
+fn render_openai(request: &FrozenRequest) -> Value {
+    let header = &request.header;
+    let mut body = header.model.clone();
+
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
+    if !header.system.is_empty() {
+        messages.push(json!({ "role": "system", "content": header.system }));
+    }
+    for message in &request.messages {
+        messages.push(match message {
+            Message::User { content, .. } => json!({ "role": "user", "content": content }),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
+                let mut out = Map::new();
+                out.insert("role".into(), json!("assistant"));
+                out.insert(
+                    "content".into(),
+                    if content.is_empty() {
+                        Value::Null
+                    } else {
+                        json!(content)
+                    },
+                );
+                if !tool_calls.is_empty() {
+                    let calls: Vec<Value> = tool_calls
+                        .iter()
+                        .map(|call| {
+                            let arguments = serde_json::to_string(&call.arguments)
+                                .unwrap_or_else(|_| "{}".to_string());
+                            json!({
+                                "id": call.id,
+                                "type": "function",
+                                "function": { "name": call.name, "arguments": arguments },
+                            })
+                        })
+                        .collect();
+                    out.insert("tool_calls".into(), Value::Array(calls));
+                }
+                Value::Object(out)
+            }
+            Message::Tool {
+                tool_call_id,
+                content,
+                ..
+            } => json!({ "role": "tool", "tool_call_id": tool_call_id, "content": content }),
+        });
+    }
+    body.insert("messages".into(), Value::Array(messages));
+
+    if !header.tools.is_empty() {
+        let tools: Vec<Value> = header
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description,
+                        "parameters": tool.parameters,
+                    },
+                })
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    Value::Object(body)
+}
+
+fn ephemeral() -> Value {
+    json!({ "type": "ephemeral" })
+}
+
+fn anthropic_tool(tool: &ToolSpec, last: bool) -> Value {
+    let mut out = Map::new();
+    out.insert("name".into(), json!(tool.name));
+    out.insert("description".into(), json!(tool.description));
+    out.insert("input_schema".into(), tool.parameters.clone());
+    if last {
+        out.insert("cache_control".into(), ephemeral());
+    }
+    Value::Object(out)
+}
+
+/// Maps one neutral message to its Anthropic role and content blocks.
+fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) {
+    match message {
+        Message::User { content, .. } => ("user", vec![json!({ "type": "text", "text": content })]),
+        Message::Tool {
+            tool_call_id,
+            content,
+            is_error,
+        } => {
+            let mut block = Map::new();
+            block.insert("type".into(), json!("tool_result"));
+            block.insert("tool_use_id".into(), json!(tool_call_id));
+            block.insert("content".into(), json!(content));
+            if *is_error {
+                block.insert("is_error".into(), Value::Bool(true));
+            }
+            ("user", vec![Value::Object(block)])
+        }
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => {
+            let mut blocks = Vec::with_capacity(tool_calls.len() + 1);
+            if !content.is_empty() {
+                blocks.push(json!({ "type": "text", "text": content }));
+            }
+            for call in tool_calls {
+                blocks.push(json!({
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    "input": call.arguments,
+                }));
+            }
+            ("assistant", blocks)
+        }
+    }
+}
+
+fn render_anthropic(request: &FrozenRequest) -> Value {
+    let header = &request.header;
+    let mut body = header.model.clone();
+
+    if !header.system.is_empty() {
+        body.insert(
+            "system".into(),
+            json!([{ "type": "text", "text": header.system, "cache_control": ephemeral() }]),
+        );
+    }
+
+    let count = header.tools.len();
+    if count > 0 {
+        let tools: Vec<Value> = header
+            .tools
+            .iter()
+            .enumerate()
+            .map(|(i, tool)| anthropic_tool(tool, i + 1 == count))
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+
+    // Anthropic wants user/assistant alternation: merge consecutive same-role messages.
+    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for message in &request.messages {
+        let (role, blocks) = anthropic_blocks(message);
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    let messages: Vec<Value> = turns
+        .into_iter()
+        .map(|(role, blocks)| json!({ "role": role, "content": blocks }))
+        .collect();
+    body.insert("messages".into(), Value::Array(messages));
+
+    Value::Object(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::{Header, ToolCall};
+
+    fn fixture() -> FrozenRequest {
+        let mut model = Map::new();
+        model.insert("model".into(), json!("test-model"));
+        model.insert("max_tokens".into(), json!(1024));
+        FrozenRequest {
+            header: Header {
+                model,
+                system: "You are Ada.".into(),
+                tools: vec![
+                    ToolSpec {
+                        name: "read_file".into(),
+                        description: "Read a file.".into(),
+                        parameters: json!({
+                            "type": "object",
+                            "properties": { "path": { "type": "string" } },
+                            "required": ["path"],
+                        }),
+                    },
+                    ToolSpec {
+                        name: "list-dir".into(),
+                        description: "List a directory.".into(),
+                        parameters: json!({ "type": "object", "properties": {} }),
+                    },
+                ],
+            },
+            messages: vec![
+                Message::user("Show me main.rs"),
+                Message::Assistant {
+                    content: "Reading it.".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "call_1".into(),
+                        name: "read_file".into(),
+                        arguments: json!({ "path": "src/main.rs" }),
+                    }],
+                },
+                Message::Tool {
+                    tool_call_id: "call_1".into(),
+                    content: "fn main() {}".into(),
+                    is_error: false,
+                },
+                Message::snapshot("cwd: /work"),
+            ],
+        }
+    }
+
+    /// A fixture exercising the edge cases: tool errors, tool-only and empty assistant turns,
+    /// consecutive user messages.
+    fn edge_fixture() -> FrozenRequest {
+        let mut request = fixture();
+        request.messages = vec![
+            Message::user("one"),
+            Message::user("two"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![
+                    ToolCall {
+                        id: "a".into(),
+                        name: "read_file".into(),
+                        arguments: json!({ "path": "x" }),
+                    },
+                    ToolCall {
+                        id: "b".into(),
+                        name: "list-dir".into(),
+                        arguments: json!({}),
+                    },
+                ],
+            },
+            Message::Tool {
+                tool_call_id: "a".into(),
+                content: "no such file".into(),
+                is_error: true,
+            },
+            Message::Tool {
+                tool_call_id: "b".into(),
+                content: "".into(),
+                is_error: false,
+            },
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![],
+            },
+            Message::Assistant {
+                content: "Done.".into(),
+                tool_calls: vec![],
+            },
+            Message::snapshot("cwd: /work"),
+        ];
+        request
+    }
+
+    fn bare() -> FrozenRequest {
+        FrozenRequest {
+            header: Header {
+                model: Map::new(),
+                system: String::new(),
+                tools: vec![],
+            },
+            messages: vec![Message::user("hi")],
+        }
+    }
+
+    const ALL: [Format; 3] = [Format::Neutral, Format::Openai, Format::Anthropic];
+
+    #[test]
+    fn q8_format_parse_round_trips() {
+        for format in ALL {
+            assert_eq!(Format::parse(format.as_str()), Some(format));
+            let from_serde: Format =
+                serde_json::from_value(json!(format.as_str())).expect("deserializes");
+            assert_eq!(from_serde, format);
+        }
+        assert_eq!(Format::parse("OpenAI"), None);
+        assert_eq!(Format::parse(""), None);
+        assert_eq!(Format::default(), Format::Neutral);
+    }
+
+    #[test]
+    fn q8_neutral_exact() {
+        let expected = json!({
+            "model": { "model": "test-model", "max_tokens": 1024 },
+            "system": "You are Ada.",
+            "tools": [
+                {
+                    "name": "read_file",
+                    "description": "Read a file.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": { "path": { "type": "string" } },
+                        "required": ["path"],
+                    },
+                },
+                {
+                    "name": "list-dir",
+                    "description": "List a directory.",
+                    "parameters": { "type": "object", "properties": {} },
+                },
+            ],
+            "messages": [
+                { "role": "user", "content": "Show me main.rs" },
+                {
+                    "role": "assistant",
+                    "content": "Reading it.",
+                    "tool_calls": [
+                        { "id": "call_1", "name": "read_file", "arguments": { "path": "src/main.rs" } },
+                    ],
+                },
+                { "role": "tool", "tool_call_id": "call_1", "content": "fn main() {}" },
+                { "role": "user", "content": "cwd: /work", "snapshot": true },
+            ],
+        });
+        assert_eq!(render(&fixture(), Format::Neutral), expected);
+    }
+
+    #[test]
+    fn q8_neutral_messages_round_trip() {
+        let request = edge_fixture();
+        let body = render(&request, Format::Neutral);
+        let messages: Vec<Message> =
+            serde_json::from_value(body["messages"].clone()).expect("messages deserialize");
+        assert_eq!(messages, request.messages);
+    }
+
+    #[test]
+    fn q8_openai_exact() {
+        let expected = json!({
+            "model": "test-model",
+            "max_tokens": 1024,
+            "messages": [
+                { "role": "system", "content": "You are Ada." },
+                { "role": "user", "content": "Show me main.rs" },
+                {
+                    "role": "assistant",
+                    "content": "Reading it.",
+                    "tool_calls": [{
+                        "id": "call_1",
+                        "type": "function",
+                        "function": { "name": "read_file", "arguments": "{\"path\":\"src/main.rs\"}" },
+                    }],
+                },
+                { "role": "tool", "tool_call_id": "call_1", "content": "fn main() {}" },
+                { "role": "user", "content": "cwd: /work" },
+            ],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "read_file",
+                        "description": "Read a file.",
+                        "parameters": {
+                            "type": "object",
+                            "properties": { "path": { "type": "string" } },
+                            "required": ["path"],
+                        },
+                    },
+                },
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "list-dir",
+                        "description": "List a directory.",
+                        "parameters": { "type": "object", "properties": {} },
+                    },
+                },
+            ],
+        });
+        assert_eq!(render(&fixture(), Format::Openai), expected);
+    }
+
+    #[test]
+    fn q8_openai_edge_cases() {
+        let body = render(&edge_fixture(), Format::Openai);
+        let messages = body["messages"].as_array().expect("messages");
+        // system, 2 users, tool-call assistant, 2 tools, empty assistant, text assistant, snapshot.
+        assert_eq!(messages.len(), 9);
+        assert_eq!(messages[3]["content"], Value::Null);
+        assert_eq!(messages[3]["tool_calls"][1]["function"]["arguments"], "{}");
+        // OpenAI has no is_error on tool messages.
+        assert_eq!(
+            messages[4],
+            json!({ "role": "tool", "tool_call_id": "a", "content": "no such file" })
+        );
+        assert_eq!(messages[6], json!({ "role": "assistant", "content": null }));
+    }
+
+    #[test]
+    fn q8_anthropic_exact() {
+        let expected = json!({
+            "model": "test-model",
+            "max_tokens": 1024,
+            "system": [
+                { "type": "text", "text": "You are Ada.", "cache_control": { "type": "ephemeral" } },
+            ],
+            "tools": [
+                {
+                    "name": "read_file",
+                    "description": "Read a file.",
+                    "input_schema": {
+                        "type": "object",
+                        "properties": { "path": { "type": "string" } },
+                        "required": ["path"],
+                    },
+                },
+                {
+                    "name": "list-dir",
+                    "description": "List a directory.",
+                    "input_schema": { "type": "object", "properties": {} },
+                    "cache_control": { "type": "ephemeral" },
+                },
+            ],
+            "messages": [
+                { "role": "user", "content": [{ "type": "text", "text": "Show me main.rs" }] },
+                {
+                    "role": "assistant",
+                    "content": [
+                        { "type": "text", "text": "Reading it." },
+                        { "type": "tool_use", "id": "call_1", "name": "read_file", "input": { "path": "src/main.rs" } },
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        { "type": "tool_result", "tool_use_id": "call_1", "content": "fn main() {}" },
+                        { "type": "text", "text": "cwd: /work" },
+                    ],
+                },
+            ],
+        });
+        assert_eq!(render(&fixture(), Format::Anthropic), expected);
+    }
+
+    #[test]
+    fn q8_anthropic_edge_cases() {
+        let expected_messages = json!([
+            {
+                "role": "user",
+                "content": [{ "type": "text", "text": "one" }, { "type": "text", "text": "two" }],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    { "type": "tool_use", "id": "a", "name": "read_file", "input": { "path": "x" } },
+                    { "type": "tool_use", "id": "b", "name": "list-dir", "input": {} },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    { "type": "tool_result", "tool_use_id": "a", "content": "no such file", "is_error": true },
+                    { "type": "tool_result", "tool_use_id": "b", "content": "" },
+                ],
+            },
+            // The empty assistant message is skipped; "Done." stands alone.
+            { "role": "assistant", "content": [{ "type": "text", "text": "Done." }] },
+            { "role": "user", "content": [{ "type": "text", "text": "cwd: /work" }] },
+        ]);
+        let body = render(&edge_fixture(), Format::Anthropic);
+        assert_eq!(body["messages"], expected_messages);
+    }
+
+    // --- Shape checks, written from the providers' public API docs. ---
+
+    fn valid_function_name(name: &str) -> bool {
+        (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    }
+
+    fn check_openai_shape(body: &Value) {
+        let messages = body["messages"].as_array().expect("messages is a list");
+        for message in messages {
+            let role = message["role"].as_str().expect("role is a string");
+            assert!(
+                ["system", "user", "assistant", "tool"].contains(&role),
+                "unknown role {role}"
+            );
+            if role == "tool" {
+                assert!(
+                    message["tool_call_id"].is_string(),
+                    "tool message without tool_call_id"
+                );
+            }
+            if let Some(calls) = message.get("tool_calls") {
+                assert_eq!(role, "assistant");
+                for call in calls.as_array().expect("tool_calls is a list") {
+                    assert!(call["id"].is_string());
+                    assert_eq!(call["type"], "function");
+                    let arguments = call["function"]["arguments"]
+                        .as_str()
+                        .expect("arguments is a string");
+                    serde_json::from_str::<Value>(arguments).expect("arguments parse as JSON");
+                }
+            }
+        }
+        if let Some(tools) = body.get("tools") {
+            for tool in tools.as_array().expect("tools is a list") {
+                assert_eq!(tool["type"], "function");
+                let name = tool["function"]["name"].as_str().expect("name is a string");
+                assert!(valid_function_name(name), "bad function name {name:?}");
+                assert!(tool["function"]["parameters"].is_object());
+            }
+        }
+    }
+
+    fn count_cache_control(value: &Value) -> usize {
+        match value {
+            Value::Object(map) => map
+                .iter()
+                .map(|(k, v)| usize::from(k == "cache_control") + count_cache_control(v))
+                .sum(),
+            Value::Array(items) => items.iter().map(count_cache_control).sum(),
+            _ => 0,
+        }
+    }
+
+    fn check_anthropic_shape(body: &Value) {
+        let messages = body["messages"].as_array().expect("messages is a list");
+        let mut previous_tool_uses: Vec<&str> = Vec::new();
+        for (i, message) in messages.iter().enumerate() {
+            let expected_role = if i % 2 == 0 { "user" } else { "assistant" };
+            assert_eq!(
+                message["role"], expected_role,
+                "roles must alternate from user"
+            );
+            let blocks = message["content"].as_array().expect("content is a list");
+            assert!(!blocks.is_empty(), "content must not be empty");
+            let mut tool_uses = Vec::new();
+            for block in blocks {
+                match block["type"].as_str() {
+                    Some("text") => assert!(block["text"].is_string()),
+                    Some("tool_use") => {
+                        assert_eq!(expected_role, "assistant");
+                        assert!(block["input"].is_object());
+                        assert!(block["name"].is_string());
+                        tool_uses.push(block["id"].as_str().expect("tool_use id"));
+                    }
+                    Some("tool_result") => {
+                        assert_eq!(expected_role, "user");
+                        let id = block["tool_use_id"].as_str().expect("tool_use_id");
+                        assert!(
+                            previous_tool_uses.contains(&id),
+                            "tool_result {id} answers no tool_use in the preceding message"
+                        );
+                    }
+                    other => panic!("unknown block type {other:?}"),
+                }
+            }
+            previous_tool_uses = tool_uses;
+        }
+        assert!(
+            count_cache_control(body) <= 4,
+            "too many cache_control markers"
+        );
+        if let Some(system) = body.get("system") {
+            for block in system.as_array().expect("system is a list") {
+                assert_eq!(block["type"], "text");
+            }
+        }
+        if let Some(tools) = body.get("tools") {
+            for tool in tools.as_array().expect("tools is a list") {
+                assert!(tool["name"].is_string());
+                assert!(tool["description"].is_string());
+                assert!(tool["input_schema"].is_object());
+            }
+        }
+    }
+
+    #[test]
+    fn q8_openai_shape() {
+        for request in [fixture(), edge_fixture(), bare()] {
+            check_openai_shape(&render(&request, Format::Openai));
+        }
+    }
+
+    #[test]
+    fn q8_anthropic_shape() {
+        for request in [fixture(), edge_fixture(), bare()] {
+            check_anthropic_shape(&render(&request, Format::Anthropic));
+        }
+    }
+
+    #[test]
+    fn q8_anthropic_cache_control_only_on_system_and_last_tool() {
+        let body = render(&fixture(), Format::Anthropic);
+        assert_eq!(count_cache_control(&body), 2);
+        assert_eq!(count_cache_control(&body["messages"]), 0);
+        assert!(body["tools"][0].get("cache_control").is_none());
+        assert!(body["tools"][1].get("cache_control").is_some());
+    }
+
+    #[test]
+    fn q8_empty_system_and_no_tools_are_omitted() {
+        let request = bare();
+        let openai = render(&request, Format::Openai);
+        assert!(openai.get("tools").is_none());
+        assert_eq!(
+            openai["messages"],
+            json!([{ "role": "user", "content": "hi" }])
+        );
+        let anthropic = render(&request, Format::Anthropic);
+        assert!(anthropic.get("system").is_none());
+        assert!(anthropic.get("tools").is_none());
+        assert_eq!(
+            anthropic,
+            json!({ "messages": [{ "role": "user", "content": [{ "type": "text", "text": "hi" }] }] })
+        );
+        assert_eq!(
+            render(&request, Format::Neutral),
+            json!({
+                "model": {},
+                "system": "",
+                "tools": [],
+                "messages": [{ "role": "user", "content": "hi" }],
+            })
+        );
+    }
+
+    #[test]
+    fn q8_deterministic() {
+        for request in [fixture(), edge_fixture(), bare()] {
+            for format in ALL {
+                let first = serde_json::to_string(&render(&request, format)).expect("serializes");
+                let second = serde_json::to_string(&render(&request, format)).expect("serializes");
+                assert_eq!(first, second, "{} not deterministic", format.as_str());
+            }
+        }
+        // Keys come out sorted (no preserve_order), independent of insertion order.
+        let text = serde_json::to_string(&render(&bare(), Format::Neutral)).expect("serializes");
+        assert_eq!(
+            text,
+            r#"{"messages":[{"content":"hi","role":"user"}],"model":{},"system":"","tools":[]}"#
+        );
+    }
+
+    #[test]
+    fn q8_model_keys_at_top_level() {
+        let request = fixture();
+        for format in [Format::Openai, Format::Anthropic] {
+            let body = render(&request, format);
+            assert_eq!(body["model"], "test-model", "{}", format.as_str());
+            assert_eq!(body["max_tokens"], 1024, "{}", format.as_str());
+        }
+        let neutral = render(&request, Format::Neutral);
+        assert_eq!(neutral["model"]["model"], "test-model");
+        assert_eq!(neutral["model"]["max_tokens"], 1024);
+    }
+
+    #[test]
+    fn q8_never_panics_on_odd_input() {
+        // Non-object arguments/parameters, empty names, assistant-first conversations.
+        let request = FrozenRequest {
+            header: Header {
+                model: Map::new(),
+                system: String::new(),
+                tools: vec![ToolSpec {
+                    name: String::new(),
+                    description: String::new(),
+                    parameters: Value::Null,
+                }],
+            },
+            messages: vec![
+                Message::Assistant {
+                    content: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: String::new(),
+                        name: String::new(),
+                        arguments: json!([1, "two", null]),
+                    }],
+                },
+                Message::Tool {
+                    tool_call_id: "missing".into(),
+                    content: String::new(),
+                    is_error: true,
+                },
+            ],
+        };
+        for format in ALL {
+            let body = render(&request, format);
+            assert!(serde_json::to_string(&body).is_ok());
+        }
+        let openai = render(&request, Format::Openai);
+        assert_eq!(
+            openai["messages"][0]["tool_calls"][0]["function"]["arguments"],
+            r#"[1,"two",null]"#
+        );
+        assert_eq!(
+            render(&FrozenRequest::default(), Format::Anthropic),
+            json!({ "messages": [] })
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! The HTTP API (axum) over [`Daemon`]. Every error is a JSON body
+//! `{"error": {"code", "message"}}` with a 4xx/5xx status (L5).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::conversation::Message;
+use crate::daemon::{Daemon, StepInput};
+use crate::error::Error;
+use crate::formats::{self, Format};
+use crate::store::Event;
+
+/// Largest request body accepted, in bytes.
+pub const MAX_BODY: usize = 1 << 20;
+
+struct AppState {
+    daemon: Arc<Daemon>,
+    token: Option<String>,
+}
+
+/// The router for `daemon`; `token`, when set, is required as `Authorization: Bearer …` on
+/// every route but `/v1/health`.
+pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
+    let state = Arc::new(AppState { daemon, token });
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/plugins", get(plugins))
+        .route("/v1/plugins/reload", post(reload))
+        .route("/v1/plugins/{id}", delete(unload))
+        .route("/v1/sessions", post(create_session))
+        .route("/v1/sessions/{id}/steps", post(step))
+        .route("/v1/sessions/{id}/messages", post(record_message))
+        .route("/v1/sessions/{id}/events", get(session_events))
+        .route("/v1/sessions/{id}/steps/{n}/request", get(step_request))
+        .route("/v1/events", get(registry_events))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// An error response.
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let status = match &e {
+            Error::BadRequest(_) | Error::ConfigInvalid(_) => StatusCode::BAD_REQUEST,
+            Error::UnknownSession(_) | Error::UnknownStep { .. } | Error::UnknownPlugin(_) => {
+                StatusCode::NOT_FOUND
+            }
+            Error::PluginCall { .. } | Error::UnknownShownTool { .. } => StatusCode::BAD_GATEWAY,
+            Error::Store(_) | Error::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            // Everything else is an assembly or validation failure of well-formed input.
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, json_body(&body)).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// A JSON response from pre-serialized bytes (sorted keys: stable).
+fn json_bytes(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn json_body(v: &Value) -> Response {
+    json_bytes(StatusCode::OK, v.to_string())
+}
+
+/// Runs blocking daemon work (plugin calls, SQLite) off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("worker failed: {e}"),
+        )),
+    }
+}
+
+/// Parses a JSON body strictly, with errors that name the problem.
+fn parse_body<T: for<'de> Deserialize<'de>>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| {
+        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "body_too_large"
+        } else {
+            "bad_request"
+        };
+        ApiError::new(
+            r.status(),
+            code,
+            format!("{} (limit {MAX_BODY} bytes)", r.body_text()),
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("invalid JSON body: {e}"),
+        )
+    })
+}
+
+async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        if request.uri().path() != "/v1/health" {
+            let expected = format!("Bearer {token}");
+            let given = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            if given != Some(expected.as_str()) {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "this daemon requires `Authorization: Bearer <token>`",
+                )
+                .into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route {} {}", request.method(), request.uri().path()),
+    )
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let plugins = state.daemon.registry().len();
+    json_body(&json!({"status": "ok", "plugins": plugins, "version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn plugins(State(state): State<Arc<AppState>>) -> Response {
+    json_body(&json!({"plugins": state.daemon.plugins()}))
+}
+
+async fn reload(State(state): State<Arc<AppState>>) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let applied = blocking(move || daemon.reload()).await?;
+    Ok(json_body(&json!({"applied": applied})))
+}
+
+async fn unload(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let event = blocking(move || daemon.unload(&id)).await?;
+    Ok(json_body(&json!({"applied": [event]})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSession {
+    #[serde(default = "default_agent")]
+    agent: String,
+}
+
+fn default_agent() -> String {
+    crate::config::DEFAULT_AGENT.to_string()
+}
+
+async fn create_session(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let req: NewSession = parse_body(body)?;
+    let daemon = state.daemon.clone();
+    let agent = req.agent.clone();
+    let id = blocking(move || daemon.create_session(&agent)).await?;
+    let body = json!({"id": id, "agent": req.agent});
+    Ok(json_bytes(StatusCode::CREATED, body.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepBody {
+    #[serde(default)]
+    messages: Vec<Message>,
+    #[serde(default)]
+    facts: BTreeMap<String, String>,
+    #[serde(default)]
+    format: Format,
+}
+
+async fn step(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let req: StepBody = parse_body(body)?;
+    let daemon = state.daemon.clone();
+    let input = StepInput {
+        messages: req.messages,
+        facts: req.facts,
+    };
+    let (n, frozen) = blocking(move || daemon.step(&id, &input)).await?;
+    let request = formats::render(&frozen, req.format).to_string();
+    // Built by hand so the `request` bytes are exactly what GET …/request returns (Q4).
+    Ok(json_bytes(
+        StatusCode::OK,
+        format!("{{\"request\":{request},\"step\":{n}}}"),
+    ))
+}
+
+async fn record_message(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let message: Message = parse_body(body)?;
+    let daemon = state.daemon.clone();
+    let seq = blocking(move || daemon.record_message(&id, &message)).await?;
+    Ok(json_bytes(
+        StatusCode::CREATED,
+        json!({"seq": seq}).to_string(),
+    ))
+}
+
+fn event_json(e: &Event) -> Value {
+    json!({"seq": e.seq, "kind": e.kind, "body": e.body, "at_ms": e.at_ms})
+}
+
+async fn session_events(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let events = blocking(move || daemon.session_events(&id)).await?;
+    let events: Vec<Value> = events.iter().map(event_json).collect();
+    Ok(json_body(&json!({"events": events})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FormatQuery {
+    #[serde(default)]
+    format: Option<String>,
+}
+
+async fn step_request(
+    State(state): State<Arc<AppState>>,
+    Path((id, n)): Path<(String, String)>,
+    query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let format = match query.format.as_deref() {
+        None => Format::Neutral,
+        Some(f) => Format::parse(f).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("unknown format `{f}`; use neutral, openai or anthropic"),
+            )
+        })?,
+    };
+    let n: u64 = n.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("step `{n}` is not a number"),
+        )
+    })?;
+    let daemon = state.daemon.clone();
+    let frozen = blocking(move || daemon.request(&id, n)).await?;
+    Ok(json_bytes(
+        StatusCode::OK,
+        formats::render(&frozen, format).to_string(),
+    ))
+}
+
+/// Server-sent events of registry changes (R5). Replays the history after `Last-Event-ID`
+/// (or `?since=N`), then streams live changes.
+async fn registry_events(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let since = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .or(query.get("since").map(String::as_str))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let (past, receiver) = state.daemon.events.subscribe(since);
+    let to_sse = |e: crate::events::RegistryEvent| {
+        let data = serde_json::to_string(&e).unwrap_or_default();
+        Ok(SseEvent::default()
+            .id(e.seq.to_string())
+            .event(e.kind)
+            .data(data))
+    };
+    let live = stream::unfold(receiver, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(event) => return Some((event, rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    let events = stream::iter(past).chain(live).map(to_sse);
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.daemon.metrics.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,116 @@
+//! `promptd serve`: start the daemon on TCP or a Unix socket, stop gracefully on SIGINT/SIGTERM.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use promptd::config::Config;
+use promptd::daemon::Daemon;
+use promptd::{http, Error};
+
+pub fn run(
+    config: Config,
+    plugins: Option<PathBuf>,
+    listen: &str,
+    state: &Path,
+) -> anyhow::Result<()> {
+    let token = std::env::var("PROMPTD_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| config.token.clone());
+    let dir = plugins
+        .or_else(|| config.plugin_dir.clone())
+        .unwrap_or_else(|| PathBuf::from("plugins"));
+
+    enum Listen {
+        Tcp(SocketAddr),
+        Unix(PathBuf),
+    }
+    let target = match listen.strip_prefix("unix:") {
+        Some(path) => Listen::Unix(PathBuf::from(path)),
+        None => {
+            let addr: SocketAddr = listen.parse().map_err(|e| {
+                Error::ConfigInvalid(format!(
+                    "--listen `{listen}`: {e}; use HOST:PORT or unix:/path"
+                ))
+            })?;
+            // L5: anything but loopback needs a token.
+            if !addr.ip().is_loopback() && token.is_none() {
+                return Err(Error::ConfigInvalid(format!(
+                    "listening on {addr} (not loopback) requires a token: set `token` in the config or PROMPTD_TOKEN"
+                ))
+                .into());
+            }
+            Listen::Tcp(addr)
+        }
+    };
+
+    let daemon = Arc::new(Daemon::start(config, &dir, state)?);
+    for p in daemon.plugins() {
+        match &p.last_error {
+            None => tracing::info!(plugin = %p.id, sha256 = %p.sha256, "serving"),
+            Some(e) => {
+                tracing::warn!(plugin = %p.id, "not serving: error[{}]: {}", e.code, e.message)
+            }
+        }
+    }
+    let app = http::router(daemon, token);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async move {
+        match target {
+            Listen::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listen on {addr}"))?;
+                announce(&format!("http://{}", listener.local_addr()?));
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await?;
+            }
+            Listen::Unix(path) => {
+                // A stale socket file from an earlier run would make bind fail.
+                let _ = std::fs::remove_file(&path);
+                let listener = tokio::net::UnixListener::bind(&path)
+                    .with_context(|| format!("listen on {}", path.display()))?;
+                announce(&format!("unix:{}", path.display()));
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await?;
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
+
+/// The first line on stdout says where the daemon listens (tests and scripts read it).
+fn announce(addr: &str) {
+    println!("promptd listening on {addr}");
+    let _ = std::io::stdout().flush();
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}
