@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests: build real plugins, run the real binary.
 #![allow(dead_code)]
 
+pub mod daemon;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

@@ -1,0 +1,146 @@
+//! A real `promptd serve` process for tests, and a small HTTP client.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+pub struct Served {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Served {
+    /// Starts `promptd serve` on a free loopback port and waits until it listens.
+    pub fn start(plugins: &Path, config: &Path, state: &Path) -> Served {
+        Self::start_with(plugins, config, state, &[], &[])
+    }
+
+    pub fn start_with(
+        plugins: &Path,
+        config: &Path,
+        state: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Served {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptd"));
+        cmd.arg("serve")
+            .arg("--plugins")
+            .arg(plugins)
+            .arg("--config")
+            .arg(config)
+            .arg("--state")
+            .arg(state)
+            .args(extra);
+        if !extra.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start promptd serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listen line");
+        let url = line
+            .trim()
+            .strip_prefix("promptd listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+            .to_string();
+        Served { child, url }
+    }
+
+    /// Stops with SIGTERM (graceful) and waits.
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+
+    /// Stops with SIGKILL: no chance to flush anything.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        request(&self.url, "GET", path, None, None)
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> (u16, String) {
+        request(&self.url, "POST", path, Some(body), None)
+    }
+
+    pub fn delete(&self, path: &str) -> (u16, String) {
+        request(&self.url, "DELETE", path, None, None)
+    }
+
+    /// GET/POST expecting 2xx; returns parsed JSON.
+    pub fn ok(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
+        let body = body.map(|b| b.to_string());
+        let (status, text) = request(&self.url, method, path, body.as_deref(), None);
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path} -> {status}: {text}"
+        );
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP request; returns (status, body). Non-2xx statuses are answers, not errors.
+pub fn request(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let url = format!("{base}{path}");
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let result = match method {
+        "GET" => {
+            let mut r = agent.get(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call()
+        }
+        "DELETE" => agent.delete(&url).call(),
+        _ => {
+            let mut r = agent.post(&url).header("Content-Type", "application/json");
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.send(body.unwrap_or("").to_string())
+        }
+    };
+    let mut response = result.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    (status, text)
+}
+
+pub fn state_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state");
+    (dir, path)
+}

@@ -1,0 +1,735 @@
+//! End-to-end: the real daemon over real HTTP with a real SQLite file (SPEC Q1–Q8, R4, R5, L5).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::daemon::{request, state_dir, Served};
+use common::Folder;
+use serde_json::{json, Value};
+
+const CONFIG: &str = r#"
+model = { model = "test-model", max_tokens = 512 }
+
+[plugins.identity]
+config = { name = "Ada" }
+"#;
+
+fn bundled() -> Folder {
+    Folder::new()
+        .bundled("identity")
+        .bundled("persona")
+        .bundled("tools")
+        .bundled("workspace")
+}
+
+fn new_session(d: &Served, agent: &str) -> String {
+    let (status, body) = d.post("/v1/sessions", &json!({"agent": agent}).to_string());
+    assert_eq!(status, 201, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["id"].as_str().unwrap().to_string()
+}
+
+/// POSTs a step; returns (step number, the exact bytes of `request`).
+fn step(d: &Served, id: &str, messages: Value, facts: Value, format: &str) -> (u64, String) {
+    let body = json!({"messages": messages, "facts": facts, "format": format}).to_string();
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), &body);
+    assert_eq!(status, 200, "{text}");
+    let prefix = "{\"request\":";
+    assert!(text.starts_with(prefix), "{text}");
+    let (request, step) = text[prefix.len()..]
+        .rsplit_once(",\"step\":")
+        .expect("step field");
+    (
+        step.trim_end_matches('}').parse().unwrap(),
+        request.to_string(),
+    )
+}
+
+fn events(d: &Served, id: &str) -> Vec<Value> {
+    let v = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    v["events"].as_array().unwrap().clone()
+}
+
+fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn headers(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "request/header")
+        .map(|e| e["body"]["reason"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn rebuilt(d: &Served, id: &str, n: u64, format: &str) -> String {
+    let (status, text) = d.get(&format!(
+        "/v1/sessions/{id}/steps/{n}/request?format={format}"
+    ));
+    assert_eq!(status, 200, "{text}");
+    text
+}
+
+#[test]
+fn q1_to_q5_a_scripted_session_through_a_tool_call() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = new_session(&d, "default");
+    let cwd = json!({"cwd": "/repo"});
+
+    // Step 1: user input; the runtime context snapshot follows it (Q2); header `initial` (Q3).
+    let (n1, r1) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "What is here?"}]),
+        cwd.clone(),
+        "neutral",
+    );
+    assert_eq!(n1, 1);
+    let v1: Value = serde_json::from_str(&r1).unwrap();
+    assert_eq!(v1["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        v1["messages"][0],
+        json!({"role": "user", "content": "What is here?"})
+    );
+    assert_eq!(v1["messages"][1]["snapshot"], true);
+    assert!(v1["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("Working directory: /repo"));
+    assert_eq!(
+        v1["model"],
+        json!({"model": "test-model", "max_tokens": 512})
+    );
+
+    // The model calls a tool (Q5).
+    let reply = json!({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "name": "list_dir", "arguments": {"path": "."}}]});
+    let (status, body) = d.post(&format!("/v1/sessions/{id}/messages"), &reply.to_string());
+    assert_eq!(status, 201, "{body}");
+
+    // Step 2: the tool result; same context, so no new snapshot and no new header.
+    let result = json!([{"role": "tool", "tool_call_id": "call_1", "content": "a.txt\nb.txt"}]);
+    let (n2, r2) = step(&d, &id, result, cwd.clone(), "openai");
+    assert_eq!(n2, 2);
+    let v2: Value = serde_json::from_str(&r2).unwrap();
+    let roles: Vec<&str> = v2["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "user", "assistant", "tool"]);
+
+    let (status, _) = d.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &json!({"role": "assistant", "content": "Two files: a.txt and b.txt."}).to_string(),
+    );
+    assert_eq!(status, 201);
+
+    // Step 3: the context changed: a new snapshot after the step's message.
+    let (_, r3) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "And in /other?"}]),
+        json!({"cwd": "/other"}),
+        "neutral",
+    );
+    let v3: Value = serde_json::from_str(&r3).unwrap();
+    let last = v3["messages"].as_array().unwrap().last().unwrap().clone();
+    assert!(last["content"]
+        .as_str()
+        .unwrap()
+        .contains("Working directory: /other"));
+
+    // Step 4: no context any more: one "no runtime context" snapshot. Step 5: nothing more.
+    let (_, r4) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "Forget it."}]),
+        json!({}),
+        "neutral",
+    );
+    let v4: Value = serde_json::from_str(&r4).unwrap();
+    let last = v4["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["snapshot"], true);
+    assert!(last["content"]
+        .as_str()
+        .unwrap()
+        .contains("no runtime context any more"));
+    let (_, r5) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "Bye."}]),
+        json!({}),
+        "anthropic",
+    );
+    let v5: Value = serde_json::from_str(&r5).unwrap();
+    let messages = v5["messages"].as_array().unwrap();
+    assert_eq!(
+        messages.last().unwrap()["content"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["text"],
+        "Bye."
+    );
+
+    let log = events(&d, &id);
+    assert_eq!(
+        kinds(&log)
+            .iter()
+            .filter(|k| *k == "context/snapshot")
+            .count(),
+        3,
+        "snapshots only when the context changed, and once when it disappeared"
+    );
+    assert_eq!(
+        headers(&log),
+        ["initial"],
+        "exactly one header while nothing changed"
+    );
+    assert_eq!(kinds(&log).iter().filter(|k| *k == "step").count(), 5);
+
+    // Q4: every step's request rebuilds byte-identically from the log.
+    for (n, bytes, format) in [
+        (1, &r1, "neutral"),
+        (2, &r2, "openai"),
+        (3, &r3, "neutral"),
+        (4, &r4, "neutral"),
+        (5, &r5, "anthropic"),
+    ] {
+        assert_eq!(&rebuilt(&d, &id, n, format), bytes, "step {n}");
+    }
+
+    // R4 + Q3: unloading a plugin changes the header: recorded again with reason `change`.
+    let v = d.ok("DELETE", "/v1/plugins/tools", None);
+    assert_eq!(v["applied"][0]["kind"], "unload");
+    let (_, r6) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "Tools?"}]),
+        json!({}),
+        "neutral",
+    );
+    let v6: Value = serde_json::from_str(&r6).unwrap();
+    assert_eq!(v6["tools"], json!([]));
+    assert!(!v6["system"].as_str().unwrap().contains("read_file"));
+    assert_eq!(headers(&events(&d, &id)), ["initial", "change"]);
+    // Earlier steps still rebuild as they were.
+    assert_eq!(&rebuilt(&d, &id, 1, "neutral"), &r1);
+}
+
+#[test]
+fn q3_q4_a_restart_resumes_and_past_steps_rebuild_byte_identically() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = new_session(&d, "default");
+    let mut returned = Vec::new();
+    for (i, cwd) in ["/a", "/b"].iter().enumerate() {
+        let msg = json!([{"role": "user", "content": format!("step {i}")}]);
+        for format in ["neutral"] {
+            returned.push(step(&d, &id, msg.clone(), json!({"cwd": cwd}), format));
+        }
+    }
+    let before: Vec<String> = ["openai", "anthropic"]
+        .iter()
+        .flat_map(|f| (1..=2).map(|n| rebuilt(&d, &id, n, f)).collect::<Vec<_>>())
+        .collect();
+    d.stop();
+
+    let d = Served::start(folder.path(), &config, &state);
+    let (n, _) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "after restart"}]),
+        json!({"cwd": "/b"}),
+        "neutral",
+    );
+    assert_eq!(n, 3, "the conversation continues");
+    assert_eq!(headers(&events(&d, &id)), ["initial", "resume"]);
+    for (n, bytes) in &returned {
+        assert_eq!(&rebuilt(&d, &id, *n, "neutral"), bytes);
+    }
+    let after: Vec<String> = ["openai", "anthropic"]
+        .iter()
+        .flat_map(|f| (1..=2).map(|n| rebuilt(&d, &id, n, f)).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(after, before);
+}
+
+#[test]
+fn q7_kill_9_under_load_loses_no_acknowledged_step() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let url = d.url.clone();
+    let sessions: Vec<String> = (0..4).map(|_| new_session(&d, "default")).collect();
+    let acked: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = sessions
+        .iter()
+        .cloned()
+        .map(|id| {
+            let (url, acked, stop) = (url.clone(), acked.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                // Bounded in count and time; the daemon dies under it.
+                for i in 0..500 {
+                    if stop.load(Ordering::Relaxed) || started.elapsed() > Duration::from_secs(20) {
+                        break;
+                    }
+                    let body = json!({"messages": [{"role": "user", "content": format!("m{i}")}],
+                                      "facts": {"cwd": format!("/d{}", i % 3)}})
+                    .to_string();
+                    let agent: ureq::Agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .build()
+                        .into();
+                    let resp = agent
+                        .post(format!("{url}/v1/sessions/{id}/steps"))
+                        .header("Content-Type", "application/json")
+                        .send(body);
+                    let Ok(mut resp) = resp else { break };
+                    if resp.status() != 200 {
+                        break;
+                    }
+                    let text = resp.body_mut().read_to_string().unwrap_or_default();
+                    if let Some((_, n)) = text.rsplit_once(",\"step\":") {
+                        let n: u64 = n.trim_end_matches('}').parse().unwrap();
+                        acked.lock().unwrap().insert(id.clone(), n);
+                    }
+                }
+            })
+        })
+        .collect();
+    // Let the clients run, then kill the daemon mid-flight.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while acked.lock().unwrap().values().sum::<u64>() < 40 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.kill9();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.values().sum::<u64>() >= 4,
+        "the load generator made progress: {acked:?}"
+    );
+    eprintln!("acknowledged steps before kill -9: {acked:?}");
+
+    let d = Served::start(folder.path(), &config, &state);
+    for id in &sessions {
+        let log = events(&d, id);
+        // Gapless sequence numbers and whole records: nothing torn.
+        for (i, e) in log.iter().enumerate() {
+            assert_eq!(e["seq"], i as u64 + 1);
+            assert!(e["body"].is_object(), "{e}");
+        }
+        let steps = kinds(&log).iter().filter(|k| *k == "step").count() as u64;
+        let acked_n = acked.get(id).copied().unwrap_or(0);
+        assert!(
+            steps >= acked_n,
+            "session {id}: {steps} steps in the log, {acked_n} acknowledged"
+        );
+        // The log ends on a step boundary: a step is all or nothing.
+        assert_eq!(
+            kinds(&log).last().unwrap(),
+            if steps == 0 {
+                "session/created"
+            } else {
+                "step"
+            }
+        );
+        // And every recorded step still rebuilds.
+        for n in 1..=steps {
+            rebuilt(&d, id, n, "neutral");
+        }
+    }
+}
+
+#[test]
+fn q6_an_assembly_error_records_nothing_and_the_session_goes_on() {
+    let folder = Folder::new().scripted("echo");
+    let config = folder.config(
+        "[plugins.echo]\nconfig = { \"fact_section.text\" = \"0\", \"variable.name\" = \"Ada\" }\n",
+    );
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = new_session(&d, "default");
+    let before = events(&d, &id);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "facts": {"text": "Hi {{nobody}}"}});
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), &body.to_string());
+    assert_eq!(status, 422, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "unknown_variable");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`nobody`") && message.contains("section `text` (plugin `echo`)"),
+        "{message}"
+    );
+    assert_eq!(events(&d, &id), before, "nothing recorded");
+
+    let (n, r) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "hi"}]),
+        json!({"text": "Hi {{name}}"}),
+        "neutral",
+    );
+    assert_eq!(n, 1);
+    let v: Value = serde_json::from_str(&r).unwrap();
+    assert_eq!(v["system"], "Hi Ada");
+}
+
+#[test]
+fn l5_bad_input_gets_a_clear_4xx_and_records_nothing() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = new_session(&d, "default");
+    let steps = format!("/v1/sessions/{id}/steps");
+    let before = events(&d, &id);
+    let cases: Vec<(&str, String, String, u16, &str)> = vec![
+        (
+            "malformed JSON",
+            "POST".into(),
+            steps.clone(),
+            400,
+            "bad_request",
+        ),
+        (
+            "unknown session",
+            "POST".into(),
+            "/v1/sessions/nope/steps".into(),
+            404,
+            "unknown_session",
+        ),
+        (
+            "unknown field",
+            "POST".into(),
+            steps.clone(),
+            400,
+            "bad_request",
+        ),
+        (
+            "wrong field type",
+            "POST".into(),
+            "/v1/sessions".into(),
+            400,
+            "bad_request",
+        ),
+        (
+            "unknown tool call",
+            "POST".into(),
+            steps.clone(),
+            422,
+            "unknown_tool_call",
+        ),
+        (
+            "assistant in a step",
+            "POST".into(),
+            steps.clone(),
+            400,
+            "bad_request",
+        ),
+        (
+            "oversized body",
+            "POST".into(),
+            steps.clone(),
+            413,
+            "body_too_large",
+        ),
+        (
+            "unknown format",
+            "POST".into(),
+            steps.clone(),
+            400,
+            "bad_request",
+        ),
+        (
+            "bad agent name",
+            "POST".into(),
+            "/v1/sessions".into(),
+            400,
+            "config_invalid",
+        ),
+        (
+            "unknown step",
+            "GET".into(),
+            format!("/v1/sessions/{id}/steps/9/request"),
+            404,
+            "unknown_step",
+        ),
+        (
+            "unknown route",
+            "GET".into(),
+            "/v2/nothing".into(),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown plugin",
+            "DELETE".into(),
+            "/v1/plugins/nope".into(),
+            404,
+            "unknown_plugin",
+        ),
+    ];
+    let bodies = [
+        "{\"messages\": [".to_string(),
+        "{}".to_string(),
+        "{\"mesages\": []}".to_string(),
+        "{\"agent\": 5}".to_string(),
+        json!({"messages": [{"role": "tool", "tool_call_id": "ghost", "content": "x"}]})
+            .to_string(),
+        json!({"messages": [{"role": "assistant", "content": "I am the model"}]}).to_string(),
+        json!({"messages": [{"role": "user", "content": "x".repeat(2 << 20)}]}).to_string(),
+        json!({"format": "gemini"}).to_string(),
+        json!({"agent": "has space"}).to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
+    for ((what, method, path, status, code), body) in cases.into_iter().zip(bodies) {
+        let (got, text) = match method.as_str() {
+            "GET" => d.get(&path),
+            "DELETE" => d.delete(&path),
+            _ => d.post(&path, &body),
+        };
+        assert_eq!(got, status, "{what}: {text}");
+        let v: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text}"));
+        assert_eq!(v["error"]["code"], code, "{what}: {text}");
+        assert!(
+            !v["error"]["message"].as_str().unwrap().is_empty(),
+            "{what}"
+        );
+    }
+    // A tool result for an unknown call through /messages too.
+    let (status, _) = d.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &json!({"role": "tool", "tool_call_id": "ghost", "content": "x"}).to_string(),
+    );
+    assert_eq!(status, 422);
+    assert_eq!(events(&d, &id), before, "nothing was recorded");
+}
+
+#[test]
+fn q8_provider_bodies_from_the_daemon_have_the_documented_shapes() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = new_session(&d, "default");
+    let (_, openai) = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "hi"}]),
+        json!({"cwd": "/r"}),
+        "openai",
+    );
+    let o: Value = serde_json::from_str(&openai).unwrap();
+    assert_eq!(o["model"], "test-model");
+    assert_eq!(o["messages"][0]["role"], "system");
+    assert_eq!(
+        o["messages"][2],
+        json!({"role": "user", "content": o["messages"][2]["content"]})
+    );
+    for t in o["tools"].as_array().unwrap() {
+        assert_eq!(t["type"], "function");
+        assert!(t["function"]["parameters"].is_object());
+    }
+    let a: Value = serde_json::from_str(&rebuilt(&d, &id, 1, "anthropic")).unwrap();
+    assert_eq!(a["max_tokens"], 512);
+    assert_eq!(a["system"][0]["type"], "text");
+    assert_eq!(
+        a["system"][0]["cache_control"],
+        json!({"type": "ephemeral"})
+    );
+    let tools = a["tools"].as_array().unwrap();
+    assert!(tools.iter().all(|t| t["input_schema"].is_object()));
+    assert_eq!(
+        tools.last().unwrap()["cache_control"],
+        json!({"type": "ephemeral"})
+    );
+    assert!(tools[..tools.len() - 1]
+        .iter()
+        .all(|t| t.get("cache_control").is_none()));
+    // Tools come before the system prompt, which comes before the volatile runtime context,
+    // and the user's message and the snapshot merge into one user turn.
+    assert_eq!(a["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(a["messages"][0]["role"], "user");
+}
+
+#[test]
+fn r5_plugins_events_and_metrics_are_visible() {
+    let folder = bundled().bytes("broken", b"not wasm");
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+
+    let v = d.ok("GET", "/v1/plugins", None);
+    let plugins = v["plugins"].as_array().unwrap();
+    let broken = plugins.iter().find(|p| p["id"] == "broken").unwrap();
+    assert_eq!(broken["state"], "refused");
+    assert_eq!(broken["last_error"]["code"], "not_a_component");
+    let tools = plugins.iter().find(|p| p["id"] == "tools").unwrap();
+    assert_eq!(tools["state"], "loaded");
+    assert_eq!(tools["sha256"].as_str().unwrap().len(), 64);
+    assert!(tools["file"].as_str().unwrap().ends_with("tools.wasm"));
+    assert_eq!(tools["declares"]["filters_tools"], true);
+
+    // The event stream replays history with sequence numbers (SSE), from Last-Event-ID.
+    let events = sse_events(&d.url, 5, None);
+    let seen: Vec<(u64, String, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["seq"].as_u64().unwrap(),
+                e["kind"].as_str().unwrap().into(),
+                e["plugin"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (1, "refused".into(), "broken".into()),
+            (2, "load".into(), "identity".into()),
+            (3, "load".into(), "persona".into()),
+            (4, "load".into(), "tools".into()),
+            (5, "load".into(), "workspace".into()),
+        ]
+    );
+    assert_eq!(sse_events(&d.url, 1, Some(4))[0]["seq"], 5);
+    // A live change arrives on an open stream.
+    let url = d.url.clone();
+    let reader = std::thread::spawn(move || sse_events(&url, 6, None));
+    std::thread::sleep(Duration::from_millis(300));
+    d.ok("DELETE", "/v1/plugins/persona", None);
+    let live = reader.join().unwrap();
+    assert_eq!(live[5]["kind"], "unload");
+    assert_eq!(live[5]["seq"], 6);
+
+    let id = new_session(&d, "default");
+    step(&d, &id, json!([]), json!({}), "neutral");
+    let (status, text) = d.get("/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("promptd_steps_total{outcome=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("promptd_step_duration_seconds_count 1"),
+        "{text}"
+    );
+    assert!(text.contains("promptd_plugins_loaded 3"), "{text}");
+}
+
+/// Reads `count` events from `GET /v1/events`.
+fn sse_events(base: &str, count: usize, last_id: Option<u64>) -> Vec<Value> {
+    use std::io::{BufRead, BufReader, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let last = last_id
+        .map(|n| format!("Last-Event-ID: {n}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET /v1/events HTTP/1.1\r\nHost: {addr}\r\n{last}Accept: text/event-stream\r\n\r\n"
+    )
+    .unwrap();
+    let mut events = Vec::new();
+    for line in BufReader::new(&mut stream).lines() {
+        let line = line.expect("read SSE");
+        if let Some(data) = line.strip_prefix("data: ") {
+            events.push(serde_json::from_str(data).unwrap());
+            if events.len() == count {
+                break;
+            }
+        }
+    }
+    events
+}
+
+#[test]
+fn l5_non_loopback_needs_a_token_and_the_token_is_enforced() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptd"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--plugins"])
+        .arg(folder.path())
+        .arg("--config")
+        .arg(&config)
+        .arg("--state")
+        .arg(&state)
+        .env_remove("PROMPTD_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error[config_invalid]") && err.contains("requires a token"),
+        "{err}"
+    );
+
+    let d = Served::start_with(
+        folder.path(),
+        &config,
+        &state,
+        &[],
+        &[("PROMPTD_TOKEN", "s3cret")],
+    );
+    let (status, text) = d.get("/v1/plugins");
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("\"unauthorized\""));
+    assert_eq!(
+        request(&d.url, "GET", "/v1/plugins", None, Some("wrong")).0,
+        401
+    );
+    assert_eq!(
+        request(&d.url, "GET", "/v1/plugins", None, Some("s3cret")).0,
+        200
+    );
+    assert_eq!(d.get("/v1/health").0, 200, "health needs no token");
+}
+
+#[test]
+fn serves_on_a_unix_socket_when_asked() {
+    use std::io::{Read, Write};
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (tmp, state) = state_dir();
+    let socket = tmp.path().join("promptd.sock");
+    let listen = format!("unix:{}", socket.display());
+    let d = Served::start_with(folder.path(), &config, &state, &["--listen", &listen], &[]);
+    assert_eq!(d.url, listen);
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    stream
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: promptd\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("\"status\":\"ok\""), "{reply}");
+}
