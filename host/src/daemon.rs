@@ -129,31 +129,24 @@ impl Daemon {
         let mut applied = Vec::new();
         let mut present = HashSet::new();
         for path in files {
-            let stem = match loader::read(&path) {
-                Ok(file) => {
-                    present.insert(file.stem.clone());
-                    let unchanged = self
-                        .plugins
-                        .read()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(&file.stem)
-                        .is_some_and(|s| s.sha256 == file.sha256);
-                    if unchanged {
-                        continue;
-                    }
-                    applied.push(self.load(&file));
+            let file = match loader::read(&path) {
+                Ok(file) => file,
+                Err(error) => {
+                    let path = path.display().to_string();
+                    applied.push(self.events.push("refused", "", &path, "", Some(&error)));
                     continue;
                 }
-                Err(e) => (path, e),
             };
-            let (path, error) = stem;
-            applied.push(self.events.push(
-                "refused",
-                "",
-                &path.display().to_string(),
-                "",
-                Some(&error),
-            ));
+            present.insert(file.stem.clone());
+            let unchanged = self
+                .plugins
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&file.stem)
+                .is_some_and(|s| s.sha256 == file.sha256);
+            if !unchanged {
+                applied.push(self.load(&file));
+            }
         }
         let gone: Vec<String> = self
             .plugins

@@ -1,8 +1,9 @@
 //! Project tasks: `cargo xtask run` and `cargo xtask test` (see README.md).
 //!
 //! - `run [-- ARGS]`: build the bundled plugins to wasm32-wasip2, collect them into
-//!   `target/plugins/`, and run promptd on them (by default: assemble a request with the
-//!   example config `promptd.toml` and a few step facts; ARGS replace the assemble flags).
+//!   `target/plugins/`, and start the daemon serving them (`promptd serve` with the example
+//!   config `promptd.toml`, on 127.0.0.1:8417, until Ctrl-C). ARGS replace the promptd
+//!   arguments, e.g. `cargo xtask run -- assemble --plugins target/plugins`.
 //! - `test`: install what the tests need (rustup target, rustfmt, clippy), then check
 //!   formatting, lint, and run every test.
 //! - `plugins`: only build and collect the bundled plugins.
@@ -112,27 +113,12 @@ fn run(root: &Path, args: &[String]) -> Result<()> {
         .args(["run", "--release", "--quiet", "-p", "promptd", "--"]);
     let rest: Vec<&String> = args.iter().skip_while(|a| *a == "--").collect();
     if rest.is_empty() {
-        let today = today();
-        cmd.args(["assemble", "--config", "promptd.toml", "--plugins"])
-            .arg(&dir)
-            .args(["--explain", "--fact"])
-            .arg(format!("cwd={}", root.display()))
-            .args(["--fact", "os=linux", "--fact"])
-            .arg(format!("date={today}"));
+        cmd.args(["serve", "--config", "promptd.toml", "--plugins"])
+            .arg(&dir);
     } else {
         cmd.args(rest);
     }
     sh(&mut cmd)
-}
-
-fn today() -> String {
-    Command::new("date")
-        .arg("+%Y-%m-%d")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| "unknown".into())
 }
 
 fn test(root: &Path) -> Result<()> {
