@@ -731,3 +731,93 @@ fn serves_on_a_unix_socket_when_asked() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(reply.contains("\"status\":\"ok\""), "{reply}");
 }
+
+#[test]
+fn the_cli_client_drives_a_session() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let server = ["--server", d.url.as_str()];
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&server);
+        common::promptd(&all)
+    };
+    let out = run(&["session", "new", "coder"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let id = common::stdout(&out).trim().to_string();
+    assert_eq!(id.len(), 24, "{id}");
+
+    let out = run(&[
+        "session", "step", &id, "--user", "hello", "--fact", "cwd=/cli", "--format", "openai",
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let v: Value = serde_json::from_str(&common::stdout(&out)).unwrap();
+    assert_eq!(v["step"], 1);
+    assert_eq!(
+        v["request"]["messages"][1],
+        json!({"role": "user", "content": "hello"})
+    );
+
+    let log = common::stdout(&run(&["session", "log", &id]));
+    let kinds: Vec<&str> = log
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "session/created",
+            "user/message",
+            "context/snapshot",
+            "request/header",
+            "step"
+        ]
+    );
+
+    let plugins = common::stdout(&run(&["plugins"]));
+    assert_eq!(plugins.lines().count(), 4, "{plugins}");
+    assert!(plugins.lines().all(|l| l.contains(" loaded ")), "{plugins}");
+
+    let out = run(&["session", "step", "nope", "--user", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = common::stderr(&out);
+    assert!(
+        err.starts_with("error[unknown_session]: no session `nope`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_example_agent_loop_runs_through_a_tool_call() {
+    // `cargo test` builds examples next to the test binaries' folder.
+    let exe = std::env::current_exe().unwrap();
+    let example = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("agent_loop");
+    assert!(example.exists(), "{} was not built", example.display());
+    let folder = bundled();
+    let config = folder.config(&format!("{CONFIG}\n[agents.coder]\n"));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let out = std::process::Command::new(example)
+        .env("PROMPTD_URL", &d.url)
+        .current_dir(folder.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("tool list_dir ."), "{text}");
+    // The folder holds the 4 plugins and promptd.toml.
+    assert!(text.contains("model: This folder has 5 entries."), "{text}");
+    assert!(text.contains("done after 2 steps"), "{text}");
+}
