@@ -32,7 +32,10 @@ use crate::wasm::{Limits, WasmRuntime};
 pub struct PluginStatus {
     pub id: String,
     pub file: String,
+    /// SHA-256 of the file as last read.
     pub sha256: String,
+    /// SHA-256 of the version serving now (differs from `sha256` while `stale`).
+    pub serving_sha256: Option<String>,
     /// `loaded`, `refused` (never loaded) or `stale` (an older version keeps serving).
     pub state: &'static str,
     pub last_error: Option<ErrorBody>,
@@ -64,7 +67,7 @@ pub struct StepInput {
 
 pub struct Daemon {
     runtime: WasmRuntime,
-    config: Config,
+    config: RwLock<Arc<Config>>,
     plugin_dir: PathBuf,
     registry: RwLock<Arc<Registry>>,
     /// By file stem.
@@ -72,6 +75,8 @@ pub struct Daemon {
     store: Arc<dyn SessionStore>,
     /// Sessions this process has stepped; the first step of any other records `resume` (Q3).
     stepped: Mutex<HashSet<String>>,
+    /// Serialises registry changes (watcher, API calls), so none is lost to a race.
+    changes: Mutex<()>,
     /// One lock per session, so two steps of one session never interleave.
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     pub events: RegistryEvents,
@@ -88,13 +93,15 @@ impl Daemon {
         })?;
         let store = SqliteStore::open(&state_dir.join("sessions.db"))?;
         let daemon = Daemon {
-            runtime: WasmRuntime::new(Limits::default())?,
-            config,
+            runtime: WasmRuntime::new(Limits::default())?
+                .with_cache(&state_dir.join("cache"), crate::cache::DEFAULT_MAX_BYTES)?,
+            config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),
             plugins: RwLock::new(BTreeMap::new()),
             store: Arc::new(store),
             stepped: Mutex::new(HashSet::new()),
+            changes: Mutex::new(()),
             locks: Mutex::new(HashMap::new()),
             events: RegistryEvents::default(),
             metrics: Metrics::default(),
@@ -103,6 +110,51 @@ impl Daemon {
         loader::plugin_files(plugin_dir)?;
         daemon.reload()?;
         Ok(daemon)
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn plugin_dir(&self) -> &Path {
+        &self.plugin_dir
+    }
+
+    /// Replaces the config (already validated) and reloads every plugin under it, since plugin
+    /// settings may have changed. A plugin that fails under the new config keeps its old
+    /// version serving (H3).
+    pub fn set_config(&self, config: Config) -> Result<Vec<RegistryEvent>> {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        for status in self
+            .plugins
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .values_mut()
+        {
+            status.sha256.clear(); // forces a reload on the rescan below
+        }
+        self.reload()
+    }
+
+    /// Prometheus text, including the compile cache's counters.
+    pub fn metrics_text(&self) -> String {
+        let mut out = self.metrics.render();
+        if let Some(cache) = self.runtime.cache() {
+            out.push_str("# HELP promptd_compile_cache_total Plugin loads served from or missing the compile cache.\n");
+            out.push_str("# TYPE promptd_compile_cache_total counter\n");
+            out.push_str(&format!(
+                "promptd_compile_cache_total{{result=\"hit\"}} {}\n",
+                cache.hits()
+            ));
+            out.push_str(&format!(
+                "promptd_compile_cache_total{{result=\"miss\"}} {}\n",
+                cache.misses()
+            ));
+        }
+        out
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -125,6 +177,7 @@ impl Daemon {
     /// Rescans the plugin folder: loads new files, reloads changed ones (the old version keeps
     /// serving if the new one fails), unloads removed ones. Each change is an event (R5).
     pub fn reload(&self) -> Result<Vec<RegistryEvent>> {
+        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let files = loader::plugin_files(&self.plugin_dir)?;
         let mut applied = Vec::new();
         let mut present = HashSet::new();
@@ -181,17 +234,33 @@ impl Daemon {
     /// Loads (or reloads) one file; validates against the other plugins before publishing.
     fn load(&self, file: &loader::PluginFile) -> RegistryEvent {
         let started = Instant::now();
-        let id = self.config.plugin_id(&file.stem);
+        let config = self.config();
+        let id = config.plugin_id(&file.stem);
         let path = file.path.display().to_string();
-        let current = self.registry();
+        let mut current = self.registry();
+        // A config change can give the file another id: the old id leaves with the new load.
+        let old_id = self
+            .plugins
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&file.stem)
+            .map(|s| s.id.clone())
+            .filter(|old| *old != id);
+        if let Some(old) = &old_id {
+            if let Ok(without) = current.without(old) {
+                current = Arc::new(without);
+            }
+        }
         let existed = current.get(&id).is_some();
-        let result = loader::load(&self.runtime, file, &self.config).and_then(|entry| {
+        let result = loader::load(&self.runtime, file, &config).and_then(|(entry, lookup)| {
             let declares = declaration_json(&entry.declaration);
-            current.with_replaced(entry).map(|next| (next, declares))
+            current
+                .with_replaced(entry)
+                .map(|next| (next, declares, lookup))
         });
         let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
         match result {
-            Ok((next, declares)) => {
+            Ok((next, declares, lookup)) => {
                 self.publish(next);
                 plugins.insert(
                     file.stem.clone(),
@@ -199,12 +268,19 @@ impl Daemon {
                         id: id.clone(),
                         file: path.clone(),
                         sha256: file.sha256.clone(),
+                        serving_sha256: Some(file.sha256.clone()),
                         state: "loaded",
                         last_error: None,
                         declares,
                     },
                 );
-                tracing::info!(plugin = %id, sha256 = %file.sha256, ms = started.elapsed().as_millis() as u64, "loaded");
+                let cache = match lookup {
+                    Some(crate::cache::Lookup::Hit) => "hit",
+                    Some(crate::cache::Lookup::Miss) => "miss",
+                    None => "off",
+                };
+                let ms = started.elapsed().as_secs_f64() * 1000.0;
+                tracing::info!(plugin = %id, sha256 = %file.sha256, cache, ms = format!("{ms:.1}"), "loaded");
                 self.events.push(
                     if existed { "reload" } else { "load" },
                     &id,
@@ -222,6 +298,7 @@ impl Daemon {
                         id: id.clone(),
                         file: path.clone(),
                         sha256: String::new(),
+                        serving_sha256: None,
                         state: "refused",
                         last_error: None,
                         declares: Value::Null,
@@ -239,6 +316,7 @@ impl Daemon {
 
     /// Unloads plugin `id` (R4): all its contributions leave the next assembly.
     pub fn unload(&self, id: &str) -> Result<RegistryEvent> {
+        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let next = self.registry().without(id)?;
         self.publish(next);
         let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
@@ -252,7 +330,7 @@ impl Daemon {
     }
 
     pub fn create_session(&self, agent: &str) -> Result<String> {
-        self.config.chain(agent)?; // validates the name
+        self.config().chain(agent)?; // validates the name
         let id = self.store.create_session(
             agent,
             NewEvent::new(kind::SESSION_CREATED, json!({"agent": agent})),
@@ -290,21 +368,23 @@ impl Daemon {
         let lock = self.session_lock(id);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         let log = self.store.events(id)?;
+        // One snapshot of the registry and the config for the whole step (H2).
         let registry = self.registry();
+        let config = self.config();
         let step_number = session::step_count(&log) + 1;
         let step = Step {
             agent: agent.clone(),
-            scope_chain: self.config.chain(&agent)?,
+            scope_chain: config.chain(&agent)?,
             session_id: id.to_string(),
             step_number,
             facts: input.facts.clone(),
         };
         let options = Options {
-            tool_order: self.config.tool_order.clone(),
-            suppress_runtime_context: !self.config.runtime_context(&agent),
+            tool_order: config.tool_order.clone(),
+            suppress_runtime_context: !config.runtime_context(&agent),
         };
         let assembled = assembly::assemble(&registry, &step, &options)?;
-        let header = session::header(&assembled, self.config.model(&agent));
+        let header = session::header(&assembled, config.model(&agent));
         let resumed = !self
             .stepped
             .lock()

@@ -349,7 +349,7 @@ async fn registry_events(
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.daemon.metrics.render(),
+        state.daemon.metrics_text(),
     )
         .into_response()
 }

@@ -20,6 +20,7 @@
 //! ```
 
 pub mod assembly;
+pub mod cache;
 pub mod config;
 pub mod conversation;
 pub mod daemon;
@@ -39,5 +40,6 @@ pub mod session;
 pub mod store;
 pub mod validate;
 pub mod wasm;
+pub mod watch;
 
 pub use error::{Error, Result};

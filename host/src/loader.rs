@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::cache::Lookup;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::names::is_item_name;
@@ -84,23 +85,29 @@ pub fn read(path: &Path) -> Result<PluginFile> {
     })
 }
 
-/// Compiles, declares and validates a plugin (R1) with its settings from `config`.
-pub fn load(runtime: &WasmRuntime, file: &PluginFile, config: &Config) -> Result<PluginEntry> {
+/// Compiles (or takes from the compile cache), declares and validates a plugin (R1) with its
+/// settings from `config`. Also says whether the compile cache served it.
+pub fn load(
+    runtime: &WasmRuntime,
+    file: &PluginFile,
+    config: &Config,
+) -> Result<(PluginEntry, Option<Lookup>)> {
     let id = config.plugin_id(&file.stem);
-    let (declaration, provider) =
-        runtime.load(&id, &file.bytes, config.plugin_values(&file.stem))?;
+    let values = config.plugin_values(&file.stem);
+    let (declaration, provider, lookup) = runtime.load(&id, &file.bytes, &file.sha256, values)?;
     let entry = PluginEntry::new(
         &id,
         declaration,
         provider as Arc<_>,
         config.plugin_options(&file.stem),
     )?;
-    Ok(entry.with_origin(format!("{} sha256:{}", file.path.display(), file.sha256)))
+    let origin = format!("{} sha256:{}", file.path.display(), file.sha256);
+    Ok((entry.with_origin(origin), lookup))
 }
 
 /// Reads and loads one plugin file.
 pub fn load_file(runtime: &WasmRuntime, path: &Path, config: &Config) -> Result<PluginEntry> {
-    load(runtime, &read(path)?, config)
+    load(runtime, &read(path)?, config).map(|(entry, _)| entry)
 }
 
 fn file_stem(path: &Path) -> Result<String> {

@@ -14,6 +14,7 @@ use promptd::wasm::{Limits, WasmRuntime};
 use promptd::{loader, Error};
 
 mod client;
+mod dev;
 mod serve;
 
 #[derive(Parser)]
@@ -63,9 +64,16 @@ enum Command {
         /// `HOST:PORT` (port 0 picks a free one), or `unix:/path/to.sock`.
         #[arg(long, default_value = client::DEFAULT_LISTEN)]
         listen: String,
-        /// Where sessions are stored (SQLite file `sessions.db` inside).
+        /// Where sessions (`sessions.db`) and the compile cache (`cache/`) are kept.
         #[arg(long, default_value = ".promptd")]
         state: PathBuf,
+        /// Do not watch the plugin folder and config for changes.
+        #[arg(long)]
+        no_watch: bool,
+        /// Also rebuild the Rust plugins of this cargo workspace (e.g. `plugins`) when their
+        /// sources change, and copy the new .wasm files into the plugin folder.
+        #[arg(long, value_name = "WORKSPACE")]
+        dev: Option<PathBuf>,
     },
     /// Drive sessions on a running daemon.
     Session {
@@ -172,7 +180,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             plugins,
             listen,
             state,
-        } => serve::run(read_config(config)?, plugins, &listen, &state),
+            no_watch,
+            dev,
+        } => {
+            let config_path = config
+                .clone()
+                .or_else(|| Some(PathBuf::from("promptd.toml")).filter(|p| p.is_file()));
+            let options = serve::Options {
+                plugins,
+                listen,
+                state,
+                watch: !no_watch,
+                config_path,
+                dev,
+            };
+            serve::run(read_config(config)?, options)
+        }
         Command::Session { command, server } => match command {
             SessionCommand::New { agent } => server.create_session(&agent),
             SessionCommand::Step {

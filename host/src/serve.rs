@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -10,12 +10,28 @@ use promptd::config::Config;
 use promptd::daemon::Daemon;
 use promptd::{http, Error};
 
-pub fn run(
-    config: Config,
-    plugins: Option<PathBuf>,
-    listen: &str,
-    state: &Path,
-) -> anyhow::Result<()> {
+/// How to serve (from the command line).
+pub struct Options {
+    pub plugins: Option<PathBuf>,
+    pub listen: String,
+    pub state: PathBuf,
+    /// Watch the plugin folder and the config file (H1).
+    pub watch: bool,
+    pub config_path: Option<PathBuf>,
+    /// A cargo workspace of Rust plugins to rebuild on change.
+    pub dev: Option<PathBuf>,
+}
+
+pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
+    let Options {
+        plugins,
+        listen,
+        state,
+        watch,
+        config_path,
+        dev,
+    } = options;
+    let (listen, state) = (listen.as_str(), state.as_path());
     let token = std::env::var("PROMPTD_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
@@ -55,6 +71,15 @@ pub fn run(
                 tracing::warn!(plugin = %p.id, "not serving: error[{}]: {}", e.code, e.message)
             }
         }
+    }
+    // Kept alive until the server stops.
+    let _watch = if watch {
+        Some(promptd::watch::watch(daemon.clone(), config_path)?)
+    } else {
+        None
+    };
+    if let Some(workspace) = dev {
+        crate::dev::spawn(workspace, daemon.plugin_dir().to_path_buf())?;
     }
     let app = http::router(daemon, token);
 

@@ -15,6 +15,7 @@ use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use crate::cache::{CompileCache, Lookup};
 use crate::error::{Error, Result};
 use crate::model::{self, Content, Declaration, Scope, Step};
 use crate::provider::{CallError, CallResult, Provider};
@@ -56,6 +57,7 @@ pub struct WasmRuntime {
     linker: Linker<State>,
     limits: Limits,
     stop: Arc<AtomicBool>,
+    cache: Option<CompileCache>,
 }
 
 impl Drop for WasmRuntime {
@@ -94,7 +96,22 @@ impl WasmRuntime {
             linker,
             limits,
             stop,
+            cache: None,
         })
+    }
+
+    /// Keeps compiled code in `dir` (H4), bounded to `max_bytes`.
+    pub fn with_cache(mut self, dir: &std::path::Path, max_bytes: u64) -> Result<Self> {
+        let cache = CompileCache::new(dir, &self.engine, max_bytes).map_err(|e| Error::Io {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        self.cache = Some(cache);
+        Ok(self)
+    }
+
+    pub fn cache(&self) -> Option<&CompileCache> {
+        self.cache.as_ref()
     }
 
     /// Compiles `bytes` as the plugin `id`, checks the world, instantiates it and calls
@@ -104,8 +121,9 @@ impl WasmRuntime {
         &self,
         id: &str,
         bytes: &[u8],
+        sha256: &str,
         config: Vec<(String, String)>,
-    ) -> Result<(Declaration, Arc<WasmProvider>)> {
+    ) -> Result<(Declaration, Arc<WasmProvider>, Option<Lookup>)> {
         let not_a_component = |cause: String| Error::NotAComponent {
             plugin: id.into(),
             cause,
@@ -113,8 +131,14 @@ impl WasmRuntime {
         if let Some(cause) = precheck(bytes) {
             return Err(not_a_component(cause.into()));
         }
-        let component = Component::from_binary(&self.engine, bytes)
-            .map_err(|e| not_a_component(root_cause(&e)))?;
+        let compile = || Component::from_binary(&self.engine, bytes);
+        let (component, lookup) = match &self.cache {
+            Some(cache) => cache
+                .get_or_compile(&self.engine, sha256, compile)
+                .map(|(c, l)| (c, Some(l))),
+            None => compile().map(|c| (c, None)),
+        }
+        .map_err(|e| not_a_component(root_cause(&e)))?;
         let wrong_world = |e: wasmtime::Error| Error::WrongWorld {
             plugin: id.into(),
             cause: root_cause(&e),
@@ -138,7 +162,7 @@ impl WasmRuntime {
                 plugin: id.into(),
                 cause: e.cause().to_string(),
             })?;
-        Ok((declaration, Arc::new(provider)))
+        Ok((declaration, Arc::new(provider), lookup))
     }
 }
 

@@ -41,11 +41,37 @@ pub fn bundled() -> &'static Path {
     DIR.get_or_init(|| build_wasm_workspace("plugins"))
 }
 
-/// The test-only `scripted` plugin (tests/fixtures/scripted), built once per test binary.
-pub fn scripted() -> PathBuf {
+/// A test-only plugin from tests/fixtures (`scripted`, `versioned_v1`, `versioned_v2`), built
+/// once per test binary.
+pub fn fixture(name: &str) -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| build_wasm_workspace("tests/fixtures"))
-        .join("scripted.wasm")
+        .join(format!("{name}.wasm"))
+}
+
+/// The `scripted` fixture: its declaration comes from its config.
+pub fn scripted() -> PathBuf {
+    fixture("scripted")
+}
+
+/// Puts `bytes` into `dir` as `NAME.wasm` the way build tools should: write a temporary file,
+/// then rename it into place.
+pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).expect("write");
+    std::fs::rename(&tmp, dir.join(format!("{name}.wasm"))).expect("rename");
+}
+
+/// Waits (bounded) until `check` holds; panics with `what` otherwise.
+pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("timed out waiting for: {what}");
 }
 
 /// A temporary plugins folder.
