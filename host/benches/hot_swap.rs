@@ -1,0 +1,138 @@
+//! Hot-swap latency: from the atomic rename of a new plugin file into the watched folder to the
+//! first assembly that sees it (p50, p99), for a plugin whose compiled code is cached and for
+//! one that must be compiled. Also the slowest step that ran meanwhile, to show that no step
+//! waits for a compile.
+//!
+//! Run: `cargo bench -p promptd --bench hot_swap` (builds the test fixtures first).
+//! Method: an in-process daemon (the same `Daemon` + watcher `promptd serve` uses) on a temp
+//! folder; a stepping thread assembles continuously; the main thread renames version N into
+//! place and polls steps until the version marker flips. Uncached swaps append a unique custom
+//! section to the component, so its SHA-256 (the cache key) is new while behaviour is the same.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use promptd::config::Config;
+use promptd::daemon::{Daemon, StepInput};
+
+fn fixtures() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
+        .arg(root.join("tests/fixtures/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(root.join("tests/fixtures/target"))
+        .status()
+        .expect("cargo");
+    assert!(status.success(), "building the fixtures failed");
+    root.join("tests/fixtures/target/wasm32-wasip2/release")
+}
+
+/// Appends a custom section: a new file hash, the same behaviour.
+fn with_custom_section(bytes: &[u8], n: u64) -> Vec<u8> {
+    fn leb(mut v: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"promptd-bench";
+    let mut content = Vec::new();
+    leb(name.len(), &mut content);
+    content.extend_from_slice(name);
+    content.extend_from_slice(&n.to_le_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0);
+    leb(content.len(), &mut out);
+    out.extend_from_slice(&content);
+    out
+}
+
+fn put(dir: &Path, bytes: &[u8]) {
+    let tmp = dir.join(".versioned.tmp");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, dir.join("versioned.wasm")).unwrap();
+}
+
+fn marker(daemon: &Daemon, session: &str) -> String {
+    let (_, request) = daemon.step(session, &StepInput::default()).expect("step");
+    request.header.system.clone()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugins = tmp.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    put(&plugins, v1);
+    let daemon = Arc::new(Daemon::start(Config::default(), &plugins, &tmp.path().join("state")).unwrap());
+    let _watch = promptd::watch::watch(daemon.clone(), None).unwrap();
+    let session = daemon.create_session("default").unwrap();
+    if cached {
+        // Put both versions in the compile cache first.
+        put(&plugins, v2);
+        while marker(&daemon, &session) != "version 2" {}
+        put(&plugins, v1);
+        while marker(&daemon, &session) != "version 1" {}
+    }
+
+    // A background stepper: the slowest step while swaps and compiles happen.
+    let stop = Arc::new(AtomicBool::new(false));
+    let slowest = Arc::new(AtomicU64::new(0));
+    let background = {
+        let (daemon, stop, slowest) = (daemon.clone(), stop.clone(), slowest.clone());
+        let session = daemon.create_session("default").unwrap();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                daemon.step(&session, &StepInput::default()).unwrap();
+                slowest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+
+    let mut latencies = Vec::with_capacity(iterations);
+    for i in 0..iterations {
+        let (bytes, want) = if i % 2 == 0 { (v2, "version 2") } else { (v1, "version 1") };
+        let bytes = if cached { bytes.to_vec() } else { with_custom_section(bytes, i as u64) };
+        let started = Instant::now();
+        put(&plugins, &bytes);
+        while marker(&daemon, &session) != want {
+            assert!(started.elapsed() < Duration::from_secs(30), "swap {i} never applied");
+        }
+        latencies.push(started.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    background.join().unwrap();
+    latencies.sort();
+    println!(
+        "{label:<28} n={iterations:<3} p50 {:>7.1} ms   p99 {:>7.1} ms   max {:>7.1} ms   slowest concurrent step {:>6.1} ms",
+        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+        latencies.last().unwrap().as_secs_f64() * 1e3,
+        slowest.load(Ordering::Relaxed) as f64 / 1e3,
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let dir = fixtures();
+    let v1 = std::fs::read(dir.join("versioned_v1.wasm")).unwrap();
+    let v2 = std::fs::read(dir.join("versioned_v2.wasm")).unwrap();
+    println!("hot-swap latency: rename into the folder -> first assembly that sees the new version");
+    run("Rust plugin, cached", 60, true, &v1, &v2);
+    run("Rust plugin, uncached", 30, false, &v1, &v2);
+}
