@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::daemon::{state_dir, Served};
-use common::{eventually, fixture, put, Folder};
+use common::{eventually, eventually_within, fixture, put, Folder};
 use serde_json::{json, Value};
 
 fn read(name: &str) -> Vec<u8> {
@@ -313,6 +313,51 @@ fn a_config_change_is_validated_then_applied() {
             .any(|e| e["kind"] == "refused" && e["error"]["code"] == "config_parse")
     });
     assert_eq!(step(&d, &id)["request"]["system"], "Second.");
+}
+
+#[test]
+fn dev_mode_rebuilds_a_rust_plugin_when_its_source_changes() {
+    // A one-plugin cargo workspace, as `promptd plugin new` will scaffold.
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir_all(ws.join("hello/src")).unwrap();
+    let sdk = common::repo_root().join("sdk/rust");
+    std::fs::write(
+        ws.join("Cargo.toml"),
+        "[workspace]\nresolver = \"2\"\nmembers = [\"hello\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        ws.join("hello/Cargo.toml"),
+        format!(
+            "[package]\nname = \"hello\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\npromptd-sdk = {{ path = {:?} }}\n",
+            sdk.display().to_string()
+        ),
+    )
+    .unwrap();
+    let source = |text: &str| {
+        format!(
+            "use promptd_sdk::{{export_plugin, Config, Plugin}};\n\nfn declare(_: &Config) -> Result<Plugin, String> {{\n    Ok(Plugin::new().section(\"hello\", 0, {text:?}))\n}}\n\nexport_plugin!(declare);\n"
+        )
+    };
+    std::fs::write(ws.join("hello/src/lib.rs"), source("hello, first build")).unwrap();
+
+    let folder = Folder::new();
+    let config = folder.config("");
+    let (_state_tmp, state) = state_dir();
+    let ws_arg = ws.display().to_string();
+    let d = Served::start_with(folder.path(), &config, &state, &["--dev", &ws_arg], &[]);
+    // The first build compiles the SDK: allow it time on a cold machine.
+    eventually_within(300, "first dev build loaded", || {
+        plugin(&d, "hello")["state"] == "loaded"
+    });
+    let id = new_session(&d);
+    assert_eq!(step(&d, &id)["request"]["system"], "hello, first build");
+
+    std::fs::write(ws.join("hello/src/lib.rs"), source("hello, edited")).unwrap();
+    eventually_within(120, "rebuilt and reloaded", || {
+        step(&d, &id)["request"]["system"] == "hello, edited"
+    });
 }
 
 /// Every registry event so far, from the SSE stream (it replays the history at once; the read

@@ -19,9 +19,19 @@ use promptd::config::Config;
 use promptd::daemon::{Daemon, StepInput};
 
 fn fixtures() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--manifest-path",
+        ])
         .arg(root.join("tests/fixtures/Cargo.toml"))
         .arg("--target-dir")
         .arg(root.join("tests/fixtures/target"))
@@ -77,7 +87,8 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
     let plugins = tmp.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     put(&plugins, v1);
-    let daemon = Arc::new(Daemon::start(Config::default(), &plugins, &tmp.path().join("state")).unwrap());
+    let daemon =
+        Arc::new(Daemon::start(Config::default(), &plugins, &tmp.path().join("state")).unwrap());
     let _watch = promptd::watch::watch(daemon.clone(), None).unwrap();
     let session = daemon.create_session("default").unwrap();
     if cached {
@@ -106,12 +117,23 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
 
     let mut latencies = Vec::with_capacity(iterations);
     for i in 0..iterations {
-        let (bytes, want) = if i % 2 == 0 { (v2, "version 2") } else { (v1, "version 1") };
-        let bytes = if cached { bytes.to_vec() } else { with_custom_section(bytes, i as u64) };
+        let (bytes, want) = if i % 2 == 0 {
+            (v2, "version 2")
+        } else {
+            (v1, "version 1")
+        };
+        let bytes = if cached {
+            bytes.to_vec()
+        } else {
+            with_custom_section(bytes, i as u64)
+        };
         let started = Instant::now();
         put(&plugins, &bytes);
         while marker(&daemon, &session) != want {
-            assert!(started.elapsed() < Duration::from_secs(30), "swap {i} never applied");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "swap {i} never applied"
+            );
         }
         latencies.push(started.elapsed());
     }
@@ -132,7 +154,9 @@ fn main() {
     let dir = fixtures();
     let v1 = std::fs::read(dir.join("versioned_v1.wasm")).unwrap();
     let v2 = std::fs::read(dir.join("versioned_v2.wasm")).unwrap();
-    println!("hot-swap latency: rename into the folder -> first assembly that sees the new version");
+    println!(
+        "hot-swap latency: rename into the folder -> first assembly that sees the new version"
+    );
     run("Rust plugin, cached", 60, true, &v1, &v2);
     run("Rust plugin, uncached", 30, false, &v1, &v2);
 }

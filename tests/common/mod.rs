@@ -63,8 +63,13 @@ pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
 }
 
 /// Waits (bounded) until `check` holds; panics with `what` otherwise.
-pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+pub fn eventually(what: &str, check: impl FnMut() -> bool) {
+    eventually_within(15, what, check)
+}
+
+/// [`eventually`] with its own bound, in seconds.
+pub fn eventually_within(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while std::time::Instant::now() < deadline {
         if check() {
             return;
