@@ -7,7 +7,7 @@ mod common;
 use common::{fails, ok, Folder};
 use promptd::config::Config;
 use promptd::loader;
-use promptd::wasm::{Limits, WasmRuntime};
+use promptd::wasm::WasmRuntime;
 use serde_json::Value;
 
 fn check(folder: &Folder, name: &str, code: &str) -> String {
@@ -164,7 +164,7 @@ fn r2_a_conflict_refuses_the_later_file_and_names_both_plugins() {
     );
 
     // The library keeps the plugin loaded first serving, whatever the timing: file-name order.
-    let runtime = WasmRuntime::new(Limits::default()).unwrap();
+    let runtime = WasmRuntime::new().unwrap();
     let config = Config::load(&config).unwrap();
     for _ in 0..3 {
         let loaded = loader::load_dir(&runtime, folder.path(), &config).unwrap();
@@ -218,7 +218,7 @@ fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
     let config = folder.config(
         "[plugins.dyn]\nconfig = { \"dynamic_section.hello\" = \"0|hello $agent\", \"trap_section.bad\" = \"1\" }\n",
     );
-    let runtime = WasmRuntime::new(Limits::default()).unwrap();
+    let runtime = WasmRuntime::new().unwrap();
     let config = Config::load(&config).unwrap();
     let loaded = loader::load_dir(&runtime, folder.path(), &config).unwrap();
     let entry = loaded.registry.get("dyn").unwrap();

@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::model::Scope;
 use crate::names::{is_item_name, UNLISTED_TOOLS};
 use crate::registry::PluginOptions;
+use crate::sandbox::{self, Sandbox};
 
 /// The default agent's name, used when a client names none.
 pub const DEFAULT_AGENT: &str = "default";
@@ -43,6 +44,22 @@ struct RawConfig {
     plugins: BTreeMap<String, PluginConfig>,
     model: Option<toml::Table>,
     token: Option<String>,
+    #[serde(default)]
+    limits: LimitsConfig,
+}
+
+/// `[limits]`: defaults for every plugin (SPEC L2, L3).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Deadline of one plugin call, in milliseconds (default 2000).
+    pub timeout_ms: Option<u64>,
+    /// Memory cap per plugin instance, in MiB (default 256).
+    pub memory_mb: Option<u64>,
+    /// Largest text one call may return, in KiB (default 1024).
+    pub max_output_kb: Option<u64>,
+    /// Consecutive failed calls after which a plugin is quarantined (default 3; 0 = never).
+    pub quarantine_after: Option<u32>,
 }
 
 /// One `[agents.NAME]` table.
@@ -76,6 +93,28 @@ pub struct PluginConfig {
     /// Key/value strings passed to the plugin's `declare`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+    /// Overrides `[limits] timeout_ms` for this plugin.
+    pub timeout_ms: Option<u64>,
+    /// Overrides `[limits] memory_mb` for this plugin.
+    pub memory_mb: Option<u64>,
+    /// Overrides `[limits] max_output_kb` for this plugin.
+    pub max_output_kb: Option<u64>,
+    /// Read-only directories: host path (relative to the config file) = path the plugin sees.
+    #[serde(default)]
+    pub dirs: BTreeMap<String, String>,
+    /// Names of host environment variables the plugin may read.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// `log` (default): the plugin's stdout/stderr go to the host log; `none`: discarded.
+    pub stdio: Option<Stdio>,
+}
+
+/// Where a plugin's stdout/stderr go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stdio {
+    Log,
+    None,
 }
 
 /// A validated configuration.
@@ -91,6 +130,9 @@ pub struct Config {
     pub model: Option<toml::Table>,
     /// The bearer token the daemon requires (L5); `PROMPTD_TOKEN` overrides it.
     pub token: Option<String>,
+    pub limits: LimitsConfig,
+    /// The config file's folder: relative `dirs` grants resolve against it.
+    pub base_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -103,6 +145,7 @@ impl Config {
         let mut config = Self::parse(&text, &path.display().to_string())?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.plugin_dir = config.plugin_dir.map(|d| base.join(d));
+        config.base_dir = Some(base.to_path_buf());
         Ok(config)
     }
 
@@ -119,6 +162,8 @@ impl Config {
             plugins: raw.plugins,
             model: raw.model,
             token: raw.token,
+            limits: raw.limits,
+            base_dir: None,
         };
         config.validate()?;
         Ok(config)
@@ -143,8 +188,37 @@ impl Config {
             }
             self.chain(name)?; // detects cycles
         }
+        let positive = |what: &str, v: Option<u64>| match v {
+            Some(0) => Err(Error::ConfigInvalid(format!(
+                "{what} must be greater than 0"
+            ))),
+            _ => Ok(()),
+        };
+        positive("limits.timeout_ms", self.limits.timeout_ms)?;
+        positive("limits.memory_mb", self.limits.memory_mb)?;
+        positive("limits.max_output_kb", self.limits.max_output_kb)?;
         let mut ids = BTreeMap::new();
         for (stem, plugin) in &self.plugins {
+            positive(&format!("plugins.{stem}.timeout_ms"), plugin.timeout_ms)?;
+            positive(&format!("plugins.{stem}.memory_mb"), plugin.memory_mb)?;
+            positive(
+                &format!("plugins.{stem}.max_output_kb"),
+                plugin.max_output_kb,
+            )?;
+            for name in &plugin.env {
+                if name.is_empty() || name.contains('=') {
+                    return Err(Error::ConfigInvalid(format!(
+                        "plugins.{stem}.env: `{name}` is not an environment variable name"
+                    )));
+                }
+            }
+            for guest in plugin.dirs.values() {
+                if !guest.starts_with('/') {
+                    return Err(Error::ConfigInvalid(format!(
+                        "plugins.{stem}.dirs: the plugin's path `{guest}` must be absolute"
+                    )));
+                }
+            }
             if let Some(scope) = &plugin.scope {
                 check_agent_name(scope, &format!("scope of plugin `{stem}`"))?;
             }
@@ -218,6 +292,61 @@ impl Config {
         PluginOptions {
             scope_override: p.and_then(|p| p.scope.clone()).map(Scope::Agent),
             optional: p.is_some_and(|p| p.optional),
+        }
+    }
+
+    /// Consecutive failed calls after which a plugin is quarantined; `None` means never.
+    pub fn quarantine_after(&self) -> Option<u32> {
+        match self.limits.quarantine_after {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => Some(3),
+        }
+    }
+
+    /// Capabilities and limits of the plugin with file stem `stem` (L1, L2).
+    pub fn sandbox(&self, stem: &str) -> Sandbox {
+        let p = self.plugins.get(stem);
+        let pick = |own: Option<u64>, default: Option<u64>, fallback: u64| {
+            own.or(default).unwrap_or(fallback)
+        };
+        let timeout_ms = pick(
+            p.and_then(|p| p.timeout_ms),
+            self.limits.timeout_ms,
+            sandbox::DEFAULT_TIMEOUT.as_millis() as u64,
+        );
+        let memory_mb = pick(
+            p.and_then(|p| p.memory_mb),
+            self.limits.memory_mb,
+            sandbox::DEFAULT_MEMORY_MB,
+        );
+        let output_kb = pick(
+            p.and_then(|p| p.max_output_kb),
+            self.limits.max_output_kb,
+            sandbox::DEFAULT_MAX_OUTPUT_KB,
+        );
+        let base = self.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        Sandbox {
+            call_deadline: std::time::Duration::from_millis(timeout_ms),
+            memory_bytes: (memory_mb << 20) as usize,
+            max_output_bytes: (output_kb << 10) as usize,
+            dirs: p
+                .map(|p| {
+                    p.dirs
+                        .iter()
+                        .map(|(host, guest)| (base.join(host), guest.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            env: p
+                .map(|p| {
+                    p.env
+                        .iter()
+                        .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            stdio_to_log: p.and_then(|p| p.stdio) != Some(Stdio::None),
         }
     }
 

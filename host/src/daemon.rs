@@ -25,7 +25,7 @@ use crate::registry::Registry;
 use crate::request::declaration_json;
 use crate::session::{self, kind};
 use crate::store::{Event, NewEvent, SessionStore, SqliteStore};
-use crate::wasm::{Limits, WasmRuntime};
+use crate::wasm::WasmRuntime;
 
 /// What `GET /v1/plugins` shows for each plugin file.
 #[derive(Clone, Debug, Serialize)]
@@ -36,7 +36,8 @@ pub struct PluginStatus {
     pub sha256: String,
     /// SHA-256 of the version serving now (differs from `sha256` while `stale`).
     pub serving_sha256: Option<String>,
-    /// `loaded`, `refused` (never loaded) or `stale` (an older version keeps serving).
+    /// `loaded`, `refused` (never loaded), `stale` (an older version keeps serving) or
+    /// `quarantined` (failed too often; back when its file changes or it is enabled).
     pub state: &'static str,
     pub last_error: Option<ErrorBody>,
     /// What the serving version declares (null when none serves).
@@ -93,7 +94,7 @@ impl Daemon {
         })?;
         let store = SqliteStore::open(&state_dir.join("sessions.db"))?;
         let daemon = Daemon {
-            runtime: WasmRuntime::new(Limits::default())?
+            runtime: WasmRuntime::new()?
                 .with_cache(&state_dir.join("cache"), crate::cache::DEFAULT_MAX_BYTES)?,
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
@@ -360,7 +361,70 @@ impl Daemon {
         let started = Instant::now();
         let result = self.step_inner(id, input);
         self.metrics.step(started.elapsed(), result.as_ref().err());
+        self.quarantine_failing(result.as_ref().err());
         result
+    }
+
+    /// L3: a plugin whose calls failed `quarantine_after` times in a row leaves the registry
+    /// until its file changes or an operator enables it.
+    fn quarantine_failing(&self, error: Option<&Error>) {
+        let Some(limit) = self.config().quarantine_after() else {
+            return;
+        };
+        let failing: Vec<String> = self
+            .registry()
+            .plugins()
+            .filter(|p| p.provider.consecutive_failures() >= limit)
+            .map(|p| p.id.clone())
+            .collect();
+        for id in failing {
+            let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            let Ok(next) = self.registry().without(&id) else {
+                continue; // already gone
+            };
+            self.publish(next);
+            let cause = match error {
+                Some(e @ Error::PluginCall { plugin, .. }) if *plugin == id => e.to_string(),
+                _ => format!("{limit} consecutive calls failed"),
+            };
+            let message =
+                format!("quarantined after {limit} consecutive failed calls; last: {cause}");
+            tracing::warn!(plugin = %id, "{message}");
+            let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+            let (mut file, mut sha) = (String::new(), String::new());
+            if let Some(status) = plugins.values_mut().find(|s| s.id == id) {
+                status.state = "quarantined";
+                status.serving_sha256 = None;
+                status.declares = Value::Null;
+                status.last_error = Some(ErrorBody {
+                    code: "quarantined",
+                    message: message.clone(),
+                });
+                (file, sha) = (status.file.clone(), status.sha256.clone());
+            }
+            let error = Error::Quarantined {
+                plugin: id.clone(),
+                message,
+            };
+            self.events
+                .push("quarantine", &id, &file, &sha, Some(&error));
+        }
+    }
+
+    /// Brings a quarantined plugin back: its file is loaded again (a fresh instance).
+    pub fn enable(&self, id: &str) -> Result<Vec<RegistryEvent>> {
+        {
+            let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+            let status = plugins
+                .values_mut()
+                .find(|s| s.id == id)
+                .ok_or_else(|| Error::UnknownPlugin(id.to_string()))?;
+            if status.state != "quarantined" {
+                return Ok(Vec::new()); // nothing to do
+            }
+            status.sha256.clear(); // forces the rescan to load it
+        }
+        self.reload()
     }
 
     fn step_inner(&self, id: &str, input: &StepInput) -> Result<(u64, FrozenRequest)> {

@@ -145,6 +145,9 @@ pub enum Error {
         steps: u64,
     },
 
+    #[error("plugin `{plugin}`: {message}")]
+    Quarantined { plugin: String, message: String },
+
     #[error("bad request: {0}")]
     BadRequest(String),
 
@@ -206,6 +209,7 @@ impl Error {
             Error::UnknownSession(_) => "unknown_session",
             Error::UnknownStep { .. } => "unknown_step",
             Error::BadRequest(_) => "bad_request",
+            Error::Quarantined { .. } => "quarantined",
             Error::UnknownToolCall(_) => "unknown_tool_call",
         }
     }

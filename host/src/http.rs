@@ -41,6 +41,7 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/v1/plugins", get(plugins))
         .route("/v1/plugins/reload", post(reload))
         .route("/v1/plugins/{id}", delete(unload))
+        .route("/v1/plugins/{id}/enable", post(enable))
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{id}/steps", post(step))
         .route("/v1/sessions/{id}/messages", post(record_message))
@@ -192,6 +193,12 @@ async fn unload(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> A
     let daemon = state.daemon.clone();
     let event = blocking(move || daemon.unload(&id)).await?;
     Ok(json_body(&json!({"applied": [event]})))
+}
+
+async fn enable(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let applied = blocking(move || daemon.enable(&id)).await?;
+    Ok(json_body(&json!({"applied": applied})))
 }
 
 #[derive(Deserialize)]

@@ -36,6 +36,7 @@ pub mod names;
 pub mod provider;
 pub mod registry;
 pub mod request;
+pub mod sandbox;
 pub mod session;
 pub mod store;
 pub mod validate;

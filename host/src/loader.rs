@@ -94,7 +94,9 @@ pub fn load(
 ) -> Result<(PluginEntry, Option<Lookup>)> {
     let id = config.plugin_id(&file.stem);
     let values = config.plugin_values(&file.stem);
-    let (declaration, provider, lookup) = runtime.load(&id, &file.bytes, &file.sha256, values)?;
+    let sandbox = config.sandbox(&file.stem);
+    let (declaration, provider, lookup) =
+        runtime.load(&id, &file.bytes, &file.sha256, values, sandbox)?;
     let entry = PluginEntry::new(
         &id,
         declaration,

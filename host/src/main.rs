@@ -10,7 +10,7 @@ use promptd::assembly::{self, Options};
 use promptd::config::{Config, DEFAULT_AGENT};
 use promptd::model::Step;
 use promptd::request;
-use promptd::wasm::{Limits, WasmRuntime};
+use promptd::wasm::WasmRuntime;
 use promptd::{loader, Error};
 
 mod client;
@@ -241,7 +241,7 @@ fn assemble(
     let dir = plugins
         .or_else(|| config.plugin_dir.clone())
         .unwrap_or_else(|| PathBuf::from("plugins"));
-    let runtime = WasmRuntime::new(Limits::default())?;
+    let runtime = WasmRuntime::new()?;
     let loaded = loader::load_dir(&runtime, &dir, &config)?;
     // The one-shot command is strict: a refused plugin is an error, not a silent omission.
     if let Some(refusal) = loaded.refused.into_iter().next() {
@@ -269,7 +269,7 @@ fn assemble(
 
 fn check(file: &Path, config: Option<PathBuf>) -> anyhow::Result<()> {
     let config = read_config(config)?;
-    let runtime = WasmRuntime::new(Limits::default())?;
+    let runtime = WasmRuntime::new()?;
     let entry = loader::load_file(&runtime, file, &config)?;
     let json = serde_json::json!({
         "id": entry.id,

@@ -35,6 +35,10 @@ pub trait Provider: Send + Sync {
     fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String>;
     fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>>;
     fn shown_tools(&self, step: &Step) -> CallResult<Vec<String>>;
+    /// Failed calls since the last successful one (used to quarantine, L3).
+    fn consecutive_failures(&self) -> u32 {
+        0
+    }
 }
 
 type TextFn = Arc<dyn Fn(&Step) -> CallResult<String> + Send + Sync>;

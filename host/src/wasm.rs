@@ -6,19 +6,20 @@
 //! and every store has a memory cap. A trapped instance is never re-entered: it is dropped and a
 //! fresh one is made from the pre-instantiated component on the next call.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 use crate::cache::{CompileCache, Lookup};
 use crate::error::{Error, Result};
 use crate::model::{self, Content, Declaration, Scope, Step};
 use crate::provider::{CallError, CallResult, Provider};
+use crate::sandbox::Sandbox;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -33,29 +34,10 @@ use bindings::{Plugin, PluginPre};
 /// How long one epoch tick lasts; deadlines are counted in ticks.
 const TICK: Duration = Duration::from_millis(5);
 
-/// Limits applied to every plugin call and instance (SPEC L2).
-#[derive(Clone, Debug)]
-pub struct Limits {
-    /// Wall-clock budget of one call into a plugin.
-    pub call_deadline: Duration,
-    /// Largest linear memory one instance may grow to, in bytes.
-    pub memory_bytes: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            call_deadline: Duration::from_secs(2),
-            memory_bytes: 256 << 20,
-        }
-    }
-}
-
 /// The engine, the linker and the epoch ticker shared by every loaded plugin.
 pub struct WasmRuntime {
     engine: Engine,
     linker: Linker<State>,
-    limits: Limits,
     stop: Arc<AtomicBool>,
     cache: Option<CompileCache>,
 }
@@ -67,7 +49,7 @@ impl Drop for WasmRuntime {
 }
 
 impl WasmRuntime {
-    pub fn new(limits: Limits) -> Result<Self> {
+    pub fn new() -> Result<Self> {
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true).epoch_interruption(true);
         let engine = Engine::new(&config).map_err(internal)?;
@@ -94,7 +76,6 @@ impl WasmRuntime {
         Ok(Self {
             engine,
             linker,
-            limits,
             stop,
             cache: None,
         })
@@ -123,6 +104,7 @@ impl WasmRuntime {
         bytes: &[u8],
         sha256: &str,
         config: Vec<(String, String)>,
+        sandbox: Sandbox,
     ) -> Result<(Declaration, Arc<WasmProvider>, Option<Lookup>)> {
         let not_a_component = |cause: String| Error::NotAComponent {
             plugin: id.into(),
@@ -152,9 +134,10 @@ impl WasmRuntime {
             id: id.to_string(),
             engine: self.engine.clone(),
             pre,
-            limits: self.limits.clone(),
+            sandbox,
             config,
             warm: Mutex::new(None),
+            failures: AtomicU32::new(0),
         };
         let declaration = provider
             .fresh_instance()
@@ -247,19 +230,34 @@ pub struct WasmProvider {
     id: String,
     engine: Engine,
     pre: PluginPre<State>,
-    limits: Limits,
+    sandbox: Sandbox,
     config: Vec<(String, String)>,
     warm: Mutex<Option<Instance>>,
+    /// Failed calls since the last successful one (L3: quarantine after too many).
+    failures: AtomicU32,
 }
 
 impl WasmProvider {
-    fn new_store(&self) -> Store<State> {
+    /// A store whose WASI grants exactly what the sandbox says (L1): by default nothing — no
+    /// preopened directories, environment, arguments, stdin or network.
+    fn new_store(&self) -> CallResult<Store<State>> {
+        let mut wasi = WasiCtx::builder();
+        for (host, guest) in &self.sandbox.dirs {
+            wasi.preopened_dir(host, guest, FsPerms::ReadOnly)
+                .map_err(|e| {
+                    CallError::Failed(format!("granted directory {}: {e:#}", host.display()))
+                })?;
+        }
+        wasi.envs(&self.sandbox.env);
+        if self.sandbox.stdio_to_log {
+            wasi.stdout(LogStream::new(&self.id, "stdout"));
+            wasi.stderr(LogStream::new(&self.id, "stderr"));
+        }
         let state = State {
-            // Grants nothing: no preopens, environment, arguments, stdin or network.
-            wasi: WasiCtx::builder().build(),
+            wasi: wasi.build(),
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new()
-                .memory_size(self.limits.memory_bytes)
+                .memory_size(self.sandbox.memory_bytes)
                 .trap_on_grow_failure(true)
                 .build(),
             plugin: self.id.clone(),
@@ -267,17 +265,29 @@ impl WasmProvider {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store
+        Ok(store)
     }
 
     fn deadline_ticks(&self) -> u64 {
-        (self.limits.call_deadline.as_millis() / TICK.as_millis()).max(1) as u64
+        (self.sandbox.call_deadline.as_millis() / TICK.as_millis()).max(1) as u64
+    }
+
+    /// Output checks: a returned text larger than the sandbox allows is a plugin error.
+    fn bounded(&self, what: &str, text: &str) -> CallResult<()> {
+        let max = self.sandbox.max_output_bytes;
+        if text.len() > max {
+            return Err(CallError::Failed(format!(
+                "{what} is {} bytes, over the limit of {max} bytes (max_output_kb)",
+                text.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Instantiates and calls `declare`; the instance becomes the warm one. The SDKs set up
     /// their dynamic callbacks in `declare`, so every fresh instance is declared again.
     fn fresh_instance(&self) -> CallResult<Declaration> {
-        let mut store = self.new_store();
+        let mut store = self.new_store()?;
         store.set_epoch_deadline(self.deadline_ticks());
         let plugin = self
             .pre
@@ -288,6 +298,9 @@ impl WasmProvider {
             .map_err(|e| trap(e, &mut store))?
             .map_err(CallError::Failed)?;
         let declaration = from_wit(declared);
+        for (what, text) in declared_texts(&declaration) {
+            self.bounded(&what, text)?;
+        }
         *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instance { store, plugin });
         Ok(declaration)
     }
@@ -307,14 +320,35 @@ impl WasmProvider {
             return Err(CallError::Trapped("instance unavailable".into()));
         };
         instance.store.set_epoch_deadline(self.deadline_ticks());
-        match f(&instance.plugin, &mut instance.store) {
+        let result = match f(&instance.plugin, &mut instance.store) {
             Ok(result) => result.map_err(CallError::Failed),
             Err(e) => {
                 let err = trap(e, &mut instance.store);
                 *guard = None; // never re-enter a trapped instance (L3)
                 Err(err)
             }
+        };
+        self.count(&result);
+        result
+    }
+
+    fn count<T>(&self, result: &CallResult<T>) {
+        match result {
+            Ok(_) => self.failures.store(0, Ordering::Relaxed),
+            Err(_) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+            }
         }
+    }
+
+    /// Checks a returned text, counting an oversized one as a failure.
+    fn checked(&self, what: &str, result: CallResult<String>) -> CallResult<String> {
+        let text = result?; // a failed call was counted already
+        let checked = self.bounded(what, &text).map(|_| text);
+        if checked.is_err() {
+            self.count(&checked);
+        }
+        checked
     }
 }
 
@@ -333,23 +367,147 @@ fn trap(e: wasmtime::Error, store: &mut Store<State>) -> CallError {
 
 impl Provider for WasmProvider {
     fn section_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
-        let (scope, step) = (to_wit_scope(scope), to_wit_step(step));
-        self.call(|p, s| p.call_section_text(s, name, &scope, &step))
+        let (wscope, wstep) = (to_wit_scope(scope), to_wit_step(step));
+        let result = self.call(|p, s| p.call_section_text(s, name, &wscope, &wstep));
+        self.checked("the text", result)
     }
 
     fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
-        let (scope, step) = (to_wit_scope(scope), to_wit_step(step));
-        self.call(|p, s| p.call_context_text(s, name, &scope, &step))
+        let (wscope, wstep) = (to_wit_scope(scope), to_wit_step(step));
+        let result = self.call(|p, s| p.call_context_text(s, name, &wscope, &wstep));
+        self.checked("the text", result)
     }
 
     fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>> {
-        let (scope, step) = (to_wit_scope(scope), to_wit_step(step));
-        self.call(|p, s| p.call_variable_value(s, name, &scope, &step))
+        let (wscope, wstep) = (to_wit_scope(scope), to_wit_step(step));
+        let result = self.call(|p, s| p.call_variable_value(s, name, &wscope, &wstep));
+        match result {
+            Ok(Some(v)) => self.checked("the value", Ok(v)).map(Some),
+            other => other,
+        }
+    }
+
+    fn consecutive_failures(&self) -> u32 {
+        self.failures.load(Ordering::Relaxed)
     }
 
     fn shown_tools(&self, step: &Step) -> CallResult<Vec<String>> {
         let step = to_wit_step(step);
         self.call(|p, s| p.call_shown_tools(s, &step))
+    }
+}
+
+/// Every text a declaration carries, named for error messages.
+fn declared_texts(d: &Declaration) -> Vec<(String, &str)> {
+    fn text(c: &Content) -> Option<&str> {
+        match c {
+            Content::Static(t) => Some(t),
+            Content::Dynamic => None,
+        }
+    }
+    let mut out = Vec::new();
+    for s in &d.sections {
+        out.extend(text(&s.text).map(|t| (format!("section `{}`", s.name), t)));
+    }
+    for c in &d.contexts {
+        out.extend(text(&c.text).map(|t| (format!("context `{}`", c.name), t)));
+    }
+    for v in &d.variables {
+        out.extend(text(&v.value).map(|t| (format!("variable `{}`", v.name), t)));
+    }
+    for t in &d.tools {
+        out.push((
+            format!("tool `{}` description", t.name),
+            t.description.as_str(),
+        ));
+        out.push((
+            format!("tool `{}` parameters", t.name),
+            t.parameters.as_str(),
+        ));
+    }
+    out
+}
+
+/// A plugin's stdout or stderr, forwarded line by line to the host log with its id.
+struct LogStream {
+    plugin: Arc<str>,
+    stream: &'static str,
+}
+
+impl LogStream {
+    fn new(plugin: &str, stream: &'static str) -> Self {
+        Self {
+            plugin: plugin.into(),
+            stream,
+        }
+    }
+}
+
+impl wasmtime_wasi::cli::IsTerminal for LogStream {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl wasmtime_wasi::cli::StdoutStream for LogStream {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(LogWriter {
+            plugin: self.plugin.clone(),
+            stream: self.stream,
+            line: Vec::new(),
+        })
+    }
+}
+
+struct LogWriter {
+    plugin: Arc<str>,
+    stream: &'static str,
+    line: Vec<u8>,
+}
+
+impl LogWriter {
+    /// Longest line kept before it is logged anyway.
+    const MAX_LINE: usize = 4096;
+
+    fn emit(&mut self) {
+        let text = String::from_utf8_lossy(&self.line);
+        tracing::info!(plugin = %self.plugin, stream = self.stream, "{}", text.trim_end());
+        self.line.clear();
+    }
+}
+
+impl tokio::io::AsyncWrite for LogWriter {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        for &b in buf {
+            if b == b'\n' || self.line.len() >= Self::MAX_LINE {
+                self.emit();
+            }
+            if b != b'\n' {
+                self.line.push(b);
+            }
+        }
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.line.is_empty() {
+            self.emit();
+        }
+        std::task::Poll::Ready(Ok(()))
     }
 }
 

@@ -1,0 +1,45 @@
+//! What one plugin may do and use (SPEC L1, L2): capabilities and limits, as plain data.
+//!
+//! Defaults grant nothing: no files, no environment variables, no arguments, no network, no
+//! stdin. The config grants per plugin read-only directories and named environment variables,
+//! and says whether the plugin's stdout/stderr go to the host log or nowhere.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Capabilities and limits for one plugin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sandbox {
+    /// Wall-clock budget of one call into the plugin (declare and every dynamic call).
+    pub call_deadline: Duration,
+    /// Largest linear memory one instance may grow to, in bytes.
+    pub memory_bytes: usize,
+    /// Largest text or value one call may return, in bytes.
+    pub max_output_bytes: usize,
+    /// Read-only directories: (host path, path the plugin sees).
+    pub dirs: Vec<(PathBuf, String)>,
+    /// Environment variables the plugin sees: (name, value read from the host at load).
+    pub env: Vec<(String, String)>,
+    /// Whether the plugin's stdout/stderr go to the host log (tagged with its id).
+    pub stdio_to_log: bool,
+}
+
+/// Default call deadline.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default memory cap per instance.
+pub const DEFAULT_MEMORY_MB: u64 = 256;
+/// Default bound on one returned text.
+pub const DEFAULT_MAX_OUTPUT_KB: u64 = 1024;
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self {
+            call_deadline: DEFAULT_TIMEOUT,
+            memory_bytes: (DEFAULT_MEMORY_MB << 20) as usize,
+            max_output_bytes: (DEFAULT_MAX_OUTPUT_KB << 10) as usize,
+            dirs: Vec::new(),
+            env: Vec::new(),
+            stdio_to_log: true,
+        }
+    }
+}

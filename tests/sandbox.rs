@@ -1,0 +1,286 @@
+//! End-to-end: misbehaving plugins cost their own contributions at most (SPEC L1–L5, A9, A10).
+//! Real components (the `scripted` fixture, built from Rust source) in the real daemon.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::daemon::{state_dir, Served};
+use common::{eventually, Folder};
+use serde_json::{json, Value};
+
+fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
+    let config = folder.config(config);
+    let (tmp, state) = state_dir();
+    (Served::start(folder.path(), &config, &state), tmp)
+}
+
+fn session(d: &Served, agent: &str) -> String {
+    d.ok("POST", "/v1/sessions", Some(&json!({"agent": agent})))["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// One step; returns (status, parsed body).
+fn step(d: &Served, id: &str) -> (u16, Value) {
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), "{}");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn plugin(d: &Served, id: &str) -> Value {
+    let v = d.ok("GET", "/v1/plugins", None);
+    v["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == id)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn event_kinds(d: &Served, id: &str) -> Vec<String> {
+    let v = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn l2_an_infinite_loop_is_stopped_at_its_deadline() {
+    let folder = Folder::new().scripted("looper");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.looper]\ntimeout_ms = 300\nconfig = { \"loop_section.spin\" = \"0\" }\n",
+    );
+    let id = session(&d, "default");
+    let started = Instant::now();
+    let (status, v) = step(&d, &id);
+    let took = started.elapsed();
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["code"], "plugin_trap");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("plugin `looper`, section `spin`")
+            && message.contains("deadline exceeded"),
+        "{message}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped near its 300 ms deadline, took {took:?}"
+    );
+    assert_eq!(d.get("/v1/health").0, 200, "the daemon stays up");
+}
+
+#[test]
+fn l2_memory_growth_past_the_cap_fails_inside_the_guest() {
+    let folder = Folder::new().scripted("hog");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.hog]\nmemory_mb = 64\nconfig = { \"grow_section.eat\" = \"0\" }\n",
+    );
+    let id = session(&d, "default");
+    let (status, v) = step(&d, &id);
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["code"], "plugin_trap");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("plugin `hog`, section `eat`"),
+        "{v}"
+    );
+    assert_eq!(d.get("/v1/health").0, 200);
+}
+
+#[test]
+fn l3_after_a_trap_a_fresh_instance_serves_the_next_call() {
+    let folder = Folder::new().scripted("flaky");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.flaky]\nconfig = { \"flaky_section.f\" = \"0\" }\n",
+    );
+    let id = session(&d, "default");
+    let (status, v) = step(&d, &id);
+    assert_eq!(
+        (status, v["request"]["system"].clone()),
+        (200, json!("flaky ok (call 1)"))
+    );
+    let (status, v) = step(&d, &id);
+    assert_eq!(status, 502);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("flaky: call 2 of this instance"),
+        "{v}"
+    );
+    // The trapped instance was dropped: the next call is call 1 of a fresh one.
+    let (status, v) = step(&d, &id);
+    assert_eq!(
+        (status, v["request"]["system"].clone()),
+        (200, json!("flaky ok (call 1)"))
+    );
+}
+
+#[test]
+fn output_checks_bound_returned_text() {
+    let folder = Folder::new().scripted("big");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.big]\nconfig = { \"huge_section.h\" = \"0\" }\n",
+    );
+    let id = session(&d, "default");
+    let (status, v) = step(&d, &id);
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["code"], "plugin_error");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("10485760 bytes, over the limit of 1048576 bytes"),
+        "{message}"
+    );
+
+    // A schema that is not an object is refused at load.
+    let folder = Folder::new().scripted("schema");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.schema]\nconfig = { \"tool.t\" = '[\"not\", \"an object\"]' }\n",
+    );
+    assert_eq!(plugin(&d, "schema")["last_error"]["code"], "invalid_schema");
+}
+
+#[test]
+fn l1_no_files_or_environment_without_a_grant() {
+    std::env::set_var("PROMPTD_SANDBOX_PROBE", "visible");
+    let folder = Folder::new().scripted("probe");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.probe]\nconfig = { \"probe_section.p\" = \"0\", probe_read = \"/etc/passwd\", probe_write = \"/tmp/promptd-probe\", probe_env = \"HOME\" }\n",
+    );
+    let id = session(&d, "default");
+    let (status, v) = step(&d, &id);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["request"]["system"],
+        "read /etc/passwd: denied\nwrite /tmp/promptd-probe: denied\nenv HOME: absent"
+    );
+}
+
+#[test]
+fn l1_a_granted_directory_is_readable_not_writable_and_nothing_else_is() {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("notes.txt"), "granted content\n").unwrap();
+    let folder = Folder::new().scripted("probe");
+    let config = format!(
+        "[plugins.probe]\ndirs = {{ {:?} = \"/data\" }}\nenv = [\"PROMPTD_SANDBOX_GRANTED\"]\n\
+         config = {{ \"probe_section.p\" = \"0\", probe_read = \"/data/notes.txt,/etc/passwd\", probe_write = \"/data/new.txt\", probe_env = \"PROMPTD_SANDBOX_GRANTED\" }}\n",
+        data.path().display().to_string()
+    );
+    let config = folder.config(&config);
+    let (_tmp, state) = state_dir();
+    let d = Served::start_with(
+        folder.path(),
+        &config,
+        &state,
+        &[],
+        &[("PROMPTD_SANDBOX_GRANTED", "yes")],
+    );
+    let id = session(&d, "default");
+    let (status, v) = step(&d, &id);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["request"]["system"],
+        "read /data/notes.txt: ok granted content\nread /etc/passwd: denied\nwrite /data/new.txt: denied\nenv PROMPTD_SANDBOX_GRANTED: yes"
+    );
+    assert!(!data.path().join("new.txt").exists());
+}
+
+#[test]
+fn l3_repeated_failure_quarantines_and_enable_or_a_file_change_revives() {
+    let folder = Folder::new().scripted("bad").scripted("good");
+    let (d, _s) = serve(
+        &folder,
+        "[limits]\nquarantine_after = 3\n\
+         [plugins.bad]\nconfig = { \"trap_section.b\" = \"1\" }\n\
+         [plugins.good]\nconfig = { \"section.g\" = \"0|good\" }\n",
+    );
+    let id = session(&d, "default");
+    for _ in 0..3 {
+        assert_eq!(step(&d, &id).0, 502);
+    }
+    let p = plugin(&d, "bad");
+    assert_eq!(p["state"], "quarantined", "{p}");
+    assert!(
+        p["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("quarantined after 3 consecutive failed calls"),
+        "{p}"
+    );
+    // Its contributions are gone: the next step works without it.
+    let (status, v) = step(&d, &id);
+    assert_eq!(
+        (status, v["request"]["system"].clone()),
+        (200, json!("good"))
+    );
+
+    // An operator re-enables it: it serves (and fails) again.
+    let v = d.ok("POST", "/v1/plugins/bad/enable", None);
+    assert_eq!(v["applied"][0]["kind"], "load");
+    assert_eq!(plugin(&d, "bad")["state"], "loaded");
+    assert_eq!(step(&d, &id).0, 502);
+
+    for _ in 0..2 {
+        step(&d, &id);
+    }
+    assert_eq!(plugin(&d, "bad")["state"], "quarantined");
+    // A changed file revives it too.
+    let bytes = std::fs::read(folder.path().join("bad.wasm")).unwrap();
+    common::put(
+        folder.path(),
+        "bad",
+        &common::with_custom_section(&bytes, 1),
+    );
+    eventually("revived by a file change", || {
+        plugin(&d, "bad")["state"] == "loaded"
+    });
+}
+
+#[test]
+fn a9_an_optional_plugin_failure_becomes_a_recorded_omission() {
+    let folder = Folder::new().scripted("extra").scripted("good");
+    let (d, _s) = serve(
+        &folder,
+        "[limits]\nquarantine_after = 0\n\
+         [plugins.extra]\noptional = true\nconfig = { \"loop_section.slow\" = \"1\", \"tool.extra_tool\" = '{\"type\":\"object\"}' }\ntimeout_ms = 100\n\
+         [plugins.good]\nconfig = { \"section.g\" = \"0|good\" }\n",
+    );
+    let id = session(&d, "default");
+    for _ in 0..2 {
+        let (status, v) = step(&d, &id);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["request"]["system"], "good");
+        assert_eq!(v["request"]["tools"], json!([]));
+    }
+    let v = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    let omissions: Vec<&Value> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "plugin/omitted")
+        .collect();
+    assert_eq!(omissions.len(), 2);
+    assert_eq!(omissions[0]["body"]["plugin"], "extra");
+    assert_eq!(omissions[0]["body"]["contribution"], "section `slow`");
+    assert!(omissions[0]["body"]["cause"]
+        .as_str()
+        .unwrap()
+        .contains("deadline exceeded"));
+    assert_eq!(
+        event_kinds(&d, &id).iter().filter(|k| *k == "step").count(),
+        2
+    );
+}
