@@ -56,7 +56,7 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
 }
 
 /// An error response.
-struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
@@ -121,7 +121,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Parses a JSON body strictly, with errors that name the problem.
-fn parse_body<T: for<'de> Deserialize<'de>>(
+pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let bytes = body.map_err(|r| {
@@ -203,7 +203,7 @@ async fn enable(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> A
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NewSession {
+pub(crate) struct NewSession {
     #[serde(default = "default_agent")]
     agent: String,
 }
@@ -226,7 +226,7 @@ async fn create_session(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct StepBody {
+pub(crate) struct StepBody {
     #[serde(default)]
     messages: Vec<Message>,
     #[serde(default)]

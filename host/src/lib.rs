@@ -27,6 +27,8 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod formats;
+#[cfg(test)]
+mod fuzz;
 pub mod http;
 pub mod interpolate;
 pub mod loader;
