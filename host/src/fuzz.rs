@@ -11,6 +11,14 @@ use crate::config::Config;
 use crate::conversation::Message;
 use crate::interpolate::{interpolate, parse, Resolved};
 
+/// 4096 cases per target in every test run; `PROPTEST_CASES` asks for more (or fewer).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096)
+}
+
 /// Text with plenty of braces, names and multi-byte characters.
 fn template() -> impl Strategy<Value = String> {
     proptest::collection::vec(
@@ -31,7 +39,7 @@ fn template() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(4096))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn fuzz_interpolation_never_panics_and_never_leaks_a_reference(text in template()) {
