@@ -20,24 +20,6 @@ fn sha256(bytes: &[u8]) -> String {
     promptd::loader::hex(&Sha256::digest(bytes))
 }
 
-fn plugin(d: &Served, id: &str) -> Value {
-    let v = d.ok("GET", "/v1/plugins", None);
-    v["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == id)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-fn new_session(d: &Served) -> String {
-    d.ok("POST", "/v1/sessions", Some(&json!({"agent": "default"})))["id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
 fn step(d: &Served, id: &str) -> Value {
     let body = json!({"messages": [{"role": "user", "content": "hi"}]});
     d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body))
@@ -80,20 +62,20 @@ fn h1_replace_delete_and_restore_a_plugin_during_a_session() {
     let (v1, v2) = (read("versioned_v1"), read("versioned_v2"));
     put(folder.path(), "versioned", &v1);
     let (d, _state) = start(&folder);
-    let id = new_session(&d);
+    let id = d.session("default");
     let v = |n: u8| Some(format!("version {n}"));
 
     assert_eq!(markers(&step(&d, &id)["request"]), (v(1), v(1)));
 
     put(folder.path(), "versioned", &v2);
     eventually("v2 loaded", || {
-        plugin(&d, "versioned")["sha256"] == sha256(&v2)
+        d.plugin("versioned")["sha256"] == sha256(&v2)
     });
     assert_eq!(markers(&step(&d, &id)["request"]), (v(2), v(2)));
     assert_eq!(header_reasons(&d, &id), ["initial", "change"]);
 
     std::fs::remove_file(folder.path().join("versioned.wasm")).unwrap();
-    eventually("unloaded", || plugin(&d, "versioned").is_null());
+    eventually("unloaded", || d.plugin("versioned").is_null());
     let request = step(&d, &id)["request"].clone();
     assert_eq!(markers(&request), (None, None));
     assert_eq!(request["tools"], json!([]));
@@ -103,7 +85,7 @@ fn h1_replace_delete_and_restore_a_plugin_during_a_session() {
     );
 
     put(folder.path(), "versioned", &v1);
-    eventually("back", || plugin(&d, "versioned")["state"] == "loaded");
+    eventually("back", || d.plugin("versioned")["state"] == "loaded");
     assert_eq!(markers(&step(&d, &id)["request"]), (v(1), v(1)));
     assert_eq!(
         header_reasons(&d, &id),
@@ -139,7 +121,7 @@ fn h3_a_broken_new_version_leaves_the_old_one_serving() {
     let (v1, v2) = (read("versioned_v1"), read("versioned_v2"));
     put(folder.path(), "versioned", &v1);
     let (d, _state) = start(&folder);
-    let id = new_session(&d);
+    let id = d.session("default");
     let persona = std::fs::read(common::bundled().join("persona.wasm")).unwrap();
     let wrong_world = wat::parse_str("(component)").unwrap();
     let cases: [(&str, Vec<u8>, &str); 4] = [
@@ -156,10 +138,10 @@ fn h3_a_broken_new_version_leaves_the_old_one_serving() {
         put(folder.path(), "versioned", &bytes);
         let sha = sha256(&bytes);
         eventually(what, || {
-            let p = plugin(&d, "versioned");
+            let p = d.plugin("versioned");
             p["sha256"] == sha && p["last_error"]["code"] == code
         });
-        let p = plugin(&d, "versioned");
+        let p = d.plugin("versioned");
         assert_eq!(p["state"], "stale", "{what}: {p}");
         assert_eq!(p["serving_sha256"], sha256(&v1), "{what}: {p}");
         assert_eq!(
@@ -192,7 +174,7 @@ fn h3_a_broken_new_version_leaves_the_old_one_serving() {
 
     // Fixed: the next change loads it.
     put(folder.path(), "versioned", &v2);
-    eventually("fixed", || plugin(&d, "versioned")["state"] == "loaded");
+    eventually("fixed", || d.plugin("versioned")["state"] == "loaded");
     let v2_marker = Some("version 2".to_string());
     assert_eq!(
         markers(&step(&d, &id)["request"]),
@@ -217,7 +199,7 @@ fn h2_swap_under_load_every_request_is_entirely_old_or_entirely_new() {
         .map(|c| {
             let (url, stop) = (url.clone(), stop.clone());
             let (seen1, seen2, steps) = (seen1.clone(), seen2.clone(), steps.clone());
-            let id = new_session(&d);
+            let id = d.session("default");
             std::thread::spawn(move || {
                 let started = Instant::now();
                 while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(60) {
@@ -245,7 +227,7 @@ fn h2_swap_under_load_every_request_is_entirely_old_or_entirely_new() {
             (&v1, sha256(&v1))
         };
         put(folder.path(), "versioned", bytes);
-        eventually("swap applied", || plugin(&d, "versioned")["sha256"] == sha);
+        eventually("swap applied", || d.plugin("versioned")["sha256"] == sha);
     }
     stop.store(true, Ordering::Relaxed);
     for c in clients {
@@ -297,7 +279,7 @@ fn a_config_change_is_validated_then_applied() {
     let config = folder.config("[plugins.persona]\nconfig = { text = \"First.\" }\n");
     let (_tmp, state) = state_dir();
     let d = Served::start(folder.path(), &config, &state);
-    let id = new_session(&d);
+    let id = d.session("default");
     assert_eq!(step(&d, &id)["request"]["system"], "First.");
 
     folder.config("[plugins.persona]\nconfig = { text = \"Second.\" }\n");
@@ -349,9 +331,9 @@ fn dev_mode_rebuilds_a_rust_plugin_when_its_source_changes() {
     let d = Served::start_with(folder.path(), &config, &state, &["--dev", &ws_arg], &[]);
     // The first build compiles the SDK: allow it time on a cold machine.
     eventually_within(300, "first dev build loaded", || {
-        plugin(&d, "hello")["state"] == "loaded"
+        d.plugin("hello")["state"] == "loaded"
     });
-    let id = new_session(&d);
+    let id = d.session("default");
     assert_eq!(step(&d, &id)["request"]["system"], "hello, first build");
 
     std::fs::write(ws.join("hello/src/lib.rs"), source("hello, edited")).unwrap();

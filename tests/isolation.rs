@@ -7,26 +7,13 @@ use std::time::{Duration, Instant};
 
 use common::daemon::Served;
 use common::Folder;
-use serde_json::{json, Value};
-
-fn session(d: &Served, agent: &str) -> String {
-    d.ok("POST", "/v1/sessions", Some(&json!({"agent": agent})))["id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-fn step(d: &Served, id: &str) -> (u16, Value) {
-    let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), "{}");
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
 
 /// p99 of `n` step latencies of session `id` (and the median, for the log).
 fn p99(d: &Served, id: &str, n: usize) -> Duration {
     let mut samples: Vec<Duration> = (0..n)
         .map(|_| {
             let t = Instant::now();
-            assert_eq!(step(d, id).0, 200);
+            assert_eq!(d.step(id).0, 200);
             t.elapsed()
         })
         .collect();
@@ -56,8 +43,8 @@ fn l4_a_looping_plugin_does_not_slow_agents_that_do_not_see_it() {
     };
     let state = tmp.path().join("state");
     let d = Served::start(folder.path(), &config, &state);
-    let b = session(&d, "b");
-    step(&d, &b); // warm up
+    let b = d.session("b");
+    d.step(&b); // warm up
     let quiet = p99(&d, &b, 200);
 
     // Agent A's traffic: every step spins until its deadline.
@@ -65,7 +52,7 @@ fn l4_a_looping_plugin_does_not_slow_agents_that_do_not_see_it() {
     let loaders: Vec<_> = (0..1)
         .map(|_| {
             let (url, stop) = (d.url.clone(), stop.clone());
-            let a = session(&d, "a");
+            let a = d.session("a");
             std::thread::spawn(move || {
                 let started = Instant::now();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed)

@@ -15,40 +15,6 @@ fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
     (Served::start(folder.path(), &config, &state), tmp)
 }
 
-fn session(d: &Served, agent: &str) -> String {
-    d.ok("POST", "/v1/sessions", Some(&json!({"agent": agent})))["id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-/// One step; returns (status, parsed body).
-fn step(d: &Served, id: &str) -> (u16, Value) {
-    let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), "{}");
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-fn plugin(d: &Served, id: &str) -> Value {
-    let v = d.ok("GET", "/v1/plugins", None);
-    v["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == id)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-fn event_kinds(d: &Served, id: &str) -> Vec<String> {
-    let v = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
-    v["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[test]
 fn l2_an_infinite_loop_is_stopped_at_its_deadline() {
     let folder = Folder::new().scripted("looper");
@@ -56,9 +22,9 @@ fn l2_an_infinite_loop_is_stopped_at_its_deadline() {
         &folder,
         "[plugins.looper]\ntimeout_ms = 300\nconfig = { \"loop_section.spin\" = \"0\" }\n",
     );
-    let id = session(&d, "default");
+    let id = d.session("default");
     let started = Instant::now();
-    let (status, v) = step(&d, &id);
+    let (status, v) = d.step(&id);
     let took = started.elapsed();
     assert_eq!(status, 502, "{v}");
     assert_eq!(v["error"]["code"], "plugin_trap");
@@ -82,8 +48,8 @@ fn l2_memory_growth_past_the_cap_fails_inside_the_guest() {
         &folder,
         "[plugins.hog]\nmemory_mb = 64\nconfig = { \"grow_section.eat\" = \"0\" }\n",
     );
-    let id = session(&d, "default");
-    let (status, v) = step(&d, &id);
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
     assert_eq!(status, 502, "{v}");
     assert_eq!(v["error"]["code"], "plugin_trap");
     assert!(
@@ -103,13 +69,13 @@ fn l3_after_a_trap_a_fresh_instance_serves_the_next_call() {
         &folder,
         "[plugins.flaky]\nconfig = { \"flaky_section.f\" = \"0\" }\n",
     );
-    let id = session(&d, "default");
-    let (status, v) = step(&d, &id);
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
     assert_eq!(
         (status, v["request"]["system"].clone()),
         (200, json!("flaky ok (call 1)"))
     );
-    let (status, v) = step(&d, &id);
+    let (status, v) = d.step(&id);
     assert_eq!(status, 502);
     assert!(
         v["error"]["message"]
@@ -119,7 +85,7 @@ fn l3_after_a_trap_a_fresh_instance_serves_the_next_call() {
         "{v}"
     );
     // The trapped instance was dropped: the next call is call 1 of a fresh one.
-    let (status, v) = step(&d, &id);
+    let (status, v) = d.step(&id);
     assert_eq!(
         (status, v["request"]["system"].clone()),
         (200, json!("flaky ok (call 1)"))
@@ -133,8 +99,8 @@ fn output_checks_bound_returned_text() {
         &folder,
         "[plugins.big]\nconfig = { \"huge_section.h\" = \"0\" }\n",
     );
-    let id = session(&d, "default");
-    let (status, v) = step(&d, &id);
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
     assert_eq!(status, 502, "{v}");
     assert_eq!(v["error"]["code"], "plugin_error");
     let message = v["error"]["message"].as_str().unwrap();
@@ -149,7 +115,7 @@ fn output_checks_bound_returned_text() {
         &folder,
         "[plugins.schema]\nconfig = { \"tool.t\" = '[\"not\", \"an object\"]' }\n",
     );
-    assert_eq!(plugin(&d, "schema")["last_error"]["code"], "invalid_schema");
+    assert_eq!(d.plugin("schema")["last_error"]["code"], "invalid_schema");
 }
 
 #[test]
@@ -160,8 +126,8 @@ fn l1_no_files_or_environment_without_a_grant() {
         &folder,
         "[plugins.probe]\nconfig = { \"probe_section.p\" = \"0\", probe_read = \"/etc/passwd\", probe_write = \"/tmp/promptd-probe\", probe_env = \"HOME\" }\n",
     );
-    let id = session(&d, "default");
-    let (status, v) = step(&d, &id);
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         v["request"]["system"],
@@ -188,8 +154,8 @@ fn l1_a_granted_directory_is_readable_not_writable_and_nothing_else_is() {
         &[],
         &[("PROMPTD_SANDBOX_GRANTED", "yes")],
     );
-    let id = session(&d, "default");
-    let (status, v) = step(&d, &id);
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         v["request"]["system"],
@@ -207,11 +173,11 @@ fn l3_repeated_failure_quarantines_and_enable_or_a_file_change_revives() {
          [plugins.bad]\nconfig = { \"trap_section.b\" = \"1\" }\n\
          [plugins.good]\nconfig = { \"section.g\" = \"0|good\" }\n",
     );
-    let id = session(&d, "default");
+    let id = d.session("default");
     for _ in 0..3 {
-        assert_eq!(step(&d, &id).0, 502);
+        assert_eq!(d.step(&id).0, 502);
     }
-    let p = plugin(&d, "bad");
+    let p = d.plugin("bad");
     assert_eq!(p["state"], "quarantined", "{p}");
     assert!(
         p["last_error"]["message"]
@@ -221,7 +187,7 @@ fn l3_repeated_failure_quarantines_and_enable_or_a_file_change_revives() {
         "{p}"
     );
     // Its contributions are gone: the next step works without it.
-    let (status, v) = step(&d, &id);
+    let (status, v) = d.step(&id);
     assert_eq!(
         (status, v["request"]["system"].clone()),
         (200, json!("good"))
@@ -230,13 +196,13 @@ fn l3_repeated_failure_quarantines_and_enable_or_a_file_change_revives() {
     // An operator re-enables it: it serves (and fails) again.
     let v = d.ok("POST", "/v1/plugins/bad/enable", None);
     assert_eq!(v["applied"][0]["kind"], "load");
-    assert_eq!(plugin(&d, "bad")["state"], "loaded");
-    assert_eq!(step(&d, &id).0, 502);
+    assert_eq!(d.plugin("bad")["state"], "loaded");
+    assert_eq!(d.step(&id).0, 502);
 
     for _ in 0..2 {
-        step(&d, &id);
+        d.step(&id);
     }
-    assert_eq!(plugin(&d, "bad")["state"], "quarantined");
+    assert_eq!(d.plugin("bad")["state"], "quarantined");
     // A changed file revives it too.
     let bytes = std::fs::read(folder.path().join("bad.wasm")).unwrap();
     common::put(
@@ -245,7 +211,7 @@ fn l3_repeated_failure_quarantines_and_enable_or_a_file_change_revives() {
         &common::with_custom_section(&bytes, 1),
     );
     eventually("revived by a file change", || {
-        plugin(&d, "bad")["state"] == "loaded"
+        d.plugin("bad")["state"] == "loaded"
     });
 }
 
@@ -258,9 +224,9 @@ fn a9_an_optional_plugin_failure_becomes_a_recorded_omission() {
          [plugins.extra]\noptional = true\nconfig = { \"loop_section.slow\" = \"1\", \"tool.extra_tool\" = '{\"type\":\"object\"}' }\ntimeout_ms = 100\n\
          [plugins.good]\nconfig = { \"section.g\" = \"0|good\" }\n",
     );
-    let id = session(&d, "default");
+    let id = d.session("default");
     for _ in 0..2 {
-        let (status, v) = step(&d, &id);
+        let (status, v) = d.step(&id);
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["request"]["system"], "good");
         assert_eq!(v["request"]["tools"], json!([]));
@@ -280,7 +246,7 @@ fn a9_an_optional_plugin_failure_becomes_a_recorded_omission() {
         .unwrap()
         .contains("deadline exceeded"));
     assert_eq!(
-        event_kinds(&d, &id).iter().filter(|k| *k == "step").count(),
+        d.event_kinds(&id).iter().filter(|k| *k == "step").count(),
         2
     );
 }

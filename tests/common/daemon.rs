@@ -95,6 +95,44 @@ impl Served {
     }
 }
 
+impl Served {
+    /// Creates a session for `agent`; returns its id.
+    pub fn session(&self, agent: &str) -> String {
+        let v = self.ok(
+            "POST",
+            "/v1/sessions",
+            Some(&serde_json::json!({"agent": agent})),
+        );
+        v["id"].as_str().expect("session id").to_string()
+    }
+
+    /// One step with an empty body; returns (status, parsed body).
+    pub fn step(&self, id: &str) -> (u16, Value) {
+        let (status, text) = self.post(&format!("/v1/sessions/{id}/steps"), "{}");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// The `GET /v1/plugins` entry of plugin `id` (null when there is none).
+    pub fn plugin(&self, id: &str) -> Value {
+        let v = self.ok("GET", "/v1/plugins", None);
+        let plugins = v["plugins"].as_array().cloned().unwrap_or_default();
+        plugins
+            .into_iter()
+            .find(|p| p["id"] == id)
+            .unwrap_or(Value::Null)
+    }
+
+    /// The kinds of session `id`'s events, in order.
+    pub fn event_kinds(&self, id: &str) -> Vec<String> {
+        let v = self.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+        let events = v["events"].as_array().cloned().unwrap_or_default();
+        events
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
