@@ -250,3 +250,36 @@ fn a9_an_optional_plugin_failure_becomes_a_recorded_omission() {
         2
     );
 }
+
+#[test]
+fn l1_stdout_and_stderr_go_to_the_host_log_or_nowhere() {
+    let folder = Folder::new().scripted("printer").scripted("quiet");
+    let config = folder.config(
+        "[plugins.printer]\nconfig = { \"print_section.p\" = \"0|hello from printer\" }\n\
+         [plugins.quiet]\nstdio = \"none\"\nconfig = { \"print_section.q\" = \"1|hello from quiet\" }\n",
+    );
+    let (tmp, state) = state_dir();
+    let log = tmp.path().join("daemon.log");
+    let d = Served::start_logged(folder.path(), &config, &state, &log);
+    let id = d.session("default");
+    assert_eq!(d.step(&id).0, 200);
+    d.stop();
+    let log = std::fs::read_to_string(&log).unwrap();
+    let line = |stream: &str| {
+        log.lines()
+            .find(|l| l.contains(&format!("hello from printer ({stream})")))
+            .unwrap_or_else(|| panic!("no {stream} line in the log:\n{log}"))
+            .to_string()
+    };
+    for stream in ["stdout", "stderr"] {
+        let l = line(stream);
+        assert!(
+            l.contains("plugin=printer") && l.contains(&format!("stream=\"{stream}\"")),
+            "{l}"
+        );
+    }
+    assert!(
+        !log.contains("hello from quiet"),
+        "stdio = \"none\" discards output:\n{log}"
+    );
+}

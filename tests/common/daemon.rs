@@ -24,6 +24,30 @@ impl Served {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Served {
+        Self::spawn(plugins, config, state, extra, env, Stdio::null())
+    }
+
+    /// Starts with the daemon's log (stderr, at info) written to `log`.
+    pub fn start_logged(plugins: &Path, config: &Path, state: &Path, log: &Path) -> Served {
+        let file = std::fs::File::create(log).expect("log file");
+        Self::spawn(
+            plugins,
+            config,
+            state,
+            &[],
+            &[("PROMPTD_LOG", "info")],
+            file.into(),
+        )
+    }
+
+    fn spawn(
+        plugins: &Path,
+        config: &Path,
+        state: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Served {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptd"));
         cmd.arg("serve")
             .arg("--plugins")
@@ -41,7 +65,7 @@ impl Served {
         }
         let mut child = cmd
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start promptd serve");
         let stdout = child.stdout.take().expect("stdout");
