@@ -356,3 +356,57 @@ fn plugin_check_prints_what_a_plugin_declares() {
         .collect();
     assert_eq!(names, ["read_file", "write_file", "list_dir", "bash"]);
 }
+
+#[test]
+fn plugin_new_scaffolds_a_rust_plugin_that_builds_and_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path().to_str().unwrap();
+    ok(&["plugin", "new", "greeter", "--dir", parent]);
+    let dir = tmp.path().join("greeter");
+    // `plugin build` runs in the plugin folder, as the README says.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptd"))
+        .args(["plugin", "build"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.join("greeter.wasm").is_file());
+
+    let empty = Folder::new();
+    let config = empty.config("");
+    let dir_arg = dir.to_str().unwrap();
+    let c = config.to_str().unwrap();
+    let v: Value = serde_json::from_str(&ok(&[
+        "assemble",
+        "--plugins",
+        dir_arg,
+        "--config",
+        c,
+        "--fact",
+        "cwd=/work",
+    ]))
+    .unwrap();
+    assert_eq!(v["system"], "Answer as briefly as you can.");
+    assert_eq!(
+        v["messages"][0]["content"],
+        "[Runtime context: this snapshot supersedes any earlier runtime context.]\n\nWorking in /work."
+    );
+
+    // Clear refusals.
+    let line = fails(&["plugin", "new", "greeter", "--dir", parent], "io");
+    assert!(line.contains("already exists"), "{line}");
+    let line = fails(
+        &["plugin", "new", "Bad-Name", "--dir", parent],
+        "config_invalid",
+    );
+    assert!(line.contains("Bad-Name"), "{line}");
+    let line = fails(
+        &["plugin", "new", "x", "--lang", "cobol", "--dir", parent],
+        "config_invalid",
+    );
+    assert!(line.contains("only `rust`"), "{line}");
+}

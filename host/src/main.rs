@@ -15,6 +15,7 @@ use promptd::{loader, Error};
 
 mod client;
 mod dev;
+mod scaffold;
 mod serve;
 
 #[derive(Parser)]
@@ -119,6 +120,21 @@ enum PluginCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Create a new plugin folder NAME that builds with `promptd plugin build`.
+    New {
+        name: String,
+        /// The plugin's language (rust for now).
+        #[arg(long, default_value = "rust")]
+        lang: String,
+        /// Where to create the folder.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Build the plugin in this folder (or DIR) into NAME.wasm beside its sources.
+    Build {
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -175,6 +191,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin {
             command: PluginCommand::Check { file, config },
         } => check(&file, config),
+        Command::Plugin {
+            command: PluginCommand::New { name, lang, dir },
+        } => scaffold::new(&name, &lang, &dir),
+        Command::Plugin {
+            command: PluginCommand::Build { dir },
+        } => scaffold::build(&dir),
         Command::Serve {
             config,
             plugins,
