@@ -16,6 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use promptd::config::Config;
+
+#[path = "../../tests/support/custom_section.rs"]
+mod custom_section;
+use custom_section::with_custom_section;
 use promptd::daemon::{Daemon, StepInput};
 
 fn fixtures() -> PathBuf {
@@ -39,31 +43,6 @@ fn fixtures() -> PathBuf {
         .expect("cargo");
     assert!(status.success(), "building the fixtures failed");
     root.join("tests/fixtures/target/wasm32-wasip2/release")
-}
-
-/// Appends a custom section: a new file hash, the same behaviour.
-fn with_custom_section(bytes: &[u8], n: u64) -> Vec<u8> {
-    fn leb(mut v: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"promptd-bench";
-    let mut content = Vec::new();
-    leb(name.len(), &mut content);
-    content.extend_from_slice(name);
-    content.extend_from_slice(&n.to_le_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0);
-    leb(content.len(), &mut out);
-    out.extend_from_slice(&content);
-    out
 }
 
 fn put(dir: &Path, bytes: &[u8]) {

@@ -105,13 +105,16 @@ impl Server {
         let v = self.call("GET", "/v1/plugins", None)?;
         for p in v["plugins"].as_array().into_iter().flatten() {
             let error = p["last_error"]["message"].as_str().unwrap_or("");
+            let sha: String = p["sha256"]
+                .as_str()
+                .unwrap_or("")
+                .chars()
+                .take(12)
+                .collect();
             println!(
-                "{:<16} {:<8} {}  {}",
+                "{:<16} {:<8} {sha}  {error}",
                 p["id"].as_str().unwrap_or(""),
                 p["state"].as_str().unwrap_or(""),
-                &p["sha256"].as_str().unwrap_or("")
-                    [..12.min(p["sha256"].as_str().unwrap_or("").len())],
-                error
             );
         }
         Ok(())

@@ -205,9 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             no_watch,
             dev,
         } => {
-            let config_path = config
-                .clone()
-                .or_else(|| Some(PathBuf::from("promptd.toml")).filter(|p| p.is_file()));
+            let config_path = config_path(config);
             let options = serve::Options {
                 plugins,
                 listen,
@@ -216,7 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 config_path,
                 dev,
             };
-            serve::run(read_config(config)?, options)
+            serve::run(read_config(options.config_path.clone())?, options)
         }
         Command::Session { command, server } => match command {
             SessionCommand::New { agent } => server.create_session(&agent),
@@ -232,11 +230,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The explicit config, or ./promptd.toml when present, or the defaults.
+/// The config file in use: the explicit one, or ./promptd.toml when present.
+fn config_path(path: Option<PathBuf>) -> Option<PathBuf> {
+    path.or_else(|| Some(PathBuf::from("promptd.toml")).filter(|p| p.is_file()))
+}
+
+/// The config from [`config_path`], or the defaults when there is none.
 fn read_config(path: Option<PathBuf>) -> Result<Config, Error> {
-    match path {
+    match config_path(path) {
         Some(p) => Config::load(&p),
-        None if Path::new("promptd.toml").is_file() => Config::load(Path::new("promptd.toml")),
         None => Ok(Config::default()),
     }
 }

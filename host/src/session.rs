@@ -248,9 +248,8 @@ pub fn rebuild(session: &str, events: &[Event], n: u64) -> Result<FrozenRequest>
             step: n,
             steps,
         })?;
-    let upto: Vec<&Event> = events.iter().take_while(|e| e.seq <= marker.seq).collect();
-    let upto: Vec<Event> = upto.into_iter().cloned().collect();
-    let header = last_header(&upto)
+    let upto = &events[..events.partition_point(|e| e.seq <= marker.seq)];
+    let header = last_header(upto)
         .ok_or_else(|| Error::Store(format!("session {session}: step {n} has no header")))?;
     Ok(FrozenRequest {
         header,

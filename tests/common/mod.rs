@@ -1,7 +1,12 @@
 //! Shared helpers for the end-to-end tests: build real plugins, run the real binary.
 #![allow(dead_code)]
 
+#[path = "../support/custom_section.rs"]
+mod custom_section;
 pub mod daemon;
+// Not every test binary uses it.
+#[allow(unused_imports)]
+pub use custom_section::with_custom_section;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -60,31 +65,6 @@ pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, bytes).expect("write");
     std::fs::rename(&tmp, dir.join(format!("{name}.wasm"))).expect("rename");
-}
-
-/// The same component with a custom section appended: a new file hash, the same behaviour.
-pub fn with_custom_section(bytes: &[u8], n: u64) -> Vec<u8> {
-    fn leb(mut v: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"promptd-test";
-    let mut content = Vec::new();
-    leb(name.len(), &mut content);
-    content.extend_from_slice(name);
-    content.extend_from_slice(&n.to_le_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0);
-    leb(content.len(), &mut out);
-    out.extend_from_slice(&content);
-    out
 }
 
 /// Waits (bounded) until `check` holds; panics with `what` otherwise.
