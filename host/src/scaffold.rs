@@ -1,86 +1,156 @@
-//! `promptd plugin new` and `promptd plugin build`: from nothing to a loadable plugin.
+//! `promptd plugin new` and `promptd plugin build`: from nothing to a loadable plugin, in Rust,
+//! JavaScript, Python or C.
 //!
-//! Rust only for now; the JavaScript, Python and C SDKs in `sdk/` have their own build scripts
-//! and join here with the languages issue.
+//! A plugin folder holds its sources and nothing else; its language is read off the files
+//! (`Cargo.toml`, `plugin.js`, `app.py`, `*.c`). `build` runs that language's one build command
+//! and leaves `NAME.wasm` in the folder. The templates (host/templates/) are the same logical
+//! plugin in each language, so every language starts from the same output.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
+use promptd::Error;
 
-/// The Rust SDK of the checkout this binary was built from.
-fn rust_sdk() -> anyhow::Result<PathBuf> {
-    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk/rust");
-    std::fs::canonicalize(&sdk).with_context(|| {
-        format!(
-            "the Rust SDK is not at {} (promptd scaffolds against the checkout it was built from)",
-            sdk.display()
-        )
+/// A language a plugin can be written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lang {
+    Rust,
+    Js,
+    Python,
+    C,
+}
+
+/// A template file: its path in the new folder, and its text with `@NAME@` (and `@SDK@`) holes.
+type Template = (&'static str, &'static str);
+
+impl Lang {
+    pub fn parse(name: &str) -> Result<Lang, Error> {
+        match name {
+            "rust" | "rs" => Ok(Lang::Rust),
+            "js" | "javascript" => Ok(Lang::Js),
+            "python" | "py" => Ok(Lang::Python),
+            "c" => Ok(Lang::C),
+            other => Err(Error::ConfigInvalid(format!(
+                "--lang {other}: expected one of rust, js, python, c"
+            ))),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Lang::Rust => "rust",
+            Lang::Js => "js",
+            Lang::Python => "python",
+            Lang::C => "c",
+        }
+    }
+
+    fn templates(self) -> &'static [Template] {
+        match self {
+            Lang::Rust => &[
+                ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),
+                ("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
+            ],
+            Lang::Js => &[("plugin.js", include_str!("../templates/js/plugin.js"))],
+            Lang::Python => &[("app.py", include_str!("../templates/python/app.py"))],
+            Lang::C => &[("plugin.c", include_str!("../templates/c/plugin.c"))],
+        }
+    }
+
+    /// The build command, as the plugin's README shows it.
+    fn build_line(self) -> &'static str {
+        match self {
+            Lang::Rust => "cargo build --release --target wasm32-wasip2, then copies the component here",
+            Lang::Js => "sdk/js/build.sh . NAME.wasm (esbuild, then componentize-js)",
+            Lang::Python => "sdk/python/build.sh . NAME.wasm (componentize-py)",
+            Lang::C => "sdk/c/build.sh . NAME.wasm (clang for wasm32-wasi, then wasm-tools component new)",
+        }
+    }
+
+    /// Which language the plugin in `dir` is written in.
+    fn detect(dir: &Path) -> Option<Lang> {
+        if dir.join("Cargo.toml").is_file() {
+            return Some(Lang::Rust);
+        }
+        if dir.join("plugin.js").is_file() {
+            return Some(Lang::Js);
+        }
+        if dir.join("app.py").is_file() {
+            return Some(Lang::Python);
+        }
+        let has_c = std::fs::read_dir(dir).ok()?.flatten().any(|e| {
+            e.path().extension().is_some_and(|x| x == "c")
+        });
+        has_c.then_some(Lang::C)
+    }
+}
+
+/// The SDK folder of the checkout this binary was built from, or `PROMPTD_SDK`.
+fn sdk_dir(lang: Lang) -> anyhow::Result<PathBuf> {
+    let root = std::env::var_os("PROMPTD_SDK")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk"));
+    let sdk = root.join(lang.name());
+    std::fs::canonicalize(&sdk).map_err(|e| {
+        Error::Io {
+            path: sdk.display().to_string(),
+            message: format!(
+                "the {} SDK is not here ({e}); promptd uses the sdk/ of the checkout it was built \
+                 from, or the folder in PROMPTD_SDK",
+                lang.name()
+            ),
+        }
+        .into()
     })
 }
 
-fn check_name(name: &str) -> anyhow::Result<()> {
+fn check_name(name: &str) -> Result<(), Error> {
     let mut chars = name.chars();
     let ok = chars.next().is_some_and(|c| c.is_ascii_lowercase())
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !ok {
-        bail!(promptd::Error::ConfigInvalid(format!(
+        return Err(Error::ConfigInvalid(format!(
             "plugin name `{name}`: use lowercase letters, digits and `_`, starting with a letter"
         )));
     }
     Ok(())
 }
 
-/// Creates `parent/NAME/`: a one-plugin cargo workspace using the Rust SDK.
+/// Creates `parent/NAME/`: a plugin folder in `lang` that `build` turns into `NAME.wasm`.
 pub fn new(name: &str, lang: &str, parent: &Path) -> anyhow::Result<()> {
     check_name(name)?;
-    if lang != "rust" {
-        bail!(promptd::Error::ConfigInvalid(format!(
-            "--lang {lang}: only `rust` is scaffolded so far; see sdk/js, sdk/python and sdk/c for the other SDKs"
-        )));
-    }
+    let lang = Lang::parse(lang)?;
     let dir = parent.join(name);
     if dir.exists() {
-        bail!(promptd::Error::Io {
+        bail!(Error::Io {
             path: dir.display().to_string(),
             message: "already exists; choose another name or folder".into(),
         });
     }
-    let sdk = rust_sdk()?;
-    std::fs::create_dir_all(dir.join("src"))?;
-    std::fs::write(
-        dir.join("Cargo.toml"),
-        format!(
-            "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n\
-             [lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\npromptd-sdk = {{ path = {sdk:?} }}\n\n\
-             # A workspace of its own, so it builds wherever it lives.\n[workspace]\n\n\
-             [profile.release]\nopt-level = \"s\"\nstrip = true\npanic = \"abort\"\n",
-            sdk = sdk.display().to_string()
-        ),
-    )?;
-    std::fs::write(
-        dir.join("src/lib.rs"),
-        format!(
-            "//! The `{name}` promptd plugin.\n\n\
-             use promptd_sdk::{{export_plugin, Config, Plugin}};\n\n\
-             fn declare(config: &Config) -> Result<Plugin, String> {{\n\
-             \x20   Ok(Plugin::new()\n\
-             \x20       .section(\"{name}:rules\", 50, \"Answer as {{{{{name}_style}}}}.\")\n\
-             \x20       .variable(\"{name}_style\", config.get_or(\"style\", \"briefly as you can\"))\n\
-             \x20       .dynamic_context(\"{name}:cwd\", 50, |step| {{\n\
-             \x20           Ok(step.fact(\"cwd\").map(|cwd| format!(\"Working in {{cwd}}.\")).unwrap_or_default())\n\
-             \x20       }}))\n\
-             }}\n\n\
-             export_plugin!(declare);\n"
-        ),
-    )?;
+    // Only Rust's manifest names the SDK; the other build scripts find it themselves.
+    let sdk = match lang {
+        Lang::Rust => sdk_dir(lang)?.display().to_string(),
+        _ => String::new(),
+    };
+    for (path, text) in lang.templates() {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let text = text.replace("@NAME@", name).replace("@SDK@", &sdk);
+        std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    }
     std::fs::write(
         dir.join("README.md"),
         format!(
-            "# {name}\n\nA promptd plugin. Build it into `{name}.wasm` (in this folder):\n\n\
+            "# {name}\n\nA promptd plugin in {lang}. Build it into `{name}.wasm`, in this folder:\n\n\
              ```sh\npromptd plugin build\n```\n\n\
-             which runs `cargo build --release --target wasm32-wasip2` and copies the component\n\
-             here. Then `promptd plugin check {name}.wasm`, or drop it into a daemon's plugin folder.\n"
+             which runs {build}. Then try it:\n\n\
+             ```sh\npromptd assemble --plugins . --fact cwd=/src\n```\n\n\
+             or copy `{name}.wasm` into a daemon's plugin folder.\n",
+            lang = lang.name(),
+            build = lang.build_line().replace("NAME", name),
         ),
     )?;
     println!(
@@ -91,16 +161,51 @@ pub fn new(name: &str, lang: &str, parent: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the plugin in `dir` and copies `NAME.wasm` into `dir`; prints its path.
+/// Builds the plugin in `dir` into `dir/NAME.wasm` and prints its path.
 pub fn build(dir: &Path) -> anyhow::Result<()> {
-    let manifest = dir.join("Cargo.toml");
-    if !manifest.is_file() {
-        bail!(promptd::Error::Io {
+    let dir = std::fs::canonicalize(dir).map_err(|e| Error::Io {
+        path: dir.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let Some(lang) = Lang::detect(&dir) else {
+        bail!(Error::Io {
             path: dir.display().to_string(),
-            message: "no Cargo.toml here: run `promptd plugin build` in a plugin folder made by `promptd plugin new`".into(),
+            message: "no plugin here (no Cargo.toml, plugin.js, app.py or .c file): run \
+                      `promptd plugin build` in a folder made by `promptd plugin new`"
+                .into(),
         });
-    }
-    let text = std::fs::read_to_string(&manifest)?;
+    };
+    let out = match lang {
+        Lang::Rust => build_rust(&dir)?,
+        _ => {
+            // The id is the file stem, and a new plugin's folder is named after it.
+            let name = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("the plugin folder has no name")?;
+            let out = dir.join(format!("{name}.wasm"));
+            let script = sdk_dir(lang)?.join("build.sh");
+            let status = Command::new("bash")
+                .arg(&script)
+                .arg(&dir)
+                .arg(&out)
+                .status()
+                .with_context(|| format!("run {}", script.display()))?;
+            if !status.success() {
+                bail!(
+                    "{} failed ({status}); its message above says what is missing",
+                    script.display()
+                );
+            }
+            out
+        }
+    };
+    println!("{}", out.display());
+    Ok(())
+}
+
+fn build_rust(dir: &Path) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string(dir.join("Cargo.toml"))?;
     let name = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("name = \""))
@@ -118,6 +223,5 @@ pub fn build(dir: &Path) -> anyhow::Result<()> {
     let built = dir.join(format!("target/wasm32-wasip2/release/{name}.wasm"));
     let out = dir.join(format!("{name}.wasm"));
     std::fs::copy(&built, &out).with_context(|| format!("copy {}", built.display()))?;
-    println!("{}", out.display());
-    Ok(())
+    Ok(out)
 }

@@ -57,6 +57,11 @@ export class Step {
     this.stepNumber = Number(wit.stepNumber);
     /** Step facts from the client (cwd, git branch...), as a plain object. */
     this.facts = Object.fromEntries(wit.facts);
+    /**
+     * The same facts as `[key, value]` pairs in the host's order (sorted by key bytes, as in
+     * every SDK). Iterate these rather than `facts`: a JS object lists integer-like keys first.
+     */
+    this.factEntries = wit.facts.map(([key, value]) => [key, value]);
   }
   /** One step fact, or undefined if the client did not send it. */
   fact(key) {

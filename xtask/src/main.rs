@@ -4,12 +4,18 @@
 //!   `target/plugins/`, and start the daemon serving them (`promptd serve` with the example
 //!   config `promptd.toml`, on 127.0.0.1:8417, until Ctrl-C). ARGS replace the promptd
 //!   arguments, e.g. `cargo xtask run -- assemble --plugins target/plugins`.
-//! - `test`: install what the tests need (rustup target, rustfmt, clippy), then check
-//!   formatting, lint, and run every test.
+//! - `test`: install what the tests need (rustup target, rustfmt, clippy, and the JavaScript,
+//!   Python and C SDK toolchains), then check formatting, lint, and run every test.
 //! - `plugins`: only build and collect the bundled plugins.
+//! - `sdks`: only install the JavaScript, Python and C SDK toolchains (each `sdk/LANG/install.sh`).
+//!
+//! Both `run` and `test` install the SDK toolchains first: the bundled plugins are written in
+//! Rust, JavaScript, Python and C. A toolchain that cannot be installed stops with the
+//! installer's message; nothing is skipped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
 
@@ -22,8 +28,9 @@ fn main() -> Result<()> {
         Some("run") => run(&root, &args[1..]),
         Some("test") => test(&root),
         Some("plugins") => plugins(&root).map(|dir| println!("{}", dir.display())),
+        Some("sdks") => install_sdks(&root),
         _ => bail!(
-            "usage: cargo xtask run [-- PROMPTD ARGS] | cargo xtask test | cargo xtask plugins"
+            "usage: cargo xtask run [-- PROMPTD ARGS] | cargo xtask test | cargo xtask plugins | cargo xtask sdks"
         ),
     }
 }
@@ -71,6 +78,70 @@ fn install_toolchain_parts() -> Result<()> {
     sh(Command::new("rustup").args(["component", "add", "rustfmt", "clippy"]))
 }
 
+/// The bundled plugins written with the other SDKs: (plugin folder in plugins/, SDK language).
+const SDK_PLUGINS: [(&str, &str); 3] =
+    [("skills", "js"), ("documents", "python"), ("datetime", "c")];
+
+/// Installs the JavaScript, Python and C toolchains through each SDK's own installer, which
+/// does nothing when its tools are already in place.
+fn install_sdks(root: &Path) -> Result<()> {
+    for lang in ["js", "python", "c"] {
+        let script = root.join("sdk").join(lang).join("install.sh");
+        sh(Command::new("bash").arg(&script)).with_context(|| {
+            format!("installing the {lang} SDK toolchain ({})", script.display())
+        })?;
+    }
+    Ok(())
+}
+
+/// The newest modification time of the files under `dir`, leaving out installed tools
+/// (node_modules, venvs, `.tools`) and build output.
+fn newest(dir: &Path) -> Result<SystemTime> {
+    let mut latest = SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.')
+            || name == "node_modules"
+            || name == "target"
+            || name.ends_with(".wasm")
+        {
+            continue;
+        }
+        let meta = entry.metadata()?;
+        let time = if meta.is_dir() {
+            newest(&entry.path())?
+        } else {
+            meta.modified()?
+        };
+        latest = latest.max(time);
+    }
+    Ok(latest)
+}
+
+/// Builds `plugins/NAME` with `sdk/LANG/build.sh` into `out/NAME.wasm`, unless the output is
+/// newer than the plugin's sources, the SDK and the WIT.
+fn build_sdk_plugin(root: &Path, name: &str, lang: &str, out: &Path) -> Result<()> {
+    let src = root.join("plugins").join(name);
+    let sdk = root.join("sdk").join(lang);
+    let wasm = out.join(format!("{name}.wasm"));
+    let built = std::fs::metadata(&wasm).and_then(|m| m.modified()).ok();
+    let inputs = newest(&src)?
+        .max(newest(&sdk)?)
+        .max(newest(&root.join("wit"))?);
+    if built.is_some_and(|b| b > inputs) {
+        return Ok(());
+    }
+    sh(Command::new("bash")
+        .arg(sdk.join("build.sh"))
+        .arg(&src)
+        .arg(&wasm))
+    .with_context(|| {
+        format!("building plugins/{name} ({lang}); `cargo xtask sdks` installs its toolchain")
+    })
+}
+
 /// Builds a wasm workspace (release) and returns its output folder.
 fn build_wasm(root: &Path, dir: &str) -> Result<PathBuf> {
     let target_dir = root.join(dir).join("target");
@@ -102,11 +173,15 @@ fn plugins(root: &Path) -> Result<PathBuf> {
         std::fs::copy(built.join(&file), out.join(&file))
             .with_context(|| format!("copy {file}"))?;
     }
+    for (name, lang) in SDK_PLUGINS {
+        build_sdk_plugin(root, name, lang, &out)?;
+    }
     Ok(out)
 }
 
 fn run(root: &Path, args: &[String]) -> Result<()> {
     install_toolchain_parts()?;
+    install_sdks(root)?;
     let dir = plugins(root)?;
     let mut cmd = cargo();
     cmd.current_dir(root)
@@ -123,6 +198,7 @@ fn run(root: &Path, args: &[String]) -> Result<()> {
 
 fn test(root: &Path) -> Result<()> {
     install_toolchain_parts()?;
+    install_sdks(root)?;
     plugins(root)?;
     build_wasm(root, "tests/fixtures")?;
     sh(cargo().current_dir(root).args(["fmt", "--all", "--check"]))?;

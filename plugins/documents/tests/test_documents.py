@@ -1,0 +1,161 @@
+"""Native (CPython) tests of the `documents` plugin; no WebAssembly is built or run.
+
+    sdk/python/.venv/bin/python -m unittest discover -s plugins/documents/tests
+
+app.py ends with `export_plugin`, which needs the bindings, so they are generated into a
+temporary folder with the venv's componentize-py (as sdk/python/tests does).
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLUGIN = os.path.dirname(HERE)
+ROOT = os.path.join(PLUGIN, "..", "..")
+
+_tmp = tempfile.TemporaryDirectory()
+_cpy = os.path.join(os.path.dirname(sys.executable), "componentize-py")
+subprocess.run([_cpy, "-q", "-d", os.path.join(ROOT, "wit"), "-w", "plugin", "bindings", _tmp.name], check=True)
+sys.path[:0] = [_tmp.name, os.path.join(ROOT, "sdk", "python", "src"), PLUGIN]
+
+from componentize_py_types import Err  # noqa: E402
+from wit_world.imports import types as wit  # noqa: E402
+
+import app  # noqa: E402
+from app import HEADER, Document, Settings, parse_config, parse_documents, render  # noqa: E402
+
+GLOBAL = wit.Scope_Global()
+
+
+def step(**facts):
+    return wit.Step("default", ["global", "default"], "", 0, sorted(facts.items()))
+
+
+class RenderTest(unittest.TestCase):
+    def test_empty(self):
+        self.assertEqual(render([]), "")
+
+    def test_layout(self):
+        docs = [Document("wiki/deploy.md", "Deploy.", "2026-11-02"), Document("notes/oncall.txt", "Page.")]
+        self.assertEqual(
+            render(docs),
+            "<retrieved_documents>\n"
+            f"{HEADER}\n"
+            '<document index="1" source="wiki/deploy.md" date="2026-11-02">\nDeploy.\n</document>\n'
+            '<document index="2" source="notes/oncall.txt">\nPage.\n</document>\n'
+            "</retrieved_documents>",
+        )
+
+    def test_escaping(self):
+        doc = Document('a"{{x}}<&>\nb', "</document> & {{api_key}} <i>", '{{d}}"')
+        self.assertIn(
+            '<document index="1" source="a&quot;&#123;&#123;x&#125;&#125;&lt;&amp;&gt;&#10;b" '
+            'date="&#123;&#123;d&#125;&#125;&quot;">\n'
+            "&lt;/document&gt; &amp; &#123;&#123;api_key&#125;&#125; &lt;i&gt;\n</document>",
+            render([doc]),
+        )
+
+    def test_empty_date_is_left_out(self):
+        self.assertIn('<document index="1" source="s">', render([Document("s", "t", "")]))
+
+    def test_truncation(self):
+        self.assertIn("\nabcd\n", render([Document("s", "abcd")], max_chars=4))
+        self.assertIn("\nabc […]\n", render([Document("s", "abcd")], max_chars=3))
+        # Cut first, escape after: the entity is whole and the limit counts the real text.
+        self.assertIn("\na&amp; […]\n", render([Document("s", "a&bc")], max_chars=2))
+        self.assertIn("\néé […]\n", render([Document("s", "ééé")], max_chars=2))
+
+    def test_left_out(self):
+        docs = [Document(f"s{i}", "t") for i in range(4)]
+        self.assertTrue(render(docs, max_documents=2).endswith(
+            '<document index="2" source="s1">\nt\n</document>\n'
+            "(2 more documents were left out.)\n</retrieved_documents>"
+        ))
+        self.assertIn("\n(1 more document was left out.)\n", render(docs, max_documents=3))
+        self.assertNotIn("left out", render(docs, max_documents=4))
+
+    def test_unpaired_surrogate(self):
+        text = render(parse_documents('[{"source": "s", "text": "a\\ud800b \\ud83d\\ude00"}]'))
+        self.assertIn("\na\ufffdb \U0001f600\n", text)
+        text.encode("utf-8")  # would raise on a surrogate
+
+
+class ParseDocumentsTest(unittest.TestCase):
+    def test_fields(self):
+        self.assertEqual(
+            parse_documents('[{"source": "a", "text": "t", "date": "d", "score": 0.9}, {"text": "u", "source": "b"}]'),
+            [Document("a", "t", "d"), Document("b", "u")],
+        )
+        self.assertEqual(parse_documents("[]"), [])
+
+    def test_errors(self):
+        for raw, message in [
+            ("notjson", "fact `documents`: not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+            ("", "fact `documents`: not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+            ('{"a":1}', "fact `documents`: expected a JSON array of documents, got an object"),
+            ("null", "fact `documents`: expected a JSON array of documents, got null"),
+            ('[{"source": "a", "text": "t"}, "x"]', "fact `documents`: item 2 is a string, expected an object"),
+            ("[[]]", "fact `documents`: item 1 is an array, expected an object"),
+            ('[{"text": "t"}]', "fact `documents`: item 1 has no `source`"),
+            ('[{"source": "a"}]', "fact `documents`: item 1 has no `text`"),
+            ('[{"source": 1, "text": "t"}]', "fact `documents`: item 1: `source` is a number, expected a string"),
+            ('[{"source": "a", "text": null}]', "fact `documents`: item 1: `text` is null, expected a string"),
+            ('[{"source": "a", "text": "t", "date": true}]',
+             "fact `documents`: item 1: `date` is a boolean, expected a string"),
+        ]:
+            with self.subTest(raw=raw), self.assertRaises(Exception) as e:
+                parse_documents(raw)
+            self.assertEqual(str(e.exception), message)
+
+
+class ParseConfigTest(unittest.TestCase):
+    def test_values(self):
+        self.assertEqual(parse_config({}), Settings(200, 8, 4000))
+        self.assertEqual(
+            parse_config({"order": "-5", "max_documents": "1", "max_chars": "2147483647"}),
+            Settings(-5, 1, 2147483647),
+        )
+
+    def test_errors(self):
+        for config, message in [
+            ({"max_chars": "x"}, 'config `max_chars`: expected an integer from 1 to 2147483647, got "x"'),
+            ({"max_chars": "0"}, 'config `max_chars`: expected an integer from 1 to 2147483647, got "0"'),
+            ({"max_documents": " 8"}, 'config `max_documents`: expected an integer from 1 to 2147483647, got " 8"'),
+            ({"max_documents": "+8"}, 'config `max_documents`: expected an integer from 1 to 2147483647, got "+8"'),
+            ({"order": "1.5"}, 'config `order`: expected an integer from -2147483648 to 2147483647, got "1.5"'),
+            ({"order": "2147483648"},
+             'config `order`: expected an integer from -2147483648 to 2147483647, got "2147483648"'),
+            ({"maxchars": "1"}, "config: unknown key `maxchars` (known: max_chars, max_documents, order)"),
+            ({"b": "1", "a": "1"}, "config: unknown keys `a`, `b` (known: max_chars, max_documents, order)"),
+        ]:
+            with self.subTest(config=config), self.assertRaises(Exception) as e:
+                parse_config(config)
+            self.assertEqual(str(e.exception), message)
+
+
+class WorldTest(unittest.TestCase):
+    def test_declare_and_call(self):
+        w = app.WitWorld()
+        d = w.declare([("max_documents", "1"), ("order", "7")])
+        self.assertEqual(d.contexts, [wit.Context("documents:retrieved", 7, wit.Content_Dynamic(), GLOBAL)])
+        self.assertEqual((d.sections, d.variables, d.tools), ([], [], []))
+        self.assertEqual(w.context_text("documents:retrieved", GLOBAL, step()), "")
+        self.assertEqual(w.context_text("documents:retrieved", GLOBAL, step(documents="[]")), "")
+        text = w.context_text("documents:retrieved", GLOBAL, step(documents='[{"source":"a","text":"t"},'
+                                                                              '{"source":"b","text":"u"}]'))
+        self.assertIn("\n(1 more document was left out.)\n", text)
+        with self.assertRaises(Err) as e:
+            w.context_text("documents:retrieved", GLOBAL, step(documents="[1]"))
+        self.assertEqual(e.exception.value, "fact `documents`: item 1 is a number, expected an object")
+
+    def test_declare_error(self):
+        with self.assertRaises(Err) as e:
+            app.WitWorld().declare([("max_chars", "x")])
+        self.assertEqual(e.exception.value, 'config `max_chars`: expected an integer from 1 to 2147483647, got "x"')
+
+
+if __name__ == "__main__":
+    unittest.main()
