@@ -46,6 +46,55 @@ pub fn bundled() -> &'static Path {
     DIR.get_or_init(|| build_wasm_workspace("plugins"))
 }
 
+/// A shipped plugin, built by `cargo xtask plugins` into target/plugins: the Rust ones and those
+/// written with the JavaScript, Python and C SDKs (skills, documents, datetime). The xtask
+/// rebuilds only what changed.
+pub fn shipped(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = repo_root();
+        // Its own target dir: the `cargo test` running this may still hold target/'s lock.
+        let status = Command::new(env!("CARGO"))
+            .args(["run", "--quiet", "--package", "xtask", "--target-dir"])
+            .arg(root.join("target/xtask"))
+            .args(["--", "plugins"])
+            .current_dir(&root)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("run cargo xtask plugins");
+        assert!(
+            status.success(),
+            "`cargo xtask plugins` failed; `cargo xtask sdks` installs the JavaScript, Python and C toolchains"
+        );
+        root.join("target/plugins")
+    })
+    .join(format!("{name}.wasm"))
+}
+
+/// Builds the plugin in `src` with `sdk/LANG/build.sh` (js, python, c) into `out`.
+pub fn sdk_build(lang: &str, src: &Path, out: &Path) {
+    let script = repo_root().join("sdk").join(lang).join("build.sh");
+    let o = Command::new("bash")
+        .arg(&script)
+        .arg(src)
+        .arg(out)
+        .output()
+        .expect("run bash");
+    assert!(
+        o.status.success(),
+        "{} {} failed (`cargo xtask sdks` installs the toolchain):\n{}",
+        script.display(),
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Where one-shot `promptd` runs in tests keep compiled plugins: shared by every test and test
+/// binary, so a 12-18 MB JavaScript or Python component is compiled once per build, not per test.
+pub fn compile_cache() -> PathBuf {
+    repo_root().join("target/test-compile-cache")
+}
+
 /// A test-only plugin from tests/fixtures (`scripted`, `versioned_v1`, `versioned_v2`), built
 /// once per test binary.
 pub fn fixture(name: &str) -> PathBuf {
@@ -108,6 +157,12 @@ impl Folder {
         self
     }
 
+    /// Copies a shipped plugin (see [`shipped`]) in as `NAME.wasm`.
+    pub fn shipped(self, name: &str) -> Self {
+        std::fs::copy(shipped(name), self.path().join(format!("{name}.wasm"))).expect("copy");
+        self
+    }
+
     /// Copies the scripted fixture in as `NAME.wasm`.
     pub fn scripted(self, name: &str) -> Self {
         std::fs::copy(scripted(), self.path().join(format!("{name}.wasm"))).expect("copy");
@@ -152,6 +207,7 @@ pub fn promptd(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_promptd"))
         .args(args)
         .env_remove("PROMPTD_LOG")
+        .env("PROMPTD_CACHE", compile_cache())
         .output()
         .expect("run promptd")
 }
