@@ -296,7 +296,11 @@ fn assemble(
 /// `PROMPTD_CACHE` (`off` disables it), else `$XDG_CACHE_HOME/promptd`, else
 /// `~/.cache/promptd`. A cache that cannot be created only costs time, so it is skipped.
 fn one_shot_runtime() -> anyhow::Result<WasmRuntime> {
-    let env = |key| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |key| {
+        std::env::var_os(key)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     let dir = match env("PROMPTD_CACHE") {
         Some(dir) if dir == Path::new("off") => None,
         Some(dir) => Some(dir),

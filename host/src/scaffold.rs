@@ -61,10 +61,14 @@ impl Lang {
     /// The build command, as the plugin's README shows it.
     fn build_line(self) -> &'static str {
         match self {
-            Lang::Rust => "cargo build --release --target wasm32-wasip2, then copies the component here",
+            Lang::Rust => {
+                "cargo build --release --target wasm32-wasip2, then copies the component here"
+            }
             Lang::Js => "sdk/js/build.sh . NAME.wasm (esbuild, then componentize-js)",
             Lang::Python => "sdk/python/build.sh . NAME.wasm (componentize-py)",
-            Lang::C => "sdk/c/build.sh . NAME.wasm (clang for wasm32-wasi, then wasm-tools component new)",
+            Lang::C => {
+                "sdk/c/build.sh . NAME.wasm (clang for wasm32-wasi, then wasm-tools component new)"
+            }
         }
     }
 
@@ -79,9 +83,10 @@ impl Lang {
         if dir.join("app.py").is_file() {
             return Some(Lang::Python);
         }
-        let has_c = std::fs::read_dir(dir).ok()?.flatten().any(|e| {
-            e.path().extension().is_some_and(|x| x == "c")
-        });
+        let has_c = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "c"));
         has_c.then_some(Lang::C)
     }
 }
