@@ -353,30 +353,61 @@ fn datetime_c_gives_date_weekday_and_timezone_from_facts() {
 // ---------------------------------------------------------------------------------------------
 // One logical plugin, four languages (tests/fixtures/same).
 
-/// `same.wasm` built from tests/fixtures/same/LANG, each alone in a folder with `config`.
-fn same_in(lang: &str, config: &str) -> (Folder, PathBuf) {
+/// `same.wasm` built from tests/fixtures/same/LANG, alone in a folder with `config`. `js-pure`
+/// and `python-pure` are the builds that import no WASI at all.
+fn same_in(build: &str, config: &str) -> (Folder, PathBuf) {
     let folder = Folder::new();
     let out = folder.path().join("same.wasm");
+    let (lang, pure) = match build.strip_suffix("-pure") {
+        Some(lang) => (lang, true),
+        None => (build, false),
+    };
     if lang == "rust" {
         std::fs::copy(common::fixture("same"), &out).expect("copy");
     } else {
-        common::sdk_build(
-            lang,
-            &common::repo_root().join("tests/fixtures/same").join(lang),
-            &out,
+        let src = common::repo_root().join("tests/fixtures/same").join(lang);
+        common::sdk_build(lang, &src, &out, pure);
+    }
+    if pure {
+        let imports = wit_imports(&out);
+        assert!(
+            imports.iter().all(|i| i.starts_with("promptd:plugin/")),
+            "{build} imports {imports:?}"
         );
     }
     let config = folder.config(config);
     (folder, config)
 }
 
+/// The interfaces a component imports, read with the C SDK's wasm-tools.
+fn wit_imports(component: &Path) -> Vec<String> {
+    let tool = common::repo_root().join("sdk/c/.tools/venv/bin/wasm-tools");
+    let out = Command::new(&tool)
+        .args(["component", "wit"])
+        .arg(component)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (sdk/c/install.sh installs it)", tool.display()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("import "))
+        .map(|i| i.trim_end_matches(';').to_string())
+        .collect()
+}
+
 #[test]
-fn the_same_plugin_in_four_languages_assembles_byte_identically() {
+fn the_same_plugin_in_every_language_and_pure_build_assembles_byte_identically() {
     let config = "[agents.coder]\n[plugins.same]\nconfig = { greeting = \"Hi\" }\n";
-    let builds: Vec<(&str, (Folder, PathBuf))> = ["rust", "js", "python", "c"]
-        .into_iter()
-        .map(|l| (l, same_in(l, config)))
-        .collect();
+    let builds: Vec<(&str, (Folder, PathBuf))> =
+        ["rust", "js", "python", "c", "js-pure", "python-pure"]
+            .into_iter()
+            .map(|l| (l, same_in(l, config)))
+            .collect();
     let cases: [&[&str]; 4] = [
         &[],
         &[
@@ -463,4 +494,65 @@ fn the_same_plugin_in_four_languages_assembles_byte_identically() {
         line,
         "error[plugin_error]: plugin `same`, section `same:fail`: asked to fail: now"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The example config `cargo xtask run` serves, with all seven shipped plugins.
+
+#[test]
+fn the_example_config_assembles_every_shipped_plugin() {
+    let dir = common::shipped("skills");
+    let dir = dir.parent().unwrap().to_str().unwrap();
+    let config = common::repo_root().join("promptd.toml");
+    let docs =
+        r#"documents=[{"source":"CHANGELOG.md","date":"2026-11-30","text":"0.2: hot reload."}]"#;
+    let args = [
+        "assemble",
+        "--plugins",
+        dir,
+        "--config",
+        config.to_str().unwrap(),
+        "--agent",
+        "reviewer",
+        "--fact",
+        "cwd=/src",
+        "--fact",
+        "date=2026-12-01",
+        "--fact",
+        "skills=review",
+        "--fact",
+        docs,
+    ];
+    let v: Value = serde_json::from_str(&ok(&args)).unwrap();
+    let system = v["system"].as_str().unwrap();
+    for part in [
+        "You are Ada",
+        "engineering side",
+        "Tools: read a file",
+        "<name>release</name>",
+        "<skill name=\"review\">",
+    ] {
+        assert!(
+            system.contains(part),
+            "no {part:?} in the system prompt:\n{system}"
+        );
+    }
+    let context = v["messages"][0]["content"].as_str().unwrap();
+    for part in [
+        "Working directory: /src",
+        "Today is Tuesday, 2026-12-01 (time zone: UTC).",
+        "source=\"CHANGELOG.md\"",
+    ] {
+        assert!(
+            context.contains(part),
+            "no {part:?} in the runtime context:\n{context}"
+        );
+    }
+    let tools: Vec<&str> = v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["read_file", "list_dir", "bash", "write_file"]);
 }

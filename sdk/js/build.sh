@@ -10,6 +10,8 @@
 # The plugin's id is OUT's file name without `.wasm`. Installs nothing: run sdk/js/install.sh first.
 #
 # Environment: PROMPTD_WIT overrides the WIT folder (default: the repository's wit/).
+# PROMPTD_PURE=1 builds a component that imports no WASI at all (componentize-js
+# --disable stdio random clocks: console output is dropped, Math.random and Date are fixed).
 set -euo pipefail
 
 die() { echo "sdk/js/build.sh: $*" >&2; exit 1; }
@@ -45,7 +47,9 @@ trap 'rm -rf "$TMP"' EXIT
 #    directory, so the WIT is copied beside the bundle. --disable http fetch-event: no wasi:http
 #    imports (the host offers plain WASI p2).
 cp -r "$WIT" "$TMP/wit"
+DISABLE=(http fetch-event)
+[ "${PROMPTD_PURE:-0}" = 1 ] && DISABLE+=(stdio random clocks)
 ( cd "$TMP" && "$BIN/componentize-js" --wit wit --world-name plugin \
-    --disable http fetch-event --out "$OUT" plugin.js ) >"$TMP/log" 2>&1 \
+    --disable "${DISABLE[@]}" --out "$OUT" plugin.js ) >"$TMP/log" 2>&1 \
   || { cat "$TMP/log" >&2; die "componentize-js failed"; }
 echo "built $OUT ($(wc -c <"$OUT") bytes)"

@@ -11,7 +11,9 @@
 # `.wasm`. Installs nothing: run sdk/python/install.sh first.
 #
 # Environment: PROMPTD_WIT overrides the WIT folder (default: the repository's wit/);
-# PROMPTD_APP overrides the entry module name (default: app).
+# PROMPTD_APP overrides the entry module name (default: app); PROMPTD_PURE=1 builds a component
+# that imports no WASI at all (componentize-py --stub-wasi: WASI calls such as print() trap, and
+# the random seed is fixed at build time).
 set -euo pipefail
 
 die() { echo "sdk/python/build.sh: $*" >&2; exit 1; }
@@ -36,6 +38,8 @@ for d in "${EXTRA[@]}"; do [ -n "$d" ] && PATHS+=(-p "$d"); done
 # PATH; point it at the SDK's own venv instead.
 export VIRTUAL_ENV="${VIRTUAL_ENV:-$SDK/.venv}"
 
+FLAGS=()
+[ "${PROMPTD_PURE:-0}" = 1 ] && FLAGS+=(--stub-wasi)
 mkdir -p "$(dirname "$OUT")"
-"$CPY" -q -d "$WIT" -w plugin componentize "${PATHS[@]}" "$APP" -o "$OUT"
+"$CPY" -q -d "$WIT" -w plugin componentize "${PATHS[@]}" "$APP" "${FLAGS[@]}" -o "$OUT"
 echo "built $OUT ($(wc -c <"$OUT") bytes)"

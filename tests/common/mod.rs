@@ -71,13 +71,15 @@ pub fn shipped(name: &str) -> PathBuf {
     .join(format!("{name}.wasm"))
 }
 
-/// Builds the plugin in `src` with `sdk/LANG/build.sh` (js, python, c) into `out`.
-pub fn sdk_build(lang: &str, src: &Path, out: &Path) {
+/// Builds the plugin in `src` with `sdk/LANG/build.sh` (js, python, c) into `out`; `pure`
+/// asks for a component that imports no WASI (`PROMPTD_PURE=1`).
+pub fn sdk_build(lang: &str, src: &Path, out: &Path, pure: bool) {
     let script = repo_root().join("sdk").join(lang).join("build.sh");
     let o = Command::new("bash")
         .arg(&script)
         .arg(src)
         .arg(out)
+        .env("PROMPTD_PURE", if pure { "1" } else { "0" })
         .output()
         .expect("run bash");
     assert!(
