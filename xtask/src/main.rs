@@ -232,5 +232,13 @@ fn test(root: &Path) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The Python SDK's and the documents plugin's pure logic, natively (no wasm): quick, and
+    // their failures read better than an assembled request that differs.
+    let python = root.join("sdk/python/.venv/bin/python");
+    for dir in ["sdk/python/tests", "plugins/documents/tests"] {
+        sh(Command::new(&python)
+            .current_dir(root)
+            .args(["-m", "unittest", "discover", "-s", dir]))?;
+    }
     sh(cargo().current_dir(root).args(["test", "--workspace"]))
 }
