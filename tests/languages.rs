@@ -127,6 +127,65 @@ fn plugin_new_and_build_refuse_bad_input() {
     assert!(line.contains("no plugin here"), "{line}");
 }
 
+/// A missing toolchain is an error that names the installer, never a silent skip: each SDK's
+/// scripts, copied without their installed tools, and no toolchain on PATH but the system's.
+#[test]
+fn a_missing_toolchain_says_how_to_install_it() {
+    let root = common::repo_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let sdk = tmp.path().join("sdk");
+    std::os::unix::fs::symlink(root.join("wit"), tmp.path().join("wit")).unwrap();
+    let copy = |from: &Path, to: &Path| {
+        let status = Command::new("cp")
+            .arg("-r")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    for (lang, parts) in [
+        ("js", &["build.sh", "promptd.js"][..]),
+        ("python", &["build.sh", "src"][..]),
+        ("c", &["build.sh", "include", "src", "generated"][..]),
+    ] {
+        std::fs::create_dir_all(sdk.join(lang)).unwrap();
+        for part in parts {
+            copy(
+                &root.join("sdk").join(lang).join(part),
+                &sdk.join(lang).join(part),
+            );
+        }
+        ok(&[
+            "plugin",
+            "new",
+            "hello",
+            "--lang",
+            lang,
+            "--dir",
+            tmp.path().join(lang).to_str().unwrap(),
+        ]);
+        let out = Command::new(env!("CARGO_BIN_EXE_promptd"))
+            .args(["plugin", "build"])
+            .current_dir(tmp.path().join(lang).join("hello"))
+            .env("PROMPTD_SDK", &sdk)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{lang}: the build should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error[build_failed]: building "),
+            "{lang}: {err}"
+        );
+        assert!(
+            last.contains(&format!("run sdk/{lang}/install.sh")),
+            "{lang}: {last}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The bundled plugin of each SDK, through `promptd assemble`.
 

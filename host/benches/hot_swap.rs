@@ -3,7 +3,9 @@
 //! one that must be compiled. Also the slowest step that ran meanwhile, to show that no step
 //! waits for a compile.
 //!
-//! Run: `cargo bench -p promptd --bench hot_swap` (builds the test fixtures first).
+//! Run: `cargo bench -p promptd --bench hot_swap [-- rust|js|python|c]...` (builds the test
+//! fixtures, and the JavaScript, Python and C versions with their SDKs, first; `cargo xtask sdks`
+//! installs those toolchains).
 //! Method: an in-process daemon (the same `Daemon` + watcher `promptd serve` uses) on a temp
 //! folder; a stepping thread assembles continuously; the main thread renames version N into
 //! place and polls steps until the version marker flips. Uncached swaps append a unique custom
@@ -43,6 +45,45 @@ fn fixtures() -> PathBuf {
         .expect("cargo");
     assert!(status.success(), "building the fixtures failed");
     root.join("tests/fixtures/target/wasm32-wasip2/release")
+}
+
+/// Versions 1 and 2 of a one-section plugin ("version N") in `lang`, built with its SDK.
+fn sdk_versions(root: &Path, lang: &str) -> (Vec<u8>, Vec<u8>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let build = |n: u32| {
+        let (file, source) = match lang {
+            "js" => ("plugin.js", format!(
+                "import {{ Plugin, exportPlugin }} from \"promptd-sdk\";\n\
+                 export const {{ declare, sectionText, contextText, variableValue, shownTools }} =\n\
+                 \x20 exportPlugin(() => new Plugin().section(\"version\", 0, \"version {n}\"));\n"
+            )),
+            "python" => ("app.py", format!(
+                "from promptd_sdk import Plugin, export_plugin\n\n\
+                 WitWorld = export_plugin(lambda config: Plugin().section(\"version\", 0, \"version {n}\"))\n"
+            )),
+            "c" => ("plugin.c", format!(
+                "#include \"promptd.h\"\n\
+                 static void declare(const promptd_config *c, promptd_plugin *p) {{\n\
+                 \x20   (void)c;\n    promptd_section(p, \"version\", 0, \"version {n}\");\n}}\n\
+                 PROMPTD_EXPORT_PLUGIN(declare)\n"
+            )),
+            other => panic!("no SDK for {other}"),
+        };
+        let src = tmp.path().join(format!("v{n}"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join(file), source).unwrap();
+        let out = tmp.path().join(format!("v{n}.wasm"));
+        let status = Command::new("bash")
+            .arg(root.join("sdk").join(lang).join("build.sh"))
+            .arg(&src)
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("bash");
+        assert!(status.success(), "building the {lang} version failed");
+        std::fs::read(out).unwrap()
+    };
+    (build(1), build(2))
 }
 
 fn put(dir: &Path, bytes: &[u8]) {
@@ -110,7 +151,7 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
         put(&plugins, &bytes);
         while marker(&daemon, &session) != want {
             assert!(
-                started.elapsed() < Duration::from_secs(30),
+                started.elapsed() < Duration::from_secs(120),
                 "swap {i} never applied"
             );
         }
@@ -129,13 +170,40 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; ignore arguments.
+    // `cargo bench` passes `--bench`; other arguments choose languages.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |lang: &str| args.is_empty() || args.iter().any(|a| a == lang);
     let dir = fixtures();
-    let v1 = std::fs::read(dir.join("versioned_v1.wasm")).unwrap();
-    let v2 = std::fs::read(dir.join("versioned_v2.wasm")).unwrap();
+    let root = dir.ancestors().nth(5).unwrap().to_path_buf();
     println!(
         "hot-swap latency: rename into the folder -> first assembly that sees the new version"
     );
-    run("Rust plugin, cached", 60, true, &v1, &v2);
-    run("Rust plugin, uncached", 30, false, &v1, &v2);
+    if wanted("rust") {
+        let v1 = std::fs::read(dir.join("versioned_v1.wasm")).unwrap();
+        let v2 = std::fs::read(dir.join("versioned_v2.wasm")).unwrap();
+        run("Rust plugin, cached", 60, true, &v1, &v2);
+        run("Rust plugin, uncached", 30, false, &v1, &v2);
+    }
+    // Fewer uncached rounds for the 12-18 MB components: each compile takes seconds.
+    for (lang, label, cached_n, uncached_n) in [
+        ("c", "C", 60, 30),
+        ("js", "JavaScript", 30, 6),
+        ("python", "Python", 30, 6),
+    ] {
+        if wanted(lang) {
+            let (v1, v2) = sdk_versions(&root, lang);
+            println!("{label}: component {} KB", v1.len() / 1024);
+            run(&format!("{label} plugin, cached"), cached_n, true, &v1, &v2);
+            run(
+                &format!("{label} plugin, uncached"),
+                uncached_n,
+                false,
+                &v1,
+                &v2,
+            );
+        }
+    }
 }

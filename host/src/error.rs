@@ -162,6 +162,14 @@ pub enum Error {
         name: String,
         plugin: String,
     },
+
+    // ---- plugin authoring (`promptd plugin build`) -----------------------------------------
+    #[error("building {dir} ({lang}): {cause}")]
+    BuildFailed {
+        dir: String,
+        lang: String,
+        cause: String,
+    },
 }
 
 fn known_vars(known: &[String]) -> String {
@@ -211,6 +219,7 @@ impl Error {
             Error::BadRequest(_) => "bad_request",
             Error::Quarantined { .. } => "quarantined",
             Error::UnknownToolCall(_) => "unknown_tool_call",
+            Error::BuildFailed { .. } => "build_failed",
         }
     }
 }

@@ -180,28 +180,43 @@ pub fn build(dir: &Path) -> anyhow::Result<()> {
                 .into(),
         });
     };
+    let failed = |cause: String| Error::BuildFailed {
+        dir: dir.display().to_string(),
+        lang: lang.name().to_string(),
+        cause,
+    };
     let out = match lang {
-        Lang::Rust => build_rust(&dir)?,
+        Lang::Rust => build_rust(&dir).map_err(|e| failed(format!("{e:#}")))?,
         _ => {
             // The id is the file stem, and a new plugin's folder is named after it.
             let name = dir
                 .file_name()
                 .and_then(|n| n.to_str())
-                .context("the plugin folder has no name")?;
+                .ok_or_else(|| failed("the plugin folder has no name".into()))?;
             let out = dir.join(format!("{name}.wasm"));
             let script = sdk_dir(lang)?.join("build.sh");
-            let status = Command::new("bash")
+            // The script's last stderr line says what went wrong (e.g. which installer to run);
+            // it becomes the error, and everything before it is shown as the tool wrote it.
+            let run = Command::new("bash")
                 .arg(&script)
                 .arg(&dir)
                 .arg(&out)
-                .status()
-                .with_context(|| format!("run {}", script.display()))?;
-            if !status.success() {
-                bail!(
-                    "{} failed ({status}); its message above says what is missing",
-                    script.display()
+                .stderr(std::process::Stdio::piped())
+                .output()
+                .map_err(|e| failed(format!("cannot run bash {}: {e}", script.display())))?;
+            if !run.status.success() {
+                let said = String::from_utf8_lossy(&run.stderr);
+                let mut lines: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
+                let last = lines.pop().unwrap_or("no message");
+                for line in lines {
+                    eprintln!("{line}");
+                }
+                return Err(
+                    failed(format!("{} ({}): {last}", script.display(), run.status)).into(),
                 );
             }
+            // The script's own progress line ("built ...") goes to stdout, before the path.
+            print!("{}", String::from_utf8_lossy(&run.stdout));
             out
         }
     };
@@ -223,7 +238,7 @@ fn build_rust(dir: &Path) -> anyhow::Result<PathBuf> {
         .status()
         .context("run cargo (is Rust installed?)")?;
     if !status.success() {
-        bail!("cargo build failed; if the target is missing: rustup target add wasm32-wasip2");
+        bail!("cargo build failed ({status}); if the target is missing: rustup target add wasm32-wasip2");
     }
     let built = dir.join(format!("target/wasm32-wasip2/release/{name}.wasm"));
     let out = dir.join(format!("{name}.wasm"));
