@@ -95,7 +95,7 @@ fn install_sdks(root: &Path) -> Result<()> {
 }
 
 /// The newest modification time of the files under `dir`, leaving out installed tools
-/// (node_modules, venvs, `.tools`) and build output.
+/// (node_modules, venvs, `.tools`), build output, caches and docs.
 fn newest(dir: &Path) -> Result<SystemTime> {
     let mut latest = SystemTime::UNIX_EPOCH;
     for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
@@ -105,7 +105,9 @@ fn newest(dir: &Path) -> Result<SystemTime> {
         if name.starts_with('.')
             || name == "node_modules"
             || name == "target"
+            || name == "__pycache__"
             || name.ends_with(".wasm")
+            || name.ends_with(".md")
         {
             continue;
         }
