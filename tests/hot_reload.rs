@@ -342,6 +342,46 @@ fn dev_mode_rebuilds_a_rust_plugin_when_its_source_changes() {
     });
 }
 
+#[test]
+fn dev_mode_rebuilds_a_c_plugin_folder_when_its_source_changes() {
+    // A plugin folder as `promptd plugin new --lang c` makes it; C builds in under a second.
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path().to_str().unwrap();
+    common::ok(&["plugin", "new", "greeter", "--lang", "c", "--dir", parent]);
+    let src = tmp.path().join("greeter");
+    let folder = Folder::new();
+    let config = folder.config("");
+    let (_state_tmp, state) = state_dir();
+    let src_arg = src.display().to_string();
+    // Served from the plugin folder itself, as the README suggests (`--plugins . --dev .`): the
+    // build must never show the daemon a half-written component.
+    let d = Served::start_with(&src, &config, &state, &["--dev", &src_arg], &[]);
+    eventually_within(120, "first dev build loaded", || {
+        d.plugin("greeter")["state"] == "loaded"
+    });
+    let id = d.session("default");
+    assert_eq!(
+        step(&d, &id)["request"]["system"],
+        "Answer as briefly as you can."
+    );
+
+    let path = src.join("plugin.c");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("Answer as {{", "Reply as {{")).unwrap();
+    eventually_within(120, "rebuilt and reloaded", || {
+        step(&d, &id)["request"]["system"] == "Reply as briefly as you can."
+    });
+
+    // A build error is logged; the last good version keeps serving.
+    std::fs::write(&path, "this is not C").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        step(&d, &id)["request"]["system"],
+        "Reply as briefly as you can."
+    );
+    assert_eq!(d.plugin("greeter")["state"], "loaded");
+}
+
 /// Every registry event so far, from the SSE stream (it replays the history at once; the read
 /// ends when the stream has been quiet for a moment).
 fn sse(base: &str) -> Vec<Value> {

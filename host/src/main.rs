@@ -71,9 +71,10 @@ enum Command {
         /// Do not watch the plugin folder and config for changes.
         #[arg(long)]
         no_watch: bool,
-        /// Also rebuild the Rust plugins of this cargo workspace (e.g. `plugins`) when their
-        /// sources change, and copy the new .wasm files into the plugin folder.
-        #[arg(long, value_name = "WORKSPACE")]
+        /// Also rebuild plugins when their sources change and copy the new .wasm files into the
+        /// plugin folder: DIR is a cargo workspace of Rust plugins (e.g. `plugins`) or a plugin
+        /// folder of any language made by `promptd plugin new`.
+        #[arg(long, value_name = "DIR")]
         dev: Option<PathBuf>,
     },
     /// Drive sessions on a running daemon.

@@ -168,6 +168,21 @@ pub fn new(name: &str, lang: &str, parent: &Path) -> anyhow::Result<()> {
 
 /// Builds the plugin in `dir` into `dir/NAME.wasm` and prints its path.
 pub fn build(dir: &Path) -> anyhow::Result<()> {
+    let (out, said) = build_plugin(dir)?;
+    // The build tool's own progress line ("built ..."), then the path.
+    print!("{said}");
+    println!("{}", out.display());
+    Ok(())
+}
+
+/// Whether `dir` is a plugin folder `build_plugin` can build.
+pub fn is_plugin_folder(dir: &Path) -> bool {
+    Lang::detect(dir).is_some()
+}
+
+/// Builds the plugin in `dir` into `dir/NAME.wasm`; returns that path and what the build tool
+/// printed on stdout.
+pub fn build_plugin(dir: &Path) -> anyhow::Result<(PathBuf, String)> {
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::Io {
         path: dir.display().to_string(),
         message: e.to_string(),
@@ -185,43 +200,47 @@ pub fn build(dir: &Path) -> anyhow::Result<()> {
         lang: lang.name().to_string(),
         cause,
     };
-    let out = match lang {
-        Lang::Rust => build_rust(&dir).map_err(|e| failed(format!("{e:#}")))?,
-        _ => {
-            // The id is the file stem, and a new plugin's folder is named after it.
-            let name = dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| failed("the plugin folder has no name".into()))?;
-            let out = dir.join(format!("{name}.wasm"));
-            let script = sdk_dir(lang)?.join("build.sh");
-            // The script's last stderr line says what went wrong (e.g. which installer to run);
-            // it becomes the error, and everything before it is shown as the tool wrote it.
-            let run = Command::new("bash")
-                .arg(&script)
-                .arg(&dir)
-                .arg(&out)
-                .stderr(std::process::Stdio::piped())
-                .output()
-                .map_err(|e| failed(format!("cannot run bash {}: {e}", script.display())))?;
-            if !run.status.success() {
-                let said = String::from_utf8_lossy(&run.stderr);
-                let mut lines: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
-                let last = lines.pop().unwrap_or("no message");
-                for line in lines {
-                    eprintln!("{line}");
-                }
-                return Err(
-                    failed(format!("{} ({}): {last}", script.display(), run.status)).into(),
-                );
-            }
-            // The script's own progress line ("built ...") goes to stdout, before the path.
-            print!("{}", String::from_utf8_lossy(&run.stdout));
-            out
+    if lang == Lang::Rust {
+        let out = build_rust(&dir).map_err(|e| failed(format!("{e:#}")))?;
+        return Ok((out, String::new()));
+    }
+    // The id is the file stem, and a new plugin's folder is named after it.
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| failed("the plugin folder has no name".into()))?;
+    let out = dir.join(format!("{name}.wasm"));
+    // Built beside, then renamed: a daemon watching this folder (`serve --plugins . --dev .`)
+    // never sees a half-written component. Not `*.wasm`, so no plugin scan picks it up.
+    let partial = dir.join(format!(".{name}.wasm.partial"));
+    let script = sdk_dir(lang)?.join("build.sh");
+    let run = Command::new("bash")
+        .arg(&script)
+        .arg(&dir)
+        .arg(&partial)
+        .output()
+        .map_err(|e| failed(format!("cannot run bash {}: {e}", script.display())))?;
+    if !run.status.success() {
+        let _ = std::fs::remove_file(&partial);
+        // The script's last stderr line says what went wrong (e.g. which installer to run); it
+        // becomes the error, and everything before it is shown as the tool wrote it.
+        let said = String::from_utf8_lossy(&run.stderr);
+        let mut lines: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
+        let last = lines.pop().unwrap_or("no message");
+        for line in lines {
+            eprintln!("{line}");
         }
-    };
-    println!("{}", out.display());
-    Ok(())
+        bail!(failed(format!(
+            "{} ({}): {last}",
+            script.display(),
+            run.status
+        )));
+    }
+    std::fs::rename(&partial, &out)
+        .map_err(|e| failed(format!("rename into {}: {e}", out.display())))?;
+    let said = String::from_utf8_lossy(&run.stdout)
+        .replace(&*partial.to_string_lossy(), &out.to_string_lossy());
+    Ok((out, said))
 }
 
 fn build_rust(dir: &Path) -> anyhow::Result<PathBuf> {
