@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{compile_cache, fails, ok, Folder};
+use common::{fails, ok, Folder};
 use serde_json::{json, Value};
 
 const RUNTIME_HEADER: &str =
@@ -44,11 +44,9 @@ fn try_page(lang: &str) -> (String, String) {
         match words.as_slice() {
             ["cd", dir] => cwd = cwd.join(dir),
             ["promptd", args @ ..] => {
-                let out = Command::new(env!("CARGO_BIN_EXE_promptd"))
+                let out = common::promptd_command()
                     .args(args)
                     .current_dir(&cwd)
-                    .env("PROMPTD_CACHE", compile_cache())
-                    .env_remove("PROMPTD_LOG")
                     .output()
                     .expect("run promptd");
                 assert!(
@@ -165,7 +163,7 @@ fn a_missing_toolchain_says_how_to_install_it() {
             "--dir",
             tmp.path().join(lang).to_str().unwrap(),
         ]);
-        let out = Command::new(env!("CARGO_BIN_EXE_promptd"))
+        let out = common::promptd_command()
             .args(["plugin", "build"])
             .current_dir(tmp.path().join(lang).join("hello"))
             .env("PROMPTD_SDK", &sdk)

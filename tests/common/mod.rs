@@ -204,14 +204,17 @@ impl Folder {
     }
 }
 
+/// The real `promptd` binary, quiet, with the tests' shared compile cache.
+pub fn promptd_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptd"));
+    cmd.env_remove("PROMPTD_LOG")
+        .env("PROMPTD_CACHE", compile_cache());
+    cmd
+}
+
 /// Runs the real `promptd` binary.
 pub fn promptd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_promptd"))
-        .args(args)
-        .env_remove("PROMPTD_LOG")
-        .env("PROMPTD_CACHE", compile_cache())
-        .output()
-        .expect("run promptd")
+    promptd_command().args(args).output().expect("run promptd")
 }
 
 pub fn stdout(o: &Output) -> String {
