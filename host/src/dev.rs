@@ -92,7 +92,7 @@ fn is_source(event: &notify::Result<notify::Event>, target: &Path) -> bool {
 fn build_folder(dir: &Path, plugin_dir: &Path) {
     tracing::info!(plugin = %dir.display(), "dev: building the plugin");
     match crate::scaffold::build_plugin(dir) {
-        Ok((built, _)) => copy_if_changed(&built, plugin_dir),
+        Ok(built) => copy_if_changed(&built, plugin_dir),
         Err(e) => tracing::warn!("dev: build failed; the running plugins keep serving: {e:#}"),
     }
 }

@@ -168,10 +168,7 @@ pub fn new(name: &str, lang: &str, parent: &Path) -> anyhow::Result<()> {
 
 /// Builds the plugin in `dir` into `dir/NAME.wasm` and prints its path.
 pub fn build(dir: &Path) -> anyhow::Result<()> {
-    let (out, said) = build_plugin(dir)?;
-    // The build tool's own progress line ("built ..."), then the path.
-    print!("{said}");
-    println!("{}", out.display());
+    println!("{}", build_plugin(dir)?.display());
     Ok(())
 }
 
@@ -180,9 +177,8 @@ pub fn is_plugin_folder(dir: &Path) -> bool {
     Lang::detect(dir).is_some()
 }
 
-/// Builds the plugin in `dir` into `dir/NAME.wasm`; returns that path and what the build tool
-/// printed on stdout.
-pub fn build_plugin(dir: &Path) -> anyhow::Result<(PathBuf, String)> {
+/// Builds the plugin in `dir` into `dir/NAME.wasm` and returns that path.
+pub fn build_plugin(dir: &Path) -> anyhow::Result<PathBuf> {
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::Io {
         path: dir.display().to_string(),
         message: e.to_string(),
@@ -201,8 +197,7 @@ pub fn build_plugin(dir: &Path) -> anyhow::Result<(PathBuf, String)> {
         cause,
     };
     if lang == Lang::Rust {
-        let out = build_rust(&dir).map_err(|e| failed(format!("{e:#}")))?;
-        return Ok((out, String::new()));
+        return build_rust(&dir).map_err(|e| failed(format!("{e:#}")).into());
     }
     // The id is the file stem, and a new plugin's folder is named after it.
     let name = dir
@@ -238,9 +233,7 @@ pub fn build_plugin(dir: &Path) -> anyhow::Result<(PathBuf, String)> {
     }
     std::fs::rename(&partial, &out)
         .map_err(|e| failed(format!("rename into {}: {e}", out.display())))?;
-    let said = String::from_utf8_lossy(&run.stdout)
-        .replace(&*partial.to_string_lossy(), &out.to_string_lossy());
-    Ok((out, said))
+    Ok(out)
 }
 
 fn build_rust(dir: &Path) -> anyhow::Result<PathBuf> {
