@@ -17,7 +17,7 @@ fn read(name: &str) -> Vec<u8> {
 
 fn sha256(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    promptd::loader::hex(&Sha256::digest(bytes))
+    promptd_daemon::plugin_dir::hex(&Sha256::digest(bytes))
 }
 
 fn step(d: &Served, id: &str) -> Value {

@@ -5,9 +5,9 @@
 mod common;
 
 use common::{fails, ok, Folder};
-use promptd::config::Config;
-use promptd::loader;
-use promptd::wasm::WasmRuntime;
+use promptd_core::load;
+use promptd_daemon::plugin_dir;
+use promptd_engine::WasmEngine;
 use serde_json::Value;
 
 fn check(folder: &Folder, name: &str, code: &str) -> String {
@@ -164,10 +164,10 @@ fn r2_a_conflict_refuses_the_later_file_and_names_both_plugins() {
     );
 
     // The library keeps the plugin loaded first serving, whatever the timing: file-name order.
-    let runtime = WasmRuntime::new().unwrap();
-    let config = Config::load(&config).unwrap();
+    let runtime = WasmEngine::new().unwrap();
+    let config = plugin_dir::read_config(&config).unwrap();
     for _ in 0..3 {
-        let loaded = loader::load_dir(&runtime, folder.path(), &config).unwrap();
+        let loaded = load::load_all(&runtime, plugin_dir::read_all(folder.path()).unwrap(), &config);
         let ids: Vec<&str> = loaded.registry.plugins().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["a_first"]);
         assert_eq!(loaded.refused.len(), 1);
@@ -218,22 +218,22 @@ fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
     let config = folder.config(
         "[plugins.dyn]\nconfig = { \"dynamic_section.hello\" = \"0|hello $agent\", \"trap_section.bad\" = \"1\" }\n",
     );
-    let runtime = WasmRuntime::new().unwrap();
-    let config = Config::load(&config).unwrap();
-    let loaded = loader::load_dir(&runtime, folder.path(), &config).unwrap();
+    let runtime = WasmEngine::new().unwrap();
+    let config = plugin_dir::read_config(&config).unwrap();
+    let loaded = load::load_all(&runtime, plugin_dir::read_all(folder.path()).unwrap(), &config);
     let entry = loaded.registry.get("dyn").unwrap();
-    let step = promptd::model::Step {
+    let step = promptd_core::model::Step {
         agent: "coder".into(),
         scope_chain: vec!["global".into(), "coder".into()],
         ..Default::default()
     };
-    let global = promptd::model::Scope::Global;
+    let global = promptd_core::model::Scope::Global;
     let trap = entry
         .provider
         .section_text("bad", &global, &step)
         .unwrap_err();
     assert!(
-        matches!(trap, promptd::provider::CallError::Trapped(_)),
+        matches!(trap, promptd_core::provider::CallError::Trapped(_)),
         "{trap:?}"
     );
     // L3: the trapped instance is dropped; the next call runs on a fresh, re-declared one.

@@ -198,7 +198,63 @@ fn run(root: &Path, args: &[String]) -> Result<()> {
     sh(&mut cmd)
 }
 
+/// Crates the pure core must never depend on (not even through another crate): the engine,
+/// the database, HTTP, the async runtime and the file watcher sit at the edges.
+const NOT_IN_CORE: &[&str] = &[
+    "wasmtime",
+    "wasmtime-wasi",
+    "cranelift-codegen",
+    "rusqlite",
+    "libsqlite3-sys",
+    "axum",
+    "hyper",
+    "tokio",
+    "notify",
+];
+
+/// Fails when `promptd-core`'s dependency tree (normal and build dependencies) holds any of
+/// [`NOT_IN_CORE`].
+fn check_core_is_pure(root: &Path) -> Result<()> {
+    let out = cargo()
+        .current_dir(root)
+        .args([
+            "tree",
+            "-p",
+            "promptd-core",
+            "-e",
+            "normal,build",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .output()
+        .context("run cargo tree")?;
+    if !out.status.success() {
+        bail!(
+            "cargo tree -p promptd-core failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let found: Vec<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| NOT_IN_CORE.contains(name))
+        .collect();
+    if !found.is_empty() {
+        bail!(
+            "promptd-core must stay free of the engine, database, HTTP and async runtime, but \
+             its dependency tree holds: {}",
+            found.join(", ")
+        );
+    }
+    println!("promptd-core's dependency tree is pure ({} crates)", tree.lines().count());
+    Ok(())
+}
+
 fn test(root: &Path) -> Result<()> {
+    check_core_is_pure(root)?;
     install_toolchain_parts()?;
     install_sdks(root)?;
     plugins(root)?;

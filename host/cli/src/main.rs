@@ -1,0 +1,342 @@
+//! The `promptd` command line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use promptd_core::assembly::{self, Options};
+use promptd_core::config::{Config, DEFAULT_AGENT};
+use promptd_core::model::Step;
+use promptd_core::{load, request};
+use promptd_daemon::plugin_dir;
+use promptd_engine::{cache, WasmEngine};
+
+mod client;
+mod dev;
+mod error;
+mod scaffold;
+mod serve;
+
+use error::CliError;
+
+#[derive(Parser)]
+#[command(
+    name = "promptd",
+    version,
+    about = "A host for WebAssembly prompt plugins"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load the plugins in a folder and print the assembled request as JSON.
+    Assemble {
+        /// The plugins folder (default: the config's `plugin_dir`, else ./plugins).
+        #[arg(long)]
+        plugins: Option<PathBuf>,
+        /// The config file (default: ./promptd.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The agent to assemble for.
+        #[arg(long, default_value = DEFAULT_AGENT)]
+        agent: String,
+        /// A step fact, KEY=VALUE; repeatable.
+        #[arg(long = "fact", value_name = "KEY=VALUE")]
+        facts: Vec<String>,
+        /// Also print which plugin gave each section, context, variable and tool.
+        #[arg(long)]
+        explain: bool,
+    },
+    /// Inspect plugin files.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+    /// Run the daemon: load the plugins and serve the HTTP API.
+    Serve {
+        /// The config file (default: ./promptd.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The plugins folder (default: the config's `plugin_dir`, else ./plugins).
+        #[arg(long)]
+        plugins: Option<PathBuf>,
+        /// `HOST:PORT` (port 0 picks a free one), or `unix:/path/to.sock`.
+        #[arg(long, default_value = client::DEFAULT_LISTEN)]
+        listen: String,
+        /// Where sessions (`sessions.db`) and the compile cache (`cache/`) are kept.
+        #[arg(long, default_value = ".promptd")]
+        state: PathBuf,
+        /// Do not watch the plugin folder and config for changes.
+        #[arg(long)]
+        no_watch: bool,
+        /// Also rebuild plugins when their sources change and copy the new .wasm files into the
+        /// plugin folder: DIR is a cargo workspace of Rust plugins (e.g. `plugins`) or a plugin
+        /// folder of any language made by `promptd plugin new`.
+        #[arg(long, value_name = "DIR")]
+        dev: Option<PathBuf>,
+    },
+    /// Drive sessions on a running daemon.
+    Session {
+        #[command(subcommand)]
+        command: SessionCommand,
+        #[command(flatten)]
+        server: client::Server,
+    },
+    /// List the plugins of a running daemon.
+    Plugins {
+        #[command(flatten)]
+        server: client::Server,
+    },
+}
+
+#[derive(Subcommand)]
+enum SessionCommand {
+    /// Create a session for AGENT and print its id.
+    New { agent: String },
+    /// Run one step and print the frozen request.
+    Step {
+        id: String,
+        /// The user's message for this step.
+        #[arg(long)]
+        user: Option<String>,
+        /// A step fact, KEY=VALUE; repeatable.
+        #[arg(long = "fact", value_name = "KEY=VALUE")]
+        facts: Vec<String>,
+        /// neutral, openai or anthropic.
+        #[arg(long, default_value = "neutral")]
+        format: String,
+    },
+    /// Print the session's event log.
+    Log { id: String },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Load one plugin and print what it declares, or why it is refused.
+    Check {
+        file: PathBuf,
+        /// A config file whose `[plugins.NAME]` table supplies the plugin's settings.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Create a new plugin folder NAME that builds with `promptd plugin build`.
+    New {
+        name: String,
+        /// The plugin's language: rust, js, python or c.
+        #[arg(long, default_value = "rust")]
+        lang: String,
+        /// Where to create the folder.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Build the plugin in this folder (or DIR) into NAME.wasm beside its sources.
+    Build {
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The daemon logs at info by default; one-shot commands stay quiet (see init_logging).
+    init_logging(matches!(cli.command, Command::Serve { .. }));
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line per error, so scripts can parse it.
+            if let Some(e) = err.downcast_ref::<client::ClientError>() {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+            let code = error::code_of(&err);
+            let message = if code == "internal" {
+                format!("{err:#}")
+            } else {
+                err.to_string()
+            };
+            let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
+            eprintln!("error[{code}]: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs (including plugins' `log` lines) go to stderr when `PROMPTD_LOG` names a level
+/// (error, warn, info, debug, trace). One-shot commands are quiet by default: their stderr is
+/// the single `error[CODE]:` line, and a trap's message already carries the plugin's last
+/// error log line.
+fn init_logging(daemon: bool) {
+    let level = std::env::var("PROMPTD_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok());
+    let Some(level) = level.or(daemon.then_some(tracing::Level::INFO)) else {
+        return;
+    };
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Assemble {
+            plugins,
+            config,
+            agent,
+            facts,
+            explain,
+        } => assemble(plugins, config, &agent, &facts, explain),
+        Command::Plugin {
+            command: PluginCommand::Check { file, config },
+        } => check(&file, config),
+        Command::Plugin {
+            command: PluginCommand::New { name, lang, dir },
+        } => scaffold::new(&name, &lang, &dir),
+        Command::Plugin {
+            command: PluginCommand::Build { dir },
+        } => scaffold::build(&dir),
+        Command::Serve {
+            config,
+            plugins,
+            listen,
+            state,
+            no_watch,
+            dev,
+        } => {
+            let config_path = config_path(config);
+            let options = serve::Options {
+                plugins,
+                listen,
+                state,
+                watch: !no_watch,
+                config_path,
+                dev,
+            };
+            serve::run(read_config(options.config_path.clone())?, options)
+        }
+        Command::Session { command, server } => match command {
+            SessionCommand::New { agent } => server.create_session(&agent),
+            SessionCommand::Step {
+                id,
+                user,
+                facts,
+                format,
+            } => server.step(&id, user, &parse_facts(&facts)?, &format),
+            SessionCommand::Log { id } => server.log(&id),
+        },
+        Command::Plugins { server } => server.plugins(),
+    }
+}
+
+/// The config file in use: the explicit one, or ./promptd.toml when present.
+fn config_path(path: Option<PathBuf>) -> Option<PathBuf> {
+    path.or_else(|| Some(PathBuf::from("promptd.toml")).filter(|p| p.is_file()))
+}
+
+/// The config from [`config_path`], or the defaults when there is none.
+fn read_config(path: Option<PathBuf>) -> Result<Config, promptd_daemon::DaemonError> {
+    match config_path(path) {
+        Some(p) => plugin_dir::read_config(&p),
+        None => Ok(Config::default()),
+    }
+}
+
+fn parse_facts(facts: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    facts
+        .iter()
+        .map(|f| match f.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(CliError::BadArgument {
+                flag: "--fact",
+                value: f.clone(),
+                expected: "expected KEY=VALUE".into(),
+            }
+            .into()),
+        })
+        .collect()
+}
+
+fn assemble(
+    plugins: Option<PathBuf>,
+    config: Option<PathBuf>,
+    agent: &str,
+    facts: &[String],
+    explain: bool,
+) -> anyhow::Result<()> {
+    let config = read_config(config)?;
+    let facts = parse_facts(facts)?;
+    let dir = plugins
+        .or_else(|| config.plugin_dir.clone())
+        .unwrap_or_else(|| PathBuf::from("plugins"));
+    let engine = one_shot_engine()?;
+    let loaded = load::load_all(&engine, plugin_dir::read_all(&dir)?, &config);
+    // The one-shot command is strict: a refused plugin is an error, not a silent omission.
+    if let Some(refusal) = loaded.refused.into_iter().next() {
+        return Err(refusal.error.into());
+    }
+    let step = Step {
+        agent: agent.to_string(),
+        scope_chain: config.chain(agent)?,
+        session_id: String::new(),
+        step_number: 0,
+        facts,
+    };
+    let options = Options {
+        tool_order: config.tool_order.clone(),
+        suppress_runtime_context: !config.runtime_context(agent),
+    };
+    let assembled = assembly::assemble(&loaded.registry, &step, &options)?;
+    for o in &assembled.omitted {
+        tracing::warn!(plugin = %o.plugin, "optional plugin left out: {}: {}", o.contribution, o.cause);
+    }
+    let json = request::neutral_json(&assembled, config.model(agent), explain);
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    Ok(())
+}
+
+/// The engine for one-shot commands. It keeps compiled plugins in a cache too, so a 12-18 MB
+/// JavaScript or Python component compiles once rather than at every run: the folder in
+/// `PROMPTD_CACHE` (`off` disables it), else `$XDG_CACHE_HOME/promptd`, else
+/// `~/.cache/promptd`. A cache that cannot be created only costs time, so it is skipped.
+fn one_shot_engine() -> anyhow::Result<WasmEngine> {
+    let env = |key| {
+        std::env::var_os(key)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let dir = match env("PROMPTD_CACHE") {
+        Some(dir) if dir == Path::new("off") => None,
+        Some(dir) => Some(dir),
+        None => env("XDG_CACHE_HOME")
+            .or_else(|| env("HOME").map(|h| h.join(".cache")))
+            .map(|d| d.join("promptd")),
+    };
+    let engine = WasmEngine::new()?;
+    match dir {
+        Some(dir) if std::fs::create_dir_all(&dir).is_ok() => {
+            Ok(engine.with_cache(&dir, cache::DEFAULT_MAX_BYTES)?)
+        }
+        _ => Ok(engine),
+    }
+}
+
+fn check(file: &Path, config: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = read_config(config)?;
+    let engine = one_shot_engine()?;
+    let (entry, _) = load::load(&engine, &plugin_dir::read(file)?, &config)?;
+    let json = serde_json::json!({
+        "id": entry.id,
+        "origin": entry.origin,
+        "declares": request::declaration_json(&entry.declaration),
+    });
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! `promptd serve`: start the daemon on TCP or a Unix socket, stop gracefully on SIGINT/SIGTERM.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use promptd_core::config::Config;
+use promptd_daemon::{http, Daemon};
+use promptd_engine::{cache, WasmEngine};
+use promptd_store::SqliteStore;
+
+use crate::error::CliError;
+
+/// How to serve (from the command line).
+pub struct Options {
+    pub plugins: Option<PathBuf>,
+    pub listen: String,
+    pub state: PathBuf,
+    /// Watch the plugin folder and the config file (H1).
+    pub watch: bool,
+    pub config_path: Option<PathBuf>,
+    /// A cargo workspace of Rust plugins to rebuild on change.
+    pub dev: Option<PathBuf>,
+}
+
+pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
+    let Options {
+        plugins,
+        listen,
+        state,
+        watch,
+        config_path,
+        dev,
+    } = options;
+    let (listen, state) = (listen.as_str(), state.as_path());
+    let token = std::env::var("PROMPTD_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| config.token.clone());
+    let dir = plugins
+        .or_else(|| config.plugin_dir.clone())
+        .unwrap_or_else(|| PathBuf::from("plugins"));
+
+    enum Listen {
+        Tcp(SocketAddr),
+        Unix(PathBuf),
+    }
+    let target = match listen.strip_prefix("unix:") {
+        Some(path) => Listen::Unix(PathBuf::from(path)),
+        None => {
+            let addr: SocketAddr = listen.parse().map_err(|e| CliError::BadArgument {
+                flag: "--listen",
+                value: listen.to_string(),
+                expected: format!("{e}; use HOST:PORT or unix:/path"),
+            })?;
+            // L5: anything but loopback needs a token.
+            if !addr.ip().is_loopback() && token.is_none() {
+                return Err(CliError::TokenRequired { addr }.into());
+            }
+            Listen::Tcp(addr)
+        }
+    };
+
+    std::fs::create_dir_all(state).map_err(|source| CliError::Folder {
+        path: state.to_path_buf(),
+        source,
+    })?;
+    let store = SqliteStore::open(&state.join("sessions.db"))?;
+    let engine = WasmEngine::new()?.with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?;
+    let daemon = Arc::new(Daemon::new(
+        Arc::new(store),
+        Arc::new(engine),
+        config,
+        &dir,
+    )?);
+    for p in daemon.plugins() {
+        match &p.last_error {
+            None => tracing::info!(plugin = %p.id, sha256 = %p.sha256, "serving"),
+            Some(e) => {
+                tracing::warn!(plugin = %p.id, "not serving: error[{}]: {}", e.code, e.message)
+            }
+        }
+    }
+    // Kept alive until the server stops.
+    let _watch = if watch {
+        Some(promptd_daemon::watch::watch(daemon.clone(), config_path)?)
+    } else {
+        None
+    };
+    if let Some(workspace) = dev {
+        crate::dev::spawn(workspace, daemon.plugin_dir().to_path_buf())?;
+    }
+    let app = http::router(daemon, token);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async move {
+        match target {
+            Listen::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listen on {addr}"))?;
+                announce(&format!("http://{}", listener.local_addr()?));
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await?;
+            }
+            Listen::Unix(path) => {
+                // A stale socket file from an earlier run would make bind fail.
+                let _ = std::fs::remove_file(&path);
+                let listener = tokio::net::UnixListener::bind(&path)
+                    .with_context(|| format!("listen on {}", path.display()))?;
+                announce(&format!("unix:{}", path.display()));
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await?;
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
+
+/// The first line on stdout says where the daemon listens (tests and scripts read it).
+fn announce(addr: &str) {
+    println!("promptd listening on {addr}");
+    let _ = std::io::stdout().flush();
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}

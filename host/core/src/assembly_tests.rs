@@ -1,0 +1,952 @@
+//! Rule tests for registry + assembly + rendering over native plugins (no WebAssembly).
+//! Each test names the SPEC rule it checks.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::model::Scope;
+use crate::provider::{CallError, NativePlugin};
+use crate::registry::{PluginEntry, PluginOptions, Registry};
+use crate::request::neutral_json;
+
+fn entry(id: &str, plugin: NativePlugin) -> crate::Result<PluginEntry> {
+    let (decl, provider) = plugin.build();
+    PluginEntry::new(id, decl, provider, PluginOptions::default())
+}
+
+fn optional(id: &str, plugin: NativePlugin) -> PluginEntry {
+    let (decl, provider) = plugin.build();
+    let options = PluginOptions {
+        optional: true,
+        ..PluginOptions::default()
+    };
+    PluginEntry::new(id, decl, provider, options).unwrap()
+}
+
+fn registry(plugins: Vec<(&str, NativePlugin)>) -> Registry {
+    plugins.into_iter().fold(Registry::new(), |r, (id, p)| {
+        r.with_plugin(entry(id, p).unwrap()).unwrap()
+    })
+}
+
+fn step_for(agent: &str, chain: &[&str]) -> Step {
+    Step {
+        agent: agent.into(),
+        scope_chain: chain.iter().map(|s| s.to_string()).collect(),
+        ..Step::default()
+    }
+}
+
+fn default_step() -> Step {
+    step_for("default", &["global", "default"])
+}
+
+fn run(reg: &Registry) -> crate::Result<Assembly> {
+    assemble(reg, &default_step(), &Options::default())
+}
+
+fn with_order(order: &[&str]) -> Options {
+    Options {
+        tool_order: Some(order.iter().map(|s| s.to_string()).collect()),
+        ..Options::default()
+    }
+}
+
+fn tool_names(a: &Assembly) -> Vec<&str> {
+    a.tools.iter().map(|t| t.name.as_str()).collect()
+}
+
+fn counter() -> (Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let c = Arc::new(AtomicUsize::new(0));
+    (c.clone(), c)
+}
+
+const OBJ: &str = r#"{"type":"object"}"#;
+
+// ---- contributions (C) ------------------------------------------------------------------
+
+#[test]
+fn c1_static_and_dynamic_sections_render_into_system() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .section("a", 0, "static")
+            .dynamic_section("b", 1, |s| Ok(format!("agent {}", s.agent))),
+    )]);
+    assert_eq!(run(&reg).unwrap().system, "static\n\nagent default");
+}
+
+#[test]
+fn c2_contexts_go_to_runtime_context_never_system() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .section("s", 0, "sys")
+            .context("c", 0, "ctx"),
+    )]);
+    let a = run(&reg).unwrap();
+    assert_eq!(a.system, "sys");
+    assert_eq!(
+        a.runtime_context.as_deref(),
+        Some(format!("{RUNTIME_CONTEXT_HEADER}\n\nctx").as_str())
+    );
+}
+
+#[test]
+fn c3_variable_names_are_checked_at_load() {
+    let err = entry("p", NativePlugin::new().variable("Bad-Name", "x")).unwrap_err();
+    assert_eq!(err.code(), "invalid_name");
+    assert!(err.to_string().contains("Bad-Name"), "{err}");
+}
+
+#[test]
+fn c3_dynamic_variable_may_be_absent_only_when_unused() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .dynamic_variable("maybe", |_| Ok(None))
+            .section("s", 0, "no reference"),
+    )]);
+    assert_eq!(run(&reg).unwrap().system, "no reference");
+}
+
+#[test]
+fn c4_tool_names_and_schemas_are_checked() {
+    let bad_name = entry("p", NativePlugin::new().tool("read.file", "d", OBJ)).unwrap_err();
+    assert_eq!(bad_name.code(), "invalid_name");
+    let too_long = entry("p", NativePlugin::new().tool(&"x".repeat(65), "d", OBJ)).unwrap_err();
+    assert_eq!(too_long.code(), "invalid_name");
+    let not_json = entry("p", NativePlugin::new().tool("t", "d", "{oops")).unwrap_err();
+    assert_eq!(not_json.code(), "invalid_schema");
+    assert!(
+        not_json.to_string().contains("not valid JSON"),
+        "{not_json}"
+    );
+    let not_object = entry("p", NativePlugin::new().tool("t", "d", "[1]")).unwrap_err();
+    assert_eq!(not_object.code(), "invalid_schema");
+    assert!(not_object.to_string().contains("an array"), "{not_object}");
+}
+
+#[test]
+fn c4_a8_unlisted_marker_is_a_reserved_tool_name() {
+    let err = entry("p", NativePlugin::new().tool("<unlisted-tools>", "d", OBJ)).unwrap_err();
+    assert_eq!(err.code(), "reserved_tool_name");
+}
+
+#[test]
+fn c5_section_and_context_names_are_printable_ascii_without_whitespace() {
+    for bad in ["", "has space", "tab\t", "naïve"] {
+        let err = entry("p", NativePlugin::new().section(bad, 0, "x")).unwrap_err();
+        assert_eq!(err.code(), "invalid_name", "{bad:?}");
+        let err = entry("p", NativePlugin::new().context(bad, 0, "x")).unwrap_err();
+        assert_eq!(err.code(), "invalid_name", "{bad:?}");
+    }
+    entry(
+        "p",
+        NativePlugin::new().section("deployment:persona", 0, "x"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn c6_conventional_orders_put_identity_then_persona_then_tool_guidance() {
+    let reg = registry(vec![
+        (
+            "guide",
+            NativePlugin::new().section("tools:guidance", 100, "G"),
+        ),
+        ("persona", NativePlugin::new().section("persona", 0, "P")),
+        (
+            "identity",
+            NativePlugin::new().section("identity", -100, "I"),
+        ),
+    ]);
+    assert_eq!(run(&reg).unwrap().system, "I\n\nP\n\nG");
+}
+
+// ---- registry (R) -----------------------------------------------------------------------
+
+#[test]
+fn r1_a_plugin_is_all_or_nothing() {
+    let good = registry(vec![("base", NativePlugin::new().section("base", 0, "B"))]);
+    let bad = entry(
+        "bad",
+        NativePlugin::new()
+            .section("fine", 0, "F")
+            .tool("ok", "d", OBJ)
+            .tool("broken", "d", "\"string\""),
+    );
+    assert_eq!(bad.unwrap_err().code(), "invalid_schema");
+    // Nothing of `bad` is visible: the registry is unchanged.
+    assert_eq!(run(&good).unwrap().system, "B");
+    assert!(good.get("bad").is_none());
+}
+
+#[test]
+fn r1_malformed_static_template_refuses_the_plugin_at_load() {
+    let err = entry("p", NativePlugin::new().section("s", 0, "x {{ model }}")).unwrap_err();
+    assert_eq!(err.code(), "malformed_reference");
+    assert!(err.to_string().contains("plugin `p`, section `s`"), "{err}");
+}
+
+#[test]
+fn r1_duplicate_names_within_a_plugin_are_refused() {
+    let err = entry(
+        "p",
+        NativePlugin::new()
+            .section("s", 0, "a")
+            .section("s", 1, "b"),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), "duplicate_name");
+    // The same name in two scopes is fine.
+    entry(
+        "p",
+        NativePlugin::new()
+            .section("s", 0, "a")
+            .section("s", 1, "b")
+            .scoped(Scope::agent("coder")),
+    )
+    .unwrap();
+}
+
+#[test]
+fn r2_conflict_names_both_plugins_and_the_name_and_old_keeps_serving() {
+    let reg = registry(vec![(
+        "first",
+        NativePlugin::new().section("persona", 0, "one"),
+    )]);
+    let err = reg
+        .with_plugin(entry("second", NativePlugin::new().section("persona", 5, "two")).unwrap())
+        .unwrap_err();
+    assert_eq!(err.code(), "section_conflict");
+    let msg = err.to_string();
+    assert!(msg.contains("`second`") && msg.contains("`first`") && msg.contains("`persona`"));
+    assert_eq!(run(&reg).unwrap().system, "one");
+}
+
+#[test]
+fn r2_conflict_codes_per_kind() {
+    let cases: Vec<(NativePlugin, &str)> = vec![
+        (NativePlugin::new().context("c", 0, "x"), "context_conflict"),
+        (NativePlugin::new().variable("v", "x"), "variable_conflict"),
+        (NativePlugin::new().tool("t", "d", OBJ), "tool_conflict"),
+    ];
+    for (plugin, code) in cases {
+        let reg = Registry::new()
+            .with_plugin(entry("a", plugin.clone()).unwrap())
+            .unwrap();
+        let err = reg.with_plugin(entry("b", plugin).unwrap()).unwrap_err();
+        assert_eq!(err.code(), code);
+    }
+}
+
+#[test]
+fn r2_scope_override_is_applied_before_conflicts() {
+    let reg = registry(vec![(
+        "a",
+        NativePlugin::new().section("persona", 0, "global"),
+    )]);
+    let (decl, provider) = NativePlugin::new().section("persona", 0, "coder").build();
+    let options = PluginOptions {
+        scope_override: Some(Scope::agent("coder")),
+        optional: false,
+    };
+    let reg = reg
+        .with_plugin(PluginEntry::new("b", decl, provider, options).unwrap())
+        .unwrap();
+    let coder = step_for("coder", &["global", "coder"]);
+    let a = assemble(&reg, &coder, &Options::default()).unwrap();
+    assert_eq!(a.system, "coder");
+    assert_eq!(run(&reg).unwrap().system, "global");
+}
+
+#[test]
+fn r3_agent_scope_shadows_global_for_that_agent_only() {
+    let reg = registry(vec![
+        (
+            "global_persona",
+            NativePlugin::new().section("persona", 0, "generic"),
+        ),
+        (
+            "coder_persona",
+            NativePlugin::new()
+                .section("persona", 0, "coder persona")
+                .scoped(Scope::agent("coder")),
+        ),
+    ]);
+    let coder = step_for("coder", &["global", "coder"]);
+    let other = step_for("writer", &["global", "writer"]);
+    let opts = Options::default();
+    assert_eq!(
+        assemble(&reg, &coder, &opts).unwrap().system,
+        "coder persona"
+    );
+    assert_eq!(assemble(&reg, &other, &opts).unwrap().system, "generic");
+}
+
+#[test]
+fn r3_nearest_ancestor_wins_over_farther_one() {
+    let reg = registry(vec![
+        ("g", NativePlugin::new().section("s", 0, "global")),
+        (
+            "b",
+            NativePlugin::new()
+                .section("s", 0, "base")
+                .scoped(Scope::agent("base")),
+        ),
+        (
+            "c",
+            NativePlugin::new()
+                .section("s", 0, "child")
+                .scoped(Scope::agent("child")),
+        ),
+    ]);
+    let opts = Options::default();
+    let child = step_for("child", &["global", "base", "child"]);
+    let base = step_for("base", &["global", "base"]);
+    assert_eq!(assemble(&reg, &child, &opts).unwrap().system, "child");
+    assert_eq!(assemble(&reg, &base, &opts).unwrap().system, "base");
+}
+
+#[test]
+fn r3_tools_shadow_the_same_way_and_both_scopes_appear() {
+    let reg = registry(vec![
+        (
+            "g",
+            NativePlugin::new()
+                .tool("bash", "global bash", OBJ)
+                .tool("read_file", "read", OBJ),
+        ),
+        (
+            "c",
+            NativePlugin::new()
+                .tool("bash", "coder bash", OBJ)
+                .scoped(Scope::agent("coder"))
+                .tool("deploy", "deploy", OBJ)
+                .scoped(Scope::agent("coder")),
+        ),
+    ]);
+    let coder = step_for("coder", &["global", "coder"]);
+    let a = assemble(&reg, &coder, &Options::default()).unwrap();
+    assert_eq!(tool_names(&a), ["bash", "deploy", "read_file"]);
+    assert_eq!(a.tools[0].description, "coder bash");
+    let d = run(&reg).unwrap();
+    assert_eq!(tool_names(&d), ["bash", "read_file"]);
+    assert_eq!(d.tools[0].description, "global bash");
+}
+
+#[test]
+fn r4_unloading_drops_every_contribution_at_once() {
+    let reg = registry(vec![
+        ("keep", NativePlugin::new().section("k", 0, "kept")),
+        (
+            "gone",
+            NativePlugin::new()
+                .section("g", 1, "{{v}}")
+                .context("c", 0, "ctx")
+                .variable("v", "value")
+                .tool("t", "d", OBJ),
+        ),
+    ]);
+    let before = run(&reg).unwrap();
+    assert_eq!(before.system, "kept\n\nvalue");
+    let after = run(&reg.without("gone").unwrap()).unwrap();
+    assert_eq!(after.system, "kept");
+    assert_eq!(after.runtime_context, None);
+    assert!(after.tools.is_empty());
+    assert_eq!(reg.without("nope").unwrap_err().code(), "unknown_plugin");
+}
+
+// ---- assembly (A) -----------------------------------------------------------------------
+
+#[test]
+fn a1_sections_sort_by_order_then_name() {
+    let reg = registry(vec![
+        (
+            "x",
+            NativePlugin::new()
+                .section("b", 1, "b1")
+                .section("z", 0, "z0"),
+        ),
+        (
+            "y",
+            NativePlugin::new()
+                .section("a", 1, "a1")
+                .section("m", -5, "m-5"),
+        ),
+    ]);
+    assert_eq!(run(&reg).unwrap().system, "m-5\n\nz0\n\na1\n\nb1");
+}
+
+#[test]
+fn a2_shadowed_dynamic_contributions_are_never_called() {
+    let (section_calls, sc) = counter();
+    let (variable_calls, vc) = counter();
+    let reg = registry(vec![
+        (
+            "global",
+            NativePlugin::new()
+                .dynamic_section("persona", 0, move |_| {
+                    sc.fetch_add(1, Ordering::SeqCst);
+                    Ok("global".into())
+                })
+                .dynamic_variable("name", move |_| {
+                    vc.fetch_add(1, Ordering::SeqCst);
+                    Ok(Some("global".into()))
+                }),
+        ),
+        (
+            "coder",
+            NativePlugin::new()
+                .section("persona", 0, "I am {{name}}")
+                .scoped(Scope::agent("coder"))
+                .variable("name", "coder")
+                .scoped(Scope::agent("coder")),
+        ),
+    ]);
+    let coder = step_for("coder", &["global", "coder"]);
+    let a = assemble(&reg, &coder, &Options::default()).unwrap();
+    assert_eq!(a.system, "I am coder");
+    assert_eq!(section_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(variable_calls.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a2_each_dynamic_contribution_is_called_at_most_once() {
+    let (calls, c) = counter();
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .dynamic_variable("v", move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(Some("x".into()))
+            })
+            .section("a", 0, "{{v}} {{v}}")
+            .context("b", 0, "{{v}}"),
+    )]);
+    let a = run(&reg).unwrap();
+    assert_eq!(a.system, "x x");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a3_more_than_one_complete_section_fails_naming_them_sorted() {
+    let reg = registry(vec![
+        ("p", NativePlugin::new().section("zeta", 0, "z").complete()),
+        ("q", NativePlugin::new().section("alpha", 0, "a").complete()),
+    ]);
+    let err = run(&reg).unwrap_err();
+    assert_eq!(err.code(), "multiple_complete");
+    assert!(
+        matches!(&err, Error::MultipleComplete(names) if names == &["alpha", "zeta"]),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a3_a_single_complete_section_stands_alone_but_the_rest_is_collected() {
+    let (other_calls, oc) = counter();
+    let reg = registry(vec![
+        (
+            "p",
+            NativePlugin::new()
+                .section("whole", 5, "Only {{v}}.")
+                .complete()
+                .dynamic_section("other", 0, move |_| {
+                    oc.fetch_add(1, Ordering::SeqCst);
+                    Ok("other".into())
+                }),
+        ),
+        (
+            "q",
+            NativePlugin::new()
+                .variable("v", "me")
+                .context("c", 0, "ctx")
+                .tool("t", "d", OBJ),
+        ),
+    ]);
+    let a = run(&reg).unwrap();
+    assert_eq!(a.system, "Only me.");
+    assert_eq!(other_calls.load(Ordering::SeqCst), 0);
+    assert!(a.runtime_context.is_some());
+    assert_eq!(tool_names(&a), ["t"]);
+}
+
+#[test]
+fn a3_a_shadowed_complete_section_does_not_count() {
+    let reg = registry(vec![
+        ("g", NativePlugin::new().section("s", 0, "g").complete()),
+        (
+            "c",
+            NativePlugin::new()
+                .section("s", 0, "c")
+                .scoped(Scope::agent("coder")),
+        ),
+        ("o", NativePlugin::new().section("t", 1, "t").complete()),
+    ]);
+    let coder = step_for("coder", &["global", "coder"]);
+    let a = assemble(&reg, &coder, &Options::default()).unwrap();
+    assert_eq!(a.system, "t");
+}
+
+#[test]
+fn a4_contexts_merge_and_sort_like_sections() {
+    let reg = registry(vec![
+        (
+            "p",
+            NativePlugin::new()
+                .context("b", 0, "B")
+                .context("a", 0, "A"),
+        ),
+        ("q", NativePlugin::new().context("z", -1, "Z")),
+        (
+            "r",
+            NativePlugin::new()
+                .context("a", 0, "A2")
+                .scoped(Scope::agent("default")),
+        ),
+    ]);
+    let a = run(&reg).unwrap();
+    assert_eq!(
+        a.runtime_context.unwrap(),
+        format!("{RUNTIME_CONTEXT_HEADER}\n\nZ\n\nA2\n\nB")
+    );
+}
+
+#[test]
+fn a4_runtime_context_can_be_suppressed_and_then_nothing_is_called() {
+    let (calls, c) = counter();
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new().dynamic_context("c", 0, move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok("ctx".into())
+        }),
+    )]);
+    let opts = Options {
+        suppress_runtime_context: true,
+        ..Options::default()
+    };
+    let a = assemble(&reg, &default_step(), &opts).unwrap();
+    assert_eq!(a.runtime_context, None);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a5_variables_merge_by_name_nearer_wins() {
+    let reg = registry(vec![
+        (
+            "g",
+            NativePlugin::new()
+                .variable("who", "everyone")
+                .section("s", 0, "hi {{who}}"),
+        ),
+        (
+            "c",
+            NativePlugin::new()
+                .variable("who", "coder")
+                .scoped(Scope::agent("coder")),
+        ),
+    ]);
+    let coder = step_for("coder", &["global", "coder"]);
+    assert_eq!(
+        assemble(&reg, &coder, &Options::default()).unwrap().system,
+        "hi coder"
+    );
+    assert_eq!(run(&reg).unwrap().system, "hi everyone");
+}
+
+#[test]
+fn a6_tools_are_ordered_by_name_across_providers() {
+    let reg = registry(vec![
+        (
+            "one",
+            NativePlugin::new()
+                .tool("charlie", "c", OBJ)
+                .tool("alpha", "a", OBJ),
+        ),
+        ("two", NativePlugin::new().tool("bravo", "b", OBJ)),
+    ]);
+    assert_eq!(
+        tool_names(&run(&reg).unwrap()),
+        ["alpha", "bravo", "charlie"]
+    );
+}
+
+#[test]
+fn a6_tool_order_is_byte_order() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .tool("b", "", OBJ)
+            .tool("B", "", OBJ)
+            .tool("_x", "", OBJ)
+            .tool("a-1", "", OBJ),
+    )]);
+    assert_eq!(tool_names(&run(&reg).unwrap()), ["B", "_x", "a-1", "b"]);
+}
+
+#[test]
+fn a6_parameters_are_deep_copies_of_the_declared_schema() {
+    let schema = r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#;
+    let reg = registry(vec![("p", NativePlugin::new().tool("read", "d", schema))]);
+    let mut first = run(&reg).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(schema).unwrap();
+    assert_eq!(first.tools[0].parameters, expected);
+    first.tools[0].parameters["type"] = "mutated".into();
+    assert_eq!(run(&reg).unwrap().tools[0].parameters, expected);
+}
+
+#[test]
+fn a7_tool_order_places_listed_names_and_the_rest_by_name() {
+    let reg = registry(vec![
+        (
+            "p",
+            NativePlugin::new()
+                .tool("bash", "", OBJ)
+                .tool("echo_b", "", OBJ),
+        ),
+        (
+            "q",
+            NativePlugin::new()
+                .tool("todo_write", "", OBJ)
+                .tool("echo_a", "", OBJ),
+        ),
+    ]);
+    let opts = with_order(&["todo_write", "<unlisted-tools>", "bash"]);
+    let a = assemble(&reg, &default_step(), &opts).unwrap();
+    assert_eq!(tool_names(&a), ["todo_write", "echo_a", "echo_b", "bash"]);
+}
+
+#[test]
+fn a7_a_listed_tool_not_shown_this_step_yields_nothing() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .tool("bash", "", OBJ)
+            .tool("read", "", OBJ)
+            .show_tools(|_| Ok(vec!["read".into()])),
+    )]);
+    let a = assemble(
+        &reg,
+        &default_step(),
+        &with_order(&["bash", "<unlisted-tools>"]),
+    )
+    .unwrap();
+    assert_eq!(tool_names(&a), ["read"]);
+}
+
+#[test]
+fn a7_shown_tools_are_asked_once_and_must_be_known() {
+    let (calls, c) = counter();
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .tool("a", "", OBJ)
+            .tool("b", "", OBJ)
+            .show_tools(move |s| {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(if s.facts.contains_key("ro") {
+                    vec!["a".into()]
+                } else {
+                    vec!["a".into(), "b".into()]
+                })
+            }),
+    )]);
+    assert_eq!(tool_names(&run(&reg).unwrap()), ["a", "b"]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let mut ro = default_step();
+    ro.facts.insert("ro".into(), "1".into());
+    assert_eq!(
+        tool_names(&assemble(&reg, &ro, &Options::default()).unwrap()),
+        ["a"]
+    );
+
+    let liar = registry(vec![(
+        "liar",
+        NativePlugin::new()
+            .tool("a", "", OBJ)
+            .show_tools(|_| Ok(vec!["zzz".into()])),
+    )]);
+    let err = run(&liar).unwrap_err();
+    assert_eq!(err.code(), "unknown_shown_tool");
+    assert!(err.to_string().contains("zzz"));
+}
+
+#[test]
+fn a8_unknown_tool_order_names_are_all_listed_with_known_tools() {
+    let reg = registry(vec![
+        ("p", NativePlugin::new().tool("bash", "", OBJ)),
+        (
+            "q",
+            NativePlugin::new()
+                .tool("read", "", OBJ)
+                .scoped(Scope::agent("other")),
+        ),
+    ]);
+    let opts = with_order(&["nope", "<unlisted-tools>", "bash", "also_missing"]);
+    let err = assemble(&reg, &default_step(), &opts).unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownToolOrderName { unknown, known }
+            if unknown == &["also_missing", "nope"] && known == &["bash", "read"]),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), "unknown_tool_order_name");
+}
+
+#[test]
+fn a9_a_failing_call_names_plugin_contribution_and_cause() {
+    let reg = registry(vec![(
+        "flaky",
+        NativePlugin::new()
+            .dynamic_section("news", 0, |_| Err(CallError::Failed("feed down".into()))),
+    )]);
+    let err = run(&reg).unwrap_err();
+    assert_eq!(err.code(), "plugin_error");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("`flaky`") && msg.contains("section `news`") && msg.contains("feed down"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a9_an_optional_plugin_is_left_out_and_the_omission_recorded() {
+    let reg = Registry::new()
+        .with_plugin(
+            entry(
+                "base",
+                NativePlugin::new().section("persona", 0, "base persona"),
+            )
+            .unwrap(),
+        )
+        .unwrap()
+        .with_plugin(optional(
+            "extra",
+            NativePlugin::new()
+                .dynamic_section("persona", 0, |_| {
+                    Err(CallError::Trapped("trap: unreachable".into()))
+                })
+                .scoped(Scope::agent("default"))
+                .tool("extra_tool", "", OBJ),
+        ))
+        .unwrap();
+    let a = run(&reg).unwrap();
+    // The failing plugin's section no longer shadows the global one; its tool is gone too.
+    assert_eq!(a.system, "base persona");
+    assert!(a.tools.is_empty());
+    assert_eq!(
+        a.omitted,
+        [Omission {
+            plugin: "extra".into(),
+            contribution: "section `persona`".into(),
+            cause: "trap: unreachable".into(),
+        }]
+    );
+}
+
+#[test]
+fn a10_errors_are_values_with_stable_codes() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new().dynamic_context("c", 0, |_| {
+            Err(CallError::Trapped("deadline exceeded".into()))
+        }),
+    )]);
+    let err = run(&reg).unwrap_err();
+    assert_eq!(err.code(), "plugin_trap");
+    assert!(matches!(err, Error::PluginCall { trapped: true, .. }));
+}
+
+// ---- rendering through assembly (T) -----------------------------------------------------
+
+#[test]
+fn t4_errors_name_the_section_or_context() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new().dynamic_context("ctx", 0, |_| Ok("{{nope}}".into())),
+    )]);
+    let err = run(&reg).unwrap_err();
+    assert_eq!(err.code(), "unknown_variable");
+    assert!(
+        err.to_string().contains("context `ctx` (plugin `p`)"),
+        "{err}"
+    );
+
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .dynamic_variable("date", |_| Ok(None))
+            .section("s", 0, "Today is {{date}}"),
+    )]);
+    let err = run(&reg).unwrap_err();
+    assert_eq!(err.code(), "variable_absent");
+    assert!(err.to_string().contains("section `s`"), "{err}");
+}
+
+#[test]
+fn t4_dynamic_text_is_checked_at_assembly() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new().dynamic_section("s", 0, |_| Ok("{{{x}}}".into())),
+    )]);
+    assert_eq!(run(&reg).unwrap_err().code(), "malformed_reference");
+}
+
+#[test]
+fn t5_empty_sections_are_dropped_whitespace_only_kept() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .section("a", 0, "A")
+            .section("b", 1, "")
+            .dynamic_section("c", 2, |_| Ok(String::new()))
+            .section("d", 3, "  ")
+            .section("e", 4, "E"),
+    )]);
+    assert_eq!(run(&reg).unwrap().system, "A\n\n  \n\nE");
+}
+
+#[test]
+fn t5_a_section_empty_after_interpolation_is_dropped() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .variable("nothing", "")
+            .section("a", 0, "{{nothing}}")
+            .section("b", 1, "B"),
+    )]);
+    assert_eq!(run(&reg).unwrap().system, "B");
+}
+
+#[test]
+fn t6_no_runtime_context_when_every_context_is_empty() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .context("a", 0, "")
+            .dynamic_context("b", 0, |_| Ok(String::new())),
+    )]);
+    assert_eq!(run(&reg).unwrap().runtime_context, None);
+}
+
+// ---- determinism (A1), as a property ---------------------------------------------------
+
+/// One generated contribution: kind (0..4), name index, scope (0 = global, else agent), order,
+/// static or dynamic.
+type Item = (u8, u8, u8, i8, bool);
+
+fn build_plugin(items: &[Item]) -> NativePlugin {
+    let mut p = NativePlugin::new();
+    for &(kind, name, scope, order, dynamic) in items {
+        let n = format!("n{name}");
+        let order = order as i32;
+        p = match (kind, dynamic) {
+            (0, false) => p.section(&n, order, &format!("section {n} uses {{{{v{name}}}}}")),
+            (0, true) => {
+                p.dynamic_section(&n, order, move |s| Ok(format!("dyn {} {}", s.agent, order)))
+            }
+            (1, false) => p.context(&n, order, &format!("ctx {n}")),
+            (1, true) => p.dynamic_context(&n, order, move |s| {
+                Ok(format!("dyn ctx {}", s.step_number as i64 + order as i64))
+            }),
+            (2, _) => p.variable(&format!("v{name}"), &format!("value {name} {scope}")),
+            _ => p.tool(
+                &n,
+                &format!("tool {n}"),
+                r#"{"type":"object","b":1,"a":{"z":1,"y":2}}"#,
+            ),
+        };
+        if scope > 0 {
+            p = p.scoped(Scope::agent(if scope == 1 { "base" } else { "child" }));
+        }
+    }
+    p
+}
+
+fn contributions() -> impl Strategy<Value = Vec<Vec<Item>>> {
+    // Items are unique per (kind, name, scope) across all plugins, so no load conflicts; every
+    // variable a section uses is declared globally.
+    proptest::collection::btree_map(
+        (0u8..4, 0u8..6, 0u8..3),
+        (any::<i8>(), any::<bool>()),
+        1..24,
+    )
+    .prop_flat_map(|items| {
+        let mut list: Vec<Item> = items
+            .into_iter()
+            .map(|((k, n, s), (o, d))| (k, n, s, o % 3, d))
+            .collect();
+        for n in 0u8..6 {
+            if !list.iter().any(|i| i.0 == 2 && i.1 == n && i.2 == 0) {
+                list.push((2, n, 0, 0, false));
+            }
+        }
+        let len = list.len();
+        (Just(list), proptest::collection::vec(0usize..4, len))
+    })
+    .prop_map(|(list, owners)| {
+        let mut plugins = vec![Vec::new(); 4];
+        for (item, owner) in list.into_iter().zip(owners) {
+            plugins[owner].push(item);
+        }
+        plugins
+    })
+}
+
+fn assembled_bytes(plugins: &[(usize, Vec<Item>)], tool_order: bool) -> Vec<String> {
+    let reg = plugins.iter().fold(Registry::new(), |r, (i, items)| {
+        r.with_plugin(entry(&format!("plugin{i}"), build_plugin(items)).unwrap())
+            .unwrap()
+    });
+    let mut opts = Options::default();
+    if tool_order {
+        opts.tool_order = Some(vec!["<unlisted-tools>".into()]);
+    }
+    ["default", "base", "child"]
+        .iter()
+        .map(|agent| {
+            let chain: &[&str] = match *agent {
+                "child" => &["global", "base", "child"],
+                "base" => &["global", "base"],
+                _ => &["global", "default"],
+            };
+            let mut step = step_for(agent, chain);
+            step.step_number = 3;
+            match assemble(&reg, &step, &opts) {
+                Ok(a) => serde_json::to_string(&neutral_json(&a, Default::default(), true)).unwrap(),
+                Err(e) => format!("error[{}]: {e}", e.code()),
+            }
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn a1_any_load_and_registration_order_gives_byte_identical_output(
+        plugins in contributions(),
+        seed in any::<u64>(),
+        tool_order in any::<bool>(),
+    ) {
+        let indexed: Vec<(usize, Vec<Item>)> = plugins.into_iter().enumerate().collect();
+        let reference = assembled_bytes(&indexed, tool_order);
+        // A deterministic shuffle of plugin order and of each plugin's registration order.
+        let mut permuted = indexed.clone();
+        let mut state = seed | 1;
+        let mut next = || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state };
+        for i in (1..permuted.len()).rev() {
+            let j = (next() % (i as u64 + 1)) as usize;
+            permuted.swap(i, j);
+        }
+        for (_, items) in permuted.iter_mut() {
+            items.reverse();
+        }
+        prop_assert_eq!(assembled_bytes(&permuted, tool_order), reference);
+    }
+}

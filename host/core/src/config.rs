@@ -1,0 +1,511 @@
+//! `promptd.toml`: plugins folder, agents and their scope chains, `tool_order`, per-plugin
+//! settings (R6). Unknown keys are an error, so a typo never silently does nothing.
+//!
+//! ```toml
+//! plugin_dir = "plugins"                       # relative to this file
+//! tool_order = ["read_file", "<unlisted-tools>", "bash"]
+//!
+//! [agents.coder]                               # chain: global → coder
+//! [agents.reviewer]
+//! parent = "coder"                             # chain: global → coder → reviewer
+//! runtime_context = false                      # A4: no runtime context snapshot
+//!
+//! model = { model = "claude-x", max_tokens = 4096 }   # put at the top of provider bodies
+//! token = "…"                                  # bearer token for the daemon (or PROMPTD_TOKEN)
+//!
+//! [plugins.persona]                            # the plugin file persona.wasm
+//! scope = "coder"                              # its global contributions move to `coder`
+//! optional = true                              # a failing call omits it (A9)
+//! config = { name = "Ada" }                    # strings passed to its `declare`
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::model::Scope;
+use crate::names::{is_item_name, UNLISTED_TOOLS};
+use crate::registry::PluginOptions;
+use crate::sandbox::{self, Sandbox};
+
+/// The default agent's name, used when a client names none.
+pub const DEFAULT_AGENT: &str = "default";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    plugin_dir: Option<PathBuf>,
+    tool_order: Option<Vec<String>>,
+    #[serde(default)]
+    agents: BTreeMap<String, AgentConfig>,
+    #[serde(default)]
+    plugins: BTreeMap<String, PluginConfig>,
+    model: Option<toml::Table>,
+    token: Option<String>,
+    #[serde(default)]
+    limits: LimitsConfig,
+}
+
+/// `[limits]`: defaults for every plugin (SPEC L2, L3).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Deadline of one plugin call, in milliseconds (default 2000).
+    pub timeout_ms: Option<u64>,
+    /// Memory cap per plugin instance, in MiB (default 256).
+    pub memory_mb: Option<u64>,
+    /// Largest text one call may return, in KiB (default 1024).
+    pub max_output_kb: Option<u64>,
+    /// Consecutive failed calls after which a plugin is quarantined (default 3; 0 = never).
+    pub quarantine_after: Option<u32>,
+}
+
+/// One `[agents.NAME]` table.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The agent whose scope chain this one extends.
+    pub parent: Option<String>,
+    /// Whether this agent gets a runtime context snapshot (A4). Default true.
+    #[serde(default = "yes")]
+    pub runtime_context: bool,
+    /// Model settings for this agent's requests, replacing the top-level `model` table.
+    pub model: Option<toml::Table>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One `[plugins.FILE_STEM]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// The plugin's id, instead of its file stem.
+    pub id: Option<String>,
+    /// Moves the plugin's global contributions into this agent's scope.
+    pub scope: Option<String>,
+    /// A failing call leaves this plugin out instead of failing the assembly (A9).
+    #[serde(default)]
+    pub optional: bool,
+    /// Key/value strings passed to the plugin's `declare`.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    /// Overrides `[limits] timeout_ms` for this plugin.
+    pub timeout_ms: Option<u64>,
+    /// Overrides `[limits] memory_mb` for this plugin.
+    pub memory_mb: Option<u64>,
+    /// Overrides `[limits] max_output_kb` for this plugin.
+    pub max_output_kb: Option<u64>,
+    /// Read-only directories: host path (relative to the config file) = path the plugin sees.
+    #[serde(default)]
+    pub dirs: BTreeMap<String, String>,
+    /// Names of host environment variables the plugin may read.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// `log` (default): the plugin's stdout/stderr go to the host log; `none`: discarded.
+    pub stdio: Option<Stdio>,
+}
+
+/// Where a plugin's stdout/stderr go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stdio {
+    Log,
+    None,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Config {
+    /// The plugins folder, resolved against the config file's folder.
+    pub plugin_dir: Option<PathBuf>,
+    pub tool_order: Option<Vec<String>>,
+    pub agents: BTreeMap<String, AgentConfig>,
+    /// Keyed by file stem.
+    pub plugins: BTreeMap<String, PluginConfig>,
+    /// Model settings (`model`, `max_tokens`…) put at the top of provider request bodies.
+    pub model: Option<toml::Table>,
+    /// The bearer token the daemon requires (L5); `PROMPTD_TOKEN` overrides it.
+    pub token: Option<String>,
+    pub limits: LimitsConfig,
+    /// The config file's folder: relative `dirs` grants resolve against it.
+    pub base_dir: Option<PathBuf>,
+    /// The values of the host environment variables granted to plugins, captured when the
+    /// config was read (see [`Config::from_file`]).
+    pub host_env: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// Parses config text read from the file `path` (relative paths in it resolve against the
+    /// file's folder) and captures the host environment variables it grants to plugins,
+    /// looked up with `env`. The caller reads the file: no IO happens here.
+    pub fn from_file(
+        text: &str,
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config> {
+        let mut config = Self::parse(text, &path.display().to_string())?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.plugin_dir = config.plugin_dir.map(|d| base.join(d));
+        config.base_dir = Some(base.to_path_buf());
+        config.host_env = config
+            .plugins
+            .values()
+            .flat_map(|p| &p.env)
+            .filter_map(|name| env(name).map(|v| (name.clone(), v)))
+            .collect();
+        Ok(config)
+    }
+
+    /// Parses and validates config text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| Error::ConfigParse {
+            path: origin.to_string(),
+            message: describe_toml_error(text, &e),
+        })?;
+        let config = Config {
+            plugin_dir: raw.plugin_dir,
+            tool_order: raw.tool_order,
+            agents: raw.agents,
+            plugins: raw.plugins,
+            model: raw.model,
+            token: raw.token,
+            limits: raw.limits,
+            base_dir: None,
+            host_env: BTreeMap::new(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if let Some(order) = &self.tool_order {
+            let mut seen = BTreeSet::new();
+            for name in order {
+                if !seen.insert(name) {
+                    return Err(Error::ToolOrderDuplicate(name.clone()));
+                }
+            }
+            if !seen.contains(&UNLISTED_TOOLS.to_string()) {
+                return Err(Error::ToolOrderMissingRest);
+            }
+        }
+        for (name, agent) in &self.agents {
+            check_agent_name(name, "agent")?;
+            if let Some(parent) = &agent.parent {
+                check_agent_name(parent, &format!("parent of agent `{name}`"))?;
+            }
+            self.chain(name)?; // detects cycles
+        }
+        let positive = |what: &str, v: Option<u64>| match v {
+            Some(0) => Err(Error::ConfigInvalid(format!(
+                "{what} must be greater than 0"
+            ))),
+            _ => Ok(()),
+        };
+        positive("limits.timeout_ms", self.limits.timeout_ms)?;
+        positive("limits.memory_mb", self.limits.memory_mb)?;
+        positive("limits.max_output_kb", self.limits.max_output_kb)?;
+        let mut ids = BTreeMap::new();
+        for (stem, plugin) in &self.plugins {
+            positive(&format!("plugins.{stem}.timeout_ms"), plugin.timeout_ms)?;
+            positive(&format!("plugins.{stem}.memory_mb"), plugin.memory_mb)?;
+            positive(
+                &format!("plugins.{stem}.max_output_kb"),
+                plugin.max_output_kb,
+            )?;
+            for name in &plugin.env {
+                if name.is_empty() || name.contains('=') {
+                    return Err(Error::ConfigInvalid(format!(
+                        "plugins.{stem}.env: `{name}` is not an environment variable name"
+                    )));
+                }
+            }
+            for guest in plugin.dirs.values() {
+                if !guest.starts_with('/') {
+                    return Err(Error::ConfigInvalid(format!(
+                        "plugins.{stem}.dirs: the plugin's path `{guest}` must be absolute"
+                    )));
+                }
+            }
+            if let Some(scope) = &plugin.scope {
+                check_agent_name(scope, &format!("scope of plugin `{stem}`"))?;
+            }
+            let id = plugin.id.as_deref().unwrap_or(stem);
+            if !is_item_name(id) {
+                return Err(Error::ConfigInvalid(format!(
+                    "plugin `{stem}`: id `{id}` must be non-empty printable ASCII without whitespace"
+                )));
+            }
+            if let Some(other) = ids.insert(id.to_string(), stem) {
+                return Err(Error::ConfigInvalid(format!(
+                    "plugins `{other}` and `{stem}` both have the id `{id}`"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent's scope chain, farthest first: `global`, ancestors…, the agent. An agent the
+    /// config does not name has the chain `global → agent`.
+    pub fn chain(&self, agent: &str) -> Result<Vec<String>> {
+        check_agent_name(agent, "agent")?;
+        let mut chain = vec![agent.to_string()];
+        let mut current = agent;
+        while let Some(parent) = self.agents.get(current).and_then(|a| a.parent.as_deref()) {
+            if chain.iter().any(|a| a == parent) {
+                chain.push(parent.to_string());
+                chain.reverse();
+                return Err(Error::ConfigInvalid(format!(
+                    "agents form a cycle: {}",
+                    chain.join(" → ")
+                )));
+            }
+            chain.push(parent.to_string());
+            current = parent;
+        }
+        chain.push("global".to_string());
+        chain.reverse();
+        Ok(chain)
+    }
+
+    /// The agent's model settings as JSON: its own `model` table, else the top-level one.
+    pub fn model(&self, agent: &str) -> serde_json::Map<String, serde_json::Value> {
+        let table = self
+            .agents
+            .get(agent)
+            .and_then(|a| a.model.as_ref())
+            .or(self.model.as_ref());
+        match table.map(serde_json::to_value) {
+            Some(Ok(serde_json::Value::Object(map))) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// Whether the agent gets a runtime context snapshot (A4).
+    pub fn runtime_context(&self, agent: &str) -> bool {
+        self.agents.get(agent).is_none_or(|a| a.runtime_context)
+    }
+
+    /// The plugin's id: its config `id`, or the file stem.
+    pub fn plugin_id(&self, stem: &str) -> String {
+        self.plugins
+            .get(stem)
+            .and_then(|p| p.id.clone())
+            .unwrap_or_else(|| stem.to_string())
+    }
+
+    /// How the registry treats the plugin with file stem `stem`.
+    pub fn plugin_options(&self, stem: &str) -> PluginOptions {
+        let p = self.plugins.get(stem);
+        PluginOptions {
+            scope_override: p.and_then(|p| p.scope.clone()).map(Scope::Agent),
+            optional: p.is_some_and(|p| p.optional),
+        }
+    }
+
+    /// Consecutive failed calls after which a plugin is quarantined; `None` means never.
+    pub fn quarantine_after(&self) -> Option<u32> {
+        match self.limits.quarantine_after {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => Some(3),
+        }
+    }
+
+    /// Capabilities and limits of the plugin with file stem `stem` (L1, L2).
+    pub fn sandbox(&self, stem: &str) -> Sandbox {
+        let p = self.plugins.get(stem);
+        let pick = |own: Option<u64>, default: Option<u64>, fallback: u64| {
+            own.or(default).unwrap_or(fallback)
+        };
+        let timeout_ms = pick(
+            p.and_then(|p| p.timeout_ms),
+            self.limits.timeout_ms,
+            sandbox::DEFAULT_TIMEOUT.as_millis() as u64,
+        );
+        let memory_mb = pick(
+            p.and_then(|p| p.memory_mb),
+            self.limits.memory_mb,
+            sandbox::DEFAULT_MEMORY_MB,
+        );
+        let output_kb = pick(
+            p.and_then(|p| p.max_output_kb),
+            self.limits.max_output_kb,
+            sandbox::DEFAULT_MAX_OUTPUT_KB,
+        );
+        let base = self.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        Sandbox {
+            call_deadline: std::time::Duration::from_millis(timeout_ms),
+            memory_bytes: (memory_mb << 20) as usize,
+            max_output_bytes: (output_kb << 10) as usize,
+            dirs: p
+                .map(|p| {
+                    p.dirs
+                        .iter()
+                        .map(|(host, guest)| (base.join(host), guest.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            env: p
+                .map(|p| {
+                    p.env
+                        .iter()
+                        .filter_map(|name| self.host_env.get(name).map(|v| (name.clone(), v.clone())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            stdio_to_log: p.and_then(|p| p.stdio) != Some(Stdio::None),
+        }
+    }
+
+    /// The key/value strings the plugin's `declare` receives, sorted by key.
+    pub fn plugin_values(&self, stem: &str) -> Vec<(String, String)> {
+        self.plugins
+            .get(stem)
+            .map(|p| p.config.clone().into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// One line: `line L, column C: message`, instead of toml's multi-line caret diagram.
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message,
+    }
+}
+
+fn check_agent_name(name: &str, role: &str) -> Result<()> {
+    let rule = if name == "global" {
+        "`global` is the global scope and cannot name an agent"
+    } else if !is_item_name(name) {
+        "it must be non-empty printable ASCII without whitespace"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidAgent {
+        role: role.to_string(),
+        name: name.to_string(),
+        rule,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r6_tool_order_needs_rest_marker() {
+        let err = Config::parse(r#"tool_order = ["bash"]"#, "t").unwrap_err();
+        assert_eq!(err.code(), "tool_order_missing_rest");
+    }
+
+    #[test]
+    fn r6_tool_order_rejects_duplicates() {
+        let err =
+            Config::parse(r#"tool_order = ["bash", "<unlisted-tools>", "bash"]"#, "t").unwrap_err();
+        assert_eq!(err.code(), "tool_order_duplicate");
+        assert!(err.to_string().contains("`bash`"));
+        let err = Config::parse(
+            r#"tool_order = ["<unlisted-tools>", "<unlisted-tools>"]"#,
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "tool_order_duplicate");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = Config::parse("plugin_dri = \"x\"", "promptd.toml").unwrap_err();
+        assert_eq!(err.code(), "config_parse");
+        assert!(err.to_string().contains("plugin_dri"), "{err}");
+        let err = Config::parse("[agents.a]\nparnet = \"b\"", "t").unwrap_err();
+        assert!(err.to_string().contains("parnet"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("t: line 2, column 1: unknown field"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn plugin_config_values_must_be_strings() {
+        let err = Config::parse("[plugins.p]\nconfig = { n = 3 }", "t").unwrap_err();
+        assert_eq!(err.code(), "config_parse");
+    }
+
+    #[test]
+    fn chains_follow_parents_farthest_first() {
+        let c = Config::parse(
+            "[agents.coder]\n[agents.reviewer]\nparent = \"coder\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.chain("reviewer").unwrap(),
+            ["global", "coder", "reviewer"]
+        );
+        assert_eq!(c.chain("coder").unwrap(), ["global", "coder"]);
+        assert_eq!(c.chain("stranger").unwrap(), ["global", "stranger"]);
+        assert_eq!(c.chain(DEFAULT_AGENT).unwrap(), ["global", "default"]);
+    }
+
+    #[test]
+    fn cycles_are_config_errors() {
+        let err = Config::parse(
+            "[agents.a]\nparent = \"b\"\n[agents.b]\nparent = \"a\"\n",
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "config_invalid");
+        assert!(err.to_string().contains("cycle"), "{err}");
+    }
+
+    #[test]
+    fn model_settings_per_agent_replace_the_default() {
+        let c = Config::parse(
+            "model = { model = \"m1\", max_tokens = 1024 }\n[agents.big]\nmodel = { model = \"m2\" }\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::Value::Object(c.model("default")),
+            serde_json::json!({"model": "m1", "max_tokens": 1024})
+        );
+        assert_eq!(
+            serde_json::Value::Object(c.model("big")),
+            serde_json::json!({"model": "m2"})
+        );
+    }
+
+    #[test]
+    fn global_cannot_be_an_agent() {
+        let err = Config::parse("[agents.global]\n", "t").unwrap_err();
+        assert_eq!(err.code(), "invalid_agent");
+    }
+
+    #[test]
+    fn plugin_settings_are_read() {
+        let c = Config::parse(
+            "[plugins.persona]\nid = \"who\"\nscope = \"coder\"\noptional = true\nconfig = { name = \"Ada\" }\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.plugin_id("persona"), "who");
+        assert_eq!(c.plugin_id("other"), "other");
+        let o = c.plugin_options("persona");
+        assert_eq!(o.scope_override, Some(Scope::agent("coder")));
+        assert!(o.optional);
+        assert_eq!(c.plugin_values("persona"), [("name".into(), "Ada".into())]);
+    }
+}

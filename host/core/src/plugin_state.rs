@@ -1,0 +1,69 @@
+//! The states a plugin file can be in and the registry changes clients are told about (R5),
+//! with their stable string forms (shown in `GET /v1/plugins` and the event stream).
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+/// Where one plugin file stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginState {
+    /// The file's current bytes serve.
+    Loaded,
+    /// The file never loaded; nothing of it serves.
+    Refused,
+    /// The file's new bytes were refused; an older version keeps serving (H3).
+    Stale,
+    /// It failed too often and left the registry until its file changes or it is enabled (L3).
+    Quarantined,
+}
+
+impl PluginState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginState::Loaded => "loaded",
+            PluginState::Refused => "refused",
+            PluginState::Stale => "stale",
+            PluginState::Quarantined => "quarantined",
+        }
+    }
+}
+
+/// One kind of applied registry change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeKind {
+    Load,
+    Reload,
+    Unload,
+    Refused,
+    Quarantine,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Load => "load",
+            ChangeKind::Reload => "reload",
+            ChangeKind::Unload => "unload",
+            ChangeKind::Refused => "refused",
+            ChangeKind::Quarantine => "quarantine",
+        }
+    }
+}
+
+macro_rules! as_string {
+    ($($ty:ty),*) => {$(
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    )*};
+}
+
+as_string!(PluginState, ChangeKind);

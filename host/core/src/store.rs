@@ -1,0 +1,252 @@
+//! The session log's shape (Q1, Q7): events, their kinds and versions, and the
+//! [`SessionStore`] trait every store implements.
+//!
+//! The trait lives here, beside the session logic that reads it, so the core never depends on a
+//! database: `promptd-store` implements it on SQLite, [`MemoryStore`] implements it in memory
+//! for tests and tools.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+/// The version written into every new event body's record. Version 1 is the format of the
+/// first release (0.1.0), whose rows carried no version: a store reads a missing version as 1.
+pub const BODY_VERSION: u32 = 1;
+
+/// What an event records. The string forms are stored and shown in the API: never change one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EventKind {
+    SessionCreated,
+    UserMessage,
+    AssistantMessage,
+    ToolResult,
+    ContextSnapshot,
+    RequestHeader,
+    PluginOmitted,
+    Step,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 8] = [
+        EventKind::SessionCreated,
+        EventKind::UserMessage,
+        EventKind::AssistantMessage,
+        EventKind::ToolResult,
+        EventKind::ContextSnapshot,
+        EventKind::RequestHeader,
+        EventKind::PluginOmitted,
+        EventKind::Step,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::SessionCreated => "session/created",
+            EventKind::UserMessage => "user/message",
+            EventKind::AssistantMessage => "assistant/message",
+            EventKind::ToolResult => "tool/result",
+            EventKind::ContextSnapshot => "context/snapshot",
+            EventKind::RequestHeader => "request/header",
+            EventKind::PluginOmitted => "plugin/omitted",
+            EventKind::Step => "step",
+        }
+    }
+
+    /// The kind a stored string names, if any.
+    pub fn parse(s: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for EventKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// One recorded event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// 1-based, gapless within a session.
+    pub seq: u64,
+    pub kind: EventKind,
+    /// The format version of `body` (see [`BODY_VERSION`]).
+    pub version: u32,
+    pub body: Value,
+    /// Milliseconds since the Unix epoch when it was written (informational only: never part
+    /// of a request).
+    pub at_ms: u64,
+}
+
+/// An event about to be appended; always written at [`BODY_VERSION`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub kind: EventKind,
+    pub body: Value,
+}
+
+impl NewEvent {
+    pub fn new(kind: EventKind, body: Value) -> Self {
+        Self { kind, body }
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The log grew under us: another writer appended to this session.
+    #[error("session `{session}`: expected to append at seq {expected}, but the log holds {found} events (another writer?)")]
+    Conflict {
+        session: String,
+        expected: u64,
+        found: u64,
+    },
+    /// A stored row no longer decodes: the log is damaged or was written by a newer binary.
+    #[error("session `{session}`, event {seq}: {problem}")]
+    Corrupt {
+        session: String,
+        seq: u64,
+        problem: String,
+    },
+    /// The database itself failed (open, query, sync).
+    #[error("{context}: {source}")]
+    Backend {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl StoreError {
+    pub fn backend(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StoreError::Backend {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+}
+
+/// Where session logs live.
+pub trait SessionStore: Send + Sync {
+    /// Creates a session for `agent` with a fresh id, recording `first` as event 1.
+    fn create_session(&self, agent: &str, first: NewEvent) -> Result<String, StoreError>;
+    /// The session's agent, or `None` if there is no such session.
+    fn session_agent(&self, id: &str) -> Result<Option<String>, StoreError>;
+    /// The whole log, in order.
+    fn events(&self, id: &str) -> Result<Vec<Event>, StoreError>;
+    /// Appends `events` atomically (all or none), durable before it returns. `next_seq` must
+    /// be the log's length + 1, so a concurrent writer is detected instead of interleaved.
+    fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError>;
+}
+
+/// A store in memory: for tests and one-shot tools. Nothing survives the process.
+#[derive(Default)]
+pub struct MemoryStore {
+    sessions: Mutex<BTreeMap<String, (String, Vec<Event>)>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, Vec<Event>)>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl SessionStore for MemoryStore {
+    fn create_session(&self, agent: &str, first: NewEvent) -> Result<String, StoreError> {
+        let mut sessions = self.sessions();
+        // Sequential ids keep test runs deterministic.
+        let id = format!("mem{:08}", sessions.len() + 1);
+        let event = Event {
+            seq: 1,
+            kind: first.kind,
+            version: BODY_VERSION,
+            body: first.body,
+            at_ms: 0,
+        };
+        sessions.insert(id.clone(), (agent.to_string(), vec![event]));
+        Ok(id)
+    }
+
+    fn session_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.sessions().get(id).map(|(agent, _)| agent.clone()))
+    }
+
+    fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
+        Ok(self
+            .sessions()
+            .get(id)
+            .map(|(_, events)| events.clone())
+            .unwrap_or_default())
+    }
+
+    fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+        let mut sessions = self.sessions();
+        let Some((_, log)) = sessions.get_mut(id) else {
+            return Err(StoreError::backend(
+                format!("session `{id}`"),
+                "no such session",
+            ));
+        };
+        let found = log.len() as u64;
+        if found + 1 != next_seq {
+            return Err(StoreError::Conflict {
+                session: id.to_string(),
+                expected: next_seq,
+                found,
+            });
+        }
+        log.extend(events.iter().enumerate().map(|(i, e)| Event {
+            seq: next_seq + i as u64,
+            kind: e.kind,
+            version: BODY_VERSION,
+            body: e.body.clone(),
+            at_ms: 0,
+        }));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn event_kinds_round_trip_through_their_stable_strings() {
+        for kind in EventKind::ALL {
+            assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(EventKind::parse("session/deleted"), None);
+    }
+
+    #[test]
+    fn q7_memory_store_checks_the_next_seq() {
+        let store = MemoryStore::new();
+        let id = store
+            .create_session("coder", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .unwrap();
+        store
+            .append(&id, 2, &[NewEvent::new(EventKind::Step, json!({"step": 1}))])
+            .unwrap();
+        let err = store
+            .append(&id, 2, &[NewEvent::new(EventKind::Step, json!({"step": 2}))])
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { found: 2, .. }), "{err}");
+        let seqs: Vec<u64> = store.events(&id).unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2]);
+    }
+}

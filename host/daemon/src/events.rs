@@ -1,0 +1,144 @@
+//! Registry change events (R5): a numbered, bounded history plus a live broadcast for SSE
+//! clients.
+//!
+//! The history keeps the last [`HISTORY`] events. A client that resumes from further back, or
+//! that reads the live stream more slowly than changes arrive, is told so with a `lagged`
+//! event (and the stream ends), so it knows to resync from `GET /v1/plugins` instead of
+//! silently missing changes.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use promptd_core::plugin_state::ChangeKind;
+use promptd_core::ErrorBody;
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// How many past events are kept for replay.
+pub const HISTORY: usize = 1024;
+
+/// How many live events may wait for one slow subscriber before it is `lagged`.
+const LIVE_BUFFER: usize = 1024;
+
+/// One applied registry change.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct RegistryEvent {
+    /// 1-based, increasing for the daemon's lifetime.
+    pub seq: u64,
+    pub kind: ChangeKind,
+    pub plugin: String,
+    pub file: String,
+    pub sha256: String,
+    pub error: Option<ErrorBody>,
+}
+
+/// What a subscriber gets: the replayable past, then live events.
+pub struct Subscription {
+    pub past: Vec<RegistryEvent>,
+    /// Events after `since` that fell out of the history: the replay is incomplete.
+    pub missed: u64,
+    pub live: broadcast::Receiver<RegistryEvent>,
+}
+
+/// The history of registry events and the channel live subscribers listen on.
+pub struct RegistryEvents {
+    inner: Mutex<History>,
+    live: broadcast::Sender<RegistryEvent>,
+}
+
+struct History {
+    events: VecDeque<RegistryEvent>,
+    last_seq: u64,
+}
+
+impl Default for RegistryEvents {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(History {
+                events: VecDeque::with_capacity(HISTORY),
+                last_seq: 0,
+            }),
+            live: broadcast::channel(LIVE_BUFFER).0,
+        }
+    }
+}
+
+impl RegistryEvents {
+    /// Records an event and tells live subscribers.
+    pub fn push(
+        &self,
+        kind: ChangeKind,
+        plugin: &str,
+        file: &str,
+        sha256: &str,
+        error: Option<ErrorBody>,
+    ) -> RegistryEvent {
+        let mut history = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        history.last_seq += 1;
+        let event = RegistryEvent {
+            seq: history.last_seq,
+            kind,
+            plugin: plugin.to_string(),
+            file: file.to_string(),
+            sha256: sha256.to_string(),
+            error,
+        };
+        if history.events.len() == HISTORY {
+            history.events.pop_front();
+        }
+        history.events.push_back(event.clone());
+        // Sent under the history lock, so a subscriber never sees an event twice or misses one
+        // between its replay and its subscription. No receiver is not an error.
+        let _ = self.live.send(event.clone());
+        event
+    }
+
+    /// Events after `since`, how many of those are no longer kept, and a receiver for the
+    /// ones that follow.
+    pub fn subscribe(&self, since: u64) -> Subscription {
+        let history = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let past: Vec<RegistryEvent> = history
+            .events
+            .iter()
+            .filter(|e| e.seq > since)
+            .cloned()
+            .collect();
+        let first_kept = history
+            .events
+            .front()
+            .map_or(history.last_seq + 1, |e| e.seq);
+        let missed = first_kept.saturating_sub(since + 1);
+        Subscription {
+            past,
+            missed,
+            live: self.live.subscribe(),
+        }
+    }
+
+    /// The last sequence number given out.
+    pub fn last_seq(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).last_seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r5_history_is_bounded_and_says_what_it_lost() {
+        let events = RegistryEvents::default();
+        for i in 0..HISTORY + 10 {
+            events.push(ChangeKind::Load, &format!("p{i}"), "f", "s", None);
+        }
+        let all = events.subscribe(0);
+        assert_eq!(all.past.len(), HISTORY);
+        assert_eq!(all.past[0].seq, 11);
+        assert_eq!(all.missed, 10);
+        let recent = events.subscribe(HISTORY as u64);
+        assert_eq!(recent.missed, 0);
+        assert_eq!(recent.past.len(), 10);
+        assert_eq!(events.subscribe(events.last_seq()).past.len(), 0);
+        assert_eq!(events.subscribe(events.last_seq()).missed, 0);
+    }
+}

@@ -1,0 +1,526 @@
+//! promptd's daemon: the state and operations behind the HTTP API, without HTTP.
+//!
+//! [`Daemon`] holds the plugin folder's state, the published registry and the session store;
+//! [`http`] serves it, [`watch`] feeds it file changes. It is built from its parts with
+//! [`Daemon::new`]: any [`Engine`] (wasmtime in the binary, native providers in tests) and any
+//! [`SessionStore`] (SQLite in the binary, memory in tests).
+//!
+//! Every method is synchronous (plugin calls and the store are blocking); the HTTP layer runs
+//! them on tokio's blocking pool. The registry is an immutable snapshot behind a lock that is
+//! held only to clone or replace an `Arc`, so a step assembles on the snapshot it started with
+//! while plugins change (H2).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use promptd_core::{config::Config, load::*, provider::NativePlugin, store::MemoryStore};
+//! use promptd_daemon::{Daemon, StepInput};
+//!
+//! /// An engine whose "components" are native plugins, chosen by file name.
+//! struct Native;
+//! impl Engine for Native {
+//!     fn instantiate(&self, r: LoadRequest<'_>) -> promptd_core::Result<Instantiated> {
+//!         let (declaration, provider) = NativePlugin::new().section("persona", 0, "Be brief.").build();
+//!         Ok(Instantiated { declaration, provider, cache: None })
+//!     }
+//! }
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! std::fs::write(dir.path().join("persona.wasm"), b"native").unwrap();
+//! let daemon = Daemon::new(Arc::new(MemoryStore::new()), Arc::new(Native), Config::default(), dir.path()).unwrap();
+//! let id = daemon.create_session("default").unwrap();
+//! let (step, request) = daemon.step(&id, &StepInput::default()).unwrap();
+//! assert_eq!((step, request.header.system.as_str()), (1, "Be brief."));
+//! ```
+
+pub mod error;
+pub mod events;
+pub mod http;
+mod locks;
+pub mod metrics;
+pub mod plugin_dir;
+pub mod watch;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use promptd_core::assembly::{self, Options};
+use promptd_core::config::Config;
+use promptd_core::conversation::{FrozenRequest, Message};
+use promptd_core::load::{self, Engine, PluginFile};
+use promptd_core::model::Step;
+use promptd_core::plugin_state::{ChangeKind, PluginState};
+use promptd_core::registry::Registry;
+use promptd_core::request::declaration_json;
+use promptd_core::session;
+use promptd_core::store::{Event, EventKind, NewEvent, SessionStore};
+use promptd_core::{Error, ErrorBody};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+pub use error::{DaemonError, Result};
+use events::{RegistryEvent, RegistryEvents};
+use locks::SessionLocks;
+use metrics::Metrics;
+
+/// What `GET /v1/plugins` shows for each plugin file.
+#[derive(Clone, Debug, Serialize)]
+pub struct PluginStatus {
+    pub id: String,
+    pub file: String,
+    /// SHA-256 of the file as last read.
+    pub sha256: String,
+    /// SHA-256 of the version serving now (differs from `sha256` while `stale`).
+    pub serving_sha256: Option<String>,
+    pub state: PluginState,
+    pub last_error: Option<ErrorBody>,
+    /// What the serving version declares (null when none serves).
+    pub declares: Value,
+}
+
+/// One step's input (Q1).
+#[derive(Clone, Debug, Default)]
+pub struct StepInput {
+    pub messages: Vec<Message>,
+    pub facts: BTreeMap<String, String>,
+}
+
+pub struct Daemon {
+    engine: Arc<dyn Engine>,
+    config: RwLock<Arc<Config>>,
+    plugin_dir: PathBuf,
+    registry: RwLock<Arc<Registry>>,
+    /// By file stem.
+    plugins: RwLock<BTreeMap<String, PluginStatus>>,
+    store: Arc<dyn SessionStore>,
+    /// This process's run id, recorded with every header it writes: a session whose last
+    /// header came from another run records `resume` on its next step (Q3). Kept in the log,
+    /// so the daemon needs no per-session memory for it.
+    run: String,
+    /// Serialises registry changes (watcher, API calls), so none is lost to a race.
+    changes: Mutex<()>,
+    /// One lock per session being worked on, so two steps of one session never interleave.
+    locks: SessionLocks,
+    pub events: RegistryEvents,
+    pub metrics: Metrics,
+}
+
+/// A run id unique enough to tell this process from earlier ones: the pid and the start time.
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}-{nanos:x}", std::process::id())
+}
+
+impl Daemon {
+    /// A daemon over `store` and `engine` serving the plugins in `plugin_dir`: loads every
+    /// plugin file there, in file-name order. Refused plugins are recorded (and shown), not
+    /// fatal; an unreadable folder is.
+    pub fn new(
+        store: Arc<dyn SessionStore>,
+        engine: Arc<dyn Engine>,
+        config: Config,
+        plugin_dir: &Path,
+    ) -> Result<Daemon> {
+        let daemon = Daemon {
+            engine,
+            config: RwLock::new(Arc::new(config)),
+            plugin_dir: plugin_dir.to_path_buf(),
+            registry: RwLock::new(Arc::new(Registry::new())),
+            plugins: RwLock::new(BTreeMap::new()),
+            store,
+            run: run_id(),
+            changes: Mutex::new(()),
+            locks: SessionLocks::default(),
+            events: RegistryEvents::default(),
+            metrics: Metrics::default(),
+        };
+        daemon.reload()?;
+        Ok(daemon)
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn plugin_dir(&self) -> &Path {
+        &self.plugin_dir
+    }
+
+    /// Replaces the config (already validated) and reloads every plugin under it, since plugin
+    /// settings may have changed. A plugin that fails under the new config keeps its old
+    /// version serving (H3).
+    pub fn set_config(&self, config: Config) -> Result<Vec<RegistryEvent>> {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        for status in self
+            .plugins
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .values_mut()
+        {
+            status.sha256.clear(); // forces a reload on the rescan below
+        }
+        self.reload()
+    }
+
+    /// Prometheus text, including the compile cache's counters.
+    pub fn metrics_text(&self) -> String {
+        let mut out = self.metrics.render();
+        if let Some((hits, misses)) = self.engine.cache_counts() {
+            out.push_str("# HELP promptd_compile_cache_total Plugin loads served from or missing the compile cache.\n");
+            out.push_str("# TYPE promptd_compile_cache_total counter\n");
+            out.push_str(&format!(
+                "promptd_compile_cache_total{{result=\"hit\"}} {hits}\n"
+            ));
+            out.push_str(&format!(
+                "promptd_compile_cache_total{{result=\"miss\"}} {misses}\n"
+            ));
+        }
+        out
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn publish(&self, registry: Registry) {
+        self.metrics.set_plugins_loaded(registry.len());
+        *self.registry.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(registry);
+    }
+
+    pub fn plugins(&self) -> Vec<PluginStatus> {
+        let plugins = self.plugins.read().unwrap_or_else(|p| p.into_inner());
+        plugins.values().cloned().collect()
+    }
+
+    /// Rescans the plugin folder: loads new files, reloads changed ones (the old version keeps
+    /// serving if the new one fails), unloads removed ones. Each change is an event (R5).
+    pub fn reload(&self) -> Result<Vec<RegistryEvent>> {
+        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let files = plugin_dir::plugin_files(&self.plugin_dir)?;
+        let mut applied = Vec::new();
+        let mut present = HashSet::new();
+        for path in files {
+            let file = match plugin_dir::read(&path) {
+                Ok(file) => file,
+                Err(error) => {
+                    let path = path.display().to_string();
+                    let body = ErrorBody::from(&error);
+                    applied.push(self.events.push(ChangeKind::Refused, "", &path, "", Some(body)));
+                    continue;
+                }
+            };
+            present.insert(file.stem.clone());
+            let unchanged = self
+                .plugins
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&file.stem)
+                .is_some_and(|s| s.sha256 == file.sha256);
+            if !unchanged {
+                applied.push(self.load(&file));
+            }
+        }
+        let gone: Vec<String> = self
+            .plugins
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|stem| !present.contains(*stem))
+            .cloned()
+            .collect();
+        for stem in gone {
+            let status = self
+                .plugins
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&stem);
+            if let Some(status) = status {
+                if let Ok(next) = self.registry().without(&status.id) {
+                    self.publish(next);
+                }
+                applied.push(self.events.push(
+                    ChangeKind::Unload,
+                    &status.id,
+                    &status.file,
+                    &status.sha256,
+                    None,
+                ));
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Loads (or reloads) one file; validates against the other plugins before publishing.
+    fn load(&self, file: &PluginFile) -> RegistryEvent {
+        let started = Instant::now();
+        let config = self.config();
+        let id = config.plugin_id(&file.stem);
+        let path = file.path.display().to_string();
+        let mut current = self.registry();
+        // A config change can give the file another id: the old id leaves with the new load.
+        let old_id = self
+            .plugins
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&file.stem)
+            .map(|s| s.id.clone())
+            .filter(|old| *old != id);
+        if let Some(old) = &old_id {
+            if let Ok(without) = current.without(old) {
+                current = Arc::new(without);
+            }
+        }
+        let existed = current.get(&id).is_some();
+        let result = load::load(self.engine.as_ref(), file, &config).and_then(|(entry, lookup)| {
+            let declares = declaration_json(&entry.declaration);
+            current
+                .with_replaced(entry)
+                .map(|next| (next, declares, lookup))
+        });
+        let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok((next, declares, lookup)) => {
+                self.publish(next);
+                plugins.insert(
+                    file.stem.clone(),
+                    PluginStatus {
+                        id: id.clone(),
+                        file: path.clone(),
+                        sha256: file.sha256.clone(),
+                        serving_sha256: Some(file.sha256.clone()),
+                        state: PluginState::Loaded,
+                        last_error: None,
+                        declares,
+                    },
+                );
+                let cache = lookup.map_or("off", |l| l.as_str());
+                let ms = started.elapsed().as_secs_f64() * 1000.0;
+                tracing::info!(plugin = %id, sha256 = %file.sha256, cache, ms = format!("{ms:.1}"), "loaded");
+                self.events.push(
+                    if existed {
+                        ChangeKind::Reload
+                    } else {
+                        ChangeKind::Load
+                    },
+                    &id,
+                    &path,
+                    &file.sha256,
+                    None,
+                )
+            }
+            Err(error) => {
+                tracing::warn!(plugin = %id, "refused: {error}");
+                self.metrics.plugin_error();
+                let status = plugins
+                    .entry(file.stem.clone())
+                    .or_insert_with(|| PluginStatus {
+                        id: id.clone(),
+                        file: path.clone(),
+                        sha256: String::new(),
+                        serving_sha256: None,
+                        state: PluginState::Refused,
+                        last_error: None,
+                        declares: Value::Null,
+                    });
+                // H3: an older version, if any, keeps serving; the new bytes are remembered so
+                // an unchanged file is not retried on every rescan.
+                status.state = if existed {
+                    PluginState::Stale
+                } else {
+                    PluginState::Refused
+                };
+                status.sha256 = file.sha256.clone();
+                status.last_error = Some(ErrorBody::from(&error));
+                self.events.push(
+                    ChangeKind::Refused,
+                    &id,
+                    &path,
+                    &file.sha256,
+                    Some(ErrorBody::from(&error)),
+                )
+            }
+        }
+    }
+
+    /// Unloads plugin `id` (R4): all its contributions leave the next assembly.
+    pub fn unload(&self, id: &str) -> Result<RegistryEvent> {
+        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let next = self.registry().without(id)?;
+        self.publish(next);
+        let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+        let stem = plugins
+            .iter()
+            .find(|(_, s)| s.id == id)
+            .map(|(k, _)| k.clone());
+        let status = stem.and_then(|s| plugins.remove(&s));
+        let (file, sha) = status.map(|s| (s.file, s.sha256)).unwrap_or_default();
+        Ok(self.events.push(ChangeKind::Unload, id, &file, &sha, None))
+    }
+
+    pub fn create_session(&self, agent: &str) -> Result<String> {
+        self.config().chain(agent)?; // validates the name
+        let id = self.store.create_session(
+            agent,
+            NewEvent::new(EventKind::SessionCreated, json!({"agent": agent})),
+        )?;
+        Ok(id)
+    }
+
+    fn agent_of(&self, id: &str) -> Result<String> {
+        self.store
+            .session_agent(id)?
+            .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
+    }
+
+    /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return the
+    /// step number and the frozen request rebuilt from the log.
+    pub fn step(&self, id: &str, input: &StepInput) -> Result<(u64, FrozenRequest)> {
+        let started = Instant::now();
+        let result = self.step_inner(id, input);
+        let error = match &result {
+            Err(DaemonError::Core(e)) => Some(e),
+            _ => None,
+        };
+        self.metrics.step(started.elapsed(), error);
+        self.quarantine_failing(error);
+        result
+    }
+
+    /// L3: a plugin whose calls failed `quarantine_after` times in a row leaves the registry
+    /// until its file changes or an operator enables it.
+    fn quarantine_failing(&self, error: Option<&Error>) {
+        let Some(limit) = self.config().quarantine_after() else {
+            return;
+        };
+        let failing: Vec<String> = self
+            .registry()
+            .plugins()
+            .filter(|p| p.provider.consecutive_failures() >= limit)
+            .map(|p| p.id.clone())
+            .collect();
+        for id in failing {
+            let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            let Ok(next) = self.registry().without(&id) else {
+                continue; // already gone
+            };
+            self.publish(next);
+            let cause = match error {
+                Some(e @ Error::PluginCall { plugin, .. }) if *plugin == id => e.to_string(),
+                _ => format!("{limit} consecutive calls failed"),
+            };
+            let message =
+                format!("quarantined after {limit} consecutive failed calls; last: {cause}");
+            tracing::warn!(plugin = %id, "{message}");
+            let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+            let (mut file, mut sha) = (String::new(), String::new());
+            if let Some(status) = plugins.values_mut().find(|s| s.id == id) {
+                status.state = PluginState::Quarantined;
+                status.serving_sha256 = None;
+                status.declares = Value::Null;
+                status.last_error = Some(ErrorBody::new("quarantined", message.clone()));
+                (file, sha) = (status.file.clone(), status.sha256.clone());
+            }
+            let error = Error::Quarantined {
+                plugin: id.clone(),
+                message,
+            };
+            self.events.push(
+                ChangeKind::Quarantine,
+                &id,
+                &file,
+                &sha,
+                Some(ErrorBody::from(&error)),
+            );
+        }
+    }
+
+    /// Brings a quarantined plugin back: its file is loaded again (a fresh instance).
+    pub fn enable(&self, id: &str) -> Result<Vec<RegistryEvent>> {
+        {
+            let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+            let status = plugins
+                .values_mut()
+                .find(|s| s.id == id)
+                .ok_or_else(|| Error::UnknownPlugin(id.to_string()))?;
+            if status.state != PluginState::Quarantined {
+                return Ok(Vec::new()); // nothing to do
+            }
+            status.sha256.clear(); // forces the rescan to load it
+        }
+        self.reload()
+    }
+
+    fn step_inner(&self, id: &str, input: &StepInput) -> Result<(u64, FrozenRequest)> {
+        let agent = self.agent_of(id)?;
+        let _held = self.locks.hold(id);
+        let log = self.store.events(id)?;
+        // One snapshot of the registry and the config for the whole step (H2).
+        let registry = self.registry();
+        let config = self.config();
+        let step_number = session::step_count(&log) + 1;
+        let step = Step {
+            agent: agent.clone(),
+            scope_chain: config.chain(&agent)?,
+            session_id: id.to_string(),
+            step_number,
+            facts: input.facts.clone(),
+        };
+        let options = Options {
+            tool_order: config.tool_order.clone(),
+            suppress_runtime_context: !config.runtime_context(&agent),
+        };
+        let assembled = assembly::assemble(&registry, &step, &options)?;
+        let header = session::header(&assembled, config.model(&agent));
+        let plan = session::plan_step(
+            id,
+            &log,
+            &input.messages,
+            &input.facts,
+            &assembled,
+            &header,
+            &self.run,
+        )?;
+        self.store.append(id, log.len() as u64 + 1, &plan.events)?;
+        let all = session::with_appended(&log, &plan.events);
+        Ok((plan.step, session::rebuild(id, &all, plan.step)?))
+    }
+
+    /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
+    pub fn record_message(&self, id: &str, message: &Message) -> Result<u64> {
+        self.agent_of(id)?;
+        if matches!(message, Message::User { .. }) {
+            return Err(Error::BadRequest(
+                "user input is sent with a step (POST /v1/sessions/{id}/steps)".into(),
+            )
+            .into());
+        }
+        let _held = self.locks.hold(id);
+        let log = self.store.events(id)?;
+        session::check_message(id, &log, &[], message)?;
+        let seq = log.len() as u64 + 1;
+        self.store
+            .append(id, seq, &[session::message_event(message)])?;
+        Ok(seq)
+    }
+
+    pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
+        self.agent_of(id)?;
+        Ok(self.store.events(id)?)
+    }
+
+    /// The frozen request of step `n`, rebuilt from the log alone (Q4).
+    pub fn request(&self, id: &str, n: u64) -> Result<FrozenRequest> {
+        let events = self.session_events(id)?;
+        Ok(session::rebuild(id, &events, n)?)
+    }
+}

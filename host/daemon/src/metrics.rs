@@ -1,0 +1,107 @@
+//! Prometheus metrics: steps, assembly latency, plugin errors, loaded plugins.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use promptd_core::Error;
+
+/// Upper bounds of the step latency histogram, in seconds.
+const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+
+#[derive(Default)]
+pub struct Metrics {
+    steps_ok: AtomicU64,
+    steps_failed: AtomicU64,
+    plugin_errors: AtomicU64,
+    plugins_loaded: AtomicU64,
+    buckets: [AtomicU64; BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_micros: AtomicU64,
+}
+
+impl Metrics {
+    pub fn step(&self, took: Duration, error: Option<&Error>) {
+        match error {
+            None => self.steps_ok.fetch_add(1, Ordering::Relaxed),
+            Some(e) => {
+                if matches!(e, Error::PluginCall { .. } | Error::UnknownShownTool { .. }) {
+                    self.plugin_error();
+                }
+                self.steps_failed.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        let secs = took.as_secs_f64();
+        for (bound, count) in BUCKETS.iter().zip(&self.buckets) {
+            if secs <= *bound {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn plugin_error(&self) {
+        self.plugin_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn set_plugins_loaded(&self, n: usize) {
+        self.plugins_loaded.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut out = String::new();
+        let _ = writeln!(out, "# HELP promptd_steps_total Steps handled, by outcome.");
+        let _ = writeln!(out, "# TYPE promptd_steps_total counter");
+        let _ = writeln!(
+            out,
+            "promptd_steps_total{{outcome=\"ok\"}} {}",
+            get(&self.steps_ok)
+        );
+        let _ = writeln!(
+            out,
+            "promptd_steps_total{{outcome=\"error\"}} {}",
+            get(&self.steps_failed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP promptd_step_duration_seconds Time to assemble and record a step."
+        );
+        let _ = writeln!(out, "# TYPE promptd_step_duration_seconds histogram");
+        for (bound, count) in BUCKETS.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                out,
+                "promptd_step_duration_seconds_bucket{{le=\"{bound}\"}} {}",
+                get(count)
+            );
+        }
+        let count = get(&self.latency_count);
+        let _ = writeln!(
+            out,
+            "promptd_step_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "promptd_step_duration_seconds_sum {}",
+            get(&self.latency_micros) as f64 / 1e6
+        );
+        let _ = writeln!(out, "promptd_step_duration_seconds_count {count}");
+        let _ = writeln!(
+            out,
+            "# HELP promptd_plugin_errors_total Failed plugin calls and refused loads."
+        );
+        let _ = writeln!(out, "# TYPE promptd_plugin_errors_total counter");
+        let _ = writeln!(
+            out,
+            "promptd_plugin_errors_total {}",
+            get(&self.plugin_errors)
+        );
+        let _ = writeln!(out, "# HELP promptd_plugins_loaded Plugins serving now.");
+        let _ = writeln!(out, "# TYPE promptd_plugins_loaded gauge");
+        let _ = writeln!(out, "promptd_plugins_loaded {}", get(&self.plugins_loaded));
+        out
+    }
+}

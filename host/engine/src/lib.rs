@@ -1,0 +1,38 @@
+//! promptd's WebAssembly engine: wasmtime components as [`promptd_core::load::Engine`].
+//!
+//! [`WasmEngine`] owns the wasmtime engine, the linker and the epoch ticker; each loaded plugin
+//! becomes a [`WasmProvider`] with a warm instance, a call deadline, a memory cap and the
+//! grants of its [`promptd_core::sandbox::Sandbox`]. [`cache`] keeps compiled code on disk.
+
+pub mod cache;
+mod wasm;
+
+use std::path::PathBuf;
+
+pub use wasm::{WasmEngine, WasmProvider};
+
+/// Why the engine itself could not be set up (a plugin's own failures are
+/// [`promptd_core::Error`]s such as `not_a_component`).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot set up the WebAssembly engine: {0:#}")]
+    Init(#[source] wasmtime::Error),
+    #[error("cannot start the epoch ticker thread: {0}")]
+    Ticker(#[source] std::io::Error),
+    #[error("compile cache {}: {source}", path.display())]
+    CacheDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl EngineError {
+    /// The stable code of this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            EngineError::Init(_) | EngineError::Ticker(_) => "engine",
+            EngineError::CacheDir { .. } => "cache_dir",
+        }
+    }
+}
