@@ -167,7 +167,11 @@ fn r2_a_conflict_refuses_the_later_file_and_names_both_plugins() {
     let runtime = WasmEngine::new().unwrap();
     let config = plugin_dir::read_config(&config).unwrap();
     for _ in 0..3 {
-        let loaded = load::load_all(&runtime, plugin_dir::read_all(folder.path()).unwrap(), &config);
+        let loaded = load::load_all(
+            &runtime,
+            plugin_dir::read_all(folder.path()).unwrap(),
+            &config,
+        );
         let ids: Vec<&str> = loaded.registry.plugins().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["a_first"]);
         assert_eq!(loaded.refused.len(), 1);
@@ -220,7 +224,11 @@ fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
     );
     let runtime = WasmEngine::new().unwrap();
     let config = plugin_dir::read_config(&config).unwrap();
-    let loaded = load::load_all(&runtime, plugin_dir::read_all(folder.path()).unwrap(), &config);
+    let loaded = load::load_all(
+        &runtime,
+        plugin_dir::read_all(folder.path()).unwrap(),
+        &config,
+    );
     let entry = loaded.registry.get("dyn").unwrap();
     let step = promptd_core::model::Step {
         agent: "coder".into(),

@@ -13,9 +13,11 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 pub fn repo_root() -> PathBuf {
+    // The binary's crate is host/cli.
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("host/ has a parent")
+        .ancestors()
+        .nth(2)
+        .expect("host/cli is two folders below the root")
         .to_path_buf()
 }
 

@@ -249,7 +249,10 @@ fn check_core_is_pure(root: &Path) -> Result<()> {
             found.join(", ")
         );
     }
-    println!("promptd-core's dependency tree is pure ({} crates)", tree.lines().count());
+    println!(
+        "promptd-core's dependency tree is pure ({} crates)",
+        tree.lines().count()
+    );
     Ok(())
 }
 

@@ -20,14 +20,15 @@ use std::time::{Duration, Instant};
 use promptd_core::config::Config;
 use promptd_engine::{cache, WasmEngine};
 
-#[path = "../../tests/support/custom_section.rs"]
+#[path = "../../../tests/support/custom_section.rs"]
 mod custom_section;
 use custom_section::with_custom_section;
 use promptd_daemon::{Daemon, StepInput};
 
 fn fixtures() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .unwrap()
         .to_path_buf();
     let status = Command::new(env!("CARGO"))
@@ -108,8 +109,7 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
     let plugins = tmp.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     put(&plugins, v1);
-    let daemon =
-        Arc::new(start(&plugins, &tmp.path().join("state")));
+    let daemon = Arc::new(start(&plugins, &tmp.path().join("state")));
     let _watch = promptd_daemon::watch::watch(daemon.clone(), None).unwrap();
     let session = daemon.create_session("default").unwrap();
     if cached {

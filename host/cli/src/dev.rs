@@ -40,8 +40,7 @@ pub fn spawn(workspace: PathBuf, plugin_dir: PathBuf) -> anyhow::Result<()> {
         anyhow::bail!(CliError::BadArgument {
             flag: "--dev",
             value: workspace.display().to_string(),
-            expected: "a cargo workspace or a plugin folder (plugin.js, app.py or .c files)"
-                .into(),
+            expected: "a cargo workspace or a plugin folder (plugin.js, app.py or .c files)".into(),
         });
     };
     let (tx, rx) = mpsc::channel::<notify::Result<notify::Event>>();

@@ -122,9 +122,18 @@ fn sdk_dir(lang: Lang, plugin_dir: &Path) -> Result<PathBuf, CliError> {
 /// The Rust SDK and the WIT it binds, built into this binary, for plugins made away from a
 /// checkout: (path in the plugin folder, text). The SDK's `../../wit` then finds `wit/`.
 const EMBEDDED_RUST_SDK: &[Template] = &[
-    ("sdk/rust/Cargo.toml", include_str!("../../../sdk/rust/Cargo.toml")),
-    ("sdk/rust/src/lib.rs", include_str!("../../../sdk/rust/src/lib.rs")),
-    ("sdk/rust/src/runtime.rs", include_str!("../../../sdk/rust/src/runtime.rs")),
+    (
+        "sdk/rust/Cargo.toml",
+        include_str!("../../../sdk/rust/Cargo.toml"),
+    ),
+    (
+        "sdk/rust/src/lib.rs",
+        include_str!("../../../sdk/rust/src/lib.rs"),
+    ),
+    (
+        "sdk/rust/src/runtime.rs",
+        include_str!("../../../sdk/rust/src/runtime.rs"),
+    ),
     ("wit/plugin.wit", include_str!("../../../wit/plugin.wit")),
 ];
 
@@ -321,9 +330,10 @@ fn build_rust(dir: &Path) -> anyhow::Result<PathBuf> {
             run.status
         );
     }
-    let built = built_artifact(&String::from_utf8_lossy(&run.stdout), &name).with_context(|| {
-        format!("cargo reported no {name}.wasm (is the crate a cdylib named `{name}`?)")
-    })?;
+    let built =
+        built_artifact(&String::from_utf8_lossy(&run.stdout), &name).with_context(|| {
+            format!("cargo reported no {name}.wasm (is the crate a cdylib named `{name}`?)")
+        })?;
     let out = dir.join(format!("{name}.wasm"));
     std::fs::copy(&built, &out).with_context(|| format!("copy {}", built.display()))?;
     Ok(out)

@@ -918,7 +918,9 @@ fn assembled_bytes(plugins: &[(usize, Vec<Item>)], tool_order: bool) -> Vec<Stri
             let mut step = step_for(agent, chain);
             step.step_number = 3;
             match assemble(&reg, &step, &opts) {
-                Ok(a) => serde_json::to_string(&neutral_json(&a, Default::default(), true)).unwrap(),
+                Ok(a) => {
+                    serde_json::to_string(&neutral_json(&a, Default::default(), true)).unwrap()
+                }
                 Err(e) => format!("error[{}]: {e}", e.code()),
             }
         })

@@ -354,7 +354,9 @@ impl Config {
                 .map(|p| {
                     p.env
                         .iter()
-                        .filter_map(|name| self.host_env.get(name).map(|v| (name.clone(), v.clone())))
+                        .filter_map(|name| {
+                            self.host_env.get(name).map(|v| (name.clone(), v.clone()))
+                        })
                         .collect()
                 })
                 .unwrap_or_default(),

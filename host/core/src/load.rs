@@ -120,7 +120,8 @@ pub fn load_all(
 ) -> LoadedSet {
     let mut set = LoadedSet::default();
     for file in files {
-        let result = load(engine, &file, config).and_then(|(entry, _)| set.registry.with_plugin(entry));
+        let result =
+            load(engine, &file, config).and_then(|(entry, _)| set.registry.with_plugin(entry));
         match result {
             Ok(next) => set.registry = next,
             Err(error) => set.refused.push(Refusal {

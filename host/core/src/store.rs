@@ -240,12 +240,23 @@ mod tests {
             .create_session("coder", NewEvent::new(EventKind::SessionCreated, json!({})))
             .unwrap();
         store
-            .append(&id, 2, &[NewEvent::new(EventKind::Step, json!({"step": 1}))])
+            .append(
+                &id,
+                2,
+                &[NewEvent::new(EventKind::Step, json!({"step": 1}))],
+            )
             .unwrap();
         let err = store
-            .append(&id, 2, &[NewEvent::new(EventKind::Step, json!({"step": 2}))])
+            .append(
+                &id,
+                2,
+                &[NewEvent::new(EventKind::Step, json!({"step": 2}))],
+            )
             .unwrap_err();
-        assert!(matches!(err, StoreError::Conflict { found: 2, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::Conflict { found: 2, .. }),
+            "{err}"
+        );
         let seqs: Vec<u64> = store.events(&id).unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [1, 2]);
     }

@@ -117,7 +117,10 @@ impl RegistryEvents {
 
     /// The last sequence number given out.
     pub fn last_seq(&self) -> u64 {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).last_seq
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_seq
     }
 }
 

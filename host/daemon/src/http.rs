@@ -220,7 +220,10 @@ async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) 
 /// they differ (or on their lengths): both are hashed, and the digests compared in full.
 fn same_secret(given: &[u8], expected: &[u8]) -> bool {
     let (a, b) = (Sha256::digest(given), Sha256::digest(expected));
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// Refuses a body whose declared length is over [`MAX_BODY`] before any handler runs.

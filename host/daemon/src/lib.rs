@@ -215,7 +215,10 @@ impl Daemon {
                 Err(error) => {
                     let path = path.display().to_string();
                     let body = ErrorBody::from(&error);
-                    applied.push(self.events.push(ChangeKind::Refused, "", &path, "", Some(body)));
+                    applied.push(
+                        self.events
+                            .push(ChangeKind::Refused, "", &path, "", Some(body)),
+                    );
                     continue;
                 }
             };

@@ -86,12 +86,17 @@ impl WasmEngine {
     }
 
     /// Keeps compiled code in `dir` (H4), bounded to `max_bytes`.
-    pub fn with_cache(mut self, dir: &std::path::Path, max_bytes: u64) -> Result<Self, EngineError> {
-        let cache =
-            CompileCache::new(dir, &self.engine, max_bytes).map_err(|source| EngineError::CacheDir {
+    pub fn with_cache(
+        mut self,
+        dir: &std::path::Path,
+        max_bytes: u64,
+    ) -> Result<Self, EngineError> {
+        let cache = CompileCache::new(dir, &self.engine, max_bytes).map_err(|source| {
+            EngineError::CacheDir {
                 path: dir.to_path_buf(),
                 source,
-            })?;
+            }
+        })?;
         self.cache = Some(cache);
         Ok(self)
     }

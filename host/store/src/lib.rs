@@ -240,7 +240,14 @@ mod tests {
                 .append(&id, 2, &[NewEvent::new(EventKind::Step, json!(null))])
                 .unwrap_err();
             assert!(
-                matches!(err, StoreError::Conflict { expected: 2, found: 3, .. }),
+                matches!(
+                    err,
+                    StoreError::Conflict {
+                        expected: 2,
+                        found: 3,
+                        ..
+                    }
+                ),
                 "{err}"
             );
             id
@@ -250,7 +257,10 @@ mod tests {
         assert_eq!(store.session_agent(&id).unwrap().as_deref(), Some("coder"));
         let events = store.events(&id).unwrap();
         let kinds: Vec<(u64, &str)> = events.iter().map(|e| (e.seq, e.kind.as_str())).collect();
-        assert_eq!(kinds, [(1, "session/created"), (2, "user/message"), (3, "step")]);
+        assert_eq!(
+            kinds,
+            [(1, "session/created"), (2, "user/message"), (3, "step")]
+        );
         assert!(events.iter().all(|e| e.version == BODY_VERSION));
         assert_eq!(events[2].body, json!({"x": "y"}));
         assert_eq!(store.session_agent("nope").unwrap(), None);
