@@ -106,10 +106,12 @@ fn bundled_plugins_assemble_to_the_exact_request() {
         ],
     );
     let expected = json!({
+        "model": {},
         "system": format!("{IDENTITY}\n\nYou are careful: small diffs, tests first.\n\n{GUIDANCE}"),
         "tools": expected_tools(false),
         "messages": [{
             "role": "user",
+            "snapshot": true,
             "content": "[Runtime context: this snapshot supersedes any earlier runtime context.]\n\n\
     <workspace>\nWorking directory: /home/ada/repo\nGit branch: main (uncommitted changes)\n\
     Operating system: linux\nDate: 2026-11-30\n</workspace>",
@@ -128,7 +130,7 @@ fn read_only_fact_hides_write_tools_and_says_so_in_the_runtime_context() {
     assert_eq!(v["tools"], json!(expected_tools(true)));
     assert_eq!(
         v["messages"],
-        json!([{"role": "user", "content": "[Runtime context: this snapshot supersedes any \
+        json!([{"role": "user", "snapshot": true, "content": "[Runtime context: this snapshot supersedes any \
 earlier runtime context.]\n\nThis step is read-only: you can read and list files, but not write \
 them or run commands."}])
     );
@@ -141,12 +143,15 @@ fn t6_no_facts_means_no_runtime_context_message_and_keys_are_always_present() {
     let v: Value = serde_json::from_str(&folder.assemble(&config, &[])).unwrap();
     assert_eq!(v["messages"], json!([]));
     let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["messages", "system", "tools"]);
+    assert_eq!(keys, ["messages", "model", "system", "tools"]);
 
     let empty = Folder::new();
     let config = empty.config("");
     let v: Value = serde_json::from_str(&empty.assemble(&config, &[])).unwrap();
-    assert_eq!(v, json!({"messages": [], "system": "", "tools": []}));
+    assert_eq!(
+        v,
+        json!({"messages": [], "model": {}, "system": "", "tools": []})
+    );
 }
 
 #[test]
@@ -307,7 +312,7 @@ fn t3_malformed_reference_in_config_text_refuses_the_plugin_showing_where() {
 fn bad_command_line_and_config_input_get_clear_errors() {
     let folder = all_bundled();
     let config = folder.config("");
-    let line = folder.assemble_fails(&config, &["--fact", "novalue"], "config_invalid");
+    let line = folder.assemble_fails(&config, &["--fact", "novalue"], "bad_argument");
     assert!(line.contains("novalue"), "{line}");
     let other = Folder::new();
     let bad = other.config("[agents.coder]\nparnet = \"x\"\n");
@@ -324,10 +329,11 @@ fn bad_command_line_and_config_input_get_clear_errors() {
             "--config",
             config.to_str().unwrap(),
         ],
-        "io",
+        "plugin_dir",
     );
     assert!(line.contains("/no/such/dir"), "{line}");
-    folder.assemble_fails(&config, &["--agent", "has space"], "config_invalid");
+    let line = folder.assemble_fails(&config, &["--agent", "has space"], "invalid_agent");
+    assert!(line.contains("`has space`"), "{line}");
 }
 
 #[test]

@@ -465,7 +465,7 @@ fn l5_bad_input_gets_a_clear_4xx_and_records_nothing() {
             "POST".into(),
             "/v1/sessions".into(),
             400,
-            "config_invalid",
+            "invalid_agent",
         ),
         (
             "unknown step",
@@ -488,6 +488,27 @@ fn l5_bad_input_gets_a_clear_4xx_and_records_nothing() {
             404,
             "unknown_plugin",
         ),
+        (
+            "wrong method on a known route",
+            "DELETE".into(),
+            steps.clone(),
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "GET where only POST is served",
+            "GET".into(),
+            "/v1/sessions".into(),
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "POST to an unknown route",
+            "POST".into(),
+            "/nothing/here".into(),
+            404,
+            "not_found",
+        ),
     ];
     let bodies = [
         "{\"messages\": [".to_string(),
@@ -503,6 +524,9 @@ fn l5_bad_input_gets_a_clear_4xx_and_records_nothing() {
         String::new(),
         String::new(),
         String::new(),
+        String::new(),
+        String::new(),
+        "{}".to_string(),
     ];
     for ((what, method, path, status, code), body) in cases.into_iter().zip(bodies) {
         let (got, text) = match method.as_str() {
@@ -687,7 +711,7 @@ fn l5_non_loopback_needs_a_token_and_the_token_is_enforced() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("error[config_invalid]") && err.contains("requires a token"),
+        err.contains("error[token_required]") && err.contains("requires a token"),
         "{err}"
     );
 
@@ -820,4 +844,39 @@ fn the_example_agent_loop_runs_through_a_tool_call() {
     // The folder holds the 4 plugins and promptd.toml.
     assert!(text.contains("model: This folder has 5 entries."), "{text}");
     assert!(text.contains("done after 2 steps"), "{text}");
+}
+
+/// `promptd assemble` and a daemon step speak one neutral shape: for the same plugins, config
+/// and facts, the first step of a session without messages is the one-shot request, key for
+/// key (model settings included).
+#[test]
+fn assemble_and_a_first_step_give_the_same_neutral_request() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let facts = [
+        ("cwd", "/src/app"),
+        ("git_branch", "main"),
+        ("read_only", "true"),
+    ];
+    let mut args = vec![];
+    for (k, v) in facts {
+        args.extend(["--fact".to_string(), format!("{k}={v}")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let one_shot: Value = serde_json::from_str(&folder.assemble(&config, &args)).unwrap();
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = new_session(&d, "default");
+    let facts: serde_json::Map<String, Value> = facts
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let (_, request) = step(&d, &id, json!([]), Value::Object(facts), "neutral");
+    let stepped: Value = serde_json::from_str(&request).unwrap();
+    assert_eq!(stepped, one_shot);
+    assert_eq!(
+        one_shot["model"],
+        json!({"model": "test-model", "max_tokens": 512})
+    );
+    assert_eq!(one_shot["messages"][0]["snapshot"], true);
 }

@@ -104,7 +104,7 @@ fn plugin_new_and_build_refuse_bad_input() {
     let parent = tmp.path().to_str().unwrap();
     let line = fails(
         &["plugin", "new", "x", "--lang", "cobol", "--dir", parent],
-        "config_invalid",
+        "bad_argument",
     );
     assert!(
         line.contains("expected one of rust, js, python, c"),
@@ -112,16 +112,16 @@ fn plugin_new_and_build_refuse_bad_input() {
     );
     let line = fails(
         &["plugin", "new", "Bad-Name", "--dir", parent],
-        "config_invalid",
+        "bad_argument",
     );
     assert!(line.contains("Bad-Name"), "{line}");
     ok(&["plugin", "new", "twice", "--lang", "c", "--dir", parent]);
     let line = fails(
         &["plugin", "new", "twice", "--lang", "js", "--dir", parent],
-        "io",
+        "already_exists",
     );
     assert!(line.contains("already exists"), "{line}");
-    let line = fails(&["plugin", "build", parent], "io");
+    let line = fails(&["plugin", "build", parent], "not_a_plugin_folder");
     assert!(line.contains("no plugin here"), "{line}");
 }
 
@@ -221,7 +221,7 @@ fn fact_args<'a>(facts: &[&'a str]) -> Vec<&'a str> {
 }
 
 fn empty_request() -> Value {
-    json!({"messages": [], "system": "", "tools": []})
+    json!({"messages": [], "model": {}, "system": "", "tools": []})
 }
 
 fn assert_ends(line: &str, end: &str) {
@@ -255,7 +255,7 @@ fn skills_js_lists_the_catalogue_and_the_activated_skills() {
     let skills = Alone::shipped("skills", SKILLS_CONFIG);
     assert_eq!(
         skills.assemble(&[]),
-        json!({"messages": [], "system": CATALOGUE, "tools": []})
+        json!({"messages": [], "model": {}, "system": CATALOGUE, "tools": []})
     );
 
     // Activated skills appear in catalogue order, whatever the fact's order.
@@ -311,7 +311,7 @@ fn documents_python_renders_retrieved_snippets_as_escaped_data() {
         Page the on-call if p99 &gt; 2s &amp; errors rise.\n</document>\n</retrieved_documents>";
     assert_eq!(
         v,
-        json!({"messages": [{"content": format!("{RUNTIME_HEADER}{expected}"), "role": "user"}], "system": "", "tools": []})
+        json!({"messages": [{"content": format!("{RUNTIME_HEADER}{expected}"), "role": "user", "snapshot": true}], "model": {}, "system": "", "tools": []})
     );
 
     // Limits from config: documents past max_documents are counted, long texts are cut.
@@ -351,7 +351,7 @@ fn datetime_c_gives_date_weekday_and_timezone_from_facts() {
     assert_eq!(datetime.assemble(&[]), empty_request());
     assert_eq!(
         datetime.assemble(&["date=2026-12-01"]),
-        json!({"messages": [{"content": format!("{RUNTIME_HEADER}Today is Tuesday, 2026-12-01 (time zone: UTC)."), "role": "user"}], "system": "", "tools": []})
+        json!({"messages": [{"content": format!("{RUNTIME_HEADER}Today is Tuesday, 2026-12-01 (time zone: UTC)."), "role": "user", "snapshot": true}], "model": {}, "system": "", "tools": []})
     );
     // The local date of a timestamp, a leap day, the offset as the zone, a French weekday.
     assert_eq!(
@@ -586,4 +586,122 @@ fn the_example_config_assembles_every_shipped_plugin() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(tools, ["read_file", "list_dir", "bash", "write_file"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where a new Rust plugin finds the SDK, and where its build finds the artifact.
+
+/// Runs promptd in `cwd` with `env` set and PROMPTD_SDK unset unless `env` sets it.
+fn promptd_in(cwd: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
+    let mut cmd = common::promptd_command();
+    cmd.env_remove("PROMPTD_SDK").current_dir(cwd).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run promptd");
+    assert!(
+        out.status.success(),
+        "promptd {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// One cargo target folder for the scaffold tests, so wit-bindgen compiles once; also proves
+/// `plugin build` finds the artifact where cargo puts it, not under the plugin's `target/`.
+fn shared_target() -> PathBuf {
+    common::repo_root().join("target/scaffold-target")
+}
+
+fn sdk_path_in(manifest: &Path) -> String {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("promptd-sdk"))
+        .unwrap_or_else(|| panic!("no promptd-sdk dependency in {text}"));
+    line.split('"').nth(1).unwrap().to_string()
+}
+
+#[test]
+fn a_rust_plugin_made_away_from_the_checkout_carries_its_sdk_and_builds_anywhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    promptd_in(
+        tmp.path(),
+        &["plugin", "new", "away", "--lang", "rust"],
+        &[],
+    );
+    let dir = tmp.path().join("away");
+    assert_eq!(sdk_path_in(&dir.join("Cargo.toml")), "sdk/rust");
+    let root = common::repo_root();
+    for file in ["Cargo.toml", "sdk/rust/Cargo.toml", "sdk/rust/src/lib.rs"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert!(
+            !text.contains(root.to_str().unwrap()),
+            "{file} names the checkout"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("wit/plugin.wit")).unwrap(),
+        std::fs::read_to_string(root.join("wit/plugin.wit")).unwrap()
+    );
+    // Moved elsewhere, it still builds: nothing in it points back.
+    let moved = tmp.path().join("moved/away");
+    std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    std::fs::rename(&dir, &moved).unwrap();
+    let target = shared_target();
+    let built = promptd_in(
+        &moved,
+        &["plugin", "build"],
+        &[("CARGO_TARGET_DIR", &target)],
+    );
+    assert_eq!(built.trim(), moved.join("away.wasm").to_str().unwrap());
+    assert!(
+        !moved.join("target").exists(),
+        "built into CARGO_TARGET_DIR"
+    );
+    let out = promptd_in(
+        &moved,
+        &["assemble", "--plugins", ".", "--fact", "cwd=/src"],
+        &[],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["system"], "Answer as briefly as you can.");
+}
+
+#[test]
+fn a_rust_plugin_made_inside_the_checkout_uses_its_sdk_by_a_relative_path() {
+    let root = common::repo_root();
+    let parent = tempfile::tempdir_in(root.join("target")).unwrap();
+    promptd_in(
+        parent.path(),
+        &["plugin", "new", "inside", "--lang", "rust"],
+        &[],
+    );
+    let dir = parent.path().join("inside");
+    // target/<tmp>/inside: three folders below the root.
+    assert_eq!(sdk_path_in(&dir.join("Cargo.toml")), "../../../sdk/rust");
+    assert!(
+        !dir.join("sdk").exists(),
+        "no copy of the SDK inside a checkout"
+    );
+    let target = shared_target();
+    promptd_in(&dir, &["plugin", "build"], &[("CARGO_TARGET_DIR", &target)]);
+    assert!(dir.join("inside.wasm").is_file());
+
+    // PROMPTD_SDK names the SDK explicitly, wherever the plugin is made.
+    let away = tempfile::tempdir().unwrap();
+    let sdk = root.join("sdk");
+    promptd_in(
+        away.path(),
+        &["plugin", "new", "chosen", "--lang", "rust"],
+        &[("PROMPTD_SDK", &sdk)],
+    );
+    assert_eq!(
+        sdk_path_in(&away.path().join("chosen/Cargo.toml")),
+        std::fs::canonicalize(sdk.join("rust"))
+            .unwrap()
+            .to_str()
+            .unwrap()
+    );
 }

@@ -210,6 +210,7 @@ pub fn message_event(message: &Message) -> NewEvent {
 /// What one step appends, in order: the step's messages, the runtime context snapshot when
 /// it changed (Q2), the header when it must be recorded (Q3), omissions (A9), and the step
 /// marker.
+#[derive(Debug)]
 pub struct StepPlan {
     pub step: u64,
     pub events: Vec<NewEvent>,
@@ -321,3 +322,7 @@ pub fn with_appended(log: &[Event], events: &[NewEvent]) -> Vec<Event> {
     }));
     all
 }
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

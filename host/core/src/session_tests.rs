@@ -1,0 +1,287 @@
+//! Session planning (Q1–Q3, Q5) and rebuild (Q4) on logs held in memory: no store, no engine.
+
+use serde_json::json;
+
+use super::*;
+use crate::assembly::AssembledTool;
+use crate::conversation::ToolCall;
+use crate::store::{MemoryStore, SessionStore};
+
+const RUN: &str = "run-1";
+
+fn assembly(system: &str, context: Option<&str>) -> Assembly {
+    Assembly {
+        system: system.into(),
+        runtime_context: context.map(str::to_string),
+        tools: vec![AssembledTool {
+            name: "read".into(),
+            description: "Reads a file.".into(),
+            parameters: json!({"type": "object"}),
+        }],
+        explain: Default::default(),
+        omitted: Vec::new(),
+    }
+}
+
+fn user(text: &str) -> Message {
+    Message::user(text)
+}
+
+fn tool_result(id: &str) -> Message {
+    Message::Tool {
+        tool_call_id: id.into(),
+        content: "ok".into(),
+        is_error: false,
+    }
+}
+
+fn assistant_calling(id: &str) -> Message {
+    Message::Assistant {
+        content: String::new(),
+        tool_calls: vec![ToolCall {
+            id: id.into(),
+            name: "read".into(),
+            arguments: json!({}),
+        }],
+    }
+}
+
+/// A session log driven through [`plan_step`] as the daemon drives it.
+struct Log {
+    store: MemoryStore,
+    id: String,
+}
+
+impl Log {
+    fn new() -> Self {
+        let store = MemoryStore::new();
+        let id = store
+            .create_session("coder", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .unwrap();
+        Log { store, id }
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.store.events(&self.id).unwrap()
+    }
+
+    fn step(&self, messages: &[Message], a: &Assembly, run: &str) -> Result<StepPlan> {
+        let log = self.events();
+        let header = header(a, Default::default());
+        let plan = plan_step(&self.id, &log, messages, &BTreeMap::new(), a, &header, run)?;
+        self.store
+            .append(&self.id, log.len() as u64 + 1, &plan.events)
+            .unwrap();
+        Ok(plan)
+    }
+
+    fn record(&self, message: &Message) {
+        let log = self.events();
+        check_message(&self.id, &log, &[], message).unwrap();
+        self.store
+            .append(&self.id, log.len() as u64 + 1, &[message_event(message)])
+            .unwrap();
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        self.events().iter().map(|e| e.kind.as_str()).collect()
+    }
+}
+
+#[test]
+fn q3_the_header_is_recorded_first_on_change_and_after_another_run() {
+    let log = Log::new();
+    let a = assembly("Be brief.", None);
+    let reasons: Vec<Option<HeaderReason>> = [
+        log.step(&[user("1")], &a, RUN),
+        log.step(&[user("2")], &a, RUN),
+        log.step(&[user("3")], &assembly("Be thorough.", None), RUN),
+        log.step(&[user("4")], &assembly("Be thorough.", None), "run-2"),
+        log.step(&[user("5")], &assembly("Be thorough.", None), "run-2"),
+    ]
+    .into_iter()
+    .map(|p| p.unwrap().header_reason)
+    .collect();
+    assert_eq!(
+        reasons,
+        [
+            Some(HeaderReason::Initial),
+            None,
+            Some(HeaderReason::Change),
+            Some(HeaderReason::Resume),
+            None
+        ]
+    );
+    let headers: Vec<Value> = log
+        .events()
+        .into_iter()
+        .filter(|e| e.kind == EventKind::RequestHeader)
+        .map(|e| json!([e.body["reason"], e.body["run"]]))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            json!(["initial", RUN]),
+            json!(["change", RUN]),
+            json!(["resume", "run-2"])
+        ]
+    );
+}
+
+#[test]
+fn q3_a_header_that_names_no_run_was_written_by_0_1_0_and_resumes() {
+    let log = Log::new();
+    let a = assembly("Be brief.", None);
+    let old_header = json!({"reason": "initial", "header": header(&a, Default::default())});
+    log.store
+        .append(
+            &log.id,
+            2,
+            &[
+                NewEvent::new(EventKind::RequestHeader, old_header),
+                NewEvent::new(EventKind::Step, json!({"step": 1, "facts": {}})),
+            ],
+        )
+        .unwrap();
+    let plan = log.step(&[], &a, RUN).unwrap();
+    assert_eq!(
+        (plan.step, plan.header_reason),
+        (2, Some(HeaderReason::Resume))
+    );
+}
+
+#[test]
+fn q2_a_snapshot_is_appended_only_when_the_context_changes_and_cleared_once() {
+    let log = Log::new();
+    let contexts = [
+        Some("cwd /a"),
+        Some("cwd /a"),
+        Some("cwd /b"),
+        None,
+        None,
+        Some("cwd /b"),
+    ];
+    for c in contexts {
+        log.step(&[], &assembly("S", c), RUN).unwrap();
+    }
+    let snapshots: Vec<Value> = log
+        .events()
+        .into_iter()
+        .filter(|e| e.kind == EventKind::ContextSnapshot)
+        .map(|e| json!([e.body["content"], e.body["cleared"]]))
+        .collect();
+    assert_eq!(
+        snapshots,
+        [
+            json!(["cwd /a", false]),
+            json!(["cwd /b", false]),
+            json!([CLEARED_SNAPSHOT, true]),
+            json!(["cwd /b", false]),
+        ]
+    );
+}
+
+#[test]
+fn q1_a_step_appends_messages_then_snapshot_header_and_marker() {
+    let log = Log::new();
+    let plan = log
+        .step(&[user("hi")], &assembly("S", Some("ctx")), RUN)
+        .unwrap();
+    assert_eq!(plan.step, 1);
+    assert_eq!(
+        log.kinds(),
+        [
+            "session/created",
+            "user/message",
+            "context/snapshot",
+            "request/header",
+            "step"
+        ]
+    );
+}
+
+#[test]
+fn q5_a_tool_result_must_answer_a_call_in_the_log_or_earlier_in_the_step() {
+    let log = Log::new();
+    let a = assembly("S", None);
+    let err = log.step(&[tool_result("c1")], &a, RUN).unwrap_err();
+    assert_eq!(err.code(), "unknown_tool_call");
+    log.step(&[user("go")], &a, RUN).unwrap();
+    log.record(&assistant_calling("c1"));
+    log.step(&[tool_result("c1")], &a, RUN).unwrap();
+    let err = log
+        .step(&[user("x"), assistant_calling("c2")], &a, RUN)
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request");
+    let err = check_message(&log.id, &log.events(), &[], &Message::snapshot("x")).unwrap_err();
+    assert_eq!(err.code(), "bad_request");
+}
+
+#[test]
+fn q4_any_step_rebuilds_to_what_it_returned() {
+    let log = Log::new();
+    let mut returned = Vec::new();
+    for (i, system) in ["A", "A", "B", "B"].iter().enumerate() {
+        let plan = log
+            .step(
+                &[user(&format!("m{i}"))],
+                &assembly(system, Some(&format!("c{}", i / 2))),
+                RUN,
+            )
+            .unwrap();
+        returned.push(rebuild(&log.id, &log.events(), plan.step).unwrap());
+    }
+    let all = log.events();
+    for (n, expected) in returned.iter().enumerate() {
+        assert_eq!(&rebuild(&log.id, &all, n as u64 + 1).unwrap(), expected);
+    }
+    assert_eq!(returned[3].header.system, "B");
+    assert_eq!(returned[3].messages.len(), 6, "{:?}", returned[3].messages);
+    let err = rebuild(&log.id, &all, 5).unwrap_err();
+    assert_eq!(err.code(), "unknown_step");
+    assert_eq!(
+        rebuild(&log.id, &all, 0).unwrap_err().code(),
+        "unknown_step"
+    );
+}
+
+/// A log whose `seq`-th event has `body` instead of what was written.
+fn damaged(seq: u64, body: Value, version: u32) -> (String, Vec<Event>) {
+    let log = Log::new();
+    log.step(&[user("hello")], &assembly("S", Some("ctx")), RUN)
+        .unwrap();
+    let mut events = log.events();
+    let event = events.iter_mut().find(|e| e.seq == seq).unwrap();
+    event.body = body;
+    event.version = version;
+    (log.id.clone(), events)
+}
+
+#[test]
+fn q9_an_event_that_no_longer_decodes_is_an_error_naming_session_and_seq() {
+    // seq 2 is the user message, 3 the snapshot, 4 the header.
+    for (seq, body) in [
+        (2, json!({"role": "user", "content": 5})),
+        (3, json!({"cleared": false})),
+        (4, json!({"reason": "initial", "header": {"system": 1}})),
+    ] {
+        let (id, events) = damaged(seq, body, BODY_VERSION);
+        let err = rebuild(&id, &events, 1).unwrap_err();
+        assert_eq!(err.code(), "store_corrupt", "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("session `{id}`, event {seq}")),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn q9_a_body_version_this_binary_does_not_know_is_refused() {
+    let (id, events) = damaged(2, json!({"role": "user", "content": "hello"}), 2);
+    let err = rebuild(&id, &events, 1).unwrap_err();
+    assert_eq!(err.code(), "store_corrupt");
+    assert!(err.to_string().contains("body version 2"), "{err}");
+    let err = tool_call_ids(&id, &events).unwrap_err();
+    assert_eq!(err.code(), "store_corrupt");
+}
