@@ -89,17 +89,16 @@ fn core_status(e: &Error) -> StatusCode {
         Error::UnknownSession(_) | Error::UnknownStep { .. } | Error::UnknownPlugin(_) => {
             StatusCode::NOT_FOUND
         }
-        Error::PluginCall { .. }
-        | Error::UnknownShownTool { .. }
-        | Error::Quarantined { .. }
-        | Error::NotAComponent { .. }
-        | Error::WrongWorld { .. }
-        | Error::DeclareFailed { .. } => StatusCode::BAD_GATEWAY,
+        Error::PluginCall { .. } | Error::UnknownShownTool { .. } => StatusCode::BAD_GATEWAY,
         Error::Store(StoreError::Conflict { .. }) => StatusCode::CONFLICT,
         Error::Store(StoreError::Corrupt { .. } | StoreError::Backend { .. })
         | Error::Engine { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         // Well-formed input that cannot be assembled or validated.
-        Error::ConfigParse { .. }
+        Error::NotAComponent { .. }
+        | Error::WrongWorld { .. }
+        | Error::DeclareFailed { .. }
+        | Error::Quarantined { .. }
+        | Error::ConfigParse { .. }
         | Error::ConfigInvalid(_)
         | Error::ToolOrderDuplicate(_)
         | Error::ToolOrderMissingRest
