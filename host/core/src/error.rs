@@ -23,8 +23,14 @@ fn list(names: &[String]) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // ---- configuration -------------------------------------------------------------------
+    /// `message` is the parser's error on one line, with its line and column.
     #[error("config {path}: {message}")]
-    ConfigParse { path: String, message: String },
+    ConfigParse {
+        path: String,
+        message: String,
+        #[source]
+        source: toml::de::Error,
+    },
 
     #[error("config: {0}")]
     ConfigInvalid(String),
@@ -52,13 +58,25 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// `cause` is the engine's error chain on one line; `source` is the error itself (none
+    /// when promptd's own check of the bytes refused them before the engine saw them).
     #[error("plugin `{plugin}`: not a WebAssembly component: {cause}")]
-    NotAComponent { plugin: String, cause: String },
+    NotAComponent {
+        plugin: String,
+        cause: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 
     #[error(
         "plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.1.0: {cause}"
     )]
-    WrongWorld { plugin: String, cause: String },
+    WrongWorld {
+        plugin: String,
+        cause: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     #[error("plugin `{plugin}`: declare failed: {cause}")]
     DeclareFailed { plugin: String, cause: String },

@@ -313,13 +313,12 @@ pub fn rebuild(session: &str, events: &[Event], n: u64) -> Result<FrozenRequest>
 pub fn with_appended(log: &[Event], events: &[NewEvent]) -> Vec<Event> {
     let mut all = log.to_vec();
     let next = log.len() as u64 + 1;
-    all.extend(events.iter().enumerate().map(|(i, e)| Event {
-        seq: next + i as u64,
-        kind: e.kind,
-        version: BODY_VERSION,
-        body: e.body.clone(),
-        at_ms: 0,
-    }));
+    all.extend(
+        events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| e.recorded(next + i as u64, 0)),
+    );
     all
 }
 

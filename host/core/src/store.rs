@@ -96,6 +96,18 @@ impl NewEvent {
     pub fn new(kind: EventKind, body: Value) -> Self {
         Self { kind, body }
     }
+
+    /// The event as a store records it: numbered `seq`, written at `at_ms`, in the current
+    /// body version.
+    pub fn recorded(&self, seq: u64, at_ms: u64) -> Event {
+        Event {
+            seq,
+            kind: self.kind,
+            version: BODY_VERSION,
+            body: self.body.clone(),
+            at_ms,
+        }
+    }
 }
 
 /// Why a store operation failed.
@@ -170,14 +182,7 @@ impl SessionStore for MemoryStore {
         let mut sessions = self.sessions();
         // Sequential ids keep test runs deterministic.
         let id = format!("mem{:08}", sessions.len() + 1);
-        let event = Event {
-            seq: 1,
-            kind: first.kind,
-            version: BODY_VERSION,
-            body: first.body,
-            at_ms: 0,
-        };
-        sessions.insert(id.clone(), (agent.to_string(), vec![event]));
+        sessions.insert(id.clone(), (agent.to_string(), vec![first.recorded(1, 0)]));
         Ok(id)
     }
 
@@ -209,13 +214,12 @@ impl SessionStore for MemoryStore {
                 found,
             });
         }
-        log.extend(events.iter().enumerate().map(|(i, e)| Event {
-            seq: next_seq + i as u64,
-            kind: e.kind,
-            version: BODY_VERSION,
-            body: e.body.clone(),
-            at_ms: 0,
-        }));
+        log.extend(
+            events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| e.recorded(next_seq + i as u64, 0)),
+        );
         Ok(())
     }
 }

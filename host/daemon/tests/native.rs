@@ -40,6 +40,7 @@ impl Engine for NativeEngine {
                 return Err(Error::NotAComponent {
                     plugin: r.id.to_string(),
                     cause: format!("no native plugin `{other}`"),
+                    source: None,
                 })
             }
         };

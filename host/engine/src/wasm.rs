@@ -116,12 +116,12 @@ impl WasmEngine {
         config: Vec<(String, String)>,
         sandbox: Sandbox,
     ) -> Result<(Declaration, Arc<WasmProvider>, Option<CacheLookup>), Error> {
-        let not_a_component = |cause: String| Error::NotAComponent {
-            plugin: id.into(),
-            cause,
-        };
         if let Some(cause) = precheck(bytes) {
-            return Err(not_a_component(cause.into()));
+            return Err(Error::NotAComponent {
+                plugin: id.into(),
+                cause: cause.into(),
+                source: None,
+            });
         }
         let compile = || Component::from_binary(&self.engine, bytes);
         let (component, lookup) = match &self.cache {
@@ -130,10 +130,15 @@ impl WasmEngine {
                 .map(|(c, l)| (c, Some(l))),
             None => compile().map(|c| (c, None)),
         }
-        .map_err(|e| not_a_component(root_cause(&e)))?;
+        .map_err(|e| Error::NotAComponent {
+            plugin: id.into(),
+            cause: root_cause(&e),
+            source: Some(e.into()),
+        })?;
         let wrong_world = |e: wasmtime::Error| Error::WrongWorld {
             plugin: id.into(),
             cause: root_cause(&e),
+            source: e.into(),
         };
         let pre = self
             .linker
