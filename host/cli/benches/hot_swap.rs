@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use promptd_core::config::Config;
+use promptd_core::formats::Format;
 use promptd_engine::{cache, WasmEngine};
 
 #[path = "../../../tests/support/custom_section.rs"]
@@ -95,8 +96,11 @@ fn put(dir: &Path, bytes: &[u8]) {
 }
 
 fn marker(daemon: &Daemon, session: &str) -> String {
-    let (_, request) = daemon.step(session, &StepInput::default()).expect("step");
-    request.header.system.clone()
+    let (_, body) = daemon
+        .step(session, &StepInput::default(), Format::Neutral)
+        .expect("step");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("JSON body");
+    body["system"].as_str().unwrap_or_default().to_string()
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -129,7 +133,9 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                daemon.step(&session, &StepInput::default()).unwrap();
+                daemon
+                    .step(&session, &StepInput::default(), Format::Neutral)
+                    .unwrap();
                 slowest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(1));
             }

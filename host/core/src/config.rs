@@ -30,6 +30,9 @@ use crate::names::{is_item_name, UNLISTED_TOOLS};
 use crate::registry::PluginOptions;
 use crate::sandbox::{self, Sandbox};
 
+/// Default budget of the daemon's session cache, in MiB.
+pub const DEFAULT_SESSION_CACHE_MB: u64 = 256;
+
 /// The default agent's name, used when a client names none.
 pub const DEFAULT_AGENT: &str = "default";
 
@@ -60,6 +63,9 @@ pub struct LimitsConfig {
     pub max_output_kb: Option<u64>,
     /// Consecutive failed calls after which a plugin is quarantined (default 3; 0 = never).
     pub quarantine_after: Option<u32>,
+    /// Memory for sessions kept in memory between steps, in MiB (default 256; 0 = none: every
+    /// step reads its session's log).
+    pub session_cache_mb: Option<u64>,
 }
 
 /// One `[agents.NAME]` table.
@@ -306,6 +312,15 @@ impl Config {
             scope_override: p.and_then(|p| p.scope.clone()).map(Scope::Agent),
             optional: p.is_some_and(|p| p.optional),
         }
+    }
+
+    /// The session cache's budget in bytes (`[limits] session_cache_mb`, default 256 MiB).
+    pub fn session_cache_bytes(&self) -> usize {
+        (self
+            .limits
+            .session_cache_mb
+            .unwrap_or(DEFAULT_SESSION_CACHE_MB)
+            << 20) as usize
     }
 
     /// Consecutive failed calls after which a plugin is quarantined; `None` means never.

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::conversation::{FrozenRequest, Message, ToolSpec};
+use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 
 /// The shape of the request body to render.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, Default)]
@@ -44,108 +44,138 @@ impl Format {
 
 /// Renders `request` as a request body in `format`.
 pub fn render(request: &FrozenRequest, format: Format) -> Value {
-    match format {
-        Format::Neutral => render_neutral(request),
-        Format::Openai => render_openai(request),
-        Format::Anthropic => render_anthropic(request),
-    }
-}
-
-fn render_neutral(request: &FrozenRequest) -> Value {
-    let header = &request.header;
-    let tools: Vec<Value> = header
-        .tools
-        .iter()
-        .map(|tool| {
-            json!({
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters,
-            })
-        })
-        .collect();
-    let messages: Vec<Value> = request
-        .messages
-        .iter()
-        .map(|message| serde_json::to_value(message).unwrap_or(Value::Null))
-        .collect();
-    json!({
-        "model": Value::Object(header.model.clone()),
-        "system": header.system,
-        "tools": tools,
-        "messages": messages,
-    })
-}
-
-fn render_openai(request: &FrozenRequest) -> Value {
-    let header = &request.header;
-    let mut body = header.model.clone();
-
-    let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    if !header.system.is_empty() {
-        messages.push(json!({ "role": "system", "content": header.system }));
-    }
-    for message in &request.messages {
-        messages.push(match message {
-            Message::User { content, .. } => json!({ "role": "user", "content": content }),
-            Message::Assistant {
-                content,
-                tool_calls,
-            } => {
-                let mut out = Map::new();
-                out.insert("role".into(), json!("assistant"));
-                out.insert(
-                    "content".into(),
-                    if content.is_empty() {
-                        Value::Null
-                    } else {
-                        json!(content)
-                    },
-                );
-                if !tool_calls.is_empty() {
-                    let calls: Vec<Value> = tool_calls
-                        .iter()
-                        .map(|call| {
-                            let arguments = serde_json::to_string(&call.arguments)
-                                .unwrap_or_else(|_| "{}".to_string());
-                            json!({
-                                "id": call.id,
-                                "type": "function",
-                                "function": { "name": call.name, "arguments": arguments },
-                            })
-                        })
-                        .collect();
-                    out.insert("tool_calls".into(), Value::Array(calls));
-                }
-                Value::Object(out)
-            }
-            Message::Tool {
-                tool_call_id,
-                content,
-                ..
-            } => json!({ "role": "tool", "tool_call_id": tool_call_id, "content": content }),
-        });
-    }
+    let mut body = head(&request.header, format);
+    let messages = match format {
+        Format::Neutral => request.messages.iter().map(neutral_message).collect(),
+        Format::Openai => system_message(&request.header)
+            .into_iter()
+            .chain(request.messages.iter().map(openai_message))
+            .collect(),
+        Format::Anthropic => anthropic_turns(&request.messages)
+            .into_iter()
+            .map(|(role, blocks)| anthropic_turn(role, blocks))
+            .collect(),
+    };
     body.insert("messages".into(), Value::Array(messages));
+    Value::Object(body)
+}
 
-    if !header.tools.is_empty() {
-        let tools: Vec<Value> = header
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "function": {
+/// Everything of the body but `messages`: model settings, system prompt, tools.
+pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
+    match format {
+        Format::Neutral => {
+            let tools: Vec<Value> = header
+                .tools
+                .iter()
+                .map(|tool| {
+                    json!({
                         "name": tool.name,
                         "description": tool.description,
                         "parameters": tool.parameters,
-                    },
+                    })
                 })
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
+                .collect();
+            let mut body = Map::new();
+            body.insert("model".into(), Value::Object(header.model.clone()));
+            body.insert("system".into(), json!(header.system));
+            body.insert("tools".into(), Value::Array(tools));
+            body
+        }
+        Format::Openai => {
+            let mut body = header.model.clone();
+            if !header.tools.is_empty() {
+                let tools: Vec<Value> = header
+                    .tools
+                    .iter()
+                    .map(|tool| {
+                        json!({
+                            "type": "function",
+                            "function": {
+                                "name": tool.name,
+                                "description": tool.description,
+                                "parameters": tool.parameters,
+                            },
+                        })
+                    })
+                    .collect();
+                body.insert("tools".into(), Value::Array(tools));
+            }
+            body.remove("messages");
+            body
+        }
+        Format::Anthropic => {
+            let mut body = header.model.clone();
+            if !header.system.is_empty() {
+                body.insert(
+                    "system".into(),
+                    json!([{ "type": "text", "text": header.system, "cache_control": ephemeral() }]),
+                );
+            }
+            let count = header.tools.len();
+            if count > 0 {
+                let tools: Vec<Value> = header
+                    .tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, tool)| anthropic_tool(tool, i + 1 == count))
+                    .collect();
+                body.insert("tools".into(), Value::Array(tools));
+            }
+            body.remove("messages");
+            body
+        }
     }
-    Value::Object(body)
+}
+
+pub(crate) fn neutral_message(message: &Message) -> Value {
+    serde_json::to_value(message).unwrap_or(Value::Null)
+}
+
+/// OpenAI's system message, first in `messages`, when there is a system prompt.
+pub(crate) fn system_message(header: &Header) -> Option<Value> {
+    (!header.system.is_empty()).then(|| json!({ "role": "system", "content": header.system }))
+}
+
+pub(crate) fn openai_message(message: &Message) -> Value {
+    match message {
+        Message::User { content, .. } => json!({ "role": "user", "content": content }),
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => {
+            let mut out = Map::new();
+            out.insert("role".into(), json!("assistant"));
+            out.insert(
+                "content".into(),
+                if content.is_empty() {
+                    Value::Null
+                } else {
+                    json!(content)
+                },
+            );
+            if !tool_calls.is_empty() {
+                let calls: Vec<Value> = tool_calls
+                    .iter()
+                    .map(|call| {
+                        let arguments = serde_json::to_string(&call.arguments)
+                            .unwrap_or_else(|_| "{}".to_string());
+                        json!({
+                            "id": call.id,
+                            "type": "function",
+                            "function": { "name": call.name, "arguments": arguments },
+                        })
+                    })
+                    .collect();
+                out.insert("tool_calls".into(), Value::Array(calls));
+            }
+            Value::Object(out)
+        }
+        Message::Tool {
+            tool_call_id,
+            content,
+            ..
+        } => json!({ "role": "tool", "tool_call_id": tool_call_id, "content": content }),
+    }
 }
 
 fn ephemeral() -> Value {
@@ -164,7 +194,7 @@ fn anthropic_tool(tool: &ToolSpec, last: bool) -> Value {
 }
 
 /// Maps one neutral message to its Anthropic role and content blocks.
-fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) {
+pub(crate) fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) {
     match message {
         Message::User { content, .. } => ("user", vec![json!({ "type": "text", "text": content })]),
         Message::Tool {
@@ -202,47 +232,30 @@ fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) {
     }
 }
 
-fn render_anthropic(request: &FrozenRequest) -> Value {
-    let header = &request.header;
-    let mut body = header.model.clone();
-
-    if !header.system.is_empty() {
-        body.insert(
-            "system".into(),
-            json!([{ "type": "text", "text": header.system, "cache_control": ephemeral() }]),
-        );
-    }
-
-    let count = header.tools.len();
-    if count > 0 {
-        let tools: Vec<Value> = header
-            .tools
-            .iter()
-            .enumerate()
-            .map(|(i, tool)| anthropic_tool(tool, i + 1 == count))
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-
-    // Anthropic wants user/assistant alternation: merge consecutive same-role messages.
+/// Anthropic wants user/assistant alternation: consecutive same-role messages merge into one
+/// turn; a message with no blocks is left out.
+fn anthropic_turns(messages: &[Message]) -> Vec<(&'static str, Vec<Value>)> {
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for message in &request.messages {
-        let (role, blocks) = anthropic_blocks(message);
-        if blocks.is_empty() {
-            continue;
-        }
-        match turns.last_mut() {
-            Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
-            _ => turns.push((role, blocks)),
-        }
+    for message in messages {
+        push_anthropic(&mut turns, message);
     }
-    let messages: Vec<Value> = turns
-        .into_iter()
-        .map(|(role, blocks)| json!({ "role": role, "content": blocks }))
-        .collect();
-    body.insert("messages".into(), Value::Array(messages));
+    turns
+}
 
-    Value::Object(body)
+/// Adds `message` to `turns`, merging it into the last turn when the role is the same.
+pub(crate) fn push_anthropic(turns: &mut Vec<(&'static str, Vec<Value>)>, message: &Message) {
+    let (role, blocks) = anthropic_blocks(message);
+    if blocks.is_empty() {
+        return;
+    }
+    match turns.last_mut() {
+        Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
+        _ => turns.push((role, blocks)),
+    }
+}
+
+pub(crate) fn anthropic_turn(role: &'static str, blocks: Vec<Value>) -> Value {
+    json!({ "role": role, "content": blocks })
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ pub mod request;
 pub mod sandbox;
 pub mod session;
 pub mod store;
+pub mod transcript;
 pub mod validate;
 
 pub use error::{Error, ErrorBody, Result};

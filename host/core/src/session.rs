@@ -15,6 +15,7 @@ use crate::assembly::Assembly;
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 use crate::error::{Error, Result};
 use crate::store::{Event, EventKind, NewEvent, StoreError, BODY_VERSION};
+use crate::transcript::Transcript;
 
 /// The snapshot appended once when runtime context disappears (Q2).
 pub const CLEARED_SNAPSHOT: &str =
@@ -122,36 +123,214 @@ enum SnapshotState {
     Cleared,
 }
 
-fn snapshot_state(session: &str, events: &[Event]) -> Result<SnapshotState> {
-    let last = events
-        .iter()
-        .rev()
-        .find(|e| e.kind == EventKind::ContextSnapshot);
-    Ok(match last {
-        None => SnapshotState::Never,
-        Some(e) if body(session, e)?.get("cleared") == Some(&Value::Bool(true)) => {
-            SnapshotState::Cleared
-        }
-        Some(e) => SnapshotState::Active(text_field(session, e, "content")?.to_string()),
-    })
-}
-
-/// The last recorded header and the run that recorded it (`None` for 0.1.0 logs).
-fn last_header(session: &str, events: &[Event]) -> Result<Option<(Header, Option<String>)>> {
-    let Some(event) = events
-        .iter()
-        .rev()
-        .find(|e| e.kind == EventKind::RequestHeader)
-    else {
-        return Ok(None);
-    };
+/// The header a `request/header` event records, and the run that recorded it (`None` in 0.1.0
+/// logs).
+fn header_of(session: &str, event: &Event) -> Result<(Header, Option<String>)> {
     let body = body(session, event)?;
     let header = body
         .get("header")
         .ok_or_else(|| corrupt(session, event, "no `header`"))?;
     let header = Header::deserialize(header).map_err(|e| corrupt(session, event, e))?;
     let run = body.get("run").and_then(Value::as_str).map(str::to_string);
-    Ok(Some((header, run)))
+    Ok((header, run))
+}
+
+/// What a step needs to know of a session's log — step count, last header, last snapshot,
+/// the tool calls made, the messages rendered in every format — built once from the log and
+/// extended by each append, so a step's work does not grow with the history (Q1–Q5).
+#[derive(Clone, Debug)]
+pub struct SessionState {
+    session: String,
+    last_seq: u64,
+    steps: u64,
+    header: Option<(Header, Option<String>)>,
+    snapshot: SnapshotState,
+    tool_calls: BTreeSet<String>,
+    transcript: Transcript,
+}
+
+impl SessionState {
+    /// The state of an empty log.
+    pub fn new(session: &str) -> Self {
+        Self {
+            session: session.to_string(),
+            last_seq: 0,
+            steps: 0,
+            header: None,
+            snapshot: SnapshotState::Never,
+            tool_calls: BTreeSet::new(),
+            transcript: Transcript::new(),
+        }
+    }
+
+    /// The state after `events`, the whole log from seq 1.
+    pub fn from_log(session: &str, events: &[Event]) -> Result<Self> {
+        let mut state = Self::new(session);
+        state.apply(events)?;
+        Ok(state)
+    }
+
+    /// Extends the state by events appended after it, in order and without gaps.
+    pub fn apply(&mut self, events: &[Event]) -> Result<()> {
+        let session = self.session.clone();
+        for event in events {
+            if event.seq != self.last_seq + 1 {
+                return Err(corrupt(
+                    &session,
+                    event,
+                    format!("expected seq {} (the log has a gap)", self.last_seq + 1),
+                ));
+            }
+            match event.kind {
+                EventKind::Step => self.steps += 1,
+                EventKind::RequestHeader => self.header = Some(header_of(&session, event)?),
+                EventKind::ContextSnapshot => {
+                    self.snapshot = if body(&session, event)?.get("cleared")
+                        == Some(&Value::Bool(true))
+                    {
+                        SnapshotState::Cleared
+                    } else {
+                        SnapshotState::Active(text_field(&session, event, "content")?.to_string())
+                    };
+                }
+                EventKind::SessionCreated
+                | EventKind::UserMessage
+                | EventKind::AssistantMessage
+                | EventKind::ToolResult
+                | EventKind::PluginOmitted => {}
+            }
+            if let Some(message) = message_of(&session, event)? {
+                if let Message::Assistant { tool_calls, .. } = &message {
+                    self.tool_calls
+                        .extend(tool_calls.iter().map(|c| c.id.clone()));
+                }
+                self.transcript.push(&message);
+            }
+            self.last_seq = event.seq;
+        }
+        Ok(())
+    }
+
+    /// The seq of the last event the state has seen: the next append goes at `last_seq + 1`.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Roughly how much memory the state holds, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.transcript.bytes() + self.tool_calls.iter().map(|c| c.len() + 32).sum::<usize>()
+    }
+
+    /// The request of the last step in `format`: the last header and every message, the same
+    /// bytes as [`rebuild`] of that step rendered by [`crate::formats::render`].
+    pub fn render(&self, format: crate::formats::Format) -> Result<String> {
+        let (header, _) = self.header.as_ref().ok_or_else(|| {
+            Error::Store(StoreError::Corrupt {
+                session: self.session.clone(),
+                seq: self.last_seq,
+                problem: "no request header recorded yet".into(),
+            })
+        })?;
+        Ok(self.transcript.render(header, format))
+    }
+
+    /// Checks a message a client wants to record: a tool result must answer a call made in
+    /// the log or in `earlier_calls` (assistant calls earlier in the same request).
+    fn check(&self, earlier_calls: &BTreeSet<String>, message: &Message) -> Result<()> {
+        if let Message::Tool { tool_call_id, .. } = message {
+            if !earlier_calls.contains(tool_call_id) && !self.tool_calls.contains(tool_call_id) {
+                return Err(Error::UnknownToolCall(tool_call_id.clone()));
+            }
+        }
+        if message.is_snapshot() {
+            return Err(Error::BadRequest(
+                "`snapshot` is set by promptd; clients cannot send snapshots".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a message recorded on its own (`POST …/messages`).
+    pub fn check_message(&self, message: &Message) -> Result<()> {
+        self.check(&BTreeSet::new(), message)
+    }
+
+    /// Plans a step (see [`plan_step`]); linear in the step's input.
+    pub fn plan(
+        &self,
+        messages: &[Message],
+        facts: &BTreeMap<String, String>,
+        assembly: &Assembly,
+        header: &Header,
+        run: &str,
+    ) -> Result<StepPlan> {
+        let earlier = BTreeSet::new();
+        for (i, m) in messages.iter().enumerate() {
+            if matches!(m, Message::Assistant { .. }) {
+                return Err(Error::BadRequest(format!(
+                    "messages[{i}]: a step carries user input and tool results; record the model's reply with POST /v1/sessions/{{id}}/messages"
+                )));
+            }
+            self.check(&earlier, m)?;
+        }
+        let mut events: Vec<NewEvent> = messages.iter().map(message_event).collect();
+
+        match (&assembly.runtime_context, &self.snapshot) {
+            (Some(now), SnapshotState::Active(before)) if now == before => {}
+            (Some(now), _) => events.push(NewEvent::new(
+                EventKind::ContextSnapshot,
+                json!({"content": now, "cleared": false}),
+            )),
+            (None, SnapshotState::Active(_)) => events.push(NewEvent::new(
+                EventKind::ContextSnapshot,
+                json!({"content": CLEARED_SNAPSHOT, "cleared": true}),
+            )),
+            (None, _) => {}
+        }
+
+        let header_reason = match &self.header {
+            None => Some(HeaderReason::Initial),
+            Some((_, last_run)) if last_run.as_deref() != Some(run) => Some(HeaderReason::Resume),
+            Some((old, _)) if old != header => Some(HeaderReason::Change),
+            Some(_) => None,
+        };
+        if let Some(reason) = header_reason {
+            events.push(NewEvent::new(
+                EventKind::RequestHeader,
+                json!({"reason": reason.as_str(), "header": header, "run": run}),
+            ));
+        }
+        for o in &assembly.omitted {
+            events.push(NewEvent::new(
+                EventKind::PluginOmitted,
+                json!({"plugin": o.plugin, "contribution": o.contribution, "cause": o.cause}),
+            ));
+        }
+        let step = self.steps + 1;
+        events.push(NewEvent::new(
+            EventKind::Step,
+            json!({"step": step, "facts": facts}),
+        ));
+        Ok(StepPlan {
+            step,
+            events,
+            header_reason,
+        })
+    }
+}
+
+/// The last recorded header and the run that recorded it.
+fn last_header(session: &str, events: &[Event]) -> Result<Option<(Header, Option<String>)>> {
+    events
+        .iter()
+        .rev()
+        .find(|e| e.kind == EventKind::RequestHeader)
+        .map(|e| header_of(session, e))
+        .transpose()
 }
 
 /// How many steps the log holds.
@@ -170,31 +349,24 @@ pub fn tool_call_ids(session: &str, events: &[Event]) -> Result<BTreeSet<String>
     Ok(ids)
 }
 
-/// Checks a message a client wants to record: a tool result must answer a call the log (or
-/// an earlier message of the same request) holds.
+/// Checks a message a client wants to record against the whole log (see
+/// [`SessionState::check_message`]; `earlier` are messages earlier in the same request).
 pub fn check_message(
     session: &str,
     events: &[Event],
     earlier: &[Message],
     message: &Message,
 ) -> Result<()> {
-    if let Message::Tool { tool_call_id, .. } = message {
-        let in_request = earlier.iter().any(|m| match m {
+    let earlier_calls = earlier
+        .iter()
+        .flat_map(|m| match m {
             Message::Assistant { tool_calls, .. } => {
-                tool_calls.iter().any(|c| &c.id == tool_call_id)
+                tool_calls.iter().map(|c| c.id.clone()).collect()
             }
-            _ => false,
-        });
-        if !in_request && !tool_call_ids(session, events)?.contains(tool_call_id) {
-            return Err(Error::UnknownToolCall(tool_call_id.clone()));
-        }
-    }
-    if message.is_snapshot() {
-        return Err(Error::BadRequest(
-            "`snapshot` is set by promptd; clients cannot send snapshots".into(),
-        ));
-    }
-    Ok(())
+            _ => Vec::new(),
+        })
+        .collect();
+    SessionState::from_log(session, events)?.check(&earlier_calls, message)
 }
 
 /// The event that records `message`.
@@ -217,9 +389,10 @@ pub struct StepPlan {
     pub header_reason: Option<HeaderReason>,
 }
 
-/// Plans a step. `run` identifies the daemon process: it is recorded with each header, and a
-/// log whose last header another run wrote (or a 0.1.0 log, whose headers name no run) gets
-/// the header again with reason `resume` (Q3).
+/// Plans a step on the whole log. `run` identifies the daemon process: it is recorded with
+/// each header, and a log whose last header another run wrote (or a 0.1.0 log, whose headers
+/// name no run) gets the header again with reason `resume` (Q3). The daemon plans on a cached
+/// [`SessionState`] instead; this is the same function over a state built from `log`.
 pub fn plan_step(
     session: &str,
     log: &[Event],
@@ -229,57 +402,7 @@ pub fn plan_step(
     header: &Header,
     run: &str,
 ) -> Result<StepPlan> {
-    for (i, m) in messages.iter().enumerate() {
-        if matches!(m, Message::Assistant { .. }) {
-            return Err(Error::BadRequest(format!(
-                "messages[{i}]: a step carries user input and tool results; record the model's reply with POST /v1/sessions/{{id}}/messages"
-            )));
-        }
-        check_message(session, log, &messages[..i], m)?;
-    }
-    let mut events: Vec<NewEvent> = messages.iter().map(message_event).collect();
-
-    match (&assembly.runtime_context, snapshot_state(session, log)?) {
-        (Some(now), SnapshotState::Active(before)) if *now == before => {}
-        (Some(now), _) => events.push(NewEvent::new(
-            EventKind::ContextSnapshot,
-            json!({"content": now, "cleared": false}),
-        )),
-        (None, SnapshotState::Active(_)) => events.push(NewEvent::new(
-            EventKind::ContextSnapshot,
-            json!({"content": CLEARED_SNAPSHOT, "cleared": true}),
-        )),
-        (None, _) => {}
-    }
-
-    let header_reason = match last_header(session, log)? {
-        None => Some(HeaderReason::Initial),
-        Some((_, last_run)) if last_run.as_deref() != Some(run) => Some(HeaderReason::Resume),
-        Some((old, _)) if old != *header => Some(HeaderReason::Change),
-        Some(_) => None,
-    };
-    if let Some(reason) = header_reason {
-        events.push(NewEvent::new(
-            EventKind::RequestHeader,
-            json!({"reason": reason.as_str(), "header": header, "run": run}),
-        ));
-    }
-    for o in &assembly.omitted {
-        events.push(NewEvent::new(
-            EventKind::PluginOmitted,
-            json!({"plugin": o.plugin, "contribution": o.contribution, "cause": o.cause}),
-        ));
-    }
-    let step = step_count(log) + 1;
-    events.push(NewEvent::new(
-        EventKind::Step,
-        json!({"step": step, "facts": facts}),
-    ));
-    Ok(StepPlan {
-        step,
-        events,
-        header_reason,
-    })
+    SessionState::from_log(session, log)?.plan(messages, facts, assembly, header, run)
 }
 
 /// Rebuilds the frozen request of step `n` from the log alone (Q4): the last header recorded

@@ -346,8 +346,9 @@ async fn step(
         messages: req.messages,
         facts: req.facts,
     };
-    let (n, frozen) = blocking(move || daemon.step(&id, &input)).await?;
-    let request = formats::render(&frozen, req.format).to_string();
+    let format = req.format;
+    // Assembly, the append and rendering all run on the blocking pool.
+    let (n, request) = blocking(move || daemon.step(&id, &input, format)).await?;
     // Built by hand so the `request` bytes are exactly what GET …/request returns (Q4).
     Ok(json_bytes(
         StatusCode::OK,

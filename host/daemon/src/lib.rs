@@ -28,8 +28,9 @@
 //! std::fs::write(dir.path().join("persona.wasm"), b"native").unwrap();
 //! let daemon = Daemon::new(Arc::new(MemoryStore::new()), Arc::new(Native), Config::default(), dir.path()).unwrap();
 //! let id = daemon.create_session("default").unwrap();
-//! let (step, request) = daemon.step(&id, &StepInput::default()).unwrap();
-//! assert_eq!((step, request.header.system.as_str()), (1, "Be brief."));
+//! let (step, body) = daemon.step(&id, &StepInput::default(), promptd_core::formats::Format::Neutral).unwrap();
+//! assert_eq!(step, 1);
+//! assert_eq!(body, r#"{"messages":[],"model":{},"system":"Be brief.","tools":[]}"#);
 //! ```
 
 pub mod error;
@@ -38,6 +39,7 @@ pub mod http;
 mod locks;
 pub mod metrics;
 pub mod plugin_dir;
+mod sessions;
 pub mod watch;
 
 use std::collections::{BTreeMap, HashSet};
@@ -63,6 +65,9 @@ pub use error::{DaemonError, Result};
 use events::{RegistryEvent, RegistryEvents};
 use locks::SessionLocks;
 use metrics::Metrics;
+use promptd_core::formats::Format;
+use promptd_core::session::SessionState;
+use sessions::{Cached, SessionCache};
 
 /// What `GET /v1/plugins` shows for each plugin file.
 #[derive(Clone, Debug, Serialize)]
@@ -102,6 +107,8 @@ pub struct Daemon {
     changes: Mutex<()>,
     /// One lock per session being worked on, so two steps of one session never interleave.
     locks: SessionLocks,
+    /// What steps need of recently used sessions (the log stays the truth).
+    sessions: SessionCache,
     pub events: RegistryEvents,
     pub metrics: Metrics,
 }
@@ -127,6 +134,7 @@ impl Daemon {
     ) -> Result<Daemon> {
         let daemon = Daemon {
             engine,
+            sessions: SessionCache::new(config.session_cache_bytes()),
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),
@@ -157,6 +165,7 @@ impl Daemon {
     /// settings may have changed. A plugin that fails under the new config keeps its old
     /// version serving (H3).
     pub fn set_config(&self, config: Config) -> Result<Vec<RegistryEvent>> {
+        self.sessions.set_budget(config.session_cache_bytes());
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
         for status in self
             .plugins
@@ -385,11 +394,47 @@ impl Daemon {
             .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
     }
 
+    /// Session `id`'s cached state, or one built from its log (once, for a cold session).
+    /// Call with the session's lock held, and give it back with [`Daemon::keep`].
+    fn session(&self, id: &str) -> Result<Cached> {
+        if let Some(cached) = self.sessions.take(id) {
+            return Ok(cached);
+        }
+        let agent = self.agent_of(id)?;
+        let state = SessionState::from_log(id, &self.store.events(id)?)?;
+        Ok(Cached { agent, state })
+    }
+
+    fn keep(&self, id: &str, cached: Cached) {
+        self.sessions.put(id, cached);
+    }
+
+    /// Appends `events` at the state's next seq and extends the state by them. When another
+    /// writer appended in the meantime the append is refused (`store_conflict`) and the stale
+    /// state is dropped, so the next call rebuilds it from the log.
+    fn append(&self, id: &str, cached: &mut Cached, events: &[NewEvent]) -> Result<u64> {
+        let next = cached.state.last_seq() + 1;
+        self.store.append(id, next, events)?;
+        let recorded: Vec<Event> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| e.recorded(next + i as u64, 0))
+            .collect();
+        cached.state.apply(&recorded)?;
+        Ok(next)
+    }
+
+    /// How many sessions and bytes the session cache holds.
+    pub fn session_cache_usage(&self) -> (usize, usize) {
+        self.sessions.usage()
+    }
+
     /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return the
-    /// step number and the frozen request rebuilt from the log.
-    pub fn step(&self, id: &str, input: &StepInput) -> Result<(u64, FrozenRequest)> {
+    /// step number and the request body in `format` — the bytes a rebuild of the step from the
+    /// log renders (Q4), spliced from the session's cached fragments.
+    pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
         let started = Instant::now();
-        let result = self.step_inner(id, input);
+        let result = self.step_inner(id, input, format);
         let error = match &result {
             Err(DaemonError::Core(e)) => Some(e),
             _ => None,
@@ -463,56 +508,67 @@ impl Daemon {
         self.reload()
     }
 
-    fn step_inner(&self, id: &str, input: &StepInput) -> Result<(u64, FrozenRequest)> {
-        let agent = self.agent_of(id)?;
+    fn step_inner(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
         let _held = self.locks.hold(id);
-        let log = self.store.events(id)?;
+        let mut cached = self.session(id)?;
+        let agent = cached.agent.clone();
         // One snapshot of the registry and the config for the whole step (H2).
         let registry = self.registry();
         let config = self.config();
-        let step_number = session::step_count(&log) + 1;
         let step = Step {
             agent: agent.clone(),
             scope_chain: config.chain(&agent)?,
             session_id: id.to_string(),
-            step_number,
+            step_number: cached.state.steps() + 1,
             facts: input.facts.clone(),
         };
         let options = Options {
             tool_order: config.tool_order.clone(),
             suppress_runtime_context: !config.runtime_context(&agent),
         };
-        let assembled = assembly::assemble(&registry, &step, &options)?;
-        let header = session::header(&assembled, config.model(&agent));
-        let plan = session::plan_step(
-            id,
-            &log,
-            &input.messages,
-            &input.facts,
-            &assembled,
-            &header,
-            &self.run,
-        )?;
-        self.store.append(id, log.len() as u64 + 1, &plan.events)?;
-        let all = session::with_appended(&log, &plan.events);
-        Ok((plan.step, session::rebuild(id, &all, plan.step)?))
+        // A failure before the append leaves the state as it was: keep it.
+        let planned = assembly::assemble(&registry, &step, &options)
+            .map_err(DaemonError::from)
+            .and_then(|assembled| {
+                let header = session::header(&assembled, config.model(&agent));
+                Ok(cached.state.plan(
+                    &input.messages,
+                    &input.facts,
+                    &assembled,
+                    &header,
+                    &self.run,
+                )?)
+            });
+        let plan = match planned {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.keep(id, cached);
+                return Err(e);
+            }
+        };
+        self.append(id, &mut cached, &plan.events)?;
+        let body = cached.state.render(format)?;
+        self.keep(id, cached);
+        Ok((plan.step, body))
     }
 
     /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
     pub fn record_message(&self, id: &str, message: &Message) -> Result<u64> {
-        self.agent_of(id)?;
         if matches!(message, Message::User { .. }) {
+            self.agent_of(id)?;
             return Err(Error::BadRequest(
                 "user input is sent with a step (POST /v1/sessions/{id}/steps)".into(),
             )
             .into());
         }
         let _held = self.locks.hold(id);
-        let log = self.store.events(id)?;
-        session::check_message(id, &log, &[], message)?;
-        let seq = log.len() as u64 + 1;
-        self.store
-            .append(id, seq, &[session::message_event(message)])?;
+        let mut cached = self.session(id)?;
+        if let Err(e) = cached.state.check_message(message) {
+            self.keep(id, cached);
+            return Err(e.into());
+        }
+        let seq = self.append(id, &mut cached, &[session::message_event(message)])?;
+        self.keep(id, cached);
         Ok(seq)
     }
 

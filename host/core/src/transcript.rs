@@ -1,0 +1,210 @@
+//! A session's messages rendered once, for every format, as they are appended, so the request
+//! of the next step is spliced from cached fragments instead of re-rendered from the whole
+//! history: a step's own work does not grow with the history, only copying the bytes out does.
+//!
+//! The fragments are made by the same functions as [`crate::formats::render`], so
+//! [`Transcript::render`] gives exactly the bytes of `render(request, format).to_string()`; the
+//! tests check it on every shape of conversation.
+
+use serde_json::{Map, Value};
+
+use crate::conversation::{Header, Message};
+use crate::formats::{self, Format};
+
+/// The compact JSON of each message, per format. Anthropic merges consecutive same-role
+/// messages into one turn, so its last turn stays open (as values) until the role changes.
+#[derive(Clone, Debug, Default)]
+pub struct Transcript {
+    neutral: Vec<String>,
+    openai: Vec<String>,
+    anthropic: Vec<String>,
+    open_turn: Option<(&'static str, Vec<Value>)>,
+    bytes: usize,
+}
+
+impl Transcript {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Renders and keeps `message`.
+    pub fn push(&mut self, message: &Message) {
+        let neutral = formats::neutral_message(message).to_string();
+        let openai = formats::openai_message(message).to_string();
+        self.bytes += neutral.len() + openai.len();
+        self.neutral.push(neutral);
+        self.openai.push(openai);
+        let mut turns: Vec<(&'static str, Vec<Value>)> =
+            self.open_turn.take().into_iter().collect();
+        formats::push_anthropic(&mut turns, message);
+        // Every turn but the last is closed: the next message cannot merge into it.
+        let open = turns.pop();
+        for (role, blocks) in turns {
+            let closed = formats::anthropic_turn(role, blocks).to_string();
+            self.bytes += closed.len();
+            self.anthropic.push(closed);
+        }
+        self.open_turn = open;
+    }
+
+    /// Roughly how many bytes the fragments hold (for the session cache's budget).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The request body for `header` and every message pushed so far, in `format`: the bytes of
+    /// [`formats::render`]`(…).to_string()`.
+    pub fn render(&self, header: &Header, format: Format) -> String {
+        let head = formats::head(header, format);
+        let mut messages = String::with_capacity(self.bytes / 2 + 64);
+        messages.push('[');
+        let mut first = true;
+        let mut item = |text: &str, out: &mut String| {
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            out.push_str(text);
+        };
+        match format {
+            Format::Neutral => {
+                for m in &self.neutral {
+                    item(m, &mut messages);
+                }
+            }
+            Format::Openai => {
+                if let Some(system) = formats::system_message(header) {
+                    item(&system.to_string(), &mut messages);
+                }
+                for m in &self.openai {
+                    item(m, &mut messages);
+                }
+            }
+            Format::Anthropic => {
+                for m in &self.anthropic {
+                    item(m, &mut messages);
+                }
+                if let Some((role, blocks)) = &self.open_turn {
+                    let open = formats::anthropic_turn(role, blocks.clone()).to_string();
+                    item(&open, &mut messages);
+                }
+            }
+        }
+        messages.push(']');
+        splice(&head, &messages)
+    }
+}
+
+/// `head` as compact JSON with `"messages": MESSAGES` inserted at its sorted place, as
+/// serde_json writes a map (keys in byte order, no spaces).
+fn splice(head: &Map<String, Value>, messages: &str) -> String {
+    let mut out = String::with_capacity(messages.len() + 512);
+    out.push('{');
+    let mut placed = false;
+    let mut first = true;
+    let mut entry = |key: &str, value: &str, out: &mut String| {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(&Value::String(key.to_string()).to_string());
+        out.push(':');
+        out.push_str(value);
+    };
+    for (key, value) in head {
+        if !placed && key.as_str() > "messages" {
+            entry("messages", messages, &mut out);
+            placed = true;
+        }
+        entry(key, &value.to_string(), &mut out);
+    }
+    if !placed {
+        entry("messages", messages, &mut out);
+    }
+    out.push('}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::{FrozenRequest, ToolCall, ToolSpec};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn message() -> impl Strategy<Value = Message> {
+        let text = prop_oneof![Just(String::new()), "[a-z\"\\\\é{}<>]{0,6}"];
+        prop_oneof![
+            text.clone().prop_map(Message::user),
+            text.clone().prop_map(Message::snapshot),
+            (text.clone(), 0..3usize).prop_map(|(content, calls)| Message::Assistant {
+                content,
+                tool_calls: (0..calls)
+                    .map(|i| ToolCall {
+                        id: format!("c{i}"),
+                        name: "read".into(),
+                        arguments: json!({"path": "a", "n": i}),
+                    })
+                    .collect(),
+            }),
+            (text, any::<bool>()).prop_map(|(content, is_error)| Message::Tool {
+                tool_call_id: "c0".into(),
+                content,
+                is_error,
+            }),
+        ]
+    }
+
+    fn header(model: bool, system: &str, tools: usize) -> Header {
+        let mut m = Map::new();
+        if model {
+            // Keys on both sides of "messages", and one that collides with it.
+            m.insert("max_tokens".into(), json!(64));
+            m.insert("model".into(), json!("m"));
+            m.insert("temperature".into(), json!(0.5));
+            m.insert("messages".into(), json!("from config"));
+            m.insert("a".into(), json!(null));
+        }
+        Header {
+            model: m,
+            system: system.into(),
+            tools: (0..tools)
+                .map(|i| ToolSpec {
+                    name: format!("t{i}"),
+                    description: "d".into(),
+                    parameters: json!({"type": "object"}),
+                })
+                .collect(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn q4_q8_spliced_fragments_are_the_rendered_bytes(
+            messages in proptest::collection::vec(message(), 0..12),
+            model in any::<bool>(),
+            system in prop_oneof![Just(""), Just("Be brief.")],
+            tools in 0..3usize,
+        ) {
+            let header = header(model, system, tools);
+            let mut transcript = Transcript::new();
+            for (i, m) in messages.iter().enumerate() {
+                transcript.push(m);
+                let request = FrozenRequest { header: header.clone(), messages: messages[..=i].to_vec() };
+                for format in [Format::Neutral, Format::Openai, Format::Anthropic] {
+                    prop_assert_eq!(
+                        transcript.render(&header, format),
+                        formats::render(&request, format).to_string()
+                    );
+                }
+            }
+            let empty = FrozenRequest { header: header.clone(), messages: Vec::new() };
+            for format in [Format::Neutral, Format::Openai, Format::Anthropic] {
+                prop_assert_eq!(
+                    Transcript::new().render(&header, format),
+                    formats::render(&empty, format).to_string()
+                );
+            }
+        }
+    }
+}
