@@ -1,21 +1,57 @@
 //! Durable session logs on SQLite (Q1, Q7): append-only events with a per-session sequence
 //! number, implementing [`promptd_core::store::SessionStore`].
 //!
+//! **Group commit.** One writer thread owns the write connection. It takes every pending
+//! append (from all sessions) at once, writes them in one transaction — each in a savepoint,
+//! so one refused append does not undo the others — commits once with `synchronous = FULL`,
+//! and only then acknowledges each. Nothing is acknowledged before it is on disk, and a failed
+//! commit fails every append of its batch. Reads use their own connections (WAL readers), so a
+//! read never waits behind a writer's sync.
+//!
 //! Each event row carries its body's format version (`body_version`). Databases written by
 //! 0.1.0 had no such column: opening one adds it with the default 1, which is what those rows
 //! are, so old logs keep rebuilding byte-identically.
 
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use promptd_core::store::{Event, EventKind, NewEvent, SessionStore, StoreError, BODY_VERSION};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-/// SQLite in WAL mode with `synchronous = FULL`: each append is one transaction, synced
-/// before the call returns, so an acknowledged step survives `kill -9`.
+/// Most appends one transaction takes; more wait for the next one.
+const MAX_BATCH: usize = 512;
+
+/// Read connections kept open for reuse.
+const MAX_IDLE_READERS: usize = 4;
+
+/// SQLite in WAL mode with `synchronous = FULL`, written by one group-committing thread.
 pub struct SqliteStore {
-    conn: Mutex<Connection>,
+    path: PathBuf,
+    jobs: Option<Sender<Job>>,
+    writer: Option<JoinHandle<()>>,
+    readers: Mutex<Vec<Connection>>,
+    /// Test hook: how many commits to fail on purpose (see [`SqliteStore::fail_commits`]).
+    fail_commits: Arc<AtomicU32>,
+}
+
+type Reply<T> = Sender<Result<T, StoreError>>;
+
+enum Job {
+    Create {
+        agent: String,
+        first: NewEvent,
+        reply: Reply<String>,
+    },
+    Append {
+        id: String,
+        next_seq: u64,
+        events: Vec<NewEvent>,
+        reply: Reply<()>,
+    },
 }
 
 /// A database failure, saying what was being done.
@@ -30,19 +66,26 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Opens a connection with the pragmas every connection needs.
+fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)
+        .map_err(|e| StoreError::backend(format!("opening {}", path.display()), e))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(db("setting synchronous"))?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(db("setting foreign_keys"))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(db("setting busy_timeout"))?;
+    Ok(conn)
+}
+
 impl SqliteStore {
-    /// Opens (or creates) the database file at `path`, upgrading a 0.1.0 schema in place.
+    /// Opens (or creates) the database file at `path`, upgrading a 0.1.0 schema in place, and
+    /// starts the writer thread.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)
-            .map_err(|e| StoreError::backend(format!("opening {}", path.display()), e))?;
+        let conn = connect(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(db("setting journal_mode"))?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(db("setting synchronous"))?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(db("setting foreign_keys"))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(db("setting busy_timeout"))?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS sessions (
                  id TEXT PRIMARY KEY,
@@ -74,20 +117,200 @@ impl SqliteStore {
             )
             .map_err(db("adding events.body_version"))?;
         }
+        let fail_commits = Arc::new(AtomicU32::new(0));
+        let (jobs, rx) = mpsc::channel();
+        let failing = fail_commits.clone();
+        let writer = std::thread::Builder::new()
+            .name("promptd-store-writer".into())
+            .spawn(move || write_loop(conn, rx, &failing))
+            .map_err(|e| StoreError::backend("starting the writer thread", e))?;
         Ok(Self {
-            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            jobs: Some(jobs),
+            writer: Some(writer),
+            readers: Mutex::new(Vec::new()),
+            fail_commits,
         })
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave a transaction half-applied (SQLite
-        // rolls back), so a poisoned lock is safe to keep using.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    /// Makes the next `n` commits fail (SQLite's commit hook turns them into rollbacks), to
+    /// test that nothing is acknowledged unless its commit succeeded.
+    #[doc(hidden)]
+    pub fn fail_commits(&self, n: u32) {
+        self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    fn send<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, StoreError> {
+        let (reply, answer) = mpsc::channel();
+        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
+        jobs.send(job(reply)).map_err(|_| stopped())?;
+        answer.recv().map_err(|_| stopped())?
+    }
+
+    /// Runs `f` on a read connection from the pool (opened when none is idle).
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let idle = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => connect(&self.path)?,
+        };
+        let result = f(&conn);
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if readers.len() < MAX_IDLE_READERS {
+            readers.push(conn);
+        }
+        result
     }
 }
 
+fn stopped() -> StoreError {
+    StoreError::backend("session store", "the writer thread has stopped")
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // Closing the queue lets the writer finish what is queued and stop.
+        self.jobs.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The writer: one transaction per batch of queued jobs, one sync, then the replies.
+fn write_loop(mut conn: Connection, rx: Receiver<Job>, fail_commits: &AtomicU32) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if fail_commits.load(Ordering::SeqCst) > 0 {
+            fail_commits.fetch_sub(1, Ordering::SeqCst);
+            conn.commit_hook(Some(|| true));
+        }
+        let outcome = write_batch(&mut conn, &batch);
+        conn.commit_hook(None::<fn() -> bool>);
+        match outcome {
+            Ok(results) => {
+                for (job, result) in batch.into_iter().zip(results) {
+                    match (job, result) {
+                        (Job::Create { reply, .. }, Ok(Written::Session(id))) => {
+                            let _ = reply.send(Ok(id));
+                        }
+                        (Job::Create { reply, .. }, Err(e)) => {
+                            let _ = reply.send(Err(e));
+                        }
+                        (Job::Append { reply, .. }, Ok(_)) => {
+                            let _ = reply.send(Ok(()));
+                        }
+                        (Job::Append { reply, .. }, Err(e)) => {
+                            let _ = reply.send(Err(e));
+                        }
+                        (Job::Create { reply, .. }, Ok(Written::Events)) => {
+                            let _ = reply.send(Err(StoreError::backend(
+                                "creating a session",
+                                "the writer lost the session id",
+                            )));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                // The commit failed: nothing of the batch is on disk, so nothing is acknowledged.
+                let message = e.to_string();
+                for job in batch {
+                    let error = || StoreError::backend("committing", message.clone());
+                    match job {
+                        Job::Create { reply, .. } => {
+                            let _ = reply.send(Err(error()));
+                        }
+                        Job::Append { reply, .. } => {
+                            let _ = reply.send(Err(error()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum Written {
+    Session(String),
+    Events,
+}
+
+/// Writes every job in one transaction, each in its own savepoint; returns each job's result
+/// (valid only once the commit succeeded, which is this function's own result).
+fn write_batch(
+    conn: &mut Connection,
+    batch: &[Job],
+) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+    let mut tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(db("beginning a transaction"))?;
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        let sp = tx.savepoint().map_err(db("making a savepoint"))?;
+        let result = match job {
+            Job::Create { agent, first, .. } => create(&sp, agent, first).map(Written::Session),
+            Job::Append {
+                id,
+                next_seq,
+                events,
+                ..
+            } => append(&sp, id, *next_seq, events).map(|()| Written::Events),
+        };
+        if result.is_ok() {
+            sp.commit().map_err(db("releasing a savepoint"))?;
+        } else {
+            // Dropping the savepoint rolls back this job's writes only.
+            drop(sp);
+        }
+        results.push(result);
+    }
+    tx.commit().map_err(db("committing"))?;
+    Ok(results)
+}
+
+fn create(tx: &Connection, agent: &str, first: &NewEvent) -> Result<String, StoreError> {
+    let id: String = tx
+        .query_row("SELECT lower(hex(randomblob(12)))", [], |r| r.get(0))
+        .map_err(db("making a session id"))?;
+    tx.execute(
+        "INSERT INTO sessions (id, agent, created_ms) VALUES (?1, ?2, ?3)",
+        params![id, agent, now_ms() as i64],
+    )
+    .map_err(db("inserting a session"))?;
+    insert_events(tx, &id, 1, std::slice::from_ref(first))?;
+    Ok(id)
+}
+
+fn append(tx: &Connection, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+    let last: i64 = tx
+        .query_row(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .map_err(db("reading the last seq"))?;
+    if last as u64 + 1 != next_seq {
+        return Err(StoreError::Conflict {
+            session: id.to_string(),
+            expected: next_seq,
+            found: last as u64,
+        });
+    }
+    insert_events(tx, id, next_seq, events)
+}
+
 fn insert_events(
-    tx: &rusqlite::Transaction,
+    tx: &Connection,
     id: &str,
     next_seq: u64,
     events: &[NewEvent],
@@ -100,12 +323,11 @@ fn insert_events(
         .map_err(db("preparing the insert"))?;
     let at = now_ms() as i64;
     for (i, e) in events.iter().enumerate() {
-        let body = e.body.to_string();
         stmt.execute(params![
             id,
             (next_seq + i as u64) as i64,
             e.kind.as_str(),
-            body,
+            e.body.to_string(),
             at,
             BODY_VERSION
         ])
@@ -116,103 +338,84 @@ fn insert_events(
 
 impl SessionStore for SqliteStore {
     fn create_session(&self, agent: &str, first: NewEvent) -> Result<String, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(db("beginning a transaction"))?;
-        let id: String = tx
-            .query_row("SELECT lower(hex(randomblob(12)))", [], |r| r.get(0))
-            .map_err(db("making a session id"))?;
-        tx.execute(
-            "INSERT INTO sessions (id, agent, created_ms) VALUES (?1, ?2, ?3)",
-            params![id, agent, now_ms() as i64],
-        )
-        .map_err(db("inserting a session"))?;
-        insert_events(&tx, &id, 1, std::slice::from_ref(&first))?;
-        tx.commit().map_err(db("committing"))?;
-        Ok(id)
+        self.send(|reply| Job::Create {
+            agent: agent.to_string(),
+            first,
+            reply,
+        })
     }
 
     fn session_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
-        self.conn()
-            .query_row("SELECT agent FROM sessions WHERE id = ?1", [id], |r| {
+        self.read(|conn| {
+            conn.query_row("SELECT agent FROM sessions WHERE id = ?1", [id], |r| {
                 r.get(0)
             })
             .optional()
             .map_err(db("reading a session"))
+        })
     }
 
     fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT seq, kind, body, at_ms, body_version FROM events
-                 WHERE session_id = ?1 ORDER BY seq",
-            )
-            .map_err(db("preparing the read"))?;
-        let rows = stmt
-            .query_map([id], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, i64>(4)?,
-                ))
-            })
-            .map_err(db("reading events"))?;
-        let mut events = Vec::new();
-        for row in rows {
-            let (seq, kind, body, at, version) = row.map_err(db("reading an event"))?;
-            let corrupt = |problem: String| StoreError::Corrupt {
-                session: id.to_string(),
-                seq: seq as u64,
-                problem,
-            };
-            let kind = EventKind::parse(&kind)
-                .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
-            let body = serde_json::from_str(&body)
-                .map_err(|e| corrupt(format!("{kind} body is not JSON: {e}")))?;
-            events.push(Event {
-                seq: seq as u64,
-                kind,
-                version: u32::try_from(version)
-                    .map_err(|_| corrupt(format!("body version {version}")))?,
-                body,
-                at_ms: at as u64,
-            });
-        }
-        Ok(events)
+        self.read(|conn| read_events(conn, id))
     }
 
     fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(db("beginning a transaction"))?;
-        let last: i64 = tx
-            .query_row(
-                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1",
-                [id],
-                |r| r.get(0),
-            )
-            .map_err(db("reading the last seq"))?;
-        if last as u64 + 1 != next_seq {
-            return Err(StoreError::Conflict {
-                session: id.to_string(),
-                expected: next_seq,
-                found: last as u64,
-            });
-        }
-        insert_events(&tx, id, next_seq, events)?;
-        tx.commit().map_err(db("committing"))
+        self.send(|reply| Job::Append {
+            id: id.to_string(),
+            next_seq,
+            events: events.to_vec(),
+            reply,
+        })
     }
+}
+
+fn read_events(conn: &Connection, id: &str) -> Result<Vec<Event>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, kind, body, at_ms, body_version FROM events
+             WHERE session_id = ?1 ORDER BY seq",
+        )
+        .map_err(db("preparing the read"))?;
+    let rows = stmt
+        .query_map([id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })
+        .map_err(db("reading events"))?;
+    let mut events = Vec::new();
+    for row in rows {
+        let (seq, kind, body, at, version) = row.map_err(db("reading an event"))?;
+        let corrupt = |problem: String| StoreError::Corrupt {
+            session: id.to_string(),
+            seq: seq as u64,
+            problem,
+        };
+        let kind = EventKind::parse(&kind)
+            .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
+        let body = serde_json::from_str(&body)
+            .map_err(|e| corrupt(format!("{kind} body is not JSON: {e}")))?;
+        events.push(Event {
+            seq: seq as u64,
+            kind,
+            version: u32::try_from(version)
+                .map_err(|_| corrupt(format!("body version {version}")))?,
+            body,
+            at_ms: at as u64,
+        });
+    }
+    Ok(events)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::sync::Arc;
 
     #[test]
     fn q7_appends_are_ordered_durable_and_checked() {
@@ -265,5 +468,66 @@ mod tests {
         assert_eq!(events[2].body, json!({"x": "y"}));
         assert_eq!(store.session_agent("nope").unwrap(), None);
         assert!(store.events("nope").unwrap().is_empty());
+    }
+
+    fn new_session(store: &SqliteStore) -> String {
+        store
+            .create_session("a", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .unwrap()
+    }
+
+    fn step(n: u64) -> Vec<NewEvent> {
+        vec![NewEvent::new(EventKind::Step, json!({"step": n}))]
+    }
+
+    #[test]
+    fn q7_a_failed_commit_acknowledges_nothing_of_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let id = new_session(&store);
+        store.fail_commits(1);
+        let err = store.append(&id, 2, &step(1)).unwrap_err();
+        assert_eq!(err.code(), "store", "{err}");
+        assert_eq!(store.events(&id).unwrap().len(), 1, "nothing was written");
+        // The next commit works, at the same seq.
+        store.append(&id, 2, &step(1)).unwrap();
+        drop(store);
+        let events = SqliteStore::open(&path).unwrap().events(&id).unwrap();
+        assert_eq!(events.len(), 2);
+    }
+
+    #[test]
+    fn q7_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Arc::new(SqliteStore::open(&path).unwrap());
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let id = new_session(&store);
+                    let mut refused = 0;
+                    for n in 1..=40u64 {
+                        // Every fifth append claims a seq that is already taken.
+                        if n % 5 == 0 {
+                            let err = store.append(&id, n, &step(n)).unwrap_err();
+                            assert_eq!(err.code(), "store_conflict", "thread {t}: {err}");
+                            refused += 1;
+                        }
+                        store.append(&id, n + 1, &step(n)).unwrap();
+                    }
+                    (id, refused)
+                })
+            })
+            .collect();
+        let sessions: Vec<(String, u32)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        drop(Arc::try_unwrap(store).ok().unwrap());
+        let store = SqliteStore::open(&path).unwrap();
+        for (id, refused) in sessions {
+            assert_eq!(refused, 8);
+            let seqs: Vec<u64> = store.events(&id).unwrap().iter().map(|e| e.seq).collect();
+            assert_eq!(seqs, (1..=41).collect::<Vec<_>>(), "session {id}");
+        }
     }
 }
