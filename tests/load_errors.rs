@@ -251,3 +251,63 @@ fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
         .unwrap();
     assert_eq!(text, "hello coder");
 }
+
+/// Calls section `busy` of the one plugin in `folder` from two threads at once.
+fn two_concurrent_calls(instances: u32) -> Vec<String> {
+    let folder = Folder::new().scripted("busy");
+    let config = folder.config(&format!(
+        "[plugins.busy]\ninstances = {instances}\nconfig = {{ \"busy_section.busy\" = \"0|400\" }}\n"
+    ));
+    let runtime = WasmEngine::new().unwrap();
+    let config = plugin_dir::read_config(&config).unwrap();
+    let loaded = load::load_all(
+        &runtime,
+        plugin_dir::read_all(folder.path()).unwrap(),
+        &config,
+    );
+    let provider = loaded.registry.get("busy").unwrap().provider.clone();
+    let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let calls: Vec<_> = (0..2)
+        .map(|_| {
+            let (provider, start) = (provider.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let step = promptd_core::model::Step::default();
+                provider
+                    .section_text("busy", &promptd_core::model::Scope::Global, &step)
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut texts: Vec<String> = calls.into_iter().map(|c| c.join().unwrap()).collect();
+    texts.sort();
+    // A later call reuses a warm instance rather than making another.
+    let step = promptd_core::model::Step::default();
+    texts.push(
+        provider
+            .section_text("busy", &promptd_core::model::Scope::Global, &step)
+            .unwrap(),
+    );
+    texts
+}
+
+#[test]
+fn concurrent_calls_into_one_plugin_are_served_by_different_instances() {
+    assert_eq!(
+        two_concurrent_calls(2),
+        [
+            "call 1 of this instance",
+            "call 1 of this instance",
+            "call 2 of this instance"
+        ]
+    );
+    // With one instance allowed, the second caller waits for it.
+    assert_eq!(
+        two_concurrent_calls(1),
+        [
+            "call 1 of this instance",
+            "call 2 of this instance",
+            "call 3 of this instance"
+        ]
+    );
+}

@@ -63,6 +63,8 @@ pub struct LimitsConfig {
     pub max_output_kb: Option<u64>,
     /// Consecutive failed calls after which a plugin is quarantined (default 3; 0 = never).
     pub quarantine_after: Option<u32>,
+    /// Warm instances per plugin, so concurrent assemblies do not wait for one (default 2).
+    pub instances: Option<u64>,
     /// Memory for sessions kept in memory between steps, in MiB (default 256; 0 = none: every
     /// step reads its session's log).
     pub session_cache_mb: Option<u64>,
@@ -105,6 +107,8 @@ pub struct PluginConfig {
     pub memory_mb: Option<u64>,
     /// Overrides `[limits] max_output_kb` for this plugin.
     pub max_output_kb: Option<u64>,
+    /// Overrides `[limits] instances` for this plugin.
+    pub instances: Option<u64>,
     /// Read-only directories: host path (relative to the config file) = path the plugin sees.
     #[serde(default)]
     pub dirs: BTreeMap<String, String>,
@@ -216,6 +220,7 @@ impl Config {
         positive("limits.timeout_ms", self.limits.timeout_ms)?;
         positive("limits.memory_mb", self.limits.memory_mb)?;
         positive("limits.max_output_kb", self.limits.max_output_kb)?;
+        positive("limits.instances", self.limits.instances)?;
         let mut ids = BTreeMap::new();
         for (stem, plugin) in &self.plugins {
             positive(&format!("plugins.{stem}.timeout_ms"), plugin.timeout_ms)?;
@@ -224,6 +229,7 @@ impl Config {
                 &format!("plugins.{stem}.max_output_kb"),
                 plugin.max_output_kb,
             )?;
+            positive(&format!("plugins.{stem}.instances"), plugin.instances)?;
             for name in &plugin.env {
                 if name.is_empty() || name.contains('=') {
                     return Err(Error::ConfigInvalid(format!(
@@ -353,6 +359,11 @@ impl Config {
             self.limits.max_output_kb,
             sandbox::DEFAULT_MAX_OUTPUT_KB,
         );
+        let instances = pick(
+            p.and_then(|p| p.instances),
+            self.limits.instances,
+            sandbox::DEFAULT_INSTANCES,
+        );
         let base = self.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
         Sandbox {
             call_deadline: std::time::Duration::from_millis(timeout_ms),
@@ -377,6 +388,7 @@ impl Config {
                 })
                 .unwrap_or_default(),
             stdio_to_log: p.and_then(|p| p.stdio) != Some(Stdio::None),
+            max_instances: instances as usize,
         }
     }
 

@@ -22,6 +22,9 @@ pub struct Sandbox {
     pub env: Vec<(String, String)>,
     /// Whether the plugin's stdout/stderr go to the host log (tagged with its id).
     pub stdio_to_log: bool,
+    /// Most warm instances kept at once, so that many assemblies can call the plugin at the
+    /// same time (each has its own memory, up to `memory_bytes`).
+    pub max_instances: usize,
 }
 
 /// Default call deadline.
@@ -30,6 +33,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MEMORY_MB: u64 = 256;
 /// Default bound on one returned text.
 pub const DEFAULT_MAX_OUTPUT_KB: u64 = 1024;
+/// Default number of warm instances per plugin.
+pub const DEFAULT_INSTANCES: u64 = 2;
 
 impl Default for Sandbox {
     fn default() -> Self {
@@ -40,6 +45,7 @@ impl Default for Sandbox {
             dirs: Vec::new(),
             env: Vec::new(),
             stdio_to_log: true,
+            max_instances: DEFAULT_INSTANCES as usize,
         }
     }
 }

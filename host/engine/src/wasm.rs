@@ -7,7 +7,7 @@
 //! fresh one is made from the pre-instantiated component on the next call.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -151,15 +151,19 @@ impl WasmEngine {
             pre,
             sandbox,
             config,
-            warm: Mutex::new(None),
+            pool: Mutex::new(Pool::default()),
+            returned: Condvar::new(),
             failures: AtomicU32::new(0),
         };
-        let declaration = provider
-            .fresh_instance()
-            .map_err(|e| Error::DeclareFailed {
-                plugin: id.into(),
-                cause: e.cause().to_string(),
-            })?;
+        let (declaration, instance) =
+            provider
+                .fresh_instance()
+                .map_err(|e| Error::DeclareFailed {
+                    plugin: id.into(),
+                    cause: e.cause().to_string(),
+                })?;
+        provider.pool().live = 1;
+        provider.checkin(Some(instance));
         Ok((declaration, Arc::new(provider), lookup))
     }
 }
@@ -254,14 +258,25 @@ struct Instance {
     plugin: Plugin,
 }
 
-/// A loaded component: a warm instance, re-made from `pre` after any trap.
+/// The warm instances not in use, and how many exist in all (idle or in a call).
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Instance>,
+    live: usize,
+}
+
+/// A loaded component: a small pool of warm instances made from `pre`, so concurrent
+/// assemblies do not queue behind one instance. A trapped instance is dropped, never reused;
+/// the pool makes a fresh one when a call needs it.
 pub struct WasmProvider {
     id: String,
     engine: Engine,
     pre: PluginPre<State>,
     sandbox: Sandbox,
     config: Vec<(String, String)>,
-    warm: Mutex<Option<Instance>>,
+    pool: Mutex<Pool>,
+    /// Signalled when an instance goes back to the pool or is dropped.
+    returned: Condvar,
     /// Failed calls since the last successful one (L3: quarantine after too many).
     failures: AtomicU32,
 }
@@ -313,9 +328,9 @@ impl WasmProvider {
         Ok(())
     }
 
-    /// Instantiates and calls `declare`; the instance becomes the warm one. The SDKs set up
-    /// their dynamic callbacks in `declare`, so every fresh instance is declared again.
-    fn fresh_instance(&self) -> CallResult<Declaration> {
+    /// Instantiates and calls `declare`. The SDKs set up their dynamic callbacks in `declare`,
+    /// so every fresh instance is declared again.
+    fn fresh_instance(&self) -> CallResult<(Declaration, Instance)> {
         let mut store = self.new_store()?;
         store.set_epoch_deadline(self.deadline_ticks());
         let plugin = self
@@ -330,30 +345,67 @@ impl WasmProvider {
         for (what, text) in declared_texts(&declaration) {
             self.bounded(&what, text)?;
         }
-        *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instance { store, plugin });
-        Ok(declaration)
+        Ok((declaration, Instance { store, plugin }))
     }
 
-    /// Runs `f` on the warm instance under the call deadline. A trap drops the instance.
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle instance, or a fresh one while fewer than `max_instances` exist, or else the
+    /// first one another call gives back.
+    fn checkout(&self) -> CallResult<Instance> {
+        let mut pool = self.pool();
+        loop {
+            if let Some(instance) = pool.idle.pop() {
+                return Ok(instance);
+            }
+            if pool.live < self.sandbox.max_instances {
+                pool.live += 1;
+                drop(pool);
+                // Instantiated outside the lock; `live` already counts it.
+                return self.fresh_instance().map(|(_, i)| i).inspect_err(|_| {
+                    self.pool().live -= 1;
+                    self.returned.notify_one();
+                });
+            }
+            pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Gives an instance back, or (after a trap) drops it.
+    fn checkin(&self, instance: Option<Instance>) {
+        let mut pool = self.pool();
+        match instance {
+            Some(instance) => pool.idle.push(instance),
+            None => pool.live -= 1,
+        }
+        drop(pool);
+        self.returned.notify_one();
+    }
+
+    /// Runs `f` on a pooled instance under the call deadline. A trap drops the instance.
     fn call<T>(
         &self,
         f: impl FnOnce(&Plugin, &mut Store<State>) -> wasmtime::Result<Result<T, String>>,
     ) -> CallResult<T> {
-        let mut guard = self.warm.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            drop(guard);
-            self.fresh_instance()?;
-            guard = self.warm.lock().unwrap_or_else(|p| p.into_inner());
-        }
-        let Some(instance) = guard.as_mut() else {
-            return Err(CallError::Trapped("instance unavailable".into()));
+        let mut instance = match self.checkout() {
+            Ok(instance) => instance,
+            Err(e) => {
+                let err = Err(e);
+                self.count(&err);
+                return err;
+            }
         };
         instance.store.set_epoch_deadline(self.deadline_ticks());
         let result = match f(&instance.plugin, &mut instance.store) {
-            Ok(result) => result.map_err(CallError::Failed),
+            Ok(result) => {
+                self.checkin(Some(instance));
+                result.map_err(CallError::Failed)
+            }
             Err(e) => {
                 let err = trap(e, &mut instance.store);
-                *guard = None; // never re-enter a trapped instance (L3)
+                self.checkin(None); // never re-enter a trapped instance (L3)
                 Err(err)
             }
         };

@@ -1,0 +1,237 @@
+//! Assembly alone (no HTTP, no store): the same contributions served by N WebAssembly plugins
+//! and by N native providers, so the table shows what the component boundary costs.
+//!
+//! Run: `cargo bench -p promptd --bench assembly` (criterion; builds the test fixtures first).
+//! Criterion's own arguments work after `--`, e.g. `-- static` to run one group.
+//!
+//! Method: the `bench` fixture (tests/fixtures/bench) declares, from its config, 6 sections,
+//! 2 contexts, 2 variables and 2 tools named after its `prefix`; with `dynamic_every = 3`,
+//! 3 of its 10 sections, contexts and variables are dynamic (30%), else all are static. It is
+//! copied under N file names (b00.wasm, b01.wasm, …) and loaded with `WasmEngine` through
+//! `promptd_core::load::load_all`, each copy with its own prefix; the native side builds the
+//! same declarations with `NativePlugin` from the same shape.rs, and the bench first checks
+//! that both assemble to the same system prompt, runtime context and tools. One
+//! `promptd_core::assembly::assemble` per iteration, for agent `default` at step 7 with the
+//! facts `cwd` and `git_branch`. The table is criterion's median time per assembly.
+
+#[allow(dead_code)]
+#[path = "../../../tests/fixtures/bench/src/shape.rs"]
+mod shape;
+#[allow(dead_code)]
+#[path = "support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion};
+use promptd_core::assembly::{self, Options};
+use promptd_core::load;
+use promptd_core::model::Step;
+use promptd_core::provider::NativePlugin;
+use promptd_core::registry::{PluginEntry, PluginOptions, Registry};
+use promptd_daemon::plugin_dir;
+use promptd_engine::{cache, WasmEngine};
+use shape::{dynamic_text, Item, ItemKind, Shape, TOOL_PARAMETERS};
+
+const COUNTS: [usize; 3] = [1, 10, 50];
+/// (criterion group, label, dynamic_every)
+const MODES: [(&str, &str, usize); 2] =
+    [("static", "all static", 0), ("dynamic30", "30% dynamic", 3)];
+
+fn prefix(i: usize) -> String {
+    format!("b{i:02}")
+}
+
+fn step() -> Step {
+    Step {
+        agent: "default".into(),
+        scope_chain: vec!["global".into(), "default".into()],
+        session_id: "bench".into(),
+        step_number: 7,
+        facts: BTreeMap::from([
+            ("cwd".to_string(), "/src/app".to_string()),
+            ("git_branch".to_string(), "main".to_string()),
+        ]),
+    }
+}
+
+/// The text of a dynamic item, from the step (the plugin computes the same).
+fn text(item: &Item, s: &Step) -> String {
+    dynamic_text(
+        item,
+        s.step_number,
+        s.facts.get("cwd").map_or("", String::as_str),
+    )
+}
+
+/// N native providers, each declaring what the fixture declares under its prefix.
+fn native_registry(n: usize, dynamic_every: usize) -> Registry {
+    let mut registry = Registry::new();
+    for i in 0..n {
+        let mut plugin = NativePlugin::new();
+        for item in Shape::new(&prefix(i), dynamic_every).items() {
+            let (name, order) = (item.name.clone(), item.order);
+            plugin = match (item.kind, item.dynamic) {
+                (ItemKind::Section, false) => plugin.section(&name, order, &item.text),
+                (ItemKind::Section, true) => {
+                    plugin.dynamic_section(&name, order, move |s| Ok(text(&item, s)))
+                }
+                (ItemKind::Context, false) => plugin.context(&name, order, &item.text),
+                (ItemKind::Context, true) => {
+                    plugin.dynamic_context(&name, order, move |s| Ok(text(&item, s)))
+                }
+                (ItemKind::Variable, false) => plugin.variable(&name, &item.text),
+                (ItemKind::Variable, true) => {
+                    plugin.dynamic_variable(&name, move |s| Ok(Some(text(&item, s))))
+                }
+                (ItemKind::Tool, _) => plugin.tool(&name, &item.text, TOOL_PARAMETERS),
+            };
+        }
+        let (declaration, provider) = plugin.build();
+        let entry = PluginEntry::new(&prefix(i), declaration, provider, PluginOptions::default())
+            .expect("native plugin");
+        registry = registry.with_plugin(entry).expect("no conflicts");
+    }
+    registry
+}
+
+/// N copies of the fixture in `dir`, loaded as `promptd serve` loads a plugin folder.
+fn wasm_registry(
+    engine: &WasmEngine,
+    wasm: &Path,
+    dir: &Path,
+    n: usize,
+    dynamic_every: usize,
+) -> Registry {
+    std::fs::create_dir_all(dir).expect("plugin folder");
+    let mut config = String::from("plugin_dir = \".\"\n");
+    for i in 0..n {
+        let p = prefix(i);
+        std::fs::copy(wasm, dir.join(format!("{p}.wasm"))).expect("copy the fixture");
+        config.push_str(&format!(
+            "[plugins.{p}]\nconfig = {{ prefix = \"{p}\", dynamic_every = \"{dynamic_every}\" }}\n"
+        ));
+    }
+    let path = dir.join("promptd.toml");
+    std::fs::write(&path, config).expect("write config");
+    let config = plugin_dir::read_config(&path).expect("config");
+    let files = plugin_dir::read_all(dir).expect("read plugins");
+    let loaded = load::load_all(engine, files, &config);
+    assert!(
+        loaded.refused.is_empty(),
+        "refused: {:?}",
+        loaded
+            .refused
+            .iter()
+            .map(|r| r.error.to_string())
+            .collect::<Vec<_>>()
+    );
+    loaded.registry
+}
+
+/// Criterion's median estimate for `group/function/n` from this run, if there is one.
+fn median(
+    dir: &Path,
+    group: &str,
+    function: &str,
+    n: usize,
+    since: std::time::SystemTime,
+) -> Option<Duration> {
+    let path = dir
+        .join(group)
+        .join(function)
+        .join(n.to_string())
+        .join("new/estimates.json");
+    let modified = std::fs::metadata(&path).ok()?.modified().ok()?;
+    if modified < since {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
+    Some(Duration::from_secs_f64(
+        v["median"]["point_estimate"].as_f64()? / 1e9,
+    ))
+}
+
+fn main() {
+    let started = std::time::SystemTime::now();
+    support::print_machine();
+    let wasm = support::build_wasm_workspace("tests/fixtures").join("bench.wasm");
+    let work = support::scratch("assembly");
+    let engine = WasmEngine::new()
+        .expect("engine")
+        .with_cache(&work.path().join("cache"), cache::DEFAULT_MAX_BYTES)
+        .expect("compile cache");
+    let out = support::repo_root().join("target/criterion");
+    let mut c = Criterion::default()
+        .sample_size(50)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .output_directory(&out)
+        .configure_from_args();
+    let options = Options::default();
+    let step = step();
+    for (group, _, every) in MODES {
+        let mut g = c.benchmark_group(group);
+        for n in COUNTS {
+            let dir = work.path().join(format!("{group}-{n}"));
+            let wasm_registry = wasm_registry(&engine, &wasm, &dir, n, every);
+            let native_registry = native_registry(n, every);
+            let a = assembly::assemble(&wasm_registry, &step, &options).expect("wasm assembly");
+            let b = assembly::assemble(&native_registry, &step, &options).expect("native assembly");
+            assert_eq!(
+                (&a.system, &a.runtime_context, &a.tools),
+                (&b.system, &b.runtime_context, &b.tools),
+                "wasm and native plugins must assemble the same ({group}, N = {n})"
+            );
+            g.bench_with_input(BenchmarkId::new("wasm", n), &wasm_registry, |bench, r| {
+                bench.iter(|| assembly::assemble(r, &step, &options).expect("assemble"))
+            });
+            g.bench_with_input(
+                BenchmarkId::new("native", n),
+                &native_registry,
+                |bench, r| bench.iter(|| assembly::assemble(r, &step, &options).expect("assemble")),
+            );
+        }
+        g.finish();
+    }
+    c.final_summary();
+
+    let mut table = support::Table::new(&[
+        "contributions",
+        "plugins",
+        "dynamic calls",
+        "wasm p50",
+        "native p50",
+        "wasm / native",
+    ]);
+    for (group, label, every) in MODES {
+        for n in COUNTS {
+            let (w, nat) = (
+                median(&out, group, "wasm", n, started),
+                median(&out, group, "native", n, started),
+            );
+            let calls = Shape::new("x", every)
+                .items()
+                .iter()
+                .filter(|i| i.dynamic)
+                .count()
+                * n;
+            let show = |d: Option<Duration>| d.map_or("-".into(), support::fmt_duration);
+            table.row(vec![
+                label.to_string(),
+                n.to_string(),
+                calls.to_string(),
+                show(w),
+                show(nat),
+                match (w, nat) {
+                    (Some(w), Some(nat)) => support::ratio(w.as_secs_f64(), nat.as_secs_f64()),
+                    _ => "-".into(),
+                },
+            ]);
+        }
+    }
+    println!();
+    table.print();
+}
