@@ -880,3 +880,39 @@ fn assemble_and_a_first_step_give_the_same_neutral_request() {
     );
     assert_eq!(one_shot["messages"][0]["snapshot"], true);
 }
+
+/// The daemon listens before it loads its plugins: a plugin whose declare loops until its
+/// deadline delays neither listening nor health; a step waits for the first registry.
+#[test]
+fn it_listens_first_and_loads_in_the_background() {
+    let folder = bundled().scripted("slow");
+    let config = folder
+        .config("[plugins.slow]\ntimeout_ms = 3000\nconfig = { loop_in_declare = \"true\" }\n");
+    let (_tmp, state) = state_dir();
+    let started = Instant::now();
+    let d = Served::start_unready(folder.path(), &config, &state);
+    let listening = started.elapsed();
+    let health = d.health();
+    assert_eq!(health["status"], "loading", "{health}");
+    // Progress: the loader counts the five files, then sits in the looping declare.
+    common::eventually("loading progress", || {
+        let h = d.health();
+        h["status"] == "loading" && h["total"] == 5 && h["loaded"] == 2
+    });
+    assert!(
+        listening < Duration::from_millis(2500),
+        "listened after {listening:?}, before the looping declare's 3 s deadline"
+    );
+    let id = new_session(&d, "default");
+    let (n, request) = step(&d, &id, json!([]), json!({}), "neutral");
+    assert_eq!(n, 1);
+    assert!(
+        started.elapsed() >= Duration::from_millis(2900),
+        "the step waited for the first load"
+    );
+    assert!(request.contains("You are an AI assistant"), "{request}");
+    assert_eq!(d.health()["status"], "ok");
+    let slow = d.plugin("slow");
+    assert_eq!(slow["state"], "refused", "{slow}");
+    assert_eq!(slow["last_error"]["code"], "declare_failed", "{slow}");
+}

@@ -17,6 +17,11 @@ impl Served {
         Self::start_with(plugins, config, state, &[], &[])
     }
 
+    /// Starts and returns as soon as the daemon listens, before its plugins are loaded.
+    pub fn start_unready(plugins: &Path, config: &Path, state: &Path) -> Served {
+        Self::launch(plugins, config, state, &[], &[], Stdio::null())
+    }
+
     pub fn start_with(
         plugins: &Path,
         config: &Path,
@@ -41,6 +46,19 @@ impl Served {
     }
 
     fn spawn(
+        plugins: &Path,
+        config: &Path,
+        state: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Served {
+        let served = Self::launch(plugins, config, state, extra, env, stderr);
+        served.wait_ready();
+        served
+    }
+
+    fn launch(
         plugins: &Path,
         config: &Path,
         state: &Path,
@@ -79,6 +97,39 @@ impl Served {
             .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
             .to_string();
         Served { child, url }
+    }
+
+    /// The daemon listens before its plugins are loaded; tests start from a loaded one.
+    fn wait_ready(&self) {
+        super::eventually_within(180, "the daemon to finish loading its plugins", || {
+            self.health()["status"] == "ok"
+        });
+    }
+
+    /// `GET /v1/health`, over TCP or the Unix socket.
+    pub fn health(&self) -> Value {
+        let body = match self.url.strip_prefix("unix:") {
+            Some(socket) => {
+                use std::io::{Read, Write};
+                let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) else {
+                    return Value::Null;
+                };
+                let request =
+                    "GET /v1/health HTTP/1.1\r\nHost: promptd\r\nConnection: close\r\n\r\n";
+                let mut reply = String::new();
+                if stream.write_all(request.as_bytes()).is_err()
+                    || stream.read_to_string(&mut reply).is_err()
+                {
+                    return Value::Null;
+                }
+                reply
+                    .split_once("\r\n\r\n")
+                    .map(|(_, body)| body.to_string())
+                    .unwrap_or_default()
+            }
+            None => self.get("/v1/health").1,
+        };
+        serde_json::from_str(&body).unwrap_or(Value::Null)
     }
 
     /// Stops with SIGTERM (graceful) and waits.

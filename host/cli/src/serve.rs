@@ -69,20 +69,38 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     })?;
     let store = SqliteStore::open(&state.join("sessions.db"))?;
     let engine = WasmEngine::new()?.with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?;
-    let daemon = Arc::new(Daemon::new(
+    // Fail early on a plugin folder that cannot be read; the files load after we listen.
+    promptd_daemon::plugin_dir::plugin_files(&dir)?;
+    let daemon = Arc::new(Daemon::loading(
         Arc::new(store),
         Arc::new(engine),
         config,
         &dir,
-    )?);
-    for p in daemon.plugins() {
-        match &p.last_error {
-            None => tracing::info!(plugin = %p.id, sha256 = %p.sha256, "serving"),
-            Some(e) => {
-                tracing::warn!(plugin = %p.id, "not serving: error[{}]: {}", e.code, e.message)
+    ));
+    // Listen first, load in the background: a slow (or hostile) plugin delays nothing but
+    // the steps that wait for the first registry.
+    let loader = daemon.clone();
+    std::thread::Builder::new()
+        .name("promptd-load".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            if let Err(e) = loader.load_initial() {
+                tracing::error!("loading the plugin folder failed: error[{}]: {e}", e.code());
             }
-        }
-    }
+            for p in loader.plugins() {
+                match &p.last_error {
+                    None => tracing::info!(plugin = %p.id, sha256 = %p.sha256, "serving"),
+                    Some(e) => {
+                        tracing::warn!(plugin = %p.id, "not serving: error[{}]: {}", e.code, e.message)
+                    }
+                }
+            }
+            tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "plugins loaded; ready"
+            );
+        })
+        .context("start the loader thread")?;
     // Kept alive until the server stops.
     let _watch = if watch {
         Some(promptd_daemon::watch::watch(daemon.clone(), config_path)?)

@@ -43,6 +43,11 @@ pub enum DaemonError {
 
     #[error("cannot start the watcher thread: {0}")]
     WatchThread(#[source] std::io::Error),
+
+    #[error(
+        "the daemon is still loading its plugins ({loaded} of {total} files); try again shortly"
+    )]
+    Loading { loaded: usize, total: usize },
 }
 
 impl DaemonError {
@@ -55,6 +60,7 @@ impl DaemonError {
             DaemonError::PluginFileName { .. } => "plugin_file_name",
             DaemonError::ConfigRead { .. } => "config_read",
             DaemonError::Watch { .. } | DaemonError::WatchThread(_) => "watch",
+            DaemonError::Loading { .. } => "loading",
         }
     }
 }

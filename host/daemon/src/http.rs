@@ -128,6 +128,7 @@ fn status(e: &DaemonError) -> StatusCode {
         | DaemonError::Watch { .. }
         | DaemonError::WatchThread(_) => StatusCode::INTERNAL_SERVER_ERROR,
         DaemonError::PluginFileName { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        DaemonError::Loading { .. } => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -274,9 +275,14 @@ async fn method_not_allowed(request: Request) -> ApiError {
     )
 }
 
+/// `{"status": "ok", "plugins": N, "version"}` once the first load is done; before,
+/// `{"status": "loading", "loaded": K, "total": N, …}` (steps wait for it).
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let plugins = state.daemon.registry().len();
-    json_body(&json!({"status": "ok", "plugins": plugins, "version": env!("CARGO_PKG_VERSION")}))
+    let mut body = serde_json::to_value(state.daemon.readiness()).unwrap_or_default();
+    body["plugins"] = json!(plugins);
+    body["version"] = json!(env!("CARGO_PKG_VERSION"));
+    json_body(&body)
 }
 
 async fn plugins(State(state): State<Arc<AppState>>) -> Response {

@@ -44,8 +44,8 @@ pub mod watch;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use promptd_core::assembly::{self, Options};
 use promptd_core::config::Config;
@@ -109,9 +109,25 @@ pub struct Daemon {
     locks: SessionLocks,
     /// What steps need of recently used sessions (the log stays the truth).
     sessions: SessionCache,
+    /// Whether the first load of the plugin folder has finished (steps wait for it).
+    readiness: Mutex<Readiness>,
+    ready: Condvar,
     pub events: RegistryEvents,
     pub metrics: Metrics,
 }
+
+/// Where the daemon's first load of its plugin folder stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum Readiness {
+    /// Loading the plugin folder: `loaded` of `total` files done.
+    Loading { loaded: usize, total: usize },
+    /// The first full registry is published.
+    Ok,
+}
+
+/// How long a step waits for the first load before it is refused with 503 `loading`.
+pub const STEP_WAITS_FOR_LOADING: Duration = Duration::from_secs(30);
 
 /// A run id unique enough to tell this process from earlier ones: the pid and the start time.
 fn run_id() -> String {
@@ -132,7 +148,20 @@ impl Daemon {
         config: Config,
         plugin_dir: &Path,
     ) -> Result<Daemon> {
-        let daemon = Daemon {
+        let daemon = Self::loading(store, engine, config, plugin_dir);
+        daemon.load_initial()?;
+        Ok(daemon)
+    }
+
+    /// A daemon that has not loaded its plugins yet: it can serve HTTP at once (health says
+    /// `loading`, steps wait) while [`Daemon::load_initial`] runs, on another thread.
+    pub fn loading(
+        store: Arc<dyn SessionStore>,
+        engine: Arc<dyn Engine>,
+        config: Config,
+        plugin_dir: &Path,
+    ) -> Daemon {
+        Daemon {
             engine,
             sessions: SessionCache::new(config.session_cache_bytes()),
             config: RwLock::new(Arc::new(config)),
@@ -145,9 +174,46 @@ impl Daemon {
             locks: SessionLocks::default(),
             events: RegistryEvents::default(),
             metrics: Metrics::default(),
-        };
-        daemon.reload()?;
-        Ok(daemon)
+            readiness: Mutex::new(Readiness::Loading {
+                loaded: 0,
+                total: 0,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Loads every plugin file, in file-name order, then marks the daemon ready (also when
+    /// the folder cannot be read: the error is returned, and the daemon serves what it has).
+    pub fn load_initial(&self) -> Result<Vec<RegistryEvent>> {
+        let result = self.reload();
+        *self.readiness.lock().unwrap_or_else(|p| p.into_inner()) = Readiness::Ok;
+        self.ready.notify_all();
+        result
+    }
+
+    /// Whether the first load has finished, and how far it is.
+    pub fn readiness(&self) -> Readiness {
+        *self.readiness.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn progress(&self, loaded: usize, total: usize) {
+        let mut readiness = self.readiness.lock().unwrap_or_else(|p| p.into_inner());
+        if let Readiness::Loading { .. } = *readiness {
+            *readiness = Readiness::Loading { loaded, total };
+        }
+    }
+
+    /// Waits up to `bound` for the first load to finish.
+    fn wait_ready(&self, bound: Duration) -> Result<()> {
+        let readiness = self.readiness.lock().unwrap_or_else(|p| p.into_inner());
+        let (readiness, _) = self
+            .ready
+            .wait_timeout_while(readiness, bound, |r| *r != Readiness::Ok)
+            .unwrap_or_else(|p| p.into_inner());
+        match *readiness {
+            Readiness::Ok => Ok(()),
+            Readiness::Loading { loaded, total } => Err(DaemonError::Loading { loaded, total }),
+        }
     }
 
     pub fn config(&self) -> Arc<Config> {
@@ -216,9 +282,11 @@ impl Daemon {
     pub fn reload(&self) -> Result<Vec<RegistryEvent>> {
         let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let files = plugin_dir::plugin_files(&self.plugin_dir)?;
+        let total = files.len();
         let mut applied = Vec::new();
         let mut present = HashSet::new();
-        for path in files {
+        for (done, path) in files.into_iter().enumerate() {
+            self.progress(done, total);
             let file = match plugin_dir::read(&path) {
                 Ok(file) => file,
                 Err(error) => {
@@ -509,6 +577,7 @@ impl Daemon {
     }
 
     fn step_inner(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
+        self.wait_ready(STEP_WAITS_FOR_LOADING)?;
         let _held = self.locks.hold(id);
         let mut cached = self.session(id)?;
         let agent = cached.agent.clone();
