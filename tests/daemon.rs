@@ -884,7 +884,7 @@ fn assemble_and_a_first_step_give_the_same_neutral_request() {
 /// The daemon listens before it loads its plugins: a plugin whose declare loops until its
 /// deadline delays neither listening nor health; a step waits for the first registry.
 #[test]
-fn it_listens_first_and_loads_in_the_background() {
+fn h5_it_listens_first_and_loads_in_the_background() {
     let folder = bundled().scripted("slow");
     let config = folder
         .config("[plugins.slow]\ntimeout_ms = 3000\nconfig = { loop_in_declare = \"true\" }\n");

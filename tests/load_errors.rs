@@ -292,7 +292,7 @@ fn two_concurrent_calls(instances: u32) -> Vec<String> {
 }
 
 #[test]
-fn concurrent_calls_into_one_plugin_are_served_by_different_instances() {
+fn l6_concurrent_calls_into_one_plugin_are_served_by_different_instances() {
     assert_eq!(
         two_concurrent_calls(2),
         [

@@ -113,7 +113,7 @@ fn conversation(d: &Daemon, format: Format) -> Vec<String> {
 }
 
 #[test]
-fn q4_bodies_spliced_from_the_session_cache_are_the_rebuilt_bytes_in_every_format() {
+fn q4_q10_bodies_spliced_from_the_session_cache_are_the_rebuilt_bytes_in_every_format() {
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "persona", "persona-v1");
     put(dir.path(), "tools", "tools");
@@ -128,7 +128,7 @@ fn q4_bodies_spliced_from_the_session_cache_are_the_rebuilt_bytes_in_every_forma
 }
 
 #[test]
-fn an_evicted_session_is_rebuilt_from_the_log_identically() {
+fn q10_an_evicted_session_is_rebuilt_from_the_log_identically() {
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "tools", "tools");
     let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
@@ -171,7 +171,7 @@ fn an_evicted_session_is_rebuilt_from_the_log_identically() {
 }
 
 #[test]
-fn q7_a_second_writer_is_detected_and_the_stale_state_dropped() {
+fn q10_a_second_writer_is_detected_and_the_stale_state_dropped() {
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "persona", "persona-v1");
     let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());

@@ -481,7 +481,7 @@ mod tests {
     }
 
     #[test]
-    fn q7_a_failed_commit_acknowledges_nothing_of_its_batch() {
+    fn q11_a_failed_commit_acknowledges_nothing_of_its_batch() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let store = SqliteStore::open(&path).unwrap();
@@ -498,7 +498,7 @@ mod tests {
     }
 
     #[test]
-    fn q7_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itself() {
+    fn q11_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itself() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let store = Arc::new(SqliteStore::open(&path).unwrap());
