@@ -76,13 +76,38 @@ pub struct Omission {
 
 /// Assembles the request parts for `step.agent`, whose scope chain is `step.scope_chain`
 /// (farthest first, starting with `global`).
+///
+/// An assembly that called no plugin depends only on the registry snapshot, the chain and the
+/// options, not on the step: it is remembered on the snapshot and served from there next time,
+/// so fully static plugins cost no assembly work per step.
 pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<Assembly> {
+    let key = (
+        step.scope_chain.clone(),
+        options.tool_order.clone(),
+        options.suppress_runtime_context,
+    );
+    if let Some(assembly) = registry.memo.get(&key) {
+        return Ok(assembly);
+    }
+    assemble_fresh(registry, step, options, key)
+}
+
+fn assemble_fresh(
+    registry: &Registry,
+    step: &Step,
+    options: &Options,
+    key: crate::registry::MemoKey,
+) -> Result<Assembly> {
     let mut calls = Calls::default();
     let mut excluded = BTreeSet::new();
     let mut omitted = Vec::new();
     loop {
         match attempt(registry, step, options, &excluded, &mut calls) {
             Ok(mut assembly) => {
+                if calls.is_empty() {
+                    // No call, so no omission either: a function of the key alone.
+                    registry.memo.put(key, &assembly);
+                }
                 assembly.omitted = omitted;
                 return Ok(assembly);
             }
@@ -380,6 +405,11 @@ struct Calls {
 }
 
 impl Calls {
+    /// Whether no plugin was called.
+    fn is_empty(&self) -> bool {
+        self.texts.is_empty() && self.values.is_empty() && self.tools.is_empty()
+    }
+
     fn text(
         &mut self,
         entry: &PluginEntry,

@@ -952,3 +952,65 @@ proptest! {
         prop_assert_eq!(assembled_bytes(&permuted, tool_order), reference);
     }
 }
+
+// ---- static assemblies are remembered per snapshot ------------------------------------------
+
+#[test]
+fn a2_a_static_assembly_is_remembered_but_dynamic_parts_are_still_called_each_step() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .section("s", 0, "static {{v}}")
+            .variable("v", "x"),
+    )]);
+    let first = run(&reg).unwrap();
+    let mut other = default_step();
+    other.step_number = 9;
+    other.facts.insert("k".into(), "v".into());
+    assert_eq!(assemble(&reg, &other, &Options::default()).unwrap(), first);
+    assert_eq!(first.system, "static x");
+
+    let (calls, c) = counter();
+    let reg = registry(vec![(
+        "d",
+        NativePlugin::new().dynamic_section("s", 0, move |step| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(format!("step {}", step.step_number))
+        }),
+    )]);
+    for n in 1..=3 {
+        let mut step = default_step();
+        step.step_number = n;
+        let a = assemble(&reg, &step, &Options::default()).unwrap();
+        assert_eq!(a.system, format!("step {n}"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn r4_a_changed_registry_never_sees_the_old_snapshots_remembered_assembly() {
+    let v1 = registry(vec![("p", NativePlugin::new().section("s", 0, "v1"))]);
+    assert_eq!(run(&v1).unwrap().system, "v1");
+    let v2 = v1
+        .with_replaced(entry("p", NativePlugin::new().section("s", 0, "v2")).unwrap())
+        .unwrap();
+    assert_eq!(run(&v2).unwrap().system, "v2");
+    assert_eq!(run(&v1.without("p").unwrap()).unwrap().system, "");
+    assert_eq!(run(&v1).unwrap().system, "v1");
+    // Other chains and options are other keys.
+    let coder = step_for("coder", &["global", "coder"]);
+    let scoped = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .section("s", 0, "global")
+            .section("s", 0, "coder")
+            .scoped(Scope::agent("coder")),
+    )]);
+    assert_eq!(run(&scoped).unwrap().system, "global");
+    assert_eq!(
+        assemble(&scoped, &coder, &Options::default())
+            .unwrap()
+            .system,
+        "coder"
+    );
+}

@@ -113,9 +113,49 @@ impl PluginEntry {
 }
 
 /// An immutable set of loaded plugins, keyed by id.
-#[derive(Clone, Default, Debug)]
+#[derive(Default, Debug)]
 pub struct Registry {
     plugins: BTreeMap<String, Arc<PluginEntry>>,
+    /// Assemblies that made no plugin call, so they are a function of this snapshot, the
+    /// chain and the options alone (see [`crate::assembly::assemble`]). Every clone starts
+    /// empty: a changed registry never sees another snapshot's results.
+    pub(crate) memo: Memo,
+}
+
+/// Static assemblies of one registry snapshot, by (chain, options); bounded.
+#[derive(Default, Debug)]
+pub(crate) struct Memo(std::sync::Mutex<BTreeMap<MemoKey, crate::assembly::Assembly>>);
+
+pub(crate) type MemoKey = (Vec<String>, Option<Vec<String>>, bool);
+
+/// Distinct (chain, options) a snapshot remembers before it starts over.
+const MEMO_ENTRIES: usize = 256;
+
+impl Memo {
+    pub(crate) fn get(&self, key: &MemoKey) -> Option<crate::assembly::Assembly> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    pub(crate) fn put(&self, key: MemoKey, assembly: &crate::assembly::Assembly) {
+        let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if memo.len() >= MEMO_ENTRIES {
+            memo.clear(); // agents come from clients: never let their names grow this
+        }
+        memo.insert(key, assembly.clone());
+    }
+}
+
+impl Clone for Registry {
+    fn clone(&self) -> Self {
+        Self {
+            plugins: self.plugins.clone(),
+            memo: Memo::default(),
+        }
+    }
 }
 
 impl Registry {
