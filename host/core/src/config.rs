@@ -175,7 +175,7 @@ impl Config {
         let raw: RawConfig = toml::from_str(text).map_err(|e| Error::ConfigParse {
             path: origin.to_string(),
             message: describe_toml_error(text, &e),
-            source: e,
+            source: Box::new(e),
         })?;
         let config = Config {
             plugin_dir: raw.plugin_dir,

@@ -29,7 +29,7 @@ pub enum Error {
         path: String,
         message: String,
         #[source]
-        source: toml::de::Error,
+        source: Box<toml::de::Error>,
     },
 
     #[error("config: {0}")]
