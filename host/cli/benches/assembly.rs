@@ -17,7 +17,6 @@
 #[allow(dead_code)]
 #[path = "../../../tests/fixtures/bench/src/shape.rs"]
 mod shape;
-#[allow(dead_code)]
 #[path = "support/mod.rs"]
 mod support;
 

@@ -202,6 +202,7 @@ fn measure(
 ) -> Measured {
     let config = plugins.join("promptd.toml");
     let daemon = Daemon::start(bin, plugins, &config, state);
+    daemon.wait_ready();
     let secs: f64 = env_or("LOAD_SECS", 10.0);
     let warmup: f64 = env_or("LOAD_WARMUP_SECS", 1.0);
     let warm_threads = match scenario {

@@ -119,6 +119,7 @@ fn main() {
                 &config,
                 &work.path().join(format!("state-{}", bin.label)),
             );
+            daemon.wait_ready();
             let client = Client::new(&daemon.url);
             let session = client.session("coder");
             let rss_start = daemon.rss_kib();

@@ -287,6 +287,22 @@ impl Daemon {
         rss_kib(self.pid)
     }
 
+    /// Waits (up to 120 s) until `GET /v1/health` says `"status": "ok"`: a daemon that
+    /// listens first loads its plugins in the background, and the first step would wait.
+    pub fn wait_ready(&self) {
+        let client = Client::new(&self.url);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, text) = client.get("/v1/health");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            if status == 200 && v["status"] == "ok" {
+                return;
+            }
+            assert!(Instant::now() < deadline, "not ready after 120 s: {text}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// `promptd_compile_cache_total` from /metrics: (hits, misses).
     pub fn cache_counts(&self) -> (u64, u64) {
         let (_, text) = Client::new(&self.url).get("/metrics");
@@ -409,7 +425,9 @@ pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
 /// A duration in the unit that reads best.
 pub fn fmt_duration(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;
-    if us < 1_000.0 {
+    if us < 100.0 {
+        format!("{us:.1} µs")
+    } else if us < 1_000.0 {
         format!("{us:.0} µs")
     } else if us < 10_000_000.0 {
         format!("{:.2} ms", us / 1e3)
