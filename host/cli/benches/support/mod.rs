@@ -440,12 +440,16 @@ pub fn fmt_mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
-/// `current / baseline` as `x1.23`, or `-` when undefined.
+/// `current / baseline` as `x1.23` (`x3.4e-3` below 0.1), or `-` when undefined.
 pub fn ratio(current: f64, baseline: f64) -> String {
-    if baseline > 0.0 && current.is_finite() {
-        format!("x{:.2}", current / baseline)
+    if !(baseline > 0.0 && current.is_finite()) {
+        return "-".into();
+    }
+    let r = current / baseline;
+    if r >= 0.1 {
+        format!("x{r:.2}")
     } else {
-        "-".into()
+        format!("x{r:.1e}")
     }
 }
 
