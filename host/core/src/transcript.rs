@@ -6,7 +6,7 @@
 //! [`Transcript::render`] gives exactly the bytes of `render(request, format).to_string()`; the
 //! tests check it on every shape of conversation.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::conversation::{Header, Message};
 use crate::formats::{self, Format};
@@ -53,76 +53,77 @@ impl Transcript {
     }
 
     /// The request body for `header` and every message pushed so far, in `format`: the bytes of
-    /// [`formats::render`]`(…).to_string()`.
+    /// [`formats::render`]`(…).to_string()`, written in one pass into one buffer.
     pub fn render(&self, header: &Header, format: Format) -> String {
         let head = formats::head(header, format);
-        let mut messages = String::with_capacity(self.bytes / 2 + 64);
-        messages.push('[');
+        let mut out = String::with_capacity(self.bytes / 2 + 1024);
+        out.push('{');
+        let mut placed = false;
         let mut first = true;
-        let mut item = |text: &str, out: &mut String| {
-            if !first {
+        for (key, value) in &head {
+            if !placed && key.as_str() > "messages" {
+                self.messages(header, format, &mut out, &mut first);
+                placed = true;
+            }
+            entry(&mut out, &mut first, key);
+            out.push_str(&value.to_string());
+        }
+        if !placed {
+            self.messages(header, format, &mut out, &mut first);
+        }
+        out.push('}');
+        out
+    }
+
+    /// Writes `"messages":[…]` (with its leading comma when needed).
+    fn messages(&self, header: &Header, format: Format, out: &mut String, first: &mut bool) {
+        entry(out, first, "messages");
+        out.push('[');
+        let mut items = self.items(header, format).peekable();
+        while let Some(item) = items.next() {
+            out.push_str(&item);
+            if items.peek().is_some() {
                 out.push(',');
             }
-            first = false;
-            out.push_str(text);
-        };
-        match format {
-            Format::Neutral => {
-                for m in &self.neutral {
-                    item(m, &mut messages);
-                }
-            }
-            Format::Openai => {
-                if let Some(system) = formats::system_message(header) {
-                    item(&system.to_string(), &mut messages);
-                }
-                for m in &self.openai {
-                    item(m, &mut messages);
-                }
-            }
-            Format::Anthropic => {
-                for m in &self.anthropic {
-                    item(m, &mut messages);
-                }
-                if let Some((role, blocks)) = &self.open_turn {
-                    let open = formats::anthropic_turn(role, blocks.clone()).to_string();
-                    item(&open, &mut messages);
-                }
-            }
         }
-        messages.push(']');
-        splice(&head, &messages)
+        out.push(']');
+    }
+
+    /// The messages' fragments in `format`, in order.
+    fn items<'a>(
+        &'a self,
+        header: &Header,
+        format: Format,
+    ) -> Box<dyn Iterator<Item = std::borrow::Cow<'a, str>> + 'a> {
+        use std::borrow::Cow;
+        match format {
+            Format::Neutral => Box::new(self.neutral.iter().map(|m| Cow::Borrowed(m.as_str()))),
+            Format::Openai => Box::new(
+                formats::system_message(header)
+                    .map(|s| Cow::Owned(s.to_string()))
+                    .into_iter()
+                    .chain(self.openai.iter().map(|m| Cow::Borrowed(m.as_str()))),
+            ),
+            Format::Anthropic => Box::new(
+                self.anthropic
+                    .iter()
+                    .map(|m| Cow::Borrowed(m.as_str()))
+                    .chain(self.open_turn.iter().map(|(role, blocks)| {
+                        Cow::Owned(formats::anthropic_turn(role, blocks.clone()).to_string())
+                    })),
+            ),
+        }
     }
 }
 
-/// `head` as compact JSON with `"messages": MESSAGES` inserted at its sorted place, as
-/// serde_json writes a map (keys in byte order, no spaces).
-fn splice(head: &Map<String, Value>, messages: &str) -> String {
-    let mut out = String::with_capacity(messages.len() + 512);
-    out.push('{');
-    let mut placed = false;
-    let mut first = true;
-    let mut entry = |key: &str, value: &str, out: &mut String| {
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(&Value::String(key.to_string()).to_string());
-        out.push(':');
-        out.push_str(value);
-    };
-    for (key, value) in head {
-        if !placed && key.as_str() > "messages" {
-            entry("messages", messages, &mut out);
-            placed = true;
-        }
-        entry(key, &value.to_string(), &mut out);
+/// Writes `"key":` after a comma unless it is the object's first entry.
+fn entry(out: &mut String, first: &mut bool, key: &str) {
+    if !*first {
+        out.push(',');
     }
-    if !placed {
-        entry("messages", messages, &mut out);
-    }
-    out.push('}');
-    out
+    *first = false;
+    out.push_str(&Value::String(key.to_string()).to_string());
+    out.push(':');
 }
 
 #[cfg(test)]
@@ -130,7 +131,7 @@ mod tests {
     use super::*;
     use crate::conversation::{FrozenRequest, ToolCall, ToolSpec};
     use proptest::prelude::*;
-    use serde_json::json;
+    use serde_json::{json, Map};
 
     fn message() -> impl Strategy<Value = Message> {
         let text = prop_oneof![Just(String::new()), "[a-z\"\\\\é{}<>]{0,6}"];
