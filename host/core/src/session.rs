@@ -228,6 +228,13 @@ impl SessionState {
     /// The request of the last step in `format`: the last header and every message, the same
     /// bytes as [`rebuild`] of that step rendered by [`crate::formats::render`].
     pub fn render(&self, format: crate::formats::Format) -> Result<String> {
+        let mut out = String::new();
+        self.render_into(format, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`SessionState::render`], appended to `out`.
+    pub fn render_into(&self, format: crate::formats::Format, out: &mut String) -> Result<()> {
         let (header, _) = self.header.as_ref().ok_or_else(|| {
             Error::Store(StoreError::Corrupt {
                 session: self.session.clone(),
@@ -235,7 +242,8 @@ impl SessionState {
                 problem: "no request header recorded yet".into(),
             })
         })?;
-        Ok(self.transcript.render(header, format))
+        self.transcript.render_into(header, format, out);
+        Ok(())
     }
 
     /// Checks a message a client wants to record: a tool result must answer a call made in

@@ -55,24 +55,32 @@ impl Transcript {
     /// The request body for `header` and every message pushed so far, in `format`: the bytes of
     /// [`formats::render`]`(…).to_string()`, written in one pass into one buffer.
     pub fn render(&self, header: &Header, format: Format) -> String {
-        let head = formats::head(header, format);
         let mut out = String::with_capacity(self.bytes / 2 + 1024);
+        self.render_into(header, format, &mut out);
+        out
+    }
+
+    /// [`Transcript::render`], appended to `out` (so a caller can put the body inside an
+    /// envelope without copying it).
+    pub fn render_into(&self, header: &Header, format: Format, out: &mut String) {
+        let head = formats::head(header, format);
+        let out = &mut *out;
+        out.reserve(self.bytes / 2 + 1024);
         out.push('{');
         let mut placed = false;
         let mut first = true;
         for (key, value) in &head {
             if !placed && key.as_str() > "messages" {
-                self.messages(header, format, &mut out, &mut first);
+                self.messages(header, format, out, &mut first);
                 placed = true;
             }
-            entry(&mut out, &mut first, key);
+            entry(out, &mut first, key);
             out.push_str(&value.to_string());
         }
         if !placed {
-            self.messages(header, format, &mut out, &mut first);
+            self.messages(header, format, out, &mut first);
         }
         out.push('}');
-        out
     }
 
     /// Writes `"messages":[…]` (with its leading comma when needed).

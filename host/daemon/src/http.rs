@@ -354,27 +354,17 @@ async fn step(
     };
     let format = req.format;
     // Assembly, the append and rendering all run on the blocking pool.
-    let (n, request) = blocking(move || daemon.step(&id, &input, format)).await?;
-    // Built by hand so the `request` bytes are exactly what GET …/request returns (Q4). The
-    // body (megabytes in a long session) is sent as it is, between its envelope's two
-    // pieces, not copied into a new string.
-    let suffix = format!(",\"step\":{n}}}");
-    let length = "{\"request\":".len() + request.len() + suffix.len();
-    let chunks: [Result<Bytes, Infallible>; 3] = [
-        Ok(Bytes::from_static(b"{\"request\":")),
-        Ok(Bytes::from(request)),
-        Ok(Bytes::from(suffix)),
-    ];
-    let body = axum::body::Body::from_stream(stream::iter(chunks));
-    Ok((
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, "application/json".to_string()),
-            (header::CONTENT_LENGTH, length.to_string()),
-        ],
-        body,
-    )
-        .into_response())
+    // Built by hand, the body between its envelope's two pieces in one buffer, so the
+    // `request` bytes are exactly what GET …/request returns (Q4) and the body (megabytes in
+    // a long session) is written once, not copied.
+    let response = blocking(move || {
+        let mut out = String::from("{\"request\":");
+        let n = daemon.step_into(&id, &input, format, &mut out)?;
+        out.push_str(&format!(",\"step\":{n}}}"));
+        Ok(out)
+    })
+    .await?;
+    Ok(json_bytes(StatusCode::OK, response))
 }
 
 async fn record_message(

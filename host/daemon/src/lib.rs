@@ -501,8 +501,22 @@ impl Daemon {
     /// step number and the request body in `format` — the bytes a rebuild of the step from the
     /// log renders (Q4), spliced from the session's cached fragments.
     pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
+        let mut body = String::new();
+        let n = self.step_into(id, input, format, &mut body)?;
+        Ok((n, body))
+    }
+
+    /// [`Daemon::step`], with the body appended to `out` (the HTTP layer writes its envelope
+    /// around it in the same buffer).
+    pub fn step_into(
+        &self,
+        id: &str,
+        input: &StepInput,
+        format: Format,
+        out: &mut String,
+    ) -> Result<u64> {
         let started = Instant::now();
-        let result = self.step_inner(id, input, format);
+        let result = self.step_inner(id, input, format, out);
         let error = match &result {
             Err(DaemonError::Core(e)) => Some(e),
             _ => None,
@@ -576,7 +590,13 @@ impl Daemon {
         self.reload()
     }
 
-    fn step_inner(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
+    fn step_inner(
+        &self,
+        id: &str,
+        input: &StepInput,
+        format: Format,
+        out: &mut String,
+    ) -> Result<u64> {
         self.wait_ready(STEP_WAITS_FOR_LOADING)?;
         let _held = self.locks.hold(id);
         let mut cached = self.session(id)?;
@@ -616,9 +636,10 @@ impl Daemon {
             }
         };
         self.append(id, &mut cached, &plan.events)?;
-        let body = cached.state.render(format)?;
+        let rendered = cached.state.render_into(format, out);
         self.keep(id, cached);
-        Ok((plan.step, body))
+        rendered?;
+        Ok(plan.step)
     }
 
     /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
