@@ -8,6 +8,7 @@
 //! order, registration order or hash seeds (A1).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::interpolate::{interpolate, Resolved};
@@ -79,8 +80,9 @@ pub struct Omission {
 ///
 /// An assembly that called no plugin depends only on the registry snapshot, the chain and the
 /// options, not on the step: it is remembered on the snapshot and served from there next time,
-/// so fully static plugins cost no assembly work per step.
-pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<Assembly> {
+/// so fully static plugins cost no assembly work per step. The result is shared (`Arc`) for
+/// the same reason: a remembered assembly is handed out, not copied.
+pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<Arc<Assembly>> {
     let key = (
         step.scope_chain.clone(),
         options.tool_order.clone(),
@@ -97,18 +99,19 @@ fn assemble_fresh(
     step: &Step,
     options: &Options,
     key: crate::registry::MemoKey,
-) -> Result<Assembly> {
+) -> Result<Arc<Assembly>> {
     let mut calls = Calls::default();
     let mut excluded = BTreeSet::new();
     let mut omitted = Vec::new();
     loop {
         match attempt(registry, step, options, &excluded, &mut calls) {
             Ok(mut assembly) => {
+                assembly.omitted = omitted;
+                let assembly = Arc::new(assembly);
                 if calls.is_empty() {
                     // No call, so no omission either: a function of the key alone.
                     registry.memo.put(key, &assembly);
                 }
-                assembly.omitted = omitted;
                 return Ok(assembly);
             }
             Err(err) => {

@@ -44,7 +44,7 @@ fn default_step() -> Step {
     step_for("default", &["global", "default"])
 }
 
-fn run(reg: &Registry) -> crate::Result<Assembly> {
+fn run(reg: &Registry) -> crate::Result<std::sync::Arc<Assembly>> {
     assemble(reg, &default_step(), &Options::default())
 }
 
@@ -512,7 +512,7 @@ fn a4_contexts_merge_and_sort_like_sections() {
     ]);
     let a = run(&reg).unwrap();
     assert_eq!(
-        a.runtime_context.unwrap(),
+        a.runtime_context.as_deref().unwrap(),
         format!("{RUNTIME_CONTEXT_HEADER}\n\nZ\n\nA2\n\nB")
     );
 }
@@ -594,7 +594,9 @@ fn a6_tool_order_is_byte_order() {
 fn a6_parameters_are_deep_copies_of_the_declared_schema() {
     let schema = r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#;
     let reg = registry(vec![("p", NativePlugin::new().tool("read", "d", schema))]);
-    let mut first = run(&reg).unwrap();
+    // Assemblies are shared (`Arc`), so no caller can change one in place; a caller's own
+    // copy is independent of the declaration and of the next assembly.
+    let mut first = Assembly::clone(&run(&reg).unwrap());
     let expected: serde_json::Value = serde_json::from_str(schema).unwrap();
     assert_eq!(first.tools[0].parameters, expected);
     first.tools[0].parameters["type"] = "mutated".into();

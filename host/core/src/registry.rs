@@ -124,7 +124,7 @@ pub struct Registry {
 
 /// Static assemblies of one registry snapshot, by (chain, options); bounded.
 #[derive(Default, Debug)]
-pub(crate) struct Memo(std::sync::Mutex<BTreeMap<MemoKey, crate::assembly::Assembly>>);
+pub(crate) struct Memo(std::sync::Mutex<BTreeMap<MemoKey, Arc<crate::assembly::Assembly>>>);
 
 pub(crate) type MemoKey = (Vec<String>, Option<Vec<String>>, bool);
 
@@ -132,7 +132,7 @@ pub(crate) type MemoKey = (Vec<String>, Option<Vec<String>>, bool);
 const MEMO_ENTRIES: usize = 256;
 
 impl Memo {
-    pub(crate) fn get(&self, key: &MemoKey) -> Option<crate::assembly::Assembly> {
+    pub(crate) fn get(&self, key: &MemoKey) -> Option<Arc<crate::assembly::Assembly>> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -140,7 +140,7 @@ impl Memo {
             .cloned()
     }
 
-    pub(crate) fn put(&self, key: MemoKey, assembly: &crate::assembly::Assembly) {
+    pub(crate) fn put(&self, key: MemoKey, assembly: &Arc<crate::assembly::Assembly>) {
         let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if memo.len() >= MEMO_ENTRIES {
             memo.clear(); // agents come from clients: never let their names grow this
