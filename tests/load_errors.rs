@@ -216,19 +216,23 @@ fn a9_an_optional_plugin_that_traps_is_left_out_and_reported() {
     );
 }
 
+/// Loads every plugin in `folder` with `config` through the library, as the daemon does. The
+/// engine is returned too: dropping it stops its epoch ticker, and with it call deadlines.
+fn load_folder(folder: &Folder, config: &std::path::Path) -> (WasmEngine, load::LoadedSet) {
+    let config = plugin_dir::read_config(config).unwrap();
+    let files = plugin_dir::read_all(folder.path()).unwrap();
+    let engine = WasmEngine::new().unwrap();
+    let loaded = load::load_all(&engine, files, &config);
+    (engine, loaded)
+}
+
 #[test]
 fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
     let folder = Folder::new().scripted("dyn");
     let config = folder.config(
         "[plugins.dyn]\nconfig = { \"dynamic_section.hello\" = \"0|hello $agent\", \"trap_section.bad\" = \"1\" }\n",
     );
-    let runtime = WasmEngine::new().unwrap();
-    let config = plugin_dir::read_config(&config).unwrap();
-    let loaded = load::load_all(
-        &runtime,
-        plugin_dir::read_all(folder.path()).unwrap(),
-        &config,
-    );
+    let (_engine, loaded) = load_folder(&folder, &config);
     let entry = loaded.registry.get("dyn").unwrap();
     let step = promptd_core::model::Step {
         agent: "coder".into(),
@@ -258,13 +262,7 @@ fn two_concurrent_calls(instances: u32) -> Vec<String> {
     let config = folder.config(&format!(
         "[plugins.busy]\ninstances = {instances}\nconfig = {{ \"busy_section.busy\" = \"0|400\" }}\n"
     ));
-    let runtime = WasmEngine::new().unwrap();
-    let config = plugin_dir::read_config(&config).unwrap();
-    let loaded = load::load_all(
-        &runtime,
-        plugin_dir::read_all(folder.path()).unwrap(),
-        &config,
-    );
+    let (_engine, loaded) = load_folder(&folder, &config);
     let provider = loaded.registry.get("busy").unwrap().provider.clone();
     let start = std::sync::Arc::new(std::sync::Barrier::new(2));
     let calls: Vec<_> = (0..2)

@@ -146,6 +146,8 @@ pub struct SessionState {
     header: Option<(Header, Option<String>)>,
     snapshot: SnapshotState,
     tool_calls: BTreeSet<String>,
+    /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
+    tool_call_bytes: usize,
     transcript: Transcript,
 }
 
@@ -159,6 +161,7 @@ impl SessionState {
             header: None,
             snapshot: SnapshotState::Never,
             tool_calls: BTreeSet::new(),
+            tool_call_bytes: 0,
             transcript: Transcript::new(),
         }
     }
@@ -201,8 +204,11 @@ impl SessionState {
             }
             if let Some(message) = message_of(&session, event)? {
                 if let Message::Assistant { tool_calls, .. } = &message {
-                    self.tool_calls
-                        .extend(tool_calls.iter().map(|c| c.id.clone()));
+                    for call in tool_calls {
+                        if self.tool_calls.insert(call.id.clone()) {
+                            self.tool_call_bytes += call.id.len() + 32;
+                        }
+                    }
                 }
                 self.transcript.push(&message);
             }
@@ -222,7 +228,7 @@ impl SessionState {
 
     /// Roughly how much memory the state holds, in bytes.
     pub fn bytes(&self) -> usize {
-        self.transcript.bytes() + self.tool_calls.iter().map(|c| c.len() + 32).sum::<usize>()
+        self.transcript.bytes() + self.tool_call_bytes
     }
 
     /// The request of the last step in `format`: the last header and every message, the same
@@ -346,17 +352,6 @@ pub fn step_count(events: &[Event]) -> u64 {
     events.iter().filter(|e| e.kind == EventKind::Step).count() as u64
 }
 
-/// Every tool call id an assistant message in the log made.
-pub fn tool_call_ids(session: &str, events: &[Event]) -> Result<BTreeSet<String>> {
-    let mut ids = BTreeSet::new();
-    for message in messages(session, events)? {
-        if let Message::Assistant { tool_calls, .. } = message {
-            ids.extend(tool_calls.into_iter().map(|c| c.id));
-        }
-    }
-    Ok(ids)
-}
-
 /// Checks a message a client wants to record against the whole log (see
 /// [`SessionState::check_message`]; `earlier` are messages earlier in the same request).
 pub fn check_message(
@@ -438,19 +433,6 @@ pub fn rebuild(session: &str, events: &[Event], n: u64) -> Result<FrozenRequest>
         header,
         messages: messages(session, upto)?,
     })
-}
-
-/// Appends `events` (not yet stored) to a copy of `log`, numbering them as the store will.
-pub fn with_appended(log: &[Event], events: &[NewEvent]) -> Vec<Event> {
-    let mut all = log.to_vec();
-    let next = log.len() as u64 + 1;
-    all.extend(
-        events
-            .iter()
-            .enumerate()
-            .map(|(i, e)| e.recorded(next + i as u64, 0)),
-    );
-    all
 }
 
 #[cfg(test)]

@@ -282,6 +282,11 @@ fn q9_a_body_version_this_binary_does_not_know_is_refused() {
     let err = rebuild(&id, &events, 1).unwrap_err();
     assert_eq!(err.code(), "store_corrupt");
     assert!(err.to_string().contains("body version 2"), "{err}");
-    let err = tool_call_ids(&id, &events).unwrap_err();
+    let result = Message::Tool {
+        tool_call_id: "c1".into(),
+        content: "ok".into(),
+        is_error: false,
+    };
+    let err = check_message(&id, &events, &[], &result).unwrap_err();
     assert_eq!(err.code(), "store_corrupt");
 }
