@@ -53,7 +53,22 @@ impl Drop for WasmEngine {
 
 impl WasmEngine {
     pub fn new() -> Result<Self, EngineError> {
+        Self::with_config(wasmtime::Config::new())
+    }
+
+    /// The same engine on wasmtime's pooling instance allocator, for the `instances` bench
+    /// (BENCHMARKS.md): it was measured and not kept, because promptd instantiates only at load
+    /// and after a trap, never per step.
+    #[cfg(feature = "pooling")]
+    pub fn with_pooling_allocator() -> Result<Self, EngineError> {
+        let mut pooling = wasmtime::PoolingAllocationConfig::default();
+        pooling.max_memory_size(1 << 30);
         let mut config = wasmtime::Config::new();
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
+        Self::with_config(config)
+    }
+
+    fn with_config(mut config: wasmtime::Config) -> Result<Self, EngineError> {
         config.wasm_component_model(true).epoch_interruption(true);
         let engine = Engine::new(&config).map_err(EngineError::Init)?;
         let mut linker = Linker::new(&engine);
