@@ -69,6 +69,9 @@ fn q5_ten_thousand_tool_results_are_checked_in_linear_time() {
         &json!({"messages": [{"role": "tool", "tool_call_id": "call_x", "content": "?"}]})
             .to_string(),
     );
-    assert_eq!(status, 400, "{body}");
-    assert!(body.contains("call_x"), "{body}");
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("unknown_tool_call") && body.contains("call_x"),
+        "{body}"
+    );
 }

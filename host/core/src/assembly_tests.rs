@@ -254,6 +254,7 @@ fn r2_scope_override_is_applied_before_conflicts() {
     let options = PluginOptions {
         scope_override: Some(Scope::agent("coder")),
         optional: false,
+        ..PluginOptions::default()
     };
     let reg = reg
         .with_plugin(PluginEntry::new("b", decl, provider, options).unwrap())

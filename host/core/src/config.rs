@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::model::Scope;
 use crate::names::{is_item_name, UNLISTED_TOOLS};
 use crate::registry::PluginOptions;
-use crate::sandbox::{self, Sandbox};
+use crate::sandbox::{self, DeclarationLimits, Sandbox};
 
 /// Default budget of the daemon's session cache, in MiB.
 pub const DEFAULT_SESSION_CACHE_MB: u64 = 256;
@@ -68,6 +68,47 @@ pub struct LimitsConfig {
     /// Memory for sessions kept in memory between steps, in MiB (default 256; 0 = none: every
     /// step reads its session's log).
     pub session_cache_mb: Option<u64>,
+    /// Most sections one plugin may declare (default 1000).
+    pub max_sections: Option<u64>,
+    /// Most contexts one plugin may declare (default 1000).
+    pub max_contexts: Option<u64>,
+    /// Most variables one plugin may declare (default 1000).
+    pub max_variables: Option<u64>,
+    /// Most tools one plugin may declare (default 256).
+    pub max_tools: Option<u64>,
+    /// Longest section, context or variable name or scope key, in bytes (default 128).
+    pub max_name_bytes: Option<u64>,
+    /// Everything one plugin declares together, in KiB (default 4096).
+    pub max_declared_kb: Option<u64>,
+}
+
+/// The declaration limits' keys and values, in [`PluginConfig::declaration_keys`]'s order.
+type DeclarationKeys = [(&'static str, Option<u64>); 6];
+
+impl LimitsConfig {
+    fn declaration_keys(&self) -> DeclarationKeys {
+        [
+            ("max_sections", self.max_sections),
+            ("max_contexts", self.max_contexts),
+            ("max_variables", self.max_variables),
+            ("max_tools", self.max_tools),
+            ("max_name_bytes", self.max_name_bytes),
+            ("max_declared_kb", self.max_declared_kb),
+        ]
+    }
+}
+
+impl PluginConfig {
+    fn declaration_keys(&self) -> DeclarationKeys {
+        [
+            ("max_sections", self.max_sections),
+            ("max_contexts", self.max_contexts),
+            ("max_variables", self.max_variables),
+            ("max_tools", self.max_tools),
+            ("max_name_bytes", self.max_name_bytes),
+            ("max_declared_kb", self.max_declared_kb),
+        ]
+    }
 }
 
 /// One `[agents.NAME]` table.
@@ -109,6 +150,13 @@ pub struct PluginConfig {
     pub max_output_kb: Option<u64>,
     /// Overrides `[limits] instances` for this plugin.
     pub instances: Option<u64>,
+    /// Override the `[limits]` of the same names for this plugin (L8).
+    pub max_sections: Option<u64>,
+    pub max_contexts: Option<u64>,
+    pub max_variables: Option<u64>,
+    pub max_tools: Option<u64>,
+    pub max_name_bytes: Option<u64>,
+    pub max_declared_kb: Option<u64>,
     /// Read-only directories: host path (relative to the config file) = path the plugin sees.
     #[serde(default)]
     pub dirs: BTreeMap<String, String>,
@@ -221,6 +269,9 @@ impl Config {
         positive("limits.memory_mb", self.limits.memory_mb)?;
         positive("limits.max_output_kb", self.limits.max_output_kb)?;
         positive("limits.instances", self.limits.instances)?;
+        for (key, value) in self.limits.declaration_keys() {
+            positive(&format!("limits.{key}"), value)?;
+        }
         let mut ids = BTreeMap::new();
         for (stem, plugin) in &self.plugins {
             positive(&format!("plugins.{stem}.timeout_ms"), plugin.timeout_ms)?;
@@ -230,6 +281,9 @@ impl Config {
                 plugin.max_output_kb,
             )?;
             positive(&format!("plugins.{stem}.instances"), plugin.instances)?;
+            for (key, value) in plugin.declaration_keys() {
+                positive(&format!("plugins.{stem}.{key}"), value)?;
+            }
             for name in &plugin.env {
                 if name.is_empty() || name.contains('=') {
                     return Err(Error::ConfigInvalid(format!(
@@ -314,9 +368,21 @@ impl Config {
     /// How the registry treats the plugin with file stem `stem`.
     pub fn plugin_options(&self, stem: &str) -> PluginOptions {
         let p = self.plugins.get(stem);
+        let own = p.map(PluginConfig::declaration_keys).unwrap_or_default();
+        let default = self.limits.declaration_keys();
+        let limit =
+            |i: usize, fallback: u64| own[i].1.or(default[i].1).unwrap_or(fallback) as usize;
         PluginOptions {
             scope_override: p.and_then(|p| p.scope.clone()).map(Scope::Agent),
             optional: p.is_some_and(|p| p.optional),
+            limits: DeclarationLimits {
+                max_sections: limit(0, sandbox::DEFAULT_MAX_SECTIONS),
+                max_contexts: limit(1, sandbox::DEFAULT_MAX_CONTEXTS),
+                max_variables: limit(2, sandbox::DEFAULT_MAX_VARIABLES),
+                max_tools: limit(3, sandbox::DEFAULT_MAX_TOOLS),
+                max_name_bytes: limit(4, sandbox::DEFAULT_MAX_NAME_BYTES),
+                max_declared_bytes: limit(5, sandbox::DEFAULT_MAX_DECLARED_KB) << 10,
+            },
         }
     }
 
@@ -464,6 +530,31 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("t: line 2, column 1: unknown field"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn l8_declaration_limits_default_are_overridden_per_plugin_and_checked() {
+        let config = Config::parse(
+            "[limits]\nmax_tools = 10\nmax_declared_kb = 8\n[plugins.big]\nmax_tools = 500\n",
+            "t",
+        )
+        .unwrap();
+        let big = config.plugin_options("big").limits;
+        let other = config.plugin_options("other").limits;
+        assert_eq!((big.max_tools, other.max_tools), (500, 10));
+        assert_eq!(big.max_declared_bytes, 8 << 10);
+        assert_eq!(other.max_sections, sandbox::DEFAULT_MAX_SECTIONS as usize);
+        let err = Config::parse("[limits]\nmax_sections = 0\n", "t").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("limits.max_sections must be greater than 0"),
+            "{err}"
+        );
+        let err = Config::parse("[plugins.x]\nmax_name_bytes = 0\n", "t").unwrap_err();
+        assert!(
+            err.to_string().contains("plugins.x.max_name_bytes"),
             "{err}"
         );
     }

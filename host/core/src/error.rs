@@ -89,6 +89,16 @@ pub enum Error {
         rule: &'static str,
     },
 
+    /// `what` says what was counted ("100000 sections"), `limit` the bound and `key` the
+    /// config key that sets it.
+    #[error("plugin `{plugin}`: {what}, over the limit of {limit} (limits.{key})")]
+    DeclarationLimit {
+        plugin: String,
+        what: String,
+        limit: usize,
+        key: &'static str,
+    },
+
     #[error("plugin `{plugin}`: tool name `{name}` is reserved for tool_order")]
     ReservedToolName { plugin: String, name: String },
 
@@ -222,6 +232,7 @@ impl Error {
             Error::WrongWorld { .. } => "wrong_world",
             Error::DeclareFailed { .. } => "declare_failed",
             Error::InvalidName { .. } => "invalid_name",
+            Error::DeclarationLimit { .. } => "declaration_limit",
             Error::ReservedToolName { .. } => "reserved_tool_name",
             Error::InvalidSchema { .. } => "invalid_schema",
             Error::InvalidScope { .. } => "invalid_scope",

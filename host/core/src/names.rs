@@ -21,12 +21,33 @@ pub fn is_tool_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// At most `max` characters of an untrusted name, for an error message (the full name may be
+/// kilobytes long); control characters are escaped.
+pub fn shortened(name: &str, max: usize) -> String {
+    let mut out: String = name
+        .chars()
+        .take(max)
+        .flat_map(char::escape_debug)
+        .collect();
+    if name.chars().nth(max).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// The tool_order marker that stands for every tool not listed (A7). Never a tool name.
 pub const UNLISTED_TOOLS: &str = "<unlisted-tools>";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shortened_names_are_bounded_and_escaped() {
+        assert_eq!(shortened("abc", 5), "abc");
+        assert_eq!(shortened("abcdef", 3), "abc…");
+        assert_eq!(shortened("a\nb\u{1b}[31m", 10), "a\\nb\\u{1b}[31m");
+    }
 
     #[test]
     fn c5_item_names() {

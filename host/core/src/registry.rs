@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::model::{Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable};
 use crate::provider::Provider;
+use crate::sandbox::DeclarationLimits;
 use crate::validate::{self, ToolSchemas};
 
 /// How the host config treats one plugin.
@@ -18,6 +19,8 @@ pub struct PluginOptions {
     pub scope_override: Option<Scope>,
     /// A failing call leaves the plugin's contributions out instead of failing the assembly (A9).
     pub optional: bool,
+    /// How much the plugin may declare (L8).
+    pub limits: DeclarationLimits,
 }
 
 /// One loaded, validated plugin.
@@ -54,7 +57,7 @@ impl PluginEntry {
         if let Some(scope) = &options.scope_override {
             validate::check_scope(id, scope)?;
         }
-        let schemas = validate::validate(id, &declaration)?;
+        let schemas = validate::validate(id, &declaration, &options.limits)?;
         let entry = Self {
             id: id.to_string(),
             declaration,

@@ -49,3 +49,39 @@ impl Default for Sandbox {
         }
     }
 }
+
+/// How much one plugin may declare (L8), checked at load before anything else, so a hostile
+/// declaration is refused before it costs the registry, every header and every log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeclarationLimits {
+    pub max_sections: usize,
+    pub max_contexts: usize,
+    pub max_variables: usize,
+    pub max_tools: usize,
+    /// Longest section, context or variable name and scope key, in bytes (tool names have
+    /// their own rule, C4).
+    pub max_name_bytes: usize,
+    /// All names, static texts, tool descriptions and parameters together, in bytes.
+    pub max_declared_bytes: usize,
+}
+
+/// Defaults of [`DeclarationLimits`]: `(config key, default)`; the byte budget is in KiB.
+pub const DEFAULT_MAX_SECTIONS: u64 = 1000;
+pub const DEFAULT_MAX_CONTEXTS: u64 = 1000;
+pub const DEFAULT_MAX_VARIABLES: u64 = 1000;
+pub const DEFAULT_MAX_TOOLS: u64 = 256;
+pub const DEFAULT_MAX_NAME_BYTES: u64 = 128;
+pub const DEFAULT_MAX_DECLARED_KB: u64 = 4096;
+
+impl Default for DeclarationLimits {
+    fn default() -> Self {
+        Self {
+            max_sections: DEFAULT_MAX_SECTIONS as usize,
+            max_contexts: DEFAULT_MAX_CONTEXTS as usize,
+            max_variables: DEFAULT_MAX_VARIABLES as usize,
+            max_tools: DEFAULT_MAX_TOOLS as usize,
+            max_name_bytes: DEFAULT_MAX_NAME_BYTES as usize,
+            max_declared_bytes: (DEFAULT_MAX_DECLARED_KB << 10) as usize,
+        }
+    }
+}

@@ -6,13 +6,19 @@ use crate::error::{Error, Result};
 use crate::interpolate;
 use crate::model::{Content, Declaration, Kind, Scope};
 use crate::names::{is_item_name, is_tool_name, is_variable_name, UNLISTED_TOOLS};
+use crate::sandbox::DeclarationLimits;
 
 /// Parsed tool parameters, by (tool name, declared scope).
 pub type ToolSchemas = BTreeMap<(String, Scope), serde_json::Value>;
 
 /// Checks names, scopes, static templates, duplicates and tool schemas; returns each tool's
 /// parsed parameters. The first problem refuses the whole plugin.
-pub fn validate(plugin: &str, decl: &Declaration) -> Result<ToolSchemas> {
+pub fn validate(
+    plugin: &str,
+    decl: &Declaration,
+    limits: &DeclarationLimits,
+) -> Result<ToolSchemas> {
+    check_limits(plugin, decl, limits)?;
     let mut seen: BTreeSet<(Kind, String, Scope)> = BTreeSet::new();
     let mut unique = |kind: Kind, name: &str, scope: &Scope| -> Result<()> {
         check_scope(plugin, scope)?;
@@ -83,6 +89,89 @@ pub fn validate(plugin: &str, decl: &Declaration) -> Result<ToolSchemas> {
     Ok(schemas)
 }
 
+/// L8: counts per kind, name lengths and the declaration's total size, before any other check
+/// (so the cost of refusing is linear in the declaration and bounded by the guest's memory).
+fn check_limits(plugin: &str, decl: &Declaration, limits: &DeclarationLimits) -> Result<()> {
+    let over = |what: String, limit: usize, key: &'static str| Error::DeclarationLimit {
+        plugin: plugin.into(),
+        what,
+        limit,
+        key,
+    };
+    let counts = [
+        (
+            decl.sections.len(),
+            limits.max_sections,
+            "sections",
+            "max_sections",
+        ),
+        (
+            decl.contexts.len(),
+            limits.max_contexts,
+            "contexts",
+            "max_contexts",
+        ),
+        (
+            decl.variables.len(),
+            limits.max_variables,
+            "variables",
+            "max_variables",
+        ),
+        (decl.tools.len(), limits.max_tools, "tools", "max_tools"),
+    ];
+    for (n, limit, kind, key) in counts {
+        if n > limit {
+            return Err(over(format!("declares {n} {kind}"), limit, key));
+        }
+    }
+    let mut names: Vec<(Kind, &str, &Scope)> = Vec::new();
+    let mut total = 0usize;
+    let content = |c: &Content| match c {
+        Content::Static(text) => text.len(),
+        Content::Dynamic => 0,
+    };
+    for s in &decl.sections {
+        names.push((Kind::Section, &s.name, &s.scope));
+        total += content(&s.text);
+    }
+    for c in &decl.contexts {
+        names.push((Kind::Context, &c.name, &c.scope));
+        total += content(&c.text);
+    }
+    for v in &decl.variables {
+        names.push((Kind::Variable, &v.name, &v.scope));
+        total += content(&v.value);
+    }
+    for t in &decl.tools {
+        names.push((Kind::Tool, &t.name, &t.scope));
+        total += t.description.len() + t.parameters.len();
+    }
+    for (kind, name, scope) in names {
+        total += name.len() + scope.key().len();
+        for (what, text) in [("name", name), ("scope key", scope.key())] {
+            if text.len() > limits.max_name_bytes {
+                return Err(over(
+                    format!(
+                        "a {kind} {what} `{}` is {} bytes",
+                        crate::names::shortened(text, 32),
+                        text.len()
+                    ),
+                    limits.max_name_bytes,
+                    "max_name_bytes",
+                ));
+            }
+        }
+    }
+    if total > limits.max_declared_bytes {
+        return Err(over(
+            format!("declares {} KiB in all", total.div_ceil(1024)),
+            limits.max_declared_bytes >> 10,
+            "max_declared_kb",
+        ));
+    }
+    Ok(())
+}
+
 /// A scope key must itself be a valid name, and `global` is only spelled as the global scope.
 pub fn check_scope(plugin: &str, scope: &Scope) -> Result<()> {
     if let Scope::Agent(name) = scope {
@@ -134,5 +223,95 @@ fn json_type(v: &serde_json::Value) -> &'static str {
         serde_json::Value::String(_) => "a string",
         serde_json::Value::Array(_) => "an array",
         serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Section, Tool};
+
+    fn section(name: &str, text: &str) -> Section {
+        Section {
+            name: name.into(),
+            order: 0,
+            text: Content::Static(text.into()),
+            complete: false,
+            scope: Scope::Global,
+        }
+    }
+
+    fn refused(decl: &Declaration, limits: &DeclarationLimits) -> String {
+        let e = validate("p", decl, limits).expect_err("over a limit");
+        assert_eq!(e.code(), "declaration_limit", "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn l8_counts_names_and_total_bytes_are_bounded() {
+        let limits = DeclarationLimits {
+            max_sections: 3,
+            max_tools: 1,
+            max_name_bytes: 8,
+            max_declared_bytes: 1024,
+            ..DeclarationLimits::default()
+        };
+        let many = Declaration {
+            sections: (0..4).map(|i| section(&format!("s{i}"), "x")).collect(),
+            ..Declaration::default()
+        };
+        assert_eq!(
+            refused(&many, &limits),
+            "plugin `p`: declares 4 sections, over the limit of 3 (limits.max_sections)"
+        );
+        let tool = |name: &str| Tool {
+            name: name.into(),
+            description: String::new(),
+            parameters: "{}".into(),
+            scope: Scope::Global,
+        };
+        let tools = Declaration {
+            tools: vec![tool("a"), tool("b")],
+            ..Declaration::default()
+        };
+        assert!(
+            refused(&tools, &limits).contains("2 tools, over the limit of 1 (limits.max_tools)")
+        );
+
+        let long = Declaration {
+            sections: vec![section(&"n".repeat(10_240), "x")],
+            ..Declaration::default()
+        };
+        let message = refused(&long, &limits);
+        assert!(
+            message.contains("10240 bytes, over the limit of 8 (limits.max_name_bytes)")
+                && message.len() < 200,
+            "{message}"
+        );
+        let scoped = Declaration {
+            sections: vec![Section {
+                scope: Scope::Agent("a".repeat(9)),
+                ..section("s", "x")
+            }],
+            ..Declaration::default()
+        };
+        assert!(refused(&scoped, &limits).contains("scope key"));
+
+        let big = Declaration {
+            sections: vec![
+                section("a", &"x".repeat(600)),
+                section("b", &"x".repeat(600)),
+            ],
+            ..Declaration::default()
+        };
+        assert_eq!(
+            refused(&big, &limits),
+            "plugin `p`: declares 2 KiB in all, over the limit of 1 (limits.max_declared_kb)"
+        );
+        let fits = Declaration {
+            sections: vec![section("a", &"x".repeat(600))],
+            ..Declaration::default()
+        };
+        assert!(validate("p", &fits, &limits).is_ok());
     }
 }

@@ -103,6 +103,7 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::ToolOrderDuplicate(_)
         | Error::ToolOrderMissingRest
         | Error::InvalidName { .. }
+        | Error::DeclarationLimit { .. }
         | Error::ReservedToolName { .. }
         | Error::InvalidSchema { .. }
         | Error::InvalidScope { .. }

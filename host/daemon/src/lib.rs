@@ -44,16 +44,17 @@ pub mod watch;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use promptd_core::assembly::{self, Options};
 use promptd_core::config::Config;
 use promptd_core::conversation::{FrozenRequest, Message};
-use promptd_core::load::{self, Engine, PluginFile};
+use promptd_core::load::{self, CacheLookup, Engine, PluginFile};
 use promptd_core::model::Step;
 use promptd_core::plugin_state::{ChangeKind, PluginState};
-use promptd_core::registry::Registry;
+use promptd_core::registry::{PluginEntry, Registry};
 use promptd_core::request::declaration_json;
 use promptd_core::session;
 use promptd_core::store::{Event, EventKind, NewEvent, SessionStore};
@@ -285,8 +286,9 @@ impl Daemon {
         let total = files.len();
         let mut applied = Vec::new();
         let mut present = HashSet::new();
-        for (done, path) in files.into_iter().enumerate() {
-            self.progress(done, total);
+        let mut changed = Vec::new();
+        let config = self.config();
+        for path in files {
             let file = match plugin_dir::read(&path) {
                 Ok(file) => file,
                 Err(error) => {
@@ -307,8 +309,22 @@ impl Daemon {
                 .get(&file.stem)
                 .is_some_and(|s| s.sha256 == file.sha256);
             if !unchanged {
-                applied.push(self.load(&file));
+                changed.push(file);
             }
+        }
+        // Compile, instantiate and declare in parallel (a slow or hostile plugin holds one
+        // worker up to its deadline, not the whole load); apply in file order, so the registry
+        // never depends on which finished first (R2).
+        let done = AtomicUsize::new(total - changed.len());
+        self.progress(done.load(Ordering::Relaxed), total);
+        let outcomes = parallel_map(&changed, LOAD_WORKERS, |file| {
+            let started = Instant::now();
+            let result = load::load(self.engine.as_ref(), file, &config);
+            self.progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
+            (started.elapsed(), result)
+        });
+        for (file, (took, result)) in changed.iter().zip(outcomes) {
+            applied.push(self.apply(file, &config, took, result));
         }
         let gone: Vec<String> = self
             .plugins
@@ -340,10 +356,14 @@ impl Daemon {
         Ok(applied)
     }
 
-    /// Loads (or reloads) one file; validates against the other plugins before publishing.
-    fn load(&self, file: &PluginFile) -> RegistryEvent {
-        let started = Instant::now();
-        let config = self.config();
+    /// Publishes one loaded (or refused) file: validates it against the other plugins first.
+    fn apply(
+        &self,
+        file: &PluginFile,
+        config: &Config,
+        took: Duration,
+        loaded: Result<(PluginEntry, Option<CacheLookup>), Error>,
+    ) -> RegistryEvent {
         let id = config.plugin_id(&file.stem);
         let path = file.path.display().to_string();
         let mut current = self.registry();
@@ -361,7 +381,7 @@ impl Daemon {
             }
         }
         let existed = current.get(&id).is_some();
-        let result = load::load(self.engine.as_ref(), file, &config).and_then(|(entry, lookup)| {
+        let result = loaded.and_then(|(entry, lookup)| {
             let declares = declaration_json(&entry.declaration);
             current
                 .with_replaced(entry)
@@ -384,7 +404,7 @@ impl Daemon {
                     },
                 );
                 let cache = lookup.map_or("off", |l| l.as_str());
-                let ms = started.elapsed().as_secs_f64() * 1000.0;
+                let ms = took.as_secs_f64() * 1000.0;
                 tracing::info!(plugin = %id, sha256 = %file.sha256, cache, ms = format!("{ms:.1}"), "loaded");
                 self.events.push(
                     if existed {
@@ -672,4 +692,35 @@ impl Daemon {
         let events = self.session_events(id)?;
         Ok(session::rebuild(id, &events, n)?)
     }
+}
+
+/// Most plugins loaded at once: a few more than this machine's cores, so that plugins stuck
+/// in a looping `declare` (each stopped at its deadline) do not hold up every other load.
+const LOAD_WORKERS: usize = 4;
+
+/// `f` over `items` on up to `workers` scoped threads; results in the items' order.
+fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..workers.min(items.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = f(item);
+                *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .filter_map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect()
 }
