@@ -916,3 +916,67 @@ fn h5_it_listens_first_and_loads_in_the_background() {
     assert_eq!(slow["state"], "refused", "{slow}");
     assert_eq!(slow["last_error"]["code"], "declare_failed", "{slow}");
 }
+
+/// Q12: `rm sessions.db*` under a running daemon. SQLite would keep writing into the deleted
+/// files; the daemon refuses instead (500 `store`), says so in health and in its log, and keeps
+/// answering HTTP.
+#[test]
+fn q12_a_database_deleted_under_the_daemon_is_refused_loudly() {
+    let folder = bundled();
+    let config = folder.config(CONFIG);
+    let (tmp, state) = state_dir();
+    let log = tmp.path().join("daemon.log");
+    let d = Served::start_logged(folder.path(), &config, &state, &log);
+    let id = new_session(&d, "default");
+    step(&d, &id, json!([]), json!({}), "neutral");
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(state.join(format!("sessions.db{suffix}"))).unwrap();
+    }
+
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), "{}");
+    assert_eq!(status, 500, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "store", "{text}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sessions.db was deleted while open"),
+        "{text}"
+    );
+    let (status, text) = d.post("/v1/sessions", "{}");
+    assert_eq!(status, 500, "no new session either: {text}");
+    assert!(text.contains("\"store\""), "{text}");
+    let (status, text) = d.get(&format!("/v1/sessions/{id}/events"));
+    assert_eq!(status, 500, "reads do not show what is gone: {text}");
+
+    let (status, text) = d.get("/v1/health");
+    assert_eq!(status, 503, "{text}");
+    let health: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(health["status"], "error", "{health}");
+    assert_eq!(health["error"]["code"], "store", "{health}");
+    assert!(
+        health["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("deleted"),
+        "{health}"
+    );
+    // Still answering HTTP.
+    assert_eq!(d.get("/v1/plugins").0, 200);
+    assert!(
+        !state.join("sessions.db").exists(),
+        "no empty database made"
+    );
+    d.stop();
+    let log = std::fs::read_to_string(&log).unwrap();
+    let lost: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("session store lost"))
+        .collect();
+    assert_eq!(lost.len(), 1, "one log line: {log}");
+    assert!(
+        lost[0].contains(&state.join("sessions.db").display().to_string()),
+        "names the path: {log}"
+    );
+}

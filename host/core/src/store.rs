@@ -159,6 +159,11 @@ pub trait SessionStore: Send + Sync {
     /// Appends `events` atomically (all or none), durable before it returns. `next_seq` must
     /// be the log's length + 1, so a concurrent writer is detected instead of interleaved.
     fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError>;
+    /// Whether the store can still keep what it acknowledges (Q12): an error says why not
+    /// (e.g. its database file was deleted). Cheap: health checks call it.
+    fn health(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// A store in memory: for tests and one-shot tools. Nothing survives the process.

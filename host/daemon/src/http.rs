@@ -277,13 +277,23 @@ async fn method_not_allowed(request: Request) -> ApiError {
 }
 
 /// `{"status": "ok", "plugins": N, "version"}` once the first load is done; before,
-/// `{"status": "loading", "loaded": K, "total": N, …}` (steps wait for it).
+/// `{"status": "loading", "loaded": K, "total": N, …}` (steps wait for it). A store that can
+/// no longer keep what it acknowledges (Q12) makes it 503 `{"status": "error", "error":
+/// {"code", "message"}, …}`, whatever the loading: the daemon cannot do its job.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let plugins = state.daemon.registry().len();
     let mut body = serde_json::to_value(state.daemon.readiness()).unwrap_or_default();
+    let mut status = StatusCode::OK;
+    // One stat per file of the store, so it runs here rather than on the blocking pool.
+    if let Err(e) = state.daemon.store.health() {
+        status = StatusCode::SERVICE_UNAVAILABLE;
+        body = json!({"status": "error", "error": {"code": e.code(), "message": e.to_string()}});
+    }
     body["plugins"] = json!(plugins);
     body["version"] = json!(env!("CARGO_PKG_VERSION"));
-    json_body(&body)
+    let mut response = json_body(&body);
+    *response.status_mut() = status;
+    response
 }
 
 async fn plugins(State(state): State<Arc<AppState>>) -> Response {

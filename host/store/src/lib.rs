@@ -8,6 +8,14 @@
 //! commit fails every append of its batch. Reads use their own connections (WAL readers), so a
 //! read never waits behind a writer's sync.
 //!
+//! **The files stay the files (Q12).** SQLite keeps writing to a database file that was deleted
+//! or replaced under it, and such writes vanish with the process. So the store remembers the
+//! device and inode of the database, its `-wal` and its `-shm` when it opens them, and checks
+//! (one `stat` each) after every commit, before acknowledging anything, and before every read:
+//! when a path no longer leads to the file the store has open, the store is lost for good —
+//! every later call fails with a `store` error saying which file and why, one error line is
+//! logged, and [`SessionStore::health`] reports it.
+//!
 //! Each event row carries its body's format version (`body_version`). Databases written by
 //! 0.1.0 had no such column: opening one adds it with the default 1, which is what those rows
 //! are, so old logs keep rebuilding byte-identically.
@@ -15,12 +23,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use promptd_core::store::{Event, EventKind, NewEvent, SessionStore, StoreError, BODY_VERSION};
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 /// Most appends one transaction takes; more wait for the next one.
 const MAX_BATCH: usize = 512;
@@ -31,6 +39,8 @@ const MAX_IDLE_READERS: usize = 4;
 /// SQLite in WAL mode with `synchronous = FULL`, written by one group-committing thread.
 pub struct SqliteStore {
     path: PathBuf,
+    /// The files the store has open, checked before anything is acknowledged or read (Q12).
+    files: Arc<Files>,
     jobs: Option<Sender<Job>>,
     writer: Option<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
@@ -66,9 +76,16 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Opens a connection with the pragmas every connection needs.
-fn connect(path: &Path) -> Result<Connection, StoreError> {
-    let conn = Connection::open(path)
+/// Opens a connection with the pragmas every connection needs. Only the writer's may create
+/// the file: a reader opening a deleted database must fail, not start an empty one.
+fn connect(path: &Path, create: bool) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let conn = Connection::open_with_flags(path, flags)
         .map_err(|e| StoreError::backend(format!("opening {}", path.display()), e))?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(db("setting synchronous"))?;
@@ -83,7 +100,7 @@ impl SqliteStore {
     /// Opens (or creates) the database file at `path`, upgrading a 0.1.0 schema in place, and
     /// starts the writer thread.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = connect(path)?;
+        let conn = connect(path, true)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(db("setting journal_mode"))?;
         conn.execute_batch(
@@ -117,15 +134,21 @@ impl SqliteStore {
             )
             .map_err(db("adding events.body_version"))?;
         }
+        // The schema queries above opened the -wal and -shm, which stay (same inodes) for as
+        // long as the writer's connection is open: SQLite removes them only when the last
+        // connection closes.
+        let files = Arc::new(Files::open(path)?);
         let fail_commits = Arc::new(AtomicU32::new(0));
         let (jobs, rx) = mpsc::channel();
         let failing = fail_commits.clone();
+        let checked = files.clone();
         let writer = std::thread::Builder::new()
             .name("promptd-store-writer".into())
-            .spawn(move || write_loop(conn, rx, &failing))
+            .spawn(move || write_loop(conn, rx, &failing, &checked))
             .map_err(|e| StoreError::backend("starting the writer thread", e))?;
         Ok(Self {
             path: path.to_path_buf(),
+            files,
             jobs: Some(jobs),
             writer: Some(writer),
             readers: Mutex::new(Vec::new()),
@@ -147,15 +170,17 @@ impl SqliteStore {
         answer.recv().map_err(|_| stopped())?
     }
 
-    /// Runs `f` on a read connection from the pool (opened when none is idle).
+    /// Runs `f` on a read connection from the pool (opened when none is idle), unless the
+    /// files are lost: a read must not show what is no longer on disk (Q12).
     fn read<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.files.check()?;
         let idle = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let conn = match idle {
             Some(conn) => conn,
-            None => connect(&self.path)?,
+            None => connect(&self.path, false)?,
         };
         let result = f(&conn);
         let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
@@ -164,6 +189,114 @@ impl SqliteStore {
         }
         result
     }
+}
+
+/// A file's identity: a path that leads to another one (or to none) is not the file we have
+/// open any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "device {} inode {}", self.dev, self.ino)
+    }
+}
+
+fn file_id(path: &Path) -> std::io::Result<FileId> {
+    let meta = std::fs::metadata(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Ok(FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        // No inodes: only a deletion is noticed.
+        let _ = meta;
+        Ok(FileId { dev: 0, ino: 0 })
+    }
+}
+
+/// The database's files as opened, and whether they have been lost (Q12).
+struct Files {
+    /// Each path with the identity of the file the store opened there.
+    open: Vec<(PathBuf, FileId)>,
+    /// Why the store is lost, once it is: set once, never cleared (a restart reopens).
+    lost: OnceLock<String>,
+}
+
+impl Files {
+    /// Records the database file at `path` and its `-wal` and `-shm` (named after the
+    /// resolved path, as SQLite names them).
+    fn open(path: &Path) -> Result<Files, StoreError> {
+        let real = std::fs::canonicalize(path)
+            .map_err(|e| StoreError::backend(format!("resolving {}", path.display()), e))?;
+        let mut open = Vec::with_capacity(3);
+        let sibling = |suffix: &str| {
+            let mut name = real.clone().into_os_string();
+            name.push(suffix);
+            PathBuf::from(name)
+        };
+        for file in [path.to_path_buf(), sibling("-wal"), sibling("-shm")] {
+            let id = file_id(&file)
+                .map_err(|e| StoreError::backend(format!("reading {}", file.display()), e))?;
+            open.push((file, id));
+        }
+        Ok(Files {
+            open,
+            lost: OnceLock::new(),
+        })
+    }
+
+    /// Fails when any path no longer leads to the file the store has open: one `stat` per
+    /// file. A deleted or replaced file makes the store lost for good, logged once; a file
+    /// that cannot be checked (e.g. permissions) fails this call only.
+    fn check(&self) -> Result<(), StoreError> {
+        if let Some(why) = self.lost.get() {
+            return Err(lost(why));
+        }
+        for (path, id) in &self.open {
+            let why = match file_id(path) {
+                Ok(now) if now == *id => continue,
+                Ok(now) => format!(
+                    "{} was replaced while open ({id}, now {now})",
+                    path.display()
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    format!("{} was deleted while open", path.display())
+                }
+                Err(e) => {
+                    return Err(StoreError::backend(
+                        format!("checking {}", path.display()),
+                        e,
+                    ))
+                }
+            };
+            if self.lost.set(why.clone()).is_ok() {
+                tracing::error!(
+                    path = %path.display(),
+                    "session store lost: {why}; nothing written since is on disk, so nothing \
+                     is acknowledged any more: restart promptd to reopen the database"
+                );
+            }
+            return Err(lost(self.lost.get().unwrap_or(&why)));
+        }
+        Ok(())
+    }
+}
+
+/// The error every call gets once the files are lost.
+fn lost(why: &str) -> StoreError {
+    StoreError::backend(
+        "session store lost",
+        format!("{why}; nothing written since is kept: restart promptd to reopen the database"),
+    )
 }
 
 fn stopped() -> StoreError {
@@ -180,8 +313,9 @@ impl Drop for SqliteStore {
     }
 }
 
-/// The writer: one transaction per batch of queued jobs, one sync, then the replies.
-fn write_loop(mut conn: Connection, rx: Receiver<Job>, fail_commits: &AtomicU32) {
+/// The writer: one transaction per batch of queued jobs, one sync, a check that the files are
+/// still the ones on disk (Q12), then the replies.
+fn write_loop(mut conn: Connection, rx: Receiver<Job>, fail_commits: &AtomicU32, files: &Files) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -194,8 +328,11 @@ fn write_loop(mut conn: Connection, rx: Receiver<Job>, fail_commits: &AtomicU32)
             fail_commits.fetch_sub(1, Ordering::SeqCst);
             conn.commit_hook(Some(|| true));
         }
-        let outcome = write_batch(&mut conn, &batch);
+        // Once lost, nothing more is written: it would go to a file no one will read.
+        let outcome = files.check().and_then(|()| write_batch(&mut conn, &batch));
         conn.commit_hook(None::<fn() -> bool>);
+        // Committed to a deleted or replaced file is not on disk: acknowledge nothing.
+        let outcome = outcome.and_then(|results| files.check().map(|()| results));
         match outcome {
             Ok(results) => {
                 for (job, result) in batch.into_iter().zip(results) {
@@ -222,10 +359,16 @@ fn write_loop(mut conn: Connection, rx: Receiver<Job>, fail_commits: &AtomicU32)
                 }
             }
             Err(e) => {
-                // The commit failed: nothing of the batch is on disk, so nothing is acknowledged.
-                let message = e.to_string();
+                // The commit failed (or went to a lost file): nothing of the batch is on disk,
+                // so nothing is acknowledged.
+                let (context, message) = match &e {
+                    StoreError::Backend { context, source } => {
+                        (context.clone(), source.to_string())
+                    }
+                    other => ("committing".to_string(), other.to_string()),
+                };
                 for job in batch {
-                    let error = || StoreError::backend("committing", message.clone());
+                    let error = || StoreError::backend(context.clone(), message.clone());
                     match job {
                         Job::Create { reply, .. } => {
                             let _ = reply.send(Err(error()));
@@ -367,6 +510,10 @@ impl SessionStore for SqliteStore {
             reply,
         })
     }
+
+    fn health(&self) -> Result<(), StoreError> {
+        self.files.check()
+    }
 }
 
 fn read_events(conn: &Connection, id: &str) -> Result<Vec<Event>, StoreError> {
@@ -495,6 +642,86 @@ mod tests {
         drop(store);
         let events = SqliteStore::open(&path).unwrap().events(&id).unwrap();
         assert_eq!(events.len(), 2);
+    }
+
+    /// Removes the database and its -wal and -shm, as `rm s.db*` does.
+    fn remove_files(path: &Path) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            std::fs::remove_file(&name).unwrap();
+        }
+    }
+
+    /// Everything the store does fails with code `store`, naming the file and the cause.
+    fn assert_lost(store: &SqliteStore, id: &str, cause: &str) {
+        let err = store.append(id, 3, &step(2)).unwrap_err();
+        assert_eq!(err.code(), "store", "{err}");
+        assert!(err.to_string().contains(cause), "{err}");
+        let err = store.health().unwrap_err();
+        assert!(err.to_string().contains(cause), "{err}");
+        assert_eq!(store.events(id).unwrap_err().code(), "store");
+        assert_eq!(store.session_agent(id).unwrap_err().code(), "store");
+        let err = store
+            .create_session("a", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .unwrap_err();
+        assert_eq!(err.code(), "store", "{err}");
+        // Lost for good: a later append fails too, it is not written anywhere.
+        assert!(store.append(id, 3, &step(2)).is_err());
+    }
+
+    #[test]
+    fn q12_a_database_deleted_under_the_store_acknowledges_nothing_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let id = new_session(&store);
+        store.append(&id, 2, &step(1)).unwrap();
+        store.health().unwrap();
+        remove_files(&path);
+        assert_lost(&store, &id, "s.db was deleted while open");
+        // A reader must not have created an empty database at the path.
+        assert!(!path.exists());
+        drop(store);
+        // Whatever is at the path now holds nothing acknowledged after the deletion (and a
+        // new store there starts empty: the deleted data is gone, as the operator asked).
+        let store = SqliteStore::open(&path).unwrap();
+        assert_eq!(store.session_agent(&id).unwrap(), None);
+        assert!(store.events(&id).unwrap().is_empty());
+    }
+
+    #[test]
+    fn q12_a_deleted_wal_or_shm_loses_the_store_too() {
+        for suffix in ["-wal", "-shm"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("s.db");
+            let store = SqliteStore::open(&path).unwrap();
+            let id = new_session(&store);
+            store.append(&id, 2, &step(1)).unwrap();
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            std::fs::remove_file(&name).unwrap();
+            assert_lost(&store, &id, &format!("s.db{suffix} was deleted while open"));
+            drop(store);
+            // What was acknowledged before is still there (the main file was kept).
+            let events = SqliteStore::open(&path).unwrap().events(&id).unwrap();
+            assert_eq!(events.len(), 2, "nothing after the deletion: {events:?}");
+        }
+    }
+
+    #[test]
+    fn q12_a_database_replaced_by_another_file_is_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let other = dir.path().join("other.db");
+        drop(SqliteStore::open(&other).unwrap());
+        let store = SqliteStore::open(&path).unwrap();
+        let id = new_session(&store);
+        // `mv other.db s.db`: the path now leads to another file (a new inode).
+        std::fs::rename(&other, &path).unwrap();
+        assert_lost(&store, &id, "s.db was replaced while open");
+        // (Not reopened here: SQLite does not checkpoint into a moved database on close, so
+        // the old s.db-wal stays beside the new file and would be replayed onto it.)
     }
 
     #[test]
