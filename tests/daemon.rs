@@ -894,10 +894,11 @@ fn h5_it_listens_first_and_loads_in_the_background() {
     let listening = started.elapsed();
     let health = d.health();
     assert_eq!(health["status"], "loading", "{health}");
-    // Progress: the loader counts the five files, then sits in the looping declare.
+    // Progress: the loader counts the five files; the four others load while the fifth sits
+    // in its looping declare (loads run in parallel).
     common::eventually("loading progress", || {
         let h = d.health();
-        h["status"] == "loading" && h["total"] == 5 && h["loaded"] == 2
+        h["status"] == "loading" && h["total"] == 5 && h["loaded"] == 4
     });
     assert!(
         listening < Duration::from_millis(2500),
@@ -979,4 +980,190 @@ fn q12_a_database_deleted_under_the_daemon_is_refused_loudly() {
         lost[0].contains(&state.join("sessions.db").display().to_string()),
         "names the path: {log}"
     );
+}
+
+/// How long until the server closes `stream`, sending it one more byte of `dribble` every
+/// 50 ms meanwhile (nothing when it is empty); `None` if still open after `bound`.
+fn closed_after(
+    stream: &mut std::net::TcpStream,
+    dribble: &[u8],
+    bound: Duration,
+) -> Option<Duration> {
+    use std::io::{Read, Write};
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut bytes = dribble.iter();
+    while started.elapsed() < bound {
+        if let Some(b) = bytes.next() {
+            let _ = stream.write_all(&[*b]);
+        }
+        let mut buf = [0u8; 4096];
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(started.elapsed()),
+        }
+    }
+    None
+}
+
+/// One keep-alive request on `stream`; returns the response head and body.
+fn keep_alive_get(stream: &mut std::net::TcpStream, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: promptd\r\n\r\n").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "closed mid-response");
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .expect("content-length");
+            if body.len() >= length {
+                return (head.to_string(), body.to_string());
+            }
+        }
+    }
+}
+
+const SHORT_TIMEOUTS: &str = "[limits]\nheader_timeout_ms = 500\nidle_timeout_ms = 800\n";
+
+/// H6: connections dribbling a request head, or sending nothing, are closed at the header
+/// timeout, while a normal client is served meanwhile.
+#[test]
+fn h6_slow_request_heads_are_closed_and_others_are_served() {
+    let folder = bundled();
+    let config = folder.config(&format!("{CONFIG}{SHORT_TIMEOUTS}"));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let id = new_session(&d, "default");
+    // 50 connections dribbling a request head (one byte every 50 ms would take 2.5 s for the
+    // first line alone), and one that sends nothing at all.
+    let head = b"GET /v1/health HTTP/1.1\r\nHost: promptd\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let slow: Vec<_> = (0..51)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+                let dribble: &[u8] = if i == 0 { b"" } else { head };
+                closed_after(&mut stream, dribble, Duration::from_secs(8))
+            })
+        })
+        .collect();
+    // Meanwhile a normal client is served, steps included.
+    let started = Instant::now();
+    let mut served = 0;
+    while started.elapsed() < Duration::from_millis(400) {
+        step(&d, &id, json!([]), json!({}), "neutral");
+        assert_eq!(d.get("/v1/health").0, 200);
+        served += 1;
+    }
+    assert!(served > 0);
+    for (i, t) in slow.into_iter().enumerate() {
+        let after = t.join().unwrap();
+        let after = after.unwrap_or_else(|| panic!("connection {i} still open after 8 s"));
+        assert!(
+            after >= Duration::from_millis(400) && after < Duration::from_secs(5),
+            "connection {i} closed after {after:?}, expected about 500 ms"
+        );
+    }
+    assert_eq!(d.get("/v1/health").0, 200);
+}
+
+/// H6: a keep-alive connection is served request after request, closed once idle longer than
+/// the idle timeout; an SSE stream that sends nothing for longer is not cut.
+#[test]
+fn h6_idle_connections_are_closed_but_streams_are_not() {
+    use std::io::{BufRead, BufReader, Write};
+    let folder = bundled();
+    let config = folder.config(&format!("{CONFIG}{SHORT_TIMEOUTS}"));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let addr = d.url.trim_start_matches("http://").to_string();
+
+    let mut events = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        events,
+        "GET /v1/events?since=999999 HTTP/1.1\r\nHost: promptd\r\nAccept: text/event-stream\r\n\r\n"
+    )
+    .unwrap();
+
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    for _ in 0..3 {
+        let (head, body) = keep_alive_get(&mut stream, "/v1/health");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(body.contains("\"ok\""), "{body}");
+        // Idle for less than the idle timeout (and longer than the header timeout): kept.
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    let after = closed_after(&mut stream, b"", Duration::from_secs(8))
+        .expect("an idle connection is closed");
+    assert!(
+        after >= Duration::from_millis(100) && after < Duration::from_secs(5),
+        "closed after {after:?} more, expected at 800 ms idle"
+    );
+
+    // The event stream has been open for about 2.6 s, three idle timeouts, with nothing to
+    // send (its keep-alive comment comes every 15 s): an unload still reaches it.
+    assert_eq!(d.delete("/v1/plugins/persona").0, 200);
+    events
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut kinds = Vec::new();
+    for line in BufReader::new(&mut events).lines() {
+        let line = line.expect("the stream is still open");
+        if let Some(kind) = line.strip_prefix("event: ") {
+            kinds.push(kind.to_string());
+            break;
+        }
+    }
+    assert_eq!(kinds, ["unload"]);
+}
+
+/// H6: beyond `max_connections`, a client waits for a free slot instead of being refused; the
+/// header timeout frees slots held by silent connections.
+#[test]
+fn h6_connections_beyond_the_bound_wait_for_a_free_slot() {
+    let folder = bundled();
+    let config = folder.config(&format!(
+        "{CONFIG}[limits]\nheader_timeout_ms = 1000\nmax_connections = 4\n"
+    ));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    // Wait until the daemon has closed the connections the start-up polling may have left.
+    std::thread::sleep(Duration::from_millis(1200));
+    let silent: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let started = Instant::now();
+    assert_eq!(d.get("/v1/health").0, 200);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(700),
+        "served after {waited:?}: it should have waited for a silent connection's timeout"
+    );
+    drop(silent);
+    let started = Instant::now();
+    assert_eq!(d.get("/v1/health").0, 200);
+    assert!(started.elapsed() < Duration::from_millis(700));
 }

@@ -22,7 +22,10 @@ fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
 #[test]
 fn q5_ten_thousand_tool_results_are_checked_in_linear_time() {
     let folder = Folder::new().scripted("s");
-    let (d, _s) = serve(&folder, "[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n",
+    );
     let id = d.session("default");
     let n = 10_000;
     let users: Vec<Value> = (0..n)
@@ -74,4 +77,247 @@ fn q5_ten_thousand_tool_results_are_checked_in_linear_time() {
         body.contains("unknown_tool_call") && body.contains("call_x"),
         "{body}"
     );
+}
+
+fn log_text(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// A folder of plugins served with the daemon's log at info in `log`.
+fn serve_logged(folder: &Folder, config: &str) -> (Served, tempfile::TempDir, std::path::PathBuf) {
+    let config = folder.config(config);
+    let (tmp, state) = state_dir();
+    let log = tmp.path().join("daemon.log");
+    (
+        Served::start_logged(folder.path(), &config, &state, &log),
+        tmp,
+        log,
+    )
+}
+
+/// A plugin that logs in a loop gets a bounded share of the log: 20,000 records of 1 KiB (20
+/// MiB) in one call, in declare, and through stdout become at most the per-call budget each,
+/// plus one line saying how much was dropped.
+#[test]
+fn l9_a_log_flood_is_cut_to_its_budget_with_one_line_saying_so() {
+    let folder = Folder::new()
+        .scripted("flood")
+        .scripted("printer")
+        .scripted("quiet");
+    let (d, _s, log) = serve_logged(
+        &folder,
+        "[limits]\nlog_kb_per_call = 16\nlog_lines_per_s = 1000000\n\
+         [plugins.flood]\nconfig = { flood_in_declare = \"20000\", \"flood_section.f\" = \"0|20000|log\" }\n\
+         [plugins.printer]\nconfig = { \"flood_section.p\" = \"1|20000|stdout\" }\n\
+         [plugins.quiet]\nconfig = { \"section.q\" = \"2|quiet\" }\n",
+    );
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
+    assert_eq!(status, 200, "{v}");
+    let text = log_text(&log);
+    assert!(
+        text.len() < 512 << 10,
+        "the log grew by {} bytes for 60 MiB of attempted plugin output",
+        text.len()
+    );
+    let dropped: Vec<&str> = text.lines().filter(|l| l.contains("dropped")).collect();
+    let declare = dropped
+        .iter()
+        .filter(|l| l.contains("declare: dropped"))
+        .count();
+    let call = dropped
+        .iter()
+        .filter(|l| l.contains("call: dropped"))
+        .count();
+    assert!(
+        declare >= 1 && call >= 2,
+        "one line per flooding call says what was dropped: {dropped:#?}"
+    );
+    assert!(
+        dropped
+            .iter()
+            .all(|l| l.contains("(limits.log_kb_per_call)")),
+        "{dropped:#?}"
+    );
+    // What was kept is still there, tagged with the plugin.
+    assert!(text
+        .lines()
+        .any(|l| l.contains("plugin=\"flood\"") || l.contains("plugin=flood")));
+    assert_eq!(d.get("/v1/health").0, 200);
+}
+
+/// The per-plugin rate applies across calls: 50 steps that each log 10 records stay within
+/// `log_lines_per_s` records per second.
+#[test]
+fn l9_the_log_rate_is_per_plugin_across_calls() {
+    let folder = Folder::new().scripted("chatty");
+    let (d, _s, log) = serve_logged(
+        &folder,
+        "[limits]\nlog_lines_per_s = 20\n\
+         [plugins.chatty]\nconfig = { \"flood_section.c\" = \"0|10|log\" }\n",
+    );
+    let id = d.session("default");
+    let started = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(d.step(&id).0, 200);
+    }
+    let secs = started.elapsed().as_secs() + 1;
+    let text = log_text(&log);
+    let kept = text.lines().filter(|l| l.contains(" ffff")).count() as u64;
+    assert!(
+        kept <= 20 * (secs + 1),
+        "{kept} records kept in about {secs} s at 20 per second"
+    );
+    assert!(text.contains("(limits.log_lines_per_s)"), "{text}");
+}
+
+/// Untrusted text cannot forge a log line: a plugin message with a newline and ANSI escapes,
+/// a file name with a newline, and a refused section name each stay inside one record (the
+/// ESC may be written `\x1b` by the formatter or `\u{1b}` by the sink; either way it is text).
+#[test]
+fn l9_untrusted_text_stays_inside_one_log_record() {
+    let forged = "2030-01-01T00:00:00Z ERROR promptd: forged";
+    let folder = Folder::new()
+        .scripted("liar")
+        .scripted("badname")
+        .scripted(&format!("x\n{forged}"));
+    let (d, _s, log) = serve_logged(
+        &folder,
+        &format!(
+            "[plugins.liar]\nconfig = {{ \"log_section.l\" = \"0|hello\\n{forged}\\u001b[31m red\" }}\n\
+             [plugins.badname]\nconfig = {{ \"section.bad\\n{forged}\" = \"1|x\" }}\n"
+        ),
+    );
+    let id = d.session("default");
+    assert_eq!(d.step(&id).0, 200);
+    let refusals = || log_text(&log).lines().filter(|l| l.contains("refused")).count();
+    for _ in 0..500 {
+        if refusals() >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(refusals() >= 2, "both refusals are logged:\n{}", log_text(&log));
+    assert!(
+        log_text(&log)
+            .lines()
+            .any(|l| l.contains("refused: plugin file") && l.contains("forged.wasm")),
+        "{}",
+        log_text(&log)
+    );
+    let text = log_text(&log);
+    for line in text.lines() {
+        assert!(!line.starts_with("2030-01-01"), "a forged line: {line}");
+        assert!(!line.contains('\u{1b}'), "a raw escape: {line:?}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.contains("hello\\n2030-01-01") && l.contains("[31m red")),
+        "the message is kept, escaped, on one line:\n{text}"
+    );
+}
+
+/// A declaration over its limits is refused at load with an error naming the limit; the
+/// other plugins keep loading and serving.
+#[test]
+fn l8_a_declaration_over_its_limits_is_refused_by_name() {
+    let folder = Folder::new()
+        .scripted("sections")
+        .scripted("tools")
+        .scripted("longname")
+        .scripted("heavy")
+        .scripted("fine");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.sections]\nconfig = { bulk_sections = \"100000|1\" }\n\
+         [plugins.tools]\nconfig = { bulk_tools = \"100000\" }\n\
+         [plugins.longname]\nconfig = { long_name = \"10240\" }\n\
+         [plugins.heavy]\nconfig = { bulk_sections = \"900|5000\" }\n\
+         [plugins.fine]\nmax_sections = 2000\nconfig = { bulk_sections = \"1500|10\" }\n",
+    );
+    let expect = [
+        (
+            "sections",
+            "declares 100000 sections, over the limit of 1000 (limits.max_sections)",
+        ),
+        (
+            "tools",
+            "declares 100000 tools, over the limit of 256 (limits.max_tools)",
+        ),
+        (
+            "longname",
+            "is 10240 bytes, over the limit of 128 (limits.max_name_bytes)",
+        ),
+        (
+            "heavy",
+            "KiB in all, over the limit of 4096 (limits.max_declared_kb)",
+        ),
+    ];
+    for (plugin, words) in expect {
+        let p = d.plugin(plugin);
+        assert_eq!(p["state"], "refused", "{p}");
+        assert_eq!(p["last_error"]["code"], "declaration_limit", "{p}");
+        let message = p["last_error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains(words), "{plugin}: {message}");
+        assert!(message.len() < 300, "the message stays short: {message}");
+    }
+    assert_eq!(d.plugin("fine")["state"], "loaded", "a per-plugin override");
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
+    assert_eq!(status, 200, "{v}");
+}
+
+/// A plugin that grows past `memory_mb` is reported as that limit, first, in the config's
+/// words; the engine's details come after.
+#[test]
+fn l2_a_memory_trap_names_the_limit_first() {
+    let folder = Folder::new().scripted("hog");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.hog]\nmemory_mb = 64\nconfig = { \"grow_section.eat\" = \"0\" }\n",
+    );
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["code"], "plugin_trap");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with(
+            "plugin `hog`, section `eat`: memory limit of 64 MiB exceeded (memory_mb)"
+        ),
+        "{message}"
+    );
+}
+
+/// Loads run in parallel: three plugins whose declare loops until a 2 s deadline delay the
+/// first registry by about one deadline, not three, and health answers all along.
+#[test]
+fn h5_hostile_plugins_at_start_up_do_not_add_up() {
+    let folder = Folder::new()
+        .scripted("loop1")
+        .scripted("loop2")
+        .scripted("loop3")
+        .scripted("good");
+    let looping = "timeout_ms = 2000\nconfig = { loop_in_declare = \"true\" }\n";
+    let config = folder.config(&format!(
+        "[plugins.loop1]\n{looping}[plugins.loop2]\n{looping}[plugins.loop3]\n{looping}\
+         [plugins.good]\nconfig = {{ \"section.g\" = \"0|good\" }}\n"
+    ));
+    let (_tmp, state) = state_dir();
+    let started = Instant::now();
+    let d = Served::start_unready(folder.path(), &config, &state);
+    let health = d.health();
+    assert_eq!(health["status"], "loading", "{health}");
+    common::eventually("the first registry", || d.health()["status"] == "ok");
+    let ready = started.elapsed();
+    assert!(
+        ready < Duration::from_millis(5000),
+        "three 2 s deadlines in parallel took {ready:?} (one after another: 6 s)"
+    );
+    for p in ["loop1", "loop2", "loop3"] {
+        assert_eq!(d.plugin(p)["last_error"]["code"], "declare_failed");
+    }
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
+    assert_eq!(status, 200, "{v}");
 }

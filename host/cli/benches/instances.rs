@@ -116,12 +116,24 @@ fn main() {
     for (name, engine) in &engines {
         // First load compiles into the cache; measured loads read it.
         engine
-            .load("b00", &bench, &bench_sha, bench_config.clone(), Sandbox::default())
+            .load(
+                "b00",
+                &bench,
+                &bench_sha,
+                bench_config.clone(),
+                Sandbox::default(),
+            )
             .expect("load");
         g.bench_function(BenchmarkId::new(*name, "bench"), |b| {
             b.iter(|| {
                 engine
-                    .load("b00", &bench, &bench_sha, bench_config.clone(), Sandbox::default())
+                    .load(
+                        "b00",
+                        &bench,
+                        &bench_sha,
+                        bench_config.clone(),
+                        Sandbox::default(),
+                    )
                     .expect("load")
             })
         });
@@ -131,7 +143,13 @@ fn main() {
     let mut g = c.benchmark_group("replace");
     for (name, engine) in &engines {
         let (_, provider, _) = engine
-            .load("f", &scripted, &scripted_sha, flaky.clone(), Sandbox::default())
+            .load(
+                "f",
+                &scripted,
+                &scripted_sha,
+                flaky.clone(),
+                Sandbox::default(),
+            )
             .expect("load");
         g.bench_function(BenchmarkId::new(*name, "trap"), |b| {
             b.iter(|| {

@@ -11,11 +11,12 @@ use promptd_core::config::{Config, DEFAULT_AGENT};
 use promptd_core::model::Step;
 use promptd_core::{load, request};
 use promptd_daemon::plugin_dir;
-use promptd_engine::{cache, WasmEngine};
+use promptd_engine::{cache, Compiler, WasmEngine};
 
 mod client;
 mod dev;
 mod error;
+mod log;
 mod scaffold;
 mod serve;
 
@@ -92,6 +93,15 @@ enum Command {
         #[command(flatten)]
         server: client::Server,
     },
+    /// Compile one component to FILE: the engine runs this as a bounded child process (L10).
+    #[command(hide = true)]
+    Compile {
+        /// Where the compiled artifact goes (written beside, then renamed).
+        #[arg(long)]
+        out: PathBuf,
+        /// The component (default: stdin).
+        input: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -142,7 +152,13 @@ enum PluginCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::parse().command {
+        // The compiler child speaks to its parent in exit statuses, not error lines.
+        Command::Compile { out, input } => {
+            return promptd_engine::compile::child_main(input.as_deref(), &out)
+        }
+        command => Cli { command },
+    };
     // The daemon logs at info by default; one-shot commands stay quiet (see init_logging).
     init_logging(matches!(cli.command, Command::Serve { .. }));
     match run(cli) {
@@ -177,11 +193,11 @@ fn init_logging(daemon: bool) {
     let Some(level) = level.or(daemon.then_some(tracing::Level::INFO)) else {
         return;
     };
-    use std::io::IsTerminal;
+    // No colours: the sink escapes every control character, ANSI ones included (L9).
     tracing_subscriber::fmt()
         .with_max_level(level)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_writer(log::OneLineStderr)
         .init();
 }
 
@@ -233,6 +249,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             SessionCommand::Log { id } => server.log(&id),
         },
         Command::Plugins { server } => server.plugins(),
+        Command::Compile { .. } => unreachable!("main runs the compiler child"),
     }
 }
 
@@ -319,13 +336,19 @@ fn one_shot_engine() -> anyhow::Result<WasmEngine> {
             .or_else(|| env("HOME").map(|h| h.join(".cache")))
             .map(|d| d.join("promptd")),
     };
-    let engine = WasmEngine::new()?;
+    let engine = WasmEngine::new()?.with_compiler(compiler()?);
     match dir {
         Some(dir) if std::fs::create_dir_all(&dir).is_ok() => {
             Ok(engine.with_cache(&dir, cache::DEFAULT_MAX_BYTES)?)
         }
         _ => Ok(engine),
     }
+}
+
+/// The compiler child of every engine (L10): this very binary.
+pub(crate) fn compiler() -> anyhow::Result<Compiler> {
+    use anyhow::Context;
+    Compiler::current_exe().context("find the promptd executable to compile plugins with")
 }
 
 fn check(file: &Path, config: Option<PathBuf>) -> anyhow::Result<()> {

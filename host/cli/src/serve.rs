@@ -1,5 +1,7 @@
 //! `promptd serve`: start the daemon on TCP or a Unix socket, stop gracefully on SIGINT/SIGTERM.
 
+mod conn;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -67,8 +69,12 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         path: state.to_path_buf(),
         source,
     })?;
+    // Read at start; the timeouts are read again for each new connection (H6).
+    let max_connections = config.max_connections();
     let store = SqliteStore::open(&state.join("sessions.db"))?;
-    let engine = WasmEngine::new()?.with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?;
+    let engine = WasmEngine::new()?
+        .with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?
+        .with_compiler(crate::compiler()?);
     // Fail early on a plugin folder that cannot be read; the files load after we listen.
     promptd_daemon::plugin_dir::plugin_files(&dir)?;
     let daemon = Arc::new(Daemon::loading(
@@ -110,6 +116,16 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     if let Some(workspace) = dev {
         crate::dev::spawn(workspace, daemon.plugin_dir().to_path_buf())?;
     }
+    let timeouts = {
+        let daemon = daemon.clone();
+        move || {
+            let config = daemon.config();
+            conn::Timeouts {
+                header: config.header_timeout() * 1000,
+                idle: config.idle_timeout() * 1000,
+            }
+        }
+    };
     let app = http::router(daemon, token);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -123,9 +139,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("listen on {addr}"))?;
                 announce(&format!("http://{}", listener.local_addr()?));
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown())
-                    .await?;
+                conn::serve(listener, app, max_connections, timeouts, shutdown()).await;
             }
             Listen::Unix(path) => {
                 // A stale socket file from an earlier run would make bind fail.
@@ -133,9 +147,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 let listener = tokio::net::UnixListener::bind(&path)
                     .with_context(|| format!("listen on {}", path.display()))?;
                 announce(&format!("unix:{}", path.display()));
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown())
-                    .await?;
+                conn::serve(listener, app, max_connections, timeouts, shutdown()).await;
                 let _ = std::fs::remove_file(&path);
             }
         }

@@ -33,6 +33,15 @@ use crate::sandbox::{self, DeclarationLimits, Sandbox};
 /// Default budget of the daemon's session cache, in MiB.
 pub const DEFAULT_SESSION_CACHE_MB: u64 = 256;
 
+/// Default time a connection has to send a whole request head, in milliseconds (H6).
+pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
+
+/// Default time a keep-alive connection may wait for its next request, in milliseconds (H6).
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+
+/// Default bound on the daemon's open connections (H6).
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 512;
+
 /// The default agent's name, used when a client names none.
 pub const DEFAULT_AGENT: &str = "default";
 
@@ -59,6 +68,10 @@ pub struct LimitsConfig {
     pub timeout_ms: Option<u64>,
     /// Memory cap per plugin instance, in MiB (default 256).
     pub memory_mb: Option<u64>,
+    /// Deadline of compiling one plugin, in milliseconds (default 120000; L10).
+    pub compile_timeout_ms: Option<u64>,
+    /// Address space of the process compiling one plugin, in MiB (default 2048; L10).
+    pub compile_memory_mb: Option<u64>,
     /// Largest text one call may return, in KiB (default 1024).
     pub max_output_kb: Option<u64>,
     /// Consecutive failed calls after which a plugin is quarantined (default 3; 0 = never).
@@ -68,6 +81,14 @@ pub struct LimitsConfig {
     /// Memory for sessions kept in memory between steps, in MiB (default 256; 0 = none: every
     /// step reads its session's log).
     pub session_cache_mb: Option<u64>,
+    /// Time a daemon connection has to send a whole request head, in milliseconds (default
+    /// 10000; H6).
+    pub header_timeout_ms: Option<u64>,
+    /// Time a daemon connection with no request in flight may wait for the next one, in
+    /// milliseconds (default 60000; H6).
+    pub idle_timeout_ms: Option<u64>,
+    /// Most connections the daemon keeps open; more wait to be accepted (default 512; H6).
+    pub max_connections: Option<u64>,
     /// Most sections one plugin may declare (default 1000).
     pub max_sections: Option<u64>,
     /// Most contexts one plugin may declare (default 1000).
@@ -80,6 +101,10 @@ pub struct LimitsConfig {
     pub max_name_bytes: Option<u64>,
     /// Everything one plugin declares together, in KiB (default 4096).
     pub max_declared_kb: Option<u64>,
+    /// Log bytes one plugin call (declare included) may write, in KiB (default 64).
+    pub log_kb_per_call: Option<u64>,
+    /// Log records per second one plugin may write, all its instances together (default 100).
+    pub log_lines_per_s: Option<u64>,
 }
 
 /// The declaration limits' keys and values, in [`PluginConfig::declaration_keys`]'s order.
@@ -146,6 +171,9 @@ pub struct PluginConfig {
     pub timeout_ms: Option<u64>,
     /// Overrides `[limits] memory_mb` for this plugin.
     pub memory_mb: Option<u64>,
+    /// Override `[limits] compile_timeout_ms` and `compile_memory_mb` for this plugin.
+    pub compile_timeout_ms: Option<u64>,
+    pub compile_memory_mb: Option<u64>,
     /// Overrides `[limits] max_output_kb` for this plugin.
     pub max_output_kb: Option<u64>,
     /// Overrides `[limits] instances` for this plugin.
@@ -267,8 +295,15 @@ impl Config {
         };
         positive("limits.timeout_ms", self.limits.timeout_ms)?;
         positive("limits.memory_mb", self.limits.memory_mb)?;
+        positive("limits.compile_timeout_ms", self.limits.compile_timeout_ms)?;
+        positive("limits.compile_memory_mb", self.limits.compile_memory_mb)?;
         positive("limits.max_output_kb", self.limits.max_output_kb)?;
         positive("limits.instances", self.limits.instances)?;
+        positive("limits.header_timeout_ms", self.limits.header_timeout_ms)?;
+        positive("limits.idle_timeout_ms", self.limits.idle_timeout_ms)?;
+        positive("limits.max_connections", self.limits.max_connections)?;
+        positive("limits.log_kb_per_call", self.limits.log_kb_per_call)?;
+        positive("limits.log_lines_per_s", self.limits.log_lines_per_s)?;
         for (key, value) in self.limits.declaration_keys() {
             positive(&format!("limits.{key}"), value)?;
         }
@@ -276,6 +311,14 @@ impl Config {
         for (stem, plugin) in &self.plugins {
             positive(&format!("plugins.{stem}.timeout_ms"), plugin.timeout_ms)?;
             positive(&format!("plugins.{stem}.memory_mb"), plugin.memory_mb)?;
+            positive(
+                &format!("plugins.{stem}.compile_timeout_ms"),
+                plugin.compile_timeout_ms,
+            )?;
+            positive(
+                &format!("plugins.{stem}.compile_memory_mb"),
+                plugin.compile_memory_mb,
+            )?;
             positive(
                 &format!("plugins.{stem}.max_output_kb"),
                 plugin.max_output_kb,
@@ -395,6 +438,33 @@ impl Config {
             << 20) as usize
     }
 
+    /// How long a daemon connection has to send a whole request head (H6).
+    pub fn header_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.limits
+                .header_timeout_ms
+                .unwrap_or(DEFAULT_HEADER_TIMEOUT_MS),
+        )
+    }
+
+    /// How long a daemon connection with no request in flight may wait for the next (H6).
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.limits
+                .idle_timeout_ms
+                .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
+        )
+    }
+
+    /// Most connections the daemon keeps open at once (H6).
+    pub fn max_connections(&self) -> usize {
+        let n = self
+            .limits
+            .max_connections
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        usize::try_from(n).unwrap_or(usize::MAX)
+    }
+
     /// Consecutive failed calls after which a plugin is quarantined; `None` means never.
     pub fn quarantine_after(&self) -> Option<u32> {
         match self.limits.quarantine_after {
@@ -431,7 +501,19 @@ impl Config {
             sandbox::DEFAULT_INSTANCES,
         );
         let base = self.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        let compile_ms = pick(
+            p.and_then(|p| p.compile_timeout_ms),
+            self.limits.compile_timeout_ms,
+            sandbox::DEFAULT_COMPILE_TIMEOUT.as_millis() as u64,
+        );
+        let compile_mb = pick(
+            p.and_then(|p| p.compile_memory_mb),
+            self.limits.compile_memory_mb,
+            sandbox::DEFAULT_COMPILE_MEMORY_MB,
+        );
         Sandbox {
+            compile_deadline: std::time::Duration::from_millis(compile_ms),
+            compile_memory_bytes: compile_mb.saturating_mul(1 << 20),
             call_deadline: std::time::Duration::from_millis(timeout_ms),
             memory_bytes: (memory_mb << 20) as usize,
             max_output_bytes: (output_kb << 10) as usize,
@@ -455,6 +537,16 @@ impl Config {
                 .unwrap_or_default(),
             stdio_to_log: p.and_then(|p| p.stdio) != Some(Stdio::None),
             max_instances: instances as usize,
+            log_bytes_per_call: (self
+                .limits
+                .log_kb_per_call
+                .unwrap_or(sandbox::DEFAULT_LOG_KB_PER_CALL)
+                << 10) as usize,
+            log_lines_per_s: self
+                .limits
+                .log_lines_per_s
+                .unwrap_or(sandbox::DEFAULT_LOG_LINES_PER_S)
+                .min(u32::MAX as u64) as u32,
         }
     }
 
@@ -613,6 +705,31 @@ mod tests {
     fn global_cannot_be_an_agent() {
         let err = Config::parse("[agents.global]\n", "t").unwrap_err();
         assert_eq!(err.code(), "invalid_agent");
+    }
+
+    #[test]
+    fn h6_connection_limits_have_defaults_and_zero_is_an_error() {
+        let c = Config::parse("", "t").unwrap();
+        assert_eq!(c.header_timeout(), std::time::Duration::from_secs(10));
+        assert_eq!(c.idle_timeout(), std::time::Duration::from_secs(60));
+        assert_eq!(c.max_connections(), 512);
+        let c = Config::parse(
+            "[limits]\nheader_timeout_ms = 250\nidle_timeout_ms = 500\nmax_connections = 8\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.header_timeout(), std::time::Duration::from_millis(250));
+        assert_eq!(c.idle_timeout(), std::time::Duration::from_millis(500));
+        assert_eq!(c.max_connections(), 8);
+        for key in ["header_timeout_ms", "idle_timeout_ms", "max_connections"] {
+            let err = Config::parse(&format!("[limits]\n{key} = 0\n"), "t").unwrap_err();
+            assert_eq!(err.code(), "config_invalid");
+            assert!(
+                err.to_string()
+                    .contains(&format!("limits.{key} must be greater than 0")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -68,6 +68,15 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 
+    /// Compiling hit a bound (L10): `exceeded` says which in plain words ("took longer than
+    /// 5000 ms"), `key` is its config key.
+    #[error("plugin `{plugin}`: compiling {exceeded} ({key})")]
+    CompileLimit {
+        plugin: String,
+        exceeded: String,
+        key: &'static str,
+    },
+
     #[error(
         "plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.1.0: {cause}"
     )]
@@ -229,6 +238,7 @@ impl Error {
             Error::ToolOrderMissingRest => "tool_order_missing_rest",
             Error::Engine { .. } => "engine",
             Error::NotAComponent { .. } => "not_a_component",
+            Error::CompileLimit { .. } => "compile_limit",
             Error::WrongWorld { .. } => "wrong_world",
             Error::DeclareFailed { .. } => "declare_failed",
             Error::InvalidName { .. } => "invalid_name",

@@ -10,6 +10,10 @@ use std::time::Duration;
 /// Capabilities and limits for one plugin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sandbox {
+    /// Wall-clock budget of compiling the plugin (L10); a cached compile costs nothing.
+    pub compile_deadline: Duration,
+    /// Address space of the process compiling the plugin, in bytes (L10).
+    pub compile_memory_bytes: u64,
     /// Wall-clock budget of one call into the plugin (declare and every dynamic call).
     pub call_deadline: Duration,
     /// Largest linear memory one instance may grow to, in bytes.
@@ -25,8 +29,16 @@ pub struct Sandbox {
     /// Most warm instances kept at once, so that many assemblies can call the plugin at the
     /// same time (each has its own memory, up to `memory_bytes`).
     pub max_instances: usize,
+    /// Most bytes one call (declare included) may write to the host log (L9).
+    pub log_bytes_per_call: usize,
+    /// Most log records per second from this plugin, all instances together (L9).
+    pub log_lines_per_s: u32,
 }
 
+/// Default compile deadline: the bundled JavaScript and Python plugins take 10-30 s on 2 cores.
+pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default address space of the compiling process, in MiB.
+pub const DEFAULT_COMPILE_MEMORY_MB: u64 = 2048;
 /// Default call deadline.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default memory cap per instance.
@@ -35,10 +47,16 @@ pub const DEFAULT_MEMORY_MB: u64 = 256;
 pub const DEFAULT_MAX_OUTPUT_KB: u64 = 1024;
 /// Default number of warm instances per plugin.
 pub const DEFAULT_INSTANCES: u64 = 2;
+/// Default log budget of one call, in KiB.
+pub const DEFAULT_LOG_KB_PER_CALL: u64 = 64;
+/// Default log rate of one plugin, in records per second.
+pub const DEFAULT_LOG_LINES_PER_S: u64 = 100;
 
 impl Default for Sandbox {
     fn default() -> Self {
         Self {
+            compile_deadline: DEFAULT_COMPILE_TIMEOUT,
+            compile_memory_bytes: DEFAULT_COMPILE_MEMORY_MB << 20,
             call_deadline: DEFAULT_TIMEOUT,
             memory_bytes: (DEFAULT_MEMORY_MB << 20) as usize,
             max_output_bytes: (DEFAULT_MAX_OUTPUT_KB << 10) as usize,
@@ -46,6 +64,8 @@ impl Default for Sandbox {
             env: Vec::new(),
             stdio_to_log: true,
             max_instances: DEFAULT_INSTANCES as usize,
+            log_bytes_per_call: (DEFAULT_LOG_KB_PER_CALL << 10) as usize,
+            log_lines_per_s: DEFAULT_LOG_LINES_PER_S as u32,
         }
     }
 }

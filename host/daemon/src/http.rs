@@ -95,6 +95,7 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::Engine { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         // Well-formed input that cannot be assembled or validated.
         Error::NotAComponent { .. }
+        | Error::CompileLimit { .. }
         | Error::WrongWorld { .. }
         | Error::DeclareFailed { .. }
         | Error::Quarantined { .. }

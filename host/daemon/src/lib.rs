@@ -293,6 +293,7 @@ impl Daemon {
                 Ok(file) => file,
                 Err(error) => {
                     let path = path.display().to_string();
+                    tracing::warn!(file = %path, "refused: {error}");
                     let body = ErrorBody::from(&error);
                     applied.push(
                         self.events

@@ -60,21 +60,8 @@ impl CompileCache {
         compile: impl FnOnce() -> wasmtime::Result<Component>,
     ) -> wasmtime::Result<(Component, Lookup)> {
         let path = self.entry(sha256);
-        if path.is_file() {
-            // SAFETY: entries are written only by `store` below from `Component::serialize` of
-            // this engine configuration (the file name carries its fingerprint); wasmtime
-            // also checks the header and refuses artifacts of another version or settings.
-            match unsafe { Component::deserialize_file(engine, &path) } {
-                Ok(component) => {
-                    self.hits.fetch_add(1, Ordering::Relaxed);
-                    touch(&path);
-                    return Ok((component, Lookup::Hit));
-                }
-                Err(e) => {
-                    tracing::warn!(entry = %path.display(), "discarding unusable cache entry: {e:#}");
-                    let _ = std::fs::remove_file(&path);
-                }
-            }
+        if let Some(component) = self.hit(engine, &path) {
+            return Ok((component, Lookup::Hit));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let component = compile()?;
@@ -84,10 +71,70 @@ impl CompileCache {
         Ok((component, Lookup::Miss))
     }
 
+    /// Like [`CompileCache::get_or_compile`], for a compiler that writes the serialized
+    /// component to the path it is given (the child process, L10): that file is renamed into
+    /// the cache and mapped from there, so the artifact never passes through this process's
+    /// heap. `unusable` names an artifact that does not load.
+    pub fn get_or_compile_into<E>(
+        &self,
+        engine: &Engine,
+        sha256: &str,
+        compile: impl FnOnce(&Path) -> Result<(), E>,
+        unusable: impl FnOnce(wasmtime::Error) -> E,
+    ) -> Result<(Component, Lookup), E> {
+        let path = self.entry(sha256);
+        if let Some(component) = self.hit(engine, &path) {
+            return Ok((component, Lookup::Hit));
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let tmp = crate::compile::scratch_path(&path);
+        compile(&tmp)?;
+        // Under its real name only once complete; if the rename fails it loads from beside.
+        let at = match std::fs::rename(&tmp, &path) {
+            Ok(()) => path.as_path(),
+            Err(e) => {
+                tracing::warn!(entry = %path.display(), "could not write the compile cache: {e}");
+                tmp.as_path()
+            }
+        };
+        // SAFETY: the file was just written by the compiler child from this engine's settings
+        // (`crate::compile`); wasmtime checks its header too.
+        let component = unsafe { Component::deserialize_file(engine, at) };
+        if at == tmp || component.is_err() {
+            let _ = std::fs::remove_file(at);
+        }
+        // Mapped already, so evicting it now (a bound smaller than one entry) costs nothing.
+        self.evict();
+        Ok((component.map_err(unusable)?, Lookup::Miss))
+    }
+
+    /// A valid entry at `path`, counted as a hit; an unusable one is removed.
+    fn hit(&self, engine: &Engine, path: &Path) -> Option<Component> {
+        if !path.is_file() {
+            return None;
+        }
+        // SAFETY: entries are written only by this cache from `Component::serialize` or the
+        // compiler child of this engine configuration (the file name carries its fingerprint);
+        // wasmtime also checks the header and refuses artifacts of another version or settings.
+        match unsafe { Component::deserialize_file(engine, path) } {
+            Ok(component) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                touch(path);
+                Some(component)
+            }
+            Err(e) => {
+                tracing::warn!(entry = %path.display(), "discarding unusable cache entry: {e:#}");
+                let _ = std::fs::remove_file(path);
+                None
+            }
+        }
+    }
+
     fn store(&self, path: &Path, component: &Component) -> Result<(), String> {
         let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
         // Written beside, then renamed: a crash never leaves a half entry under the real name.
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // One name per write: parallel loads of the same bytes must not share a file.
+        let tmp = crate::compile::scratch_path(path);
         std::fs::write(&tmp, bytes).map_err(|e| e.to_string())?;
         std::fs::rename(&tmp, path).map_err(|e| e.to_string())?;
         self.evict();

@@ -5,10 +5,13 @@
 //! grants of its [`promptd_core::sandbox::Sandbox`]. [`cache`] keeps compiled code on disk.
 
 pub mod cache;
+pub mod compile;
+mod log;
 mod wasm;
 
 use std::path::PathBuf;
 
+pub use compile::Compiler;
 pub use wasm::{WasmEngine, WasmProvider};
 
 /// Why the engine itself could not be set up (a plugin's own failures are

@@ -22,6 +22,8 @@ use promptd_core::sandbox::Sandbox;
 use promptd_core::Error;
 
 use crate::cache::CompileCache;
+use crate::compile::Compiler;
+use crate::log::{CallLog, Level, PluginLog};
 use crate::EngineError;
 
 mod bindings {
@@ -43,6 +45,8 @@ pub struct WasmEngine {
     linker: Linker<State>,
     stop: Arc<AtomicBool>,
     cache: Option<CompileCache>,
+    /// Compiles in a bounded child process (L10); `None` compiles in this process, unbounded.
+    compiler: Option<Compiler>,
 }
 
 impl Drop for WasmEngine {
@@ -69,8 +73,7 @@ impl WasmEngine {
     }
 
     fn with_config(mut config: wasmtime::Config) -> Result<Self, EngineError> {
-        config.wasm_component_model(true).epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(EngineError::Init)?;
+        let engine = Engine::new(settings(&mut config)).map_err(EngineError::Init)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(EngineError::Init)?;
         Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
@@ -97,7 +100,15 @@ impl WasmEngine {
             linker,
             stop,
             cache: None,
+            compiler: None,
         })
+    }
+
+    /// Compiles plugins in child processes started with `compiler`, each bounded by its
+    /// plugin's `compile_timeout_ms` and `compile_memory_mb` (L10), instead of in this one.
+    pub fn with_compiler(mut self, compiler: Compiler) -> Self {
+        self.compiler = Some(compiler);
+        self
     }
 
     /// Keeps compiled code in `dir` (H4), bounded to `max_bytes`.
@@ -139,17 +150,18 @@ impl WasmEngine {
             });
         }
         let compile = || Component::from_binary(&self.engine, bytes);
-        let (component, lookup) = match &self.cache {
-            Some(cache) => cache
+        let (component, lookup) = match (&self.compiler, &self.cache) {
+            (Some(compiler), cache) => {
+                compiler.component(&self.engine, cache.as_ref(), id, bytes, sha256, &sandbox)?
+            }
+            (None, Some(cache)) => cache
                 .get_or_compile(&self.engine, sha256, compile)
-                .map(|(c, l)| (c, Some(l))),
-            None => compile().map(|c| (c, None)),
-        }
-        .map_err(|e| Error::NotAComponent {
-            plugin: id.into(),
-            cause: root_cause(&e),
-            source: Some(e.into()),
-        })?;
+                .map(|(c, l)| (c, Some(l)))
+                .map_err(|e| not_a_component(id, e))?,
+            (None, None) => compile()
+                .map(|c| (c, None))
+                .map_err(|e| not_a_component(id, e))?,
+        };
         let wrong_world = |e: wasmtime::Error| Error::WrongWorld {
             plugin: id.into(),
             cause: root_cause(&e),
@@ -161,7 +173,7 @@ impl WasmEngine {
             .map_err(wrong_world)?;
         let pre = PluginPre::new(pre).map_err(wrong_world)?;
         let provider = WasmProvider {
-            id: id.to_string(),
+            log: PluginLog::new(id, &sandbox),
             engine: self.engine.clone(),
             pre,
             sandbox,
@@ -204,6 +216,25 @@ impl PluginEngine for WasmEngine {
     }
 }
 
+/// The settings of every promptd engine. The compiler child (L10) uses them too, so its
+/// artifacts load in the parent.
+fn settings(config: &mut wasmtime::Config) -> &mut wasmtime::Config {
+    config.wasm_component_model(true).epoch_interruption(true)
+}
+
+/// An engine with [`WasmEngine::new`]'s settings that only compiles (the compiler child).
+pub(crate) fn compiling_engine() -> Result<Engine, EngineError> {
+    Engine::new(settings(&mut wasmtime::Config::new())).map_err(EngineError::Init)
+}
+
+fn not_a_component(plugin: &str, e: wasmtime::Error) -> Error {
+    Error::NotAComponent {
+        plugin: plugin.into(),
+        cause: root_cause(&e),
+        source: Some(e.into()),
+    }
+}
+
 /// The error chain on one line (wasmtime's messages may span several).
 fn root_cause(e: &wasmtime::Error) -> String {
     format!("{e:#}")
@@ -231,14 +262,48 @@ fn precheck(bytes: &[u8]) -> Option<&'static str> {
     None
 }
 
+/// The memory cap of one store (L2). It remembers a refused growth, so the trap it causes is
+/// reported as the limit it is, not as the engine's backtrace.
+struct MemoryCap {
+    bytes: usize,
+    exceeded: Option<usize>,
+    /// Tables and instances: wasmtime's defaults, trapping like memory.
+    others: StoreLimits,
+}
+
+impl wasmtime::ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.bytes {
+            self.exceeded = Some(desired);
+            wasmtime::bail!("memory limit of {} bytes exceeded", self.bytes);
+        }
+        self.others.memory_growing(current, desired, maximum)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.others.table_growing(current, desired, maximum)
+    }
+}
+
 /// Per-store host state: WASI with no grants, the memory limiter, and the plugin id for logs.
 struct State {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
-    plugin: String,
+    limits: MemoryCap,
     /// The last error-level log line, attached to a trap's message (the SDKs log panics).
     last_error: Option<String>,
+    /// The log budget of the running call (L9), shared with stdout/stderr.
+    log: Arc<CallLog>,
 }
 
 impl WasiView for State {
@@ -254,17 +319,17 @@ impl wit::Host for State {}
 
 impl bindings::promptd::plugin::host::Host for State {
     fn log(&mut self, level: wit::Level, message: String) {
-        let plugin = &self.plugin;
         if matches!(level, wit::Level::Error) {
             self.last_error = Some(message.chars().take(2000).collect());
         }
-        match level {
-            wit::Level::Trace => tracing::trace!(plugin, "{message}"),
-            wit::Level::Debug => tracing::debug!(plugin, "{message}"),
-            wit::Level::Info => tracing::info!(plugin, "{message}"),
-            wit::Level::Warn => tracing::warn!(plugin, "{message}"),
-            wit::Level::Error => tracing::error!(plugin, "{message}"),
-        }
+        let level = match level {
+            wit::Level::Trace => Level::Trace,
+            wit::Level::Debug => Level::Debug,
+            wit::Level::Info => Level::Info,
+            wit::Level::Warn => Level::Warn,
+            wit::Level::Error => Level::Error,
+        };
+        self.log.write(level, None, &message);
     }
 }
 
@@ -284,7 +349,6 @@ struct Pool {
 /// assemblies do not queue behind one instance. A trapped instance is dropped, never reused;
 /// the pool makes a fresh one when a call needs it.
 pub struct WasmProvider {
-    id: String,
     engine: Engine,
     pre: PluginPre<State>,
     sandbox: Sandbox,
@@ -294,6 +358,8 @@ pub struct WasmProvider {
     returned: Condvar,
     /// Failed calls since the last successful one (L3: quarantine after too many).
     failures: AtomicU32,
+    /// The plugin's log budget (L9), shared by its instances.
+    log: Arc<PluginLog>,
 }
 
 impl WasmProvider {
@@ -308,19 +374,21 @@ impl WasmProvider {
                 })?;
         }
         wasi.envs(&self.sandbox.env);
+        let log = CallLog::new(self.log.clone());
         if self.sandbox.stdio_to_log {
-            wasi.stdout(LogStream::new(&self.id, "stdout"));
-            wasi.stderr(LogStream::new(&self.id, "stderr"));
+            wasi.stdout(LogStream::new(&log, "stdout"));
+            wasi.stderr(LogStream::new(&log, "stderr"));
         }
         let state = State {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new()
-                .memory_size(self.sandbox.memory_bytes)
-                .trap_on_grow_failure(true)
-                .build(),
-            plugin: self.id.clone(),
+            limits: MemoryCap {
+                bytes: self.sandbox.memory_bytes,
+                exceeded: None,
+                others: StoreLimitsBuilder::new().trap_on_grow_failure(true).build(),
+            },
             last_error: None,
+            log,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -348,14 +416,15 @@ impl WasmProvider {
     fn fresh_instance(&self) -> CallResult<(Declaration, Instance)> {
         let mut store = self.new_store()?;
         store.set_epoch_deadline(self.deadline_ticks());
-        let plugin = self
+        let log = store.data().log.clone();
+        log.begin();
+        let declared = self
             .pre
             .instantiate(&mut store)
-            .map_err(|e| trap(e, &mut store))?;
-        let declared = plugin
-            .call_declare(&mut store, &self.config)
-            .map_err(|e| trap(e, &mut store))?
-            .map_err(CallError::Failed)?;
+            .and_then(|plugin| Ok((plugin.call_declare(&mut store, &self.config)?, plugin)));
+        log.end("declare");
+        let (declared, plugin) = declared.map_err(|e| trap(e, &mut store))?;
+        let declared = declared.map_err(CallError::Failed)?;
         let declaration = from_wit(declared);
         for (what, text) in declared_texts(&declaration) {
             self.bounded(&what, text)?;
@@ -413,7 +482,11 @@ impl WasmProvider {
             }
         };
         instance.store.set_epoch_deadline(self.deadline_ticks());
-        let result = match f(&instance.plugin, &mut instance.store) {
+        let log = instance.store.data().log.clone();
+        log.begin();
+        let outcome = f(&instance.plugin, &mut instance.store);
+        log.end("call");
+        let result = match outcome {
             Ok(result) => {
                 self.checkin(Some(instance));
                 result.map_err(CallError::Failed)
@@ -455,6 +528,14 @@ fn trap(e: wasmtime::Error, store: &mut Store<State>) -> CallError {
         Some(t) => t.to_string(),
         None => root_cause(&e),
     };
+    // Said first, in the config's words; the engine's backtrace follows.
+    if let Some(wanted) = store.data_mut().limits.exceeded.take() {
+        message = format!(
+            "memory limit of {} MiB exceeded (memory_mb): the plugin asked for {} MiB; {message}",
+            store.data().limits.bytes >> 20,
+            wanted.div_ceil(1 << 20)
+        );
+    }
     if let Some(logged) = store.data_mut().last_error.take() {
         message = format!("{message}; the plugin logged: {logged}");
     }
@@ -524,16 +605,17 @@ fn declared_texts(d: &Declaration) -> Vec<(String, &str)> {
     out
 }
 
-/// A plugin's stdout or stderr, forwarded line by line to the host log with its id.
+/// A plugin's stdout or stderr, forwarded line by line to the host log with its id, under the
+/// same budget as its `log` calls (L9).
 struct LogStream {
-    plugin: Arc<str>,
+    log: Arc<CallLog>,
     stream: &'static str,
 }
 
 impl LogStream {
-    fn new(plugin: &str, stream: &'static str) -> Self {
+    fn new(log: &Arc<CallLog>, stream: &'static str) -> Self {
         Self {
-            plugin: plugin.into(),
+            log: log.clone(),
             stream,
         }
     }
@@ -548,7 +630,7 @@ impl wasmtime_wasi::cli::IsTerminal for LogStream {
 impl wasmtime_wasi::cli::StdoutStream for LogStream {
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
         Box::new(LogWriter {
-            plugin: self.plugin.clone(),
+            log: self.log.clone(),
             stream: self.stream,
             line: Vec::new(),
         })
@@ -556,7 +638,7 @@ impl wasmtime_wasi::cli::StdoutStream for LogStream {
 }
 
 struct LogWriter {
-    plugin: Arc<str>,
+    log: Arc<CallLog>,
     stream: &'static str,
     line: Vec<u8>,
 }
@@ -567,7 +649,8 @@ impl LogWriter {
 
     fn emit(&mut self) {
         let text = String::from_utf8_lossy(&self.line);
-        tracing::info!(plugin = %self.plugin, stream = self.stream, "{}", text.trim_end());
+        self.log
+            .write(Level::Info, Some(self.stream), text.trim_end());
         self.line.clear();
     }
 }

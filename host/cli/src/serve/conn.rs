@@ -1,0 +1,298 @@
+//! Serving HTTP/1 connections, each bounded in time, a bounded number at once (H6), with
+//! graceful shutdown: on the signal no connection is accepted any more, each one finishes the
+//! response it is sending and closes, and `serve` returns when all are closed.
+//!
+//! A watchdog per connection closes it when it takes longer than the header timeout to send a
+//! whole request head (timed from the connection's opening, or from its first byte after an
+//! idle spell) or sits idle between requests longer than the idle timeout. A connection with a
+//! request in flight is never timed: its response may legitimately take long (a server-sent
+//! event stream, a step waiting for the first load). hyper's own `header_read_timeout` is not
+//! used: it starts as soon as a connection is idle, so it would be the idle timeout as well.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::serve::Listener;
+use axum::Router;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::{service_fn, Service};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::time::Instant;
+
+/// A connection's time limits, read from the config in force when it opens.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// From the opening, or from the first byte after an idle spell, to a whole request head.
+    pub header: Duration,
+    /// Between the end of a response and the first byte of the next request.
+    pub idle: Duration,
+}
+
+/// Serves `app` on every connection `listener` accepts, at most `max` at once (beyond that,
+/// connections wait in the listen backlog), until `shutdown` completes; then lets open
+/// connections finish their responses and returns once all are closed.
+pub async fn serve<L: Listener>(
+    mut listener: L,
+    app: Router,
+    max: usize,
+    timeouts: impl Fn() -> Timeouts,
+    shutdown: impl Future<Output = ()>,
+) {
+    let max = max.clamp(1, (u32::MAX as usize).min(Semaphore::MAX_PERMITS));
+    let slots = Arc::new(Semaphore::new(max));
+    let (stop, stopping) = watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        // A free slot before accepting: a connection over the bound costs nothing here.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            () = &mut shutdown => break,
+        };
+        let Ok(slot) = slot else { break };
+        let (io, _) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let (app, stopping, timeouts) = (app.clone(), stopping.clone(), timeouts());
+        tokio::spawn(async move {
+            connection(io, app, timeouts, stopping).await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    // Dropping the sender tells every connection to finish; each gives its slot back when
+    // closed, so having them all back means every connection is closed.
+    drop(stop);
+    let _ = slots.acquire_many(max as u32).await;
+}
+
+/// Serves one connection until it closes, times out (H6) or has finished after `stopping`.
+async fn connection<I>(io: I, app: Router, timeouts: Timeouts, mut stopping: watch::Receiver<()>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Watched {
+        io,
+        activity: activity.clone(),
+    });
+    let app = TowerToHyperService::new(app);
+    let tracked = activity.clone();
+    let service = service_fn(move |request: hyper::Request<Incoming>| {
+        // In flight from here until hyper drops the response body, i.e. has sent all of it.
+        let busy = Busy::begin(&tracked);
+        let response = app.call(request);
+        async move {
+            let response = response.await?;
+            Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy }))
+        }
+    });
+    let conn = http1::Builder::new()
+        .header_read_timeout(None)
+        .serve_connection(io, service);
+    let mut conn = std::pin::pin!(conn);
+    let mut finishing = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!("connection ended: {e}");
+                }
+                return;
+            }
+            _ = stopping.changed(), if !finishing => {
+                finishing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            why = activity.expired(timeouts) => {
+                // Dropping the connection closes it.
+                tracing::debug!("closing a connection: {why}");
+                return;
+            }
+        }
+    }
+}
+
+/// What a connection is doing, for its watchdog.
+struct Activity {
+    state: Mutex<State>,
+    /// Wakes the watchdog when its deadline may have moved.
+    changed: Notify,
+}
+
+struct State {
+    /// Requests whose responses are not sent yet.
+    in_flight: usize,
+    /// With none in flight: whether a request head is being read (else the connection idles).
+    head: bool,
+    /// When the head or the idle spell began.
+    since: Instant,
+}
+
+impl Activity {
+    /// A new connection owes its first request head.
+    fn new() -> Activity {
+        Activity {
+            state: Mutex::new(State {
+                in_flight: 0,
+                head: true,
+                since: Instant::now(),
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes arrived: on an idle connection, they begin a request head.
+    fn read(&self) {
+        let mut state = self.state();
+        if state.in_flight == 0 && !state.head {
+            state.head = true;
+            state.since = Instant::now();
+            drop(state);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Resolves when the connection has exceeded a timeout, saying which.
+    async fn expired(&self, timeouts: Timeouts) -> &'static str {
+        loop {
+            let deadline = {
+                let state = self.state();
+                (state.in_flight == 0).then(|| {
+                    if state.head {
+                        (state.since + timeouts.header, "request head timeout")
+                    } else {
+                        (state.since + timeouts.idle, "idle timeout")
+                    }
+                })
+            };
+            // `notify_one` keeps a wake-up for a change made before we wait, so none is lost.
+            match deadline {
+                Some((at, why)) if Instant::now() >= at => return why,
+                Some((at, _)) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = self.changed.notified() => {}
+                    }
+                }
+                None => self.changed.notified().await,
+            }
+        }
+    }
+}
+
+/// One request in flight, until dropped.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn begin(activity: &Arc<Activity>) -> Busy {
+        activity.state().in_flight += 1;
+        Busy(activity.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        if state.in_flight == 0 {
+            state.head = false;
+            state.since = Instant::now();
+            drop(state);
+            self.0.changed.notify_one();
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until hyper is done with it.
+struct Tracked {
+    body: Body,
+    _busy: Busy,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The connection's socket, telling its [`Activity`] when bytes arrive.
+struct Watched<I> {
+    io: I,
+    activity: Arc<Activity>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.read();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
