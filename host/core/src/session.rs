@@ -123,6 +123,23 @@ enum SnapshotState {
     Cleared,
 }
 
+/// The length of `value` as JSON, without building the text.
+fn json_bytes(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 /// The header a `request/header` event records, and the run that recorded it (`None` in 0.1.0
 /// logs).
 fn header_of(session: &str, event: &Event) -> Result<(Header, Option<String>)> {
@@ -144,6 +161,10 @@ pub struct SessionState {
     last_seq: u64,
     steps: u64,
     header: Option<(Header, Option<String>)>,
+    /// What the header and the snapshot take, kept as they change (a header may be megabytes
+    /// of tools, so the session cache must count it).
+    header_bytes: usize,
+    snapshot_bytes: usize,
     snapshot: SnapshotState,
     tool_calls: BTreeSet<String>,
     /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
@@ -159,6 +180,8 @@ impl SessionState {
             last_seq: 0,
             steps: 0,
             header: None,
+            header_bytes: 0,
+            snapshot_bytes: 0,
             snapshot: SnapshotState::Never,
             tool_calls: BTreeSet::new(),
             tool_call_bytes: 0,
@@ -186,7 +209,10 @@ impl SessionState {
             }
             match event.kind {
                 EventKind::Step => self.steps += 1,
-                EventKind::RequestHeader => self.header = Some(header_of(&session, event)?),
+                EventKind::RequestHeader => {
+                    self.header_bytes = json_bytes(body(&session, event)?);
+                    self.header = Some(header_of(&session, event)?);
+                }
                 EventKind::ContextSnapshot => {
                     self.snapshot = if body(&session, event)?.get("cleared")
                         == Some(&Value::Bool(true))
@@ -194,6 +220,10 @@ impl SessionState {
                         SnapshotState::Cleared
                     } else {
                         SnapshotState::Active(text_field(&session, event, "content")?.to_string())
+                    };
+                    self.snapshot_bytes = match &self.snapshot {
+                        SnapshotState::Active(text) => text.len(),
+                        _ => 0,
                     };
                 }
                 EventKind::SessionCreated
@@ -228,7 +258,7 @@ impl SessionState {
 
     /// Roughly how much memory the state holds, in bytes.
     pub fn bytes(&self) -> usize {
-        self.transcript.bytes() + self.tool_call_bytes
+        self.transcript.bytes() + self.tool_call_bytes + self.header_bytes + self.snapshot_bytes
     }
 
     /// The request of the last step in `format`: the last header and every message, the same
