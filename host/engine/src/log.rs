@@ -142,12 +142,12 @@ impl CallLog {
         drop(shared);
         let plugin = &*log.plugin;
         match (level, stream) {
-            (_, Some(stream)) => tracing::info!(plugin, stream, "{message}"),
-            (Level::Trace, None) => tracing::trace!(plugin, "{message}"),
-            (Level::Debug, None) => tracing::debug!(plugin, "{message}"),
-            (Level::Info, None) => tracing::info!(plugin, "{message}"),
-            (Level::Warn, None) => tracing::warn!(plugin, "{message}"),
-            (Level::Error, None) => tracing::error!(plugin, "{message}"),
+            (_, Some(stream)) => tracing::info!(plugin = %plugin, stream, "{message}"),
+            (Level::Trace, None) => tracing::trace!(plugin = %plugin, "{message}"),
+            (Level::Debug, None) => tracing::debug!(plugin = %plugin, "{message}"),
+            (Level::Info, None) => tracing::info!(plugin = %plugin, "{message}"),
+            (Level::Warn, None) => tracing::warn!(plugin = %plugin, "{message}"),
+            (Level::Error, None) => tracing::error!(plugin = %plugin, "{message}"),
         }
     }
 }
