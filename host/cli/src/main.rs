@@ -93,7 +93,7 @@ enum Command {
         #[command(flatten)]
         server: client::Server,
     },
-    /// Compile one component to FILE: the engine runs this as a bounded child process (L10).
+    /// Compile one component to FILE: the engine runs this as a bounded child process (L7).
     #[command(hide = true)]
     Compile {
         /// Where the compiled artifact goes (written beside, then renamed).
@@ -345,7 +345,7 @@ fn one_shot_engine() -> anyhow::Result<WasmEngine> {
     }
 }
 
-/// The compiler child of every engine (L10): this very binary.
+/// The compiler child of every engine (L7): this very binary.
 pub(crate) fn compiler() -> anyhow::Result<Compiler> {
     use anyhow::Context;
     Compiler::current_exe().context("find the promptd executable to compile plugins with")

@@ -68,9 +68,9 @@ pub struct LimitsConfig {
     pub timeout_ms: Option<u64>,
     /// Memory cap per plugin instance, in MiB (default 256).
     pub memory_mb: Option<u64>,
-    /// Deadline of compiling one plugin, in milliseconds (default 120000; L10).
+    /// Deadline of compiling one plugin, in milliseconds (default 120000; L7).
     pub compile_timeout_ms: Option<u64>,
-    /// Address space of the process compiling one plugin, in MiB (default 2048; L10).
+    /// Address space of the process compiling one plugin, in MiB (default 2048; L7).
     pub compile_memory_mb: Option<u64>,
     /// Largest text one call may return, in KiB (default 1024).
     pub max_output_kb: Option<u64>,

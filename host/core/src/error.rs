@@ -68,7 +68,7 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 
-    /// Compiling hit a bound (L10): `exceeded` says which in plain words ("took longer than
+    /// Compiling hit a bound (L7): `exceeded` says which in plain words ("took longer than
     /// 5000 ms"), `key` is its config key.
     #[error("plugin `{plugin}`: compiling {exceeded} ({key})")]
     CompileLimit {

@@ -10,9 +10,9 @@ use std::time::Duration;
 /// Capabilities and limits for one plugin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sandbox {
-    /// Wall-clock budget of compiling the plugin (L10); a cached compile costs nothing.
+    /// Wall-clock budget of compiling the plugin (L7); a cached compile costs nothing.
     pub compile_deadline: Duration,
-    /// Address space of the process compiling the plugin, in bytes (L10).
+    /// Address space of the process compiling the plugin, in bytes (L7).
     pub compile_memory_bytes: u64,
     /// Wall-clock budget of one call into the plugin (declare and every dynamic call).
     pub call_deadline: Duration,

@@ -72,7 +72,7 @@ impl CompileCache {
     }
 
     /// Like [`CompileCache::get_or_compile`], for a compiler that writes the serialized
-    /// component to the path it is given (the child process, L10): that file is renamed into
+    /// component to the path it is given (the child process, L7): that file is renamed into
     /// the cache and mapped from there, so the artifact never passes through this process's
     /// heap. `unusable` names an artifact that does not load.
     pub fn get_or_compile_into<E>(

@@ -1,4 +1,4 @@
-//! Compiling in a child process (L10), so a compile bomb costs a bounded time and memory.
+//! Compiling in a child process (L7), so a compile bomb costs a bounded time and memory.
 //!
 //! Cranelift's time and memory grow faster than a plugin's size: 100,000 `table.get`
 //! instructions (500 KB) take a minute and 1.4 GB. In-process, nothing could stop that, and the
@@ -153,7 +153,11 @@ impl Compiler {
         let status = match status {
             Waited::Exited(status) => status,
             Waited::TimedOut => {
-                tracing::warn!(plugin, ms, "compile deadline exceeded: the compiler was killed");
+                tracing::warn!(
+                    plugin,
+                    ms,
+                    "compile deadline exceeded: the compiler was killed"
+                );
                 return Err(Error::CompileLimit {
                     plugin: plugin.into(),
                     exceeded: format!(
@@ -273,7 +277,13 @@ fn classify(status: ExitStatus, stderr: &str) -> Outcome {
         Some(c) if c == i32::from(EXIT_IO) => return Outcome::Failed,
         _ => {}
     }
-    let out_of_memory = ["memory allocation of", "Cannot allocate memory", "out of memory"];
+    let out_of_memory = [
+        "memory allocation of",
+        "Cannot allocate memory",
+        "out of memory",
+        // The dynamic loader, when the cap is too small to even start.
+        "failed to map segment",
+    ];
     if out_of_memory.iter().any(|m| stderr.contains(m)) {
         Outcome::OutOfMemory
     } else {
@@ -383,7 +393,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn l10_exit_statuses_say_what_happened() {
+    fn l7_exit_statuses_say_what_happened() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(classify(status(0), ""), Outcome::Compiled);
         assert_eq!(classify(status(3), "invalid"), Outcome::Refused);
@@ -395,7 +405,10 @@ mod tests {
         );
         assert_eq!(classify(abort, ""), Outcome::Failed);
         assert_eq!(
-            classify(status(101), "failed to spawn thread: Cannot allocate memory"),
+            classify(
+                status(101),
+                "failed to spawn thread: Cannot allocate memory"
+            ),
             Outcome::OutOfMemory
         );
         assert_eq!(classify(status(5), "cannot write"), Outcome::Failed);

@@ -45,7 +45,7 @@ pub struct WasmEngine {
     linker: Linker<State>,
     stop: Arc<AtomicBool>,
     cache: Option<CompileCache>,
-    /// Compiles in a bounded child process (L10); `None` compiles in this process, unbounded.
+    /// Compiles in a bounded child process (L7); `None` compiles in this process, unbounded.
     compiler: Option<Compiler>,
 }
 
@@ -105,7 +105,7 @@ impl WasmEngine {
     }
 
     /// Compiles plugins in child processes started with `compiler`, each bounded by its
-    /// plugin's `compile_timeout_ms` and `compile_memory_mb` (L10), instead of in this one.
+    /// plugin's `compile_timeout_ms` and `compile_memory_mb` (L7), instead of in this one.
     pub fn with_compiler(mut self, compiler: Compiler) -> Self {
         self.compiler = Some(compiler);
         self
@@ -216,7 +216,7 @@ impl PluginEngine for WasmEngine {
     }
 }
 
-/// The settings of every promptd engine. The compiler child (L10) uses them too, so its
+/// The settings of every promptd engine. The compiler child (L7) uses them too, so its
 /// artifacts load in the parent.
 fn settings(config: &mut wasmtime::Config) -> &mut wasmtime::Config {
     config.wasm_component_model(true).epoch_interruption(true)
