@@ -121,8 +121,8 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         move || {
             let config = daemon.config();
             conn::Timeouts {
-                header: config.header_timeout() * 1000,
-                idle: config.idle_timeout() * 1000,
+                header: config.header_timeout(),
+                idle: config.idle_timeout(),
             }
         }
     };
