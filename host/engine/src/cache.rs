@@ -74,13 +74,15 @@ impl CompileCache {
     /// Like [`CompileCache::get_or_compile`], for a compiler that writes the serialized
     /// component to the path it is given (the child process, L7): that file is renamed into
     /// the cache and mapped from there, so the artifact never passes through this process's
-    /// heap. `unusable` names an artifact that does not load.
+    /// heap. `unusable` names an artifact that does not load; `uncached` compiles elsewhere
+    /// when the cache folder cannot be written (that costs only the cache, as in `store`).
     pub fn get_or_compile_into<E>(
         &self,
         engine: &Engine,
         sha256: &str,
         compile: impl FnOnce(&Path) -> Result<(), E>,
         unusable: impl FnOnce(wasmtime::Error) -> E,
+        uncached: impl FnOnce() -> Result<Component, E>,
     ) -> Result<(Component, Lookup), E> {
         let path = self.entry(sha256);
         if let Some(component) = self.hit(engine, &path) {
@@ -88,6 +90,11 @@ impl CompileCache {
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let tmp = crate::compile::scratch_path(&path);
+        // A placeholder the compiler replaces: proof the folder takes new files.
+        if let Err(e) = std::fs::File::create_new(&tmp) {
+            tracing::warn!(entry = %path.display(), "could not write the compile cache: {e}");
+            return Ok((uncached()?, Lookup::Miss));
+        }
         compile(&tmp)?;
         // Under its real name only once complete; if the rename fails it loads from beside.
         let at = match std::fs::rename(&tmp, &path) {

@@ -74,23 +74,27 @@ impl Compiler {
             source: e.into(),
         };
         let compile = |out: &Path| self.compile(plugin, bytes, out, sandbox);
-        if let Some(cache) = cache {
-            return cache
-                .get_or_compile_into(engine, sha256, compile, unusable)
-                .map(|(c, lookup)| (c, Some(lookup)));
+        // Without a (writable) cache: a private folder, so nobody else can swap the file
+        // before it is mapped.
+        let uncached = || {
+            let dir = private_dir().map_err(|e| Error::Engine {
+                context: format!("compiling plugin `{plugin}`: a temporary folder"),
+                source: e.into(),
+            })?;
+            let out = dir.join("component.cwasm");
+            let compiled = compile(&out);
+            // SAFETY: just written by the compiler child with this engine's settings, in a
+            // folder only this user can write.
+            let component = compiled.map(|()| unsafe { Component::deserialize_file(engine, &out) });
+            let _ = std::fs::remove_dir_all(&dir);
+            component?.map_err(unusable)
+        };
+        match cache {
+            Some(cache) => cache
+                .get_or_compile_into(engine, sha256, compile, unusable, uncached)
+                .map(|(c, lookup)| (c, Some(lookup))),
+            None => Ok((uncached()?, None)),
         }
-        // No cache: a private folder, so nobody else can swap the file before it is mapped.
-        let dir = private_dir().map_err(|e| Error::Engine {
-            context: format!("compiling plugin `{plugin}`: a temporary folder"),
-            source: e.into(),
-        })?;
-        let out = dir.join("component.cwasm");
-        let compiled = compile(&out);
-        // SAFETY: just written by the compiler child with this engine's settings, in a folder
-        // only this user can write.
-        let component = compiled.map(|()| unsafe { Component::deserialize_file(engine, &out) });
-        let _ = std::fs::remove_dir_all(&dir);
-        Ok((component?.map_err(unusable)?, None))
     }
 
     /// Compiles `bytes` (the plugin `plugin`) in a child under `sandbox`'s compile limits,
