@@ -39,8 +39,8 @@ impl Drop for Record {
     }
 }
 
-/// `text` as one line ending in `\n`: every control character (ASCII and Latin-1 controls, DEL) and the Unicode
-/// line and paragraph separators escaped as `\n`, `\u{1b}` and so on.
+/// `text` as one line ending in `\n`: every control character (ASCII and Latin-1 controls,
+/// DEL) and the Unicode line and paragraph separators escaped as `\n`, `\u{1b}` and so on.
 pub fn one_line(text: &str) -> String {
     let body = text.strip_suffix('\n').unwrap_or(text);
     let mut out = String::with_capacity(body.len() + 1);

@@ -294,12 +294,21 @@ fn q9_a_body_version_this_binary_does_not_know_is_refused() {
 #[test]
 fn q10_a_sessions_size_counts_its_header_and_snapshot() {
     let log = Log::new();
-    log.step(&[user("hi")], &assembly("short", None), "r1").unwrap();
-    let small = SessionState::from_log(&log.id, &log.events()).unwrap().bytes();
-    let big_system = "s".repeat(1 << 20);
-    log.step(&[], &assembly(&big_system, Some(&"c".repeat(1 << 19))), "r1")
+    log.step(&[user("hi")], &assembly("short", None), "r1")
         .unwrap();
-    let big = SessionState::from_log(&log.id, &log.events()).unwrap().bytes();
+    let small = SessionState::from_log(&log.id, &log.events())
+        .unwrap()
+        .bytes();
+    let big_system = "s".repeat(1 << 20);
+    log.step(
+        &[],
+        &assembly(&big_system, Some(&"c".repeat(1 << 19))),
+        "r1",
+    )
+    .unwrap();
+    let big = SessionState::from_log(&log.id, &log.events())
+        .unwrap()
+        .bytes();
     assert!(
         big >= small + (1 << 20) + (1 << 19),
         "a 1 MiB header and a 512 KiB snapshot count: {small} -> {big}"
