@@ -3,7 +3,7 @@
 //! Cranelift's time and memory grow faster than a plugin's size: 100,000 `table.get`
 //! instructions (500 KB) take a minute and 1.4 GB. In-process, nothing could stop that, and the
 //! allocator would keep what the compiler used long after (a cold JavaScript plugin left the
-//! daemon at 370 MB resident). So the engine runs `promptd compile --out FILE` (the running
+//! daemon at 354 MB resident). So the engine runs `promptd compile --out FILE` (the running
 //! binary itself: same wasmtime, same settings, so its artifact loads here), feeds it the
 //! component on stdin, and gives it an address-space cap (`RLIMIT_AS`) and a deadline (it is
 //! killed at expiry). The artifact is written to a file the parent maps, usually straight into
