@@ -4,14 +4,17 @@
 //! ```toml
 //! plugin_dir = "plugins"                       # relative to this file
 //! tool_order = ["read_file", "<unlisted-tools>", "bash"]
+//! token = "…"                                  # bearer token for the daemon (or PROMPTD_TOKEN)
 //!
 //! [agents.coder]                               # chain: global → coder
 //! [agents.reviewer]
 //! parent = "coder"                             # chain: global → coder → reviewer
 //! runtime_context = false                      # A4: no runtime context snapshot
 //!
-//! model = { model = "claude-x", max_tokens = 4096 }   # put at the top of provider bodies
-//! token = "…"                                  # bearer token for the daemon (or PROMPTD_TOKEN)
+//! [model]                                      # put at the top of provider bodies
+//! max_tokens = 4096                            # every format
+//! [model.anthropic]                            # only Anthropic bodies (also `openai`,
+//! model = "claude-x"                           # `openai-responses`)
 //!
 //! [plugins.persona]                            # the plugin file persona.wasm
 //! scope = "coder"                              # its global contributions move to `coder`
@@ -29,6 +32,9 @@ use crate::model::Scope;
 use crate::names::{is_item_name, UNLISTED_TOOLS};
 use crate::registry::PluginOptions;
 use crate::sandbox::{self, DeclarationLimits, Sandbox};
+
+/// Tables inside `model` that hold one provider format's own settings.
+pub const PROVIDER_TABLES: [&str; 3] = ["openai", "anthropic", "openai-responses"];
 
 /// Default budget of the daemon's session cache, in MiB.
 pub const DEFAULT_SESSION_CACHE_MB: u64 = 256;
@@ -280,6 +286,7 @@ impl Config {
                 return Err(Error::ToolOrderMissingRest);
             }
         }
+        self.check_model_settings()?;
         for (name, agent) in &self.agents {
             check_agent_name(name, "agent")?;
             if let Some(parent) = &agent.parent {
@@ -382,17 +389,73 @@ impl Config {
         Ok(chain)
     }
 
-    /// The agent's model settings as JSON: its own `model` table, else the top-level one.
+    /// The agent's model settings as JSON: the top-level `model` table, then each agent of its
+    /// chain's own (farthest first), merged key by key; a provider table (`model.openai`, …)
+    /// merges key by key too. [`crate::formats::settings`] picks what one format sends.
     pub fn model(&self, agent: &str) -> serde_json::Map<String, serde_json::Value> {
-        let table = self
-            .agents
-            .get(agent)
-            .and_then(|a| a.model.as_ref())
-            .or(self.model.as_ref());
-        match table.map(serde_json::to_value) {
-            Some(Ok(serde_json::Value::Object(map))) => map,
-            _ => serde_json::Map::new(),
+        let mut merged = serde_json::Map::new();
+        let chain = self.chain(agent).unwrap_or_default();
+        let tables = std::iter::once(self.model.as_ref()).chain(
+            chain
+                .iter()
+                .map(|name| self.agents.get(name).and_then(|a| a.model.as_ref())),
+        );
+        for table in tables.flatten() {
+            let Ok(serde_json::Value::Object(map)) = serde_json::to_value(table) else {
+                continue;
+            };
+            for (key, value) in map {
+                match (merged.get_mut(&key), value) {
+                    (Some(serde_json::Value::Object(old)), serde_json::Value::Object(new))
+                        if PROVIDER_TABLES.contains(&key.as_str()) =>
+                    {
+                        old.extend(new)
+                    }
+                    (_, value) => {
+                        merged.insert(key, value);
+                    }
+                }
+            }
         }
+        merged
+    }
+
+    /// Provider tables must be tables; and a provider configured anywhere is one the agents are
+    /// known to use, so every agent must then have its required keys (else a step in that
+    /// format would fail with `missing_model_setting`).
+    fn check_model_settings(&self) -> Result<()> {
+        let tables = std::iter::once(("model".to_string(), self.model.as_ref())).chain(
+            self.agents
+                .iter()
+                .map(|(name, a)| (format!("agents.{name}.model"), a.model.as_ref())),
+        );
+        let mut used = BTreeSet::new();
+        for (at, table) in tables {
+            for (key, value) in table.into_iter().flatten() {
+                if PROVIDER_TABLES.contains(&key.as_str()) {
+                    if !value.is_table() {
+                        return Err(Error::ConfigInvalid(format!(
+                            "{at}.{key} must be a table of {key} settings"
+                        )));
+                    }
+                    used.insert(key.as_str());
+                }
+            }
+        }
+        let agents = std::iter::once(DEFAULT_AGENT).chain(self.agents.keys().map(String::as_str));
+        for agent in agents {
+            self.chain(agent)?;
+            let model = self.model(agent);
+            for provider in &used {
+                let Some(format) = crate::formats::Format::parse(provider) else {
+                    continue;
+                };
+                if let Err(e) = crate::formats::check_settings(&model, format) {
+                    return Err(Error::ConfigInvalid(format!("agent `{agent}`: {e}")));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether the agent gets a runtime context snapshot (A4).
@@ -685,20 +748,59 @@ mod tests {
     }
 
     #[test]
-    fn model_settings_per_agent_replace_the_default() {
+    fn model_settings_merge_global_then_chain_and_per_provider() {
         let c = Config::parse(
-            "model = { model = \"m1\", max_tokens = 1024 }\n[agents.big]\nmodel = { model = \"m2\" }\n",
+            "[model]\nmodel = \"m1\"\nmax_tokens = 1024\n[model.anthropic]\nmodel = \"claude\"\n\
+             [agents.big.model]\nmodel = \"m2\"\n[agents.big.model.anthropic]\ntemperature = 0.5\n\
+             [agents.small]\nparent = \"big\"\n[agents.small.model]\nmax_tokens = 64\n",
             "t",
         )
         .unwrap();
+        let model = |agent: &str| serde_json::Value::Object(c.model(agent));
         assert_eq!(
-            serde_json::Value::Object(c.model("default")),
-            serde_json::json!({"model": "m1", "max_tokens": 1024})
+            model("default"),
+            serde_json::json!({"model": "m1", "max_tokens": 1024, "anthropic": {"model": "claude"}})
         );
         assert_eq!(
-            serde_json::Value::Object(c.model("big")),
-            serde_json::json!({"model": "m2"})
+            model("small"),
+            serde_json::json!({"model": "m2", "max_tokens": 64,
+                "anthropic": {"model": "claude", "temperature": 0.5}})
         );
+        let small = c.model("small");
+        let pick = |f| serde_json::Value::Object(crate::formats::settings(&small, f));
+        assert_eq!(
+            pick(crate::formats::Format::Anthropic),
+            serde_json::json!({"model": "claude", "max_tokens": 64, "temperature": 0.5})
+        );
+        assert_eq!(
+            pick(crate::formats::Format::Openai),
+            serde_json::json!({"model": "m2", "max_tokens": 64})
+        );
+    }
+
+    #[test]
+    fn a_provider_table_configured_anywhere_needs_its_required_keys_for_every_agent() {
+        let err = Config::parse(
+            "[model.anthropic]\nmodel = \"claude\"\n[agents.coder]\n",
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "config_invalid");
+        assert!(
+            err.to_string().contains("agent `default`")
+                && err.to_string().contains("model setting `max_tokens`"),
+            "{err}"
+        );
+        let err = Config::parse("[model]\nopenai = 3\n", "t").unwrap_err();
+        assert!(
+            err.to_string().contains("model.openai must be a table"),
+            "{err}"
+        );
+        assert!(Config::parse(
+            "[model]\nmax_tokens = 10\n[model.anthropic]\nmodel = \"c\"\n[agents.coder]\n",
+            "t"
+        )
+        .is_ok());
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub struct ToolCall {
     /// The call's arguments, a JSON object.
     #[serde(default = "empty_object")]
     pub arguments: Value,
+    /// The arguments exactly as the model wrote them, when it wrote a JSON string (OpenAI):
+    /// the OpenAI formats send this string back unchanged, so the cached prefix matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_text: Option<String>,
 }
 
 fn empty_object() -> Value {
@@ -38,6 +42,12 @@ pub enum Message {
         content: String,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
+        /// The reply's Anthropic content blocks in their order (text, tool_use, thinking,
+        /// redacted_thinking), when it was recorded in Anthropic's shape: the Anthropic format
+        /// sends them back as they came, signatures included. `content` and `tool_calls` are
+        /// derived from them for the other formats.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        blocks: Vec<Value>,
     },
     /// A tool's output, answering the call `tool_call_id`.
     Tool {
@@ -86,6 +96,21 @@ pub struct Header {
     pub model: Map<String, Value>,
     pub system: String,
     pub tools: Vec<ToolSpec>,
+    /// How bodies are laid out (Q8): absent (0) in headers recorded before cache breakpoints
+    /// on messages, so an old step still rebuilds to its old bytes; [`LAYOUT`] since.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub layout: u32,
+    /// The session's key for OpenAI's prompt cache (`prompt_cache_key`), sent in the OpenAI
+    /// formats only; none in headers recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_key: Option<String>,
+}
+
+/// The body layout new headers record: 1 adds Anthropic's breakpoint on the last message.
+pub const LAYOUT: u32 = 1;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What the model sees at one step: the header and every message derived from the log.

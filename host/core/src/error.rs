@@ -11,6 +11,14 @@ use serde::Serialize;
 use crate::model::Kind;
 use crate::store::StoreError;
 
+/// `a`, `b` for messages.
+fn quoted(ids: &[String]) -> String {
+    ids.iter()
+        .map(|id| format!("`{id}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Where in a plugin's declaration something is wrong, for messages.
 fn list(names: &[String]) -> String {
     if names.is_empty() {
@@ -105,6 +113,13 @@ pub enum Error {
         plugin: String,
         what: String,
         limit: usize,
+        key: &'static str,
+    },
+
+    /// A body in `format` would lack a setting the provider requires.
+    #[error("the {format} format needs model setting `{key}`: set it in [model] or [model.{format}] (or the agent's model table)")]
+    MissingModelSetting {
+        format: &'static str,
         key: &'static str,
     },
 
@@ -211,6 +226,31 @@ pub enum Error {
     )]
     UnknownToolCall(String),
 
+    #[error("tool call `{0}` is already answered; each call gets one result")]
+    ToolCallAnswered(String),
+
+    #[error("tool calls {} are not answered: the step must carry one tool result for each (providers require results right after the call)", quoted(.0))]
+    OpenToolCalls(Vec<String>),
+
+    #[error("messages[{tool}] is a tool result after the user message messages[{user}]: put tool results first (providers require results right after the call)")]
+    ToolResultsFirst { user: usize, tool: usize },
+
+    #[error("empty message: {0}")]
+    EmptyMessage(&'static str),
+
+    #[error("tool call `{call}`: {cause}")]
+    InvalidArguments { call: String, cause: String },
+
+    #[error("no step yet: the model's reply answers a request, so record it after the first step")]
+    ReplyBeforeStep,
+
+    #[error("messages[{index}]: {source}")]
+    AtMessage {
+        index: usize,
+        #[source]
+        source: Box<Error>,
+    },
+
     #[error("{location}: variable `{name}` (plugin `{plugin}`) has no value this assembly")]
     VariableAbsent {
         location: String,
@@ -228,6 +268,14 @@ fn known_vars(known: &[String]) -> String {
 }
 
 impl Error {
+    /// This error, said of `messages[index]` of a request (the code stays the same).
+    pub fn at_message(self, index: usize) -> Error {
+        Error::AtMessage {
+            index,
+            source: Box::new(self),
+        }
+    }
+
     /// The stable, machine-readable code of this error.
     pub fn code(&self) -> &'static str {
         match self {
@@ -243,6 +291,7 @@ impl Error {
             Error::DeclareFailed { .. } => "declare_failed",
             Error::InvalidName { .. } => "invalid_name",
             Error::DeclarationLimit { .. } => "declaration_limit",
+            Error::MissingModelSetting { .. } => "missing_model_setting",
             Error::ReservedToolName { .. } => "reserved_tool_name",
             Error::InvalidSchema { .. } => "invalid_schema",
             Error::InvalidScope { .. } => "invalid_scope",
@@ -269,6 +318,13 @@ impl Error {
             Error::BadRequest(_) => "bad_request",
             Error::Quarantined { .. } => "quarantined",
             Error::UnknownToolCall(_) => "unknown_tool_call",
+            Error::ToolCallAnswered(_) => "tool_call_answered",
+            Error::OpenToolCalls(_) => "open_tool_calls",
+            Error::ToolResultsFirst { .. } => "tool_results_first",
+            Error::EmptyMessage(_) => "empty_message",
+            Error::InvalidArguments { .. } => "invalid_arguments",
+            Error::ReplyBeforeStep => "reply_before_step",
+            Error::AtMessage { source, .. } => source.code(),
         }
     }
 }

@@ -19,6 +19,9 @@ pub enum Format {
     Openai,
     /// Anthropic Messages.
     Anthropic,
+    /// OpenAI Responses.
+    #[serde(rename = "openai-responses")]
+    OpenaiResponses,
 }
 
 impl Format {
@@ -28,6 +31,7 @@ impl Format {
             "neutral" => Some(Format::Neutral),
             "openai" => Some(Format::Openai),
             "anthropic" => Some(Format::Anthropic),
+            "openai-responses" => Some(Format::OpenaiResponses),
             _ => None,
         }
     }
@@ -38,7 +42,77 @@ impl Format {
             Format::Neutral => "neutral",
             Format::Openai => "openai",
             Format::Anthropic => "anthropic",
+            Format::OpenaiResponses => "openai-responses",
         }
+    }
+
+    /// Every format, in a fixed order.
+    pub const ALL: [Format; 4] = [
+        Format::Neutral,
+        Format::Openai,
+        Format::Anthropic,
+        Format::OpenaiResponses,
+    ];
+
+    /// The model settings a body in this format cannot do without (the official SDKs refuse
+    /// a call without them).
+    pub fn required_settings(self) -> &'static [&'static str] {
+        match self {
+            Format::Neutral => &[],
+            Format::Openai | Format::OpenaiResponses => &["model"],
+            Format::Anthropic => &["model", "max_tokens"],
+        }
+    }
+}
+
+/// What a body in `format` carries of the merged model settings: every key that is not a
+/// provider table, overridden by the keys of the format's own table (`model.anthropic`, …).
+/// The neutral format shows the settings as configured, provider tables included.
+pub fn settings(model: &Map<String, Value>, format: Format) -> Map<String, Value> {
+    if format == Format::Neutral {
+        return model.clone();
+    }
+    let mut out: Map<String, Value> = model
+        .iter()
+        .filter(|(key, _)| !crate::config::PROVIDER_TABLES.contains(&key.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Some(Value::Object(own)) = model.get(format.as_str()) {
+        out.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    out
+}
+
+/// The settings of an OpenAI body, with the header's `prompt_cache_key` (one per session, so
+/// OpenAI routes a session's requests to the same prompt cache) unless the config sets its
+/// own; `prompt_cache_key = false` in the config leaves it out.
+fn openai_settings(header: &Header, format: Format) -> Map<String, Value> {
+    let mut body = settings(&header.model, format);
+    match (body.get("prompt_cache_key"), &header.cache_key) {
+        (Some(Value::Bool(false)), _) => {
+            body.remove("prompt_cache_key");
+        }
+        (None, Some(key)) => {
+            body.insert("prompt_cache_key".into(), json!(key));
+        }
+        _ => {}
+    }
+    body
+}
+
+/// Refuses a format whose required settings are missing from `model` (`missing_model_setting`).
+pub fn check_settings(model: &Map<String, Value>, format: Format) -> Result<(), crate::Error> {
+    let settings = settings(model, format);
+    match format
+        .required_settings()
+        .iter()
+        .find(|key| settings.get(**key).is_none_or(Value::is_null))
+    {
+        Some(key) => Err(crate::Error::MissingModelSetting {
+            format: format.as_str(),
+            key,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -51,13 +125,30 @@ pub fn render(request: &FrozenRequest, format: Format) -> Value {
             .into_iter()
             .chain(request.messages.iter().map(openai_message))
             .collect(),
-        Format::Anthropic => anthropic_turns(&request.messages)
-            .into_iter()
-            .map(|(role, blocks)| anthropic_turn(role, blocks))
-            .collect(),
+        Format::Anthropic => {
+            let mut turns = anthropic_turns(&request.messages);
+            let last = turns.pop();
+            let mut out: Vec<Value> = turns
+                .into_iter()
+                .map(|(role, blocks)| anthropic_turn(role, blocks))
+                .collect();
+            out.extend(
+                last.map(|(role, blocks)| anthropic_last_turn(&request.header, role, blocks)),
+            );
+            out
+        }
+        Format::OpenaiResponses => request.messages.iter().flat_map(responses_items).collect(),
     };
-    body.insert("messages".into(), Value::Array(messages));
+    body.insert(list_key(format).into(), Value::Array(messages));
     Value::Object(body)
+}
+
+/// The key of the conversation in a body: `input` for Responses, else `messages`.
+pub(crate) fn list_key(format: Format) -> &'static str {
+    match format {
+        Format::OpenaiResponses => "input",
+        _ => "messages",
+    }
 }
 
 /// Everything of the body but `messages`: model settings, system prompt, tools.
@@ -82,7 +173,7 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
             body
         }
         Format::Openai => {
-            let mut body = header.model.clone();
+            let mut body = openai_settings(header, format);
             if !header.tools.is_empty() {
                 let tools: Vec<Value> = header
                     .tools
@@ -103,8 +194,31 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
             body.remove("messages");
             body
         }
+        Format::OpenaiResponses => {
+            let mut body = openai_settings(header, format);
+            if !header.system.is_empty() {
+                body.insert("instructions".into(), json!(header.system));
+            }
+            if !header.tools.is_empty() {
+                let tools: Vec<Value> = header
+                    .tools
+                    .iter()
+                    .map(|tool| {
+                        json!({
+                            "type": "function",
+                            "name": tool.name,
+                            "description": tool.description,
+                            "parameters": tool.parameters,
+                        })
+                    })
+                    .collect();
+                body.insert("tools".into(), Value::Array(tools));
+            }
+            body.remove("input");
+            body
+        }
         Format::Anthropic => {
-            let mut body = header.model.clone();
+            let mut body = settings(&header.model, format);
             if !header.system.is_empty() {
                 body.insert(
                     "system".into(),
@@ -142,6 +256,7 @@ pub(crate) fn openai_message(message: &Message) -> Value {
         Message::Assistant {
             content,
             tool_calls,
+            ..
         } => {
             let mut out = Map::new();
             out.insert("role".into(), json!("assistant"));
@@ -157,8 +272,7 @@ pub(crate) fn openai_message(message: &Message) -> Value {
                 let calls: Vec<Value> = tool_calls
                     .iter()
                     .map(|call| {
-                        let arguments = serde_json::to_string(&call.arguments)
-                            .unwrap_or_else(|_| "{}".to_string());
+                        let arguments = openai_arguments(call);
                         json!({
                             "id": call.id,
                             "type": "function",
@@ -176,6 +290,70 @@ pub(crate) fn openai_message(message: &Message) -> Value {
             ..
         } => json!({ "role": "tool", "tool_call_id": tool_call_id, "content": content }),
     }
+}
+
+/// A call's arguments as OpenAI's JSON string: as the model wrote them when known.
+fn openai_arguments(call: &crate::conversation::ToolCall) -> String {
+    call.arguments_text.clone().unwrap_or_else(|| {
+        serde_json::to_string(&call.arguments).unwrap_or_else(|_| "{}".to_string())
+    })
+}
+
+/// One neutral message as OpenAI Responses input items (an assistant reply may be several:
+/// its text, then one `function_call` per call; thinking has no place there and is left out).
+pub(crate) fn responses_items(message: &Message) -> Vec<Value> {
+    match message {
+        Message::User { content, .. } => {
+            vec![json!({ "type": "message", "role": "user", "content": content })]
+        }
+        Message::Assistant {
+            content,
+            tool_calls,
+            ..
+        } => {
+            let mut items = Vec::with_capacity(tool_calls.len() + 1);
+            if !content.is_empty() {
+                items.push(json!({ "type": "message", "role": "assistant", "content": content }));
+            }
+            for call in tool_calls {
+                items.push(json!({
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": openai_arguments(call),
+                }));
+            }
+            items
+        }
+        Message::Tool {
+            tool_call_id,
+            content,
+            ..
+        } => vec![
+            json!({ "type": "function_call_output", "call_id": tool_call_id, "output": content }),
+        ],
+    }
+}
+
+/// The last Anthropic turn, with the rolling cache breakpoint on its last block that may carry
+/// one (thinking blocks may not) when the header's layout has it.
+pub(crate) fn anthropic_last_turn(
+    header: &Header,
+    role: &'static str,
+    mut blocks: Vec<Value>,
+) -> Value {
+    if header.layout >= 1 {
+        let cacheable = blocks.iter_mut().rev().find(|b| {
+            !matches!(
+                b.get("type").and_then(Value::as_str),
+                Some("thinking" | "redacted_thinking")
+            )
+        });
+        if let Some(Value::Object(block)) = cacheable {
+            block.insert("cache_control".into(), ephemeral());
+        }
+    }
+    anthropic_turn(role, blocks)
 }
 
 fn ephemeral() -> Value {
@@ -211,9 +389,11 @@ pub(crate) fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) 
             }
             ("user", vec![Value::Object(block)])
         }
+        Message::Assistant { blocks, .. } if !blocks.is_empty() => ("assistant", blocks.clone()),
         Message::Assistant {
             content,
             tool_calls,
+            ..
         } => {
             let mut blocks = Vec::with_capacity(tool_calls.len() + 1);
             if !content.is_empty() {
@@ -269,6 +449,8 @@ mod tests {
         model.insert("max_tokens".into(), json!(1024));
         FrozenRequest {
             header: Header {
+                layout: 0,
+                cache_key: None,
                 model,
                 system: "You are Ada.".into(),
                 tools: vec![
@@ -296,7 +478,9 @@ mod tests {
                         id: "call_1".into(),
                         name: "read_file".into(),
                         arguments: json!({ "path": "src/main.rs" }),
+                        arguments_text: None,
                     }],
+                    blocks: Vec::new(),
                 },
                 Message::Tool {
                     tool_call_id: "call_1".into(),
@@ -322,13 +506,16 @@ mod tests {
                         id: "a".into(),
                         name: "read_file".into(),
                         arguments: json!({ "path": "x" }),
+                        arguments_text: None,
                     },
                     ToolCall {
                         id: "b".into(),
                         name: "list-dir".into(),
                         arguments: json!({}),
+                        arguments_text: None,
                     },
                 ],
+                blocks: Vec::new(),
             },
             Message::Tool {
                 tool_call_id: "a".into(),
@@ -343,10 +530,12 @@ mod tests {
             Message::Assistant {
                 content: String::new(),
                 tool_calls: vec![],
+                blocks: Vec::new(),
             },
             Message::Assistant {
                 content: "Done.".into(),
                 tool_calls: vec![],
+                blocks: Vec::new(),
             },
             Message::snapshot("cwd: /work"),
         ];
@@ -356,6 +545,8 @@ mod tests {
     fn bare() -> FrozenRequest {
         FrozenRequest {
             header: Header {
+                layout: 0,
+                cache_key: None,
                 model: Map::new(),
                 system: String::new(),
                 tools: vec![],
@@ -755,6 +946,8 @@ mod tests {
         // Non-object arguments/parameters, empty names, assistant-first conversations.
         let request = FrozenRequest {
             header: Header {
+                layout: 0,
+                cache_key: None,
                 model: Map::new(),
                 system: String::new(),
                 tools: vec![ToolSpec {
@@ -770,7 +963,9 @@ mod tests {
                         id: String::new(),
                         name: String::new(),
                         arguments: json!([1, "two", null]),
+                        arguments_text: None,
                     }],
+                    blocks: Vec::new(),
                 },
                 Message::Tool {
                     tool_call_id: "missing".into(),

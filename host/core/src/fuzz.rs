@@ -94,7 +94,7 @@ proptest! {
     ) {
         let body = serde_json::json!({"role": role, "content": content, "tool_call_id": id});
         if let Ok(message) = serde_json::from_value::<Message>(body) {
-            let _ = crate::session::check_message("fuzz", &[], &[], &message);
+            let _ = crate::session::check_message("fuzz", &[], &message);
         }
     }
 }

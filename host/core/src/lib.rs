@@ -36,6 +36,7 @@ pub mod names;
 pub mod plugin_state;
 pub mod provider;
 pub mod registry;
+pub mod replies;
 pub mod request;
 pub mod sandbox;
 pub mod session;

@@ -53,6 +53,8 @@ pub fn header(assembly: &Assembly, model: serde_json::Map<String, Value>) -> Hea
                 parameters: t.parameters.clone(),
             })
             .collect(),
+        layout: crate::conversation::LAYOUT,
+        cache_key: None,
     }
 }
 
@@ -167,6 +169,8 @@ pub struct SessionState {
     snapshot_bytes: usize,
     snapshot: SnapshotState,
     tool_calls: BTreeSet<String>,
+    /// Calls made and not yet answered: the next step must answer them (Q5).
+    open_calls: BTreeSet<String>,
     /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
     tool_call_bytes: usize,
     transcript: Transcript,
@@ -184,6 +188,7 @@ impl SessionState {
             snapshot_bytes: 0,
             snapshot: SnapshotState::Never,
             tool_calls: BTreeSet::new(),
+            open_calls: BTreeSet::new(),
             tool_call_bytes: 0,
             transcript: Transcript::new(),
         }
@@ -233,12 +238,19 @@ impl SessionState {
                 | EventKind::PluginOmitted => {}
             }
             if let Some(message) = message_of(&session, event)? {
-                if let Message::Assistant { tool_calls, .. } = &message {
-                    for call in tool_calls {
-                        if self.tool_calls.insert(call.id.clone()) {
-                            self.tool_call_bytes += call.id.len() + 32;
+                match &message {
+                    Message::Assistant { tool_calls, .. } => {
+                        for call in tool_calls {
+                            if self.tool_calls.insert(call.id.clone()) {
+                                self.tool_call_bytes += 2 * (call.id.len() + 32);
+                            }
+                            self.open_calls.insert(call.id.clone());
                         }
                     }
+                    Message::Tool { tool_call_id, .. } => {
+                        self.open_calls.remove(tool_call_id);
+                    }
+                    Message::User { .. } => {}
                 }
                 self.transcript.push(&message);
             }
@@ -282,25 +294,75 @@ impl SessionState {
         Ok(())
     }
 
-    /// Checks a message a client wants to record: a tool result must answer a call made in
-    /// the log or in `earlier_calls` (assistant calls earlier in the same request).
-    fn check(&self, earlier_calls: &BTreeSet<String>, message: &Message) -> Result<()> {
-        if let Message::Tool { tool_call_id, .. } = message {
-            if !earlier_calls.contains(tool_call_id) && !self.tool_calls.contains(tool_call_id) {
-                return Err(Error::UnknownToolCall(tool_call_id.clone()));
-            }
-        }
-        if message.is_snapshot() {
-            return Err(Error::BadRequest(
+    /// Checks a user message or a tool result of a step, or one recorded on its own (Q5): no
+    /// snapshots from clients, no empty text, and a result answers an open call, once.
+    fn check_input(&self, answered: &mut BTreeSet<String>, message: &Message) -> Result<()> {
+        match message {
+            Message::User { snapshot: true, .. } => Err(Error::BadRequest(
                 "`snapshot` is set by promptd; clients cannot send snapshots".into(),
-            ));
+            )),
+            Message::User { content, .. } if content.trim().is_empty() => {
+                Err(Error::EmptyMessage("a user message needs non-blank text"))
+            }
+            Message::User { .. } => Ok(()),
+            Message::Tool { tool_call_id, .. } => {
+                if !self.tool_calls.contains(tool_call_id) {
+                    Err(Error::UnknownToolCall(tool_call_id.clone()))
+                } else if !self.open_calls.contains(tool_call_id)
+                    || !answered.insert(tool_call_id.clone())
+                {
+                    Err(Error::ToolCallAnswered(tool_call_id.clone()))
+                } else {
+                    Ok(())
+                }
+            }
+            Message::Assistant { .. } => Err(Error::BadRequest(
+                "a step carries user input and tool results; record the model's reply with POST /v1/sessions/{id}/messages".into(),
+            )),
         }
-        Ok(())
     }
 
-    /// Checks a message recorded on its own (`POST …/messages`).
+    /// Checks a message recorded on its own (`POST …/messages`): the model's reply follows a
+    /// step whose calls are all answered, says something, and uses each call id once; a user
+    /// message or a tool result is checked as in a step.
     pub fn check_message(&self, message: &Message) -> Result<()> {
-        self.check(&BTreeSet::new(), message)
+        let Message::Assistant {
+            content,
+            tool_calls,
+            ..
+        } = message
+        else {
+            return self.check_input(&mut BTreeSet::new(), message);
+        };
+        if self.steps == 0 {
+            return Err(Error::ReplyBeforeStep);
+        }
+        if !self.open_calls.is_empty() {
+            return Err(Error::OpenToolCalls(
+                self.open_calls.iter().cloned().collect(),
+            ));
+        }
+        if content.trim().is_empty() && tool_calls.is_empty() {
+            return Err(Error::EmptyMessage(
+                "an assistant reply needs text or tool calls",
+            ));
+        }
+        let mut ids = BTreeSet::new();
+        for call in tool_calls {
+            if !call.arguments.is_object() {
+                return Err(Error::InvalidArguments {
+                    call: call.id.clone(),
+                    cause: "arguments must be a JSON object".into(),
+                });
+            }
+            if self.tool_calls.contains(&call.id) || !ids.insert(&call.id) {
+                return Err(Error::BadRequest(format!(
+                    "tool call id `{}` is already used in this session; each call needs its own id",
+                    call.id
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Plans a step (see [`plan_step`]); linear in the step's input.
@@ -312,14 +374,27 @@ impl SessionState {
         header: &Header,
         run: &str,
     ) -> Result<StepPlan> {
-        let earlier = BTreeSet::new();
+        let mut answered = BTreeSet::new();
+        let mut user_at = None;
         for (i, m) in messages.iter().enumerate() {
-            if matches!(m, Message::Assistant { .. }) {
-                return Err(Error::BadRequest(format!(
-                    "messages[{i}]: a step carries user input and tool results; record the model's reply with POST /v1/sessions/{{id}}/messages"
-                )));
+            match (m, user_at) {
+                (Message::Tool { .. }, Some(u)) => {
+                    return Err(Error::ToolResultsFirst { user: u, tool: i })
+                }
+                (Message::User { .. }, None) => user_at = Some(i),
+                _ => {}
             }
-            self.check(&earlier, m)?;
+            self.check_input(&mut answered, m)
+                .map_err(|e| e.at_message(i))?;
+        }
+        let open: Vec<String> = self
+            .open_calls
+            .iter()
+            .filter(|id| !answered.contains(*id))
+            .cloned()
+            .collect();
+        if !open.is_empty() {
+            return Err(Error::OpenToolCalls(open));
         }
         let mut events: Vec<NewEvent> = messages.iter().map(message_event).collect();
 
@@ -383,23 +458,9 @@ pub fn step_count(events: &[Event]) -> u64 {
 }
 
 /// Checks a message a client wants to record against the whole log (see
-/// [`SessionState::check_message`]; `earlier` are messages earlier in the same request).
-pub fn check_message(
-    session: &str,
-    events: &[Event],
-    earlier: &[Message],
-    message: &Message,
-) -> Result<()> {
-    let earlier_calls = earlier
-        .iter()
-        .flat_map(|m| match m {
-            Message::Assistant { tool_calls, .. } => {
-                tool_calls.iter().map(|c| c.id.clone()).collect()
-            }
-            _ => Vec::new(),
-        })
-        .collect();
-    SessionState::from_log(session, events)?.check(&earlier_calls, message)
+/// [`SessionState::check_message`]).
+pub fn check_message(session: &str, events: &[Event], message: &Message) -> Result<()> {
+    SessionState::from_log(session, events)?.check_message(message)
 }
 
 /// The event that records `message`.

@@ -42,7 +42,9 @@ fn assistant_calling(id: &str) -> Message {
             id: id.into(),
             name: "read".into(),
             arguments: json!({}),
+            arguments_text: None,
         }],
+        blocks: Vec::new(),
     }
 }
 
@@ -77,7 +79,7 @@ impl Log {
 
     fn record(&self, message: &Message) {
         let log = self.events();
-        check_message(&self.id, &log, &[], message).unwrap();
+        check_message(&self.id, &log, message).unwrap();
         self.store
             .append(&self.id, log.len() as u64 + 1, &[message_event(message)])
             .unwrap();
@@ -213,7 +215,7 @@ fn q5_a_tool_result_must_answer_a_call_in_the_log_or_earlier_in_the_step() {
         .step(&[user("x"), assistant_calling("c2")], &a, RUN)
         .unwrap_err();
     assert_eq!(err.code(), "bad_request");
-    let err = check_message(&log.id, &log.events(), &[], &Message::snapshot("x")).unwrap_err();
+    let err = check_message(&log.id, &log.events(), &Message::snapshot("x")).unwrap_err();
     assert_eq!(err.code(), "bad_request");
 }
 
@@ -287,7 +289,7 @@ fn q9_a_body_version_this_binary_does_not_know_is_refused() {
         content: "ok".into(),
         is_error: false,
     };
-    let err = check_message(&id, &events, &[], &result).unwrap_err();
+    let err = check_message(&id, &events, &result).unwrap_err();
     assert_eq!(err.code(), "store_corrupt");
 }
 
@@ -312,5 +314,85 @@ fn q10_a_sessions_size_counts_its_header_and_snapshot() {
     assert!(
         big >= small + (1 << 20) + (1 << 19),
         "a 1 MiB header and a 512 KiB snapshot count: {small} -> {big}"
+    );
+}
+
+fn assistant_calling_all(ids: &[&str]) -> Message {
+    Message::Assistant {
+        content: String::new(),
+        tool_calls: ids
+            .iter()
+            .map(|id| ToolCall {
+                id: (*id).into(),
+                name: "read".into(),
+                arguments: json!({}),
+                arguments_text: None,
+            })
+            .collect(),
+        blocks: Vec::new(),
+    }
+}
+
+/// What every provider requires of a conversation is checked when input arrives, and a
+/// refused input records nothing.
+#[test]
+fn q5_the_conversation_stays_valid_for_every_provider() {
+    let log = Log::new();
+    let a = assembly("S", Some("ctx"));
+    let state = || SessionState::from_log(&log.id, &log.events()).unwrap();
+    let refused = |m: &Message| state().check_message(m).unwrap_err().code();
+    assert_eq!(refused(&assistant_calling("c0")), "reply_before_step");
+    log.step(&[user("go")], &a, RUN).unwrap();
+    assert_eq!(
+        refused(&Message::Assistant {
+            content: " ".into(),
+            tool_calls: vec![],
+            blocks: vec![]
+        }),
+        "empty_message"
+    );
+    let mut bad = assistant_calling("c9");
+    if let Message::Assistant { tool_calls, .. } = &mut bad {
+        tool_calls[0].arguments = json!("{}");
+    }
+    assert_eq!(refused(&bad), "invalid_arguments");
+    assert_eq!(refused(&assistant_calling_all(&["d", "d"])), "bad_request");
+    log.record(&assistant_calling_all(&["c1", "c2"]));
+    let before = log.events().len();
+    // Open calls: a step must answer every one, results before user text, each once.
+    let step = |messages: &[Message]| log.step(messages, &a, RUN).unwrap_err();
+    let err = step(&[user("more")]);
+    assert_eq!(err.code(), "open_tool_calls");
+    assert!(err.to_string().contains("`c1`, `c2`"), "{err}");
+    assert_eq!(step(&[tool_result("c1")]).code(), "open_tool_calls");
+    let err = step(&[tool_result("c1"), user("and"), tool_result("c2")]);
+    assert_eq!(err.code(), "tool_results_first");
+    assert!(err.to_string().contains("messages[2]"), "{err}");
+    assert_eq!(
+        step(&[tool_result("c1"), tool_result("c1")]).code(),
+        "tool_call_answered"
+    );
+    assert_eq!(
+        step(&[tool_result("c1"), user(""), tool_result("c2")]).code(),
+        "empty_message",
+        "the first problem is the one reported"
+    );
+    assert_eq!(
+        step(&[tool_result("c1"), tool_result("c2"), user("\n")]).code(),
+        "empty_message"
+    );
+    assert_eq!(refused(&assistant_calling("c3")), "open_tool_calls");
+    assert_eq!(log.events().len(), before, "nothing refused was recorded");
+    log.step(
+        &[tool_result("c2"), tool_result("c1"), user("thanks")],
+        &a,
+        RUN,
+    )
+    .unwrap();
+    assert_eq!(refused(&tool_result("c1")), "tool_call_answered");
+    assert_eq!(
+        refused(&assistant_calling("c1")),
+        "bad_request",
+        "ids are not reused"
     );
 }

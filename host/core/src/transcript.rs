@@ -18,6 +18,8 @@ pub struct Transcript {
     neutral: Vec<String>,
     openai: Vec<String>,
     anthropic: Vec<String>,
+    /// OpenAI Responses items, comma-joined per message (empty when a message has none).
+    responses: Vec<String>,
     open_turn: Option<(&'static str, Vec<Value>)>,
     bytes: usize,
 }
@@ -31,9 +33,15 @@ impl Transcript {
     pub fn push(&mut self, message: &Message) {
         let neutral = formats::neutral_message(message).to_string();
         let openai = formats::openai_message(message).to_string();
-        self.bytes += neutral.len() + openai.len();
+        let responses = formats::responses_items(message)
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        self.bytes += neutral.len() + openai.len() + responses.len();
         self.neutral.push(neutral);
         self.openai.push(openai);
+        self.responses.push(responses);
         let mut turns: Vec<(&'static str, Vec<Value>)> =
             self.open_turn.take().into_iter().collect();
         formats::push_anthropic(&mut turns, message);
@@ -70,7 +78,7 @@ impl Transcript {
         let mut placed = false;
         let mut first = true;
         for (key, value) in &head {
-            if !placed && key.as_str() > "messages" {
+            if !placed && key.as_str() > formats::list_key(format) {
                 self.messages(header, format, out, &mut first);
                 placed = true;
             }
@@ -83,11 +91,14 @@ impl Transcript {
         out.push('}');
     }
 
-    /// Writes `"messages":[…]` (with its leading comma when needed).
+    /// Writes `"messages":[…]` (`"input"` for Responses), with its leading comma when needed.
     fn messages(&self, header: &Header, format: Format, out: &mut String, first: &mut bool) {
-        entry(out, first, "messages");
+        entry(out, first, formats::list_key(format));
         out.push('[');
-        let mut items = self.items(header, format).peekable();
+        let mut items = self
+            .items(header, format)
+            .filter(|i| !i.is_empty())
+            .peekable();
         while let Some(item) = items.next() {
             out.push_str(&item);
             if items.peek().is_some() {
@@ -100,7 +111,7 @@ impl Transcript {
     /// The messages' fragments in `format`, in order.
     fn items<'a>(
         &'a self,
-        header: &Header,
+        header: &'a Header,
         format: Format,
     ) -> Box<dyn Iterator<Item = std::borrow::Cow<'a, str>> + 'a> {
         use std::borrow::Cow;
@@ -116,10 +127,15 @@ impl Transcript {
                 self.anthropic
                     .iter()
                     .map(|m| Cow::Borrowed(m.as_str()))
-                    .chain(self.open_turn.iter().map(|(role, blocks)| {
-                        Cow::Owned(formats::anthropic_turn(role, blocks.clone()).to_string())
+                    .chain(self.open_turn.iter().map(move |(role, blocks)| {
+                        Cow::Owned(
+                            formats::anthropic_last_turn(header, role, blocks.clone()).to_string(),
+                        )
                     })),
             ),
+            Format::OpenaiResponses => {
+                Box::new(self.responses.iter().map(|m| Cow::Borrowed(m.as_str())))
+            }
         }
     }
 }
@@ -153,8 +169,10 @@ mod tests {
                         id: format!("c{i}"),
                         name: "read".into(),
                         arguments: json!({"path": "a", "n": i}),
+                        arguments_text: None,
                     })
                     .collect(),
+                blocks: Vec::new(),
             }),
             (text, any::<bool>()).prop_map(|(content, is_error)| Message::Tool {
                 tool_call_id: "c0".into(),
@@ -173,8 +191,16 @@ mod tests {
             m.insert("temperature".into(), json!(0.5));
             m.insert("messages".into(), json!("from config"));
             m.insert("a".into(), json!(null));
+            m.insert("input".into(), json!("collides with Responses"));
+            m.insert("anthropic".into(), json!({"max_tokens": 9, "top_k": 3}));
         }
         Header {
+            layout: if model {
+                crate::conversation::LAYOUT
+            } else {
+                0
+            },
+            cache_key: model.then(|| "promptd-s1".to_string()),
             model: m,
             system: system.into(),
             tools: (0..tools)
@@ -200,7 +226,7 @@ mod tests {
             for (i, m) in messages.iter().enumerate() {
                 transcript.push(m);
                 let request = FrozenRequest { header: header.clone(), messages: messages[..=i].to_vec() };
-                for format in [Format::Neutral, Format::Openai, Format::Anthropic] {
+                for format in Format::ALL {
                     prop_assert_eq!(
                         transcript.render(&header, format),
                         formats::render(&request, format).to_string()
@@ -208,7 +234,7 @@ mod tests {
                 }
             }
             let empty = FrozenRequest { header: header.clone(), messages: Vec::new() };
-            for format in [Format::Neutral, Format::Openai, Format::Anthropic] {
+            for format in Format::ALL {
                 prop_assert_eq!(
                     Transcript::new().render(&header, format),
                     formats::render(&empty, format).to_string()

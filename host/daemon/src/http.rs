@@ -85,6 +85,7 @@ impl ApiError {
 /// The HTTP status of a core error. Exhaustive on purpose: a new variant must be given one.
 fn core_status(e: &Error) -> StatusCode {
     match e {
+        Error::AtMessage { source, .. } => core_status(source),
         Error::BadRequest(_) | Error::InvalidAgent { .. } => StatusCode::BAD_REQUEST,
         Error::UnknownSession(_) | Error::UnknownStep { .. } | Error::UnknownPlugin(_) => {
             StatusCode::NOT_FOUND
@@ -116,6 +117,13 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::MalformedReference { .. }
         | Error::UnknownVariable { .. }
         | Error::UnknownToolCall(_)
+        | Error::ToolCallAnswered(_)
+        | Error::OpenToolCalls(_)
+        | Error::ToolResultsFirst { .. }
+        | Error::EmptyMessage(_)
+        | Error::InvalidArguments { .. }
+        | Error::ReplyBeforeStep
+        | Error::MissingModelSetting { .. }
         | Error::VariableAbsent { .. } => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }
@@ -384,7 +392,9 @@ async fn record_message(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let message: Message = parse_body(body)?;
+    // Any of the shapes the SDKs return (promptd_core::replies), not only the neutral one.
+    let value: Value = parse_body(body)?;
+    let message = promptd_core::replies::reply(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
     let seq = blocking(move || daemon.record_message(&id, &message)).await?;
     Ok(json_bytes(

@@ -66,7 +66,7 @@ pub use error::{DaemonError, Result};
 use events::{RegistryEvent, RegistryEvents};
 use locks::SessionLocks;
 use metrics::Metrics;
-use promptd_core::formats::Format;
+use promptd_core::formats::{self, Format};
 use promptd_core::session::SessionState;
 use sessions::{Cached, SessionCache};
 
@@ -640,7 +640,9 @@ impl Daemon {
         let planned = assembly::assemble(&registry, &step, &options)
             .map_err(DaemonError::from)
             .and_then(|assembled| {
-                let header = session::header(&assembled, config.model(&agent));
+                let mut header = session::header(&assembled, config.model(&agent));
+                header.cache_key = Some(format!("promptd-{id}"));
+                formats::check_settings(&header.model, format)?;
                 Ok(cached.state.plan(
                     &input.messages,
                     &input.facts,

@@ -54,17 +54,27 @@ impl Engine for NativeEngine {
     }
 }
 
+/// The OpenAI and Anthropic formats need model settings (`missing_model_setting` otherwise).
+const MODEL: &str = "[model]\nmodel = \"test-model\"\nmax_tokens = 256\n";
+
 fn put(dir: &Path, name: &str, body: &str) {
     std::fs::write(dir.join(format!("{name}.wasm")), body).unwrap();
 }
 
 fn daemon(store: Arc<dyn SessionStore>, dir: &Path) -> Daemon {
-    Daemon::new(store, Arc::new(NativeEngine), Config::default(), dir).unwrap()
+    Daemon::new(
+        store,
+        Arc::new(NativeEngine),
+        Config::parse(MODEL, "test").unwrap(),
+        dir,
+    )
+    .unwrap()
 }
 
 /// A daemon whose session cache holds nothing: every step rebuilds its session from the log.
 fn uncached(store: Arc<dyn SessionStore>, dir: &Path) -> Daemon {
-    let config = Config::parse("[limits]\nsession_cache_mb = 0\n", "test").unwrap();
+    let config =
+        Config::parse(&format!("[limits]\nsession_cache_mb = 0\n{MODEL}"), "test").unwrap();
     Daemon::new(store, Arc::new(NativeEngine), config, dir).unwrap()
 }
 
@@ -75,7 +85,9 @@ fn calling(id: &str) -> Message {
             id: id.into(),
             name: "read".into(),
             arguments: json!({"path": "a.txt"}),
+            arguments_text: None,
         }],
+        blocks: Vec::new(),
     }
 }
 
@@ -117,7 +129,7 @@ fn q4_q10_bodies_spliced_from_the_session_cache_are_the_rebuilt_bytes_in_every_f
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "persona", "persona-v1");
     put(dir.path(), "tools", "tools");
-    for format in [Format::Neutral, Format::Openai, Format::Anthropic] {
+    for format in Format::ALL {
         let cached = conversation(&daemon(Arc::new(MemoryStore::new()), dir.path()), format);
         let cold = conversation(&uncached(Arc::new(MemoryStore::new()), dir.path()), format);
         assert_eq!(
@@ -133,7 +145,8 @@ fn q10_an_evicted_session_is_rebuilt_from_the_log_identically() {
     put(dir.path(), "tools", "tools");
     let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
     // A budget of 1 MiB and sessions of a few KiB: pushing 400 others out evicts the first.
-    let config = Config::parse("[limits]\nsession_cache_mb = 1\n", "test").unwrap();
+    let config =
+        Config::parse(&format!("[limits]\nsession_cache_mb = 1\n{MODEL}"), "test").unwrap();
     let d = Daemon::new(store, Arc::new(NativeEngine), config, dir.path()).unwrap();
     let first = d.create_session("coder").unwrap();
     let big = "x".repeat(4096);
@@ -256,7 +269,9 @@ fn q1_to_q5_a_session_through_a_tool_call_rebuilds_identically() {
                 id: "c1".into(),
                 name: "read".into(),
                 arguments: json!({}),
+                arguments_text: None,
             }],
+            blocks: Vec::new(),
         },
     )
     .unwrap();

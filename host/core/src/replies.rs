@@ -1,0 +1,421 @@
+//! A model's reply as the official SDKs return it, turned into a neutral [`Message`] so an
+//! agent loop records it without conversion code (Q5):
+//!
+//! - the neutral shape (`{"role": "assistant", "content", "tool_calls": [{id, name,
+//!   arguments}]}`; `arguments` may be the JSON text of an object);
+//! - an OpenAI Chat Completions message (`choices[0].message`, or the whole completion):
+//!   `tool_calls[].function.arguments` is kept as written, so the OpenAI formats send it back
+//!   byte for byte;
+//! - Anthropic Messages content (`{"role": "assistant", "content": [blocks]}`, or the whole
+//!   message object): text, tool_use, thinking and redacted_thinking blocks are kept in their
+//!   order and sent back unchanged in the Anthropic format (signatures included); the other
+//!   formats see their text and tool calls, not the thinking;
+//! - OpenAI Responses output (`{"output": [items]}`, or the whole response): message and
+//!   function_call items; reasoning items are left out (the other formats have no place for
+//!   them).
+//!
+//! ```
+//! use promptd_core::replies::reply;
+//! use promptd_core::conversation::Message;
+//! let openai = serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+//!     {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"p\": 1}"}}]});
+//! let Message::Assistant { tool_calls, .. } = reply(openai).unwrap() else { panic!() };
+//! assert_eq!(tool_calls[0].arguments, serde_json::json!({"p": 1}));
+//! assert_eq!(tool_calls[0].arguments_text.as_deref(), Some("{\"p\": 1}"));
+//! ```
+
+use serde_json::{Map, Value};
+
+use crate::conversation::{Message, ToolCall};
+use crate::error::{Error, Result};
+
+/// The message a client posts to `POST /v1/sessions/{id}/messages`, in any of the shapes above.
+pub fn reply(value: Value) -> Result<Message> {
+    let Value::Object(mut object) = value else {
+        return Err(Error::BadRequest("a message must be a JSON object".into()));
+    };
+    if let Some(choices) = object.remove("choices") {
+        let message = choices
+            .get(0)
+            .and_then(|c| c.get("message"))
+            .cloned()
+            .ok_or_else(|| bad("an OpenAI completion needs choices[0].message"))?;
+        return reply(message);
+    }
+    if let Some(output) = object.remove("output") {
+        return responses(output);
+    }
+    let role = object.get("role").and_then(Value::as_str);
+    match (role, object.get("content")) {
+        (Some("assistant"), Some(Value::Array(_))) => {
+            let Some(Value::Array(blocks)) = object.remove("content") else {
+                unreachable!("matched above")
+            };
+            anthropic(blocks)
+        }
+        (Some("assistant"), _) if is_openai(&object) => openai(object),
+        _ => neutral(object),
+    }
+}
+
+fn bad(message: impl Into<String>) -> Error {
+    Error::BadRequest(message.into())
+}
+
+/// OpenAI messages carry `function` in their tool calls, or fields only OpenAI sends.
+fn is_openai(object: &Map<String, Value>) -> bool {
+    let calls = object.get("tool_calls").and_then(Value::as_array);
+    calls.is_some_and(|c| c.iter().any(|c| c.get("function").is_some()))
+        || ["refusal", "annotations", "audio", "function_call"]
+            .iter()
+            .any(|k| object.contains_key(*k))
+        || object.get("content").is_some_and(Value::is_null)
+}
+
+/// Arguments written as JSON text: parsed, and the text kept; they must be an object.
+fn arguments(call: &str, value: Value) -> Result<(Value, Option<String>)> {
+    let invalid = |cause: String| Error::InvalidArguments {
+        call: call.to_string(),
+        cause,
+    };
+    match value {
+        Value::String(text) => match serde_json::from_str::<Value>(&text) {
+            Ok(parsed @ Value::Object(_)) => Ok((parsed, Some(text))),
+            Ok(_) => Err(invalid("arguments must be a JSON object".into())),
+            Err(e) => Err(invalid(format!("arguments are not JSON: {e}"))),
+        },
+        object @ Value::Object(_) => Ok((object, None)),
+        Value::Null => Ok((Value::Object(Map::new()), None)),
+        _ => Err(invalid("arguments must be a JSON object".into())),
+    }
+}
+
+fn text_of(value: Option<&Value>, what: &str) -> Result<String> {
+    match value {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(bad(format!("{what} must be a string"))),
+    }
+}
+
+fn neutral(mut object: Map<String, Value>) -> Result<Message> {
+    if let Some(Value::Array(calls)) = object.get_mut("tool_calls") {
+        for call in calls.iter_mut() {
+            let Some(call) = call.as_object_mut() else {
+                continue;
+            };
+            let id = call
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if let Some(value) = call.remove("arguments") {
+                let (parsed, text) = arguments(&id, value)?;
+                call.insert("arguments".into(), parsed);
+                if let Some(text) = text {
+                    call.insert("arguments_text".into(), Value::String(text));
+                }
+            }
+        }
+    }
+    let message: Message = serde_json::from_value(Value::Object(object))
+        .map_err(|e| bad(format!("not a message: {e}")))?;
+    if let Message::Assistant { tool_calls, .. } = &message {
+        for call in tool_calls {
+            let text = call
+                .arguments_text
+                .as_deref()
+                .map(serde_json::from_str::<Value>);
+            if text.is_some_and(|t| t.ok().as_ref() != Some(&call.arguments)) {
+                return Err(Error::InvalidArguments {
+                    call: call.id.clone(),
+                    cause: "`arguments_text` is not the JSON text of `arguments`".into(),
+                });
+            }
+        }
+    }
+    match message {
+        Message::Assistant {
+            content,
+            tool_calls,
+            blocks,
+        } if !blocks.is_empty() => {
+            let from_blocks = anthropic(blocks)?;
+            match &from_blocks {
+                Message::Assistant {
+                    content: c,
+                    tool_calls: t,
+                    ..
+                } if (content.is_empty() || content == *c)
+                    && (tool_calls.is_empty() || tool_calls == *t) =>
+                {
+                    Ok(from_blocks)
+                }
+                _ => Err(bad(
+                    "`blocks` disagree with `content` and `tool_calls`; send one or the other",
+                )),
+            }
+        }
+        message => Ok(message),
+    }
+}
+
+fn openai(object: Map<String, Value>) -> Result<Message> {
+    let mut content = text_of(object.get("content"), "content")?;
+    if content.is_empty() {
+        // A refusal is what the model said instead of an answer.
+        content = text_of(object.get("refusal"), "refusal")?;
+    }
+    let mut tool_calls = Vec::new();
+    for call in object
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let id = call.get("id").and_then(Value::as_str).unwrap_or("");
+        let function = call.get("function");
+        let name = function
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("tool call `{id}` needs function.name")))?;
+        if id.is_empty() {
+            return Err(bad("an OpenAI tool call needs an id"));
+        }
+        let raw = function
+            .and_then(|f| f.get("arguments"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let (arguments, arguments_text) = arguments(id, raw)?;
+        tool_calls.push(ToolCall {
+            id: id.to_string(),
+            name: name.to_string(),
+            arguments,
+            arguments_text,
+        });
+    }
+    Ok(Message::Assistant {
+        content,
+        tool_calls,
+        blocks: Vec::new(),
+    })
+}
+
+/// Anthropic content blocks, normalized to what the API accepts back: each block keeps the
+/// fields a request may carry, thinking and signatures exactly as they came.
+fn anthropic(blocks: Vec<Value>) -> Result<Message> {
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    let mut kept = Vec::with_capacity(blocks.len());
+    for (i, block) in blocks.into_iter().enumerate() {
+        let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+        let field = |name: &str| -> Result<Value> {
+            block
+                .get(name)
+                .cloned()
+                .ok_or_else(|| bad(format!("content[{i}] ({kind}) needs `{name}`")))
+        };
+        let mut out = Map::new();
+        out.insert("type".into(), Value::String(kind.to_string()));
+        match kind {
+            "text" => {
+                let text = text_of(Some(&field("text")?), "text")?;
+                if text.is_empty() {
+                    continue; // Anthropic refuses empty text blocks
+                }
+                content.push_str(&text);
+                out.insert("text".into(), Value::String(text));
+                if let Some(c @ Value::Array(list)) = block.get("citations") {
+                    if !list.is_empty() {
+                        out.insert("citations".into(), c.clone());
+                    }
+                }
+            }
+            "tool_use" => {
+                let id = text_of(Some(&field("id")?), "id")?;
+                let name = text_of(Some(&field("name")?), "name")?;
+                let input = field("input")?;
+                if !input.is_object() {
+                    return Err(Error::InvalidArguments {
+                        call: id,
+                        cause: "input must be a JSON object".into(),
+                    });
+                }
+                tool_calls.push(ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: input.clone(),
+                    arguments_text: None,
+                });
+                out.insert("id".into(), Value::String(id));
+                out.insert("name".into(), Value::String(name));
+                out.insert("input".into(), input);
+            }
+            "thinking" => {
+                out.insert("thinking".into(), field("thinking")?);
+                out.insert("signature".into(), field("signature")?);
+            }
+            "redacted_thinking" => {
+                out.insert("data".into(), field("data")?);
+            }
+            other => {
+                return Err(bad(format!(
+                    "content[{i}]: block type `{other}` cannot be recorded (text, tool_use, thinking and redacted_thinking can)"
+                )))
+            }
+        }
+        kept.push(Value::Object(out));
+    }
+    Ok(Message::Assistant {
+        content,
+        tool_calls,
+        blocks: kept,
+    })
+}
+
+fn responses(output: Value) -> Result<Message> {
+    let Value::Array(items) = output else {
+        return Err(bad("`output` must be a list of Responses output items"));
+    };
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        match item.get("type").and_then(Value::as_str) {
+            Some("message") => {
+                for part in item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("output_text") => {
+                            content.push_str(&text_of(part.get("text"), "output_text.text")?)
+                        }
+                        Some("refusal") => {
+                            content.push_str(&text_of(part.get("refusal"), "refusal")?)
+                        }
+                        other => {
+                            return Err(bad(format!(
+                                "output[{i}]: content part `{}` cannot be recorded",
+                                other.unwrap_or("?")
+                            )))
+                        }
+                    }
+                }
+            }
+            Some("function_call") => {
+                let id = text_of(item.get("call_id"), "call_id")?;
+                let name = text_of(item.get("name"), "name")?;
+                if id.is_empty() || name.is_empty() {
+                    return Err(bad(format!("output[{i}]: a function_call needs call_id and name")));
+                }
+                let raw = item.get("arguments").cloned().unwrap_or(Value::Null);
+                let (arguments, arguments_text) = arguments(&id, raw)?;
+                tool_calls.push(ToolCall {
+                    id,
+                    name,
+                    arguments,
+                    arguments_text,
+                });
+            }
+            Some("reasoning") => {} // no place for it in the other formats
+            other => {
+                return Err(bad(format!(
+                    "output[{i}]: item type `{}` cannot be recorded (message, function_call and reasoning can)",
+                    other.unwrap_or("?")
+                )))
+            }
+        }
+    }
+    Ok(Message::Assistant {
+        content,
+        tool_calls,
+        blocks: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn assistant(m: Message) -> (String, Vec<ToolCall>, Vec<Value>) {
+        match m {
+            Message::Assistant {
+                content,
+                tool_calls,
+                blocks,
+            } => (content, tool_calls, blocks),
+            other => panic!("not an assistant message: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn q5_openai_messages_and_completions_are_recorded_as_returned() {
+        let message = json!({"role": "assistant", "content": null, "refusal": null,
+            "annotations": [], "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "read", "arguments": "{\"path\": \"a\"}"}}]});
+        let (content, calls, blocks) = assistant(reply(message.clone()).unwrap());
+        assert_eq!((content.as_str(), blocks.len()), ("", 0));
+        assert_eq!(calls[0].arguments, json!({"path": "a"}));
+        assert_eq!(
+            calls[0].arguments_text.as_deref(),
+            Some("{\"path\": \"a\"}")
+        );
+        let completion = json!({"id": "x", "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]});
+        assert_eq!(assistant(reply(completion).unwrap()).1, calls);
+        let bad = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "read", "arguments": "[1]"}}]});
+        assert_eq!(reply(bad).unwrap_err().code(), "invalid_arguments");
+    }
+
+    #[test]
+    fn q5_anthropic_blocks_keep_their_order_and_signatures() {
+        let message = json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "model": "claude", "stop_reason": "tool_use", "usage": {"input_tokens": 1},
+            "content": [
+                {"type": "thinking", "thinking": "Let me look.", "signature": "sig=="},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "Reading.", "citations": null},
+                {"type": "text", "text": ""},
+                {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}}]});
+        let (content, calls, blocks) = assistant(reply(message).unwrap());
+        assert_eq!(content, "Reading.");
+        assert_eq!(calls[0].id, "t1");
+        assert_eq!(
+            Value::Array(blocks),
+            json!([
+                {"type": "thinking", "thinking": "Let me look.", "signature": "sig=="},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}}])
+        );
+        let server = json!({"role": "assistant", "content": [{"type": "server_tool_use"}]});
+        assert!(reply(server)
+            .unwrap_err()
+            .to_string()
+            .contains("server_tool_use"));
+    }
+
+    #[test]
+    fn q5_responses_output_and_neutral_string_arguments() {
+        let output = json!({"object": "response", "output": [
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "role": "assistant", "content": [
+                {"type": "output_text", "text": "Hi", "annotations": []}]},
+            {"type": "function_call", "call_id": "f1", "name": "read", "arguments": "{}"}]});
+        let (content, calls, _) = assistant(reply(output).unwrap());
+        assert_eq!((content.as_str(), calls[0].id.as_str()), ("Hi", "f1"));
+        let neutral = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "n1", "name": "read", "arguments": "{\"a\":1}"}]});
+        let (_, calls, _) = assistant(reply(neutral).unwrap());
+        assert_eq!(calls[0].arguments, json!({"a": 1}));
+        let not_object = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "n1", "name": "read", "arguments": "\"x\""}]});
+        assert_eq!(reply(not_object).unwrap_err().code(), "invalid_arguments");
+        let typo = json!({"role": "assistant", "contnet": "x"});
+        assert_eq!(reply(typo).unwrap_err().code(), "bad_request");
+    }
+}
