@@ -77,8 +77,21 @@ pub fn settings(model: &Map<String, Value>, format: Format) -> Map<String, Value
         .filter(|(key, _)| !crate::config::PROVIDER_TABLES.contains(&key.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    if let Some(Value::Object(own)) = model.get(format.as_str()) {
-        out.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // Responses is OpenAI too: it takes the `openai` table, then its own; and it names the
+    // output bound `max_output_tokens` (it refuses `max_tokens`).
+    let tables: &[Format] = match format {
+        Format::OpenaiResponses => &[Format::Openai, Format::OpenaiResponses],
+        _ => &[format],
+    };
+    for table in tables {
+        if let Some(Value::Object(own)) = model.get(table.as_str()) {
+            out.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        if format == Format::OpenaiResponses && *table == Format::Openai {
+            if let Some(max) = out.remove("max_tokens") {
+                out.entry("max_output_tokens").or_insert(max);
+            }
+        }
     }
     out
 }

@@ -1,0 +1,352 @@
+//! End-to-end: every body is one the providers accept (Q5, Q8). Inputs that would break a
+//! provider's documented rules are refused with 422 and record nothing; replies are recorded
+//! in the SDKs' own shapes and replay exactly; model settings are merged and checked; cache
+//! breakpoints sit where they pay. The real daemon over HTTP, the `scripted` fixture built from
+//! Rust source.
+
+mod common;
+
+use common::daemon::{state_dir, Served};
+use common::Folder;
+use serde_json::{json, Value};
+
+const PLUGIN: &str = "[plugins.s]\nconfig = { \"section.a\" = \"0|You are a test.\", \"tool.read\" = \"{\\\"type\\\":\\\"object\\\"}\", \"tool.write\" = \"{\\\"type\\\":\\\"object\\\"}\" }\n";
+const MODEL: &str = "[model]\nmax_tokens = 512\n[model.openai]\nmodel = \"gpt-test\"\n\
+                     [model.openai-responses]\nmodel = \"gpt-test\"\n[model.anthropic]\nmodel = \"claude-test\"\n";
+
+fn serve(config: &str) -> (Served, tempfile::TempDir, Folder) {
+    let folder = Folder::new().scripted("s");
+    let config = folder.config(config);
+    let (tmp, state) = state_dir();
+    (Served::start(folder.path(), &config, &state), tmp, folder)
+}
+
+fn step(d: &Served, id: &str, format: &str, messages: Value) -> (u16, Value) {
+    let (status, text) = d.post(
+        &format!("/v1/sessions/{id}/steps"),
+        &json!({"format": format, "messages": messages, "facts": {"cwd": "/w"}}).to_string(),
+    );
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn record(d: &Served, id: &str, reply: &Value) -> (u16, Value) {
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/messages"), &reply.to_string());
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn events(d: &Served, id: &str) -> Value {
+    d.ok("GET", &format!("/v1/sessions/{id}/events"), None)["events"].clone()
+}
+
+/// The first message of `role` in a body's `messages`.
+fn first<'a>(body: &'a Value, role: &str) -> &'a Value {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == role))
+        .unwrap_or_else(|| panic!("no {role} message in {body}"))
+}
+
+fn call(id: &str) -> Value {
+    json!({"id": id, "name": "read", "arguments": {}})
+}
+
+fn result(id: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": id, "content": format!("result of {id}")})
+}
+
+/// Asserts a 422 with `code`, and that the session's log did not change.
+fn refused(d: &Served, id: &str, code: &str, (status, body): (u16, Value)) {
+    let before = events(d, id);
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert_eq!(events(d, id), before, "a refused input records nothing");
+}
+
+#[test]
+fn q5_inputs_that_break_a_providers_rules_are_refused_and_record_nothing() {
+    let (d, _s, _f) = serve(&format!("{PLUGIN}{MODEL}"));
+    let id = d.session("default");
+    // The model's reply answers a request: none before the first step.
+    let before = events(&d, &id);
+    let (status, body) = record(&d, &id, &json!({"role": "assistant", "content": "hi"}));
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (422, &json!("reply_before_step"))
+    );
+    assert_eq!(events(&d, &id), before);
+    // Empty user text.
+    let out = step(
+        &d,
+        &id,
+        "openai",
+        json!([{"role": "user", "content": "  "}]),
+    );
+    refused(&d, &id, "empty_message", out);
+    assert_eq!(
+        step(
+            &d,
+            &id,
+            "openai",
+            json!([{"role": "user", "content": "go"}])
+        )
+        .0,
+        200
+    );
+    // An empty reply, and arguments that are not an object.
+    let out = record(&d, &id, &json!({"role": "assistant", "content": ""}));
+    refused(&d, &id, "empty_message", out);
+    let out = record(
+        &d,
+        &id,
+        &json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "x", "name": "read", "arguments": "[1, 2]"}]}),
+    );
+    refused(&d, &id, "invalid_arguments", out);
+    // Two calls are open.
+    let reply = json!({"role": "assistant", "content": "", "tool_calls": [call("c1"), call("c2")]});
+    assert_eq!(record(&d, &id, &reply).0, 201);
+    let out = step(
+        &d,
+        &id,
+        "openai",
+        json!([{"role": "user", "content": "and?"}]),
+    );
+    refused(&d, &id, "open_tool_calls", out);
+    let out = step(&d, &id, "openai", json!([result("c1")]));
+    refused(&d, &id, "open_tool_calls", out);
+    let out = step(
+        &d,
+        &id,
+        "anthropic",
+        json!([result("c1"), {"role": "user", "content": "also"}, result("c2")]),
+    );
+    refused(&d, &id, "tool_results_first", out);
+    let out = step(&d, &id, "openai", json!([result("c1"), result("c1")]));
+    refused(&d, &id, "tool_call_answered", out);
+    let out = record(&d, &id, &json!({"role": "assistant", "content": "done"}));
+    refused(&d, &id, "open_tool_calls", out);
+    // Both answered, results first: accepted, and the turn is valid in both formats.
+    let (status, body) = step(
+        &d,
+        &id,
+        "anthropic",
+        json!([result("c2"), result("c1"), {"role": "user", "content": "thanks"}]),
+    );
+    assert_eq!(status, 200, "{body}");
+    let turns = body["request"]["messages"].as_array().unwrap();
+    let last = turns.last().unwrap();
+    let kinds: Vec<&str> = last["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["tool_result", "tool_result", "text"], "{last}");
+    let out = step(&d, &id, "openai", json!([result("c1")]));
+    refused(&d, &id, "tool_call_answered", out);
+}
+
+#[test]
+fn q5_a_string_of_arguments_is_kept_for_openai_and_an_object_for_anthropic() {
+    let (d, _s, _f) = serve(&format!("{PLUGIN}{MODEL}"));
+    let id = d.session("default");
+    step(
+        &d,
+        &id,
+        "openai",
+        json!([{"role": "user", "content": "go"}]),
+    );
+    // As the OpenAI SDK returns it (model_dump).
+    let reply = json!({"role": "assistant", "content": null, "refusal": null, "annotations": [],
+        "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "read", "arguments": "{\"path\": \"a.txt\"}"}}]});
+    assert_eq!(record(&d, &id, &reply).0, 201);
+    let (status, openai) = step(&d, &id, "openai", json!([result("call_1")]));
+    assert_eq!(status, 200, "{openai}");
+    let assistant = first(&openai["request"], "assistant");
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["arguments"], "{\"path\": \"a.txt\"}",
+        "sent back as the model wrote it: {assistant}"
+    );
+    assert!(assistant["content"].is_null(), "{assistant}");
+    let n = openai["step"].as_u64().unwrap();
+    let anthropic = d.ok(
+        "GET",
+        &format!("/v1/sessions/{id}/steps/{n}/request?format=anthropic"),
+        None,
+    );
+    let tool_use = &first(&anthropic, "assistant")["content"][0];
+    assert_eq!(tool_use["input"], json!({"path": "a.txt"}), "{anthropic}");
+}
+
+/// Anthropic `thinking` and `redacted_thinking` blocks, with their signatures, go back
+/// unchanged, in their order, in every later step and in every rebuild.
+#[test]
+fn q4_thinking_blocks_round_trip_byte_exact() {
+    let (d, _s, _f) = serve(&format!("{PLUGIN}{MODEL}"));
+    let id = d.session("default");
+    step(
+        &d,
+        &id,
+        "anthropic",
+        json!([{"role": "user", "content": "go"}]),
+    );
+    let blocks = json!([
+        {"type": "thinking", "thinking": "The user wants \"a\"…\nLet me read it.", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxQ+/Sig=="},
+        {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpP"},
+        {"type": "text", "text": "Reading a.", "citations": null},
+        {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {"path": "a"}}
+    ]);
+    // The whole Messages response object, as the SDK's model_dump() gives it.
+    let message = json!({"id": "msg_1", "type": "message", "role": "assistant",
+        "model": "claude-test", "content": blocks, "stop_reason": "tool_use",
+        "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 5}});
+    assert_eq!(record(&d, &id, &message).0, 201);
+    let expected = json!([
+        blocks[0], blocks[1], {"type": "text", "text": "Reading a."}, blocks[3]
+    ]);
+    let (status, body) = step(&d, &id, "anthropic", json!([result("toolu_1")]));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(first(&body["request"], "assistant")["content"], expected);
+    let (_, later) = step(
+        &d,
+        &id,
+        "anthropic",
+        json!([{"role": "user", "content": "ok"}]),
+    );
+    assert_eq!(first(&later["request"], "assistant")["content"], expected);
+    for n in [2, 3] {
+        let (status, text) = d.get(&format!(
+            "/v1/sessions/{id}/steps/{n}/request?format=anthropic"
+        ));
+        assert_eq!(status, 200);
+        let rebuilt: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            first(&rebuilt, "assistant")["content"],
+            expected,
+            "step {n}"
+        );
+    }
+    let (_, text) = d.get(&format!(
+        "/v1/sessions/{id}/steps/3/request?format=anthropic"
+    ));
+    let (_, raw) = d.post(
+        &format!("/v1/sessions/{id}/steps"),
+        &json!({"format": "anthropic", "messages": [{"role": "user", "content": "again"}]})
+            .to_string(),
+    );
+    assert!(
+        raw.contains(&serde_json::to_string(&expected[0]).unwrap()) && !text.is_empty(),
+        "the thinking block's bytes are in the body"
+    );
+    // The OpenAI formats see the text and the call, not the thinking.
+    let (_, openai) = step(
+        &d,
+        &id,
+        "openai",
+        json!([{"role": "user", "content": "more"}]),
+    );
+    let assistant = first(&openai["request"], "assistant");
+    assert_eq!(assistant["content"], "Reading a.", "{assistant}");
+    assert!(!openai.to_string().contains("signature"), "{openai}");
+}
+
+/// Model settings: merged global → agent, per provider; a format whose required keys are
+/// missing is refused at the step (422 `missing_model_setting`), never rendered.
+#[test]
+fn q8_model_settings_are_merged_per_provider_and_required_keys_checked() {
+    let (d, _s, _f) = serve(&format!(
+        "{PLUGIN}[model]\nmax_tokens = 100\n[model.openai]\nmodel = \"gpt\"\n\
+         [agents.coder.model.openai]\nmodel = \"gpt-coder\"\n"
+    ));
+    let id = d.session("coder");
+    let out = step(
+        &d,
+        &id,
+        "anthropic",
+        json!([{"role": "user", "content": "go"}]),
+    );
+    refused(&d, &id, "missing_model_setting", out.clone());
+    assert!(
+        out.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`model`"),
+        "{}",
+        out.1
+    );
+    let (status, body) = step(
+        &d,
+        &id,
+        "openai",
+        json!([{"role": "user", "content": "go"}]),
+    );
+    assert_eq!(status, 200, "{body}");
+    let request = &body["request"];
+    assert_eq!(request["model"], "gpt-coder");
+    assert_eq!(
+        request["max_tokens"], 100,
+        "merged from [model], not replaced"
+    );
+    assert_eq!(request["prompt_cache_key"], format!("promptd-{id}"));
+    // The Responses format: instructions, flat tools, input items.
+    let (status, body) = step(
+        &d,
+        &id,
+        "openai-responses",
+        json!([{"role": "user", "content": "again"}]),
+    );
+    assert_eq!(status, 200, "{body}");
+    let r = &body["request"];
+    assert_eq!(r["instructions"], "You are a test.");
+    assert_eq!(
+        r["model"], "gpt-coder",
+        "Responses takes the openai table: {r}"
+    );
+    assert_eq!(r["max_output_tokens"], 100, "{r}");
+    assert!(
+        r.get("max_tokens").is_none(),
+        "Responses refuses max_tokens: {r}"
+    );
+    assert_eq!(
+        r["tools"][0],
+        json!({"type": "function", "name": "read", "description": "The read tool.", "parameters": {"type": "object"}})
+    );
+    assert_eq!(
+        r["input"][0],
+        json!({"type": "message", "role": "user", "content": "go"})
+    );
+    assert!(r.get("messages").is_none(), "{r}");
+}
+
+/// Anthropic cache breakpoints: the last tool, the system block and the last block of the last
+/// message; never more than four.
+#[test]
+fn q8_anthropic_breakpoints_sit_after_the_stable_prefix_and_on_the_last_message() {
+    let (d, _s, _f) = serve(&format!("{PLUGIN}{MODEL}"));
+    let id = d.session("default");
+    let (_, body) = step(
+        &d,
+        &id,
+        "anthropic",
+        json!([{"role": "user", "content": "go"}]),
+    );
+    let r = &body["request"];
+    let count = r.to_string().matches("cache_control").count();
+    assert_eq!(count, 3, "{r}");
+    assert!(r["tools"].as_array().unwrap().last().unwrap()["cache_control"].is_object());
+    assert!(r["system"][0]["cache_control"].is_object());
+    let last = r["messages"].as_array().unwrap().last().unwrap();
+    let blocks = last["content"].as_array().unwrap();
+    assert!(
+        blocks.last().unwrap()["cache_control"].is_object(),
+        "{last}"
+    );
+    assert_eq!(
+        blocks
+            .iter()
+            .filter(|b| b.get("cache_control").is_some())
+            .count(),
+        1
+    );
+}
