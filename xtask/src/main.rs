@@ -4,8 +4,9 @@
 //!   `target/plugins/`, and start the daemon serving them (`promptd serve` with the example
 //!   config `promptd.toml`, on 127.0.0.1:8417, until Ctrl-C). ARGS replace the promptd
 //!   arguments, e.g. `cargo xtask run -- assemble --plugins target/plugins`.
-//! - `test`: install what the tests need (rustup target, rustfmt, clippy, and the JavaScript,
-//!   Python and C SDK toolchains), then check formatting, lint, and run every test.
+//! - `test`: install what the tests need (rustup target, rustfmt, clippy, the JavaScript,
+//!   Python and C SDK toolchains, and the OpenAI and Anthropic clients of
+//!   tests/provider_sdks.rs), then check formatting, lint, and run every test.
 //! - `plugins`: only build and collect the bundled plugins.
 //! - `sdks`: only install the JavaScript, Python and C SDK toolchains (each `sdk/LANG/install.sh`).
 //!
@@ -92,6 +93,15 @@ fn install_sdks(root: &Path) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// Installs the official OpenAI and Anthropic clients that tests/provider_sdks.rs drives (Python
+/// packages into the venv tests/sdk_loops/.venv, npm packages into tests/sdk_loops/js), pinned;
+/// the installer does nothing when the pinned versions are already in place.
+fn install_provider_sdks(root: &Path) -> Result<()> {
+    let script = root.join("tests/sdk_loops/install.sh");
+    sh(Command::new("bash").arg(&script))
+        .with_context(|| format!("installing the provider SDKs ({})", script.display()))
 }
 
 /// The newest modification time of the files under `dir`, leaving out installed tools
@@ -260,6 +270,7 @@ fn test(root: &Path) -> Result<()> {
     check_core_is_pure(root)?;
     install_toolchain_parts()?;
     install_sdks(root)?;
+    install_provider_sdks(root)?;
     plugins(root)?;
     build_wasm(root, "tests/fixtures")?;
     sh(cargo().current_dir(root).args(["fmt", "--all", "--check"]))?;
