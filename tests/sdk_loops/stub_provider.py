@@ -1,0 +1,893 @@
+#!/usr/bin/env python3
+"""A local stand-in for the OpenAI and Anthropic APIs, strict about request bodies.
+
+    stub_provider.py [--max-seconds N] [--log FILE] [--ignore-stdin]
+
+Serves on 127.0.0.1, on a port the system picks, and prints that port alone on its first
+stdout line. It exits when its stdin closes (so it never outlives the test that started it)
+or after --max-seconds (120), whichever comes first; --ignore-stdin keeps only the bound, for
+runs by hand from a shell that gives background jobs no stdin.
+
+Routes, each checking the body against the provider's documented rules (../shared/GUIDE.md,
+"Provider rules that bodies must respect", and the request types of the pinned SDKs):
+
+    POST /v1/chat/completions   OpenAI Chat Completions
+    POST /v1/responses          OpenAI Responses
+    POST /v1/messages           Anthropic Messages
+
+A body that breaks a rule gets 400 with the provider's error shape; the message starts with the
+rule's name in brackets and says where, e.g.
+`[chat.tool_results_follow_calls] messages[3]: ...`, so the SDK raises with it and the test that
+drove the SDK fails showing it. A valid body gets a canned, deterministic reply in the
+provider's real response shape: a tool call (to the first tool by name; every second round two
+in parallel, after some text) while the conversation's newest turn holds no tool result, final
+text naming the answered call ids once it does. Anthropic tool-use replies start with a `thinking` block (and
+every second round also a `redacted_thinking` block); the stub keeps what it returned, by
+tool_use id, and a body that sends such a block back changed, or drops it from the turn that
+is still waiting on its tool results, is refused.
+
+Standard library only.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+MAX_BREAKPOINTS = 4
+
+
+class Broken(Exception):
+    """A body breaks the provider rule `rule` at `where`."""
+
+    def __init__(self, rule, where, detail):
+        super().__init__(f"[{rule}] {where}: {detail}")
+        self.rule = rule
+        self.where = where
+
+
+def canon(value):
+    """Canonical JSON text, for hashing and for comparing JSON values exactly."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(*parts):
+    return hashlib.sha256(canon(parts).encode()).hexdigest()
+
+
+def kind(value):
+    """The JSON type name of a Python value, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def need(cond, rule, where, detail):
+    if not cond:
+        raise Broken(rule, where, detail)
+
+
+def need_object(value, rule, where):
+    need(isinstance(value, dict), rule, where, f"must be an object, got {kind(value)}")
+
+
+def need_string(value, rule, where, nonempty=False):
+    need(isinstance(value, str), rule, where, f"must be a string, got {kind(value)}")
+    if nonempty:
+        need(value != "", rule, where, "must not be empty")
+
+
+def check_keys(obj, allowed, required, rule, where, nullable=()):
+    """Refuses keys outside `allowed`, missing `required` keys, and null where not `nullable`
+    (the providers reject extra inputs; a key typed without Optional takes no null)."""
+    for key in required:
+        need(key in obj, rule, where, f"missing required key `{key}`")
+    for key, value in obj.items():
+        need(key in allowed, rule, where, f"unknown key `{key}` (allowed: {', '.join(sorted(allowed))})")
+        if value is None:
+            need(key in nullable, rule, where, f"`{key}` must not be null")
+
+
+def check_tool_name(name, where):
+    need_string(name, "tool.name", where)
+    need(TOOL_NAME.match(name) is not None, "tool.name", where,
+         f"tool name {name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$")
+
+
+def check_schema(schema, where, strict, rule="tool.strict_schema"):
+    """A tool's JSON Schema: an object schema; under strict mode every object schema in it must
+    close its properties and require all of them (OpenAI's strict function calling)."""
+    need_object(schema, "tool.schema", where)
+    need(schema.get("type") == "object", "tool.schema", where,
+         f"the schema's top level must be {{\"type\": \"object\"}}, got type {schema.get('type')!r}")
+    if strict:
+        check_strict(schema, where, rule)
+
+
+STRICT_HOW = {
+    "tool.strict_schema": "with \"strict\": true the API refuses a schema that",
+    # OpenAI's function calling guide: when `strict` is omitted, Responses normalizes the schema
+    # into strict mode (closing objects, marking every property required), so optional
+    # parameters silently become mandatory; only an explicit `"strict": false` keeps them
+    # optional. Accepted, but not the tool the plugin declared.
+    "responses.strict_default": "`strict` is omitted, so Responses normalizes into strict mode "
+                                "(send \"strict\": false to keep the schema as declared) a schema that",
+}
+
+
+def check_strict(schema, where, rule):
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            check_strict(item, f"{where}[{i}]", rule)
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "object" or "properties" in schema:
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        need(schema.get("additionalProperties") is False, rule, where,
+             f"{STRICT_HOW[rule]} lacks \"additionalProperties\": false")
+        need(sorted(required) == sorted(props), rule, where,
+             f"{STRICT_HOW[rule]} leaves properties {sorted(set(props) - set(required))} out "
+             "of \"required\"")
+    for key, value in schema.items():
+        if isinstance(value, (dict, list)):
+            check_strict(value, f"{where}.{key}", rule)
+
+
+def tools_of(body):
+    tools = body.get("tools", [])
+    need(isinstance(tools, list), "param.tools", "tools", f"must be an array, got {kind(tools)}")
+    return tools
+
+
+def check_tools_unique(names, where):
+    seen = set()
+    for i, name in enumerate(names):
+        need(name not in seen, "tool.unique", f"{where}[{i}]", f"tool name {name!r} is used twice")
+        seen.add(name)
+
+
+def parse_arguments(arguments, where, rule):
+    """Function-call arguments: a JSON string that parses to an object."""
+    need(isinstance(arguments, str), rule, where,
+         f"arguments must be a JSON string, got {kind(arguments)}")
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as e:
+        raise Broken(rule, where, f"arguments {arguments!r} are not JSON: {e}") from None
+    need(isinstance(parsed, dict), rule, where,
+         f"arguments must parse to a JSON object, got {kind(parsed)}")
+    return parsed
+
+
+def canned_arguments(schema):
+    """Arguments that fit `schema`'s required properties, deterministically."""
+    args = {}
+    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    for name in schema.get("required", []) if isinstance(schema, dict) else []:
+        kind_ = props.get(name, {}).get("type", "string")
+        args[name] = {"string": "stub", "integer": 1, "number": 1, "boolean": False,
+                      "array": [], "object": {}}.get(kind_, "stub")
+    return args
+
+
+def pick_tools(tools, round_):
+    """The tools a tool-use reply calls: the first by name; the first two every second round, so
+    parallel calls are exercised too. `tools` is a list of (name, schema)."""
+    ordered = sorted(tools, key=lambda t: t[0])
+    return ordered[: 2 if round_ % 2 == 1 and len(ordered) > 1 else 1]
+
+
+def preamble(round_):
+    """Text said along with the tool calls: none in even rounds (a tool-only reply), some in odd
+    ones, as models do both."""
+    return "Let me look around first." if round_ % 2 == 1 else None
+
+
+# --- OpenAI Chat Completions -------------------------------------------------------------------
+
+CHAT_PARAMS = {
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
+    "max_completion_tokens", "temperature", "top_p", "n", "stop", "stream", "stream_options",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "user",
+    "seed", "response_format", "metadata", "store", "reasoning_effort", "service_tier",
+    "modalities", "audio", "prediction", "web_search_options", "verbosity", "prompt_cache_key",
+    "prompt_cache_retention", "safety_identifier",
+}
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def check_text_parts(content, rule, where):
+    """Content as a string or a list of text parts."""
+    if isinstance(content, str):
+        return
+    need(isinstance(content, list), rule, where,
+         f"content must be a string or a list of text parts, got {kind(content)}")
+    for i, part in enumerate(content):
+        need_object(part, rule, f"{where}[{i}]")
+        need(part.get("type") == "text", rule, f"{where}[{i}]",
+             f"content part type must be \"text\" here, got {part.get('type')!r}")
+        need_string(part.get("text"), rule, f"{where}[{i}].text")
+
+
+def check_chat(body):
+    need_object(body, "body.json", "body")
+    for key in body:
+        need(key in CHAT_PARAMS, "param.unknown", key, "not a Chat Completions parameter")
+    need("model" in body, "param.model", "model", "required")
+    need_string(body["model"], "param.model", "model", nonempty=True)
+
+    tool_names = []
+    for i, tool in enumerate(tools_of(body)):
+        where = f"tools[{i}]"
+        need_object(tool, "chat.tool_shape", where)
+        check_keys(tool, {"type", "function"}, ["type", "function"], "chat.tool_shape", where)
+        need(tool["type"] == "function", "chat.tool_shape", f"{where}.type",
+             f"must be \"function\", got {tool['type']!r}")
+        fn = tool["function"]
+        need_object(fn, "chat.tool_shape", f"{where}.function")
+        check_keys(fn, {"name", "description", "parameters", "strict"}, ["name"],
+                   "chat.tool_shape", f"{where}.function", nullable={"strict"})
+        check_tool_name(fn["name"], f"{where}.function.name")
+        if "description" in fn:
+            need_string(fn["description"], "chat.tool_shape", f"{where}.function.description")
+        if "parameters" in fn:
+            check_schema(fn["parameters"], f"{where}.function.parameters", fn.get("strict") is True)
+        tool_names.append(fn["name"])
+    check_tools_unique(tool_names, "tools")
+
+    messages = body.get("messages")
+    need(isinstance(messages, list) and messages, "param.messages", "messages",
+         "required: a non-empty array of messages")
+    pending = {}  # call id -> where it was made, while its tool message is still due
+    seen_ids = set()
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        need_object(msg, "chat.role", where)
+        role = msg.get("role")
+        need(role in CHAT_ROLES, "chat.role", f"{where}.role",
+             f"role {role!r} is not one of {', '.join(sorted(CHAT_ROLES))}")
+        if pending and role != "tool":
+            raise Broken("chat.tool_results_follow_calls", where,
+                         f"a {role} message comes before the tool messages answering "
+                         f"{', '.join(sorted(pending))}: an assistant message with tool_calls "
+                         "must be followed by one tool message per call id before any other")
+        if role in ("system", "developer", "user"):
+            need("content" in msg, "chat.content", where, f"a {role} message needs content")
+            check_text_parts(msg["content"], "chat.content", f"{where}.content")
+        elif role == "tool":
+            need_string(msg.get("tool_call_id"), "chat.tool_result_orphan", f"{where}.tool_call_id")
+            call_id = msg["tool_call_id"]
+            need(call_id in pending, "chat.tool_result_orphan", where,
+                 f"tool message for {call_id!r} answers no call of the assistant message right "
+                 "before it (or answers it twice)")
+            del pending[call_id]
+            need("content" in msg, "chat.content", where, "a tool message needs content")
+            check_text_parts(msg["content"], "chat.content", f"{where}.content")
+        else:
+            calls = msg.get("tool_calls")
+            content = msg.get("content")
+            has_content = (isinstance(content, str) and content != "") or (
+                isinstance(content, list) and content != [])
+            need(has_content or bool(calls), "chat.assistant_empty", where,
+                 "an assistant message needs content or tool_calls")
+            if content is not None:
+                check_text_parts(content, "chat.content", f"{where}.content")
+            if calls is not None:
+                need(isinstance(calls, list), "chat.tool_call_shape", f"{where}.tool_calls",
+                     f"must be an array, got {kind(calls)}")
+            for j, call in enumerate(calls or []):
+                cw = f"{where}.tool_calls[{j}]"
+                need_object(call, "chat.tool_call_shape", cw)
+                check_keys(call, {"id", "type", "function"}, ["id", "type", "function"],
+                           "chat.tool_call_shape", cw)
+                need(call["type"] == "function", "chat.tool_call_shape", f"{cw}.type",
+                     f"must be \"function\", got {call['type']!r}")
+                need_string(call["id"], "chat.tool_call_shape", f"{cw}.id", nonempty=True)
+                need(call["id"] not in seen_ids, "chat.call_id_unique", f"{cw}.id",
+                     f"call id {call['id']!r} is used twice")
+                seen_ids.add(call["id"])
+                fn = call["function"]
+                need_object(fn, "chat.tool_call_shape", f"{cw}.function")
+                check_keys(fn, {"name", "arguments"}, ["name", "arguments"],
+                           "chat.tool_call_shape", f"{cw}.function")
+                check_tool_name(fn["name"], f"{cw}.function.name")
+                parse_arguments(fn["arguments"], f"{cw}.function.arguments", "chat.arguments_json")
+                pending[call["id"]] = cw
+    need(not pending, "chat.tool_results_follow_calls", "messages",
+         f"the conversation ends before the tool messages answering {', '.join(sorted(pending))}")
+
+
+def reply_chat(body):
+    messages = body["messages"]
+    last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    answered = [m["tool_call_id"] for m in messages[last_assistant + 1:] if m["role"] == "tool"]
+    tools = [(t["function"]["name"], t["function"].get("parameters", {}))
+             for t in body.get("tools", [])]
+    rounds = sum(1 for m in messages if m["role"] == "assistant" and m.get("tool_calls"))
+    key = digest(messages, body.get("tools"))
+    message = {"role": "assistant", "content": None, "refusal": None, "annotations": []}
+    if answered or not tools:
+        message["content"] = final_text(answered)
+        finish = "stop"
+    else:
+        message["content"] = preamble(rounds)
+        message["tool_calls"] = [
+            {"id": f"call_{key[:20]}_{n}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps(canned_arguments(schema))}}
+            for n, (name, schema) in enumerate(pick_tools(tools, rounds))
+        ]
+        finish = "tool_calls"
+    return {
+        "id": f"chatcmpl-{key[:24]}",
+        "object": "chat.completion",
+        "created": 1767225600,
+        "model": body["model"],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": usage_openai(body),
+        "service_tier": "default",
+        "system_fingerprint": None,
+    }
+
+
+def final_text(answered):
+    if not answered:
+        return "Nothing to call; here is my answer."
+    return "Read the results of " + ", ".join(answered) + "."
+
+
+def usage_openai(body):
+    size = len(canon(body))
+    return {"prompt_tokens": size // 4, "completion_tokens": 12, "total_tokens": size // 4 + 12}
+
+
+# --- OpenAI Responses --------------------------------------------------------------------------
+
+RESPONSES_PARAMS = {
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+    "max_output_tokens", "max_tool_calls", "temperature", "top_p", "top_logprobs", "store",
+    "stream", "stream_options", "metadata", "reasoning", "text", "truncation", "user", "include",
+    "service_tier", "background", "previous_response_id", "conversation", "prompt",
+    "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+}
+INPUT_TEXT_TYPES = {"input_text"}
+OUTPUT_TEXT_TYPES = {"output_text", "refusal"}
+
+
+def check_message_item(item, where):
+    role = item.get("role")
+    need(role in ("user", "assistant", "system", "developer"), "responses.message",
+         f"{where}.role", f"role {role!r} is not one of assistant, developer, system, user")
+    content = item.get("content")
+    if isinstance(content, str):
+        return
+    need(isinstance(content, list), "responses.message", f"{where}.content",
+         f"must be a string or a list of content parts, got {kind(content)}")
+    allowed = OUTPUT_TEXT_TYPES if role == "assistant" else INPUT_TEXT_TYPES
+    for j, part in enumerate(content):
+        pw = f"{where}.content[{j}]"
+        need_object(part, "responses.message", pw)
+        need(part.get("type") in allowed, "responses.message", f"{pw}.type",
+             f"a {role} message's parts are {', '.join(sorted(allowed))}, got {part.get('type')!r}")
+        if part["type"] == "refusal":
+            need_string(part.get("refusal"), "responses.message", f"{pw}.refusal")
+        else:
+            need_string(part.get("text"), "responses.message", f"{pw}.text")
+
+
+def check_responses(body):
+    need_object(body, "body.json", "body")
+    for key in body:
+        need(key in RESPONSES_PARAMS, "param.unknown", key, "not a Responses parameter")
+    need("model" in body, "param.model", "model", "required")
+    need_string(body["model"], "param.model", "model", nonempty=True)
+    if "instructions" in body:
+        need_string(body["instructions"], "responses.instructions", "instructions")
+
+    tool_names = []
+    for i, tool in enumerate(tools_of(body)):
+        where = f"tools[{i}]"
+        need_object(tool, "responses.tool_shape", where)
+        need("function" not in tool, "responses.tool_shape", where,
+             "Responses tools are flat {type, name, description, parameters}, not nested under "
+             "`function` as in Chat Completions")
+        check_keys(tool, {"type", "name", "description", "parameters", "strict"},
+                   ["type", "name"], "responses.tool_shape", where,
+                   nullable={"description", "parameters", "strict"})
+        need(tool["type"] == "function", "responses.tool_shape", f"{where}.type",
+             f"must be \"function\", got {tool['type']!r}")
+        check_tool_name(tool["name"], f"{where}.name")
+        if tool.get("description") is not None:
+            need_string(tool["description"], "responses.tool_shape", f"{where}.description")
+        if tool.get("parameters") is not None:
+            strict = tool.get("strict")
+            check_schema(tool["parameters"], f"{where}.parameters", strict is not False,
+                         "tool.strict_schema" if strict is True else "responses.strict_default")
+        tool_names.append(tool["name"])
+    check_tools_unique(tool_names, "tools")
+
+    items = body.get("input")
+    if isinstance(items, str):
+        return
+    need(isinstance(items, list) and items, "param.input", "input",
+         "required: a string or a non-empty array of input items")
+    calls = {}  # call_id -> answered yet
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        need_object(item, "responses.item_type", where)
+        itype = item.get("type", "message" if "role" in item else None)
+        if itype == "message":
+            check_message_item(item, where)
+        elif itype == "function_call":
+            check_keys(item, {"type", "id", "call_id", "name", "arguments", "status"},
+                       ["type", "call_id", "name", "arguments"], "responses.function_call", where)
+            need_string(item["call_id"], "responses.function_call", f"{where}.call_id", nonempty=True)
+            need(item["call_id"] not in calls, "responses.function_call", f"{where}.call_id",
+                 f"call_id {item['call_id']!r} is used twice")
+            check_tool_name(item["name"], f"{where}.name")
+            parse_arguments(item["arguments"], f"{where}.arguments", "responses.arguments_json")
+            calls[item["call_id"]] = False
+        elif itype == "function_call_output":
+            check_keys(item, {"type", "id", "call_id", "output", "status"},
+                       ["type", "call_id", "output"], "responses.function_call_output", where)
+            call_id = item["call_id"]
+            need(calls.get(call_id) is False, "responses.output_orphan", where,
+                 f"function_call_output for {call_id!r} answers no earlier function_call "
+                 "(or answers it twice)")
+            calls[call_id] = True
+            output = item["output"]
+            if not isinstance(output, str):
+                need(isinstance(output, list), "responses.function_call_output",
+                     f"{where}.output", f"must be a string or a list of parts, got {kind(output)}")
+                for j, part in enumerate(output):
+                    need(isinstance(part, dict) and part.get("type") in (
+                        "input_text", "input_image", "input_file"),
+                         "responses.function_call_output", f"{where}.output[{j}]",
+                         "output parts are input_text, input_image or input_file")
+        else:
+            raise Broken("responses.item_type", f"{where}.type",
+                         f"item type {itype!r} is not message, function_call or "
+                         "function_call_output")
+    unanswered = sorted(c for c, done in calls.items() if not done)
+    need(not unanswered, "responses.call_unanswered", "input",
+         f"no function_call_output for {', '.join(unanswered)}")
+
+
+def reply_responses(body):
+    items = body["input"] if isinstance(body["input"], list) else [
+        {"role": "user", "content": body["input"]}]
+    def is_assistant(item):
+        return item.get("type") == "function_call" or item.get("role") == "assistant"
+    last = max((i for i, it in enumerate(items) if is_assistant(it)), default=-1)
+    answered = [it["call_id"] for it in items[last + 1:] if it.get("type") == "function_call_output"]
+    tools = [(t["name"], t.get("parameters") or {}) for t in body.get("tools", [])]
+    # A round is one reply's worth of calls: consecutive function_call items.
+    rounds = sum(1 for i, it in enumerate(items) if it.get("type") == "function_call"
+                 and (i == 0 or items[i - 1].get("type") != "function_call"))
+    key = digest(items, body.get("tools"))
+    if answered or not tools:
+        output = [{"type": "message", "id": f"msg_{key[:24]}", "status": "completed",
+                   "role": "assistant",
+                   "content": [{"type": "output_text", "text": final_text(answered),
+                                "annotations": []}]}]
+    else:
+        said = preamble(rounds)
+        output = [] if said is None else [
+            {"type": "message", "id": f"msg_{key[:24]}", "status": "completed", "role": "assistant",
+             "content": [{"type": "output_text", "text": said, "annotations": []}]}]
+        output += [
+            {"type": "function_call", "id": f"fc_{key[:20]}_{n}", "call_id": f"call_{key[:20]}_{n}",
+             "name": name, "arguments": json.dumps(canned_arguments(schema)),
+             "status": "completed"}
+            for n, (name, schema) in enumerate(pick_tools(tools, rounds))
+        ]
+    size = len(canon(body))
+    return {
+        "id": f"resp_{key[:24]}",
+        "object": "response",
+        "created_at": 1767225600,
+        "status": "completed",
+        "model": body["model"],
+        "output": output,
+        "instructions": body.get("instructions"),
+        "tools": body.get("tools", []),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "temperature": body.get("temperature", 1.0),
+        "top_p": body.get("top_p", 1.0),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata", {}),
+        "error": None,
+        "incomplete_details": None,
+        "usage": {"input_tokens": size // 4, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": size // 4 + 12},
+    }
+
+
+# --- Anthropic Messages ------------------------------------------------------------------------
+
+MESSAGES_PARAMS = {
+    "model", "messages", "max_tokens", "system", "tools", "tool_choice", "temperature", "top_p",
+    "top_k", "stop_sequences", "stream", "metadata", "thinking", "service_tier", "container",
+    "mcp_servers", "output_config", "inference_geo",
+}
+# Per block type: (allowed keys, required keys, keys that may be null), from the pinned SDK's
+# *BlockParam types; the API refuses extra inputs.
+BLOCKS = {
+    "text": ({"type", "text", "cache_control", "citations"}, ["text"],
+             {"cache_control", "citations"}),
+    "image": ({"type", "source", "cache_control"}, ["source"], {"cache_control"}),
+    "document": ({"type", "source", "title", "context", "citations", "cache_control"},
+                 ["source"], {"title", "context", "citations", "cache_control"}),
+    "tool_use": ({"type", "id", "name", "input", "cache_control", "caller", "toolset_name"},
+                 ["id", "name", "input"], {"cache_control", "toolset_name"}),
+    "tool_result": ({"type", "tool_use_id", "content", "is_error", "cache_control",
+                     "toolset_name"}, ["tool_use_id"], {"cache_control", "toolset_name"}),
+    "thinking": ({"type", "thinking", "signature"}, ["thinking", "signature"], set()),
+    "redacted_thinking": ({"type", "data"}, ["data"], set()),
+}
+USER_BLOCKS = {"text", "image", "document", "tool_result"}
+ASSISTANT_BLOCKS = {"text", "tool_use", "thinking", "redacted_thinking"}
+
+
+class Thinking:
+    """What the stub returned before each tool_use, so a body sending it back can be checked."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_tool_use = {}  # tool_use id -> the thinking blocks returned before it
+        self.returned = set()  # canonical JSON of every thinking block returned
+
+    def remember(self, content):
+        blocks = [b for b in content if b["type"] in ("thinking", "redacted_thinking")]
+        with self.lock:
+            for b in content:
+                if b["type"] == "tool_use":
+                    self.by_tool_use[b["id"]] = blocks
+            self.returned.update(canon(b) for b in blocks)
+
+    def expected(self, tool_use_ids):
+        with self.lock:
+            for i in tool_use_ids:
+                if i in self.by_tool_use:
+                    return self.by_tool_use[i]
+        return None
+
+    def known(self, block):
+        with self.lock:
+            return canon(block) in self.returned
+
+
+THINKING = Thinking()
+
+
+def check_cache_control(value, where, count):
+    need_object(value, "messages.cache_control", where)
+    check_keys(value, {"type", "ttl"}, ["type"], "messages.cache_control", where)
+    need(value["type"] == "ephemeral", "messages.cache_control", f"{where}.type",
+         f"must be \"ephemeral\", got {value['type']!r}")
+    count.append(where)
+    need(len(count) <= MAX_BREAKPOINTS, "messages.cache_breakpoints", where,
+         f"more than {MAX_BREAKPOINTS} cache_control breakpoints in tools, system and messages "
+         f"together: {', '.join(count)}")
+
+
+def check_block(block, role, where, breakpoints):
+    need_object(block, "messages.block_type", where)
+    btype = block.get("type")
+    need(btype in BLOCKS, "messages.block_type", f"{where}.type", f"unknown block type {btype!r}")
+    allowed_here = USER_BLOCKS if role == "user" else ASSISTANT_BLOCKS
+    need(btype in allowed_here, "messages.block_type", f"{where}.type",
+         f"a {btype} block cannot be in a {role} turn")
+    allowed, required, nullable = BLOCKS[btype]
+    check_keys(block, allowed, required, "messages.block_keys", where, nullable=nullable)
+    if block.get("cache_control") is not None:
+        check_cache_control(block["cache_control"], f"{where}.cache_control", breakpoints)
+    if btype == "text":
+        need_string(block["text"], "messages.block_keys", f"{where}.text")
+        need(block["text"].strip() != "", "messages.empty_text", where,
+             "text content blocks must contain non-whitespace text")
+    elif btype == "tool_use":
+        need_string(block["id"], "messages.block_keys", f"{where}.id", nonempty=True)
+        check_tool_name(block["name"], f"{where}.name")
+        need(isinstance(block["input"], dict), "messages.tool_use_input", f"{where}.input",
+             f"tool_use input must be an object, got {kind(block['input'])}")
+        if "caller" in block:
+            need_object(block["caller"], "messages.block_keys", f"{where}.caller")
+    elif btype == "tool_result":
+        need_string(block["tool_use_id"], "messages.block_keys", f"{where}.tool_use_id")
+        content = block.get("content")
+        if isinstance(content, list):
+            for k, inner in enumerate(content):
+                iw = f"{where}.content[{k}]"
+                need_object(inner, "messages.block_type", iw)
+                need(inner.get("type") in ("text", "image", "document"), "messages.block_type",
+                     f"{iw}.type", f"a tool_result holds text, image or document blocks, got "
+                     f"{inner.get('type')!r}")
+                check_block(inner, "user", iw, breakpoints)
+        elif content is not None:
+            need_string(content, "messages.block_keys", f"{where}.content")
+        if "is_error" in block:
+            need(isinstance(block["is_error"], bool), "messages.block_keys", f"{where}.is_error",
+                 f"must be a boolean, got {kind(block['is_error'])}")
+    elif btype == "thinking":
+        need_string(block["thinking"], "messages.block_keys", f"{where}.thinking")
+        need_string(block["signature"], "messages.block_keys", f"{where}.signature")
+    elif btype == "redacted_thinking":
+        need_string(block["data"], "messages.block_keys", f"{where}.data")
+
+
+def blocks_of(msg):
+    content = msg["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def check_thinking(turns):
+    """Thinking blocks sent back are the very ones returned; the assistant turn still waiting on
+    its tool results keeps them, first, in order."""
+    for i, msg in enumerate(turns):
+        if msg["role"] != "assistant":
+            continue
+        blocks = blocks_of(msg)
+        thinking = [b for b in blocks if b["type"] in ("thinking", "redacted_thinking")]
+        uses = [b["id"] for b in blocks if b["type"] == "tool_use"]
+        expected = THINKING.expected(uses)
+        where = f"messages[{i}]"
+        if expected is not None:
+            waiting = i == len(turns) - 2  # the last user turn carries its tool results
+            if thinking or waiting:
+                need(canon(blocks[: len(expected)]) == canon(expected),
+                     "messages.thinking_unchanged", where,
+                     "the thinking and redacted_thinking blocks returned with tool_use "
+                     f"{', '.join(uses)} must come back unchanged, first in the turn: expected "
+                     f"{canon(expected)}, got {canon(thinking)}")
+        for j, b in enumerate(thinking):
+            need(THINKING.known(b), "messages.thinking_unchanged", f"{where}.content",
+                 f"a {b['type']} block the stub never returned (changed?): {canon(b)}")
+
+
+def check_messages(body):
+    need_object(body, "body.json", "body")
+    for key in body:
+        need(key in MESSAGES_PARAMS, "param.unknown", key, "not a Messages parameter")
+    need("model" in body, "param.model", "model", "required")
+    need_string(body["model"], "param.model", "model", nonempty=True)
+    need("max_tokens" in body, "param.max_tokens", "max_tokens", "required")
+    mt = body["max_tokens"]
+    need(isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1, "param.max_tokens",
+         "max_tokens", f"must be a positive integer, got {mt!r}")
+    breakpoints = []
+
+    tool_names = []
+    for i, tool in enumerate(tools_of(body)):
+        where = f"tools[{i}]"
+        need_object(tool, "messages.tool_shape", where)
+        check_keys(tool, {"type", "name", "description", "input_schema", "cache_control",
+                          "strict"}, ["name", "input_schema"], "messages.tool_shape", where,
+                   nullable={"cache_control", "type"})
+        if tool.get("type") is not None:
+            need(tool["type"] == "custom", "messages.tool_shape", f"{where}.type",
+                 f"a client tool's type is \"custom\" or absent, got {tool['type']!r}")
+        check_tool_name(tool["name"], f"{where}.name")
+        if "description" in tool:
+            need_string(tool["description"], "messages.tool_shape", f"{where}.description")
+        check_schema(tool["input_schema"], f"{where}.input_schema", strict=False)
+        if tool.get("cache_control") is not None:
+            check_cache_control(tool["cache_control"], f"{where}.cache_control", breakpoints)
+        tool_names.append(tool["name"])
+    check_tools_unique(tool_names, "tools")
+
+    if "system" in body:
+        system = body["system"]
+        if isinstance(system, list):
+            for i, block in enumerate(system):
+                where = f"system[{i}]"
+                need_object(block, "messages.system", where)
+                need(block.get("type") == "text", "messages.system", f"{where}.type",
+                     f"system blocks are text blocks, got {block.get('type')!r}")
+                check_block(block, "user", where, breakpoints)
+        else:
+            need_string(system, "messages.system", "system")
+
+    turns = body.get("messages")
+    need(isinstance(turns, list) and turns, "param.messages", "messages",
+         "required: a non-empty array of messages")
+    waiting = set()  # tool_use ids of the previous assistant turn
+    for i, msg in enumerate(turns):
+        where = f"messages[{i}]"
+        need_object(msg, "messages.roles", where)
+        check_keys(msg, {"role", "content"}, ["role", "content"], "messages.roles", where)
+        role = msg["role"]
+        need(role in ("user", "assistant"), "messages.roles", f"{where}.role",
+             f"role {role!r} is not user or assistant")
+        need(i > 0 or role == "user", "messages.roles", where, "the first message must be a user turn")
+        need(i == 0 or turns[i - 1].get("role") != role, "messages.roles", where,
+             f"two {role} turns in a row: roles must alternate user/assistant")
+        content = msg["content"]
+        if isinstance(content, str):
+            need(content.strip() != "" or (role == "assistant" and i == len(turns) - 1),
+                 "messages.empty_text", f"{where}.content", "message content must be non-empty")
+        else:
+            need(isinstance(content, list), "messages.roles", f"{where}.content",
+                 f"must be a string or a list of content blocks, got {kind(content)}")
+            need(content != [] or (role == "assistant" and i == len(turns) - 1),
+                 "messages.empty_content", f"{where}.content", "message content must be non-empty")
+            for j, block in enumerate(content):
+                check_block(block, role, f"{where}.content[{j}]", breakpoints)
+        blocks = blocks_of(msg)
+        if role == "user":
+            results = [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
+            first_other = next((j for j, b in enumerate(blocks) if b["type"] != "tool_result"),
+                               len(blocks))
+            need(all(b["type"] != "tool_result" for b in blocks[first_other:]),
+                 "messages.tool_results_first", where,
+                 "tool_result blocks must come first in the user turn's content, before any "
+                 "other block")
+            for r in results:
+                need(r in waiting, "messages.tool_result_orphan", where,
+                     f"tool_result for {r!r} answers no tool_use of the assistant turn right "
+                     "before it (or answers it twice)")
+                waiting.discard(r)
+            need(not waiting, "messages.tool_result_next_turn", where,
+                 f"tool_use {', '.join(sorted(waiting))} got no tool_result in this, the very "
+                 "next user turn")
+        else:
+            need(not waiting, "messages.tool_result_next_turn", where,
+                 f"tool_use {', '.join(sorted(waiting))} got no tool_result before this turn")
+            ids = [b["id"] for b in blocks if b["type"] == "tool_use"]
+            need(len(set(ids)) == len(ids), "messages.tool_use_unique", where,
+                 "a tool_use id is used twice")
+            waiting = set(ids)
+    need(not waiting, "messages.tool_result_next_turn", "messages",
+         f"the conversation ends before the tool_result for {', '.join(sorted(waiting))}")
+    check_thinking(turns)
+
+
+def reply_messages(body):
+    turns = body["messages"]
+    last = turns[-1]
+    answered = [b["tool_use_id"] for b in blocks_of(last)
+                if last["role"] == "user" and b["type"] == "tool_result"]
+    tools = [(t["name"], t["input_schema"]) for t in body.get("tools", [])]
+    rounds = sum(1 for t in turns if t["role"] == "assistant"
+                 and any(b["type"] == "tool_use" for b in blocks_of(t)))
+    key = digest(turns, body.get("tools"), body.get("system"))
+    if answered or not tools:
+        content = [{"type": "text", "text": final_text(answered)}]
+        stop = "end_turn"
+    else:
+        picked = pick_tools(tools, rounds)
+        content = [{"type": "thinking",
+                    "thinking": f"The user wants something done; {picked[0][0]} should help.",
+                    "signature": "sig_" + digest("thinking", key)}]
+        if rounds % 2 == 1:
+            content.append({"type": "redacted_thinking", "data": "redacted_" + digest("r", key)})
+        if preamble(rounds) is not None:
+            content.append({"type": "text", "text": preamble(rounds)})
+        content += [{"type": "tool_use", "id": f"toolu_{key[:20]}_{n}", "name": name,
+                     "input": canned_arguments(schema)}
+                    for n, (name, schema) in enumerate(picked)]
+        THINKING.remember(content)
+        stop = "tool_use"
+    size = len(canon(body))
+    return {
+        "id": f"msg_{key[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": size // 4, "output_tokens": 12,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+    }
+
+
+ROUTES = {
+    "/v1/chat/completions": ("openai", check_chat, reply_chat),
+    "/v1/responses": ("openai", check_responses, reply_responses),
+    "/v1/messages": ("anthropic", check_messages, reply_messages),
+}
+
+
+def error_body(provider, message, where, rule):
+    if provider == "anthropic":
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    return {"error": {"message": message, "type": "invalid_request_error", "param": where,
+                      "code": rule}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    log_file = None
+
+    def do_POST(self):
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if path not in ROUTES:
+            self.send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
+            return
+        provider, check, reply = ROUTES[path]
+        try:
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                raise Broken("body.json", "body", f"not JSON: {e}") from None
+            check(body)
+            answer = reply(body)
+        except Broken as e:
+            self.record(path, 400, str(e), raw)
+            self.send(400, error_body(provider, str(e), e.where, e.rule))
+            return
+        except Exception:  # a stub bug must fail the run, never pass a body unchecked
+            detail = traceback.format_exc()
+            self.record(path, 500, detail, raw)
+            self.send(500, error_body(provider, f"stub error: {detail}", None, "stub.error"))
+            return
+        self.record(path, 200, None, raw)
+        self.send(200, answer)
+
+    def do_GET(self):
+        self.send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+    def send(self, status, value):
+        data = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def record(self, path, status, error, raw):
+        if Handler.log_file is None:
+            return
+        line = json.dumps({"path": path, "status": status, "error": error,
+                           "body": raw.decode("utf-8", "replace")})
+        with open(Handler.log_file, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def log_message(self, format, *args):
+        pass  # the test shows what matters through the SDK's error; --log keeps the bodies
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--log", help="append one JSON line per request (path, status, body)")
+    parser.add_argument("--ignore-stdin", action="store_true")
+    args = parser.parse_args()
+    Handler.log_file = args.log
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    print(server.server_address[1], flush=True)
+
+    def stop_at_eof():
+        while sys.stdin.buffer.read(4096):
+            pass
+        os._exit(0)
+
+    if not args.ignore_stdin:
+        threading.Thread(target=stop_at_eof, daemon=True).start()
+    threading.Timer(args.max_seconds, lambda: os._exit(0)).start()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
