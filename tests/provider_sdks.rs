@@ -648,7 +648,13 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     let kinds: Vec<&str> = blocks.iter().map(|b| b["type"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
-        ["thinking", "redacted_thinking", "text", "tool_use", "tool_use"],
+        [
+            "thinking",
+            "redacted_thinking",
+            "text",
+            "tool_use",
+            "tool_use"
+        ],
         "{second}"
     );
     let results: Vec<Value> = blocks[3..]
