@@ -310,7 +310,7 @@ fn q8_model_settings_are_merged_per_provider_and_required_keys_checked() {
     );
     assert_eq!(
         r["tools"][0],
-        json!({"type": "function", "name": "read", "description": "The read tool.", "parameters": {"type": "object"}})
+        json!({"type": "function", "name": "read", "description": "The read tool.", "parameters": {"type": "object"}, "strict": false})
     );
     assert_eq!(
         r["input"][0],

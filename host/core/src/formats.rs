@@ -217,11 +217,14 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
                     .tools
                     .iter()
                     .map(|tool| {
+                        // Without `strict`, Responses rewrites the schema into strict mode
+                        // (every property required); keep it as the plugin declared it.
                         json!({
                             "type": "function",
                             "name": tool.name,
                             "description": tool.description,
                             "parameters": tool.parameters,
+                            "strict": false,
                         })
                     })
                     .collect();
