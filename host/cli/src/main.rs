@@ -117,7 +117,7 @@ enum SessionCommand {
         /// A step fact, KEY=VALUE; repeatable.
         #[arg(long = "fact", value_name = "KEY=VALUE")]
         facts: Vec<String>,
-        /// neutral, openai or anthropic.
+        /// neutral, openai, anthropic or openai-responses.
         #[arg(long, default_value = "neutral")]
         format: String,
     },
