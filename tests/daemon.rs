@@ -397,7 +397,8 @@ fn q6_an_assembly_error_records_nothing_and_the_session_goes_on() {
 #[test]
 fn l5_bad_input_gets_a_clear_4xx_and_records_nothing() {
     let folder = bundled();
-    let config = folder.config(CONFIG);
+    // A 1 MiB body limit (the default is 32 MiB, for images), so the 2 MiB body is over it.
+    let config = folder.config(&format!("{CONFIG}\n[limits]\nmax_body_mb = 1\n"));
     let (_tmp, state) = state_dir();
     let d = Served::start(folder.path(), &config, &state);
     let id = new_session(&d, "default");

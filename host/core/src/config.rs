@@ -36,6 +36,9 @@ use crate::sandbox::{self, DeclarationLimits, Sandbox};
 /// Tables inside `model` that hold one provider format's own settings.
 pub const PROVIDER_TABLES: [&str; 3] = ["openai", "anthropic", "openai-responses"];
 
+/// Default of `[limits] max_body_mb`.
+pub const DEFAULT_MAX_BODY_MB: u64 = 32;
+
 /// Default budget of the daemon's session cache, in MiB.
 pub const DEFAULT_SESSION_CACHE_MB: u64 = 256;
 
@@ -107,6 +110,10 @@ pub struct LimitsConfig {
     pub max_name_bytes: Option<u64>,
     /// Everything one plugin declares together, in KiB (default 4096).
     pub max_declared_kb: Option<u64>,
+    /// Largest request body the daemon reads, in MiB (default 32; images travel inside).
+    pub max_body_mb: Option<u64>,
+    /// Largest image or document block, in KiB of base64 (default 10240).
+    pub max_block_kb: Option<u64>,
     /// Log bytes one plugin call (declare included) may write, in KiB (default 64).
     pub log_kb_per_call: Option<u64>,
     /// Log records per second one plugin may write, all its instances together (default 100).
@@ -310,6 +317,8 @@ impl Config {
         positive("limits.idle_timeout_ms", self.limits.idle_timeout_ms)?;
         positive("limits.max_connections", self.limits.max_connections)?;
         positive("limits.log_kb_per_call", self.limits.log_kb_per_call)?;
+        positive("limits.max_body_mb", self.limits.max_body_mb)?;
+        positive("limits.max_block_kb", self.limits.max_block_kb)?;
         positive("limits.log_lines_per_s", self.limits.log_lines_per_s)?;
         for (key, value) in self.limits.declaration_keys() {
             positive(&format!("limits.{key}"), value)?;
@@ -493,6 +502,22 @@ impl Config {
     }
 
     /// The session cache's budget in bytes (`[limits] session_cache_mb`, default 256 MiB).
+    pub fn max_body_bytes(&self) -> usize {
+        (self.limits.max_body_mb.unwrap_or(DEFAULT_MAX_BODY_MB).min(4096) << 20) as usize
+    }
+
+    /// How large a content block may be (`[limits] max_block_kb`).
+    pub fn content_limits(&self) -> crate::content::ContentLimits {
+        crate::content::ContentLimits {
+            max_block_bytes: (self
+                .limits
+                .max_block_kb
+                .unwrap_or(crate::content::DEFAULT_MAX_BLOCK_KB)
+                .min(4 << 20)
+                << 10) as usize,
+        }
+    }
+
     pub fn session_cache_bytes(&self) -> usize {
         (self
             .limits

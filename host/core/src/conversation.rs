@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use crate::content::{Block, Content};
+
 /// One tool call the model made.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,7 +33,8 @@ fn empty_object() -> Value {
 pub enum Message {
     /// User input, or a runtime context snapshot (see [`Message::is_snapshot`]).
     User {
-        content: String,
+        /// Text, or blocks (text, images, documents).
+        content: Content,
         /// True for runtime context snapshots the daemon appended (Q2).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         snapshot: bool,
@@ -52,7 +55,8 @@ pub enum Message {
     /// A tool's output, answering the call `tool_call_id`.
     Tool {
         tool_call_id: String,
-        content: String,
+        /// Text, or blocks (text, images — a screenshot — and documents).
+        content: Content,
         /// Whether the tool failed (providers that support it are told).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
@@ -62,14 +66,14 @@ pub enum Message {
 impl Message {
     pub fn user(content: impl Into<String>) -> Self {
         Message::User {
-            content: content.into(),
+            content: Content::Text(content.into()),
             snapshot: false,
         }
     }
 
     pub fn snapshot(content: impl Into<String>) -> Self {
         Message::User {
-            content: content.into(),
+            content: Content::Text(content.into()),
             snapshot: true,
         }
     }

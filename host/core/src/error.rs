@@ -235,6 +235,16 @@ pub enum Error {
     #[error("messages[{tool}] is a tool result after the user message messages[{user}]: put tool results first (providers require results right after the call)")]
     ToolResultsFirst { user: usize, tool: usize },
 
+    #[error("content[{index}] ({kind}): {cause}")]
+    InvalidBlock {
+        index: usize,
+        kind: &'static str,
+        cause: String,
+    },
+
+    #[error("the {format} format cannot carry {what}; this session needs another format")]
+    UnsupportedBlock { format: &'static str, what: String },
+
     #[error("empty message: {0}")]
     EmptyMessage(&'static str),
 
@@ -322,6 +332,8 @@ impl Error {
             Error::OpenToolCalls(_) => "open_tool_calls",
             Error::ToolResultsFirst { .. } => "tool_results_first",
             Error::EmptyMessage(_) => "empty_message",
+            Error::InvalidBlock { .. } => "invalid_block",
+            Error::UnsupportedBlock { .. } => "unsupported_block",
             Error::InvalidArguments { .. } => "invalid_arguments",
             Error::ReplyBeforeStep => "reply_before_step",
             Error::AtMessage { source, .. } => source.code(),

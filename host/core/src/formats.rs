@@ -6,6 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::content::{Block, Content};
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 
 /// The shape of the request body to render.
@@ -134,10 +135,15 @@ pub fn render(request: &FrozenRequest, format: Format) -> Value {
     let mut body = head(&request.header, format);
     let messages = match format {
         Format::Neutral => request.messages.iter().map(neutral_message).collect(),
-        Format::Openai => system_message(&request.header)
-            .into_iter()
-            .chain(request.messages.iter().map(openai_message))
-            .collect(),
+        Format::Openai => {
+            let mut items: Vec<Value> = system_message(&request.header).into_iter().collect();
+            let mut pending = Vec::new();
+            for message in &request.messages {
+                push_openai(&mut items, &mut pending, message);
+            }
+            items.extend(flush_openai(&mut pending));
+            items
+        }
         Format::Anthropic => {
             let mut turns = anthropic_turns(&request.messages);
             let last = turns.pop();
@@ -266,9 +272,84 @@ pub(crate) fn system_message(header: &Header) -> Option<Value> {
     (!header.system.is_empty()).then(|| json!({ "role": "system", "content": header.system }))
 }
 
+/// Why `format` cannot carry `message`, if it cannot: the only such block today is a PDF by
+/// URL in Chat Completions, which takes files as base64 data only.
+pub fn unsupported(format: Format, message: &Message) -> Option<&'static str> {
+    let (Message::User { content, .. } | Message::Tool { content, .. }) = message else {
+        return None;
+    };
+    content
+        .blocks()
+        .iter()
+        .find_map(|block| match (format, block) {
+            (Format::Openai, Block::Document { url: Some(_), .. }) => {
+                Some("a document by URL (Chat Completions takes PDFs as base64 data only)")
+            }
+            _ => None,
+        })
+}
+
+/// Adds `message` to OpenAI's `messages`. Tool messages may carry only text, so a result's
+/// images and documents wait in `pending` and go, after the last tool message of the group,
+/// into one user message (the nearest valid form).
+pub(crate) fn push_openai(items: &mut Vec<Value>, pending: &mut Vec<Value>, message: &Message) {
+    if !matches!(message, Message::Tool { .. }) {
+        items.extend(flush_openai(pending));
+    }
+    items.push(openai_message(message));
+    if let Message::Tool {
+        tool_call_id,
+        content: Content::Blocks(blocks),
+        ..
+    } = message
+    {
+        let media: Vec<Value> = blocks
+            .iter()
+            .filter(|b| !matches!(b, Block::Text { .. }))
+            .map(openai_part)
+            .collect();
+        if !media.is_empty() {
+            pending.push(json!({
+                "type": "text",
+                "text": format!("Attachments of the result of tool call {tool_call_id}:"),
+            }));
+            pending.extend(media);
+        }
+    }
+}
+
+/// The user message of the attachments waiting in `pending`, if any.
+pub(crate) fn flush_openai(pending: &mut Vec<Value>) -> Option<Value> {
+    (!pending.is_empty()).then(|| json!({ "role": "user", "content": std::mem::take(pending) }))
+}
+
+/// One block as a Chat Completions content part.
+fn openai_part(block: &Block) -> Value {
+    match block {
+        Block::Text { text } => json!({ "type": "text", "text": text }),
+        Block::Image { url, .. } => {
+            let url = block.data_url().or_else(|| url.clone()).unwrap_or_default();
+            json!({ "type": "image_url", "image_url": { "url": url } })
+        }
+        Block::Document { name, .. } => json!({ "type": "file", "file": {
+            "filename": name.as_deref().unwrap_or("document.pdf"),
+            "file_data": block.data_url().unwrap_or_default(),
+        }}),
+    }
+}
+
+fn openai_content(content: &Content) -> Value {
+    match content {
+        Content::Text(text) => json!(text),
+        Content::Blocks(blocks) => Value::Array(blocks.iter().map(openai_part).collect()),
+    }
+}
+
 pub(crate) fn openai_message(message: &Message) -> Value {
     match message {
-        Message::User { content, .. } => json!({ "role": "user", "content": content }),
+        Message::User { content, .. } => {
+            json!({ "role": "user", "content": openai_content(content) })
+        }
         Message::Assistant {
             content,
             tool_calls,
@@ -304,8 +385,84 @@ pub(crate) fn openai_message(message: &Message) -> Value {
             tool_call_id,
             content,
             ..
-        } => json!({ "role": "tool", "tool_call_id": tool_call_id, "content": content }),
+        } => {
+            let content = match content {
+                Content::Text(text) => json!(text),
+                Content::Blocks(blocks) => {
+                    let mut parts: Vec<Value> = blocks
+                        .iter()
+                        .filter(|b| matches!(b, Block::Text { .. }))
+                        .map(openai_part)
+                        .collect();
+                    if parts.is_empty() {
+                        parts.push(json!({ "type": "text", "text": "(attachments follow)" }));
+                    }
+                    Value::Array(parts)
+                }
+            };
+            json!({ "role": "tool", "tool_call_id": tool_call_id, "content": content })
+        }
     }
+}
+
+/// One block as a Responses input content part.
+fn responses_part(block: &Block) -> Value {
+    match block {
+        Block::Text { text } => json!({ "type": "input_text", "text": text }),
+        Block::Image { url, .. } => json!({
+            "type": "input_image",
+            "image_url": block.data_url().or_else(|| url.clone()).unwrap_or_default(),
+            "detail": "auto",
+        }),
+        Block::Document { name, url, .. } => {
+            let filename = name.as_deref().unwrap_or("document.pdf");
+            match block.data_url() {
+                Some(data) => {
+                    json!({ "type": "input_file", "filename": filename, "file_data": data })
+                }
+                None => json!({ "type": "input_file", "file_url": url }),
+            }
+        }
+    }
+}
+
+fn responses_content(content: &Content) -> Value {
+    match content {
+        Content::Text(text) => json!(text),
+        Content::Blocks(blocks) => Value::Array(blocks.iter().map(responses_part).collect()),
+    }
+}
+
+/// One block as an Anthropic content block (inside a user turn or a `tool_result`); empty
+/// text blocks are left out (Anthropic refuses them).
+fn anthropic_part(block: &Block) -> Option<Value> {
+    let source = |media_type: &Option<String>, data: &Option<String>, url: &Option<String>| match (
+        data, url,
+    ) {
+        (Some(data), _) => json!({ "type": "base64", "media_type": media_type, "data": data }),
+        (None, url) => json!({ "type": "url", "url": url }),
+    };
+    Some(match block {
+        Block::Text { text } if text.is_empty() => return None,
+        Block::Text { text } => json!({ "type": "text", "text": text }),
+        Block::Image {
+            media_type,
+            data,
+            url,
+        } => json!({ "type": "image", "source": source(media_type, data, url) }),
+        Block::Document {
+            media_type,
+            data,
+            url,
+            name,
+        } => {
+            let mut out = json!({ "type": "document", "source": source(media_type, data, url) });
+            if let (Some(name), Value::Object(o)) = (name, &mut out) {
+                o.insert("title".into(), json!(name));
+            }
+            out
+        }
+    })
 }
 
 /// A call's arguments as OpenAI's JSON string: as the model wrote them when known.
@@ -320,7 +477,9 @@ fn openai_arguments(call: &crate::conversation::ToolCall) -> String {
 pub(crate) fn responses_items(message: &Message) -> Vec<Value> {
     match message {
         Message::User { content, .. } => {
-            vec![json!({ "type": "message", "role": "user", "content": content })]
+            vec![
+                json!({ "type": "message", "role": "user", "content": responses_content(content) }),
+            ]
         }
         Message::Assistant {
             content,
@@ -345,9 +504,11 @@ pub(crate) fn responses_items(message: &Message) -> Vec<Value> {
             tool_call_id,
             content,
             ..
-        } => vec![
-            json!({ "type": "function_call_output", "call_id": tool_call_id, "output": content }),
-        ],
+        } => vec![json!({
+            "type": "function_call_output",
+            "call_id": tool_call_id,
+            "output": responses_content(content),
+        })],
     }
 }
 
@@ -390,7 +551,14 @@ fn anthropic_tool(tool: &ToolSpec, last: bool) -> Value {
 /// Maps one neutral message to its Anthropic role and content blocks.
 pub(crate) fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) {
     match message {
-        Message::User { content, .. } => ("user", vec![json!({ "type": "text", "text": content })]),
+        Message::User {
+            content: Content::Text(text),
+            ..
+        } => ("user", vec![json!({ "type": "text", "text": text })]),
+        Message::User {
+            content: Content::Blocks(blocks),
+            ..
+        } => ("user", blocks.iter().filter_map(anthropic_part).collect()),
         Message::Tool {
             tool_call_id,
             content,
@@ -399,7 +567,15 @@ pub(crate) fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) 
             let mut block = Map::new();
             block.insert("type".into(), json!("tool_result"));
             block.insert("tool_use_id".into(), json!(tool_call_id));
-            block.insert("content".into(), json!(content));
+            block.insert(
+                "content".into(),
+                match content {
+                    Content::Text(text) => json!(text),
+                    Content::Blocks(blocks) => {
+                        Value::Array(blocks.iter().filter_map(anthropic_part).collect())
+                    }
+                },
+            );
             if *is_error {
                 block.insert("is_error".into(), Value::Bool(true));
             }
@@ -985,7 +1161,7 @@ mod tests {
                 },
                 Message::Tool {
                     tool_call_id: "missing".into(),
-                    content: String::new(),
+                    content: String::new().into(),
                     is_error: true,
                 },
             ],

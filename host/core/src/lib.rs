@@ -24,6 +24,7 @@
 
 pub mod assembly;
 pub mod config;
+pub mod content;
 pub mod conversation;
 pub mod error;
 pub mod formats;

@@ -290,7 +290,38 @@ impl SessionState {
                 problem: "no request header recorded yet".into(),
             })
         })?;
+        if let Some(what) = self.transcript.unsupported(format) {
+            return Err(Error::UnsupportedBlock {
+                format: format.as_str(),
+                what: what.into(),
+            });
+        }
         self.transcript.render_into(header, format, out);
+        Ok(())
+    }
+
+    /// Checks that `format` can carry the session so far and `messages` (a step's input),
+    /// before anything is appended (Q6).
+    pub fn check_renders(
+        &self,
+        format: crate::formats::Format,
+        messages: &[Message],
+    ) -> Result<()> {
+        if let Some(what) = self.transcript.unsupported(format) {
+            return Err(Error::UnsupportedBlock {
+                format: format.as_str(),
+                what: what.into(),
+            });
+        }
+        for (i, m) in messages.iter().enumerate() {
+            if let Some(what) = crate::formats::unsupported(format, m) {
+                let e = Error::UnsupportedBlock {
+                    format: format.as_str(),
+                    what: what.into(),
+                };
+                return Err(e.at_message(i));
+            }
+        }
         Ok(())
     }
 
@@ -301,7 +332,7 @@ impl SessionState {
             Message::User { snapshot: true, .. } => Err(Error::BadRequest(
                 "`snapshot` is set by promptd; clients cannot send snapshots".into(),
             )),
-            Message::User { content, .. } if content.trim().is_empty() => {
+            Message::User { content, .. } if content.is_blank() => {
                 Err(Error::EmptyMessage("a user message needs non-blank text"))
             }
             Message::User { .. } => Ok(()),

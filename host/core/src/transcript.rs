@@ -20,6 +20,10 @@ pub struct Transcript {
     anthropic: Vec<String>,
     /// OpenAI Responses items, comma-joined per message (empty when a message has none).
     responses: Vec<String>,
+    /// Attachments of tool results waiting for OpenAI's next non-tool message (as values).
+    openai_pending: Vec<Value>,
+    /// Per format, why it cannot carry this session's history, if it cannot.
+    unsupported: Vec<(Format, &'static str)>,
     open_turn: Option<(&'static str, Vec<Value>)>,
     bytes: usize,
 }
@@ -31,8 +35,20 @@ impl Transcript {
 
     /// Renders and keeps `message`.
     pub fn push(&mut self, message: &Message) {
+        for format in Format::ALL {
+            let known = self.unsupported.iter().any(|(f, _)| *f == format);
+            if let (false, Some(what)) = (known, formats::unsupported(format, message)) {
+                self.unsupported.push((format, what));
+            }
+        }
         let neutral = formats::neutral_message(message).to_string();
-        let openai = formats::openai_message(message).to_string();
+        let mut items = Vec::new();
+        formats::push_openai(&mut items, &mut self.openai_pending, message);
+        let openai = items
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         let responses = formats::responses_items(message)
             .iter()
             .map(Value::to_string)
@@ -53,6 +69,14 @@ impl Transcript {
             self.anthropic.push(closed);
         }
         self.open_turn = open;
+    }
+
+    /// Why `format` cannot carry this session's messages, if it cannot.
+    pub fn unsupported(&self, format: Format) -> Option<&'static str> {
+        self.unsupported
+            .iter()
+            .find(|(f, _)| *f == format)
+            .map(|(_, what)| *what)
     }
 
     /// Roughly how many bytes the fragments hold (for the session cache's budget).
@@ -121,7 +145,11 @@ impl Transcript {
                 formats::system_message(header)
                     .map(|s| Cow::Owned(s.to_string()))
                     .into_iter()
-                    .chain(self.openai.iter().map(|m| Cow::Borrowed(m.as_str()))),
+                    .chain(self.openai.iter().map(|m| Cow::Borrowed(m.as_str())))
+                    .chain(
+                        formats::flush_openai(&mut self.openai_pending.clone())
+                            .map(|m| Cow::Owned(m.to_string())),
+                    ),
             ),
             Format::Anthropic => Box::new(
                 self.anthropic
@@ -157,10 +185,45 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{json, Map};
 
+    fn block() -> impl Strategy<Value = crate::content::Block> {
+        use crate::content::Block;
+        prop_oneof![
+            "[a-z ]{0,4}".prop_map(|text| Block::Text { text }),
+            Just(Block::Image {
+                media_type: Some("image/png".into()),
+                data: Some("iVBORw0KGgo=".into()),
+                url: None,
+            }),
+            Just(Block::Image {
+                media_type: None,
+                data: None,
+                url: Some("https://x/a.png".into()),
+            }),
+            prop::option::of("[a-z]{1,3}\\.pdf").prop_map(|name| Block::Document {
+                media_type: Some("application/pdf".into()),
+                data: Some("JVBERi0=".into()),
+                url: None,
+                name,
+            }),
+        ]
+    }
+
+    fn content() -> impl Strategy<Value = crate::content::Content> {
+        use crate::content::Content;
+        prop_oneof![
+            "[a-z\"\\\\é{}<>]{0,6}".prop_map(Content::Text),
+            prop::collection::vec(block(), 0..4).prop_map(Content::Blocks),
+        ]
+    }
+
     fn message() -> impl Strategy<Value = Message> {
         let text = prop_oneof![Just(String::new()), "[a-z\"\\\\é{}<>]{0,6}"];
         prop_oneof![
             text.clone().prop_map(Message::user),
+            content().prop_map(|content| Message::User {
+                content,
+                snapshot: false
+            }),
             text.clone().prop_map(Message::snapshot),
             (text.clone(), 0..3usize).prop_map(|(content, calls)| Message::Assistant {
                 content,
@@ -174,7 +237,7 @@ mod tests {
                     .collect(),
                 blocks: Vec::new(),
             }),
-            (text, any::<bool>()).prop_map(|(content, is_error)| Message::Tool {
+            (content(), any::<bool>()).prop_map(|(content, is_error)| Message::Tool {
                 tool_call_id: "c0".into(),
                 content,
                 is_error,

@@ -27,10 +27,8 @@ use sha2::{Digest, Sha256};
 use crate::events::RegistryEvent;
 use crate::{Daemon, DaemonError, StepInput};
 
-/// Largest request body accepted, in bytes.
-pub const MAX_BODY: usize = 1 << 20;
-
-/// A body declared larger than [`MAX_BODY`] but at most this is read and dropped before the
+/// A body declared larger than the limit (`[limits] max_body_mb`, read at start) but at most
+/// this is read and dropped before the
 /// 413 answer: a client still sending it would otherwise get a broken pipe instead of the error.
 /// Larger ones are answered at once and the connection is closed.
 const DRAIN_MAX: u64 = 16 << 20;
@@ -38,12 +36,19 @@ const DRAIN_MAX: u64 = 16 << 20;
 struct AppState {
     daemon: Arc<Daemon>,
     token: Option<String>,
+    /// `[limits] max_body_mb` when the daemon started, in bytes.
+    max_body: usize,
 }
 
 /// The router for `daemon`; `token`, when set, is required as `Authorization: Bearer …` on
 /// every route but `/v1/health`.
 pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
-    let state = Arc::new(AppState { daemon, token });
+    let max_body = daemon.config().max_body_bytes();
+    let state = Arc::new(AppState {
+        daemon,
+        token,
+        max_body,
+    });
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/plugins", get(plugins))
@@ -60,8 +65,11 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .layer(middleware::from_fn(refuse_oversized))
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            refuse_oversized,
+        ))
         .with_state(state)
 }
 
@@ -121,6 +129,8 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::OpenToolCalls(_)
         | Error::ToolResultsFirst { .. }
         | Error::EmptyMessage(_)
+        | Error::InvalidBlock { .. }
+        | Error::UnsupportedBlock { .. }
         | Error::InvalidArguments { .. }
         | Error::ReplyBeforeStep
         | Error::MissingModelSetting { .. }
@@ -183,6 +193,7 @@ async fn blocking<T: Send + 'static>(
 /// Parses a JSON body strictly, with errors that name the problem.
 pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
     body: Result<Bytes, BytesRejection>,
+    limit: usize,
 ) -> Result<T, ApiError> {
     let bytes = body.map_err(|r| {
         let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -193,7 +204,10 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
         ApiError::new(
             r.status(),
             code,
-            format!("{} (limit {MAX_BODY} bytes)", r.body_text()),
+            format!(
+                "{} (limit {limit} bytes: limits.max_body_mb)",
+                r.body_text()
+            ),
         )
     })?;
     serde_json::from_slice(&bytes).map_err(|e| {
@@ -236,24 +250,29 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
         == 0
 }
 
-/// Refuses a body whose declared length is over [`MAX_BODY`] before any handler runs.
+/// Refuses a body whose declared length is over the limit before any handler runs.
 /// (Chunked bodies without a length still meet the limit in the body extractors.)
-async fn refuse_oversized(request: Request, next: Next) -> Response {
+async fn refuse_oversized(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let limit = state.max_body;
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let Some(length) = declared.filter(|&n| n > MAX_BODY as u64) else {
+    let Some(length) = declared.filter(|&n| n > limit as u64) else {
         return next.run(request).await;
     };
     let mut response = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
-        format!("the request body is {length} bytes (limit {MAX_BODY} bytes)"),
+        format!("the request body is {length} bytes (limit {limit} bytes: limits.max_body_mb)"),
     )
     .into_response();
-    if length <= DRAIN_MAX {
+    if length <= limit as u64 + DRAIN_MAX {
         let mut body = request.into_body().into_data_stream();
         while let Some(Ok(_)) = body.next().await {}
     } else {
@@ -342,7 +361,7 @@ async fn create_session(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let req: NewSession = parse_body(body)?;
+    let req: NewSession = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let agent = req.agent.clone();
     let id = blocking(move || daemon.create_session(&agent)).await?;
@@ -366,7 +385,7 @@ async fn step(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let req: StepBody = parse_body(body)?;
+    let req: StepBody = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let input = StepInput {
         messages: req.messages,
@@ -393,7 +412,7 @@ async fn record_message(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     // Any of the shapes the SDKs return (promptd_core::replies), not only the neutral one.
-    let value: Value = parse_body(body)?;
+    let value: Value = parse_body(body, state.max_body)?;
     let message = promptd_core::replies::reply(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
     let seq = blocking(move || daemon.record_message(&id, &message)).await?;

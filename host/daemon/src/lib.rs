@@ -643,6 +643,11 @@ impl Daemon {
                 let mut header = session::header(&assembled, config.model(&agent));
                 header.cache_key = Some(format!("promptd-{id}"));
                 formats::check_settings(&header.model, format)?;
+                let limits = config.content_limits();
+                for (i, m) in input.messages.iter().enumerate() {
+                    content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
+                }
+                cached.state.check_renders(format, &input.messages)?;
                 Ok(cached.state.plan(
                     &input.messages,
                     &input.facts,
@@ -674,6 +679,7 @@ impl Daemon {
             )
             .into());
         }
+        content_of(message).check(&self.config().content_limits())?;
         let _held = self.locks.hold(id);
         let mut cached = self.session(id)?;
         if let Err(e) = cached.state.check_message(message) {
@@ -726,4 +732,14 @@ fn parallel_map<T: Sync, R: Send>(
         .into_iter()
         .filter_map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect()
+}
+
+/// The blocks a user message or tool result carries (none for a reply).
+fn content_of(message: &Message) -> &promptd_core::content::Content {
+    static NONE: promptd_core::content::Content =
+        promptd_core::content::Content::Blocks(Vec::new());
+    match message {
+        Message::User { content, .. } | Message::Tool { content, .. } => content,
+        Message::Assistant { .. } => &NONE,
+    }
 }

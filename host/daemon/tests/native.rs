@@ -94,7 +94,7 @@ fn calling(id: &str) -> Message {
 fn answering(id: &str) -> Message {
     Message::Tool {
         tool_call_id: id.into(),
-        content: format!("contents for {id}"),
+        content: format!("contents for {id}").into(),
         is_error: false,
     }
 }

@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod blobs;
+
 use promptd_core::store::{Event, EventKind, NewEvent, SessionStore, StoreError, BODY_VERSION};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
@@ -117,6 +119,10 @@ impl SqliteStore {
                  at_ms INTEGER NOT NULL,
                  body_version INTEGER NOT NULL DEFAULT 1,
                  PRIMARY KEY (session_id, seq)
+             ) WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS blobs (
+                 sha256 TEXT PRIMARY KEY,
+                 data TEXT NOT NULL
              ) WITHOUT ROWID;",
         )
         .map_err(db("creating the schema"))?;
@@ -464,13 +470,21 @@ fn insert_events(
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .map_err(db("preparing the insert"))?;
+    let mut blob = tx
+        .prepare_cached("INSERT OR IGNORE INTO blobs (sha256, data) VALUES (?1, ?2)")
+        .map_err(db("preparing the blob insert"))?;
     let at = now_ms() as i64;
     for (i, e) in events.iter().enumerate() {
+        let (body, blobs) = blobs::deflate(e.kind, &e.body);
+        for (sha, data) in blobs {
+            blob.execute(params![sha, data])
+                .map_err(db("inserting a blob"))?;
+        }
         stmt.execute(params![
             id,
             (next_seq + i as u64) as i64,
             e.kind.as_str(),
-            e.body.to_string(),
+            body.as_ref().unwrap_or(&e.body).to_string(),
             at,
             BODY_VERSION
         ])
@@ -544,8 +558,9 @@ fn read_events(conn: &Connection, id: &str) -> Result<Vec<Event>, StoreError> {
         };
         let kind = EventKind::parse(&kind)
             .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
-        let body = serde_json::from_str(&body)
+        let mut body = serde_json::from_str(&body)
             .map_err(|e| corrupt(format!("{kind} body is not JSON: {e}")))?;
+        blobs::inflate(conn, kind, &mut body).map_err(corrupt)?;
         events.push(Event {
             seq: seq as u64,
             kind,
@@ -563,6 +578,60 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::sync::Arc;
+
+    /// The same screenshot in 50 events is stored once, and every event reads back as given.
+    #[test]
+    fn q13_media_data_is_stored_once_by_its_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let image = "iVBORw0K".repeat(1000);
+        let store = SqliteStore::open(&path).unwrap();
+        let id = store
+            .create_session("a", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .unwrap();
+        let body = |i: usize| {
+            json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": [
+                {"type": "text", "text": "screen"},
+                {"type": "image", "media_type": "image/png", "data": image},
+                {"type": "image", "media_type": "image/png", "data": "c21hbGw="}]})
+        };
+        for i in 0..50 {
+            store
+                .append(
+                    &id,
+                    2 + i as u64,
+                    &[NewEvent::new(EventKind::ToolResult, body(i))],
+                )
+                .unwrap();
+        }
+        let events = store.events(&id).unwrap();
+        assert_eq!(events.len(), 51);
+        for (i, e) in events[1..].iter().enumerate() {
+            assert_eq!(e.body, body(i), "event {} reads back as given", e.seq);
+        }
+        drop(store);
+        let conn = Connection::open(&path).unwrap();
+        let blobs: i64 = conn
+            .query_row("SELECT count(*) FROM blobs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(blobs, 1);
+        let inline: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM events WHERE instr(body, ?1) > 0",
+                [&image[..64]],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(inline, 0, "no event body holds the image");
+        let small: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM events WHERE instr(body, 'c21hbGw=') > 0",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(small, 50, "small data stays inline");
+    }
 
     #[test]
     fn q7_appends_are_ordered_durable_and_checked() {

@@ -1,0 +1,88 @@
+//! Images and documents kept once: the base64 `data` of an image or document block of a user
+//! message or tool result, when larger than [`MIN_BYTES`], is stored in `blobs` under its
+//! SHA-256 and the event body keeps `data_sha256` in its place. Reading puts the data back,
+//! so a store hands out exactly the bodies it was given, and a session that sends the same
+//! screenshot at every step stores it once. (Blocks refuse unknown fields, so no client can
+//! send a `data_sha256` of its own.)
+
+use rusqlite::{Connection, OptionalExtension};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use promptd_core::store::EventKind;
+
+/// Smaller data stays inline: a row of its own would cost more than it saves.
+pub const MIN_BYTES: usize = 1024;
+
+/// The media blocks of a body, when its kind has content blocks.
+fn blocks(
+    kind: EventKind,
+    body: &mut Value,
+) -> impl Iterator<Item = &mut serde_json::Map<String, Value>> {
+    let content = match kind {
+        EventKind::UserMessage | EventKind::ToolResult => body.get_mut("content"),
+        _ => None,
+    };
+    content
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+        .filter(|b| {
+            matches!(
+                b.get("type").and_then(Value::as_str),
+                Some("image" | "document")
+            )
+        })
+}
+
+/// The body to store (`None`: as given) and the blobs it refers to, `(sha256, data)`.
+pub fn deflate(kind: EventKind, body: &Value) -> (Option<Value>, Vec<(String, String)>) {
+    let mut stored = body.clone();
+    let mut found = Vec::new();
+    for block in blocks(kind, &mut stored) {
+        let Some(Value::String(data)) = block.get("data") else {
+            continue;
+        };
+        if data.len() < MIN_BYTES {
+            continue;
+        }
+        let sha: String = Sha256::digest(data.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if let Some(Value::String(data)) = block.remove("data") {
+            block.insert("data_sha256".into(), Value::String(sha.clone()));
+            found.push((sha, data));
+        }
+    }
+    if found.is_empty() {
+        (None, found)
+    } else {
+        (Some(stored), found)
+    }
+}
+
+/// Puts the data of every `data_sha256` back.
+pub fn inflate(conn: &Connection, kind: EventKind, body: &mut Value) -> Result<(), String> {
+    let mut query = None;
+    for block in blocks(kind, body) {
+        let Some(Value::String(sha)) = block.remove("data_sha256") else {
+            continue;
+        };
+        if query.is_none() {
+            query = Some(
+                conn.prepare_cached("SELECT data FROM blobs WHERE sha256 = ?1")
+                    .map_err(|e| format!("preparing the blob read: {e}"))?,
+            );
+        }
+        let Some(stmt) = query.as_mut() else { continue };
+        let data: Option<String> = stmt
+            .query_row([&sha], |r| r.get(0))
+            .optional()
+            .map_err(|e| format!("reading blob {sha}: {e}"))?;
+        let data = data.ok_or_else(|| format!("blob {sha} is missing"))?;
+        block.insert("data".into(), Value::String(data));
+    }
+    Ok(())
+}
