@@ -350,3 +350,247 @@ fn q8_anthropic_breakpoints_sit_after_the_stable_prefix_and_on_the_last_message(
         1
     );
 }
+
+/// `tool_subset = "allowed_tools"`: toggling the bundled `tools` plugin's read-only mode for
+/// ten steps keeps one header and byte-identical OpenAI tools; only `tool_choice` changes.
+/// Anthropic, which has no such field, gets the shown tools as its array.
+#[test]
+fn a6_allowed_tools_keep_the_tool_array_and_one_header() {
+    let folder = Folder::new().bundled("tools");
+    let config = folder.config(&format!(
+        "{MODEL}[agents.coder]\ntool_subset = \"allowed_tools\"\n"
+    ));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = d.session("coder");
+    let mut tools = Vec::new();
+    let mut choices = Vec::new();
+    for i in 0..10 {
+        let read_only = if i % 2 == 0 { "true" } else { "false" };
+        let (status, text) = d.post(
+            &format!("/v1/sessions/{id}/steps"),
+            &json!({"format": "openai", "facts": {"read_only": read_only},
+                "messages": [{"role": "user", "content": format!("turn {i}")}]})
+            .to_string(),
+        );
+        assert_eq!(status, 200, "{text}");
+        let body: Value = serde_json::from_str(&text).unwrap();
+        tools.push(body["request"]["tools"].to_string());
+        choices.push(body["request"]["tool_choice"].clone());
+    }
+    assert!(
+        tools.iter().all(|t| *t == tools[0]),
+        "the tools array never changes"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&tools[0])
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    let names = |choice: &Value| -> Vec<String> {
+        choice["allowed_tools"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(choices[0]["type"], "allowed_tools", "{}", choices[0]);
+    assert_eq!(choices[0]["allowed_tools"]["mode"], "auto");
+    assert_eq!(names(&choices[0]), ["list_dir", "read_file"]);
+    assert_eq!(
+        names(&choices[1]),
+        ["bash", "list_dir", "read_file", "write_file"]
+    );
+    let headers = events(&d, &id)
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "request/header")
+        .count();
+    assert_eq!(headers, 1, "visibility alone records no new header");
+    // Rebuilt in the other formats: Responses narrows the call too, Anthropic the array.
+    let rebuilt = |n: u64, format: &str| {
+        d.ok(
+            "GET",
+            &format!("/v1/sessions/{id}/steps/{n}/request?format={format}"),
+            None,
+        )
+    };
+    let responses = rebuilt(1, "openai-responses");
+    assert_eq!(responses["tool_choice"]["type"], "allowed_tools");
+    assert_eq!(
+        responses["tool_choice"]["tools"][0],
+        json!({"type": "function", "name": "list_dir"})
+    );
+    assert_eq!(responses["tools"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        rebuilt(1, "anthropic")["tools"].as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(
+        rebuilt(2, "anthropic")["tools"].as_array().unwrap().len(),
+        4
+    );
+    assert_eq!(
+        rebuilt(1, "openai")["tool_choice"],
+        choices[0],
+        "a rebuild is identical"
+    );
+}
+
+/// A 1x1 PNG.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg==";
+
+/// Images and documents in a user turn and a screenshot in a tool result, in every format as
+/// the providers document them; refused blocks are 422s that record nothing.
+#[test]
+fn q13_images_and_documents_render_in_every_format() {
+    let (d, _s, _f) = serve(&format!("{PLUGIN}{MODEL}[limits]\nmax_block_kb = 64\n"));
+    let id = d.session("default");
+    let user = json!({"role": "user", "content": [
+        {"type": "text", "text": "What is on this?"},
+        {"type": "image", "media_type": "image/png", "data": PNG},
+        {"type": "image", "url": "https://example.com/a.jpg"},
+        {"type": "document", "media_type": "application/pdf", "data": "JVBERi0xLjQK", "name": "spec.pdf"}]});
+    let (status, body) = step(&d, &id, "anthropic", json!([user]));
+    assert_eq!(status, 200, "{body}");
+    let blocks = &first(&body["request"], "user")["content"];
+    assert_eq!(
+        blocks[1],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
+    );
+    assert_eq!(
+        blocks[2],
+        json!({"type": "image", "source": {"type": "url", "url": "https://example.com/a.jpg"}})
+    );
+    assert_eq!(blocks[3]["type"], "document");
+    assert_eq!(blocks[3]["title"], "spec.pdf");
+    assert_eq!(blocks[3]["source"]["media_type"], "application/pdf");
+    assert_eq!(
+        record(
+            &d,
+            &id,
+            &json!({"role": "assistant", "content": "", "tool_calls": [call("s1")]})
+        )
+        .0,
+        201
+    );
+    let shot = json!({"role": "tool", "tool_call_id": "s1", "content": [
+        {"type": "text", "text": "the screen:"},
+        {"type": "image", "media_type": "image/png", "data": PNG}]});
+    let (status, body) = step(&d, &id, "openai", json!([shot]));
+    assert_eq!(status, 200, "{body}");
+    let messages = body["request"]["messages"].as_array().unwrap();
+    let user_parts = &first(&body["request"], "user")["content"];
+    assert_eq!(
+        user_parts[1],
+        json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG}")}})
+    );
+    assert_eq!(user_parts[3]["file"]["filename"], "spec.pdf");
+    let tool_at = messages.iter().position(|m| m["role"] == "tool").unwrap();
+    assert_eq!(
+        messages[tool_at]["content"],
+        json!([{"type": "text", "text": "the screen:"}])
+    );
+    let attached = &messages[tool_at + 1];
+    assert_eq!(
+        attached["role"], "user",
+        "the screenshot follows the tool message"
+    );
+    assert_eq!(attached["content"][1]["type"], "image_url", "{attached}");
+    let n = body["step"].as_u64().unwrap();
+    let get = |format: &str| {
+        d.ok(
+            "GET",
+            &format!("/v1/sessions/{id}/steps/{n}/request?format={format}"),
+            None,
+        )
+    };
+    let anthropic = get("anthropic");
+    let result = anthropic["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .unwrap();
+    assert_eq!(result["content"][0]["type"], "tool_result");
+    assert_eq!(
+        result["content"][0]["content"][1]["type"], "image",
+        "{result}"
+    );
+    let responses = get("openai-responses");
+    let input = responses["input"].as_array().unwrap();
+    assert_eq!(
+        input[0]["content"][1],
+        json!({"type": "input_image", "image_url": format!("data:image/png;base64,{PNG}"), "detail": "auto"})
+    );
+    assert_eq!(input[0]["content"][3]["type"], "input_file");
+    let output = input
+        .iter()
+        .find(|i| i["type"] == "function_call_output")
+        .unwrap();
+    assert_eq!(output["output"][1]["type"], "input_image", "{output}");
+    let neutral = get("neutral");
+    assert_eq!(
+        first(&neutral, "user")["content"],
+        user["content"],
+        "stored as sent"
+    );
+
+    // Refused: a bad media type, a block over max_block_kb, bad base64, a document by URL in
+    // Chat Completions.
+    let image = |media: &str, data: &str| {
+        json!([{"role": "user", "content": [
+        {"type": "image", "media_type": media, "data": data}]}])
+    };
+    refused(
+        &d,
+        &id,
+        "invalid_block",
+        step(&d, &id, "anthropic", image("image/bmp", PNG)),
+    );
+    let big = "A".repeat(70 << 10);
+    let out = step(&d, &id, "anthropic", image("image/png", &big));
+    assert!(
+        out.1.to_string().contains("limits.max_block_kb"),
+        "{}",
+        out.1
+    );
+    refused(&d, &id, "invalid_block", out);
+    refused(
+        &d,
+        &id,
+        "invalid_block",
+        step(&d, &id, "anthropic", image("image/png", "!!!")),
+    );
+    let url_doc =
+        json!([{"role": "user", "content": [{"type": "document", "url": "https://x/s.pdf"}]}]);
+    let out = step(&d, &id, "openai", url_doc.clone());
+    assert!(
+        out.1.to_string().contains("openai format cannot carry"),
+        "{}",
+        out.1
+    );
+    refused(&d, &id, "unsupported_block", out);
+    assert_eq!(
+        step(&d, &id, "anthropic", url_doc).0,
+        200,
+        "Anthropic takes PDFs by URL"
+    );
+    refused(
+        &d,
+        &id,
+        "unsupported_block",
+        step(
+            &d,
+            &id,
+            "openai",
+            json!([{"role": "user", "content": "more"}]),
+        ),
+    );
+}

@@ -309,6 +309,7 @@ fn assemble(
     let options = Options {
         tool_order: config.tool_order.clone(),
         suppress_runtime_context: !config.runtime_context(agent),
+        keep_all_tools: config.tool_subset(agent) == promptd_core::config::ToolSubset::AllowedTools,
     };
     let assembled = assembly::assemble(&loaded.registry, &step, &options)?;
     for o in &assembled.omitted {

@@ -28,6 +28,9 @@ pub struct Options {
     pub tool_order: Option<Vec<String>>,
     /// False suppresses the runtime context for this agent (A4); contexts are then not called.
     pub suppress_runtime_context: bool,
+    /// The agent's `tool_subset = "allowed_tools"`: `tools` keeps every tool the agent can
+    /// see, and [`Assembly::shown_tools`] says which of them this step shows (A6).
+    pub keep_all_tools: bool,
 }
 
 /// The result of one assembly.
@@ -38,6 +41,8 @@ pub struct Assembly {
     /// T6: the runtime context snapshot text, or `None` when every context is empty.
     pub runtime_context: Option<String>,
     pub tools: Vec<AssembledTool>,
+    /// With [`Options::keep_all_tools`], the names of `tools` shown this step, in order.
+    pub shown_tools: Option<Vec<String>>,
     pub explain: Explain,
     /// Optional plugins left out because a call failed (A9).
     pub omitted: Vec<Omission>,
@@ -87,6 +92,7 @@ pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<A
         step.scope_chain.clone(),
         options.tool_order.clone(),
         options.suppress_runtime_context,
+        options.keep_all_tools,
     );
     if let Some(assembly) = registry.memo.get(&key) {
         return Ok(assembly);
@@ -268,13 +274,14 @@ fn attempt(
         .filter_map(|n| variables.get(n.as_str()).map(|p| p.origin(n)))
         .collect();
 
-    let (tools, tool_origins) = order_tools(&tools, options, step, calls)?;
+    let (tools, tool_origins, shown_tools) = order_tools(&tools, options, step, calls)?;
     explain.tools = tool_origins;
 
     Ok(Assembly {
         system,
         runtime_context,
         tools,
+        shown_tools,
         explain,
         omitted: Vec::new(),
     })
@@ -297,13 +304,35 @@ fn check_tool_order(registry: &Registry, order: &[String]) -> Result<()> {
     }
 }
 
-/// A6, A7: shown tools, by name or by `tool_order`.
+/// The names of a tool set in A7's order: by name, or by `tool_order`.
+fn in_order<'n>(names: &BTreeSet<&'n str>, options: &Options) -> Vec<&'n str> {
+    match &options.tool_order {
+        None => names.iter().copied().collect(),
+        Some(order) => {
+            let listed: BTreeSet<&str> = order.iter().map(String::as_str).collect();
+            let mut out = Vec::with_capacity(names.len());
+            for entry in order {
+                if entry == UNLISTED_TOOLS {
+                    out.extend(names.iter().filter(|n| !listed.contains(*n)));
+                } else if let Some(n) = names.get(entry.as_str()) {
+                    out.push(*n);
+                }
+            }
+            out
+        }
+    }
+}
+
+/// A6, A7: shown tools, by name or by `tool_order` (all known tools, and the shown names
+/// apart, with [`Options::keep_all_tools`]).
+type OrderedTools = (Vec<AssembledTool>, Vec<Origin>, Option<Vec<String>>);
+
 fn order_tools(
     tools: &BTreeMap<&str, Pick<Tool>>,
     options: &Options,
     step: &Step,
     calls: &mut Calls,
-) -> Result<(Vec<AssembledTool>, Vec<Origin>)> {
+) -> Result<OrderedTools> {
     // Each filtering plugin is asked once which of its known tools it shows this step.
     let mut shown: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for pick in tools.values() {
@@ -332,25 +361,18 @@ fn order_tools(
         .map(|(n, p)| (*n, p))
         .collect();
 
-    let names: Vec<&str> = match &options.tool_order {
-        None => visible.keys().copied().collect(),
-        Some(order) => {
-            let listed: BTreeSet<&str> = order.iter().map(String::as_str).collect();
-            let mut names = Vec::with_capacity(visible.len());
-            for entry in order {
-                if entry == UNLISTED_TOOLS {
-                    names.extend(visible.keys().filter(|n| !listed.contains(*n)));
-                } else if visible.contains_key(entry.as_str()) {
-                    names.push(entry.as_str());
-                }
-            }
-            names
-        }
+    let shown_names = in_order(&visible.keys().copied().collect(), options);
+    let (names, shown) = if options.keep_all_tools {
+        let all = in_order(&tools.keys().copied().collect(), options);
+        let shown = shown_names.iter().map(|n| n.to_string()).collect();
+        (all, Some(shown))
+    } else {
+        (shown_names, None)
     };
     let mut out = Vec::with_capacity(names.len());
     let mut origins = Vec::with_capacity(names.len());
     for name in names {
-        let pick = visible[name];
+        let pick = &tools[name];
         let t = pick.item;
         let parameters = pick
             .entry
@@ -365,7 +387,7 @@ fn order_tools(
         });
         origins.push(pick.origin(name));
     }
-    Ok((out, origins))
+    Ok((out, origins, shown))
 }
 
 /// Resolves `{{name}}` against the effective variables, calling dynamic ones lazily.

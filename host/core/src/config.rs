@@ -158,8 +158,25 @@ pub struct AgentConfig {
     /// Whether this agent gets a runtime context snapshot (A4). Default true.
     #[serde(default = "yes")]
     pub runtime_context: bool,
-    /// Model settings for this agent's requests, replacing the top-level `model` table.
+    /// Model settings for this agent's requests, merged over the top-level `model` table.
     pub model: Option<toml::Table>,
+    /// How a step that shows only some tools says so (default `array`; inherited along the
+    /// chain).
+    pub tool_subset: Option<ToolSubset>,
+}
+
+/// `tool_subset`: how the tools shown this step reach the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolSubset {
+    /// The `tools` array is the shown tools (a change of visibility changes the array, and
+    /// with it the provider's cached prefix).
+    #[default]
+    Array,
+    /// `tools` keeps every tool the agent can see, byte-stable; OpenAI bodies narrow the call
+    /// with `tool_choice: allowed_tools`. Anthropic has no such field: its array is the shown
+    /// tools, as with `array`.
+    AllowedTools,
 }
 
 fn yes() -> bool {
@@ -467,6 +484,16 @@ impl Config {
         Ok(())
     }
 
+    /// The agent's `tool_subset`, from the nearest agent of its chain that sets one.
+    pub fn tool_subset(&self, agent: &str) -> ToolSubset {
+        let chain = self.chain(agent).unwrap_or_default();
+        chain
+            .iter()
+            .rev()
+            .find_map(|name| self.agents.get(name).and_then(|a| a.tool_subset))
+            .unwrap_or_default()
+    }
+
     /// Whether the agent gets a runtime context snapshot (A4).
     pub fn runtime_context(&self, agent: &str) -> bool {
         self.agents.get(agent).is_none_or(|a| a.runtime_context)
@@ -503,7 +530,12 @@ impl Config {
 
     /// The session cache's budget in bytes (`[limits] session_cache_mb`, default 256 MiB).
     pub fn max_body_bytes(&self) -> usize {
-        (self.limits.max_body_mb.unwrap_or(DEFAULT_MAX_BODY_MB).min(4096) << 20) as usize
+        (self
+            .limits
+            .max_body_mb
+            .unwrap_or(DEFAULT_MAX_BODY_MB)
+            .min(4096)
+            << 20) as usize
     }
 
     /// How large a content block may be (`[limits] max_block_kb`).

@@ -122,4 +122,8 @@ fn is_zero(n: &u32) -> bool {
 pub struct FrozenRequest {
     pub header: Header,
     pub messages: Vec<Message>,
+    /// The tools shown at this step when the agent keeps every tool in the header
+    /// (`tool_subset = "allowed_tools"`); `None` when `header.tools` are the shown ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_tools: Option<Vec<String>>,
 }

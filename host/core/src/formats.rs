@@ -132,7 +132,7 @@ pub fn check_settings(model: &Map<String, Value>, format: Format) -> Result<(), 
 
 /// Renders `request` as a request body in `format`.
 pub fn render(request: &FrozenRequest, format: Format) -> Value {
-    let mut body = head(&request.header, format);
+    let mut body = head(&request.header, format, request.shown_tools.as_deref());
     let messages = match format {
         Format::Neutral => request.messages.iter().map(neutral_message).collect(),
         Format::Openai => {
@@ -171,11 +171,24 @@ pub(crate) fn list_key(format: Format) -> &'static str {
 }
 
 /// Everything of the body but `messages`: model settings, system prompt, tools.
-pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
+pub(crate) fn head(
+    header: &Header,
+    format: Format,
+    shown: Option<&[String]>,
+) -> Map<String, Value> {
+    // With a shown subset (`tool_subset = "allowed_tools"`), OpenAI bodies keep every tool and
+    // narrow the call with `tool_choice`; the others can only shrink the array.
+    let arrayed: Vec<&ToolSpec> = match shown {
+        Some(shown) if !matches!(format, Format::Openai | Format::OpenaiResponses) => header
+            .tools
+            .iter()
+            .filter(|t| shown.contains(&t.name))
+            .collect(),
+        _ => header.tools.iter().collect(),
+    };
     match format {
         Format::Neutral => {
-            let tools: Vec<Value> = header
-                .tools
+            let tools: Vec<Value> = arrayed
                 .iter()
                 .map(|tool| {
                     json!({
@@ -193,9 +206,8 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
         }
         Format::Openai => {
             let mut body = openai_settings(header, format);
-            if !header.tools.is_empty() {
-                let tools: Vec<Value> = header
-                    .tools
+            if !arrayed.is_empty() {
+                let tools: Vec<Value> = arrayed
                     .iter()
                     .map(|tool| {
                         json!({
@@ -209,6 +221,15 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
                     })
                     .collect();
                 body.insert("tools".into(), Value::Array(tools));
+                if let Some(shown) = shown {
+                    let allowed = shown
+                        .iter()
+                        .map(|name| json!({ "type": "function", "function": { "name": name } }))
+                        .collect();
+                    body.entry("tool_choice").or_insert_with(|| {
+                        allowed_tools(shown, json!({ "allowed_tools": { "mode": "auto", "tools": Value::Array(allowed) } }))
+                    });
+                }
             }
             body.remove("messages");
             body
@@ -218,9 +239,8 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
             if !header.system.is_empty() {
                 body.insert("instructions".into(), json!(header.system));
             }
-            if !header.tools.is_empty() {
-                let tools: Vec<Value> = header
-                    .tools
+            if !arrayed.is_empty() {
+                let tools: Vec<Value> = arrayed
                     .iter()
                     .map(|tool| {
                         // Without `strict`, Responses rewrites the schema into strict mode
@@ -235,6 +255,18 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
                     })
                     .collect();
                 body.insert("tools".into(), Value::Array(tools));
+                if let Some(shown) = shown {
+                    let allowed = shown
+                        .iter()
+                        .map(|name| json!({ "type": "function", "name": name }))
+                        .collect();
+                    body.entry("tool_choice").or_insert_with(|| {
+                        allowed_tools(
+                            shown,
+                            json!({ "mode": "auto", "tools": Value::Array(allowed) }),
+                        )
+                    });
+                }
             }
             body.remove("input");
             body
@@ -247,10 +279,9 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
                     json!([{ "type": "text", "text": header.system, "cache_control": ephemeral() }]),
                 );
             }
-            let count = header.tools.len();
+            let count = arrayed.len();
             if count > 0 {
-                let tools: Vec<Value> = header
-                    .tools
+                let tools: Vec<Value> = arrayed
                     .iter()
                     .enumerate()
                     .map(|(i, tool)| anthropic_tool(tool, i + 1 == count))
@@ -261,6 +292,18 @@ pub(crate) fn head(header: &Header, format: Format) -> Map<String, Value> {
             body
         }
     }
+}
+
+/// OpenAI's `tool_choice` for a shown subset: `allowed_tools` with the subset, or `none` when
+/// nothing is shown (the API wants at least one allowed tool).
+fn allowed_tools(shown: &[String], mut fields: Value) -> Value {
+    if shown.is_empty() {
+        return json!("none");
+    }
+    if let Value::Object(map) = &mut fields {
+        map.insert("type".into(), json!("allowed_tools"));
+    }
+    fields
 }
 
 pub(crate) fn neutral_message(message: &Message) -> Value {
@@ -640,6 +683,7 @@ mod tests {
         model.insert("model".into(), json!("test-model"));
         model.insert("max_tokens".into(), json!(1024));
         FrozenRequest {
+            shown_tools: None,
             header: Header {
                 layout: 0,
                 cache_key: None,
@@ -736,6 +780,7 @@ mod tests {
 
     fn bare() -> FrozenRequest {
         FrozenRequest {
+            shown_tools: None,
             header: Header {
                 layout: 0,
                 cache_key: None,
@@ -1137,6 +1182,7 @@ mod tests {
     fn q8_never_panics_on_odd_input() {
         // Non-object arguments/parameters, empty names, assistant-first conversations.
         let request = FrozenRequest {
+            shown_tools: None,
             header: Header {
                 layout: 0,
                 cache_key: None,

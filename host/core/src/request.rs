@@ -18,6 +18,7 @@ pub fn neutral_json(a: &Assembly, model: Map<String, Value>, explain: bool) -> V
     let frozen = FrozenRequest {
         header: session::header(a, model),
         messages: a.runtime_context.iter().map(Message::snapshot).collect(),
+        shown_tools: a.shown_tools.clone(),
     };
     let mut out = formats::render(&frozen, Format::Neutral);
     if explain {

@@ -125,6 +125,17 @@ enum SnapshotState {
     Cleared,
 }
 
+/// The `shown_tools` a step marker recorded (`tool_subset = "allowed_tools"`).
+fn shown_of(marker: &Value) -> Option<Vec<String>> {
+    let names = marker.get("shown_tools")?.as_array()?;
+    Some(
+        names
+            .iter()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
 /// The length of `value` as JSON, without building the text.
 fn json_bytes(value: &Value) -> usize {
     struct Count(usize);
@@ -171,6 +182,8 @@ pub struct SessionState {
     tool_calls: BTreeSet<String>,
     /// Calls made and not yet answered: the next step must answer them (Q5).
     open_calls: BTreeSet<String>,
+    /// The tools the last step showed, when its agent keeps every tool in the header.
+    shown_tools: Option<Vec<String>>,
     /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
     tool_call_bytes: usize,
     transcript: Transcript,
@@ -189,6 +202,7 @@ impl SessionState {
             snapshot: SnapshotState::Never,
             tool_calls: BTreeSet::new(),
             open_calls: BTreeSet::new(),
+            shown_tools: None,
             tool_call_bytes: 0,
             transcript: Transcript::new(),
         }
@@ -213,7 +227,10 @@ impl SessionState {
                 ));
             }
             match event.kind {
-                EventKind::Step => self.steps += 1,
+                EventKind::Step => {
+                    self.steps += 1;
+                    self.shown_tools = shown_of(body(&session, event)?);
+                }
                 EventKind::RequestHeader => {
                     self.header_bytes = json_bytes(body(&session, event)?);
                     self.header = Some(header_of(&session, event)?);
@@ -296,7 +313,8 @@ impl SessionState {
                 what: what.into(),
             });
         }
-        self.transcript.render_into(header, format, out);
+        self.transcript
+            .render_into(header, self.shown_tools.as_deref(), format, out);
         Ok(())
     }
 
@@ -461,10 +479,11 @@ impl SessionState {
             ));
         }
         let step = self.steps + 1;
-        events.push(NewEvent::new(
-            EventKind::Step,
-            json!({"step": step, "facts": facts}),
-        ));
+        let mut marker = json!({"step": step, "facts": facts});
+        if let (Some(shown), Value::Object(m)) = (&assembly.shown_tools, &mut marker) {
+            m.insert("shown_tools".into(), json!(shown));
+        }
+        events.push(NewEvent::new(EventKind::Step, marker));
         Ok(StepPlan {
             step,
             events,
@@ -554,6 +573,7 @@ pub fn rebuild(session: &str, events: &[Event], n: u64) -> Result<FrozenRequest>
     Ok(FrozenRequest {
         header,
         messages: messages(session, upto)?,
+        shown_tools: shown_of(body(session, marker)?),
     })
 }
 

@@ -11,6 +11,7 @@ const RUN: &str = "run-1";
 
 fn assembly(system: &str, context: Option<&str>) -> Assembly {
     Assembly {
+        shown_tools: None,
         system: system.into(),
         runtime_context: context.map(str::to_string),
         tools: vec![AssembledTool {

@@ -86,16 +86,22 @@ impl Transcript {
 
     /// The request body for `header` and every message pushed so far, in `format`: the bytes of
     /// [`formats::render`]`(…).to_string()`, written in one pass into one buffer.
-    pub fn render(&self, header: &Header, format: Format) -> String {
+    pub fn render(&self, header: &Header, shown: Option<&[String]>, format: Format) -> String {
         let mut out = String::with_capacity(self.bytes / 2 + 1024);
-        self.render_into(header, format, &mut out);
+        self.render_into(header, shown, format, &mut out);
         out
     }
 
     /// [`Transcript::render`], appended to `out` (so a caller can put the body inside an
     /// envelope without copying it).
-    pub fn render_into(&self, header: &Header, format: Format, out: &mut String) {
-        let head = formats::head(header, format);
+    pub fn render_into(
+        &self,
+        header: &Header,
+        shown: Option<&[String]>,
+        format: Format,
+        out: &mut String,
+    ) {
+        let head = formats::head(header, format, shown);
         let out = &mut *out;
         out.reserve(self.bytes / 2 + 1024);
         out.push('{');
@@ -283,23 +289,34 @@ mod tests {
             model in any::<bool>(),
             system in prop_oneof![Just(""), Just("Be brief.")],
             tools in 0..3usize,
+            shown in prop::option::of(prop::collection::vec(0..3usize, 0..3)),
         ) {
             let header = header(model, system, tools);
+            let shown: Option<Vec<String>> =
+                shown.map(|s| s.into_iter().map(|i| format!("t{i}")).collect());
             let mut transcript = Transcript::new();
             for (i, m) in messages.iter().enumerate() {
                 transcript.push(m);
-                let request = FrozenRequest { header: header.clone(), messages: messages[..=i].to_vec() };
+                let request = FrozenRequest {
+                    header: header.clone(),
+                    messages: messages[..=i].to_vec(),
+                    shown_tools: shown.clone(),
+                };
                 for format in Format::ALL {
                     prop_assert_eq!(
-                        transcript.render(&header, format),
+                        transcript.render(&header, shown.as_deref(), format),
                         formats::render(&request, format).to_string()
                     );
                 }
             }
-            let empty = FrozenRequest { header: header.clone(), messages: Vec::new() };
+            let empty = FrozenRequest {
+                header: header.clone(),
+                messages: Vec::new(),
+                shown_tools: None,
+            };
             for format in Format::ALL {
                 prop_assert_eq!(
-                    Transcript::new().render(&header, format),
+                    Transcript::new().render(&header, None, format),
                     formats::render(&empty, format).to_string()
                 );
             }

@@ -635,6 +635,8 @@ impl Daemon {
         let options = Options {
             tool_order: config.tool_order.clone(),
             suppress_runtime_context: !config.runtime_context(&agent),
+            keep_all_tools: config.tool_subset(&agent)
+                == promptd_core::config::ToolSubset::AllowedTools,
         };
         // A failure before the append leaves the state as it was: keep it.
         let planned = assembly::assemble(&registry, &step, &options)
