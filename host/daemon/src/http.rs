@@ -546,9 +546,11 @@ mod tests {
     #[test]
     fn fuzz_request_bodies_are_errors_not_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
         let bytes = axum::body::Bytes::from(body);
-        let _ = parse_body::<StepBody>(Ok(bytes.clone()));
-        let _ = parse_body::<NewSession>(Ok(bytes.clone()));
-        let _ = parse_body::<Message>(Ok(bytes));
+        let _ = parse_body::<StepBody>(Ok(bytes.clone()), 1 << 20);
+        let _ = parse_body::<NewSession>(Ok(bytes.clone()), 1 << 20);
+        if let Ok(value) = parse_body::<Value>(Ok(bytes), 1 << 20) {
+            let _ = promptd_core::replies::reply(value);
+        }
     }
 
     }
