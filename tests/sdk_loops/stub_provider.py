@@ -19,17 +19,30 @@ A body that breaks a rule gets 400 with the provider's error shape; the message 
 rule's name in brackets and says where, e.g.
 `[chat.tool_results_follow_calls] messages[3]: ...`, so the SDK raises with it and the test that
 drove the SDK fails showing it. A valid body gets a canned, deterministic reply in the
-provider's real response shape: a tool call (to the first tool by name; every second round two
-in parallel, after some text) while the conversation's newest turn holds no tool result, final
-text naming the answered call ids once it does. Anthropic tool-use replies start with a `thinking` block (and
-every second round also a `redacted_thinking` block); the stub keeps what it returned, by
-tool_use id, and a body that sends such a block back changed, or drops it from the turn that
-is still waiting on its tool results, is refused.
+provider's real response shape: a tool call (to the first tool by name that `tool_choice`
+allows; every second round two in parallel, after some text) while the conversation's newest
+turn holds no tool result, final text naming the answered call ids once it does. Anthropic
+tool-use replies start with a `thinking` block (and every second round also a
+`redacted_thinking` block); the stub keeps what it returned, by tool_use id, and a body that
+sends such a block back changed, or drops it from the turn that is still waiting on its tool
+results, is refused.
+
+Images and documents are checked as the APIs take them: Chat Completions `image_url` parts (an
+https URL or a `data:image/(png|jpeg|gif|webp);base64,` URL) and `file` parts (a PDF data URL
+with its filename) in user messages only, tool messages text only; Messages `image` and
+`document` blocks (bare base64 of an allowed media type, or a URL), tool_result content of
+text, image and document blocks; Responses `input_image` (with `detail` in a message) and
+`input_file` (a data URL with its filename) parts, `function_call_output.output` a string or a
+list of such parts. Base64 must decode, and to a file of the media type it claims (the APIs
+sniff the bytes). `tool_choice` must name only tools the body's `tools` holds, in the API's own
+shape (Chat's `allowed_tools` nests `{mode, tools}` under `allowed_tools`; Responses' is flat).
 
 Standard library only.
 """
 
 import argparse
+import base64
+import binascii
 import hashlib
 import json
 import os
@@ -162,6 +175,70 @@ def check_tools_unique(names, where):
         seen.add(name)
 
 
+# --- Images and documents (shared by the three APIs) -------------------------------------------
+
+IMAGE_TYPES = ("image/gif", "image/jpeg", "image/png", "image/webp")
+PDF = "application/pdf"
+DATA_URL = re.compile(r"^data:([a-z]+/[a-zA-Z0-9.+-]+);base64,(.*)$", re.S)
+HTTPS_URL = re.compile(r"^https://[^\s/?#]+[^\s]*$")
+
+
+def magic_ok(raw, media_type):
+    """Whether the bytes are a file of `media_type` (the providers sniff the bytes and refuse an
+    image that "does not match the provided media type")."""
+    if media_type == "image/png":
+        return raw.startswith(b"\x89PNG\r\n\x1a\n")
+    if media_type == "image/jpeg":
+        return raw.startswith(b"\xff\xd8\xff")
+    if media_type == "image/gif":
+        return raw.startswith((b"GIF87a", b"GIF89a"))
+    if media_type == "image/webp":
+        return raw[:4] == b"RIFF" and raw[8:12] == b"WEBP"
+    if media_type == PDF:
+        return raw.startswith(b"%PDF-")
+    return True
+
+
+def check_base64(data, media_type, rule, where):
+    """Standard base64 (no data: prefix, no line breaks) of a file of `media_type`."""
+    need_string(data, rule, where, nonempty=True)
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise Broken(rule, where, f"is not valid base64 ({e}): {data[:40]!r}") from None
+    need(magic_ok(raw, media_type), rule, where,
+         f"the decoded bytes are not a file of type {media_type} (they start {raw[:8]!r})")
+
+
+def check_data_url(url, media_types, rule, where):
+    """`data:TYPE;base64,DATA` with TYPE one of `media_types` (None: any) and valid DATA."""
+    need_string(url, rule, where, nonempty=True)
+    m = DATA_URL.match(url)
+    need(m is not None, rule, where,
+         f"must be a data URL `data:MEDIA_TYPE;base64,DATA`, got {url[:40]!r}")
+    media_type = m.group(1)
+    need(media_types is None or media_type in media_types, rule, where,
+         f"the data URL's media type must be one of {', '.join(media_types or ())}, got "
+         f"{media_type!r}")
+    check_base64(m.group(2), media_type, rule, f"{where} (base64 after the comma)")
+
+
+def check_image_url(url, rule, where):
+    """An image by URL: https, or a data URL of a supported image type."""
+    need_string(url, rule, where, nonempty=True)
+    if url.startswith("data:"):
+        check_data_url(url, IMAGE_TYPES, rule, where)
+    else:
+        need(HTTPS_URL.match(url) is not None, rule, where,
+             "must be an https URL or a `data:image/(png|jpeg|gif|webp);base64,` URL, got "
+             f"{url[:40]!r}")
+
+
+def check_https(url, rule, where):
+    need_string(url, rule, where, nonempty=True)
+    need(HTTPS_URL.match(url) is not None, rule, where, f"must be an https URL, got {url[:40]!r}")
+
+
 def parse_arguments(arguments, where, rule):
     """Function-call arguments: a JSON string that parses to an object."""
     need(isinstance(arguments, str), rule, where,
@@ -225,6 +302,114 @@ def check_text_parts(content, rule, where):
         need_string(part.get("text"), rule, f"{where}[{i}].text")
 
 
+# Per part type: (allowed keys, required keys), from the pinned SDK's ChatCompletionContentPart*
+# params; only user messages take parts other than text.
+CHAT_PARTS = {
+    "text": ({"type", "text", "prompt_cache_breakpoint"}, ["text"]),
+    "image_url": ({"type", "image_url", "prompt_cache_breakpoint"}, ["image_url"]),
+    "file": ({"type", "file", "prompt_cache_breakpoint"}, ["file"]),
+    "input_audio": ({"type", "input_audio", "prompt_cache_breakpoint"}, ["input_audio"]),
+}
+IMAGE_DETAIL = ("auto", "high", "low", "original")
+
+
+def check_chat_content(content, role, where):
+    """A system, developer, user or tool message's content: a string or a list of parts. Tool
+    messages take text parts only (a tool's images must go into a user message)."""
+    if isinstance(content, str):
+        return
+    rule = "chat.tool_content_text" if role == "tool" else "chat.content"
+    need(isinstance(content, list), rule, where,
+         f"content must be a string or a list of content parts, got {kind(content)}")
+    allowed = set(CHAT_PARTS) if role == "user" else {"text"}
+    for i, part in enumerate(content):
+        pw = f"{where}[{i}]"
+        need_object(part, rule, pw)
+        ptype = part.get("type")
+        if role == "tool":
+            need(ptype == "text", rule, f"{pw}.type",
+                 f"a tool message's content may only hold text parts, got {ptype!r} (images "
+                 "from a tool go into a user message after the tool messages)")
+        need(ptype in allowed, rule, f"{pw}.type",
+             f"a {role} message's content parts are {', '.join(sorted(allowed))}, got {ptype!r}")
+        part_rule = {"image_url": "chat.image_part", "file": "chat.file_part"}.get(ptype, rule)
+        keys, required = CHAT_PARTS[ptype]
+        check_keys(part, keys, required, part_rule, pw)
+        if ptype == "text":
+            need_string(part["text"], rule, f"{pw}.text")
+        elif ptype == "image_url":
+            image = part["image_url"]
+            need_object(image, part_rule, f"{pw}.image_url")
+            check_keys(image, {"url", "detail"}, ["url"], part_rule, f"{pw}.image_url")
+            check_image_url(image["url"], part_rule, f"{pw}.image_url.url")
+            if "detail" in image:
+                need(image["detail"] in IMAGE_DETAIL, part_rule, f"{pw}.image_url.detail",
+                     f"must be one of {', '.join(IMAGE_DETAIL)}, got {image['detail']!r}")
+        elif ptype == "file":
+            file = part["file"]
+            need_object(file, part_rule, f"{pw}.file")
+            check_keys(file, {"file_data", "file_id", "filename"}, [], part_rule, f"{pw}.file")
+            need("file_data" in file or "file_id" in file, part_rule, f"{pw}.file",
+                 "a file part needs file_data (a data URL) or file_id")
+            if "file_data" in file:
+                check_data_url(file["file_data"], (PDF,), part_rule, f"{pw}.file.file_data")
+                need("filename" in file, part_rule, f"{pw}.file",
+                     "a file sent as file_data needs its filename")
+            if "filename" in file:
+                need_string(file["filename"], part_rule, f"{pw}.file.filename", nonempty=True)
+        else:
+            need_object(part["input_audio"], rule, f"{pw}.input_audio")
+
+
+def check_chat_tool_choice(body, tool_names):
+    """`tool_choice`, when present: a mode string, one named function, or `allowed_tools`
+    naming functions of `tools`. Returns the names the model may call."""
+    if "tool_choice" not in body:
+        return list(tool_names)
+    rule, where = "chat.tool_choice", "tool_choice"
+    choice = body["tool_choice"]
+    need(bool(tool_names), rule, where, "tool_choice is only allowed when tools are specified")
+    if isinstance(choice, str):
+        need(choice in ("none", "auto", "required"), rule, where,
+             f"must be none, auto, required or an object, got {choice!r}")
+        return [] if choice == "none" else list(tool_names)
+    need_object(choice, rule, where)
+    ctype = choice.get("type")
+
+    def function_name(fn, fw):
+        need_object(fn, rule, fw)
+        check_keys(fn, {"name"}, ["name"], rule, fw)
+        need(fn["name"] in tool_names, rule, f"{fw}.name",
+             f"names {fn['name']!r}, which is not a function in tools "
+             f"({', '.join(tool_names)})")
+        return fn["name"]
+
+    if ctype == "function":
+        check_keys(choice, {"type", "function"}, ["type", "function"], rule, where)
+        return [function_name(choice["function"], f"{where}.function")]
+    need(ctype == "allowed_tools", rule, f"{where}.type",
+         f"must be \"function\", \"allowed_tools\" (or \"custom\" for a custom tool, of which "
+         f"this body has none), got {ctype!r}")
+    check_keys(choice, {"type", "allowed_tools"}, ["type", "allowed_tools"], rule, where)
+    allowed = choice["allowed_tools"]
+    aw = f"{where}.allowed_tools"
+    need_object(allowed, rule, aw)
+    check_keys(allowed, {"mode", "tools"}, ["mode", "tools"], rule, aw)
+    need(allowed["mode"] in ("auto", "required"), rule, f"{aw}.mode",
+         f"must be auto or required, got {allowed['mode']!r}")
+    need(isinstance(allowed["tools"], list), rule, f"{aw}.tools",
+         f"must be an array, got {kind(allowed['tools'])}")
+    names = []
+    for i, tool in enumerate(allowed["tools"]):
+        tw = f"{aw}.tools[{i}]"
+        need_object(tool, rule, tw)
+        check_keys(tool, {"type", "function"}, ["type", "function"], rule, tw)
+        need(tool["type"] == "function", rule, f"{tw}.type",
+             f"must be \"function\", got {tool['type']!r}")
+        names.append(function_name(tool["function"], f"{tw}.function"))
+    return names
+
+
 def check_chat(body):
     need_object(body, "body.json", "body")
     for key in body:
@@ -250,6 +435,7 @@ def check_chat(body):
             check_schema(fn["parameters"], f"{where}.function.parameters", fn.get("strict") is True)
         tool_names.append(fn["name"])
     check_tools_unique(tool_names, "tools")
+    check_chat_tool_choice(body, tool_names)
 
     messages = body.get("messages")
     need(isinstance(messages, list) and messages, "param.messages", "messages",
@@ -269,7 +455,7 @@ def check_chat(body):
                          "must be followed by one tool message per call id before any other")
         if role in ("system", "developer", "user"):
             need("content" in msg, "chat.content", where, f"a {role} message needs content")
-            check_text_parts(msg["content"], "chat.content", f"{where}.content")
+            check_chat_content(msg["content"], role, f"{where}.content")
         elif role == "tool":
             need_string(msg.get("tool_call_id"), "chat.tool_result_orphan", f"{where}.tool_call_id")
             call_id = msg["tool_call_id"]
@@ -278,7 +464,7 @@ def check_chat(body):
                  "before it (or answers it twice)")
             del pending[call_id]
             need("content" in msg, "chat.content", where, "a tool message needs content")
-            check_text_parts(msg["content"], "chat.content", f"{where}.content")
+            check_chat_content(msg["content"], "tool", f"{where}.content")
         else:
             calls = msg.get("tool_calls")
             content = msg.get("content")
@@ -317,8 +503,10 @@ def reply_chat(body):
     messages = body["messages"]
     last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     answered = [m["tool_call_id"] for m in messages[last_assistant + 1:] if m["role"] == "tool"]
+    callable_ = check_chat_tool_choice(body, [t["function"]["name"]
+                                              for t in body.get("tools", [])])
     tools = [(t["function"]["name"], t["function"].get("parameters", {}))
-             for t in body.get("tools", [])]
+             for t in body.get("tools", []) if t["function"]["name"] in callable_]
     rounds = sum(1 for m in messages if m["role"] == "assistant" and m.get("tool_calls"))
     key = digest(messages, body.get("tools"))
     message = {"role": "assistant", "content": None, "refusal": None, "annotations": []}
@@ -366,7 +554,86 @@ RESPONSES_PARAMS = {
     "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
 }
 INPUT_TEXT_TYPES = {"input_text"}
+USER_INPUT_TYPES = {"input_text", "input_image", "input_file"}
 OUTPUT_TEXT_TYPES = {"output_text", "refusal"}
+# Per input part type: allowed keys, from the pinned SDK's ResponseInput{Text,Image,File}Param
+# (message content) and ResponseInput*ContentParam (function_call_output parts).
+RESPONSES_PARTS = {
+    "input_text": {"type", "text", "prompt_cache_breakpoint"},
+    "input_image": {"type", "detail", "file_id", "image_url", "prompt_cache_breakpoint"},
+    "input_file": {"type", "detail", "file_data", "file_id", "file_url", "filename",
+                   "prompt_cache_breakpoint"},
+}
+
+
+def check_input_part(part, where, in_output):
+    """An input_text, input_image or input_file part of a message (`in_output` False) or of a
+    function_call_output's list. A message's input_image must say its `detail`."""
+    ptype = part["type"]
+    rule = {"input_image": "responses.input_image", "input_file": "responses.input_file"}.get(
+        ptype, "responses.message")
+    nullable = {"file_id", "image_url"} | ({"detail"} if in_output else set())
+    check_keys(part, RESPONSES_PARTS[ptype], ["text"] if ptype == "input_text" else [], rule,
+               where, nullable=nullable)
+    if ptype == "input_text":
+        need_string(part["text"], rule, f"{where}.text")
+    elif ptype == "input_image":
+        if not in_output:
+            need("detail" in part, rule, where,
+                 "an input_image in a message needs `detail` (auto, low, high or original)")
+        if part.get("detail") is not None:
+            need(part["detail"] in IMAGE_DETAIL, rule, f"{where}.detail",
+                 f"must be one of {', '.join(IMAGE_DETAIL)}, got {part['detail']!r}")
+        need(part.get("image_url") is not None or part.get("file_id") is not None, rule, where,
+             "an input_image needs image_url (https or a data URL) or file_id")
+        if part.get("image_url") is not None:
+            check_image_url(part["image_url"], rule, f"{where}.image_url")
+    else:
+        need(any(part.get(k) is not None for k in ("file_data", "file_id", "file_url")), rule,
+             where, "an input_file needs file_data (a data URL), file_id or file_url")
+        if "file_data" in part:
+            check_data_url(part["file_data"], None, rule, f"{where}.file_data")
+            need("filename" in part, rule, where, "an input_file sent as file_data needs its "
+                 "filename")
+        if "file_url" in part:
+            check_https(part["file_url"], rule, f"{where}.file_url")
+        if "filename" in part:
+            need_string(part["filename"], rule, f"{where}.filename", nonempty=True)
+
+
+def check_responses_tool_choice(body, tool_names):
+    """`tool_choice`, when present: a mode string, one named function, or `allowed_tools`
+    (flat: {type, mode, tools: [{type: "function", name}]}) naming functions of `tools`.
+    Returns the names the model may call."""
+    if "tool_choice" not in body:
+        return list(tool_names)
+    rule, where = "responses.tool_choice", "tool_choice"
+    choice = body["tool_choice"]
+    if isinstance(choice, str):
+        need(choice in ("none", "auto", "required"), rule, where,
+             f"must be none, auto, required or an object, got {choice!r}")
+        return [] if choice == "none" else list(tool_names)
+    need_object(choice, rule, where)
+
+    def function(tool, tw):
+        need_object(tool, rule, tw)
+        need(tool.get("type") == "function", rule, f"{tw}.type",
+             f"must be \"function\" (this body has no hosted or custom tools), got "
+             f"{tool.get('type')!r}")
+        check_keys(tool, {"type", "name"}, ["type", "name"], rule, tw)
+        need(tool["name"] in tool_names, rule, f"{tw}.name",
+             f"names {tool['name']!r}, which is not a function in tools "
+             f"({', '.join(tool_names)})")
+        return tool["name"]
+
+    if choice.get("type") != "allowed_tools":
+        return [function(choice, where)]
+    check_keys(choice, {"type", "mode", "tools"}, ["type", "mode", "tools"], rule, where)
+    need(choice["mode"] in ("auto", "required"), rule, f"{where}.mode",
+         f"must be auto or required, got {choice['mode']!r}")
+    need(isinstance(choice["tools"], list), rule, f"{where}.tools",
+         f"must be an array, got {kind(choice['tools'])}")
+    return [function(tool, f"{where}.tools[{i}]") for i, tool in enumerate(choice["tools"])]
 
 
 def check_message_item(item, where):
@@ -378,7 +645,7 @@ def check_message_item(item, where):
         return
     need(isinstance(content, list), "responses.message", f"{where}.content",
          f"must be a string or a list of content parts, got {kind(content)}")
-    allowed = OUTPUT_TEXT_TYPES if role == "assistant" else INPUT_TEXT_TYPES
+    allowed = {"assistant": OUTPUT_TEXT_TYPES, "user": USER_INPUT_TYPES}.get(role, INPUT_TEXT_TYPES)
     for j, part in enumerate(content):
         pw = f"{where}.content[{j}]"
         need_object(part, "responses.message", pw)
@@ -386,8 +653,10 @@ def check_message_item(item, where):
              f"a {role} message's parts are {', '.join(sorted(allowed))}, got {part.get('type')!r}")
         if part["type"] == "refusal":
             need_string(part.get("refusal"), "responses.message", f"{pw}.refusal")
-        else:
+        elif part["type"] == "output_text":
             need_string(part.get("text"), "responses.message", f"{pw}.text")
+        else:
+            check_input_part(part, pw, in_output=False)
 
 
 def check_responses(body):
@@ -420,6 +689,7 @@ def check_responses(body):
                          "tool.strict_schema" if strict is True else "responses.strict_default")
         tool_names.append(tool["name"])
     check_tools_unique(tool_names, "tools")
+    check_responses_tool_choice(body, tool_names)
 
     items = body.get("input")
     if isinstance(items, str):
@@ -455,10 +725,11 @@ def check_responses(body):
                 need(isinstance(output, list), "responses.function_call_output",
                      f"{where}.output", f"must be a string or a list of parts, got {kind(output)}")
                 for j, part in enumerate(output):
-                    need(isinstance(part, dict) and part.get("type") in (
-                        "input_text", "input_image", "input_file"),
+                    need(isinstance(part, dict) and part.get("type") in RESPONSES_PARTS,
                          "responses.function_call_output", f"{where}.output[{j}]",
-                         "output parts are input_text, input_image or input_file")
+                         "output parts are input_text, input_image or input_file, got "
+                         f"{canon(part)[:60]}")
+                    check_input_part(part, f"{where}.output[{j}]", in_output=True)
         else:
             raise Broken("responses.item_type", f"{where}.type",
                          f"item type {itype!r} is not message, function_call or "
@@ -475,7 +746,9 @@ def reply_responses(body):
         return item.get("type") == "function_call" or item.get("role") == "assistant"
     last = max((i for i, it in enumerate(items) if is_assistant(it)), default=-1)
     answered = [it["call_id"] for it in items[last + 1:] if it.get("type") == "function_call_output"]
-    tools = [(t["name"], t.get("parameters") or {}) for t in body.get("tools", [])]
+    callable_ = check_responses_tool_choice(body, [t["name"] for t in body.get("tools", [])])
+    tools = [(t["name"], t.get("parameters") or {}) for t in body.get("tools", [])
+             if t["name"] in callable_]
     # A round is one reply's worth of calls: consecutive function_call items.
     rounds = sum(1 for i, it in enumerate(items) if it.get("type") == "function_call"
                  and (i == 0 or items[i - 1].get("type") != "function_call"))
@@ -532,7 +805,8 @@ MESSAGES_PARAMS = {
 BLOCKS = {
     "text": ({"type", "text", "cache_control", "citations"}, ["text"],
              {"cache_control", "citations"}),
-    "image": ({"type", "source", "cache_control"}, ["source"], {"cache_control"}),
+    "image": ({"type", "source", "cache_control", "transformations"}, ["source"],
+              {"cache_control", "transformations"}),
     "document": ({"type", "source", "title", "context", "citations", "cache_control"},
                  ["source"], {"title", "context", "citations", "cache_control"}),
     "tool_use": ({"type", "id", "name", "input", "cache_control", "caller", "toolset_name"},
@@ -626,11 +900,99 @@ def check_block(block, role, where, breakpoints):
         if "is_error" in block:
             need(isinstance(block["is_error"], bool), "messages.block_keys", f"{where}.is_error",
                  f"must be a boolean, got {kind(block['is_error'])}")
+    elif btype == "image":
+        check_image_source(block["source"], f"{where}.source")
+    elif btype == "document":
+        check_document_source(block["source"], f"{where}.source")
+        for key in ("title", "context"):
+            if block.get(key) is not None:
+                need_string(block[key], "messages.block_keys", f"{where}.{key}")
     elif btype == "thinking":
         need_string(block["thinking"], "messages.block_keys", f"{where}.thinking")
         need_string(block["signature"], "messages.block_keys", f"{where}.signature")
     elif btype == "redacted_thinking":
         need_string(block["data"], "messages.block_keys", f"{where}.data")
+
+
+def check_image_source(source, where):
+    """An image block's source: base64 data (bare, not a data URL) of a supported type, an
+    https URL, or an uploaded file."""
+    rule = "messages.image_source"
+    need_object(source, rule, where)
+    stype = source.get("type")
+    if stype == "base64":
+        check_keys(source, {"type", "media_type", "data"}, ["type", "media_type", "data"], rule,
+                   where)
+        need(source["media_type"] in IMAGE_TYPES, rule, f"{where}.media_type",
+             f"must be one of {', '.join(IMAGE_TYPES)}, got {source['media_type']!r}")
+        check_base64(source["data"], source["media_type"], rule, f"{where}.data")
+    elif stype == "url":
+        check_keys(source, {"type", "url"}, ["type", "url"], rule, where)
+        check_https(source["url"], rule, f"{where}.url")
+    elif stype == "file":
+        check_keys(source, {"type", "file_id"}, ["type", "file_id"], rule, where)
+        need_string(source["file_id"], rule, f"{where}.file_id", nonempty=True)
+    else:
+        raise Broken(rule, f"{where}.type",
+                     f"an image source is base64, url or file, got {stype!r}")
+
+
+def check_document_source(source, where):
+    """A document block's source: base64 PDF data, plain text, content blocks, an https URL or
+    an uploaded file."""
+    rule = "messages.document_source"
+    need_object(source, rule, where)
+    stype = source.get("type")
+    if stype == "base64":
+        check_keys(source, {"type", "media_type", "data"}, ["type", "media_type", "data"], rule,
+                   where)
+        need(source["media_type"] == PDF, rule, f"{where}.media_type",
+             f"a base64 document source is {PDF}, got {source['media_type']!r}")
+        check_base64(source["data"], PDF, rule, f"{where}.data")
+    elif stype == "text":
+        check_keys(source, {"type", "media_type", "data"}, ["type", "media_type", "data"], rule,
+                   where)
+        need(source["media_type"] == "text/plain", rule, f"{where}.media_type",
+             f"a text document source is text/plain, got {source['media_type']!r}")
+        need_string(source["data"], rule, f"{where}.data")
+    elif stype == "content":
+        check_keys(source, {"type", "content"}, ["type", "content"], rule, where)
+        need(isinstance(source["content"], (str, list)), rule, f"{where}.content",
+             f"must be a string or a list of text and image blocks, got {kind(source['content'])}")
+    elif stype == "url":
+        check_keys(source, {"type", "url"}, ["type", "url"], rule, where)
+        check_https(source["url"], rule, f"{where}.url")
+    elif stype == "file":
+        check_keys(source, {"type", "file_id"}, ["type", "file_id"], rule, where)
+        need_string(source["file_id"], rule, f"{where}.file_id", nonempty=True)
+    else:
+        raise Broken(rule, f"{where}.type",
+                     f"a document source is base64, text, content, url or file, got {stype!r}")
+
+
+def check_messages_tool_choice(body, tool_names):
+    """`tool_choice`, when present: auto, any, none, or one named tool of `tools` (Messages has
+    no allowed-tools subset: a subset is sent as the `tools` array). Returns the names the model
+    may call."""
+    if "tool_choice" not in body:
+        return list(tool_names)
+    rule, where = "messages.tool_choice", "tool_choice"
+    choice = body["tool_choice"]
+    need_object(choice, rule, where)
+    ctype = choice.get("type")
+    parallel = {"type", "disable_parallel_tool_use"}
+    keys = {"auto": parallel, "any": parallel, "tool": parallel | {"name"}, "none": {"type"}}
+    need(ctype in keys, rule, f"{where}.type",
+         f"must be auto, any, tool or none, got {ctype!r}")
+    check_keys(choice, keys[ctype], ["type", "name"] if ctype == "tool" else ["type"], rule, where)
+    if "disable_parallel_tool_use" in choice:
+        need(isinstance(choice["disable_parallel_tool_use"], bool), rule,
+             f"{where}.disable_parallel_tool_use", "must be a boolean")
+    if ctype == "tool":
+        need(choice["name"] in tool_names, rule, f"{where}.name",
+             f"names {choice['name']!r}, which is not in tools ({', '.join(tool_names)})")
+        return [choice["name"]]
+    return [] if ctype == "none" else list(tool_names)
 
 
 def blocks_of(msg):
@@ -692,6 +1054,7 @@ def check_messages(body):
             check_cache_control(tool["cache_control"], f"{where}.cache_control", breakpoints)
         tool_names.append(tool["name"])
     check_tools_unique(tool_names, "tools")
+    check_messages_tool_choice(body, tool_names)
 
     if "system" in body:
         system = body["system"]
@@ -764,7 +1127,9 @@ def reply_messages(body):
     last = turns[-1]
     answered = [b["tool_use_id"] for b in blocks_of(last)
                 if last["role"] == "user" and b["type"] == "tool_result"]
-    tools = [(t["name"], t["input_schema"]) for t in body.get("tools", [])]
+    callable_ = check_messages_tool_choice(body, [t["name"] for t in body.get("tools", [])])
+    tools = [(t["name"], t["input_schema"]) for t in body.get("tools", [])
+             if t["name"] in callable_]
     rounds = sum(1 for t in turns if t["role"] == "assistant"
                  and any(b["type"] == "tool_use" for b in blocks_of(t)))
     key = digest(turns, body.get("tools"), body.get("system"))
