@@ -3,10 +3,18 @@
 // to the official client UNCHANGED (`create(body)`), record the client's reply back in the SDK's
 // own shape, and carry the tool results (in promptd's neutral shape) into the next step.
 //
-//     node SCRIPT PROMPTD_URL STUB_URL AGENT [--steps N]
+//     node SCRIPT PROMPTD_URL STUB_URL AGENT [--steps N] [--media first|every]
+//
+// --media as in ../agent_loop.py: `first` sends text, a PNG, an image by URL and a PDF in step
+// 1's user message and a PNG "screenshot" with the first result of every tool round; `every`
+// sends the same PNG with every user message and tool result. Every body promptd returns after
+// a medium was sent must hold its base64.
 //
 // Exits 1 with the SDK's (or promptd's) error on any failure; on success prints one line of
-// JSON: {sdk, format, agent, steps, tool_calls, tool_results, request_bytes, reply_bytes}.
+// JSON: {sdk, format, agent, session, steps, tool_calls, tool_results, request_bytes,
+// reply_bytes}, with --media also media: {photo, screenshot, pdf} (base64).
+
+import { deflateSync } from "node:zlib";
 
 export const TIMEOUT_MS = 30_000;
 
@@ -14,7 +22,7 @@ class Failed extends Error {}
 
 export function parseArgs(argv = process.argv.slice(2)) {
   const positional = [];
-  const options = { steps: 4 };
+  const options = { steps: 4, media: "none" };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i].startsWith("--")) {
       options[argv[i].slice(2)] = argv[++i];
@@ -50,12 +58,96 @@ function facts(dirty) {
   return { cwd: "/src/app", git_branch: "main", git_dirty: dirty ? "true" : "false", date: "2026-12-01" };
 }
 
+// --- Media: generated here, so every run sends the same valid files ---------------------------
+
+const CRC_TABLE = Array.from({ length: 256 }, (_, n) => {
+  let c = n;
+  for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+  return c >>> 0;
+});
+
+function crc32(bytes) {
+  let c = 0xffffffff;
+  for (const b of bytes) c = CRC_TABLE[(c ^ b) & 0xff] ^ (c >>> 8);
+  return (c ^ 0xffffffff) >>> 0;
+}
+
+// A valid RGB PNG of one colour.
+function png(width, height, rgb) {
+  const u32 = (n) => { const b = Buffer.alloc(4); b.writeUInt32BE(n); return b; };
+  const chunk = (tag, data) => {
+    const tagged = Buffer.concat([Buffer.from(tag, "latin1"), data]);
+    return Buffer.concat([u32(data.length), tagged, u32(crc32(tagged))]);
+  };
+  const row = Buffer.concat([Buffer.from([0]), ...Array(width).fill(Buffer.from(rgb))]); // filter 0
+  const header = Buffer.concat([u32(width), u32(height), Buffer.from([8, 2, 0, 0, 0])]); // 8-bit RGB
+  return Buffer.concat([
+    Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+    chunk("IHDR", header),
+    chunk("IDAT", deflateSync(Buffer.concat(Array(height).fill(row)))),
+    chunk("IEND", Buffer.alloc(0)),
+  ]);
+}
+
+// A minimal valid one-page PDF, with its cross-reference table.
+function pdf() {
+  const objects = ["<</Type/Catalog/Pages 2 0 R>>", "<</Type/Pages/Kids[3 0 R]/Count 1>>",
+    "<</Type/Page/Parent 2 0 R/MediaBox[0 0 72 72]>>"];
+  let out = "%PDF-1.4\n";
+  const offsets = objects.map((obj, i) => {
+    const at = out.length;
+    out += `${i + 1} 0 obj\n${obj}\nendobj\n`;
+    return at;
+  });
+  const xref = out.length;
+  out += `xref\n0 ${objects.length + 1}\n0000000000 65535 f \n`;
+  out += offsets.map((o) => `${String(o).padStart(10, "0")} 00000 n \n`).join("");
+  out += `trailer\n<</Size ${objects.length + 1}/Root 1 0 R>>\nstartxref\n${xref}\n%%EOF\n`;
+  return Buffer.from(out, "latin1");
+}
+
+const MEDIA = {
+  photo: png(4, 3, [200, 40, 40]).toString("base64"),
+  screenshot: png(8, 6, [20, 90, 200]).toString("base64"),
+  pdf: pdf().toString("base64"),
+};
+const IMAGE_URL = "https://example.com/diagram.png";
+const image = (name) => ({ type: "image", media_type: "image/png", data: MEDIA[name] });
+
+function userMessage(n, media) {
+  const text = n === 1 ? "Look around the repository and tell me what is here." : `Thanks. Now the next thing (question ${n}).`;
+  if (media === "first" && n === 1) {
+    return {
+      role: "user",
+      content: [
+        { type: "text", text: `${text} Here is a photo, a diagram and the spec.` },
+        image("photo"),
+        { type: "image", url: IMAGE_URL },
+        { type: "document", media_type: "application/pdf", data: MEDIA.pdf, name: "spec.pdf" },
+      ],
+    };
+  }
+  if (media === "every") return { role: "user", content: [{ type: "text", text }, image("photo")] };
+  return { role: "user", content: text };
+}
+
+function toolResult(callId, name, k, media) {
+  const text = `${name}: output ${k}`;
+  const shot = { first: k === 0 ? "screenshot" : null, every: "photo" }[media] ?? null;
+  if (shot === null) return { role: "tool", tool_call_id: callId, content: text };
+  return { role: "tool", tool_call_id: callId, content: [{ type: "text", text }, image(shot)] };
+}
+
 // `call(body) -> {reply, calls: [[id, name]], text}` is the SDK part.
 async function run(sdk, format, args, call) {
+  if (!["none", "first", "every"].includes(args.media)) {
+    throw new Failed(`--media must be none, first or every, not ${args.media}`);
+  }
   const { id } = await post(args.promptd, "/v1/sessions", { agent: args.agent });
-  let pending = [{ role: "user", content: "Look around the repository and tell me what is here." }];
+  let pending = [userMessage(1, args.media)];
   let awaiting = [];
-  const stats = { sdk, format, agent: args.agent, steps: 0, tool_calls: 0, tool_results: 0, request_bytes: 0, reply_bytes: 0 };
+  const stats = { sdk, format, agent: args.agent, session: id, steps: 0, tool_calls: 0, tool_results: 0, request_bytes: 0, reply_bytes: 0 };
+  const sent = new Set(); // the media sent so far, by name
   for (let n = 1; n <= args.steps; n++) {
     const step = await post(args.promptd, `/v1/sessions/${id}/steps`, {
       format,
@@ -63,6 +155,13 @@ async function run(sdk, format, args, call) {
       facts: facts(stats.tool_calls > 0),
     });
     const body = step.request;
+    const pendingText = JSON.stringify(pending);
+    for (const name of Object.keys(MEDIA)) if (pendingText.includes(MEDIA[name])) sent.add(name);
+    const bodyText = JSON.stringify(body);
+    const lost = [...sent].filter((name) => !bodyText.includes(MEDIA[name]));
+    if (lost.length) {
+      throw new Failed(`step ${n}: the body promptd returned lacks the ${lost.join(", ")} sent before (its base64 is not in it)`);
+    }
     stats.request_bytes += JSON.stringify(body).length;
     let turn;
     try {
@@ -86,13 +185,14 @@ async function run(sdk, format, args, call) {
     stats.steps = n;
     if (turn.calls.length) {
       stats.tool_calls += turn.calls.length;
-      pending = turn.calls.map(([callId, name], k) => ({ role: "tool", tool_call_id: callId, content: `${name}: output ${k}` }));
+      pending = turn.calls.map(([callId, name], k) => toolResult(callId, name, k, args.media));
       awaiting = turn.calls.map(([callId]) => callId);
     } else {
-      pending = [{ role: "user", content: `Thanks. Now the next thing (question ${n + 1}).` }];
+      pending = [userMessage(n + 1, args.media)];
       awaiting = [];
     }
   }
+  if (args.media !== "none") stats.media = MEDIA;
   return stats;
 }
 
