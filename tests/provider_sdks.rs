@@ -10,6 +10,12 @@
 //! `tests/sdk_loops/js/*.mjs`; the clients are installed, pinned, by `cargo xtask test`
 //! (`tests/sdk_loops/install.sh`). The last test checks the stub itself refuses known-bad
 //! bodies, so its checks cannot silently pass everything.
+//!
+//! Richer requests: loops whose user message carries a PNG, an image by URL and a PDF, and whose
+//! tool results carry a PNG, through every SDK, with each medium checked where its format puts
+//! it; an agent with `tool_subset = "allowed_tools"` whose `tools` stay byte-identical while
+//! read-only mode toggles (the subset goes into `tool_choice`; Anthropic gets it as `tools`);
+//! and one image sent in 50 steps stored once in the session database.
 
 mod common;
 
@@ -75,9 +81,22 @@ struct Stub {
 
 impl Stub {
     fn start() -> Stub {
-        let mut child = Command::new(python())
-            .arg(loops_dir().join("stub_provider.py"))
-            .args(["--max-seconds", STUB_BOUND_S])
+        Self::launch(None)
+    }
+
+    /// With every request it gets appended to `log` (one JSON line: path, status, error, body).
+    fn start_logged(log: &Path) -> Stub {
+        Self::launch(Some(log))
+    }
+
+    fn launch(log: Option<&Path>) -> Stub {
+        let mut cmd = Command::new(python());
+        cmd.arg(loops_dir().join("stub_provider.py"))
+            .args(["--max-seconds", STUB_BOUND_S]);
+        if let Some(log) = log {
+            cmd.arg("--log").arg(log);
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -172,6 +191,23 @@ struct Client {
     format: &'static str,
 }
 
+/// The command running `client`'s loop script (its arguments follow).
+fn loop_command(client: &Client) -> Command {
+    match client.runtime {
+        Runtime::Python => {
+            let mut cmd = Command::new(python());
+            cmd.env("PYTHONDONTWRITEBYTECODE", "1")
+                .arg(loops_dir().join(client.script));
+            cmd
+        }
+        Runtime::Node => {
+            let mut cmd = node();
+            cmd.arg(loops_dir().join("js").join(client.script));
+            cmd
+        }
+    }
+}
+
 /// Runs `client`'s loop for every agent of the example config against a fresh daemon and stub;
 /// fails listing every agent whose loop failed, with the loop's own error.
 fn conforms(client: Client) {
@@ -190,19 +226,7 @@ fn conforms(client: Client) {
     let stub = Stub::start();
     let mut failures = Vec::new();
     for agent in example_agents() {
-        let mut cmd = match client.runtime {
-            Runtime::Python => {
-                let mut cmd = Command::new(python());
-                cmd.env("PYTHONDONTWRITEBYTECODE", "1")
-                    .arg(loops_dir().join(client.script));
-                cmd
-            }
-            Runtime::Node => {
-                let mut cmd = node();
-                cmd.arg(loops_dir().join("js").join(client.script));
-                cmd
-            }
-        };
+        let mut cmd = loop_command(&client);
         cmd.arg(&daemon.url)
             .arg(&stub.url)
             .arg(&agent)
@@ -322,7 +346,684 @@ fn anthropic_js_reply_as_whole_message() {
     });
 }
 
+// --- Richer requests: images and documents, tool subsets that keep the cache ---------------------
+
+/// A daemon on the bundled Rust plugins with `config`, a stub logging every body, and a scratch
+/// folder for the stub's log and the loops' dumps. Fields drop in order: the processes first.
+struct Rig {
+    daemon: Served,
+    stub: Stub,
+    state: PathBuf,
+    work: tempfile::TempDir,
+    _state_dir: tempfile::TempDir,
+    _folder: Folder,
+}
+
+impl Rig {
+    /// `extra` is appended to the repository's `promptd.toml`.
+    fn start(extra: &str) -> Rig {
+        python();
+        let folder = Folder::new()
+            .bundled("identity")
+            .bundled("persona")
+            .bundled("tools")
+            .bundled("workspace");
+        let work = tempfile::tempdir().expect("tempdir");
+        let example = std::fs::read_to_string(repo_root().join("promptd.toml")).expect("read");
+        let config = work.path().join("promptd.toml");
+        std::fs::write(&config, format!("{example}\n{extra}")).expect("write config");
+        let (state_dir, state) = state_dir();
+        let log = work.path().join("promptd.log");
+        let daemon = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Served::start_logged(folder.path(), &config, &state, &log)
+        }))
+        .unwrap_or_else(|_| {
+            panic!(
+                "promptd serve did not start with this config:\n{extra}\nits log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        let stub = Stub::start_logged(&work.path().join("stub.jsonl"));
+        Rig {
+            daemon,
+            stub,
+            state,
+            work,
+            _state_dir: state_dir,
+            _folder: folder,
+        }
+    }
+
+    fn dump_dir(&self) -> PathBuf {
+        self.work.path().join("dump")
+    }
+
+    /// Runs `client`'s loop for `agent` with `args`; returns its JSON summary, or fails with
+    /// the loop's own error.
+    fn run(&self, client: &Client, agent: &str, args: &[&str]) -> Value {
+        let mut cmd = loop_command(client);
+        cmd.arg(&self.daemon.url)
+            .arg(&self.stub.url)
+            .arg(agent)
+            .args(client.args)
+            .args(args);
+        let (code, out, err) = run_bounded(cmd);
+        assert_eq!(
+            code,
+            Some(0),
+            "{} {:?} {args:?} (format {}), agent {agent}: {}",
+            client.script,
+            client.args,
+            client.format,
+            err.trim()
+        );
+        let summary: Value = out
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no JSON summary line in {out:?}"));
+        assert_eq!(summary["format"], client.format, "{summary}");
+        summary
+    }
+
+    /// Every request the stub got, in order: (status, raw body). All must have been accepted.
+    fn stub_bodies(&self) -> Vec<String> {
+        let log = self.work.path().join("stub.jsonl");
+        let text = std::fs::read_to_string(&log).expect("read the stub's log");
+        text.lines()
+            .map(|line| {
+                let entry: Value = serde_json::from_str(line).expect("stub log line");
+                assert_eq!(entry["status"], 200, "the stub refused a body: {entry}");
+                entry["body"].as_str().expect("body").to_string()
+            })
+            .collect()
+    }
+
+    /// Step `n`'s reply as promptd sent it to the loop (`--dump`), byte for byte.
+    fn dumped_step(&self, n: u64) -> String {
+        let path = self.dump_dir().join(format!("step-{n}.json"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+}
+
+/// The raw text of the value of member `key` of the JSON object `text` (top level), so bytes,
+/// not just values, can be compared. Checked against the parsed value.
+fn raw_member<'a>(text: &'a str, key: &str) -> &'a str {
+    let b = text.as_bytes();
+    let (mut depth, mut i, mut expect_key) = (0usize, 0usize, false);
+    let mut start = None;
+    let found = loop {
+        assert!(i < b.len(), "no member {key:?} at the top of {text}");
+        match b[i] {
+            b'"' => {
+                let from = i + 1;
+                i += 1;
+                while b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                if depth == 1 && expect_key {
+                    expect_key = false;
+                    if &text[from..i] == key {
+                        let after = &text[i + 1..];
+                        let rest = &after[after.find(':').expect("a colon after a key") + 1..];
+                        start = Some(text.len() - rest.trim_start().len());
+                    }
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                expect_key = depth == 1;
+            }
+            b'}' | b']' if depth == 1 => {
+                if let Some(s) = start {
+                    break &text[s..i];
+                }
+                depth -= 1;
+            }
+            b'}' | b']' => depth -= 1,
+            b',' if depth == 1 => {
+                if let Some(s) = start {
+                    break &text[s..i];
+                }
+                expect_key = true;
+            }
+            _ => {}
+        }
+        i += 1;
+    };
+    let found = found.trim_end();
+    let whole: Value = serde_json::from_str(text).expect("JSON");
+    let part: Value = serde_json::from_str(found).expect("the member's JSON");
+    assert_eq!(
+        part, whole[key],
+        "raw_member({key:?}) picked the wrong span"
+    );
+    found
+}
+
+fn python_client(script: &'static str, format: &'static str) -> Client {
+    Client {
+        runtime: Runtime::Python,
+        script,
+        args: &[],
+        format,
+    }
+}
+
+fn media<'a>(summary: &'a Value, name: &str) -> &'a str {
+    summary["media"][name]
+        .as_str()
+        .unwrap_or_else(|| panic!("the loop's summary names no {name}: {summary}"))
+}
+
+const IMAGE_URL: &str = "https://example.com/diagram.png";
+
+/// The runs of consecutive items of `items` for which `is` holds (tool rounds).
+fn runs(items: &[Value], is: impl Fn(&Value) -> bool) -> Vec<(usize, &[Value])> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < items.len() {
+        if is(&items[i]) {
+            let from = i;
+            while i < items.len() && is(&items[i]) {
+                i += 1;
+            }
+            out.push((from, &items[from..i]));
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Which medium a content part is, by the fields that carry it in each format (`None` for
+/// plain text and anything else).
+fn medium_of(part: &Value, summary: &Value) -> Option<&'static str> {
+    let (photo, shot, pdf) = (
+        media(summary, "photo"),
+        media(summary, "screenshot"),
+        media(summary, "pdf"),
+    );
+    let png_url = |b64: &str| format!("data:image/png;base64,{b64}");
+    let pdf_url = format!("data:application/pdf;base64,{pdf}");
+    let url = part["image_url"]["url"]
+        .as_str()
+        .or(part["image_url"].as_str())
+        .or(part["source"]["url"].as_str());
+    let data = part["source"]["data"].as_str();
+    let file_data = part["file"]["file_data"]
+        .as_str()
+        .or(part["file_data"].as_str());
+    if url == Some(&png_url(photo)) || data == Some(photo) {
+        Some("photo")
+    } else if url == Some(&png_url(shot)) || data == Some(shot) {
+        Some("screenshot")
+    } else if url == Some(IMAGE_URL) {
+        Some("url")
+    } else if file_data == Some(&pdf_url) || (data == Some(pdf) && part["type"] == "document") {
+        Some("pdf")
+    } else {
+        None
+    }
+}
+
+/// Checks the last body of a `--media first` run of 4 steps (two tool rounds, the first result
+/// of each carrying the screenshot): step 1's user message has its text, the photo, the image
+/// by URL and the PDF in that order, in the format's own part shapes; each round's screenshot
+/// is where the format puts a tool's images; no medium is sent twice.
+fn check_media_placement(format: &str, body: &Value, summary: &Value) {
+    let text = body.to_string();
+    for (name, times) in [("photo", 1), ("pdf", 1), ("screenshot", 2)] {
+        let found = text.matches(media(summary, name)).count();
+        assert_eq!(
+            found, times,
+            "the {name} should be in the body {times} time(s): {body}"
+        );
+    }
+    let list = |v: &Value| v.as_array().cloned().unwrap_or_default();
+    let items = if format == "openai-responses" {
+        list(&body["input"])
+    } else {
+        list(&body["messages"])
+    };
+    // Step 1's user message.
+    let first = items
+        .iter()
+        .find(|m| {
+            m["role"] == "user"
+                && list(&m["content"])
+                    .iter()
+                    .any(|p| medium_of(p, summary) == Some("photo"))
+        })
+        .unwrap_or_else(|| panic!("no user message holds the photo: {body}"));
+    let parts = list(&first["content"]);
+    let kinds: Vec<String> = parts
+        .iter()
+        .map(|p| match medium_of(p, summary) {
+            Some(m) => m.to_string(),
+            None => p["type"].as_str().unwrap_or("?").to_string(),
+        })
+        .collect();
+    let text_type = if format == "openai-responses" {
+        "input_text"
+    } else {
+        "text"
+    };
+    assert_eq!(
+        kinds.iter().take(4).map(String::as_str).collect::<Vec<_>>(),
+        [text_type, "photo", "url", "pdf"],
+        "step 1's user message: text, photo, image URL, PDF in order: {first}"
+    );
+    let expected_types: [&str; 3] = match format {
+        "openai" => ["image_url", "image_url", "file"],
+        "anthropic" => ["image", "image", "document"],
+        _ => ["input_image", "input_image", "input_file"],
+    };
+    for (part, want) in parts[1..4].iter().zip(expected_types) {
+        assert_eq!(part["type"], want, "{part}");
+    }
+    match format {
+        "openai" => {
+            assert_eq!(parts[3]["file"]["filename"], "spec.pdf", "{}", parts[3]);
+            let rounds = runs(&items, |m| m["role"] == "tool");
+            assert_eq!(rounds.len(), 2, "two tool rounds: {body}");
+            for (from, tools) in rounds {
+                let id = tools[0]["tool_call_id"].as_str().expect("tool_call_id");
+                for tool in tools {
+                    assert!(
+                        tool["content"].is_string()
+                            || list(&tool["content"]).iter().all(|p| p["type"] == "text"),
+                        "a tool message carries text only: {tool}"
+                    );
+                }
+                assert!(
+                    tools[0]["content"].to_string().contains("output 0"),
+                    "the tool message keeps the result's text: {}",
+                    tools[0]
+                );
+                let next = &items[from + tools.len()];
+                let images = list(&next["content"]);
+                assert!(
+                    next["role"] == "user"
+                        && images.len() == 2
+                        && images[0]
+                            == json!({"type": "text", "text": format!("Images from tool call {id}:")})
+                        && images[1]["type"] == "image_url"
+                        && medium_of(&images[1], summary) == Some("screenshot"),
+                    "after the tool messages of a round, one user message with \
+                     \"Images from tool call {id}:\" and the screenshot; got {next}"
+                );
+            }
+        }
+        "anthropic" => {
+            assert_eq!(parts[3]["title"], "spec.pdf", "{}", parts[3]);
+            assert_eq!(parts[3]["source"]["media_type"], "application/pdf");
+            assert_eq!(parts[1]["source"]["type"], "base64", "{}", parts[1]);
+            assert_eq!(parts[2]["source"]["type"], "url", "{}", parts[2]);
+            let turns: Vec<&Value> = items
+                .iter()
+                .filter(|m| {
+                    list(&m["content"])
+                        .iter()
+                        .any(|b| b["type"] == "tool_result")
+                })
+                .collect();
+            assert_eq!(turns.len(), 2, "two tool rounds: {body}");
+            for turn in turns {
+                let result = &list(&turn["content"])[0];
+                let content = list(&result["content"]);
+                assert!(
+                    content.len() == 2
+                        && content[0]["type"] == "text"
+                        && content[0]["text"]
+                            .as_str()
+                            .is_some_and(|t| t.contains("output 0"))
+                        && content[1]["type"] == "image"
+                        && content[1]["source"]["type"] == "base64"
+                        && content[1]["source"]["media_type"] == "image/png"
+                        && medium_of(&content[1], summary) == Some("screenshot"),
+                    "the first tool_result of a round holds its text and the screenshot: {result}"
+                );
+            }
+        }
+        _ => {
+            assert_eq!(parts[3]["filename"], "spec.pdf", "{}", parts[3]);
+            for image in &parts[1..3] {
+                assert_eq!(image["detail"], "auto", "{image}");
+            }
+            let rounds = runs(&items, |i| i["type"] == "function_call_output");
+            assert_eq!(rounds.len(), 2, "two tool rounds: {body}");
+            for (_, outputs) in rounds {
+                let output = list(&outputs[0]["output"]);
+                assert!(
+                    output.len() == 2
+                        && output[0]["type"] == "input_text"
+                        && output[0]["text"]
+                            .as_str()
+                            .is_some_and(|t| t.contains("output 0"))
+                        && output[1]["type"] == "input_image"
+                        && medium_of(&output[1], summary) == Some("screenshot"),
+                    "the first function_call_output of a round is its text and the screenshot: \
+                     {}",
+                    outputs[0]
+                );
+                for other in &outputs[1..] {
+                    assert!(other["output"].is_string(), "a text-only result: {other}");
+                }
+            }
+        }
+    }
+}
+
+/// A `--media first` loop of four steps for agent `coder`: every body the SDK sends is
+/// accepted, and the last one holds every medium where its format puts it.
+fn media_loop(client: Client) {
+    let rig = Rig::start("");
+    let summary = rig.run(&client, "coder", &["--steps", "4", "--media", "first"]);
+    assert!(
+        summary["steps"] == 4
+            && summary["tool_calls"] == 3
+            && summary["tool_results"] == summary["tool_calls"],
+        "four steps, two tool rounds (one call, then two), each answered: {summary}"
+    );
+    let bodies = rig.stub_bodies();
+    assert_eq!(bodies.len(), 4, "one request per step");
+    let last: Value = serde_json::from_str(bodies.last().unwrap()).expect("JSON");
+    check_media_placement(client.format, &last, &summary);
+}
+
+#[test]
+fn openai_python_chat_completions_with_images_and_a_pdf() {
+    media_loop(python_client("openai_chat.py", "openai"));
+}
+
+#[test]
+fn openai_python_responses_with_images_and_a_pdf() {
+    media_loop(python_client("openai_responses.py", "openai-responses"));
+}
+
+#[test]
+fn anthropic_python_with_images_and_a_pdf() {
+    media_loop(python_client("anthropic_messages.py", "anthropic"));
+}
+
+#[test]
+fn openai_js_chat_completions_with_images_and_a_pdf() {
+    media_loop(Client {
+        runtime: Runtime::Node,
+        script: "openai_chat.mjs",
+        args: &[],
+        format: "openai",
+    });
+}
+
+#[test]
+fn openai_js_responses_with_images_and_a_pdf() {
+    media_loop(Client {
+        runtime: Runtime::Node,
+        script: "openai_responses.mjs",
+        args: &[],
+        format: "openai-responses",
+    });
+}
+
+#[test]
+fn anthropic_js_with_images_and_a_pdf() {
+    media_loop(Client {
+        runtime: Runtime::Node,
+        script: "anthropic_messages.mjs",
+        args: &[],
+        format: "anthropic",
+    });
+}
+
+/// An agent that keeps every tool in `tools` and says the step's subset in `tool_choice`.
+const SUBSET_AGENT: &str = "[agents.subset]\ntool_subset = \"allowed_tools\"\n";
+const ALL_TOOLS: [&str; 4] = ["bash", "list_dir", "read_file", "write_file"];
+const READ_ONLY_TOOLS: [&str; 2] = ["list_dir", "read_file"];
+const SUBSET_STEPS: u64 = 10;
+
+/// The tools shown in step `n` of a `--toggle-read-only` loop: odd steps are read-only.
+fn shown(n: u64) -> Vec<&'static str> {
+    if n % 2 == 1 {
+        READ_ONLY_TOOLS.to_vec()
+    } else {
+        ALL_TOOLS.to_vec()
+    }
+}
+
+fn sorted(mut names: Vec<String>) -> Vec<String> {
+    names.sort();
+    names
+}
+
+/// The tool names of a body's `tools`, in any format.
+fn tool_names(body: &Value) -> Vec<String> {
+    let tools = body["tools"].as_array().cloned().unwrap_or_default();
+    tools
+        .iter()
+        .map(|t| {
+            t["function"]["name"]
+                .as_str()
+                .or(t["name"].as_str())
+                .unwrap_or("?")
+                .to_string()
+        })
+        .collect()
+}
+
+/// The names an `allowed_tools` tool_choice allows, checking its shape for `format`.
+fn allowed_names(format: &str, choice: &Value) -> Vec<String> {
+    assert_eq!(choice["type"], "allowed_tools", "tool_choice: {choice}");
+    let (mode, tools) = if format == "openai" {
+        (
+            &choice["allowed_tools"]["mode"],
+            &choice["allowed_tools"]["tools"],
+        )
+    } else {
+        (&choice["mode"], &choice["tools"])
+    };
+    assert_eq!(mode, "auto", "tool_choice: {choice}");
+    tools
+        .as_array()
+        .unwrap_or_else(|| panic!("tool_choice names no tools: {choice}"))
+        .iter()
+        .map(|t| {
+            assert_eq!(t["type"], "function", "{choice}");
+            let name = if format == "openai" {
+                &t["function"]["name"]
+            } else {
+                &t["name"]
+            };
+            name.as_str().expect("a tool name").to_string()
+        })
+        .collect()
+}
+
+/// Ten steps toggling read-only mode for an `allowed_tools` agent through an OpenAI client:
+/// every body is accepted; `tools` (all four tools) is byte-identical in every body promptd
+/// returned and in every body the SDK sent; `tool_choice` names the step's shown tools; the
+/// session records one `request/header`.
+fn allowed_tools_keep_the_tools(client: Client) {
+    let rig = Rig::start(SUBSET_AGENT);
+    let dump = rig.dump_dir();
+    let summary = rig.run(
+        &client,
+        "subset",
+        &[
+            "--steps",
+            &SUBSET_STEPS.to_string(),
+            "--toggle-read-only",
+            "--dump",
+            dump.to_str().expect("utf-8 path"),
+        ],
+    );
+    assert_eq!(summary["steps"], SUBSET_STEPS, "{summary}");
+    assert!(
+        summary["tool_calls"].as_u64() >= Some(1),
+        "the stub calls the allowed tools: {summary}"
+    );
+    let mut first_tools: Option<String> = None;
+    let mut choices = Vec::new();
+    for n in 1..=SUBSET_STEPS {
+        let raw = rig.dumped_step(n);
+        let request = raw_member(&raw, "request");
+        let tools = raw_member(request, "tools");
+        match &first_tools {
+            None => first_tools = Some(tools.to_string()),
+            Some(first) => assert_eq!(
+                tools, first,
+                "step {n}: `tools` must be byte-identical in every step"
+            ),
+        }
+        let body: Value = serde_json::from_str(request).expect("JSON");
+        assert_eq!(
+            sorted(tool_names(&body)),
+            ALL_TOOLS,
+            "step {n}: tools keeps every tool the agent can see"
+        );
+        let allowed = allowed_names(client.format, &body["tool_choice"]);
+        assert_eq!(
+            sorted(allowed),
+            shown(n),
+            "step {n} ({}): tool_choice names the shown tools: {}",
+            if n % 2 == 1 { "read-only" } else { "writable" },
+            body["tool_choice"]
+        );
+        choices.push(body["tool_choice"].clone());
+    }
+    assert_ne!(choices[0], choices[1], "tool_choice changes with the mode");
+    // What the provider got: the SDK's own serialization keeps `tools` byte-stable too.
+    let sent = rig.stub_bodies();
+    assert_eq!(sent.len() as u64, SUBSET_STEPS, "one request per step");
+    let sent_tools: Vec<&str> = sent.iter().map(|b| raw_member(b, "tools")).collect();
+    assert!(
+        sent_tools.iter().all(|t| *t == sent_tools[0]),
+        "the SDK sent `tools` byte-identical in every request: {sent_tools:#?}"
+    );
+    let session = summary["session"]
+        .as_str()
+        .expect("the loop names its session");
+    let events = rig
+        .daemon
+        .ok("GET", &format!("/v1/sessions/{session}/events"), None);
+    let headers: Vec<&Value> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["kind"] == "request/header")
+        .collect();
+    assert_eq!(
+        headers.len(),
+        1,
+        "one request/header for the whole session (the header does not change with the \
+         subset): {headers:?}"
+    );
+}
+
+#[test]
+fn allowed_tools_openai_python_chat_completions() {
+    allowed_tools_keep_the_tools(python_client("openai_chat.py", "openai"));
+}
+
+#[test]
+fn allowed_tools_openai_python_responses() {
+    allowed_tools_keep_the_tools(python_client("openai_responses.py", "openai-responses"));
+}
+
+/// Messages has no allowed-tools field: the same agent's Anthropic bodies carry the shown
+/// subset as `tools`, and no `tool_choice` naming tools the body lacks (the stub checks).
+#[test]
+fn allowed_tools_anthropic_python_gets_the_shown_subset_as_tools() {
+    let rig = Rig::start(SUBSET_AGENT);
+    let client = python_client("anthropic_messages.py", "anthropic");
+    let summary = rig.run(
+        &client,
+        "subset",
+        &["--steps", &SUBSET_STEPS.to_string(), "--toggle-read-only"],
+    );
+    assert_eq!(summary["steps"], SUBSET_STEPS, "{summary}");
+    let sent = rig.stub_bodies();
+    assert_eq!(sent.len() as u64, SUBSET_STEPS, "one request per step");
+    for (i, raw) in sent.iter().enumerate() {
+        let n = i as u64 + 1;
+        let body: Value = serde_json::from_str(raw).expect("JSON");
+        assert_eq!(
+            sorted(tool_names(&body)),
+            shown(n),
+            "step {n}: an Anthropic body's tools are the shown ones"
+        );
+    }
+}
+
+/// The same PNG in every user message and tool result of 50 steps is stored once: one row in
+/// `blobs` (content-addressed), no event body holding its base64; every step's request still
+/// rebuilds byte-identical from the log.
+#[test]
+fn the_same_image_in_50_steps_is_stored_once() {
+    const STEPS: u64 = 50;
+    let rig = Rig::start("");
+    let dump = rig.dump_dir();
+    let summary = rig.run(
+        &python_client("openai_chat.py", "openai"),
+        "coder",
+        &[
+            "--steps",
+            &STEPS.to_string(),
+            "--media",
+            "every",
+            "--dump",
+            dump.to_str().expect("utf-8 path"),
+        ],
+    );
+    assert_eq!(summary["steps"], STEPS, "{summary}");
+    let photo = media(&summary, "photo").to_string();
+    let session = summary["session"].as_str().expect("session").to_string();
+    for n in 1..=STEPS {
+        let (status, rebuilt) = rig.daemon.get(&format!(
+            "/v1/sessions/{session}/steps/{n}/request?format=openai"
+        ));
+        assert_eq!(status, 200, "rebuild step {n}: {rebuilt}");
+        let returned = rig.dumped_step(n);
+        assert!(
+            rebuilt == raw_member(&returned, "request"),
+            "step {n} rebuilds byte-identical to what it returned"
+        );
+    }
+    let last: Value = serde_json::from_str(&rig.dumped_step(STEPS)).expect("JSON");
+    assert!(
+        last["request"].to_string().matches(&photo).count() as u64 >= STEPS,
+        "the last request holds the photo once per message that carried it"
+    );
+    // Read-only, next to the running daemon (a WAL reader does not disturb the writer).
+    let db = rig.state.join("sessions.db");
+    let mut cmd = Command::new(python());
+    cmd.arg(loops_dir().join("db_media.py"))
+        .arg(&db)
+        .arg(&photo);
+    let (code, out, err) = run_bounded(cmd);
+    assert_eq!(code, Some(0), "db_media.py {}: {err}", db.display());
+    let found: Value = serde_json::from_str(out.trim()).expect("db_media.py's JSON");
+    assert_eq!(
+        found["blobs"], 1,
+        "one row in blobs for the one image sent {} times: {found}",
+        STEPS
+    );
+    assert_eq!(
+        found["blob_rows"][0]["matches"], true,
+        "the blob is the image (decoded, or its base64), keyed by its SHA-256: {found}"
+    );
+    assert_eq!(
+        found["events_holding_base64"], 0,
+        "no event body holds the image's base64: {found}"
+    );
+}
+
 // --- The stub's own checks -----------------------------------------------------------------------
+
+/// A 4x3 PNG and a (minimal) PDF, base64, for the media checks.
+const PNG_B64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAQAAAADCAIAAAA7ljmRAAAAEElEQVR4nGM4oaEBRww4OQAHpg0hlLAT/AAAAABJRU5ErkJggg==";
+const PDF_B64: &str = "JVBERi0xLjQKJSVFT0YK";
 
 fn tool_chat(name: &str) -> Value {
     json!({"type": "function", "function": {"name": name, "description": "d",
@@ -748,6 +1449,367 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         resp_path,
         &json!({"model": "m", "input": "hi", "tools": [
             {"type": "function", "name": "f", "strict": false, "parameters": optional}]}),
+    );
+
+    // Images and documents, in each API's own shapes.
+    let png = format!("data:image/png;base64,{PNG_B64}");
+    let pdf = format!("data:application/pdf;base64,{PDF_B64}");
+    let image_url = |url: &str| json!({"type": "image_url", "image_url": {"url": url}});
+    let chat_user = |parts: Value| chat(json!([{"role": "user", "content": parts}]));
+    accepted(
+        &stub,
+        chat_path,
+        &chat(json!([
+            {"role": "user", "content": [{"type": "text", "text": "look"}, image_url(&png),
+                image_url("https://example.com/a.png"),
+                {"type": "file", "file": {"filename": "spec.pdf", "file_data": pdf}}]},
+            call_chat("a", json!("{}")),
+            {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "r"}]},
+            {"role": "user", "content": [{"type": "text", "text": "Images from tool call a:"},
+                image_url(&png)]}])),
+    );
+    check(
+        chat_path,
+        "chat.image_part",
+        chat_user(json!([image_url(PNG_B64)])),
+    );
+    check(
+        chat_path,
+        "chat.image_part",
+        chat_user(json!([image_url(&format!(
+            "data:image/png;base64,{}",
+            &PNG_B64[1..]
+        ))])),
+    );
+    check(
+        chat_path,
+        "chat.image_part",
+        chat_user(json!([image_url(&format!(
+            "data:image/bmp;base64,{PNG_B64}"
+        ))])),
+    );
+    check(
+        chat_path,
+        "chat.image_part",
+        chat_user(json!([image_url(&format!(
+            "data:image/png;base64,{PDF_B64}"
+        ))])),
+    );
+    check(
+        chat_path,
+        "chat.image_part",
+        chat_user(json!([image_url("file:///tmp/a.png")])),
+    );
+    check(
+        chat_path,
+        "chat.image_part",
+        chat_user(json!([{"type": "image_url", "image_url": {"url": png},
+            "media_type": "image/png"}])),
+    );
+    check(
+        chat_path,
+        "chat.file_part",
+        chat_user(json!([{"type": "file", "file": {"file_data": pdf}}])),
+    );
+    check(
+        chat_path,
+        "chat.file_part",
+        chat_user(
+            json!([{"type": "file", "file": {"filename": "spec.pdf", "file_data": PDF_B64}}]),
+        ),
+    );
+    check(
+        chat_path,
+        "chat.content",
+        chat_user(json!([{"type": "image", "source": {"type": "base64",
+            "media_type": "image/png", "data": PNG_B64}}])),
+    );
+    check(
+        chat_path,
+        "chat.content",
+        chat(json!([{"role": "system", "content": [image_url(&png)]}, user("hi")])),
+    );
+    check(
+        chat_path,
+        "chat.tool_content_text",
+        chat(json!([user("hi"), call_chat("a", json!("{}")),
+            {"role": "tool", "tool_call_id": "a", "content": [
+                {"type": "text", "text": "r"}, image_url(&png)]}])),
+    );
+
+    let png_source = json!({"type": "base64", "media_type": "image/png", "data": PNG_B64});
+    let image = |source: Value| json!({"type": "image", "source": source});
+    let document = json!({"type": "document", "title": "spec.pdf",
+        "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_B64}});
+    let msg_user = |blocks: Value| anthropic(json!([{"role": "user", "content": blocks}]));
+    accepted(
+        &stub,
+        msg_path,
+        &anthropic(json!([
+            {"role": "user", "content": [{"type": "text", "text": "look"}, image(png_source.clone()),
+                image(json!({"type": "url", "url": "https://example.com/a.png"})), document]},
+            tool_use("t"),
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "text", "text": "r"}, image(png_source.clone())]}]}])),
+    );
+    check(
+        msg_path,
+        "messages.image_source",
+        msg_user(json!([image(
+            json!({"type": "base64", "media_type": "image/png", "data": png})
+        )])),
+    );
+    check(
+        msg_path,
+        "messages.image_source",
+        msg_user(json!([image(
+            json!({"type": "base64", "media_type": "image/bmp", "data": PNG_B64})
+        )])),
+    );
+    check(
+        msg_path,
+        "messages.image_source",
+        msg_user(json!([image(
+            json!({"type": "base64", "media_type": "image/jpeg", "data": PNG_B64})
+        )])),
+    );
+    check(
+        msg_path,
+        "messages.image_source",
+        msg_user(json!([image(
+            json!({"type": "base64", "media_type": "image/png", "data": "not base64!"})
+        )])),
+    );
+    check(
+        msg_path,
+        "messages.image_source",
+        msg_user(json!([image(
+            json!({"type": "url", "url": "file:///tmp/a.png"})
+        )])),
+    );
+    check(
+        msg_path,
+        "messages.document_source",
+        msg_user(json!([{"type": "document", "source": png_source}])),
+    );
+    check(
+        msg_path,
+        "messages.document_source",
+        msg_user(json!([{"type": "document", "source": {"type": "base64",
+            "media_type": "application/pdf", "data": PNG_B64}}])),
+    );
+    check(
+        msg_path,
+        "messages.block_keys",
+        msg_user(
+            json!([{"type": "document", "name": "spec.pdf", "source": {"type": "base64",
+            "media_type": "application/pdf", "data": PDF_B64}}]),
+        ),
+    );
+    check(
+        msg_path,
+        "messages.block_type",
+        msg_user(json!([image_url(&png)])),
+    );
+    check(
+        msg_path,
+        "messages.block_type",
+        anthropic(
+            json!([user("hi"), {"role": "assistant", "content": [image(png_source.clone())]},
+            user("and?")]),
+        ),
+    );
+    check(
+        msg_path,
+        "messages.image_source",
+        anthropic(
+            json!([user("hi"), tool_use("t"), {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [image(
+                json!({"type": "base64", "media_type": "image/png", "data": "%%%"}))]}]}]),
+        ),
+    );
+    check(
+        msg_path,
+        "messages.block_type",
+        anthropic(
+            json!([user("hi"), tool_use("t"), {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "tool_use", "id": "u", "name": "read_file", "input": {}}]}]}]),
+        ),
+    );
+
+    let input_image =
+        |url: &str| json!({"type": "input_image", "image_url": url, "detail": "auto"});
+    let resp_user = |parts: Value| {
+        responses(json!([{"type": "message", "role": "user",
+        "content": parts}]))
+    };
+    let output = |parts: Value| {
+        responses(json!([user("hi"), function_call("c"),
+            {"type": "function_call_output", "call_id": "c", "output": parts}]))
+    };
+    accepted(
+        &stub,
+        resp_path,
+        &responses(json!([
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look"},
+                input_image(&png), input_image("https://example.com/a.png"),
+                {"type": "input_file", "filename": "spec.pdf", "file_data": pdf}]},
+            function_call("c"),
+            {"type": "function_call_output", "call_id": "c", "output": [
+                {"type": "input_text", "text": "r"}, {"type": "input_image", "image_url": png}]}])),
+    );
+    check(
+        resp_path,
+        "responses.input_image",
+        resp_user(json!([{"type": "input_image", "image_url": png}])),
+    );
+    check(
+        resp_path,
+        "responses.input_image",
+        resp_user(json!([input_image(PNG_B64)])),
+    );
+    check(
+        resp_path,
+        "responses.input_image",
+        resp_user(json!([input_image(&format!(
+            "data:image/gif;base64,{PNG_B64}"
+        ))])),
+    );
+    check(
+        resp_path,
+        "responses.input_file",
+        resp_user(json!([{"type": "input_file", "filename": "spec.pdf", "file_data": PDF_B64}])),
+    );
+    check(
+        resp_path,
+        "responses.input_file",
+        resp_user(json!([{"type": "input_file", "file_data": pdf}])),
+    );
+    check(
+        resp_path,
+        "responses.message",
+        resp_user(json!([image_url(&png)])),
+    );
+    check(
+        resp_path,
+        "responses.message",
+        responses(json!([user("hi"), {"type": "message", "role": "assistant",
+            "content": [input_image(&png)]}])),
+    );
+    check(
+        resp_path,
+        "responses.function_call_output",
+        output(json!([{"type": "output_text", "text": "r"}])),
+    );
+    check(
+        resp_path,
+        "responses.input_image",
+        output(json!([{"type": "input_image", "image_url": "data:image/png;base64,@@"}])),
+    );
+
+    // tool_choice names only tools the body has, in the API's own shape; the stub calls only
+    // what it allows (without it, the first tool by name: bash).
+    let chat_allowed = |names: &[&str]| {
+        let tools: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"type": "function", "function": {"name": n}}))
+            .collect();
+        json!({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": tools}})
+    };
+    let resp_allowed = |names: &[&str]| {
+        let tools: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"type": "function", "name": n}))
+            .collect();
+        json!({"type": "allowed_tools", "mode": "auto", "tools": tools})
+    };
+    let chat_choice = |choice: Value| {
+        json!({"model": "m", "tools": [tool_chat("bash"), tool_chat("read_file")],
+            "tool_choice": choice, "messages": [user("hi")]})
+    };
+    let resp_choice = |choice: Value| {
+        json!({"model": "m", "tools": [tool_responses("bash"), tool_responses("read_file")],
+            "tool_choice": choice, "input": "hi"})
+    };
+    let reply = accepted(&stub, chat_path, &chat_choice(json!("auto")));
+    assert_eq!(
+        reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "bash",
+        "{reply}"
+    );
+    let reply = accepted(&stub, chat_path, &chat_choice(chat_allowed(&["read_file"])));
+    let calls = reply["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap();
+    assert!(
+        calls.iter().all(|c| c["function"]["name"] == "read_file") && !calls.is_empty(),
+        "the stub calls only the allowed tools: {reply}"
+    );
+    check(
+        chat_path,
+        "chat.tool_choice",
+        chat_choice(chat_allowed(&["write_file"])),
+    );
+    check(
+        chat_path,
+        "chat.tool_choice",
+        chat_choice(resp_allowed(&["read_file"])),
+    );
+    check(
+        chat_path,
+        "chat.tool_choice",
+        chat_choice(
+            json!({"type": "allowed_tools", "allowed_tools": {"mode": "sometimes",
+            "tools": [{"type": "function", "function": {"name": "bash"}}]}}),
+        ),
+    );
+    check(
+        chat_path,
+        "chat.tool_choice",
+        json!({"model": "m", "tool_choice": chat_allowed(&["read_file"]),
+            "messages": [user("hi")]}),
+    );
+    let reply = accepted(&stub, resp_path, &resp_choice(resp_allowed(&["read_file"])));
+    let calls: Vec<&Value> = reply["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .collect();
+    assert!(
+        calls.iter().all(|c| c["name"] == "read_file") && !calls.is_empty(),
+        "the stub calls only the allowed tools: {reply}"
+    );
+    check(
+        resp_path,
+        "responses.tool_choice",
+        resp_choice(resp_allowed(&["write_file"])),
+    );
+    check(
+        resp_path,
+        "responses.tool_choice",
+        resp_choice(chat_allowed(&["read_file"])),
+    );
+    check(
+        resp_path,
+        "responses.tool_choice",
+        resp_choice(json!({"type": "function", "function": {"name": "read_file"}})),
+    );
+    let msg_choice = |choice: Value| {
+        let mut body = anthropic(json!([user("hi")]));
+        body["tool_choice"] = choice;
+        body
+    };
+    accepted(&stub, msg_path, &msg_choice(json!({"type": "auto"})));
+    check(
+        msg_path,
+        "messages.tool_choice",
+        msg_choice(json!({"type": "tool", "name": "bash"})),
+    );
+    check(
+        msg_path,
+        "messages.tool_choice",
+        msg_choice(chat_allowed(&["read_file"])),
     );
 
     assert!(
