@@ -646,12 +646,12 @@ fn check_media_placement(format: &str, body: &Value, summary: &Value) {
                 assert!(
                     next["role"] == "user"
                         && images.len() == 2
-                        && images[0]
-                            == json!({"type": "text", "text": format!("Images from tool call {id}:")})
+                        && images[0] == json!({"type": "text", "text": attachments_label(id)})
                         && images[1]["type"] == "image_url"
                         && medium_of(&images[1], summary) == Some("screenshot"),
                     "after the tool messages of a round, one user message with \
-                     \"Images from tool call {id}:\" and the screenshot; got {next}"
+                     {:?} and the screenshot; got {next}",
+                    attachments_label(id)
                 );
             }
         }
@@ -713,6 +713,12 @@ fn check_media_placement(format: &str, body: &Value, summary: &Value) {
             }
         }
     }
+}
+
+/// The text before a tool result's media in the user message that carries them for Chat
+/// Completions (README, "Formats": tool messages carry only text).
+fn attachments_label(call_id: &str) -> String {
+    format!("Attachments of the result of tool call {call_id}:")
 }
 
 /// A `--media first` loop of four steps for agent `coder`: every body the SDK sends is
@@ -956,9 +962,9 @@ fn allowed_tools_anthropic_python_gets_the_shown_subset_as_tools() {
     }
 }
 
-/// The same PNG in every user message and tool result of 50 steps is stored once: one row in
-/// `blobs` (content-addressed), no event body holding its base64; every step's request still
-/// rebuilds byte-identical from the log.
+/// The same PNG screenshot (over the 1 KiB below which media stay inline) in every user message
+/// and tool result of 50 steps is stored once: one row in `blobs` (content-addressed), no event
+/// body holding its base64; every step's request still rebuilds byte-identical from the log.
 #[test]
 fn the_same_image_in_50_steps_is_stored_once() {
     const STEPS: u64 = 50;
@@ -977,7 +983,8 @@ fn the_same_image_in_50_steps_is_stored_once() {
         ],
     );
     assert_eq!(summary["steps"], STEPS, "{summary}");
-    let photo = media(&summary, "photo").to_string();
+    let shot = media(&summary, "screenshot").to_string();
+    assert!(shot.len() > 1024, "the screenshot is over 1 KiB of base64");
     let session = summary["session"].as_str().expect("session").to_string();
     for n in 1..=STEPS {
         let (status, rebuilt) = rig.daemon.get(&format!(
@@ -992,15 +999,13 @@ fn the_same_image_in_50_steps_is_stored_once() {
     }
     let last: Value = serde_json::from_str(&rig.dumped_step(STEPS)).expect("JSON");
     assert!(
-        last["request"].to_string().matches(&photo).count() as u64 >= STEPS,
-        "the last request holds the photo once per message that carried it"
+        last["request"].to_string().matches(&shot).count() as u64 >= STEPS,
+        "the last request holds the screenshot once per message that carried it"
     );
     // Read-only, next to the running daemon (a WAL reader does not disturb the writer).
     let db = rig.state.join("sessions.db");
     let mut cmd = Command::new(python());
-    cmd.arg(loops_dir().join("db_media.py"))
-        .arg(&db)
-        .arg(&photo);
+    cmd.arg(loops_dir().join("db_media.py")).arg(&db).arg(&shot);
     let (code, out, err) = run_bounded(cmd);
     assert_eq!(code, Some(0), "db_media.py {}: {err}", db.display());
     let found: Value = serde_json::from_str(out.trim()).expect("db_media.py's JSON");
@@ -1465,7 +1470,8 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
                 {"type": "file", "file": {"filename": "spec.pdf", "file_data": pdf}}]},
             call_chat("a", json!("{}")),
             {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "r"}]},
-            {"role": "user", "content": [{"type": "text", "text": "Images from tool call a:"},
+            {"role": "user", "content": [{"type": "text",
+                "text": "Attachments of the result of tool call a:"},
                 image_url(&png)]}])),
     );
     check(

@@ -8,10 +8,12 @@ promptd's neutral shape) into the next step. Standard library only, besides the 
     SCRIPT PROMPTD_URL STUB_URL AGENT [--steps N] [--media first|every] [--toggle-read-only]
                                       [--dump DIR]
 
---media first: step 1's user message carries text, a PNG (base64), an image by https URL and a
-PDF; the first result of every tool round carries text and a PNG "screenshot". --media every:
-every user message and every tool result carries text and the same PNG. Either way, every body
-promptd returns after a medium was sent must hold its base64 (history keeps it).
+--media first: step 1's user message carries text, a small PNG "photo" (base64), an image by
+https URL and a PDF; the first result of every tool round carries text and a PNG "screenshot"
+(noise, over 1 KiB: promptd keeps media over 1 KiB once in its database, smaller ones inline).
+--media every: every user message and every tool result carries text and the same screenshot.
+Either way, every body promptd returns after a medium was sent must hold its base64 (history
+keeps it).
 --toggle-read-only: the step fact read_only is "true" in odd steps, "false" in even ones (the
 bundled `tools` plugin hides write_file and bash in read-only steps). --dump DIR: promptd's raw
 reply to step N goes to DIR/step-N.json, byte for byte.
@@ -91,12 +93,23 @@ def facts(dirty, n, args):
 
 # --- Media: generated here, so every run sends the same valid files ----------------------------
 
-def png(width, height, rgb):
-    """A valid RGB PNG of one colour."""
+def png(width, height, rgb=None, seed=None):
+    """A valid 8-bit RGB PNG: of one colour `rgb`, or of deterministic noise from `seed`
+    (which does not compress)."""
     def chunk(tag, data):
         return (struct.pack(">I", len(data)) + tag + data
                 + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
-    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))  # filter 0 per row
+    if seed is None:
+        pixels = bytes(rgb) * (width * height)
+    else:
+        noise, x = bytearray(), seed
+        for _ in range(width * height * 3):
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+            noise.append(x >> 16 & 0xFF)
+        pixels = bytes(noise)
+    stride = width * 3
+    rows = b"".join(b"\x00" + pixels[y * stride:(y + 1) * stride]  # filter 0 per row
+                    for y in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
             + chunk(b"IEND", b""))
@@ -121,7 +134,7 @@ def b64(data):
     return base64.b64encode(data).decode()
 
 
-MEDIA = {"photo": b64(png(4, 3, (200, 40, 40))), "screenshot": b64(png(8, 6, (20, 90, 200))),
+MEDIA = {"photo": b64(png(4, 3, rgb=(200, 40, 40))), "screenshot": b64(png(32, 24, seed=7)),
          "pdf": b64(pdf())}
 IMAGE_URL = "https://example.com/diagram.png"
 
@@ -140,13 +153,13 @@ def user_message(n, media):
             {"type": "document", "media_type": "application/pdf", "data": MEDIA["pdf"],
              "name": "spec.pdf"}]}
     if media == "every":
-        return {"role": "user", "content": [{"type": "text", "text": text}, image("photo")]}
+        return {"role": "user", "content": [{"type": "text", "text": text}, image("screenshot")]}
     return {"role": "user", "content": text}
 
 
 def tool_result(call_id, name, k, media):
     text = f"{name}: output {k}"
-    shot = {"first": "screenshot" if k == 0 else None, "every": "photo"}.get(media)
+    shot = {"first": "screenshot" if k == 0 else None, "every": "screenshot"}.get(media)
     if shot is None:
         return {"role": "tool", "tool_call_id": call_id, "content": text}
     return {"role": "tool", "tool_call_id": call_id,

@@ -5,10 +5,10 @@
 //
 //     node SCRIPT PROMPTD_URL STUB_URL AGENT [--steps N] [--media first|every]
 //
-// --media as in ../agent_loop.py: `first` sends text, a PNG, an image by URL and a PDF in step
-// 1's user message and a PNG "screenshot" with the first result of every tool round; `every`
-// sends the same PNG with every user message and tool result. Every body promptd returns after
-// a medium was sent must hold its base64.
+// --media as in ../agent_loop.py: `first` sends text, a small PNG, an image by URL and a PDF in
+// step 1's user message and a PNG "screenshot" (noise, over 1 KiB) with the first result of
+// every tool round; `every` sends the screenshot with every user message and tool result. Every
+// body promptd returns after a medium was sent must hold its base64.
 //
 // Exits 1 with the SDK's (or promptd's) error on any failure; on success prints one line of
 // JSON: {sdk, format, agent, session, steps, tool_calls, tool_results, request_bytes,
@@ -72,19 +72,34 @@ function crc32(bytes) {
   return (c ^ 0xffffffff) >>> 0;
 }
 
-// A valid RGB PNG of one colour.
-function png(width, height, rgb) {
+// A valid 8-bit RGB PNG: of one colour `rgb`, or of deterministic noise from `seed` (which
+// does not compress); the same bytes as ../agent_loop.py makes.
+function png(width, height, { rgb, seed }) {
   const u32 = (n) => { const b = Buffer.alloc(4); b.writeUInt32BE(n); return b; };
   const chunk = (tag, data) => {
     const tagged = Buffer.concat([Buffer.from(tag, "latin1"), data]);
     return Buffer.concat([u32(data.length), tagged, u32(crc32(tagged))]);
   };
-  const row = Buffer.concat([Buffer.from([0]), ...Array(width).fill(Buffer.from(rgb))]); // filter 0
+  let pixels;
+  if (seed === undefined) {
+    pixels = Buffer.concat(Array(width * height).fill(Buffer.from(rgb)));
+  } else {
+    pixels = Buffer.alloc(width * height * 3);
+    let x = seed;
+    for (let i = 0; i < pixels.length; i++) {
+      x = (Math.imul(x, 1103515245) + 12345) & 0x7fffffff;
+      pixels[i] = (x >>> 16) & 0xff;
+    }
+  }
+  const stride = width * 3;
+  const rows = Array.from({ length: height }, (_, y) =>
+    Buffer.concat([Buffer.from([0]), pixels.subarray(y * stride, (y + 1) * stride)]), // filter 0
+  );
   const header = Buffer.concat([u32(width), u32(height), Buffer.from([8, 2, 0, 0, 0])]); // 8-bit RGB
   return Buffer.concat([
     Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
     chunk("IHDR", header),
-    chunk("IDAT", deflateSync(Buffer.concat(Array(height).fill(row)))),
+    chunk("IDAT", deflateSync(Buffer.concat(rows))),
     chunk("IEND", Buffer.alloc(0)),
   ]);
 }
@@ -107,8 +122,8 @@ function pdf() {
 }
 
 const MEDIA = {
-  photo: png(4, 3, [200, 40, 40]).toString("base64"),
-  screenshot: png(8, 6, [20, 90, 200]).toString("base64"),
+  photo: png(4, 3, { rgb: [200, 40, 40] }).toString("base64"),
+  screenshot: png(32, 24, { seed: 7 }).toString("base64"),
   pdf: pdf().toString("base64"),
 };
 const IMAGE_URL = "https://example.com/diagram.png";
@@ -127,13 +142,13 @@ function userMessage(n, media) {
       ],
     };
   }
-  if (media === "every") return { role: "user", content: [{ type: "text", text }, image("photo")] };
+  if (media === "every") return { role: "user", content: [{ type: "text", text }, image("screenshot")] };
   return { role: "user", content: text };
 }
 
 function toolResult(callId, name, k, media) {
   const text = `${name}: output ${k}`;
-  const shot = { first: k === 0 ? "screenshot" : null, every: "photo" }[media] ?? null;
+  const shot = { first: k === 0 ? "screenshot" : null, every: "screenshot" }[media] ?? null;
   if (shot === null) return { role: "tool", tool_call_id: callId, content: text };
   return { role: "tool", tool_call_id: callId, content: [{ type: "text", text }, image(shot)] };
 }
