@@ -43,10 +43,12 @@ fn step(d: &Served, id: &str, messages: Value, facts: Value, format: &str) -> (u
     let (request, step) = text[prefix.len()..]
         .rsplit_once(",\"step\":")
         .expect("step field");
-    (
-        step.trim_end_matches('}').parse().unwrap(),
-        request.to_string(),
-    )
+    // `step` is followed by the step's `usage`.
+    let n = step
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap_or("");
+    (n.parse().unwrap(), request.to_string())
 }
 
 fn events(d: &Served, id: &str) -> Vec<Value> {
@@ -306,7 +308,8 @@ fn q7_kill_9_under_load_loses_no_acknowledged_step() {
                     }
                     let text = resp.body_mut().read_to_string().unwrap_or_default();
                     if let Some((_, n)) = text.rsplit_once(",\"step\":") {
-                        let n: u64 = n.trim_end_matches('}').parse().unwrap();
+                        let n = n.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("");
+                        let n: u64 = n.parse().unwrap();
                         acked.lock().unwrap().insert(id.clone(), n);
                     }
                 }

@@ -97,6 +97,23 @@ impl Server {
                 e["kind"].as_str().unwrap_or(""),
                 e["body"]
             );
+            // A step's measurement, in one readable line under it.
+            let u = &e["body"]["usage"];
+            if u.is_object() {
+                let window = u["window"]
+                    .as_u64()
+                    .map_or("no window".to_string(), |w| format!("window {w}"));
+                println!(
+                    "      usage: {} tokens ({}), {window}, reserve {}: tools {}, system {}, messages {} ({})",
+                    u["total"]["tokens"],
+                    u["tokenizer"].as_str().unwrap_or(""),
+                    u["reserve"],
+                    u["tools"]["tokens"],
+                    u["system"]["tokens"],
+                    u["messages"]["tokens"],
+                    u["message_count"],
+                );
+            }
         }
         Ok(())
     }

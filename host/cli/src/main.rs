@@ -52,6 +52,9 @@ enum Command {
         /// Also print which plugin gave each section, context, variable and tool.
         #[arg(long)]
         explain: bool,
+        /// Also print what each part costs (`usage`), by the agent's budget and tokenizer.
+        #[arg(long)]
+        budget: bool,
     },
     /// Inspect plugin files.
     Plugin {
@@ -209,7 +212,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             agent,
             facts,
             explain,
-        } => assemble(plugins, config, &agent, &facts, explain),
+            budget,
+        } => assemble(plugins, config, &agent, &facts, explain, budget),
         Command::Plugin {
             command: PluginCommand::Check { file, config },
         } => check(&file, config),
@@ -287,6 +291,7 @@ fn assemble(
     agent: &str,
     facts: &[String],
     explain: bool,
+    budget: bool,
 ) -> anyhow::Result<()> {
     let config = read_config(config)?;
     let facts = parse_facts(facts)?;
@@ -315,7 +320,38 @@ fn assemble(
     for o in &assembled.omitted {
         tracing::warn!(plugin = %o.plugin, "optional plugin left out: {}: {}", o.contribution, o.cause);
     }
-    let json = request::neutral_json(&assembled, config.model(agent), explain);
+    let mut json = request::neutral_json(&assembled, config.model(agent), explain);
+    if budget {
+        let limits = config.budget(agent).unwrap_or_default();
+        let counter = promptd_tokenize::counter(&limits.tokenizer)
+            .unwrap_or_else(|| std::sync::Arc::new(promptd_core::budget::Chars));
+        let header = promptd_core::session::header(&assembled, config.model(agent));
+        let snapshot: Vec<_> = assembled
+            .runtime_context
+            .iter()
+            .map(|c| {
+                promptd_core::formats::neutral_message(
+                    &promptd_core::conversation::Message::snapshot(c),
+                )
+                .to_string()
+            })
+            .collect();
+        let mut messages = promptd_core::budget::Size::default();
+        for m in &snapshot {
+            messages += promptd_core::budget::Size::of(m, &*counter);
+        }
+        let usage = promptd_core::budget::usage(
+            &limits,
+            &*counter,
+            &header,
+            &assembled,
+            promptd_core::formats::Format::Neutral,
+            assembled.shown_tools.as_deref(),
+            messages,
+            snapshot.len(),
+        );
+        json["usage"] = serde_json::to_value(&usage)?;
+    }
     println!("{}", serde_json::to_string_pretty(&json)?);
     Ok(())
 }

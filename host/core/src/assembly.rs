@@ -43,6 +43,10 @@ pub struct Assembly {
     pub tools: Vec<AssembledTool>,
     /// With [`Options::keep_all_tools`], the names of `tools` shown this step, in order.
     pub shown_tools: Option<Vec<String>>,
+    /// Each section's and context's interpolated text by name, in output order (empty ones
+    /// included), so a budget can say what each one costs.
+    pub sections: Vec<(String, String)>,
+    pub contexts: Vec<(String, String)>,
     pub explain: Explain,
     /// Optional plugins left out because a call failed (A9).
     pub omitted: Vec<Omission>,
@@ -233,17 +237,20 @@ fn attempt(
         used: BTreeMap::new(),
     };
     let mut parts = Vec::new();
+    let mut section_texts = Vec::new();
     for pick in &ordered {
         let s = pick.item;
         let text = calls.text(pick.entry, Kind::Section, &s.name, &s.scope, &s.text, step)?;
         let location = format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
         let rendered = interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?;
         explain.sections.push(pick.origin(&s.name));
+        section_texts.push((s.name.clone(), rendered.clone()));
         if !rendered.is_empty() {
             parts.push(rendered);
         }
     }
     let system = parts.join("\n\n");
+    let mut context_texts = Vec::new();
 
     let mut runtime_context = None;
     if !options.suppress_runtime_context {
@@ -257,6 +264,7 @@ fn attempt(
             let location = format!("context `{}` (plugin `{}`)", c.name, pick.entry.id);
             let rendered = interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?;
             explain.contexts.push(pick.origin(&c.name));
+            context_texts.push((c.name.clone(), rendered.clone()));
             if !rendered.is_empty() {
                 parts.push(rendered);
             }
@@ -282,6 +290,8 @@ fn attempt(
         runtime_context,
         tools,
         shown_tools,
+        sections: section_texts,
+        contexts: context_texts,
         explain,
         omitted: Vec::new(),
     })

@@ -163,7 +163,31 @@ pub struct AgentConfig {
     /// How a step that shows only some tools says so (default `array`; inherited along the
     /// chain).
     pub tool_subset: Option<ToolSubset>,
+    /// The context window as a budget (inherited key by key along the chain).
+    pub budget: Option<BudgetConfig>,
+    /// Wraps every tool result's text: exactly one `{observation}` (inherited).
+    pub tool_result_template: Option<String>,
+    /// What an empty tool result says instead of nothing (inherited; default "(no output)").
+    pub empty_tool_result: Option<String>,
 }
+
+/// `[agents.NAME.budget]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// The model's context window, in tokens of `tokenizer`.
+    pub window: Option<u64>,
+    /// Tokens kept free for the answer (default 0).
+    pub reserve: Option<u64>,
+    /// `chars` (default: Unicode scalar values), `o200k` or `cl100k` (OpenAI's BPE).
+    pub tokenizer: Option<String>,
+}
+
+/// Tokenizers a budget may name.
+pub const TOKENIZERS: [&str; 3] = ["chars", "o200k", "cl100k"];
+
+/// Default of `empty_tool_result`.
+pub const EMPTY_TOOL_RESULT: &str = "(no output)";
 
 /// `tool_subset`: how the tools shown this step reach the model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -311,6 +335,7 @@ impl Config {
             }
         }
         self.check_model_settings()?;
+        self.check_agent_budgets()?;
         for (name, agent) in &self.agents {
             check_agent_name(name, "agent")?;
             if let Some(parent) = &agent.parent {
@@ -492,6 +517,83 @@ impl Config {
             .rev()
             .find_map(|name| self.agents.get(name).and_then(|a| a.tool_subset))
             .unwrap_or_default()
+    }
+
+    /// The nearest value of an agent setting along `agent`'s chain.
+    fn inherited<T: Clone>(
+        &self,
+        agent: &str,
+        get: impl Fn(&AgentConfig) -> Option<T>,
+    ) -> Option<T> {
+        let chain = self.chain(agent).unwrap_or_default();
+        chain
+            .iter()
+            .rev()
+            .find_map(|name| self.agents.get(name).and_then(&get))
+    }
+
+    /// The agent's budget, merged key by key along its chain; `None` when no agent of the
+    /// chain has a `budget` table (then steps are measured by `chars`, never refused).
+    pub fn budget(&self, agent: &str) -> Option<crate::budget::Budget> {
+        let b = |f: fn(&BudgetConfig) -> Option<u64>| {
+            self.inherited(agent, |a| a.budget.as_ref().and_then(f))
+        };
+        self.inherited(agent, |a| a.budget.as_ref().map(|_| ()))?;
+        Some(crate::budget::Budget {
+            window: b(|c| c.window),
+            reserve: b(|c| c.reserve).unwrap_or(0),
+            tokenizer: self
+                .inherited(agent, |a| {
+                    a.budget.as_ref().and_then(|c| c.tokenizer.clone())
+                })
+                .unwrap_or_else(|| "chars".into()),
+        })
+    }
+
+    /// The agent's tool-result template and empty-result text.
+    pub fn tool_results(&self, agent: &str) -> (Option<String>, String) {
+        (
+            self.inherited(agent, |a| a.tool_result_template.clone()),
+            self.inherited(agent, |a| a.empty_tool_result.clone())
+                .unwrap_or_else(|| EMPTY_TOOL_RESULT.into()),
+        )
+    }
+
+    fn check_agent_budgets(&self) -> Result<()> {
+        for (name, agent) in &self.agents {
+            if let Some(t) = &agent.tool_result_template {
+                if t.matches("{observation}").count() != 1 {
+                    return Err(Error::ConfigInvalid(format!(
+                        "agents.{name}.tool_result_template must contain `{{observation}}` exactly once"
+                    )));
+                }
+            }
+            let Some(b) = &agent.budget else { continue };
+            if let Some(t) = &b.tokenizer {
+                if !TOKENIZERS.contains(&t.as_str()) {
+                    return Err(Error::ConfigInvalid(format!(
+                        "agents.{name}.budget.tokenizer `{t}` is not one of {}",
+                        TOKENIZERS.join(", ")
+                    )));
+                }
+            }
+            if b.window == Some(0) {
+                return Err(Error::ConfigInvalid(format!(
+                    "agents.{name}.budget.window must be greater than 0"
+                )));
+            }
+            if let Some(budget) = self.budget(name) {
+                if let Some(window) = budget.window {
+                    if budget.reserve >= window {
+                        return Err(Error::ConfigInvalid(format!(
+                            "agent `{name}`: budget.reserve ({}) must be smaller than budget.window ({window})",
+                            budget.reserve
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether the agent gets a runtime context snapshot (A4).
@@ -769,6 +871,50 @@ mod tests {
             err.to_string().contains("plugins.x.max_name_bytes"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn q14_budgets_and_tool_result_templates_are_checked_and_inherited() {
+        let c = Config::parse(
+            "[agents.coder.budget]\nwindow = 1000\nreserve = 100\ntokenizer = \"o200k\"\n\
+             [agents.reviewer]\nparent = \"coder\"\n[agents.reviewer.budget]\nreserve = 200\n\
+             [agents.coder]\ntool_result_template = \"<o>{observation}</o>\"\n",
+            "t",
+        );
+        let c = c.unwrap();
+        let b = c.budget("reviewer").unwrap();
+        assert_eq!(
+            (b.window, b.reserve, b.tokenizer.as_str()),
+            (Some(1000), 200, "o200k")
+        );
+        assert!(c.budget("default").is_none());
+        assert_eq!(
+            c.tool_results("reviewer").0.as_deref(),
+            Some("<o>{observation}</o>")
+        );
+        assert_eq!(c.tool_results("default").1, EMPTY_TOOL_RESULT);
+        let bad = |text: &str, words: &str| {
+            let e = Config::parse(text, "t").unwrap_err();
+            assert_eq!(e.code(), "config_invalid");
+            assert!(e.to_string().contains(words), "{e}");
+        };
+        bad(
+            "[agents.a]\ntool_result_template = \"no placeholder\"\n",
+            "`{observation}` exactly once",
+        );
+        bad(
+            "[agents.a]\ntool_result_template = \"{observation}{observation}\"\n",
+            "exactly once",
+        );
+        bad(
+            "[agents.a.budget]\nwindow = 100\nreserve = 100\n",
+            "must be smaller than budget.window",
+        );
+        bad(
+            "[agents.a.budget]\ntokenizer = \"gpt2\"\n",
+            "not one of chars, o200k, cl100k",
+        );
+        bad("[agents.a.budget]\nwindow = 0\n", "greater than 0");
     }
 
     #[test]

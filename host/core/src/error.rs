@@ -245,6 +245,9 @@ pub enum Error {
     #[error("the {format} format cannot carry {what}; this session needs another format")]
     UnsupportedBlock { format: &'static str, what: String },
 
+    #[error("context overflow: {0}")]
+    ContextOverflow(String),
+
     #[error("empty message: {0}")]
     EmptyMessage(&'static str),
 
@@ -332,6 +335,7 @@ impl Error {
             Error::OpenToolCalls(_) => "open_tool_calls",
             Error::ToolResultsFirst { .. } => "tool_results_first",
             Error::EmptyMessage(_) => "empty_message",
+            Error::ContextOverflow(_) => "context_overflow",
             Error::InvalidBlock { .. } => "invalid_block",
             Error::UnsupportedBlock { .. } => "unsupported_block",
             Error::InvalidArguments { .. } => "invalid_arguments",

@@ -306,7 +306,7 @@ fn allowed_tools(shown: &[String], mut fields: Value) -> Value {
     fields
 }
 
-pub(crate) fn neutral_message(message: &Message) -> Value {
+pub fn neutral_message(message: &Message) -> Value {
     serde_json::to_value(message).unwrap_or(Value::Null)
 }
 

@@ -23,6 +23,7 @@
 //! ```
 
 pub mod assembly;
+pub mod budget;
 pub mod config;
 pub mod content;
 pub mod conversation;

@@ -184,6 +184,9 @@ pub struct SessionState {
     open_calls: BTreeSet<String>,
     /// The tools the last step showed, when its agent keeps every tool in the header.
     shown_tools: Option<Vec<String>>,
+    /// The messages measured so far for a budget: (tokenizer, how many, their sum), extended
+    /// as messages are appended, so measuring a step costs what it adds.
+    measured: Option<(String, usize, crate::budget::Size)>,
     /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
     tool_call_bytes: usize,
     transcript: Transcript,
@@ -203,6 +206,7 @@ impl SessionState {
             tool_calls: BTreeSet::new(),
             open_calls: BTreeSet::new(),
             shown_tools: None,
+            measured: None,
             tool_call_bytes: 0,
             transcript: Transcript::new(),
         }
@@ -316,6 +320,36 @@ impl SessionState {
         self.transcript
             .render_into(header, self.shown_tools.as_deref(), format, out);
         Ok(())
+    }
+
+    /// The size of every message so far plus `new` (a step's input and snapshot), by
+    /// `counter`; and how many there are. Messages are measured as their neutral JSON.
+    pub fn measure_messages(
+        &mut self,
+        counter: &dyn crate::budget::Counter,
+        new: &[Message],
+    ) -> (crate::budget::Size, usize) {
+        use crate::budget::Size;
+        let fragments = self.transcript.neutral();
+        let (mut upto, mut total) = match &self.measured {
+            Some((name, upto, total)) if name == counter.name() && *upto <= fragments.len() => {
+                (*upto, *total)
+            }
+            _ => (0, Size::default()),
+        };
+        for fragment in &fragments[upto..] {
+            total += Size::of(fragment, counter);
+        }
+        upto = fragments.len();
+        self.measured = Some((counter.name().to_string(), upto, total));
+        for m in new {
+            total += Size::of(&crate::formats::neutral_message(m).to_string(), counter);
+        }
+        (total, upto + new.len())
+    }
+
+    pub fn shown_tools(&self) -> Option<&[String]> {
+        self.shown_tools.as_deref()
     }
 
     /// Checks that `format` can carry the session so far and `messages` (a step's input),

@@ -12,6 +12,8 @@ const RUN: &str = "run-1";
 fn assembly(system: &str, context: Option<&str>) -> Assembly {
     Assembly {
         shown_tools: None,
+        sections: Vec::new(),
+        contexts: Vec::new(),
         system: system.into(),
         runtime_context: context.map(str::to_string),
         tools: vec![AssembledTool {

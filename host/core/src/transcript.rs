@@ -71,6 +71,11 @@ impl Transcript {
         self.open_turn = open;
     }
 
+    /// Each message's neutral JSON, in order.
+    pub fn neutral(&self) -> &[String] {
+        &self.neutral
+    }
+
     /// Why `format` cannot carry this session's messages, if it cannot.
     pub fn unsupported(&self, format: Format) -> Option<&'static str> {
         self.unsupported

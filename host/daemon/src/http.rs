@@ -129,6 +129,7 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::OpenToolCalls(_)
         | Error::ToolResultsFirst { .. }
         | Error::EmptyMessage(_)
+        | Error::ContextOverflow(_)
         | Error::InvalidBlock { .. }
         | Error::UnsupportedBlock { .. }
         | Error::InvalidArguments { .. }
@@ -398,8 +399,8 @@ async fn step(
     // a long session) is written once, not copied.
     let response = blocking(move || {
         let mut out = String::from("{\"request\":");
-        let n = daemon.step_into(&id, &input, format, &mut out)?;
-        out.push_str(&format!(",\"step\":{n}}}"));
+        let (n, usage) = daemon.step_into(&id, &input, format, &mut out)?;
+        out.push_str(&format!(",\"step\":{n},\"usage\":{}}}", json!(usage)));
         Ok(out)
     })
     .await?;

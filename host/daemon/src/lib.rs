@@ -66,6 +66,7 @@ pub use error::{DaemonError, Result};
 use events::{RegistryEvent, RegistryEvents};
 use locks::SessionLocks;
 use metrics::Metrics;
+use promptd_core::budget::{self, Counter, Usage};
 use promptd_core::formats::{self, Format};
 use promptd_core::session::SessionState;
 use sessions::{Cached, SessionCache};
@@ -115,6 +116,8 @@ pub struct Daemon {
     ready: Condvar,
     pub events: RegistryEvents,
     pub metrics: Metrics,
+    /// Token counters by tokenizer name, kept so their memo of repeated texts lasts.
+    counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
 }
 
 /// Where the daemon's first load of its plugin folder stands.
@@ -165,6 +168,7 @@ impl Daemon {
         Daemon {
             engine,
             sessions: SessionCache::new(config.session_cache_bytes()),
+            counters: Mutex::new(BTreeMap::new()),
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),
@@ -523,7 +527,7 @@ impl Daemon {
     /// log renders (Q4), spliced from the session's cached fragments.
     pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
         let mut body = String::new();
-        let n = self.step_into(id, input, format, &mut body)?;
+        let (n, _) = self.step_into(id, input, format, &mut body)?;
         Ok((n, body))
     }
 
@@ -535,7 +539,7 @@ impl Daemon {
         input: &StepInput,
         format: Format,
         out: &mut String,
-    ) -> Result<u64> {
+    ) -> Result<(u64, Usage)> {
         let started = Instant::now();
         let result = self.step_inner(id, input, format, out);
         let error = match &result {
@@ -617,7 +621,7 @@ impl Daemon {
         input: &StepInput,
         format: Format,
         out: &mut String,
-    ) -> Result<u64> {
+    ) -> Result<(u64, Usage)> {
         self.wait_ready(STEP_WAITS_FOR_LOADING)?;
         let _held = self.locks.hold(id);
         let mut cached = self.session(id)?;
@@ -649,17 +653,39 @@ impl Daemon {
                 for (i, m) in input.messages.iter().enumerate() {
                     content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
                 }
-                cached.state.check_renders(format, &input.messages)?;
-                Ok(cached.state.plan(
-                    &input.messages,
-                    &input.facts,
-                    &assembled,
+                let messages = tool_results_as_configured(&config, &agent, &input.messages);
+                cached.state.check_renders(format, &messages)?;
+                let mut plan =
+                    cached
+                        .state
+                        .plan(&messages, &input.facts, &assembled, &header, &self.run)?;
+                // Measure what this step's request will hold: the log so far, this step's
+                // input and its snapshot.
+                let budget = config.budget(&agent).unwrap_or_default();
+                let counter = self.counter(&budget.tokenizer);
+                let mut new = messages.clone();
+                new.extend(plan.events.iter().filter_map(snapshot_message));
+                let (measured, count) = cached.state.measure_messages(&*counter, &new);
+                let usage = budget::usage(
+                    &budget,
+                    &*counter,
                     &header,
-                    &self.run,
-                )?)
+                    &assembled,
+                    format,
+                    assembled.shown_tools.as_deref(),
+                    measured,
+                    count,
+                );
+                usage.check()?;
+                if let Some(marker) = plan.events.last_mut() {
+                    if let Value::Object(body) = &mut marker.body {
+                        body.insert("usage".into(), json!(usage));
+                    }
+                }
+                Ok((plan, usage))
             });
-        let plan = match planned {
-            Ok(plan) => plan,
+        let (plan, usage) = match planned {
+            Ok(planned) => planned,
             Err(e) => {
                 self.keep(id, cached);
                 return Err(e);
@@ -669,7 +695,18 @@ impl Daemon {
         let rendered = cached.state.render_into(format, out);
         self.keep(id, cached);
         rendered?;
-        Ok(plan.step)
+        Ok((plan.step, usage))
+    }
+
+    /// The counter for a tokenizer the config validated (`chars` for anything else).
+    fn counter(&self, name: &str) -> Arc<dyn Counter> {
+        let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        counters
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                promptd_tokenize::counter(name).unwrap_or_else(|| Arc::new(budget::Chars))
+            })
+            .clone()
     }
 
     /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
@@ -684,6 +721,10 @@ impl Daemon {
         content_of(message).check(&self.config().content_limits())?;
         let _held = self.locks.hold(id);
         let mut cached = self.session(id)?;
+        let config = self.config();
+        let messages =
+            tool_results_as_configured(&config, &cached.agent, std::slice::from_ref(message));
+        let message = &messages[0];
         if let Err(e) = cached.state.check_message(message) {
             self.keep(id, cached);
             return Err(e.into());
@@ -744,4 +785,71 @@ fn content_of(message: &Message) -> &promptd_core::content::Content {
         Message::User { content, .. } | Message::Tool { content, .. } => content,
         Message::Assistant { .. } => &NONE,
     }
+}
+
+/// The snapshot message a planned `context/snapshot` event will add.
+fn snapshot_message(event: &NewEvent) -> Option<Message> {
+    (event.kind == EventKind::ContextSnapshot).then(|| {
+        let content = event
+            .body
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        Message::snapshot(content)
+    })
+}
+
+/// Tool results as the agent's config says they are shown: an empty one says so
+/// (`empty_tool_result`), and the text is wrapped in `tool_result_template`.
+fn tool_results_as_configured(config: &Config, agent: &str, messages: &[Message]) -> Vec<Message> {
+    use promptd_core::content::{Block, Content};
+    let (template, empty) = config.tool_results(agent);
+    let wrap = |text: &str| -> String {
+        match &template {
+            Some(t) => t.replacen("{observation}", text, 1),
+            None => text.to_string(),
+        }
+    };
+    messages
+        .iter()
+        .map(|m| match m {
+            Message::Tool {
+                tool_call_id,
+                content,
+                is_error,
+            } => {
+                let content = match content {
+                    Content::Text(t) if t.is_empty() => Content::Text(wrap(&empty)),
+                    Content::Text(t) => Content::Text(wrap(t)),
+                    Content::Blocks(blocks) if blocks.is_empty() => Content::Text(wrap(&empty)),
+                    Content::Blocks(blocks) => match &template {
+                        None => Content::Blocks(blocks.clone()),
+                        Some(t) => {
+                            // The observation is the blocks: the template's text goes around them.
+                            let (before, after) = t.split_once("{observation}").unwrap_or((t, ""));
+                            let mut out = Vec::with_capacity(blocks.len() + 2);
+                            if !before.is_empty() {
+                                out.push(Block::Text {
+                                    text: before.to_string(),
+                                });
+                            }
+                            out.extend(blocks.iter().cloned());
+                            if !after.is_empty() {
+                                out.push(Block::Text {
+                                    text: after.to_string(),
+                                });
+                            }
+                            Content::Blocks(out)
+                        }
+                    },
+                };
+                Message::Tool {
+                    tool_call_id: tool_call_id.clone(),
+                    content,
+                    is_error: *is_error,
+                }
+            }
+            other => other.clone(),
+        })
+        .collect()
 }

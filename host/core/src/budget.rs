@@ -1,0 +1,245 @@
+//! The context window as a budget: what each part of a request costs, and whether it fits.
+//!
+//! A request has a fixed part — tools (as the chosen format serializes them), the system
+//! prompt, the output reserve — and a variable part: the conversation (its messages, as their
+//! neutral JSON, which over-counts slightly: the safe side for a budget). Every part is
+//! measured in characters (Unicode scalar values) and in tokens of the agent's [`Counter`];
+//! sections and contexts are also reported one by one. A request whose parts do not fit the
+//! window is `context_overflow`, never a silent truncation.
+//!
+//! ```
+//! use promptd_core::budget::{Chars, Counter};
+//! assert_eq!(Chars.count("日本語 🙂"), 5);
+//! ```
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Counts tokens of a text for one tokenizer.
+pub trait Counter: Send + Sync {
+    /// The tokenizer's name as configured (`chars`, `o200k`, `cl100k`).
+    fn name(&self) -> &str;
+    fn count(&self, text: &str) -> usize;
+}
+
+/// `chars`: one token per Unicode scalar value, the same for every provider.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Chars;
+
+impl Counter for Chars {
+    fn name(&self) -> &str {
+        "chars"
+    }
+
+    fn count(&self, text: &str) -> usize {
+        text.chars().count()
+    }
+}
+
+/// The size of one part.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Size {
+    pub chars: usize,
+    pub tokens: usize,
+}
+
+impl Size {
+    pub fn of(text: &str, counter: &dyn Counter) -> Size {
+        Size {
+            chars: text.chars().count(),
+            tokens: counter.count(text),
+        }
+    }
+
+    fn add(self, other: Size) -> Size {
+        Size {
+            chars: self.chars + other.chars,
+            tokens: self.tokens + other.tokens,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Size {
+    fn add_assign(&mut self, other: Size) {
+        *self = self.add(other);
+    }
+}
+
+/// One named section or context.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Part {
+    pub name: String,
+    #[serde(flatten)]
+    pub size: Size,
+}
+
+/// What a step's request costs, returned beside it and recorded with the step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub tokenizer: String,
+    /// The agent's window in tokens, when it has a budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
+    /// Tokens kept free for the model's answer.
+    pub reserve: u64,
+    pub tools: Size,
+    pub system: Size,
+    pub sections: Vec<Part>,
+    pub contexts: Vec<Part>,
+    /// This step's runtime context snapshot (also counted in `messages` once appended).
+    pub snapshot: Size,
+    /// Every message of the request, this step's input and snapshot included.
+    pub messages: Size,
+    pub message_count: usize,
+    /// tools + system + messages.
+    pub total: Size,
+}
+
+impl Usage {
+    /// Refuses a request that does not fit: the fixed part alone, or the whole with the
+    /// reserve, over the window.
+    pub fn check(&self) -> Result<()> {
+        let Some(window) = self.window else {
+            return Ok(());
+        };
+        let fixed = (self.tools.tokens + self.system.tokens) as u64 + self.reserve;
+        let whole = self.total.tokens as u64 + self.reserve;
+        if fixed > window || whole > window {
+            let what = if fixed > window {
+                "the fixed part alone (tools + system + reserve)"
+            } else {
+                "the request (tools + system + messages + reserve)"
+            };
+            return Err(Error::ContextOverflow(format!(
+                "{what} needs {} {tok} against a window of {window}: tools {}, system {}, messages {} ({} messages), reserve {}",
+                if fixed > window { fixed } else { whole },
+                self.tools.tokens,
+                self.system.tokens,
+                self.messages.tokens,
+                self.message_count,
+                self.reserve,
+                tok = self.tokenizer_unit(),
+            )));
+        }
+        Ok(())
+    }
+
+    fn tokenizer_unit(&self) -> String {
+        format!("tokens ({})", self.tokenizer)
+    }
+}
+
+/// An agent's budget (`[agents.NAME.budget]`, merged along the chain).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Budget {
+    /// `None`: measured, never refused.
+    pub window: Option<u64>,
+    pub reserve: u64,
+    pub tokenizer: String,
+}
+
+/// Measures one request: the fixed parts from the header and assembly, the messages as
+/// measured by the caller (the session keeps them summed as they are appended).
+#[allow(clippy::too_many_arguments)]
+pub fn usage(
+    budget: &Budget,
+    counter: &dyn Counter,
+    header: &crate::conversation::Header,
+    assembly: &crate::assembly::Assembly,
+    format: crate::formats::Format,
+    shown: Option<&[String]>,
+    messages: Size,
+    message_count: usize,
+) -> Usage {
+    let head = crate::formats::head(header, format, shown);
+    let tools = head
+        .get("tools")
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+        .map(|t| Size::of(&t.to_string(), counter))
+        .unwrap_or_default();
+    let system = Size::of(&header.system, counter);
+    let parts = |list: &[(String, String)]| {
+        list.iter()
+            .map(|(name, text)| Part {
+                name: name.clone(),
+                size: Size::of(text, counter),
+            })
+            .collect()
+    };
+    Usage {
+        tokenizer: counter.name().to_string(),
+        window: budget.window,
+        reserve: budget.reserve,
+        tools,
+        system,
+        sections: parts(&assembly.sections),
+        contexts: parts(&assembly.contexts),
+        snapshot: assembly
+            .runtime_context
+            .as_deref()
+            .map(|t| Size::of(t, counter))
+            .unwrap_or_default(),
+        messages,
+        message_count,
+        total: tools.add(system).add(messages),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chars_counts_unicode_scalar_values() {
+        assert_eq!(Chars.count("abc"), 3);
+        assert_eq!(Chars.count("漢字かな"), 4);
+        assert_eq!(
+            Chars.count("👍🏽"),
+            2,
+            "an emoji with a skin tone is two scalars"
+        );
+        assert_eq!(
+            Size::of("é", &Chars),
+            Size {
+                chars: 1,
+                tokens: 1
+            }
+        );
+    }
+
+    #[test]
+    fn a_request_over_its_window_is_an_overflow_naming_its_parts() {
+        let size = |tokens| Size {
+            chars: tokens,
+            tokens,
+        };
+        let usage = Usage {
+            tokenizer: "chars".into(),
+            window: Some(100),
+            reserve: 20,
+            tools: size(30),
+            system: size(60),
+            sections: vec![],
+            contexts: vec![],
+            snapshot: size(0),
+            messages: size(5),
+            message_count: 1,
+            total: size(95),
+        };
+        let e = usage.check().unwrap_err();
+        assert_eq!(e.code(), "context_overflow");
+        assert!(e.to_string().contains("fixed part alone"), "{e}");
+        assert!(e.to_string().contains("system 60"), "{e}");
+        let fits = Usage {
+            reserve: 5,
+            ..usage.clone()
+        };
+        assert!(fits.check().is_ok());
+        let unbounded = Usage {
+            window: None,
+            ..usage
+        };
+        assert!(unbounded.check().is_ok());
+    }
+}

@@ -1,0 +1,240 @@
+//! End-to-end: the context window as a budget (Q14). Every step is measured and the
+//! measurement comes back beside the request and in the step's log event; a request over the
+//! agent's window is `context_overflow`, recording nothing; tool results follow the agent's
+//! template. The real daemon over HTTP with the `scripted` fixture.
+
+mod common;
+
+use common::daemon::{state_dir, Served};
+use common::Folder;
+use serde_json::{json, Value};
+
+/// The provider formats need model settings.
+const MODEL: &str = "[model]\nmodel = \"m\"\nmax_tokens = 100\n";
+
+fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
+    let config = folder.config(&format!("{MODEL}{config}"));
+    let (tmp, state) = state_dir();
+    (Served::start(folder.path(), &config, &state), tmp)
+}
+
+fn step(d: &Served, id: &str, body: Value) -> (u16, Value) {
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), &body.to_string());
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn events(d: &Served, id: &str) -> Vec<Value> {
+    d.ok("GET", &format!("/v1/sessions/{id}/events"), None)["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn q14_every_step_is_measured_beside_the_request_and_in_the_log() {
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.persona\" = \"0|You are brief.\", \
+         \"context.cwd\" = \"0|cwd: /w\", \"tool.read\" = \"{\\\"type\\\":\\\"object\\\"}\" }\n\
+         [agents.coder.budget]\nwindow = 100000\nreserve = 1000\ntokenizer = \"o200k\"\n",
+    );
+    let id = d.session("coder");
+    let (status, body) = step(
+        &d,
+        &id,
+        json!({"format": "openai", "messages": [{"role": "user", "content": "日本語で答えて 🙂"}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let usage = &body["usage"];
+    assert_eq!(usage["tokenizer"], "o200k");
+    assert_eq!(
+        (usage["window"].as_u64(), usage["reserve"].as_u64()),
+        (Some(100000), Some(1000))
+    );
+    assert_eq!(usage["system"]["chars"], "You are brief.".chars().count());
+    assert_eq!(usage["sections"][0]["name"], "persona");
+    assert_eq!(usage["contexts"][0]["name"], "cwd");
+    assert!(usage["tools"]["tokens"].as_u64().unwrap() > 0, "{usage}");
+    assert_eq!(
+        usage["message_count"], 2,
+        "the user message and the snapshot: {usage}"
+    );
+    let total = usage["total"]["tokens"].as_u64().unwrap();
+    let parts = ["tools", "system", "messages"]
+        .iter()
+        .map(|p| usage[p]["tokens"].as_u64().unwrap())
+        .sum::<u64>();
+    assert_eq!(total, parts);
+    let marker = events(&d, &id)
+        .into_iter()
+        .rev()
+        .find(|e| e["kind"] == "step")
+        .unwrap();
+    assert_eq!(&marker["body"]["usage"], usage, "recorded with the step");
+    // Without a budget, steps are measured in chars and never refused.
+    let other = d.session("default");
+    let (_, body) = step(
+        &d,
+        &other,
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(body["usage"]["tokenizer"], "chars");
+    assert!(body["usage"].get("window").is_none(), "{}", body["usage"]);
+}
+
+#[test]
+fn q14_a_request_over_the_window_is_context_overflow_and_records_nothing() {
+    let folder = Folder::new().scripted("s");
+    let long = "word ".repeat(400);
+    let (d, _s) = serve(
+        &folder,
+        &format!(
+            "[plugins.s]\nconfig = {{ \"section.persona\" = \"0|{long}\" }}\n\
+             [agents.small.budget]\nwindow = 500\n\
+             [agents.tight.budget]\nwindow = 5000\nreserve = 2900\n"
+        ),
+    );
+    let id = d.session("small");
+    let before = events(&d, &id);
+    let (status, body) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "go"}]}),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], "context_overflow");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("fixed part alone") && message.contains("system 2000"),
+        "{message}"
+    );
+    assert_eq!(events(&d, &id), before, "nothing recorded");
+    // A session whose request fits steps until its messages make it too big.
+    let id = d.session("tight");
+    let (status, body) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "go"}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "x".repeat(200)}]}),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("the request ("));
+    let (status, _) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "ok"}]}),
+    );
+    assert_eq!(status, 200, "the next valid step works");
+}
+
+#[test]
+fn q14_tool_results_follow_the_agents_template_and_empty_ones_say_so() {
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n\
+         [agents.coder]\ntool_result_template = \"<observation>{observation}</observation>\"\n\
+         empty_tool_result = \"(nothing)\"\n",
+    );
+    let id = d.session("coder");
+    step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "go"}]}),
+    );
+    let reply = json!({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "a", "name": "t", "arguments": {}}, {"id": "b", "name": "t", "arguments": {}}]});
+    let (status, _) = d.post(&format!("/v1/sessions/{id}/messages"), &reply.to_string());
+    assert_eq!(status, 201);
+    let (status, body) = step(
+        &d,
+        &id,
+        json!({"messages": [
+            {"role": "tool", "tool_call_id": "a", "content": "file list"},
+            {"role": "tool", "tool_call_id": "b", "content": ""}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let tools: Vec<&Value> = body["request"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tools[0]["content"], "<observation>file list</observation>");
+    assert_eq!(tools[1]["content"], "<observation>(nothing)</observation>");
+    // The default for an agent without settings: empty output is said, not sent empty.
+    let id = d.session("default");
+    step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "go"}]}),
+    );
+    let reply =
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": "t"}]});
+    d.post(&format!("/v1/sessions/{id}/messages"), &reply.to_string());
+    let (_, body) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "tool", "tool_call_id": "c", "content": ""}]}),
+    );
+    let last = body["request"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .cloned()
+        .unwrap();
+    assert_eq!(last["content"], "(no output)");
+}
+
+/// A plugin whose every contribution is empty changes no byte of the request.
+#[test]
+fn q14_an_empty_plugin_is_the_same_as_no_plugin() {
+    let config = "[plugins.s]\nconfig = { \"section.a\" = \"0|Hello\", \"context.c\" = \"0|cwd\" }\n\
+                  [plugins.empty]\nconfig = { \"section.e\" = \"5|\", \"context.e\" = \"5|\", \"dynamic_section.d\" = \"6|\" }\n";
+    let bodies: Vec<String> = [true, false]
+        .into_iter()
+        .map(|with_empty| {
+            let mut folder = Folder::new().scripted("s");
+            if with_empty {
+                folder = folder.scripted("empty");
+            }
+            let (d, _s) = serve(&folder, config);
+            let id = d.session("default");
+            let (status, body) = step(
+                &d,
+                &id,
+                json!({"format": "anthropic", "messages": [{"role": "user", "content": "go"}]}),
+            );
+            assert_eq!(status, 200, "{body}");
+            body["request"].to_string()
+        })
+        .collect();
+    assert_eq!(bodies[0], bodies[1]);
+}
+
+/// `promptd assemble --budget` prints the same measurement for one assembly.
+#[test]
+fn q14_assemble_prints_the_budget_of_one_assembly() {
+    let folder = Folder::new().scripted("s");
+    let config = folder.config(&format!(
+        "{MODEL}[plugins.s]\nconfig = {{ \"section.a\" = \"0|You are brief.\" }}\n\
+         [agents.coder.budget]\nwindow = 2000\ntokenizer = \"cl100k\"\n"
+    ));
+    let out = folder.assemble(&config, &["--agent", "coder", "--budget"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["usage"]["tokenizer"], "cl100k", "{out}");
+    assert_eq!(v["usage"]["window"], 2000);
+    assert_eq!(v["usage"]["sections"][0]["name"], "a");
+    assert!(v["usage"]["system"]["tokens"].as_u64().unwrap() > 0);
+}
