@@ -238,3 +238,137 @@ fn q14_assemble_prints_the_budget_of_one_assembly() {
     assert_eq!(v["usage"]["sections"][0]["name"], "a");
     assert!(v["usage"]["system"]["tokens"].as_u64().unwrap() > 0);
 }
+
+/// A 200-step session with large tool results under a small window: every request fits, the
+/// goal and the latest turns stay, no tool call is ever without its result (or a result
+/// without its call), every past step rebuilds byte-identically, and the log's
+/// `history/dropped` events say exactly what disappeared.
+#[test]
+fn q14_a_long_session_is_trimmed_by_the_policy_and_rebuilds_exactly() {
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|You are brief.\", \"tool.read\" = \"{\\\"type\\\":\\\"object\\\"}\" }\n\
+         [agents.coder.budget]\nwindow = 6000\nreserve = 500\nkeep_turns = 2\n",
+    );
+    let id = d.session("coder");
+    let result = "r".repeat(600);
+    let mut bodies: Vec<(u64, String)> = Vec::new();
+    let mut post = |d: &Served, messages: Value| -> Value {
+        let (status, text) = d.post(
+            &format!("/v1/sessions/{id}/steps"),
+            &json!({"format": "openai", "messages": messages}).to_string(),
+        );
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        bodies.push((v["step"].as_u64().unwrap(), v["request"].to_string()));
+        v
+    };
+    for turn in 0..100 {
+        let v = post(
+            &d,
+            json!([{"role": "user", "content": format!("goal {turn}")}]),
+        );
+        let usage = &v["usage"];
+        assert!(
+            usage["total"]["tokens"].as_u64().unwrap() + 500 <= 6000,
+            "step {}: {usage}",
+            v["step"]
+        );
+        let call = json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": format!("c{turn}"), "name": "read", "arguments": {}}]});
+        assert_eq!(
+            d.post(&format!("/v1/sessions/{id}/messages"), &call.to_string())
+                .0,
+            201
+        );
+        let v = post(
+            &d,
+            json!([{"role": "tool", "tool_call_id": format!("c{turn}"), "content": result}]),
+        );
+        assert!(v["usage"]["total"]["tokens"].as_u64().unwrap() + 500 <= 6000);
+        let reply = json!({"role": "assistant", "content": format!("done {turn}")});
+        assert_eq!(
+            d.post(&format!("/v1/sessions/{id}/messages"), &reply.to_string())
+                .0,
+            201
+        );
+        // Within the last request: the goal, the latest two turns, and whole tool pairs.
+        let request = &v["request"];
+        let messages = request["messages"].as_array().unwrap();
+        let texts: Vec<&str> = messages
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .collect();
+        assert!(
+            texts.contains(&"goal 0"),
+            "the goal is kept at step {}",
+            v["step"]
+        );
+        assert!(texts.contains(&format!("goal {turn}").as_str()));
+        if turn > 0 {
+            assert!(
+                texts.contains(&format!("goal {}", turn - 1).as_str()),
+                "turn {turn}"
+            );
+        }
+        for (i, m) in messages.iter().enumerate() {
+            if m["role"] == "tool" {
+                let prev = &messages[i - 1];
+                assert!(
+                    prev["role"] == "assistant" && prev["tool_calls"][0]["id"] == m["tool_call_id"],
+                    "a tool result right after its call: {m}"
+                );
+            }
+            if m["tool_calls"].is_array() {
+                assert_eq!(
+                    messages[i + 1]["role"],
+                    "tool",
+                    "a call with its result: {m}"
+                );
+            }
+        }
+    }
+    assert_eq!(bodies.len(), 200);
+    // Every past step rebuilds to the bytes it returned.
+    for (n, body) in &bodies {
+        let (status, text) = d.get(&format!(
+            "/v1/sessions/{id}/steps/{n}/request?format=openai"
+        ));
+        assert_eq!(status, 200);
+        assert_eq!(&text, body, "step {n}");
+    }
+    // What the log says was dropped is exactly what the last request lacks.
+    let events = events(&d, &id);
+    let dropped: std::collections::BTreeSet<u64> = events
+        .iter()
+        .filter(|e| e["kind"] == "history/dropped")
+        .flat_map(|e| {
+            e["body"]["seqs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_u64().unwrap())
+        })
+        .collect();
+    assert!(!dropped.is_empty(), "the window forced trimming");
+    let message_events = events
+        .iter()
+        .filter(|e| {
+            [
+                "user/message",
+                "assistant/message",
+                "tool/result",
+                "context/snapshot",
+            ]
+            .contains(&e["kind"].as_str().unwrap())
+        })
+        .count();
+    let last: Value = serde_json::from_str(&bodies.last().unwrap().1).unwrap();
+    let shown = last["messages"].as_array().unwrap().len() - 1; // less the system message
+    assert_eq!(
+        shown,
+        message_events - 1 - dropped.len(),
+        "the last reply came after the last step"
+    );
+}

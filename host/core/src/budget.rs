@@ -94,6 +94,17 @@ pub struct Usage {
     pub message_count: usize,
     /// tools + system + messages.
     pub total: Size,
+    /// What this step left out of the history to fit (already taken off `messages`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<Dropped>,
+}
+
+/// Messages a step dropped from the history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Dropped {
+    pub messages: usize,
+    #[serde(flatten)]
+    pub size: Size,
 }
 
 impl Usage {
@@ -137,7 +148,12 @@ pub struct Budget {
     pub window: Option<u64>,
     pub reserve: u64,
     pub tokenizer: String,
+    /// Turns (from a user message on) never dropped when trimming.
+    pub keep_turns: usize,
 }
+
+/// Default of `budget.keep_turns`.
+pub const DEFAULT_KEEP_TURNS: u64 = 2;
 
 /// Measures one request: the fixed parts from the header and assembly, the messages as
 /// measured by the caller (the session keeps them summed as they are appended).
@@ -183,6 +199,7 @@ pub fn usage(
         messages,
         message_count,
         total: tools.add(system).add(messages),
+        dropped: None,
     }
 }
 
@@ -226,6 +243,7 @@ mod tests {
             messages: size(5),
             message_count: 1,
             total: size(95),
+            dropped: None,
         };
         let e = usage.check().unwrap_err();
         assert_eq!(e.code(), "context_overflow");

@@ -181,6 +181,8 @@ pub struct BudgetConfig {
     pub reserve: Option<u64>,
     /// `chars` (default: Unicode scalar values), `o200k` or `cl100k` (OpenAI's BPE).
     pub tokenizer: Option<String>,
+    /// The latest turns never dropped when the history is trimmed (default 2).
+    pub keep_turns: Option<u64>,
 }
 
 /// Tokenizers a budget may name.
@@ -547,6 +549,7 @@ impl Config {
                     a.budget.as_ref().and_then(|c| c.tokenizer.clone())
                 })
                 .unwrap_or_else(|| "chars".into()),
+            keep_turns: b(|c| c.keep_turns).unwrap_or(crate::budget::DEFAULT_KEEP_TURNS) as usize,
         })
     }
 

@@ -104,17 +104,52 @@ fn message_of(session: &str, event: &Event) -> Result<Option<Message>> {
         EventKind::SessionCreated
         | EventKind::RequestHeader
         | EventKind::PluginOmitted
+        | EventKind::HistoryDropped
         | EventKind::Step => Ok(None),
     }
 }
 
-/// Every message the log holds, in order.
+/// Every message the log holds, in order, less those a `history/dropped` event left out.
 fn messages(session: &str, events: &[Event]) -> Result<Vec<Message>> {
+    let mut dropped = BTreeSet::new();
+    for event in events
+        .iter()
+        .filter(|e| e.kind == EventKind::HistoryDropped)
+    {
+        dropped.extend(dropped_seqs(body(session, event)?));
+    }
     let mut out = Vec::new();
-    for event in events {
+    for event in events.iter().filter(|e| !dropped.contains(&e.seq)) {
         out.extend(message_of(session, event)?);
     }
     Ok(out)
+}
+
+/// The message seqs a `history/dropped` event names.
+fn dropped_seqs(body: &Value) -> impl Iterator<Item = u64> + '_ {
+    body.get("seqs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_u64)
+}
+
+/// What a message is, for trimming (units, turns, snapshots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    User,
+    Snapshot,
+    Assistant,
+    Tool,
+}
+
+fn role(message: &Message) -> Role {
+    match message {
+        Message::User { snapshot: true, .. } => Role::Snapshot,
+        Message::User { .. } => Role::User,
+        Message::Assistant { .. } => Role::Assistant,
+        Message::Tool { .. } => Role::Tool,
+    }
 }
 
 /// Where the log's runtime context stands.
@@ -184,9 +219,13 @@ pub struct SessionState {
     open_calls: BTreeSet<String>,
     /// The tools the last step showed, when its agent keeps every tool in the header.
     shown_tools: Option<Vec<String>>,
-    /// The messages measured so far for a budget: (tokenizer, how many, their sum), extended
-    /// as messages are appended, so measuring a step costs what it adds.
-    measured: Option<(String, usize, crate::budget::Size)>,
+    /// The messages measured so far for a budget: (tokenizer, each one's size), extended as
+    /// messages are appended, so measuring a step costs what it adds.
+    measured: Option<(String, Vec<crate::budget::Size>)>,
+    /// Each message's event seq and role, in log order.
+    roles: Vec<(u64, Role)>,
+    /// Messages (by index) left out of every later request (`history/dropped`).
+    dropped: BTreeSet<usize>,
     /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
     tool_call_bytes: usize,
     transcript: Transcript,
@@ -207,6 +246,8 @@ impl SessionState {
             open_calls: BTreeSet::new(),
             shown_tools: None,
             measured: None,
+            roles: Vec::new(),
+            dropped: BTreeSet::new(),
             tool_call_bytes: 0,
             transcript: Transcript::new(),
         }
@@ -252,6 +293,13 @@ impl SessionState {
                         _ => 0,
                     };
                 }
+                EventKind::HistoryDropped => {
+                    for seq in dropped_seqs(body(&session, event)?) {
+                        if let Ok(i) = self.roles.binary_search_by_key(&seq, |(s, _)| *s) {
+                            self.dropped.insert(i);
+                        }
+                    }
+                }
                 EventKind::SessionCreated
                 | EventKind::UserMessage
                 | EventKind::AssistantMessage
@@ -273,6 +321,7 @@ impl SessionState {
                     }
                     Message::User { .. } => {}
                 }
+                self.roles.push((event.seq, role(&message)));
                 self.transcript.push(&message);
             }
             self.last_seq = event.seq;
@@ -317,35 +366,154 @@ impl SessionState {
                 what: what.into(),
             });
         }
-        self.transcript
-            .render_into(header, self.shown_tools.as_deref(), format, out);
+        if self.dropped.is_empty() {
+            self.transcript
+                .render_into(header, self.shown_tools.as_deref(), format, out);
+            return Ok(());
+        }
+        // Trimmed: render what is kept (bounded by the budget, not by the history).
+        let mut messages = Vec::new();
+        for (i, fragment) in self.transcript.neutral().iter().enumerate() {
+            if self.dropped.contains(&i) {
+                continue;
+            }
+            let message = serde_json::from_str(fragment).map_err(|e| {
+                Error::Store(StoreError::Corrupt {
+                    session: self.session.clone(),
+                    seq: self.roles.get(i).map_or(0, |(s, _)| *s),
+                    problem: format!("a kept message does not decode: {e}"),
+                })
+            })?;
+            messages.push(message);
+        }
+        let request = FrozenRequest {
+            header: header.clone(),
+            messages,
+            shown_tools: self.shown_tools.clone(),
+        };
+        out.push_str(&crate::formats::render(&request, format).to_string());
         Ok(())
     }
 
-    /// The size of every message so far plus `new` (a step's input and snapshot), by
-    /// `counter`; and how many there are. Messages are measured as their neutral JSON.
+    /// The size of every kept message so far plus `new` (a step's input and snapshot), by
+    /// `counter`; and how many there are. Messages are measured as their neutral JSON, each
+    /// once.
     pub fn measure_messages(
         &mut self,
         counter: &dyn crate::budget::Counter,
         new: &[Message],
     ) -> (crate::budget::Size, usize) {
         use crate::budget::Size;
-        let fragments = self.transcript.neutral();
-        let (mut upto, mut total) = match &self.measured {
-            Some((name, upto, total)) if name == counter.name() && *upto <= fragments.len() => {
-                (*upto, *total)
+        let sizes = self.sizes(counter);
+        let mut total = Size::default();
+        let mut count = 0;
+        for (i, size) in sizes.iter().enumerate() {
+            if !self.dropped.contains(&i) {
+                total += *size;
+                count += 1;
             }
-            _ => (0, Size::default()),
-        };
-        for fragment in &fragments[upto..] {
-            total += Size::of(fragment, counter);
         }
-        upto = fragments.len();
-        self.measured = Some((counter.name().to_string(), upto, total));
         for m in new {
             total += Size::of(&crate::formats::neutral_message(m).to_string(), counter);
         }
-        (total, upto + new.len())
+        (total, count + new.len())
+    }
+
+    /// Each message's size by `counter`, measuring only those not measured yet.
+    fn sizes(&mut self, counter: &dyn crate::budget::Counter) -> Vec<crate::budget::Size> {
+        use crate::budget::Size;
+        let fragments = self.transcript.neutral();
+        let mut sizes = match self.measured.take() {
+            Some((name, sizes)) if name == counter.name() && sizes.len() <= fragments.len() => {
+                sizes
+            }
+            _ => Vec::new(),
+        };
+        for fragment in &fragments[sizes.len()..] {
+            sizes.push(Size::of(fragment, counter));
+        }
+        self.measured = Some((counter.name().to_string(), sizes.clone()));
+        sizes
+    }
+
+    /// Which earlier messages to leave out so the messages fit in `room` tokens (Q14): never
+    /// the session's first user message (the goal), nor the latest `keep_turns` turns (a turn
+    /// starts at a user message), nor the active snapshot; an assistant message and the tool
+    /// results after it go together; older snapshots go first, then the oldest units. `new`
+    /// is this step's input (always kept). Returns the seqs to drop (empty: it already fits),
+    /// or the tokens still over when even that is not enough.
+    pub fn trim(
+        &mut self,
+        counter: &dyn crate::budget::Counter,
+        new: &[Message],
+        room: usize,
+        keep_turns: usize,
+    ) -> std::result::Result<(Vec<u64>, crate::budget::Size), usize> {
+        let (total, _) = self.measure_messages(counter, new);
+        let mut over = total.tokens.saturating_sub(room);
+        if over == 0 {
+            return Ok((Vec::new(), crate::budget::Size::default()));
+        }
+        let sizes = self.sizes(counter);
+        let n = self.roles.len();
+        let mut protected = vec![false; n];
+        if let Some(goal) = self.roles.iter().position(|(_, r)| *r == Role::User) {
+            protected[goal] = true;
+        }
+        // The latest `keep_turns` turns, counting this step's user messages first.
+        let new_turns = new.iter().filter(|m| role(m) == Role::User).count();
+        let mut turns = keep_turns.saturating_sub(new_turns);
+        for i in (0..n).rev() {
+            if turns == 0 {
+                break;
+            }
+            protected[i] = true;
+            if self.roles[i].1 == Role::User {
+                turns -= 1;
+            }
+        }
+        let new_snapshot = new.iter().any(|m| m.is_snapshot());
+        if !new_snapshot {
+            if let Some(last) = self.roles.iter().rposition(|(_, r)| *r == Role::Snapshot) {
+                protected[last] = true;
+            }
+        }
+        // Units: a message and the tool results right after it.
+        let mut units: Vec<(usize, usize)> = Vec::new();
+        for (i, (_, r)) in self.roles.iter().enumerate() {
+            match (r, units.last_mut()) {
+                (Role::Tool, Some((_, end))) if *end == i => *end = i + 1,
+                _ => units.push((i, i + 1)),
+            }
+        }
+        let droppable = |&(start, end): &(usize, usize)| {
+            (start..end).all(|i| !protected[i] && !self.dropped.contains(&i))
+        };
+        let snapshots = units
+            .iter()
+            .filter(|(s, _)| self.roles[*s].1 == Role::Snapshot)
+            .filter(|u| droppable(u));
+        let others = units
+            .iter()
+            .filter(|(s, _)| self.roles[*s].1 != Role::Snapshot)
+            .filter(|u| droppable(u));
+        let mut drop = Vec::new();
+        let mut dropped = crate::budget::Size::default();
+        for &(start, end) in snapshots.chain(others) {
+            if over == 0 {
+                break;
+            }
+            for size in &sizes[start..end] {
+                dropped += *size;
+                over = over.saturating_sub(size.tokens);
+            }
+            drop.extend(start..end);
+        }
+        if over > 0 {
+            return Err(over);
+        }
+        drop.sort_unstable();
+        Ok((drop.into_iter().map(|i| self.roles[i].0).collect(), dropped))
     }
 
     pub fn shown_tools(&self) -> Option<&[String]> {

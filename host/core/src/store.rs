@@ -25,11 +25,13 @@ pub enum EventKind {
     ContextSnapshot,
     RequestHeader,
     PluginOmitted,
+    /// Messages left out of every later request to keep it inside its budget (Q14).
+    HistoryDropped,
     Step,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 8] = [
+    pub const ALL: [EventKind; 9] = [
         EventKind::SessionCreated,
         EventKind::UserMessage,
         EventKind::AssistantMessage,
@@ -37,6 +39,7 @@ impl EventKind {
         EventKind::ContextSnapshot,
         EventKind::RequestHeader,
         EventKind::PluginOmitted,
+        EventKind::HistoryDropped,
         EventKind::Step,
     ];
 
@@ -49,6 +52,7 @@ impl EventKind {
             EventKind::ContextSnapshot => "context/snapshot",
             EventKind::RequestHeader => "request/header",
             EventKind::PluginOmitted => "plugin/omitted",
+            EventKind::HistoryDropped => "history/dropped",
             EventKind::Step => "step",
         }
     }

@@ -666,7 +666,7 @@ impl Daemon {
                 let mut new = messages.clone();
                 new.extend(plan.events.iter().filter_map(snapshot_message));
                 let (measured, count) = cached.state.measure_messages(&*counter, &new);
-                let usage = budget::usage(
+                let mut usage = budget::usage(
                     &budget,
                     &*counter,
                     &header,
@@ -676,6 +676,32 @@ impl Daemon {
                     measured,
                     count,
                 );
+                // Over its window: trim the history by the policy (Q14), or overflow.
+                let fixed = usage.tools.tokens + usage.system.tokens + budget.reserve as usize;
+                if let Some(window) = budget.window.map(|w| w as usize) {
+                    if fixed <= window && usage.total.tokens + budget.reserve as usize > window {
+                        if let Ok((seqs, size)) =
+                            cached
+                                .state
+                                .trim(&*counter, &new, window - fixed, budget.keep_turns)
+                        {
+                            usage.messages.chars -= size.chars;
+                            usage.messages.tokens -= size.tokens;
+                            usage.total.chars -= size.chars;
+                            usage.total.tokens -= size.tokens;
+                            usage.message_count -= seqs.len();
+                            usage.dropped = Some(budget::Dropped {
+                                messages: seqs.len(),
+                                size,
+                            });
+                            let at = plan.events.len().saturating_sub(1); // before the marker
+                            plan.events.insert(
+                                at,
+                                NewEvent::new(EventKind::HistoryDropped, json!({"seqs": seqs})),
+                            );
+                        }
+                    }
+                }
                 usage.check()?;
                 if let Some(marker) = plan.events.last_mut() {
                     if let Value::Object(body) = &mut marker.body {
