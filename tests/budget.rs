@@ -372,3 +372,102 @@ fn q14_a_long_session_is_trimmed_by_the_policy_and_rebuilds_exactly() {
         "the last reply came after the last step"
     );
 }
+
+/// Compaction: a summary replaces a range in every later request; the events stay and past
+/// steps rebuild unchanged; a range that splits a tool call from its results is refused.
+#[test]
+fn q14_a_summary_replaces_a_range_and_never_splits_a_tool_pair() {
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n",
+    );
+    let id = d.session("default");
+    let seq_of = |kind: &str, nth: usize| -> u64 {
+        events(&d, &id)
+            .iter()
+            .filter(|e| e["kind"] == kind)
+            .nth(nth)
+            .unwrap()["seq"]
+            .as_u64()
+            .unwrap()
+    };
+    let (_, first) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "first question"}]}),
+    );
+    let call = json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "t", "arguments": {}}]});
+    d.post(&format!("/v1/sessions/{id}/messages"), &call.to_string());
+    step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "long output"}]}),
+    );
+    d.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &json!({"role": "assistant", "content": "first answer"}).to_string(),
+    );
+    let (_, before) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "second question"}]}),
+    );
+    let compact = |from: u64, to: u64| {
+        let (status, text) = d.post(
+            &format!("/v1/sessions/{id}/compact"),
+            &json!({"from": from, "to": to, "summary": "Earlier: one question, one tool call, one answer."}).to_string(),
+        );
+        (
+            status,
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+        )
+    };
+    // Splits: ending at the call (its result is outside), or starting at the result.
+    let call_seq = seq_of("assistant/message", 0);
+    let result_seq = seq_of("tool/result", 0);
+    let log_before = events(&d, &id);
+    let (status, body) = compact(seq_of("user/message", 0), call_seq);
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (422, &json!("invalid_compaction")),
+        "{body}"
+    );
+    let (status, _) = compact(result_seq, seq_of("assistant/message", 1));
+    assert_eq!(status, 422);
+    assert_eq!(
+        events(&d, &id),
+        log_before,
+        "a refused compaction records nothing"
+    );
+    // The whole first exchange: the question, the call, its result and the answer.
+    let (status, body) = compact(seq_of("user/message", 0), seq_of("assistant/message", 1));
+    assert_eq!(status, 201, "{body}");
+    let (_, after) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "third"}]}),
+    );
+    let texts: Vec<String> = after["request"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].to_string())
+        .collect();
+    assert!(texts[0].contains("Earlier: one question"), "{texts:?}");
+    assert!(
+        !texts
+            .iter()
+            .any(|t| t.contains("first question") || t.contains("long output")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t.contains("second question")));
+    // Past steps rebuild as they were.
+    for (n, body) in [(1, &first), (3, &before)] {
+        let rebuilt = d.ok("GET", &format!("/v1/sessions/{id}/steps/{n}/request"), None);
+        assert_eq!(&rebuilt, &body["request"], "step {n}");
+    }
+    let n = after["step"].as_u64().unwrap();
+    let rebuilt = d.ok("GET", &format!("/v1/sessions/{id}/steps/{n}/request"), None);
+    assert_eq!(rebuilt, after["request"]);
+}

@@ -248,6 +248,9 @@ pub enum Error {
     #[error("context overflow: {0}")]
     ContextOverflow(String),
 
+    #[error("cannot compact: {0}")]
+    InvalidCompaction(String),
+
     #[error("empty message: {0}")]
     EmptyMessage(&'static str),
 
@@ -336,6 +339,7 @@ impl Error {
             Error::ToolResultsFirst { .. } => "tool_results_first",
             Error::EmptyMessage(_) => "empty_message",
             Error::ContextOverflow(_) => "context_overflow",
+            Error::InvalidCompaction(_) => "invalid_compaction",
             Error::InvalidBlock { .. } => "invalid_block",
             Error::UnsupportedBlock { .. } => "unsupported_block",
             Error::InvalidArguments { .. } => "invalid_arguments",

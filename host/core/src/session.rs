@@ -105,24 +105,57 @@ fn message_of(session: &str, event: &Event) -> Result<Option<Message>> {
         | EventKind::RequestHeader
         | EventKind::PluginOmitted
         | EventKind::HistoryDropped
+        | EventKind::HistoryCompacted
         | EventKind::Step => Ok(None),
     }
 }
 
-/// Every message the log holds, in order, less those a `history/dropped` event left out.
+/// Every message the log holds, in order, less those a `history/dropped` event left out, and
+/// with each compacted range shown as its summary.
 fn messages(session: &str, events: &[Event]) -> Result<Vec<Message>> {
     let mut dropped = BTreeSet::new();
-    for event in events
-        .iter()
-        .filter(|e| e.kind == EventKind::HistoryDropped)
-    {
-        dropped.extend(dropped_seqs(body(session, event)?));
+    let mut summaries = BTreeMap::new();
+    for event in events {
+        match event.kind {
+            EventKind::HistoryDropped => dropped.extend(dropped_seqs(body(session, event)?)),
+            EventKind::HistoryCompacted => {
+                let (from, to, summary) = compaction_of(session, event)?;
+                summaries.insert(from, summary);
+                dropped.extend(
+                    events
+                        .iter()
+                        .map(|e| e.seq)
+                        .filter(|s| (from..=to).contains(s)),
+                );
+            }
+            _ => {}
+        }
     }
     let mut out = Vec::new();
-    for event in events.iter().filter(|e| !dropped.contains(&e.seq)) {
-        out.extend(message_of(session, event)?);
+    for event in events {
+        if let Some(summary) = summaries.get(&event.seq) {
+            out.push(Message::user(summary.clone()));
+        }
+        if !dropped.contains(&event.seq) {
+            out.extend(message_of(session, event)?);
+        }
     }
     Ok(out)
+}
+
+/// A `history/compacted` event's range of seqs and summary.
+fn compaction_of(session: &str, event: &Event) -> Result<(u64, u64, String)> {
+    let b = body(session, event)?;
+    let seq = |k: &str| {
+        b.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| corrupt(session, event, format!("no `{k}`")))
+    };
+    Ok((
+        seq("from")?,
+        seq("to")?,
+        text_field(session, event, "summary")?.to_string(),
+    ))
 }
 
 /// The message seqs a `history/dropped` event names.
@@ -224,8 +257,11 @@ pub struct SessionState {
     measured: Option<(String, Vec<crate::budget::Size>)>,
     /// Each message's event seq and role, in log order.
     roles: Vec<(u64, Role)>,
-    /// Messages (by index) left out of every later request (`history/dropped`).
+    /// Messages (by index) left out of every later request (`history/dropped`, and the ranges
+    /// of `history/compacted`).
     dropped: BTreeSet<usize>,
+    /// Compacted ranges: the index of their first message, and the summary shown instead.
+    summaries: BTreeMap<usize, String>,
     /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
     tool_call_bytes: usize,
     transcript: Transcript,
@@ -248,6 +284,7 @@ impl SessionState {
             measured: None,
             roles: Vec::new(),
             dropped: BTreeSet::new(),
+            summaries: BTreeMap::new(),
             tool_call_bytes: 0,
             transcript: Transcript::new(),
         }
@@ -298,6 +335,15 @@ impl SessionState {
                         if let Ok(i) = self.roles.binary_search_by_key(&seq, |(s, _)| *s) {
                             self.dropped.insert(i);
                         }
+                    }
+                }
+                EventKind::HistoryCompacted => {
+                    let (from, to, summary) = compaction_of(&session, event)?;
+                    let start = self.roles.partition_point(|(s, _)| *s < from);
+                    let end = self.roles.partition_point(|(s, _)| *s <= to);
+                    if start < end {
+                        self.dropped.extend(start..end);
+                        self.summaries.insert(start, summary);
                     }
                 }
                 EventKind::SessionCreated
@@ -374,6 +420,9 @@ impl SessionState {
         // Trimmed: render what is kept (bounded by the budget, not by the history).
         let mut messages = Vec::new();
         for (i, fragment) in self.transcript.neutral().iter().enumerate() {
+            if let Some(summary) = self.summaries.get(&i) {
+                messages.push(Message::user(summary.clone()));
+            }
             if self.dropped.contains(&i) {
                 continue;
             }
@@ -412,6 +461,11 @@ impl SessionState {
                 total += *size;
                 count += 1;
             }
+        }
+        for summary in self.summaries.values() {
+            let m = Message::user(summary.clone());
+            total += Size::of(&crate::formats::neutral_message(&m).to_string(), counter);
+            count += 1;
         }
         for m in new {
             total += Size::of(&crate::formats::neutral_message(m).to_string(), counter);
@@ -514,6 +568,43 @@ impl SessionState {
         }
         drop.sort_unstable();
         Ok((drop.into_iter().map(|i| self.roles[i].0).collect(), dropped))
+    }
+
+    /// Checks a compaction of the message events `from..=to` (seqs): a non-blank summary, a
+    /// range that holds messages none of which is already left out, and that splits no tool
+    /// call from its results.
+    pub fn check_compaction(&self, from: u64, to: u64, summary: &str) -> Result<()> {
+        let bad = |why: String| Err(Error::InvalidCompaction(why));
+        if summary.trim().is_empty() {
+            return bad("the summary is blank".into());
+        }
+        if from > to {
+            return bad(format!("`from` ({from}) is after `to` ({to})"));
+        }
+        let start = self.roles.partition_point(|(s, _)| *s < from);
+        let end = self.roles.partition_point(|(s, _)| *s <= to);
+        if start == end {
+            return bad(format!("no message event in seqs {from}..={to}"));
+        }
+        if (start..end).any(|i| self.dropped.contains(&i)) {
+            return bad("the range holds messages already dropped or compacted".into());
+        }
+        if self.roles[start].1 == Role::Tool {
+            return bad(format!(
+                "seq {} is a tool result whose call is before the range",
+                self.roles[start].0
+            ));
+        }
+        if self.roles.get(end).is_some_and(|(_, r)| *r == Role::Tool) {
+            return bad(format!(
+                "seq {} is a tool result whose call is in the range",
+                self.roles[end].0
+            ));
+        }
+        if end == self.roles.len() && !self.open_calls.is_empty() {
+            return bad("the range ends with tool calls not answered yet".into());
+        }
+        Ok(())
     }
 
     pub fn shown_tools(&self) -> Option<&[String]> {

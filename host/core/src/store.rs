@@ -27,11 +27,13 @@ pub enum EventKind {
     PluginOmitted,
     /// Messages left out of every later request to keep it inside its budget (Q14).
     HistoryDropped,
+    /// A range of messages shown as a client's summary in every later request (Q14).
+    HistoryCompacted,
     Step,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 10] = [
         EventKind::SessionCreated,
         EventKind::UserMessage,
         EventKind::AssistantMessage,
@@ -40,6 +42,7 @@ impl EventKind {
         EventKind::RequestHeader,
         EventKind::PluginOmitted,
         EventKind::HistoryDropped,
+        EventKind::HistoryCompacted,
         EventKind::Step,
     ];
 
@@ -53,6 +56,7 @@ impl EventKind {
             EventKind::RequestHeader => "request/header",
             EventKind::PluginOmitted => "plugin/omitted",
             EventKind::HistoryDropped => "history/dropped",
+            EventKind::HistoryCompacted => "history/compacted",
             EventKind::Step => "step",
         }
     }

@@ -58,6 +58,7 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{id}/steps", post(step))
         .route("/v1/sessions/{id}/messages", post(record_message))
+        .route("/v1/sessions/{id}/compact", post(compact))
         .route("/v1/sessions/{id}/events", get(session_events))
         .route("/v1/sessions/{id}/steps/{n}/request", get(step_request))
         .route("/v1/events", get(registry_events))
@@ -130,6 +131,7 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::ToolResultsFirst { .. }
         | Error::EmptyMessage(_)
         | Error::ContextOverflow(_)
+        | Error::InvalidCompaction(_)
         | Error::InvalidBlock { .. }
         | Error::UnsupportedBlock { .. }
         | Error::InvalidArguments { .. }
@@ -405,6 +407,29 @@ async fn step(
     })
     .await?;
     Ok(json_bytes(StatusCode::OK, response))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompactBody {
+    /// The first and last seq of the message events the summary replaces.
+    from: u64,
+    to: u64,
+    summary: String,
+}
+
+async fn compact(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let req: CompactBody = parse_body(body, state.max_body)?;
+    let daemon = state.daemon.clone();
+    let seq = blocking(move || daemon.compact(&id, req.from, req.to, &req.summary)).await?;
+    Ok(json_bytes(
+        StatusCode::CREATED,
+        json!({"seq": seq}).to_string(),
+    ))
 }
 
 async fn record_message(

@@ -760,6 +760,25 @@ impl Daemon {
         Ok(seq)
     }
 
+    /// Compacts the message events `from..=to` (seqs) into `summary` (Q14): later requests
+    /// show the summary in their place; the events stay, and past steps rebuild unchanged.
+    /// Returns the seq of the `history/compacted` event.
+    pub fn compact(&self, id: &str, from: u64, to: u64, summary: &str) -> Result<u64> {
+        let _held = self.locks.hold(id);
+        let mut cached = self.session(id)?;
+        if let Err(e) = cached.state.check_compaction(from, to, summary) {
+            self.keep(id, cached);
+            return Err(e.into());
+        }
+        let event = NewEvent::new(
+            EventKind::HistoryCompacted,
+            json!({"from": from, "to": to, "summary": summary}),
+        );
+        let seq = self.append(id, &mut cached, &[event])?;
+        self.keep(id, cached);
+        Ok(seq)
+    }
+
     pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
         self.agent_of(id)?;
         Ok(self.store.events(id)?)
