@@ -471,3 +471,67 @@ fn q14_a_summary_replaces_a_range_and_never_splits_a_tool_pair() {
     let rebuilt = d.ok("GET", &format!("/v1/sessions/{id}/steps/{n}/request"), None);
     assert_eq!(rebuilt, after["request"]);
 }
+
+/// The provider's usage, attached to a recorded reply in its own shape, is stored and
+/// reported per session against promptd's estimate, with the cached share.
+#[test]
+fn q14_provider_usage_is_compared_with_the_estimate() {
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|You are brief.\" }\n",
+    );
+    let id = d.session("default");
+    let (_, first) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "hello"}]}),
+    );
+    let estimate = first["usage"]["total"]["tokens"].as_u64().unwrap();
+    // A whole Chat Completion, as the OpenAI SDK returns it.
+    let completion = json!({"id": "x", "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "hi", "refusal": null}}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22,
+            "prompt_tokens_details": {"cached_tokens": 16}}});
+    let (status, text) = d.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &completion.to_string(),
+    );
+    assert_eq!(status, 201, "{text}");
+    step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "again"}]}),
+    );
+    // An Anthropic message: its input_tokens leave out the cache.
+    let message = json!({"type": "message", "role": "assistant",
+        "content": [{"type": "text", "text": "hello again"}],
+        "usage": {"input_tokens": 4, "output_tokens": 3,
+            "cache_read_input_tokens": 20, "cache_creation_input_tokens": 6}});
+    assert_eq!(
+        d.post(&format!("/v1/sessions/{id}/messages"), &message.to_string())
+            .0,
+        201
+    );
+    let report = d.ok("GET", &format!("/v1/sessions/{id}/usage"), None);
+    assert_eq!(report["steps"][0]["estimate"], estimate);
+    assert_eq!(report["steps"][0]["actual"]["input_tokens"], 20);
+    assert_eq!(report["steps"][0]["actual"]["cached_tokens"], 16);
+    assert_eq!(report["steps"][1]["actual"]["input_tokens"], 30);
+    let totals = &report["totals"];
+    assert_eq!(totals["compared_steps"], 2);
+    assert_eq!(totals["actual"], 50);
+    assert_eq!(totals["cached"], 36);
+    assert!(
+        (totals["cached_share"].as_f64().unwrap() - 0.72).abs() < 1e-9,
+        "{totals}"
+    );
+    // The reply itself is recorded without the usage in the request.
+    let (_, third) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "3"}]}),
+    );
+    assert!(!third["request"].to_string().contains("cached_tokens"));
+}

@@ -29,6 +29,74 @@ use serde_json::{Map, Value};
 use crate::conversation::{Message, ToolCall};
 use crate::error::{Error, Result};
 
+/// Token counts the provider reported for a reply, in one shape whatever the provider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProviderUsage {
+    /// Input tokens, cached ones included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    /// Input tokens read from the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    /// Input tokens written to the cache (Anthropic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
+}
+
+impl ProviderUsage {
+    /// Reads OpenAI Chat (`prompt_tokens`, `prompt_tokens_details.cached_tokens`), Responses
+    /// (`input_tokens`, `input_tokens_details.cached_tokens`), Anthropic (`input_tokens`
+    /// without the cache, `cache_read_input_tokens`, `cache_creation_input_tokens`) or this
+    /// shape itself.
+    pub fn from_value(v: &Value) -> Option<ProviderUsage> {
+        let n = |path: &[&str]| {
+            let mut at = v;
+            for k in path {
+                at = at.get(*k)?;
+            }
+            at.as_u64()
+        };
+        let anthropic = v.get("cache_read_input_tokens").is_some()
+            || v.get("cache_creation_input_tokens").is_some();
+        let usage = if anthropic {
+            let read = n(&["cache_read_input_tokens"]).unwrap_or(0);
+            let write = n(&["cache_creation_input_tokens"]).unwrap_or(0);
+            ProviderUsage {
+                // Anthropic's input_tokens leave out what the cache read and wrote.
+                input_tokens: n(&["input_tokens"]).map(|i| i + read + write),
+                output_tokens: n(&["output_tokens"]),
+                cached_tokens: Some(read),
+                cache_write_tokens: Some(write),
+            }
+        } else {
+            ProviderUsage {
+                input_tokens: n(&["prompt_tokens"]).or(n(&["input_tokens"])),
+                output_tokens: n(&["completion_tokens"]).or(n(&["output_tokens"])),
+                cached_tokens: n(&["prompt_tokens_details", "cached_tokens"])
+                    .or(n(&["input_tokens_details", "cached_tokens"]))
+                    .or(n(&["cached_tokens"])),
+                cache_write_tokens: n(&["cache_write_tokens"]),
+            }
+        };
+        (usage != ProviderUsage::default()).then_some(usage)
+    }
+}
+
+/// [`reply`], and the provider's usage when the body carries one (a whole completion,
+/// message or response, or a `usage` key beside the message).
+pub fn reply_with_usage(value: Value) -> Result<(Message, Option<ProviderUsage>)> {
+    let mut value = value;
+    let usage = match &mut value {
+        Value::Object(o) => o
+            .remove("usage")
+            .and_then(|u| ProviderUsage::from_value(&u)),
+        _ => None,
+    };
+    Ok((reply(value)?, usage))
+}
+
 /// The message a client posts to `POST /v1/sessions/{id}/messages`, in any of the shapes above.
 pub fn reply(value: Value) -> Result<Message> {
     let Value::Object(mut object) = value else {
@@ -397,6 +465,31 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("server_tool_use"));
+    }
+
+    #[test]
+    fn q14_provider_usage_is_read_in_one_shape() {
+        let openai = json!({"choices": [{"message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 64}}});
+        let (_, u) = reply_with_usage(openai).unwrap();
+        assert_eq!(
+            u.unwrap(),
+            ProviderUsage {
+                input_tokens: Some(100),
+                output_tokens: Some(5),
+                cached_tokens: Some(64),
+                cache_write_tokens: None
+            }
+        );
+        let anthropic = json!({"type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": "hi"}],
+            "usage": {"input_tokens": 10, "output_tokens": 3,
+                "cache_read_input_tokens": 80, "cache_creation_input_tokens": 10}});
+        let (_, u) = reply_with_usage(anthropic).unwrap();
+        assert_eq!(u.unwrap().input_tokens, Some(100));
+        let neutral = json!({"role": "assistant", "content": "hi"});
+        assert_eq!(reply_with_usage(neutral).unwrap().1, None);
     }
 
     #[test]

@@ -94,8 +94,19 @@ fn text_field<'a>(session: &str, event: &'a Event, field: &str) -> Result<&'a st
 fn message_of(session: &str, event: &Event) -> Result<Option<Message>> {
     match event.kind {
         EventKind::UserMessage | EventKind::AssistantMessage | EventKind::ToolResult => {
-            let message = Message::deserialize(body(session, event)?)
-                .map_err(|e| corrupt(session, event, e))?;
+            let body = body(session, event)?;
+            // A reply may carry the provider's usage beside the message.
+            let message = match body.get("usage") {
+                Some(_) => {
+                    let mut bare = body.clone();
+                    if let Value::Object(o) = &mut bare {
+                        o.remove("usage");
+                    }
+                    Message::deserialize(&bare)
+                }
+                None => Message::deserialize(body),
+            }
+            .map_err(|e| corrupt(session, event, e))?;
             Ok(Some(message))
         }
         EventKind::ContextSnapshot => Ok(Some(Message::snapshot(text_field(
@@ -804,6 +815,70 @@ pub fn step_count(events: &[Event]) -> u64 {
 /// [`SessionState::check_message`]).
 pub fn check_message(session: &str, events: &[Event], message: &Message) -> Result<()> {
     SessionState::from_log(session, events)?.check_message(message)
+}
+
+/// The event that records the model's reply with the usage its provider reported (Q14).
+pub fn reply_event(message: &Message, usage: Option<&crate::replies::ProviderUsage>) -> NewEvent {
+    let mut event = message_event(message);
+    if let (Some(usage), Value::Object(body)) = (usage, &mut event.body) {
+        body.insert("usage".into(), json!(usage));
+    }
+    event
+}
+
+/// Per step: what promptd estimated against what the provider reported for the reply that
+/// followed (its input tokens, cached and cache-written ones), and the totals: how far the
+/// estimate is off (`actual / estimate`) and what share of the input the cache served.
+pub fn usage_report(session: &str, events: &[Event]) -> Result<Value> {
+    let mut steps: Vec<Value> = Vec::new();
+    let (mut estimate, mut actual, mut cached, mut compared) = (0u64, 0u64, 0u64, 0usize);
+    let mut pending: Option<usize> = None;
+    for event in events {
+        match event.kind {
+            EventKind::Step => {
+                let b = body(session, event)?;
+                let u = &b["usage"];
+                steps.push(json!({
+                    "step": b["step"],
+                    "estimate": u["total"]["tokens"],
+                    "tokenizer": u["tokenizer"],
+                }));
+                pending = Some(steps.len() - 1);
+            }
+            EventKind::AssistantMessage => {
+                let b = body(session, event)?;
+                let (Some(i), Some(reported)) = (pending.take(), b.get("usage")) else {
+                    continue;
+                };
+                let step = &mut steps[i];
+                step["actual"] = reported.clone();
+                let est = step["estimate"].as_u64();
+                let input = reported.get("input_tokens").and_then(Value::as_u64);
+                if let (Some(est), Some(input)) = (est, input) {
+                    estimate += est;
+                    actual += input;
+                    cached += reported
+                        .get("cached_tokens")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
+                    compared += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+    Ok(json!({
+        "steps": steps,
+        "totals": {
+            "compared_steps": compared,
+            "estimate": estimate,
+            "actual": actual,
+            "actual_per_estimate": ratio(actual, estimate),
+            "cached": cached,
+            "cached_share": ratio(cached, actual),
+        }
+    }))
 }
 
 /// The event that records `message`.

@@ -59,6 +59,7 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/v1/sessions/{id}/steps", post(step))
         .route("/v1/sessions/{id}/messages", post(record_message))
         .route("/v1/sessions/{id}/compact", post(compact))
+        .route("/v1/sessions/{id}/usage", get(usage_report))
         .route("/v1/sessions/{id}/events", get(session_events))
         .route("/v1/sessions/{id}/steps/{n}/request", get(step_request))
         .route("/v1/events", get(registry_events))
@@ -418,6 +419,12 @@ struct CompactBody {
     summary: String,
 }
 
+async fn usage_report(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let report = blocking(move || daemon.usage_report(&id)).await?;
+    Ok(json_bytes(StatusCode::OK, report.to_string()))
+}
+
 async fn compact(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -439,9 +446,10 @@ async fn record_message(
 ) -> ApiResult {
     // Any of the shapes the SDKs return (promptd_core::replies), not only the neutral one.
     let value: Value = parse_body(body, state.max_body)?;
-    let message = promptd_core::replies::reply(value).map_err(DaemonError::from)?;
+    let (message, usage) =
+        promptd_core::replies::reply_with_usage(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
-    let seq = blocking(move || daemon.record_message(&id, &message)).await?;
+    let seq = blocking(move || daemon.record_reply(&id, &message, usage.as_ref())).await?;
     Ok(json_bytes(
         StatusCode::CREATED,
         json!({"seq": seq}).to_string(),

@@ -737,6 +737,16 @@ impl Daemon {
 
     /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
     pub fn record_message(&self, id: &str, message: &Message) -> Result<u64> {
+        self.record_reply(id, message, None)
+    }
+
+    /// [`Daemon::record_message`], with the usage the provider reported for a reply (Q14).
+    pub fn record_reply(
+        &self,
+        id: &str,
+        message: &Message,
+        usage: Option<&promptd_core::replies::ProviderUsage>,
+    ) -> Result<u64> {
         if matches!(message, Message::User { .. }) {
             self.agent_of(id)?;
             return Err(Error::BadRequest(
@@ -755,7 +765,11 @@ impl Daemon {
             self.keep(id, cached);
             return Err(e.into());
         }
-        let seq = self.append(id, &mut cached, &[session::message_event(message)])?;
+        let event = match message {
+            Message::Assistant { .. } => session::reply_event(message, usage),
+            _ => session::message_event(message),
+        };
+        let seq = self.append(id, &mut cached, &[event])?;
         self.keep(id, cached);
         Ok(seq)
     }
@@ -777,6 +791,12 @@ impl Daemon {
         let seq = self.append(id, &mut cached, &[event])?;
         self.keep(id, cached);
         Ok(seq)
+    }
+
+    /// Estimate against provider-reported usage, per step and in total (Q14).
+    pub fn usage_report(&self, id: &str) -> Result<Value> {
+        let events = self.session_events(id)?;
+        Ok(session::usage_report(id, &events)?)
     }
 
     pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
