@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::daemon::{state_dir, Served};
+use common::daemon::Served;
 use common::Folder;
 use serde_json::{json, Value};
 
@@ -13,9 +13,7 @@ use serde_json::{json, Value};
 const MODEL: &str = "[model]\nmodel = \"m\"\nmax_tokens = 100\n";
 
 fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
-    let config = folder.config(&format!("{MODEL}{config}"));
-    let (tmp, state) = state_dir();
-    (Served::start(folder.path(), &config, &state), tmp)
+    folder.serve(&format!("{MODEL}{config}"))
 }
 
 fn step(d: &Served, id: &str, body: Value) -> (u16, Value) {

@@ -16,9 +16,8 @@ const MODEL: &str = "[model]\nmax_tokens = 512\n[model.openai]\nmodel = \"gpt-te
 
 fn serve(config: &str) -> (Served, tempfile::TempDir, Folder) {
     let folder = Folder::new().scripted("s");
-    let config = folder.config(config);
-    let (tmp, state) = state_dir();
-    (Served::start(folder.path(), &config, &state), tmp, folder)
+    let (d, tmp) = folder.serve(config);
+    (d, tmp, folder)
 }
 
 fn step(d: &Served, id: &str, format: &str, messages: Value) -> (u16, Value) {

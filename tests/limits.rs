@@ -11,9 +11,7 @@ use common::Folder;
 use serde_json::{json, Value};
 
 fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
-    let config = folder.config(config);
-    let (tmp, state) = state_dir();
-    (Served::start(folder.path(), &config, &state), tmp)
+    folder.serve(config)
 }
 
 /// Checks on a step's input are linear in the input plus the session's cached state: 10,000

@@ -10,9 +10,7 @@ use common::{eventually, Folder};
 use serde_json::{json, Value};
 
 fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
-    let config = folder.config(config);
-    let (tmp, state) = state_dir();
-    (Served::start(folder.path(), &config, &state), tmp)
+    folder.serve(config)
 }
 
 #[test]

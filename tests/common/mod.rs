@@ -185,6 +185,14 @@ impl Folder {
         std::fs::write(&path, format!("plugin_dir = \".\"\n{body}")).expect("write config");
         path
     }
+
+    /// A real `promptd serve` on this folder with `config` (written as its promptd.toml) and a
+    /// fresh state folder, ready; the temp dir holds the state and goes with the daemon.
+    pub fn serve(&self, config: &str) -> (daemon::Served, tempfile::TempDir) {
+        let config = self.config(config);
+        let (tmp, state) = daemon::state_dir();
+        (daemon::Served::start(self.path(), &config, &state), tmp)
+    }
 }
 
 impl Folder {
