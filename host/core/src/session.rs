@@ -204,6 +204,59 @@ enum SnapshotState {
     Cleared,
 }
 
+/// What a message costs a budget: its neutral JSON, with each image and document counted by
+/// [`crate::content::measure`] (the provider's image rule, or an estimate) instead of its
+/// base64 text.
+pub fn message_size(
+    message: &Message,
+    counter: &dyn crate::budget::Counter,
+) -> crate::budget::Size {
+    use crate::budget::Size;
+    use crate::content::{measure, Block, Content, Measure, MeasureRules};
+    let (Message::User {
+        content: Content::Blocks(blocks),
+        ..
+    }
+    | Message::Tool {
+        content: Content::Blocks(blocks),
+        ..
+    }) = message
+    else {
+        return Size::of(
+            &crate::formats::neutral_message(message).to_string(),
+            counter,
+        );
+    };
+    let rules = MeasureRules::default();
+    let mut media = 0usize;
+    let mut bare = message.clone();
+    if let Message::User {
+        content: Content::Blocks(b),
+        ..
+    }
+    | Message::Tool {
+        content: Content::Blocks(b),
+        ..
+    } = &mut bare
+    {
+        for (block, original) in b.iter_mut().zip(blocks) {
+            if let Measure::Tokens { tokens, .. } = measure(original, &rules) {
+                media += tokens as usize;
+            }
+            match block {
+                Block::Image { data, url, .. } | Block::Document { data, url, .. } => {
+                    *data = None;
+                    *url = None;
+                }
+                Block::Text { .. } => {}
+            }
+        }
+    }
+    let mut size = Size::of(&crate::formats::neutral_message(&bare).to_string(), counter);
+    size.tokens += media;
+    size
+}
+
 /// The `shown_tools` a step marker recorded (`tool_subset = "allowed_tools"`).
 fn shown_of(marker: &Value) -> Option<Vec<String>> {
     let names = marker.get("shown_tools")?.as_array()?;
@@ -479,7 +532,7 @@ impl SessionState {
             count += 1;
         }
         for m in new {
-            total += Size::of(&crate::formats::neutral_message(m).to_string(), counter);
+            total += message_size(m, counter);
         }
         (total, count + new.len())
     }
@@ -495,7 +548,15 @@ impl SessionState {
             _ => Vec::new(),
         };
         for fragment in &fragments[sizes.len()..] {
-            sizes.push(Size::of(fragment, counter));
+            // Only messages with media need decoding: their data is not text.
+            let size = if fragment.contains("\"media_type\"") || fragment.contains("\"url\"") {
+                serde_json::from_str::<Message>(fragment)
+                    .map(|m| message_size(&m, counter))
+                    .unwrap_or_else(|_| Size::of(fragment, counter))
+            } else {
+                Size::of(fragment, counter)
+            };
+            sizes.push(size);
         }
         self.measured = Some((counter.name().to_string(), sizes.clone()));
         sizes

@@ -399,3 +399,29 @@ fn q5_the_conversation_stays_valid_for_every_provider() {
         "ids are not reused"
     );
 }
+
+#[test]
+fn q14_media_counts_by_the_image_rule_not_by_its_base64() {
+    use crate::budget::Chars;
+    use crate::content::{Block, Content};
+    let image = Message::User {
+        content: Content::Blocks(vec![
+            Block::Text {
+                text: "look".into(),
+            },
+            Block::Image {
+                media_type: Some("image/png".into()),
+                data: Some("A".repeat(100_000)),
+                url: None,
+            },
+        ]),
+        snapshot: false,
+    };
+    let size = message_size(&image, &Chars);
+    assert!(size.chars < 200, "the base64 is not text: {size:?}");
+    assert_eq!(
+        size.tokens,
+        size.chars + 1600,
+        "an image whose size cannot be read counts as the estimate"
+    );
+}
