@@ -178,6 +178,17 @@ fn dropped_seqs(body: &Value) -> impl Iterator<Item = u64> + '_ {
         .filter_map(Value::as_u64)
 }
 
+/// Each message's size by one counter, and the sum of those kept.
+#[derive(Clone, Debug, Default)]
+struct Measured {
+    counter: String,
+    sizes: Vec<crate::budget::Size>,
+    kept: crate::budget::Size,
+    kept_count: usize,
+    /// How many messages were dropped when `kept` was summed.
+    dropped: usize,
+}
+
 /// What a message is, for trimming (units, turns, snapshots).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
@@ -316,9 +327,9 @@ pub struct SessionState {
     open_calls: BTreeSet<String>,
     /// The tools the last step showed, when its agent keeps every tool in the header.
     shown_tools: Option<Vec<String>>,
-    /// The messages measured so far for a budget: (tokenizer, each one's size), extended as
-    /// messages are appended, so measuring a step costs what it adds.
-    measured: Option<(String, Vec<crate::budget::Size>)>,
+    /// The messages measured so far for a budget, extended as messages are appended, so
+    /// measuring a step costs what it adds.
+    measured: Option<Measured>,
     /// Each message's event seq and role, in log order.
     roles: Vec<(u64, Role)>,
     /// Messages (by index) left out of every later request (`history/dropped`, and the ranges
@@ -510,22 +521,18 @@ impl SessionState {
 
     /// The size of every kept message so far plus `new` (a step's input and snapshot), by
     /// `counter`; and how many there are. Messages are measured as their neutral JSON, each
-    /// once.
+    /// once, and the kept ones are summed as they come (re-summed only after a trim).
     pub fn measure_messages(
         &mut self,
         counter: &dyn crate::budget::Counter,
         new: &[Message],
     ) -> (crate::budget::Size, usize) {
         use crate::budget::Size;
-        let sizes = self.sizes(counter);
-        let mut total = Size::default();
-        let mut count = 0;
-        for (i, size) in sizes.iter().enumerate() {
-            if !self.dropped.contains(&i) {
-                total += *size;
-                count += 1;
-            }
-        }
+        self.measure(counter);
+        let (mut total, mut count) = match &self.measured {
+            Some(m) => (m.kept, m.kept_count),
+            None => (Size::default(), 0),
+        };
         for summary in self.summaries.values() {
             let m = Message::user(summary.clone());
             total += Size::of(&crate::formats::neutral_message(&m).to_string(), counter);
@@ -537,29 +544,45 @@ impl SessionState {
         (total, count + new.len())
     }
 
-    /// Each message's size by `counter`, measuring only those not measured yet.
-    fn sizes(&mut self, counter: &dyn crate::budget::Counter) -> Vec<crate::budget::Size> {
+    /// Measures the messages not measured yet by `counter` (all of them for a new counter).
+    fn measure(&mut self, counter: &dyn crate::budget::Counter) {
         use crate::budget::Size;
         let fragments = self.transcript.neutral();
-        let mut sizes = match self.measured.take() {
-            Some((name, sizes)) if name == counter.name() && sizes.len() <= fragments.len() => {
-                sizes
-            }
-            _ => Vec::new(),
+        let mut m = match self.measured.take() {
+            Some(m) if m.counter == counter.name() && m.sizes.len() <= fragments.len() => m,
+            _ => Measured {
+                counter: counter.name().to_string(),
+                ..Measured::default()
+            },
         };
-        for fragment in &fragments[sizes.len()..] {
+        if m.dropped != self.dropped.len() {
+            // A trim or compaction since: sum the kept ones again (rare).
+            m.kept = Size::default();
+            m.kept_count = 0;
+            for (i, size) in m.sizes.iter().enumerate() {
+                if !self.dropped.contains(&i) {
+                    m.kept += *size;
+                    m.kept_count += 1;
+                }
+            }
+            m.dropped = self.dropped.len();
+        }
+        for (i, fragment) in fragments.iter().enumerate().skip(m.sizes.len()) {
             // Only messages with media need decoding: their data is not text.
             let size = if fragment.contains("\"media_type\"") || fragment.contains("\"url\"") {
                 serde_json::from_str::<Message>(fragment)
-                    .map(|m| message_size(&m, counter))
+                    .map(|msg| message_size(&msg, counter))
                     .unwrap_or_else(|_| Size::of(fragment, counter))
             } else {
                 Size::of(fragment, counter)
             };
-            sizes.push(size);
+            m.sizes.push(size);
+            if !self.dropped.contains(&i) {
+                m.kept += size;
+                m.kept_count += 1;
+            }
         }
-        self.measured = Some((counter.name().to_string(), sizes.clone()));
-        sizes
+        self.measured = Some(m);
     }
 
     /// Which earlier messages to leave out so the messages fit in `room` tokens (Q14): never
@@ -580,7 +603,11 @@ impl SessionState {
         if over == 0 {
             return Ok((Vec::new(), crate::budget::Size::default()));
         }
-        let sizes = self.sizes(counter);
+        self.measure(counter);
+        let sizes = match &self.measured {
+            Some(m) => &m.sizes,
+            None => return Err(over),
+        };
         let n = self.roles.len();
         let mut protected = vec![false; n];
         if let Some(goal) = self.roles.iter().position(|(_, r)| *r == Role::User) {
