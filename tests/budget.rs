@@ -533,3 +533,61 @@ fn q14_provider_usage_is_compared_with_the_estimate() {
     );
     assert!(!third["request"].to_string().contains("cached_tokens"));
 }
+
+/// Caps below the window: `history_max` trims the messages to it, `context_max` refuses a
+/// runtime context over it, naming the contexts.
+#[test]
+fn q14_history_and_context_caps_hold() {
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n\
+         [agents.hist.budget]\nhistory_max = 400\nkeep_turns = 1\n",
+    );
+    let id = d.session("hist");
+    for i in 0..20 {
+        let text = format!("message {i} {}", "x".repeat(40));
+        let (status, body) = step(
+            &d,
+            &id,
+            json!({"messages": [{"role": "user", "content": text}]}),
+        );
+        assert_eq!(status, 200, "{body}");
+        let tokens = body["usage"]["messages"]["tokens"].as_u64().unwrap();
+        assert!(tokens <= 400, "{}", body["usage"]);
+    }
+    assert!(events(&d, &id)
+        .iter()
+        .any(|e| e["kind"] == "history/dropped"));
+
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        &format!(
+            "[plugins.s]\nconfig = {{ \"section.a\" = \"0|A\", \"context.big\" = \"0|{}\" }}\n\
+             [agents.ctx.budget]\ncontext_max = 100\n",
+            "c".repeat(300)
+        ),
+    );
+    let id = d.session("ctx");
+    let before = events(&d, &id);
+    let (status, body) = step(
+        &d,
+        &id,
+        json!({"messages": [{"role": "user", "content": "go"}]}),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], "context_overflow");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("budget.context_max") && message.contains("big 300"),
+        "{message}"
+    );
+    assert_eq!(events(&d, &id), before);
+    let other = d.session("default");
+    assert_eq!(
+        step(&d, &other, json!({})).0,
+        200,
+        "agents without the cap are served"
+    );
+}

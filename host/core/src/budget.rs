@@ -108,9 +108,35 @@ pub struct Dropped {
 }
 
 impl Usage {
-    /// Refuses a request that does not fit: the fixed part alone, or the whole with the
-    /// reserve, over the window.
-    pub fn check(&self) -> Result<()> {
+    /// Refuses a request that does not fit: the runtime context over its cap, the fixed part
+    /// alone, or the whole with the reserve, over the window, or the messages over their cap.
+    pub fn check(&self, budget: &Budget) -> Result<()> {
+        if let Some(cap) = budget.context_max {
+            if self.snapshot.tokens as u64 > cap {
+                let parts: Vec<String> = self
+                    .contexts
+                    .iter()
+                    .filter(|c| c.size.tokens > 0)
+                    .map(|c| format!("{} {}", c.name, c.size.tokens))
+                    .collect();
+                return Err(Error::ContextOverflow(format!(
+                    "the runtime context needs {} {} against its cap of {cap} (budget.context_max): {}",
+                    self.snapshot.tokens,
+                    self.tokenizer_unit(),
+                    parts.join(", ")
+                )));
+            }
+        }
+        if let Some(cap) = budget.history_max {
+            if self.messages.tokens as u64 > cap {
+                return Err(Error::ContextOverflow(format!(
+                    "the messages need {} {} against their cap of {cap} (budget.history_max), {} messages",
+                    self.messages.tokens,
+                    self.tokenizer_unit(),
+                    self.message_count
+                )));
+            }
+        }
         let Some(window) = self.window else {
             return Ok(());
         };
@@ -150,6 +176,10 @@ pub struct Budget {
     pub tokenizer: String,
     /// Turns (from a user message on) never dropped when trimming.
     pub keep_turns: usize,
+    /// A cap on the messages' tokens below what the window leaves.
+    pub history_max: Option<u64>,
+    /// A cap on the runtime context snapshot's tokens.
+    pub context_max: Option<u64>,
 }
 
 /// Default of `budget.keep_turns`.
@@ -245,7 +275,8 @@ mod tests {
             total: size(95),
             dropped: None,
         };
-        let e = usage.check().unwrap_err();
+        let budget = Budget::default();
+        let e = usage.check(&budget).unwrap_err();
         assert_eq!(e.code(), "context_overflow");
         assert!(e.to_string().contains("fixed part alone"), "{e}");
         assert!(e.to_string().contains("system 60"), "{e}");
@@ -253,11 +284,11 @@ mod tests {
             reserve: 5,
             ..usage.clone()
         };
-        assert!(fits.check().is_ok());
+        assert!(fits.check(&budget).is_ok());
         let unbounded = Usage {
             window: None,
             ..usage
         };
-        assert!(unbounded.check().is_ok());
+        assert!(unbounded.check(&budget).is_ok());
     }
 }

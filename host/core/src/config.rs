@@ -183,6 +183,11 @@ pub struct BudgetConfig {
     pub tokenizer: Option<String>,
     /// The latest turns never dropped when the history is trimmed (default 2).
     pub keep_turns: Option<u64>,
+    /// Most tokens the messages may take, below what the window leaves (history is trimmed
+    /// to fit it).
+    pub history_max: Option<u64>,
+    /// Most tokens this step's runtime context snapshot may take (else `context_overflow`).
+    pub context_max: Option<u64>,
 }
 
 /// Tokenizers a budget may name.
@@ -550,6 +555,8 @@ impl Config {
                 })
                 .unwrap_or_else(|| "chars".into()),
             keep_turns: b(|c| c.keep_turns).unwrap_or(crate::budget::DEFAULT_KEEP_TURNS) as usize,
+            history_max: b(|c| c.history_max),
+            context_max: b(|c| c.context_max),
         })
     }
 
@@ -580,10 +587,16 @@ impl Config {
                     )));
                 }
             }
-            if b.window == Some(0) {
-                return Err(Error::ConfigInvalid(format!(
-                    "agents.{name}.budget.window must be greater than 0"
-                )));
+            for (key, value) in [
+                ("window", b.window),
+                ("history_max", b.history_max),
+                ("context_max", b.context_max),
+            ] {
+                if value == Some(0) {
+                    return Err(Error::ConfigInvalid(format!(
+                        "agents.{name}.budget.{key} must be greater than 0"
+                    )));
+                }
             }
             if let Some(budget) = self.budget(name) {
                 if let Some(window) = budget.window {

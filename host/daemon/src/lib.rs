@@ -678,12 +678,18 @@ impl Daemon {
                 );
                 // Over its window: trim the history by the policy (Q14), or overflow.
                 let fixed = usage.tools.tokens + usage.system.tokens + budget.reserve as usize;
-                if let Some(window) = budget.window.map(|w| w as usize) {
-                    if fixed <= window && usage.total.tokens + budget.reserve as usize > window {
+                let room = match (budget.window, budget.history_max) {
+                    (Some(w), cap) if fixed <= w as usize => {
+                        let left = w as usize - fixed;
+                        Some(cap.map_or(left, |c| left.min(c as usize)))
+                    }
+                    (None, Some(cap)) => Some(cap as usize),
+                    _ => None,
+                };
+                if let Some(room) = room {
+                    if usage.messages.tokens > room {
                         if let Ok((seqs, size)) =
-                            cached
-                                .state
-                                .trim(&*counter, &new, window - fixed, budget.keep_turns)
+                            cached.state.trim(&*counter, &new, room, budget.keep_turns)
                         {
                             usage.messages.chars -= size.chars;
                             usage.messages.tokens -= size.tokens;
@@ -702,7 +708,7 @@ impl Daemon {
                         }
                     }
                 }
-                usage.check()?;
+                usage.check(&budget)?;
                 if let Some(marker) = plan.events.last_mut() {
                     if let Value::Object(body) = &mut marker.body {
                         body.insert("usage".into(), json!(usage));
