@@ -789,6 +789,11 @@ fn the_cli_client_drives_a_session() {
     );
 
     let log = common::stdout(&run(&["session", "log", &id]));
+    let step_line = log.lines().find(|l| l.contains(" step ")).unwrap_or("");
+    assert!(
+        step_line.contains("[usage: ") && step_line.contains("(chars)"),
+        "the step's measurement is in the log: {step_line}"
+    );
     let kinds: Vec<&str> = log
         .lines()
         .map(|l| l.split_whitespace().nth(1).unwrap())

@@ -91,20 +91,14 @@ impl Server {
     pub fn log(&self, id: &str) -> anyhow::Result<()> {
         let v = self.call("GET", &format!("/v1/sessions/{id}/events"), None)?;
         for e in v["events"].as_array().into_iter().flatten() {
-            println!(
-                "{:>4}  {:<18} {}",
-                e["seq"],
-                e["kind"].as_str().unwrap_or(""),
-                e["body"]
-            );
-            // A step's measurement, in one readable line under it.
+            // One line per event; a step's measurement is said in words before its body.
             let u = &e["body"]["usage"];
-            if u.is_object() {
+            let usage = if u.is_object() {
                 let window = u["window"]
                     .as_u64()
                     .map_or("no window".to_string(), |w| format!("window {w}"));
-                println!(
-                    "      usage: {} tokens ({}), {window}, reserve {}: tools {}, system {}, messages {} ({})",
+                format!(
+                    "[usage: {} tokens ({}), {window}, reserve {}: tools {}, system {}, messages {} ({})] ",
                     u["total"]["tokens"],
                     u["tokenizer"].as_str().unwrap_or(""),
                     u["reserve"],
@@ -112,8 +106,16 @@ impl Server {
                     u["system"]["tokens"],
                     u["messages"]["tokens"],
                     u["message_count"],
-                );
-            }
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "{:>4}  {:<18} {usage}{}",
+                e["seq"],
+                e["kind"].as_str().unwrap_or(""),
+                e["body"]
+            );
         }
         Ok(())
     }
