@@ -108,6 +108,19 @@ pub struct Dropped {
 }
 
 impl Usage {
+    /// Takes `count` messages of `size` out of the messages (and the total), as dropped.
+    pub fn leave_out(&mut self, count: usize, size: Size) {
+        self.messages.chars -= size.chars;
+        self.messages.tokens -= size.tokens;
+        self.total.chars -= size.chars;
+        self.total.tokens -= size.tokens;
+        self.message_count -= count;
+        self.dropped = Some(Dropped {
+            messages: count,
+            size,
+        });
+    }
+
     /// Refuses a request that does not fit: the runtime context over its cap, the fixed part
     /// alone, or the whole with the reserve, over the window, or the messages over their cap.
     pub fn check(&self, budget: &Budget) -> Result<()> {

@@ -585,6 +585,53 @@ impl SessionState {
         self.measured = Some(m);
     }
 
+    /// Measures the request a step will send — this state, the step's `new` messages and
+    /// snapshot, in `format` — and, when its messages do not fit what `budget` leaves them,
+    /// trims the history by [`SessionState::trim`]: returns the usage (less what was dropped)
+    /// and the `history/dropped` event to append. Whether it then fits is
+    /// [`crate::budget::Usage::check`]'s to say.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fit(
+        &mut self,
+        budget: &crate::budget::Budget,
+        counter: &dyn crate::budget::Counter,
+        header: &Header,
+        assembly: &Assembly,
+        format: crate::formats::Format,
+        new: &[Message],
+    ) -> (crate::budget::Usage, Option<NewEvent>) {
+        let (measured, count) = self.measure_messages(counter, new);
+        let mut usage = crate::budget::usage(
+            budget,
+            counter,
+            header,
+            assembly,
+            format,
+            assembly.shown_tools.as_deref(),
+            measured,
+            count,
+        );
+        let fixed = usage.tools.tokens + usage.system.tokens + budget.reserve as usize;
+        let room = match (budget.window.map(|w| w as usize), budget.history_max) {
+            (Some(w), cap) if fixed <= w => {
+                Some(cap.map_or(w - fixed, |c| (w - fixed).min(c as usize)))
+            }
+            (None, Some(cap)) => Some(cap as usize),
+            _ => None,
+        };
+        let Some(room) = room.filter(|room| usage.messages.tokens > *room) else {
+            return (usage, None);
+        };
+        match self.trim(counter, new, room, budget.keep_turns) {
+            Ok((seqs, size)) if !seqs.is_empty() => {
+                usage.leave_out(seqs.len(), size);
+                let event = NewEvent::new(EventKind::HistoryDropped, json!({"seqs": seqs}));
+                (usage, Some(event))
+            }
+            _ => (usage, None),
+        }
+    }
+
     /// Which earlier messages to leave out so the messages fit in `room` tokens (Q14): never
     /// the session's first user message (the goal), nor the latest `keep_turns` turns (a turn
     /// starts at a user message), nor the active snapshot; an assistant message and the tool

@@ -665,48 +665,12 @@ impl Daemon {
                 let counter = self.counter(&budget.tokenizer);
                 let mut new = messages.clone();
                 new.extend(plan.events.iter().filter_map(snapshot_message));
-                let (measured, count) = cached.state.measure_messages(&*counter, &new);
-                let mut usage = budget::usage(
-                    &budget,
-                    &*counter,
-                    &header,
-                    &assembled,
-                    format,
-                    assembled.shown_tools.as_deref(),
-                    measured,
-                    count,
-                );
-                // Over its window: trim the history by the policy (Q14), or overflow.
-                let fixed = usage.tools.tokens + usage.system.tokens + budget.reserve as usize;
-                let room = match (budget.window, budget.history_max) {
-                    (Some(w), cap) if fixed <= w as usize => {
-                        let left = w as usize - fixed;
-                        Some(cap.map_or(left, |c| left.min(c as usize)))
-                    }
-                    (None, Some(cap)) => Some(cap as usize),
-                    _ => None,
-                };
-                if let Some(room) = room {
-                    if usage.messages.tokens > room {
-                        if let Ok((seqs, size)) =
-                            cached.state.trim(&*counter, &new, room, budget.keep_turns)
-                        {
-                            usage.messages.chars -= size.chars;
-                            usage.messages.tokens -= size.tokens;
-                            usage.total.chars -= size.chars;
-                            usage.total.tokens -= size.tokens;
-                            usage.message_count -= seqs.len();
-                            usage.dropped = Some(budget::Dropped {
-                                messages: seqs.len(),
-                                size,
-                            });
-                            let at = plan.events.len().saturating_sub(1); // before the marker
-                            plan.events.insert(
-                                at,
-                                NewEvent::new(EventKind::HistoryDropped, json!({"seqs": seqs})),
-                            );
-                        }
-                    }
+                let (usage, dropped) = cached
+                    .state
+                    .fit(&budget, &*counter, &header, &assembled, format, &new);
+                if let Some(event) = dropped {
+                    let at = plan.events.len().saturating_sub(1); // before the marker
+                    plan.events.insert(at, event);
                 }
                 usage.check(&budget)?;
                 if let Some(marker) = plan.events.last_mut() {
