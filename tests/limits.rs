@@ -10,20 +10,13 @@ use common::daemon::{state_dir, Served};
 use common::Folder;
 use serde_json::{json, Value};
 
-fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
-    folder.serve(config)
-}
-
 /// Checks on a step's input are linear in the input plus the session's cached state: 10,000
 /// tool results after a 10,000-message step used to cost ~25 s of CPU (each result scanned
 /// the whole log).
 #[test]
 fn q5_ten_thousand_tool_results_are_checked_in_linear_time() {
     let folder = Folder::new().scripted("s");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n",
-    );
+    let (d, _s) = folder.serve("[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n");
     let id = d.session("default");
     let n = 10_000;
     let users: Vec<Value> = (0..n)
@@ -235,8 +228,7 @@ fn l8_a_declaration_over_its_limits_is_refused_by_name() {
         .scripted("longname")
         .scripted("heavy")
         .scripted("fine");
-    let (d, _s) = serve(
-        &folder,
+    let (d, _s) = folder.serve(
         "[plugins.sections]\nconfig = { bulk_sections = \"100000|1\" }\n\
          [plugins.tools]\nconfig = { bulk_tools = \"100000\" }\n\
          [plugins.longname]\nconfig = { long_name = \"10240\" }\n\
@@ -280,10 +272,8 @@ fn l8_a_declaration_over_its_limits_is_refused_by_name() {
 #[test]
 fn l2_a_memory_trap_names_the_limit_first() {
     let folder = Folder::new().scripted("hog");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.hog]\nmemory_mb = 64\nconfig = { \"grow_section.eat\" = \"0\" }\n",
-    );
+    let (d, _s) =
+        folder.serve("[plugins.hog]\nmemory_mb = 64\nconfig = { \"grow_section.eat\" = \"0\" }\n");
     let id = d.session("default");
     let (status, v) = d.step(&id);
     assert_eq!(status, 502, "{v}");

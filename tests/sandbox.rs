@@ -9,17 +9,11 @@ use common::daemon::{state_dir, Served};
 use common::{eventually, Folder};
 use serde_json::{json, Value};
 
-fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
-    folder.serve(config)
-}
-
 #[test]
 fn l2_an_infinite_loop_is_stopped_at_its_deadline() {
     let folder = Folder::new().scripted("looper");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.looper]\ntimeout_ms = 300\nconfig = { \"loop_section.spin\" = \"0\" }\n",
-    );
+    let (d, _s) = folder
+        .serve("[plugins.looper]\ntimeout_ms = 300\nconfig = { \"loop_section.spin\" = \"0\" }\n");
     let id = d.session("default");
     let started = Instant::now();
     let (status, v) = d.step(&id);
@@ -42,10 +36,8 @@ fn l2_an_infinite_loop_is_stopped_at_its_deadline() {
 #[test]
 fn l2_memory_growth_past_the_cap_fails_inside_the_guest() {
     let folder = Folder::new().scripted("hog");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.hog]\nmemory_mb = 64\nconfig = { \"grow_section.eat\" = \"0\" }\n",
-    );
+    let (d, _s) =
+        folder.serve("[plugins.hog]\nmemory_mb = 64\nconfig = { \"grow_section.eat\" = \"0\" }\n");
     let id = d.session("default");
     let (status, v) = d.step(&id);
     assert_eq!(status, 502, "{v}");
@@ -63,10 +55,7 @@ fn l2_memory_growth_past_the_cap_fails_inside_the_guest() {
 #[test]
 fn l3_after_a_trap_a_fresh_instance_serves_the_next_call() {
     let folder = Folder::new().scripted("flaky");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.flaky]\nconfig = { \"flaky_section.f\" = \"0\" }\n",
-    );
+    let (d, _s) = folder.serve("[plugins.flaky]\nconfig = { \"flaky_section.f\" = \"0\" }\n");
     let id = d.session("default");
     let (status, v) = d.step(&id);
     assert_eq!(
@@ -93,10 +82,7 @@ fn l3_after_a_trap_a_fresh_instance_serves_the_next_call() {
 #[test]
 fn output_checks_bound_returned_text() {
     let folder = Folder::new().scripted("big");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.big]\nconfig = { \"huge_section.h\" = \"0\" }\n",
-    );
+    let (d, _s) = folder.serve("[plugins.big]\nconfig = { \"huge_section.h\" = \"0\" }\n");
     let id = d.session("default");
     let (status, v) = d.step(&id);
     assert_eq!(status, 502, "{v}");
@@ -109,10 +95,8 @@ fn output_checks_bound_returned_text() {
 
     // A schema that is not an object is refused at load.
     let folder = Folder::new().scripted("schema");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.schema]\nconfig = { \"tool.t\" = '[\"not\", \"an object\"]' }\n",
-    );
+    let (d, _s) =
+        folder.serve("[plugins.schema]\nconfig = { \"tool.t\" = '[\"not\", \"an object\"]' }\n");
     assert_eq!(d.plugin("schema")["last_error"]["code"], "invalid_schema");
 }
 
@@ -120,9 +104,7 @@ fn output_checks_bound_returned_text() {
 fn l1_no_files_or_environment_without_a_grant() {
     std::env::set_var("PROMPTD_SANDBOX_PROBE", "visible");
     let folder = Folder::new().scripted("probe");
-    let (d, _s) = serve(
-        &folder,
-        "[plugins.probe]\nconfig = { \"probe_section.p\" = \"0\", probe_read = \"/etc/passwd\", probe_write = \"/tmp/promptd-probe\", probe_env = \"HOME\" }\n",
+    let (d, _s) = folder.serve("[plugins.probe]\nconfig = { \"probe_section.p\" = \"0\", probe_read = \"/etc/passwd\", probe_write = \"/tmp/promptd-probe\", probe_env = \"HOME\" }\n",
     );
     let id = d.session("default");
     let (status, v) = d.step(&id);
@@ -165,8 +147,7 @@ fn l1_a_granted_directory_is_readable_not_writable_and_nothing_else_is() {
 #[test]
 fn l3_repeated_failure_quarantines_and_enable_or_a_file_change_revives() {
     let folder = Folder::new().scripted("bad").scripted("good");
-    let (d, _s) = serve(
-        &folder,
+    let (d, _s) = folder.serve(
         "[limits]\nquarantine_after = 3\n\
          [plugins.bad]\nconfig = { \"trap_section.b\" = \"1\" }\n\
          [plugins.good]\nconfig = { \"section.g\" = \"0|good\" }\n",
@@ -216,9 +197,7 @@ fn l3_repeated_failure_quarantines_and_enable_or_a_file_change_revives() {
 #[test]
 fn a9_an_optional_plugin_failure_becomes_a_recorded_omission() {
     let folder = Folder::new().scripted("extra").scripted("good");
-    let (d, _s) = serve(
-        &folder,
-        "[limits]\nquarantine_after = 0\n\
+    let (d, _s) = folder.serve("[limits]\nquarantine_after = 0\n\
          [plugins.extra]\noptional = true\nconfig = { \"loop_section.slow\" = \"1\", \"tool.extra_tool\" = '{\"type\":\"object\"}' }\ntimeout_ms = 100\n\
          [plugins.good]\nconfig = { \"section.g\" = \"0|good\" }\n",
     );
