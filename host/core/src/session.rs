@@ -952,6 +952,64 @@ pub fn check_message(session: &str, events: &[Event], message: &Message) -> Resu
     SessionState::from_log(session, events)?.check_message(message)
 }
 
+/// Tool results as the agent's config shows them: an empty one says `empty`
+/// (`empty_tool_result`), and the text is wrapped in `template` (`tool_result_template`).
+pub fn tool_results_shown(
+    messages: &[Message],
+    template: Option<&str>,
+    empty: &str,
+) -> Vec<Message> {
+    use crate::content::{Block, Content};
+    let wrap = |text: &str| -> String {
+        match template {
+            Some(t) => t.replacen("{observation}", text, 1),
+            None => text.to_string(),
+        }
+    };
+    messages
+        .iter()
+        .map(|m| match m {
+            Message::Tool {
+                tool_call_id,
+                content,
+                is_error,
+            } => {
+                let content = match content {
+                    Content::Text(t) if t.is_empty() => Content::Text(wrap(empty)),
+                    Content::Text(t) => Content::Text(wrap(t)),
+                    Content::Blocks(blocks) if blocks.is_empty() => Content::Text(wrap(empty)),
+                    Content::Blocks(blocks) => match template {
+                        None => Content::Blocks(blocks.clone()),
+                        Some(t) => {
+                            // The observation is the blocks: the template's text goes around them.
+                            let (before, after) = t.split_once("{observation}").unwrap_or((t, ""));
+                            let mut out = Vec::with_capacity(blocks.len() + 2);
+                            if !before.is_empty() {
+                                out.push(Block::Text {
+                                    text: before.to_string(),
+                                });
+                            }
+                            out.extend(blocks.iter().cloned());
+                            if !after.is_empty() {
+                                out.push(Block::Text {
+                                    text: after.to_string(),
+                                });
+                            }
+                            Content::Blocks(out)
+                        }
+                    },
+                };
+                Message::Tool {
+                    tool_call_id: tool_call_id.clone(),
+                    content,
+                    is_error: *is_error,
+                }
+            }
+            other => other.clone(),
+        })
+        .collect()
+}
+
 /// The event that records the model's reply with the usage its provider reported (Q14).
 pub fn reply_event(message: &Message, usage: Option<&crate::replies::ProviderUsage>) -> NewEvent {
     let mut event = message_event(message);

@@ -653,7 +653,10 @@ impl Daemon {
                 for (i, m) in input.messages.iter().enumerate() {
                     content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
                 }
-                let messages = tool_results_as_configured(&config, &agent, &input.messages);
+                let messages = {
+                    let (template, empty) = config.tool_results(&agent);
+                    session::tool_results_shown(&input.messages, template.as_deref(), &empty)
+                };
                 cached.state.check_renders(format, &messages)?;
                 let mut plan =
                     cached
@@ -728,8 +731,9 @@ impl Daemon {
         let _held = self.locks.hold(id);
         let mut cached = self.session(id)?;
         let config = self.config();
+        let (template, empty) = config.tool_results(&cached.agent);
         let messages =
-            tool_results_as_configured(&config, &cached.agent, std::slice::from_ref(message));
+            session::tool_results_shown(std::slice::from_ref(message), template.as_deref(), &empty);
         let message = &messages[0];
         if let Err(e) = cached.state.check_message(message) {
             self.keep(id, cached);
@@ -832,59 +836,4 @@ fn snapshot_message(event: &NewEvent) -> Option<Message> {
             .unwrap_or("");
         Message::snapshot(content)
     })
-}
-
-/// Tool results as the agent's config says they are shown: an empty one says so
-/// (`empty_tool_result`), and the text is wrapped in `tool_result_template`.
-fn tool_results_as_configured(config: &Config, agent: &str, messages: &[Message]) -> Vec<Message> {
-    use promptd_core::content::{Block, Content};
-    let (template, empty) = config.tool_results(agent);
-    let wrap = |text: &str| -> String {
-        match &template {
-            Some(t) => t.replacen("{observation}", text, 1),
-            None => text.to_string(),
-        }
-    };
-    messages
-        .iter()
-        .map(|m| match m {
-            Message::Tool {
-                tool_call_id,
-                content,
-                is_error,
-            } => {
-                let content = match content {
-                    Content::Text(t) if t.is_empty() => Content::Text(wrap(&empty)),
-                    Content::Text(t) => Content::Text(wrap(t)),
-                    Content::Blocks(blocks) if blocks.is_empty() => Content::Text(wrap(&empty)),
-                    Content::Blocks(blocks) => match &template {
-                        None => Content::Blocks(blocks.clone()),
-                        Some(t) => {
-                            // The observation is the blocks: the template's text goes around them.
-                            let (before, after) = t.split_once("{observation}").unwrap_or((t, ""));
-                            let mut out = Vec::with_capacity(blocks.len() + 2);
-                            if !before.is_empty() {
-                                out.push(Block::Text {
-                                    text: before.to_string(),
-                                });
-                            }
-                            out.extend(blocks.iter().cloned());
-                            if !after.is_empty() {
-                                out.push(Block::Text {
-                                    text: after.to_string(),
-                                });
-                            }
-                            Content::Blocks(out)
-                        }
-                    },
-                };
-                Message::Tool {
-                    tool_call_id: tool_call_id.clone(),
-                    content,
-                    is_error: *is_error,
-                }
-            }
-            other => other.clone(),
-        })
-        .collect()
 }
