@@ -211,9 +211,7 @@ pub fn usage(
     messages: Size,
     message_count: usize,
 ) -> Usage {
-    let head = crate::formats::head(header, format, shown);
-    let tools = head
-        .get("tools")
+    let tools = crate::formats::tools_value(header, format, shown)
         .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
         .map(|t| Size::of(&t.to_string(), counter))
         .unwrap_or_default();

@@ -542,17 +542,23 @@ impl Config {
     /// The agent's budget, merged key by key along its chain; `None` when no agent of the
     /// chain has a `budget` table (then steps are measured by `chars`, never refused).
     pub fn budget(&self, agent: &str) -> Option<crate::budget::Budget> {
-        let b = |f: fn(&BudgetConfig) -> Option<u64>| {
-            self.inherited(agent, |a| a.budget.as_ref().and_then(f))
-        };
-        self.inherited(agent, |a| a.budget.as_ref().map(|_| ()))?;
+        // The chain's budget tables, nearest first: each key comes from the first that sets it.
+        let chain = self.chain(agent).unwrap_or_default();
+        let tables: Vec<&BudgetConfig> = chain
+            .iter()
+            .rev()
+            .filter_map(|name| self.agents.get(name).and_then(|a| a.budget.as_ref()))
+            .collect();
+        if tables.is_empty() {
+            return None;
+        }
+        let b = |f: fn(&BudgetConfig) -> Option<u64>| tables.iter().find_map(|t| f(t));
         Some(crate::budget::Budget {
             window: b(|c| c.window),
             reserve: b(|c| c.reserve).unwrap_or(0),
-            tokenizer: self
-                .inherited(agent, |a| {
-                    a.budget.as_ref().and_then(|c| c.tokenizer.clone())
-                })
+            tokenizer: tables
+                .iter()
+                .find_map(|t| t.tokenizer.clone())
                 .unwrap_or_else(|| "chars".into()),
             keep_turns: b(|c| c.keep_turns).unwrap_or(crate::budget::DEFAULT_KEEP_TURNS) as usize,
             history_max: b(|c| c.history_max),

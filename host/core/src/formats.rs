@@ -170,14 +170,14 @@ pub(crate) fn list_key(format: Format) -> &'static str {
     }
 }
 
-/// Everything of the body but `messages`: model settings, system prompt, tools.
-pub(crate) fn head(
+/// The `tools` of a body in `format`: `None` where the format leaves an empty list out.
+/// With a shown subset (`tool_subset = "allowed_tools"`), OpenAI bodies keep every tool (and
+/// narrow the call with `tool_choice`); the others can only shrink the array.
+pub(crate) fn tools_value(
     header: &Header,
     format: Format,
     shown: Option<&[String]>,
-) -> Map<String, Value> {
-    // With a shown subset (`tool_subset = "allowed_tools"`), OpenAI bodies keep every tool and
-    // narrow the call with `tool_choice`; the others can only shrink the array.
+) -> Option<Value> {
     let arrayed: Vec<&ToolSpec> = match shown {
         Some(shown) if !matches!(format, Format::Openai | Format::OpenaiResponses) => header
             .tools
@@ -186,41 +186,57 @@ pub(crate) fn head(
             .collect(),
         _ => header.tools.iter().collect(),
     };
+    if arrayed.is_empty() && format != Format::Neutral {
+        return None;
+    }
+    let count = arrayed.len();
+    let tools = arrayed.iter().enumerate().map(|(i, tool)| match format {
+        Format::Neutral => json!({
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        }),
+        Format::Openai => json!({
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            },
+        }),
+        // Without `strict`, Responses rewrites the schema into strict mode (every property
+        // required); keep it as the plugin declared it.
+        Format::OpenaiResponses => json!({
+            "type": "function",
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+            "strict": false,
+        }),
+        Format::Anthropic => anthropic_tool(tool, i + 1 == count),
+    });
+    Some(Value::Array(tools.collect()))
+}
+
+/// Everything of the body but `messages`: model settings, system prompt, tools.
+pub(crate) fn head(
+    header: &Header,
+    format: Format,
+    shown: Option<&[String]>,
+) -> Map<String, Value> {
+    let tools = tools_value(header, format, shown);
     match format {
         Format::Neutral => {
-            let tools: Vec<Value> = arrayed
-                .iter()
-                .map(|tool| {
-                    json!({
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.parameters,
-                    })
-                })
-                .collect();
             let mut body = Map::new();
             body.insert("model".into(), Value::Object(header.model.clone()));
             body.insert("system".into(), json!(header.system));
-            body.insert("tools".into(), Value::Array(tools));
+            body.insert("tools".into(), tools.unwrap_or_else(|| json!([])));
             body
         }
         Format::Openai => {
             let mut body = openai_settings(header, format);
-            if !arrayed.is_empty() {
-                let tools: Vec<Value> = arrayed
-                    .iter()
-                    .map(|tool| {
-                        json!({
-                            "type": "function",
-                            "function": {
-                                "name": tool.name,
-                                "description": tool.description,
-                                "parameters": tool.parameters,
-                            },
-                        })
-                    })
-                    .collect();
-                body.insert("tools".into(), Value::Array(tools));
+            if let Some(tools) = tools {
+                body.insert("tools".into(), tools);
                 if let Some(shown) = shown {
                     let allowed = shown
                         .iter()
@@ -239,22 +255,8 @@ pub(crate) fn head(
             if !header.system.is_empty() {
                 body.insert("instructions".into(), json!(header.system));
             }
-            if !arrayed.is_empty() {
-                let tools: Vec<Value> = arrayed
-                    .iter()
-                    .map(|tool| {
-                        // Without `strict`, Responses rewrites the schema into strict mode
-                        // (every property required); keep it as the plugin declared it.
-                        json!({
-                            "type": "function",
-                            "name": tool.name,
-                            "description": tool.description,
-                            "parameters": tool.parameters,
-                            "strict": false,
-                        })
-                    })
-                    .collect();
-                body.insert("tools".into(), Value::Array(tools));
+            if let Some(tools) = tools {
+                body.insert("tools".into(), tools);
                 if let Some(shown) = shown {
                     let allowed = shown
                         .iter()
@@ -279,14 +281,8 @@ pub(crate) fn head(
                     json!([{ "type": "text", "text": header.system, "cache_control": ephemeral() }]),
                 );
             }
-            let count = arrayed.len();
-            if count > 0 {
-                let tools: Vec<Value> = arrayed
-                    .iter()
-                    .enumerate()
-                    .map(|(i, tool)| anthropic_tool(tool, i + 1 == count))
-                    .collect();
-                body.insert("tools".into(), Value::Array(tools));
+            if let Some(tools) = tools {
+                body.insert("tools".into(), tools);
             }
             body.remove("messages");
             body

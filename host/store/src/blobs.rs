@@ -38,6 +38,24 @@ fn blocks(
 
 /// The body to store (`None`: as given) and the blobs it refers to, `(sha256, data)`.
 pub fn deflate(kind: EventKind, body: &Value) -> (Option<Value>, Vec<(String, String)>) {
+    // Most events hold no large media: look before copying the body (a header is big).
+    let large = |b: &Value| {
+        matches!(
+            b.get("type").and_then(Value::as_str),
+            Some("image" | "document")
+        ) && b
+            .get("data")
+            .and_then(Value::as_str)
+            .is_some_and(|d| d.len() >= MIN_BYTES)
+    };
+    let has_media = matches!(kind, EventKind::UserMessage | EventKind::ToolResult)
+        && body
+            .get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|c| c.iter().any(large));
+    if !has_media {
+        return (None, Vec::new());
+    }
     let mut stored = body.clone();
     let mut found = Vec::new();
     for block in blocks(kind, &mut stored) {
