@@ -4,6 +4,7 @@
 //! Run: `cargo bench -p promptd --bench load`. Environment:
 //! - `LOAD_SECS` (10): measured seconds per scenario, after `LOAD_WARMUP_SECS` (1) of warm-up;
 //! - `LOAD_RATE` (4000): the open loop's offered steps per second, over `LOAD_OPEN_THREADS` (64);
+//! - `LOAD_SCENARIOS` (all): which scenarios to run, 1-based and comma-separated (`2` = 16 threads);
 //! - `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE`: see support/mod.rs (before/after side by side).
 //!
 //! Method: per scenario and binary, a fresh `promptd serve --listen 127.0.0.1:0 --no-watch`
@@ -66,6 +67,8 @@ struct Measured {
     unsent: u64,
     elapsed: Duration,
     daemon_cpu: f64,
+    /// The part of `daemon_cpu` spent in the kernel (fsync, sockets, futexes).
+    daemon_sys: f64,
     client_cpu: f64,
     rss_kib: u64,
 }
@@ -82,6 +85,9 @@ impl Measured {
     }
     fn daemon_cpu_per_step(&self) -> Duration {
         Duration::from_secs_f64(self.daemon_cpu / self.steps().max(1) as f64)
+    }
+    fn daemon_sys_per_step(&self) -> Duration {
+        Duration::from_secs_f64(self.daemon_sys / self.steps().max(1) as f64)
     }
     fn client_cpu_per_step(&self) -> Duration {
         Duration::from_secs_f64(self.client_cpu / self.steps().max(1) as f64)
@@ -212,12 +218,12 @@ fn measure(
     if warmup > 0.0 {
         closed_loop(&daemon.url, warm_threads, warmup);
     }
-    let (cpu0, client0) = (daemon.cpu_seconds(), cpu_seconds("self"));
+    let ((user0, sys0), client0) = (daemon.cpu_split(), cpu_seconds("self"));
     let (results, elapsed) = match scenario {
         Scenario::Closed(t) => closed_loop(&daemon.url, t, secs),
         Scenario::Open { rate, threads } => open_loop(&daemon.url, rate, threads, secs),
     };
-    let (cpu1, client1) = (daemon.cpu_seconds(), cpu_seconds("self"));
+    let ((user1, sys1), client1) = (daemon.cpu_split(), cpu_seconds("self"));
     let rss_kib = daemon.rss_kib();
     daemon.stop();
     let mut latencies: Vec<Duration> = results
@@ -231,7 +237,8 @@ fn measure(
         errors: results.iter().map(|r| r.errors).sum(),
         unsent: results.iter().map(|r| r.unsent).sum(),
         elapsed,
-        daemon_cpu: cpu1 - cpu0,
+        daemon_cpu: (user1 + sys1) - (user0 + sys0),
+        daemon_sys: sys1 - sys0,
         client_cpu: client1 - client0,
         rss_kib,
     }
@@ -246,7 +253,7 @@ fn main() {
     let work = scratch("load");
     let plugins = work.path().join("plugins");
     rust_plugin_folder(&plugins);
-    let scenarios = [
+    let all = [
         Scenario::Closed(1),
         Scenario::Closed(16),
         Scenario::Closed(64),
@@ -255,6 +262,18 @@ fn main() {
             threads: open_threads,
         },
     ];
+    // `LOAD_SCENARIOS=2,3` runs only the second and third (1-based), e.g. under a profiler.
+    let picked: Vec<usize> = std::env::var("LOAD_SCENARIOS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    let scenarios: Vec<Scenario> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| picked.is_empty() || picked.contains(&(i + 1)))
+        .map(|(_, s)| *s)
+        .collect();
     println!("load: {secs} s per scenario, 4 Rust plugins, agent coder, new session every {STEPS_PER_SESSION} steps");
 
     let mut table = Table::new(&[
@@ -266,6 +285,7 @@ fn main() {
         "p99",
         "max",
         "daemon CPU/step",
+        "of it kernel",
         "client CPU/step",
         "daemon RSS after",
         "errors, unsent",
@@ -282,11 +302,12 @@ fn main() {
             let state = work.path().join(format!("state-{i}-{}", bin.label));
             let m = measure(bin, *scenario, &plugins, &state);
             eprintln!(
-                "  {:.0} steps/s, p50 {}, p99 {}, daemon CPU/step {}",
+                "  {:.0} steps/s, p50 {}, p99 {}, daemon CPU/step {} (kernel {})",
                 m.rate(),
                 fmt_duration(m.p(0.5)),
                 fmt_duration(m.p(0.99)),
-                fmt_duration(m.daemon_cpu_per_step())
+                fmt_duration(m.daemon_cpu_per_step()),
+                fmt_duration(m.daemon_sys_per_step())
             );
             measured.push((bin, m));
         }
@@ -301,6 +322,7 @@ fn main() {
                 fmt_duration(m.p(0.99)),
                 fmt_duration(*m.latencies.last().unwrap()),
                 fmt_duration(m.daemon_cpu_per_step()),
+                fmt_duration(m.daemon_sys_per_step()),
                 fmt_duration(m.client_cpu_per_step()),
                 fmt_mib(m.rss_kib),
                 format!("{}, {}", m.errors, m.unsent),
@@ -322,6 +344,10 @@ fn main() {
                 ratio(
                     secs(cur.daemon_cpu_per_step()),
                     secs(base.daemon_cpu_per_step()),
+                ),
+                ratio(
+                    secs(cur.daemon_sys_per_step()),
+                    secs(base.daemon_sys_per_step()),
                 ),
                 ratio(
                     secs(cur.client_cpu_per_step()),

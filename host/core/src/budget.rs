@@ -198,6 +198,32 @@ pub struct Budget {
 /// Default of `budget.keep_turns`.
 pub const DEFAULT_KEEP_TURNS: u64 = 2;
 
+/// What a request's fixed parts take: the tools as the format shows them, and the system
+/// prompt. They change only with the header, so a session measures them once per header.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fixed {
+    pub tools: Size,
+    pub system: Size,
+}
+
+impl Fixed {
+    pub fn measure(
+        counter: &dyn Counter,
+        header: &crate::conversation::Header,
+        format: crate::formats::Format,
+        shown: Option<&[String]>,
+    ) -> Self {
+        let tools = crate::formats::tools_value(header, format, shown)
+            .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+            .map(|t| Size::of(&t.to_string(), counter))
+            .unwrap_or_default();
+        Self {
+            tools,
+            system: Size::of(&header.system, counter),
+        }
+    }
+}
+
 /// Measures one request: the fixed parts from the header and assembly, the messages as
 /// measured by the caller (the session keeps them summed as they are appended).
 #[allow(clippy::too_many_arguments)]
@@ -211,11 +237,20 @@ pub fn usage(
     messages: Size,
     message_count: usize,
 ) -> Usage {
-    let tools = crate::formats::tools_value(header, format, shown)
-        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
-        .map(|t| Size::of(&t.to_string(), counter))
-        .unwrap_or_default();
-    let system = Size::of(&header.system, counter);
+    let fixed = Fixed::measure(counter, header, format, shown);
+    usage_with(budget, counter, fixed, assembly, messages, message_count)
+}
+
+/// [`usage`] with the fixed parts measured earlier ([`Fixed::measure`]).
+pub fn usage_with(
+    budget: &Budget,
+    counter: &dyn Counter,
+    fixed: Fixed,
+    assembly: &crate::assembly::Assembly,
+    messages: Size,
+    message_count: usize,
+) -> Usage {
+    let Fixed { tools, system } = fixed;
     let parts = |list: &[(String, String)]| {
         list.iter()
             .map(|(name, text)| Part {

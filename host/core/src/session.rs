@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 use crate::assembly::Assembly;
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 use crate::error::{Error, Result};
+use crate::formats::Format;
 use crate::store::{Event, EventKind, NewEvent, StoreError, BODY_VERSION};
-use crate::transcript::Transcript;
+use crate::transcript::{Head, Transcript};
 
 /// The snapshot appended once when runtime context disappears (Q2).
 pub const CLEARED_SNAPSHOT: &str =
@@ -340,6 +341,33 @@ pub struct SessionState {
     /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
     tool_call_bytes: usize,
     transcript: Transcript,
+    memo: HeadMemo,
+}
+
+/// What depends only on the current header, made when a step first needs it and dropped
+/// when the header changes: each format's serialized head, and the fixed parts' measure per
+/// tokenizer. Keyed by the tools shown too; a few entries at most.
+#[derive(Clone, Debug, Default)]
+struct HeadMemo {
+    heads: Vec<(Format, Option<Vec<String>>, Head)>,
+    fixed: Vec<(Format, String, Option<Vec<String>>, crate::budget::Fixed)>,
+}
+
+/// Most entries of each kind in a [`HeadMemo`]: the formats a client asks for times the tool
+/// subsets it alternates between.
+const HEAD_MEMO_ENTRIES: usize = 8;
+
+impl HeadMemo {
+    fn bytes(&self) -> usize {
+        self.heads.iter().map(|(_, _, h)| h.bytes()).sum::<usize>() + self.fixed.len() * 64
+    }
+}
+
+fn remember<T>(list: &mut Vec<T>, item: T) {
+    if list.len() >= HEAD_MEMO_ENTRIES {
+        list.remove(0);
+    }
+    list.push(item);
 }
 
 impl SessionState {
@@ -362,6 +390,7 @@ impl SessionState {
             summaries: BTreeMap::new(),
             tool_call_bytes: 0,
             transcript: Transcript::new(),
+            memo: HeadMemo::default(),
         }
     }
 
@@ -391,6 +420,7 @@ impl SessionState {
                 EventKind::RequestHeader => {
                     self.header_bytes = json_bytes(body(&session, event)?);
                     self.header = Some(header_of(&session, event)?);
+                    self.memo = HeadMemo::default();
                 }
                 EventKind::ContextSnapshot => {
                     self.snapshot = if body(&session, event)?.get("cleared")
@@ -461,19 +491,23 @@ impl SessionState {
 
     /// Roughly how much memory the state holds, in bytes.
     pub fn bytes(&self) -> usize {
-        self.transcript.bytes() + self.tool_call_bytes + self.header_bytes + self.snapshot_bytes
+        self.transcript.bytes()
+            + self.tool_call_bytes
+            + self.header_bytes
+            + self.snapshot_bytes
+            + self.memo.bytes()
     }
 
     /// The request of the last step in `format`: the last header and every message, the same
     /// bytes as [`rebuild`] of that step rendered by [`crate::formats::render`].
-    pub fn render(&self, format: crate::formats::Format) -> Result<String> {
+    pub fn render(&mut self, format: crate::formats::Format) -> Result<String> {
         let mut out = String::new();
         self.render_into(format, &mut out)?;
         Ok(out)
     }
 
     /// [`SessionState::render`], appended to `out`.
-    pub fn render_into(&self, format: crate::formats::Format, out: &mut String) -> Result<()> {
+    pub fn render_into(&mut self, format: crate::formats::Format, out: &mut String) -> Result<()> {
         let (header, _) = self.header.as_ref().ok_or_else(|| {
             Error::Store(StoreError::Corrupt {
                 session: self.session.clone(),
@@ -488,8 +522,25 @@ impl SessionState {
             });
         }
         if self.dropped.is_empty() {
+            let shown = self.shown_tools.as_deref();
+            let known = self
+                .memo
+                .heads
+                .iter()
+                .position(|(f, s, _)| *f == format && s.as_deref() == shown);
+            let at = match known {
+                Some(at) => at,
+                None => {
+                    let head = Head::new(header, shown, format);
+                    remember(
+                        &mut self.memo.heads,
+                        (format, self.shown_tools.clone(), head),
+                    );
+                    self.memo.heads.len() - 1
+                }
+            };
             self.transcript
-                .render_into(header, self.shown_tools.as_deref(), format, out);
+                .render_with(&self.memo.heads[at].2, header, format, out);
             return Ok(());
         }
         // Trimmed: render what is kept (bounded by the budget, not by the history).
@@ -601,16 +652,9 @@ impl SessionState {
         new: &[Message],
     ) -> (crate::budget::Usage, Option<NewEvent>) {
         let (measured, count) = self.measure_messages(counter, new);
-        let mut usage = crate::budget::usage(
-            budget,
-            counter,
-            header,
-            assembly,
-            format,
-            assembly.shown_tools.as_deref(),
-            measured,
-            count,
-        );
+        let fixed = self.fixed(counter, header, format, assembly.shown_tools.as_deref());
+        let mut usage =
+            crate::budget::usage_with(budget, counter, fixed, assembly, measured, count);
         let fixed = usage.tools.tokens + usage.system.tokens + budget.reserve as usize;
         let room = match (budget.window.map(|w| w as usize), budget.history_max) {
             (Some(w), cap) if fixed <= w => {
@@ -630,6 +674,36 @@ impl SessionState {
             }
             _ => (usage, None),
         }
+    }
+
+    /// The fixed parts' measure for `header`, remembered while it is the session's header.
+    fn fixed(
+        &mut self,
+        counter: &dyn crate::budget::Counter,
+        header: &Header,
+        format: Format,
+        shown: Option<&[String]>,
+    ) -> crate::budget::Fixed {
+        let measure = || crate::budget::Fixed::measure(counter, header, format, shown);
+        if !self.header.as_ref().is_some_and(|(h, _)| h == header) {
+            return measure(); // a new header: measured once, before it is recorded
+        }
+        let known = self
+            .memo
+            .fixed
+            .iter()
+            .find(|(f, t, s, _)| *f == format && t == counter.name() && s.as_deref() == shown);
+        if let Some((_, _, _, fixed)) = known {
+            return *fixed;
+        }
+        let fixed = measure();
+        let key = (
+            format,
+            counter.name().to_string(),
+            shown.map(<[String]>::to_vec),
+        );
+        remember(&mut self.memo.fixed, (key.0, key.1, key.2, fixed));
+        fixed
     }
 
     /// Which earlier messages to leave out so the messages fit in `room` tokens (Q14): never

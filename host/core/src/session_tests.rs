@@ -425,3 +425,28 @@ fn q14_media_counts_by_the_image_rule_not_by_its_base64() {
         "an image whose size cannot be read counts as the estimate"
     );
 }
+
+#[test]
+fn q4_a_kept_state_renders_what_a_rebuild_renders_while_the_header_changes() {
+    // The state remembers each format's head while the header stays; a new header must
+    // drop it, or the next body would carry the old system prompt or tools.
+    let log = Log::new();
+    let mut state = SessionState::from_log(&log.id, &log.events()).unwrap();
+    for (i, system) in ["A", "A", "B", "B", "A"].iter().enumerate() {
+        let before = log.events().len();
+        log.step(&[user(&format!("m{i}"))], &assembly(system, None), RUN)
+            .unwrap();
+        state.apply(&log.events()[before..]).unwrap();
+        let rebuilt = rebuild(&log.id, &log.events(), i as u64 + 1).unwrap();
+        for format in Format::ALL {
+            for _ in 0..2 {
+                assert_eq!(
+                    state.render(format).unwrap(),
+                    crate::formats::render(&rebuilt, format).to_string(),
+                    "step {} in {format:?}",
+                    i + 1
+                );
+            }
+        }
+    }
+}

@@ -11,6 +11,38 @@ use serde_json::Value;
 use crate::conversation::{Header, Message};
 use crate::formats::{self, Format};
 
+/// A body's fixed part in one format, serialized: the members before the message list
+/// (from the `{`) and after it (to the `}`), in the canonical key order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    before: String,
+    after: String,
+}
+
+impl Head {
+    pub fn new(header: &Header, shown: Option<&[String]>, format: Format) -> Self {
+        let (mut before, mut after) = (String::from("{"), String::new());
+        let mut first = true;
+        for (key, value) in &formats::head(header, format, shown) {
+            if key.as_str() < formats::list_key(format) {
+                entry(&mut before, &mut first, key);
+                before.push_str(&value.to_string());
+            } else {
+                after.push(','); // the message list always comes before
+                entry(&mut after, &mut true, key);
+                after.push_str(&value.to_string());
+            }
+        }
+        after.push('}');
+        Self { before, after }
+    }
+
+    /// The bytes it holds (for the session cache's budget).
+    pub fn bytes(&self) -> usize {
+        self.before.len() + self.after.len()
+    }
+}
+
 /// The compact JSON of each message, per format. Anthropic merges consecutive same-role
 /// messages into one turn, so its last turn stays open (as values) until the role changes.
 #[derive(Clone, Debug, Default)]
@@ -106,24 +138,18 @@ impl Transcript {
         format: Format,
         out: &mut String,
     ) {
-        let head = formats::head(header, format, shown);
-        let out = &mut *out;
-        out.reserve(self.bytes / 2 + 1024);
-        out.push('{');
-        let mut placed = false;
-        let mut first = true;
-        for (key, value) in &head {
-            if !placed && key.as_str() > formats::list_key(format) {
-                self.messages(header, format, out, &mut first);
-                placed = true;
-            }
-            entry(out, &mut first, key);
-            out.push_str(&value.to_string());
-        }
-        if !placed {
-            self.messages(header, format, out, &mut first);
-        }
-        out.push('}');
+        self.render_with(&Head::new(header, shown, format), header, format, out);
+    }
+
+    /// [`Transcript::render_into`] around a [`Head`] made earlier for the same header, tools
+    /// shown and format: a session keeps its head while the header stays, so a step does not
+    /// serialize the system prompt and the tools again.
+    pub fn render_with(&self, head: &Head, header: &Header, format: Format, out: &mut String) {
+        out.reserve(head.before.len() + self.bytes / 2 + head.after.len() + 64);
+        out.push_str(&head.before);
+        let mut first = head.before.len() == 1; // only the `{`
+        self.messages(header, format, out, &mut first);
+        out.push_str(&head.after);
     }
 
     /// Writes `"messages":[…]` (`"input"` for Responses), with its leading comma when needed.

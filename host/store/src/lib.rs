@@ -441,12 +441,10 @@ fn create(tx: &Connection, agent: &str, first: &NewEvent) -> Result<String, Stor
 }
 
 fn append(tx: &Connection, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+    // Cached: this runs once per append, and parsing it again cost more than running it.
     let last: i64 = tx
-        .query_row(
-            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1",
-            [id],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1")
+        .and_then(|mut last| last.query_row([id], |r| r.get(0)))
         .map_err(db("reading the last seq"))?;
     if last as u64 + 1 != next_seq {
         return Err(StoreError::Conflict {

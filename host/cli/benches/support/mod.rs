@@ -166,6 +166,13 @@ pub fn clk_tck() -> u64 {
 /// utime + stime of a process in seconds, from /proc/PID/stat (all its threads, live and
 /// exited). Resolution: one clock tick (10 ms at CLK_TCK = 100).
 pub fn cpu_seconds(pid: &str) -> f64 {
+    let (user, system) = cpu_split(pid);
+    user + system
+}
+
+/// User and system CPU seconds of a process (`pid` may be `self`), from /proc/PID/stat: the
+/// split tells work in promptd's own code from work in the kernel (fsync, sockets, futexes).
+pub fn cpu_split(pid: &str) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
     // The command name (field 2) may hold spaces: fields after it start behind the last ')'.
     let rest = &stat[stat.rfind(')').expect("stat has a comm field") + 1..];
@@ -173,7 +180,8 @@ pub fn cpu_seconds(pid: &str) -> f64 {
     // Fields 14 and 15 of the whole line are utime and stime: 11 and 12 after the comm.
     let utime: u64 = fields[11].parse().expect("utime");
     let stime: u64 = fields[12].parse().expect("stime");
-    (utime + stime) as f64 / clk_tck() as f64
+    let tck = clk_tck() as f64;
+    (utime as f64 / tck, stime as f64 / tck)
 }
 
 /// On-CPU nanoseconds per live thread of a process, from /proc/PID/task/*/schedstat: exact to
@@ -277,6 +285,10 @@ impl Daemon {
 
     pub fn cpu_seconds(&self) -> f64 {
         cpu_seconds(&self.pid.to_string())
+    }
+
+    pub fn cpu_split(&self) -> (f64, f64) {
+        cpu_split(&self.pid.to_string())
     }
 
     pub fn thread_cpu_ns(&self) -> BTreeMap<u32, u64> {
