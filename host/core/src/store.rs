@@ -116,6 +116,17 @@ impl NewEvent {
             at_ms,
         }
     }
+
+    /// [`NewEvent::recorded`], without copying the body.
+    pub fn into_recorded(self, seq: u64, at_ms: u64) -> Event {
+        Event {
+            seq,
+            kind: self.kind,
+            version: BODY_VERSION,
+            body: self.body,
+            at_ms,
+        }
+    }
 }
 
 /// Why a store operation failed.

@@ -58,6 +58,14 @@ pub struct Transcript {
     unsupported: Vec<(Format, &'static str)>,
     open_turn: Option<(&'static str, Vec<Value>)>,
     bytes: usize,
+    /// Bytes of the fragments per format (in [`Format::ALL`]'s order), to size a body's
+    /// buffer once: a guess from the total either wastes or reallocates.
+    format_bytes: [usize; 4],
+}
+
+/// A format's place in [`Format::ALL`].
+fn slot(format: Format) -> usize {
+    Format::ALL.iter().position(|f| *f == format).unwrap_or(0)
 }
 
 impl Transcript {
@@ -87,6 +95,9 @@ impl Transcript {
             .collect::<Vec<_>>()
             .join(",");
         self.bytes += neutral.len() + openai.len() + responses.len();
+        self.format_bytes[slot(Format::Neutral)] += neutral.len() + 1;
+        self.format_bytes[slot(Format::Openai)] += openai.len() + 1;
+        self.format_bytes[slot(Format::OpenaiResponses)] += responses.len() + 1;
         self.neutral.push(neutral);
         self.openai.push(openai);
         self.responses.push(responses);
@@ -98,6 +109,7 @@ impl Transcript {
         for (role, blocks) in turns {
             let closed = formats::anthropic_turn(role, blocks).to_string();
             self.bytes += closed.len();
+            self.format_bytes[slot(Format::Anthropic)] += closed.len() + 1;
             self.anthropic.push(closed);
         }
         self.open_turn = open;
@@ -124,7 +136,7 @@ impl Transcript {
     /// The request body for `header` and every message pushed so far, in `format`: the bytes of
     /// [`formats::render`]`(…).to_string()`, written in one pass into one buffer.
     pub fn render(&self, header: &Header, shown: Option<&[String]>, format: Format) -> String {
-        let mut out = String::with_capacity(self.bytes / 2 + 1024);
+        let mut out = String::new();
         self.render_into(header, shown, format, &mut out);
         out
     }
@@ -145,7 +157,13 @@ impl Transcript {
     /// shown and format: a session keeps its head while the header stays, so a step does not
     /// serialize the system prompt and the tools again.
     pub fn render_with(&self, head: &Head, header: &Header, format: Format, out: &mut String) {
-        out.reserve(head.before.len() + self.bytes / 2 + head.after.len() + 64);
+        // The open Anthropic turn and OpenAI's pending attachments are not counted yet.
+        let open = if self.open_turn.is_some() || !self.openai_pending.is_empty() {
+            1024
+        } else {
+            64
+        };
+        out.reserve(head.before.len() + self.format_bytes[slot(format)] + head.after.len() + open);
         out.push_str(&head.before);
         let mut first = head.before.len() == 1; // only the `{`
         self.messages(header, format, out, &mut first);

@@ -505,13 +505,13 @@ impl Daemon {
     /// Appends `events` at the state's next seq and extends the state by them. When another
     /// writer appended in the meantime the append is refused (`store_conflict`) and the stale
     /// state is dropped, so the next call rebuilds it from the log.
-    fn append(&self, id: &str, cached: &mut Cached, events: &[NewEvent]) -> Result<u64> {
+    fn append(&self, id: &str, cached: &mut Cached, events: Vec<NewEvent>) -> Result<u64> {
         let next = cached.state.last_seq() + 1;
-        self.store.append(id, next, events)?;
+        self.store.append(id, next, &events)?;
         let recorded: Vec<Event> = events
-            .iter()
+            .into_iter()
             .enumerate()
-            .map(|(i, e)| e.recorded(next + i as u64, 0))
+            .map(|(i, e)| e.into_recorded(next + i as u64, 0))
             .collect();
         cached.state.apply(&recorded)?;
         Ok(next)
@@ -690,7 +690,7 @@ impl Daemon {
                 return Err(e);
             }
         };
-        self.append(id, &mut cached, &plan.events)?;
+        self.append(id, &mut cached, plan.events)?;
         let rendered = cached.state.render_into(format, out);
         self.keep(id, cached);
         rendered?;
@@ -743,7 +743,7 @@ impl Daemon {
             Message::Assistant { .. } => session::reply_event(message, usage),
             _ => session::message_event(message),
         };
-        let seq = self.append(id, &mut cached, &[event])?;
+        let seq = self.append(id, &mut cached, vec![event])?;
         self.keep(id, cached);
         Ok(seq)
     }
@@ -762,7 +762,7 @@ impl Daemon {
             EventKind::HistoryCompacted,
             json!({"from": from, "to": to, "summary": summary}),
         );
-        let seq = self.append(id, &mut cached, &[event])?;
+        let seq = self.append(id, &mut cached, vec![event])?;
         self.keep(id, cached);
         Ok(seq)
     }

@@ -400,27 +400,33 @@ fn write_batch(
     conn: &mut Connection,
     batch: &[Job],
 ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
-    let mut tx = conn
+    let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(db("beginning a transaction"))?;
+    // Savepoints by cached statements: rusqlite's own parse their SQL at every use, which
+    // cost more than the inserts they guard.
+    let run = |sql: &str| {
+        tx.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([]))
+            .map(drop)
+    };
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
-        let sp = tx.savepoint().map_err(db("making a savepoint"))?;
+        run("SAVEPOINT job").map_err(db("making a savepoint"))?;
         let result = match job {
-            Job::Create { agent, first, .. } => create(&sp, agent, first).map(Written::Session),
+            Job::Create { agent, first, .. } => create(&tx, agent, first).map(Written::Session),
             Job::Append {
                 id,
                 next_seq,
                 events,
                 ..
-            } => append(&sp, id, *next_seq, events).map(|()| Written::Events),
+            } => append(&tx, id, *next_seq, events).map(|()| Written::Events),
         };
-        if result.is_ok() {
-            sp.commit().map_err(db("releasing a savepoint"))?;
-        } else {
-            // Dropping the savepoint rolls back this job's writes only.
-            drop(sp);
+        if result.is_err() {
+            // Only this job's writes go.
+            run("ROLLBACK TO job").map_err(db("rolling back a savepoint"))?;
         }
+        run("RELEASE job").map_err(db("releasing a savepoint"))?;
         results.push(result);
     }
     tx.commit().map_err(db("committing"))?;
