@@ -27,7 +27,7 @@ use hyper::service::{service_fn, Service};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
 /// A connection's time limits, read from the config in force when it opens.
@@ -127,8 +127,6 @@ where
 /// What a connection is doing, for its watchdog.
 struct Activity {
     state: Mutex<State>,
-    /// Wakes the watchdog when its deadline may have moved.
-    changed: Notify,
 }
 
 struct State {
@@ -149,7 +147,6 @@ impl Activity {
                 head: true,
                 since: Instant::now(),
             }),
-            changed: Notify::new(),
         }
     }
 
@@ -163,14 +160,19 @@ impl Activity {
         if state.in_flight == 0 && !state.head {
             state.head = true;
             state.since = Instant::now();
-            drop(state);
-            self.changed.notify_one();
         }
     }
 
     /// Resolves when the connection has exceeded a timeout, saying which.
+    ///
+    /// The watchdog is never told of a change: it looks again at least every `min(header,
+    /// idle)`. A deadline set after a look is at least that far from it (it starts when it is
+    /// set), so a look always comes before it, and it is kept exactly. Re-arming a timer per
+    /// request instead would wake the runtime's timer driver at every request.
     async fn expired(&self, timeouts: Timeouts) -> &'static str {
+        let most = timeouts.header.min(timeouts.idle);
         loop {
+            let now = Instant::now();
             let deadline = {
                 let state = self.state();
                 (state.in_flight == 0).then(|| {
@@ -181,17 +183,12 @@ impl Activity {
                     }
                 })
             };
-            // `notify_one` keeps a wake-up for a change made before we wait, so none is lost.
-            match deadline {
-                Some((at, why)) if Instant::now() >= at => return why,
-                Some((at, _)) => {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(at) => {}
-                        () = self.changed.notified() => {}
-                    }
-                }
-                None => self.changed.notified().await,
-            }
+            let wake = match deadline {
+                Some((at, why)) if now >= at => return why,
+                Some((at, _)) => at.min(now + most),
+                None => now + most,
+            };
+            tokio::time::sleep_until(wake).await;
         }
     }
 }
@@ -213,8 +210,6 @@ impl Drop for Busy {
         if state.in_flight == 0 {
             state.head = false;
             state.since = Instant::now();
-            drop(state);
-            self.0.changed.notify_one();
         }
     }
 }
