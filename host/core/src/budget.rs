@@ -39,6 +39,7 @@ impl Counter for Chars {
 
 /// The size of one part.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Size {
     pub chars: usize,
     pub tokens: usize,
@@ -68,6 +69,7 @@ impl std::ops::AddAssign for Size {
 
 /// One named section or context.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Part {
     pub name: String,
     #[serde(flatten)]
@@ -76,6 +78,7 @@ pub struct Part {
 
 /// What a step's request costs, returned beside it and recorded with the step.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     pub tokenizer: String,
     /// The agent's window in tokens, when it has a budget.
@@ -101,6 +104,7 @@ pub struct Usage {
 
 /// Messages a step dropped from the history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Dropped {
     pub messages: usize,
     #[serde(flatten)]

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 
 /// The content of a user message or a tool result.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum Content {
     Text(String),
@@ -28,6 +29,7 @@ pub enum Content {
 
 /// One block of [`Content::Blocks`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Block {
     Text {

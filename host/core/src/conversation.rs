@@ -9,6 +9,7 @@ pub use crate::content::{Block, Content};
 
 /// One tool call the model made.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ToolCall {
     /// The provider's call id; tool results answer it.
@@ -29,6 +30,7 @@ fn empty_object() -> Value {
 
 /// One message of the conversation, in the project's neutral shape.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "role", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Message {
     /// User input, or a runtime context snapshot (see [`Message::is_snapshot`]).

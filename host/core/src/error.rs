@@ -365,6 +365,7 @@ impl StoreError {
 /// An error as clients see it: the stable code and the one-line message. Used in HTTP error
 /// bodies, plugin status and registry events.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub code: &'static str,
     pub message: String,

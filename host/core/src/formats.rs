@@ -11,6 +11,7 @@ use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 
 /// The shape of the request body to render.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// The project's own shape: model, system, tools, messages as serde gives them.

@@ -7,6 +7,11 @@ use serde::{Serialize, Serializer};
 
 /// Where one plugin file stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(rename_all = "lowercase")
+)]
 pub enum PluginState {
     /// The file's current bytes serve.
     Loaded,
@@ -31,6 +36,11 @@ impl PluginState {
 
 /// One kind of applied registry change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(rename_all = "lowercase")
+)]
 pub enum ChangeKind {
     Load,
     Reload,

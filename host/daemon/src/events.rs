@@ -21,7 +21,7 @@ pub const HISTORY: usize = 1024;
 const LIVE_BUFFER: usize = 1024;
 
 /// One applied registry change.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct RegistryEvent {
     /// 1-based, increasing for the daemon's lifetime.
     pub seq: u64,

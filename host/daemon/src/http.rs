@@ -12,18 +12,21 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::Router;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use promptd_core::conversation::Message;
 use promptd_core::formats::{self, Format};
 use promptd_core::store::{Event, StoreError};
 use promptd_core::Error;
+use promptd_core::ErrorBody;
 use sha2::{Digest, Sha256};
 
+use crate::api;
 use crate::events::RegistryEvent;
 use crate::{Daemon, DaemonError, StepInput};
 
@@ -49,21 +52,8 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         token,
         max_body,
     });
-    Router::new()
-        .route("/v1/health", get(health))
-        .route("/v1/plugins", get(plugins))
-        .route("/v1/plugins/reload", post(reload))
-        .route("/v1/plugins/{id}", delete(unload))
-        .route("/v1/plugins/{id}/enable", post(enable))
-        .route("/v1/sessions", post(create_session))
-        .route("/v1/sessions/{id}/steps", post(step))
-        .route("/v1/sessions/{id}/messages", post(record_message))
-        .route("/v1/sessions/{id}/compact", post(compact))
-        .route("/v1/sessions/{id}/usage", get(usage_report))
-        .route("/v1/sessions/{id}/events", get(session_events))
-        .route("/v1/sessions/{id}/steps/{n}/request", get(step_request))
-        .route("/v1/events", get(registry_events))
-        .route("/metrics", get(metrics))
+    let (routes, _) = api_routes().split_for_parts();
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -73,6 +63,41 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
             refuse_oversized,
         ))
         .with_state(state)
+}
+
+/// Every route, each with its part of the OpenAPI document.
+fn api_routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::with_openapi(api::ApiDoc::openapi())
+        .routes(routes!(health))
+        .routes(routes!(plugins))
+        .routes(routes!(reload))
+        .routes(routes!(unload))
+        .routes(routes!(enable))
+        .routes(routes!(create_session))
+        .routes(routes!(step))
+        .routes(routes!(record_message))
+        .routes(routes!(compact))
+        .routes(routes!(usage_report))
+        .routes(routes!(session_events))
+        .routes(routes!(step_request))
+        .routes(routes!(registry_events))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_json))
+}
+
+/// The OpenAPI 3.1 document of the HTTP API (served at `GET /v1/openapi.json`; committed as
+/// `docs/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_routes().split_for_parts().1
+}
+
+/// [`openapi`] as the bytes served and committed: pretty JSON, keys in a fixed order.
+pub fn openapi_json_text() -> String {
+    let value = serde_json::to_value(openapi()).unwrap_or_default();
+    // serde_json's map sorts keys: the same document gives the same bytes.
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 /// An error response.
@@ -176,8 +201,14 @@ fn json_bytes(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-fn json_body(v: &Value) -> Response {
-    json_bytes(StatusCode::OK, v.to_string())
+/// `v` as JSON with its keys sorted (through a `Value`), so a body's bytes never depend on a
+/// struct's field order.
+fn to_json(v: &impl serde::Serialize) -> String {
+    serde_json::to_value(v).unwrap_or_default().to_string()
+}
+
+fn json_body(v: &impl serde::Serialize) -> Response {
+    json_bytes(StatusCode::OK, to_json(v))
 }
 
 /// Runs blocking daemon work (plugin calls, SQLite) off the async threads.
@@ -312,84 +343,106 @@ async fn method_not_allowed(request: Request) -> ApiError {
 /// `{"status": "loading", "loaded": K, "total": N, …}` (steps wait for it). A store that can
 /// no longer keep what it acknowledges (Q12) makes it 503 `{"status": "error", "error":
 /// {"code", "message"}, …}`, whatever the loading: the daemon cannot do its job.
+#[utoipa::path(get, path = "/v1/health", tag = "daemon", security(()),
+    responses(
+        (status = 200, description = "Serving, or still loading its plugins", body = api::Health),
+        (status = 503, description = "The session store lost its files", body = api::Health),
+    ))]
 async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let plugins = state.daemon.registry().len();
-    let mut body = serde_json::to_value(state.daemon.readiness()).unwrap_or_default();
+    let mut body = api::Health {
+        status: api::HealthStatus::Ok,
+        loaded: None,
+        total: None,
+        error: None,
+        plugins: state.daemon.registry().len(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    if let crate::Readiness::Loading { loaded, total } = state.daemon.readiness() {
+        (body.status, body.loaded, body.total) =
+            (api::HealthStatus::Loading, Some(loaded), Some(total));
+    }
     let mut status = StatusCode::OK;
     // One stat per file of the store, so it runs here rather than on the blocking pool.
     if let Err(e) = state.daemon.store.health() {
         status = StatusCode::SERVICE_UNAVAILABLE;
-        body = json!({"status": "error", "error": {"code": e.code(), "message": e.to_string()}});
+        (body.status, body.loaded, body.total) = (api::HealthStatus::Error, None, None);
+        body.error = Some(ErrorBody::new(e.code(), e.to_string()));
     }
-    body["plugins"] = json!(plugins);
-    body["version"] = json!(env!("CARGO_PKG_VERSION"));
     let mut response = json_body(&body);
     *response.status_mut() = status;
     response
 }
 
+/// Each plugin file: id, file, sha256, state, last error, what it declares.
+#[utoipa::path(get, path = "/v1/plugins", tag = "plugins",
+    responses((status = 200, body = api::PluginList), api::Errors))]
 async fn plugins(State(state): State<Arc<AppState>>) -> Response {
-    json_body(&json!({"plugins": state.daemon.plugins()}))
+    json_body(&api::PluginList {
+        plugins: state.daemon.plugins(),
+    })
 }
 
+/// Rescans the plugin folder now (the watcher does it on every change).
+#[utoipa::path(post, path = "/v1/plugins/reload", tag = "plugins",
+    responses((status = 200, description = "The changes applied", body = api::Applied), api::Errors))]
 async fn reload(State(state): State<Arc<AppState>>) -> ApiResult {
     let daemon = state.daemon.clone();
     let applied = blocking(move || daemon.reload()).await?;
-    Ok(json_body(&json!({"applied": applied})))
+    Ok(json_body(&api::Applied { applied }))
 }
 
+/// Unloads a plugin: its contributions leave the next step (a rescan loads the file again).
+#[utoipa::path(delete, path = "/v1/plugins/{id}", tag = "plugins",
+    params(("id" = String, Path, description = "The plugin's id")),
+    responses((status = 200, body = api::Applied), api::Errors))]
 async fn unload(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let event = blocking(move || daemon.unload(&id)).await?;
-    Ok(json_body(&json!({"applied": [event]})))
+    Ok(json_body(&api::Applied {
+        applied: vec![event],
+    }))
 }
 
+/// Brings a quarantined plugin back (loads its file again).
+#[utoipa::path(post, path = "/v1/plugins/{id}/enable", tag = "plugins",
+    params(("id" = String, Path, description = "The plugin's id")),
+    responses((status = 200, body = api::Applied), api::Errors))]
 async fn enable(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let applied = blocking(move || daemon.enable(&id)).await?;
-    Ok(json_body(&json!({"applied": applied})))
+    Ok(json_body(&api::Applied { applied }))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewSession {
-    #[serde(default = "default_agent")]
-    agent: String,
-}
-
-fn default_agent() -> String {
-    promptd_core::config::DEFAULT_AGENT.to_string()
-}
-
+/// Opens a session for an agent.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    request_body = api::NewSession,
+    responses((status = 201, body = api::SessionCreated), api::Errors))]
 async fn create_session(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let req: NewSession = parse_body(body, state.max_body)?;
+    let req: api::NewSession = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let agent = req.agent.clone();
     let id = blocking(move || daemon.create_session(&agent)).await?;
-    let body = json!({"id": id, "agent": req.agent});
-    Ok(json_bytes(StatusCode::CREATED, body.to_string()))
+    let body = api::SessionCreated {
+        id,
+        agent: req.agent,
+    };
+    Ok(json_bytes(StatusCode::CREATED, to_json(&body)))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct StepBody {
-    #[serde(default)]
-    messages: Vec<Message>,
-    #[serde(default)]
-    facts: BTreeMap<String, String>,
-    #[serde(default)]
-    format: Format,
-}
-
+/// Runs a step: assembles, records the new messages, and returns the request body.
+#[utoipa::path(post, path = "/v1/sessions/{id}/steps", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = api::StepBody,
+    responses((status = 200, body = api::StepReply), api::Errors))]
 async fn step(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let req: StepBody = parse_body(body, state.max_body)?;
+    let req: api::StepBody = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let input = StepInput {
         messages: req.messages,
@@ -397,7 +450,7 @@ async fn step(
     };
     let format = req.format;
     // Assembly, the append and rendering all run on the blocking pool.
-    // Built by hand, the body between its envelope's two pieces in one buffer, so the
+    // An `api::StepReply` built by hand, the body between its envelope's two pieces in one buffer, so the
     // `request` bytes are exactly what GET …/request returns (Q4) and the body (megabytes in
     // a long session) is written once, not copied.
     let response = blocking(move || {
@@ -410,35 +463,41 @@ async fn step(
     Ok(json_bytes(StatusCode::OK, response))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompactBody {
-    /// The first and last seq of the message events the summary replaces.
-    from: u64,
-    to: u64,
-    summary: String,
-}
-
+/// Per step, the budget's estimate against the usage the provider reported; totals.
+#[utoipa::path(get, path = "/v1/sessions/{id}/usage", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "`{\"session\", \"steps\": [...], \"totals\"}`", body = Object), api::Errors))]
 async fn usage_report(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let report = blocking(move || daemon.usage_report(&id)).await?;
     Ok(json_bytes(StatusCode::OK, report.to_string()))
 }
 
+/// Later requests show `summary` in place of the message events `from..=to`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/compact", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = api::CompactBody,
+    responses((status = 201, description = "The `history/compacted` event's seq", body = api::Recorded), api::Errors))]
 async fn compact(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let req: CompactBody = parse_body(body, state.max_body)?;
+    let req: api::CompactBody = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let seq = blocking(move || daemon.compact(&id, req.from, req.to, &req.summary)).await?;
     Ok(json_bytes(
         StatusCode::CREATED,
-        json!({"seq": seq}).to_string(),
+        to_json(&api::Recorded { seq }),
     ))
 }
 
+/// Records the model's reply as the provider SDK returned it (OpenAI Chat Completions,
+/// OpenAI Responses or Anthropic Messages, or a neutral message), or a tool's output.
+#[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body(content = Object, description = "A reply in any provider's own shape, or a neutral message such as `{\"role\": \"tool\", \"tool_call_id\", \"content\"}`"),
+    responses((status = 201, body = api::Recorded), api::Errors))]
 async fn record_message(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -452,19 +511,28 @@ async fn record_message(
     let seq = blocking(move || daemon.record_reply(&id, &message, usage.as_ref())).await?;
     Ok(json_bytes(
         StatusCode::CREATED,
-        json!({"seq": seq}).to_string(),
+        to_json(&api::Recorded { seq }),
     ))
 }
 
-fn event_json(e: &Event) -> Value {
-    json!({"seq": e.seq, "kind": e.kind, "body": e.body, "at_ms": e.at_ms})
+fn event_view(e: Event) -> api::EventView {
+    api::EventView {
+        seq: e.seq,
+        kind: e.kind.as_str().to_string(),
+        body: e.body,
+        at_ms: e.at_ms,
+    }
 }
 
+/// The session's log, in order.
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, body = api::EventList), api::Errors))]
 async fn session_events(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let events = blocking(move || daemon.session_events(&id)).await?;
-    let events: Vec<Value> = events.iter().map(event_json).collect();
-    Ok(json_body(&json!({"events": events})))
+    let events = events.into_iter().map(event_view).collect();
+    Ok(json_body(&api::EventList { events }))
 }
 
 #[derive(Deserialize)]
@@ -474,6 +542,14 @@ struct FormatQuery {
     format: Option<String>,
 }
 
+/// Step `n`'s request, rebuilt from the log alone: byte-identical to what the step returned.
+#[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/request", tag = "sessions",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("n" = u64, Path, description = "The step's number (1-based)"),
+        ("format" = Option<Format>, Query, description = "The body's shape (default `neutral`)"),
+    ),
+    responses((status = 200, description = "The request body", body = Object), api::Errors))]
 async fn step_request(
     State(state): State<Arc<AppState>>,
     Path((id, n)): Path<(String, String)>,
@@ -487,7 +563,10 @@ async fn step_request(
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
-                format!("unknown format `{f}`; use neutral, openai or anthropic"),
+                format!(
+                    "unknown format `{f}`; use {}",
+                    Format::ALL.map(Format::as_str).join(", ")
+                ),
             )
         })?,
     };
@@ -510,6 +589,12 @@ async fn step_request(
 /// (or `?since=N`), then streams live changes. When events were lost (the history no longer
 /// holds them, or this client read too slowly) it sends one `lagged` event saying how many and
 /// ends the stream: the client resyncs from `GET /v1/plugins` and reconnects.
+#[utoipa::path(get, path = "/v1/events", tag = "plugins",
+    params(
+        ("since" = Option<u64>, Query, description = "Replay the events after this seq (or send `Last-Event-ID`)"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event"),
+    ),
+    responses((status = 200, description = "A server-sent event stream: each event's `id` is its seq, its `event` the change kind (`load`, `reload`, `unload`, `refused`, `quarantine`) and its `data` the change; a `lagged` event (`{\"missed\": N}`) ends it", content_type = "text/event-stream", body = RegistryEvent), api::Errors))]
 async fn registry_events(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -553,12 +638,22 @@ async fn registry_events(
     Sse::new(events).keep_alive(KeepAlive::default())
 }
 
+/// Prometheus text: steps, step latency histogram, plugin errors, loaded plugins.
+#[utoipa::path(get, path = "/metrics", tag = "daemon",
+    responses((status = 200, content_type = "text/plain", body = String), api::Errors))]
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.daemon.metrics_text(),
     )
         .into_response()
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "daemon",
+    responses((status = 200, description = "The document (also committed as docs/openapi.json)", body = Object), api::Errors))]
+async fn openapi_json() -> Response {
+    json_bytes(StatusCode::OK, openapi_json_text())
 }
 
 #[cfg(test)]
@@ -580,13 +675,65 @@ mod tests {
     #[test]
     fn fuzz_request_bodies_are_errors_not_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
         let bytes = axum::body::Bytes::from(body);
-        let _ = parse_body::<StepBody>(Ok(bytes.clone()), 1 << 20);
-        let _ = parse_body::<NewSession>(Ok(bytes.clone()), 1 << 20);
+        let _ = parse_body::<api::StepBody>(Ok(bytes.clone()), 1 << 20);
+        let _ = parse_body::<api::NewSession>(Ok(bytes.clone()), 1 << 20);
         if let Ok(value) = parse_body::<Value>(Ok(bytes), 1 << 20) {
             let _ = promptd_core::replies::reply(value);
         }
     }
 
+    }
+
+    /// `docs/openapi.json` is the document the server's types and annotations generate: a
+    /// route or a field changed without regenerating it fails here.
+    #[test]
+    fn the_committed_openapi_document_is_the_generated_one() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
+        let generated = openapi_json_text();
+        if std::env::var_os("PROMPTD_BLESS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "docs/openapi.json is not the document the server generates: run \
+             `PROMPTD_BLESS=1 cargo test -p promptd-daemon openapi` and commit docs/openapi.json"
+        );
+        let doc: Value = serde_json::from_str(&generated).unwrap();
+        assert!(
+            doc["openapi"].as_str().unwrap().starts_with("3.1"),
+            "{}",
+            doc["openapi"]
+        );
+        let paths = doc["paths"].as_object().unwrap();
+        for route in [
+            "/v1/health",
+            "/v1/plugins",
+            "/v1/plugins/reload",
+            "/v1/plugins/{id}",
+            "/v1/plugins/{id}/enable",
+            "/v1/sessions",
+            "/v1/sessions/{id}/steps",
+            "/v1/sessions/{id}/messages",
+            "/v1/sessions/{id}/compact",
+            "/v1/sessions/{id}/usage",
+            "/v1/sessions/{id}/events",
+            "/v1/sessions/{id}/steps/{n}/request",
+            "/v1/events",
+            "/metrics",
+            "/v1/openapi.json",
+        ] {
+            assert!(paths.contains_key(route), "{route} is not in the document");
+        }
+        // The step's body names its fields and the message shapes.
+        let schemas = &doc["components"]["schemas"];
+        for field in ["messages", "facts", "format"] {
+            assert!(
+                schemas["StepBody"]["properties"].get(field).is_some(),
+                "StepBody.{field}"
+            );
+        }
+        assert!(schemas.get("Message").is_some() && schemas.get("Usage").is_some());
     }
 
     #[test]

@@ -33,6 +33,7 @@
 //! assert_eq!(body, r#"{"messages":[],"model":{},"system":"Be brief.","tools":[]}"#);
 //! ```
 
+pub mod api;
 pub mod error;
 pub mod events;
 pub mod http;
@@ -72,7 +73,7 @@ use promptd_core::session::SessionState;
 use sessions::{Cached, SessionCache};
 
 /// What `GET /v1/plugins` shows for each plugin file.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct PluginStatus {
     pub id: String,
     pub file: String,
@@ -83,6 +84,7 @@ pub struct PluginStatus {
     pub state: PluginState,
     pub last_error: Option<ErrorBody>,
     /// What the serving version declares (null when none serves).
+    #[schema(value_type = Object)]
     pub declares: Value,
 }
 
