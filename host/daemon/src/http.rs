@@ -684,8 +684,8 @@ mod tests {
 
     }
 
-    /// `docs/openapi.json` is the document the server's types and annotations generate: a
-    /// route or a field changed without regenerating it fails here.
+    /// H7: `docs/openapi.json` is the document the server's types and annotations generate:
+    /// a route or a field changed without regenerating it fails here.
     #[test]
     fn the_committed_openapi_document_is_the_generated_one() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
