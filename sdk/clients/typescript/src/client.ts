@@ -1,0 +1,420 @@
+// The HTTP client over promptd's API (README, "The daemon"): Client for the daemon-wide routes,
+// Session for one conversation. Node 18+'s built-in fetch, nothing else.
+
+import {
+  DaemonUnreachableError,
+  OpenToolCallsError,
+  PromptdError,
+  TimeoutError,
+  errorFromResponse,
+} from "./errors.js";
+import { answeredBy, toolCallsOf } from "./replies.js";
+import { readEvents } from "./sse.js";
+import type {
+  Content,
+  Format,
+  Health,
+  PluginStatus,
+  ProviderBody,
+  Recorded,
+  RegistryEvent,
+  RegistryStreamEvent,
+  SessionEvent,
+  StepInput,
+  StepMessage,
+  StepResult,
+  StepUsage,
+  ToolCall,
+  UsageReport,
+} from "./types.js";
+
+/** Where `promptd serve` listens by default. */
+export const DEFAULT_URL = "http://127.0.0.1:8417";
+
+/** A step may wait up to 30 s for the daemon's first plugin load; this leaves room for it. */
+export const DEFAULT_TIMEOUT_MS = 60_000;
+
+export interface ClientOptions {
+  /** The daemon's bearer token (`token` in its config, or `PROMPTD_TOKEN`), when it has one. */
+  token?: string;
+  /** Each request's bound, in milliseconds (default 60,000); the event stream's bound is on
+   * connecting only. */
+  timeoutMs?: number;
+  /** The format of steps that name none (default `"neutral"`). */
+  format?: Format;
+  /** A fetch to use instead of the global one (a proxy agent, a test double). */
+  fetch?: typeof fetch;
+}
+
+export interface SessionOptions {
+  /** The format of this session's steps that name none (default: the client's). */
+  format?: Format;
+}
+
+interface Call {
+  body?: unknown;
+  accept?: string;
+}
+
+/** @internal One daemon address with its token and timeout; every request goes through it.
+ * Not part of the package's API (index.ts does not export it). */
+export class Transport {
+  readonly url: string;
+  readonly #token: string | undefined;
+  readonly #timeoutMs: number;
+  readonly #fetch: typeof fetch;
+
+  constructor(url: string, options: ClientOptions) {
+    const parsed = new URL(url); // throws a TypeError naming a malformed address
+    if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
+      throw new TypeError(`promptd URL ${JSON.stringify(url)}: use http:// or https:// (fetch cannot reach a Unix socket)`);
+    }
+    this.url = url.replace(/\/+$/, "");
+    this.#token = options.token;
+    this.#timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const f = options.fetch ?? globalThis.fetch;
+    if (typeof f !== "function") throw new TypeError("no fetch: promptd-client needs Node.js 18 or later");
+    this.#fetch = f;
+  }
+
+  #headers(call: Call): Record<string, string> {
+    const headers: Record<string, string> = { Accept: call.accept ?? "application/json" };
+    if (call.body !== undefined) headers["Content-Type"] = "application/json";
+    if (this.#token !== undefined) headers["Authorization"] = `Bearer ${this.#token}`;
+    return headers;
+  }
+
+  /** Sends one request and returns the response once its status is 2xx; any other status is
+   * read and thrown as the typed error. `signal` bounds the exchange. */
+  async #open(method: string, path: string, call: Call, signal: AbortSignal): Promise<Response> {
+    const what = `${method} ${path}`;
+    let response: Response;
+    try {
+      const init: RequestInit = { method, headers: this.#headers(call), signal };
+      // Serialized once, here: replies and bodies go as the caller gave them.
+      if (call.body !== undefined) init.body = JSON.stringify(call.body);
+      response = await this.#fetch(this.url + path, init);
+    } catch (e) {
+      throw this.#failure(e, what);
+    }
+    if (!response.ok) {
+      const text = await response.text().catch((e: unknown) => {
+        throw this.#failure(e, what);
+      });
+      throw errorFromResponse(response.status, text, what);
+    }
+    return response;
+  }
+
+  /** What a failed fetch means: the timeout, the caller's abort, or nothing listening. */
+  #failure(e: unknown, what: string): unknown {
+    if (e instanceof PromptdError) return e;
+    const name = (e as { name?: string } | null)?.name;
+    if (name === "TimeoutError") {
+      return new TimeoutError("timeout", `${what}: no answer from promptd at ${this.url} within ${this.#timeoutMs} ms`, 0, what);
+    }
+    if (name === "AbortError") return e; // the caller's own signal: not promptd's doing
+    if (e instanceof TypeError) {
+      // fetch's network failure: "fetch failed" with the system error as its cause (an
+      // AggregateError when several addresses were tried).
+      const cause = (e as { cause?: { code?: string; errors?: Array<{ code?: string }>; message?: string } }).cause;
+      const code = cause?.code ?? cause?.errors?.[0]?.code;
+      const detail = code ?? cause?.message ?? e.message;
+      return new DaemonUnreachableError(
+        "unreachable",
+        `${what}: cannot reach promptd at ${this.url} (${detail}); is \`promptd serve\` running there?`,
+        0,
+        what,
+      );
+    }
+    return e;
+  }
+
+  /** A request whose answer is JSON. */
+  async json<T>(method: string, path: string, body?: unknown): Promise<T> {
+    const text = await this.text(method, path, { body });
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new PromptdError("invalid_response", `${method} ${path}: the answer is not JSON: ${JSON.stringify(text.slice(0, 200))}`, 200, `${method} ${path}`);
+    }
+  }
+
+  /** A request whose answer is text. */
+  async text(method: string, path: string, call: Call = {}): Promise<string> {
+    const signal = AbortSignal.timeout(this.#timeoutMs);
+    const response = await this.#open(method, path, call, signal);
+    try {
+      return await response.text();
+    } catch (e) {
+      throw this.#failure(e, `${method} ${path}`);
+    }
+  }
+
+  /** A streaming GET: the timeout bounds only the wait for the response's head, and `signal`
+   * (the caller's) ends it at any time. */
+  async stream(path: string, signal?: AbortSignal): Promise<Response> {
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(new DOMException("connect timeout", "TimeoutError")), this.#timeoutMs);
+    const stop = () => controller.abort(signal?.reason);
+    if (signal?.aborted) stop();
+    signal?.addEventListener("abort", stop, { once: true });
+    try {
+      return await this.#open("GET", path, { accept: "text/event-stream" }, controller.signal);
+    } catch (e) {
+      // An abort by the timer shows as the controller's reason.
+      if ((e as { name?: string })?.name === "AbortError" && controller.signal.reason?.name === "TimeoutError") {
+        throw this.#failure(controller.signal.reason, `GET ${path}`);
+      }
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+const segment = (s: string) => encodeURIComponent(s);
+
+/** A client of one promptd daemon. */
+export class Client {
+  readonly #transport: Transport;
+  readonly #format: Format;
+
+  /** `url` defaults to http://127.0.0.1:8417, where `promptd serve` listens. */
+  constructor(url: string = DEFAULT_URL, options: ClientOptions = {}) {
+    this.#transport = new Transport(url, options);
+    this.#format = options.format ?? "neutral";
+  }
+
+  /** The daemon's base URL. */
+  get url(): string {
+    return this.#transport.url;
+  }
+
+  /** A new session for `agent` (the daemon's default agent when omitted). */
+  async session(agent?: string, options: SessionOptions = {}): Promise<Session> {
+    const created = await this.#transport.json<{ id: string; agent: string }>(
+      "POST",
+      "/v1/sessions",
+      agent === undefined ? {} : { agent },
+    );
+    return new Session(this.#transport, created.id, created.agent, options.format ?? this.#format);
+  }
+
+  /** An existing session, read back from its log: its agent, and the tool calls still waiting
+   * for a result. A session the daemon does not hold is a `NotFoundError`. */
+  async sessionOf(id: string, options: SessionOptions = {}): Promise<Session> {
+    const session = new Session(this.#transport, id, undefined, options.format ?? this.#format);
+    await session.sync();
+    return session;
+  }
+
+  /** `GET /v1/health`. A daemon whose store failed is an `UnavailableError`. */
+  health(): Promise<Health> {
+    return this.#transport.json("GET", "/v1/health");
+  }
+
+  /** Every plugin file the daemon knows: id, file, sha256, state, last error, declarations. */
+  async plugins(): Promise<PluginStatus[]> {
+    return (await this.#transport.json<{ plugins: PluginStatus[] }>("GET", "/v1/plugins")).plugins;
+  }
+
+  /** Rescans the plugin folder now; the changes it applied. */
+  async reload(): Promise<RegistryEvent[]> {
+    return (await this.#transport.json<{ applied: RegistryEvent[] }>("POST", "/v1/plugins/reload")).applied;
+  }
+
+  /** Unloads plugin `id` until the next rescan loads its file again. */
+  async unload(id: string): Promise<RegistryEvent[]> {
+    return (await this.#transport.json<{ applied: RegistryEvent[] }>("DELETE", `/v1/plugins/${segment(id)}`)).applied;
+  }
+
+  /** Brings a quarantined plugin back (nothing to do for one that is not). */
+  async enable(id: string): Promise<RegistryEvent[]> {
+    return (await this.#transport.json<{ applied: RegistryEvent[] }>("POST", `/v1/plugins/${segment(id)}/enable`)).applied;
+  }
+
+  /** `GET /metrics`: Prometheus text. */
+  metrics(): Promise<string> {
+    return this.#transport.text("GET", "/metrics", { accept: "text/plain" });
+  }
+
+  /** The OpenAPI 3.1 document describing the API (`GET /v1/openapi.json`). */
+  openapi(): Promise<Record<string, unknown>> {
+    return this.#transport.json("GET", "/v1/openapi.json");
+  }
+
+  /** The registry's changes as they happen (`GET /v1/events`), after event `since` (the last
+   * `id` seen, to resume; all the daemon still keeps when omitted). Runs until `signal` aborts,
+   * the loop breaks, or the daemon ends the stream (after a `lagged` event: resync from
+   * `plugins()`, then reconnect). */
+  async *registryEvents(options: { since?: number; signal?: AbortSignal } = {}): AsyncGenerator<RegistryStreamEvent> {
+    const { since, signal } = options;
+    const path = since === undefined ? "/v1/events" : `/v1/events?since=${since}`;
+    try {
+      const response = await this.#transport.stream(path, signal);
+      if (response.body === null) return;
+      for await (const raw of readEvents(response.body)) {
+        let data: unknown;
+        try {
+          data = JSON.parse(raw.data);
+        } catch {
+          throw new PromptdError("invalid_response", `GET ${path}: an event's data is not JSON: ${JSON.stringify(raw.data.slice(0, 200))}`, 200, `GET ${path}`);
+        }
+        if (raw.event === "lagged") {
+          yield { event: "lagged", id: null, data: data as { missed: number } };
+        } else {
+          const id = raw.id === null || raw.id === "" ? null : Number(raw.id);
+          yield { event: raw.event, id, data: data as RegistryEvent };
+        }
+      }
+    } catch (e) {
+      // The caller's abort ends the stream; it is not an error of the stream.
+      if (signal?.aborted) return;
+      throw e;
+    }
+  }
+}
+
+/** A tool result's content: text or blocks as they are; anything else (an object, a number)
+ * goes as its JSON text, encoded once. */
+function toolContent(content: unknown): Content {
+  if (typeof content === "string" || Array.isArray(content)) return content as Content;
+  if (content === undefined || content === null) return "";
+  return JSON.stringify(content);
+}
+
+const quoted = (ids: string[]) => ids.map((id) => `\`${id}\``).join(", ");
+
+/** One conversation: its steps, the replies recorded and the tool calls waiting for results. */
+export class Session {
+  readonly id: string;
+  /** The agent the session assembles for (undefined until read from the log). */
+  agent: string | undefined;
+  /** The format of steps that name none. */
+  format: Format;
+  readonly #transport: Transport;
+  /** Calls the model made that no result answers yet, in the order they were made. */
+  readonly #open = new Map<string, ToolCall>();
+
+  /** @internal Use `client.session()` or `client.sessionOf()`. */
+  constructor(transport: Transport, id: string, agent: string | undefined, format: Format) {
+    this.#transport = transport;
+    this.id = id;
+    this.agent = agent;
+    this.format = format;
+  }
+
+  #path(rest: string): string {
+    return `/v1/sessions/${segment(this.id)}${rest}`;
+  }
+
+  /** The tool calls recorded replies made that no result answers yet. A step must answer all
+   * of them (with `toolResult`, or tool messages in its `messages`). */
+  get openToolCalls(): ToolCall[] {
+    return [...this.#open.values()];
+  }
+
+  /** Reads the session's log again: its agent and its open tool calls. */
+  async sync(): Promise<void> {
+    const events = await this.events();
+    this.#open.clear();
+    for (const e of events) {
+      if (e.kind === "session/created" && typeof e.body?.agent === "string") this.agent = e.body.agent;
+      if (e.kind === "assistant/message") {
+        for (const call of e.body?.tool_calls ?? []) {
+          this.#open.set(call.id, { id: call.id, name: call.name, arguments: call.arguments ?? {} });
+        }
+      }
+      if (e.kind === "tool/result") this.#open.delete(e.body?.tool_call_id);
+    }
+  }
+
+  /** One step: posts `messages` (then `user` as a user message) with `facts`, and resolves to
+   * the request `body` in `format`, ready for the provider SDK's `create(body)`, with the
+   * step's number and usage. Throws `OpenToolCallsError` before sending when tool calls are
+   * still unanswered. */
+  async step<Body = ProviderBody>(input: StepInput = {}): Promise<StepResult<Body>> {
+    const messages: StepMessage[] = [...(input.messages ?? [])];
+    if (input.user !== undefined) messages.push({ role: "user", content: input.user });
+    const answered = new Set(messages.map(answeredBy).filter((id): id is string => id !== undefined));
+    const open = [...this.#open.keys()].filter((id) => !answered.has(id));
+    if (open.length > 0) {
+      throw new OpenToolCallsError(
+        open,
+        `session ${this.id}: tool calls ${quoted(open)} are not answered; record a result for each ` +
+          "with session.toolResult(callId, content) (or send them in this step's messages) before the next step",
+      );
+    }
+    const format = input.format ?? this.format;
+    let answer: { request: Body; step: number; usage: StepUsage };
+    try {
+      answer = await this.#transport.json("POST", this.#path("/steps"), { messages, facts: input.facts ?? {}, format });
+    } catch (e) {
+      // The log knows calls this object does not (another process recorded them): read it,
+      // so openToolCalls says what is open, then report the daemon's error.
+      if (e instanceof OpenToolCallsError) await this.sync().catch(() => {});
+      throw e;
+    }
+    for (const id of answered) this.#open.delete(id);
+    return { body: answer.request, step: answer.step, usage: answer.usage };
+  }
+
+  /** Records the model's reply as the provider SDK returned it — an OpenAI completion (or its
+   * `choices[0].message`), an Anthropic message (or `{role, content}`), an OpenAI Responses
+   * response (or `{output}`) — unchanged; or promptd's neutral assistant or tool message.
+   * Resolves to the event's seq and the tool calls the reply made, in one shape. */
+  async record(reply: object): Promise<Recorded> {
+    const toolCalls = toolCallsOf(reply); // throws on arguments encoded twice, before sending
+    const answers = answeredBy(reply);
+    if (answers === undefined && this.#open.size > 0) {
+      const open = [...this.#open.keys()];
+      throw new OpenToolCallsError(
+        open,
+        `session ${this.id}: tool calls ${quoted(open)} are not answered; a new reply comes after their results`,
+      );
+    }
+    const { seq } = await this.#transport.json<{ seq: number }>("POST", this.#path("/messages"), reply);
+    if (answers !== undefined) this.#open.delete(answers);
+    for (const call of toolCalls) this.#open.set(call.id, call);
+    return { seq, toolCalls };
+  }
+
+  /** Records the result of tool call `callId`: text, or blocks (text, images, documents); any
+   * other value is sent as its JSON text. `isError` tells providers that support it that the
+   * tool failed. */
+  async toolResult(callId: string, content: unknown, options: { isError?: boolean } = {}): Promise<Recorded> {
+    const message: StepMessage = { role: "tool", tool_call_id: callId, content: toolContent(content) };
+    if (options.isError) message.is_error = true;
+    const { seq } = await this.#transport.json<{ seq: number }>("POST", this.#path("/messages"), message);
+    this.#open.delete(callId);
+    return { seq, toolCalls: [] };
+  }
+
+  /** The session's log, in order. */
+  async events(): Promise<SessionEvent[]> {
+    return (await this.#transport.json<{ events: SessionEvent[] }>("GET", this.#path("/events"))).events;
+  }
+
+  /** Step `n`'s request rebuilt from the log: byte-identical to what the step returned. */
+  request<Body = ProviderBody>(n: number, options: { format?: Format } = {}): Promise<Body> {
+    const format = options.format ?? this.format;
+    return this.#transport.json("GET", this.#path(`/steps/${n}/request?format=${segment(format)}`));
+  }
+
+  /** Per step, the budget's estimate against the provider-reported usage; and the totals. */
+  usage(): Promise<UsageReport> {
+    return this.#transport.json("GET", this.#path("/usage"));
+  }
+
+  /** Shows `summary` in place of the message events `fromSeq..=toSeq` in later requests;
+   * resolves to the seq of the compaction event. */
+  async compact(fromSeq: number, toSeq: number, summary: string): Promise<number> {
+    const { seq } = await this.#transport.json<{ seq: number }>("POST", this.#path("/compact"), {
+      from: fromSeq,
+      to: toSeq,
+      summary,
+    });
+    return seq;
+  }
+}

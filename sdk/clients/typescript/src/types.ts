@@ -1,0 +1,176 @@
+// The shapes the daemon sends and takes (README, "The daemon" and "Budgets"). Bodies for the
+// providers are left open on purpose: they go to the provider SDK unchanged, and that SDK has
+// the precise types.
+
+/** The body formats a step or a rebuild can return. */
+export type Format = "neutral" | "openai" | "anthropic" | "openai-responses";
+
+/** A provider request body as promptd returned it: `any` by default so it can be handed to
+ * `openai.chat.completions.create(body)` or `anthropic.messages.create(body)` as is; pass the
+ * SDK's own params type to `step<T>()` for a checked one. */
+export type ProviderBody = any;
+
+/** One block of a user message's or tool result's content. */
+export type ContentBlock =
+  | { type: "text"; text: string }
+  | { type: "image"; media_type: string; data: string }
+  | { type: "image"; url: string }
+  | { type: "document"; media_type: "application/pdf"; data: string; name?: string }
+  | { type: "document"; url: string; name?: string };
+
+/** Text, or blocks (text, images, documents). */
+export type Content = string | ContentBlock[];
+
+/** A tool call in promptd's neutral shape; `arguments` is the parsed JSON object. */
+export interface ToolCall {
+  id: string;
+  name: string;
+  arguments: Record<string, unknown>;
+}
+
+/** A message a step may carry: user input, or a tool's result. */
+export type StepMessage =
+  | { role: "user"; content: Content }
+  | { role: "tool"; tool_call_id: string; content: Content; is_error?: boolean };
+
+/** What `session.step()` takes. */
+export interface StepInput {
+  /** User text (or blocks), appended after `messages` as one user message. */
+  user?: Content;
+  /** Messages in promptd's neutral shape: tool results first, then user input. */
+  messages?: StepMessage[];
+  /** Facts for the plugins at this step (`cwd`, `git_branch`, `read_only`, ...). */
+  facts?: Record<string, string>;
+  /** The body's format; default: the session's (`"neutral"` unless set). */
+  format?: Format;
+}
+
+/** A measured part of a request (`chars` and `tokens` of the budget's tokenizer). */
+export interface Measure {
+  chars: number;
+  tokens: number;
+}
+
+/** A step's measure (README, "Budgets"). Keys beyond these may be added by newer daemons. */
+export interface StepUsage {
+  tokenizer: string;
+  window?: number;
+  reserve: number;
+  tools: Measure;
+  system: Measure;
+  sections: Array<Measure & { name: string }>;
+  contexts: Array<Measure & { name: string }>;
+  snapshot?: Measure | null;
+  messages: Measure;
+  message_count: number;
+  total: Measure;
+  dropped?: { messages: number; tokens: number } | null;
+  [key: string]: unknown;
+}
+
+/** What `session.step()` resolves to. */
+export interface StepResult<Body = ProviderBody> {
+  /** The request for the provider SDK: `create(body)`, unchanged. */
+  body: Body;
+  /** The step's number in the session, from 1. */
+  step: number;
+  usage: StepUsage;
+}
+
+/** What `session.record()` and `session.toolResult()` resolve to. */
+export interface Recorded {
+  /** The sequence number of the event the daemon appended. */
+  seq: number;
+  /** The tool calls this reply made (empty for a tool result or a reply without calls), in
+   * the neutral shape whatever the provider: run them, then answer each with `toolResult`. */
+  toolCalls: ToolCall[];
+}
+
+/** The kinds of a session's log events. */
+export type SessionEventKind =
+  | "session/created"
+  | "user/message"
+  | "assistant/message"
+  | "tool/result"
+  | "context/snapshot"
+  | "request/header"
+  | "plugin/omitted"
+  | "history/dropped"
+  | "history/compacted"
+  | "step";
+
+/** One event of a session's log (`GET /v1/sessions/{id}/events`). */
+export interface SessionEvent {
+  seq: number;
+  kind: SessionEventKind | string;
+    body: any;
+  at_ms: number;
+}
+
+/** `GET /v1/sessions/{id}/usage`: the estimate per step against what the provider reported. */
+export interface UsageReport {
+  steps: Array<{
+    step: number;
+    estimate: number;
+    tokenizer: string;
+    actual?: { input_tokens?: number; output_tokens?: number; cached_tokens?: number; cache_write_tokens?: number };
+    [key: string]: unknown;
+  }>;
+  totals: {
+    estimate: number;
+    actual: number;
+    cached: number;
+    compared_steps: number;
+    actual_per_estimate: number | null;
+    cached_share: number | null;
+    [key: string]: unknown;
+  };
+}
+
+/** `GET /v1/health`. */
+export interface Health {
+  status: "ok" | "loading" | "error";
+  plugins: number;
+  version: string;
+  loaded?: number;
+  total?: number;
+  error?: { code: string; message: string };
+  [key: string]: unknown;
+}
+
+/** An error as the daemon reports it inside other answers. */
+export interface ErrorBody {
+  code: string;
+  message: string;
+}
+
+/** A plugin file as `GET /v1/plugins` lists it. */
+export interface PluginStatus {
+  id: string;
+  file: string;
+  sha256: string;
+  serving_sha256: string | null;
+  state: "loaded" | "refused" | "stale" | "quarantined" | string;
+  last_error: ErrorBody | null;
+  /** What the serving version declares (sections, contexts, variables, tools), or null. */
+    declares: any;
+}
+
+/** The kinds of registry changes. */
+export type ChangeKind = "load" | "reload" | "unload" | "refused" | "quarantine";
+
+/** One applied registry change (`POST /v1/plugins/reload`, the event stream). */
+export interface RegistryEvent {
+  seq: number;
+  kind: ChangeKind | string;
+  plugin: string;
+  file: string;
+  sha256: string;
+  error: ErrorBody | null;
+}
+
+/** One server-sent event of `GET /v1/events`: a registry change, or `lagged` (events were
+ * lost: resync from `plugins()`, then reconnect with `since`); after `lagged` the stream ends. */
+export type RegistryStreamEvent =
+  | { event: "lagged"; id: null; data: { missed: number } }
+  | { event: ChangeKind | string; id: number | null; data: RegistryEvent };
