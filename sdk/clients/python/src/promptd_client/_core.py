@@ -1,0 +1,258 @@
+"""What the sync and async clients share: building request bodies, reading answers and
+errors, the session's open tool calls, and the server-sent events parser. No I/O here, so the
+two clients cannot drift apart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+from urllib.parse import quote
+
+from .errors import BadResponse, OpenToolCalls, PromptdError, error_class
+from .models import Event, RegistryEvent, ToolCall
+
+DEFAULT_URL = "http://127.0.0.1:8417"
+
+
+def segment(value: str) -> str:
+    """A path segment: a session or plugin id is never allowed to add path components."""
+    return quote(str(value), safe="")
+
+
+def error_from(status: int, content: bytes, method: str, path: str) -> PromptdError:
+    """The exception for a non-2xx answer: promptd's ``{"error": {"code", "message"}}`` when
+    the body is that, else one naming the status (a proxy's HTML page, an empty 502...)."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        value = None
+    error = value.get("error") if isinstance(value, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        code, message = error["code"], str(error.get("message", ""))
+    else:
+        text = content.decode("utf-8", "replace").strip()
+        code = f"http_{status}"
+        message = (f"HTTP {status} from {method} {path}, not a promptd error body"
+                   + (f": {text[:500]}" if text else " (empty body)"))
+    cls = error_class(status, code)
+    return cls(code, message, status, method=method, path=path)
+
+
+def parse_json(content: bytes, status: int, method: str, path: str) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError as e:
+        raise BadResponse("bad_response", f"the answer is not JSON ({e}): "
+                          f"{content[:200].decode('utf-8', 'replace')!r}", status,
+                          method=method, path=path) from None
+
+
+def need(value: Any, key: str, method: str, path: str) -> Any:
+    """``value[key]`` of a 2xx answer, or a BadResponse naming what is missing."""
+    if not isinstance(value, dict) or key not in value:
+        raise BadResponse("bad_response", f"the answer has no `{key}`: {str(value)[:200]}",
+                          None, method=method, path=path)
+    return value[key]
+
+
+# --- Request bodies -----------------------------------------------------------------------------
+
+def fact_value(key: str, value: Any) -> str:
+    """Facts are strings on the wire. A string goes as it is (never JSON-encoded again);
+    booleans become ``true``/``false`` (what the plugins compare with), numbers their text,
+    lists and objects their JSON text (e.g. the ``documents`` fact, a JSON array)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except TypeError:
+        raise TypeError(f"fact `{key}`: {type(value).__name__} is neither a string nor JSON") \
+            from None
+
+
+def facts_body(facts: Optional[Mapping[str, Any]]) -> Dict[str, str]:
+    # A None value means "no such fact this step", as if the key were left out.
+    return {str(k): fact_value(str(k), v) for k, v in (facts or {}).items() if v is not None}
+
+
+def step_messages(user: Any, messages: Optional[Sequence[Mapping[str, Any]]]) -> List[Any]:
+    out: List[Any] = [dict(m) for m in messages or []]
+    if user is not None:
+        out.append({"role": "user", "content": user})
+    return out
+
+
+def tool_content(content: Any) -> Any:
+    """A tool result's content: text, or a list of blocks, as given; anything else (a dict a
+    tool returned) is sent as its JSON text, once."""
+    if isinstance(content, (str, list)):
+        return content
+    return json.dumps(content, ensure_ascii=False)
+
+
+def tool_message(call_id: str, content: Any, is_error: bool) -> Dict[str, Any]:
+    message = {"role": "tool", "tool_call_id": call_id, "content": tool_content(content)}
+    if is_error:
+        message["is_error"] = True
+    return message
+
+
+def reply_json(reply: Any) -> Any:
+    """A reply as the daemon takes it: the official SDKs' objects (pydantic models in the
+    ``openai`` and ``anthropic`` packages) as their JSON, unchanged; dicts as they are."""
+    if isinstance(reply, Mapping):
+        return dict(reply)
+    dump = getattr(reply, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    to_dict = getattr(reply, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    raise TypeError(f"cannot record a {type(reply).__name__}: pass the SDK's reply object "
+                    "(ChatCompletion, Message, Response) or a dict")
+
+
+# --- Tool calls a reply opens (the same shapes the daemon reads, promptd_core::replies) --------
+
+def _arguments(value: Any) -> Dict[str, Any]:
+    # OpenAI writes arguments as JSON text; decoded here once, for the caller's tool.
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def tool_calls_of(value: Any) -> List[ToolCall]:
+    """The tool calls a recorded reply made, in their order, from any shape the daemon
+    accepts: OpenAI Chat (a completion or ``choices[0].message``), Responses (``output``
+    items), Anthropic (``content`` blocks, a message object) or the neutral shape."""
+    if not isinstance(value, dict):
+        return []
+    if "choices" in value:
+        choices = value.get("choices") or []
+        message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+        return tool_calls_of(message)
+    if "output" in value:
+        return [ToolCall(str(item.get("call_id", "")), str(item.get("name", "")),
+                         _arguments(item.get("arguments")))
+                for item in value.get("output") or []
+                if isinstance(item, dict) and item.get("type") == "function_call"]
+    if value.get("role") == "assistant" and isinstance(value.get("content"), list):
+        return [ToolCall(str(b.get("id", "")), str(b.get("name", "")), _arguments(b.get("input")))
+                for b in value["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+    calls = []
+    for call in value.get("tool_calls") or []:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        if isinstance(function, dict):
+            calls.append(ToolCall(str(call.get("id", "")), str(function.get("name", "")),
+                                  _arguments(function.get("arguments"))))
+        else:
+            calls.append(ToolCall(str(call.get("id", "")), str(call.get("name", "")),
+                                  _arguments(call.get("arguments"))))
+    return calls
+
+
+class Conversation:
+    """The session's open tool calls, as this client saw them (or rebuilt from the log).
+
+    Providers refuse a turn that leaves a tool call unanswered, and so does the daemon
+    (``open_tool_calls``); the client says so before sending, naming the calls, which is the
+    usual bug of a hand-written loop."""
+
+    def __init__(self) -> None:
+        self.open: Dict[str, ToolCall] = {}
+
+    def check_step(self, messages: Iterable[Any]) -> None:
+        answered = {m.get("tool_call_id") for m in messages
+                    if isinstance(m, dict) and m.get("role") == "tool"}
+        missing = [i for i in self.open if i not in answered]
+        if missing:
+            names = ", ".join(f"`{i}` ({self.open[i].name})" for i in missing)
+            raise OpenToolCalls(
+                "open_tool_calls",
+                f"tool calls {names} are not answered: send session.tool_result(call_id, ...) "
+                "for each before the next step (providers require the results right after "
+                "the call)", None, call_ids=missing)
+
+    def check_reply(self) -> None:
+        if self.open:
+            ids = ", ".join(f"`{i}`" for i in self.open)
+            raise OpenToolCalls(
+                "open_tool_calls",
+                f"a reply cannot be recorded while tool calls {ids} are open: send their "
+                "results with session.tool_result(call_id, ...) and take a step first", None,
+                call_ids=list(self.open))
+
+    def stepped(self, messages: Iterable[Any]) -> None:
+        for m in messages:
+            if isinstance(m, dict) and m.get("role") == "tool":
+                self.open.pop(m.get("tool_call_id"), None)
+
+    def replied(self, calls: Sequence[ToolCall]) -> None:
+        self.open = {c.id: c for c in calls}
+
+    def answered(self, call_id: str) -> None:
+        self.open.pop(call_id, None)
+
+    def rebuild(self, events: Iterable[Event]) -> None:
+        """From the log: the last reply's calls, less the results recorded after it."""
+        self.open = {}
+        for e in events:
+            if e.kind == "assistant/message":
+                self.replied(tool_calls_of(e.body))
+            elif e.kind == "tool/result":
+                self.answered(e.body.get("tool_call_id"))
+
+
+# --- Server-sent events (GET /v1/events) --------------------------------------------------------
+
+class SSEParser:
+    """Feeds lines of a ``text/event-stream``; returns an event at each blank line that ends
+    one. Comments (``:``, the keep-alives) are skipped; ``data`` lines join with newlines."""
+
+    def __init__(self) -> None:
+        self._id: Optional[str] = None
+        self._event: Optional[str] = None
+        self._data: List[str] = []
+
+    def feed(self, line: str) -> Optional[RegistryEvent]:
+        line = line.rstrip("\r\n")
+        if line == "":
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "id":
+            self._id = value
+        elif name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+    def _dispatch(self) -> Optional[RegistryEvent]:
+        if not self._data and self._event is None:
+            return None
+        text = "\n".join(self._data)
+        kind = self._event or "message"
+        seq = int(self._id) if self._id and self._id.isdigit() else None
+        # Each event's own id: a `lagged` event carries none and must not borrow the last.
+        self._id, self._event, self._data = None, None, []
+        try:
+            data = json.loads(text) if text else {}
+        except ValueError:
+            data = {"data": text}
+        if not isinstance(data, dict):
+            data = {"data": data}
+        return RegistryEvent.of(data, kind=kind, seq=seq)

@@ -1,0 +1,292 @@
+"""The blocking client: :class:`Client` and its :class:`Session`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Dict, List, Optional, Union
+
+import httpx
+
+from . import _core
+from .errors import ConnectionLost, DaemonUnreachable, PromptdError, RequestTimeout
+from .models import (Compacted, Event, Format, Health, Plugin, Recorded, RegistryEvent,
+                     StepResult, ToolCall)
+
+TimeoutTypes = Union[float, httpx.Timeout, None]
+#: Connecting is quick or not happening; a step may wait up to 30 s for the first plugin load.
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+
+
+def transport_error(e: httpx.TransportError, method: str, url: str) -> PromptdError:
+    """httpx's transport failures as promptd errors, so a caller catches one family."""
+    path = httpx.URL(url).path
+    if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return DaemonUnreachable("unreachable", f"no promptd answers at {url}: {e} (is "
+                                 "`promptd serve` running, and listening there?)",
+                                 method=method, path=path)
+    if isinstance(e, httpx.TimeoutException):
+        return RequestTimeout("timeout", f"{method} {url} got no answer in time: {e}",
+                              method=method, path=path)
+    return ConnectionLost("connection_lost", f"{method} {url}: {e}", method=method, path=path)
+
+
+class _Settings:
+    """The URL, token and timeout both clients take, read the way the CLI reads them."""
+
+    def __init__(self, url: Optional[str], token: Optional[str]) -> None:
+        url = url if url is not None else os.environ.get("PROMPTD_URL", _core.DEFAULT_URL)
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("PROMPTD_TOKEN") or None
+
+    def headers(self, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        headers.update(extra or {})
+        return headers
+
+
+class Client:
+    """A promptd daemon.
+
+    ``url`` defaults to ``$PROMPTD_URL`` or ``http://127.0.0.1:8417``; ``token`` to
+    ``$PROMPTD_TOKEN`` (sent as ``Authorization: Bearer``). ``timeout`` is seconds or an
+    ``httpx.Timeout``. Pass ``http_client`` to bring your own ``httpx.Client`` (proxies, hooks,
+    a test transport); the client then leaves closing it to you. Use it as a context manager,
+    or call :meth:`close`, to close the connection pool.
+    """
+
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *,
+                 timeout: TimeoutTypes = DEFAULT_TIMEOUT,
+                 http_client: Optional[httpx.Client] = None) -> None:
+        self._settings = _Settings(url, token)
+        self._timeout = timeout
+        self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else httpx.Client(timeout=timeout)
+
+    @property
+    def url(self) -> str:
+        return self._settings.url
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- HTTP ---
+
+    def _send(self, method: str, path: str, *, json: Any = None,
+              params: Optional[Mapping[str, Any]] = None) -> httpx.Response:
+        url = self._settings.url + path
+        try:
+            response = self._http.request(method, url, json=json, params=params,
+                                          headers=self._settings.headers(),
+                                          timeout=self._timeout)
+        except httpx.TransportError as e:
+            raise transport_error(e, method, url) from None
+        if not response.is_success:
+            raise _core.error_from(response.status_code, response.content, method, path)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._send(method, path, **kwargs)
+        return _core.parse_json(response.content, response.status_code, method, path)
+
+    # --- Daemon and plugins ---
+
+    def health(self) -> Health:
+        """``GET /v1/health``. A daemon whose store failed answers 503: :class:`Unavailable`."""
+        return Health.of(self._json("GET", "/v1/health"))
+
+    def plugins(self) -> List[Plugin]:
+        """``GET /v1/plugins``: every plugin file, its state, last error and declaration."""
+        value = self._json("GET", "/v1/plugins")
+        return [Plugin.of(p) for p in _core.need(value, "plugins", "GET", "/v1/plugins")]
+
+    def reload(self) -> List[RegistryEvent]:
+        """``POST /v1/plugins/reload``: rescan the plugin folder now; the changes it applied."""
+        return self._applied("POST", "/v1/plugins/reload")
+
+    def unload(self, plugin_id: str) -> List[RegistryEvent]:
+        """``DELETE /v1/plugins/{id}``: its contributions leave the next step (a rescan loads
+        the file again)."""
+        return self._applied("DELETE", f"/v1/plugins/{_core.segment(plugin_id)}")
+
+    def enable(self, plugin_id: str) -> List[RegistryEvent]:
+        """``POST /v1/plugins/{id}/enable``: load a quarantined plugin again (nothing to do,
+        an empty list, for one that is not quarantined)."""
+        return self._applied("POST", f"/v1/plugins/{_core.segment(plugin_id)}/enable")
+
+    def _applied(self, method: str, path: str) -> List[RegistryEvent]:
+        value = self._json(method, path)
+        return [RegistryEvent.of(e) for e in _core.need(value, "applied", method, path)]
+
+    def metrics(self) -> str:
+        """``GET /metrics``: Prometheus text."""
+        return self._send("GET", "/metrics").text
+
+    def openapi(self) -> Dict[str, Any]:
+        """``GET /v1/openapi.json``: the OpenAPI 3.1 document of this daemon's API."""
+        return self._json("GET", "/v1/openapi.json")
+
+    def registry_events(self, since: Optional[int] = None, *,
+                        timeout: TimeoutTypes = None) -> Iterator[RegistryEvent]:
+        """``GET /v1/events``: plugin changes as they happen, after the past ones numbered
+        above ``since`` (all kept ones with 0; only new ones with None). Blocks between events;
+        ``timeout`` bounds each wait (None: wait for ever). A ``lagged`` event ends the
+        stream: resync from :meth:`plugins` and reconnect. Leaving the loop closes the
+        connection."""
+        path = "/v1/events"
+        url = self._settings.url + path
+        params = {"since": since} if since is not None else None
+        headers = self._settings.headers({"Accept": "text/event-stream"})
+        try:
+            with self._http.stream("GET", url, params=params, headers=headers,
+                                   timeout=_stream_timeout(self._timeout, timeout)) as response:
+                if not response.is_success:
+                    response.read()
+                    raise _core.error_from(response.status_code, response.content, "GET", path)
+                parser = _core.SSEParser()
+                for line in response.iter_lines():
+                    event = parser.feed(line)
+                    if event is not None:
+                        yield event
+        except httpx.TransportError as e:
+            raise transport_error(e, "GET", url) from None
+
+    # --- Sessions ---
+
+    def session(self, agent: str = "default", *, format: Optional[Format] = None) -> "Session":
+        """``POST /v1/sessions``: a new session of ``agent``. ``format`` is the default of its
+        steps (else ``neutral``, the daemon's default)."""
+        value = self._json("POST", "/v1/sessions", json={"agent": agent})
+        return Session(self, _core.need(value, "id", "POST", "/v1/sessions"),
+                       value.get("agent", agent), format=format)
+
+    def reopen(self, session_id: str, *, format: Optional[Format] = None) -> "Session":
+        """An existing session, e.g. after a restart of the loop: reads its log for its agent
+        and the tool calls still open. An unknown id raises :class:`NotFound`."""
+        session = Session(self, session_id, None, format=format)
+        events = session.events()
+        created = next((e for e in events if e.kind == "session/created"), None)
+        session.agent = created.body.get("agent") if created else None
+        session._conversation.rebuild(events)
+        return session
+
+
+def _stream_timeout(base: TimeoutTypes, wait: TimeoutTypes) -> httpx.Timeout:
+    """The client's timeouts, but ``wait`` between events (a quiet stream is not an error)."""
+    connect = base.connect if isinstance(base, httpx.Timeout) else base
+    if isinstance(wait, httpx.Timeout):
+        return wait
+    return httpx.Timeout(connect=connect, read=wait, write=connect, pool=connect)
+
+
+class Session:
+    """One session of the daemon: its log, its steps, the replies and tool results recorded
+    into it. Made by :meth:`Client.session` or :meth:`Client.reopen`."""
+
+    def __init__(self, client: Client, session_id: str, agent: Optional[str], *,
+                 format: Optional[Format] = None) -> None:
+        self.client = client
+        self.id = session_id
+        self.agent = agent
+        self.format = format
+        self._conversation = _core.Conversation()
+
+    def __repr__(self) -> str:
+        return f"Session(id={self.id!r}, agent={self.agent!r})"
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/sessions/{_core.segment(self.id)}"
+
+    @property
+    def open_tool_calls(self) -> List[ToolCall]:
+        """The calls the last recorded reply made that have no result yet."""
+        return list(self._conversation.open.values())
+
+    def step(self, user: Any = None, *, facts: Optional[Mapping[str, Any]] = None,
+             messages: Optional[Sequence[Mapping[str, Any]]] = None,
+             format: Optional[Format] = None) -> StepResult:
+        """``POST /v1/sessions/{id}/steps``: assemble the next request.
+
+        ``user`` (text, or a list of text/image/document blocks) adds a user message after
+        ``messages`` (neutral messages, for full control: tool results, several user turns).
+        ``facts`` are this step's facts (strings; see the README for how other values are
+        sent). Returns the body in ``format`` (else the session's, else ``neutral``) for the
+        provider SDK unchanged. Refuses, before sending, a step that leaves open tool calls
+        unanswered (:class:`OpenToolCalls`)."""
+        body_messages = _core.step_messages(user, messages)
+        self._conversation.check_step(body_messages)
+        fmt = format or self.format
+        body: Dict[str, Any] = {"messages": body_messages, "facts": _core.facts_body(facts)}
+        if fmt is not None:
+            body["format"] = fmt
+        path = f"{self._path}/steps"
+        value = self.client._json("POST", path, json=body)
+        self._conversation.stepped(body_messages)
+        return StepResult(body=_core.need(value, "request", "POST", path),
+                          step=_core.need(value, "step", "POST", path),
+                          usage=value.get("usage") or {}, format=fmt or "neutral")
+
+    def record(self, reply: Any) -> Recorded:
+        """``POST /v1/sessions/{id}/messages``: the model's reply as the SDK returned it — an
+        ``openai`` ``ChatCompletion`` (or its ``choices[0].message``), a Responses
+        ``Response``, an ``anthropic`` ``Message`` — or a dict in any shape the daemon takes.
+        Returns the tool calls it opened (also in :attr:`open_tool_calls`)."""
+        value = _core.reply_json(reply)
+        if isinstance(value, dict) and value.get("role") == "tool":
+            return self._post_tool(value)
+        self._conversation.check_reply()
+        path = f"{self._path}/messages"
+        answer = self.client._json("POST", path, json=value)
+        calls = _core.tool_calls_of(value)
+        self._conversation.replied(calls)
+        return Recorded(seq=_core.need(answer, "seq", "POST", path), tool_calls=calls)
+
+    def tool_result(self, call_id: str, content: Any, *, is_error: bool = False) -> Recorded:
+        """Records a tool's output for call ``call_id``: text, a list of blocks (text, images,
+        documents), or any JSON value (sent as its JSON text). ``is_error`` tells providers
+        that support it that the tool failed."""
+        return self._post_tool(_core.tool_message(call_id, content, is_error))
+
+    def _post_tool(self, message: Dict[str, Any]) -> Recorded:
+        path = f"{self._path}/messages"
+        answer = self.client._json("POST", path, json=message)
+        self._conversation.answered(message.get("tool_call_id"))
+        return Recorded(seq=_core.need(answer, "seq", "POST", path))
+
+    def events(self) -> List[Event]:
+        """``GET /v1/sessions/{id}/events``: the session's log, in order."""
+        path = f"{self._path}/events"
+        value = self.client._json("GET", path)
+        return [Event.of(e) for e in _core.need(value, "events", "GET", path)]
+
+    def request(self, n: int, format: Optional[Format] = None) -> Dict[str, Any]:
+        """``GET /v1/sessions/{id}/steps/{n}/request``: step ``n``'s body rebuilt from the log,
+        identical to what the step returned (in ``format``, else the session's, else
+        ``neutral``)."""
+        fmt = format or self.format
+        params = {"format": fmt} if fmt is not None else None
+        return self.client._json("GET", f"{self._path}/steps/{int(n)}/request", params=params)
+
+    def usage(self) -> Dict[str, Any]:
+        """``GET /v1/sessions/{id}/usage``: per step, the budget's estimate and the provider's
+        reported usage of the reply that followed; ``totals`` with ``actual_per_estimate`` and
+        ``cached_share``."""
+        return self.client._json("GET", f"{self._path}/usage")
+
+    def compact(self, from_seq: int, to_seq: int, summary: str) -> Compacted:
+        """``POST /v1/sessions/{id}/compact``: later requests show ``summary`` in place of the
+        message events ``from_seq..=to_seq`` (the log keeps them)."""
+        path = f"{self._path}/compact"
+        value = self.client._json("POST", path,
+                                  json={"from": from_seq, "to": to_seq, "summary": summary})
+        return Compacted(seq=_core.need(value, "seq", "POST", path))

@@ -1,0 +1,168 @@
+"""What the daemon's routes return, as plain dataclasses (no pydantic: the client's only
+dependency is httpx). Each keeps the JSON it came from in ``raw``, so a field the daemon adds
+later is still reachable before the client names it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Literal, Optional
+
+__all__ = [
+    "Format",
+    "ErrorInfo",
+    "Health",
+    "Plugin",
+    "RegistryEvent",
+    "StepResult",
+    "ToolCall",
+    "Recorded",
+    "Event",
+    "Compacted",
+]
+
+#: The body shapes a step can return (``"format"`` of a step, ``?format=`` of a rebuild).
+Format = Literal["neutral", "openai", "anthropic", "openai-responses"]
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An error as the daemon reports it inside a body (a plugin's last error, a refused
+    load)."""
+
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, value: Any) -> Optional["ErrorInfo"]:
+        if not isinstance(value, dict):
+            return None
+        return cls(str(value.get("code", "")), str(value.get("message", "")))
+
+
+@dataclass(frozen=True)
+class Health:
+    """``GET /v1/health``: ``status`` is ``ok`` or ``loading`` (then ``loaded`` of ``total``
+    plugins are in; steps wait for the first full load)."""
+
+    status: str
+    plugins: int
+    version: str
+    loaded: Optional[int] = None
+    total: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Dict[str, Any]) -> "Health":
+        return cls(status=value["status"], plugins=value.get("plugins", 0),
+                   version=value.get("version", ""), loaded=value.get("loaded"),
+                   total=value.get("total"), raw=value)
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One plugin file of ``GET /v1/plugins``. ``state`` is ``loaded``, ``refused``,
+    ``stale`` (an older version serves, ``serving_sha256``) or ``quarantined``."""
+
+    id: str
+    file: str
+    sha256: str
+    state: str
+    serving_sha256: Optional[str]
+    last_error: Optional[ErrorInfo]
+    #: What the serving version declares (sections, contexts, variables, tools), or None.
+    declares: Optional[Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Dict[str, Any]) -> "Plugin":
+        return cls(id=value["id"], file=value["file"], sha256=value["sha256"],
+                   state=value["state"], serving_sha256=value.get("serving_sha256"),
+                   last_error=ErrorInfo.of(value.get("last_error")),
+                   declares=value.get("declares"), raw=value)
+
+
+@dataclass(frozen=True)
+class RegistryEvent:
+    """A change of the plugin registry: an entry of ``applied`` (reload, unload, enable) or
+    one server-sent event of ``GET /v1/events``.
+
+    ``kind`` is ``load``, ``reload``, ``unload``, ``refused``, ``quarantine``, or ``lagged``:
+    the stream lost ``missed`` events and ends; resync from ``plugins()`` and reconnect.
+    """
+
+    seq: Optional[int]
+    kind: str
+    plugin: Optional[str] = None
+    file: Optional[str] = None
+    sha256: Optional[str] = None
+    error: Optional[ErrorInfo] = None
+    missed: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Dict[str, Any], kind: Optional[str] = None,
+           seq: Optional[int] = None) -> "RegistryEvent":
+        return cls(seq=value.get("seq", seq), kind=value.get("kind", kind or ""),
+                   plugin=value.get("plugin"), file=value.get("file"),
+                   sha256=value.get("sha256"), error=ErrorInfo.of(value.get("error")),
+                   missed=value.get("missed"), raw=value)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's answer.
+
+    ``body`` is the provider request in the step's format, ready for the SDK unchanged:
+    ``client.chat.completions.create(**result.body)``, ``client.messages.create(**result.body)``
+    or ``client.responses.create(**result.body)``. ``step`` is its number (1-based);
+    ``usage`` the budget's measure of it (tokenizer, window, tools, system, sections,
+    contexts, messages, total, ...).
+    """
+
+    body: Dict[str, Any]
+    step: int
+    usage: Dict[str, Any]
+    format: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call a recorded reply opened. ``arguments`` is the decoded JSON object, whatever
+    the provider's shape (OpenAI's JSON string, Anthropic's ``input`` object)."""
+
+    id: str
+    name: str
+    arguments: Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """``POST /v1/sessions/{id}/messages``: the log position of the recorded message, and the
+    tool calls a recorded reply opened (empty for a final answer or a tool result)."""
+
+    seq: int
+    tool_calls: List[ToolCall] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of a session's log (``session/created``, ``user/message``,
+    ``context/snapshot``, ``request/header``, ``step``, ``assistant/message``,
+    ``tool/result``, ...)."""
+
+    seq: int
+    kind: str
+    body: Dict[str, Any]
+    at_ms: int
+
+    @classmethod
+    def of(cls, value: Dict[str, Any]) -> "Event":
+        return cls(seq=value["seq"], kind=value["kind"], body=value["body"],
+                   at_ms=value["at_ms"])
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """``POST /v1/sessions/{id}/compact``: the seq of the compaction event."""
+
+    seq: int
