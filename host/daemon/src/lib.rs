@@ -41,6 +41,7 @@ mod locks;
 pub mod metrics;
 pub mod plugin_dir;
 mod sessions;
+pub mod ui;
 pub mod watch;
 
 use std::collections::{BTreeMap, HashSet};
