@@ -10,7 +10,7 @@ use crate::content::{Block, Content};
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 
 /// The shape of the request body to render.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Format {

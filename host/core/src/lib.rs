@@ -36,6 +36,7 @@ pub mod load;
 pub mod model;
 pub mod names;
 pub mod plugin_state;
+pub mod provenance;
 pub mod provider;
 pub mod registry;
 pub mod replies;

@@ -93,7 +93,10 @@ pub fn load(
         config.plugin_options(&file.stem),
     )?;
     let origin = format!("{} sha256:{}", file.path.display(), file.sha256);
-    Ok((entry.with_origin(origin), loaded.cache))
+    Ok((
+        entry.with_origin(origin).with_sha256(&file.sha256),
+        loaded.cache,
+    ))
 }
 
 /// A plugin file that could not join the registry, and why.

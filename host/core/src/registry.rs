@@ -34,6 +34,8 @@ pub struct PluginEntry {
     pub schemas: ToolSchemas,
     /// Where it came from, e.g. the file path and its SHA-256; informational.
     pub origin: Option<String>,
+    /// The SHA-256 of the file it was loaded from (recorded in each step's provenance).
+    pub sha256: Option<String>,
 }
 
 impl std::fmt::Debug for PluginEntry {
@@ -65,6 +67,7 @@ impl PluginEntry {
             provider,
             schemas,
             origin: None,
+            sha256: None,
         };
         entry.check_effective_duplicates()?;
         Ok(entry)
@@ -72,6 +75,11 @@ impl PluginEntry {
 
     pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
         self.origin = Some(origin.into());
+        self
+    }
+
+    pub fn with_sha256(mut self, sha256: impl Into<String>) -> Self {
+        self.sha256 = Some(sha256.into());
         self
     }
 

@@ -342,6 +342,11 @@ pub struct SessionState {
     tool_call_bytes: usize,
     transcript: Transcript,
     memo: HeadMemo,
+    /// The provenance recorded last (with a header, or in a marker when only it changed).
+    provenance: Option<crate::provenance::Provenance>,
+    /// History was dropped or compacted since the last step marker: the next request does not
+    /// start with the last one.
+    history_changed: bool,
 }
 
 /// What depends only on the current header, made when a step first needs it and dropped
@@ -391,6 +396,8 @@ impl SessionState {
             tool_call_bytes: 0,
             transcript: Transcript::new(),
             memo: HeadMemo::default(),
+            provenance: None,
+            history_changed: false,
         }
     }
 
@@ -415,10 +422,17 @@ impl SessionState {
             match event.kind {
                 EventKind::Step => {
                     self.steps += 1;
-                    self.shown_tools = shown_of(body(&session, event)?);
+                    let marker = body(&session, event)?;
+                    self.shown_tools = shown_of(marker);
+                    if let Some(p) = provenance_of(marker) {
+                        self.provenance = Some(p);
+                    }
+                    self.history_changed = false;
                 }
                 EventKind::RequestHeader => {
-                    self.header_bytes = json_bytes(body(&session, event)?);
+                    let recorded = body(&session, event)?;
+                    self.header_bytes = json_bytes(recorded);
+                    self.provenance = provenance_of(recorded);
                     self.header = Some(header_of(&session, event)?);
                     self.memo = HeadMemo::default();
                 }
@@ -436,6 +450,7 @@ impl SessionState {
                     };
                 }
                 EventKind::HistoryDropped => {
+                    self.history_changed = true;
                     for seq in dropped_seqs(body(&session, event)?) {
                         if let Ok(i) = self.roles.binary_search_by_key(&seq, |(s, _)| *s) {
                             self.dropped.insert(i);
@@ -447,6 +462,7 @@ impl SessionState {
                     let start = self.roles.partition_point(|(s, _)| *s < from);
                     let end = self.roles.partition_point(|(s, _)| *s <= to);
                     if start < end {
+                        self.history_changed = true;
                         self.dropped.extend(start..end);
                         self.summaries.insert(start, summary);
                     }
@@ -481,6 +497,16 @@ impl SessionState {
     }
 
     /// The seq of the last event the state has seen: the next append goes at `last_seq + 1`.
+    /// The last recorded header.
+    pub fn header(&self) -> Option<&Header> {
+        self.header.as_ref().map(|(h, _)| h)
+    }
+
+    /// The provenance recorded last.
+    pub fn provenance(&self) -> Option<&crate::provenance::Provenance> {
+        self.provenance.as_ref()
+    }
+
     pub fn last_seq(&self) -> u64 {
         self.last_seq
     }
@@ -935,6 +961,7 @@ impl SessionState {
         assembly: &Assembly,
         header: &Header,
         run: &str,
+        provenance: Option<&crate::provenance::Provenance>,
     ) -> Result<StepPlan> {
         let mut answered = BTreeSet::new();
         let mut user_at = None;
@@ -980,11 +1007,18 @@ impl SessionState {
             Some(_) => None,
         };
         if let Some(reason) = header_reason {
-            events.push(NewEvent::new(
-                EventKind::RequestHeader,
-                json!({"reason": reason.as_str(), "header": header, "run": run}),
-            ));
+            let mut body = json!({"reason": reason.as_str(), "header": header, "run": run});
+            if let (Some(p), Value::Object(m)) = (provenance, &mut body) {
+                m.insert("provenance".into(), json!(p));
+            }
+            events.push(NewEvent::new(EventKind::RequestHeader, body));
         }
+        // The previous request is all a prefix of this one unless the header's content or the
+        // kept history changed (the messages only grow otherwise).
+        let prefix_kept = match &self.header {
+            Some((old, _)) if self.steps > 0 => Some(old == header && !self.history_changed),
+            _ => None,
+        };
         for o in &assembly.omitted {
             events.push(NewEvent::new(
                 EventKind::PluginOmitted,
@@ -996,13 +1030,52 @@ impl SessionState {
         if let (Some(shown), Value::Object(m)) = (&assembly.shown_tools, &mut marker) {
             m.insert("shown_tools".into(), json!(shown));
         }
+        // Plugins changed without changing the header: the marker says who serves now.
+        let changed = provenance.filter(|p| self.provenance.as_ref() != Some(*p));
+        if let (None, Some(p), Value::Object(m)) = (header_reason, changed, &mut marker) {
+            m.insert("provenance".into(), json!(p));
+        }
         events.push(NewEvent::new(EventKind::Step, marker));
         Ok(StepPlan {
             step,
             events,
             header_reason,
+            prefix_kept,
         })
     }
+}
+
+/// The provenance a header event or a step marker recorded, if any (0.1.0 logs have none; one
+/// that no longer decodes is left out rather than failing a rebuild: it explains, it is not
+/// part of the request).
+fn provenance_of(body: &Value) -> Option<crate::provenance::Provenance> {
+    serde_json::from_value(body.get("provenance")?.clone()).ok()
+}
+
+/// Step `n`'s provenance: what the last header or marker at or before its marker recorded.
+pub fn provenance_at(
+    session: &str,
+    events: &[Event],
+    n: u64,
+) -> Result<Option<crate::provenance::Provenance>> {
+    let marker = nth_marker(session, events, n)?;
+    Ok(events[..events.partition_point(|e| e.seq <= marker.seq)]
+        .iter()
+        .rev()
+        .filter(|e| matches!(e.kind, EventKind::Step | EventKind::RequestHeader))
+        .find_map(|e| provenance_of(&e.body)))
+}
+
+fn nth_marker<'a>(session: &str, events: &'a [Event], n: u64) -> Result<&'a Event> {
+    events
+        .iter()
+        .filter(|e| e.kind == EventKind::Step)
+        .nth(n.checked_sub(1).unwrap_or(u64::MAX) as usize)
+        .ok_or_else(|| Error::UnknownStep {
+            session: session.to_string(),
+            step: n,
+            steps: step_count(events),
+        })
 }
 
 /// The last recorded header and the run that recorded it.
@@ -1166,6 +1239,9 @@ pub struct StepPlan {
     pub step: u64,
     pub events: Vec<NewEvent>,
     pub header_reason: Option<HeaderReason>,
+    /// Whether the previous step's whole request is a prefix of this one's (before any
+    /// trimming this step adds); `None` on a session's first step.
+    pub prefix_kept: Option<bool>,
 }
 
 /// Plans a step on the whole log. `run` identifies the daemon process: it is recorded with
@@ -1181,22 +1257,13 @@ pub fn plan_step(
     header: &Header,
     run: &str,
 ) -> Result<StepPlan> {
-    SessionState::from_log(session, log)?.plan(messages, facts, assembly, header, run)
+    SessionState::from_log(session, log)?.plan(messages, facts, assembly, header, run, None)
 }
 
 /// Rebuilds the frozen request of step `n` from the log alone (Q4): the last header recorded
 /// at or before the step, and every message up to its marker.
 pub fn rebuild(session: &str, events: &[Event], n: u64) -> Result<FrozenRequest> {
-    let steps = step_count(events);
-    let marker = events
-        .iter()
-        .filter(|e| e.kind == EventKind::Step)
-        .nth(n.checked_sub(1).unwrap_or(u64::MAX) as usize)
-        .ok_or_else(|| Error::UnknownStep {
-            session: session.to_string(),
-            step: n,
-            steps,
-        })?;
+    let marker = nth_marker(session, events, n)?;
     let upto = &events[..events.partition_point(|e| e.seq <= marker.seq)];
     let (header, _) = last_header(session, upto)?.ok_or_else(|| {
         Error::Store(StoreError::Corrupt {

@@ -178,11 +178,29 @@ pub trait SessionStore: Send + Sync {
     /// Appends `events` atomically (all or none), durable before it returns. `next_seq` must
     /// be the log's length + 1, so a concurrent writer is detected instead of interleaved.
     fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError>;
+    /// Sessions whose id or agent contains `filter` (all when empty), most recent activity
+    /// first, at most `limit`.
+    fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError>;
     /// Whether the store can still keep what it acknowledges (Q12): an error says why not
     /// (e.g. its database file was deleted). Cheap: health checks call it.
     fn health(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// One session as a list shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionSummary {
+    pub id: String,
+    pub agent: String,
+    /// Steps taken.
+    pub steps: u64,
+    /// Events in the log.
+    pub events: u64,
+    pub created_ms: u64,
+    /// When its last event was written.
+    pub last_ms: u64,
 }
 
 /// A store in memory: for tests and one-shot tools. Nothing survives the process.
@@ -212,6 +230,26 @@ impl SessionStore for MemoryStore {
 
     fn session_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(self.sessions().get(id).map(|(agent, _)| agent.clone()))
+    }
+
+    fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
+        let mut out: Vec<SessionSummary> = self
+            .sessions()
+            .iter()
+            .filter(|(id, (agent, _))| id.contains(filter) || agent.contains(filter))
+            .map(|(id, (agent, log))| SessionSummary {
+                id: id.clone(),
+                agent: agent.clone(),
+                steps: log.iter().filter(|e| e.kind == EventKind::Step).count() as u64,
+                events: log.len() as u64,
+                created_ms: log.first().map_or(0, |e| e.at_ms),
+                last_ms: log.last().map_or(0, |e| e.at_ms),
+            })
+            .collect();
+        // Most recent first; the id breaks ties so the order never depends on the map.
+        out.sort_by(|a, b| b.last_ms.cmp(&a.last_ms).then_with(|| b.id.cmp(&a.id)));
+        out.truncate(limit);
+        Ok(out)
     }
 
     fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {

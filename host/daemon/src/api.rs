@@ -77,6 +77,24 @@ pub struct CompactBody {
     pub summary: String,
 }
 
+/// Sessions, most recent activity first.
+#[derive(Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<promptd_core::store::SessionSummary>,
+}
+
+/// A step's request and who gave each part.
+#[derive(Serialize, ToSchema)]
+pub struct StepExplain {
+    pub step: u64,
+    pub format: Format,
+    /// The request body exactly as the step returned it in `format`.
+    #[schema(value_type = Object)]
+    pub request: Value,
+    /// `null` for steps recorded before provenance was (0.1.0 logs).
+    pub provenance: Option<promptd_core::provenance::Provenance>,
+}
+
 /// The seq of the event just recorded.
 #[derive(Serialize, ToSchema)]
 pub struct Recorded {

@@ -73,13 +73,15 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(reload))
         .routes(routes!(unload))
         .routes(routes!(enable))
-        .routes(routes!(create_session))
+        .routes(routes!(create_session, list_sessions))
         .routes(routes!(step))
         .routes(routes!(record_message))
         .routes(routes!(compact))
         .routes(routes!(usage_report))
         .routes(routes!(session_events))
         .routes(routes!(step_request))
+        .routes(routes!(step_explain))
+        .routes(routes!(step_diff))
         .routes(routes!(registry_events))
         .routes(routes!(metrics))
         .routes(routes!(openapi_json))
@@ -413,6 +415,35 @@ async fn enable(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> A
     Ok(json_body(&api::Applied { applied }))
 }
 
+/// Sessions, most recent activity first; `q` keeps those whose id or agent contains it.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    params(
+        ("q" = Option<String>, Query, description = "Text the id or the agent must contain"),
+        ("limit" = Option<usize>, Query, description = "At most this many (default 100, at most 1000)"),
+    ),
+    responses((status = 200, body = api::SessionList), api::Errors))]
+async fn list_sessions(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let limit = query.limit.unwrap_or(100).min(1000);
+    let daemon = state.daemon.clone();
+    let filter = query.q.unwrap_or_default();
+    let sessions = blocking(move || daemon.sessions(&filter, limit)).await?;
+    Ok(json_body(&api::SessionList { sessions }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    #[serde(default)]
+    q: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
 /// Opens a session for an agent.
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
     request_body = api::NewSession,
@@ -555,6 +586,20 @@ async fn step_request(
     Path((id, n)): Path<(String, String)>,
     query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
+    let (n, format) = step_and_format(&n, query)?;
+    let daemon = state.daemon.clone();
+    let frozen = blocking(move || daemon.request(&id, n)).await?;
+    Ok(json_bytes(
+        StatusCode::OK,
+        formats::render(&frozen, format).to_string(),
+    ))
+}
+
+/// A step's number from its path and the `format` query (default `neutral`).
+fn step_and_format(
+    n: &str,
+    query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<(u64, Format), ApiError> {
     let Query(query) =
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let format = match query.format.as_deref() {
@@ -577,12 +622,52 @@ async fn step_request(
             format!("step `{n}` is not a number"),
         )
     })?;
+    Ok((n, format))
+}
+
+/// Step `n`'s request in a format, and which plugin (id, sha256) and scope gave each section,
+/// context, variable and tool: recorded with the step, so it holds after the plugins changed.
+#[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/explain", tag = "sessions",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("n" = u64, Path, description = "The step's number (1-based)"),
+        ("format" = Option<Format>, Query, description = "The body's shape (default `neutral`)"),
+    ),
+    responses((status = 200, body = api::StepExplain), api::Errors))]
+async fn step_explain(
+    State(state): State<Arc<AppState>>,
+    Path((id, n)): Path<(String, String)>,
+    query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let (n, format) = step_and_format(&n, query)?;
     let daemon = state.daemon.clone();
-    let frozen = blocking(move || daemon.request(&id, n)).await?;
-    Ok(json_bytes(
-        StatusCode::OK,
-        formats::render(&frozen, format).to_string(),
-    ))
+    let (request, provenance) = blocking(move || daemon.explain(&id, n, format)).await?;
+    Ok(json_body(&api::StepExplain {
+        step: n,
+        format,
+        request,
+        provenance,
+    }))
+}
+
+/// How much of step `n`'s request a provider's prompt cache could reuse from step n−1 (and
+/// from the last step with the same header), where the prefix broke and why.
+#[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/diff", tag = "sessions",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("n" = u64, Path, description = "The step's number (1-based)"),
+        ("format" = Option<Format>, Query, description = "The body's shape (default `neutral`)"),
+    ),
+    responses((status = 200, body = promptd_core::provenance::StepDiff), api::Errors))]
+async fn step_diff(
+    State(state): State<Arc<AppState>>,
+    Path((id, n)): Path<(String, String)>,
+    query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let (n, format) = step_and_format(&n, query)?;
+    let daemon = state.daemon.clone();
+    let diff = blocking(move || daemon.diff(&id, n, format)).await?;
+    Ok(json_body(&diff))
 }
 
 /// Server-sent events of registry changes (R5). Replays the history after `Last-Event-ID`

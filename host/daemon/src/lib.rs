@@ -56,6 +56,7 @@ use promptd_core::conversation::{FrozenRequest, Message};
 use promptd_core::load::{self, CacheLookup, Engine, PluginFile};
 use promptd_core::model::Step;
 use promptd_core::plugin_state::{ChangeKind, PluginState};
+use promptd_core::provenance::Provenance;
 use promptd_core::registry::{PluginEntry, Registry};
 use promptd_core::request::declaration_json;
 use promptd_core::session;
@@ -661,10 +662,23 @@ impl Daemon {
                     session::tool_results_shown(&input.messages, template.as_deref(), &empty)
                 };
                 cached.state.check_renders(format, &messages)?;
-                let mut plan =
-                    cached
-                        .state
-                        .plan(&messages, &input.facts, &assembled, &header, &self.run)?;
+                // Provenance only when it may have changed: a new header or plugin set.
+                let known = cached.state.provenance().is_some_and(|p| {
+                    p.plugins.len() == registry.len()
+                        && registry.plugins().all(|e| {
+                            p.plugins.get(&e.id).map(String::as_str)
+                                == Some(e.sha256.as_deref().unwrap_or(""))
+                        })
+                }) && cached.state.header() == Some(&header);
+                let provenance = (!known).then(|| Provenance::of(&registry, &assembled));
+                let mut plan = cached.state.plan(
+                    &messages,
+                    &input.facts,
+                    &assembled,
+                    &header,
+                    &self.run,
+                    provenance.as_ref(),
+                )?;
                 // Measure what this step's request will hold: the log so far, this step's
                 // input and its snapshot.
                 let budget = config.budget(&agent).unwrap_or_default();
@@ -677,6 +691,7 @@ impl Daemon {
                 if let Some(event) = dropped {
                     let at = plan.events.len().saturating_sub(1); // before the marker
                     plan.events.insert(at, event);
+                    plan.prefix_kept = plan.prefix_kept.map(|_| false);
                 }
                 usage.check(&budget)?;
                 if let Some(marker) = plan.events.last_mut() {
@@ -694,6 +709,9 @@ impl Daemon {
             }
         };
         self.append(id, &mut cached, plan.events)?;
+        if let Some(kept) = plan.prefix_kept {
+            self.metrics.prefix(&agent, kept);
+        }
         let rendered = cached.state.render_into(format, out);
         self.keep(id, cached);
         rendered?;
@@ -779,6 +797,46 @@ impl Daemon {
     pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
         self.agent_of(id)?;
         Ok(self.store.events(id)?)
+    }
+
+    /// Sessions whose id or agent contains `filter`, most recent activity first.
+    pub fn sessions(
+        &self,
+        filter: &str,
+        limit: usize,
+    ) -> Result<Vec<promptd_core::store::SessionSummary>> {
+        Ok(self.store.sessions(filter, limit)?)
+    }
+
+    /// Step `n`'s request in `format` (as the step returned it) and who gave each part.
+    pub fn explain(&self, id: &str, n: u64, format: Format) -> Result<(Value, Option<Provenance>)> {
+        let events = self.session_events(id)?;
+        let request = session::rebuild(id, &events, n)?;
+        let provenance = session::provenance_at(id, &events, n)?;
+        Ok((promptd_core::formats::render(&request, format), provenance))
+    }
+
+    /// Step `n` against the step before and the last one with the same header: the shared
+    /// prefix, where it broke and why. Tokens are counted when the session's agent has a
+    /// tokenizer other than `chars`.
+    pub fn diff(
+        &self,
+        id: &str,
+        n: u64,
+        format: Format,
+    ) -> Result<promptd_core::provenance::StepDiff> {
+        let agent = self.agent_of(id)?;
+        let events = self.store.events(id)?;
+        let budget = self.config().budget(&agent).unwrap_or_default();
+        let counter = (budget.tokenizer != "chars" && !budget.tokenizer.is_empty())
+            .then(|| self.counter(&budget.tokenizer));
+        Ok(promptd_core::provenance::step_diff(
+            id,
+            &events,
+            n,
+            format,
+            counter.as_deref(),
+        )?)
     }
 
     /// The frozen request of step `n`, rebuilt from the log alone (Q4).

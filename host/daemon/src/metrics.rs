@@ -18,6 +18,9 @@ pub struct Metrics {
     buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,
     latency_micros: AtomicU64,
+    /// Per agent: steps whose previous request was all a prefix of theirs, and steps that had
+    /// a previous request. Agents are the config's, so the map stays small.
+    prefix: std::sync::Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
 }
 
 impl Metrics {
@@ -40,6 +43,17 @@ impl Metrics {
         self.latency_count.fetch_add(1, Ordering::Relaxed);
         self.latency_micros
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A step of `agent` after the session's first: whether it kept the previous prefix.
+    pub fn prefix(&self, agent: &str, kept: bool) {
+        let mut prefix = self.prefix.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(counts) = prefix.get_mut(agent) {
+            counts.0 += u64::from(kept);
+            counts.1 += 1;
+        } else {
+            prefix.insert(agent.to_string(), (u64::from(kept), 1));
+        }
     }
 
     pub fn plugin_error(&self) {
@@ -102,6 +116,41 @@ impl Metrics {
         let _ = writeln!(out, "# HELP promptd_plugins_loaded Plugins serving now.");
         let _ = writeln!(out, "# TYPE promptd_plugins_loaded gauge");
         let _ = writeln!(out, "promptd_plugins_loaded {}", get(&self.plugins_loaded));
+        let prefix = self.prefix.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(
+            out,
+            "# HELP promptd_prefix_kept_steps_total Steps whose previous request was all a prefix of theirs (a provider can reuse its cache), by agent."
+        );
+        let _ = writeln!(out, "# TYPE promptd_prefix_kept_steps_total counter");
+        for (agent, (kept, _)) in prefix.iter() {
+            let _ = writeln!(
+                out,
+                "promptd_prefix_kept_steps_total{{agent=\"{agent}\"}} {kept}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP promptd_prefix_compared_steps_total Steps that had a previous request in their session, by agent."
+        );
+        let _ = writeln!(out, "# TYPE promptd_prefix_compared_steps_total counter");
+        for (agent, (_, compared)) in prefix.iter() {
+            let _ = writeln!(
+                out,
+                "promptd_prefix_compared_steps_total{{agent=\"{agent}\"}} {compared}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP promptd_prefix_kept_share Share of compared steps that kept the prefix, by agent."
+        );
+        let _ = writeln!(out, "# TYPE promptd_prefix_kept_share gauge");
+        for (agent, (kept, compared)) in prefix.iter() {
+            let share = *kept as f64 / (*compared).max(1) as f64;
+            let _ = writeln!(
+                out,
+                "promptd_prefix_kept_share{{agent=\"{agent}\"}} {share}"
+            );
+        }
         out
     }
 }

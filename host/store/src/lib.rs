@@ -29,7 +29,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 mod blobs;
 
-use promptd_core::store::{Event, EventKind, NewEvent, SessionStore, StoreError, BODY_VERSION};
+use promptd_core::store::{
+    Event, EventKind, NewEvent, SessionStore, SessionSummary, StoreError, BODY_VERSION,
+};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 /// Most appends one transaction takes; more wait for the next one.
@@ -518,6 +520,38 @@ impl SessionStore for SqliteStore {
 
     fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
         self.read(|conn| read_events(conn, id))
+    }
+
+    fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
+        // `instr` rather than LIKE: the filter is plain text, `%` and `_` in it mean themselves.
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT s.id, s.agent, s.created_ms,
+                            (SELECT COUNT(*) FROM events e WHERE e.session_id = s.id AND e.kind = 'step'),
+                            (SELECT COUNT(*) FROM events e WHERE e.session_id = s.id),
+                            (SELECT at_ms FROM events e WHERE e.session_id = s.id ORDER BY seq DESC LIMIT 1) AS last
+                     FROM sessions s
+                     WHERE ?1 = '' OR instr(s.id, ?1) > 0 OR instr(s.agent, ?1) > 0
+                     ORDER BY last DESC, s.id DESC
+                     LIMIT ?2",
+                )
+                .map_err(db("listing sessions"))?;
+            let rows = stmt
+                .query_map(params![filter, limit.min(i64::MAX as usize) as i64], |r| {
+                    Ok(SessionSummary {
+                        id: r.get(0)?,
+                        agent: r.get(1)?,
+                        created_ms: r.get::<_, i64>(2)? as u64,
+                        steps: r.get::<_, i64>(3)? as u64,
+                        events: r.get::<_, i64>(4)? as u64,
+                        last_ms: r.get::<_, Option<i64>>(5)?.unwrap_or(0) as u64,
+                    })
+                })
+                .map_err(db("listing sessions"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("listing sessions"))
+        })
     }
 
     fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {

@@ -1,0 +1,664 @@
+//! Where each part of a step's request came from, and why a request's cache prefix broke.
+//!
+//! **Provenance** names, for one step, the plugin (id and sha256) and scope that gave each
+//! section, context, variable and tool, with a short hash of each part's text. It is recorded
+//! with the step's `request/header` event, and in the step marker when the plugins changed
+//! without changing the header (a plugin swapped for a byte-different but equal one), so any
+//! past step can be explained after its plugins are gone.
+//!
+//! **The prefix** of a request is what a provider's prompt cache can reuse: the provider reads
+//! the model, then the tools, then the system prompt, then the messages in order, whatever the
+//! key order of the JSON body. So two requests are compared as *streams* of those parts, each
+//! serialized as the format sends it (compact JSON) with `cache_control` markers left out (they
+//! mark a breakpoint; they are not content). [`diff`] gives the bytes two streams share, the part
+//! where they first differ, and the causes in words.
+//!
+//! ```
+//! use promptd_core::conversation::{FrozenRequest, Header, Message};
+//! use promptd_core::formats::Format;
+//! use promptd_core::provenance::diff;
+//!
+//! let header = Header { system: "You are terse.".into(), ..Header::default() };
+//! let before = FrozenRequest { header: header.clone(), messages: vec![Message::user("hi")], shown_tools: None };
+//! let mut after = before.clone();
+//! after.messages.push(Message::user("more"));
+//! let d = diff(&before, None, &after, None, Format::Openai);
+//! assert!(d.prefix_kept);
+//! assert_eq!(d.causes, ["only new messages: prefix kept"]);
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::assembly::{Assembly, Origin};
+use crate::conversation::FrozenRequest;
+use crate::formats::{self, Format};
+use crate::registry::Registry;
+
+/// Which plugin gave each part of one step's request.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Provenance {
+    /// Every plugin serving the step, id → sha256 of its file: the plugin set.
+    pub plugins: BTreeMap<String, String>,
+    pub sections: Vec<Given>,
+    pub contexts: Vec<Given>,
+    pub variables: Vec<Given>,
+    pub tools: Vec<Given>,
+}
+
+/// One effective contribution and who gave it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Given {
+    pub name: String,
+    pub plugin: String,
+    /// The effective scope: `global`, or the agent or group name it is scoped to.
+    pub scope: String,
+    /// A short hash of the part's text (a section's or context's interpolated text, a tool's
+    /// description and schema), to tell which part changed. Never for variables: their values
+    /// may be secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+impl Provenance {
+    /// The provenance of `assembly`, made from `registry`.
+    pub fn of(registry: &Registry, assembly: &Assembly) -> Self {
+        let plugins = registry
+            .plugins()
+            .map(|p| (p.id.clone(), p.sha256.clone().unwrap_or_default()))
+            .collect();
+        let texts = |list: &[(String, String)]| -> BTreeMap<String, String> {
+            list.iter()
+                .map(|(name, text)| (name.clone(), short_hash(text.as_bytes())))
+                .collect()
+        };
+        let (sections, contexts) = (texts(&assembly.sections), texts(&assembly.contexts));
+        let tools: BTreeMap<&str, String> = assembly
+            .tools
+            .iter()
+            .map(|t| {
+                let schema = serde_json::to_string(&t.parameters).unwrap_or_default();
+                let hash = short_hash(format!("{}\n{schema}", t.description).as_bytes());
+                (t.name.as_str(), hash)
+            })
+            .collect();
+        let given = |origins: &[Origin], text: &dyn Fn(&str) -> Option<String>| -> Vec<Given> {
+            origins
+                .iter()
+                .map(|o| Given {
+                    name: o.name.clone(),
+                    plugin: o.plugin.clone(),
+                    scope: o.scope.clone(),
+                    text: text(&o.name),
+                })
+                .collect()
+        };
+        let explain = &assembly.explain;
+        Self {
+            plugins,
+            sections: given(&explain.sections, &|n| sections.get(n).cloned()),
+            contexts: given(&explain.contexts, &|n| contexts.get(n).cloned()),
+            variables: given(&explain.variables, &|_| None),
+            tools: given(&explain.tools, &|n| tools.get(n).cloned()),
+        }
+    }
+
+    fn sha_of(&self, plugin: &str) -> &str {
+        self.plugins.get(plugin).map_or("", String::as_str)
+    }
+}
+
+/// 16 hex digits of FNV-1a 64: stable across runs and builds, cheap, and enough to tell two
+/// texts of one part apart (not a security measure).
+fn short_hash(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn short_sha(sha: &str) -> &str {
+    sha.get(..8).unwrap_or(sha)
+}
+
+/// One part of a request's stream, in the order a provider reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// `model`, `tool \`NAME\``, `system`, `message N` (1-based, in the format's list).
+    pub label: String,
+    pub text: String,
+}
+
+/// `request` in `format` as the provider reads it: model, tools, system, messages.
+pub fn stream(request: &FrozenRequest, format: Format) -> Vec<Part> {
+    let mut body = formats::render(request, format);
+    strip_cache_control(&mut body);
+    let mut parts = Vec::new();
+    let mut push = |label: String, v: &Value| {
+        parts.push(Part {
+            label,
+            text: v.to_string(),
+        })
+    };
+    if let Some(model) = body.get("model") {
+        push("model".into(), model);
+    }
+    if let Some(tools) = body.get("tools").and_then(Value::as_array) {
+        for tool in tools {
+            push(format!("tool `{}`", tool_name(tool)), tool);
+        }
+    }
+    for key in ["system", "instructions"] {
+        if let Some(system) = body.get(key) {
+            push("system".into(), system);
+        }
+    }
+    let list = body
+        .get(formats::list_key(format))
+        .and_then(Value::as_array);
+    for (i, m) in list.into_iter().flatten().enumerate() {
+        push(format!("message {}", i + 1), m);
+    }
+    parts
+}
+
+/// A tool's name in any format's shape (`name`, or OpenAI Chat's `function.name`).
+fn tool_name(tool: &Value) -> &str {
+    tool.get("name")
+        .or_else(|| tool.get("function").and_then(|f| f.get("name")))
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+}
+
+fn strip_cache_control(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.remove("cache_control");
+            map.values_mut().for_each(strip_cache_control);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_cache_control),
+        _ => {}
+    }
+}
+
+/// How much of one request's stream another one repeats.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Diff {
+    /// Bytes of the later request's stream.
+    pub bytes: usize,
+    /// Bytes of the earlier one's.
+    pub previous_bytes: usize,
+    /// Bytes at the start of both streams that are equal.
+    pub shared_bytes: usize,
+    /// The whole earlier stream is a prefix of the later one: a provider can reuse all of it.
+    pub prefix_kept: bool,
+    /// Where the streams first differ; `None` when one is a prefix of the other.
+    pub first_divergence: Option<Divergence>,
+    /// Why, in words, most important first.
+    pub causes: Vec<String>,
+    /// Changes that did not touch the prefix (a plugin swapped for an equal one…).
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Divergence {
+    /// The part of the later request where it starts (`tool \`bash\``, `system`, …).
+    pub part: String,
+    /// Its byte offset in the later stream.
+    pub offset: usize,
+}
+
+/// Compares `after` with `before` (an earlier step's request) in `format`; the provenances,
+/// when known, name the plugins behind a change.
+pub fn diff(
+    before: &FrozenRequest,
+    before_from: Option<&Provenance>,
+    after: &FrozenRequest,
+    after_from: Option<&Provenance>,
+    format: Format,
+) -> Diff {
+    let (old, new) = (stream(before, format), stream(after, format));
+    let previous_bytes = old.iter().map(|p| p.text.len()).sum();
+    let bytes = new.iter().map(|p| p.text.len()).sum();
+    let mut shared = 0;
+    let mut divergence = None;
+    for (i, part) in new.iter().enumerate() {
+        let Some(was) = old.get(i) else { break };
+        if was.text == part.text {
+            shared += part.text.len();
+            continue;
+        }
+        let common = common_prefix(&was.text, &part.text);
+        divergence = Some((
+            i,
+            Divergence {
+                part: part.label.clone(),
+                offset: shared + common,
+            },
+        ));
+        shared += common;
+        break;
+    }
+    let prefix_kept = divergence.is_none() && old.len() <= new.len();
+    if divergence.is_none() && old.len() > new.len() {
+        // The later request is shorter: it ends where the earlier one went on.
+        divergence = Some((
+            new.len(),
+            Divergence {
+                part: old[new.len()].label.clone(),
+                offset: shared,
+            },
+        ));
+    }
+    let mut causes = Vec::new();
+    let mut notes = Vec::new();
+    explain(
+        before,
+        before_from,
+        after,
+        after_from,
+        &mut causes,
+        &mut notes,
+    );
+    if prefix_kept {
+        causes.clear(); // what changed did not touch the prefix: say so, keep the rest as notes
+        causes.push(if new.len() > old.len() {
+            "only new messages: prefix kept".to_string()
+        } else {
+            "nothing changed: prefix kept".to_string()
+        });
+    } else if let Some((i, d)) = &divergence {
+        if d.part.starts_with("message") && causes.is_empty() {
+            causes.push(message_cause(&old, &new, *i, format));
+        }
+    }
+    Diff {
+        bytes,
+        previous_bytes,
+        shared_bytes: shared,
+        prefix_kept,
+        first_divergence: divergence.map(|(_, d)| d),
+        causes,
+        notes,
+    }
+}
+
+/// Bytes two strings share at their start, at a char boundary.
+fn common_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !b.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
+}
+
+fn message_cause(old: &[Part], new: &[Part], i: usize, format: Format) -> String {
+    let label = &new[i].label;
+    if i + 1 == old.len() && format == Format::Anthropic {
+        return format!("{label} grew: a new message joined the previous turn");
+    }
+    if i >= old.len() {
+        return "only new messages: prefix kept".into();
+    }
+    format!("{label} changed: earlier history was left out or compacted")
+}
+
+/// The header's changes between two requests, in words.
+fn explain(
+    before: &FrozenRequest,
+    before_from: Option<&Provenance>,
+    after: &FrozenRequest,
+    after_from: Option<&Provenance>,
+    causes: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    let (a, b) = (&before.header, &after.header);
+    if a.model.get("model") != b.model.get("model") {
+        causes.push(format!(
+            "model changed: {} → {}",
+            a.model.get("model").unwrap_or(&Value::Null),
+            b.model.get("model").unwrap_or(&Value::Null)
+        ));
+    } else if a.model != b.model {
+        notes.push("model settings changed".into());
+    }
+    // Tools, in order: the first difference breaks everything after it.
+    let names = |r: &FrozenRequest| -> Vec<String> {
+        r.header.tools.iter().map(|t| t.name.clone()).collect()
+    };
+    let (old_names, new_names) = (names(before), names(after));
+    if old_names != new_names {
+        let removed: Vec<&String> = old_names
+            .iter()
+            .filter(|n| !new_names.contains(n))
+            .collect();
+        let added: Vec<&String> = new_names
+            .iter()
+            .filter(|n| !old_names.contains(n))
+            .collect();
+        let list = |v: &[&String]| {
+            v.iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if !added.is_empty() {
+            causes.push(format!("tools added: {}", list(&added)));
+        }
+        if !removed.is_empty() {
+            causes.push(format!("tools removed: {}", list(&removed)));
+        }
+        if added.is_empty() && removed.is_empty() {
+            causes.push("tool order changed".into());
+        }
+    }
+    for new_tool in &b.tools {
+        let Some(old_tool) = a.tools.iter().find(|t| t.name == new_tool.name) else {
+            continue;
+        };
+        if old_tool != new_tool {
+            let what = if old_tool.parameters != new_tool.parameters {
+                "schema"
+            } else {
+                "description"
+            };
+            causes.push(format!(
+                "tool `{}` {what} changed{}",
+                new_tool.name,
+                by_plugin(before_from, after_from, |p| &p.tools, &new_tool.name)
+            ));
+        }
+    }
+    if a.system != b.system {
+        let mut named = false;
+        if let (Some(pa), Some(pb)) = (before_from, after_from) {
+            for s in &pb.sections {
+                match pa.sections.iter().find(|o| o.name == s.name) {
+                    None => causes.push(format!(
+                        "section `{}` added (plugin `{}`)",
+                        s.name, s.plugin
+                    )),
+                    Some(o) if o.text != s.text => causes.push(format!(
+                        "section `{}` text changed{}",
+                        s.name,
+                        by_plugin(before_from, after_from, |p| &p.sections, &s.name)
+                    )),
+                    _ => continue,
+                }
+                named = true;
+            }
+            for o in &pa.sections {
+                if !pb.sections.iter().any(|s| s.name == o.name) {
+                    causes.push(format!(
+                        "section `{}` removed (plugin `{}`)",
+                        o.name, o.plugin
+                    ));
+                    named = true;
+                }
+            }
+        }
+        if !named {
+            causes.push("system prompt changed".into());
+        }
+    }
+    // Plugins whose file changed: a cause when they gave a changed part, else a note.
+    if let (Some(pa), Some(pb)) = (before_from, after_from) {
+        for (id, sha) in &pb.plugins {
+            match pa.plugins.get(id) {
+                Some(old) if old != sha => {
+                    let mentioned = causes.iter().any(|c| c.contains(&format!("plugin `{id}`")));
+                    if !mentioned {
+                        notes.push(format!(
+                            "plugin `{id}` changed (sha256 {}→{}) without changing the request's parts",
+                            short_sha(old),
+                            short_sha(sha)
+                        ));
+                    }
+                }
+                None => notes.push(format!("plugin `{id}` joined")),
+                _ => {}
+            }
+        }
+        for id in pa.plugins.keys().filter(|id| !pb.plugins.contains_key(*id)) {
+            notes.push(format!("plugin `{id}` left"));
+        }
+    }
+}
+
+/// ": plugin `tools` sha256 a1b2c3d4→e5f6a7b8" for a part, from the provenances.
+fn by_plugin<'p>(
+    before: Option<&'p Provenance>,
+    after: Option<&'p Provenance>,
+    list: impl Fn(&'p Provenance) -> &'p Vec<Given>,
+    name: &str,
+) -> String {
+    let find = |p: Option<&'p Provenance>| -> Option<(&'p Provenance, &'p Given)> {
+        let p = p?;
+        list(p).iter().find(|g| g.name == name).map(|g| (p, g))
+    };
+    match (find(before), find(after)) {
+        (Some((pa, ga)), Some((pb, gb))) if ga.plugin == gb.plugin => {
+            let (old, new) = (pa.sha_of(&ga.plugin), pb.sha_of(&gb.plugin));
+            if old == new {
+                format!(
+                    ": plugin `{}` (same file; its dynamic value changed)",
+                    gb.plugin
+                )
+            } else {
+                format!(
+                    ": plugin `{}` sha256 {}→{}",
+                    gb.plugin,
+                    short_sha(old),
+                    short_sha(new)
+                )
+            }
+        }
+        (Some((_, ga)), Some((_, gb))) => {
+            format!(": now from plugin `{}` (was `{}`)", gb.plugin, ga.plugin)
+        }
+        (_, Some((_, gb))) => format!(": plugin `{}`", gb.plugin),
+        _ => String::new(),
+    }
+}
+
+/// A step's request against the step before it and against the last earlier step that had the
+/// same header (`GET /v1/sessions/{id}/steps/{n}/diff`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StepDiff {
+    pub step: u64,
+    pub format: Format,
+    /// Bytes of this step's stream (model, tools, system, messages).
+    pub bytes: usize,
+    /// Against step n−1; `None` on a session's first step.
+    pub previous: Option<Against>,
+    /// Against the last step before n−1 whose header equals this step's (the provider may
+    /// still hold its cache), when there is one.
+    pub same_header: Option<Against>,
+    /// Why the prefix against step n−1 broke, or that it was kept.
+    pub causes: Vec<String>,
+    pub notes: Vec<String>,
+    /// The share of this step's input a provider could serve from its cache, the best of the
+    /// two comparisons.
+    pub cached_share: CachedShare,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Against {
+    pub step: u64,
+    /// Bytes of that step's stream.
+    pub bytes: usize,
+    pub shared_bytes: usize,
+    pub prefix_kept: bool,
+    pub first_divergence: Option<Divergence>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CachedShare {
+    /// Shared bytes over this step's bytes.
+    pub bytes: f64,
+    /// The same in tokens, when the agent's budget names a tokenizer.
+    pub tokens: Option<TokenShare>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TokenShare {
+    pub shared: usize,
+    pub total: usize,
+    pub tokenizer: String,
+}
+
+/// [`StepDiff`] of step `n` of a session's log, in `format`; `counter` (when the agent has a
+/// tokenizer) measures the cached share in tokens.
+pub fn step_diff(
+    session: &str,
+    events: &[crate::store::Event],
+    n: u64,
+    format: Format,
+    counter: Option<&dyn crate::budget::Counter>,
+) -> crate::Result<StepDiff> {
+    use crate::session::{provenance_at, rebuild};
+    let now = rebuild(session, events, n)?;
+    let now_from = provenance_at(session, events, n)?;
+    let against = |m: u64| -> crate::Result<(Against, Diff)> {
+        let then = rebuild(session, events, m)?;
+        let then_from = provenance_at(session, events, m)?;
+        let d = diff(&then, then_from.as_ref(), &now, now_from.as_ref(), format);
+        let a = Against {
+            step: m,
+            bytes: d.previous_bytes,
+            shared_bytes: d.shared_bytes,
+            prefix_kept: d.prefix_kept,
+            first_divergence: d.first_divergence.clone(),
+        };
+        Ok((a, d))
+    };
+    let (previous, causes, notes) = match n.checked_sub(1).filter(|m| *m >= 1) {
+        Some(m) => {
+            let (a, d) = against(m)?;
+            (Some(a), d.causes, d.notes)
+        }
+        None => (
+            None,
+            vec!["first step: nothing to reuse".into()],
+            Vec::new(),
+        ),
+    };
+    let same_header = match last_step_with_header(session, events, n, &now.header)? {
+        Some(m) if Some(m) != n.checked_sub(1) => Some(against(m)?.0),
+        _ => None,
+    };
+    let parts = stream(&now, format);
+    let bytes: usize = parts.iter().map(|p| p.text.len()).sum();
+    let shared = [&previous, &same_header]
+        .iter()
+        .filter_map(|a| a.as_ref().map(|a| a.shared_bytes))
+        .max()
+        .unwrap_or(0);
+    let tokens = counter.map(|c| {
+        let text: String = parts.iter().map(|p| p.text.as_str()).collect();
+        let mut cut = shared.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        TokenShare {
+            shared: c.count(&text[..cut]),
+            total: c.count(&text),
+            tokenizer: c.name().to_string(),
+        }
+    });
+    Ok(StepDiff {
+        step: n,
+        format,
+        bytes,
+        previous,
+        same_header,
+        causes,
+        notes,
+        cached_share: CachedShare {
+            bytes: if bytes == 0 {
+                0.0
+            } else {
+                shared as f64 / bytes as f64
+            },
+            tokens,
+        },
+    })
+}
+
+/// The last step before `n` whose request header equals `header`.
+fn last_step_with_header(
+    session: &str,
+    events: &[crate::store::Event],
+    n: u64,
+    header: &crate::conversation::Header,
+) -> crate::Result<Option<u64>> {
+    use crate::store::EventKind;
+    let mut current: Option<crate::conversation::Header> = None;
+    let mut step = 0;
+    let mut found = None;
+    for e in events {
+        match e.kind {
+            EventKind::RequestHeader => {
+                let h = e.body.get("header").cloned().unwrap_or(Value::Null);
+                current = serde_json::from_value(h).ok();
+            }
+            EventKind::Step => {
+                step += 1;
+                if step >= n {
+                    break;
+                }
+                if current.as_ref() == Some(header) {
+                    found = Some(step);
+                }
+            }
+            _ => {}
+        }
+    }
+    let _ = session;
+    Ok(found)
+}
+
+/// Over a whole log: how many steps had a previous request, and how many of those kept all of
+/// it as their prefix (no header change, nothing dropped or compacted between them) — the
+/// figure `promptd session log` shows.
+pub fn prefix_kept_share(events: &[crate::store::Event]) -> (u64, u64) {
+    use crate::store::EventKind;
+    let (mut kept, mut compared) = (0, 0);
+    let (mut steps, mut broken) = (0u64, false);
+    let mut last: Option<Value> = None;
+    for e in events {
+        match e.kind {
+            EventKind::RequestHeader => {
+                let h = e.body.get("header").cloned();
+                // A `resume` header equal to the last one breaks nothing.
+                if last.is_some() && h != last {
+                    broken = true;
+                }
+                last = h;
+            }
+            EventKind::HistoryDropped | EventKind::HistoryCompacted => broken = true,
+            EventKind::Step => {
+                if steps > 0 {
+                    compared += 1;
+                    kept += u64::from(!broken);
+                }
+                steps += 1;
+                broken = false;
+            }
+            _ => {}
+        }
+    }
+    (kept, compared)
+}
