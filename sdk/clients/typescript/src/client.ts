@@ -11,6 +11,7 @@ import {
 import { answeredBy, toolCallsOf } from "./replies.js";
 import { readEvents } from "./sse.js";
 import type {
+  ChangeKind,
   Content,
   Format,
   Health,
@@ -265,7 +266,7 @@ export class Client {
           yield { event: "lagged", id: null, data: data as { missed: number } };
         } else {
           const id = raw.id === null || raw.id === "" ? null : Number(raw.id);
-          yield { event: raw.event, id, data: data as RegistryEvent };
+          yield { event: raw.event as ChangeKind, id, data: data as RegistryEvent };
         }
       }
     } catch (e) {

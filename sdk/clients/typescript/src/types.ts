@@ -173,4 +173,4 @@ export interface RegistryEvent {
  * lost: resync from `plugins()`, then reconnect with `since`); after `lagged` the stream ends. */
 export type RegistryStreamEvent =
   | { event: "lagged"; id: null; data: { missed: number } }
-  | { event: ChangeKind | string; id: number | null; data: RegistryEvent };
+  | { event: ChangeKind; id: number | null; data: RegistryEvent };
