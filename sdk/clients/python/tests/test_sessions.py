@@ -1,0 +1,237 @@
+"""Sessions: steps in every format, their rebuilds, the log, replies and tool results in the
+neutral and OpenAI shapes, open tool calls, reopening, usage and compaction."""
+
+import json
+
+import pytest
+
+from promptd_client import OpenToolCalls, ToolCall
+
+FACTS = {"cwd": "/src/app", "git_branch": "main"}
+PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAQAAAADCAIAAAA7ljmRAAAAEElEQVR4nGM4oaEBRww4OQAHpg0hlLAT/AAAAABJR"
+       "U5ErkJggg==")
+# The top-level keys each format's body has with the example config (model settings included).
+SHAPES = {
+    "neutral": {"model", "system", "tools", "messages"},
+    "openai": {"model", "max_tokens", "messages", "tools", "prompt_cache_key"},
+    "anthropic": {"model", "max_tokens", "system", "messages", "tools"},
+    "openai-responses": {"model", "max_output_tokens", "instructions", "input", "tools",
+                         "prompt_cache_key"},
+}
+
+
+def kinds(session):
+    return [e.kind for e in session.events()]
+
+
+def test_a_step_in_every_format_and_its_rebuild(client):
+    session = client.session("coder")
+    assert (session.agent, len(session.id) > 0) == ("coder", True)
+    first = session.step(user="What is here?", facts=FACTS)
+    assert (first.step, first.format) == (1, "neutral")
+    assert set(first.body) == SHAPES["neutral"], sorted(first.body)
+    assert first.body["messages"][0] == {"role": "user", "content": "What is here?"}
+    assert "Working directory: /src/app" in first.body["messages"][1]["content"]
+    assert first.usage["total"]["tokens"] > 0 and first.usage["tokenizer"] == "chars", first.usage
+    assert session.request(1) == first.body
+    for n, fmt in enumerate(["openai", "anthropic", "openai-responses"], start=2):
+        assert set(session.request(1, format=fmt)) == SHAPES[fmt], fmt
+        result = session.step(user=f"Question {n}.", facts=FACTS, format=fmt)
+        assert (result.step, result.format) == (n, fmt)
+        assert set(result.body) == SHAPES[fmt], (fmt, sorted(result.body))
+        assert session.request(n, format=fmt) == result.body, fmt
+    assert session.request(4, format="openai-responses")["prompt_cache_key"] == f"promptd-{session.id}"
+
+
+def test_a_sessions_format_is_the_default_of_its_steps(client):
+    session = client.session("reviewer", format="anthropic")
+    result = session.step(user="Review this.")
+    assert result.format == "anthropic" and set(result.body) == SHAPES["anthropic"]
+    # reviewer's own max_tokens merges over the global one.
+    assert result.body["max_tokens"] == 2048, result.body["max_tokens"]
+    assert session.request(1) == result.body
+    assert set(session.request(1, format="neutral")) == SHAPES["neutral"]
+
+
+def test_the_log_holds_what_a_step_added(client):
+    session = client.session("coder")
+    session.step(user="Hello.", facts=FACTS)
+    events = session.events()
+    assert [e.kind for e in events] == ["session/created", "user/message", "context/snapshot",
+                                        "request/header", "step"], events
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    assert events[0].body == {"agent": "coder"}
+    assert events[1].body == {"role": "user", "content": "Hello."}
+    assert events[3].body["reason"] == "initial"
+    assert events[4].body["step"] == 1 and events[4].body["facts"] == FACTS
+    assert all(isinstance(e.at_ms, int) and e.at_ms > 0 for e in events)
+
+
+def test_facts_that_are_not_strings_go_as_the_plugins_read_them(client):
+    session = client.session("coder")
+    documents = [{"source": "a.md", "date": "2026-12-01", "text": "A"}]
+    result = session.step(user="Read only.", facts={"read_only": True, "git_dirty": False,
+                                                    "documents": documents, "os": None})
+    tools = sorted(t["name"] for t in result.body["tools"])
+    assert tools == ["list_dir", "read_file"], tools  # read_only=true hides write and bash
+    step = session.events()[-1]
+    assert step.body["facts"] == {"read_only": "true", "git_dirty": "false",
+                                  "documents": json.dumps(documents)}, step.body
+
+
+def test_a_tool_round_in_the_neutral_shape(client):
+    session = client.session("coder", format="openai")
+    session.step(user="Read the README.", facts=FACTS)
+    reply = {"role": "assistant", "content": "Reading it.",
+             "tool_calls": [{"id": "c1", "name": "read_file", "arguments": {"path": "README.md"}}]}
+    recorded = session.record(reply)
+    call = ToolCall("c1", "read_file", {"path": "README.md"})
+    assert recorded.tool_calls == [call] and recorded.seq == len(session.events())
+    assert session.open_tool_calls == [call]
+
+    # A step or another reply while the call is open is refused before anything is sent.
+    logged = len(session.events())
+    with pytest.raises(OpenToolCalls) as e:
+        session.step(user="And now?")
+    assert (e.value.code, e.value.status, e.value.call_ids) == ("open_tool_calls", None, ["c1"])
+    assert "`c1` (read_file)" in e.value.message and "tool_result" in e.value.message
+    with pytest.raises(OpenToolCalls):
+        session.record({"role": "assistant", "content": "Again."})
+    assert len(session.events()) == logged, "nothing was sent"
+
+    result_seq = session.tool_result("c1", "# promptd\n").seq
+    assert result_seq == logged + 1 and session.open_tool_calls == []
+    body = session.step(facts=FACTS).body
+    assistant = next(m for m in body["messages"] if m["role"] == "assistant")
+    # Encoded once: the arguments are the JSON text of the object, not of a string.
+    arguments = assistant["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == {"path": "README.md"}, arguments
+    tool = next(m for m in body["messages"] if m["role"] == "tool")
+    assert tool == {"role": "tool", "tool_call_id": "c1", "content": "# promptd\n"}, tool
+    assert kinds(session)[-3:] == ["assistant/message", "tool/result", "step"]
+
+
+def test_arguments_as_the_model_wrote_them_go_back_byte_for_byte(client):
+    session = client.session("coder", format="openai")
+    session.step(user="List it.")
+    written = '{ "path" : "src" }'
+    openai_message = {"role": "assistant", "content": None, "refusal": None,
+                      "tool_calls": [{"id": "call_9", "type": "function",
+                                      "function": {"name": "list_dir", "arguments": written}}]}
+    assert session.record(openai_message).tool_calls == [ToolCall("call_9", "list_dir",
+                                                                  {"path": "src"})]
+    session.tool_result("call_9", "a.rs\nb.rs")
+    body = session.step().body
+    assistant = next(m for m in body["messages"] if m["role"] == "assistant")
+    assert assistant["tool_calls"][0]["function"]["arguments"] == written
+    neutral = session.request(2, format="neutral")
+    assert next(m for m in neutral["messages"] if m["role"] == "assistant")[
+        "tool_calls"][0]["arguments"] == {"path": "src"}
+
+
+def test_tool_results_of_every_kind(client):
+    session = client.session("coder", format="anthropic")
+    session.step(user="Do three things.")
+    calls = [{"id": f"t{i}", "name": "read_file", "arguments": {"path": f"{i}.txt"}}
+             for i in range(3)]
+    session.record({"role": "assistant", "content": "", "tool_calls": calls})
+    session.tool_result("t0", {"lines": 3, "ok": True})  # JSON, sent as its text once
+    session.tool_result("t1", [{"type": "text", "text": "a screenshot:"},
+                               {"type": "image", "media_type": "image/png", "data": PNG}])
+    session.tool_result("t2", "no such file", is_error=True)
+    events = session.events()[-3:]
+    assert [e.body["tool_call_id"] for e in events] == ["t0", "t1", "t2"]
+    assert events[0].body["content"] == '{"lines": 3, "ok": true}'
+    assert events[2].body["is_error"] is True and "is_error" not in events[0].body
+    body = session.step().body
+    results = [b for b in body["messages"][-1]["content"] if b["type"] == "tool_result"]
+    assert [r["tool_use_id"] for r in results] == ["t0", "t1", "t2"]
+    assert results[2]["is_error"] is True
+    assert any(b.get("type") == "image" and b["source"]["data"] == PNG
+               for b in results[1]["content"]), results[1]
+
+
+def test_a_step_may_carry_the_tool_results_itself(client):
+    session = client.session("coder")
+    session.step(user="Go.")
+    session.record({"role": "assistant", "content": "",
+                    "tool_calls": [{"id": "k1", "name": "list_dir", "arguments": {}}]})
+    result = session.step(messages=[{"role": "tool", "tool_call_id": "k1", "content": "x"}],
+                          user="Then this.")
+    assert session.open_tool_calls == []
+    assert [m["role"] for m in result.body["messages"]][-3:] == ["assistant", "tool", "user"]
+
+
+def test_the_daemon_refuses_a_step_over_open_calls_too(client):
+    session = client.session("coder")
+    session.step(user="Go.")
+    # A second handle made before the reply knows of no open call; the daemon does.
+    stale = client.reopen(session.id)
+    session.record({"role": "assistant", "content": "",
+                    "tool_calls": [{"id": "z1", "name": "list_dir", "arguments": {}}]})
+    with pytest.raises(OpenToolCalls) as e:
+        stale.step(user="Next?")
+    assert (e.value.code, e.value.status) == ("open_tool_calls", 422), e.value
+    assert "z1" in e.value.message
+
+
+def test_reopen_rebuilds_the_agent_and_the_open_calls(client):
+    session = client.session("reviewer")
+    session.step(user="Go.")
+    calls = [{"id": "r1", "name": "list_dir", "arguments": {}},
+             {"id": "r2", "name": "read_file", "arguments": {"path": "x"}}]
+    session.record({"role": "assistant", "content": "Two.", "tool_calls": calls})
+    session.tool_result("r1", "listing")
+    again = client.reopen(session.id, format="openai")
+    assert (again.id, again.agent, again.format) == (session.id, "reviewer", "openai")
+    assert again.open_tool_calls == [ToolCall("r2", "read_file", {"path": "x"})]
+    again.tool_result("r2", "text")
+    assert again.step().step == 2
+
+
+def test_usage_sets_the_providers_counts_against_the_estimate(client):
+    session = client.session("coder")
+    step = session.step(user="Count.")
+    completion = {"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4.1",
+                  "choices": [{"index": 0, "finish_reason": "stop",
+                               "message": {"role": "assistant", "content": "Done."}}],
+                  "usage": {"prompt_tokens": 321, "completion_tokens": 12, "total_tokens": 333,
+                            "prompt_tokens_details": {"cached_tokens": 100}}}
+    assert session.record(completion).tool_calls == []
+    report = session.usage()
+    [row] = report["steps"]
+    assert row["step"] == 1 and row["estimate"] == step.usage["total"]["tokens"], row
+    assert row["actual"] == {"input_tokens": 321, "output_tokens": 12, "cached_tokens": 100}, row
+    totals = report["totals"]
+    assert (totals["actual"], totals["compared_steps"]) == (321, 1), totals
+    assert totals["actual_per_estimate"] == pytest.approx(321 / row["estimate"]), totals
+    assert totals["cached_share"] == pytest.approx(100 / 321), totals
+
+
+def test_compaction_shows_the_summary_in_place_of_the_messages(client):
+    session = client.session("coder")
+    session.step(user="First: how is the build set up?")
+    session.record({"role": "assistant", "content": "With cargo."})
+    session.step(user="Second: and the tests?")
+    before = session.request(2)
+    messages = [e for e in session.events() if e.kind in ("user/message", "assistant/message")]
+    first, reply = messages[0], messages[1]
+    compacted = session.compact(first.seq, reply.seq, "Summary: the build uses cargo.")
+    assert compacted.seq == session.events()[-1].seq
+    body = session.step(user="Third.").body
+    text = json.dumps(body["messages"])
+    assert "Summary: the build uses cargo." in text and "First: how is" not in text, text
+    assert "Second: and the tests?" in text
+    assert session.request(2) == before, "a past step rebuilds unchanged"
+
+
+def test_user_blocks_and_several_messages(client):
+    session = client.session("coder", format="openai")
+    result = session.step(messages=[{"role": "user", "content": "One."}],
+                          user=[{"type": "text", "text": "Two, with a picture."},
+                                {"type": "image", "media_type": "image/png", "data": PNG}])
+    users = [m for m in result.body["messages"] if m["role"] == "user"]
+    assert users[0]["content"] == "One."
+    assert users[1]["content"][1] == {"type": "image_url", "image_url": {
+        "url": f"data:image/png;base64,{PNG}"}}, users[1]
+
