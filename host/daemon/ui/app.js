@@ -25,11 +25,11 @@ function h(tag, attrs, ...children) {
     else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
     else el.setAttribute(k, v === true ? '' : String(v));
   }
-  add(el, children);
+  add(el, ...children);
   return el;
 }
 
-function add(el, children) {
+function add(el, ...children) {
   for (const c of children.flat(Infinity)) {
     if (c == null || c === false) continue;
     el.append(c instanceof Node ? c : String(c));
@@ -760,7 +760,11 @@ function prettyJson(raw, annotate) {
   let buf = '';
   const flush = () => { if (buf) { pre.append(buf); buf = ''; } };
   const span = (cls, text) => { flush(); pre.append(h('span', { class: cls }, text)); };
-  const newline = () => { buf += `\n${'  '.repeat(stack.length)}`; };
+  let label = null; // shown at the end of the value's line, after its comma
+  const newline = () => {
+    if (label) { flush(); pre.append(' ', label); label = null; }
+    buf += `\n${'  '.repeat(stack.length)}`;
+  };
   const path = () => stack.map((s) => (s.arr ? s.index : s.key));
   const nextNonSpace = (j) => { while (j < raw.length && /\s/.test(raw[j])) j++; return j; };
   let i = 0;
@@ -802,8 +806,7 @@ function prettyJson(raw, annotate) {
         span('k', token);
       } else {
         span('s', token);
-        const label = annotate(path(), token);
-        if (label) { flush(); pre.append(' ', label); }
+        label = annotate(path(), token);
       }
     } else {
       let j = i;
@@ -813,6 +816,7 @@ function prettyJson(raw, annotate) {
       i = j;
     }
   }
+  if (label) { flush(); pre.append(' ', label); }
   flush();
   return pre;
 }
@@ -838,7 +842,8 @@ function requestPanel(raw, format, provenance, plugins, changed, n) {
       '← ', provenanceLabel(o, plugins), changed.tool.has(name) ? badge('changed', 'bad') : null);
     }
     if (isSystem(p) && sections.length) {
-      return h('span', { class: 'inline-label', 'data-testid': 'body-system-label' }, '← sections ',
+      return h('span', { class: 'inline-label block', 'data-testid': 'body-system-label' },
+        '↑ the system text: sections ',
         sections.map((s) => [h('code', {}, s.name), ' ', provenanceLabel(s, plugins), ' ']));
     }
     return null;
@@ -913,7 +918,7 @@ function declaresSummary(d) {
 
 function pluginRow(p) {
   const stale = p.serving_sha256 && p.serving_sha256 !== p.sha256;
-  return h('tr', { 'data-testid': 'plugin-row', 'data-plugin': p.id, class: `state-${p.state}` },
+  return h('tr', { 'data-testid': 'plugin-row', 'data-plugin': p.id, class: `row-state-${p.state}` },
     h('td', {}, h('code', {}, p.id), h('div', { class: 'muted' }, p.file)),
     h('td', {}, badge(p.state, `state state-${p.state}`, { 'data-testid': 'plugin-state' })),
     h('td', { class: 'mono', title: p.sha256 }, short(p.sha256),
