@@ -117,6 +117,156 @@ impl Server {
                 e["body"]
             );
         }
+        let events = v["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let kind = promptd_core::store::EventKind::parse(e["kind"].as_str()?)?;
+                Some((kind, &e["body"]))
+            });
+        let (kept, compared) = promptd_core::provenance::prefix_kept_share(events);
+        if compared > 0 {
+            println!(
+                "prefix kept: {kept} of {compared} steps ({:.0}%) sent all of the previous request first",
+                100.0 * kept as f64 / compared as f64
+            );
+        }
+        Ok(())
+    }
+
+    /// The session's steps, from its log (for "the last step" when none is named).
+    fn last_step(&self, id: &str) -> anyhow::Result<u64> {
+        let v = self.call("GET", &format!("/v1/sessions/{id}/events"), None)?;
+        let steps = v["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["kind"] == "step")
+            .count() as u64;
+        if steps == 0 {
+            bail!("session {id} has no step yet");
+        }
+        Ok(steps)
+    }
+
+    /// Step N (default: the last) against the step before: the prefix a provider's cache can
+    /// reuse, where it broke and why.
+    pub fn diff(&self, id: &str, n: Option<u64>, format: &str) -> anyhow::Result<()> {
+        let n = match n {
+            Some(n) => n,
+            None => self.last_step(id)?,
+        };
+        let d = self.call(
+            "GET",
+            &format!("/v1/sessions/{id}/steps/{n}/diff?format={format}"),
+            None,
+        )?;
+        let paint = Paint::stdout();
+        let bytes = d["bytes"].as_u64().unwrap_or(0);
+        let share = |shared: u64| 100.0 * shared as f64 / bytes.max(1) as f64;
+        println!(
+            "{}",
+            paint.bold(&format!(
+                "step {n} of session {id} ({format}), {bytes} bytes"
+            ))
+        );
+        for (what, a) in [
+            ("step", &d["previous"]),
+            ("same header as step", &d["same_header"]),
+        ] {
+            if !a.is_object() {
+                continue;
+            }
+            let shared = a["shared_bytes"].as_u64().unwrap_or(0);
+            let kept = if a["prefix_kept"] == true {
+                paint.green("prefix kept")
+            } else {
+                paint.red("prefix broken")
+            };
+            println!(
+                "  against {what} {}: {shared} bytes shared ({:.1}%), {kept}",
+                a["step"],
+                share(shared)
+            );
+            if let Some(part) = a["first_divergence"]["part"].as_str() {
+                println!(
+                    "    first difference: {part}, at byte {}",
+                    a["first_divergence"]["offset"]
+                );
+            }
+        }
+        for cause in d["causes"].as_array().into_iter().flatten() {
+            println!("  cause: {}", paint.yellow(cause.as_str().unwrap_or("")));
+        }
+        for note in d["notes"].as_array().into_iter().flatten() {
+            println!("  note: {}", note.as_str().unwrap_or(""));
+        }
+        let c = &d["cached_share"];
+        let tokens = match c["tokens"].as_object() {
+            Some(t) => format!(
+                "; {} of {} tokens ({})",
+                t["shared"],
+                t["total"],
+                t["tokenizer"].as_str().unwrap_or("")
+            ),
+            None => String::new(),
+        };
+        println!(
+            "  cached share: {:.1}% of bytes{tokens}",
+            100.0 * c["bytes"].as_f64().unwrap_or(0.0)
+        );
+        Ok(())
+    }
+
+    /// Step N's request (default: the last) with the plugin and scope of every part.
+    pub fn show(&self, id: &str, n: Option<u64>, format: &str) -> anyhow::Result<()> {
+        let n = match n {
+            Some(n) => n,
+            None => self.last_step(id)?,
+        };
+        let v = self.call(
+            "GET",
+            &format!("/v1/sessions/{id}/steps/{n}/explain?format={format}"),
+            None,
+        )?;
+        let paint = Paint::stdout();
+        println!(
+            "{}",
+            paint.bold(&format!("step {n} of session {id} ({format})"))
+        );
+        let p = &v["provenance"];
+        if p.is_object() {
+            let sha = |plugin: &str| -> String {
+                p["plugins"][plugin]
+                    .as_str()
+                    .unwrap_or("")
+                    .chars()
+                    .take(12)
+                    .collect()
+            };
+            for kind in ["sections", "contexts", "variables", "tools"] {
+                let list = p[kind].as_array().cloned().unwrap_or_default();
+                if list.is_empty() {
+                    continue;
+                }
+                println!("{}", paint.bold(kind));
+                for g in list {
+                    let plugin = g["plugin"].as_str().unwrap_or("");
+                    println!(
+                        "  {:<24} {} {}  scope {}",
+                        g["name"].as_str().unwrap_or(""),
+                        paint.cyan(&format!("plugin {plugin}")),
+                        sha(plugin),
+                        g["scope"].as_str().unwrap_or("")
+                    );
+                }
+            }
+        } else {
+            println!("(no provenance recorded: a step written before 0.2)");
+        }
+        println!("{}", paint.bold("request"));
+        println!("{}", serde_json::to_string_pretty(&v["request"])?);
         Ok(())
     }
 
@@ -151,3 +301,37 @@ impl std::fmt::Display for ClientError {
 }
 
 impl std::error::Error for ClientError {}
+
+/// ANSI colours when stdout is a terminal, plain text otherwise (pipes, files, tests).
+struct Paint(bool);
+
+impl Paint {
+    fn stdout() -> Self {
+        use std::io::IsTerminal;
+        Paint(std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+    }
+
+    fn wrap(&self, code: &str, text: &str) -> String {
+        if self.0 {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+
+    fn bold(&self, text: &str) -> String {
+        self.wrap("1", text)
+    }
+    fn red(&self, text: &str) -> String {
+        self.wrap("31", text)
+    }
+    fn green(&self, text: &str) -> String {
+        self.wrap("32", text)
+    }
+    fn yellow(&self, text: &str) -> String {
+        self.wrap("33", text)
+    }
+    fn cyan(&self, text: &str) -> String {
+        self.wrap("36", text)
+    }
+}

@@ -124,8 +124,24 @@ enum SessionCommand {
         #[arg(long, default_value = "neutral")]
         format: String,
     },
-    /// Print the session's event log.
+    /// Print the session's event log, and the share of steps that kept the previous prefix.
     Log { id: String },
+    /// Step N (default: the last) against the step before: the bytes a provider's prompt
+    /// cache can reuse, where the prefix broke and why.
+    Diff {
+        id: String,
+        n: Option<u64>,
+        /// neutral, openai, anthropic or openai-responses.
+        #[arg(long, default_value = "openai")]
+        format: String,
+    },
+    /// Step N's request (default: the last) with the plugin, sha256 and scope of each part.
+    Show {
+        id: String,
+        n: Option<u64>,
+        #[arg(long, default_value = "openai")]
+        format: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -251,6 +267,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 format,
             } => server.step(&id, user, &parse_facts(&facts)?, &format),
             SessionCommand::Log { id } => server.log(&id),
+            SessionCommand::Diff { id, n, format } => server.diff(&id, n, &format),
+            SessionCommand::Show { id, n, format } => server.show(&id, n, &format),
         },
         Command::Plugins { server } => server.plugins(),
         Command::Compile { .. } => unreachable!("main runs the compiler child"),

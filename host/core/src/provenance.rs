@@ -633,15 +633,17 @@ fn last_step_with_header(
 /// Over a whole log: how many steps had a previous request, and how many of those kept all of
 /// it as their prefix (no header change, nothing dropped or compacted between them) — the
 /// figure `promptd session log` shows.
-pub fn prefix_kept_share(events: &[crate::store::Event]) -> (u64, u64) {
+pub fn prefix_kept_share<'a>(
+    events: impl IntoIterator<Item = (crate::store::EventKind, &'a Value)>,
+) -> (u64, u64) {
     use crate::store::EventKind;
     let (mut kept, mut compared) = (0, 0);
     let (mut steps, mut broken) = (0u64, false);
     let mut last: Option<Value> = None;
-    for e in events {
-        match e.kind {
+    for (kind, body) in events {
+        match kind {
             EventKind::RequestHeader => {
-                let h = e.body.get("header").cloned();
+                let h = body.get("header").cloned();
                 // A `resume` header equal to the last one breaks nothing.
                 if last.is_some() && h != last {
                     broken = true;

@@ -53,7 +53,10 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         max_body,
     });
     let (routes, _) = api_routes().split_for_parts();
+    // The inspector's static page is not API: not in the document, and served without the
+    // token (the API calls it makes need it).
     routes
+        .merge(crate::ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
@@ -258,7 +261,9 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
 
 async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
-        if request.uri().path() != "/v1/health" {
+        let path = request.uri().path();
+        let public = path == "/v1/health" || path == "/ui" || path.starts_with("/ui/");
+        if !public {
             let given = request
                 .headers()
                 .get(header::AUTHORIZATION)
