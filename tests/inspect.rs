@@ -1,4 +1,4 @@
-//! End-to-end: provenance per step and the prefix diff (issue 17), against the real daemon
+//! End-to-end: provenance per step (Q15) and the prefix diff (Q16), against the real daemon
 //! watching a real folder. Between steps a tool schema changes (its plugin's config), a section
 //! changes (its plugin's file), only messages are added, and a plugin is swapped for a
 //! byte-different file with an equal declaration; the test computes each shared prefix itself
