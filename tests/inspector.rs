@@ -1,0 +1,287 @@
+//! The web inspector (`/ui/`, issue 17) in a real browser: Debian's `chromium`, driven through
+//! `chromium-driver` by Python `selenium` (`tests/inspector/inspector.py`), against a real
+//! `promptd serve` on the bundled plugins and the `versioned` fixture.
+//!
+//! The test makes two sessions, one of three steps: a first step, a step that only adds
+//! messages (the cached prefix is kept), then — after `versioned.wasm` is swapped for its second
+//! build, which changes its tool and its section — a step whose prefix breaks at that tool.
+//! The script then checks, as a person clicking through the page would: the session list shows
+//! both sessions (and its search filters them), the timeline shows the log with its header
+//! reasons, a step's view shows the system text and every tool with its plugin and scope, the
+//! bodies in all four formats are byte for byte what the API rebuilds, the diff of step 3 names
+//! the changed tool as cache-breaking, the plugins page follows a live unload over SSE, and a
+//! daemon with a token asks for it. The screenshot of step 3 goes to
+//! `target/test-artifacts/inspector.png` (and to `docs/inspector.png` with `PROMPTD_SCREENSHOT=1`).
+//!
+//! Needs `tests/inspector/install.sh` (chromium, chromium-driver and the pinned selenium venv).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::daemon::{request, Served};
+use common::{eventually, fixture, put, repo_root, Folder};
+use serde_json::{json, Value};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+/// The whole browser run takes 10–20 s; the bound only stops a hung browser.
+const SCRIPT_BOUND: Duration = Duration::from_secs(240);
+
+const CONFIG: &str = r#"
+[model]
+max_tokens = 1024
+[model.openai]
+model = "gpt-4.1"
+[model.anthropic]
+model = "claude-sonnet-4-5"
+
+[agents.coder]
+
+[plugins.identity]
+config = { name = "Ada", model = "example-model" }
+
+[plugins.persona]
+config = { text = "You are {{agent_name}}'s {{role}} side: {{style}}.", role = "engineering", style = "precise" }
+
+# Only the coder sees the tools: their labels show that scope.
+[plugins.tools]
+scope = "coder"
+"#;
+
+const TOKEN: &str = "inspector-test-token";
+
+fn dir() -> PathBuf {
+    repo_root().join("tests/inspector")
+}
+
+/// The venv's python, once chromium, its driver and selenium are all there.
+fn prerequisites() -> PathBuf {
+    let python = dir().join(".venv/bin/python");
+    let how = "run `bash tests/inspector/install.sh` (it installs Debian's chromium and \
+               chromium-driver and the pinned selenium into tests/inspector/.venv)";
+    for path in [
+        Path::new(CHROMIUM),
+        Path::new(CHROMEDRIVER),
+        python.as_path(),
+    ] {
+        assert!(path.exists(), "{} is missing: {how}", path.display());
+    }
+    let ok = Command::new(&python)
+        .args(["-c", "import selenium"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "selenium does not import in {}: {how}",
+        python.display()
+    );
+    python
+}
+
+fn step(d: &Served, id: &str, messages: Value) -> Value {
+    let body = json!({"messages": messages, "facts": {"cwd": "/src/app", "git_branch": "main"}});
+    d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body))
+}
+
+#[test]
+fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
+    let python = prerequisites();
+    let folder = Folder::new()
+        .bundled("identity")
+        .bundled("persona")
+        .bundled("tools")
+        .bundled("workspace");
+    let v1 = std::fs::read(fixture("versioned_v1")).unwrap();
+    let v2 = std::fs::read(fixture("versioned_v2")).unwrap();
+    put(folder.path(), "versioned", &v1);
+    let (d, _state) = folder.serve(CONFIG);
+
+    // The coder's session: a step, a tool round that only adds messages, a plugin swap, a step.
+    let coder = d.session("coder");
+    step(
+        &d,
+        &coder,
+        json!([{"role": "user", "content": "List the files."}]),
+    );
+    let reply = json!({"role": "assistant", "content": "Looking.",
+        "tool_calls": [{"id": "call_1", "name": "list_dir", "arguments": {"path": "."}}]});
+    d.ok(
+        "POST",
+        &format!("/v1/sessions/{coder}/messages"),
+        Some(&reply),
+    );
+    step(
+        &d,
+        &coder,
+        json!([{"role": "tool", "tool_call_id": "call_1", "content": "Cargo.toml\nsrc"}]),
+    );
+    let before = d.plugin("versioned")["sha256"].clone();
+    put(folder.path(), "versioned", &v2);
+    eventually("versioned v2 to serve", || {
+        let p = d.plugin("versioned");
+        p["sha256"] != before && p["state"] == "loaded"
+    });
+    step(&d, &coder, json!([{"role": "user", "content": "Thanks."}]));
+    let other = d.session("default");
+    step(&d, &other, json!([{"role": "user", "content": "Hello."}]));
+
+    // What the page must show, from the setup (plugins) and the API (scopes, hashes).
+    let explain = d.ok(
+        "GET",
+        &format!("/v1/sessions/{coder}/steps/1/explain?format=neutral"),
+        None,
+    );
+    let mut tools = serde_json::Map::new();
+    for t in explain["provenance"]["tools"].as_array().expect("tools") {
+        let name = t["name"].as_str().unwrap();
+        let plugin = if name == "versioned_tool" {
+            "versioned"
+        } else {
+            "tools"
+        };
+        assert_eq!(t["plugin"], plugin, "{t}");
+        tools.insert(name.into(), json!({"plugin": plugin, "scope": t["scope"]}));
+    }
+    assert_eq!(tools.len(), 5, "{explain}");
+    let plugins: serde_json::Map<String, Value> = d.ok("GET", "/v1/plugins", None)["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap().to_string(), p["sha256"].clone()))
+        .collect();
+
+    // A second daemon, with a token: the page must ask for it.
+    let locked = Folder::new().bundled("persona");
+    let (l, _locked_state) = locked.serve(&format!("token = \"{TOKEN}\"\n"));
+    let (status, body) = request(
+        &l.url,
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"agent":"default"}"#),
+        Some(TOKEN),
+    );
+    assert_eq!(status, 201, "{body}");
+    let locked_session = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let artifacts = repo_root().join("target/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let screenshot = artifacts.join("inspector.png");
+    let _ = std::fs::remove_file(&screenshot);
+    let spec = json!({
+        "url": d.url,
+        "chromium": CHROMIUM,
+        "chromedriver": CHROMEDRIVER,
+        "sessions": [
+            {"id": coder, "agent": "coder", "steps": 3},
+            {"id": other, "agent": "default", "steps": 1},
+        ],
+        "search_agent": "coder",
+        "session": coder,
+        "steps": 3,
+        "header_reasons": ["initial", "change"],
+        "system_phrases": [
+            "You are Ada running on the model example-model.",
+            "You are Ada's engineering side: precise.",
+            "version 1",
+        ],
+        "sections": {
+            "identity": "identity",
+            "persona": "persona",
+            "versioned": "versioned",
+            "tools:guidance": "tools",
+        },
+        "tools": tools,
+        "changed_step": 3,
+        "changed_tool": "versioned_tool",
+        "plugins": plugins,
+        "unload": "versioned",
+        "token_url": l.url,
+        "token": TOKEN,
+        "token_session": locked_session,
+        "screenshot": screenshot,
+    });
+    let spec_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(spec_file.path(), spec.to_string()).unwrap();
+
+    let started = Instant::now();
+    let mut child = Command::new(&python)
+        .arg(dir().join("inspector.py"))
+        .arg(spec_file.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tests/inspector/inspector.py");
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > SCRIPT_BOUND {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser run failed after {:.1} s ({}):\n{}\n{stdout}",
+        started.elapsed().as_secs_f64(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("the script's report: {e}: {stdout}"));
+    let checks: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // Every part of the brief was seen in the page, not only reached.
+    for needed in [
+        format!("session list: {coder} shows agent coder and 3 steps"),
+        "session search: `coder` leaves only its sessions".into(),
+        "timeline: header events marked with their reason".into(),
+        "step view: the system text shows \"You are Ada's engineering side: precise.\"".into(),
+        "step view: section `persona` labelled with plugin `persona`".into(),
+        "step view: tool `read_file` labelled in the request body".into(),
+        "step view: the anthropic body is byte for byte the step's request".into(),
+        "diff view: a cause names the changed tool `versioned_tool`".into(),
+        "diff view: that cause is highlighted as cache-breaking".into(),
+        "plugins: a live unload arrives over SSE and updates the table".into(),
+        "no script errors or policy violations".into(),
+        "token: with the token the page reads the API".into(),
+        "screenshot saved".into(),
+    ] {
+        assert!(
+            checks.contains(&needed.as_str()),
+            "the script did not check `{needed}`: {checks:?}"
+        );
+    }
+    assert!(
+        checks
+            .iter()
+            .any(|c| c.starts_with("step view: tool `versioned_tool` labelled versioned")),
+        "{checks:?}"
+    );
+    let png = std::fs::read(&screenshot).expect("the screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 20_000,
+        "{} is not a screenshot of the page ({} bytes)",
+        screenshot.display(),
+        png.len()
+    );
+    if std::env::var("PROMPTD_SCREENSHOT").as_deref() == Ok("1") {
+        std::fs::copy(&screenshot, repo_root().join("docs/inspector.png")).unwrap();
+    }
+    eprintln!(
+        "inspector: {} checks in the browser in {:.1} s; screenshot {}",
+        checks.len(),
+        started.elapsed().as_secs_f64(),
+        screenshot.display()
+    );
+}

@@ -1,0 +1,269 @@
+"""Drives the web inspector (/ui/) in headless Chromium through WebDriver, against the real daemon
+tests/inspector.rs started and filled. Usage: inspector.py SPEC.json (see tests/inspector.rs).
+
+Each check clicks and reads the page as a person would: it waits for what should appear, and
+fails naming what it did not see. On success it prints one JSON line, {"checks": [...]}, and
+leaves the screenshot where the spec says; on failure it saves a screenshot beside it and the
+browser's console.
+"""
+
+import json
+import sys
+import time
+import urllib.request
+
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+WAIT_S = 20
+
+spec = json.load(open(sys.argv[1]))
+checks = []
+
+
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = spec.get("chromium", "/usr/bin/chromium")
+    for arg in [
+        "--headless=new",
+        # Root in a container has no user namespace sandbox to offer.
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1360,1180",
+        "--force-device-scale-factor=1",
+        "--lang=en-US",
+        "--no-first-run",
+        "--disable-extensions",
+    ]:
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager (which would download one) never runs.
+    service = Service(executable_path=spec.get("chromedriver", "/usr/bin/chromedriver"))
+    return webdriver.Chrome(service=service, options=options)
+
+
+def wait_for(driver, what, condition, timeout=WAIT_S):
+    try:
+        # The page re-renders parts of itself (a live event refreshes the plugins table): an
+        # element read as it is replaced is read again.
+        wait = WebDriverWait(driver, timeout, poll_frequency=0.1,
+                             ignored_exceptions=(StaleElementReferenceException,))
+        return wait.until(lambda d: condition(d))
+    except TimeoutException:
+        raise AssertionError(f"timed out after {timeout} s waiting for: {what}") from None
+
+
+def css(driver, selector):
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def text(el):
+    # textContent, not .text: it does not depend on layout or scrolling.
+    return el.get_attribute("textContent")
+
+
+def check(name, ok, detail):
+    if not ok:
+        raise AssertionError(f"{name}: {detail}")
+    checks.append(name)
+
+
+def no_script_errors(driver):
+    """Uncaught exceptions and policy violations in the page fail the run."""
+    bad = []
+    for entry in driver.get_log("browser"):
+        message = entry.get("message", "")
+        if entry.get("source") in ("javascript", "security") or "Content Security Policy" in message:
+            bad.append(message)
+    check("no script errors or policy violations", not bad, f"the console says: {bad}")
+
+
+def sessions_list(driver, url):
+    driver.get(f"{url}/ui/")
+    expected = spec["sessions"]
+    for s in expected:
+        wait_for(driver, f"session {s['id']} in the list",
+                 lambda d, s=s: css(d, f"tr[data-session-id='{s['id']}']"))
+    for s in expected:
+        row = css(driver, f"tr[data-session-id='{s['id']}']")[0]
+        agent = text(row.find_element(By.CSS_SELECTOR, "[data-testid=session-agent]"))
+        steps = text(row.find_element(By.CSS_SELECTOR, "[data-testid=session-steps]"))
+        check(f"session list: {s['id']} shows agent {s['agent']} and {s['steps']} steps",
+              (agent, steps) == (s["agent"], str(s["steps"])), f"the row shows agent {agent!r}, steps {steps!r}")
+    # The search keeps the sessions whose id or agent matches.
+    agent = spec["search_agent"]
+    box = driver.find_element(By.ID, "session-search")
+    box.send_keys(agent)
+    keep = {s["id"] for s in expected if s["agent"] == agent}
+    wait_for(driver, f"the search for {agent!r} to leave only {sorted(keep)}",
+             lambda d: {r.get_attribute("data-session-id") for r in css(d, "tr[data-testid=session-row]")} == keep)
+    check(f"session search: `{agent}` leaves only its sessions", True, "")
+    box.clear()
+    box.send_keys(" ")  # an input event: back to every session
+    wait_for(driver, "every session back after clearing the search",
+             lambda d: len(css(d, "tr[data-testid=session-row]")) >= len(expected))
+
+
+def session_timeline(driver):
+    sid = spec["session"]
+    css(driver, f"tr[data-session-id='{sid}'] a[data-testid=session-link]")[0].click()
+    wait_for(driver, "the session's timeline", lambda d: css(d, "#timeline li[data-testid=event]"))
+    kinds = [e.get_attribute("data-kind") for e in css(driver, "#timeline li[data-testid=event]")]
+    check("timeline: the log's events in order", kinds[0] == "session/created" and kinds.count("step") == spec["steps"],
+          f"kinds {kinds}")
+    reasons = [text(r) for r in css(driver, "#timeline li[data-kind='request/header'] [data-testid=header-reason]")]
+    check("timeline: header events marked with their reason", reasons == spec["header_reasons"],
+          f"reasons {reasons}, expected {spec['header_reasons']}")
+    links = css(driver, "#timeline li[data-kind=step] a[data-testid=step-link]")
+    check("timeline: every step marker links to its step", len(links) == spec["steps"], f"{len(links)} links")
+    css(driver, "#steps-table tr[data-step='1'] a[data-testid=step-link]")[0].click()
+
+
+def step_view(driver):
+    wait_for(driver, "step 1's system parts", lambda d: css(d, "#system-parts [data-testid=system-part]"))
+    system = " ".join(text(e) for e in css(driver, "#system-parts [data-testid=system-text]"))
+    for phrase in spec["system_phrases"]:
+        check(f"step view: the system text shows {phrase!r}", phrase in system, f"system text: {system!r}")
+    for section, plugin in spec["sections"].items():
+        parts = css(driver, f"#system-parts [data-section='{section}']")
+        label = text(parts[0].find_element(By.CSS_SELECTOR, "[data-testid=part-label]")) if parts else ""
+        check(f"step view: section `{section}` labelled with plugin `{plugin}`",
+              parts and parts[0].get_attribute("data-plugin") == plugin and plugin in label,
+              f"found {len(parts)} parts, label {label!r}")
+    for tool, origin in spec["tools"].items():
+        rows = css(driver, f"#tool-parts tr[data-tool='{tool}']")
+        label = text(rows[0].find_element(By.CSS_SELECTOR, "[data-testid=part-label]")) if rows else ""
+        check(f"step view: tool `{tool}` labelled {origin['plugin']} · {origin['scope']}",
+              rows and rows[0].get_attribute("data-plugin") == origin["plugin"]
+              and origin["plugin"] in label and origin["scope"] in label,
+              f"found {len(rows)} rows, label {label!r}")
+        body = css(driver, f"#request-pretty [data-testid=body-tool-label][data-tool='{tool}']")
+        check(f"step view: tool `{tool}` labelled in the request body",
+              body and origin["plugin"] in text(body[0]), f"{len(body)} labels in the body")
+
+    # The request as sent, in each format: the exact bytes the API rebuilds.
+    for fmt in ["openai", "anthropic", "openai-responses", "neutral"]:
+        driver.find_element(By.CSS_SELECTOR, f"[data-testid='format-{fmt}']").click()
+        wait_for(driver, f"the {fmt} request", lambda d, fmt=fmt: css(d, "#request h2")
+                 and f"({fmt})" in text(css(d, "#request h2")[0]))
+        raw = text(driver.find_element(By.ID, "request-raw"))
+        sent = urllib.request.urlopen(
+            f"{spec['url']}/v1/sessions/{spec['session']}/steps/1/request?format={fmt}").read().decode()
+        check(f"step view: the {fmt} body is byte for byte the step's request", raw == sent,
+              f"page {len(raw)} chars, API {len(sent)}")
+        labels = css(driver, "#request-pretty [data-testid=body-tool-label]")
+        check(f"step view: the {fmt} body labels every tool", len(labels) == len(spec["tools"]),
+              f"{len(labels)} labels")
+
+
+def diff_view(driver):
+    driver.find_element(By.ID, "step-next").click()
+    wait_for(driver, "step 2's diff", lambda d: css(d, "#diff [data-testid=prefix-summary]")
+             and "Step 2" in text(d.find_element(By.ID, "step-title")))
+    check("diff view: step 2 (only new messages) keeps the prefix", css(driver, "[data-testid=prefix-kept]"),
+          text(driver.find_element(By.ID, "diff")))
+    driver.find_element(By.ID, "step-next").click()
+    n = spec["changed_step"]
+    wait_for(driver, f"step {n}'s diff", lambda d: css(d, "#diff-causes [data-testid=diff-cause]")
+             and f"Step {n}" in text(d.find_element(By.ID, "step-title")))
+    tool = spec["changed_tool"]
+    causes = css(driver, "#diff-causes [data-testid=diff-cause]")
+    naming = [c for c in causes if f"tool {tool}" in " ".join(text(c).split())]
+    check(f"diff view: a cause names the changed tool `{tool}`", naming, f"causes: {[text(c) for c in causes]}")
+    check("diff view: that cause is highlighted as cache-breaking",
+          naming[0].get_attribute("data-breaks") == "true" and "breaks" in naming[0].get_attribute("class"),
+          naming[0].get_attribute("outerHTML"))
+    check("diff view: the prefix is shown broken", css(driver, "[data-testid=prefix-broke]"),
+          text(driver.find_element(By.ID, "diff")))
+    row = css(driver, f"#tool-parts tr[data-tool='{tool}']")
+    check(f"diff view: `{tool}` marked changed among the tools", row and "changed" in row[0].get_attribute("class"),
+          row[0].get_attribute("outerHTML") if row else "no row")
+    # Tall enough to hold the diff, the system parts and the tools with their labels.
+    driver.set_window_size(1360, 1720)
+    driver.execute_script("window.scrollTo(0, 0)")
+    time.sleep(0.3)  # let the resize paint before the picture
+    driver.save_screenshot(spec["screenshot"])
+    checks.append("screenshot saved")
+
+
+def plugins_view(driver):
+    driver.find_element(By.ID, "nav-plugins").click()
+    wait_for(driver, "the plugins table", lambda d: css(d, "#plugins-table tr[data-testid=plugin-row]"))
+    for plugin, sha in spec["plugins"].items():
+        # Read in one script call: the table may be rebuilt between two WebDriver calls.
+        row = driver.execute_script(
+            "const r = document.querySelector(`#plugins-table tr[data-plugin='${arguments[0]}']`);"
+            "return r && {state: r.querySelector('[data-testid=plugin-state]').textContent, text: r.textContent};",
+            plugin)
+        check(f"plugins: `{plugin}` loaded with its sha256",
+              row and row["state"] == "loaded" and sha[:12] in row["text"], row or "no row")
+    wait_for(driver, "the registry events replayed from the stream",
+             lambda d: css(d, "#registry-events li[data-kind=reload]"))
+    check("plugins: the registry events include the swap (reload)", True, "")
+    # A live change: the stream shows it and the table follows, with no reload of the page.
+    gone = spec["unload"]
+    req = urllib.request.Request(f"{spec['url']}/v1/plugins/{gone}", method="DELETE")
+    urllib.request.urlopen(req).read()
+    wait_for(driver, f"a live `unload` event for {gone}",
+             lambda d: [e for e in css(d, "#registry-events li[data-kind=unload]") if gone in text(e)])
+    wait_for(driver, f"{gone} to leave the plugins table",
+             lambda d: not css(d, f"#plugins-table tr[data-plugin='{gone}']"))
+    check("plugins: a live unload arrives over SSE and updates the table", True, "")
+
+
+def token(driver):
+    url, secret = spec["token_url"], spec["token"]
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{url}/ui/")
+    wait_for(driver, "the token form on a daemon with a token",
+             lambda d: d.find_element(By.ID, "token-panel").is_displayed())
+    check("token: a 401 asks for the token", True, "")
+    box = driver.find_element(By.ID, "token-input")
+    box.send_keys("not-the-token")
+    driver.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    wait_for(driver, "the refusal of a wrong token", lambda d: d.find_element(By.ID, "token-error").is_displayed()
+             and d.find_element(By.ID, "token-panel").is_displayed())
+    check("token: a wrong token is refused", True, "")
+    box.send_keys(secret)
+    driver.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    sid = spec["token_session"]
+    wait_for(driver, "the sessions of the daemon with a token", lambda d: css(d, f"tr[data-session-id='{sid}']"))
+    check("token: with the token the page reads the API", not driver.find_element(By.ID, "token-panel").is_displayed(),
+          "the form is still open")
+    stored = driver.execute_script("return sessionStorage.getItem('promptd.token')")
+    check("token: kept in sessionStorage", stored == secret, repr(stored))
+
+
+def main():
+    driver = browser()
+    try:
+        sessions_list(driver, spec["url"])
+        session_timeline(driver)
+        step_view(driver)
+        diff_view(driver)
+        plugins_view(driver)
+        no_script_errors(driver)
+        if spec.get("token_url"):
+            token(driver)
+    except Exception as e:
+        failure = spec["screenshot"].replace(".png", "-failure.png")
+        try:
+            driver.save_screenshot(failure)
+            console = driver.get_log("browser")
+        except Exception:
+            console = []
+        print(f"inspector.py: {e}\n  at {driver.current_url}\n  screenshot: {failure}", file=sys.stderr)
+        for entry in console:
+            print(f"  console: {entry.get('level')} {entry.get('message')}", file=sys.stderr)
+        print(f"  passed before it: {checks}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        driver.quit()
+    print(json.dumps({"checks": checks, "browser": spec.get("chromium")}))
+
+
+main()
