@@ -5,8 +5,9 @@
 //!   config `promptd.toml`, on 127.0.0.1:8417, until Ctrl-C). ARGS replace the promptd
 //!   arguments, e.g. `cargo xtask run -- assemble --plugins target/plugins`.
 //! - `test`: install what the tests need (rustup target, rustfmt, clippy, the JavaScript,
-//!   Python and C SDK toolchains, and the OpenAI and Anthropic clients of
-//!   tests/provider_sdks.rs), then check formatting, lint, and run every test.
+//!   Python and C SDK toolchains, the OpenAI and Anthropic clients of
+//!   tests/provider_sdks.rs, and each of `TEST_INSTALLERS`: the client libraries, the browser,
+//!   the database and proxy, the MCP servers), then check formatting, lint, and run every test.
 //! - `plugins`: only build and collect the bundled plugins.
 //! - `sdks`: only install the JavaScript, Python and C SDK toolchains (each `sdk/LANG/install.sh`).
 //!
@@ -102,6 +103,24 @@ fn install_provider_sdks(root: &Path) -> Result<()> {
     let script = root.join("tests/sdk_loops/install.sh");
     sh(Command::new("bash").arg(&script))
         .with_context(|| format!("installing the provider SDKs ({})", script.display()))
+}
+
+/// What the other end-to-end tests drive, each installed (pinned, idempotent) by its own
+/// script: the client libraries built as packages and installed from those artifacts, the
+/// headless browser for the inspector, PostgreSQL and HAProxy, the MCP servers.
+const TEST_INSTALLERS: &[(&str, &str)] = &[
+    ("sdk/clients/python/install.sh", "the Python client (wheel, test venv)"),
+    ("sdk/clients/typescript/install.sh", "the TypeScript client (npm pack, test install)"),
+    ("tests/inspector/install.sh", "chromium, chromium-driver and selenium"),
+];
+
+fn install_test_servers(root: &Path) -> Result<()> {
+    for (script, what) in TEST_INSTALLERS {
+        let path = root.join(script);
+        sh(Command::new("bash").arg(&path))
+            .with_context(|| format!("installing {what} ({})", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The newest modification time of the files under `dir`, leaving out installed tools
@@ -271,6 +290,7 @@ fn test(root: &Path) -> Result<()> {
     install_toolchain_parts()?;
     install_sdks(root)?;
     install_provider_sdks(root)?;
+    install_test_servers(root)?;
     plugins(root)?;
     build_wasm(root, "tests/fixtures")?;
     sh(cargo().current_dir(root).args(["fmt", "--all", "--check"]))?;
