@@ -32,16 +32,22 @@ def test_an_async_agent_loop_with_the_async_openai_client(async_client, stub_url
                     await session.tool_result(call.id, f"ran {call.name}")
                 user = None if calls else "More."
             rebuilt = await session.request(4)
+            explained = await session.explain(4)
+            diff = await session.diff(4)
+            [listed] = await c.sessions(q=session.id, limit=5)
             events = await session.events()
             usage = await session.usage()
         await llm.close()
-        return step, rebuilt, events, usage, calls_per_step
+        return step, rebuilt, events, usage, calls_per_step, explained, diff, listed
 
-    step, rebuilt, events, usage, calls_per_step = run(loop())
+    step, rebuilt, events, usage, calls_per_step, explained, diff, listed = run(loop())
     assert calls_per_step == [1, 0, 2, 0], calls_per_step
     assert step.step == 4 and rebuilt == step.body
     assert [e.kind for e in events].count("tool/result") == 3
     assert usage["totals"]["compared_steps"] == 4, usage
+    assert (explained.step, explained.format, explained.request) == (4, "openai", step.body)
+    assert diff.step == 4 and diff.previous["step"] == 3, diff
+    assert (listed.agent, listed.steps, listed.events) == ("coder", 4, len(events)), listed
 
 
 def test_async_open_calls_reopen_and_compaction(async_client):

@@ -128,6 +128,13 @@ def test_unload_reload_and_enable_and_the_live_stream(client):
     assert [(e.kind, e.plugin) for e in applied] == [("load", "persona")], applied
     assert applied[0].seq == unloaded.seq + 1, (applied, unloaded)
     assert persona in coder.step(user="Back?").body["system"]
+    # The unload broke the cache prefix; the reload brought step 1's header back.
+    broken, back = coder.diff(2), coder.diff(3)
+    assert broken.previous["step"] == 1 and broken.previous["prefix_kept"] is False, broken
+    assert broken.previous["first_divergence"] is not None and broken.causes, broken
+    assert back.same_header is not None and back.same_header["step"] == 1, back
+    assert "persona" not in coder.explain(2).provenance["plugins"]
+    assert "persona" in coder.explain(3).provenance["plugins"]
     listener.join(30)
     assert not listener.is_alive(), "the live stream did not deliver the reload"
     assert [(e.seq, e.kind, e.plugin) for e in seen] == [

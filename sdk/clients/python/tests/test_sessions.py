@@ -2,6 +2,7 @@
 neutral and OpenAI shapes, open tool calls, reopening, usage and compaction."""
 
 import json
+import time
 
 import pytest
 
@@ -235,3 +236,48 @@ def test_user_blocks_and_several_messages(client):
     assert users[1]["content"][1] == {"type": "image_url", "image_url": {
         "url": f"data:image/png;base64,{PNG}"}}, users[1]
 
+
+
+def test_the_session_list_most_recent_first(client):
+    first = client.session("coder")
+    first.step(user="A.")
+    second = client.session("reviewer")
+    second.step(user="B.")
+    time.sleep(0.01)  # activity is ordered by millisecond
+    first.record({"role": "assistant", "content": "Answered."})
+    [found] = client.sessions(q=first.id)
+    assert (found.id, found.agent, found.steps) == (first.id, "coder", 1), found
+    assert found.events == len(first.events()) and found.created_ms <= found.last_ms, found
+    assert [s.id for s in client.sessions(limit=2)] == [first.id, second.id]
+    reviewers = client.sessions(q="reviewer")
+    assert second.id in [s.id for s in reviewers] and {s.agent for s in reviewers} == {"reviewer"}
+
+
+def test_explain_says_who_gave_each_part(client):
+    session = client.session("coder", format="openai")
+    step = session.step(user="Who wrote this?", facts=FACTS)
+    explained = session.explain(1)
+    assert (explained.step, explained.format, explained.request) == (1, "openai", step.body)
+    provenance = explained.provenance
+    serving = {p.id: p.sha256 for p in client.plugins() if p.state == "loaded"}
+    # Every plugin serving at the step, by the version that served.
+    assert provenance["plugins"] == serving, provenance["plugins"]
+    sections = {s["name"]: (s["plugin"], s["scope"]) for s in provenance["sections"]}
+    assert sections["identity"] == ("identity", "global") and sections["persona"][0] == "persona"
+    tools = {t["name"]: t["plugin"] for t in provenance["tools"]}
+    assert set(tools) == {t["function"]["name"] for t in step.body["tools"]}, tools
+    assert set(tools.values()) == {"tools"}
+    assert session.explain(1, format="anthropic").request == session.request(1, format="anthropic")
+
+
+def test_diff_when_only_messages_were_added(client):
+    session = client.session("coder", format="anthropic")
+    session.step(user="One.", facts=FACTS)
+    session.record({"role": "assistant", "content": "Yes."})
+    session.step(user="Two.", facts=FACTS)
+    first, second = session.diff(1), session.diff(2)
+    assert (first.step, first.previous, second.step, second.format) == (1, None, 2, "anthropic")
+    previous = second.previous
+    assert previous["step"] == 1 and previous["prefix_kept"] is True, second
+    assert previous["first_divergence"] is None and second.causes, second
+    assert second.cached_share["bytes"] == pytest.approx(previous["shared_bytes"] / second.bytes)

@@ -18,14 +18,14 @@ from .errors import (BadRequest, BadResponse, Conflict, ConnectionLost, DaemonUn
                      PromptdError, RequestTimeout, ServerError, Unauthorized, Unavailable,
                      Unprocessable)
 from .models import (Compacted, ErrorInfo, Event, Format, Health, Plugin, Recorded,
-                     RegistryEvent, StepResult, ToolCall)
+                     RegistryEvent, SessionSummary, StepDiff, StepExplain, StepResult, ToolCall)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Session", "AsyncClient", "AsyncSession",
     "Compacted", "ErrorInfo", "Event", "Format", "Health", "Plugin", "Recorded",
-    "RegistryEvent", "StepResult", "ToolCall",
+    "RegistryEvent", "SessionSummary", "StepDiff", "StepExplain", "StepResult", "ToolCall",
     "PromptdError", "BadRequest", "Unauthorized", "NotFound", "MethodNotAllowed", "Conflict",
     "PayloadTooLarge", "Unprocessable", "OpenToolCalls", "ServerError", "PluginFailed",
     "Unavailable", "DaemonUnreachable", "RequestTimeout", "ConnectionLost", "BadResponse",

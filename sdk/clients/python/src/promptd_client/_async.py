@@ -11,7 +11,7 @@ import httpx
 from . import _core
 from ._sync import DEFAULT_TIMEOUT, TimeoutTypes, _Settings, _stream_timeout, transport_error
 from .models import (Compacted, Event, Format, Health, Plugin, Recorded, RegistryEvent,
-                     StepResult, ToolCall)
+                     SessionSummary, StepDiff, StepExplain, StepResult, ToolCall)
 
 
 class AsyncClient:
@@ -104,6 +104,12 @@ class AsyncClient:
         except httpx.TransportError as e:
             raise transport_error(e, "GET", url) from None
 
+    async def sessions(self, q: Optional[str] = None,
+                       limit: Optional[int] = None) -> List[SessionSummary]:
+        params = {k: v for k, v in (("q", q), ("limit", limit)) if v is not None}
+        value = await self._json("GET", "/v1/sessions", params=params or None)
+        return [SessionSummary.of(s) for s in _core.need(value, "sessions", "GET", "/v1/sessions")]
+
     async def session(self, agent: str = "default", *,
                       format: Optional[Format] = None) -> "AsyncSession":
         value = await self._json("POST", "/v1/sessions", json={"agent": agent})
@@ -185,9 +191,18 @@ class AsyncSession:
         return [Event.of(e) for e in _core.need(value, "events", "GET", path)]
 
     async def request(self, n: int, format: Optional[Format] = None) -> Dict[str, Any]:
+        return await self._step_json(n, "request", format)
+
+    async def explain(self, n: int, format: Optional[Format] = None) -> StepExplain:
+        return StepExplain.of(await self._step_json(n, "explain", format))
+
+    async def diff(self, n: int, format: Optional[Format] = None) -> StepDiff:
+        return StepDiff.of(await self._step_json(n, "diff", format))
+
+    async def _step_json(self, n: int, what: str, format: Optional[Format]) -> Dict[str, Any]:
         fmt = format or self.format
         params = {"format": fmt} if fmt is not None else None
-        return await self.client._json("GET", f"{self._path}/steps/{int(n)}/request",
+        return await self.client._json("GET", f"{self._path}/steps/{int(n)}/{what}",
                                        params=params)
 
     async def usage(self) -> Dict[str, Any]:

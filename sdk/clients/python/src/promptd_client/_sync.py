@@ -11,7 +11,7 @@ import httpx
 from . import _core
 from .errors import ConnectionLost, DaemonUnreachable, PromptdError, RequestTimeout
 from .models import (Compacted, Event, Format, Health, Plugin, Recorded, RegistryEvent,
-                     StepResult, ToolCall)
+                     SessionSummary, StepDiff, StepExplain, StepResult, ToolCall)
 
 TimeoutTypes = Union[float, httpx.Timeout, None]
 #: Connecting is quick or not happening; a step may wait up to 30 s for the first plugin load.
@@ -162,6 +162,14 @@ class Client:
 
     # --- Sessions ---
 
+    def sessions(self, q: Optional[str] = None,
+                 limit: Optional[int] = None) -> List[SessionSummary]:
+        """``GET /v1/sessions``: sessions, most recent activity first; ``q`` keeps those
+        whose id or agent contains it, ``limit`` the first so many."""
+        params = {k: v for k, v in (("q", q), ("limit", limit)) if v is not None}
+        value = self._json("GET", "/v1/sessions", params=params or None)
+        return [SessionSummary.of(s) for s in _core.need(value, "sessions", "GET", "/v1/sessions")]
+
     def session(self, agent: str = "default", *, format: Optional[Format] = None) -> "Session":
         """``POST /v1/sessions``: a new session of ``agent``. ``format`` is the default of its
         steps (else ``neutral``, the daemon's default)."""
@@ -273,9 +281,24 @@ class Session:
         """``GET /v1/sessions/{id}/steps/{n}/request``: step ``n``'s body rebuilt from the log,
         identical to what the step returned (in ``format``, else the session's, else
         ``neutral``)."""
+        return self._step_json(n, "request", format)
+
+    def explain(self, n: int, format: Optional[Format] = None) -> StepExplain:
+        """``GET /v1/sessions/{id}/steps/{n}/explain``: step ``n``'s request (in
+        ``format``, else the session's, else ``neutral``) and which plugin, version and scope
+        gave each section, context, variable and tool."""
+        return StepExplain.of(self._step_json(n, "explain", format))
+
+    def diff(self, n: int, format: Optional[Format] = None) -> StepDiff:
+        """``GET /v1/sessions/{id}/steps/{n}/diff``: how much of step ``n``'s request (in
+        ``format``) a provider's prompt cache could reuse, where the prefix broke and why."""
+        return StepDiff.of(self._step_json(n, "diff", format))
+
+    def _step_json(self, n: int, what: str, format: Optional[Format]) -> Dict[str, Any]:
         fmt = format or self.format
         params = {"format": fmt} if fmt is not None else None
-        return self.client._json("GET", f"{self._path}/steps/{int(n)}/request", params=params)
+        return self.client._json("GET", f"{self._path}/steps/{int(n)}/{what}",
+                                 params=params)
 
     def usage(self) -> Dict[str, Any]:
         """``GET /v1/sessions/{id}/usage``: per step, the budget's estimate and the provider's

@@ -18,6 +18,9 @@ __all__ = [
     "Recorded",
     "Event",
     "Compacted",
+    "SessionSummary",
+    "StepExplain",
+    "StepDiff",
 ]
 
 #: The body shapes a step can return (``"format"`` of a step, ``?format=`` of a rebuild).
@@ -166,3 +169,68 @@ class Compacted:
     """``POST /v1/sessions/{id}/compact``: the seq of the compaction event."""
 
     seq: int
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One session of ``GET /v1/sessions`` (most recent activity first)."""
+
+    id: str
+    agent: str
+    steps: int
+    events: int
+    created_ms: int
+    last_ms: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Dict[str, Any]) -> "SessionSummary":
+        return cls(id=value["id"], agent=value["agent"], steps=value["steps"],
+                   events=value["events"], created_ms=value["created_ms"],
+                   last_ms=value["last_ms"], raw=value)
+
+
+@dataclass(frozen=True)
+class StepExplain:
+    """``GET /v1/sessions/{id}/steps/{n}/explain``: step ``n``'s request in ``format`` and who
+    gave each part: ``provenance`` has ``plugins`` (id -> sha256) and, per section, context,
+    variable and tool, its ``name``, ``plugin``, ``scope`` and a hash of its ``text``
+    (None for steps recorded before provenance was)."""
+
+    step: int
+    format: str
+    request: Dict[str, Any]
+    provenance: Optional[Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Dict[str, Any]) -> "StepExplain":
+        return cls(step=value["step"], format=value["format"], request=value["request"],
+                   provenance=value.get("provenance"), raw=value)
+
+
+@dataclass(frozen=True)
+class StepDiff:
+    """``GET /v1/sessions/{id}/steps/{n}/diff``: how much of step ``n``'s request a provider's
+    prompt cache could reuse. ``previous`` compares it with step n-1 and ``same_header`` with
+    the last earlier step of the same header (each ``{step, bytes, shared_bytes,
+    prefix_kept, first_divergence}``, or None); ``causes`` say why the prefix broke or that
+    it was kept; ``cached_share`` is the best of the two, by ``bytes`` (and ``tokens``)."""
+
+    step: int
+    format: str
+    bytes: int
+    cached_share: Dict[str, Any]
+    causes: List[str]
+    notes: List[str]
+    previous: Optional[Dict[str, Any]]
+    same_header: Optional[Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Dict[str, Any]) -> "StepDiff":
+        return cls(step=value["step"], format=value["format"], bytes=value["bytes"],
+                   cached_share=value.get("cached_share") or {},
+                   causes=list(value.get("causes") or []), notes=list(value.get("notes") or []),
+                   previous=value.get("previous"), same_header=value.get("same_header"),
+                   raw=value)
