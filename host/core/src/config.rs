@@ -67,7 +67,45 @@ struct RawConfig {
     token: Option<String>,
     #[serde(default)]
     limits: LimitsConfig,
+    #[serde(default)]
+    mcp: BTreeMap<String, McpConfig>,
 }
+
+/// One `[mcp.NAME]` table: an MCP server whose tools (and instructions) are contributions of
+/// the plugin `mcp:NAME` (M1). Exactly one of `command` (stdio) and `url` (Streamable HTTP).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// The program to start, speaking MCP over its stdin/stdout.
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables set for the command (the daemon's own are inherited).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A Streamable HTTP endpoint.
+    pub url: Option<String>,
+    /// Headers sent with every HTTP request (e.g. `Authorization`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The agent whose scope gets the server's contributions (default: global).
+    pub scope: Option<String>,
+    /// A server that fails is shown as failed; without `optional` it is also logged as an error.
+    #[serde(default)]
+    pub optional: bool,
+    /// Deadline of connecting, listing and of one tool call, in milliseconds (default 10000).
+    pub timeout_ms: Option<u64>,
+    /// Put before every mapped tool name (default: none).
+    pub tool_prefix: Option<String>,
+    /// Order of the section holding the server's `instructions` (default 1000).
+    pub instructions_order: Option<i32>,
+}
+
+/// Default deadline of an MCP server's start, list and calls, in milliseconds.
+pub const DEFAULT_MCP_TIMEOUT_MS: u64 = 10_000;
+
+/// Default order of an MCP server's instructions section.
+pub const DEFAULT_MCP_INSTRUCTIONS_ORDER: i32 = 1000;
 
 /// `[limits]`: defaults for every plugin (SPEC L2, L3).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -278,6 +316,8 @@ pub struct Config {
     /// The bearer token the daemon requires (L5); `PROMPTD_TOKEN` overrides it.
     pub token: Option<String>,
     pub limits: LimitsConfig,
+    /// `[mcp.NAME]` servers, by name.
+    pub mcp: BTreeMap<String, McpConfig>,
     /// The config file's folder: relative `dirs` grants resolve against it.
     pub base_dir: Option<PathBuf>,
     /// The values of the host environment variables granted to plugins, captured when the
@@ -322,6 +362,7 @@ impl Config {
             model: raw.model,
             token: raw.token,
             limits: raw.limits,
+            mcp: raw.mcp,
             base_dir: None,
             host_env: BTreeMap::new(),
         };
@@ -371,6 +412,44 @@ impl Config {
         positive("limits.log_lines_per_s", self.limits.log_lines_per_s)?;
         for (key, value) in self.limits.declaration_keys() {
             positive(&format!("limits.{key}"), value)?;
+        }
+        for (name, server) in &self.mcp {
+            let what = format!("mcp.{name}");
+            if !is_item_name(name) || name.contains(':') {
+                return Err(Error::ConfigInvalid(format!(
+                    "{what}: the name must be printable ASCII without whitespace or `:`"
+                )));
+            }
+            if server.command.is_some() == server.url.is_some() {
+                return Err(Error::ConfigInvalid(format!(
+                    "{what}: give exactly one of `command` (stdio) and `url` (Streamable HTTP)"
+                )));
+            }
+            if server.url.is_none() && !server.headers.is_empty() {
+                return Err(Error::ConfigInvalid(format!(
+                    "{what}: `headers` go with `url`"
+                )));
+            }
+            if server.command.is_none() && (!server.args.is_empty() || !server.env.is_empty()) {
+                return Err(Error::ConfigInvalid(format!(
+                    "{what}: `args` and `env` go with `command`"
+                )));
+            }
+            positive(&format!("{what}.timeout_ms"), server.timeout_ms)?;
+            if let Some(scope) = &server.scope {
+                check_agent_name(scope, &format!("scope of MCP server `{name}`"))?;
+            }
+            if let Some(prefix) = &server.tool_prefix {
+                if prefix.len() > 32
+                    || !prefix
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                {
+                    return Err(Error::ConfigInvalid(format!(
+                        "{what}.tool_prefix: at most 32 of [a-zA-Z0-9_-]"
+                    )));
+                }
+            }
         }
         let mut ids = BTreeMap::new();
         for (stem, plugin) in &self.plugins {
@@ -1072,5 +1151,29 @@ mod tests {
         assert_eq!(o.scope_override, Some(Scope::agent("coder")));
         assert!(o.optional);
         assert_eq!(c.plugin_values("persona"), [("name".into(), "Ada".into())]);
+    }
+
+    #[test]
+    fn mcp_servers_are_read_and_checked() {
+        let c = Config::parse(
+            "[mcp.time]\ncommand = \"mcp-server-time\"\nargs = [\"--local-timezone\", \"UTC\"]\nscope = \"coder\"\ntool_prefix = \"time_\"\n[mcp.web]\nurl = \"http://127.0.0.1:1/mcp\"\nheaders = { Authorization = \"Bearer x\" }\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.mcp["time"].args, ["--local-timezone", "UTC"]);
+        assert_eq!(c.mcp["time"].tool_prefix.as_deref(), Some("time_"));
+        assert_eq!(c.mcp["web"].headers["Authorization"], "Bearer x");
+        for (text, cause) in [
+            ("[mcp.a]\nargs = []\n", "exactly one of `command`"),
+            ("[mcp.a]\ncommand = \"x\"\nurl = \"http://h\"\n", "exactly one of `command`"),
+            ("[mcp.a]\ncommand = \"x\"\ntool_prefix = \"a.b\"\n", "tool_prefix"),
+            ("[mcp.a]\ncommand = \"x\"\ntimeout_ms = 0\n", "mcp.a.timeout_ms"),
+            ("[mcp.a]\ncommand = \"x\"\nheaders = { A = \"b\" }\n", "`headers` go with `url`"),
+        ] {
+            let err = Config::parse(text, "t").unwrap_err();
+            assert!(err.to_string().contains(cause), "{text}: {err}");
+        }
+        let err = Config::parse("[mcp.a]\ncommand = \"x\"\ncomand = 1\n", "t").unwrap_err();
+        assert_eq!(err.code(), "config_parse");
     }
 }
