@@ -205,7 +205,11 @@ fn example_config(dir: &Path, top: &str, extra: &str) -> PathBuf {
 /// the example tools give for it (sorted, directories with a slash).
 fn workspace() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("README.md"), "# app\n\nBuild with `make`.\n").unwrap();
+    std::fs::write(
+        dir.path().join("README.md"),
+        "# app\n\nBuild with `make`.\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("Makefile"), "all:\n\tcc main.c\n").unwrap();
     std::fs::create_dir(dir.path().join("src")).unwrap();
     (dir, "Makefile\nREADME.md\nsrc/".to_string())
@@ -312,7 +316,12 @@ fn tool_results(log: &[Value]) -> Vec<(String, String, bool)> {
 fn tool_calls(log: &[Value]) -> Vec<(String, String)> {
     log.iter()
         .filter(|e| e["kind"] == "assistant/message")
-        .flat_map(|e| e["body"]["tool_calls"].as_array().cloned().unwrap_or_default())
+        .flat_map(|e| {
+            e["body"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
         .map(|c| {
             (
                 c["id"].as_str().unwrap().to_string(),
@@ -369,13 +378,19 @@ fn example_loop(script: &str, format: &str, route: &str, base_url: (&str, &str))
     // Each answer names the calls whose results the provider read, and the example prints it.
     let answers: Vec<&str> = out.lines().filter(|l| l.starts_with("step ")).collect();
     assert_eq!(answers.len(), 2, "{out}");
-    assert!(answers[0].starts_with("step 2: ") && answers[0].contains(&call_ids[0]));
+    assert!(answers[0].starts_with("step 2: ") && answers[0].contains(call_ids[0]));
     assert!(answers[1].starts_with("step 4: "));
-    assert!(call_ids[1..].iter().all(|id| answers[1].contains(id)), "{out}");
+    assert!(
+        call_ids[1..].iter().all(|id| answers[1].contains(id)),
+        "{out}"
+    );
     // Every step was read-only: the model never saw write_file or bash.
     for (_, body) in stub.bodies() {
         let text = body["tools"].to_string();
-        assert!(!text.contains("write_file") && !text.contains("\"bash\""), "{text}");
+        assert!(
+            !text.contains("write_file") && !text.contains("\"bash\""),
+            "{text}"
+        );
     }
 }
 
@@ -483,7 +498,14 @@ fn the_readme_loop_runs_as_written() {
         .expect("prompt_cache_key")
         .to_string();
     let session = key.strip_prefix("promptd-").expect("promptd-SESSION");
-    let log = check_loop(&daemon, &stub, session, "openai", "/v1/chat/completions", &[1]);
+    let log = check_loop(
+        &daemon,
+        &stub,
+        session,
+        "openai",
+        "/v1/chat/completions",
+        &[1],
+    );
     let results = tool_results(&log);
     let [(id, content, false)] = results.as_slice() else {
         panic!("one successful tool result: {results:?}");
@@ -548,7 +570,8 @@ fn the_client_tests_cover_every_operation_of_the_openapi_document() {
             .env("PROMPTD_CALLS_LOG", &calls);
         let out = run_ok(cmd, &format!("pytest {}", target.display()));
         assert!(
-            out.lines().any(|l| l.contains(" passed") && !l.contains("failed")),
+            out.lines()
+                .any(|l| l.contains(" passed") && !l.contains("failed")),
             "{out}"
         );
     };

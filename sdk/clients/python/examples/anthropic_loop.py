@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An agent loop with the official `anthropic` client (Messages API) and promptd.
 
-    PROMPTD_URL=http://127.0.0.1:8417 ANTHROPIC_API_KEY=sk-ant-... python anthropic_loop.py [QUESTION...]
+    PROMPTD_URL=http://127.0.0.1:8417 ANTHROPIC_API_KEY=sk-ant-... \
+        python anthropic_loop.py [QUESTION...]
 
 The same loop as openai_loop.py, in Anthropic's format: promptd sends the thinking blocks of a
 tool-use turn back exactly as they came (Anthropic requires it), puts tool results first in

@@ -41,7 +41,8 @@ def test_a_step_in_every_format_and_its_rebuild(client):
         assert (result.step, result.format) == (n, fmt)
         assert set(result.body) == SHAPES[fmt], (fmt, sorted(result.body))
         assert session.request(n, format=fmt) == result.body, fmt
-    assert session.request(4, format="openai-responses")["prompt_cache_key"] == f"promptd-{session.id}"
+    rebuilt = session.request(4, format="openai-responses")
+    assert rebuilt["prompt_cache_key"] == f"promptd-{session.id}"
 
 
 def test_a_sessions_format_is_the_default_of_its_steps(client):

@@ -26,5 +26,6 @@ def test_events_comments_and_multiline_data():
 
 def test_an_error_in_an_event():
     [event] = feed('id: 2\nevent: refused\ndata: {"seq":2,"kind":"refused","plugin":"p",'
-                   '"file":"p.wasm","sha256":"cd","error":{"code":"wrong_world","message":"m"}}\n\n')
+                   '"file":"p.wasm","sha256":"cd",'
+                   '"error":{"code":"wrong_world","message":"m"}}\n\n')
     assert (event.kind, event.error.code, event.error.message) == ("refused", "wrong_world", "m")

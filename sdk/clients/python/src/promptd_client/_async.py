@@ -91,8 +91,9 @@ class AsyncClient:
         params = {"since": since} if since is not None else None
         headers = self._settings.headers({"Accept": "text/event-stream"})
         try:
+            timeouts = _stream_timeout(self._timeout, timeout)
             async with self._http.stream("GET", url, params=params, headers=headers,
-                                         timeout=_stream_timeout(self._timeout, timeout)) as response:
+                                         timeout=timeouts) as response:
                 if not response.is_success:
                     await response.aread()
                     raise _core.error_from(response.status_code, response.content, "GET", path)
