@@ -96,22 +96,25 @@ export class Transport {
       if (call.body !== undefined) init.body = JSON.stringify(call.body);
       response = await this.#fetch(this.url + path, init);
     } catch (e) {
-      throw this.#failure(e, what);
+      throw this.#failure(e, what, signal);
     }
     if (!response.ok) {
       const text = await response.text().catch((e: unknown) => {
-        throw this.#failure(e, what);
+        throw this.#failure(e, what, signal);
       });
       throw errorFromResponse(response.status, text, what);
     }
     return response;
   }
 
-  /** What a failed fetch means: the timeout, the caller's abort, or nothing listening. */
-  #failure(e: unknown, what: string): unknown {
+  /** What a failed fetch means: the timeout, the caller's abort, or nothing listening.
+   * `signal` is the one the request ran with: aborted by a timeout, its reason says so even
+   * where fetch reports a plain AbortError. */
+  #failure(e: unknown, what: string, signal?: AbortSignal): unknown {
     if (e instanceof PromptdError) return e;
     const name = (e as { name?: string } | null)?.name;
-    if (name === "TimeoutError") {
+    const timedOut = signal?.aborted === true && (signal.reason as { name?: string } | undefined)?.name === "TimeoutError";
+    if (name === "TimeoutError" || timedOut) {
       return new TimeoutError("timeout", `${what}: no answer from promptd at ${this.url} within ${this.#timeoutMs} ms`, 0, what);
     }
     if (name === "AbortError") return e; // the caller's own signal: not promptd's doing
@@ -148,7 +151,7 @@ export class Transport {
     try {
       return await response.text();
     } catch (e) {
-      throw this.#failure(e, `${method} ${path}`);
+      throw this.#failure(e, `${method} ${path}`, signal);
     }
   }
 
@@ -161,13 +164,8 @@ export class Transport {
     if (signal?.aborted) stop();
     signal?.addEventListener("abort", stop, { once: true });
     try {
+      // The timer's abort carries a TimeoutError reason, which #open maps to TimeoutError.
       return await this.#open("GET", path, { accept: "text/event-stream" }, controller.signal);
-    } catch (e) {
-      // An abort by the timer shows as the controller's reason.
-      if ((e as { name?: string })?.name === "AbortError" && controller.signal.reason?.name === "TimeoutError") {
-        throw this.#failure(controller.signal.reason, `GET ${path}`);
-      }
-      throw e;
     } finally {
       clearTimeout(timer);
     }
