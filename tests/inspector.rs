@@ -4,12 +4,13 @@
 //!
 //! The test makes two sessions, one of three steps: a first step, a step that only adds
 //! messages (the cached prefix is kept), then — after `versioned.wasm` is swapped for its second
-//! build, which changes its tool and its section — a step whose prefix breaks at that tool.
+//! build, which changes its tool and its section — a step whose prefix breaks at that tool, and
+//! after swapping back, a step with step 2's header again.
 //! The script then checks, as a person clicking through the page would: the session list shows
 //! both sessions (and its search filters them), the timeline shows the log with its header
 //! reasons, a step's view shows the system text and every tool with its plugin and scope, the
 //! bodies in all four formats are byte for byte what the API rebuilds, the diff of step 3 names
-//! the changed tool as cache-breaking, the plugins page follows a live unload over SSE, and a
+//! the changed tool as cache-breaking and step 4's names step 2's header, the plugins page follows a live unload over SSE, and a
 //! daemon with a token asks for it. The screenshot of step 3 goes to
 //! `target/test-artifacts/inspector.png` (and to `docs/inspector.png` with `PROMPTD_SCREENSHOT=1`).
 //!
@@ -125,6 +126,18 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         p["sha256"] != before && p["state"] == "loaded"
     });
     step(&d, &coder, json!([{"role": "user", "content": "Thanks."}]));
+    // And back: step 4 has step 2's header again, which a provider may still have cached.
+    let v2_sha = d.plugin("versioned")["sha256"].clone();
+    put(folder.path(), "versioned", &v1);
+    eventually("versioned v1 to serve again", || {
+        let p = d.plugin("versioned");
+        p["sha256"] != v2_sha && p["state"] == "loaded"
+    });
+    step(
+        &d,
+        &coder,
+        json!([{"role": "user", "content": "Undo that."}]),
+    );
     let other = d.session("default");
     step(&d, &other, json!([{"role": "user", "content": "Hello."}]));
 
@@ -178,13 +191,13 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "chromium": CHROMIUM,
         "chromedriver": CHROMEDRIVER,
         "sessions": [
-            {"id": coder, "agent": "coder", "steps": 3},
+            {"id": coder, "agent": "coder", "steps": 4},
             {"id": other, "agent": "default", "steps": 1},
         ],
         "search_agent": "coder",
         "session": coder,
-        "steps": 3,
-        "header_reasons": ["initial", "change"],
+        "steps": 4,
+        "header_reasons": ["initial", "change", "change"],
         "system_phrases": [
             "You are Ada running on the model example-model.",
             "You are Ada's engineering side: precise.",
@@ -199,6 +212,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "tools": tools,
         "changed_step": 3,
         "changed_tool": "versioned_tool",
+        "same_header": {"step": 4, "as": 2},
         "plugins": plugins,
         "unload": "versioned",
         "token_url": l.url,
@@ -243,7 +257,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         .collect();
     // Every part of the brief was seen in the page, not only reached.
     for needed in [
-        format!("session list: {coder} shows agent coder and 3 steps"),
+        format!("session list: {coder} shows agent coder and 4 steps"),
         "session search: `coder` leaves only its sessions".into(),
         "timeline: header events marked with their reason".into(),
         "step view: the system text shows \"You are Ada's engineering side: precise.\"".into(),
@@ -252,6 +266,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "step view: the anthropic body is byte for byte the step's request".into(),
         "diff view: a cause names the changed tool `versioned_tool`".into(),
         "diff view: that cause is highlighted as cache-breaking".into(),
+        "diff view: step 4 names step 2 as sending the same header".into(),
         "plugins: a live unload arrives over SSE and updates the table".into(),
         "no script errors or policy violations".into(),
         "token: with the token the page reads the API".into(),

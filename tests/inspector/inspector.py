@@ -189,6 +189,15 @@ def diff_view(driver):
     driver.save_screenshot(spec["screenshot"])
     checks.append("screenshot saved")
 
+    # Back to the first version: the step after has an earlier step's header again.
+    same = spec["same_header"]
+    driver.find_element(By.ID, "step-next").click()
+    wait_for(driver, f"step {same['step']}'s diff", lambda d: f"Step {same['step']}" in text(d.find_element(By.ID, "step-title"))
+             and css(d, "#diff [data-testid=prefix-summary]"))
+    figure = css(driver, "[data-testid=same-header]")
+    check(f"diff view: step {same['step']} names step {same['as']} as sending the same header",
+          figure and f"same header as step {same['as']}" in text(figure[0]), text(driver.find_element(By.ID, "diff")))
+
 
 def plugins_view(driver):
     driver.find_element(By.ID, "nav-plugins").click()

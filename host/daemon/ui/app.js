@@ -617,7 +617,7 @@ function diffPanel(diff, n, format) {
     add(panel, h('p', { 'data-testid': 'diff-first' },
       `The first step: all ${bytes(diff.bytes)} are new to the provider's cache.`));
   } else {
-    const share = prev.bytes ? prev.shared_bytes / diff.bytes : 0;
+    const share = diff.bytes ? prev.shared_bytes / diff.bytes : 0;
     const bar = h('div', { class: 'bar', id: 'prefix-bar', 'data-testid': 'prefix-bar' },
       h('div', { class: prev.prefix_kept ? 'shared kept' : 'shared broke' }));
     // Set through the CSSOM: the page's policy forbids inline style attributes.
@@ -644,16 +644,19 @@ function diffPanel(diff, n, format) {
   }
   const same = diff.same_header;
   if (same) {
-    add(panel, h('p', { 'data-testid': 'same-header' }, `The last step with this same header is step ${same.step}: `,
-      `${bytes(same.shared_bytes)}${same.bytes ? ` of ${bytes(same.bytes)}` : ''} shared with it`,
-      same.prefix_kept != null ? (same.prefix_kept ? ' (its whole request is a prefix of this one).' : '.') : '.'));
+    // An earlier step with this very header: a provider may still hold its cache.
+    add(panel, h('p', { 'data-testid': 'same-header' },
+      badge(`same header as step ${same.step}`, 'good'), ' ',
+      `Step ${same.step} sent this same header, so a provider may still hold its cache: `,
+      `${bytes(same.shared_bytes)} of this request are a prefix shared with it`,
+      same.first_divergence ? [', up to ', quoted(same.first_divergence.part)] : null, '.'));
   }
   const cs = diff.cached_share;
   if (cs) {
     add(panel, h('p', { 'data-testid': 'cached-share' }, 'A provider cache could serve ',
-      h('strong', {}, percent(cs.bytes)), ' of the bytes',
+      h('strong', {}, percent(cs.bytes)), ' of this request',
       cs.tokens ? [` (${cs.tokens.shared} of ${cs.tokens.total} tokens by `, h('code', {}, cs.tokens.tokenizer), ')'] : null,
-      '.'));
+      same ? ', the better of the two comparisons.' : '.'));
   }
   for (const note of diff.notes || []) add(panel, h('p', { class: 'muted note' }, quoted(causeText(note))));
   return panel;
