@@ -48,6 +48,15 @@ pub enum DaemonError {
         "the daemon is still loading its plugins ({loaded} of {total} files); try again shortly"
     )]
     Loading { loaded: usize, total: usize },
+
+    #[error("the session has no tool call `{0}`")]
+    ToolCallNotFound(String),
+
+    #[error("the tool call `{0}` already has its result")]
+    ToolCallClosed(String),
+
+    #[error("the tool call `{call}` names `{tool}`, which no running MCP server provides")]
+    ToolNotRunnable { call: String, tool: String },
 }
 
 impl DaemonError {
@@ -61,6 +70,9 @@ impl DaemonError {
             DaemonError::ConfigRead { .. } => "config_read",
             DaemonError::Watch { .. } | DaemonError::WatchThread(_) => "watch",
             DaemonError::Loading { .. } => "loading",
+            DaemonError::ToolCallNotFound(_) => "unknown_tool_call",
+            DaemonError::ToolCallClosed(_) => "tool_call_answered",
+            DaemonError::ToolNotRunnable { .. } => "tool_not_runnable",
         }
     }
 }

@@ -79,6 +79,7 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(create_session, list_sessions))
         .routes(routes!(step))
         .routes(routes!(record_message))
+        .routes(routes!(run_tool_call))
         .routes(routes!(compact))
         .routes(routes!(usage_report))
         .routes(routes!(session_events))
@@ -183,6 +184,10 @@ fn status(e: &DaemonError) -> StatusCode {
         | DaemonError::WatchThread(_) => StatusCode::INTERNAL_SERVER_ERROR,
         DaemonError::PluginFileName { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         DaemonError::Loading { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        DaemonError::ToolCallNotFound(_) => StatusCode::NOT_FOUND,
+        DaemonError::ToolCallClosed(_) | DaemonError::ToolNotRunnable { .. } => {
+            StatusCode::CONFLICT
+        }
     }
 }
 
@@ -549,6 +554,23 @@ async fn record_message(
         StatusCode::CREATED,
         to_json(&api::Recorded { seq }),
     ))
+}
+
+/// Runs an open tool call of the session on the MCP server whose tool it names, within the
+/// server's `timeout_ms`, and records the outcome as the call's `tool/result` (M4). A tool
+/// error, a time-out or a lost server is recorded with `is_error: true`, for the model to read.
+#[utoipa::path(post, path = "/v1/sessions/{id}/tool-calls/{call_id}/run", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"),
+           ("call_id" = String, Path, description = "The open tool call's id")),
+    responses((status = 201, description = "The recorded result", body = crate::ToolRun),
+              api::Errors))]
+async fn run_tool_call(
+    State(state): State<Arc<AppState>>,
+    Path((id, call_id)): Path<(String, String)>,
+) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let run = blocking(move || daemon.run_tool_call(&id, &call_id)).await?;
+    Ok(json_bytes(StatusCode::CREATED, to_json(&run)))
 }
 
 fn event_view(e: Event) -> api::EventView {

@@ -36,6 +36,7 @@
 pub mod api;
 pub mod error;
 pub mod events;
+pub mod external;
 pub mod http;
 mod locks;
 pub mod metrics;
@@ -66,6 +67,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 pub use error::{DaemonError, Result};
+pub use external::{ToolOutcome, ToolRunner, ToolRun};
 use events::{RegistryEvent, RegistryEvents};
 use locks::SessionLocks;
 use metrics::Metrics;
@@ -104,6 +106,8 @@ pub struct Daemon {
     registry: RwLock<Arc<Registry>>,
     /// By file stem.
     plugins: RwLock<BTreeMap<String, PluginStatus>>,
+    /// Contributors that are not files (MCP servers), by plugin id.
+    externals: RwLock<BTreeMap<String, external::External>>,
     store: Arc<dyn SessionStore>,
     /// This process's run id, recorded with every header it writes: a session whose last
     /// header came from another run records `resume` on its next step (Q3). Kept in the log,
@@ -177,6 +181,7 @@ impl Daemon {
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),
             plugins: RwLock::new(BTreeMap::new()),
+            externals: RwLock::new(BTreeMap::new()),
             store,
             run: run_id(),
             changes: Mutex::new(()),
@@ -283,7 +288,9 @@ impl Daemon {
 
     pub fn plugins(&self) -> Vec<PluginStatus> {
         let plugins = self.plugins.read().unwrap_or_else(|p| p.into_inner());
-        plugins.values().cloned().collect()
+        let mut all: Vec<PluginStatus> = plugins.values().cloned().collect();
+        all.extend(self.external_statuses());
+        all
     }
 
     /// Rescans the plugin folder: loads new files, reloads changed ones (the old version keeps

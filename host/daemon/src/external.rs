@@ -1,0 +1,229 @@
+//! Contributors that are not plugin files: MCP servers (M1–M5). Their entries join the same
+//! registry snapshot as the plugins' (so validation, conflicts, scopes, canonical order and
+//! provenance are the plugins' own), their status shows in `GET /v1/plugins`, and their tools
+//! can be run by the daemon for a session (M4).
+
+use std::sync::Arc;
+
+use promptd_core::content::Content;
+use promptd_core::conversation::Message;
+use promptd_core::plugin_state::{ChangeKind, PluginState};
+use promptd_core::registry::PluginEntry;
+use promptd_core::request::declaration_json;
+use promptd_core::store::EventKind;
+use promptd_core::ErrorBody;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::events::RegistryEvent;
+use crate::{Daemon, DaemonError, PluginStatus, Result};
+
+/// What running one tool call gave: the text the model reads, and whether the tool failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutcome {
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// Runs the tools of one external contributor.
+pub trait ToolRunner: Send + Sync {
+    /// Runs `name` (the name the model saw) with `arguments`. The tool's own failure, a
+    /// time-out or a lost server is an outcome with `is_error` (M4): the model reads it.
+    fn run(&self, name: &str, arguments: &Value) -> ToolOutcome;
+}
+
+/// One external contributor as the daemon keeps it.
+pub(crate) struct External {
+    pub(crate) status: PluginStatus,
+    runner: Option<Arc<dyn ToolRunner>>,
+}
+
+/// What `POST /v1/sessions/{id}/tool-calls/{call_id}/run` returns.
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ToolRun {
+    /// The sequence number of the recorded `tool/result` event.
+    pub seq: u64,
+    /// The contributor that ran it, e.g. `mcp:time`.
+    pub plugin: String,
+    /// The recorded tool message (`role`, `tool_call_id`, `content`, `is_error`).
+    #[schema(value_type = Object)]
+    pub message: Value,
+}
+
+impl Daemon {
+    /// Publishes (or refuses) the entry of an external contributor `entry.id`; `file` names
+    /// where it comes from (a command or a URL). An entry whose canonical declaration equals
+    /// the serving one publishes nothing and records no event (M3): a reconnect or an
+    /// unchanged re-list never changes a request. A failure keeps an older entry serving
+    /// (state `stale`, as H3), so a crash never reorders the tools; its calls fail until the
+    /// contributor is back.
+    pub fn set_external(
+        &self,
+        id: &str,
+        file: &str,
+        result: std::result::Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody>,
+    ) -> Option<RegistryEvent> {
+        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut externals = self.externals.write().unwrap_or_else(|p| p.into_inner());
+        let serving = self.registry().get(id).is_some();
+        let outcome = result.map(|(mut entry, runner)| {
+            let declares = declaration_json(&entry.declaration);
+            let scope = entry.options.scope_override.as_ref().map(|s| s.key());
+            let sha256 = hex(&Sha256::digest(
+                json!({"declares": declares, "scope": scope}).to_string(),
+            ));
+            entry.sha256 = Some(sha256.clone());
+            (entry, runner, declares, sha256)
+        });
+        match outcome {
+            Ok((entry, runner, declares, sha256)) => {
+                if let Some(known) = externals.get_mut(id) {
+                    if serving && known.status.serving_sha256.as_deref() == Some(sha256.as_str()) {
+                        known.runner = Some(runner);
+                        known.status.state = PluginState::Loaded;
+                        known.status.last_error = None;
+                        return None;
+                    }
+                }
+                match self.registry().with_replaced(entry) {
+                    Ok(next) => {
+                        self.publish(next);
+                        externals.insert(
+                            id.to_string(),
+                            External {
+                                status: PluginStatus {
+                                    id: id.to_string(),
+                                    file: file.to_string(),
+                                    sha256: sha256.clone(),
+                                    serving_sha256: Some(sha256.clone()),
+                                    state: PluginState::Loaded,
+                                    last_error: None,
+                                    declares,
+                                },
+                                runner: Some(runner),
+                            },
+                        );
+                        tracing::info!(plugin = %id, sha256 = %sha256, "loaded");
+                        let kind = if serving {
+                            ChangeKind::Reload
+                        } else {
+                            ChangeKind::Load
+                        };
+                        Some(self.events.push(kind, id, file, &sha256, None))
+                    }
+                    Err(error) => {
+                        Some(self.refuse(&mut externals, id, file, serving, (&error).into()))
+                    }
+                }
+            }
+            Err(body) => Some(self.refuse(&mut externals, id, file, serving, body)),
+        }
+    }
+
+    fn refuse(
+        &self,
+        externals: &mut std::collections::BTreeMap<String, External>,
+        id: &str,
+        file: &str,
+        serving: bool,
+        body: ErrorBody,
+    ) -> RegistryEvent {
+        tracing::warn!(plugin = %id, "refused: {}", body.message);
+        self.metrics.plugin_error();
+        let known = externals.entry(id.to_string()).or_insert_with(|| External {
+            status: PluginStatus {
+                id: id.to_string(),
+                file: file.to_string(),
+                sha256: String::new(),
+                serving_sha256: None,
+                state: PluginState::Refused,
+                last_error: None,
+                declares: Value::Null,
+            },
+            runner: None,
+        });
+        known.status.state = if serving {
+            PluginState::Stale
+        } else {
+            PluginState::Refused
+        };
+        known.status.last_error = Some(body.clone());
+        let sha = known.status.serving_sha256.clone().unwrap_or_default();
+        self.events
+            .push(ChangeKind::Refused, id, file, &sha, Some(body))
+    }
+
+    /// The external contributors' statuses, by id.
+    pub(crate) fn external_statuses(&self) -> Vec<PluginStatus> {
+        let externals = self.externals.read().unwrap_or_else(|p| p.into_inner());
+        externals.values().map(|e| e.status.clone()).collect()
+    }
+
+    /// Runs the open tool call `call_id` of session `id` on the contributor whose tool it
+    /// names, and records the outcome as the call's `tool/result` (M4).
+    pub fn run_tool_call(&self, id: &str, call_id: &str) -> Result<ToolRun> {
+        let events = self.session_events(id)?;
+        let mut call = None;
+        for event in &events {
+            match event.kind {
+                EventKind::AssistantMessage => {
+                    let calls = event.body.get("tool_calls").and_then(Value::as_array);
+                    if let Some(found) = calls
+                        .into_iter()
+                        .flatten()
+                        .find(|c| c.get("id").and_then(Value::as_str) == Some(call_id))
+                    {
+                        call = Some(found.clone());
+                    }
+                }
+                EventKind::ToolResult
+                    if event.body.get("tool_call_id").and_then(Value::as_str) == Some(call_id) =>
+                {
+                    return Err(DaemonError::ToolCallClosed(call_id.to_string()));
+                }
+                _ => {}
+            }
+        }
+        let call = call.ok_or_else(|| DaemonError::ToolCallNotFound(call_id.to_string()))?;
+        let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
+        let arguments = call.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        // The tool's owner in the registry serving now: the name is unique per scope chain,
+        // and an external contributor's tool names are its own.
+        let registry = self.registry();
+        let (plugin, runner) = {
+            let externals = self.externals.read().unwrap_or_else(|p| p.into_inner());
+            registry
+                .plugins()
+                .filter(|e| e.declaration.tools.iter().any(|t| t.name == name))
+                .find_map(|e| {
+                    let runner = externals.get(&e.id)?.runner.clone()?;
+                    Some((e.id.clone(), runner))
+                })
+                .ok_or_else(|| DaemonError::ToolNotRunnable {
+                    call: call_id.to_string(),
+                    tool: name.to_string(),
+                })?
+        };
+        let outcome = runner.run(name, &arguments);
+        let message = Message::Tool {
+            tool_call_id: call_id.to_string(),
+            content: Content::Text(outcome.content),
+            is_error: outcome.is_error,
+        };
+        let seq = self.record_message(id, &message)?;
+        Ok(ToolRun {
+            seq,
+            plugin,
+            message: json!({
+                "role": "tool",
+                "tool_call_id": call_id,
+                "content": match &message { Message::Tool { content, .. } => serde_json::to_value(content).unwrap_or(Value::Null), _ => Value::Null },
+                "is_error": outcome.is_error,
+            }),
+        })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
