@@ -358,6 +358,7 @@ impl StoreError {
             StoreError::Conflict { .. } => "store_conflict",
             StoreError::Corrupt { .. } => "store_corrupt",
             StoreError::Backend { .. } => "store",
+            StoreError::Unavailable { .. } => "store_unavailable",
         }
     }
 }

@@ -153,6 +153,14 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The database server cannot be reached (down, restarting, connection lost): nothing of
+    /// the call was acknowledged, and the same call may succeed once it is back.
+    #[error("{context}: the session store is unavailable: {source}")]
+    Unavailable {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl StoreError {
@@ -186,7 +194,29 @@ pub trait SessionStore: Send + Sync {
     fn health(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    /// The seq of the session's last event (0 when it has none). Cheap: a daemon sharing the
+    /// store with others calls it before each use of its cached state.
+    fn last_seq(&self, id: &str) -> Result<u64, StoreError> {
+        Ok(self.events(id)?.last().map_or(0, |e| e.seq))
+    }
+    /// The events after `seq`, in order.
+    fn events_after(&self, id: &str, seq: u64) -> Result<Vec<Event>, StoreError> {
+        let mut events = self.events(id)?;
+        events.retain(|e| e.seq > seq);
+        Ok(events)
+    }
+    /// Whether other processes may append to the same sessions (a database server several
+    /// daemons use): a cached session state must then be checked against the log before use.
+    fn is_shared(&self) -> bool {
+        false
+    }
 }
+
+/// The cases every store must pass, run by each store's tests through [`store_suite!`]
+/// (the same cases for SQLite and PostgreSQL).
+#[cfg(feature = "test-suite")]
+#[path = "store_conformance.rs"]
+pub mod conformance;
 
 /// One session as a list shows it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -230,6 +260,13 @@ impl SessionStore for MemoryStore {
 
     fn session_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(self.sessions().get(id).map(|(agent, _)| agent.clone()))
+    }
+
+    fn last_seq(&self, id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .sessions()
+            .get(id)
+            .map_or(0, |(_, log)| log.len() as u64))
     }
 
     fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {

@@ -195,7 +195,8 @@ pub enum Errors {
     /// A plugin call failed (`plugin_call`, `plugin_trap`, …).
     #[response(status = 502)]
     PluginFailed(ErrorReply),
-    /// Still loading the plugins after the wait (`loading`), or the store is unavailable.
+    /// Still loading the plugins after the wait (`loading`), or the store's database server
+    /// cannot be reached (`store_unavailable`: nothing was recorded, retry later).
     #[response(status = 503)]
     Unavailable(ErrorReply),
 }

@@ -133,6 +133,8 @@ fn core_status(e: &Error) -> StatusCode {
         }
         Error::PluginCall { .. } | Error::UnknownShownTool { .. } => StatusCode::BAD_GATEWAY,
         Error::Store(StoreError::Conflict { .. }) => StatusCode::CONFLICT,
+        // The database server is down or restarting: the client may retry the same call.
+        Error::Store(StoreError::Unavailable { .. }) => StatusCode::SERVICE_UNAVAILABLE,
         Error::Store(StoreError::Corrupt { .. } | StoreError::Backend { .. })
         | Error::Engine { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         // Well-formed input that cannot be assembled or validated.

@@ -519,7 +519,20 @@ impl SessionStore for SqliteStore {
     }
 
     fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
-        self.read(|conn| read_events(conn, id))
+        self.read(|conn| read_events(conn, id, 0))
+    }
+
+    fn events_after(&self, id: &str, seq: u64) -> Result<Vec<Event>, StoreError> {
+        self.read(|conn| read_events(conn, id, seq))
+    }
+
+    fn last_seq(&self, id: &str) -> Result<u64, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1")
+                .and_then(|mut last| last.query_row([id], |r| r.get::<_, i64>(0)))
+                .map(|last| last as u64)
+                .map_err(db("reading the last seq"))
+        })
     }
 
     fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
@@ -568,15 +581,15 @@ impl SessionStore for SqliteStore {
     }
 }
 
-fn read_events(conn: &Connection, id: &str) -> Result<Vec<Event>, StoreError> {
+fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, StoreError> {
     let mut stmt = conn
         .prepare_cached(
             "SELECT seq, kind, body, at_ms, body_version FROM events
-             WHERE session_id = ?1 ORDER BY seq",
+             WHERE session_id = ?1 AND seq > ?2 ORDER BY seq",
         )
         .map_err(db("preparing the read"))?;
     let rows = stmt
-        .query_map([id], |r| {
+        .query_map(params![id, after as i64], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,

@@ -1,0 +1,270 @@
+//! What every [`SessionStore`] must do (Q1, Q7, Q11), as functions over a way to open the
+//! store: each store's tests run all of them through [`crate::store_suite!`], so SQLite and
+//! PostgreSQL are held to the very same cases.
+//!
+//! `open` opens the store under test; called again it opens another handle on the same data
+//! (a restart, or a second daemon on a shared database).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{EventKind, NewEvent, SessionStore, StoreError, BODY_VERSION};
+
+/// Opens the store under test; each call is a new handle on the same data.
+pub type Open<'a> = &'a dyn Fn() -> Arc<dyn SessionStore>;
+
+/// Generates one `#[test]` per conformance case; `$open` evaluates to a closure that opens the
+/// store under test (it may own what the store needs, e.g. a temporary folder).
+#[macro_export]
+macro_rules! store_suite {
+    ($open:expr) => {
+        $crate::store_suite!(@cases $open;
+            created_sessions_read_back,
+            appends_are_gapless_and_checked,
+            appends_are_durable_across_handles,
+            last_seq_and_events_after_follow_the_log,
+            bodies_read_back_as_given,
+            racing_appends_at_one_seq_have_one_winner,
+            sessions_are_listed_most_recent_first,
+            appending_to_an_unknown_session_fails);
+    };
+    (@cases $open:expr; $($case:ident),*) => {
+        $(
+            #[test]
+            fn $case() {
+                let open = $open;
+                $crate::store::conformance::$case(&open);
+            }
+        )*
+    };
+}
+
+fn created(store: &dyn SessionStore, agent: &str) -> String {
+    store
+        .create_session(
+            agent,
+            NewEvent::new(EventKind::SessionCreated, json!({"agent": agent})),
+        )
+        .unwrap()
+}
+
+fn step(n: u64) -> Vec<NewEvent> {
+    vec![
+        NewEvent::new(
+            EventKind::UserMessage,
+            json!({"role": "user", "content": format!("m{n}")}),
+        ),
+        NewEvent::new(EventKind::Step, json!({"step": n, "facts": {}})),
+    ]
+}
+
+fn seqs(store: &dyn SessionStore, id: &str) -> Vec<u64> {
+    store.events(id).unwrap().iter().map(|e| e.seq).collect()
+}
+
+pub fn created_sessions_read_back(open: Open) {
+    let store = open();
+    let a = created(&*store, "coder");
+    let b = created(&*store, "coder");
+    assert_ne!(a, b, "each session gets its own id");
+    assert_eq!(store.session_agent(&a).unwrap().as_deref(), Some("coder"));
+    let events = store.events(&a).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        (events[0].seq, events[0].kind, events[0].version),
+        (1, EventKind::SessionCreated, BODY_VERSION)
+    );
+    assert_eq!(events[0].body, json!({"agent": "coder"}));
+    assert_eq!(store.session_agent("no-such-session").unwrap(), None);
+    assert!(store.events("no-such-session").unwrap().is_empty());
+    assert_eq!(store.last_seq("no-such-session").unwrap(), 0);
+}
+
+pub fn appends_are_gapless_and_checked(open: Open) {
+    let store = open();
+    let id = created(&*store, "a");
+    store.append(&id, 2, &step(1)).unwrap();
+    store.append(&id, 4, &step(2)).unwrap();
+    // A writer that did not see the last append is refused, and writes nothing.
+    for stale in [2, 4, 7] {
+        let err = store.append(&id, stale, &step(9)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Conflict { expected, found: 5, .. } if expected == stale),
+            "{err}"
+        );
+        assert_eq!(err.code(), "store_conflict");
+    }
+    assert_eq!(seqs(&*store, &id), [1, 2, 3, 4, 5]);
+    let kinds: Vec<&str> = store
+        .events(&id)
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "session/created",
+            "user/message",
+            "step",
+            "user/message",
+            "step"
+        ]
+    );
+}
+
+pub fn appends_are_durable_across_handles(open: Open) {
+    let (id, expected) = {
+        let store = open();
+        let id = created(&*store, "a");
+        for n in 0..10 {
+            store.append(&id, 2 + 2 * n, &step(n)).unwrap();
+        }
+        let events = store.events(&id).unwrap();
+        (id, events)
+    };
+    // Another handle (a restart, or another daemon) reads exactly what was acknowledged.
+    let store = open();
+    assert_eq!(store.events(&id).unwrap(), expected);
+    store.append(&id, 22, &step(10)).unwrap();
+    assert_eq!(store.last_seq(&id).unwrap(), 23);
+}
+
+pub fn last_seq_and_events_after_follow_the_log(open: Open) {
+    let store = open();
+    let other = open();
+    let id = created(&*store, "a");
+    assert_eq!(store.last_seq(&id).unwrap(), 1);
+    store.append(&id, 2, &step(1)).unwrap();
+    // Appended through one handle, seen through the other at once.
+    other.append(&id, 4, &step(2)).unwrap();
+    assert_eq!(store.last_seq(&id).unwrap(), 5);
+    let after: Vec<u64> = store
+        .events_after(&id, 3)
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(after, [4, 5]);
+    assert_eq!(
+        store.events_after(&id, 3).unwrap(),
+        store.events(&id).unwrap()[3..]
+    );
+    assert!(store.events_after(&id, 5).unwrap().is_empty());
+}
+
+pub fn bodies_read_back_as_given(open: Open) {
+    let store = open();
+    let id = created(&*store, "a");
+    let image = "iVBORw0K".repeat(400);
+    let bodies: Vec<(EventKind, Value)> = vec![
+        (
+            EventKind::UserMessage,
+            json!({"role": "user", "content": "ünïcødé ✓ \u{1F600} \"quoted\" \\ \n\t"}),
+        ),
+        (
+            EventKind::ToolResult,
+            json!({"role": "tool", "tool_call_id": "c1", "content": [
+                {"type": "text", "text": "screen"},
+                {"type": "image", "media_type": "image/png", "data": image},
+                {"type": "image", "media_type": "image/png", "data": "c21hbGw="}]}),
+        ),
+        (
+            EventKind::RequestHeader,
+            json!({"reason": "initial", "run": "r", "header": {"model": {"temperature": 0.1,
+                "max_tokens": 1024, "top_p": 1e-7, "n": -3}, "system": "", "tools": []}}),
+        ),
+        (
+            EventKind::Step,
+            json!({"step": 1, "facts": {"z": "1", "a": "2"}}),
+        ),
+    ];
+    let events: Vec<NewEvent> = bodies
+        .iter()
+        .map(|(k, b)| NewEvent::new(*k, b.clone()))
+        .collect();
+    store.append(&id, 2, &events).unwrap();
+    let read = open().events(&id).unwrap();
+    for ((kind, body), event) in bodies.iter().zip(&read[1..]) {
+        assert_eq!((event.kind, &event.body), (*kind, body));
+        // Rebuilds serialize bodies: the bytes must be the same too.
+        assert_eq!(event.body.to_string(), body.to_string());
+    }
+}
+
+pub fn racing_appends_at_one_seq_have_one_winner(open: Open) {
+    let stores: Vec<Arc<dyn SessionStore>> = (0..4).map(|_| open()).collect();
+    let id = created(&*stores[0], "a");
+    const EACH: u64 = 15;
+    // Each writer reads the last seq and appends after it, retrying when another won that seq.
+    let (won, refused): (Vec<u64>, Vec<u64>) = std::thread::scope(|s| {
+        let writers: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(w, store)| {
+                let id = &id;
+                s.spawn(move || {
+                    let (mut won, mut refused) = (0, 0);
+                    while won < EACH {
+                        let last = store.last_seq(id).unwrap();
+                        let body = json!({"writer": w, "n": won});
+                        match store.append(id, last + 1, &[NewEvent::new(EventKind::Step, body)]) {
+                            Ok(()) => won += 1,
+                            Err(StoreError::Conflict { .. }) => refused += 1,
+                            Err(e) => panic!("writer {w}: {e}"),
+                        }
+                    }
+                    (won, refused)
+                })
+            })
+            .collect();
+        writers.into_iter().map(|w| w.join().unwrap()).unzip()
+    });
+    let events = stores[0].events(&id).unwrap();
+    let total = 1 + EACH * stores.len() as u64;
+    assert_eq!(
+        events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=total).collect::<Vec<_>>(),
+        "gapless, one event per seq"
+    );
+    assert_eq!(won.iter().sum::<u64>(), EACH * stores.len() as u64);
+    // Every acknowledged append is there exactly once.
+    let mut bodies: Vec<String> = events[1..].iter().map(|e| e.body.to_string()).collect();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(
+        bodies.len() as u64,
+        total - 1,
+        "no append was written twice"
+    );
+    let _ = refused;
+}
+
+pub fn sessions_are_listed_most_recent_first(open: Open) {
+    let store = open();
+    let tag = format!("lister{}", std::process::id());
+    let a = created(&*store, &format!("{tag}-a"));
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let b = created(&*store, &format!("{tag}-b"));
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    store.append(&a, 2, &step(1)).unwrap();
+    let listed = store.sessions(&tag, 10).unwrap();
+    let ids: Vec<&str> = listed.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, [a.as_str(), b.as_str()], "the last appended first");
+    assert_eq!((listed[0].steps, listed[0].events), (1, 3));
+    assert_eq!((listed[1].steps, listed[1].events), (0, 1));
+    assert!(listed[0].last_ms >= listed[0].created_ms);
+    assert_eq!(store.sessions(&tag, 1).unwrap().len(), 1);
+    assert_eq!(store.sessions(&format!("{tag}-b"), 10).unwrap()[0].id, b);
+    // The filter is plain text: `%` and `_` mean themselves.
+    assert!(store.sessions("%", 10).unwrap().is_empty());
+}
+
+pub fn appending_to_an_unknown_session_fails(open: Open) {
+    let store = open();
+    let err = store.append("no-such-session", 2, &step(1)).unwrap_err();
+    assert!(!err.to_string().is_empty());
+    assert!(store.events("no-such-session").unwrap().is_empty());
+    assert_eq!(store.session_agent("no-such-session").unwrap(), None);
+}
