@@ -21,6 +21,9 @@ import type {
   RegistryEvent,
   RegistryStreamEvent,
   SessionEvent,
+  SessionSummary,
+  StepDiff,
+  StepExplain,
   StepInput,
   StepMessage,
   StepResult,
@@ -206,6 +209,16 @@ export class Client {
     const session = new Session(this.#transport, id, undefined, options.format ?? this.#format);
     await session.sync();
     return session;
+  }
+
+  /** The sessions the daemon holds, most recent activity first: those whose id or agent
+   * contains `q`, at most `limit` (the daemon's default 100, at most 1000). */
+  async sessions(options: { q?: string; limit?: number } = {}): Promise<SessionSummary[]> {
+    const query = new URLSearchParams();
+    if (options.q !== undefined) query.set("q", options.q);
+    if (options.limit !== undefined) query.set("limit", String(options.limit));
+    const path = query.toString() === "" ? "/v1/sessions" : `/v1/sessions?${query}`;
+    return (await this.#transport.json<{ sessions: SessionSummary[] }>("GET", path)).sessions;
   }
 
   /** `GET /v1/health`. A daemon whose store failed is an `UnavailableError`. */
@@ -399,6 +412,20 @@ export class Session {
   request<Body = ProviderBody>(n: number, options: { format?: Format } = {}): Promise<Body> {
     const format = options.format ?? this.format;
     return this.#transport.json("GET", this.#path(`/steps/${n}/request?format=${segment(format)}`));
+  }
+
+  /** Step `n`'s request in `format` and which plugin (id, sha256) and scope gave each
+   * section, context, variable and tool, as recorded with the step. */
+  explain<Body = ProviderBody>(n: number, options: { format?: Format } = {}): Promise<StepExplain<Body>> {
+    const format = options.format ?? this.format;
+    return this.#transport.json("GET", this.#path(`/steps/${n}/explain?format=${segment(format)}`));
+  }
+
+  /** How much of step `n`'s request (in `format`) a provider's prompt cache could reuse from
+   * the step before, where the prefix broke and why. */
+  diff(n: number, options: { format?: Format } = {}): Promise<StepDiff> {
+    const format = options.format ?? this.format;
+    return this.#transport.json("GET", this.#path(`/steps/${n}/diff?format=${segment(format)}`));
   }
 
   /** Per step, the budget's estimate against the provider-reported usage; and the totals. */

@@ -174,3 +174,69 @@ export interface RegistryEvent {
 export type RegistryStreamEvent =
   | { event: "lagged"; id: null; data: { missed: number } }
   | { event: ChangeKind; id: number | null; data: RegistryEvent };
+
+/** A session as `GET /v1/sessions` lists it. */
+export interface SessionSummary {
+  id: string;
+  agent: string;
+  /** Steps taken. */
+  steps: number;
+  /** Events in the log. */
+  events: number;
+  created_ms: number;
+  /** When its last event was written. */
+  last_ms: number;
+}
+
+/** One effective contribution of a step and who gave it. */
+export interface Given {
+  name: string;
+  plugin: string;
+  /** `global`, or the agent it is scoped to. */
+  scope: string;
+  /** A short hash of the part's text (not for variables). */
+  hash?: string;
+  [key: string]: unknown;
+}
+
+/** `GET /v1/sessions/{id}/steps/{n}/explain`: step n's request and who gave each part. */
+export interface StepExplain<Body = ProviderBody> {
+  step: number;
+  format: Format;
+  /** The request exactly as the step returned it in `format`. */
+  request: Body;
+  /** Null for steps recorded before provenance was (0.1.0 logs). */
+  provenance: {
+    /** Every plugin serving the step: id → sha256 of its file. */
+    plugins: Record<string, string>;
+    sections: Given[];
+    contexts: Given[];
+    variables: Given[];
+    tools: Given[];
+  } | null;
+}
+
+/** One comparison of a step's request with an earlier one. */
+export interface PrefixAgainst {
+  step: number;
+  bytes: number;
+  shared_bytes: number;
+  prefix_kept: boolean;
+  /** Where the prefix broke: the part (`tool \`bash\``, `system`, …) and its byte offset. */
+  first_divergence: { part: string; offset: number } | null;
+}
+
+/** `GET /v1/sessions/{id}/steps/{n}/diff`: how much of step n's request a provider's prompt
+ * cache could reuse, where the prefix broke and why. */
+export interface StepDiff {
+  step: number;
+  format: Format;
+  bytes: number;
+  /** Against step n−1; null on the first step. */
+  previous: PrefixAgainst | null;
+  /** Against the last earlier step with the same header, when there is one. */
+  same_header: PrefixAgainst | null;
+  causes: string[];
+  notes: string[];
+  cached_share: { bytes: number; tokens: { shared: number; [key: string]: unknown } | null };
+}

@@ -56,9 +56,9 @@ test("the public API is exported", () => {
   for (const name of classes.slice(3)) assert.ok(api[name].prototype instanceof api.PromptdError, name);
   assert.ok(api.OpenToolCallsError.prototype instanceof api.UnprocessableError);
   assert.equal(api.DEFAULT_URL, "http://127.0.0.1:8417");
-  const methods = ["session", "sessionOf", "health", "plugins", "reload", "unload", "enable", "metrics", "openapi", "registryEvents"];
+  const methods = ["session", "sessionOf", "sessions", "health", "plugins", "reload", "unload", "enable", "metrics", "openapi", "registryEvents"];
   for (const m of methods) assert.equal(typeof api.Client.prototype[m], "function", `Client#${m}`);
-  for (const m of ["step", "record", "toolResult", "events", "request", "usage", "compact", "sync"]) {
+  for (const m of ["step", "record", "toolResult", "events", "request", "explain", "diff", "usage", "compact", "sync"]) {
     assert.equal(typeof api.Session.prototype[m], "function", `Session#${m}`);
   }
 });

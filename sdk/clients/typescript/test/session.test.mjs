@@ -254,3 +254,34 @@ test("compact shows a summary in place of a range of messages in later requests"
   const first = await session.request(1);
   assert.deepEqual(first.messages.map((m) => m.content), ["First question, long ago."]);
 });
+
+test("sessions lists them; explain and diff say who gave each part and what a cache could reuse", async () => {
+  const agent = `lister${process.pid}`;
+  const session = await client.session(agent, { format: "openai" });
+  await session.step({ user: "One.", facts: FACTS });
+  await session.record({ role: "assistant", content: "Reply one." });
+  await session.step({ user: "Two.", facts: FACTS });
+
+  const mine = await client.sessions({ q: agent });
+  assert.deepEqual(mine.map((s) => [s.id, s.agent, s.steps]), [[session.id, agent, 2]]);
+  assert.ok(mine[0].events > 0 && mine[0].last_ms >= mine[0].created_ms, JSON.stringify(mine[0]));
+  assert.equal((await client.sessions({ limit: 1 })).length, 1);
+  assert.ok((await client.sessions()).some((s) => s.id === session.id));
+
+  const explained = await session.explain(1);
+  assert.equal(explained.step, 1);
+  assert.equal(explained.format, "openai");
+  assert.deepEqual(explained.request, await session.request(1), "the request as the step returned it");
+  const given = (list) => list.map((g) => [g.name, g.plugin, g.scope]);
+  assert.deepEqual(given(explained.provenance.sections), [["text", "echo", "global"]]);
+  assert.deepEqual(given(explained.provenance.tools), [["read_file", "echo", "global"]]);
+  assert.match(explained.provenance.plugins.echo, /^[0-9a-f]{64}$/);
+
+  const diff = await session.diff(2);
+  assert.equal(diff.step, 2);
+  assert.equal(diff.previous.step, 1);
+  assert.equal(diff.previous.prefix_kept, true, JSON.stringify(diff));
+  assert.ok(diff.previous.shared_bytes > 0 && diff.previous.shared_bytes <= diff.bytes, JSON.stringify(diff));
+  assert.ok(Array.isArray(diff.causes) && diff.cached_share.bytes > 0, JSON.stringify(diff));
+  assert.equal((await session.diff(1)).previous, null, "nothing before the first step");
+});
