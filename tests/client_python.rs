@@ -50,7 +50,32 @@ fn python() -> PathBuf {
          `cargo xtask test` runs it)",
         python.display()
     );
+    assert_installed_is_current();
     python
+}
+
+/// The venv's promptd_client holds the same files as src/promptd_client: a wheel built from
+/// an older tree would test old code.
+fn assert_installed_is_current() {
+    let lib = client_dir().join(".venv-test/lib");
+    let site = std::fs::read_dir(&lib)
+        .unwrap_or_else(|e| panic!("{}: {e}", lib.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages/promptd_client"))
+        .find(|p| p.is_dir())
+        .expect("promptd_client in the test venv's site-packages");
+    let src = client_dir().join("src/promptd_client");
+    for entry in std::fs::read_dir(&src).expect("read src/promptd_client") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "py" || e == "typed") {
+            let installed = site.join(path.file_name().unwrap());
+            assert!(
+                std::fs::read(&installed).ok() == std::fs::read(&path).ok(),
+                "{} differs from the installed wheel's: run sdk/clients/python/install.sh",
+                path.display()
+            );
+        }
+    }
 }
 
 /// `python -I`, without the caller's promptd and provider settings (each test sets its own).

@@ -18,7 +18,8 @@ from .errors import (BadRequest, BadResponse, Conflict, ConnectionLost, DaemonUn
                      PromptdError, RequestTimeout, ServerError, Unauthorized, Unavailable,
                      Unprocessable)
 from .models import (Compacted, ErrorInfo, Event, Format, Health, Plugin, Recorded,
-                     RegistryEvent, SessionSummary, StepDiff, StepExplain, StepResult, ToolCall)
+                     RegistryEvent, SessionSummary, StepDiff, StepExplain, StepResult, ToolCall,
+                     ToolRun)
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "Client", "Session", "AsyncClient", "AsyncSession",
     "Compacted", "ErrorInfo", "Event", "Format", "Health", "Plugin", "Recorded",
     "RegistryEvent", "SessionSummary", "StepDiff", "StepExplain", "StepResult", "ToolCall",
+    "ToolRun",
     "PromptdError", "BadRequest", "Unauthorized", "NotFound", "MethodNotAllowed", "Conflict",
     "PayloadTooLarge", "Unprocessable", "OpenToolCalls", "ServerError", "PluginFailed",
     "Unavailable", "DaemonUnreachable", "RequestTimeout", "ConnectionLost", "BadResponse",

@@ -11,7 +11,7 @@ import httpx
 from . import _core
 from ._sync import DEFAULT_TIMEOUT, TimeoutTypes, _Settings, _stream_timeout, transport_error
 from .models import (Compacted, Event, Format, Health, Plugin, Recorded, RegistryEvent,
-                     SessionSummary, StepDiff, StepExplain, StepResult, ToolCall)
+                     SessionSummary, StepDiff, StepExplain, StepResult, ToolCall, ToolRun)
 
 
 class AsyncClient:
@@ -185,6 +185,12 @@ class AsyncSession:
         answer = await self.client._json("POST", path, json=message)
         self._conversation.answered(message.get("tool_call_id"))
         return Recorded(seq=_core.need(answer, "seq", "POST", path))
+
+    async def run_tool(self, call_id: str) -> ToolRun:
+        path = f"{self._path}/tool-calls/{_core.segment(call_id)}/run"
+        run = ToolRun.of(await self.client._json("POST", path))
+        self._conversation.answered(call_id)
+        return run
 
     async def events(self) -> List[Event]:
         path = f"{self._path}/events"

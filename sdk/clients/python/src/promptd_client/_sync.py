@@ -11,7 +11,7 @@ import httpx
 from . import _core
 from .errors import ConnectionLost, DaemonUnreachable, PromptdError, RequestTimeout
 from .models import (Compacted, Event, Format, Health, Plugin, Recorded, RegistryEvent,
-                     SessionSummary, StepDiff, StepExplain, StepResult, ToolCall)
+                     SessionSummary, StepDiff, StepExplain, StepResult, ToolCall, ToolRun)
 
 TimeoutTypes = Union[float, httpx.Timeout, None]
 #: Connecting is quick or not happening; a step may wait up to 30 s for the first plugin load.
@@ -137,11 +137,11 @@ class Client:
 
     def registry_events(self, since: Optional[int] = None, *,
                         timeout: TimeoutTypes = None) -> Iterator[RegistryEvent]:
-        """``GET /v1/events``: plugin changes as they happen, after the past ones numbered
-        above ``since`` (all kept ones with 0; only new ones with None). Blocks between events;
-        ``timeout`` bounds each wait (None: wait for ever). A ``lagged`` event ends the
-        stream: resync from :meth:`plugins` and reconnect. Leaving the loop closes the
-        connection."""
+        """``GET /v1/events``: plugin changes, first the kept ones numbered above ``since``
+        (None or 0: every one the daemon keeps, its last 1,024), then live ones as they happen.
+        Blocks between events; ``timeout`` bounds each wait (None: wait for ever). A
+        ``lagged`` event ends the stream: resync from :meth:`plugins` and reconnect with
+        ``since`` set to the last seq seen. Leaving the loop closes the connection."""
         path = "/v1/events"
         url = self._settings.url + path
         params = {"since": since} if since is not None else None
@@ -270,6 +270,16 @@ class Session:
         answer = self.client._json("POST", path, json=message)
         self._conversation.answered(message.get("tool_call_id"))
         return Recorded(seq=_core.need(answer, "seq", "POST", path))
+
+    def run_tool(self, call_id: str) -> ToolRun:
+        """``POST /v1/sessions/{id}/tool-calls/{call_id}/run``: the daemon runs the open call
+        on the MCP server whose tool it names and records the outcome as its result (a tool
+        error or time-out too, with ``is_error``). A call of a tool no MCP server provides is
+        :class:`Conflict` ``tool_not_runnable``: run it yourself and :meth:`tool_result`."""
+        path = f"{self._path}/tool-calls/{_core.segment(call_id)}/run"
+        run = ToolRun.of(self.client._json("POST", path))
+        self._conversation.answered(call_id)
+        return run
 
     def events(self) -> List[Event]:
         """``GET /v1/sessions/{id}/events``: the session's log, in order."""

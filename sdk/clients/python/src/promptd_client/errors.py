@@ -83,8 +83,9 @@ class MethodNotAllowed(PromptdError):
 
 
 class Conflict(PromptdError):
-    """409: another writer appended to the session (``store_conflict``); the next step starts
-    from the log."""
+    """409: another writer appended to the session (``store_conflict``; the next step starts
+    from the log), or a tool call the daemon cannot run: answered already
+    (``tool_call_answered``) or no running MCP server has its tool (``tool_not_runnable``)."""
 
 
 class PayloadTooLarge(PromptdError):

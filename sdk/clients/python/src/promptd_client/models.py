@@ -21,6 +21,7 @@ __all__ = [
     "SessionSummary",
     "StepExplain",
     "StepDiff",
+    "ToolRun",
 ]
 
 #: The body shapes a step can return (``"format"`` of a step, ``?format=`` of a rebuild).
@@ -234,3 +235,20 @@ class StepDiff:
                    causes=list(value.get("causes") or []), notes=list(value.get("notes") or []),
                    previous=value.get("previous"), same_header=value.get("same_header"),
                    raw=value)
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """``POST /v1/sessions/{id}/tool-calls/{call_id}/run``: the daemon ran an open call on the
+    MCP server whose tool it names and recorded the outcome: the ``tool/result`` event's
+    ``seq``, the contributor that ran it (``plugin``, e.g. ``mcp:time``) and the recorded tool
+    ``message`` (``role``, ``tool_call_id``, ``content``, ``is_error``)."""
+
+    seq: int
+    plugin: str
+    message: Dict[str, Any]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, value: Dict[str, Any]) -> "ToolRun":
+        return cls(seq=value["seq"], plugin=value["plugin"], message=value["message"], raw=value)
