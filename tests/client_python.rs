@@ -240,6 +240,16 @@ fn workspace() -> (tempfile::TempDir, String) {
     (dir, "Makefile\nREADME.md\nsrc/".to_string())
 }
 
+/// A path as a TOML basic string.
+fn toml_string(path: &Path) -> String {
+    let text = path.to_str().expect("a UTF-8 path");
+    assert!(
+        !text.contains(['"', '\\']),
+        "a path TOML would need escaped: {text}"
+    );
+    format!("\"{text}\"")
+}
+
 fn get_json(daemon: &Served, path: &str) -> Value {
     daemon.ok("GET", path, None)
 }
@@ -548,8 +558,9 @@ fn the_client_tests_cover_every_operation_of_the_openapi_document() {
     assert!(document.is_file(), "{} is missing", document.display());
 
     // The main daemon: a token, a 1 MiB body limit, an agent whose persona names a variable
-    // nobody gives (its steps fail assembly), and a plugin whose declare loops, so the
-    // daemon is still loading when the first test looks; started unready for that.
+    // nobody gives (its steps fail assembly), a plugin whose declare loops, so the daemon is
+    // still loading when the first test looks (started unready for that), and an MCP server
+    // (tests/mcp_stub.py) whose tools the daemon runs for agent `runner`.
     let folder = bundled_folder().scripted("slow");
     std::fs::copy(
         folder.path().join("persona.wasm"),
@@ -565,7 +576,11 @@ fn the_client_tests_cover_every_operation_of_the_openapi_document() {
              [plugins.persona_broken]\nscope = \"broken\"\n\
              config = {{ text = \"You are {{{{nobody}}}}.\" }}\n\n\
              [plugins.slow]\ntimeout_ms = {SLOW_DECLARE_MS}\n\
-             config = {{ loop_in_declare = \"true\" }}\n"
+             config = {{ loop_in_declare = \"true\" }}\n\n\
+             [agents.runner]\n\n\
+             [mcp.stub]\ncommand = {}\nargs = [\"-I\", \"-B\", {}]\nscope = \"runner\"\n",
+            toml_string(&python()),
+            toml_string(&client_dir().join("tests/mcp_stub.py")),
         ),
     );
     let (_state_dir, state) = state_dir();

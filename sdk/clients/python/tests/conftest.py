@@ -7,7 +7,8 @@ describes in the environment:
                          deadline (so the first test sees it `loading`, then it is `refused`),
                          `[limits] max_body_mb = 1`, and an agent `broken` whose persona says
                          `{{nobody}}` (a plugin `persona_broken` scoped to it), whose steps
-                         fail assembly with 422 unknown_variable
+                         fail assembly with 422 unknown_variable, and an MCP server
+                         `[mcp.stub]` (tests/mcp_stub.py) whose tools agent `runner` sees
     PROMPTD_DOOMED_URL   a second daemon whose session database the store-failure test deletes
     PROMPTD_DOOMED_STATE its --state folder
     STUB_URL             tests/sdk_loops/stub_provider.py, the local OpenAI and Anthropic stand-in
@@ -196,12 +197,15 @@ def make_client(url: str, token: str) -> Iterator[Callable[..., promptd_client.C
 
 @pytest.fixture(scope="session")
 def ready(url: str, token: str) -> None:
-    """The main daemon has published its first full registry (it was started unready)."""
+    """The main daemon has published its first full registry (it was started unready), and
+    its MCP server (connected in the background) serves its tools."""
     deadline = time.monotonic() + 120
     with promptd_client.Client(url, token) as c:
-        while c.health().status != "ok":
+        while c.health().status != "ok" or not any(
+                p.id == "mcp:stub" and p.state == "loaded" for p in c.plugins()):
             if time.monotonic() > deadline:
-                pytest.fail("the daemon did not finish loading in 120 s")
+                pytest.fail("the daemon did not finish loading, and its MCP server "
+                            f"connecting, in 120 s: {c.plugins()}")
             time.sleep(0.05)
 
 

@@ -13,20 +13,21 @@ from promptd_client import NotFound, Unauthorized
 
 REPO = Path(__file__).resolve().parents[4]
 BUNDLED = {"identity", "persona", "persona_broken", "tools", "workspace"}
+MCP = "mcp:stub"
 
 
 def test_health_once_loaded(client):
     health = client.health()
     loaded = [p for p in client.plugins() if p.state == "loaded"]
     assert health.status == "ok", health.raw
-    assert health.plugins == len(loaded) == len(BUNDLED), (health, loaded)
+    assert health.plugins == len(loaded) == len(BUNDLED | {MCP}), (health, loaded)
     assert health.loaded is None and health.total is None, health.raw
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", health.version), health.version
 
 
 def test_plugins_list_every_file_with_its_state_and_declaration(client):
     plugins = {p.id: p for p in client.plugins()}
-    assert set(plugins) == BUNDLED | {"slow"}, sorted(plugins)
+    assert set(plugins) == BUNDLED | {"slow", MCP}, sorted(plugins)
     for pid in BUNDLED:
         p = plugins[pid]
         assert p.state == "loaded" and p.last_error is None, p
@@ -40,6 +41,10 @@ def test_plugins_list_every_file_with_its_state_and_declaration(client):
     assert slow.state == "refused" and slow.declares is None, slow
     assert slow.last_error is not None and slow.last_error.code == "declare_failed", slow
     assert "deadline" in slow.last_error.message, slow.last_error
+    # The MCP server is a contributor like the files: its tools under their names.
+    mcp = plugins[MCP]
+    assert mcp.state == "loaded" and mcp.file.endswith("mcp_stub.py"), mcp
+    assert sorted(t["name"] for t in mcp.declares["tools"]) == ["fail", "shout"], mcp.declares
 
 
 def test_metrics_count_steps(client):
@@ -83,17 +88,18 @@ def test_every_route_but_health_needs_the_token(url, make_client, ready):
 
 
 def test_the_registry_event_stream_replays_history(client):
-    # Every load since the daemon started is kept: one `load` per bundled plugin, one
-    # `refused` (with its error) for the slow one, numbered from 1.
+    # Every load since the daemon started is kept: one `load` per bundled plugin and for the
+    # MCP server, one `refused` (with its error) for the slow one, numbered from 1.
     events = []
     for event in client.registry_events(since=0, timeout=10):
         events.append(event)
-        if len(events) == len(BUNDLED) + 1:
+        if len(events) == len(BUNDLED) + 2:
             break
     assert [e.seq for e in events] == list(range(1, len(events) + 1)), events
     by_plugin = {e.plugin: e for e in events}
-    assert set(by_plugin) == BUNDLED | {"slow"}, events
-    assert all(by_plugin[p].kind == "load" and by_plugin[p].error is None for p in BUNDLED)
+    assert set(by_plugin) == BUNDLED | {"slow", MCP}, events
+    assert all(by_plugin[p].kind == "load" and by_plugin[p].error is None
+               for p in BUNDLED | {MCP})
     refused = by_plugin["slow"]
     assert refused.kind == "refused" and refused.error.code == "declare_failed", refused
     assert all(re.fullmatch(r"[0-9a-f]{64}", e.sha256) and e.file for e in events), events

@@ -10,7 +10,7 @@ import pytest
 
 import promptd_client
 from conftest import env
-from promptd_client import (BadRequest, BadResponse, Conflict, DaemonUnreachable, NotFound,
+from promptd_client import (BadRequest, BadResponse, DaemonUnreachable, NotFound,
                             PayloadTooLarge, PluginFailed, PromptdError, RequestTimeout,
                             ServerError, Unavailable, Unprocessable)
 
@@ -147,22 +147,3 @@ def test_a_store_that_lost_its_files_is_unavailable(make_client):
     assert (e.value.code, e.value.status) == ("store", 500), e.value
 
 
-
-def test_a_tool_call_the_daemon_cannot_run(client):
-    session = client.session("coder")
-    session.step(user="Read it.")
-    session.record({"role": "assistant", "content": "",
-                    "tool_calls": [{"id": "p1", "name": "read_file", "arguments": {"path": "a"}}]})
-    # read_file is a plugin's tool, which no MCP server runs: the loop runs it itself.
-    with pytest.raises(Conflict) as e:
-        session.run_tool("p1")
-    assert (e.value.code, e.value.status) == ("tool_not_runnable", 409), e.value
-    assert "read_file" in e.value.message, e.value
-    assert [c.id for c in session.open_tool_calls] == ["p1"], "still open"
-    with pytest.raises(NotFound) as e:
-        session.run_tool("ghost")
-    assert e.value.code == "unknown_tool_call", e.value
-    session.tool_result("p1", "its text")
-    with pytest.raises(Conflict) as e:
-        session.run_tool("p1")
-    assert e.value.code == "tool_call_answered", e.value
