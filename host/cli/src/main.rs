@@ -84,6 +84,16 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dev: Option<PathBuf>,
     },
+    /// Create or upgrade the session store's schema (the config's `store`) and exit. `serve`
+    /// does it too; run this first when several daemons share one PostgreSQL database.
+    Migrate {
+        /// The config file (default: ./promptd.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The state folder, for the default SQLite store.
+        #[arg(long, default_value = ".promptd")]
+        state: PathBuf,
+    },
     /// Drive sessions on a running daemon.
     Session {
         #[command(subcommand)]
@@ -258,6 +268,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             serve::run(read_config(options.config_path.clone())?, options)
         }
+        Command::Migrate { config, state } => serve::migrate(&read_config(config)?, &state),
         Command::Session { command, server } => match command {
             SessionCommand::New { agent } => server.create_session(&agent),
             SessionCommand::Step {

@@ -9,9 +9,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use promptd_core::config::Config;
+use promptd_core::store::SessionStore;
 use promptd_daemon::{http, Daemon};
 use promptd_engine::{cache, WasmEngine};
 use promptd_store::SqliteStore;
+use promptd_store_postgres::PostgresStore;
 
 use crate::error::CliError;
 
@@ -71,18 +73,13 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     })?;
     // Read at start; the timeouts are read again for each new connection (H6).
     let max_connections = config.max_connections();
-    let store = SqliteStore::open(&state.join("sessions.db"))?;
+    let store = open_store(&config, state)?;
     let engine = WasmEngine::new()?
         .with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?
         .with_compiler(crate::compiler()?);
     // Fail early on a plugin folder that cannot be read; the files load after we listen.
     promptd_daemon::plugin_dir::plugin_files(&dir)?;
-    let daemon = Arc::new(Daemon::loading(
-        Arc::new(store),
-        Arc::new(engine),
-        config,
-        &dir,
-    ));
+    let daemon = Arc::new(Daemon::loading(store, Arc::new(engine), config, &dir));
     // Listen first, load in the background: a slow (or hostile) plugin delays nothing but
     // the steps that wait for the first registry.
     let loader = daemon.clone();
@@ -154,6 +151,47 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         tracing::info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// The config's store: SQLite in `state` by default, else PostgreSQL (migrated on open; a
+/// database that cannot be reached at start is an error, later outages are 503s).
+pub fn open_store(
+    config: &Config,
+    state: &std::path::Path,
+) -> anyhow::Result<Arc<dyn SessionStore>> {
+    match config.store.url(&|name| std::env::var(name).ok())? {
+        None => Ok(Arc::new(SqliteStore::open(&state.join("sessions.db"))?)),
+        Some(url) => {
+            let shown = promptd_store_postgres::redacted(&url);
+            let store = PostgresStore::open(&url)
+                .with_context(|| format!("opening the session store {shown}"))?;
+            tracing::info!(store = %shown, "sessions on PostgreSQL");
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// `promptd migrate`: brings the configured store's schema up to this binary's and says what
+/// it did.
+pub fn migrate(config: &Config, state: &std::path::Path) -> anyhow::Result<()> {
+    match config.store.url(&|name| std::env::var(name).ok())? {
+        None => {
+            std::fs::create_dir_all(state).map_err(|source| CliError::Folder {
+                path: state.to_path_buf(),
+                source,
+            })?;
+            let path = state.join("sessions.db");
+            drop(SqliteStore::open(&path)?);
+            println!("sqlite {}: schema current", path.display());
+        }
+        Some(url) => {
+            let shown = promptd_store_postgres::redacted(&url);
+            let (from, to) = PostgresStore::migrate_url(&url)
+                .with_context(|| format!("migrating the session store {shown}"))?;
+            println!("postgres {shown}: schema version {to} (was {from})");
+        }
+    }
+    Ok(())
 }
 
 /// The first line on stdout says where the daemon listens (tests and scripts read it).

@@ -5,6 +5,9 @@
 //! plugin_dir = "plugins"                       # relative to this file
 //! tool_order = ["read_file", "<unlisted-tools>", "bash"]
 //! token = "…"                                  # bearer token for the daemon (or PROMPTD_TOKEN)
+//! store = "postgres://promptd@db/promptd"      # sessions on PostgreSQL (default: SQLite in
+//!                                              # the state folder); or a table:
+//!                                              # [store] url_env = "PROMPTD_DATABASE_URL"
 //!
 //! [agents.coder]                               # chain: global → coder
 //! [agents.reviewer]
@@ -69,6 +72,94 @@ struct RawConfig {
     limits: LimitsConfig,
     #[serde(default)]
     mcp: BTreeMap<String, McpConfig>,
+    /// Checked by hand ([`StoreConfig::parse`]): a string or a table, and errors that name
+    /// the key.
+    store: Option<toml::Value>,
+}
+
+/// Where session logs are kept (`store`): read when the daemon starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// SQLite in the state folder (`sessions.db`): the embedded default.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL URL written in the file (`store = "postgres://…"` or `[store] url`).
+    Postgres(String),
+    /// A PostgreSQL URL read from this environment variable when the daemon starts
+    /// (`[store] url_env`), so the password need not be in the file.
+    PostgresEnv(String),
+}
+
+impl StoreConfig {
+    fn parse(value: &toml::Value) -> Result<StoreConfig> {
+        let invalid = |m: String| Err(Error::ConfigInvalid(m));
+        match value {
+            toml::Value::String(s) if s == "sqlite" => Ok(StoreConfig::Sqlite),
+            toml::Value::String(url) => {
+                Self::check_url(url, "store")?;
+                Ok(StoreConfig::Postgres(url.clone()))
+            }
+            toml::Value::Table(t) => {
+                if let Some(key) = t.keys().find(|k| *k != "url" && *k != "url_env") {
+                    return invalid(format!(
+                        "store.{key}: unknown key (the [store] table takes `url` or `url_env`)"
+                    ));
+                }
+                match (t.get("url"), t.get("url_env")) {
+                    (Some(toml::Value::String(url)), None) => {
+                        Self::check_url(url, "store.url")?;
+                        Ok(StoreConfig::Postgres(url.clone()))
+                    }
+                    (None, Some(toml::Value::String(name))) if !name.is_empty() => {
+                        Ok(StoreConfig::PostgresEnv(name.clone()))
+                    }
+                    (Some(_), Some(_)) | (None, None) => invalid(
+                        "store: give exactly one of `url` and `url_env` in the [store] table"
+                            .into(),
+                    ),
+                    (Some(_), None) => invalid("store.url must be a postgres:// URL".into()),
+                    (None, Some(_)) => invalid(
+                        "store.url_env must name an environment variable holding a postgres:// URL"
+                            .into(),
+                    ),
+                }
+            }
+            _ => invalid("store must be \"sqlite\", a postgres:// URL or a [store] table".into()),
+        }
+    }
+
+    fn check_url(url: &str, key: &str) -> Result<()> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(())
+        } else {
+            // Only the scheme: the rest may hold a password.
+            let shown = match url.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://…"),
+                None if url.contains('@') => "…".to_string(),
+                None => url.to_string(),
+            };
+            Err(Error::ConfigInvalid(format!(
+                "{key} `{shown}` is not a postgres:// URL (or \"sqlite\")"
+            )))
+        }
+    }
+
+    /// The PostgreSQL URL to use (`None`: SQLite), reading `url_env` through `env`.
+    pub fn url(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>> {
+        match self {
+            StoreConfig::Sqlite => Ok(None),
+            StoreConfig::Postgres(url) => Ok(Some(url.clone())),
+            StoreConfig::PostgresEnv(name) => {
+                let url = env(name).filter(|u| !u.is_empty()).ok_or_else(|| {
+                    Error::ConfigInvalid(format!(
+                        "store.url_env: the environment variable `{name}` is not set"
+                    ))
+                })?;
+                Self::check_url(&url, &format!("store.url_env (`{name}`)"))?;
+                Ok(Some(url))
+            }
+        }
+    }
 }
 
 /// One `[mcp.NAME]` table: an MCP server whose tools (and instructions) are contributions of
@@ -318,6 +409,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// `[mcp.NAME]` servers, by name.
     pub mcp: BTreeMap<String, McpConfig>,
+    /// Where session logs are kept (read at start only: a reload does not move them).
+    pub store: StoreConfig,
     /// The config file's folder: relative `dirs` grants resolve against it.
     pub base_dir: Option<PathBuf>,
     /// The values of the host environment variables granted to plugins, captured when the
@@ -363,6 +456,12 @@ impl Config {
             token: raw.token,
             limits: raw.limits,
             mcp: raw.mcp,
+            store: raw
+                .store
+                .as_ref()
+                .map(StoreConfig::parse)
+                .transpose()?
+                .unwrap_or_default(),
             base_dir: None,
             host_env: BTreeMap::new(),
         };
@@ -1165,15 +1264,72 @@ mod tests {
         assert_eq!(c.mcp["web"].headers["Authorization"], "Bearer x");
         for (text, cause) in [
             ("[mcp.a]\nargs = []\n", "exactly one of `command`"),
-            ("[mcp.a]\ncommand = \"x\"\nurl = \"http://h\"\n", "exactly one of `command`"),
-            ("[mcp.a]\ncommand = \"x\"\ntool_prefix = \"a.b\"\n", "tool_prefix"),
-            ("[mcp.a]\ncommand = \"x\"\ntimeout_ms = 0\n", "mcp.a.timeout_ms"),
-            ("[mcp.a]\ncommand = \"x\"\nheaders = { A = \"b\" }\n", "`headers` go with `url`"),
+            (
+                "[mcp.a]\ncommand = \"x\"\nurl = \"http://h\"\n",
+                "exactly one of `command`",
+            ),
+            (
+                "[mcp.a]\ncommand = \"x\"\ntool_prefix = \"a.b\"\n",
+                "tool_prefix",
+            ),
+            (
+                "[mcp.a]\ncommand = \"x\"\ntimeout_ms = 0\n",
+                "mcp.a.timeout_ms",
+            ),
+            (
+                "[mcp.a]\ncommand = \"x\"\nheaders = { A = \"b\" }\n",
+                "`headers` go with `url`",
+            ),
         ] {
             let err = Config::parse(text, "t").unwrap_err();
             assert!(err.to_string().contains(cause), "{text}: {err}");
         }
         let err = Config::parse("[mcp.a]\ncommand = \"x\"\ncomand = 1\n", "t").unwrap_err();
         assert_eq!(err.code(), "config_parse");
+    }
+
+    #[test]
+    fn the_store_is_sqlite_unless_a_postgres_url_is_given_and_bad_values_name_the_key() {
+        let no_env = |_: &str| None;
+        let store = |text: &str| Config::parse(text, "t").map(|c| c.store);
+        assert_eq!(store("").unwrap(), StoreConfig::Sqlite);
+        assert_eq!(store("store = \"sqlite\"\n").unwrap(), StoreConfig::Sqlite);
+        let url = "postgres://promptd@db:5432/promptd";
+        for text in [
+            format!("store = \"{url}\"\n"),
+            format!("[store]\nurl = \"{url}\"\n"),
+        ] {
+            let s = store(&text).unwrap();
+            assert_eq!(s.url(&no_env).unwrap().as_deref(), Some(url), "{text}");
+        }
+        let from_env = store("[store]\nurl_env = \"PROMPTD_DATABASE_URL\"\n").unwrap();
+        let env = |name: &str| (name == "PROMPTD_DATABASE_URL").then(|| url.to_string());
+        assert_eq!(from_env.url(&env).unwrap().as_deref(), Some(url));
+        let err = from_env.url(&no_env).unwrap_err();
+        assert!(
+            err.to_string().contains("store.url_env")
+                && err.to_string().contains("PROMPTD_DATABASE_URL"),
+            "{err}"
+        );
+        for (text, key) in [
+            ("store = \"mysql://u:secret@h/db\"\n", "store `mysql://…`"),
+            ("store = 5\n", "store must be"),
+            ("[store]\nurl = \"http://x\"\n", "store.url"),
+            (
+                "[store]\nurl = \"postgres://a\"\nurl_env = \"X\"\n",
+                "exactly one of",
+            ),
+            ("[store]\n", "exactly one of"),
+            ("[store]\nurl_env = 3\n", "store.url_env"),
+            (
+                "[store]\nuri = \"postgres://a\"\n",
+                "store.uri: unknown key",
+            ),
+        ] {
+            let err = store(text).unwrap_err();
+            assert_eq!(err.code(), "config_invalid", "{text}");
+            assert!(err.to_string().contains(key), "{text}: {err}");
+            assert!(!err.to_string().contains("secret"), "{err}");
+        }
     }
 }

@@ -156,6 +156,12 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// Applies the migrations the database at `url` lacks, and nothing else (`promptd
+    /// migrate`); returns its schema version before and after.
+    pub fn migrate_url(url: &str) -> Result<(i32, i32), StoreError> {
+        Self::lazy(url)?.migrate()
+    }
+
     /// A store for `url` that has not connected yet (nor checked the schema).
     fn lazy(url: &str) -> Result<Self, StoreError> {
         let mut config: postgres::Config = url
