@@ -1000,11 +1000,14 @@ impl SessionState {
             (None, _) => {}
         }
 
+        // An unchanged header is never recorded again, whichever daemon process runs the step:
+        // sessions move between daemons (and restarts) without a header event each time, and
+        // the rebuild is the same since the bytes are.
         let header_reason = match &self.header {
             None => Some(HeaderReason::Initial),
+            Some((old, _)) if old == header => None,
             Some((_, last_run)) if last_run.as_deref() != Some(run) => Some(HeaderReason::Resume),
-            Some((old, _)) if old != header => Some(HeaderReason::Change),
-            Some(_) => None,
+            Some(_) => Some(HeaderReason::Change),
         };
         if let Some(reason) = header_reason {
             let mut body = json!({"reason": reason.as_str(), "header": header, "run": run});
@@ -1245,8 +1248,9 @@ pub struct StepPlan {
 }
 
 /// Plans a step on the whole log. `run` identifies the daemon process: it is recorded with
-/// each header, and a log whose last header another run wrote (or a 0.1.0 log, whose headers
-/// name no run) gets the header again with reason `resume` (Q3). The daemon plans on a cached
+/// each header; a header that differs from the last one is recorded with reason `change` when
+/// this run wrote the last one, `resume` when another run (another daemon, an earlier process,
+/// or 0.1.0, whose headers name no run) did (Q3). An equal header is not recorded again. The daemon plans on a cached
 /// [`SessionState`] instead; this is the same function over a state built from `log`.
 pub fn plan_step(
     session: &str,

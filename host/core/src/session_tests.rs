@@ -94,15 +94,18 @@ impl Log {
 }
 
 #[test]
-fn q3_the_header_is_recorded_first_on_change_and_after_another_run() {
+fn q3_the_header_is_recorded_first_on_change_and_when_another_run_finds_it_changed() {
     let log = Log::new();
     let a = assembly("Be brief.", None);
     let reasons: Vec<Option<HeaderReason>> = [
         log.step(&[user("1")], &a, RUN),
         log.step(&[user("2")], &a, RUN),
         log.step(&[user("3")], &assembly("Be thorough.", None), RUN),
+        // Another run with the same header records nothing; with another, `resume`.
         log.step(&[user("4")], &assembly("Be thorough.", None), "run-2"),
         log.step(&[user("5")], &assembly("Be thorough.", None), "run-2"),
+        log.step(&[user("6")], &assembly("Be quick.", None), "run-3"),
+        log.step(&[user("7")], &assembly("Be slow.", None), "run-3"),
     ]
     .into_iter()
     .map(|p| p.unwrap().header_reason)
@@ -113,8 +116,10 @@ fn q3_the_header_is_recorded_first_on_change_and_after_another_run() {
             Some(HeaderReason::Initial),
             None,
             Some(HeaderReason::Change),
+            None,
+            None,
             Some(HeaderReason::Resume),
-            None
+            Some(HeaderReason::Change),
         ]
     );
     let headers: Vec<Value> = log
@@ -128,13 +133,14 @@ fn q3_the_header_is_recorded_first_on_change_and_after_another_run() {
         [
             json!(["initial", RUN]),
             json!(["change", RUN]),
-            json!(["resume", "run-2"])
+            json!(["resume", "run-3"]),
+            json!(["change", "run-3"])
         ]
     );
 }
 
 #[test]
-fn q3_a_header_that_names_no_run_was_written_by_0_1_0_and_resumes() {
+fn q3_a_header_that_names_no_run_was_written_by_0_1_0_and_resumes_when_it_changes() {
     let log = Log::new();
     let a = assembly("Be brief.", None);
     let old_header = json!({"reason": "initial", "header": header(&a, Default::default())});
@@ -148,10 +154,13 @@ fn q3_a_header_that_names_no_run_was_written_by_0_1_0_and_resumes() {
             ],
         )
         .unwrap();
+    // The same header: nothing to record, whoever wrote the last one.
     let plan = log.step(&[], &a, RUN).unwrap();
+    assert_eq!((plan.step, plan.header_reason), (2, None));
+    let plan = log.step(&[], &assembly("Be thorough.", None), RUN).unwrap();
     assert_eq!(
         (plan.step, plan.header_reason),
-        (2, Some(HeaderReason::Resume))
+        (3, Some(HeaderReason::Resume))
     );
 }
 

@@ -67,8 +67,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 pub use error::{DaemonError, Result};
-pub use external::{ToolOutcome, ToolRunner, ToolRun};
 use events::{RegistryEvent, RegistryEvents};
+pub use external::{ToolOutcome, ToolRun, ToolRunner};
 use locks::SessionLocks;
 use metrics::Metrics;
 use promptd_core::budget::{self, Counter, Usage};
@@ -109,9 +109,10 @@ pub struct Daemon {
     /// Contributors that are not files (MCP servers), by plugin id.
     externals: RwLock<BTreeMap<String, external::External>>,
     store: Arc<dyn SessionStore>,
-    /// This process's run id, recorded with every header it writes: a session whose last
-    /// header came from another run records `resume` on its next step (Q3). Kept in the log,
-    /// so the daemon needs no per-session memory for it.
+    /// This process's run id, recorded with every header it writes: a header that changed
+    /// since another run (another daemon, an earlier process) wrote the last one is recorded
+    /// as `resume`, one this run wrote as `change` (Q3). Kept in the log, so the daemon needs
+    /// no per-session memory for it.
     run: String,
     /// Serialises registry changes (watcher, API calls), so none is lost to a race.
     changes: Mutex<()>,
@@ -501,8 +502,23 @@ impl Daemon {
     /// Session `id`'s cached state, or one built from its log (once, for a cold session).
     /// Call with the session's lock held, and give it back with [`Daemon::keep`].
     fn session(&self, id: &str) -> Result<Cached> {
-        if let Some(cached) = self.sessions.take(id) {
-            return Ok(cached);
+        if let Some(mut cached) = self.sessions.take(id) {
+            if !self.store.is_shared() {
+                return Ok(cached);
+            }
+            // Other daemons may have appended since (Q17): catch up before using the state,
+            // so alternating daemons plan on the whole log instead of meeting a conflict.
+            let missing = match self.store.events_after(id, cached.state.last_seq()) {
+                Ok(missing) => missing,
+                Err(e) => {
+                    self.keep(id, cached);
+                    return Err(e.into());
+                }
+            };
+            if missing.is_empty() || cached.state.apply(&missing).is_ok() {
+                return Ok(cached);
+            }
+            // The log no longer continues the state (e.g. restored from a backup): rebuild.
         }
         let agent = self.agent_of(id)?;
         let state = SessionState::from_log(id, &self.store.events(id)?)?;

@@ -301,8 +301,15 @@ fn q1_to_q5_a_session_through_a_tool_call_rebuilds_identically() {
     assert_eq!(err.code(), "unknown_step");
 }
 
+fn headers(d: &Daemon, id: &str) -> Vec<String> {
+    kinds(d, id)
+        .into_iter()
+        .filter(|k| k.starts_with("request/header"))
+        .collect()
+}
+
 #[test]
-fn q3_a_new_daemon_over_the_same_store_records_resume_once() {
+fn q3_a_new_daemon_over_the_same_store_records_resume_only_when_the_header_changed() {
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "persona", "persona-v1");
     let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
@@ -311,14 +318,125 @@ fn q3_a_new_daemon_over_the_same_store_records_resume_once() {
     step(&first, &id, &StepInput::default());
     step(&first, &id, &StepInput::default());
     drop(first);
-    let second = daemon(store, dir.path());
+    // A restart with the same plugins: the header is the same, nothing to record.
+    let second = daemon(store.clone(), dir.path());
     step(&second, &id, &StepInput::default());
-    step(&second, &id, &StepInput::default());
-    let headers: Vec<String> = kinds(&second, &id)
-        .into_iter()
-        .filter(|k| k.starts_with("request/header"))
-        .collect();
-    assert_eq!(headers, ["request/header:initial", "request/header:resume"]);
+    assert_eq!(headers(&second, &id), ["request/header:initial"]);
+    drop(second);
+    // A restart with another persona: the header changed since another run wrote it.
+    put(dir.path(), "persona", "persona-v2");
+    let third = daemon(store, dir.path());
+    step(&third, &id, &StepInput::default());
+    step(&third, &id, &StepInput::default());
+    assert_eq!(
+        headers(&third, &id),
+        ["request/header:initial", "request/header:resume"]
+    );
+}
+
+/// A memory store that says it is shared, as PostgreSQL does.
+struct Shared(MemoryStore);
+
+impl SessionStore for Shared {
+    fn create_session(
+        &self,
+        agent: &str,
+        first: promptd_core::store::NewEvent,
+    ) -> Result<String, promptd_core::store::StoreError> {
+        self.0.create_session(agent, first)
+    }
+    fn session_agent(&self, id: &str) -> Result<Option<String>, promptd_core::store::StoreError> {
+        self.0.session_agent(id)
+    }
+    fn events(
+        &self,
+        id: &str,
+    ) -> Result<Vec<promptd_core::store::Event>, promptd_core::store::StoreError> {
+        self.0.events(id)
+    }
+    fn append(
+        &self,
+        id: &str,
+        next_seq: u64,
+        events: &[promptd_core::store::NewEvent],
+    ) -> Result<(), promptd_core::store::StoreError> {
+        self.0.append(id, next_seq, events)
+    }
+    fn sessions(
+        &self,
+        filter: &str,
+        limit: usize,
+    ) -> Result<Vec<promptd_core::store::SessionSummary>, promptd_core::store::StoreError> {
+        self.0.sessions(filter, limit)
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn q17_daemons_on_a_shared_store_alternate_without_conflicts_and_record_their_plugin_sets() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    put(a_dir.path(), "persona", "persona-v1");
+    // The same plugin from another file: the same header, another plugin set (sha256).
+    put(b_dir.path(), "persona", "persona-v1\n");
+    let store: Arc<dyn SessionStore> = Arc::new(Shared(MemoryStore::new()));
+    let (a, b) = (
+        daemon(store.clone(), a_dir.path()),
+        daemon(store, b_dir.path()),
+    );
+    let id = a.create_session("default").unwrap();
+    for n in 1..=6u64 {
+        let d = if n % 2 == 1 { &a } else { &b };
+        let said = input(vec![Message::user(format!("step {n}"))], &[]);
+        assert_eq!(
+            step(d, &id, &said).0,
+            n,
+            "each daemon sees the other's steps"
+        );
+    }
+    assert_eq!(headers(&a, &id), ["request/header:initial"]);
+    // Every step rebuilds the same from either daemon, and says which plugin set served it.
+    let served = |n: u64| {
+        let (_, provenance) = b.explain(&id, n, Format::Neutral).unwrap();
+        provenance.unwrap().plugins["persona"].clone()
+    };
+    for n in 1..=6 {
+        assert_eq!(
+            formats::render(&a.request(&id, n).unwrap(), Format::Openai),
+            formats::render(&b.request(&id, n).unwrap(), Format::Openai)
+        );
+    }
+    assert_ne!(served(1), served(2), "the two folders' files differ");
+    assert_eq!(
+        [served(3), served(5)],
+        [served(1), served(1)],
+        "a's steps name a's set"
+    );
+    assert_eq!(
+        [served(4), served(6)],
+        [served(2), served(2)],
+        "b's steps name b's set"
+    );
+}
+
+#[test]
+fn q17_a_store_that_is_not_shared_is_not_checked_before_a_step() {
+    // Why `is_shared` matters: over a store that does not say so, a daemon trusts its cache,
+    // and a step after another daemon's is refused rather than planned on a stale state.
+    let dir = tempfile::tempdir().unwrap();
+    put(dir.path(), "persona", "persona-v1");
+    let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+    let (a, b) = (daemon(store.clone(), dir.path()), daemon(store, dir.path()));
+    let id = a.create_session("default").unwrap();
+    step(&a, &id, &StepInput::default());
+    step(&b, &id, &StepInput::default());
+    let err = a
+        .step(&id, &StepInput::default(), Format::Neutral)
+        .unwrap_err();
+    assert_eq!(err.code(), "store_conflict", "{err}");
+    // The stale state was dropped: the next step rebuilds it and goes through.
+    assert_eq!(step(&a, &id, &StepInput::default()).0, 3);
 }
 
 #[test]
