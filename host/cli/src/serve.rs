@@ -123,6 +123,8 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
             }
         }
     };
+    // MCP servers connect on the runtime below; each publishes beside the plugins (M1).
+    let mcp = daemon.clone();
     let app = http::router(daemon, token);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -130,6 +132,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         .build()
         .context("start the async runtime")?;
     runtime.block_on(async move {
+        promptd_mcp::start(mcp, &tokio::runtime::Handle::current());
         match target {
             Listen::Tcp(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)

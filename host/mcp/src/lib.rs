@@ -1,0 +1,356 @@
+//! MCP servers as promptd contributors (M1–M5).
+//!
+//! Each `[mcp.NAME]` server becomes the registry entry `mcp:NAME`: a native provider with a
+//! static declaration (its tools under mapped names, its `instructions` as a section), so
+//! validation, conflicts, scopes, canonical order and provenance are the plugins' own path.
+//! A supervisor task per server connects with the official SDK (`rmcp`), lists the tools,
+//! re-lists on `notifications/tools/list_changed`, and restarts a lost server with backoff;
+//! each list goes to [`Daemon::set_external`], which publishes nothing when the canonical
+//! declaration is unchanged (M3). The daemon runs the server's tool calls through
+//! [`McpRunner`] (M4).
+
+pub mod names;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use promptd_core::config::{
+    Config, McpConfig, DEFAULT_MCP_INSTRUCTIONS_ORDER, DEFAULT_MCP_TIMEOUT_MS,
+};
+use promptd_core::model::Scope;
+use promptd_core::provider::NativePlugin;
+use promptd_core::registry::PluginEntry;
+use promptd_core::ErrorBody;
+use promptd_daemon::{Daemon, ToolOutcome, ToolRunner};
+use rmcp::model::{CallToolRequestParams, SubscriptionFilter};
+use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ServiceExt};
+use serde_json::Value;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+
+/// The error code of every MCP server failure shown in `GET /v1/plugins`.
+pub const ERROR_CODE: &str = "mcp_server";
+
+/// First wait before restarting a failed server; doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A connection that lasted this long resets the backoff.
+const STABLE: Duration = Duration::from_secs(30);
+
+/// The registry id of server `name`.
+pub fn plugin_id(name: &str) -> String {
+    format!("mcp:{name}")
+}
+
+/// What `GET /v1/plugins` shows as the server's `file`: its command line or its URL.
+pub fn label(cfg: &McpConfig) -> String {
+    match (&cfg.command, &cfg.url) {
+        (Some(command), _) => std::iter::once(command.as_str())
+            .chain(cfg.args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        (None, Some(url)) => url.clone(),
+        (None, None) => String::new(),
+    }
+}
+
+fn timeout_of(cfg: &McpConfig) -> Duration {
+    Duration::from_millis(cfg.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS))
+}
+
+fn failure(name: &str, message: impl std::fmt::Display) -> ErrorBody {
+    ErrorBody::new(ERROR_CODE, format!("MCP server `{name}`: {message}"))
+}
+
+/// The entry `mcp:NAME` for a listed set of tools and the server's instructions, with the map
+/// from each mapped tool name back to the server's own.
+pub fn entry(
+    name: &str,
+    cfg: &McpConfig,
+    config: &Config,
+    tools: &[rmcp::model::Tool],
+    instructions: Option<&str>,
+) -> Result<(PluginEntry, BTreeMap<String, String>), ErrorBody> {
+    let id = plugin_id(name);
+    let originals: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    let mapped = names::map_all(cfg.tool_prefix.as_deref().unwrap_or(""), &originals)
+        .map_err(|e| failure(name, e))?;
+    let by_original: BTreeMap<&str, &rmcp::model::Tool> =
+        tools.iter().map(|t| (t.name.as_ref(), t)).collect();
+    let mut plugin = NativePlugin::new();
+    // Declared in mapped-name order, so the declaration (and its hash) never depends on the
+    // order the server listed them in.
+    for (mapped_name, original) in &mapped {
+        let tool = by_original[original.as_str()];
+        let parameters = serde_json::to_string(&*tool.input_schema)
+            .map_err(|e| failure(name, format!("tool `{original}`: {e}")))?;
+        let description = tool.description.as_deref().unwrap_or("");
+        plugin = plugin.tool(mapped_name, description, &parameters);
+    }
+    // A static section is a template (T1): instructions that contain `{{` are left out
+    // rather than read as references to variables.
+    if let Some(text) = instructions.filter(|t| !t.trim().is_empty()) {
+        if text.contains("{{") {
+            tracing::warn!(plugin = %id, "instructions left out: they contain `{{{{`");
+        } else {
+            let order = cfg
+                .instructions_order
+                .unwrap_or(DEFAULT_MCP_INSTRUCTIONS_ORDER);
+            plugin = plugin.section(&format!("{id}:instructions"), order, text);
+        }
+    }
+    let (declaration, provider) = plugin.build();
+    let mut options = config.plugin_options(&id);
+    options.scope_override = cfg.scope.clone().map(Scope::Agent);
+    options.optional = cfg.optional;
+    let entry = PluginEntry::new(&id, declaration, provider, options)
+        .map_err(|e| ErrorBody::from(&e))?
+        .with_origin(label(cfg));
+    Ok((entry, mapped))
+}
+
+/// Runs tool calls on one connection to a server; mapped names go back to the server's own.
+pub struct McpRunner {
+    name: String,
+    peer: Peer<RoleClient>,
+    names: BTreeMap<String, String>,
+    timeout: Duration,
+    handle: Handle,
+}
+
+impl ToolRunner for McpRunner {
+    fn run(&self, name: &str, arguments: &Value) -> ToolOutcome {
+        let error = |content: String| ToolOutcome {
+            content,
+            is_error: true,
+        };
+        let Some(original) = self.names.get(name) else {
+            return error(format!("MCP server `{}` has no tool `{name}`", self.name));
+        };
+        let mut params = CallToolRequestParams::new(original.clone());
+        if let Some(object) = arguments.as_object() {
+            params = params.with_arguments(object.clone());
+        }
+        // The daemon calls this on a blocking worker thread, never inside the runtime.
+        let called = self.handle.block_on(tokio::time::timeout(
+            self.timeout,
+            self.peer.call_tool(params),
+        ));
+        match called {
+            Ok(Ok(result)) => {
+                let value = serde_json::to_value(&result).unwrap_or(Value::Null);
+                ToolOutcome {
+                    content: result_text(&value),
+                    is_error: value.get("isError").and_then(Value::as_bool) == Some(true),
+                }
+            }
+            Ok(Err(e)) => error(format!("MCP server `{}`: {e}", self.name)),
+            Err(_) => error(format!(
+                "MCP server `{}`: the call to `{original}` timed out after {} ms",
+                self.name,
+                self.timeout.as_millis()
+            )),
+        }
+    }
+}
+
+/// The text a model reads of a `tools/call` result: its text blocks, one per line; other
+/// blocks as their JSON; the structured content when there are no blocks.
+fn result_text(result: &Value) -> String {
+    let blocks = result.get("content").and_then(Value::as_array);
+    let mut parts = Vec::new();
+    for block in blocks.into_iter().flatten() {
+        match block.get("text").and_then(Value::as_str) {
+            Some(text) if block.get("type").and_then(Value::as_str) == Some("text") => {
+                parts.push(text.to_string())
+            }
+            _ => parts.push(block.to_string()),
+        }
+    }
+    if parts.is_empty() {
+        if let Some(structured) = result.get("structuredContent") {
+            parts.push(structured.to_string());
+        }
+    }
+    parts.join("\n")
+}
+
+/// Receives the server's notifications: a tools list change asks the supervisor to re-list.
+struct Notified {
+    changed: mpsc::UnboundedSender<()>,
+}
+
+impl ClientHandler for Notified {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.changed.send(());
+    }
+}
+
+type Connection = RunningService<RoleClient, Notified>;
+
+async fn connect(cfg: &McpConfig, handler: Notified) -> Result<Connection, String> {
+    if let Some(command) = &cfg.command {
+        let mut cmd = tokio::process::Command::new(command);
+        cmd.args(&cfg.args).envs(&cfg.env);
+        let (transport, _) = TokioChildProcess::builder(cmd)
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+        handler
+            .serve(transport)
+            .await
+            .map_err(|e| format!("initialize failed: {e}"))
+    } else {
+        let url = cfg.url.clone().unwrap_or_default();
+        let mut headers = std::collections::HashMap::new();
+        for (key, value) in &cfg.headers {
+            let key = http::HeaderName::try_from(key.as_str())
+                .map_err(|e| format!("header `{key}`: {e}"))?;
+            let value = http::HeaderValue::try_from(value.as_str())
+                .map_err(|e| format!("header `{key}`: {e}"))?;
+            headers.insert(key, value);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+        handler
+            .serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .map_err(|e| format!("initialize failed: {e}"))
+    }
+}
+
+/// Starts one supervisor task per `[mcp.NAME]` server of the daemon's config on `handle`.
+pub fn start(daemon: Arc<Daemon>, handle: &Handle) {
+    let config = daemon.config();
+    for (name, cfg) in &config.mcp {
+        let daemon = daemon.clone();
+        let (name, cfg) = (name.clone(), cfg.clone());
+        let inner = handle.clone();
+        handle.spawn(supervise(daemon, name, cfg, inner));
+    }
+}
+
+/// Reports one outcome to the daemon, off the runtime's workers (the daemon may be loading).
+async fn report(
+    daemon: &Arc<Daemon>,
+    name: &str,
+    cfg: &McpConfig,
+    result: Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody>,
+) {
+    let daemon = daemon.clone();
+    let (id, file) = (plugin_id(name), label(cfg));
+    let _ = tokio::task::spawn_blocking(move || daemon.set_external(&id, &file, result)).await;
+}
+
+/// Connects, lists, re-lists on change, and restarts with backoff, for as long as the
+/// daemon runs.
+async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Handle) {
+    let timeout = timeout_of(&cfg);
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let started = Instant::now();
+        let (tx, mut changed) = mpsc::unbounded_channel();
+        let cause = match tokio::time::timeout(
+            timeout,
+            connect(
+                &cfg,
+                Notified {
+                    changed: tx.clone(),
+                },
+            ),
+        )
+        .await
+        {
+            Err(_) => format!("no answer to initialize within {} ms", timeout.as_millis()),
+            Ok(Err(cause)) => cause,
+            Ok(Ok(connection)) => {
+                listen_for_changes(&connection, tx, timeout);
+                serve(&daemon, &name, &cfg, &handle, connection, &mut changed).await
+            }
+        };
+        report(&daemon, &name, &cfg, Err(failure(&name, cause))).await;
+        if started.elapsed() >= STABLE {
+            backoff = FIRST_BACKOFF;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// On protocol versions where list changes come on a listen stream, opens one that forwards
+/// them to the supervisor; servers on earlier versions notify the handler directly.
+fn listen_for_changes(connection: &Connection, tx: mpsc::UnboundedSender<()>, timeout: Duration) {
+    let peer = connection.peer().clone();
+    tokio::spawn(async move {
+        let filter = SubscriptionFilter::builder().tools_list_changed().build();
+        let Ok(Ok(mut subscription)) = tokio::time::timeout(timeout, peer.listen(filter)).await
+        else {
+            return;
+        };
+        while let Ok(Some(_)) = subscription.next().await {
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Lists the tools now and after every change notification until the connection ends or a
+/// list fails; returns why it stopped.
+async fn serve(
+    daemon: &Arc<Daemon>,
+    name: &str,
+    cfg: &McpConfig,
+    handle: &Handle,
+    connection: Connection,
+    changed: &mut mpsc::UnboundedReceiver<()>,
+) -> String {
+    let timeout = timeout_of(cfg);
+    let peer = connection.peer().clone();
+    let instructions = connection
+        .peer_info()
+        .and_then(|info| serde_json::to_value(&*info).ok())
+        .and_then(|info| info.get("instructions")?.as_str().map(str::to_string));
+    let mut quit = tokio::spawn(connection.waiting());
+    loop {
+        let listed = tokio::select! {
+            listed = tokio::time::timeout(timeout, peer.list_all_tools()) => listed,
+            quit_reason = &mut quit => return format!("the server closed the connection ({quit_reason:?})"),
+        };
+        let tools = match listed {
+            Err(_) => {
+                quit.abort();
+                return format!("no answer to tools/list within {} ms", timeout.as_millis());
+            }
+            Ok(Err(e)) => {
+                quit.abort();
+                return format!("tools/list failed: {e}");
+            }
+            Ok(Ok(tools)) => tools,
+        };
+        let config = daemon.config();
+        let result =
+            entry(name, cfg, &config, &tools, instructions.as_deref()).map(|(entry, names)| {
+                let runner: Arc<dyn ToolRunner> = Arc::new(McpRunner {
+                    name: name.to_string(),
+                    peer: peer.clone(),
+                    names,
+                    timeout,
+                    handle: handle.clone(),
+                });
+                (entry, runner)
+            });
+        if let Err(body) = result {
+            quit.abort();
+            return body.message;
+        }
+        report(daemon, name, cfg, result).await;
+        tokio::select! {
+            Some(()) = changed.recv() => {}
+            quit_reason = &mut quit => return format!("the server closed the connection ({quit_reason:?})"),
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! End-to-end: MCP servers as contributors (contract M1–M5), against a real `promptd serve`
+//! and real MCP servers from package registries: PyPI's `mcp-server-time` and npm's
+//! `@modelcontextprotocol/server-everything`, both installed (pinned) by tests/mcp/install.sh.
+//! The misbehaving servers (tests/mcp/*.py) are small fixtures speaking JSON-RPC over stdio.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::daemon::Served;
+use common::{eventually_within, repo_root, Folder};
+use serde_json::{json, Value};
+
+fn installed(path: &str) -> PathBuf {
+    let path = repo_root().join("tests/mcp").join(path);
+    assert!(
+        path.exists(),
+        "{} is missing: run tests/mcp/install.sh (it installs the MCP servers these tests run)",
+        path.display()
+    );
+    path
+}
+
+/// PyPI's `mcp-server-time`, as a `[mcp.NAME]` command.
+fn time_server() -> String {
+    installed(".venv/bin/mcp-server-time").display().to_string()
+}
+
+/// Waits until `GET /v1/plugins` shows `id` in `state`; returns its entry.
+fn wait_state(d: &Served, id: &str, state: &str) -> Value {
+    let mut last = Value::Null;
+    eventually_within(60, &format!("{id} to be {state}"), || {
+        last = d.plugin(id);
+        last["state"] == state
+    });
+    last
+}
+
+/// One step's request body (neutral format).
+fn step(d: &Served, id: &str, messages: Value) -> Value {
+    d.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/steps"),
+        Some(&json!({ "messages": messages })),
+    )["request"]
+        .clone()
+}
+
+fn tool_names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools in {request}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Two plugin tools that sort before and after the MCP server's.
+fn plugin_tools(folder: Folder) -> Folder {
+    folder.scripted("local")
+}
+
+const LOCAL: &str = r#"
+[plugins.local.config]
+"tool.alpha_tool" = '{"type":"object","properties":{}}'
+"tool.zeta_tool" = '{"type":"object","properties":{}}'
+"#;
+
+fn time_config(name: &str) -> String {
+    format!(
+        "[mcp.{name}]\ncommand = {:?}\nargs = [\"--local-timezone\", \"UTC\"]\ntool_prefix = \"time_\"\n",
+        time_server()
+    )
+}
+
+/// M1, M2: a stdio server's tools join the plugins' tools in canonical (name) order under
+/// mapped names, with their schemas and descriptions; its status shows as `mcp:NAME`.
+#[test]
+fn stdio_server_tools_join_the_plugin_tools_in_canonical_order() {
+    let folder = plugin_tools(Folder::new());
+    let (d, _state) = folder.serve(&format!("{LOCAL}{}", time_config("time")));
+    let status = wait_state(&d, "mcp:time", "loaded");
+    assert!(
+        status["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("mcp-server-time --local-timezone UTC"),
+        "{status}"
+    );
+    let id = d.session("default");
+    let request = step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "what time is it?"}]),
+    );
+    assert_eq!(
+        tool_names(&request),
+        [
+            "alpha_tool",
+            "time_convert_time",
+            "time_get_current_time",
+            "zeta_tool"
+        ]
+    );
+    let tool = &request["tools"][2];
+    assert!(
+        tool["description"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("time"),
+        "{tool}"
+    );
+    assert_eq!(tool["parameters"]["type"], "object", "{tool}");
+    assert!(
+        tool["parameters"]["properties"]["timezone"].is_object(),
+        "{tool}"
+    );
+    // Provenance names the server as the tool's contributor (M2).
+    let explain = d.ok("GET", &format!("/v1/sessions/{id}/steps/1/explain"), None);
+    assert!(
+        explain.to_string().contains("mcp:time"),
+        "explain names mcp:time: {explain}"
+    );
+}
+
+/// M4: an open tool call of an MCP tool runs through promptd; the result is recorded as the
+/// call's tool result and is in the next step's messages. A closed or unknown call is refused.
+#[test]
+fn a_tool_call_runs_through_promptd_and_is_recorded() {
+    let folder = plugin_tools(Folder::new());
+    let (d, _state) = folder.serve(&format!("{LOCAL}{}", time_config("time")));
+    wait_state(&d, "mcp:time", "loaded");
+    let id = d.session("default");
+    step(
+        &d,
+        &id,
+        json!([{"role": "user", "content": "time in Tokyo at 12:00 UTC?"}]),
+    );
+    let reply = json!({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "name": "time_convert_time",
+         "arguments": {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}},
+        {"id": "call_2", "name": "time_get_current_time", "arguments": {"timezone": "Not/AZone"}},
+        {"id": "call_3", "name": "alpha_tool", "arguments": {}},
+    ]});
+    d.ok("POST", &format!("/v1/sessions/{id}/messages"), Some(&reply));
+    let run = d.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/tool-calls/call_1/run"),
+        None,
+    );
+    assert_eq!(run["plugin"], "mcp:time");
+    assert_eq!(run["message"]["is_error"], false, "{run}");
+    let text = run["message"]["content"].as_str().unwrap();
+    assert!(
+        text.contains("Asia/Tokyo") && text.contains("21:00"),
+        "{text}"
+    );
+    // The server's own error is a tool error the model reads, not a daemon failure.
+    let bad = d.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/tool-calls/call_2/run"),
+        None,
+    );
+    assert_eq!(bad["message"]["is_error"], true, "{bad}");
+    assert!(
+        bad["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Not/AZone"),
+        "{bad}"
+    );
+    // Answered, unknown, and not an MCP server's tool.
+    let (status, body) = d.post(&format!("/v1/sessions/{id}/tool-calls/call_1/run"), "");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("tool_call_answered"), "{body}");
+    let (status, body) = d.post(&format!("/v1/sessions/{id}/tool-calls/nope/run"), "");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("unknown_tool_call"), "{body}");
+    let (status, body) = d.post(&format!("/v1/sessions/{id}/tool-calls/call_3/run"), "");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("tool_not_runnable"), "{body}");
+    let answer = json!({"role": "tool", "tool_call_id": "call_3", "content": "alpha done"});
+    d.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/messages"),
+        Some(&answer),
+    );
+    let next = step(&d, &id, json!([]));
+    let tool_messages: Vec<&Value> = next["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tool_messages.len(), 3, "{next}");
+    assert_eq!(tool_messages[0]["tool_call_id"], "call_1");
+    assert_eq!(tool_messages[0]["content"], text);
+    assert_eq!(tool_messages[1]["is_error"], true);
+}
+
+/// M2: two daemons with the servers in opposite config order (and the server's tools listed
+/// in whatever order it lists them) give byte-identical requests.
+#[test]
+fn servers_in_opposite_config_order_give_identical_requests() {
+    let one = format!(
+        "{}{}",
+        time_config("a"),
+        time_config("b").replace("time_", "other_")
+    );
+    let two = format!(
+        "{}{}",
+        time_config("b").replace("time_", "other_"),
+        time_config("a")
+    );
+    let mut bodies = Vec::new();
+    for config in [one, two] {
+        let folder = plugin_tools(Folder::new());
+        let (d, _state) = folder.serve(&format!("{LOCAL}{config}"));
+        wait_state(&d, "mcp:a", "loaded");
+        wait_state(&d, "mcp:b", "loaded");
+        let id = d.session("default");
+        let (status, text) = d.post(
+            &format!("/v1/sessions/{id}/steps"),
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        assert_eq!(status, 200, "{text}");
+        // The raw bytes of the request, not a re-serialized value that would sort its keys.
+        let request = text
+            .strip_prefix("{\"request\":")
+            .and_then(|t| t.rsplit_once(",\"step\":"))
+            .map(|(request, _)| request.to_string())
+            .expect("a step body");
+        bodies.push(request);
+    }
+    assert_eq!(bodies[0], bodies[1]);
+    assert!(
+        bodies[0].contains("other_get_current_time") && bodies[0].contains("time_get_current_time")
+    );
+}
