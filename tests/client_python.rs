@@ -13,9 +13,10 @@
 //!   requests for those steps, and the session log afterwards is exactly the loop's;
 //! - the README's Python loop, extracted from README.md and run as written;
 //! - the client's own tests (`sdk/clients/python/tests`, pytest) against a daemon with a token,
-//!   a plugin that is still loading, a body limit and an agent whose assembly fails, plus one
-//!   whose database is deleted under it; then `tests/openapi_coverage.py` checks that those
-//!   tests called every operation of `docs/openapi.json` and saw every field of its answers.
+//!   a plugin that is still loading, a body limit, an agent whose assembly fails and an MCP
+//!   server whose tools the daemon runs (`tests/mcp_stub.py`), plus one whose database is
+//!   deleted under it; then `tests/openapi_coverage.py` checks that those tests had every
+//!   operation of `docs/openapi.json` answer 2xx and saw every top-level field of its answers.
 
 mod common;
 
