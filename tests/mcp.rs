@@ -26,6 +26,18 @@ fn time_server() -> String {
     installed(".venv/bin/mcp-server-time").display().to_string()
 }
 
+/// A fixture server in tests/mcp, run with the venv's Python.
+fn fixture_server(name: &str) -> (String, String) {
+    (
+        installed(".venv/bin/python").display().to_string(),
+        repo_root()
+            .join("tests/mcp")
+            .join(name)
+            .display()
+            .to_string(),
+    )
+}
+
 /// Waits until `GET /v1/plugins` shows `id` in `state`; returns its entry.
 fn wait_state(d: &Served, id: &str, state: &str) -> Value {
     let mut last = Value::Null;
@@ -236,5 +248,122 @@ fn servers_in_opposite_config_order_give_identical_requests() {
     assert_eq!(bodies[0], bodies[1]);
     assert!(
         bodies[0].contains("other_get_current_time") && bodies[0].contains("time_get_current_time")
+    );
+}
+
+fn fixture_config(name: &str, mode: &str, extra: &str) -> String {
+    let (python, script) = fixture_server("fixture_server.py");
+    format!("[mcp.{name}]\ncommand = {python:?}\nargs = [{script:?}, {mode:?}]\n{extra}\n")
+}
+
+fn header_reasons(d: &Served, id: &str) -> Vec<String> {
+    let v = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "request/header")
+        .map(|e| e["body"]["reason"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn call(d: &Served, id: &str, call_id: &str, name: &str) -> Value {
+    let reply = json!({"role": "assistant", "content": "", "tool_calls": [
+        {"id": call_id, "name": name, "arguments": {}}]});
+    d.ok("POST", &format!("/v1/sessions/{id}/messages"), Some(&reply));
+    d.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/tool-calls/{call_id}/run"),
+        None,
+    )
+}
+
+/// M3: a list change the server announces is applied at the next step boundary, as a header
+/// `change`; the server's instructions are a section (M2).
+#[test]
+fn an_announced_list_change_reaches_the_next_header() {
+    let folder = Folder::new();
+    let (d, _state) = folder.serve(&fixture_config("g", "grow", ""));
+    wait_state(&d, "mcp:g", "loaded");
+    let id = d.session("default");
+    let first = step(&d, &id, json!([{"role": "user", "content": "grow"}]));
+    assert_eq!(tool_names(&first), ["grow"]);
+    assert_eq!(first["system"], "Fixture server in mode grow.");
+    assert_eq!(
+        call(&d, &id, "c1", "grow")["message"]["content"],
+        "grow done"
+    );
+    eventually_within(30, "the re-listed tools to be published", || {
+        d.plugin("mcp:g")["declares"].to_string().contains("grown")
+    });
+    let second = step(&d, &id, json!([]));
+    assert_eq!(tool_names(&second), ["grow", "grown"]);
+    assert_eq!(header_reasons(&d, &id), ["initial", "change"]);
+}
+
+/// M3, M5: an announced but unchanged list, and a crashed server restarted with the same list,
+/// record no header; the call the crash interrupted is recorded as a tool error.
+#[test]
+fn an_unchanged_list_and_a_restart_record_no_header() {
+    let folder = Folder::new();
+    let starts = folder.path().join("starts");
+    let extra = format!(
+        "env = {{ FIXTURE_STARTS = {:?} }}",
+        starts.display().to_string()
+    );
+    let (d, _state) = folder.serve(&fixture_config("s", "same", &extra));
+    wait_state(&d, "mcp:s", "loaded");
+    let id = d.session("default");
+    step(&d, &id, json!([{"role": "user", "content": "go"}]));
+    assert_eq!(call(&d, &id, "c1", "same")["message"]["is_error"], false);
+    let crashed = call(&d, &id, "c2", "crash");
+    assert_eq!(crashed["message"]["is_error"], true, "{crashed}");
+    eventually_within(
+        30,
+        "the crashed server to be restarted and serve again",
+        || {
+            let started = std::fs::read_to_string(&starts).unwrap_or_default();
+            started.lines().count() >= 2 && d.plugin("mcp:s")["state"] == "loaded"
+        },
+    );
+    let after = step(&d, &id, json!([]));
+    assert_eq!(tool_names(&after), ["crash", "same"]);
+    assert_eq!(header_reasons(&d, &id), ["initial"]);
+}
+
+/// M5: a server that exits at start, one that hangs on tools/list and one that lists an invalid
+/// schema are each refused with their cause; the plugins and the other server keep serving.
+#[test]
+fn misbehaving_servers_are_refused_and_the_rest_serve() {
+    let folder = plugin_tools(Folder::new());
+    let config = format!(
+        "{LOCAL}{}{}{}{}",
+        fixture_config("exits", "exit", ""),
+        fixture_config("hangs", "hang_list", "timeout_ms = 1000"),
+        fixture_config("garbage", "bad_schema", ""),
+        time_config("time"),
+    );
+    let (d, _state) = folder.serve(&config);
+    wait_state(&d, "mcp:time", "loaded");
+    for (id, cause) in [
+        ("mcp:exits", "initialize"),
+        ("mcp:hangs", "no answer to tools/list within 1000 ms"),
+        ("mcp:garbage", "tools/list failed"),
+    ] {
+        let status = wait_state(&d, id, "refused");
+        let message = status["last_error"]["message"].as_str().unwrap_or("");
+        assert_eq!(status["last_error"]["code"], "mcp_server", "{status}");
+        assert!(message.contains(cause), "{id}: {message}");
+    }
+    let id = d.session("default");
+    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    assert_eq!(
+        tool_names(&request),
+        [
+            "alpha_tool",
+            "time_convert_time",
+            "time_get_current_time",
+            "zeta_tool"
+        ]
     );
 }

@@ -1,0 +1,69 @@
+"""A small MCP server over stdio (JSON-RPC, one message a line) that misbehaves on purpose.
+
+Usage: fixture_server.py MODE
+  exit        exits at start, saying why on stderr
+  hang_list   answers initialize, never answers tools/list
+  bad_schema  lists a tool whose inputSchema is not a JSON object
+  grow        lists `grow`; calling it adds the tool `grown` and announces list_changed
+  same        lists `same` and `crash`; calling `same` announces list_changed with an
+              unchanged list; calling `crash` exits (the daemon restarts it)
+Each start appends a line to the file named by $FIXTURE_STARTS, when set.
+"""
+import json
+import os
+import sys
+
+mode = sys.argv[1]
+if os.environ.get("FIXTURE_STARTS"):
+    with open(os.environ["FIXTURE_STARTS"], "a") as f:
+        f.write("start\n")
+if mode == "exit":
+    print("fixture: refusing to start", file=sys.stderr)
+    sys.exit(3)
+
+SCHEMA = {"type": "object", "properties": {}}
+tools = {
+    "grow": [{"name": "grow", "description": "Adds a tool.", "inputSchema": SCHEMA}],
+    "same": [
+        {"name": "same", "description": "Announces an unchanged list.", "inputSchema": SCHEMA},
+        {"name": "crash", "description": "Exits.", "inputSchema": SCHEMA},
+    ],
+    "bad_schema": [{"name": "bad", "description": "Broken.", "inputSchema": 42}],
+    "hang_list": [],
+}[mode]
+
+
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+for line in sys.stdin:
+    message = json.loads(line)
+    method, id_ = message.get("method"), message.get("id")
+    if id_ is None:
+        continue  # a notification
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": id_, "result": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"tools": {"listChanged": True}},
+            "serverInfo": {"name": "fixture", "version": "1"},
+            "instructions": f"Fixture server in mode {mode}.",
+        }})
+    elif method == "tools/list":
+        if mode != "hang_list":
+            send({"jsonrpc": "2.0", "id": id_, "result": {"tools": tools}})
+    elif method == "tools/call":
+        name = message["params"]["name"]
+        if name == "crash":
+            sys.exit(1)
+        if name == "grow":
+            tools.append({"name": "grown", "description": "Grown.", "inputSchema": SCHEMA})
+        send({"jsonrpc": "2.0", "id": id_, "result": {
+            "content": [{"type": "text", "text": f"{name} done"}]}})
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    elif method == "ping":
+        send({"jsonrpc": "2.0", "id": id_, "result": {}})
+    else:
+        send({"jsonrpc": "2.0", "id": id_,
+              "error": {"code": -32601, "message": f"no method {method}"}})
