@@ -367,3 +367,110 @@ fn misbehaving_servers_are_refused_and_the_rest_serve() {
         ]
     );
 }
+
+/// npm's `@modelcontextprotocol/server-everything`'s entry point.
+fn everything() -> String {
+    installed("js/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        .display()
+        .to_string()
+}
+
+/// A free loopback port (bound, then released for the server to take).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// server-everything over Streamable HTTP, killed when dropped.
+struct HttpEverything(std::process::Child);
+
+impl Drop for HttpEverything {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The tools and the `echo` call of one server-everything connection, with `config`.
+fn everything_request(config: &str) -> (Vec<String>, String, Value) {
+    let folder = plugin_tools(Folder::new());
+    let (d, _state) = folder.serve(&format!("{LOCAL}{config}"));
+    let status = wait_state(&d, "mcp:everything", "loaded");
+    let id = d.session("default");
+    let (code, text) = d.post(
+        &format!("/v1/sessions/{id}/steps"),
+        r#"{"messages":[{"role":"user","content":"echo hi"}]}"#,
+    );
+    assert_eq!(code, 200, "{text}");
+    let request: Value = serde_json::from_str(&text).unwrap();
+    let names = tool_names(&request["request"]);
+    let reply = json!({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "e1", "name": "ev_echo", "arguments": {"message": "hi there"}}]});
+    d.ok("POST", &format!("/v1/sessions/{id}/messages"), Some(&reply));
+    let run = d.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/tool-calls/e1/run"),
+        None,
+    );
+    let tools = request["request"]["tools"].to_string();
+    (names, tools, json!({"run": run, "status": status}))
+}
+
+/// M1, M2, M4: server-everything over stdio and over Streamable HTTP contributes the same tools,
+/// sorted with the plugins' under the prefix, and runs its `echo` through promptd either way.
+#[test]
+fn server_everything_over_stdio_and_streamable_http() {
+    let stdio = format!(
+        "[mcp.everything]\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\ntool_prefix = \"ev_\"\n",
+        everything()
+    );
+    let (names, stdio_tools, seen) = everything_request(&stdio);
+    assert_eq!(seen["run"]["message"]["is_error"], false, "{seen}");
+    assert!(
+        seen["run"]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("hi there"),
+        "{seen}"
+    );
+    assert_eq!(names.first().map(String::as_str), Some("alpha_tool"));
+    assert_eq!(names.last().map(String::as_str), Some("zeta_tool"));
+    let mine: Vec<&String> = names.iter().filter(|n| n.starts_with("ev_")).collect();
+    assert!(mine.len() >= 5, "{names:?}");
+    assert!(names.contains(&"ev_get-sum".to_string()), "{names:?}");
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "canonical (name) order");
+
+    let port = free_port();
+    let server = HttpEverything(
+        std::process::Command::new("node")
+            .args([everything().as_str(), "streamableHttp"])
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start node"),
+    );
+    eventually_within(30, "server-everything to listen", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let http = format!(
+        "[mcp.everything]\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ X-Test = \"promptd\" }}\ntool_prefix = \"ev_\"\n"
+    );
+    let (_, http_tools, seen) = everything_request(&http);
+    assert_eq!(
+        seen["status"]["file"],
+        format!("http://127.0.0.1:{port}/mcp")
+    );
+    assert!(
+        seen["run"]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("hi there"),
+        "{seen}"
+    );
+    // One server, two transports: the same tools, byte for byte.
+    assert_eq!(stdio_tools, http_tools);
+    drop(server);
+}
