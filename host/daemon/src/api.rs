@@ -182,7 +182,7 @@ pub enum Errors {
     /// Another writer appended to the session (`store_conflict`).
     #[response(status = 409)]
     Conflict(ErrorReply),
-    /// A body over `[limits] max_body_mb` (`payload_too_large`).
+    /// A body over `[limits] max_body_mb` (`body_too_large`).
     #[response(status = 413)]
     PayloadTooLarge(ErrorReply),
     /// Well-formed input that cannot be assembled or recorded (`unknown_variable`,
