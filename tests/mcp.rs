@@ -474,3 +474,30 @@ fn server_everything_over_stdio_and_streamable_http() {
     assert_eq!(stdio_tools, http_tools);
     drop(server);
 }
+
+/// The README's "MCP servers" example config is valid (R6, M1), and its stdio server, with the
+/// installed command, serves the tools the README shows.
+#[test]
+fn the_readme_example_config_serves() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let section = &readme[readme
+        .find("## MCP servers")
+        .expect("an MCP servers section")..];
+    let block = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a toml example");
+    promptd_core::config::Config::parse(block, "README.md").expect("the example parses");
+    let config = block
+        .replace("plugin_dir = \"plugins\"\n", "")
+        .replace("\"mcp-server-time\"", &format!("{:?}", time_server()));
+    let (d, _state) = Folder::new().serve(&config);
+    wait_state(&d, "mcp:time", "loaded");
+    let id = d.session("default");
+    let request = step(&d, &id, json!([{"role": "user", "content": "time?"}]));
+    assert_eq!(
+        tool_names(&request),
+        ["time_convert_time", "time_get_current_time"]
+    );
+}
