@@ -501,3 +501,32 @@ fn the_readme_example_config_serves() {
         ["time_convert_time", "time_get_current_time"]
     );
 }
+
+/// M2: a configured resource is a runtime context, read at the step; the header keeps only
+/// the tools and instructions, so a resource's text never changes it.
+#[test]
+fn a_configured_resource_is_a_runtime_context() {
+    let doc = "js/node_modules/@modelcontextprotocol/server-everything/dist/docs/startup.md";
+    let text = std::fs::read_to_string(installed(doc)).unwrap();
+    // The document's title, free of characters JSON would escape.
+    let first = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap()
+        .trim_start_matches('#')
+        .trim();
+    let config = format!(
+        "[mcp.everything]\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\ntool_prefix = \"ev_\"\nresources = [\"demo://resource/static/document/startup.md\"]\n",
+        everything()
+    );
+    let (d, _state) = Folder::new().serve(&config);
+    wait_state(&d, "mcp:everything", "loaded");
+    let id = d.session("default");
+    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    let messages = request["messages"].to_string();
+    assert!(
+        messages.contains(first),
+        "the resource's text in {messages}"
+    );
+    assert!(!request["system"].to_string().contains(first));
+}

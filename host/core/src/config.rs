@@ -190,6 +190,9 @@ pub struct McpConfig {
     pub tool_prefix: Option<String>,
     /// Order of the section holding the server's `instructions` (default 1000).
     pub instructions_order: Option<i32>,
+    /// Resource URIs read at every step, each a runtime context (order 1000).
+    #[serde(default)]
+    pub resources: Vec<String>,
 }
 
 /// Default deadline of an MCP server's start, list and calls, in milliseconds.
@@ -535,6 +538,11 @@ impl Config {
                 )));
             }
             positive(&format!("{what}.timeout_ms"), server.timeout_ms)?;
+            if let Some(uri) = server.resources.iter().find(|u| !is_item_name(u)) {
+                return Err(Error::ConfigInvalid(format!(
+                    "{what}.resources: `{uri}` must be a URI without whitespace"
+                )));
+            }
             if let Some(scope) = &server.scope {
                 check_agent_name(scope, &format!("scope of MCP server `{name}`"))?;
             }

@@ -1,7 +1,8 @@
 //! MCP servers as promptd contributors (M1–M5).
 //!
 //! Each `[mcp.NAME]` server becomes the registry entry `mcp:NAME`: a native provider with a
-//! static declaration (its tools under mapped names, its `instructions` as a section), so
+//! declaration (its tools under mapped names, its `instructions` as a section, each configured
+//! resource as a dynamic context read at the step), so
 //! validation, conflicts, scopes, canonical order and provenance are the plugins' own path.
 //! A supervisor task per server connects with the official SDK (`rmcp`), lists the tools,
 //! re-lists on `notifications/tools/list_changed`, and restarts a lost server with backoff;
@@ -19,11 +20,11 @@ use promptd_core::config::{
     Config, McpConfig, DEFAULT_MCP_INSTRUCTIONS_ORDER, DEFAULT_MCP_TIMEOUT_MS,
 };
 use promptd_core::model::Scope;
-use promptd_core::provider::NativePlugin;
+use promptd_core::provider::{CallError, CallResult, NativePlugin};
 use promptd_core::registry::PluginEntry;
 use promptd_core::ErrorBody;
 use promptd_daemon::{Daemon, ToolOutcome, ToolRunner};
-use rmcp::model::{CallToolRequestParams, SubscriptionFilter};
+use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, SubscriptionFilter};
 use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
@@ -66,14 +67,22 @@ fn failure(name: &str, message: impl std::fmt::Display) -> ErrorBody {
     ErrorBody::new(ERROR_CODE, format!("MCP server `{name}`: {message}"))
 }
 
-/// The entry `mcp:NAME` for a listed set of tools and the server's instructions, with the map
-/// from each mapped tool name back to the server's own.
+/// Reads one resource's text for a runtime context.
+pub type ResourceReader = Arc<dyn Fn(&str) -> CallResult<String> + Send + Sync>;
+
+/// Order of the runtime contexts holding a server's resources.
+pub const RESOURCES_ORDER: i32 = 1000;
+
+/// The entry `mcp:NAME` for a listed set of tools and the server's instructions (and a
+/// dynamic context per configured resource, read with `read`), with the map from each mapped
+/// tool name back to the server's own.
 pub fn entry(
     name: &str,
     cfg: &McpConfig,
     config: &Config,
     tools: &[rmcp::model::Tool],
     instructions: Option<&str>,
+    read: ResourceReader,
 ) -> Result<(PluginEntry, BTreeMap<String, String>), ErrorBody> {
     let id = plugin_id(name);
     let originals: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
@@ -102,6 +111,12 @@ pub fn entry(
                 .unwrap_or(DEFAULT_MCP_INSTRUCTIONS_ORDER);
             plugin = plugin.section(&format!("{id}:instructions"), order, text);
         }
+    }
+    for uri in &cfg.resources {
+        let (read, uri_owned) = (read.clone(), uri.clone());
+        plugin = plugin.dynamic_context(&format!("{id}:{uri}"), RESOURCES_ORDER, move |_| {
+            read(&uri_owned)
+        });
     }
     let (declaration, provider) = plugin.build();
     let mut options = config.plugin_options(&id);
@@ -192,6 +207,46 @@ impl ClientHandler for Notified {
 
 type Connection = RunningService<RoleClient, Notified>;
 
+/// The server's live connection, if any: the contributions' dynamic contexts read through
+/// whichever connection is current, so an entry kept across a reconnect (M3) still reads.
+type Current = Arc<std::sync::RwLock<Option<Peer<RoleClient>>>>;
+
+fn reader(name: &str, current: Current, timeout: Duration, handle: Handle) -> ResourceReader {
+    let name = name.to_string();
+    Arc::new(move |uri: &str| {
+        let peer = current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| CallError::Failed(format!("MCP server `{name}` is not connected")))?;
+        let params = ReadResourceRequestParams::new(uri);
+        // Assembly calls providers on blocking threads, never inside the runtime.
+        let read = handle.block_on(tokio::time::timeout(timeout, peer.read_resource(params)));
+        let result = match read {
+            Ok(Ok(result)) => serde_json::to_value(&result).unwrap_or(Value::Null),
+            Ok(Err(e)) => {
+                return Err(CallError::Failed(format!(
+                    "MCP server `{name}`: resources/read {uri}: {e}"
+                )))
+            }
+            Err(_) => {
+                return Err(CallError::Failed(format!(
+                    "MCP server `{name}`: resources/read {uri} timed out after {} ms",
+                    timeout.as_millis()
+                )))
+            }
+        };
+        let texts: Vec<&str> = result
+            .get("contents")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("text").and_then(Value::as_str))
+            .collect();
+        Ok(texts.join("\n"))
+    })
+}
+
 async fn connect(cfg: &McpConfig, handler: Notified) -> Result<Connection, String> {
     if let Some(command) = &cfg.command {
         let mut cmd = tokio::process::Command::new(command);
@@ -249,6 +304,7 @@ async fn report(
 /// daemon runs.
 async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Handle) {
     let timeout = timeout_of(&cfg);
+    let current: Current = Arc::default();
     let mut backoff = FIRST_BACKOFF;
     loop {
         let started = Instant::now();
@@ -268,7 +324,21 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
             Ok(Err(cause)) => cause,
             Ok(Ok(connection)) => {
                 listen_for_changes(&connection, tx, timeout);
-                serve(&daemon, &name, &cfg, &handle, connection, &mut changed).await
+                *current.write().unwrap_or_else(|p| p.into_inner()) =
+                    Some(connection.peer().clone());
+                let read = reader(&name, current.clone(), timeout, handle.clone());
+                let cause = serve(
+                    &daemon,
+                    &name,
+                    &cfg,
+                    &handle,
+                    connection,
+                    &mut changed,
+                    read,
+                )
+                .await;
+                *current.write().unwrap_or_else(|p| p.into_inner()) = None;
+                cause
             }
         };
         report(&daemon, &name, &cfg, Err(failure(&name, cause))).await;
@@ -307,6 +377,7 @@ async fn serve(
     handle: &Handle,
     connection: Connection,
     changed: &mut mpsc::UnboundedReceiver<()>,
+    read: ResourceReader,
 ) -> String {
     let timeout = timeout_of(cfg);
     let peer = connection.peer().clone();
@@ -332,17 +403,24 @@ async fn serve(
             Ok(Ok(tools)) => tools,
         };
         let config = daemon.config();
-        let result =
-            entry(name, cfg, &config, &tools, instructions.as_deref()).map(|(entry, names)| {
-                let runner: Arc<dyn ToolRunner> = Arc::new(McpRunner {
-                    name: name.to_string(),
-                    peer: peer.clone(),
-                    names,
-                    timeout,
-                    handle: handle.clone(),
-                });
-                (entry, runner)
+        let result = entry(
+            name,
+            cfg,
+            &config,
+            &tools,
+            instructions.as_deref(),
+            read.clone(),
+        )
+        .map(|(entry, names)| {
+            let runner: Arc<dyn ToolRunner> = Arc::new(McpRunner {
+                name: name.to_string(),
+                peer: peer.clone(),
+                names,
+                timeout,
+                handle: handle.clone(),
             });
+            (entry, runner)
+        });
         if let Err(body) = result {
             quit.abort();
             return body.message;
