@@ -672,3 +672,58 @@ fn q17_steps_through_haproxy_round_robin_over_two_daemons_and_one_killed() {
     }
     assert_gapless(&events(&b.served.url, &id));
 }
+
+#[test]
+fn q17_promptd_migrate_applies_the_schema_once_and_refuses_a_newer_one() {
+    let url = server().database();
+    let folder = Folder::new();
+    let config = folder.config("[store]\nurl_env = \"PROMPTD_TEST_DATABASE_URL\"\n");
+    let migrate = |url: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptd"));
+        cmd.arg("migrate").arg("--config").arg(&config);
+        match url {
+            Some(url) => cmd.env("PROMPTD_TEST_DATABASE_URL", url),
+            None => cmd.env_remove("PROMPTD_TEST_DATABASE_URL"),
+        };
+        let out = cmd.output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let (ok, stdout, stderr) = migrate(Some(&url));
+    assert!(
+        ok && stdout.contains("schema version 1 (was 0)"),
+        "{stdout}{stderr}"
+    );
+    let (ok, stdout, stderr) = migrate(Some(&url));
+    assert!(
+        ok && stdout.contains("schema version 1 (was 1)"),
+        "{stdout}{stderr}"
+    );
+    // The variable the config names is not set: a config error naming the key and variable.
+    let (ok, _, stderr) = migrate(None);
+    assert!(!ok);
+    assert!(
+        stderr.starts_with("error[config_invalid]")
+            && stderr.contains("store.url_env")
+            && stderr.contains("PROMPTD_TEST_DATABASE_URL"),
+        "{stderr}"
+    );
+    // A newer binary migrated this database: this one refuses it, naming both versions.
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    admin
+        .execute(
+            "INSERT INTO promptd_schema (version, applied_ms) VALUES (99, 0)",
+            &[],
+        )
+        .unwrap();
+    let (ok, _, stderr) = migrate(Some(&url));
+    assert!(!ok);
+    assert!(
+        stderr.contains("version 99") && stderr.contains("version 1)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("127.0.0.1"),
+        "it names the database: {stderr}"
+    );
+}

@@ -166,8 +166,7 @@ pub fn open_store(
         None => Ok(Arc::new(SqliteStore::open(&state.join("sessions.db"))?)),
         Some(url) => {
             let shown = promptd_store_postgres::redacted(&url);
-            let store = PostgresStore::open(&url)
-                .with_context(|| format!("opening the session store {shown}"))?;
+            let store = PostgresStore::open(&url)?;
             tracing::info!(store = %shown, "sessions on PostgreSQL");
             Ok(Arc::new(store))
         }
@@ -189,8 +188,7 @@ pub fn migrate(config: &Config, state: &std::path::Path) -> anyhow::Result<()> {
         }
         Some(url) => {
             let shown = promptd_store_postgres::redacted(&url);
-            let (from, to) = PostgresStore::migrate_url(&url)
-                .with_context(|| format!("migrating the session store {shown}"))?;
+            let (from, to) = PostgresStore::migrate_url(&url)?;
             println!("postgres {shown}: schema version {to} (was {from})");
         }
     }

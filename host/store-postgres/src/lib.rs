@@ -147,19 +147,35 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
+/// `e`, saying which database (without its password) it is about.
+fn naming(url: &str, e: StoreError) -> StoreError {
+    let shown = redacted(url);
+    match e {
+        StoreError::Backend { context, source } => StoreError::Backend {
+            context: format!("{shown}: {context}"),
+            source,
+        },
+        StoreError::Unavailable { context, source } => StoreError::Unavailable {
+            context: format!("{shown}: {context}"),
+            source,
+        },
+        other => other,
+    }
+}
+
 impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user:password@host:port/db`, or
     /// libpq's `key=value` form) and applies the migrations it lacks.
     pub fn open(url: &str) -> Result<Self, StoreError> {
         let store = Self::lazy(url)?;
-        store.migrate()?;
+        store.migrate().map_err(|e| naming(url, e))?;
         Ok(store)
     }
 
     /// Applies the migrations the database at `url` lacks, and nothing else (`promptd
     /// migrate`); returns its schema version before and after.
     pub fn migrate_url(url: &str) -> Result<(i32, i32), StoreError> {
-        Self::lazy(url)?.migrate()
+        Self::lazy(url)?.migrate().map_err(|e| naming(url, e))
     }
 
     /// A store for `url` that has not connected yet (nor checked the schema).
