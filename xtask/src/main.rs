@@ -112,6 +112,8 @@ const TEST_INSTALLERS: &[(&str, &str)] = &[
     ("sdk/clients/python/install.sh", "the Python client (wheel, test venv)"),
     ("sdk/clients/typescript/install.sh", "the TypeScript client (npm pack, test install)"),
     ("tests/inspector/install.sh", "chromium, chromium-driver and selenium"),
+    ("tests/postgres/install.sh", "PostgreSQL and HAProxy"),
+    ("tests/mcp/install.sh", "the MCP servers"),
 ];
 
 fn install_test_servers(root: &Path) -> Result<()> {
