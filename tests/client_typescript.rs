@@ -19,12 +19,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::daemon::{state_dir, Served};
+use common::process::Bounded;
 use common::{repo_root, Folder};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -117,16 +118,6 @@ fn installed() -> PathBuf {
     dir
 }
 
-/// A child process that is killed when dropped, so a failing test leaves nothing running.
-struct Bounded(Child);
-
-impl Drop for Bounded {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The stub provider on a free loopback port, logging every request it gets (path, status,
 /// error, raw body) to `log`. It also exits when its stdin (held here) closes.
 struct Stub {
@@ -185,41 +176,8 @@ impl Stub {
 }
 
 /// Runs `cmd` to completion within [`RUN_BOUND`]; returns (exit code, stdout, stderr).
-fn run_bounded(mut cmd: Command) -> (Option<i32>, String, String) {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {what}: {e} (is Node.js 18+ installed?)"));
-    // Both pipes are drained while the child runs, so a chatty child cannot block on them.
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("stdout")));
-    let err = drain(Box::new(child.stderr.take().expect("stderr")));
-    let mut child = Bounded(child);
-    let deadline = Instant::now() + RUN_BOUND;
-    let status = loop {
-        if let Some(status) = child.0.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            drop(child);
-            panic!("{what} did not finish within {RUN_BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.code(),
-        out.join().expect("stdout reader"),
-        err.join().expect("stderr reader"),
-    )
+fn run_bounded(cmd: Command) -> (Option<i32>, String, String) {
+    common::process::run_bounded(cmd, RUN_BOUND)
 }
 
 /// `node ARGS` in the install folder, with only the environment given here for promptd.

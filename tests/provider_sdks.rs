@@ -19,12 +19,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::daemon::{request, state_dir, Served};
+use common::process::Bounded;
 use common::{repo_root, Folder};
 use serde_json::{json, Value};
 
@@ -61,16 +62,6 @@ fn node() -> Command {
         assert!(dir.join("package.json").is_file(), "{}", missing(&dir));
     }
     Command::new("node")
-}
-
-/// A child process that is killed when dropped, so a failing test leaves nothing running.
-struct Bounded(Child);
-
-impl Drop for Bounded {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The stub provider on a free loopback port. It also exits when its stdin (held here) closes.
@@ -127,41 +118,8 @@ impl Stub {
 }
 
 /// Runs `cmd` to completion within [`LOOP_BOUND`]; returns (exit code, stdout, stderr).
-fn run_bounded(mut cmd: Command) -> (Option<i32>, String, String) {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {what}: {e}"));
-    // Both pipes are drained while the child runs, so a chatty child cannot block on them.
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("stdout")));
-    let err = drain(Box::new(child.stderr.take().expect("stderr")));
-    let mut child = Bounded(child);
-    let deadline = Instant::now() + LOOP_BOUND;
-    let status = loop {
-        if let Some(status) = child.0.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            drop(child);
-            panic!("{what} did not finish within {LOOP_BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.code(),
-        out.join().expect("stdout reader"),
-        err.join().expect("stderr reader"),
-    )
+fn run_bounded(cmd: Command) -> (Option<i32>, String, String) {
+    common::process::run_bounded(cmd, LOOP_BOUND)
 }
 
 /// The agents the example config names (`[agents.NAME]` headers, not their sub-tables).

@@ -4,6 +4,7 @@
 #[path = "../support/custom_section.rs"]
 mod custom_section;
 pub mod daemon;
+pub mod process;
 // Not every test binary uses it.
 #[allow(unused_imports)]
 pub use custom_section::with_custom_section;
