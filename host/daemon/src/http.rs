@@ -595,20 +595,30 @@ async fn session_events(State(state): State<Arc<AppState>>, Path(id): Path<Strin
     Ok(json_body(&api::EventList { events }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct FormatQuery {
+    /// The body's shape (default `neutral`).
     #[serde(default)]
+    #[param(value_type = Option<Format>)]
     format: Option<String>,
+}
+
+/// A step of a session, as its routes name it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // only described: the handlers take the path as strings to word its errors
+struct StepPath {
+    /// The session's id.
+    id: String,
+    /// The step's number (1-based).
+    n: u64,
 }
 
 /// Step `n`'s request, rebuilt from the log alone: byte-identical to what the step returned.
 #[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/request", tag = "sessions",
-    params(
-        ("id" = String, Path, description = "The session's id"),
-        ("n" = u64, Path, description = "The step's number (1-based)"),
-        ("format" = Option<Format>, Query, description = "The body's shape (default `neutral`)"),
-    ),
+    params(StepPath, FormatQuery),
     responses((status = 200, description = "The request body", body = Object), api::Errors))]
 async fn step_request(
     State(state): State<Arc<AppState>>,
@@ -657,11 +667,7 @@ fn step_and_format(
 /// Step `n`'s request in a format, and which plugin (id, sha256) and scope gave each section,
 /// context, variable and tool: recorded with the step, so it holds after the plugins changed.
 #[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/explain", tag = "sessions",
-    params(
-        ("id" = String, Path, description = "The session's id"),
-        ("n" = u64, Path, description = "The step's number (1-based)"),
-        ("format" = Option<Format>, Query, description = "The body's shape (default `neutral`)"),
-    ),
+    params(StepPath, FormatQuery),
     responses((status = 200, body = api::StepExplain), api::Errors))]
 async fn step_explain(
     State(state): State<Arc<AppState>>,
@@ -682,11 +688,7 @@ async fn step_explain(
 /// How much of step `n`'s request a provider's prompt cache could reuse from step n−1 (and
 /// from the last step with the same header), where the prefix broke and why.
 #[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/diff", tag = "sessions",
-    params(
-        ("id" = String, Path, description = "The session's id"),
-        ("n" = u64, Path, description = "The step's number (1-based)"),
-        ("format" = Option<Format>, Query, description = "The body's shape (default `neutral`)"),
-    ),
+    params(StepPath, FormatQuery),
     responses((status = 200, body = promptd_core::provenance::StepDiff), api::Errors))]
 async fn step_diff(
     State(state): State<Arc<AppState>>,
