@@ -227,3 +227,78 @@ impl Daemon {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use promptd_core::config::Config;
+    use promptd_core::load::{Engine, Instantiated, LoadRequest};
+    use promptd_core::provider::NativePlugin;
+    use promptd_core::store::MemoryStore;
+
+    /// No plugin files: only external contributors.
+    struct NoFiles;
+    impl Engine for NoFiles {
+        fn instantiate(&self, _: LoadRequest<'_>) -> promptd_core::Result<Instantiated> {
+            unreachable!("the folder is empty")
+        }
+    }
+
+    struct Echo;
+    impl ToolRunner for Echo {
+        fn run(&self, name: &str, _: &Value) -> ToolOutcome {
+            ToolOutcome {
+                content: name.to_string(),
+                is_error: false,
+            }
+        }
+    }
+
+    fn entry(tools: &[&str]) -> std::result::Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody> {
+        let mut plugin = NativePlugin::new();
+        for t in tools {
+            plugin = plugin.tool(t, "", r#"{"type":"object"}"#);
+        }
+        let (declaration, provider) = plugin.build();
+        let entry = PluginEntry::new(
+            "mcp:x",
+            declaration,
+            provider,
+            Config::default().plugin_options("mcp:x"),
+        )
+        .unwrap();
+        Ok((entry, Arc::new(Echo)))
+    }
+
+    /// M3, M5: an identical declaration publishes nothing; a changed one is a `reload`; a
+    /// failure keeps the last one serving as `stale`.
+    #[test]
+    fn only_a_changed_declaration_is_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = Daemon::new(
+            Arc::new(MemoryStore::new()),
+            Arc::new(NoFiles),
+            Config::default(),
+            dir.path(),
+        )
+        .unwrap();
+        let first = daemon.set_external("mcp:x", "x", entry(&["a"])).unwrap();
+        assert_eq!(first.kind, ChangeKind::Load);
+        let snapshot = daemon.registry();
+        assert!(daemon.set_external("mcp:x", "x", entry(&["a"])).is_none());
+        assert!(
+            Arc::ptr_eq(&snapshot, &daemon.registry()),
+            "nothing published"
+        );
+        let failed = daemon.set_external("mcp:x", "x", Err(ErrorBody::new("mcp_server", "gone")));
+        assert_eq!(failed.unwrap().kind, ChangeKind::Refused);
+        assert_eq!(daemon.plugins()[0].state, PluginState::Stale);
+        assert!(daemon.registry().get("mcp:x").is_some(), "still serving");
+        assert!(daemon.set_external("mcp:x", "x", entry(&["a"])).is_none());
+        assert_eq!(daemon.plugins()[0].state, PluginState::Loaded);
+        let changed = daemon
+            .set_external("mcp:x", "x", entry(&["a", "b"]))
+            .unwrap();
+        assert_eq!(changed.kind, ChangeKind::Reload);
+    }
+}
