@@ -5,7 +5,11 @@
 //! - `LOAD_SECS` (10): measured seconds per scenario, after `LOAD_WARMUP_SECS` (1) of warm-up;
 //! - `LOAD_RATE` (4000): the open loop's offered steps per second, over `LOAD_OPEN_THREADS` (64);
 //! - `LOAD_SCENARIOS` (all): which scenarios to run, 1-based and comma-separated (`2` = 16 threads);
-//! - `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE`: see support/mod.rs (before/after side by side).
+//! - `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE`: see support/mod.rs (before/after side by side);
+//! - `LOAD_STORE=postgres`: each scenario also runs on PostgreSQL (a server of its own, started
+//!   by the bench as tests/postgres/harness.rs does) with 1 and with 2 daemons, beside SQLite;
+//!   with 2, each client sends its steps to the daemons in turn (every step moves), and the
+//!   daemon CPU is both daemons' (PostgreSQL's own is not counted).
 //!
 //! Method: per scenario and binary, a fresh `promptd serve --listen 127.0.0.1:0 --no-watch`
 //! with the four bundled Rust plugins (identity, persona, tools, workspace) and a fresh state
@@ -24,6 +28,9 @@
 
 #[path = "support/mod.rs"]
 mod support;
+
+#[path = "../../../tests/postgres/harness.rs"]
+mod harness;
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -94,18 +101,35 @@ impl Measured {
     }
 }
 
-/// One thread's steps: a new session every 100 steps, `send` decides when each step goes.
+/// Where the daemons keep sessions, and how many serve them.
+#[derive(Clone)]
+enum Store {
+    Sqlite,
+    Postgres { url: String, daemons: usize },
+}
+
+impl Store {
+    fn label(&self) -> String {
+        match self {
+            Store::Sqlite => "sqlite".into(),
+            Store::Postgres { daemons, .. } => format!("postgres x{daemons}"),
+        }
+    }
+}
+
+/// One thread's steps: a new session every 100 steps, `send` decides when each step goes;
+/// with several daemons, step i goes to daemon i mod n.
 struct Stepper {
-    client: Client,
+    clients: Vec<Client>,
     session: String,
     done: u64,
     result: ThreadResult,
 }
 
 impl Stepper {
-    fn new(url: &str) -> Stepper {
+    fn new(urls: &[String]) -> Stepper {
         Stepper {
-            client: Client::new(url),
+            clients: urls.iter().map(|u| Client::new(u)).collect(),
             session: String::new(),
             done: 0,
             result: ThreadResult::default(),
@@ -114,11 +138,12 @@ impl Stepper {
 
     /// One step; the latency is counted from `since` (the send time, or the scheduled time).
     fn step(&mut self, since: Option<Instant>) {
+        let client = &self.clients[self.done as usize % self.clients.len()];
         if self.done.is_multiple_of(STEPS_PER_SESSION) {
-            self.session = self.client.session("coder");
+            self.session = client.session("coder");
         }
         let sent = Instant::now();
-        let (status, text) = self.client.step(&self.session, &small_step(self.done));
+        let (status, text) = client.step(&self.session, &small_step(self.done));
         let latency = since.unwrap_or(sent).elapsed();
         self.done += 1;
         if status == 200 {
@@ -158,11 +183,11 @@ fn run_threads(
     (results, t0.elapsed())
 }
 
-fn closed_loop(url: &str, threads: usize, secs: f64) -> (Vec<ThreadResult>, Duration) {
-    let url = url.to_string();
+fn closed_loop(urls: &[String], threads: usize, secs: f64) -> (Vec<ThreadResult>, Duration) {
+    let urls = urls.to_vec();
     run_threads(threads, move |_, t0| {
         let deadline = t0 + Duration::from_secs_f64(secs);
-        let mut s = Stepper::new(&url);
+        let mut s = Stepper::new(&urls);
         while Instant::now() < deadline {
             s.step(None);
         }
@@ -170,13 +195,18 @@ fn closed_loop(url: &str, threads: usize, secs: f64) -> (Vec<ThreadResult>, Dura
     })
 }
 
-fn open_loop(url: &str, rate: f64, threads: usize, secs: f64) -> (Vec<ThreadResult>, Duration) {
-    let url = url.to_string();
+fn open_loop(
+    urls: &[String],
+    rate: f64,
+    threads: usize,
+    secs: f64,
+) -> (Vec<ThreadResult>, Duration) {
+    let urls = urls.to_vec();
     run_threads(threads, move |k, t0| {
         let interval = Duration::from_secs_f64(threads as f64 / rate);
         let first = t0 + Duration::from_secs_f64(k as f64 / rate);
         let deadline = t0 + Duration::from_secs_f64(secs);
-        let mut s = Stepper::new(&url);
+        let mut s = Stepper::new(&urls);
         let mut i = 0u32;
         loop {
             let scheduled = first + interval * i;
@@ -205,10 +235,28 @@ fn measure(
     scenario: Scenario,
     plugins: &std::path::Path,
     state: &std::path::Path,
+    store: &Store,
 ) -> Measured {
-    let config = plugins.join("promptd.toml");
-    let daemon = Daemon::start(bin, plugins, &config, state);
-    daemon.wait_ready();
+    let (config, count) = match store {
+        Store::Sqlite => (plugins.join("promptd.toml"), 1),
+        Store::Postgres { url, daemons } => {
+            let config = plugins.join("promptd-postgres.toml");
+            let text = std::fs::read_to_string(plugins.join("promptd.toml")).unwrap();
+            std::fs::write(&config, format!("store = \"{url}\"\n{text}")).unwrap();
+            (config, *daemons)
+        }
+    };
+    let daemons: Vec<Daemon> = (0..count)
+        .map(|d| Daemon::start(bin, plugins, &config, &state.join(format!("d{d}"))))
+        .collect();
+    daemons.iter().for_each(Daemon::wait_ready);
+    let urls: Vec<String> = daemons.iter().map(|d| d.url.clone()).collect();
+    let cpu = || {
+        daemons
+            .iter()
+            .map(Daemon::cpu_split)
+            .fold((0.0, 0.0), |(u, s), (du, ds)| (u + du, s + ds))
+    };
     let secs: f64 = env_or("LOAD_SECS", 10.0);
     let warmup: f64 = env_or("LOAD_WARMUP_SECS", 1.0);
     let warm_threads = match scenario {
@@ -216,16 +264,16 @@ fn measure(
         Scenario::Open { .. } => 16,
     };
     if warmup > 0.0 {
-        closed_loop(&daemon.url, warm_threads, warmup);
+        closed_loop(&urls, warm_threads, warmup);
     }
-    let ((user0, sys0), client0) = (daemon.cpu_split(), cpu_seconds("self"));
+    let ((user0, sys0), client0) = (cpu(), cpu_seconds("self"));
     let (results, elapsed) = match scenario {
-        Scenario::Closed(t) => closed_loop(&daemon.url, t, secs),
-        Scenario::Open { rate, threads } => open_loop(&daemon.url, rate, threads, secs),
+        Scenario::Closed(t) => closed_loop(&urls, t, secs),
+        Scenario::Open { rate, threads } => open_loop(&urls, rate, threads, secs),
     };
-    let ((user1, sys1), client1) = (daemon.cpu_split(), cpu_seconds("self"));
-    let rss_kib = daemon.rss_kib();
-    daemon.stop();
+    let ((user1, sys1), client1) = (cpu(), cpu_seconds("self"));
+    let rss_kib = daemons.iter().map(Daemon::rss_kib).max().unwrap_or(0);
+    daemons.into_iter().for_each(Daemon::stop);
     let mut latencies: Vec<Duration> = results
         .iter()
         .flat_map(|r| r.latencies.iter().copied())
@@ -274,6 +322,18 @@ fn main() {
         .filter(|(i, _)| picked.is_empty() || picked.contains(&(i + 1)))
         .map(|(_, s)| *s)
         .collect();
+    // Kept until the end of the run (stopped when this process exits).
+    let postgres =
+        (std::env::var("LOAD_STORE").as_deref() == Ok("postgres")).then(harness::Server::start);
+    let mut stores = vec![Store::Sqlite];
+    if let Some(server) = &postgres {
+        for daemons in [1, 2] {
+            stores.push(Store::Postgres {
+                url: server.database(),
+                daemons,
+            });
+        }
+    }
     println!("load: {secs} s per scenario, 4 Rust plugins, agent coder, new session every {STEPS_PER_SESSION} steps");
 
     let mut table = Table::new(&[
@@ -287,7 +347,7 @@ fn main() {
         "daemon CPU/step",
         "of it kernel",
         "client CPU/step",
-        "daemon RSS after",
+        "daemon RSS after (max)",
         "errors, unsent",
     ]);
     for (i, scenario) in scenarios.iter().enumerate() {
@@ -296,11 +356,21 @@ fn main() {
         if i % 2 == 1 {
             order.reverse();
         }
-        let mut measured: Vec<(&Binary, Measured)> = Vec::new();
-        for bin in order {
-            eprintln!("{} against {} ...", scenario.label(), bin.label);
-            let state = work.path().join(format!("state-{i}-{}", bin.label));
-            let m = measure(bin, *scenario, &plugins, &state);
+        let mut measured: Vec<(String, &Binary, Measured)> = Vec::new();
+        for (bin, store) in order
+            .iter()
+            .flat_map(|b| stores.iter().map(move |s| (*b, s)))
+        {
+            // The store column only when there is more than one.
+            let label = match stores.len() {
+                1 => bin.label.to_string(),
+                _ => format!("{}, {}", bin.label, store.label()),
+            };
+            eprintln!("{} against {label} ...", scenario.label());
+            let state = work
+                .path()
+                .join(format!("state-{i}-{label}").replace([' ', ','], "_"));
+            let m = measure(bin, *scenario, &plugins, &state, store);
             eprintln!(
                 "  {:.0} steps/s, p50 {}, p99 {}, daemon CPU/step {} (kernel {})",
                 m.rate(),
@@ -309,13 +379,13 @@ fn main() {
                 fmt_duration(m.daemon_cpu_per_step()),
                 fmt_duration(m.daemon_sys_per_step())
             );
-            measured.push((bin, m));
+            measured.push((label, bin, m));
         }
-        measured.sort_by_key(|(b, _)| b.label != "current");
-        for (bin, m) in &measured {
+        measured.sort_by_key(|(_, b, _)| b.label != "current");
+        for (label, _, m) in &measured {
             table.row(vec![
                 scenario.label(),
-                bin.label.to_string(),
+                label.clone(),
                 m.steps().to_string(),
                 format!("{:.0}", m.rate()),
                 fmt_duration(m.p(0.5)),
@@ -328,11 +398,28 @@ fn main() {
                 format!("{}, {}", m.errors, m.unsent),
             ]);
         }
-        if let [(_, cur), (_, base)] = &measured[..] {
+        // Each row of the current binary against the first (its SQLite one), or against the
+        // baseline binary.
+        let pairs: Vec<(String, &Measured, &Measured)> = if stores.len() > 1 {
+            let current: Vec<_> = measured
+                .iter()
+                .filter(|(_, b, _)| b.label == "current")
+                .collect();
+            current
+                .iter()
+                .skip(1)
+                .map(|(l, _, m)| (format!("{l} / sqlite"), m, &current[0].2))
+                .collect()
+        } else if let [(_, _, cur), (_, _, base)] = &measured[..] {
+            vec![("current / baseline".to_string(), cur, base)]
+        } else {
+            Vec::new()
+        };
+        for (label, cur, base) in pairs {
             let secs = |d: Duration| d.as_secs_f64();
             table.row(vec![
                 scenario.label(),
-                "current / baseline".into(),
+                label,
                 String::new(),
                 ratio(cur.rate(), base.rate()),
                 ratio(secs(cur.p(0.5)), secs(base.p(0.5))),
