@@ -331,16 +331,18 @@ fn an_unchanged_list_and_a_restart_record_no_header() {
     assert_eq!(header_reasons(&d, &id), ["initial"]);
 }
 
-/// M5: a server that exits at start, one that hangs on tools/list and one that lists an invalid
-/// schema are each refused with their cause; the plugins and the other server keep serving.
+/// M5: a server that exits at start, one that hangs on tools/list, one that lists an invalid
+/// schema and one whose tool names collide once mapped (M1) are each refused with their cause;
+/// the plugins and the other server keep serving.
 #[test]
 fn misbehaving_servers_are_refused_and_the_rest_serve() {
     let folder = plugin_tools(Folder::new());
     let config = format!(
-        "{LOCAL}{}{}{}{}",
+        "{LOCAL}{}{}{}{}{}",
         fixture_config("exits", "exit", ""),
         fixture_config("hangs", "hang_list", "timeout_ms = 1000"),
         fixture_config("garbage", "bad_schema", ""),
+        fixture_config("collide", "collide", ""),
         time_config("time"),
     );
     let (d, _state) = folder.serve(&config);
@@ -349,6 +351,10 @@ fn misbehaving_servers_are_refused_and_the_rest_serve() {
         ("mcp:exits", "initialize"),
         ("mcp:hangs", "no answer to tools/list within 1000 ms"),
         ("mcp:garbage", "tools/list failed"),
+        (
+            "mcp:collide",
+            "tools `a.b` and `a_b` both map to the tool name `a_b`",
+        ),
     ] {
         let status = wait_state(&d, id, "refused");
         let message = status["last_error"]["message"].as_str().unwrap_or("");

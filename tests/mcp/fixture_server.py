@@ -4,6 +4,7 @@ Usage: fixture_server.py MODE
   exit        exits at start, saying why on stderr
   hang_list   answers initialize, never answers tools/list
   bad_schema  lists a tool whose inputSchema is not a JSON object
+  collide     lists `a.b` and `a_b`, which map to one provider name
   grow        lists `grow`; calling it adds the tool `grown` and announces list_changed
   same        lists `same` and `crash`; calling `same` announces list_changed with an
               unchanged list; calling `crash` exits (the daemon restarts it)
@@ -30,6 +31,7 @@ tools = {
     ],
     "bad_schema": [{"name": "bad", "description": "Broken.", "inputSchema": 42}],
     "hang_list": [],
+    "collide": [{"name": n, "description": "", "inputSchema": SCHEMA} for n in ("a.b", "a_b")],
 }[mode]
 
 

@@ -320,8 +320,11 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
         )
         .await
         {
-            Err(_) => format!("no answer to initialize within {} ms", timeout.as_millis()),
-            Ok(Err(cause)) => cause,
+            Err(_) => failure(
+                &name,
+                format!("no answer to initialize within {} ms", timeout.as_millis()),
+            ),
+            Ok(Err(cause)) => failure(&name, cause),
             Ok(Ok(connection)) => {
                 listen_for_changes(&connection, tx, timeout);
                 *current.write().unwrap_or_else(|p| p.into_inner()) =
@@ -341,7 +344,7 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
                 cause
             }
         };
-        report(&daemon, &name, &cfg, Err(failure(&name, cause))).await;
+        report(&daemon, &name, &cfg, Err(cause)).await;
         if started.elapsed() >= STABLE {
             backoff = FIRST_BACKOFF;
         }
@@ -369,7 +372,7 @@ fn listen_for_changes(connection: &Connection, tx: mpsc::UnboundedSender<()>, ti
 }
 
 /// Lists the tools now and after every change notification until the connection ends or a
-/// list fails; returns why it stopped.
+/// list fails; returns why it stopped (a list the registry refuses keeps its own code).
 async fn serve(
     daemon: &Arc<Daemon>,
     name: &str,
@@ -378,7 +381,7 @@ async fn serve(
     connection: Connection,
     changed: &mut mpsc::UnboundedReceiver<()>,
     read: ResourceReader,
-) -> String {
+) -> ErrorBody {
     let timeout = timeout_of(cfg);
     let peer = connection.peer().clone();
     let instructions = connection
@@ -389,16 +392,19 @@ async fn serve(
     loop {
         let listed = tokio::select! {
             listed = tokio::time::timeout(timeout, peer.list_all_tools()) => listed,
-            quit_reason = &mut quit => return format!("the server closed the connection ({quit_reason:?})"),
+            quit_reason = &mut quit => return failure(name, format!("the server closed the connection ({quit_reason:?})")),
         };
         let tools = match listed {
             Err(_) => {
                 quit.abort();
-                return format!("no answer to tools/list within {} ms", timeout.as_millis());
+                return failure(
+                    name,
+                    format!("no answer to tools/list within {} ms", timeout.as_millis()),
+                );
             }
             Ok(Err(e)) => {
                 quit.abort();
-                return format!("tools/list failed: {e}");
+                return failure(name, format!("tools/list failed: {e}"));
             }
             Ok(Ok(tools)) => tools,
         };
@@ -423,12 +429,12 @@ async fn serve(
         });
         if let Err(body) = result {
             quit.abort();
-            return body.message;
+            return body;
         }
         report(daemon, name, cfg, result).await;
         tokio::select! {
             Some(()) = changed.recv() => {}
-            quit_reason = &mut quit => return format!("the server closed the connection ({quit_reason:?})"),
+            quit_reason = &mut quit => return failure(name, format!("the server closed the connection ({quit_reason:?})")),
         }
     }
 }
