@@ -503,7 +503,8 @@ fn l5_bad_input_gets_a_clear_4xx_and_records_nothing() {
         (
             "GET where only POST is served",
             "GET".into(),
-            "/v1/sessions".into(),
+            // (Not /v1/sessions: GET lists sessions since the inspector.)
+            "/v1/sessions/any/steps".into(),
             405,
             "method_not_allowed",
         ),
