@@ -109,9 +109,9 @@ fn install_provider_sdks(root: &Path) -> Result<()> {
 /// script: the client libraries built as packages and installed from those artifacts, the
 /// headless browser for the inspector, PostgreSQL and HAProxy, the MCP servers.
 const TEST_INSTALLERS: &[(&str, &str)] = &[
-    ("sdk/clients/python/install.sh", "the Python client (wheel, test venv)"),
-    ("sdk/clients/typescript/install.sh", "the TypeScript client (npm pack, test install)"),
-    ("tests/inspector/install.sh", "chromium, chromium-driver and selenium"),
+    ("sdk/clients/python/install.sh", "the Python client"),
+    ("sdk/clients/typescript/install.sh", "the TypeScript client"),
+    ("tests/inspector/install.sh", "chromium and selenium"),
     ("tests/postgres/install.sh", "PostgreSQL and HAProxy"),
     ("tests/mcp/install.sh", "the MCP servers"),
 ];
