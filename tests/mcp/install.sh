@@ -8,7 +8,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 
 MCP_SERVER_TIME_VERSION="2026.10.19"
-stamp_key="$( { cat "$0" js/package.json; cat js/package-lock.json 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)"
+stamp_key="$( { cat install.sh js/package.json; cat js/package-lock.json 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)"
 stamp=".installed"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" && -x .venv/bin/mcp-server-time \
       && -d js/node_modules/@modelcontextprotocol/server-everything ]]; then
