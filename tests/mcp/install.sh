@@ -8,7 +8,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 
 MCP_SERVER_TIME_VERSION="2026.10.19"
-stamp_key="$( { cat install.sh js/package.json; cat js/package-lock.json 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)"
+stamp_key="$( { cat install.sh requirements.txt js/package.json; cat js/package-lock.json 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)"
 stamp=".installed"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" && -x .venv/bin/mcp-server-time \
       && -d js/node_modules/@modelcontextprotocol/server-everything ]]; then
@@ -17,7 +17,10 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" && -x .venv/bin/mcp-serve
 fi
 
 python3 -m venv .venv
-.venv/bin/pip install --quiet --disable-pip-version-check "mcp-server-time==${MCP_SERVER_TIME_VERSION}"
+# requirements.txt pins mcp-server-time and every package under it, so a new release of any
+# of them cannot change what the tests run.
+.venv/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+grep -qx "mcp-server-time==${MCP_SERVER_TIME_VERSION}" requirements.txt
 
 if [[ -f js/package-lock.json ]]; then
   (cd js && npm ci --no-audit --no-fund --loglevel=error)
