@@ -20,9 +20,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::daemon::{request, state_dir, Served};
@@ -110,28 +109,10 @@ struct Stub {
 
 impl Stub {
     fn start(log: &Path) -> Stub {
-        let mut child = Command::new(python())
-            .arg(repo_root().join("tests/sdk_loops/stub_provider.py"))
-            .args(["--max-seconds", "900", "--log"])
-            .arg(log)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start stub_provider.py");
-        let stdout = child.stdout.take().expect("stdout");
-        let child = Bounded(child);
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the stub's port");
-        let port: u16 = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("the stub's first line is not a port: {line:?}"));
+        let (child, url) = common::process::start_stub_provider(&python(), "900", Some(log));
         Stub {
             _child: child,
-            url: format!("http://127.0.0.1:{port}"),
+            url,
             log: log.to_path_buf(),
         }
     }

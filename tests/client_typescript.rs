@@ -19,9 +19,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::daemon::{state_dir, Served};
@@ -135,28 +134,10 @@ impl Stub {
              (`cargo xtask test` runs it)",
             python.display()
         );
-        let mut child = Command::new(python)
-            .arg(repo_root().join("tests/sdk_loops/stub_provider.py"))
-            .args(["--max-seconds", STUB_BOUND_S, "--log"])
-            .arg(&log)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start stub_provider.py");
-        let stdout = child.stdout.take().expect("stdout");
-        let child = Bounded(child);
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the stub's port");
-        let port: u16 = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("the stub's first line is not a port: {line:?}"));
+        let (child, url) = common::process::start_stub_provider(&python, STUB_BOUND_S, Some(&log));
         Stub {
             _child: child,
-            url: format!("http://127.0.0.1:{port}"),
+            url,
             log,
         }
     }

@@ -19,9 +19,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::daemon::{request, state_dir, Served};
@@ -81,32 +80,8 @@ impl Stub {
     }
 
     fn launch(log: Option<&Path>) -> Stub {
-        let mut cmd = Command::new(python());
-        cmd.arg(loops_dir().join("stub_provider.py"))
-            .args(["--max-seconds", STUB_BOUND_S]);
-        if let Some(log) = log {
-            cmd.arg("--log").arg(log);
-        }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start stub_provider.py");
-        let stdout = child.stdout.take().expect("stdout");
-        let child = Bounded(child);
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the stub's port");
-        let port: u16 = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("the stub's first line is not a port: {line:?}"));
-        Stub {
-            _child: child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
+        let (child, url) = common::process::start_stub_provider(&python(), STUB_BOUND_S, log);
+        Stub { _child: child, url }
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {

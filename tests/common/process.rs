@@ -53,3 +53,37 @@ pub fn run_bounded(mut cmd: Command, bound: Duration) -> (Option<i32>, String, S
         err.join().expect("stderr reader"),
     )
 }
+
+/// `tests/sdk_loops/stub_provider.py` (the local stand-in for the providers' APIs) run by
+/// `python` on a free loopback port, stopping by itself after `max_seconds`, logging every
+/// request to `log` when given. Returns the child and its URL.
+pub fn start_stub_provider(
+    python: &std::path::Path,
+    max_seconds: &str,
+    log: Option<&std::path::Path>,
+) -> (Bounded, String) {
+    use std::io::{BufRead, BufReader};
+    let mut cmd = Command::new(python);
+    cmd.arg(super::repo_root().join("tests/sdk_loops/stub_provider.py"))
+        .args(["--max-seconds", max_seconds]);
+    if let Some(log) = log {
+        cmd.arg("--log").arg(log);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start stub_provider.py");
+    let stdout = child.stdout.take().expect("stdout");
+    let child = Bounded(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the stub's port");
+    let port: u16 = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("the stub's first line is not a port: {line:?}"));
+    (child, format!("http://127.0.0.1:{port}"))
+}
