@@ -21,16 +21,40 @@ _cpy = os.path.join(os.path.dirname(sys.executable), "componentize-py")
 subprocess.run([_cpy, "-q", "-d", WIT, "-w", "plugin", "bindings", _tmp.name], check=True)
 sys.path[:0] = [_tmp.name, os.path.join(SDK, "src")]
 
-from componentize_py_types import Err  # noqa: E402
+from componentize_py_types import Err, Ok  # noqa: E402
 from wit_world.imports import types as wit  # noqa: E402
 
-from promptd_sdk import CallError, Plugin, export_plugin  # noqa: E402
+from promptd_sdk import (  # noqa: E402
+    Accept,
+    CallError,
+    Message,
+    Plugin,
+    Redact,
+    Redaction,
+    Reject,
+    ReviewInput,
+    export_plugin,
+)
 
 GLOBAL = wit.Scope_Global()
+CODER = wit.Scope_Agent("coder")
 
 
 def step(**facts):
     return wit.Step("coder", ["global", "coder"], "", 3, sorted(facts.items()))
+
+
+def wanted(sections=(), contexts=(), variables=(), shown_tools=False):
+    """A `wanted` record; each item is a name (global scope) or a (name, scope) pair."""
+
+    def items(names):
+        return [wit.Item(*n) if isinstance(n, tuple) else wit.Item(n, GLOBAL) for n in names]
+
+    return wit.Wanted(items(sections), items(contexts), items(variables), shown_tools)
+
+
+def review_input(*texts, role="user"):
+    return wit.ReviewInput([wit.Message(role, list(texts), "")], "System.", None, ["t"])
 
 
 def maybe(s):
@@ -56,30 +80,147 @@ class SdkTest(unittest.TestCase):
             .tool("t", "d", {"type": "object"})
         )
         d = w.declare([("who", "Ada")])
-        self.assertEqual(d.sections, [wit.Section("hello", 10, wit.Content_StaticText("Hi {{who}}"), True, GLOBAL)])
-        self.assertEqual(d.variables, [wit.Variable("who", wit.Content_StaticText("Ada"), wit.Scope_Agent("coder"))])
-        self.assertEqual(d.contexts, [wit.Context("ctx", 5, wit.Content_Dynamic(), GLOBAL)])
+        self.assertEqual(
+            d.sections, [wit.Section("hello", 10, wit.Content_StaticText("Hi {{who}}"), True, GLOBAL, False)]
+        )
+        self.assertEqual(d.variables, [wit.Variable("who", wit.Content_StaticText("Ada"), CODER)])
+        self.assertEqual(d.contexts, [wit.Context("ctx", 5, wit.Content_Dynamic(), GLOBAL, False)])
         self.assertEqual(d.tools, [wit.Tool("t", "d", '{"type":"object"}', GLOBAL)])
         self.assertFalse(d.filters_tools)
-        self.assertEqual(w.context_text("ctx", GLOBAL, step()), "step 3")
+        self.assertIsNone(d.review_order)
+        self.assertEqual(w.evaluate(step(), wanted(contexts=["ctx"])), wit.Evaluation([], [Ok("step 3")], [], None))
 
-    def test_dynamic_calls_and_errors(self):
+    def test_verbatim(self):
+        w = self.world(
+            lambda c: Plugin()
+            .context("raw", 35, "Raw {{x}}.")
+            .verbatim()
+            .dynamic_section("echo", 30, lambda s: "Echo: {{x}}")
+            .verbatim()
+            .scope("coder")
+            .section("plain", 0, "{{x}}")
+        )
+        d = w.declare([])
+        self.assertEqual(
+            d.sections,
+            [
+                wit.Section("echo", 30, wit.Content_Dynamic(), False, CODER, True),
+                wit.Section("plain", 0, wit.Content_StaticText("{{x}}"), False, GLOBAL, False),
+            ],
+        )
+        self.assertEqual(d.contexts, [wit.Context("raw", 35, wit.Content_StaticText("Raw {{x}}."), GLOBAL, True)])
+        self.assertEqual(w.evaluate(step(), wanted(sections=[("echo", CODER)])).sections, [Ok("Echo: {{x}}")])
+
+    def test_evaluate_answers_item_by_item(self):
         w = self.world(
             lambda c: Plugin()
             .dynamic_variable("maybe", maybe)
             .dynamic_section("boom", 0, boom)
+            .dynamic_section("num", 1, lambda s: 42)
+            .dynamic_section("s", 2, lambda s: "global")
+            .dynamic_section("s", 2, lambda s: "coder")
+            .scope("coder")
+            .dynamic_context("c", 0, lambda s: s.fact("maybe") or "")
+            .dynamic_variable("bad", lambda s: 1)
             .show_tools(lambda s: ["a"])
         )
         self.assertTrue(w.declare([]).filters_tools)
-        self.assertIsNone(w.variable_value("maybe", GLOBAL, step()))
-        self.assertEqual(w.variable_value("maybe", GLOBAL, step(maybe="M")), "M")
-        self.assertEqual(w.shown_tools(step()), ["a"])
-        with self.assertRaises(Err) as e:
-            w.section_text("boom", GLOBAL, step())
-        self.assertEqual(e.exception.value, "boom")
-        with self.assertRaises(Err) as e:
-            w.variable_value("maybe", wit.Scope_Agent("coder"), step())
-        self.assertEqual(e.exception.value, "no dynamic variable `maybe` is declared")
+        e = w.evaluate(
+            step(maybe="M"),
+            wanted(
+                sections=["s", "boom", ("s", CODER), "num", "nope"],
+                contexts=["c", ("c", CODER)],
+                variables=["maybe", ("maybe", CODER), "bad"],
+                shown_tools=True,
+            ),
+        )
+        self.assertEqual(
+            e.sections,
+            [
+                Ok("global"),
+                Err("boom"),
+                Ok("coder"),
+                Err("section `num`: the function returned int, expected str"),
+                Err("no dynamic section `nope` is declared"),
+            ],
+        )
+        self.assertEqual(e.contexts, [Ok("M"), Err("no dynamic context `c` is declared")])
+        self.assertEqual(
+            e.variables,
+            [
+                Ok("M"),
+                Err("no dynamic variable `maybe` is declared"),
+                Err("variable `bad`: the function returned int, expected str or None"),
+            ],
+        )
+        self.assertEqual(e.shown_tools, Ok(["a"]))
+        e = w.evaluate(step(), wanted(variables=["maybe"]))
+        self.assertEqual(e, wit.Evaluation([], [], [Ok(None)], None))
+        self.assertEqual(w.evaluate(step(), wanted()), wit.Evaluation([], [], [], None))
+
+    def test_shown_tools(self):
+        def fail(s):
+            raise ValueError("no tools today")
+
+        w = self.world(lambda c: Plugin())
+        w.declare([])
+        self.assertEqual(
+            w.evaluate(step(), wanted(shown_tools=True)).shown_tools, Err("this plugin does not filter its tools")
+        )
+        w = self.world(lambda c: Plugin().show_tools(fail))
+        w.declare([])
+        self.assertEqual(w.evaluate(step(), wanted(shown_tools=True)).shown_tools, Err("no tools today"))
+        self.assertIsNone(w.evaluate(step(), wanted()).shown_tools)
+
+    def test_review(self):
+        seen = []
+
+        def review(s, i):
+            seen.append((s.agent, i))
+            texts = [t for m in i.messages for t in m.texts]
+            if any("forbidden" in t for t in texts):
+                return Reject('the step mentions "forbidden"')
+            if any("hunter2" in t for t in texts):
+                return Redact([("hunter2", "[redacted]"), Redaction("a", "b")])
+            if any("none" in t for t in texts):
+                return None
+            if any("raise" in t for t in texts):
+                raise CallError("review failed")
+            return Accept()
+
+        w = self.world(lambda c: Plugin().section("s", 0, "S").review(-5, review))
+        self.assertEqual(w.declare([]).review_order, -5)
+        self.assertEqual(w.review(step(), review_input("hello")), wit.Verdict_Accept())
+        self.assertEqual(
+            seen,
+            [("coder", ReviewInput([Message("user", ["hello"], "")], "System.", None, ["t"]))],
+        )
+        self.assertEqual(
+            w.review(step(), review_input("a", "it is forbidden")), wit.Verdict_Reject('the step mentions "forbidden"')
+        )
+        self.assertEqual(
+            w.review(step(), review_input("pw hunter2", role="tool")),
+            wit.Verdict_Redact([wit.Redaction("hunter2", "[redacted]"), wit.Redaction("a", "b")]),
+        )
+        for text, message in [
+            ("none", "review: the function returned NoneType, expected Accept, Reject or Redact"),
+            ("raise", "review failed"),
+        ]:
+            with self.assertRaises(Err) as e:
+                w.review(step(), review_input(text))
+            self.assertEqual(e.exception.value, message)
+
+    def test_no_review_hook_accepts(self):
+        w = self.world(lambda c: Plugin())
+        self.assertIsNone(w.declare([]).review_order)
+        self.assertEqual(w.review(step(), review_input("forbidden")), wit.Verdict_Accept())
+
+    def test_verdict_helpers(self):
+        self.assertEqual(Redact([("a", "b")]), Redact((Redaction("a", "b"),)))
+        self.assertEqual(Redact([("a", "b")]).redactions, (Redaction("a", "b"),))
+        self.assertEqual(Redact(), Redact([]))
+        self.assertEqual(Reject("why").reason, "why")
+        self.assertEqual(Accept(), Accept())
 
     def test_declare_errors(self):
         def fail(c):
@@ -89,6 +230,15 @@ class SdkTest(unittest.TestCase):
             (fail, "bad config"),
             (lambda c: Plugin().scope("x"), "scope() called before any item was added"),
             (lambda c: Plugin().variable("v", "x").complete(), "complete() applies to a section only"),
+            (lambda c: Plugin().verbatim(), "verbatim() applies to a section or context only"),
+            (lambda c: Plugin().variable("v", "x").verbatim(), "verbatim() applies to a section or context only"),
+            (lambda c: Plugin().tool("t", "d", "{}").verbatim(), "verbatim() applies to a section or context only"),
+            (lambda c: Plugin().review(0, "x"), "expected a function, got str"),
+            (lambda c: Plugin().review(0, len).review(1, len), "review() called twice (a plugin has one review hook)"),
+            (lambda c: Plugin().review(2**31, len),
+             "review() order must be an integer from -2147483648 to 2147483647, got 2147483648"),
+            (lambda c: Plugin().review(True, len),
+             "review() order must be an integer from -2147483648 to 2147483647, got True"),
             (lambda c: "nope", "declare must return a Plugin, not str"),
         ]:
             with self.assertRaises(Err) as e:
@@ -96,9 +246,13 @@ class SdkTest(unittest.TestCase):
             self.assertEqual(e.exception.value, message)
 
     def test_called_before_declare(self):
-        with self.assertRaises(Err) as e:
-            self.world(lambda c: Plugin()).shown_tools(step())
-        self.assertEqual(e.exception.value, "the plugin was called before declare")
+        for call in [
+            lambda w: w.evaluate(step(), wanted(shown_tools=True)),
+            lambda w: w.review(step(), review_input("x")),
+        ]:
+            with self.assertRaises(Err) as e:
+                call(self.world(lambda c: Plugin()))
+            self.assertEqual(e.exception.value, "the plugin was called before declare")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,21 @@ plugin's id is OUT's file name without ``.wasm``.
 
 A dynamic function fails its call by raising: the exception's message goes to the host (which
 fails the assembly, or leaves the plugin out if the host config marks it optional).
+
+:meth:`Plugin.verbatim` marks the section or context added last as verbatim: the host uses its
+text exactly as given and never interpolates ``{{...}}`` in it (for text the plugin did not write
+itself, such as retrieved documents). :meth:`Plugin.review` registers a hook the host calls once
+per session step with the step's new messages (a :class:`ReviewInput`); it returns
+:class:`Accept`, :class:`Reject` or :class:`Redact`:
+
+.. code-block:: python
+
+    def review(step: Step, input: ReviewInput) -> Verdict:
+        if any("hunter2" in text for m in input.messages for text in m.texts):
+            return Redact([("hunter2", "[redacted]")])
+        return Accept()
+
+    Plugin().review(0, review)
 """
 
 from __future__ import annotations
@@ -34,10 +49,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 __all__ = [
+    "Accept",
     "CallError",
     "Config",
+    "Message",
     "Plugin",
+    "Redact",
+    "Redaction",
+    "Reject",
+    "ReviewInput",
     "Step",
+    "Verdict",
     "export_plugin",
     "log",
 ]
@@ -90,9 +112,78 @@ class Step:
         return self.facts.get(key)
 
 
+@dataclass(frozen=True)
+class Message:
+    """One message the client sent this step, as a review sees it."""
+
+    role: str
+    """``user``, ``assistant`` or ``tool``."""
+    texts: list[str] = field(default_factory=list)
+    """Its texts in order: one per text content or text block (images and documents give none);
+    an assistant's reply gives its text (empty when it only calls tools)."""
+    tool_call_id: str = ""
+    """The call a ``tool`` message answers; empty for the other roles."""
+
+
+@dataclass(frozen=True)
+class ReviewInput:
+    """What a review is shown: the step's new messages and what assembly made of the step."""
+
+    messages: list[Message] = field(default_factory=list)
+    """The messages the client sent this step, in order."""
+    system: str = ""
+    """The assembled system prompt."""
+    runtime_context: Optional[str] = None
+    """The assembled runtime context snapshot, or None if there is none."""
+    tools: list[str] = field(default_factory=list)
+    """The names of the tools shown this step, in order."""
+
+
+@dataclass(frozen=True)
+class Accept:
+    """Verdict: the step goes on unchanged."""
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Verdict: the step fails (the host answers HTTP 422 naming the plugin and ``reason``)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """Replace every occurrence of ``find`` (non-empty) by ``replace``."""
+
+    find: str
+    replace: str
+
+
+@dataclass(frozen=True)
+class Redact:
+    """Verdict: the step goes on with these replacements made, in order, in the texts of its new
+    ``user`` and ``tool`` messages (the model's own replies are not changed).
+
+    ``Redact([("hunter2", "[redacted]"), ...])``: pairs ``(find, replace)`` or :class:`Redaction`
+    values; they are kept as a tuple of :class:`Redaction`.
+    """
+
+    redactions: "tuple[Redaction, ...]" = ()
+
+    def __post_init__(self) -> None:
+        pairs = tuple(r if isinstance(r, Redaction) else Redaction(*r) for r in self.redactions)
+        object.__setattr__(self, "redactions", pairs)
+
+
+Verdict = Union[Accept, Reject, Redact]
+"""What a review returns."""
+
 TextFn = Callable[[Step], str]
 ValueFn = Callable[[Step], Optional[str]]
 ToolsFn = Callable[[Step], "list[str]"]
+ReviewFn = Callable[[Step, ReviewInput], Verdict]
+
+_S32 = (-(2**31), 2**31 - 1)
 
 
 @dataclass
@@ -105,19 +196,21 @@ class _Item:
     description: str = ""
     parameters: str = ""
     complete: bool = False
+    verbatim: bool = False
     agent: Optional[str] = None  # None: global scope
 
 
 class Plugin:
     """Everything a plugin contributes.
 
-    Methods add one item each and return the plugin, so calls chain; :meth:`scope` and
-    :meth:`complete` change the item added last.
+    Methods add one item each and return the plugin, so calls chain; :meth:`scope`,
+    :meth:`complete` and :meth:`verbatim` change the item added last.
     """
 
     def __init__(self) -> None:
         self._items: list[_Item] = []
         self._shown_tools: Optional[ToolsFn] = None
+        self._review: Optional[tuple[int, ReviewFn]] = None
         self._misuse: Optional[str] = None
 
     # -- sections --
@@ -163,6 +256,22 @@ class Plugin:
         self._shown_tools = self._callable(fn)
         return self
 
+    # -- review --
+    def review(self, order: int, fn: ReviewFn) -> "Plugin":
+        """Registers a review hook: the host calls ``fn(step, input)`` once per session step,
+        after assembly, with a :class:`ReviewInput`; it returns :class:`Accept`,
+        :class:`Reject` or :class:`Redact`. Hooks of all plugins run one after another, sorted by
+        (``order``, plugin id). Raising fails the step with the exception's message."""
+        if isinstance(order, bool) or not isinstance(order, int) or not _S32[0] <= order <= _S32[1]:
+            self._misuse = self._misuse or (
+                f"review() order must be an integer from {_S32[0]} to {_S32[1]}, got {order!r}"
+            )
+        elif self._review is not None:
+            self._misuse = self._misuse or "review() called twice (a plugin has one review hook)"
+        else:
+            self._review = (order, self._callable(fn))
+        return self
+
     # -- modifiers --
     def scope(self, agent: str) -> "Plugin":
         """Makes the item added last visible only to ``agent`` (and the agents below it)."""
@@ -178,6 +287,17 @@ class Plugin:
             self._misuse = self._misuse or "complete() applies to a section only"
         else:
             self._items[-1].complete = True
+        return self
+
+    def verbatim(self) -> "Plugin":
+        """Marks the section or context added last as verbatim: the host uses its text exactly as
+        given and never interpolates ``{{...}}`` in it, so it can never pull a variable (a secret)
+        into the prompt. For text the plugin did not write itself (retrieved documents, tool
+        output, web pages)."""
+        if not self._items or self._items[-1].kind not in ("section", "context"):
+            self._misuse = self._misuse or "verbatim() applies to a section or context only"
+        else:
+            self._items[-1].verbatim = True
         return self
 
     def _push(self, item: _Item) -> "Plugin":

@@ -2,9 +2,16 @@
 :class:`promptd_sdk.Plugin`. Only this module knows the generated types.
 
 Binding shapes (componentize-py 0.25): records are dataclasses, variants are one dataclass per
-case (``Scope_Global()``, ``Scope_Agent(value)``), ``option<string>`` is ``Optional[str]``,
-tuples are tuples, and a ``result`` error is raised as ``componentize_py_types.Err(value)``.
-Any other exception escaping an export traps the instance, so every export catches all.
+case (``Scope_Global()``, ``Scope_Agent(value)``, ``Verdict_Reject(value)``), ``option<string>``
+is ``Optional[str]``, tuples are tuples, a ``result`` inside a value is
+``componentize_py_types.Ok(value)`` or ``Err(value)``, and an export's ``result`` error is
+raised as ``Err(value)``. Any other exception escaping an export traps the instance, so every
+export catches all.
+
+World promptd:plugin@0.2.0: the host calls ``evaluate`` once per step with every wanted dynamic
+item; the glue answers each one by calling the function the author registered for its (kind,
+name, scope), exactly as the 0.1.0 per-item exports did (same values, same error texts), and an
+error fails only its own item.
 """
 
 from __future__ import annotations
@@ -12,11 +19,11 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import wit_world
-from componentize_py_types import Err
+from componentize_py_types import Err, Ok
 from wit_world.imports import host
 from wit_world.imports import types as wit
 
-from . import Config, Plugin, Step, _Item
+from . import Accept, Config, Message, Plugin, Redact, Reject, ReviewInput, Step, _Item
 
 
 def _message(e: BaseException) -> str:
@@ -51,16 +58,25 @@ def _step(s: Any) -> Step:
     )
 
 
+def _review_input(i: Any) -> ReviewInput:
+    return ReviewInput(
+        messages=[Message(m.role, list(m.texts), m.tool_call_id) for m in i.messages],
+        system=i.system,
+        runtime_context=i.runtime_context,
+        tools=list(i.tools),
+    )
+
+
 def _declaration(p: Plugin) -> Any:
     items = p._items
     return wit.Declaration(
         sections=[
-            wit.Section(i.name, i.order, _content(i), i.complete, _scope_to_wit(i.agent))
+            wit.Section(i.name, i.order, _content(i), i.complete, _scope_to_wit(i.agent), i.verbatim)
             for i in items
             if i.kind == "section"
         ],
         contexts=[
-            wit.Context(i.name, i.order, _content(i), _scope_to_wit(i.agent))
+            wit.Context(i.name, i.order, _content(i), _scope_to_wit(i.agent), i.verbatim)
             for i in items
             if i.kind == "context"
         ],
@@ -75,33 +91,83 @@ def _declaration(p: Plugin) -> Any:
             if i.kind == "tool"
         ],
         filters_tools=p._shown_tools is not None,
+        review_order=None if p._review is None else p._review[0],
     )
 
 
-def make_world(declare: Callable[[Config], Plugin]) -> type:
-    state: dict[str, Optional[Plugin]] = {"plugin": None}
+def _verdict(v: Any) -> Any:
+    if isinstance(v, Accept):
+        return wit.Verdict_Accept()
+    if isinstance(v, Reject):
+        if not isinstance(v.reason, str):
+            raise Err(f"review: the reject reason is {type(v.reason).__name__}, expected str")
+        return wit.Verdict_Reject(v.reason)
+    if isinstance(v, Redact):
+        redactions = []
+        for r in v.redactions:
+            if not isinstance(r.find, str) or not isinstance(r.replace, str):
+                raise Err("review: a redaction's find and replace must be str")
+            redactions.append(wit.Redaction(r.find, r.replace))
+        return wit.Verdict_Redact(redactions)
+    raise Err(f"review: the function returned {type(v).__name__}, expected Accept, Reject or Redact")
 
-    def current() -> Plugin:
-        p = state["plugin"]
-        if p is None:
-            raise Err("the plugin was called before declare")
-        return p
 
-    def call(kind: str, name: str, scope: Any, step: Any) -> Any:
-        agent = _agent_of(scope)
-        for item in current()._items:
-            if item.kind == kind and item.name == name and item.agent == agent and item.fn:
-                try:
-                    return item.fn(_step(step))
-                except Exception as e:
-                    raise Err(_message(e))
-        raise Err(f"no dynamic {kind} `{name}` is declared")
+class _Dispatch:
+    """One declared plugin: its dynamic functions by (kind, name, agent), the first one wins."""
 
-    def text(kind: str, name: str, scope: Any, step: Any) -> str:
-        value = call(kind, name, scope, step)
+    def __init__(self, p: Plugin) -> None:
+        self.plugin = p
+        self.fns: dict[tuple[str, str, Optional[str]], Callable[[Step], Any]] = {}
+        for item in p._items:
+            if item.fn:
+                self.fns.setdefault((item.kind, item.name, item.agent), item.fn)
+
+    def call(self, kind: str, name: str, scope: Any, step: Any) -> Any:
+        fn = self.fns.get((kind, name, _agent_of(scope)))
+        if fn is None:
+            raise Err(f"no dynamic {kind} `{name}` is declared")
+        try:
+            return fn(_step(step))
+        except Exception as e:
+            raise Err(_message(e))
+
+    def text(self, kind: str, name: str, scope: Any, step: Any) -> str:
+        value = self.call(kind, name, scope, step)
         if not isinstance(value, str):
             raise Err(f"{kind} `{name}`: the function returned {type(value).__name__}, expected str")
         return value
+
+    def value(self, name: str, scope: Any, step: Any) -> Optional[str]:
+        value = self.call("variable", name, scope, step)
+        if value is not None and not isinstance(value, str):
+            raise Err(f"variable `{name}`: the function returned {type(value).__name__}, expected str or None")
+        return value
+
+    def shown_tools(self, step: Any) -> list[str]:
+        if self.plugin._shown_tools is None:
+            raise Err("this plugin does not filter its tools")
+        try:
+            return [str(n) for n in self.plugin._shown_tools(_step(step))]
+        except Exception as e:
+            raise Err(_message(e))
+
+
+def _result(fn: Callable[[], Any]) -> Any:
+    """``Ok(fn())``, or ``Err(message)``: one item's answer, whose error fails only that item."""
+    try:
+        return Ok(fn())
+    except Exception as e:
+        return Err(_message(e))
+
+
+def make_world(declare: Callable[[Config], Plugin]) -> type:
+    state: dict[str, Optional[_Dispatch]] = {"plugin": None}
+
+    def current() -> _Dispatch:
+        d = state["plugin"]
+        if d is None:
+            raise Err("the plugin was called before declare")
+        return d
 
     class PromptdWorld(wit_world.WitWorld):
         def declare(self, config: list[tuple[str, str]]) -> Any:
@@ -114,30 +180,27 @@ def make_world(declare: Callable[[Config], Plugin]) -> type:
             if p._misuse:
                 raise Err(p._misuse)
             declaration = _declaration(p)
-            state["plugin"] = p
+            state["plugin"] = _Dispatch(p)
             return declaration
 
-        def section_text(self, name: str, scope: Any, step: Any) -> str:
-            return text("section", name, scope, step)
+        def evaluate(self, step: Any, wanted: Any) -> Any:
+            d = current()
+            sections = [_result(lambda i=i: d.text("section", i.name, i.scope, step)) for i in wanted.sections]
+            contexts = [_result(lambda i=i: d.text("context", i.name, i.scope, step)) for i in wanted.contexts]
+            variables = [_result(lambda i=i: d.value(i.name, i.scope, step)) for i in wanted.variables]
+            tools = _result(lambda: d.shown_tools(step)) if wanted.shown_tools else None
+            return wit.Evaluation(sections, contexts, variables, tools)
 
-        def context_text(self, name: str, scope: Any, step: Any) -> str:
-            return text("context", name, scope, step)
-
-        def variable_value(self, name: str, scope: Any, step: Any) -> Optional[str]:
-            value = call("variable", name, scope, step)
-            if value is not None and not isinstance(value, str):
-                raise Err(f"variable `{name}`: the function returned {type(value).__name__}, expected str or None")
-            return value
-
-        def shown_tools(self, step: Any) -> list[str]:
-            p = current()
-            if p._shown_tools is None:
-                raise Err("this plugin does not filter its tools")
+        def review(self, step: Any, input: Any) -> Any:
+            d = current()
+            if d.plugin._review is None:
+                return wit.Verdict_Accept()
+            fn = d.plugin._review[1]
             try:
-                names = p._shown_tools(_step(step))
+                verdict = fn(_step(step), _review_input(input))
             except Exception as e:
                 raise Err(_message(e))
-            return [str(n) for n in names]
+            return _verdict(verdict)
 
     PromptdWorld.__name__ = PromptdWorld.__qualname__ = "WitWorld"
     return PromptdWorld
