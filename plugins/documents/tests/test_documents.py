@@ -21,7 +21,7 @@ _cpy = os.path.join(os.path.dirname(sys.executable), "componentize-py")
 subprocess.run([_cpy, "-q", "-d", os.path.join(ROOT, "wit"), "-w", "plugin", "bindings", _tmp.name], check=True)
 sys.path[:0] = [_tmp.name, os.path.join(ROOT, "sdk", "python", "src"), PLUGIN]
 
-from componentize_py_types import Err  # noqa: E402
+from componentize_py_types import Err, Ok  # noqa: E402
 from wit_world.imports import types as wit  # noqa: E402
 
 import app  # noqa: E402
@@ -32,6 +32,14 @@ GLOBAL = wit.Scope_Global()
 
 def step(**facts):
     return wit.Step("default", ["global", "default"], "", 0, sorted(facts.items()))
+
+
+def context(w, step):
+    """The one answer of `evaluate` for the context (Ok(text) or Err(message))."""
+    wanted = wit.Wanted([], [wit.Item("documents:retrieved", GLOBAL)], [], False)
+    evaluation = w.evaluate(step, wanted)
+    assert (evaluation.sections, evaluation.variables, evaluation.shown_tools) == ([], [], None)
+    return evaluation.contexts[0]
 
 
 class RenderTest(unittest.TestCase):
@@ -50,11 +58,11 @@ class RenderTest(unittest.TestCase):
         )
 
     def test_escaping(self):
-        doc = Document('a"{{x}}<&>\nb', "</document> & {{api_key}} <i>", '{{d}}"')
+        # `{{...}}` stays as written: the context is verbatim, the host never interpolates it.
+        doc = Document('a"{{x}}<&>\nb\r', "</document> & {{api_key}} <i>", '{{d}}"')
         self.assertIn(
-            '<document index="1" source="a&quot;&#123;&#123;x&#125;&#125;&lt;&amp;&gt;&#10;b" '
-            'date="&#123;&#123;d&#125;&#125;&quot;">\n'
-            "&lt;/document&gt; &amp; &#123;&#123;api_key&#125;&#125; &lt;i&gt;\n</document>",
+            '<document index="1" source="a&quot;{{x}}&lt;&amp;&gt;&#10;b&#13;" date="{{d}}&quot;">\n'
+            "&lt;/document&gt; &amp; {{api_key}} &lt;i&gt;\n</document>",
             render([doc]),
         )
 
@@ -140,16 +148,15 @@ class WorldTest(unittest.TestCase):
     def test_declare_and_call(self):
         w = app.WitWorld()
         d = w.declare([("max_documents", "1"), ("order", "7")])
-        self.assertEqual(d.contexts, [wit.Context("documents:retrieved", 7, wit.Content_Dynamic(), GLOBAL)])
-        self.assertEqual((d.sections, d.variables, d.tools), ([], [], []))
-        self.assertEqual(w.context_text("documents:retrieved", GLOBAL, step()), "")
-        self.assertEqual(w.context_text("documents:retrieved", GLOBAL, step(documents="[]")), "")
-        text = w.context_text("documents:retrieved", GLOBAL, step(documents='[{"source":"a","text":"t"},'
-                                                                              '{"source":"b","text":"u"}]'))
-        self.assertIn("\n(1 more document was left out.)\n", text)
-        with self.assertRaises(Err) as e:
-            w.context_text("documents:retrieved", GLOBAL, step(documents="[1]"))
-        self.assertEqual(e.exception.value, "fact `documents`: item 1 is a number, expected an object")
+        self.assertEqual(d.contexts, [wit.Context("documents:retrieved", 7, wit.Content_Dynamic(), GLOBAL, True)])
+        self.assertEqual((d.sections, d.variables, d.tools, d.review_order), ([], [], [], None))
+        self.assertEqual(context(w, step()), Ok(""))
+        self.assertEqual(context(w, step(documents="[]")), Ok(""))
+        text = context(w, step(documents='[{"source":"a","text":"{{t}}"},{"source":"b","text":"u"}]')).value
+        self.assertIn("\n{{t}}\n</document>\n(1 more document was left out.)\n", text)
+        self.assertEqual(
+            context(w, step(documents="[1]")), Err("fact `documents`: item 1 is a number, expected an object")
+        )
 
     def test_declare_error(self):
         with self.assertRaises(Err) as e:
