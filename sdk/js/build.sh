@@ -36,14 +36,43 @@ done
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-# 1. One ES module: componentize-js only resolves imports below its working directory, and
+# 1. The bundle's entry: the three exports of the world promptd:plugin@0.2.0, taken from the
+#    plugin's entry module (aliased below). A plugin written for 0.1.0 with the SDK exports
+#    `declare, sectionText, contextText, variableValue, shownTools` from exportPlugin; 0.2.0
+#    has no per-item exports, and its `evaluate` and `review` are not among the names such a
+#    plugin exports. exportPlugin puts all three on the `declare` it returns (promptd.js,
+#    WORLD), so such a plugin builds unchanged.
+cat >"$TMP/world.js" <<'EOF'
+import * as plugin from "promptd-plugin-entry";
+
+const sdk =
+  (typeof plugin.declare === "function" && plugin.declare[Symbol.for("promptd-sdk.world")]) || {};
+
+function world(name) {
+  const f = typeof plugin[name] === "function" ? plugin[name] : sdk[name];
+  if (typeof f !== "function") {
+    throw new Error(
+      `the plugin's entry module exports no \`${name}\` function; it must export the world's ` +
+        "three, e.g. `export const { declare, evaluate, review } = exportPlugin(...)`",
+    );
+  }
+  return f;
+}
+
+export const declare = world("declare");
+export const evaluate = world("evaluate");
+export const review = world("review");
+EOF
+
+# 2. One ES module: componentize-js only resolves imports below its working directory, and
 #    knows nothing of node_modules. WIT imports (promptd:*, wasi:*) stay external.
-"$BIN/esbuild" "$ENTRY" --bundle --format=esm --platform=neutral --log-level=warning \
+"$BIN/esbuild" "$TMP/world.js" --bundle --format=esm --platform=neutral --log-level=warning \
+  --alias:promptd-plugin-entry="$ENTRY" \
   --alias:promptd-sdk="$SDK/promptd.js" \
   '--external:promptd:*' '--external:wasi:*' \
   --outfile="$TMP/plugin.js"
 
-# 2. The component. componentize-js reads the WIT through a sandbox that sees only its working
+# 3. The component. componentize-js reads the WIT through a sandbox that sees only its working
 #    directory, so the WIT is copied beside the bundle. --disable http fetch-event: no wasi:http
 #    imports (the host offers plain WASI p2).
 cp -r "$WIT" "$TMP/wit"

@@ -2,26 +2,37 @@
 //
 // A plugin is a function from its config to a `Plugin`: a builder of sections, contexts,
 // variables and tools. Static text is sent to the host once, at load; dynamic parts are
-// functions the host calls at each assembly with the `Step`. You never touch the WIT bindings.
+// functions the host calls at each assembly with the `Step`. A plugin may also review each
+// session step's new messages (`review`). You never touch the WIT bindings.
 //
-//   import { Plugin, exportPlugin } from "./promptd.js";
+//   import { Plugin, Verdict, exportPlugin } from "./promptd.js";
 //
-//   export const { declare, sectionText, contextText, variableValue, shownTools } =
-//     exportPlugin((config) =>
-//       new Plugin()
-//         .section("deployment:persona", 0, "You are {{name}}.")
-//         .variable("name", config.getOr("name", "a helpful assistant"))
-//         .dynamicContext("clock", 50, (step) => `Today is ${step.fact("date") ?? "unknown"}.`));
+//   export const { declare, evaluate, review } = exportPlugin((config) =>
+//     new Plugin()
+//       .section("deployment:persona", 0, "You are {{name}}.")
+//       .variable("name", config.getOr("name", "a helpful assistant"))
+//       .dynamicContext("clock", 50, (step) => `Today is ${step.fact("date") ?? "unknown"}.`)
+//       .dynamicContext("docs:found", 60, (step) => step.fact("document") ?? "")
+//       .verbatim()
+//       .review(0, (step, input) =>
+//         input.anyTextContains("password")
+//           ? Verdict.redact([["password", "[redacted]"]])
+//           : Verdict.accept()));
 //
 // Build with `sdk/js/build.sh DIR OUT.wasm` (componentize-js against wit/). The plugin's id is
 // the file name without `.wasm`.
 //
-// The mapping to the WIT world (promptd:plugin@0.1.0, world `plugin`) lives in this file only:
-// componentize-js calls the five named exports that `exportPlugin` returns, with WIT values in
-// their JS shapes (records as camelCase objects, variants as `{ tag, val }`, u64 as BigInt,
-// tuples as arrays, `result` errors as thrown values).
+// The mapping to the WIT world (promptd:plugin@0.2.0, world `plugin`) lives in this file only:
+// componentize-js calls the three named exports that `exportPlugin` returns (`declare`,
+// `evaluate`, `review`), with WIT values in their JS shapes (records as camelCase objects,
+// variants as `{ tag, val }`, `option` as the value or undefined, u64 as BigInt, tuples as
+// arrays, a returned `result` as a value or a thrown error, a `result` inside a value as
+// `{ tag: "ok" | "err", val }`). Plugins written for 0.1.0 export the old five names
+// (`declare, sectionText, contextText, variableValue, shownTools`); build.sh then takes
+// `evaluate` and `review` from the exported `declare` (see `WORLD` below), so they build
+// unchanged.
 
-import { log as hostLog } from "promptd:plugin/host@0.1.0";
+import { log as hostLog } from "promptd:plugin/host@0.2.0";
 
 /** Plugin config: the key/value strings of the plugin's `[plugins.NAME] config` table. */
 export class Config {
@@ -69,6 +80,73 @@ export class Step {
   }
 }
 
+/** One message the client sent this step, as a review sees it. */
+export class Message {
+  constructor(wit) {
+    /** `user`, `assistant` or `tool`. */
+    this.role = wit.role;
+    /**
+     * Its texts in order: a text content is one entry, a block content one per text block
+     * (images and documents give none), an assistant's reply its text (empty when it only
+     * calls tools).
+     */
+    this.texts = [...wit.texts];
+    /** The call a `tool` message answers; empty for the other roles. */
+    this.toolCallId = wit.toolCallId;
+  }
+}
+
+/** What a review is shown: the step's new messages and what assembly made of the step. */
+export class ReviewInput {
+  constructor(wit) {
+    /** The step's new messages, as `Message`s. */
+    this.messages = wit.messages.map((m) => new Message(m));
+    /** The assembled system prompt. */
+    this.system = wit.system;
+    /** The assembled runtime context snapshot, or undefined when there is none. */
+    this.runtimeContext = wit.runtimeContext ?? undefined;
+    /** The names of the tools shown this step, in order. */
+    this.tools = [...wit.tools];
+  }
+  /** Every text of every message, in order. */
+  texts() {
+    return this.messages.flatMap((m) => m.texts);
+  }
+  /** Whether any text of any message contains `needle`. */
+  anyTextContains(needle) {
+    return this.messages.some((m) => m.texts.some((t) => t.includes(needle)));
+  }
+}
+
+/**
+ * What a review decides; a review function returns one of these.
+ *
+ *   Verdict.accept()                              the step goes on unchanged
+ *   Verdict.reject("why")                         the step fails (HTTP 422 with this reason)
+ *   Verdict.redact([["hunter2", "[redacted]"]])   replacements made, in order, in the texts of
+ *                                                 the new user and tool messages
+ *
+ * `redact` takes `[find, replace]` pairs or `{ find, replace }` objects; `find` must not be
+ * empty.
+ */
+export const Verdict = Object.freeze({
+  accept: () => ({ tag: "accept" }),
+  reject: (reason) => ({ tag: "reject", val: String(reason) }),
+  redact: (redactions) => {
+    if (!Array.isArray(redactions)) throw new TypeError("Verdict.redact: expected an array");
+    return {
+      tag: "redact",
+      val: redactions.map((r) => {
+        const [find, replace] = Array.isArray(r) ? r : [r?.find, r?.replace];
+        if (typeof find !== "string" || typeof replace !== "string") {
+          throw new TypeError("Verdict.redact: expected [find, replace] pairs of strings");
+        }
+        return { find, replace };
+      }),
+    };
+  },
+});
+
 const GLOBAL = { tag: "global" };
 const DYNAMIC = Symbol("dynamic");
 
@@ -79,7 +157,7 @@ function checkFn(what, f) {
 
 /**
  * Everything a plugin contributes. Methods add one item each and return `this`;
- * `scope(agent)` and `complete()` change the item added last.
+ * `scope(agent)`, `complete()` and `verbatim()` change the item added last.
  */
 export class Plugin {
   constructor() {
@@ -88,25 +166,39 @@ export class Plugin {
     this.variables = [];
     this.tools = [];
     this.shownToolsFn = null;
+    this.reviewOrder = undefined;
+    this.reviewFn = null;
     this.last = null;
     this.misuse = null;
   }
 
   /** A static section of the system prompt; `{{name}}` references are interpolated by the host. */
   section(name, order, text) {
-    return this.#push(this.sections, { name, order, text: String(text), complete: false });
+    return this.#push(this.sections, {
+      name,
+      order,
+      text: String(text),
+      complete: false,
+      verbatim: false,
+    });
   }
   /** A section whose text `f(step)` computes at each assembly. */
   dynamicSection(name, order, f) {
-    return this.#push(this.sections, { name, order, fn: checkFn(name, f), complete: false });
+    return this.#push(this.sections, {
+      name,
+      order,
+      fn: checkFn(name, f),
+      complete: false,
+      verbatim: false,
+    });
   }
   /** A static part of the runtime context snapshot (a user message, not system). */
   context(name, order, text) {
-    return this.#push(this.contexts, { name, order, text: String(text) });
+    return this.#push(this.contexts, { name, order, text: String(text), verbatim: false });
   }
   /** A runtime context part `f(step)` computes at each assembly; "" contributes nothing. */
   dynamicContext(name, order, f) {
-    return this.#push(this.contexts, { name, order, fn: checkFn(name, f) });
+    return this.#push(this.contexts, { name, order, fn: checkFn(name, f), verbatim: false });
   }
   /** A variable for `{{name}}`; names match `^[a-z][a-z0-9_]*$`. */
   variable(name, value) {
@@ -140,6 +232,30 @@ export class Plugin {
     if (!this.last || this.last.kind !== this.sections) {
       this.misuse ??= "complete() applies to a section only";
     } else this.last.complete = true;
+    return this;
+  }
+  /**
+   * Marks the section or context added last as verbatim: the host uses its text exactly as
+   * given, `{{` and all, and never interpolates a variable (a secret) into it. For text the
+   * plugin did not write itself: retrieved documents, tool output, web pages.
+   */
+  verbatim() {
+    if (!this.last || (this.last.kind !== this.sections && this.last.kind !== this.contexts)) {
+      this.misuse ??= "verbatim() applies to a section or context only";
+    } else this.last.verbatim = true;
+    return this;
+  }
+  /**
+   * Reviews every session step: `f(step, input)` sees the step's new messages and the
+   * assembled request (a `ReviewInput`) and returns a `Verdict`. Hooks of all plugins run one
+   * after another, sorted by (`order`, plugin id); `order` is an integer (WIT s32).
+   */
+  review(order, f) {
+    if (!Number.isInteger(order) || order < -(2 ** 31) || order >= 2 ** 31) {
+      this.misuse ??= `review(): the order must be an integer from ${-(2 ** 31)} to ${2 ** 31 - 1}`;
+    }
+    this.reviewOrder = order;
+    this.reviewFn = checkFn("review", f);
     return this;
   }
 
@@ -184,9 +300,31 @@ function checkString(kind, name, v) {
   return v;
 }
 
+function checkVerdict(v) {
+  const ok =
+    v !== null &&
+    typeof v === "object" &&
+    (v.tag === "accept" ||
+      (v.tag === "reject" && typeof v.val === "string") ||
+      (v.tag === "redact" &&
+        Array.isArray(v.val) &&
+        v.val.every((r) => typeof r?.find === "string" && typeof r?.replace === "string")));
+  if (!ok) {
+    throw "review: the function must return Verdict.accept(), Verdict.reject(reason) or Verdict.redact([[find, replace], ...])";
+  }
+  return v.tag === "accept" ? { tag: "accept" } : v;
+}
+
 /**
- * Turns `declareFn(config) -> Plugin` into the five world exports. Use as
- * `export const { declare, sectionText, contextText, variableValue, shownTools } = exportPlugin(fn);`
+ * Where build.sh finds `evaluate` and `review` when the entry module does not export them: a
+ * plugin written for 0.1.0 exports `declare` and the four per-item names, which 0.2.0 no longer
+ * has. exportPlugin puts the three world functions on its `declare` under this key.
+ */
+export const WORLD = Symbol.for("promptd-sdk.world");
+
+/**
+ * Turns `declareFn(config) -> Plugin` into the three world exports. Use as
+ * `export const { declare, evaluate, review } = exportPlugin(fn);`
  */
 export function exportPlugin(declareFn) {
   checkFn("exportPlugin", declareFn);
@@ -210,7 +348,18 @@ export function exportPlugin(declareFn) {
     return item;
   };
 
-  return {
+  const shownTools = (p, step) => {
+    try {
+      if (!p.shownToolsFn) throw "this plugin does not filter its tools";
+      const names = p.shownToolsFn(new Step(step));
+      if (!Array.isArray(names)) throw "showTools: the function must return an array of names";
+      return { tag: "ok", val: names.map(String) };
+    } catch (e) {
+      return { tag: "err", val: errorMessage(e) };
+    }
+  };
+
+  const world = {
     declare(config) {
       return guard(() => {
         const p = declareFn(new Config(config));
@@ -223,12 +372,14 @@ export function exportPlugin(declareFn) {
             text: content(s),
             complete: s.complete,
             scope: s.scope,
+            verbatim: s.verbatim,
           })),
           contexts: p.contexts.map((c) => ({
             name: c.name,
             order: c.order,
             text: content(c),
             scope: c.scope,
+            verbatim: c.verbatim,
           })),
           variables: p.variables.map((v) => ({ name: v.name, value: content(v), scope: v.scope })),
           tools: p.tools.map((t) => ({
@@ -238,38 +389,47 @@ export function exportPlugin(declareFn) {
             scope: t.scope,
           })),
           filtersTools: p.shownToolsFn !== null,
+          reviewOrder: p.reviewFn ? p.reviewOrder : undefined,
         };
         plugin = p;
         return declaration;
       });
     },
-    sectionText(name, scope, step) {
-      return guard(() => {
-        const item = find(current().sections, "section", name, scope);
-        return checkString("section", name, item.fn(new Step(step)));
-      });
-    },
-    contextText(name, scope, step) {
-      return guard(() => {
-        const item = find(current().contexts, "context", name, scope);
-        return checkString("context", name, item.fn(new Step(step)));
-      });
-    },
-    variableValue(name, scope, step) {
-      return guard(() => {
-        const item = find(current().variables, "variable", name, scope);
-        const v = item.fn(new Step(step));
-        return v === null || v === undefined ? undefined : checkString("variable", name, v);
-      });
-    },
-    shownTools(step) {
+    evaluate(step, wanted) {
       return guard(() => {
         const p = current();
-        if (!p.shownToolsFn) throw "this plugin does not filter its tools";
-        const names = p.shownToolsFn(new Step(step));
-        if (!Array.isArray(names)) throw "showTools: the function must return an array of names";
-        return names.map(String);
+        // One fresh Step per item, as when the host called once per item (0.1.0).
+        const each = (items, f) =>
+          items.map(({ name, scope }) => {
+            try {
+              return { tag: "ok", val: f(name, scope, new Step(step)) };
+            } catch (e) {
+              return { tag: "err", val: errorMessage(e) };
+            }
+          });
+        return {
+          sections: each(wanted.sections, (name, scope, st) =>
+            checkString("section", name, find(p.sections, "section", name, scope).fn(st)),
+          ),
+          contexts: each(wanted.contexts, (name, scope, st) =>
+            checkString("context", name, find(p.contexts, "context", name, scope).fn(st)),
+          ),
+          variables: each(wanted.variables, (name, scope, st) => {
+            const v = find(p.variables, "variable", name, scope).fn(st);
+            return v === null || v === undefined ? undefined : checkString("variable", name, v);
+          }),
+          shownTools: wanted.shownTools ? shownTools(p, step) : undefined,
+        };
+      });
+    },
+    review(step, input) {
+      return guard(() => {
+        const p = current();
+        if (!p.reviewFn) return { tag: "accept" };
+        return checkVerdict(p.reviewFn(new Step(step), new ReviewInput(input)));
       });
     },
   };
+  Object.defineProperty(world.declare, WORLD, { value: world });
+  return world;
 }
