@@ -2,8 +2,9 @@
 //!
 //! A plugin is a function from its config to a [`Plugin`]: a builder of sections, contexts,
 //! variables and tools. Static text is sent to the host once, at load; dynamic parts are
-//! closures the host calls at each assembly with the [`Step`]. You never touch the generated
-//! WebAssembly bindings.
+//! closures the host calls at each assembly with the [`Step`]. A plugin may also review each
+//! session step's new messages ([`Plugin::review`]). You never touch the generated
+//! WebAssembly bindings (world `promptd:plugin@0.2.0`).
 //!
 //! ```no_run
 //! use promptd_sdk::{export_plugin, Config, Plugin};
@@ -14,6 +15,32 @@
 //!         .variable("name", config.get_or("name", "a helpful assistant"))
 //!         .dynamic_context("clock", 50, |step| {
 //!             Ok(format!("Today is {}.", step.fact("date").unwrap_or("unknown")))
+//!         }))
+//! }
+//!
+//! export_plugin!(declare);
+//! ```
+//!
+//! Text the plugin did not write itself (retrieved documents, web pages, tool output) belongs
+//! in a [`verbatim`](Plugin::verbatim) section or context: the host never interpolates
+//! `{{...}}` in it. A review hook sees the step's new messages and the assembled request, and
+//! accepts, rejects or redacts:
+//!
+//! ```no_run
+//! use promptd_sdk::{export_plugin, Config, Plugin, Verdict};
+//!
+//! fn declare(_config: &Config) -> Result<Plugin, String> {
+//!     Ok(Plugin::new()
+//!         .dynamic_context("docs:found", 60, |step| {
+//!             Ok(step.fact("document").unwrap_or_default().to_string())
+//!         })
+//!         .verbatim()
+//!         .review(0, |_step, input| {
+//!             Ok(if input.any_text_contains("password") {
+//!                 Verdict::redact([("password", "[redacted]")])
+//!             } else {
+//!                 Verdict::Accept
+//!             })
 //!         }))
 //! }
 //!
@@ -31,6 +58,8 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 #[doc(hidden)]
+// The generated export glue takes `evaluate`'s and `review`'s records as flat arguments.
+#[allow(clippy::too_many_arguments)]
 pub mod __private {
     pub use wit_bindgen;
 
@@ -100,12 +129,147 @@ pub type CallResult<T> = Result<T, String>;
 type TextFn = Rc<dyn Fn(&Step) -> CallResult<String>>;
 type ValueFn = Rc<dyn Fn(&Step) -> CallResult<Option<String>>>;
 type ToolsFn = Rc<dyn Fn(&Step) -> CallResult<Vec<String>>>;
+type ObserveFn = Rc<dyn Fn(&Step, &Wanted)>;
+type ReviewFn = Rc<dyn Fn(&Step, &ReviewInput) -> CallResult<Verdict>>;
 
 /// Where a contribution is visible: every agent, or one agent and those below it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Scope {
     Global,
     Agent(String),
+}
+
+/// A dynamic contribution the host wants this step: its name and the scope it was declared
+/// with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WantedItem {
+    pub name: String,
+    pub scope: Scope,
+}
+
+/// The dynamic contributions the host wants at one step, in the host's canonical order, as
+/// [`Plugin::before_evaluate`] observers see them. Only effective contributions are listed
+/// (never one a nearer scope shadows, never a context when the agent has no runtime context).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub sections: Vec<WantedItem>,
+    pub contexts: Vec<WantedItem>,
+    pub variables: Vec<WantedItem>,
+    /// Whether the host asks which known tools are shown (only when the plugin has
+    /// [`Plugin::show_tools`]).
+    pub shown_tools: bool,
+}
+
+/// One message the client sent this step, as a review sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Message {
+    /// `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Its texts in order: a text content is one entry, a block content gives one entry per
+    /// text block (images and documents give none), an assistant's reply gives its text (empty
+    /// when it only calls tools).
+    pub texts: Vec<String>,
+    /// The call a `tool` message answers; empty for the other roles.
+    pub tool_call_id: String,
+}
+
+/// What a review is shown: the step's new messages and what assembly made of the step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReviewInput {
+    pub messages: Vec<Message>,
+    /// The assembled system prompt.
+    pub system: String,
+    /// The assembled runtime context snapshot, if any.
+    pub runtime_context: Option<String>,
+    /// The names of the tools shown this step, in order.
+    pub tools: Vec<String>,
+}
+
+impl ReviewInput {
+    /// Every text of every message, in order.
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        self.messages
+            .iter()
+            .flat_map(|m| m.texts.iter().map(String::as_str))
+    }
+
+    /// Whether any text of any message contains `needle`.
+    pub fn any_text_contains(&self, needle: &str) -> bool {
+        self.texts().any(|t| t.contains(needle))
+    }
+}
+
+/// Replace every occurrence of `find` (non-empty) by `replace`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redaction {
+    pub find: String,
+    pub replace: String,
+}
+
+impl Redaction {
+    pub fn new(find: impl Into<String>, replace: impl Into<String>) -> Self {
+        Self {
+            find: find.into(),
+            replace: replace.into(),
+        }
+    }
+}
+
+/// What a review decides.
+///
+/// ```
+/// use promptd_sdk::Verdict;
+///
+/// let ok = Verdict::accept();
+/// let no = Verdict::reject("the step mentions a secret");
+/// let masked = Verdict::redact([("hunter2", "[redacted]")]);
+/// # assert_eq!(ok, Verdict::Accept);
+/// # assert_eq!(no, Verdict::Reject("the step mentions a secret".into()));
+/// # assert_eq!(masked.redactions().len(), 1);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The step goes on unchanged.
+    Accept,
+    /// The step fails (the client gets HTTP 422 naming the plugin and this reason); nothing is
+    /// recorded.
+    Reject(String),
+    /// The step goes on with these replacements made, in order, in the texts of its new `user`
+    /// and `tool` messages before they are recorded and sent. The model's replies are not
+    /// changed.
+    Redact(Vec<Redaction>),
+}
+
+impl Verdict {
+    /// [`Verdict::Accept`].
+    pub fn accept() -> Self {
+        Verdict::Accept
+    }
+
+    /// [`Verdict::Reject`] with `reason`.
+    pub fn reject(reason: impl Into<String>) -> Self {
+        Verdict::Reject(reason.into())
+    }
+
+    /// [`Verdict::Redact`] from `(find, replace)` pairs, applied in order.
+    pub fn redact<F: Into<String>, R: Into<String>>(
+        pairs: impl IntoIterator<Item = (F, R)>,
+    ) -> Self {
+        Verdict::Redact(
+            pairs
+                .into_iter()
+                .map(|(find, replace)| Redaction::new(find, replace))
+                .collect(),
+        )
+    }
+
+    /// The redactions of a [`Verdict::Redact`]; empty for the other verdicts.
+    pub fn redactions(&self) -> &[Redaction] {
+        match self {
+            Verdict::Redact(r) => r,
+            _ => &[],
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -132,6 +296,7 @@ pub(crate) struct SectionItem {
     pub text: Text,
     pub complete: bool,
     pub scope: Scope,
+    pub verbatim: bool,
 }
 
 pub(crate) struct ContextItem {
@@ -139,6 +304,7 @@ pub(crate) struct ContextItem {
     pub order: i32,
     pub text: Text,
     pub scope: Scope,
+    pub verbatim: bool,
 }
 
 pub(crate) struct VariableItem {
@@ -154,8 +320,8 @@ pub(crate) struct ToolItem {
     pub scope: Scope,
 }
 
-/// Everything a plugin contributes. Methods add one item each; [`Plugin::scope`] and
-/// [`Plugin::complete`] change the item added last.
+/// Everything a plugin contributes. Methods add one item each; [`Plugin::scope`],
+/// [`Plugin::complete`] and [`Plugin::verbatim`] change the item added last.
 #[derive(Default)]
 pub struct Plugin {
     pub(crate) sections: Vec<SectionItem>,
@@ -163,6 +329,8 @@ pub struct Plugin {
     pub(crate) variables: Vec<VariableItem>,
     pub(crate) tools: Vec<ToolItem>,
     pub(crate) shown_tools: Option<ToolsFn>,
+    pub(crate) observers: Vec<ObserveFn>,
+    pub(crate) review: Option<(i32, ReviewFn)>,
     last: Option<Last>,
     pub(crate) misuse: Option<String>,
 }
@@ -195,6 +363,7 @@ impl Plugin {
             text,
             complete: false,
             scope: Scope::Global,
+            verbatim: false,
         });
         self.last = Some(Last::Section(self.sections.len() - 1));
         self
@@ -221,6 +390,7 @@ impl Plugin {
             order,
             text,
             scope: Scope::Global,
+            verbatim: false,
         });
         self.last = Some(Last::Context(self.contexts.len() - 1));
         self
@@ -290,6 +460,76 @@ impl Plugin {
         }
         self
     }
+
+    /// Marks the section or context added last as verbatim: the host uses its text exactly as
+    /// given and never interpolates `{{...}}` in it, so it can never pull a variable (a secret)
+    /// into the prompt. For text the plugin did not write itself: retrieved documents, web
+    /// pages, tool output.
+    ///
+    /// ```
+    /// # use promptd_sdk::Plugin;
+    /// let plugin = Plugin::new()
+    ///     .context("notes:raw", 35, "Kept as written: {{not_a_variable}}")
+    ///     .verbatim()
+    ///     .dynamic_section("notes:page", 30, |step| {
+    ///         Ok(step.fact("page").unwrap_or_default().to_string())
+    ///     })
+    ///     .verbatim();
+    /// ```
+    pub fn verbatim(mut self) -> Self {
+        match self.last {
+            Some(Last::Section(i)) => self.sections[i].verbatim = true,
+            Some(Last::Context(i)) => self.contexts[i].verbatim = true,
+            _ => self.misuse = Some("verbatim() applies to a section or a context only".into()),
+        }
+        self
+    }
+
+    /// Calls `f` at the start of each evaluation with the step and the dynamic contributions
+    /// the host wants this step, before any of their closures: for a plugin that fetches
+    /// everything it needs at once. Observers run in the order they were added.
+    ///
+    /// ```
+    /// # use promptd_sdk::Plugin;
+    /// let plugin = Plugin::new()
+    ///     .before_evaluate(|step, wanted| {
+    ///         let names: Vec<&str> = wanted.sections.iter().map(|i| i.name.as_str()).collect();
+    ///         promptd_sdk::log::debug(&format!("step {}: {}", step.step_number, names.join(",")));
+    ///     });
+    /// ```
+    pub fn before_evaluate(mut self, f: impl Fn(&Step, &Wanted) + 'static) -> Self {
+        self.observers.push(Rc::new(f));
+        self
+    }
+
+    /// Reviews every session step after assembly: `f` sees the step's new messages and the
+    /// assembled request and returns a [`Verdict`]. Hooks of all plugins run one after another,
+    /// sorted by (`order`, plugin id). An `Err` (or a panic) fails the step with its message.
+    /// One review hook per plugin.
+    ///
+    /// ```
+    /// # use promptd_sdk::{Plugin, Verdict};
+    /// let plugin = Plugin::new().review(0, |_step, input| {
+    ///     Ok(if input.any_text_contains("forbidden") {
+    ///         Verdict::reject("the step mentions \"forbidden\"")
+    ///     } else if input.any_text_contains("hunter2") {
+    ///         Verdict::redact([("hunter2", "[redacted]")])
+    ///     } else {
+    ///         Verdict::Accept
+    ///     })
+    /// });
+    /// ```
+    pub fn review(
+        mut self,
+        order: i32,
+        f: impl Fn(&Step, &ReviewInput) -> CallResult<Verdict> + 'static,
+    ) -> Self {
+        if self.review.is_some() {
+            self.misuse = Some("review() called twice: a plugin has one review hook".into());
+        }
+        self.review = Some((order, Rc::new(f)));
+        self
+    }
 }
 
 /// Writes a line to the host's log, tagged with this plugin's id.
@@ -320,43 +560,22 @@ macro_rules! export_plugin {
         impl $crate::__private::Guest for __PromptdPlugin {
             fn declare(
                 config: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
-            ) -> ::std::result::Result<
-                $crate::__private::wit::Declaration,
-                ::std::string::String,
-            > {
+            ) -> ::std::result::Result<$crate::__private::wit::Declaration, ::std::string::String>
+            {
                 $crate::__private::declare(config, $declare)
             }
-            fn section_text(
-                name: ::std::string::String,
-                scope: $crate::__private::wit::Scope,
+            fn evaluate(
                 step: $crate::__private::wit::Step,
-            ) -> ::std::result::Result<::std::string::String, ::std::string::String> {
-                $crate::__private::section_text(name, scope, step)
+                wanted: $crate::__private::wit::Wanted,
+            ) -> ::std::result::Result<$crate::__private::wit::Evaluation, ::std::string::String>
+            {
+                $crate::__private::evaluate(step, wanted)
             }
-            fn context_text(
-                name: ::std::string::String,
-                scope: $crate::__private::wit::Scope,
+            fn review(
                 step: $crate::__private::wit::Step,
-            ) -> ::std::result::Result<::std::string::String, ::std::string::String> {
-                $crate::__private::context_text(name, scope, step)
-            }
-            fn variable_value(
-                name: ::std::string::String,
-                scope: $crate::__private::wit::Scope,
-                step: $crate::__private::wit::Step,
-            ) -> ::std::result::Result<
-                ::std::option::Option<::std::string::String>,
-                ::std::string::String,
-            > {
-                $crate::__private::variable_value(name, scope, step)
-            }
-            fn shown_tools(
-                step: $crate::__private::wit::Step,
-            ) -> ::std::result::Result<
-                ::std::vec::Vec<::std::string::String>,
-                ::std::string::String,
-            > {
-                $crate::__private::shown_tools(step)
+                input: $crate::__private::wit::ReviewInput,
+            ) -> ::std::result::Result<$crate::__private::wit::Verdict, ::std::string::String> {
+                $crate::__private::review(step, input)
             }
         }
 
