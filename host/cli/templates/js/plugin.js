@@ -1,8 +1,8 @@
 // The `@NAME@` promptd plugin. Build it with `promptd plugin build` (gives @NAME@.wasm).
 import { Plugin, exportPlugin } from "promptd-sdk";
 
-// componentize-js finds each world export by name, so all five are exported here.
-export const { declare, sectionText, contextText, variableValue, shownTools } = exportPlugin(
+// componentize-js finds each world export by name, so all three are exported here.
+export const { declare, evaluate, review } = exportPlugin(
   (config) =>
     new Plugin()
       .section("@NAME@:rules", 50, "Answer as {{@NAME@_style}}.")

@@ -7,7 +7,7 @@ const ECHO_PARAMETERS = {
   required: ["text"],
 };
 
-export const { declare, sectionText, contextText, variableValue, shownTools } = exportPlugin(
+export const { declare, evaluate, review } = exportPlugin(
   (config) =>
     new Plugin()
       .section("hello", 10, "Hello from JavaScript, {{who}}.")
