@@ -22,7 +22,8 @@
 // Build with `sdk/js/build.sh DIR OUT.wasm` (componentize-js against wit/). The plugin's id is
 // the file name without `.wasm`.
 //
-// The mapping to the WIT world (promptd:plugin@0.2.0, world `plugin`) lives in this file only:
+// The mapping to the WIT world (promptd:plugin@0.2.0, world `plugin`) lives in this file (and in
+// the small bundle entry build.sh writes):
 // componentize-js calls the three named exports that `exportPlugin` returns (`declare`,
 // `evaluate`, `review`), with WIT values in their JS shapes (records as camelCase objects,
 // variants as `{ tag, val }`, `option` as the value or undefined, u64 as BigInt, tuples as
