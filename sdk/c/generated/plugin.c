@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `promptd:plugin/host@0.1.0`
+// Imported Functions from `promptd:plugin/host@0.2.0`
 
-__attribute__((__import_module__("promptd:plugin/host@0.1.0"), __import_name__("log")))
+__attribute__((__import_module__("promptd:plugin/host@0.2.0"), __import_name__("log")))
 extern void __wasm_import_promptd_plugin_host_log(int32_t, uint8_t *, size_t);
 
 // Exported Functions from `plugin`
@@ -18,7 +18,7 @@ void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
       if (len > 0) {
         uint8_t *ptr = *((uint8_t **) (arg0 + sizeof(void*)));
         for (size_t i = 0; i < len; i++) {
-          uint8_t *base = ptr + i * (10*sizeof(void*));
+          uint8_t *base = ptr + i * (11*sizeof(void*));
           (void) base;
           if ((*((size_t*) (base + sizeof(void*)))) > 0) {
             free(*((uint8_t **) (base + 0)));
@@ -52,7 +52,7 @@ void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
       if (len0 > 0) {
         uint8_t *ptr1 = *((uint8_t **) (arg0 + (3*sizeof(void*))));
         for (size_t i2 = 0; i2 < len0; i2++) {
-          uint8_t *base = ptr1 + i2 * (9*sizeof(void*));
+          uint8_t *base = ptr1 + i2 * (10*sizeof(void*));
           (void) base;
           if ((*((size_t*) (base + sizeof(void*)))) > 0) {
             free(*((uint8_t **) (base + 0)));
@@ -156,12 +156,117 @@ void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
   }
 }
 
-__attribute__((__weak__, __export_name__("cabi_post_section-text")))
-void __wasm_export_exports_plugin_section_text_post_return(uint8_t * arg0) {
+__attribute__((__weak__, __export_name__("cabi_post_evaluate")))
+void __wasm_export_exports_plugin_evaluate_post_return(uint8_t * arg0) {
   switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + 0))) {
     case 0: {
-      if ((*((size_t*) (arg0 + (2*sizeof(void*))))) > 0) {
-        free(*((uint8_t **) (arg0 + sizeof(void*))));
+      size_t len = *((size_t*) (arg0 + (2*sizeof(void*))));
+      if (len > 0) {
+        uint8_t *ptr = *((uint8_t **) (arg0 + sizeof(void*)));
+        for (size_t i = 0; i < len; i++) {
+          uint8_t *base = ptr + i * (3*sizeof(void*));
+          (void) base;
+          switch ((int32_t) (int32_t) *((uint8_t*) (base + 0))) {
+            case 0: {
+              if ((*((size_t*) (base + (2*sizeof(void*))))) > 0) {
+                free(*((uint8_t **) (base + sizeof(void*))));
+              }
+              break;
+            }
+            case 1: {
+              if ((*((size_t*) (base + (2*sizeof(void*))))) > 0) {
+                free(*((uint8_t **) (base + sizeof(void*))));
+              }
+              break;
+            }
+          }
+        }
+        free(ptr);
+      }
+      size_t len0 = *((size_t*) (arg0 + (4*sizeof(void*))));
+      if (len0 > 0) {
+        uint8_t *ptr1 = *((uint8_t **) (arg0 + (3*sizeof(void*))));
+        for (size_t i2 = 0; i2 < len0; i2++) {
+          uint8_t *base = ptr1 + i2 * (3*sizeof(void*));
+          (void) base;
+          switch ((int32_t) (int32_t) *((uint8_t*) (base + 0))) {
+            case 0: {
+              if ((*((size_t*) (base + (2*sizeof(void*))))) > 0) {
+                free(*((uint8_t **) (base + sizeof(void*))));
+              }
+              break;
+            }
+            case 1: {
+              if ((*((size_t*) (base + (2*sizeof(void*))))) > 0) {
+                free(*((uint8_t **) (base + sizeof(void*))));
+              }
+              break;
+            }
+          }
+        }
+        free(ptr1);
+      }
+      size_t len3 = *((size_t*) (arg0 + (6*sizeof(void*))));
+      if (len3 > 0) {
+        uint8_t *ptr4 = *((uint8_t **) (arg0 + (5*sizeof(void*))));
+        for (size_t i5 = 0; i5 < len3; i5++) {
+          uint8_t *base = ptr4 + i5 * (4*sizeof(void*));
+          (void) base;
+          switch ((int32_t) (int32_t) *((uint8_t*) (base + 0))) {
+            case 0: {
+              switch ((int32_t) (int32_t) *((uint8_t*) (base + sizeof(void*)))) {
+                case 0: {
+                  break;
+                }
+                case 1: {
+                  if ((*((size_t*) (base + (3*sizeof(void*))))) > 0) {
+                    free(*((uint8_t **) (base + (2*sizeof(void*)))));
+                  }
+                  break;
+                }
+              }
+              break;
+            }
+            case 1: {
+              if ((*((size_t*) (base + (2*sizeof(void*))))) > 0) {
+                free(*((uint8_t **) (base + sizeof(void*))));
+              }
+              break;
+            }
+          }
+        }
+        free(ptr4);
+      }
+      switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + (7*sizeof(void*))))) {
+        case 0: {
+          break;
+        }
+        case 1: {
+          switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + (8*sizeof(void*))))) {
+            case 0: {
+              size_t len6 = *((size_t*) (arg0 + (10*sizeof(void*))));
+              if (len6 > 0) {
+                uint8_t *ptr7 = *((uint8_t **) (arg0 + (9*sizeof(void*))));
+                for (size_t i8 = 0; i8 < len6; i8++) {
+                  uint8_t *base = ptr7 + i8 * (2*sizeof(void*));
+                  (void) base;
+                  if ((*((size_t*) (base + sizeof(void*)))) > 0) {
+                    free(*((uint8_t **) (base + 0)));
+                  }
+                }
+                free(ptr7);
+              }
+              break;
+            }
+            case 1: {
+              if ((*((size_t*) (arg0 + (10*sizeof(void*))))) > 0) {
+                free(*((uint8_t **) (arg0 + (9*sizeof(void*)))));
+              }
+              break;
+            }
+          }
+          break;
+        }
       }
       break;
     }
@@ -174,26 +279,8 @@ void __wasm_export_exports_plugin_section_text_post_return(uint8_t * arg0) {
   }
 }
 
-__attribute__((__weak__, __export_name__("cabi_post_context-text")))
-void __wasm_export_exports_plugin_context_text_post_return(uint8_t * arg0) {
-  switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + 0))) {
-    case 0: {
-      if ((*((size_t*) (arg0 + (2*sizeof(void*))))) > 0) {
-        free(*((uint8_t **) (arg0 + sizeof(void*))));
-      }
-      break;
-    }
-    case 1: {
-      if ((*((size_t*) (arg0 + (2*sizeof(void*))))) > 0) {
-        free(*((uint8_t **) (arg0 + sizeof(void*))));
-      }
-      break;
-    }
-  }
-}
-
-__attribute__((__weak__, __export_name__("cabi_post_variable-value")))
-void __wasm_export_exports_plugin_variable_value_post_return(uint8_t * arg0) {
+__attribute__((__weak__, __export_name__("cabi_post_review")))
+void __wasm_export_exports_plugin_review_post_return(uint8_t * arg0) {
   switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + 0))) {
     case 0: {
       switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + sizeof(void*)))) {
@@ -206,33 +293,24 @@ void __wasm_export_exports_plugin_variable_value_post_return(uint8_t * arg0) {
           }
           break;
         }
-      }
-      break;
-    }
-    case 1: {
-      if ((*((size_t*) (arg0 + (2*sizeof(void*))))) > 0) {
-        free(*((uint8_t **) (arg0 + sizeof(void*))));
-      }
-      break;
-    }
-  }
-}
-
-__attribute__((__weak__, __export_name__("cabi_post_shown-tools")))
-void __wasm_export_exports_plugin_shown_tools_post_return(uint8_t * arg0) {
-  switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + 0))) {
-    case 0: {
-      size_t len = *((size_t*) (arg0 + (2*sizeof(void*))));
-      if (len > 0) {
-        uint8_t *ptr = *((uint8_t **) (arg0 + sizeof(void*)));
-        for (size_t i = 0; i < len; i++) {
-          uint8_t *base = ptr + i * (2*sizeof(void*));
-          (void) base;
-          if ((*((size_t*) (base + sizeof(void*)))) > 0) {
-            free(*((uint8_t **) (base + 0)));
+        case 2: {
+          size_t len = *((size_t*) (arg0 + (3*sizeof(void*))));
+          if (len > 0) {
+            uint8_t *ptr = *((uint8_t **) (arg0 + (2*sizeof(void*))));
+            for (size_t i = 0; i < len; i++) {
+              uint8_t *base = ptr + i * (4*sizeof(void*));
+              (void) base;
+              if ((*((size_t*) (base + sizeof(void*)))) > 0) {
+                free(*((uint8_t **) (base + 0)));
+              }
+              if ((*((size_t*) (base + (3*sizeof(void*))))) > 0) {
+                free(*((uint8_t **) (base + (2*sizeof(void*)))));
+              }
+            }
+            free(ptr);
           }
+          break;
         }
-        free(ptr);
       }
       break;
     }
@@ -257,7 +335,7 @@ void *cabi_realloc(void *ptr, size_t old_size, size_t align, size_t new_size) {
 }
 
 __attribute__((__aligned__(sizeof(void*))))
-static uint8_t RET_AREA[(10*sizeof(void*))];
+static uint8_t RET_AREA[(8+10*sizeof(void*))];
 
 // Helper Functions
 
@@ -348,11 +426,17 @@ void promptd_plugin_types_list_tool_free(promptd_plugin_types_list_tool_t *ptr) 
   }
 }
 
+void plugin_option_s32_free(plugin_option_s32_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
 void promptd_plugin_types_declaration_free(promptd_plugin_types_declaration_t *ptr) {
   promptd_plugin_types_list_section_free(&ptr->sections);
   promptd_plugin_types_list_context_free(&ptr->contexts);
   promptd_plugin_types_list_variable_free(&ptr->variables);
   promptd_plugin_types_list_tool_free(&ptr->tools);
+  plugin_option_s32_free(&ptr->review_order);
 }
 
 void plugin_list_string_free(plugin_list_string_t *ptr) {
@@ -389,16 +473,168 @@ void promptd_plugin_types_step_free(promptd_plugin_types_step_t *ptr) {
   plugin_list_tuple2_string_string_free(&ptr->facts);
 }
 
+void promptd_plugin_types_item_free(promptd_plugin_types_item_t *ptr) {
+  plugin_string_free(&ptr->name);
+  promptd_plugin_types_scope_free(&ptr->scope);
+}
+
+void promptd_plugin_types_list_item_free(promptd_plugin_types_list_item_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    promptd_plugin_types_item_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      promptd_plugin_types_item_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void promptd_plugin_types_wanted_free(promptd_plugin_types_wanted_t *ptr) {
+  promptd_plugin_types_list_item_free(&ptr->sections);
+  promptd_plugin_types_list_item_free(&ptr->contexts);
+  promptd_plugin_types_list_item_free(&ptr->variables);
+}
+
+void promptd_plugin_types_result_string_string_free(promptd_plugin_types_result_string_string_t *ptr) {
+  if (!ptr->is_err) {
+    plugin_string_free(&ptr->val.ok);
+  } else {
+    plugin_string_free(&ptr->val.err);
+  }
+}
+
+void promptd_plugin_types_list_result_string_string_free(promptd_plugin_types_list_result_string_string_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    promptd_plugin_types_result_string_string_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      promptd_plugin_types_result_string_string_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void plugin_option_string_free(plugin_option_string_t *ptr) {
+  if (ptr->is_some) {
+    plugin_string_free(&ptr->val);
+  }
+}
+
+void promptd_plugin_types_result_option_string_string_free(promptd_plugin_types_result_option_string_string_t *ptr) {
+  if (!ptr->is_err) {
+    plugin_option_string_free(&ptr->val.ok);
+  } else {
+    plugin_string_free(&ptr->val.err);
+  }
+}
+
+void promptd_plugin_types_list_result_option_string_string_free(promptd_plugin_types_list_result_option_string_string_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    promptd_plugin_types_result_option_string_string_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      promptd_plugin_types_result_option_string_string_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void promptd_plugin_types_result_list_string_string_free(promptd_plugin_types_result_list_string_string_t *ptr) {
+  if (!ptr->is_err) {
+    plugin_list_string_free(&ptr->val.ok);
+  } else {
+    plugin_string_free(&ptr->val.err);
+  }
+}
+
+void promptd_plugin_types_option_result_list_string_string_free(promptd_plugin_types_option_result_list_string_string_t *ptr) {
+  if (ptr->is_some) {
+    promptd_plugin_types_result_list_string_string_free(&ptr->val);
+  }
+}
+
+void promptd_plugin_types_evaluation_free(promptd_plugin_types_evaluation_t *ptr) {
+  promptd_plugin_types_list_result_string_string_free(&ptr->sections);
+  promptd_plugin_types_list_result_string_string_free(&ptr->contexts);
+  promptd_plugin_types_list_result_option_string_string_free(&ptr->variables);
+  promptd_plugin_types_option_result_list_string_string_free(&ptr->shown_tools);
+}
+
+void promptd_plugin_types_message_free(promptd_plugin_types_message_t *ptr) {
+  plugin_string_free(&ptr->role);
+  plugin_list_string_free(&ptr->texts);
+  plugin_string_free(&ptr->tool_call_id);
+}
+
+void promptd_plugin_types_list_message_free(promptd_plugin_types_list_message_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    promptd_plugin_types_message_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      promptd_plugin_types_message_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void promptd_plugin_types_review_input_free(promptd_plugin_types_review_input_t *ptr) {
+  promptd_plugin_types_list_message_free(&ptr->messages);
+  plugin_string_free(&ptr->system);
+  plugin_option_string_free(&ptr->runtime_context);
+  plugin_list_string_free(&ptr->tools);
+}
+
+void promptd_plugin_types_redaction_free(promptd_plugin_types_redaction_t *ptr) {
+  plugin_string_free(&ptr->find);
+  plugin_string_free(&ptr->replace);
+}
+
+void promptd_plugin_types_list_redaction_free(promptd_plugin_types_list_redaction_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    promptd_plugin_types_redaction_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      promptd_plugin_types_redaction_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void promptd_plugin_types_verdict_free(promptd_plugin_types_verdict_t *ptr) {
+  switch ((int32_t) ptr->tag) {
+    case 1: {
+      plugin_string_free(&ptr->val.reject);
+      break;
+    }
+    case 2: {
+      promptd_plugin_types_list_redaction_free(&ptr->val.redact);
+      break;
+    }
+  }
+}
+
 void plugin_declaration_free(plugin_declaration_t *ptr) {
   promptd_plugin_types_declaration_free(ptr);
 }
 
-void plugin_scope_free(plugin_scope_t *ptr) {
-  promptd_plugin_types_scope_free(ptr);
-}
-
 void plugin_step_free(plugin_step_t *ptr) {
   promptd_plugin_types_step_free(ptr);
+}
+
+void plugin_wanted_free(plugin_wanted_t *ptr) {
+  promptd_plugin_types_wanted_free(ptr);
+}
+
+void plugin_evaluation_free(plugin_evaluation_t *ptr) {
+  promptd_plugin_types_evaluation_free(ptr);
+}
+
+void plugin_review_input_free(plugin_review_input_t *ptr) {
+  promptd_plugin_types_review_input_free(ptr);
+}
+
+void plugin_verdict_free(plugin_verdict_t *ptr) {
+  promptd_plugin_types_verdict_free(ptr);
 }
 
 void plugin_result_declaration_string_free(plugin_result_declaration_string_t *ptr) {
@@ -409,31 +645,17 @@ void plugin_result_declaration_string_free(plugin_result_declaration_string_t *p
   }
 }
 
-void plugin_result_string_string_free(plugin_result_string_string_t *ptr) {
+void plugin_result_evaluation_string_free(plugin_result_evaluation_string_t *ptr) {
   if (!ptr->is_err) {
-    plugin_string_free(&ptr->val.ok);
+    plugin_evaluation_free(&ptr->val.ok);
   } else {
     plugin_string_free(&ptr->val.err);
   }
 }
 
-void plugin_option_string_free(plugin_option_string_t *ptr) {
-  if (ptr->is_some) {
-    plugin_string_free(&ptr->val);
-  }
-}
-
-void plugin_result_option_string_string_free(plugin_result_option_string_string_t *ptr) {
+void plugin_result_verdict_string_free(plugin_result_verdict_string_t *ptr) {
   if (!ptr->is_err) {
-    plugin_option_string_free(&ptr->val.ok);
-  } else {
-    plugin_string_free(&ptr->val.err);
-  }
-}
-
-void plugin_result_list_string_string_free(plugin_result_list_string_string_t *ptr) {
-  if (!ptr->is_err) {
-    plugin_list_string_free(&ptr->val.ok);
+    plugin_verdict_free(&ptr->val.ok);
   } else {
     plugin_string_free(&ptr->val.err);
   }
@@ -485,9 +707,9 @@ uint8_t * __wasm_export_exports_plugin_declare(uint8_t * arg, size_t arg0) {
   }
   uint8_t *ptr = (uint8_t *) &RET_AREA;
   if ((ret).is_err) {
-    const plugin_string_t *payload16 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload16).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload16).ptr;
+    const plugin_string_t *payload18 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload18).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload18).ptr;
   } else {
     const plugin_declaration_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
     *((size_t*)(ptr + (2*sizeof(void*)))) = ((*payload).sections).len;
@@ -499,164 +721,36 @@ uint8_t * __wasm_export_exports_plugin_declare(uint8_t * arg, size_t arg0) {
     *((size_t*)(ptr + (8*sizeof(void*)))) = ((*payload).tools).len;
     *((uint8_t **)(ptr + (7*sizeof(void*)))) = (uint8_t *) ((*payload).tools).ptr;
     *((int8_t*)(ptr + (9*sizeof(void*)))) = (*payload).filters_tools;
-  }
-  return ptr;
-}
-
-__attribute__((__export_name__("section-text")))
-uint8_t * __wasm_export_exports_plugin_section_text(uint8_t * arg, size_t arg0, int32_t arg1, uint8_t * arg2, size_t arg3, uint8_t * arg4, size_t arg5, uint8_t * arg6, size_t arg7, uint8_t * arg8, size_t arg9, int64_t arg10, uint8_t * arg11, size_t arg12) {
-  promptd_plugin_types_scope_t variant;
-  variant.tag = arg1;
-  switch ((int32_t) variant.tag) {
-    case 0: {
-      break;
-    }
-    case 1: {
-      variant.val.agent = (plugin_string_t) { (uint8_t*)(arg2), (arg3) };
-      break;
-    }
-  }
-  plugin_string_t arg13 = (plugin_string_t) { (uint8_t*)(arg), (arg0) };
-  plugin_scope_t arg14 = variant;
-  plugin_step_t arg15 = (promptd_plugin_types_step_t) {
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg4), (arg5) },
-    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(arg6), (arg7) },
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg8), (arg9) },
-    (uint64_t) (uint64_t) (arg10),
-    (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(arg11), (arg12) },
-  };
-  plugin_result_string_string_t ret;
-  plugin_string_t ok;
-  plugin_string_t err;
-  ret.is_err = !exports_plugin_section_text(&arg13, &arg14, &arg15, &ok, &err);
-  if (ret.is_err) {
-    ret.val.err = err;
-  }
-  if (!ret.is_err) {
-    ret.val.ok = ok;
-  }
-  uint8_t *ptr = (uint8_t *) &RET_AREA;
-  if ((ret).is_err) {
-    const plugin_string_t *payload16 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload16).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload16).ptr;
-  } else {
-    const plugin_string_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload).ptr;
-  }
-  return ptr;
-}
-
-__attribute__((__export_name__("context-text")))
-uint8_t * __wasm_export_exports_plugin_context_text(uint8_t * arg, size_t arg0, int32_t arg1, uint8_t * arg2, size_t arg3, uint8_t * arg4, size_t arg5, uint8_t * arg6, size_t arg7, uint8_t * arg8, size_t arg9, int64_t arg10, uint8_t * arg11, size_t arg12) {
-  promptd_plugin_types_scope_t variant;
-  variant.tag = arg1;
-  switch ((int32_t) variant.tag) {
-    case 0: {
-      break;
-    }
-    case 1: {
-      variant.val.agent = (plugin_string_t) { (uint8_t*)(arg2), (arg3) };
-      break;
-    }
-  }
-  plugin_string_t arg13 = (plugin_string_t) { (uint8_t*)(arg), (arg0) };
-  plugin_scope_t arg14 = variant;
-  plugin_step_t arg15 = (promptd_plugin_types_step_t) {
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg4), (arg5) },
-    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(arg6), (arg7) },
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg8), (arg9) },
-    (uint64_t) (uint64_t) (arg10),
-    (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(arg11), (arg12) },
-  };
-  plugin_result_string_string_t ret;
-  plugin_string_t ok;
-  plugin_string_t err;
-  ret.is_err = !exports_plugin_context_text(&arg13, &arg14, &arg15, &ok, &err);
-  if (ret.is_err) {
-    ret.val.err = err;
-  }
-  if (!ret.is_err) {
-    ret.val.ok = ok;
-  }
-  uint8_t *ptr = (uint8_t *) &RET_AREA;
-  if ((ret).is_err) {
-    const plugin_string_t *payload16 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload16).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload16).ptr;
-  } else {
-    const plugin_string_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload).ptr;
-  }
-  return ptr;
-}
-
-__attribute__((__export_name__("variable-value")))
-uint8_t * __wasm_export_exports_plugin_variable_value(uint8_t * arg, size_t arg0, int32_t arg1, uint8_t * arg2, size_t arg3, uint8_t * arg4, size_t arg5, uint8_t * arg6, size_t arg7, uint8_t * arg8, size_t arg9, int64_t arg10, uint8_t * arg11, size_t arg12) {
-  promptd_plugin_types_scope_t variant;
-  variant.tag = arg1;
-  switch ((int32_t) variant.tag) {
-    case 0: {
-      break;
-    }
-    case 1: {
-      variant.val.agent = (plugin_string_t) { (uint8_t*)(arg2), (arg3) };
-      break;
-    }
-  }
-  plugin_string_t arg13 = (plugin_string_t) { (uint8_t*)(arg), (arg0) };
-  plugin_scope_t arg14 = variant;
-  plugin_step_t arg15 = (promptd_plugin_types_step_t) {
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg4), (arg5) },
-    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(arg6), (arg7) },
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg8), (arg9) },
-    (uint64_t) (uint64_t) (arg10),
-    (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(arg11), (arg12) },
-  };
-  plugin_result_option_string_string_t ret;
-  plugin_option_string_t ok;
-  plugin_string_t err;
-  ret.is_err = !exports_plugin_variable_value(&arg13, &arg14, &arg15, &ok, &err);
-  if (ret.is_err) {
-    ret.val.err = err;
-  }
-  if (!ret.is_err) {
-    ret.val.ok = ok;
-  }
-  uint8_t *ptr = (uint8_t *) &RET_AREA;
-  if ((ret).is_err) {
-    const plugin_string_t *payload18 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload18).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload18).ptr;
-  } else {
-    const plugin_option_string_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
-    if ((*payload).is_some) {
-      const plugin_string_t *payload17 = &(*payload).val;
-      *((int8_t*)(ptr + sizeof(void*))) = 1;
-      *((size_t*)(ptr + (3*sizeof(void*)))) = (*payload17).len;
-      *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) (*payload17).ptr;
+    if (((*payload).review_order).is_some) {
+      const int32_t *payload17 = &((*payload).review_order).val;
+      *((int8_t*)(ptr + (4+9*sizeof(void*)))) = 1;
+      *((int32_t*)(ptr + (8+9*sizeof(void*)))) = *payload17;
     } else {
-      *((int8_t*)(ptr + sizeof(void*))) = 0;
+      *((int8_t*)(ptr + (4+9*sizeof(void*)))) = 0;
     }
   }
   return ptr;
 }
 
-__attribute__((__export_name__("shown-tools")))
-uint8_t * __wasm_export_exports_plugin_shown_tools(uint8_t * arg, size_t arg0, uint8_t * arg1, size_t arg2, uint8_t * arg3, size_t arg4, int64_t arg5, uint8_t * arg6, size_t arg7) {
-  plugin_step_t arg8 = (promptd_plugin_types_step_t) {
+__attribute__((__export_name__("evaluate")))
+uint8_t * __wasm_export_exports_plugin_evaluate(uint8_t * arg, size_t arg0, uint8_t * arg1, size_t arg2, uint8_t * arg3, size_t arg4, int64_t arg5, uint8_t * arg6, size_t arg7, uint8_t * arg8, size_t arg9, uint8_t * arg10, size_t arg11, uint8_t * arg12, size_t arg13, int32_t arg14) {
+  plugin_step_t arg17 = (promptd_plugin_types_step_t) {
     (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg), (arg0) },
     (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(arg1), (arg2) },
     (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg3), (arg4) },
     (uint64_t) (uint64_t) (arg5),
     (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(arg6), (arg7) },
   };
-  plugin_result_list_string_string_t ret;
-  plugin_list_string_t ok;
+  plugin_wanted_t arg18 = (promptd_plugin_types_wanted_t) {
+    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(arg8), (arg9) },
+    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(arg10), (arg11) },
+    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(arg12), (arg13) },
+    (bool) arg14,
+  };
+  plugin_result_evaluation_string_t ret;
+  plugin_evaluation_t ok;
   plugin_string_t err;
-  ret.is_err = !exports_plugin_shown_tools(&arg8, &ok, &err);
+  ret.is_err = !exports_plugin_evaluate(&arg17, &arg18, &ok, &err);
   if (ret.is_err) {
     ret.val.err = err;
   }
@@ -665,13 +759,101 @@ uint8_t * __wasm_export_exports_plugin_shown_tools(uint8_t * arg, size_t arg0, u
   }
   uint8_t *ptr = (uint8_t *) &RET_AREA;
   if ((ret).is_err) {
-    const plugin_string_t *payload9 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload9).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload9).ptr;
+    const plugin_string_t *payload31 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload31).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload31).ptr;
   } else {
-    const plugin_list_string_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload).ptr;
+    const plugin_evaluation_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = ((*payload).sections).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) ((*payload).sections).ptr;
+    *((size_t*)(ptr + (4*sizeof(void*)))) = ((*payload).contexts).len;
+    *((uint8_t **)(ptr + (3*sizeof(void*)))) = (uint8_t *) ((*payload).contexts).ptr;
+    *((size_t*)(ptr + (6*sizeof(void*)))) = ((*payload).variables).len;
+    *((uint8_t **)(ptr + (5*sizeof(void*)))) = (uint8_t *) ((*payload).variables).ptr;
+    if (((*payload).shown_tools).is_some) {
+      const promptd_plugin_types_result_list_string_string_t *payload28 = &((*payload).shown_tools).val;
+      *((int8_t*)(ptr + (7*sizeof(void*)))) = 1;
+      if ((*payload28).is_err) {
+        const plugin_string_t *payload30 = &(*payload28).val.err;*((int8_t*)(ptr + (8*sizeof(void*)))) = 1;
+        *((size_t*)(ptr + (10*sizeof(void*)))) = (*payload30).len;
+        *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) (*payload30).ptr;
+      } else {
+        const plugin_list_string_t *payload29 = &(*payload28).val.ok;*((int8_t*)(ptr + (8*sizeof(void*)))) = 0;
+        *((size_t*)(ptr + (10*sizeof(void*)))) = (*payload29).len;
+        *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) (*payload29).ptr;
+      }
+    } else {
+      *((int8_t*)(ptr + (7*sizeof(void*)))) = 0;
+    }
+  }
+  return ptr;
+}
+
+__attribute__((__export_name__("review")))
+uint8_t * __wasm_export_exports_plugin_review(uint8_t * arg) {
+  plugin_option_string_t option;
+  switch ((int32_t) *((uint8_t*) (arg + (8+12*sizeof(void*))))) {
+    case 0: {
+      option.is_some = false;
+      break;
+    }
+    case 1: {
+      option.is_some = true;
+      option.val = (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+13*sizeof(void*))))), (*((size_t*) (arg + (8+14*sizeof(void*))))) };
+      break;
+    }
+  }
+  plugin_step_t arg0 = (promptd_plugin_types_step_t) {
+    (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + 0))), (*((size_t*) (arg + sizeof(void*)))) },
+    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (2*sizeof(void*))))), (*((size_t*) (arg + (3*sizeof(void*))))) },
+    (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (4*sizeof(void*))))), (*((size_t*) (arg + (5*sizeof(void*))))) },
+    (uint64_t) (uint64_t) (*((int64_t*) (arg + (6*sizeof(void*))))),
+    (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(*((uint8_t **) (arg + (8+6*sizeof(void*))))), (*((size_t*) (arg + (8+7*sizeof(void*))))) },
+  };
+  plugin_review_input_t arg1 = (promptd_plugin_types_review_input_t) {
+    (promptd_plugin_types_list_message_t) (promptd_plugin_types_list_message_t) { (promptd_plugin_types_message_t*)(*((uint8_t **) (arg + (8+8*sizeof(void*))))), (*((size_t*) (arg + (8+9*sizeof(void*))))) },
+    (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+10*sizeof(void*))))), (*((size_t*) (arg + (8+11*sizeof(void*))))) },
+    (plugin_option_string_t) option,
+    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (8+15*sizeof(void*))))), (*((size_t*) (arg + (8+16*sizeof(void*))))) },
+  };
+  plugin_result_verdict_string_t ret;
+  plugin_verdict_t ok;
+  plugin_string_t err;
+  ret.is_err = !exports_plugin_review(&arg0, &arg1, &ok, &err);
+  if (ret.is_err) {
+    ret.val.err = err;
+  }
+  if (!ret.is_err) {
+    ret.val.ok = ok;
+  }
+  free(arg);
+  uint8_t *ptr = (uint8_t *) &RET_AREA;
+  if ((ret).is_err) {
+    const plugin_string_t *payload5 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload5).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload5).ptr;
+  } else {
+    const plugin_verdict_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
+    switch ((int32_t) (*payload).tag) {
+      case 0: {
+        *((int8_t*)(ptr + sizeof(void*))) = 0;
+        break;
+      }
+      case 1: {
+        const plugin_string_t *payload3 = &(*payload).val.reject;
+        *((int8_t*)(ptr + sizeof(void*))) = 1;
+        *((size_t*)(ptr + (3*sizeof(void*)))) = (*payload3).len;
+        *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) (*payload3).ptr;
+        break;
+      }
+      case 2: {
+        const promptd_plugin_types_list_redaction_t *payload4 = &(*payload).val.redact;
+        *((int8_t*)(ptr + sizeof(void*))) = 2;
+        *((size_t*)(ptr + (3*sizeof(void*)))) = (*payload4).len;
+        *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) (*payload4).ptr;
+        break;
+      }
+    }
   }
   return ptr;
 }

@@ -38,7 +38,7 @@ typedef struct promptd_plugin_types_content_t {
 
 // Known at load; the host never calls the plugin for it.
 #define PROMPTD_PLUGIN_TYPES_CONTENT_STATIC_TEXT 0
-// Computed per assembly by calling the plugin back.
+// Computed per step by `evaluate`.
 #define PROMPTD_PLUGIN_TYPES_CONTENT_DYNAMIC 1
 
 // A part of the system prompt.
@@ -48,11 +48,14 @@ typedef struct promptd_plugin_types_section_t {
   // Sections are sorted by (order, name). Conventions: identity -100, persona 0,
   // tool guidance 100..199.
   int32_t   order;
-  // The text; `{{variable}}` references are interpolated by the host.
+  // The text; unless `verbatim`, `{{variable}}` references are interpolated by the host.
   promptd_plugin_types_content_t   text;
   // A complete section replaces every other section (at most one may be effective).
   bool   complete;
   promptd_plugin_types_scope_t   scope;
+  // True: the text is used exactly as given, `{{` and all, and can never pull a
+  // variable (a secret) into the prompt. For text the plugin did not write itself.
+  bool   verbatim;
 } promptd_plugin_types_section_t;
 
 // A part of the runtime context snapshot (a user-role message, never the system prompt).
@@ -63,13 +66,16 @@ typedef struct promptd_plugin_types_context_t {
   int32_t   order;
   promptd_plugin_types_content_t   text;
   promptd_plugin_types_scope_t   scope;
+  // As for sections: the text is never interpolated. Retrieved documents, tool output
+  // summaries and web pages belong in verbatim contexts.
+  bool   verbatim;
 } promptd_plugin_types_context_t;
 
 // A value for `{{name}}` interpolation.
 typedef struct promptd_plugin_types_variable_t {
   // Matches `^[a-z][a-z0-9_]*$`.
   plugin_string_t   name;
-  // A dynamic value may be absent for one assembly (`variable-value` returns none).
+  // A dynamic value may be absent for one step (`evaluate` gives none).
   promptd_plugin_types_content_t   value;
   promptd_plugin_types_scope_t   scope;
 } promptd_plugin_types_variable_t;
@@ -104,6 +110,11 @@ typedef struct {
   size_t len;
 } promptd_plugin_types_list_tool_t;
 
+typedef struct {
+  bool is_some;
+  int32_t val;
+} plugin_option_s32_t;
+
 // Everything a plugin may contribute. Validated as a whole: one bad item refuses the plugin.
 typedef struct promptd_plugin_types_declaration_t {
   promptd_plugin_types_list_section_t   sections;
@@ -111,9 +122,12 @@ typedef struct promptd_plugin_types_declaration_t {
   promptd_plugin_types_list_variable_t   variables;
   // Every tool the plugin may ever show (its known tools).
   promptd_plugin_types_list_tool_t   tools;
-  // When true, the host calls `shown-tools` each assembly to learn which known tools are
-  // shown this step; when false, every known tool is shown.
+  // When true, `evaluate` is asked each step which known tools are shown; when false,
+  // every known tool is shown.
   bool   filters_tools;
+  // Some: the host calls `review` at every session step; hooks run one after another,
+  // sorted by (this order, plugin id). None: `review` is never called.
+  plugin_option_s32_t   review_order;
 } promptd_plugin_types_declaration_t;
 
 typedef struct {
@@ -145,6 +159,142 @@ typedef struct promptd_plugin_types_step_t {
   plugin_list_tuple2_string_string_t   facts;
 } promptd_plugin_types_step_t;
 
+// A dynamic contribution, by the name and the scope it was declared with.
+typedef struct promptd_plugin_types_item_t {
+  plugin_string_t   name;
+  promptd_plugin_types_scope_t   scope;
+} promptd_plugin_types_item_t;
+
+typedef struct {
+  promptd_plugin_types_item_t *ptr;
+  size_t len;
+} promptd_plugin_types_list_item_t;
+
+// The dynamic contributions the host wants this step, each listed once, in the host's
+// canonical order.
+typedef struct promptd_plugin_types_wanted_t {
+  promptd_plugin_types_list_item_t   sections;
+  promptd_plugin_types_list_item_t   contexts;
+  promptd_plugin_types_list_item_t   variables;
+  // Whether to say which known tools are shown (only when `filters-tools` is set).
+  bool   shown_tools;
+} promptd_plugin_types_wanted_t;
+
+typedef struct {
+  bool is_err;
+  union {
+    plugin_string_t ok;
+    plugin_string_t err;
+  } val;
+} promptd_plugin_types_result_string_string_t;
+
+typedef struct {
+  promptd_plugin_types_result_string_string_t *ptr;
+  size_t len;
+} promptd_plugin_types_list_result_string_string_t;
+
+typedef struct {
+  bool is_some;
+  plugin_string_t val;
+} plugin_option_string_t;
+
+typedef struct {
+  bool is_err;
+  union {
+    plugin_option_string_t ok;
+    plugin_string_t err;
+  } val;
+} promptd_plugin_types_result_option_string_string_t;
+
+typedef struct {
+  promptd_plugin_types_result_option_string_string_t *ptr;
+  size_t len;
+} promptd_plugin_types_list_result_option_string_string_t;
+
+typedef struct {
+  bool is_err;
+  union {
+    plugin_list_string_t ok;
+    plugin_string_t err;
+  } val;
+} promptd_plugin_types_result_list_string_string_t;
+
+typedef struct {
+  bool is_some;
+  promptd_plugin_types_result_list_string_string_t val;
+} promptd_plugin_types_option_result_list_string_string_t;
+
+// The answer to `wanted`, item by item, in the same order and of the same lengths. An
+// error fails only its own item, and only if the host uses it: an unused variable's
+// error is never seen.
+typedef struct promptd_plugin_types_evaluation_t {
+  // A section's text; an empty string contributes nothing this step.
+  promptd_plugin_types_list_result_string_string_t   sections;
+  // A context's text; an empty string contributes nothing this step.
+  promptd_plugin_types_list_result_string_string_t   contexts;
+  // A variable's value; none means "no value this step".
+  promptd_plugin_types_list_result_option_string_string_t   variables;
+  // The names of the known tools shown this step: some exactly when asked.
+  promptd_plugin_types_option_result_list_string_string_t   shown_tools;
+} promptd_plugin_types_evaluation_t;
+
+// One message the client sent this step, as a review sees it.
+typedef struct promptd_plugin_types_message_t {
+  // `user`, `assistant` or `tool`.
+  plugin_string_t   role;
+  // Its texts in order: a text content is one entry, a block content gives one entry
+  // per text block (images and documents give none), an assistant's reply gives its
+  // text (empty when it only calls tools).
+  plugin_list_string_t   texts;
+  // The call a `tool` message answers; empty for the other roles.
+  plugin_string_t   tool_call_id;
+} promptd_plugin_types_message_t;
+
+typedef struct {
+  promptd_plugin_types_message_t *ptr;
+  size_t len;
+} promptd_plugin_types_list_message_t;
+
+// What a review is shown: the step's new messages and what assembly made of the step.
+typedef struct promptd_plugin_types_review_input_t {
+  promptd_plugin_types_list_message_t   messages;
+  // The assembled system prompt.
+  plugin_string_t   system;
+  // The assembled runtime context snapshot, if any.
+  plugin_option_string_t   runtime_context;
+  // The names of the tools shown this step, in order.
+  plugin_list_string_t   tools;
+} promptd_plugin_types_review_input_t;
+
+// Replace every occurrence of `find` (non-empty) by `replace`.
+typedef struct promptd_plugin_types_redaction_t {
+  plugin_string_t   find;
+  plugin_string_t   replace;
+} promptd_plugin_types_redaction_t;
+
+typedef struct {
+  promptd_plugin_types_redaction_t *ptr;
+  size_t len;
+} promptd_plugin_types_list_redaction_t;
+
+// What a review decides.
+typedef struct promptd_plugin_types_verdict_t {
+  uint8_t tag;
+  union {
+    plugin_string_t     reject;
+    promptd_plugin_types_list_redaction_t     redact;
+  } val;
+} promptd_plugin_types_verdict_t;
+
+// The step goes on unchanged.
+#define PROMPTD_PLUGIN_TYPES_VERDICT_ACCEPT 0
+// The step fails (HTTP 422 naming the plugin and this reason); nothing is recorded.
+#define PROMPTD_PLUGIN_TYPES_VERDICT_REJECT 1
+// The step goes on with these replacements made, in order, in the texts of its new
+// `user` and `tool` messages before they are recorded and sent. The model's own
+// replies are not changed.
+#define PROMPTD_PLUGIN_TYPES_VERDICT_REDACT 2
+
 // Severity of a log line.
 typedef uint8_t promptd_plugin_types_level_t;
 
@@ -158,9 +308,15 @@ typedef promptd_plugin_types_level_t promptd_plugin_host_level_t;
 
 typedef promptd_plugin_types_declaration_t plugin_declaration_t;
 
-typedef promptd_plugin_types_scope_t plugin_scope_t;
-
 typedef promptd_plugin_types_step_t plugin_step_t;
+
+typedef promptd_plugin_types_wanted_t plugin_wanted_t;
+
+typedef promptd_plugin_types_evaluation_t plugin_evaluation_t;
+
+typedef promptd_plugin_types_review_input_t plugin_review_input_t;
+
+typedef promptd_plugin_types_verdict_t plugin_verdict_t;
 
 typedef struct {
   bool is_err;
@@ -173,42 +329,27 @@ typedef struct {
 typedef struct {
   bool is_err;
   union {
-    plugin_string_t ok;
+    plugin_evaluation_t ok;
     plugin_string_t err;
   } val;
-} plugin_result_string_string_t;
-
-typedef struct {
-  bool is_some;
-  plugin_string_t val;
-} plugin_option_string_t;
+} plugin_result_evaluation_string_t;
 
 typedef struct {
   bool is_err;
   union {
-    plugin_option_string_t ok;
+    plugin_verdict_t ok;
     plugin_string_t err;
   } val;
-} plugin_result_option_string_string_t;
+} plugin_result_verdict_string_t;
 
-typedef struct {
-  bool is_err;
-  union {
-    plugin_list_string_t ok;
-    plugin_string_t err;
-  } val;
-} plugin_result_list_string_string_t;
-
-// Imported Functions from `promptd:plugin/host@0.1.0`
+// Imported Functions from `promptd:plugin/host@0.2.0`
 // Writes one line to the host's log, tagged with the plugin id.
 extern void promptd_plugin_host_log(promptd_plugin_host_level_t level, plugin_string_t *message);
 
 // Exported Functions from `plugin`
 bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_declaration_t *ret, plugin_string_t *err);
-bool exports_plugin_section_text(plugin_string_t *name, plugin_scope_t *scope, plugin_step_t *step, plugin_string_t *ret, plugin_string_t *err);
-bool exports_plugin_context_text(plugin_string_t *name, plugin_scope_t *scope, plugin_step_t *step, plugin_string_t *ret, plugin_string_t *err);
-bool exports_plugin_variable_value(plugin_string_t *name, plugin_scope_t *scope, plugin_step_t *step, plugin_option_string_t *ret, plugin_string_t *err);
-bool exports_plugin_shown_tools(plugin_step_t *step, plugin_list_string_t *ret, plugin_string_t *err);
+bool exports_plugin_evaluate(plugin_step_t *step, plugin_wanted_t *wanted, plugin_evaluation_t *ret, plugin_string_t *err);
+bool exports_plugin_review(plugin_step_t *step, plugin_review_input_t *input, plugin_verdict_t *ret, plugin_string_t *err);
 
 // Helper Functions
 
@@ -232,6 +373,8 @@ void promptd_plugin_types_list_variable_free(promptd_plugin_types_list_variable_
 
 void promptd_plugin_types_list_tool_free(promptd_plugin_types_list_tool_t *ptr);
 
+void plugin_option_s32_free(plugin_option_s32_t *ptr);
+
 void promptd_plugin_types_declaration_free(promptd_plugin_types_declaration_t *ptr);
 
 void plugin_list_string_free(plugin_list_string_t *ptr);
@@ -242,21 +385,57 @@ void plugin_list_tuple2_string_string_free(plugin_list_tuple2_string_string_t *p
 
 void promptd_plugin_types_step_free(promptd_plugin_types_step_t *ptr);
 
-void plugin_declaration_free(plugin_declaration_t *ptr);
+void promptd_plugin_types_item_free(promptd_plugin_types_item_t *ptr);
 
-void plugin_scope_free(plugin_scope_t *ptr);
+void promptd_plugin_types_list_item_free(promptd_plugin_types_list_item_t *ptr);
 
-void plugin_step_free(plugin_step_t *ptr);
+void promptd_plugin_types_wanted_free(promptd_plugin_types_wanted_t *ptr);
 
-void plugin_result_declaration_string_free(plugin_result_declaration_string_t *ptr);
+void promptd_plugin_types_result_string_string_free(promptd_plugin_types_result_string_string_t *ptr);
 
-void plugin_result_string_string_free(plugin_result_string_string_t *ptr);
+void promptd_plugin_types_list_result_string_string_free(promptd_plugin_types_list_result_string_string_t *ptr);
 
 void plugin_option_string_free(plugin_option_string_t *ptr);
 
-void plugin_result_option_string_string_free(plugin_result_option_string_string_t *ptr);
+void promptd_plugin_types_result_option_string_string_free(promptd_plugin_types_result_option_string_string_t *ptr);
 
-void plugin_result_list_string_string_free(plugin_result_list_string_string_t *ptr);
+void promptd_plugin_types_list_result_option_string_string_free(promptd_plugin_types_list_result_option_string_string_t *ptr);
+
+void promptd_plugin_types_result_list_string_string_free(promptd_plugin_types_result_list_string_string_t *ptr);
+
+void promptd_plugin_types_option_result_list_string_string_free(promptd_plugin_types_option_result_list_string_string_t *ptr);
+
+void promptd_plugin_types_evaluation_free(promptd_plugin_types_evaluation_t *ptr);
+
+void promptd_plugin_types_message_free(promptd_plugin_types_message_t *ptr);
+
+void promptd_plugin_types_list_message_free(promptd_plugin_types_list_message_t *ptr);
+
+void promptd_plugin_types_review_input_free(promptd_plugin_types_review_input_t *ptr);
+
+void promptd_plugin_types_redaction_free(promptd_plugin_types_redaction_t *ptr);
+
+void promptd_plugin_types_list_redaction_free(promptd_plugin_types_list_redaction_t *ptr);
+
+void promptd_plugin_types_verdict_free(promptd_plugin_types_verdict_t *ptr);
+
+void plugin_declaration_free(plugin_declaration_t *ptr);
+
+void plugin_step_free(plugin_step_t *ptr);
+
+void plugin_wanted_free(plugin_wanted_t *ptr);
+
+void plugin_evaluation_free(plugin_evaluation_t *ptr);
+
+void plugin_review_input_free(plugin_review_input_t *ptr);
+
+void plugin_verdict_free(plugin_verdict_t *ptr);
+
+void plugin_result_declaration_string_free(plugin_result_declaration_string_t *ptr);
+
+void plugin_result_evaluation_string_free(plugin_result_evaluation_string_t *ptr);
+
+void plugin_result_verdict_string_free(plugin_result_verdict_string_t *ptr);
 
 // Sets the string `ret` to reference the input string `s` without copying it
 void plugin_string_set(plugin_string_t *ret, const char*s);

@@ -3,8 +3,11 @@
  *
  * A plugin is a function from its config to a plugin builder: sections, contexts, variables and
  * tools. Static text is sent to the host once, at load; dynamic parts are callbacks the host
- * calls at each assembly with the step. You never touch the generated WIT bindings
- * (sdk/c/generated/, from wit/plugin.wit by wit-bindgen).
+ * calls at each assembly with the step (all those it needs in one call of the world's
+ * `evaluate`, which the SDK dispatches to your callbacks). An optional review hook sees each
+ * session step's new messages and accepts, rejects or redacts them. You never touch the
+ * generated WIT bindings (sdk/c/generated/, from wit/plugin.wit, world promptd:plugin@0.2.0,
+ * by wit-bindgen).
  *
  *     #include "promptd.h"
  *
@@ -126,8 +129,80 @@ void promptd_show_tools(promptd_plugin *p, promptd_tools_fn fn, void *user);
 void promptd_scope(promptd_plugin *p, const char *agent);
 /* Marks the section added last as complete: it replaces every other section. */
 void promptd_complete(promptd_plugin *p);
+/* Marks the section or context added last (static or dynamic) as verbatim: the host uses its
+ * text exactly as given and never interpolates `{{...}}` in it, so it can never pull a variable
+ * (a secret) into the prompt. For text the plugin did not write itself (documents, tool output,
+ * facts from the client). */
+void promptd_verbatim(promptd_plugin *p);
 /* Refuses the plugin with a message, printf-style (e.g. a bad config value). */
 void promptd_fail(promptd_plugin *p, const char *format, ...) PROMPTD_PRINTF(2, 3);
+
+/*
+ * Review: a hook the host calls once per session step, after assembly, with the step's new
+ * messages and what assembly made of the step. It may accept the step, reject it (the step
+ * fails, HTTP 422 naming the plugin and the reason, and nothing is recorded) or redact it
+ * (replacements made in the texts of its new `user` and `tool` messages before they are
+ * recorded and sent; the model's own replies are not changed). Never called by
+ * `promptd assemble`, which has no session.
+ *
+ *     static void review(const promptd_step *step, const promptd_review_input *input,
+ *                        promptd_verdict *verdict, void *user) {
+ *         if (promptd_review_mentions(input, "forbidden"))
+ *             promptd_reject(verdict, "the step mentions \"forbidden\"");
+ *         else if (promptd_review_mentions(input, "hunter2"))
+ *             promptd_redact(verdict, "hunter2", "[redacted]");
+ *     }   // setting nothing accepts
+ *     ...
+ *     promptd_review(p, 0, review, NULL);   // in declare
+ */
+
+/* One message the client sent this step. */
+typedef struct promptd_message {
+    const char *role;            /* `user`, `assistant` or `tool` */
+    const char *const *texts;    /* its texts in order: one per text content or text block (images
+                                    and documents give none); an assistant's reply gives its text */
+    size_t texts_len;
+    const char *tool_call_id;    /* the call a `tool` message answers; "" for the other roles */
+} promptd_message;
+
+/* What a review is shown. */
+typedef struct promptd_review_input {
+    const promptd_message *messages; /* the step's new messages, in order */
+    size_t messages_len;
+    const char *system;              /* the assembled system prompt */
+    const char *runtime_context;     /* the assembled runtime context snapshot; NULL when none */
+    const char *const *tools;        /* the names of the tools shown this step, in order */
+    size_t tools_len;
+} promptd_review_input;
+
+/* True when some text of some message contains `needle` (a byte substring). */
+bool promptd_review_mentions(const promptd_review_input *input, const char *needle);
+
+/*
+ * Where a review callback puts its verdict. Setting nothing accepts the step. The verdict is
+ * the kind of the last call: promptd_accept and promptd_reject drop earlier redactions; each
+ * promptd_redact adds one replacement (made in call order) and makes the verdict a redaction.
+ * promptd_verdict_error fails the review call instead (the step fails naming the plugin and
+ * the message), whatever else was set.
+ */
+typedef struct promptd_verdict promptd_verdict;
+
+/* The step goes on unchanged. */
+void promptd_accept(promptd_verdict *verdict);
+/* The step fails with this reason, printf-style. */
+void promptd_reject(promptd_verdict *verdict, const char *format, ...) PROMPTD_PRINTF(2, 3);
+/* Replace every occurrence of `find` (non-empty) by `replace` in the step's new user and tool
+ * message texts. Call it once per replacement. */
+void promptd_redact(promptd_verdict *verdict, const char *find, const char *replace);
+/* Fails the review call with a message, printf-style. */
+void promptd_verdict_error(promptd_verdict *verdict, const char *format, ...) PROMPTD_PRINTF(2, 3);
+
+/* A review hook; `user` is the pointer given to promptd_review. */
+typedef void (*promptd_review_fn)(const promptd_step *step, const promptd_review_input *input,
+                                  promptd_verdict *verdict, void *user);
+/* Registers the plugin's review hook (a later call replaces it). Hooks of all plugins run one
+ * after another, sorted by (order, plugin id). Without it the host never calls a review. */
+void promptd_review(promptd_plugin *p, int32_t order, promptd_review_fn fn, void *user);
 
 typedef enum promptd_level {
     PROMPTD_TRACE = 0,

@@ -1,10 +1,17 @@
 /*
  * The promptd C SDK: the builder (promptd.h) and its glue to the bindings wit-bindgen generates
- * from wit/plugin.wit (generated/plugin.h). Only this file knows the generated types.
+ * from wit/plugin.wit (world promptd:plugin@0.2.0; generated/plugin.h). Only this file knows
+ * the generated types.
+ *
+ * The world's `evaluate` export gets the step once and the lists of wanted dynamic items; it
+ * answers item by item by calling the callback registered for (kind, name, scope), exactly as
+ * one call per item would, with the same error texts. `review` calls the review hook, or
+ * accepts when none is registered.
  *
  * Ownership rules of the generated bindings (wit-bindgen C 0.61): arguments of an exported
  * function belong to the callee (freed here), and everything an export returns must be
- * malloc'd, because the generated `cabi_post_*` functions free it after the host has read it.
+ * malloc'd, because the generated `cabi_post_*` functions free it after the host has read it
+ * (a string or list only when its length is not zero).
  */
 #include "promptd.h"
 
@@ -142,6 +149,7 @@ typedef struct item {
     char *description; /* tools */
     char *parameters;  /* tools */
     bool complete;
+    bool verbatim;     /* sections and contexts */
     char *scope_agent; /* NULL: global */
 } item;
 
@@ -151,6 +159,9 @@ struct promptd_plugin {
     long last; /* index of the item added last, -1 before any */
     promptd_tools_fn tools_fn;
     void *tools_user;
+    promptd_review_fn review_fn; /* NULL: no review hook */
+    void *review_user;
+    int32_t review_order;
     char *misuse; /* the first misuse or promptd_fail message */
 };
 
@@ -245,6 +256,22 @@ void promptd_complete(promptd_plugin *p) {
         return;
     }
     p->items[p->last].complete = true;
+}
+
+void promptd_verbatim(promptd_plugin *p) {
+    if (p->last < 0 ||
+        (p->items[p->last].kind != K_SECTION && p->items[p->last].kind != K_CONTEXT)) {
+        misuse(p, "promptd_verbatim applies to a section or context only");
+        return;
+    }
+    p->items[p->last].verbatim = true;
+}
+
+void promptd_review(promptd_plugin *p, int32_t order, promptd_review_fn fn, void *user) {
+    if (!fn) misuse(p, "promptd_review: no callback");
+    p->review_fn = fn;
+    p->review_user = user;
+    p->review_order = order;
 }
 
 void promptd_fail(promptd_plugin *p, const char *format, ...) {
@@ -390,6 +417,7 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
             s->text = content_to_wit(it);
             s->complete = it->complete;
             s->scope = scope_to_wit(it->scope_agent);
+            s->verbatim = it->verbatim;
             break;
         }
         case K_CONTEXT: {
@@ -398,6 +426,7 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
             c->order = it->order;
             c->text = content_to_wit(it);
             c->scope = scope_to_wit(it->scope_agent);
+            c->verbatim = it->verbatim;
             break;
         }
         case K_VARIABLE: {
@@ -418,13 +447,15 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
         }
     }
     ret->filters_tools = p->tools_fn != NULL;
+    ret->review_order.is_some = p->review_fn != NULL;
+    ret->review_order.val = p->review_fn ? p->review_order : 0;
 
     plugin_free(current);
     current = p;
     return true;
 }
 
-static bool same_scope(const item *it, const plugin_scope_t *scope) {
+static bool same_scope(const item *it, const promptd_plugin_types_scope_t *scope) {
     if (scope->tag == PROMPTD_PLUGIN_TYPES_SCOPE_GLOBAL) return it->scope_agent == NULL;
     const plugin_string_t *a = &scope->val.agent;
     return it->scope_agent && strlen(it->scope_agent) == a->len &&
@@ -440,100 +471,268 @@ static const char *kind_name(kind_t kind) {
     }
 }
 
-/* Calls the callback of the dynamic item (kind, name, scope); frees the arguments. Returns
- * false with *err set on failure; on success `out` holds the answer. */
-static bool call_dynamic(kind_t kind, plugin_string_t *name, plugin_scope_t *scope,
-                         plugin_step_t *wstep, promptd_out *out, plugin_string_t *err) {
-    bool ok = false;
-    char *cname = cstr(name);
+/* Calls the callback of the wanted dynamic item (kind, name, scope) of `current` with `step`.
+ * Returns false with *err set (malloc'd) on failure; on success `out` holds the answer. */
+static bool call_dynamic(kind_t kind, const promptd_plugin_types_item_t *wanted,
+                         const promptd_step *step, promptd_out *out, plugin_string_t *err) {
+    char *cname = cstr(&wanted->name);
     const item *found = NULL;
-    if (current) {
-        for (size_t i = 0; i < current->len; i++) {
-            const item *it = &current->items[i];
-            if (it->kind == kind && it->fn && strcmp(it->name, cname) == 0 && same_scope(it, scope)) {
-                found = it;
-                break;
-            }
+    for (size_t i = 0; i < current->len; i++) {
+        const item *it = &current->items[i];
+        if (it->kind == kind && it->fn && strcmp(it->name, cname) == 0 &&
+            same_scope(it, &wanted->scope)) {
+            found = it;
+            break;
         }
     }
-    if (!current) {
-        *err = wit_str("the plugin was called before declare");
-    } else if (!found) {
+    bool ok = false;
+    if (!found) {
         char *m = xmalloc(strlen(cname) + 64);
         sprintf(m, "no dynamic %s `%s` is declared", kind_name(kind), cname);
         *err = wit_str(m);
         free(m);
     } else {
-        promptd_step step;
-        step_from_wit(wstep, &step);
-        found->fn(&step, out, found->user);
-        step_free(&step);
+        found->fn(step, out, found->user);
         if (out->error) *err = wit_str(out->error);
         ok = !out->error;
     }
     free(cname);
-    plugin_string_free(name);
-    plugin_scope_free(scope);
-    plugin_step_free(wstep);
     return ok;
 }
 
-static bool text_export(kind_t kind, plugin_string_t *name, plugin_scope_t *scope,
-                        plugin_step_t *step, plugin_string_t *ret, plugin_string_t *err) {
+/* A wanted section's or context's text: "" when the callback set none. */
+static promptd_plugin_types_result_string_string_t text_result(
+    kind_t kind, const promptd_plugin_types_item_t *wanted, const promptd_step *step) {
+    promptd_plugin_types_result_string_string_t r;
+    memset(&r, 0, sizeof r);
     promptd_out out = {0};
-    bool ok = call_dynamic(kind, name, scope, step, &out, err);
-    if (ok) *ret = wit_str(out.text ? out.text : "");
+    r.is_err = !call_dynamic(kind, wanted, step, &out, &r.val.err);
+    if (!r.is_err) r.val.ok = wit_str(out.text ? out.text : "");
     out_free(&out);
-    return ok;
+    return r;
 }
 
-bool exports_plugin_section_text(plugin_string_t *name, plugin_scope_t *scope, plugin_step_t *step,
-                                 plugin_string_t *ret, plugin_string_t *err) {
-    return text_export(K_SECTION, name, scope, step, ret, err);
-}
-
-bool exports_plugin_context_text(plugin_string_t *name, plugin_scope_t *scope, plugin_step_t *step,
-                                 plugin_string_t *ret, plugin_string_t *err) {
-    return text_export(K_CONTEXT, name, scope, step, ret, err);
-}
-
-bool exports_plugin_variable_value(plugin_string_t *name, plugin_scope_t *scope,
-                                   plugin_step_t *step, plugin_option_string_t *ret,
-                                   plugin_string_t *err) {
+/* A wanted variable's value: none when the callback set none. */
+static promptd_plugin_types_result_option_string_string_t variable_result(
+    const promptd_plugin_types_item_t *wanted, const promptd_step *step) {
+    promptd_plugin_types_result_option_string_string_t r;
+    memset(&r, 0, sizeof r);
     promptd_out out = {0};
-    bool ok = call_dynamic(K_VARIABLE, name, scope, step, &out, err);
-    if (ok) {
-        memset(ret, 0, sizeof *ret);
-        ret->is_some = out.text != NULL;
-        if (out.text) ret->val = wit_str(out.text);
+    r.is_err = !call_dynamic(K_VARIABLE, wanted, step, &out, &r.val.err);
+    if (!r.is_err) {
+        r.val.ok.is_some = out.text != NULL;
+        if (out.text) r.val.ok.val = wit_str(out.text);
     }
     out_free(&out);
-    return ok;
+    return r;
 }
 
-bool exports_plugin_shown_tools(plugin_step_t *wstep, plugin_list_string_t *ret,
-                                plugin_string_t *err) {
+/* The names of the shown tools, from the show-tools callback. */
+static promptd_plugin_types_result_list_string_string_t tools_result(const promptd_step *step) {
+    promptd_plugin_types_result_list_string_string_t r;
+    memset(&r, 0, sizeof r);
+    if (!current->tools_fn) {
+        r.is_err = true;
+        r.val.err = wit_str("this plugin does not filter its tools");
+        return r;
+    }
+    promptd_out out = {0};
+    current->tools_fn(step, &out, current->tools_user);
+    if (out.error) {
+        r.is_err = true;
+        r.val.err = wit_str(out.error);
+    } else {
+        r.val.ok.len = out.tools_len;
+        r.val.ok.ptr = list_alloc(out.tools_len, sizeof *r.val.ok.ptr);
+        for (size_t i = 0; i < out.tools_len; i++) r.val.ok.ptr[i] = wit_str(out.tools[i]);
+    }
+    out_free(&out);
+    return r;
+}
+
+bool exports_plugin_evaluate(plugin_step_t *wstep, plugin_wanted_t *wanted,
+                             plugin_evaluation_t *ret, plugin_string_t *err) {
     bool ok = false;
     if (!current) {
         *err = wit_str("the plugin was called before declare");
-    } else if (!current->tools_fn) {
-        *err = wit_str("this plugin does not filter its tools");
     } else {
-        promptd_out out = {0};
         promptd_step step;
         step_from_wit(wstep, &step);
-        current->tools_fn(&step, &out, current->tools_user);
+        memset(ret, 0, sizeof *ret);
+        ret->sections.len = wanted->sections.len;
+        ret->sections.ptr = list_alloc(wanted->sections.len, sizeof *ret->sections.ptr);
+        for (size_t i = 0; i < wanted->sections.len; i++)
+            ret->sections.ptr[i] = text_result(K_SECTION, &wanted->sections.ptr[i], &step);
+        ret->contexts.len = wanted->contexts.len;
+        ret->contexts.ptr = list_alloc(wanted->contexts.len, sizeof *ret->contexts.ptr);
+        for (size_t i = 0; i < wanted->contexts.len; i++)
+            ret->contexts.ptr[i] = text_result(K_CONTEXT, &wanted->contexts.ptr[i], &step);
+        ret->variables.len = wanted->variables.len;
+        ret->variables.ptr = list_alloc(wanted->variables.len, sizeof *ret->variables.ptr);
+        for (size_t i = 0; i < wanted->variables.len; i++)
+            ret->variables.ptr[i] = variable_result(&wanted->variables.ptr[i], &step);
+        ret->shown_tools.is_some = wanted->shown_tools;
+        if (wanted->shown_tools) ret->shown_tools.val = tools_result(&step);
         step_free(&step);
-        if (out.error) {
-            *err = wit_str(out.error);
-        } else {
-            ret->len = out.tools_len;
-            ret->ptr = list_alloc(out.tools_len, sizeof *ret->ptr);
-            for (size_t i = 0; i < out.tools_len; i++) ret->ptr[i] = wit_str(out.tools[i]);
-            ok = true;
-        }
-        out_free(&out);
+        ok = true;
     }
     plugin_step_free(wstep);
+    plugin_wanted_free(wanted);
+    return ok;
+}
+
+/* ---- review ---- */
+
+typedef struct redaction {
+    char *find;
+    char *replace;
+} redaction;
+
+struct promptd_verdict {
+    int tag; /* PROMPTD_PLUGIN_TYPES_VERDICT_* */
+    char *reason;
+    redaction *redactions;
+    size_t len, cap;
+    char *error;
+};
+
+static void verdict_clear(promptd_verdict *v) {
+    free(v->reason);
+    v->reason = NULL;
+    for (size_t i = 0; i < v->len; i++) {
+        free(v->redactions[i].find);
+        free(v->redactions[i].replace);
+    }
+    v->len = 0;
+}
+
+void promptd_accept(promptd_verdict *v) {
+    verdict_clear(v);
+    v->tag = PROMPTD_PLUGIN_TYPES_VERDICT_ACCEPT;
+}
+
+void promptd_reject(promptd_verdict *v, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    char *reason = vformat(format, args);
+    va_end(args);
+    verdict_clear(v);
+    v->tag = PROMPTD_PLUGIN_TYPES_VERDICT_REJECT;
+    v->reason = reason;
+}
+
+void promptd_redact(promptd_verdict *v, const char *find, const char *replace) {
+    if (v->tag != PROMPTD_PLUGIN_TYPES_VERDICT_REDACT) verdict_clear(v);
+    v->tag = PROMPTD_PLUGIN_TYPES_VERDICT_REDACT;
+    if (v->len == v->cap) {
+        v->cap = v->cap ? 2 * v->cap : 4;
+        v->redactions = xrealloc(v->redactions, v->cap * sizeof *v->redactions);
+    }
+    v->redactions[v->len].find = xstrdup(find);
+    v->redactions[v->len].replace = xstrdup(replace);
+    v->len++;
+}
+
+void promptd_verdict_error(promptd_verdict *v, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    free(v->error);
+    v->error = vformat(format, args);
+    va_end(args);
+}
+
+bool promptd_review_mentions(const promptd_review_input *input, const char *needle) {
+    if (!input || !needle) return false;
+    for (size_t i = 0; i < input->messages_len; i++) {
+        const promptd_message *m = &input->messages[i];
+        for (size_t j = 0; j < m->texts_len; j++)
+            if (strstr(m->texts[j], needle)) return true;
+    }
+    return false;
+}
+
+static const char **strings_from_wit(const plugin_list_string_t *list) {
+    const char **out = xmalloc(list->len * sizeof *out);
+    for (size_t i = 0; i < list->len; i++) out[i] = cstr(&list->ptr[i]);
+    return out;
+}
+
+static void strings_free(const char *const *strings, size_t len) {
+    for (size_t i = 0; i < len; i++) free((char *)strings[i]);
+    free((void *)strings);
+}
+
+static void review_input_from_wit(const plugin_review_input_t *w, promptd_review_input *in) {
+    promptd_message *messages = xmalloc(w->messages.len * sizeof *messages);
+    for (size_t i = 0; i < w->messages.len; i++) {
+        const promptd_plugin_types_message_t *m = &w->messages.ptr[i];
+        messages[i].role = cstr(&m->role);
+        messages[i].texts = strings_from_wit(&m->texts);
+        messages[i].texts_len = m->texts.len;
+        messages[i].tool_call_id = cstr(&m->tool_call_id);
+    }
+    in->messages = messages;
+    in->messages_len = w->messages.len;
+    in->system = cstr(&w->system);
+    in->runtime_context = w->runtime_context.is_some ? cstr(&w->runtime_context.val) : NULL;
+    in->tools = strings_from_wit(&w->tools);
+    in->tools_len = w->tools.len;
+}
+
+static void review_input_free(promptd_review_input *in) {
+    for (size_t i = 0; i < in->messages_len; i++) {
+        const promptd_message *m = &in->messages[i];
+        free((char *)m->role);
+        strings_free(m->texts, m->texts_len);
+        free((char *)m->tool_call_id);
+    }
+    free((void *)in->messages);
+    free((char *)in->system);
+    free((char *)in->runtime_context);
+    strings_free(in->tools, in->tools_len);
+}
+
+bool exports_plugin_review(plugin_step_t *wstep, plugin_review_input_t *winput,
+                           plugin_verdict_t *ret, plugin_string_t *err) {
+    bool ok = false;
+    memset(ret, 0, sizeof *ret);
+    if (!current) {
+        *err = wit_str("the plugin was called before declare");
+    } else if (!current->review_fn) {
+        ret->tag = PROMPTD_PLUGIN_TYPES_VERDICT_ACCEPT;
+        ok = true;
+    } else {
+        promptd_step step;
+        promptd_review_input input;
+        step_from_wit(wstep, &step);
+        review_input_from_wit(winput, &input);
+        promptd_verdict v = {0};
+        v.tag = PROMPTD_PLUGIN_TYPES_VERDICT_ACCEPT;
+        current->review_fn(&step, &input, &v, current->review_user);
+        review_input_free(&input);
+        step_free(&step);
+        if (v.error) {
+            *err = wit_str(v.error);
+        } else {
+            ret->tag = (uint8_t)v.tag;
+            if (v.tag == PROMPTD_PLUGIN_TYPES_VERDICT_REJECT) {
+                ret->val.reject = wit_str(v.reason);
+            } else if (v.tag == PROMPTD_PLUGIN_TYPES_VERDICT_REDACT) {
+                promptd_plugin_types_list_redaction_t *list = &ret->val.redact;
+                list->len = v.len;
+                list->ptr = list_alloc(v.len, sizeof *list->ptr);
+                for (size_t i = 0; i < v.len; i++) {
+                    list->ptr[i].find = wit_str(v.redactions[i].find);
+                    list->ptr[i].replace = wit_str(v.redactions[i].replace);
+                }
+            }
+            ok = true;
+        }
+        verdict_clear(&v);
+        free(v.redactions);
+        free(v.error);
+    }
+    plugin_step_free(wstep);
+    plugin_review_input_free(winput);
     return ok;
 }
