@@ -4,7 +4,8 @@
  * The plugin never reads a clock, so that a request is reproducible from its inputs: the client
  * sends the time as step facts.
  *
- * Facts (all optional; a bad value fails the call, whichever contribution is asked):
+ * Facts (all optional; a bad value fails every contribution the host asks for, with the same
+ * message):
  *   date      `YYYY-MM-DD` (proleptic Gregorian, year 0000-9999).
  *   now       an RFC 3339 timestamp, e.g. `2026-12-01T09:30:00+01:00`, `2026-12-01T08:30:00.25Z`.
  *             Its local date part is the date when `date` is not sent.
