@@ -306,7 +306,8 @@ int main(void) {
         CHECK_STR(&ev->variables.ptr[1].val.err, "no dynamic variable `nope` is declared");
         CHECK(ev->shown_tools.is_some && !ev->shown_tools.val.is_err);
         CHECK(ev->shown_tools.val.val.ok.len == 1);
-        if (ev->shown_tools.val.val.ok.len == 1) CHECK_STR(&ev->shown_tools.val.val.ok.ptr[0], "t_read");
+        if (ev->shown_tools.val.val.ok.len == 1)
+            CHECK_STR(&ev->shown_tools.val.val.ok.ptr[0], "t_read");
         plugin_result_evaluation_string_free(&r);
     }
 
