@@ -92,7 +92,7 @@ typedef struct promptd_out promptd_out;
 void promptd_out_text(promptd_out *out, const char *text);
 /* The text, printf-style. */
 void promptd_out_textf(promptd_out *out, const char *format, ...) PROMPTD_PRINTF(2, 3);
-/* Fails this call with a message, printf-style. */
+/* Fails this contribution (only it, this step) with a message, printf-style. */
 void promptd_out_error(promptd_out *out, const char *format, ...) PROMPTD_PRINTF(2, 3);
 /* Show-tools callbacks: adds one tool name to the shown tools. */
 void promptd_out_tool(promptd_out *out, const char *name);
