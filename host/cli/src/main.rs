@@ -299,6 +299,14 @@ fn read_config(path: Option<PathBuf>) -> Result<Config, promptd_daemon::DaemonEr
     }
 }
 
+/// Outside a session, `data` plugins' blocks are keyed with the config file's text (T7): the
+/// same for every run of the same config, and unknown to plugins, which cannot read it.
+fn data_secret(config: Option<&std::path::Path>) -> String {
+    config
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default()
+}
+
 fn parse_facts(facts: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     facts
         .iter()
@@ -322,7 +330,9 @@ fn assemble(
     explain: bool,
     budget: bool,
 ) -> anyhow::Result<()> {
-    let config = read_config(config)?;
+    let config_file = config_path(config);
+    let secret = data_secret(config_file.as_deref());
+    let config = read_config(config_file)?;
     let facts = parse_facts(facts)?;
     let dir = plugins
         .or_else(|| config.plugin_dir.clone())
@@ -344,6 +354,7 @@ fn assemble(
         tool_order: config.tool_order.clone(),
         suppress_runtime_context: !config.runtime_context(agent),
         keep_all_tools: config.tool_subset(agent) == promptd_core::config::ToolSubset::AllowedTools,
+        data_secret: secret,
     };
     let assembled = assembly::assemble(&loaded.registry, &step, &options)?;
     for o in &assembled.omitted {

@@ -14,8 +14,9 @@ use crate::error::{Error, Result};
 use crate::interpolate::{interpolate, Resolved};
 use crate::model::{Content, Context, Contribution, Kind, Scope, Section, Step, Tool, Variable};
 use crate::names::UNLISTED_TOOLS;
-use crate::provider::{CallError, CallResult};
+use crate::provider::{CallError, CallResult, Evaluation, Wanted};
 use crate::registry::{PluginEntry, Registry};
+use crate::trust::{self, Trust};
 
 /// The fixed first line of the runtime context snapshot (T6).
 pub const RUNTIME_CONTEXT_HEADER: &str =
@@ -31,6 +32,9 @@ pub struct Options {
     /// The agent's `tool_subset = "allowed_tools"`: `tools` keeps every tool the agent can
     /// see, and [`Assembly::shown_tools`] says which of them this step shows (A6).
     pub keep_all_tools: bool,
+    /// The secret `data` plugins' blocks are keyed with (T7): the session's, so every step
+    /// of a session fences alike and no plugin can guess the key.
+    pub data_secret: String,
 }
 
 /// The result of one assembly.
@@ -98,10 +102,40 @@ pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<A
         options.suppress_runtime_context,
         options.keep_all_tools,
     );
-    if let Some(assembly) = registry.memo.get(&key) {
-        return Ok(assembly);
+    let assembly = match registry.memo.get(&key) {
+        Some(assembly) => assembly,
+        None => assemble_fresh(registry, step, options, key)?,
+    };
+    Ok(fence_data(registry, assembly, &options.data_secret))
+}
+
+/// The runtime context snapshot made of `texts` (T6): none when every one is empty.
+fn snapshot<'a>(texts: impl Iterator<Item = &'a str>) -> Option<String> {
+    let parts: Vec<&str> = texts.filter(|t| !t.is_empty()).collect();
+    (!parts.is_empty()).then(|| format!("{RUNTIME_CONTEXT_HEADER}\n\n{}", parts.join("\n\n")))
+}
+
+/// T7: each non-empty context of a `data` plugin inside its data block. Done after the memo,
+/// which is shared by every session, because the block key is the session's.
+fn fence_data(registry: &Registry, assembly: Arc<Assembly>, secret: &str) -> Arc<Assembly> {
+    let is_data = |plugin: &str| {
+        registry
+            .get(plugin)
+            .is_some_and(|p| p.options.trust == Trust::Data)
+    };
+    let origins = &assembly.explain.contexts;
+    if !origins.iter().any(|o| is_data(&o.plugin)) {
+        return assembly;
     }
-    assemble_fresh(registry, step, options, key)
+    let mut fenced = (*assembly).clone();
+    for (origin, (_, text)) in origins.iter().zip(fenced.contexts.iter_mut()) {
+        if is_data(&origin.plugin) && !text.is_empty() {
+            let key = trust::block_key(secret, &origin.plugin);
+            *text = trust::fence(&origin.plugin, &key, text);
+        }
+    }
+    fenced.runtime_context = snapshot(fenced.contexts.iter().map(|(_, t)| t.as_str()));
+    Arc::new(fenced)
 }
 
 fn assemble_fresh(
@@ -212,6 +246,11 @@ fn attempt(
     let sections = effective::<Section>(registry, excluded, chain);
     let variables = effective::<Variable>(registry, excluded, chain);
     let tools = effective::<Tool>(registry, excluded, chain);
+    // A4: without a runtime context, contexts are neither called nor rendered.
+    let contexts = match options.suppress_runtime_context {
+        true => BTreeMap::new(),
+        false => effective::<Context>(registry, excluded, chain),
+    };
 
     // Cheap checks first, before any plugin is called.
     if let Some(order) = &options.tool_order {
@@ -229,6 +268,10 @@ fn attempt(
         None => sections.values().collect(),
     };
     ordered.sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
+    let mut ordered_contexts: Vec<&Pick<Context>> = contexts.values().collect();
+    ordered_contexts
+        .sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
+    calls.prefetch(step, &ordered, &ordered_contexts, &variables, &tools);
 
     let mut explain = Explain::default();
     let mut resolver = Resolver {
@@ -241,8 +284,12 @@ fn attempt(
     for pick in &ordered {
         let s = pick.item;
         let text = calls.text(pick.entry, Kind::Section, &s.name, &s.scope, &s.text, step)?;
-        let location = format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
-        let rendered = interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?;
+        let rendered = if s.verbatim {
+            text
+        } else {
+            let location = format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
+            interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?
+        };
         explain.sections.push(pick.origin(&s.name));
         section_texts.push((s.name.clone(), rendered.clone()));
         if !rendered.is_empty() {
@@ -252,30 +299,20 @@ fn attempt(
     let system = parts.join("\n\n");
     let mut context_texts = Vec::new();
 
-    let mut runtime_context = None;
-    if !options.suppress_runtime_context {
-        let contexts = effective::<Context>(registry, excluded, chain);
-        let mut ordered: Vec<&Pick<Context>> = contexts.values().collect();
-        ordered.sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
-        let mut parts = Vec::new();
-        for pick in ordered {
-            let c = pick.item;
-            let text = calls.text(pick.entry, Kind::Context, &c.name, &c.scope, &c.text, step)?;
+    for pick in ordered_contexts {
+        let c = pick.item;
+        let text = calls.text(pick.entry, Kind::Context, &c.name, &c.scope, &c.text, step)?;
+        // A data plugin's text is never interpolated (R5): it could name a secret variable.
+        let rendered = if c.verbatim || pick.entry.options.trust == Trust::Data {
+            text
+        } else {
             let location = format!("context `{}` (plugin `{}`)", c.name, pick.entry.id);
-            let rendered = interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?;
-            explain.contexts.push(pick.origin(&c.name));
-            context_texts.push((c.name.clone(), rendered.clone()));
-            if !rendered.is_empty() {
-                parts.push(rendered);
-            }
-        }
-        if !parts.is_empty() {
-            runtime_context = Some(format!(
-                "{RUNTIME_CONTEXT_HEADER}\n\n{}",
-                parts.join("\n\n")
-            ));
-        }
+            interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?
+        };
+        explain.contexts.push(pick.origin(&c.name));
+        context_texts.push((c.name.clone(), rendered));
     }
+    let runtime_context = snapshot(context_texts.iter().map(|(_, t)| t.as_str()));
     explain.variables = resolver
         .used
         .keys()
@@ -431,6 +468,10 @@ impl Resolver<'_, '_> {
 
 type CallKey = (String, Kind, String, Scope);
 
+fn key(entry: &PluginEntry, kind: Kind, name: &str, scope: &Scope) -> CallKey {
+    (entry.id.clone(), kind, name.to_string(), scope.clone())
+}
+
 /// Memoised dynamic calls: each contribution is called at most once per assembly (A2).
 #[derive(Default)]
 struct Calls {
@@ -440,6 +481,103 @@ struct Calls {
 }
 
 impl Calls {
+    /// Asks each batching plugin (world 0.2.0) once for every effective dynamic value it gives
+    /// this step and has not given yet: its sections and contexts in use, its effective
+    /// variables (referenced or not: which ones a dynamic text references is only known after
+    /// the call), and its shown tools. Shadowed contributions are never asked for. The answers
+    /// join the memo, so the lazy per-item path below finds them; an error stays with its item
+    /// and fails the assembly only if the item is used.
+    fn prefetch(
+        &mut self,
+        step: &Step,
+        sections: &[&Pick<Section>],
+        contexts: &[&Pick<Context>],
+        variables: &BTreeMap<&str, Pick<Variable>>,
+        tools: &BTreeMap<&str, Pick<Tool>>,
+    ) {
+        let mut asks: BTreeMap<&str, (&PluginEntry, Wanted)> = BTreeMap::new();
+        for p in sections.iter().filter(|p| p.entry.provider.batches()) {
+            if p.item.text == Content::Dynamic
+                && !self.texts.contains_key(&key(
+                    p.entry,
+                    Kind::Section,
+                    &p.item.name,
+                    &p.item.scope,
+                ))
+            {
+                let w = &mut asks
+                    .entry(&p.entry.id)
+                    .or_insert((p.entry, Wanted::default()))
+                    .1;
+                w.sections.push((p.item.name.clone(), p.item.scope.clone()));
+            }
+        }
+        for p in contexts.iter().filter(|p| p.entry.provider.batches()) {
+            if p.item.text == Content::Dynamic
+                && !self.texts.contains_key(&key(
+                    p.entry,
+                    Kind::Context,
+                    &p.item.name,
+                    &p.item.scope,
+                ))
+            {
+                let w = &mut asks
+                    .entry(&p.entry.id)
+                    .or_insert((p.entry, Wanted::default()))
+                    .1;
+                w.contexts.push((p.item.name.clone(), p.item.scope.clone()));
+            }
+        }
+        for p in variables.values().filter(|p| p.entry.provider.batches()) {
+            if p.item.value == Content::Dynamic
+                && !self.values.contains_key(&key(
+                    p.entry,
+                    Kind::Variable,
+                    &p.item.name,
+                    &p.item.scope,
+                ))
+            {
+                let w = &mut asks
+                    .entry(&p.entry.id)
+                    .or_insert((p.entry, Wanted::default()))
+                    .1;
+                w.variables
+                    .push((p.item.name.clone(), p.item.scope.clone()));
+            }
+        }
+        for p in tools.values().filter(|p| p.entry.provider.batches()) {
+            if p.entry.declaration.filters_tools && !self.tools.contains_key(&p.entry.id) {
+                asks.entry(&p.entry.id)
+                    .or_insert((p.entry, Wanted::default()))
+                    .1
+                    .shown_tools = true;
+            }
+        }
+        for (entry, wanted) in asks.into_values() {
+            let answer = entry
+                .provider
+                .evaluate(step, &wanted)
+                .and_then(|e| e.check(&wanted).map(|()| e))
+                .unwrap_or_else(|e| Evaluation::failed(&wanted, e));
+            let id = &entry.id;
+            for ((name, scope), text) in wanted.sections.into_iter().zip(answer.sections) {
+                self.texts
+                    .insert((id.clone(), Kind::Section, name, scope), text);
+            }
+            for ((name, scope), text) in wanted.contexts.into_iter().zip(answer.contexts) {
+                self.texts
+                    .insert((id.clone(), Kind::Context, name, scope), text);
+            }
+            for ((name, scope), value) in wanted.variables.into_iter().zip(answer.variables) {
+                self.values
+                    .insert((id.clone(), Kind::Variable, name, scope), value);
+            }
+            if let Some(shown) = answer.shown_tools {
+                self.tools.insert(id.clone(), shown);
+            }
+        }
+    }
+
     /// Whether no plugin was called.
     fn is_empty(&self) -> bool {
         self.texts.is_empty() && self.values.is_empty() && self.tools.is_empty()

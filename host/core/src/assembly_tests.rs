@@ -1017,3 +1017,311 @@ fn r4_a_changed_registry_never_sees_the_old_snapshots_remembered_assembly() {
         "coder"
     );
 }
+
+// ---- world 0.2.0: batched evaluation, verbatim, trust ----------------------------------------
+
+/// A provider that records every `evaluate` it is asked (a 0.2.0 component's one call).
+struct Recording {
+    inner: Arc<dyn crate::provider::Provider>,
+    asked: std::sync::Mutex<Vec<crate::provider::Wanted>>,
+}
+
+impl crate::provider::Provider for Recording {
+    fn section_text(&self, n: &str, s: &Scope, st: &Step) -> crate::provider::CallResult<String> {
+        panic!(
+            "a batching provider is never asked item by item ({n}, {s}, {})",
+            st.agent
+        )
+    }
+    fn context_text(&self, n: &str, s: &Scope, st: &Step) -> crate::provider::CallResult<String> {
+        panic!(
+            "a batching provider is never asked item by item ({n}, {s}, {})",
+            st.agent
+        )
+    }
+    fn variable_value(
+        &self,
+        n: &str,
+        s: &Scope,
+        st: &Step,
+    ) -> crate::provider::CallResult<Option<String>> {
+        panic!(
+            "a batching provider is never asked item by item ({n}, {s}, {})",
+            st.agent
+        )
+    }
+    fn shown_tools(&self, st: &Step) -> crate::provider::CallResult<Vec<String>> {
+        panic!(
+            "a batching provider is never asked item by item ({})",
+            st.agent
+        )
+    }
+    fn batches(&self) -> bool {
+        true
+    }
+    fn evaluate(
+        &self,
+        step: &Step,
+        wanted: &crate::provider::Wanted,
+    ) -> crate::provider::CallResult<crate::provider::Evaluation> {
+        self.asked.lock().unwrap().push(wanted.clone());
+        self.inner.evaluate(step, wanted)
+    }
+}
+
+fn recording(
+    id: &str,
+    plugin: NativePlugin,
+    options: PluginOptions,
+) -> (PluginEntry, Arc<Recording>) {
+    let (decl, inner) = plugin.build();
+    let rec = Arc::new(Recording {
+        inner,
+        asked: Default::default(),
+    });
+    let entry = PluginEntry::new(id, decl, rec.clone(), options).unwrap();
+    (entry, rec)
+}
+
+fn names(items: &[crate::provider::Item]) -> Vec<&str> {
+    items.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+#[test]
+fn a2_a_batching_plugin_is_asked_once_per_step_and_never_for_a_shadowed_item() {
+    let base = NativePlugin::new()
+        .dynamic_section("shared", 0, |_| Ok("global shared".into()))
+        .dynamic_section("own", 1, |s| {
+            Ok(format!("own {{{{mood}}}} at {}", s.step_number))
+        })
+        .dynamic_variable("mood", |_| Ok(Some("calm".into())))
+        .dynamic_variable("unused", |_| Err(CallError::Failed("never used".into())))
+        .dynamic_context("clock", 0, |s| Ok(format!("step {}", s.step_number)))
+        .tool("t1", "one", r#"{"type":"object"}"#)
+        .tool("t2", "two", r#"{"type":"object"}"#)
+        .show_tools(|_| Ok(vec!["t2".into()]));
+    let near = NativePlugin::new()
+        .dynamic_section("shared", 0, |_| Ok("coder's shared".into()))
+        .scoped(Scope::agent("coder"));
+    let (a, rec_a) = recording("a", base, PluginOptions::default());
+    let (b, rec_b) = recording("b", near, PluginOptions::default());
+    let reg = Registry::new()
+        .with_plugin(a)
+        .unwrap()
+        .with_plugin(b)
+        .unwrap();
+    let mut step = step_for("coder", &["global", "coder"]);
+    for n in 1..=3 {
+        step.step_number = n;
+        let out = assemble(&reg, &step, &Options::default()).unwrap();
+        assert_eq!(out.system, format!("coder's shared\n\nown calm at {n}"));
+        assert_eq!(tool_names(&out), ["t2"]);
+        assert_eq!(
+            out.runtime_context.as_deref(),
+            Some(format!("{RUNTIME_CONTEXT_HEADER}\n\nstep {n}").as_str())
+        );
+    }
+    let asked = rec_a.asked.lock().unwrap();
+    assert_eq!(asked.len(), 3, "once per step: {asked:?}");
+    for w in asked.iter() {
+        assert_eq!(names(&w.sections), ["own"], "`shared` is shadowed by b's");
+        assert_eq!(names(&w.contexts), ["clock"]);
+        // Every effective dynamic variable is asked; the unused one's error is never seen.
+        assert_eq!(names(&w.variables), ["mood", "unused"]);
+        assert!(w.shown_tools);
+    }
+    drop(asked);
+    assert_eq!(rec_b.asked.lock().unwrap().len(), 3);
+
+    // Without a runtime context, contexts are not asked for (A4).
+    let quiet = Options {
+        suppress_runtime_context: true,
+        ..Options::default()
+    };
+    assemble(&reg, &step, &quiet).unwrap();
+    assert!(rec_a.asked.lock().unwrap()[3].contexts.is_empty());
+}
+
+#[test]
+fn a2_a_batching_plugin_with_only_static_items_is_never_called() {
+    let (a, rec) = recording(
+        "a",
+        NativePlugin::new()
+            .section("s", 0, "static")
+            .variable("v", "x"),
+        PluginOptions::default(),
+    );
+    let reg = Registry::new().with_plugin(a).unwrap();
+    assert_eq!(run(&reg).unwrap().system, "static");
+    assert!(rec.asked.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a9_a_failed_evaluate_fails_its_items_and_an_optional_plugin_is_left_out() {
+    struct Broken;
+    impl crate::provider::Provider for Broken {
+        fn section_text(
+            &self,
+            _: &str,
+            _: &Scope,
+            _: &Step,
+        ) -> crate::provider::CallResult<String> {
+            unreachable!()
+        }
+        fn context_text(
+            &self,
+            _: &str,
+            _: &Scope,
+            _: &Step,
+        ) -> crate::provider::CallResult<String> {
+            unreachable!()
+        }
+        fn variable_value(
+            &self,
+            _: &str,
+            _: &Scope,
+            _: &Step,
+        ) -> crate::provider::CallResult<Option<String>> {
+            unreachable!()
+        }
+        fn shown_tools(&self, _: &Step) -> crate::provider::CallResult<Vec<String>> {
+            unreachable!()
+        }
+        fn batches(&self) -> bool {
+            true
+        }
+        fn evaluate(
+            &self,
+            _: &Step,
+            _: &crate::provider::Wanted,
+        ) -> crate::provider::CallResult<crate::provider::Evaluation> {
+            // One section asked, none answered: the shape is checked.
+            Ok(crate::provider::Evaluation::default())
+        }
+    }
+    let (decl, _) = NativePlugin::new()
+        .dynamic_section("x", 0, |_| Ok("x".into()))
+        .build();
+    let required = PluginEntry::new(
+        "p",
+        decl.clone(),
+        Arc::new(Broken),
+        PluginOptions::default(),
+    );
+    let reg = Registry::new().with_plugin(required.unwrap()).unwrap();
+    let err = run(&reg).unwrap_err();
+    assert_eq!(err.code(), "plugin_error");
+    assert_eq!(
+        err.to_string(),
+        "plugin `p`, section `x`: evaluate answered 0 sections for 1 asked"
+    );
+    let options = PluginOptions {
+        optional: true,
+        ..PluginOptions::default()
+    };
+    let reg = Registry::new()
+        .with_plugin(PluginEntry::new("p", decl, Arc::new(Broken), options).unwrap())
+        .unwrap()
+        .with_plugin(entry("q", NativePlugin::new().section("y", 0, "kept")).unwrap())
+        .unwrap();
+    let out = run(&reg).unwrap();
+    assert_eq!(out.system, "kept");
+    assert_eq!(out.omitted.len(), 1);
+}
+
+#[test]
+fn t3_a_verbatim_section_or_context_is_never_interpolated() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .variable("secret", "hunter2")
+            .section("plain", 0, "uses {{secret}}")
+            .section("raw", 1, "shows {{secret}} and {{ broken")
+            .verbatim()
+            .dynamic_context("doc", 0, |_| Ok("doc says {{secret}}".into()))
+            .verbatim(),
+    )]);
+    let out = run(&reg).unwrap();
+    assert_eq!(out.system, "uses hunter2\n\nshows {{secret}} and {{ broken");
+    assert_eq!(
+        out.runtime_context.as_deref(),
+        Some(format!("{RUNTIME_CONTEXT_HEADER}\n\ndoc says {{{{secret}}}}").as_str())
+    );
+}
+
+fn data_options() -> PluginOptions {
+    PluginOptions {
+        trust: crate::trust::Trust::Data,
+        ..PluginOptions::default()
+    }
+}
+
+#[test]
+fn r5_a_data_plugin_may_not_declare_sections_or_variables() {
+    let (decl, provider) = NativePlugin::new().section("s", 0, "obey").build();
+    let err = PluginEntry::new("docs", decl, provider, data_options()).unwrap_err();
+    assert_eq!(err.code(), "data_plugin_declares");
+    assert!(
+        err.to_string()
+            .starts_with("plugin `docs`: its trust is `data` (config `trust`), so it may not declare sections; it declares `s`"),
+        "{err}"
+    );
+    let (decl, provider) = NativePlugin::new().variable("v", "x").build();
+    let err = PluginEntry::new("docs", decl, provider, data_options()).unwrap_err();
+    assert!(
+        err.to_string().contains("may not declare variables"),
+        "{err}"
+    );
+    let (decl, provider) = NativePlugin::new()
+        .context("c", 0, "fine")
+        .tool("t", "d", r#"{"type":"object"}"#)
+        .build();
+    assert!(PluginEntry::new("docs", decl, provider, data_options()).is_ok());
+}
+
+#[test]
+fn t7_a_data_plugin_context_is_fenced_with_the_session_key_and_not_interpolated() {
+    let (decl, provider) = NativePlugin::new()
+        .context("doc", 10, "A {{secret}} </data> text.")
+        .dynamic_context("empty", 20, |_| Ok(String::new()))
+        .build();
+    let docs = PluginEntry::new("docs", decl, provider, data_options()).unwrap();
+    let reg = Registry::new()
+        .with_plugin(docs)
+        .unwrap()
+        .with_plugin(
+            entry(
+                "own",
+                NativePlugin::new().variable("secret", "hunter2").context(
+                    "note",
+                    0,
+                    "Note {{secret}}.",
+                ),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    let with = |secret: &str| Options {
+        data_secret: secret.into(),
+        ..Options::default()
+    };
+    let one = assemble(&reg, &default_step(), &with("s1")).unwrap();
+    let key = crate::trust::block_key("s1", "docs");
+    let fenced = crate::trust::fence("docs", &key, "A {{secret}} </data> text.");
+    assert_eq!(
+        one.runtime_context.as_deref(),
+        Some(format!("{RUNTIME_CONTEXT_HEADER}\n\nNote hunter2.\n\n{fenced}").as_str())
+    );
+    assert_eq!(one.contexts[1], ("doc".to_string(), fenced));
+    assert_eq!(
+        one.contexts[2],
+        ("empty".to_string(), String::new()),
+        "empty stays empty"
+    );
+    // The same session gives the same bytes; another session another key, even though the
+    // static part of the assembly is remembered across both.
+    assert_eq!(assemble(&reg, &default_step(), &with("s1")).unwrap(), one);
+    let two = assemble(&reg, &default_step(), &with("s2")).unwrap();
+    assert_ne!(two.runtime_context, one.runtime_context);
+    assert!(!two.runtime_context.as_deref().unwrap().contains(&key));
+}

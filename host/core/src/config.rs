@@ -35,6 +35,7 @@ use crate::model::Scope;
 use crate::names::{is_item_name, UNLISTED_TOOLS};
 use crate::registry::PluginOptions;
 use crate::sandbox::{self, DeclarationLimits, Sandbox};
+use crate::trust::Trust;
 
 /// Tables inside `model` that hold one provider format's own settings.
 pub const PROVIDER_TABLES: [&str; 3] = ["openai", "anthropic", "openai-responses"];
@@ -68,6 +69,8 @@ struct RawConfig {
     plugins: BTreeMap<String, PluginConfig>,
     model: Option<toml::Table>,
     token: Option<String>,
+    #[serde(default)]
+    default_trust: Trust,
     #[serde(default)]
     limits: LimitsConfig,
     #[serde(default)]
@@ -386,6 +389,8 @@ pub struct PluginConfig {
     pub env: Vec<String>,
     /// `log` (default): the plugin's stdout/stderr go to the host log; `none`: discarded.
     pub stdio: Option<Stdio>,
+    /// `instructions` or `data` (R5); absent: the config's `default_trust`.
+    pub trust: Option<Trust>,
 }
 
 /// Where a plugin's stdout/stderr go.
@@ -409,6 +414,8 @@ pub struct Config {
     pub model: Option<toml::Table>,
     /// The bearer token the daemon requires (L5); `PROMPTD_TOKEN` overrides it.
     pub token: Option<String>,
+    /// The trust of plugins whose table sets none (R5): `instructions` unless set.
+    pub default_trust: Trust,
     pub limits: LimitsConfig,
     /// `[mcp.NAME]` servers, by name.
     pub mcp: BTreeMap<String, McpConfig>,
@@ -457,6 +464,7 @@ impl Config {
             plugins: raw.plugins,
             model: raw.model,
             token: raw.token,
+            default_trust: raw.default_trust,
             limits: raw.limits,
             mcp: raw.mcp,
             store: raw
@@ -835,6 +843,7 @@ impl Config {
                 max_name_bytes: limit(4, sandbox::DEFAULT_MAX_NAME_BYTES),
                 max_declared_bytes: limit(5, sandbox::DEFAULT_MAX_DECLARED_KB) << 10,
             },
+            trust: p.and_then(|p| p.trust).unwrap_or(self.default_trust),
         }
     }
 

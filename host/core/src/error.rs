@@ -86,7 +86,7 @@ pub enum Error {
     },
 
     #[error(
-        "plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.1.0: {cause}"
+        "plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.2.0 (nor the older @0.1.0): {cause}"
     )]
     WrongWorld {
         plugin: String,
@@ -157,6 +157,14 @@ pub enum Error {
         scope: String,
     },
 
+    /// A plugin the config trusts as `data` declares what only `instructions` may (trust).
+    #[error("plugin `{plugin}`: its trust is `data` (config `trust`), so it may not declare {kind}s; it declares {}: give it `trust = \"instructions\"` or move the text into a context", list(.names))]
+    DataPluginDeclares {
+        plugin: String,
+        kind: Kind,
+        names: Vec<String>,
+    },
+
     #[error("plugin id `{0}` is already loaded")]
     DuplicatePlugin(String),
 
@@ -181,6 +189,10 @@ pub enum Error {
         /// A trap (including a time-out or memory cap) rather than an error result.
         trapped: bool,
     },
+
+    /// A review hook rejected the step (Q18): nothing was recorded.
+    #[error("plugin `{plugin}` rejected the step in review: {reason}")]
+    ReviewRejected { plugin: String, reason: String },
 
     #[error("plugin `{plugin}`: shown-tools returned `{tool}`, which it does not declare")]
     UnknownShownTool { plugin: String, tool: String },
@@ -325,6 +337,8 @@ impl Error {
             Error::PluginCall { trapped: false, .. } => "plugin_error",
             Error::PluginCall { trapped: true, .. } => "plugin_trap",
             Error::UnknownShownTool { .. } => "unknown_shown_tool",
+            Error::DataPluginDeclares { .. } => "data_plugin_declares",
+            Error::ReviewRejected { .. } => "review_rejected",
             Error::MalformedReference { .. } => "malformed_reference",
             Error::UnknownVariable { .. } => "unknown_variable",
             Error::VariableAbsent { .. } => "variable_absent",

@@ -41,10 +41,12 @@ pub mod provider;
 pub mod registry;
 pub mod replies;
 pub mod request;
+pub mod review;
 pub mod sandbox;
 pub mod session;
 pub mod store;
 pub mod transcript;
+pub mod trust;
 pub mod validate;
 
 pub use error::{Error, ErrorBody, Result};

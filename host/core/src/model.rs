@@ -48,6 +48,8 @@ pub struct Section {
     pub text: Content,
     pub complete: bool,
     pub scope: Scope,
+    /// Never interpolated: the text is used exactly as given (world 0.2.0).
+    pub verbatim: bool,
 }
 
 /// C2: a part of the runtime context snapshot.
@@ -57,6 +59,8 @@ pub struct Context {
     pub order: i32,
     pub text: Content,
     pub scope: Scope,
+    /// Never interpolated: the text is used exactly as given (world 0.2.0).
+    pub verbatim: bool,
 }
 
 /// C3: a value for `{{name}}` interpolation.
@@ -85,6 +89,8 @@ pub struct Declaration {
     pub tools: Vec<Tool>,
     /// When true the plugin chooses, per assembly, which known tools are shown.
     pub filters_tools: bool,
+    /// Some: the plugin reviews each session step; hooks run by (this order, plugin id).
+    pub review_order: Option<i32>,
 }
 
 /// What every kind of contribution has in common: a name, a scope, and a list in a

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::model::{Content, Context, Declaration, Scope, Section, Step, Tool, Variable};
+use crate::review::{ReviewInput, Verdict};
 
 /// Why a plugin call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,12 +30,120 @@ impl CallError {
 
 pub type CallResult<T> = Result<T, CallError>;
 
+/// A dynamic contribution by its name and declared scope.
+pub type Item = (String, Scope);
+
+/// The dynamic values assembly wants of one plugin at one step (world 0.2.0 `wanted`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub sections: Vec<Item>,
+    pub contexts: Vec<Item>,
+    pub variables: Vec<Item>,
+    pub shown_tools: bool,
+}
+
+impl Wanted {
+    pub fn is_empty(&self) -> bool {
+        self.sections.is_empty()
+            && self.contexts.is_empty()
+            && self.variables.is_empty()
+            && !self.shown_tools
+    }
+}
+
+/// The answer to a [`Wanted`], item by item (same order and lengths); `shown_tools` is some
+/// exactly when asked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Evaluation {
+    pub sections: Vec<CallResult<String>>,
+    pub contexts: Vec<CallResult<String>>,
+    pub variables: Vec<CallResult<Option<String>>>,
+    pub shown_tools: Option<CallResult<Vec<String>>>,
+}
+
+impl Evaluation {
+    /// Every item of `wanted` failed with `error` (a failed or trapped `evaluate` call).
+    pub fn failed(wanted: &Wanted, error: CallError) -> Self {
+        Self {
+            sections: vec![Err(error.clone()); wanted.sections.len()],
+            contexts: vec![Err(error.clone()); wanted.contexts.len()],
+            variables: vec![Err(error.clone()); wanted.variables.len()],
+            shown_tools: wanted.shown_tools.then_some(Err(error)),
+        }
+    }
+
+    /// Checks the shape against `wanted`: a plugin that answers another number of items than
+    /// it was asked fails the whole call.
+    pub fn check(&self, wanted: &Wanted) -> CallResult<()> {
+        let counts = [
+            ("sections", self.sections.len(), wanted.sections.len()),
+            ("contexts", self.contexts.len(), wanted.contexts.len()),
+            ("variables", self.variables.len(), wanted.variables.len()),
+        ];
+        for (kind, got, asked) in counts {
+            if got != asked {
+                return Err(CallError::Failed(format!(
+                    "evaluate answered {got} {kind} for {asked} asked"
+                )));
+            }
+        }
+        if self.shown_tools.is_some() != wanted.shown_tools {
+            return Err(CallError::Failed(format!(
+                "evaluate {} shown tools when {} asked for them",
+                if self.shown_tools.is_some() {
+                    "gave"
+                } else {
+                    "gave no"
+                },
+                if wanted.shown_tools {
+                    "it was"
+                } else {
+                    "it was not"
+                }
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The dynamic half of a plugin. Implementations must be callable from several threads.
+///
+/// A provider either answers item by item (world 0.1.0: the four per-item methods, called
+/// lazily, each at most once per assembly) or, when [`Provider::batches`] is true, answers a
+/// whole step in one [`Provider::evaluate`] call (world 0.2.0).
 pub trait Provider: Send + Sync {
     fn section_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String>;
     fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String>;
     fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>>;
     fn shown_tools(&self, step: &Step) -> CallResult<Vec<String>>;
+
+    /// Whether assembly asks this provider once per step ([`Provider::evaluate`]) instead of
+    /// once per contribution.
+    fn batches(&self) -> bool {
+        false
+    }
+
+    /// Every wanted value in one call. The default answers through the per-item methods.
+    fn evaluate(&self, step: &Step, wanted: &Wanted) -> CallResult<Evaluation> {
+        Ok(Evaluation {
+            sections: (wanted.sections.iter())
+                .map(|(n, s)| self.section_text(n, s, step))
+                .collect(),
+            contexts: (wanted.contexts.iter())
+                .map(|(n, s)| self.context_text(n, s, step))
+                .collect(),
+            variables: (wanted.variables.iter())
+                .map(|(n, s)| self.variable_value(n, s, step))
+                .collect(),
+            shown_tools: wanted.shown_tools.then(|| self.shown_tools(step)),
+        })
+    }
+
+    /// Reviews a session step (only called when the declaration has a `review_order`).
+    fn review(&self, _step: &Step, _input: &ReviewInput) -> CallResult<Verdict> {
+        Ok(Verdict::Accept)
+    }
+
     /// Failed calls since the last successful one (used to quarantine, L3).
     fn consecutive_failures(&self) -> u32 {
         0
@@ -44,6 +153,7 @@ pub trait Provider: Send + Sync {
 type TextFn = Arc<dyn Fn(&Step) -> CallResult<String> + Send + Sync>;
 type ValueFn = Arc<dyn Fn(&Step) -> CallResult<Option<String>> + Send + Sync>;
 type ToolsFn = Arc<dyn Fn(&Step) -> CallResult<Vec<String>> + Send + Sync>;
+type ReviewFn = Arc<dyn Fn(&Step, &ReviewInput) -> CallResult<Verdict> + Send + Sync>;
 
 /// A plugin made of plain Rust values and closures.
 ///
@@ -68,6 +178,8 @@ pub struct NativePlugin {
     contexts: Vec<Option<TextFn>>,
     variables: Vec<Option<ValueFn>>,
     shown_tools: Option<ToolsFn>,
+    review: Option<ReviewFn>,
+    batches: bool,
     last: Option<Last>,
 }
 
@@ -107,6 +219,7 @@ impl NativePlugin {
             text,
             complete: false,
             scope: Scope::Global,
+            verbatim: false,
         });
         self.last = Some(Last::Section);
     }
@@ -133,6 +246,7 @@ impl NativePlugin {
             order,
             text,
             scope: Scope::Global,
+            verbatim: false,
         });
         self.last = Some(Last::Context);
     }
@@ -198,6 +312,34 @@ impl NativePlugin {
         self
     }
 
+    /// Marks the section or context added last as verbatim: never interpolated.
+    pub fn verbatim(mut self) -> Self {
+        let d = &mut self.declaration;
+        match self.last {
+            Some(Last::Section) => d.sections.last_mut().map(|s| s.verbatim = true),
+            Some(Last::Context) => d.contexts.last_mut().map(|c| c.verbatim = true),
+            _ => None,
+        };
+        self
+    }
+
+    /// Reviews every session step with `f`; hooks run by (`order`, plugin id).
+    pub fn review(
+        mut self,
+        order: i32,
+        f: impl Fn(&Step, &ReviewInput) -> CallResult<Verdict> + Send + Sync + 'static,
+    ) -> Self {
+        self.declaration.review_order = Some(order);
+        self.review = Some(Arc::new(f));
+        self
+    }
+
+    /// Answers each step in one [`Provider::evaluate`] call, as a 0.2.0 component does.
+    pub fn batched(mut self) -> Self {
+        self.batches = true;
+        self
+    }
+
     /// Marks the section added last as complete (C1, A3).
     pub fn complete(mut self) -> Self {
         if let (Some(Last::Section), Some(s)) = (self.last, self.declaration.sections.last_mut()) {
@@ -223,6 +365,8 @@ impl NativePlugin {
                 self.variables,
             ),
             shown_tools: self.shown_tools,
+            review: self.review,
+            batches: self.batches,
         };
         (self.declaration, Arc::new(provider))
     }
@@ -243,6 +387,8 @@ struct NativeProvider {
     contexts: BTreeMap<(String, Scope), TextFn>,
     variables: BTreeMap<(String, Scope), ValueFn>,
     shown_tools: Option<ToolsFn>,
+    review: Option<ReviewFn>,
+    batches: bool,
 }
 
 fn missing(kind: &str, name: &str) -> CallError {
@@ -269,6 +415,17 @@ impl Provider for NativeProvider {
         match &self.shown_tools {
             Some(f) => f(step),
             None => Err(CallError::Failed("plugin does not filter tools".into())),
+        }
+    }
+
+    fn batches(&self) -> bool {
+        self.batches
+    }
+
+    fn review(&self, step: &Step, input: &ReviewInput) -> CallResult<Verdict> {
+        match &self.review {
+            Some(f) => f(step, input),
+            None => Ok(Verdict::Accept),
         }
     }
 }

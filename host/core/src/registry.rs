@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::{Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable};
 use crate::provider::Provider;
 use crate::sandbox::DeclarationLimits;
+use crate::trust::Trust;
 use crate::validate::{self, ToolSchemas};
 
 /// How the host config treats one plugin.
@@ -21,6 +22,8 @@ pub struct PluginOptions {
     pub optional: bool,
     /// How much the plugin may declare (L8).
     pub limits: DeclarationLimits,
+    /// What the config lets it contribute (R5).
+    pub trust: Trust,
 }
 
 /// One loaded, validated plugin.
@@ -48,6 +51,28 @@ impl std::fmt::Debug for PluginEntry {
     }
 }
 
+/// R5: a `data` plugin declares no sections and no variables.
+fn check_data(id: &str, d: &Declaration) -> Result<()> {
+    let refuse = |kind, names: Vec<String>| Error::DataPluginDeclares {
+        plugin: id.to_string(),
+        kind,
+        names,
+    };
+    if !d.sections.is_empty() {
+        let names = d.sections.iter().map(|s| format!("`{}`", s.name)).collect();
+        return Err(refuse(Kind::Section, names));
+    }
+    if !d.variables.is_empty() {
+        let names = d
+            .variables
+            .iter()
+            .map(|v| format!("`{}`", v.name))
+            .collect();
+        return Err(refuse(Kind::Variable, names));
+    }
+    Ok(())
+}
+
 impl PluginEntry {
     /// Validates the declaration (R1); nothing is visible until the entry joins a registry.
     pub fn new(
@@ -60,6 +85,9 @@ impl PluginEntry {
             validate::check_scope(id, scope)?;
         }
         let schemas = validate::validate(id, &declaration, &options.limits)?;
+        if options.trust == Trust::Data {
+            check_data(id, &declaration)?;
+        }
         let entry = Self {
             id: id.to_string(),
             declaration,

@@ -347,6 +347,8 @@ pub struct SessionState {
     /// History was dropped or compacted since the last step marker: the next request does not
     /// start with the last one.
     history_changed: bool,
+    /// The secret `data` plugins' blocks are keyed with (T7), from the session's first event.
+    data_secret: Option<String>,
 }
 
 /// What depends only on the current header, made when a step first needs it and dropped
@@ -398,6 +400,7 @@ impl SessionState {
             memo: HeadMemo::default(),
             provenance: None,
             history_changed: false,
+            data_secret: None,
         }
     }
 
@@ -467,8 +470,11 @@ impl SessionState {
                         self.summaries.insert(start, summary);
                     }
                 }
-                EventKind::SessionCreated
-                | EventKind::UserMessage
+                EventKind::SessionCreated => {
+                    let secret = body(&session, event)?.get("data_secret");
+                    self.data_secret = secret.and_then(Value::as_str).map(str::to_string);
+                }
+                EventKind::UserMessage
                 | EventKind::AssistantMessage
                 | EventKind::ToolResult
                 | EventKind::PluginOmitted => {}
@@ -494,6 +500,12 @@ impl SessionState {
             self.last_seq = event.seq;
         }
         Ok(())
+    }
+
+    /// The secret this session's data blocks are keyed with (T7). Sessions created before
+    /// the secret was recorded use their id: stable, but weaker, since a plugin sees the id.
+    pub fn data_secret(&self) -> &str {
+        self.data_secret.as_deref().unwrap_or(&self.session)
     }
 
     /// The seq of the last event the state has seen: the next append goes at `last_seq + 1`.

@@ -238,6 +238,7 @@ mod tests {
             text: Content::Static(text.into()),
             complete: false,
             scope: Scope::Global,
+            verbatim: false,
         }
     }
 

@@ -171,6 +171,8 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::InvalidArguments { .. }
         | Error::ReplyBeforeStep
         | Error::MissingModelSetting { .. }
+        | Error::DataPluginDeclares { .. }
+        | Error::ReviewRejected { .. }
         | Error::VariableAbsent { .. } => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }

@@ -60,6 +60,7 @@ use promptd_core::plugin_state::{ChangeKind, PluginState};
 use promptd_core::provenance::Provenance;
 use promptd_core::registry::{PluginEntry, Registry};
 use promptd_core::request::declaration_json;
+use promptd_core::review::Verdict;
 use promptd_core::session;
 use promptd_core::store::{Event, EventKind, NewEvent, SessionStore};
 use promptd_core::{Error, ErrorBody};
@@ -486,9 +487,20 @@ impl Daemon {
 
     pub fn create_session(&self, agent: &str) -> Result<String> {
         self.config().chain(agent)?; // validates the name
+                                     // The key of the session's data blocks (T7): plugins never see the log, so they
+                                     // cannot learn it; every daemon reading the log fences alike.
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).map_err(|e| Error::Engine {
+            context: "drawing a session secret".into(),
+            source: Box::new(std::io::Error::other(e.to_string())),
+        })?;
+        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
         let id = self.store.create_session(
             agent,
-            NewEvent::new(EventKind::SessionCreated, json!({"agent": agent})),
+            NewEvent::new(
+                EventKind::SessionCreated,
+                json!({"agent": agent, "data_secret": secret}),
+            ),
         )?;
         Ok(id)
     }
@@ -668,6 +680,7 @@ impl Daemon {
             suppress_runtime_context: !config.runtime_context(&agent),
             keep_all_tools: config.tool_subset(&agent)
                 == promptd_core::config::ToolSubset::AllowedTools,
+            data_secret: cached.state.data_secret().to_string(),
         };
         // A failure before the append leaves the state as it was: keep it.
         let planned = assembly::assemble(&registry, &step, &options)
@@ -680,9 +693,14 @@ impl Daemon {
                 for (i, m) in input.messages.iter().enumerate() {
                     content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
                 }
+                // Q18: review hooks may reject the step or redact its new messages.
+                let reviewed = review_step(&registry, &step, &input.messages, &assembled)?;
+                for (i, m) in reviewed.iter().enumerate() {
+                    content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
+                }
                 let messages = {
                     let (template, empty) = config.tool_results(&agent);
-                    session::tool_results_shown(&input.messages, template.as_deref(), &empty)
+                    session::tool_results_shown(&reviewed, template.as_deref(), &empty)
                 };
                 cached.state.check_renders(format, &messages)?;
                 // Provenance only when it may have changed: a new header or plugin set.
@@ -874,6 +892,50 @@ impl Daemon {
 const LOAD_WORKERS: usize = 4;
 
 /// `f` over `items` on up to `workers` scoped threads; results in the items' order.
+/// Q18: every review hook, by (order, plugin id), each shown the messages as the hooks before
+/// it left them. A rejection, a failed hook or a bad verdict fails the step: a hook guards
+/// what is recorded, so it fails closed, `optional` or not.
+fn review_step(
+    registry: &Registry,
+    step: &Step,
+    messages: &[Message],
+    assembled: &promptd_core::assembly::Assembly,
+) -> promptd_core::Result<Vec<Message>> {
+    let mut hooks: Vec<(i32, &PluginEntry)> = registry
+        .plugins()
+        .filter_map(|p| p.declaration.review_order.map(|o| (o, &**p)))
+        .collect();
+    hooks.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
+    let mut current = messages.to_vec();
+    for (_, hook) in hooks {
+        let failed = |cause: String, trapped: bool| Error::PluginCall {
+            plugin: hook.id.clone(),
+            contribution: "review".into(),
+            cause,
+            trapped,
+        };
+        let input = promptd_core::review::input(&current, assembled);
+        let verdict = hook.provider.review(step, &input).map_err(|e| {
+            let trapped = matches!(e, promptd_core::provider::CallError::Trapped(_));
+            failed(e.cause().to_string(), trapped)
+        })?;
+        match verdict {
+            Verdict::Accept => {}
+            Verdict::Reject(reason) => {
+                return Err(Error::ReviewRejected {
+                    plugin: hook.id.clone(),
+                    reason,
+                })
+            }
+            Verdict::Redact(rules) => {
+                current = promptd_core::review::redact(&current, &rules)
+                    .map_err(|cause| failed(cause, false))?;
+            }
+        }
+    }
+    Ok(current)
+}
+
 fn parallel_map<T: Sync, R: Send>(
     items: &[T],
     workers: usize,

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod compile;
 mod log;
 mod wasm;
+mod worlds;
 
 use std::path::PathBuf;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use promptd_core::sandbox::Sandbox;
 
 /// A log record's level, as the plugin asked.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Level {
     Trace,
     Debug,

@@ -16,25 +16,29 @@ use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 use promptd_core::load::{CacheLookup, Engine as PluginEngine, Instantiated, LoadRequest};
-use promptd_core::model::{self, Content, Declaration, Scope, Step};
-use promptd_core::provider::{CallError, CallResult, Provider};
+use promptd_core::model::{Content, Declaration, Scope, Step};
+use promptd_core::provider::{CallError, CallResult, Evaluation, Provider, Wanted};
+use promptd_core::review::{ReviewInput, Verdict};
 use promptd_core::sandbox::Sandbox;
 use promptd_core::Error;
 
 use crate::cache::CompileCache;
 use crate::compile::Compiler;
 use crate::log::{CallLog, Level, PluginLog};
+use crate::worlds::{self, v0_1, v0_2, World};
 use crate::EngineError;
 
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../../wit",
-        world: "plugin",
-    });
+/// A component ready to instantiate, in the world it implements.
+enum Pre {
+    V0_1(v0_1::PluginPre<State>),
+    V0_2(v0_2::PluginPre<State>),
 }
 
-use bindings::promptd::plugin::types as wit;
-use bindings::{Plugin, PluginPre};
+/// An instance's exports, in its world.
+enum Exports {
+    V0_1(v0_1::Plugin),
+    V0_2(v0_2::Plugin),
+}
 
 /// How long one epoch tick lasts; deadlines are counted in ticks.
 const TICK: Duration = Duration::from_millis(5);
@@ -76,7 +80,10 @@ impl WasmEngine {
         let engine = Engine::new(settings(&mut config)).map_err(EngineError::Init)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(EngineError::Init)?;
-        Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
+        // Both worlds' imports: their interfaces are versioned, so they never clash.
+        v0_1::Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
+            .map_err(EngineError::Init)?;
+        v0_2::Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
             .map_err(EngineError::Init)?;
 
         // `tokio::time::timeout` cannot stop a busy guest; epoch interruption can. One thread
@@ -167,11 +174,15 @@ impl WasmEngine {
             cause: root_cause(&e),
             source: e.into(),
         };
+        let world = World::of(&component, &self.engine);
         let pre = self
             .linker
             .instantiate_pre(&component)
             .map_err(wrong_world)?;
-        let pre = PluginPre::new(pre).map_err(wrong_world)?;
+        let pre = match world {
+            World::V0_1 => Pre::V0_1(v0_1::PluginPre::new(pre).map_err(wrong_world)?),
+            World::V0_2 => Pre::V0_2(v0_2::PluginPre::new(pre).map_err(wrong_world)?),
+        };
         let provider = WasmProvider {
             log: PluginLog::new(id, &sandbox),
             engine: self.engine.clone(),
@@ -315,27 +326,34 @@ impl WasiView for State {
     }
 }
 
-impl wit::Host for State {}
-
-impl bindings::promptd::plugin::host::Host for State {
-    fn log(&mut self, level: wit::Level, message: String) {
-        if matches!(level, wit::Level::Error) {
+impl State {
+    fn log(&mut self, level: Level, message: &str) {
+        if level == Level::Error {
             self.last_error = Some(message.chars().take(2000).collect());
         }
-        let level = match level {
-            wit::Level::Trace => Level::Trace,
-            wit::Level::Debug => Level::Debug,
-            wit::Level::Info => Level::Info,
-            wit::Level::Warn => Level::Warn,
-            wit::Level::Error => Level::Error,
-        };
-        self.log.write(level, None, &message);
+        self.log.write(level, None, message);
+    }
+}
+
+impl v0_1::promptd::plugin::types::Host for State {}
+
+impl v0_1::promptd::plugin::host::Host for State {
+    fn log(&mut self, level: v0_1::promptd::plugin::types::Level, message: String) {
+        State::log(self, worlds::level_v1(level), &message);
+    }
+}
+
+impl v0_2::promptd::plugin::types::Host for State {}
+
+impl v0_2::promptd::plugin::host::Host for State {
+    fn log(&mut self, level: v0_2::promptd::plugin::types::Level, message: String) {
+        State::log(self, worlds::level_v2(level), &message);
     }
 }
 
 struct Instance {
     store: Store<State>,
-    plugin: Plugin,
+    plugin: Exports,
 }
 
 /// The warm instances not in use, and how many exist in all (idle or in a call).
@@ -350,7 +368,7 @@ struct Pool {
 /// the pool makes a fresh one when a call needs it.
 pub struct WasmProvider {
     engine: Engine,
-    pre: PluginPre<State>,
+    pre: Pre,
     sandbox: Sandbox,
     config: Vec<(String, String)>,
     pool: Mutex<Pool>,
@@ -418,14 +436,19 @@ impl WasmProvider {
         store.set_epoch_deadline(self.deadline_ticks());
         let log = store.data().log.clone();
         log.begin();
-        let declared = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|plugin| Ok((plugin.call_declare(&mut store, &self.config)?, plugin)));
+        let declared = match &self.pre {
+            Pre::V0_1(pre) => pre.instantiate(&mut store).and_then(|plugin| {
+                let declared = plugin.call_declare(&mut store, &self.config)?;
+                Ok((declared.map(worlds::declaration_v1), Exports::V0_1(plugin)))
+            }),
+            Pre::V0_2(pre) => pre.instantiate(&mut store).and_then(|plugin| {
+                let declared = plugin.call_declare(&mut store, &self.config)?;
+                Ok((declared.map(worlds::declaration_v2), Exports::V0_2(plugin)))
+            }),
+        };
         log.end("declare");
         let (declared, plugin) = declared.map_err(|e| trap(e, &mut store))?;
-        let declared = declared.map_err(CallError::Failed)?;
-        let declaration = from_wit(declared);
+        let declaration = declared.map_err(CallError::Failed)?;
         for (what, text) in declared_texts(&declaration) {
             self.bounded(&what, text)?;
         }
@@ -471,7 +494,7 @@ impl WasmProvider {
     /// Runs `f` on a pooled instance under the call deadline. A trap drops the instance.
     fn call<T>(
         &self,
-        f: impl FnOnce(&Plugin, &mut Store<State>) -> wasmtime::Result<Result<T, String>>,
+        f: impl FnOnce(&Exports, &mut Store<State>) -> wasmtime::Result<Result<T, String>>,
     ) -> CallResult<T> {
         let mut instance = match self.checkout() {
             Ok(instance) => instance,
@@ -542,22 +565,116 @@ fn trap(e: wasmtime::Error, store: &mut Store<State>) -> CallError {
     CallError::Trapped(message)
 }
 
+/// A 0.1.0 call on a 0.2.0 instance or the reverse: the host never makes one, since
+/// [`Provider::batches`] tells assembly which calls a provider takes.
+fn other_world<T>() -> wasmtime::Result<Result<T, String>> {
+    Ok(Err("internal: a call of the other plugin world".into()))
+}
+
+impl WasmProvider {
+    fn world(&self) -> World {
+        match self.pre {
+            Pre::V0_1(_) => World::V0_1,
+            Pre::V0_2(_) => World::V0_2,
+        }
+    }
+
+    /// One 0.2.0 call for every wanted item; each returned text is checked against the
+    /// output bound, and a failed item counts as a failed call (L3).
+    fn evaluate_v2(&self, step: &Step, wanted: &Wanted) -> CallResult<Evaluation> {
+        let (wstep, wwanted) = (worlds::step_v2(step), worlds::wanted_v2(wanted));
+        let answer = self.call(|p, s| match p {
+            Exports::V0_2(p) => Ok(p
+                .call_evaluate(s, &wstep, &wwanted)?
+                .map(worlds::evaluation_v2)),
+            Exports::V0_1(_) => other_world(),
+        })?;
+        answer.check(wanted)?;
+        let bound =
+            |r: CallResult<String>, what: &str| r.and_then(|t| self.bounded(what, &t).map(|()| t));
+        let answer = Evaluation {
+            sections: (answer.sections.into_iter())
+                .map(|r| bound(r, "the text"))
+                .collect(),
+            contexts: (answer.contexts.into_iter())
+                .map(|r| bound(r, "the text"))
+                .collect(),
+            variables: (answer.variables.into_iter())
+                .map(|r| match r {
+                    Ok(Some(v)) => bound(Ok(v), "the value").map(Some),
+                    other => other,
+                })
+                .collect(),
+            shown_tools: answer.shown_tools,
+        };
+        let item_failed = answer.sections.iter().any(Result::is_err)
+            || answer.contexts.iter().any(Result::is_err)
+            || answer.shown_tools.as_ref().is_some_and(Result::is_err);
+        if item_failed {
+            self.count::<()>(&Err(CallError::Failed(String::new())));
+        }
+        Ok(answer)
+    }
+
+    /// One item through [`WasmProvider::evaluate_v2`] (only reached through the per-item
+    /// methods, which assembly does not use for 0.2.0 plugins).
+    fn one_v2<T>(
+        &self,
+        step: &Step,
+        wanted: Wanted,
+        pick: impl FnOnce(Evaluation) -> Option<CallResult<T>>,
+    ) -> CallResult<T> {
+        let answer = self.evaluate_v2(step, &wanted)?;
+        pick(answer).unwrap_or_else(|| Err(CallError::Failed("no answer".into())))
+    }
+}
+
 impl Provider for WasmProvider {
     fn section_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
-        let (wscope, wstep) = (to_wit_scope(scope), to_wit_step(step));
-        let result = self.call(|p, s| p.call_section_text(s, name, &wscope, &wstep));
+        if self.world() == World::V0_2 {
+            let wanted = Wanted {
+                sections: vec![(name.to_string(), scope.clone())],
+                ..Wanted::default()
+            };
+            return self.one_v2(step, wanted, |e| e.sections.into_iter().next());
+        }
+        let (wscope, wstep) = (worlds::scope_v1(scope), worlds::step_v1(step));
+        let result = self.call(|p, s| match p {
+            Exports::V0_1(p) => p.call_section_text(s, name, &wscope, &wstep),
+            Exports::V0_2(_) => other_world(),
+        });
         self.checked("the text", result)
     }
 
     fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
-        let (wscope, wstep) = (to_wit_scope(scope), to_wit_step(step));
-        let result = self.call(|p, s| p.call_context_text(s, name, &wscope, &wstep));
+        if self.world() == World::V0_2 {
+            let wanted = Wanted {
+                contexts: vec![(name.to_string(), scope.clone())],
+                ..Wanted::default()
+            };
+            return self.one_v2(step, wanted, |e| e.contexts.into_iter().next());
+        }
+        let (wscope, wstep) = (worlds::scope_v1(scope), worlds::step_v1(step));
+        let result = self.call(|p, s| match p {
+            Exports::V0_1(p) => p.call_context_text(s, name, &wscope, &wstep),
+            Exports::V0_2(_) => other_world(),
+        });
         self.checked("the text", result)
     }
 
     fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>> {
-        let (wscope, wstep) = (to_wit_scope(scope), to_wit_step(step));
-        let result = self.call(|p, s| p.call_variable_value(s, name, &wscope, &wstep));
+        if self.world() == World::V0_2 {
+            let wanted = Wanted {
+                variables: vec![(name.to_string(), scope.clone())],
+                ..Wanted::default()
+            };
+            return self.one_v2(step, wanted, |e| e.variables.into_iter().next());
+        }
+        let (wscope, wstep) = (worlds::scope_v1(scope), worlds::step_v1(step));
+        let result = self.call(|p, s| match p {
+            Exports::V0_1(p) => p.call_variable_value(s, name, &wscope, &wstep),
+            Exports::V0_2(_) => other_world(),
+        });
         match result {
             Ok(Some(v)) => self.checked("the value", Ok(v)).map(Some),
             other => other,
@@ -569,8 +686,58 @@ impl Provider for WasmProvider {
     }
 
     fn shown_tools(&self, step: &Step) -> CallResult<Vec<String>> {
-        let step = to_wit_step(step);
-        self.call(|p, s| p.call_shown_tools(s, &step))
+        if self.world() == World::V0_2 {
+            let wanted = Wanted {
+                shown_tools: true,
+                ..Wanted::default()
+            };
+            return self.one_v2(step, wanted, |e| e.shown_tools);
+        }
+        let step = worlds::step_v1(step);
+        self.call(|p, s| match p {
+            Exports::V0_1(p) => p.call_shown_tools(s, &step),
+            Exports::V0_2(_) => other_world(),
+        })
+    }
+
+    fn batches(&self) -> bool {
+        self.world() == World::V0_2
+    }
+
+    fn evaluate(&self, step: &Step, wanted: &Wanted) -> CallResult<Evaluation> {
+        match self.world() {
+            World::V0_2 => self.evaluate_v2(step, wanted),
+            // The adapter: a 0.1.0 plugin answers item by item, as it always did.
+            World::V0_1 => Ok(Evaluation {
+                sections: (wanted.sections.iter())
+                    .map(|(n, s)| self.section_text(n, s, step))
+                    .collect(),
+                contexts: (wanted.contexts.iter())
+                    .map(|(n, s)| self.context_text(n, s, step))
+                    .collect(),
+                variables: (wanted.variables.iter())
+                    .map(|(n, s)| self.variable_value(n, s, step))
+                    .collect(),
+                shown_tools: wanted.shown_tools.then(|| self.shown_tools(step)),
+            }),
+        }
+    }
+
+    fn review(&self, step: &Step, input: &ReviewInput) -> CallResult<Verdict> {
+        if self.world() == World::V0_1 {
+            return Ok(Verdict::Accept); // 0.1.0 has no hook
+        }
+        let (wstep, winput) = (worlds::step_v2(step), worlds::review_input_v2(input));
+        let verdict = self.call(|p, s| match p {
+            Exports::V0_2(p) => Ok(p.call_review(s, &wstep, &winput)?.map(worlds::verdict_v2)),
+            Exports::V0_1(_) => other_world(),
+        })?;
+        if let Err(cause) = verdict.check() {
+            let err = Err(CallError::Failed(cause));
+            self.count(&err);
+            return err;
+        }
+        Ok(verdict)
     }
 }
 
@@ -687,76 +854,5 @@ impl tokio::io::AsyncWrite for LogWriter {
             self.emit();
         }
         std::task::Poll::Ready(Ok(()))
-    }
-}
-
-fn to_wit_scope(scope: &Scope) -> wit::Scope {
-    match scope {
-        Scope::Global => wit::Scope::Global,
-        Scope::Agent(a) => wit::Scope::Agent(a.clone()),
-    }
-}
-
-fn to_wit_step(step: &Step) -> wit::Step {
-    wit::Step {
-        agent: step.agent.clone(),
-        scope_chain: step.scope_chain.clone(),
-        session_id: step.session_id.clone(),
-        step_number: step.step_number,
-        facts: step.facts.clone().into_iter().collect(),
-    }
-}
-
-fn from_wit(d: wit::Declaration) -> Declaration {
-    let scope = |s: wit::Scope| match s {
-        wit::Scope::Global => Scope::Global,
-        wit::Scope::Agent(a) => Scope::Agent(a),
-    };
-    let content = |c: wit::Content| match c {
-        wit::Content::StaticText(t) => Content::Static(t),
-        wit::Content::Dynamic => Content::Dynamic,
-    };
-    Declaration {
-        sections: d
-            .sections
-            .into_iter()
-            .map(|s| model::Section {
-                name: s.name,
-                order: s.order,
-                text: content(s.text),
-                complete: s.complete,
-                scope: scope(s.scope),
-            })
-            .collect(),
-        contexts: d
-            .contexts
-            .into_iter()
-            .map(|c| model::Context {
-                name: c.name,
-                order: c.order,
-                text: content(c.text),
-                scope: scope(c.scope),
-            })
-            .collect(),
-        variables: d
-            .variables
-            .into_iter()
-            .map(|v| model::Variable {
-                name: v.name,
-                value: content(v.value),
-                scope: scope(v.scope),
-            })
-            .collect(),
-        tools: d
-            .tools
-            .into_iter()
-            .map(|t| model::Tool {
-                name: t.name,
-                description: t.description,
-                parameters: t.parameters,
-                scope: scope(t.scope),
-            })
-            .collect(),
-        filters_tools: d.filters_tools,
     }
 }
