@@ -108,6 +108,34 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(format!("{name}.wasm"))
 }
 
+/// A component built against `promptd:plugin@0.1.0` before the world moved
+/// (tests/fixtures/plugin-0.1.0/NAME.wasm.gz), unpacked once per test binary (by an atomic
+/// rename, so test binaries running side by side never see half a file).
+pub fn old_world(name: &str) -> PathBuf {
+    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let dir = repo_root().join("target/test-artifacts/plugin-0.1.0");
+    let out = dir.join(format!("{name}.wasm"));
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    if !done.iter().any(|n| n == name) {
+        std::fs::create_dir_all(&dir).expect("create the unpack folder");
+        let packed = repo_root().join(format!("tests/fixtures/plugin-0.1.0/{name}.wasm.gz"));
+        let o = Command::new("gzip")
+            .arg("-dc")
+            .arg(&packed)
+            .output()
+            .expect("run gzip");
+        assert!(
+            o.status.success(),
+            "gzip -dc {}: {}",
+            packed.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        put(&dir, name, &o.stdout);
+        done.push(name.to_string());
+    }
+    out
+}
+
 /// The `scripted` fixture: its declaration comes from its config.
 pub fn scripted() -> PathBuf {
     fixture("scripted")
@@ -116,7 +144,7 @@ pub fn scripted() -> PathBuf {
 /// Puts `bytes` into `dir` as `NAME.wasm` the way build tools should: write a temporary file,
 /// then rename it into place.
 pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
-    let tmp = dir.join(format!(".{name}.tmp"));
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes).expect("write");
     std::fs::rename(&tmp, dir.join(format!("{name}.wasm"))).expect("rename");
 }

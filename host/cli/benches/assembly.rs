@@ -1,5 +1,7 @@
 //! Assembly alone (no HTTP, no store): the same contributions served by N WebAssembly plugins
-//! and by N native providers, so the table shows what the component boundary costs.
+//! built against each plugin world (0.2.0: one `evaluate` per plugin per step; 0.1.0: one call
+//! per dynamic contribution) and by N native providers, so the table shows what the component
+//! boundary costs in each world.
 //!
 //! Run: `cargo bench -p promptd --bench assembly` (criterion; builds the test fixtures first).
 //! Criterion's own arguments work after `--`, e.g. `-- static` to run one group.
@@ -8,9 +10,11 @@
 //! 2 contexts, 2 variables and 2 tools named after its `prefix`; with `dynamic_every = 3`,
 //! 3 of its 10 sections, contexts and variables are dynamic (30%), else all are static. It is
 //! copied under N file names (b00.wasm, b01.wasm, …) and loaded with `WasmEngine` through
-//! `promptd_core::load::load_all`, each copy with its own prefix; the native side builds the
-//! same declarations with `NativePlugin` from the same shape.rs, and the bench first checks
-//! that both assemble to the same system prompt, runtime context and tools. One
+//! `promptd_core::load::load_all`, each copy with its own prefix. `wasm 0.2.0` is the fixture
+//! built now; `wasm 0.1.0` is the same source built against 0.1.0 before the world moved
+//! (tests/fixtures/plugin-0.1.0/bench.wasm.gz). The native side builds the same declarations
+//! with `NativePlugin` from the same shape.rs, and the bench first checks that all three
+//! assemble to the same system prompt, runtime context and tools. One
 //! `promptd_core::assembly::assemble` per iteration, for agent `default` at step 7 with the
 //! facts `cwd` and `git_branch`. The table is criterion's median time per assembly.
 
@@ -130,6 +134,20 @@ fn wasm_registry(
     loaded.registry
 }
 
+/// The 0.1.0 build of the fixture, unpacked into `dir`.
+fn old_world_bench(dir: &Path) -> std::path::PathBuf {
+    let packed = support::repo_root().join("tests/fixtures/plugin-0.1.0/bench.wasm.gz");
+    let out = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(&packed)
+        .output()
+        .expect("run gzip");
+    assert!(out.status.success(), "gzip -dc {}", packed.display());
+    let path = dir.join("bench-0.1.0.wasm");
+    std::fs::write(&path, out.stdout).expect("write the 0.1.0 fixture");
+    path
+}
+
 /// Criterion's median estimate for `group/function/n` from this run, if there is one.
 fn median(
     dir: &Path,
@@ -158,6 +176,8 @@ fn main() {
     support::print_machine();
     let wasm = support::build_wasm_workspace("tests/fixtures").join("bench.wasm");
     let work = support::scratch("assembly");
+    let old = old_world_bench(work.path());
+    let worlds = [("wasm-0.2.0", &wasm), ("wasm-0.1.0", &old)];
     let engine = WasmEngine::new()
         .expect("engine")
         .with_cache(&work.path().join("cache"), cache::DEFAULT_MAX_BYTES)
@@ -174,19 +194,21 @@ fn main() {
     for (group, _, every) in MODES {
         let mut g = c.benchmark_group(group);
         for n in COUNTS {
-            let dir = work.path().join(format!("{group}-{n}"));
-            let wasm_registry = wasm_registry(&engine, &wasm, &dir, n, every);
             let native_registry = native_registry(n, every);
-            let a = assembly::assemble(&wasm_registry, &step, &options).expect("wasm assembly");
             let b = assembly::assemble(&native_registry, &step, &options).expect("native assembly");
-            assert_eq!(
-                (&a.system, &a.runtime_context, &a.tools),
-                (&b.system, &b.runtime_context, &b.tools),
-                "wasm and native plugins must assemble the same ({group}, N = {n})"
-            );
-            g.bench_with_input(BenchmarkId::new("wasm", n), &wasm_registry, |bench, r| {
-                bench.iter(|| assembly::assemble(r, &step, &options).expect("assemble"))
-            });
+            for (name, file) in worlds {
+                let dir = work.path().join(format!("{group}-{name}-{n}"));
+                let registry = wasm_registry(&engine, file, &dir, n, every);
+                let a = assembly::assemble(&registry, &step, &options).expect("wasm assembly");
+                assert_eq!(
+                    (&a.system, &a.runtime_context, &a.tools),
+                    (&b.system, &b.runtime_context, &b.tools),
+                    "{name} and native plugins must assemble the same ({group}, N = {n})"
+                );
+                g.bench_with_input(BenchmarkId::new(name, n), &registry, |bench, r| {
+                    bench.iter(|| assembly::assemble(r, &step, &options).expect("assemble"))
+                });
+            }
             g.bench_with_input(
                 BenchmarkId::new("native", n),
                 &native_registry,
@@ -200,34 +222,51 @@ fn main() {
     let mut table = support::Table::new(&[
         "contributions",
         "plugins",
-        "dynamic calls",
-        "wasm p50",
+        "calls 0.1.0",
+        "calls 0.2.0",
+        "0.1.0 p50",
+        "0.2.0 p50",
         "native p50",
-        "wasm / native",
+        "0.1.0 / native",
+        "0.2.0 / native",
+        "0.1.0 per call",
+        "0.2.0 per plugin",
     ]);
     for (group, label, every) in MODES {
         for n in COUNTS {
-            let (w, nat) = (
-                median(&out, group, "wasm", n, started),
-                median(&out, group, "native", n, started),
-            );
-            let calls = Shape::new("x", every)
+            let p50 = |f: &str| median(&out, group, f, n, started);
+            let (old, new, nat) = (p50("wasm-0.1.0"), p50("wasm-0.2.0"), p50("native"));
+            let dynamic = Shape::new("x", every)
                 .items()
                 .iter()
                 .filter(|i| i.dynamic)
-                .count()
-                * n;
+                .count();
+            // 0.1.0 calls once per dynamic item, 0.2.0 once per plugin with any.
+            let (old_calls, new_calls) = (dynamic * n, if dynamic > 0 { n } else { 0 });
             let show = |d: Option<Duration>| d.map_or("-".into(), support::fmt_duration);
+            let vs = |w: Option<Duration>| match (w, nat) {
+                (Some(w), Some(nat)) => support::ratio(w.as_secs_f64(), nat.as_secs_f64()),
+                _ => "-".into(),
+            };
+            // What the boundary adds over native, shared out per call (or per plugin).
+            let over = |w: Option<Duration>, calls: usize| match (w, nat) {
+                (Some(w), Some(nat)) if calls > 0 => {
+                    support::fmt_duration(w.saturating_sub(nat) / calls as u32)
+                }
+                _ => "-".into(),
+            };
             table.row(vec![
                 label.to_string(),
                 n.to_string(),
-                calls.to_string(),
-                show(w),
+                old_calls.to_string(),
+                new_calls.to_string(),
+                show(old),
+                show(new),
                 show(nat),
-                match (w, nat) {
-                    (Some(w), Some(nat)) => support::ratio(w.as_secs_f64(), nat.as_secs_f64()),
-                    _ => "-".into(),
-                },
+                vs(old),
+                vs(new),
+                over(old, old_calls),
+                over(new, new_calls),
             ]);
         }
     }
