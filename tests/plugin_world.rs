@@ -1,4 +1,4 @@
-//! The plugin worlds (SPEC W1–W3, A2, R5, T3, T7, Q18) end to end, through the real binary and
+//! The plugin worlds (SPEC W1–W3, A2, R7, T7, T8, Q18) end to end, through the real binary and
 //! real components: builds made against 0.1.0 before the world moved keep giving their bytes;
 //! 0.2.0 asks each plugin once per step, never for a shadowed item; `data` plugins are fenced;
 //! review hooks reject and redact what a session records.
@@ -107,9 +107,22 @@ fn w2_the_scripted_fixture_gives_the_same_bytes_built_against_either_world() {
 "#,
     ];
     let facts = ["--fact", "mood=calm", "--agent", "default"];
+    // A panic's message names its source line, which moved with the new keys.
+    let unlined = |(code, out, err): (Option<i32>, String, String)| {
+        let at = "scripted/src/lib.rs:";
+        let err = match err.find(at) {
+            Some(i) => {
+                let rest = &err[i + at.len()..];
+                let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(0);
+                format!("{}{at}N{}", &err[..i], &rest[digits..])
+            }
+            None => err,
+        };
+        (code, out, err)
+    };
     for config in configs {
-        let a = assemble(&alone("p", &old), config, &facts);
-        let b = assemble(&alone("p", &new), config, &facts);
+        let a = unlined(assemble(&alone("p", &old), config, &facts));
+        let b = unlined(assemble(&alone("p", &new), config, &facts));
         assert_eq!(a, b, "0.1.0 and 0.2.0 builds differ for\n{config}");
         assert!(!a.1.is_empty() || !a.2.is_empty(), "nothing was printed");
     }
@@ -198,10 +211,10 @@ fn snapshot_of(body: &Value) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
-// T3: verbatim text is never interpolated.
+// T7: verbatim text is never interpolated.
 
 #[test]
-fn t3_verbatim_sections_and_contexts_keep_their_braces() {
+fn t7_verbatim_sections_and_contexts_keep_their_braces() {
     let folder = alone("p", &common::scripted());
     let config = r#"[plugins.p.config]
 "variable.secret" = "hunter2"
@@ -231,10 +244,10 @@ fn t3_verbatim_sections_and_contexts_keep_their_braces() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// R5, T7: trust levels.
+// R7, T8: trust levels.
 
 #[test]
-fn r5_a_data_plugin_that_declares_a_section_is_refused_at_load_and_the_daemon_serves_on() {
+fn r7_a_data_plugin_that_declares_a_section_is_refused_at_load_and_the_daemon_serves_on() {
     let folder = Folder::new().scripted("docs").scripted("own");
     let config = r#"
 [plugins.docs]
@@ -263,7 +276,13 @@ trust = "data"
     let bad = config.replace("trust = \"data\"", "trust = \"root\"");
     let (code, _, err) = assemble(&folder, &bad, &[]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("trust") && err.contains("root"), "{err}");
+    assert!(
+        err.contains("error[config_parse]")
+            && err.contains(
+                "line 4, column 9: unknown variant `root`, expected `instructions` or `data`"
+            ),
+        "{err}"
+    );
 }
 
 /// The data block key in `text` for plugin `plugin`.
@@ -277,7 +296,7 @@ fn block_key(text: &str, plugin: &str) -> String {
 }
 
 #[test]
-fn t7_a_data_context_is_fenced_per_session_and_cannot_close_its_block() {
+fn t8_a_data_context_is_fenced_per_session_and_cannot_close_its_block() {
     let folder = Folder::new().scripted("docs").scripted("own");
     let config = r#"
 [plugins.docs]
@@ -347,6 +366,9 @@ trust = "data"
 // Q18: review hooks.
 
 const GUARD: &str = r#"
+[model]
+model = "claude-test"
+max_tokens = 64
 [plugins.guard.config]
 "section.persona" = "0|You are helpful."
 "review_order" = "0"

@@ -299,7 +299,7 @@ fn read_config(path: Option<PathBuf>) -> Result<Config, promptd_daemon::DaemonEr
     }
 }
 
-/// Outside a session, `data` plugins' blocks are keyed with the config file's text (T7): the
+/// Outside a session, `data` plugins' blocks are keyed with the config file's text (T8): the
 /// same for every run of the same config, and unknown to plugins, which cannot read it.
 fn data_secret(config: Option<&std::path::Path>) -> String {
     config

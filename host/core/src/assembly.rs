@@ -32,7 +32,7 @@ pub struct Options {
     /// The agent's `tool_subset = "allowed_tools"`: `tools` keeps every tool the agent can
     /// see, and [`Assembly::shown_tools`] says which of them this step shows (A6).
     pub keep_all_tools: bool,
-    /// The secret `data` plugins' blocks are keyed with (T7): the session's, so every step
+    /// The secret `data` plugins' blocks are keyed with (T8): the session's, so every step
     /// of a session fences alike and no plugin can guess the key.
     pub data_secret: String,
 }
@@ -115,7 +115,7 @@ fn snapshot<'a>(texts: impl Iterator<Item = &'a str>) -> Option<String> {
     (!parts.is_empty()).then(|| format!("{RUNTIME_CONTEXT_HEADER}\n\n{}", parts.join("\n\n")))
 }
 
-/// T7: each non-empty context of a `data` plugin inside its data block. Done after the memo,
+/// T8: each non-empty context of a `data` plugin inside its data block. Done after the memo,
 /// which is shared by every session, because the block key is the session's.
 fn fence_data(registry: &Registry, assembly: Arc<Assembly>, secret: &str) -> Arc<Assembly> {
     let is_data = |plugin: &str| {
@@ -302,7 +302,7 @@ fn attempt(
     for pick in ordered_contexts {
         let c = pick.item;
         let text = calls.text(pick.entry, Kind::Context, &c.name, &c.scope, &c.text, step)?;
-        // A data plugin's text is never interpolated (R5): it could name a secret variable.
+        // A data plugin's text is never interpolated (R7): it could name a secret variable.
         let rendered = if c.verbatim || pick.entry.options.trust == Trust::Data {
             text
         } else {
@@ -481,7 +481,7 @@ struct Calls {
 }
 
 impl Calls {
-    /// Asks each batching plugin (world 0.2.0) once for every effective dynamic value it gives
+    /// W3: asks each batching plugin (world 0.2.0) once for every effective dynamic value it gives
     /// this step and has not given yet: its sections and contexts in use, its effective
     /// variables (referenced or not: which ones a dynamic text references is only known after
     /// the call), and its shown tools. Shadowed contributions are never asked for. The answers

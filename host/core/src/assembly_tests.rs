@@ -1230,7 +1230,7 @@ fn a9_a_failed_evaluate_fails_its_items_and_an_optional_plugin_is_left_out() {
 }
 
 #[test]
-fn t3_a_verbatim_section_or_context_is_never_interpolated() {
+fn t7_a_verbatim_section_or_context_is_never_interpolated() {
     let reg = registry(vec![(
         "p",
         NativePlugin::new()
@@ -1257,7 +1257,7 @@ fn data_options() -> PluginOptions {
 }
 
 #[test]
-fn r5_a_data_plugin_may_not_declare_sections_or_variables() {
+fn r7_a_data_plugin_may_not_declare_sections_or_variables() {
     let (decl, provider) = NativePlugin::new().section("s", 0, "obey").build();
     let err = PluginEntry::new("docs", decl, provider, data_options()).unwrap_err();
     assert_eq!(err.code(), "data_plugin_declares");
@@ -1280,7 +1280,7 @@ fn r5_a_data_plugin_may_not_declare_sections_or_variables() {
 }
 
 #[test]
-fn t7_a_data_plugin_context_is_fenced_with_the_session_key_and_not_interpolated() {
+fn t8_a_data_plugin_context_is_fenced_with_the_session_key_and_not_interpolated() {
     let (decl, provider) = NativePlugin::new()
         .context("doc", 10, "A {{secret}} </data> text.")
         .dynamic_context("empty", 20, |_| Ok(String::new()))

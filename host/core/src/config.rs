@@ -389,7 +389,7 @@ pub struct PluginConfig {
     pub env: Vec<String>,
     /// `log` (default): the plugin's stdout/stderr go to the host log; `none`: discarded.
     pub stdio: Option<Stdio>,
-    /// `instructions` or `data` (R5); absent: the config's `default_trust`.
+    /// `instructions` or `data` (R7); absent: the config's `default_trust`.
     pub trust: Option<Trust>,
 }
 
@@ -414,7 +414,7 @@ pub struct Config {
     pub model: Option<toml::Table>,
     /// The bearer token the daemon requires (L5); `PROMPTD_TOKEN` overrides it.
     pub token: Option<String>,
-    /// The trust of plugins whose table sets none (R5): `instructions` unless set.
+    /// The trust of plugins whose table sets none (R7): `instructions` unless set.
     pub default_trust: Trust,
     pub limits: LimitsConfig,
     /// `[mcp.NAME]` servers, by name.

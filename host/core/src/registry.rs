@@ -22,7 +22,7 @@ pub struct PluginOptions {
     pub optional: bool,
     /// How much the plugin may declare (L8).
     pub limits: DeclarationLimits,
-    /// What the config lets it contribute (R5).
+    /// What the config lets it contribute (R7).
     pub trust: Trust,
 }
 
@@ -51,7 +51,7 @@ impl std::fmt::Debug for PluginEntry {
     }
 }
 
-/// R5: a `data` plugin declares no sections and no variables.
+/// R7: a `data` plugin declares no sections and no variables.
 fn check_data(id: &str, d: &Declaration) -> Result<()> {
     let refuse = |kind, names: Vec<String>| Error::DataPluginDeclares {
         plugin: id.to_string(),

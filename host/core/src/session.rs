@@ -347,7 +347,7 @@ pub struct SessionState {
     /// History was dropped or compacted since the last step marker: the next request does not
     /// start with the last one.
     history_changed: bool,
-    /// The secret `data` plugins' blocks are keyed with (T7), from the session's first event.
+    /// The secret `data` plugins' blocks are keyed with (T8), from the session's first event.
     data_secret: Option<String>,
 }
 
@@ -502,7 +502,7 @@ impl SessionState {
         Ok(())
     }
 
-    /// The secret this session's data blocks are keyed with (T7). Sessions created before
+    /// The secret this session's data blocks are keyed with (T8). Sessions created before
     /// the secret was recorded use their id: stable, but weaker, since a plugin sees the id.
     pub fn data_secret(&self) -> &str {
         self.data_secret.as_deref().unwrap_or(&self.session)

@@ -487,8 +487,9 @@ impl Daemon {
 
     pub fn create_session(&self, agent: &str) -> Result<String> {
         self.config().chain(agent)?; // validates the name
-                                     // The key of the session's data blocks (T7): plugins never see the log, so they
-                                     // cannot learn it; every daemon reading the log fences alike.
+
+        // The key of the session's data blocks (T8): plugins never see the log, so they
+        // cannot learn it; every daemon reading the log fences alike.
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|e| Error::Engine {
             context: "drawing a session secret".into(),

@@ -1,4 +1,4 @@
-//! The two plugin worlds the host serves, and the conversions between their types and the
+//! The two plugin worlds the host serves (SPEC W1, W2), and the conversions between their types and the
 //! core's plain data.
 //!
 //! `promptd:plugin@0.1.0` (wit/0.1.0) is published and frozen: its components are adapted here
