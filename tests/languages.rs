@@ -319,7 +319,10 @@ fn documents_python_renders_retrieved_snippets_as_verbatim_data() {
     let v = fenced.assemble(&[&format!("documents={docs}")]);
     let context = v["messages"][0]["content"].as_str().unwrap();
     let block = context.strip_prefix(RUNTIME_HEADER).unwrap();
-    assert!(block.starts_with("<data plugin=\"documents\" key=\""), "{block}");
+    assert!(
+        block.starts_with("<data plugin=\"documents\" key=\""),
+        "{block}"
+    );
     let key = &block[r#"<data plugin="documents" key=""#.len()..][..16];
     assert!(
         block.ends_with(&format!("\n{expected}\n</data key=\"{key}\">")),
@@ -463,7 +466,7 @@ fn the_same_plugin_in_every_language_and_pure_build_assembles_byte_identically()
         .into_iter()
         .map(|l| (l, same_in(l, config)))
         .collect();
-    let cases: [&[&str]; 4] = [
+    let cases: [&[&str]; 6] = [
         &[],
         &[
             "--agent",
@@ -482,6 +485,9 @@ fn the_same_plugin_in_every_language_and_pure_build_assembles_byte_identically()
             "--fact", "10=x", "--fact", "9=y", "--fact", "ＡB=1", "--fact", "😀=2", "--fact", "a=ü",
         ],
         &["--fact", "fail=now"],
+        // 0.2.0: a verbatim dynamic section keeps the braces it was given.
+        &["--fact", "echo={{same_greeting}} {{ and }}"],
+        &["--agent", "coder", "--fact", "echo=plain", "--explain"],
     ];
     for case in cases {
         let outputs: Vec<(&str, std::process::Output)> = builds
@@ -516,8 +522,13 @@ fn the_same_plugin_in_every_language_and_pure_build_assembles_byte_identically()
     assert_eq!(
         v["messages"][0]["content"],
         format!(
-            "{RUNTIME_HEADER}Static context.\n\nagent=default chain=global>default step=0 facts="
+            "{RUNTIME_HEADER}Static context.\n\nRaw {{{{same_greeting}}}} stays as written.\n\nagent=default chain=global>default step=0 facts="
         )
+    );
+    let v = rust.assemble(&["echo={{same_greeting}}"]);
+    assert_eq!(
+        v["system"],
+        "Hi from the same plugin — Grüße, 你好.\n\nEcho: {{same_greeting}}"
     );
     let mut args = vec!["--agent", "coder"];
     args.extend(fact_args(&["task=review", "mood=calm", "read_only=true"]));
@@ -537,6 +548,48 @@ fn the_same_plugin_in_every_language_and_pure_build_assembles_byte_identically()
         rust.fails(&["fail=now"], "plugin_error"),
         "error[plugin_error]: plugin `same`, section `same:fail`: asked to fail: now"
     );
+
+    // The review hook, through a real daemon: the same verdicts, the same bytes, per language.
+    let reviewed: Vec<(&str, Vec<(u16, String)>)> = builds
+        .iter()
+        .filter(|(build, _)| !build.ends_with("-pure"))
+        .map(|(build, alone)| (*build, review_through_a_daemon(alone)))
+        .collect();
+    let (_, rust) = &reviewed[0];
+    assert_eq!(rust[0].0, 422, "{}", rust[0].1);
+    let rejected: Value = serde_json::from_str(&rust[0].1).unwrap();
+    assert_eq!(rejected["error"]["code"], "review_rejected");
+    assert_eq!(
+        rejected["error"]["message"],
+        "plugin `same` rejected the step in review: the step mentions \"forbidden\""
+    );
+    assert_eq!(rust[1].0, 200, "{}", rust[1].1);
+    let redacted: Value = serde_json::from_str(&rust[1].1).unwrap();
+    assert_eq!(
+        redacted["request"]["messages"][0]["content"],
+        "my password is [redacted], not hunter"
+    );
+    for (build, got) in &reviewed[1..] {
+        assert_eq!(got, rust, "{build} reviews otherwise than rust");
+    }
+}
+
+/// Two steps of a new session on a daemon serving `alone`: one the `same` hook rejects, one it
+/// redacts; their (status, body).
+fn review_through_a_daemon(alone: &Alone) -> Vec<(u16, String)> {
+    let (_tmp, state) = common::daemon::state_dir();
+    // The one-shot runs above compiled these components already: share their cache.
+    std::fs::create_dir_all(&state).unwrap();
+    std::os::unix::fs::symlink(common::compile_cache(), state.join("cache")).unwrap();
+    let d = common::daemon::Served::start(alone.folder.path(), &alone.config, &state);
+    let id = d.session("default");
+    ["a forbidden word", "my password is hunter2, not hunter"]
+        .into_iter()
+        .map(|text| {
+            let body = json!({"messages": [{"role": "user", "content": text}]});
+            d.post(&format!("/v1/sessions/{id}/steps"), &body.to_string())
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
