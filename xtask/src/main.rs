@@ -334,5 +334,11 @@ fn test(root: &Path) -> Result<()> {
             .current_dir(root)
             .args(["-m", "unittest", "discover", "-s", dir]))?;
     }
+    // The JavaScript and C SDKs' dispatch of `evaluate` and `review`, natively too (the C one
+    // under AddressSanitizer and UBSan when the compiler has them): ownership bugs in the
+    // canonical-ABI glue show up here with a stack, not as a trap in a component.
+    for script in ["sdk/js/test.sh", "sdk/c/tests/run.sh"] {
+        sh(Command::new("bash").current_dir(root).arg(script))?;
+    }
     sh(cargo().current_dir(root).args(["test", "--workspace"]))
 }

@@ -188,8 +188,18 @@ fn main() -> ExitCode {
         }
         command => Cli { command },
     };
+    let serving = matches!(cli.command, Command::Serve { .. });
+    if !serving {
+        // A one-shot command piped into `head` ends quietly when the pipe closes, as Unix
+        // tools do, instead of panicking in `println!`. The daemon keeps Rust's default
+        // (ignored), so a client hanging up is an error on that socket, never a signal.
+        // SAFETY: called before any other thread exists; SIG_DFL is a valid disposition.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // The daemon logs at info by default; one-shot commands stay quiet (see init_logging).
-    init_logging(matches!(cli.command, Command::Serve { .. }));
+    init_logging(serving);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
