@@ -65,7 +65,14 @@ fn a_component_of_another_world_is_refused() {
     let empty = wat::parse_str("(component)").unwrap();
     let folder = Folder::new().bytes("empty_world", &empty);
     let line = check(&folder, "empty_world", "wrong_world");
-    assert!(line.contains("promptd:plugin/plugin@0.1.0"), "{line}");
+    // Neither world: the error names the current one and the older one it also serves (W1),
+    // and what is missing.
+    assert!(
+        line.contains(
+            "does not implement the world promptd:plugin/plugin@0.2.0 (nor the older @0.1.0)"
+        ) && line.contains("declare"),
+        "{line}"
+    );
 
     // Imports something the host does not provide.
     let alien = wat::parse_str(

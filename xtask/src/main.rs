@@ -340,5 +340,12 @@ fn test(root: &Path) -> Result<()> {
     for script in ["sdk/js/test.sh", "sdk/c/tests/run.sh"] {
         sh(Command::new("bash").current_dir(root).arg(script))?;
     }
+    // The Rust SDK is its own crate (it builds guests), tested on the host target.
+    sh(cargo().current_dir(root).args([
+        "test",
+        "--quiet",
+        "--manifest-path",
+        "sdk/rust/Cargo.toml",
+    ]))?;
     sh(cargo().current_dir(root).args(["test", "--workspace"]))
 }
