@@ -7,11 +7,12 @@
 //! iterates is ordered (`BTreeMap`, explicit sorts), so the result never depends on load
 //! order, registration order or hash seeds (A1).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::interpolate::{interpolate, Resolved};
+use crate::interpolate::{render, Resolved};
 use crate::model::{Content, Context, Contribution, Kind, Scope, Section, Step, Tool, Variable};
 use crate::names::UNLISTED_TOOLS;
 use crate::provider::{CallError, CallResult, Evaluation, Wanted};
@@ -109,6 +110,24 @@ pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<A
     Ok(fence_data(registry, assembly, &options.data_secret))
 }
 
+/// T5: the non-empty texts joined by one blank line.
+fn joined<'a>(texts: impl Iterator<Item = &'a str>) -> String {
+    let parts: Vec<&str> = texts.filter(|t| !t.is_empty()).collect();
+    parts.join("\n\n")
+}
+
+/// Interpolates a text that may be borrowed from the declaration or owned (a dynamic one).
+fn render_owned<'t>(
+    text: Cow<'t, str>,
+    location: &dyn Fn() -> String,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved>,
+) -> Result<Cow<'t, str>> {
+    match text {
+        Cow::Borrowed(t) => render(t, location, resolve),
+        Cow::Owned(t) => render(&t, location, resolve).map(|r| Cow::Owned(r.into_owned())),
+    }
+}
+
 /// The runtime context snapshot made of `texts` (T6): none when every one is empty.
 fn snapshot<'a>(texts: impl Iterator<Item = &'a str>) -> Option<String> {
     let parts: Vec<&str> = texts.filter(|t| !t.is_empty()).collect();
@@ -195,14 +214,25 @@ fn plugin_failure(err: &Error) -> Option<(&str, String, String)> {
     }
 }
 
-/// One effective contribution: the item, the plugin that declared it, and its scope.
+/// One effective contribution: the item, the plugin that declared it, its effective scope and
+/// that scope's rank in the chain.
 struct Pick<'r, T> {
     entry: &'r PluginEntry,
     item: &'r T,
-    scope: Scope,
+    scope: &'r Scope,
+    rank: usize,
 }
 
-impl<T> Pick<'_, T> {
+impl<'r, T> Pick<'r, T> {
+    fn new(entry: &'r PluginEntry, item: &'r T, scope: &'r Scope, rank: usize) -> Self {
+        Self {
+            entry,
+            item,
+            scope,
+            rank,
+        }
+    }
+
     fn origin(&self, name: &str) -> Origin {
         Origin {
             name: name.to_string(),
@@ -218,21 +248,32 @@ fn effective<'r, T: Contribution>(
     excluded: &BTreeSet<String>,
     chain: &[String],
 ) -> BTreeMap<&'r str, Pick<'r, T>> {
-    let mut best: BTreeMap<&str, (usize, Pick<T>)> = BTreeMap::new();
+    let mut best: BTreeMap<&str, Pick<T>> = BTreeMap::new();
     for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
         for item in T::all(&entry.declaration) {
-            let scope = entry.effective_scope(item.scope());
+            let declared = item.scope();
+            let scope = match (&entry.options.scope_override, declared) {
+                (Some(over), Scope::Global) => over,
+                _ => declared,
+            };
             let Some(rank) = chain.iter().position(|k| k == scope.key()) else {
                 continue; // not visible to this agent
             };
             // Same name in the same scope from two plugins is refused at load (R2), so ranks
             // never tie; on a tie the first plugin by id would win, still deterministically.
-            if best.get(item.name()).is_none_or(|(r, _)| rank > *r) {
-                best.insert(item.name(), (rank, Pick { entry, item, scope }));
+            match best.entry(item.name()) {
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    if rank > o.get().rank {
+                        o.insert(Pick::new(entry, item, scope, rank));
+                    }
+                }
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(Pick::new(entry, item, scope, rank));
+                }
             }
         }
     }
-    best.into_iter().map(|(n, (_, p))| (n, p)).collect()
+    best
 }
 
 fn attempt(
@@ -277,26 +318,22 @@ fn attempt(
     let mut resolver = Resolver {
         variables: &variables,
         step,
-        used: BTreeMap::new(),
+        used: BTreeSet::new(),
     };
-    let mut parts = Vec::new();
-    let mut section_texts = Vec::new();
+    let mut section_texts = Vec::with_capacity(ordered.len());
     for pick in &ordered {
         let s = pick.item;
         let text = calls.text(pick.entry, Kind::Section, &s.name, &s.scope, &s.text, step)?;
         let rendered = if s.verbatim {
             text
         } else {
-            let location = format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
-            interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?
+            let location = || format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
+            render_owned(text, &location, &mut |n| resolver.resolve(n, calls))?
         };
         explain.sections.push(pick.origin(&s.name));
-        section_texts.push((s.name.clone(), rendered.clone()));
-        if !rendered.is_empty() {
-            parts.push(rendered);
-        }
+        section_texts.push((s.name.clone(), rendered.into_owned()));
     }
-    let system = parts.join("\n\n");
+    let system = joined(section_texts.iter().map(|(_, t)| t.as_str()));
     let mut context_texts = Vec::new();
 
     for pick in ordered_contexts {
@@ -306,17 +343,17 @@ fn attempt(
         let rendered = if c.verbatim || pick.entry.options.trust == Trust::Data {
             text
         } else {
-            let location = format!("context `{}` (plugin `{}`)", c.name, pick.entry.id);
-            interpolate(&text, &location, &mut |n| resolver.resolve(n, calls))?
+            let location = || format!("context `{}` (plugin `{}`)", c.name, pick.entry.id);
+            render_owned(text, &location, &mut |n| resolver.resolve(n, calls))?
         };
         explain.contexts.push(pick.origin(&c.name));
-        context_texts.push((c.name.clone(), rendered));
+        context_texts.push((c.name.clone(), rendered.into_owned()));
     }
     let runtime_context = snapshot(context_texts.iter().map(|(_, t)| t.as_str()));
     explain.variables = resolver
         .used
-        .keys()
-        .filter_map(|n| variables.get(n.as_str()).map(|p| p.origin(n)))
+        .iter()
+        .filter_map(|n| variables.get(n).map(|p| p.origin(n)))
         .collect();
 
     let (tools, tool_origins, shown_tools) = order_tools(&tools, options, step, calls)?;
@@ -442,16 +479,16 @@ struct Resolver<'a, 'r> {
     variables: &'a BTreeMap<&'r str, Pick<'r, Variable>>,
     step: &'a Step,
     /// Variables referenced this assembly (for `--explain`).
-    used: BTreeMap<String, ()>,
+    used: BTreeSet<&'r str>,
 }
 
 impl Resolver<'_, '_> {
     fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved> {
-        let Some(pick) = self.variables.get(name) else {
+        let Some((key, pick)) = self.variables.get_key_value(name) else {
             let known = self.variables.keys().map(|k| k.to_string()).collect();
             return Ok(Resolved::Unknown { known });
         };
-        self.used.insert(name.to_string(), ());
+        self.used.insert(key);
         let v = pick.item;
         let value = match &v.value {
             Content::Static(s) => Some(s.clone()),
@@ -583,26 +620,27 @@ impl Calls {
         self.texts.is_empty() && self.values.is_empty() && self.tools.is_empty()
     }
 
-    fn text(
+    fn text<'r>(
         &mut self,
         entry: &PluginEntry,
         kind: Kind,
         name: &str,
         scope: &Scope,
-        content: &Content,
+        content: &'r Content,
         step: &Step,
-    ) -> Result<String> {
+    ) -> Result<Cow<'r, str>> {
         if let Content::Static(s) = content {
-            return Ok(s.clone()); // static text costs no call
+            return Ok(Cow::Borrowed(s)); // static text costs no call
         }
-        let key = (entry.id.clone(), kind, name.to_string(), scope.clone());
+        let key = key(entry, kind, name, scope);
         let result = self.texts.entry(key).or_insert_with(|| match kind {
             Kind::Section => entry.provider.section_text(name, scope, step),
             _ => entry.provider.context_text(name, scope, step),
         });
-        result
-            .clone()
-            .map_err(|e| call_error(entry, &format!("{kind} `{name}`"), e))
+        match result {
+            Ok(text) => Ok(Cow::Owned(text.clone())),
+            Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), e.clone())),
+        }
     }
 
     fn value(

@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::names::is_variable_name;
+use std::borrow::Cow;
 
 /// One parsed piece of a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +106,20 @@ pub fn interpolate(
     location: &str,
     resolve: &mut dyn FnMut(&str) -> Result<Resolved>,
 ) -> Result<String> {
-    let pieces = parse(text).map_err(|m| m.at(location))?;
+    render(text, &|| location.to_string(), resolve).map(Cow::into_owned)
+}
+
+/// [`interpolate`] for the assembly's hot path: `location` is only made for an error, and a
+/// text without `{{` comes back borrowed, as it is (it can hold no reference, T2).
+pub fn render<'t>(
+    text: &'t str,
+    location: &dyn Fn() -> String,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved>,
+) -> Result<Cow<'t, str>> {
+    if !text.contains("{{") {
+        return Ok(Cow::Borrowed(text));
+    }
+    let pieces = parse(text).map_err(|m| m.at(&location()))?;
     let mut out = String::with_capacity(text.len());
     for piece in pieces {
         match piece {
@@ -114,14 +128,14 @@ pub fn interpolate(
                 Resolved::Value(v) => out.push_str(&v),
                 Resolved::Absent { plugin } => {
                     return Err(Error::VariableAbsent {
-                        location: location.to_string(),
+                        location: location(),
                         name: name.to_string(),
                         plugin,
                     })
                 }
                 Resolved::Unknown { known } => {
                     return Err(Error::UnknownVariable {
-                        location: location.to_string(),
+                        location: location(),
                         name: name.to_string(),
                         known,
                     })
@@ -129,7 +143,7 @@ pub fn interpolate(
             },
         }
     }
-    Ok(out)
+    Ok(Cow::Owned(out))
 }
 
 #[cfg(test)]
