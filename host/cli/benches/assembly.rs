@@ -171,6 +171,49 @@ fn median(
     ))
 }
 
+/// Times the three registries of one size in turn, round after round, so a noisy neighbour
+/// slows all three alike: the median per-assembly time of each, and the median of the
+/// per-round ratios against native.
+fn interleaved(
+    registries: &[&Registry; 3],
+    step: &Step,
+    options: &Options,
+) -> [(Duration, f64); 3] {
+    const ROUNDS: usize = 41;
+    let batch = {
+        // About 2 ms of the slowest per batch.
+        let t = std::time::Instant::now();
+        assembly::assemble(registries[1], step, options).expect("assemble");
+        (Duration::from_millis(2).as_nanos() / t.elapsed().as_nanos().max(1)).clamp(1, 2000) as u32
+    };
+    let mut times: [Vec<Duration>; 3] = Default::default();
+    let mut ratios: [Vec<f64>; 3] = Default::default();
+    for round in 0..ROUNDS {
+        let mut this = [Duration::ZERO; 3];
+        for k in 0..3 {
+            let i = (k + round) % 3; // rotate who goes first
+            let t = std::time::Instant::now();
+            for _ in 0..batch {
+                std::hint::black_box(
+                    assembly::assemble(registries[i], step, options).expect("assemble"),
+                );
+            }
+            this[i] = t.elapsed() / batch;
+        }
+        for i in 0..3 {
+            times[i].push(this[i]);
+            ratios[i].push(this[i].as_secs_f64() / this[2].as_secs_f64());
+        }
+    }
+    let mut out = [(Duration::ZERO, 0.0); 3];
+    for i in 0..3 {
+        times[i].sort();
+        ratios[i].sort_by(f64::total_cmp);
+        out[i] = (times[i][ROUNDS / 2], ratios[i][ROUNDS / 2]);
+    }
+    out
+}
+
 fn main() {
     let started = std::time::SystemTime::now();
     support::print_machine();
@@ -191,11 +234,13 @@ fn main() {
         .configure_from_args();
     let options = Options::default();
     let step = step();
+    let mut side_by_side = Vec::new();
     for (group, _, every) in MODES {
         let mut g = c.benchmark_group(group);
         for n in COUNTS {
             let native_registry = native_registry(n, every);
             let b = assembly::assemble(&native_registry, &step, &options).expect("native assembly");
+            let mut built = Vec::new();
             for (name, file) in worlds {
                 let dir = work.path().join(format!("{group}-{name}-{n}"));
                 let registry = wasm_registry(&engine, file, &dir, n, every);
@@ -208,12 +253,18 @@ fn main() {
                 g.bench_with_input(BenchmarkId::new(name, n), &registry, |bench, r| {
                     bench.iter(|| assembly::assemble(r, &step, &options).expect("assemble"))
                 });
+                built.push(registry);
             }
             g.bench_with_input(
                 BenchmarkId::new("native", n),
                 &native_registry,
                 |bench, r| bench.iter(|| assembly::assemble(r, &step, &options).expect("assemble")),
             );
+            if every > 0 {
+                let new = built.remove(0);
+                let old = built.remove(0);
+                side_by_side.push((n, new, old, native_registry));
+            }
         }
         g.finish();
     }
@@ -271,5 +322,34 @@ fn main() {
         }
     }
     println!();
+    table.print();
+
+    // The same dynamic cases again, the three kinds timed in turn (see `interleaved`).
+    let mut table = support::Table::new(&[
+        "30% dynamic, plugins",
+        "0.1.0 p50",
+        "0.2.0 p50",
+        "native p50",
+        "0.1.0 / native",
+        "0.2.0 / native",
+        "0.2.0 / 0.1.0",
+        "0.2.0 per plugin",
+    ]);
+    for (n, new, old, native) in &side_by_side {
+        let [(t_new, r_new), (t_old, r_old), (t_nat, _)] =
+            interleaved(&[new, old, native], &step, &options);
+        table.row(vec![
+            n.to_string(),
+            support::fmt_duration(t_old),
+            support::fmt_duration(t_new),
+            support::fmt_duration(t_nat),
+            format!("x{r_old:.2}"),
+            format!("x{r_new:.2}"),
+            format!("x{:.2}", r_new / r_old),
+            support::fmt_duration(t_new.saturating_sub(t_nat) / *n as u32),
+        ]);
+    }
+    println!();
+    println!("Interleaved, {} rounds:", 41);
     table.print();
 }
