@@ -505,6 +505,13 @@ impl Resolver<'_, '_> {
 
 type CallKey = (String, Kind, String, Scope);
 
+/// What each batching plugin is asked this step, by plugin id.
+type Asks<'r> = BTreeMap<&'r str, (&'r PluginEntry, Wanted)>;
+
+fn ask<'a, 'r>(asks: &'a mut Asks<'r>, entry: &'r PluginEntry) -> &'a mut Wanted {
+    &mut asks.entry(&entry.id).or_insert((entry, Wanted::default())).1
+}
+
 fn key(entry: &PluginEntry, kind: Kind, name: &str, scope: &Scope) -> CallKey {
     (entry.id.clone(), kind, name.to_string(), scope.clone())
 }
@@ -524,70 +531,43 @@ impl Calls {
     /// the call), and its shown tools. Shadowed contributions are never asked for. The answers
     /// join the memo, so the lazy per-item path below finds them; an error stays with its item
     /// and fails the assembly only if the item is used.
-    fn prefetch(
+    fn prefetch<'r>(
         &mut self,
         step: &Step,
-        sections: &[&Pick<Section>],
-        contexts: &[&Pick<Context>],
-        variables: &BTreeMap<&str, Pick<Variable>>,
-        tools: &BTreeMap<&str, Pick<Tool>>,
+        sections: &[&Pick<'r, Section>],
+        contexts: &[&Pick<'r, Context>],
+        variables: &BTreeMap<&str, Pick<'r, Variable>>,
+        tools: &BTreeMap<&str, Pick<'r, Tool>>,
     ) {
-        let mut asks: BTreeMap<&str, (&PluginEntry, Wanted)> = BTreeMap::new();
-        for p in sections.iter().filter(|p| p.entry.provider.batches()) {
-            if p.item.text == Content::Dynamic
-                && !self.texts.contains_key(&key(
-                    p.entry,
-                    Kind::Section,
-                    &p.item.name,
-                    &p.item.scope,
-                ))
+        let mut asks: Asks = BTreeMap::new();
+        let item = |name: &str, scope: &Scope| (name.to_string(), scope.clone());
+        let texts = sections
+            .iter()
+            .map(|p| (Kind::Section, p.entry, &p.item.name, &p.item.scope, &p.item.text))
+            .chain(contexts.iter().map(|p| {
+                (Kind::Context, p.entry, &p.item.name, &p.item.scope, &p.item.text)
+            }));
+        for (kind, entry, name, scope, text) in texts {
+            if entry.provider.batches()
+                && *text == Content::Dynamic
+                && !self.texts.contains_key(&key(entry, kind, name, scope))
             {
-                let w = &mut asks
-                    .entry(&p.entry.id)
-                    .or_insert((p.entry, Wanted::default()))
-                    .1;
-                w.sections.push((p.item.name.clone(), p.item.scope.clone()));
-            }
-        }
-        for p in contexts.iter().filter(|p| p.entry.provider.batches()) {
-            if p.item.text == Content::Dynamic
-                && !self.texts.contains_key(&key(
-                    p.entry,
-                    Kind::Context,
-                    &p.item.name,
-                    &p.item.scope,
-                ))
-            {
-                let w = &mut asks
-                    .entry(&p.entry.id)
-                    .or_insert((p.entry, Wanted::default()))
-                    .1;
-                w.contexts.push((p.item.name.clone(), p.item.scope.clone()));
+                let w = ask(&mut asks, entry);
+                let list = if kind == Kind::Section { &mut w.sections } else { &mut w.contexts };
+                list.push(item(name, scope));
             }
         }
         for p in variables.values().filter(|p| p.entry.provider.batches()) {
-            if p.item.value == Content::Dynamic
-                && !self.values.contains_key(&key(
-                    p.entry,
-                    Kind::Variable,
-                    &p.item.name,
-                    &p.item.scope,
-                ))
+            let v = p.item;
+            if v.value == Content::Dynamic
+                && !self.values.contains_key(&key(p.entry, Kind::Variable, &v.name, &v.scope))
             {
-                let w = &mut asks
-                    .entry(&p.entry.id)
-                    .or_insert((p.entry, Wanted::default()))
-                    .1;
-                w.variables
-                    .push((p.item.name.clone(), p.item.scope.clone()));
+                ask(&mut asks, p.entry).variables.push(item(&v.name, &v.scope));
             }
         }
         for p in tools.values().filter(|p| p.entry.provider.batches()) {
             if p.entry.declaration.filters_tools && !self.tools.contains_key(&p.entry.id) {
-                asks.entry(&p.entry.id)
-                    .or_insert((p.entry, Wanted::default()))
-                    .1
-                    .shown_tools = true;
+                ask(&mut asks, p.entry).shown_tools = true;
             }
         }
         for (entry, wanted) in asks.into_values() {

@@ -106,6 +106,23 @@ impl Evaluation {
     }
 }
 
+/// `wanted`, answered through `provider`'s per-item methods, one call per item (how a 0.1.0
+/// plugin answers a step).
+pub fn per_item<P: Provider + ?Sized>(provider: &P, step: &Step, wanted: &Wanted) -> Evaluation {
+    Evaluation {
+        sections: (wanted.sections.iter())
+            .map(|(n, s)| provider.section_text(n, s, step))
+            .collect(),
+        contexts: (wanted.contexts.iter())
+            .map(|(n, s)| provider.context_text(n, s, step))
+            .collect(),
+        variables: (wanted.variables.iter())
+            .map(|(n, s)| provider.variable_value(n, s, step))
+            .collect(),
+        shown_tools: wanted.shown_tools.then(|| provider.shown_tools(step)),
+    }
+}
+
 /// The dynamic half of a plugin. Implementations must be callable from several threads.
 ///
 /// A provider either answers item by item (world 0.1.0: the four per-item methods, called
@@ -125,18 +142,7 @@ pub trait Provider: Send + Sync {
 
     /// Every wanted value in one call. The default answers through the per-item methods.
     fn evaluate(&self, step: &Step, wanted: &Wanted) -> CallResult<Evaluation> {
-        Ok(Evaluation {
-            sections: (wanted.sections.iter())
-                .map(|(n, s)| self.section_text(n, s, step))
-                .collect(),
-            contexts: (wanted.contexts.iter())
-                .map(|(n, s)| self.context_text(n, s, step))
-                .collect(),
-            variables: (wanted.variables.iter())
-                .map(|(n, s)| self.variable_value(n, s, step))
-                .collect(),
-            shown_tools: wanted.shown_tools.then(|| self.shown_tools(step)),
-        })
+        Ok(per_item(self, step, wanted))
     }
 
     /// Reviews a session step (only called when the declaration has a `review_order`).

@@ -708,18 +708,7 @@ impl Provider for WasmProvider {
         match self.world() {
             World::V0_2 => self.evaluate_v2(step, wanted),
             // The adapter: a 0.1.0 plugin answers item by item, as it always did.
-            World::V0_1 => Ok(Evaluation {
-                sections: (wanted.sections.iter())
-                    .map(|(n, s)| self.section_text(n, s, step))
-                    .collect(),
-                contexts: (wanted.contexts.iter())
-                    .map(|(n, s)| self.context_text(n, s, step))
-                    .collect(),
-                variables: (wanted.variables.iter())
-                    .map(|(n, s)| self.variable_value(n, s, step))
-                    .collect(),
-                shown_tools: wanted.shown_tools.then(|| self.shown_tools(step)),
-            }),
+            World::V0_1 => Ok(promptd_core::provider::per_item(self, step, wanted)),
         }
     }
 

@@ -133,88 +133,88 @@ macro_rules! from_wit {
 from_wit!(w1, from_scope_v1, from_content_v1);
 from_wit!(w2, from_scope_v2, from_content_v2);
 
-/// A 0.1.0 declaration: nothing is verbatim and nothing reviews.
-pub(crate) fn declaration_v1(d: w1::Declaration) -> Declaration {
-    Declaration {
-        sections: (d.sections.into_iter())
-            .map(|s| model::Section {
-                name: s.name,
-                order: s.order,
-                text: from_content_v1(s.text),
-                complete: s.complete,
-                scope: from_scope_v1(s.scope),
-                verbatim: false,
-            })
-            .collect(),
-        contexts: (d.contexts.into_iter())
-            .map(|c| model::Context {
-                name: c.name,
-                order: c.order,
-                text: from_content_v1(c.text),
-                scope: from_scope_v1(c.scope),
-                verbatim: false,
-            })
-            .collect(),
-        variables: (d.variables.into_iter())
-            .map(|v| model::Variable {
-                name: v.name,
-                value: from_content_v1(v.value),
-                scope: from_scope_v1(v.scope),
-            })
-            .collect(),
-        tools: (d.tools.into_iter())
-            .map(|t| model::Tool {
-                name: t.name,
-                description: t.description,
-                parameters: t.parameters,
-                scope: from_scope_v1(t.scope),
-            })
-            .collect(),
-        filters_tools: d.filters_tools,
-        review_order: None,
+/// What 0.2.0 added to a declaration's items, read the same way from either world: a 0.1.0
+/// item is never verbatim, and a 0.1.0 plugin never reviews.
+trait Added {
+    fn verbatim(&self) -> bool {
+        false
+    }
+    fn review_order(&self) -> Option<i32> {
+        None
     }
 }
 
-pub(crate) fn declaration_v2(d: w2::Declaration) -> Declaration {
-    Declaration {
-        sections: (d.sections.into_iter())
-            .map(|s| model::Section {
-                name: s.name,
-                order: s.order,
-                text: from_content_v2(s.text),
-                complete: s.complete,
-                scope: from_scope_v2(s.scope),
-                verbatim: s.verbatim,
-            })
-            .collect(),
-        contexts: (d.contexts.into_iter())
-            .map(|c| model::Context {
-                name: c.name,
-                order: c.order,
-                text: from_content_v2(c.text),
-                scope: from_scope_v2(c.scope),
-                verbatim: c.verbatim,
-            })
-            .collect(),
-        variables: (d.variables.into_iter())
-            .map(|v| model::Variable {
-                name: v.name,
-                value: from_content_v2(v.value),
-                scope: from_scope_v2(v.scope),
-            })
-            .collect(),
-        tools: (d.tools.into_iter())
-            .map(|t| model::Tool {
-                name: t.name,
-                description: t.description,
-                parameters: t.parameters,
-                scope: from_scope_v2(t.scope),
-            })
-            .collect(),
-        filters_tools: d.filters_tools,
-        review_order: d.review_order,
+impl Added for w1::Section {}
+impl Added for w1::Context {}
+impl Added for w1::Declaration {}
+
+impl Added for w2::Section {
+    fn verbatim(&self) -> bool {
+        self.verbatim
     }
 }
+
+impl Added for w2::Context {
+    fn verbatim(&self) -> bool {
+        self.verbatim
+    }
+}
+
+impl Added for w2::Declaration {
+    fn review_order(&self) -> Option<i32> {
+        self.review_order
+    }
+}
+
+/// A world's declaration as the core's: the two worlds' types are distinct but alike.
+macro_rules! declaration {
+    ($fn:ident, $w:ident, $scope:ident, $content:ident) => {
+        pub(crate) fn $fn(d: $w::Declaration) -> Declaration {
+            let review_order = d.review_order();
+            Declaration {
+                sections: (d.sections.into_iter())
+                    .map(|s| model::Section {
+                        verbatim: s.verbatim(),
+                        name: s.name,
+                        order: s.order,
+                        text: $content(s.text),
+                        complete: s.complete,
+                        scope: $scope(s.scope),
+                    })
+                    .collect(),
+                contexts: (d.contexts.into_iter())
+                    .map(|c| model::Context {
+                        verbatim: c.verbatim(),
+                        name: c.name,
+                        order: c.order,
+                        text: $content(c.text),
+                        scope: $scope(c.scope),
+                    })
+                    .collect(),
+                variables: (d.variables.into_iter())
+                    .map(|v| model::Variable {
+                        name: v.name,
+                        value: $content(v.value),
+                        scope: $scope(v.scope),
+                    })
+                    .collect(),
+                tools: (d.tools.into_iter())
+                    .map(|t| model::Tool {
+                        name: t.name,
+                        description: t.description,
+                        parameters: t.parameters,
+                        scope: $scope(t.scope),
+                    })
+                    .collect(),
+                filters_tools: d.filters_tools,
+                review_order,
+            }
+        }
+    };
+}
+
+declaration!(declaration_v1, w1, from_scope_v1, from_content_v1);
+declaration!(declaration_v2, w2, from_scope_v2, from_content_v2);
 
 pub(crate) fn evaluation_v2(e: w2::Evaluation) -> Evaluation {
     Evaluation {
