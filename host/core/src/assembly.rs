@@ -509,7 +509,10 @@ type CallKey = (String, Kind, String, Scope);
 type Asks<'r> = BTreeMap<&'r str, (&'r PluginEntry, Wanted)>;
 
 fn ask<'a, 'r>(asks: &'a mut Asks<'r>, entry: &'r PluginEntry) -> &'a mut Wanted {
-    &mut asks.entry(&entry.id).or_insert((entry, Wanted::default())).1
+    &mut asks
+        .entry(&entry.id)
+        .or_insert((entry, Wanted::default()))
+        .1
 }
 
 fn key(entry: &PluginEntry, kind: Kind, name: &str, scope: &Scope) -> CallKey {
@@ -543,9 +546,23 @@ impl Calls {
         let item = |name: &str, scope: &Scope| (name.to_string(), scope.clone());
         let texts = sections
             .iter()
-            .map(|p| (Kind::Section, p.entry, &p.item.name, &p.item.scope, &p.item.text))
+            .map(|p| {
+                (
+                    Kind::Section,
+                    p.entry,
+                    &p.item.name,
+                    &p.item.scope,
+                    &p.item.text,
+                )
+            })
             .chain(contexts.iter().map(|p| {
-                (Kind::Context, p.entry, &p.item.name, &p.item.scope, &p.item.text)
+                (
+                    Kind::Context,
+                    p.entry,
+                    &p.item.name,
+                    &p.item.scope,
+                    &p.item.text,
+                )
             }));
         for (kind, entry, name, scope, text) in texts {
             if entry.provider.batches()
@@ -553,16 +570,24 @@ impl Calls {
                 && !self.texts.contains_key(&key(entry, kind, name, scope))
             {
                 let w = ask(&mut asks, entry);
-                let list = if kind == Kind::Section { &mut w.sections } else { &mut w.contexts };
+                let list = if kind == Kind::Section {
+                    &mut w.sections
+                } else {
+                    &mut w.contexts
+                };
                 list.push(item(name, scope));
             }
         }
         for p in variables.values().filter(|p| p.entry.provider.batches()) {
             let v = p.item;
             if v.value == Content::Dynamic
-                && !self.values.contains_key(&key(p.entry, Kind::Variable, &v.name, &v.scope))
+                && !self
+                    .values
+                    .contains_key(&key(p.entry, Kind::Variable, &v.name, &v.scope))
             {
-                ask(&mut asks, p.entry).variables.push(item(&v.name, &v.scope));
+                ask(&mut asks, p.entry)
+                    .variables
+                    .push(item(&v.name, &v.scope));
             }
         }
         for p in tools.values().filter(|p| p.entry.provider.batches()) {
