@@ -2,6 +2,7 @@
 neutral and OpenAI shapes, open tool calls, reopening, usage and compaction."""
 
 import json
+import re
 import time
 
 import pytest
@@ -62,7 +63,10 @@ def test_the_log_holds_what_a_step_added(client):
     assert [e.kind for e in events] == ["session/created", "user/message", "context/snapshot",
                                         "request/header", "step"], events
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
-    assert events[0].body == {"agent": "coder"}
+    # The session's agent, and the secret its data blocks are keyed with (contract T8).
+    assert events[0].body["agent"] == "coder"
+    assert sorted(events[0].body) == ["agent", "data_secret"]
+    assert re.fullmatch(r"[0-9a-f]{32}", events[0].body["data_secret"])
     assert events[1].body == {"role": "user", "content": "Hello."}
     assert events[3].body["reason"] == "initial"
     assert events[4].body["step"] == 1 and events[4].body["facts"] == FACTS
