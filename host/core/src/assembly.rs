@@ -124,6 +124,8 @@ fn render_owned<'t>(
 ) -> Result<Cow<'t, str>> {
     match text {
         Cow::Borrowed(t) => render(t, location, resolve),
+        // An owned text without a reference is moved, not copied.
+        Cow::Owned(t) if !t.contains("{{") => Ok(Cow::Owned(t)),
         Cow::Owned(t) => render(&t, location, resolve).map(|r| Cow::Owned(r.into_owned())),
     }
 }

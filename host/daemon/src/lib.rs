@@ -694,14 +694,18 @@ impl Daemon {
                 for (i, m) in input.messages.iter().enumerate() {
                     content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
                 }
-                // Q18: review hooks may reject the step or redact its new messages.
-                let reviewed = review_step(&registry, &step, &input.messages, &assembled)?;
-                for (i, m) in reviewed.iter().enumerate() {
-                    content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
+                // Q18: review hooks may reject the step or redact its new messages; redacted
+                // ones are checked again (a redaction may lengthen a text).
+                let redacted = review_step(&registry, &step, &input.messages, &assembled)?;
+                if let Some(redacted) = &redacted {
+                    for (i, m) in redacted.iter().enumerate() {
+                        content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
+                    }
                 }
+                let reviewed = redacted.as_deref().unwrap_or(&input.messages);
                 let messages = {
                     let (template, empty) = config.tool_results(&agent);
-                    session::tool_results_shown(&reviewed, template.as_deref(), &empty)
+                    session::tool_results_shown(reviewed, template.as_deref(), &empty)
                 };
                 cached.state.check_renders(format, &messages)?;
                 // Provenance only when it may have changed: a new header or plugin set.
@@ -892,30 +896,31 @@ impl Daemon {
 /// in a looping `declare` (each stopped at its deadline) do not hold up every other load.
 const LOAD_WORKERS: usize = 4;
 
-/// `f` over `items` on up to `workers` scoped threads; results in the items' order.
 /// Q18: every review hook, by (order, plugin id), each shown the messages as the hooks before
-/// it left them. A rejection, a failed hook or a bad verdict fails the step: a hook guards
-/// what is recorded, so it fails closed, `optional` or not.
+/// it left them; the messages as redacted, or none when no hook redacted (the common case,
+/// so a step without hooks copies nothing). A rejection, a failed hook or a bad verdict fails
+/// the step: a hook guards what is recorded, so it fails closed, `optional` or not.
 fn review_step(
     registry: &Registry,
     step: &Step,
     messages: &[Message],
     assembled: &promptd_core::assembly::Assembly,
-) -> promptd_core::Result<Vec<Message>> {
+) -> promptd_core::Result<Option<Vec<Message>>> {
     let mut hooks: Vec<(i32, &PluginEntry)> = registry
         .plugins()
         .filter_map(|p| p.declaration.review_order.map(|o| (o, &**p)))
         .collect();
     hooks.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
-    let mut current = messages.to_vec();
+    let mut redacted: Option<Vec<Message>> = None;
     for (_, hook) in hooks {
+        let current = redacted.as_deref().unwrap_or(messages);
         let failed = |cause: String, trapped: bool| Error::PluginCall {
             plugin: hook.id.clone(),
             contribution: "review".into(),
             cause,
             trapped,
         };
-        let input = promptd_core::review::input(&current, assembled);
+        let input = promptd_core::review::input(current, assembled);
         let verdict = hook.provider.review(step, &input).map_err(|e| {
             let trapped = matches!(e, promptd_core::provider::CallError::Trapped(_));
             failed(e.cause().to_string(), trapped)
@@ -929,14 +934,16 @@ fn review_step(
                 })
             }
             Verdict::Redact(rules) => {
-                current = promptd_core::review::redact(&current, &rules)
+                let next = promptd_core::review::redact(current, &rules)
                     .map_err(|cause| failed(cause, false))?;
+                redacted = Some(next);
             }
         }
     }
-    Ok(current)
+    Ok(redacted)
 }
 
+/// `f` over `items` on up to `workers` scoped threads; results in the items' order.
 fn parallel_map<T: Sync, R: Send>(
     items: &[T],
     workers: usize,
