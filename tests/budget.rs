@@ -470,6 +470,96 @@ fn q14_a_summary_replaces_a_range_and_never_splits_a_tool_pair() {
     assert_eq!(rebuilt, after["request"]);
 }
 
+/// Q14 (issue 26): the active runtime context snapshot survives a compaction as it survives
+/// trimming. A range that holds it keeps it in place after the summary (the event names it in
+/// `kept`), so the next step with the same facts still carries the runtime context, and the
+/// usage counts exactly the messages sent. A range of the snapshot alone is refused.
+#[test]
+fn q14_a_compaction_keeps_the_active_snapshot() {
+    let folder = Folder::new().scripted("s");
+    let (d, _s) = serve(
+        &folder,
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|A\", \"fact_context.cwd\" = \"0\" }\n",
+    );
+    let id = d.session("default");
+    let facts = json!({"cwd": "/work"});
+    let user =
+        |text: &str| json!({"messages": [{"role": "user", "content": text}], "facts": facts});
+    let reply = |text: &str| {
+        let (status, body) = d.post(
+            &format!("/v1/sessions/{id}/messages"),
+            &json!({"role": "assistant", "content": text}).to_string(),
+        );
+        assert_eq!(status, 201, "{body}");
+    };
+    step(&d, &id, user("first"));
+    reply("ok");
+    step(&d, &id, user("second"));
+    reply("ok 2");
+    let log = events(&d, &id);
+    let seq_of = |kind: &str, nth: usize| -> u64 {
+        log.iter().filter(|e| e["kind"] == kind).nth(nth).unwrap()["seq"]
+            .as_u64()
+            .unwrap()
+    };
+    let snapshot = seq_of("context/snapshot", 0);
+    assert_eq!(
+        log.iter()
+            .filter(|e| e["kind"] == "context/snapshot")
+            .count(),
+        1,
+        "the same facts give one snapshot"
+    );
+    let compact = |from: u64, to: u64| {
+        d.post(
+            &format!("/v1/sessions/{id}/compact"),
+            &json!({"from": from, "to": to, "summary": "Earlier: a first question."}).to_string(),
+        )
+    };
+    // The snapshot alone: nothing would be replaced.
+    let (status, body) = compact(snapshot, snapshot);
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("invalid_compaction") && body.contains("snapshot"),
+        "{body}"
+    );
+    // "first", the snapshot, its header and marker, and "ok".
+    let (from, to) = (seq_of("user/message", 0), seq_of("assistant/message", 0));
+    assert!(from < snapshot && snapshot < to);
+    let (status, body) = compact(from, to);
+    assert_eq!(status, 201, "{body}");
+    let compacted = events(&d, &id)
+        .into_iter()
+        .find(|e| e["kind"] == "history/compacted")
+        .unwrap();
+    assert_eq!(compacted["body"]["kept"], json!([snapshot]), "{compacted}");
+
+    let (status, after) = step(&d, &id, user("third"));
+    assert_eq!(status, 200, "{after}");
+    let messages = after["request"]["messages"].as_array().unwrap();
+    let texts: Vec<&str> = messages
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(texts.len(), 5, "{texts:?}");
+    assert_eq!(texts[0], "Earlier: a first question.");
+    assert!(
+        texts[1].contains("/work") && messages[1]["snapshot"] == json!(true),
+        "the runtime context is still sent: {texts:?}"
+    );
+    assert_eq!(&texts[2..], ["second", "ok 2", "third"]);
+    assert_eq!(
+        after["usage"]["message_count"].as_u64(),
+        Some(messages.len() as u64),
+        "the usage counts what is sent: {}",
+        after["usage"]
+    );
+    // What was sent rebuilds from the log alone.
+    let n = after["step"].as_u64().unwrap();
+    let rebuilt = d.ok("GET", &format!("/v1/sessions/{id}/steps/{n}/request"), None);
+    assert_eq!(rebuilt, after["request"]);
+}
+
 /// The provider's usage, attached to a recorded reply in its own shape, is stored and
 /// reported per session against promptd's estimate, with the cached share.
 #[test]

@@ -144,8 +144,8 @@ fn diff_names_each_cause_and_agrees_with_an_independent_prefix() {
     );
     let causes = d3["causes"].to_string();
     assert!(
-        causes.contains("tool `bash` schema changed: plugin `s`"),
-        "{causes}"
+        causes.contains("tool `bash` schema changed: plugin `s` (same file; its config changed)"),
+        "the cause names the config, not a dynamic value: {causes}"
     );
 
     // A section changes with its plugin's file: the cause names both sha256s.

@@ -522,7 +522,7 @@ fn the_same_plugin_in_every_language_and_pure_build_assembles_byte_identically()
     assert_eq!(
         v["messages"][0]["content"],
         format!(
-            "{RUNTIME_HEADER}Static context.\n\nRaw {{{{same_greeting}}}} stays as written.\n\nagent=default chain=global>default step=0 facts="
+            "{RUNTIME_HEADER}Static context.\n\nRaw {{{{same_greeting}}}}, {{{{ odd }}}} and {{{{{{x}}}}}} stay as written.\n\nagent=default chain=global>default step=0 facts="
         )
     );
     let v = rust.assemble(&["echo={{same_greeting}}"]);

@@ -536,3 +536,57 @@ fn a_configured_resource_is_a_runtime_context() {
     );
     assert!(!request["system"].to_string().contains(first));
 }
+
+/// M2, A9 (issue 26): an `optional` server whose configured resource fails to read keeps its
+/// tools — the header, and so the provider's cache, is untouched — and loses only that
+/// context, which the step records as one `plugin/omitted` event naming it.
+#[test]
+fn an_optional_server_whose_resource_fails_keeps_its_tools() {
+    let good = "demo://resource/static/document/startup.md";
+    let bad = "demo://resource/static/document/no-such-document.md";
+    let config = |resources: &str| {
+        format!(
+            "[mcp.everything]\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\ntool_prefix = \"ev_\"\noptional = true\nresources = [{resources}]\n",
+            everything()
+        )
+    };
+    let (healthy, _a) = Folder::new().serve(&config(&format!("{good:?}")));
+    wait_state(&healthy, "mcp:everything", "loaded");
+    let id = healthy.session("default");
+    let expected = step(&healthy, &id, json!([{"role": "user", "content": "hi"}]));
+
+    let (d, _b) = Folder::new().serve(&config(&format!("{good:?}, {bad:?}")));
+    wait_state(&d, "mcp:everything", "loaded");
+    let id = d.session("default");
+    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    assert!(!tool_names(&request).is_empty());
+    assert_eq!(
+        request["tools"], expected["tools"],
+        "the tools are those of a server whose reads all succeed"
+    );
+    assert_eq!(request["system"], expected["system"]);
+    assert_eq!(
+        request["messages"], expected["messages"],
+        "the readable resource is still sent; the failed one is left out"
+    );
+    let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None)["events"].clone();
+    let omitted: Vec<&Value> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "plugin/omitted")
+        .collect();
+    assert_eq!(omitted.len(), 1, "{events}");
+    assert_eq!(omitted[0]["body"]["plugin"], "mcp:everything");
+    assert_eq!(
+        omitted[0]["body"]["contribution"],
+        format!("context `mcp:everything:{bad}`"),
+        "{}",
+        omitted[0]
+    );
+    assert!(
+        omitted[0]["body"]["cause"].as_str().unwrap().contains(bad),
+        "{}",
+        omitted[0]
+    );
+}

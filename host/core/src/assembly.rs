@@ -171,6 +171,7 @@ fn assemble_fresh(
     loop {
         match attempt(registry, step, options, &excluded, &mut calls) {
             Ok(mut assembly) => {
+                omitted.extend(calls.omitted.iter().cloned());
                 assembly.omitted = omitted;
                 let assembly = Arc::new(assembly);
                 if calls.is_empty() {
@@ -527,6 +528,8 @@ struct Calls {
     texts: BTreeMap<CallKey, CallResult<String>>,
     values: BTreeMap<CallKey, CallResult<Option<String>>>,
     tools: BTreeMap<String, CallResult<Vec<String>>>,
+    /// Contexts left out alone (`contexts_fail_alone`), in the order they were asked for.
+    omitted: Vec<Omission>,
 }
 
 impl Calls {
@@ -646,6 +649,27 @@ impl Calls {
         });
         match result {
             Ok(text) => Ok(Cow::Owned(text.clone())),
+            Err(e)
+                if kind == Kind::Context
+                    && entry.options.optional
+                    && entry.options.contexts_fail_alone =>
+            {
+                // Left out as an empty context; the omission is recorded once.
+                let contribution = format!("{kind} `{name}`");
+                let cause = e.cause().to_string();
+                if !self
+                    .omitted
+                    .iter()
+                    .any(|o| o.plugin == entry.id && o.contribution == contribution)
+                {
+                    self.omitted.push(Omission {
+                        plugin: entry.id.clone(),
+                        contribution,
+                        cause,
+                    });
+                }
+                Ok(Cow::Borrowed(""))
+            }
             Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), e.clone())),
         }
     }

@@ -1249,6 +1249,75 @@ fn t7_a_verbatim_section_or_context_is_never_interpolated() {
     );
 }
 
+/// T7 (issue 26): static verbatim text is never parsed either, so malformed groups load and
+/// pass through byte for byte.
+#[test]
+fn t7_static_verbatim_text_with_malformed_groups_loads_and_is_kept_byte_for_byte() {
+    let text = "Keep {{ odd }} and {{{x}}}, {{}} and {{secret}}.";
+    let reg = registry(vec![(
+        "v",
+        NativePlugin::new()
+            .variable("secret", "hunter2")
+            .section("v:static", 1, text)
+            .verbatim()
+            .context("v:static", 1, text)
+            .verbatim(),
+    )]);
+    let out = run(&reg).unwrap();
+    assert_eq!(out.system, text);
+    assert_eq!(
+        out.runtime_context.as_deref(),
+        Some(format!("{RUNTIME_CONTEXT_HEADER}\n\n{text}").as_str())
+    );
+    // Without `verbatim` the same text is still refused at load, naming the item.
+    let (decl, provider) = NativePlugin::new().context("v:static", 1, text).build();
+    let err = PluginEntry::new("v", decl, provider, PluginOptions::default()).unwrap_err();
+    assert_eq!(err.code(), "malformed_reference");
+    assert!(
+        err.to_string()
+            .starts_with("plugin `v`, context `v:static`: malformed reference at byte 5"),
+        "{err}"
+    );
+}
+
+/// A9 with `contexts_fail_alone` (MCP resources, issue 26): an optional plugin's failing
+/// context is left out alone, its tools and other contributions keep serving, and the omission
+/// names the context. Without it the whole plugin is left out.
+#[test]
+fn a9_a_failing_context_can_be_left_out_alone() {
+    let plugin = || {
+        NativePlugin::new()
+            .tool("probe_search", "Search.", r#"{"type":"object"}"#)
+            .context("probe:ok", 1, "readable")
+            .dynamic_context("probe:bad", 2, |_| {
+                Err(CallError::Failed("read failed".into()))
+            })
+    };
+    let with = |alone: bool| {
+        let (decl, provider) = plugin().build();
+        let options = PluginOptions {
+            optional: true,
+            contexts_fail_alone: alone,
+            ..PluginOptions::default()
+        };
+        let entry = PluginEntry::new("probe", decl, provider, options).unwrap();
+        run(&Registry::new().with_plugin(entry).unwrap()).unwrap()
+    };
+    let alone = with(true);
+    assert_eq!(alone.tools.len(), 1, "the tools stay");
+    assert_eq!(
+        alone.runtime_context.as_deref(),
+        Some(format!("{RUNTIME_CONTEXT_HEADER}\n\nreadable").as_str())
+    );
+    assert_eq!(alone.omitted.len(), 1);
+    assert_eq!(alone.omitted[0].plugin, "probe");
+    assert_eq!(alone.omitted[0].contribution, "context `probe:bad`");
+    assert!(alone.omitted[0].cause.contains("read failed"));
+    let whole = with(false);
+    assert!(whole.tools.is_empty() && whole.runtime_context.is_none());
+    assert_eq!(whole.omitted.len(), 1);
+}
+
 fn data_options() -> PluginOptions {
     PluginOptions {
         trust: crate::trust::Trust::Data,
@@ -1277,6 +1346,19 @@ fn r7_a_data_plugin_may_not_declare_sections_or_variables() {
         .tool("t", "d", r#"{"type":"object"}"#)
         .build();
     assert!(PluginEntry::new("docs", decl, provider, data_options()).is_ok());
+}
+
+/// R7/T7 (issue 26): a data plugin's static context is text it did not write: it loads with any
+/// braces, never parsed, and is rendered byte for byte inside its data block.
+#[test]
+fn r7_a_data_plugin_static_context_with_malformed_groups_loads() {
+    let text = "A code sample: {{ odd }} and {{{x}}} and {{}}.";
+    let (decl, provider) = NativePlugin::new().context("doc", 10, text).build();
+    let docs = PluginEntry::new("docs", decl, provider, data_options()).unwrap();
+    let reg = Registry::new().with_plugin(docs).unwrap();
+    let out = run(&reg).unwrap();
+    let context = out.runtime_context.clone().unwrap();
+    assert!(context.contains(text), "{context}");
 }
 
 #[test]

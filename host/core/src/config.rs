@@ -835,6 +835,7 @@ impl Config {
         PluginOptions {
             scope_override: p.and_then(|p| p.scope.clone()).map(Scope::Agent),
             optional: p.is_some_and(|p| p.optional),
+            contexts_fail_alone: false,
             limits: DeclarationLimits {
                 max_sections: limit(0, sandbox::DEFAULT_MAX_SECTIONS),
                 max_contexts: limit(1, sandbox::DEFAULT_MAX_CONTEXTS),

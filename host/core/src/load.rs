@@ -79,11 +79,12 @@ pub fn load(
     config: &Config,
 ) -> Result<(PluginEntry, Option<CacheLookup>)> {
     let id = config.plugin_id(&file.stem);
+    let values = config.plugin_values(&file.stem);
     let loaded = engine.instantiate(LoadRequest {
         id: &id,
         bytes: &file.bytes,
         sha256: &file.sha256,
-        config: config.plugin_values(&file.stem),
+        config: values.clone(),
         sandbox: config.sandbox(&file.stem),
     })?;
     let entry = PluginEntry::new(
@@ -94,7 +95,10 @@ pub fn load(
     )?;
     let origin = format!("{} sha256:{}", file.path.display(), file.sha256);
     Ok((
-        entry.with_origin(origin).with_sha256(&file.sha256),
+        entry
+            .with_origin(origin)
+            .with_sha256(&file.sha256)
+            .with_config(&values),
         loaded.cache,
     ))
 }

@@ -43,6 +43,10 @@ use crate::registry::Registry;
 pub struct Provenance {
     /// Every plugin serving the step, id → sha256 of its file: the plugin set.
     pub plugins: BTreeMap<String, String>,
+    /// Each plugin that was given config values, id → a short hash of them; absent for the
+    /// others (and in logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configs: BTreeMap<String, String>,
     pub sections: Vec<Given>,
     pub contexts: Vec<Given>,
     pub variables: Vec<Given>,
@@ -70,6 +74,10 @@ impl Provenance {
         let plugins = registry
             .plugins()
             .map(|p| (p.id.clone(), p.sha256.clone().unwrap_or_default()))
+            .collect();
+        let configs = registry
+            .plugins()
+            .filter_map(|p| Some((p.id.clone(), p.config_hash.clone()?)))
             .collect();
         let texts = |list: &[(String, String)]| -> BTreeMap<String, String> {
             list.iter()
@@ -100,6 +108,7 @@ impl Provenance {
         let explain = &assembly.explain;
         Self {
             plugins,
+            configs,
             sections: given(&explain.sections, &|n| sections.get(n).cloned()),
             contexts: given(&explain.contexts, &|n| contexts.get(n).cloned()),
             variables: given(&explain.variables, &|_| None),
@@ -110,11 +119,15 @@ impl Provenance {
     fn sha_of(&self, plugin: &str) -> &str {
         self.plugins.get(plugin).map_or("", String::as_str)
     }
+
+    fn config_of(&self, plugin: &str) -> Option<&str> {
+        self.configs.get(plugin).map(String::as_str)
+    }
 }
 
 /// 16 hex digits of FNV-1a 64: stable across runs and builds, cheap, and enough to tell two
 /// texts of one part apart (not a security measure).
-fn short_hash(bytes: &[u8]) -> String {
+pub(crate) fn short_hash(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -373,7 +386,13 @@ fn explain(
             causes.push(format!(
                 "tool `{}` {what} changed{}",
                 new_tool.name,
-                by_plugin(before_from, after_from, |p| &p.tools, &new_tool.name)
+                by_plugin(
+                    before_from,
+                    after_from,
+                    |p| &p.tools,
+                    "tool",
+                    &new_tool.name
+                )
             ));
         }
     }
@@ -389,7 +408,7 @@ fn explain(
                     Some(o) if o.text != s.text => causes.push(format!(
                         "section `{}` text changed{}",
                         s.name,
-                        by_plugin(before_from, after_from, |p| &p.sections, &s.name)
+                        by_plugin(before_from, after_from, |p| &p.sections, "section", &s.name)
                     )),
                     _ => continue,
                 }
@@ -423,6 +442,14 @@ fn explain(
                         ));
                     }
                 }
+                Some(_) if pa.config_of(id) != pb.config_of(id) => {
+                    let mentioned = causes.iter().any(|c| c.contains(&format!("plugin `{id}`")));
+                    if !mentioned {
+                        notes.push(format!(
+                            "plugin `{id}`'s config changed without changing the request's parts"
+                        ));
+                    }
+                }
                 None => notes.push(format!("plugin `{id}` joined")),
                 _ => {}
             }
@@ -438,6 +465,7 @@ fn by_plugin<'p>(
     before: Option<&'p Provenance>,
     after: Option<&'p Provenance>,
     list: impl Fn(&'p Provenance) -> &'p Vec<Given>,
+    kind: &str,
     name: &str,
 ) -> String {
     let find = |p: Option<&'p Provenance>| -> Option<(&'p Provenance, &'p Given)> {
@@ -446,19 +474,36 @@ fn by_plugin<'p>(
     };
     match (find(before), find(after)) {
         (Some((pa, ga)), Some((pb, gb))) if ga.plugin == gb.plugin => {
-            let (old, new) = (pa.sha_of(&ga.plugin), pb.sha_of(&gb.plugin));
-            if old == new {
-                format!(
-                    ": plugin `{}` (same file; its dynamic value changed)",
-                    gb.plugin
-                )
-            } else {
-                format!(
-                    ": plugin `{}` sha256 {}→{}",
-                    gb.plugin,
+            let id = &gb.plugin;
+            let (old, new) = (pa.sha_of(id), pb.sha_of(id));
+            let config_changed = pa.config_of(id) != pb.config_of(id);
+            match (old == new, config_changed) {
+                (false, false) => {
+                    format!(
+                        ": plugin `{id}` sha256 {}→{}",
+                        short_sha(old),
+                        short_sha(new)
+                    )
+                }
+                (false, true) => format!(
+                    ": plugin `{id}` sha256 {}→{} and its config changed",
                     short_sha(old),
                     short_sha(new)
-                )
+                ),
+                (true, true) if new.is_empty() => format!(": plugin `{id}` (its config changed)"),
+                (true, true) => format!(": plugin `{id}` (same file; its config changed)"),
+                // Neither the file nor the config: only what the plugin computes per step (or
+                // a variable the text uses), or, without a file (an MCP server), what it lists.
+                (true, false) if new.is_empty() => {
+                    format!(": plugin `{id}` (no file; what it declares changed)")
+                }
+                (true, false) if kind == "tool" => format!(
+                    ": plugin `{id}` (same file and config; it declared the tool differently)"
+                ),
+                (true, false) => format!(
+                    ": plugin `{id}` (same file and config; its dynamic text, or a variable \
+                     the text uses, changed)"
+                ),
             }
         }
         (Some((_, ga)), Some((_, gb))) => {
@@ -663,4 +708,110 @@ pub fn prefix_kept_share<'a>(
         }
     }
     (kept, compared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::{Header, ToolSpec};
+    use serde_json::json;
+
+    fn request(schema: Value, system: &str) -> FrozenRequest {
+        FrozenRequest {
+            header: Header {
+                system: system.into(),
+                tools: vec![ToolSpec {
+                    name: "probe_search".into(),
+                    description: "Search.".into(),
+                    parameters: schema,
+                }],
+                ..Header::default()
+            },
+            messages: Vec::new(),
+            shown_tools: None,
+        }
+    }
+
+    fn from(sha: &str, config: Option<&str>) -> Provenance {
+        let given = |name: &str| Given {
+            name: name.into(),
+            plugin: "probe".into(),
+            scope: "global".into(),
+            text: None,
+        };
+        Provenance {
+            plugins: [("probe".to_string(), sha.to_string())].into(),
+            configs: config
+                .map(|c| [("probe".to_string(), c.to_string())].into())
+                .unwrap_or_default(),
+            sections: vec![given("persona")],
+            tools: vec![given("probe_search")],
+            ..Provenance::default()
+        }
+    }
+
+    /// Issue 26: a cause names what changed — the plugin's config, its file, or neither —
+    /// never "its dynamic value" for a static schema whose config changed.
+    #[test]
+    fn q16_a_cause_says_whether_the_config_the_file_or_neither_changed() {
+        let (a, b) = (
+            request(json!({"type": "object"}), "S"),
+            request(json!({"type": "object", "required": ["q"]}), "S"),
+        );
+        let causes = |pa: &Provenance, pb: &Provenance| {
+            diff(&a, Some(pa), &b, Some(pb), Format::Openai).causes
+        };
+        assert_eq!(
+            causes(&from("aaaa1111", Some("c1")), &from("aaaa1111", Some("c2"))),
+            ["tool `probe_search` schema changed: plugin `probe` (same file; its config changed)"]
+        );
+        assert_eq!(
+            causes(&from("aaaa1111", None), &from("aaaa1111", Some("c2"))),
+            ["tool `probe_search` schema changed: plugin `probe` (same file; its config changed)"]
+        );
+        assert_eq!(
+            causes(&from("aaaa1111", Some("c1")), &from("bbbb2222", Some("c1"))),
+            ["tool `probe_search` schema changed: plugin `probe` sha256 aaaa1111→bbbb2222"]
+        );
+        assert_eq!(
+            causes(&from("aaaa1111", Some("c1")), &from("bbbb2222", Some("c2"))),
+            ["tool `probe_search` schema changed: plugin `probe` sha256 aaaa1111→bbbb2222 and its config changed"]
+        );
+        assert_eq!(
+            causes(&from("aaaa1111", Some("c1")), &from("aaaa1111", Some("c1"))),
+            ["tool `probe_search` schema changed: plugin `probe` (same file and config; it declared the tool differently)"]
+        );
+        assert_eq!(
+            causes(&from("", None), &from("", None)),
+            ["tool `probe_search` schema changed: plugin `probe` (no file; what it declares changed)"]
+        );
+        // A section's text with neither changed: computed per step, or a variable it uses.
+        let (a, b) = (request(json!({}), "one"), request(json!({}), "two"));
+        let (mut pa, mut pb) = (from("aaaa1111", Some("c1")), from("aaaa1111", Some("c1")));
+        pa.sections[0].text = Some(short_hash(b"one"));
+        pb.sections[0].text = Some(short_hash(b"two"));
+        let d = diff(&a, Some(&pa), &b, Some(&pb), Format::Openai);
+        assert_eq!(
+            d.causes,
+            ["section `persona` text changed: plugin `probe` (same file and config; its dynamic text, or a variable the text uses, changed)"]
+        );
+    }
+
+    /// A config change that leaves every part as it was is a note, not a cause.
+    #[test]
+    fn a_config_change_without_effect_is_a_note() {
+        let a = request(json!({}), "S");
+        let d = diff(
+            &a,
+            Some(&from("aaaa1111", Some("c1"))),
+            &a,
+            Some(&from("aaaa1111", Some("c2"))),
+            Format::Openai,
+        );
+        assert_eq!(d.causes, ["nothing changed: prefix kept"]);
+        assert_eq!(
+            d.notes,
+            ["plugin `probe`'s config changed without changing the request's parts"]
+        );
+    }
 }

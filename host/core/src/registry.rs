@@ -20,6 +20,10 @@ pub struct PluginOptions {
     pub scope_override: Option<Scope>,
     /// A failing call leaves the plugin's contributions out instead of failing the assembly (A9).
     pub optional: bool,
+    /// With `optional`: a failing dynamic context leaves out that context alone, and the
+    /// plugin's other contributions (its tools) keep serving. MCP servers' resources use it, so
+    /// a failed read changes no tool (no cache break); plugins leave it off.
+    pub contexts_fail_alone: bool,
     /// How much the plugin may declare (L8).
     pub limits: DeclarationLimits,
     /// What the config lets it contribute (R7).
@@ -39,6 +43,9 @@ pub struct PluginEntry {
     pub origin: Option<String>,
     /// The SHA-256 of the file it was loaded from (recorded in each step's provenance).
     pub sha256: Option<String>,
+    /// A short hash of the config values its `declare` received, when it has any (recorded
+    /// in each step's provenance, so a diff can say "its config changed").
+    pub config_hash: Option<String>,
 }
 
 impl std::fmt::Debug for PluginEntry {
@@ -84,7 +91,12 @@ impl PluginEntry {
         if let Some(scope) = &options.scope_override {
             validate::check_scope(id, scope)?;
         }
-        let schemas = validate::validate(id, &declaration, &options.limits)?;
+        let schemas = validate::validate(
+            id,
+            &declaration,
+            &options.limits,
+            options.trust == Trust::Data,
+        )?;
         if options.trust == Trust::Data {
             check_data(id, &declaration)?;
         }
@@ -96,6 +108,7 @@ impl PluginEntry {
             schemas,
             origin: None,
             sha256: None,
+            config_hash: None,
         };
         entry.check_effective_duplicates()?;
         Ok(entry)
@@ -108,6 +121,15 @@ impl PluginEntry {
 
     pub fn with_sha256(mut self, sha256: impl Into<String>) -> Self {
         self.sha256 = Some(sha256.into());
+        self
+    }
+
+    /// Records the config values the plugin was declared with (none: nothing recorded).
+    pub fn with_config(mut self, values: &[(String, String)]) -> Self {
+        self.config_hash = (!values.is_empty()).then(|| {
+            let text = serde_json::to_string(values).unwrap_or_default();
+            crate::provenance::short_hash(text.as_bytes())
+        });
         self
     }
 

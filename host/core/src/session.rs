@@ -131,13 +131,13 @@ fn messages(session: &str, events: &[Event]) -> Result<Vec<Message>> {
         match event.kind {
             EventKind::HistoryDropped => dropped.extend(dropped_seqs(body(session, event)?)),
             EventKind::HistoryCompacted => {
-                let (from, to, summary) = compaction_of(session, event)?;
-                summaries.insert(from, summary);
+                let c = compaction_of(session, event)?;
+                summaries.insert(c.from, c.summary);
                 dropped.extend(
                     events
                         .iter()
                         .map(|e| e.seq)
-                        .filter(|s| (from..=to).contains(s)),
+                        .filter(|s| (c.from..=c.to).contains(s) && !c.kept.contains(s)),
                 );
             }
             _ => {}
@@ -155,19 +155,39 @@ fn messages(session: &str, events: &[Event]) -> Result<Vec<Message>> {
     Ok(out)
 }
 
-/// A `history/compacted` event's range of seqs and summary.
-fn compaction_of(session: &str, event: &Event) -> Result<(u64, u64, String)> {
+/// A `history/compacted` event: the range of seqs it replaces, its summary, and the seqs in
+/// the range it keeps (the active snapshot; absent in logs written before it was kept).
+struct Compaction {
+    from: u64,
+    to: u64,
+    summary: String,
+    kept: Vec<u64>,
+}
+
+fn compaction_of(session: &str, event: &Event) -> Result<Compaction> {
     let b = body(session, event)?;
     let seq = |k: &str| {
         b.get(k)
             .and_then(Value::as_u64)
             .ok_or_else(|| corrupt(session, event, format!("no `{k}`")))
     };
-    Ok((
-        seq("from")?,
-        seq("to")?,
-        text_field(session, event, "summary")?.to_string(),
-    ))
+    let kept = match b.get("kept") {
+        None => Vec::new(),
+        Some(Value::Array(seqs)) => seqs
+            .iter()
+            .map(|s| {
+                s.as_u64()
+                    .ok_or_else(|| corrupt(session, event, "`kept` holds a non-seq"))
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(corrupt(session, event, "`kept` is not an array")),
+    };
+    Ok(Compaction {
+        from: seq("from")?,
+        to: seq("to")?,
+        summary: text_field(session, event, "summary")?.to_string(),
+        kept,
+    })
 }
 
 /// The message seqs a `history/dropped` event names.
@@ -461,13 +481,15 @@ impl SessionState {
                     }
                 }
                 EventKind::HistoryCompacted => {
-                    let (from, to, summary) = compaction_of(&session, event)?;
-                    let start = self.roles.partition_point(|(s, _)| *s < from);
-                    let end = self.roles.partition_point(|(s, _)| *s <= to);
+                    let c = compaction_of(&session, event)?;
+                    let start = self.roles.partition_point(|(s, _)| *s < c.from);
+                    let end = self.roles.partition_point(|(s, _)| *s <= c.to);
                     if start < end {
                         self.history_changed = true;
-                        self.dropped.extend(start..end);
-                        self.summaries.insert(start, summary);
+                        let roles = &self.roles;
+                        self.dropped
+                            .extend((start..end).filter(|&i| !c.kept.contains(&roles[i].0)));
+                        self.summaries.insert(start, c.summary);
                     }
                 }
                 EventKind::SessionCreated => {
@@ -828,9 +850,30 @@ impl SessionState {
         Ok((drop.into_iter().map(|i| self.roles[i].0).collect(), dropped))
     }
 
+    /// The `history/compacted` event for the message events `from..=to` (seqs), once
+    /// [`SessionState::check_compaction`] passes. The active snapshot — the latest runtime
+    /// context message — survives a compaction as it survives trimming (Q14): when the range
+    /// holds it, the event names it in `kept` and it stays in its place after the summary, so
+    /// the next request still carries the runtime context its usage counts.
+    pub fn compaction(&self, from: u64, to: u64, summary: &str) -> Result<NewEvent> {
+        self.check_compaction(from, to, summary)?;
+        let mut body = json!({"from": from, "to": to, "summary": summary});
+        if let Some(seq) = self.active_snapshot_in(from, to) {
+            body["kept"] = json!([seq]);
+        }
+        Ok(NewEvent::new(EventKind::HistoryCompacted, body))
+    }
+
+    /// The seq of the latest snapshot message when it lies in `from..=to` and is not left out.
+    fn active_snapshot_in(&self, from: u64, to: u64) -> Option<u64> {
+        let last = self.roles.iter().rposition(|(_, r)| *r == Role::Snapshot)?;
+        let seq = self.roles[last].0;
+        ((from..=to).contains(&seq) && !self.dropped.contains(&last)).then_some(seq)
+    }
+
     /// Checks a compaction of the message events `from..=to` (seqs): a non-blank summary, a
-    /// range that holds messages none of which is already left out, and that splits no tool
-    /// call from its results.
+    /// range that holds messages none of which is already left out, that splits no tool
+    /// call from its results, and that holds more than the active snapshot (which it keeps).
     pub fn check_compaction(&self, from: u64, to: u64, summary: &str) -> Result<()> {
         let bad = |why: String| Err(Error::InvalidCompaction(why));
         if summary.trim().is_empty() {
@@ -846,6 +889,12 @@ impl SessionState {
         }
         if (start..end).any(|i| self.dropped.contains(&i)) {
             return bad("the range holds messages already dropped or compacted".into());
+        }
+        if end - start == 1 && self.active_snapshot_in(from, to).is_some() {
+            return bad(format!(
+                "seqs {from}..={to} hold only the active runtime context snapshot, which a \
+                 compaction keeps: nothing would be replaced"
+            ));
         }
         if self.roles[start].1 == Role::Tool {
             return bad(format!(

@@ -13,10 +13,14 @@ pub type ToolSchemas = BTreeMap<(String, Scope), serde_json::Value>;
 
 /// Checks names, scopes, static templates, duplicates and tool schemas; returns each tool's
 /// parsed parameters. The first problem refuses the whole plugin.
+///
+/// Text that is never interpolated is never parsed (T7): a `verbatim` section or context, and
+/// every context of a `data` plugin (`data_contexts`), may hold any braces at all.
 pub fn validate(
     plugin: &str,
     decl: &Declaration,
     limits: &DeclarationLimits,
+    data_contexts: bool,
 ) -> Result<ToolSchemas> {
     check_limits(plugin, decl, limits)?;
     let mut seen: BTreeSet<(Kind, String, Scope)> = BTreeSet::new();
@@ -35,12 +39,16 @@ pub fn validate(
 
     for s in &decl.sections {
         check_item_name(plugin, Kind::Section, &s.name)?;
-        check_template(plugin, Kind::Section, &s.name, &s.text)?;
+        if !s.verbatim {
+            check_template(plugin, Kind::Section, &s.name, &s.text)?;
+        }
         unique(Kind::Section, &s.name, &s.scope)?;
     }
     for c in &decl.contexts {
         check_item_name(plugin, Kind::Context, &c.name)?;
-        check_template(plugin, Kind::Context, &c.name, &c.text)?;
+        if !(c.verbatim || data_contexts) {
+            check_template(plugin, Kind::Context, &c.name, &c.text)?;
+        }
         unique(Kind::Context, &c.name, &c.scope)?;
     }
     for v in &decl.variables {
@@ -243,7 +251,7 @@ mod tests {
     }
 
     fn refused(decl: &Declaration, limits: &DeclarationLimits) -> String {
-        let e = validate("p", decl, limits).expect_err("over a limit");
+        let e = validate("p", decl, limits, false).expect_err("over a limit");
         assert_eq!(e.code(), "declaration_limit", "{e}");
         e.to_string()
     }
@@ -313,6 +321,6 @@ mod tests {
             sections: vec![section("a", &"x".repeat(600))],
             ..Declaration::default()
         };
-        assert!(validate("p", &fits, &limits).is_ok());
+        assert!(validate("p", &fits, &limits, false).is_ok());
     }
 }

@@ -821,14 +821,13 @@ impl Daemon {
     pub fn compact(&self, id: &str, from: u64, to: u64, summary: &str) -> Result<u64> {
         let _held = self.locks.hold(id);
         let mut cached = self.session(id)?;
-        if let Err(e) = cached.state.check_compaction(from, to, summary) {
-            self.keep(id, cached);
-            return Err(e.into());
-        }
-        let event = NewEvent::new(
-            EventKind::HistoryCompacted,
-            json!({"from": from, "to": to, "summary": summary}),
-        );
+        let event = match cached.state.compaction(from, to, summary) {
+            Ok(event) => event,
+            Err(e) => {
+                self.keep(id, cached);
+                return Err(e.into());
+            }
+        };
         let seq = self.append(id, &mut cached, vec![event])?;
         self.keep(id, cached);
         Ok(seq)

@@ -100,17 +100,15 @@ pub fn entry(
         let description = tool.description.as_deref().unwrap_or("");
         plugin = plugin.tool(mapped_name, description, &parameters);
     }
-    // A static section is a template (T1): instructions that contain `{{` are left out
-    // rather than read as references to variables.
+    // The server wrote these, not the operator: a verbatim section (T7), so `{{` in them is
+    // text, never a reference to a variable.
     if let Some(text) = instructions.filter(|t| !t.trim().is_empty()) {
-        if text.contains("{{") {
-            tracing::warn!(plugin = %id, "instructions left out: they contain `{{{{`");
-        } else {
-            let order = cfg
-                .instructions_order
-                .unwrap_or(DEFAULT_MCP_INSTRUCTIONS_ORDER);
-            plugin = plugin.section(&format!("{id}:instructions"), order, text);
-        }
+        let order = cfg
+            .instructions_order
+            .unwrap_or(DEFAULT_MCP_INSTRUCTIONS_ORDER);
+        plugin = plugin
+            .section(&format!("{id}:instructions"), order, text)
+            .verbatim();
     }
     for uri in &cfg.resources {
         let (read, uri_owned) = (read.clone(), uri.clone());
@@ -122,6 +120,9 @@ pub fn entry(
     let mut options = config.plugin_options(&id);
     options.scope_override = cfg.scope.clone().map(Scope::Agent);
     options.optional = cfg.optional;
+    // A resource that fails to read leaves out its context alone: the tools stay (no cache
+    // break) and the step records a `plugin/omitted` event naming the context.
+    options.contexts_fail_alone = true;
     let entry = PluginEntry::new(&id, declaration, provider, options)
         .map_err(|e| ErrorBody::from(&e))?
         .with_origin(label(cfg));
