@@ -114,6 +114,7 @@ const TEST_INSTALLERS: &[(&str, &str)] = &[
     ("tests/inspector/install.sh", "chromium and selenium"),
     ("tests/postgres/install.sh", "PostgreSQL and HAProxy"),
     ("tests/mcp/install.sh", "the MCP servers"),
+    ("tests/openapi/install.sh", "openapi-spec-validator and schemathesis"),
 ];
 
 fn install_test_servers(root: &Path) -> Result<()> {
