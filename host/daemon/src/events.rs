@@ -107,7 +107,8 @@ impl RegistryEvents {
             .events
             .front()
             .map_or(history.last_seq + 1, |e| e.seq);
-        let missed = first_kept.saturating_sub(since + 1);
+        // `since` is the client's: u64::MAX (past every seq) must not overflow.
+        let missed = first_kept.saturating_sub(since.saturating_add(1));
         Subscription {
             past,
             missed,
@@ -143,5 +144,8 @@ mod tests {
         assert_eq!(recent.past.len(), 10);
         assert_eq!(events.subscribe(events.last_seq()).past.len(), 0);
         assert_eq!(events.subscribe(events.last_seq()).missed, 0);
+        // A client past every seq missed nothing (and does not overflow the count).
+        assert_eq!(events.subscribe(u64::MAX).missed, 0);
+        assert!(events.subscribe(u64::MAX).past.is_empty());
     }
 }
