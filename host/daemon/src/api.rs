@@ -6,8 +6,11 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 use promptd_core::budget::Usage;
 use promptd_core::conversation::Message;
@@ -22,10 +25,91 @@ use crate::PluginStatus;
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewSession {
-    /// The agent whose plugins, scopes and budget the session's steps use (default `default`).
+    /// The agent whose plugins, scopes and budget the session's steps use (default `default`):
+    /// any name but `global` made only of printable ASCII without whitespace (C5; otherwise
+    /// 400 `invalid_agent`). An agent the config does not name has the global scope only.
     #[serde(default = "default_agent")]
-    #[schema(default = "default")]
+    #[schema(schema_with = agent_name)]
     pub agent: String,
+}
+
+/// C5's rule for agent names as [`promptd_core::config`] checks it: non-empty printable ASCII
+/// without whitespace (bytes 0x21–0x7E), and not `global` (the global scope).
+fn agent_name() -> Schema {
+    // utoipa's schema model has no `not`: it goes in as a plain key.
+    let not_global: Extensions = [("not", serde_json::json!({"const": "global"}))]
+        .into_iter()
+        .collect();
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some("^[!-~]+$"))
+        .extensions(Some(not_global))
+        .default(Some("default".into()))
+        .description(Some(
+            "The agent whose plugins, scopes and budget the session's steps use (default \
+             `default`): any name but `global` made only of printable ASCII without whitespace \
+             (otherwise 400 `invalid_agent`).",
+        ))
+        .into()
+}
+
+/// What the generated document cannot say by itself, said in it (run on the document as
+/// served and committed):
+///
+/// - a header or query parameter is a value or absent, never null;
+/// - a u64 or usize is an integer from 0 to 2^64 − 1, not the `int64` utoipa calls it (a
+///   `limit` or `from` over 2^63 is taken);
+/// - serde's `deny_unknown_fields` on the internally tagged `Message` and `Block` holds for
+///   each variant: no other keys (utoipa leaves it out of the variants).
+pub fn complete(doc: &mut Value) {
+    // A parameter is left out by not sending it; a header or a query cannot be JSON null.
+    let paths = doc.get_mut("paths").and_then(Value::as_object_mut);
+    let operations = paths
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut());
+    for operation in operations {
+        let parameters = operation
+            .get_mut("parameters")
+            .and_then(Value::as_array_mut);
+        for parameter in parameters.into_iter().flatten() {
+            let Some(types) = parameter.pointer_mut("/schema/type") else {
+                continue;
+            };
+            if let Value::Array(list) = types {
+                list.retain(|t| t != "null");
+                if list.len() == 1 {
+                    *types = list.remove(0);
+                }
+            }
+        }
+    }
+    fn walk(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                let unsigned = map.get("type").and_then(Value::as_str) == Some("integer")
+                    && map.get("format").and_then(Value::as_str) == Some("int64")
+                    && map.get("minimum").and_then(Value::as_u64) == Some(0);
+                if unsigned {
+                    map.remove("format");
+                    map.entry("maximum").or_insert(u64::MAX.into());
+                }
+                map.values_mut().for_each(walk);
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(doc);
+    for closed in ["Message", "Block"] {
+        let variants = doc
+            .pointer_mut(&format!("/components/schemas/{closed}/oneOf"))
+            .and_then(Value::as_array_mut);
+        for variant in variants.into_iter().flatten() {
+            variant["additionalProperties"] = Value::Bool(false);
+        }
+    }
 }
 
 fn default_agent() -> String {
@@ -45,6 +129,7 @@ pub struct SessionCreated {
 pub struct StepBody {
     /// The messages this step adds (a user turn, tool results), in order.
     #[serde(default)]
+    #[schema(value_type = Vec<StepMessage>)]
     pub messages: Vec<Message>,
     /// Runtime facts plugins read (`cwd`, `git_branch`, …).
     #[serde(default)]
@@ -52,6 +137,26 @@ pub struct StepBody {
     /// The request body's shape.
     #[serde(default)]
     pub format: Format,
+}
+
+/// A message a step adds: a `Message` with the role `user` (never a `snapshot`: promptd sets
+/// those) or `tool`; the model's reply is recorded with `POST /v1/sessions/{id}/messages`
+/// (otherwise 400).
+pub struct StepMessage;
+
+impl ToSchema for StepMessage {}
+
+impl PartialSchema for StepMessage {
+    fn schema() -> RefOr<Schema> {
+        raw_schema(serde_json::json!({
+            "description": "A user message or a tool result (`Message`); never a snapshot.",
+            "allOf": [{"$ref": format!("#/components/schemas/{}", Message::name())}],
+            "properties": {
+                "role": {"enum": ["user", "tool"]},
+                "snapshot": {"const": false},
+            },
+        }))
+    }
 }
 
 /// A step's answer: the request body to send to the provider, as is.
@@ -66,15 +171,236 @@ pub struct StepReply {
     pub usage: Usage,
 }
 
+/// The body of `POST /v1/sessions/{id}/messages`: a model's reply as the provider SDK returned
+/// it, or a neutral assistant or tool message (`promptd_core::replies`), with the keys the
+/// daemon tells the shapes apart by: `choices` (an OpenAI Chat Completion), else `output` (an
+/// OpenAI Response), else `role`: `tool` (a neutral tool result), `assistant` with `content`
+/// a list of blocks (Anthropic), with OpenAI's marks (`content: null`, `refusal`,
+/// `tool_calls[].function`, …; OpenAI) or neither (neutral). A `usage` key beside any of them
+/// is read as the provider's usage. `ReplyMessage` is the same without `usage` (what
+/// `choices[0].message` holds).
+pub struct ReplyBody;
+
+/// [`ReplyBody`] as `choices[0].message` holds it.
+pub struct ReplyMessage;
+
+impl ToSchema for ReplyBody {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((ReplyMessage::name().into(), ReplyMessage::schema()));
+    }
+}
+
+impl PartialSchema for ReplyBody {
+    fn schema() -> RefOr<Schema> {
+        raw_schema(reply_shapes(true))
+    }
+}
+
+impl ToSchema for ReplyMessage {}
+
+impl PartialSchema for ReplyMessage {
+    fn schema() -> RefOr<Schema> {
+        raw_schema(reply_shapes(false))
+    }
+}
+
+/// A schema written as JSON Schema itself: utoipa's model has no `not`, `const` or
+/// `contains`, so its keys go in as they are.
+fn raw_schema(schema: Value) -> RefOr<Schema> {
+    let Value::Object(keys) = schema else {
+        unreachable!("a schema is an object")
+    };
+    let keys: Extensions = keys.into_iter().collect();
+    let mut object = ObjectBuilder::new().extensions(Some(keys)).build();
+    object.schema_type = utoipa::openapi::schema::SchemaType::AnyValue;
+    RefOr::T(Schema::Object(object))
+}
+
+/// What `promptd_core::replies::reply` records, as JSON Schema; `usage` (removed before the
+/// shape is read, so only at the top) may stand beside each shape.
+fn reply_shapes(usage: bool) -> Value {
+    use serde_json::json;
+    let schema = |name: &str| json!({"$ref": format!("#/components/schemas/{name}")});
+    let text_or_null = json!({"type": ["string", "null"]});
+    // `choices` decides first, then `output`; the shapes below them must have neither.
+    let neither = json!({"not": {"anyOf": [{"required": ["choices"]}, {"required": ["output"]}]}});
+    let mut neutral_assistant = json!({
+        "type": "object",
+        "description": "A neutral assistant message (`Message`). (`blocks`, as the daemon records \
+                        an Anthropic reply, are taken too when they agree with `content` and \
+                        `tool_calls`.)",
+        "properties": {
+            "role": {"const": "assistant"},
+            "content": {"type": "string"},
+            "tool_calls": {"type": "array", "items": schema("ToolCall")},
+        },
+        "required": ["role"],
+        "additionalProperties": false,
+    });
+    let mut neutral_tool = json!({
+        "type": "object",
+        "description": "A tool's output, answering the call `tool_call_id` (`Message`).",
+        "properties": {
+            "role": {"const": "tool"},
+            "tool_call_id": {"type": "string"},
+            "content": schema("Content"),
+            "is_error": {"type": "boolean"},
+        },
+        "required": ["role", "tool_call_id", "content"],
+        "additionalProperties": false,
+    });
+    if usage {
+        for shape in [&mut neutral_assistant, &mut neutral_tool] {
+            shape["properties"]["usage"] = json!({});
+        }
+    }
+    let openai_call = json!({
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "minLength": 1},
+            "function": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}},
+                "required": ["name"],
+            },
+        },
+        "required": ["id", "function"],
+    });
+    let openai = json!({
+        "type": "object",
+        "description": "An OpenAI Chat Completions assistant message: `tool_calls[].function.arguments` \
+                        is kept as written.",
+        "properties": {
+            "role": {"const": "assistant"},
+            "content": text_or_null,
+            "refusal": text_or_null,
+            // Anything but a list is left alone.
+            "tool_calls": {"items": openai_call},
+        },
+        "required": ["role"],
+        "anyOf": [
+            {"properties": {"content": {"type": "null"}}, "required": ["content"]},
+            {"required": ["refusal"]},
+            {"required": ["annotations"]},
+            {"required": ["audio"]},
+            {"required": ["function_call"]},
+            {"properties": {"tool_calls": {"type": "array",
+                "contains": {"type": "object", "required": ["function"]}}},
+             "required": ["tool_calls"]},
+        ],
+        "allOf": [neither],
+    });
+    let block = |kind: &str, properties: Value, required: &[&str]| {
+        let mut properties = properties;
+        properties["type"] = json!({"const": kind});
+        let mut required: Vec<&str> = required.to_vec();
+        required.push("type");
+        json!({"type": "object", "properties": properties, "required": required})
+    };
+    let anthropic = json!({
+        "type": "object",
+        "description": "An Anthropic message (or its role and content): text, tool_use, thinking and \
+                        redacted_thinking blocks, kept in their order.",
+        "properties": {
+            "role": {"const": "assistant"},
+            "content": {"type": "array", "items": {"oneOf": [
+                block("text", json!({"text": text_or_null}), &["text"]),
+                block("tool_use", json!({"id": text_or_null, "name": text_or_null, "input": {"type": "object"}}),
+                      &["id", "name", "input"]),
+                block("thinking", json!({}), &["thinking", "signature"]),
+                block("redacted_thinking", json!({}), &["data"]),
+            ]}},
+        },
+        "required": ["role", "content"],
+        "allOf": [neither],
+    });
+    let part = |kind: &str, field: &str| {
+        json!({"type": "object", "properties": {"type": {"const": kind}, field: text_or_null},
+               "required": ["type"]})
+    };
+    let named = json!({"type": "string", "minLength": 1});
+    let response = json!({
+        "type": "object",
+        "description": "An OpenAI Response (or its `output`): message and function_call items are \
+                        recorded, reasoning items left out.",
+        "properties": {
+            "output": {"type": "array", "items": {"oneOf": [
+                {"type": "object", "properties": {"type": {"const": "message"},
+                    "content": {"items": {"oneOf": [part("output_text", "text"), part("refusal", "refusal")]}}},
+                 "required": ["type"]},
+                {"type": "object", "properties": {"type": {"const": "function_call"},
+                    "call_id": named, "name": named}, "required": ["type", "call_id", "name"]},
+                {"type": "object", "properties": {"type": {"const": "reasoning"}}, "required": ["type"]},
+            ]}},
+        },
+        "required": ["output"],
+        "not": {"required": ["choices"]},
+    });
+    let completion = json!({
+        "type": "object",
+        "description": "An OpenAI Chat Completion: `choices[0].message` is recorded.",
+        "properties": {
+            "choices": {
+                "type": "array",
+                "minItems": 1,
+                "prefixItems": [{
+                    "type": "object",
+                    "properties": {"message": schema(ReplyMessage::name().as_ref())},
+                    "required": ["message"],
+                }],
+            },
+        },
+        "required": ["choices"],
+    });
+    json!({
+        "description": if usage {
+            "A reply in any provider's own shape, or a neutral message such as \
+             `{\"role\": \"tool\", \"tool_call_id\", \"content\"}`; a `usage` key beside it is the \
+             provider's usage."
+        } else {
+            "A reply in any provider's own shape, or a neutral message (as `choices[0].message` \
+             holds it: no `usage` key)."
+        },
+        "anyOf": [completion, response, neutral_assistant, neutral_tool, openai, anthropic],
+    })
+}
+
 /// `POST /v1/sessions/{id}/compact`.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompactBody {
     /// The first seq of the message events the summary replaces.
+    #[serde(deserialize_with = "integer")]
     pub from: u64,
     /// The last seq of those events.
+    #[serde(deserialize_with = "integer")]
     pub to: u64,
+    /// What the summary says in place of those events: more than white space (a blank one is
+    /// 422 `invalid_compaction`). The pattern finds one character that is not Unicode
+    /// White_Space, which is what `str::trim` removes.
+    #[schema(
+        min_length = 1,
+        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     pub summary: String,
+}
+
+/// A JSON integer as JSON Schema counts them: `840` and `840.0` alike (a number with no
+/// fractional part), within u64.
+fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    use serde::de::Error;
+    match serde_json::Number::deserialize(deserializer)? {
+        n if n.is_u64() => Ok(n.as_u64().unwrap_or_default()),
+        n => match n.as_f64() {
+            // 2^64 is the first float past u64::MAX.
+            Some(f) if f.fract() == 0.0 && (0.0..18446744073709551616.0).contains(&f) => {
+                Ok(f as u64)
+            }
+            _ => Err(D::Error::custom(format!(
+                "invalid value: {n}, expected a non-negative integer (u64)"
+            ))),
+        },
+    }
 }
 
 /// Sessions, most recent activity first.
@@ -105,7 +431,8 @@ pub struct Recorded {
 #[derive(Serialize, ToSchema)]
 pub struct EventView {
     pub seq: u64,
-    /// `session/created`, `message/user`, `request/header`, `step`, …
+    /// `session/created`, `user/message`, `assistant/message`, `tool/result`,
+    /// `context/snapshot`, `request/header`, `step`, …
     pub kind: String,
     #[schema(value_type = Object)]
     pub body: Value,
@@ -129,6 +456,75 @@ pub struct PluginList {
 #[derive(Serialize, ToSchema)]
 pub struct Applied {
     pub applied: Vec<RegistryEvent>,
+}
+
+/// The data of the `lagged` event that ends a `GET /v1/events` stream: this client missed
+/// changes (the history no longer holds them, or it read too slowly). Resync from `GET
+/// /v1/plugins`, then reconnect.
+#[derive(Serialize, ToSchema)]
+pub struct Lagged {
+    /// How many changes it missed.
+    pub missed: u64,
+}
+
+/// One server-sent event of `GET /v1/events`, as a client reads it: its `id`, `event` and
+/// `data` lines. Before OpenAPI 3.2 a `text/event-stream` schema describes each event; the
+/// JSON each `data` line carries is a [`RegistryEvent`] or, ending the stream, a [`Lagged`].
+pub struct RegistryStreamEvent;
+
+impl ToSchema for RegistryStreamEvent {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((RegistryEvent::name().into(), RegistryEvent::schema()));
+        <RegistryEvent as ToSchema>::schemas(schemas);
+        schemas.push((Lagged::name().into(), Lagged::schema()));
+    }
+}
+
+impl PartialSchema for RegistryStreamEvent {
+    fn schema() -> RefOr<Schema> {
+        let text = || ObjectBuilder::new().schema_type(Type::String);
+        let json_of = |name: &str| {
+            text()
+                .content_media_type("application/json")
+                .content_schema(Some(Ref::from_schema_name(name)))
+        };
+        let event = |kinds: RefOr<Schema>, data: ObjectBuilder| {
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property("event", kinds)
+                .required("event")
+                .property("data", data)
+                .required("data")
+        };
+        let change = event(
+            // The change's kind, as in its data.
+            Ref::from_schema_name(ChangeKind::name()).into(),
+            json_of(RegistryEvent::name().as_ref()),
+        )
+        .property(
+            "id",
+            text().pattern(Some("^[1-9][0-9]*$")).description(Some(
+                "The change's seq: resume after it with `Last-Event-ID`.",
+            )),
+        )
+        .required("id")
+        .description(Some("A registry change."));
+        let lagged = event(
+            text().enum_values(Some(["lagged"])).into(),
+            json_of(Lagged::name().as_ref()),
+        )
+        .description(Some(
+            "Changes were missed; the stream ends. (It carries no `id` of its own: a client \
+             reports the last one it read.)",
+        ));
+        let one_of = OneOfBuilder::new()
+            .item(change)
+            .item(lagged)
+            .description(Some(
+                "One event of the stream: `id`, `event` and `data` lines, the data a JSON object.",
+            ));
+        RefOr::T(one_of.into())
+    }
 }
 
 /// Where the daemon stands.
@@ -212,9 +608,10 @@ pub enum Errors {
                        registry. Every error is `{\"error\": {\"code\", \"message\"}}`.",
         license(name = "MIT OR Apache-2.0")
     ),
-    components(schemas(ChangeKind, PluginState, ErrorBody, ErrorReply)),
+    components(schemas(ChangeKind, PluginState, ErrorBody, ErrorReply, Message)),
     modifiers(&Bearer),
-    security(("bearer" = [])),
+    // A daemon without a token (loopback only) serves without one: none, or the bearer token.
+    security((), ("bearer" = [])),
     tags(
         (name = "sessions", description = "Sessions, steps and their logs"),
         (name = "plugins", description = "The plugin registry"),
@@ -224,7 +621,8 @@ pub enum Errors {
 pub struct ApiDoc;
 
 /// With a token set (`token` in the config or `PROMPTD_TOKEN`), every route but
-/// `/v1/health` needs `Authorization: Bearer <token>`.
+/// `/v1/health` needs `Authorization: Bearer <token>`; without one (a loopback daemon), none
+/// does.
 struct Bearer;
 
 impl Modify for Bearer {

@@ -97,9 +97,11 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().split_for_parts().1
 }
 
-/// [`openapi`] as the bytes served and committed: pretty JSON, keys in a fixed order.
+/// [`openapi`] as the bytes served and committed, with what utoipa cannot say added
+/// ([`api::complete`]): pretty JSON, keys in a fixed order.
 pub fn openapi_json_text() -> String {
-    let value = serde_json::to_value(openapi()).unwrap_or_default();
+    let mut value = serde_json::to_value(openapi()).unwrap_or_default();
+    api::complete(&mut value);
     // serde_json's map sorts keys: the same document gives the same bytes.
     let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
     text.push('\n');
@@ -239,7 +241,8 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// Parses a JSON body strictly, with errors that name the problem.
+/// Parses a JSON body strictly, with errors that name the problem. Every body is a JSON object:
+/// serde would also read a struct from a list of its fields' values (`[]` for a session).
 pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
@@ -259,6 +262,13 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
             ),
         )
     })?;
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "invalid JSON body: the body must be a JSON object",
+        ));
+    }
     serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -391,7 +401,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 
 /// Each plugin file: id, file, sha256, state, last error, what it declares.
 #[utoipa::path(get, path = "/v1/plugins", tag = "plugins",
-    responses((status = 200, body = api::PluginList), api::Errors))]
+    responses((status = 200, description = "Every plugin file the daemon knows", body = api::PluginList), api::Errors))]
 async fn plugins(State(state): State<Arc<AppState>>) -> Response {
     json_body(&api::PluginList {
         plugins: state.daemon.plugins(),
@@ -410,7 +420,7 @@ async fn reload(State(state): State<Arc<AppState>>) -> ApiResult {
 /// Unloads a plugin: its contributions leave the next step (a rescan loads the file again).
 #[utoipa::path(delete, path = "/v1/plugins/{id}", tag = "plugins",
     params(("id" = String, Path, description = "The plugin's id")),
-    responses((status = 200, body = api::Applied), api::Errors))]
+    responses((status = 200, description = "The `unload` change applied", body = api::Applied), api::Errors))]
 async fn unload(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let event = blocking(move || daemon.unload(&id)).await?;
@@ -422,7 +432,7 @@ async fn unload(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> A
 /// Brings a quarantined plugin back (loads its file again).
 #[utoipa::path(post, path = "/v1/plugins/{id}/enable", tag = "plugins",
     params(("id" = String, Path, description = "The plugin's id")),
-    responses((status = 200, body = api::Applied), api::Errors))]
+    responses((status = 200, description = "The changes applied", body = api::Applied), api::Errors))]
 async fn enable(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let applied = blocking(move || daemon.enable(&id)).await?;
@@ -433,16 +443,16 @@ async fn enable(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> A
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
     params(
         ("q" = Option<String>, Query, description = "Text the id or the agent must contain"),
-        ("limit" = Option<usize>, Query, description = "At most this many (default 100, at most 1000)"),
+        ("limit" = Option<u64>, Query, maximum = 18446744073709551615_u64, description = "At most this many (default 100; more than 1000 lists 1000)"),
     ),
-    responses((status = 200, body = api::SessionList), api::Errors))]
+    responses((status = 200, description = "The sessions, most recent activity first", body = api::SessionList), api::Errors))]
 async fn list_sessions(
     State(state): State<Arc<AppState>>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     let Query(query) =
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    let limit = query.limit.unwrap_or(100).min(1000);
+    let limit = query.limit.unwrap_or(100).min(1000) as usize;
     let daemon = state.daemon.clone();
     let filter = query.q.unwrap_or_default();
     let sessions = blocking(move || daemon.sessions(&filter, limit)).await?;
@@ -455,13 +465,13 @@ struct ListQuery {
     #[serde(default)]
     q: Option<String>,
     #[serde(default)]
-    limit: Option<usize>,
+    limit: Option<u64>,
 }
 
 /// Opens a session for an agent.
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
     request_body = api::NewSession,
-    responses((status = 201, body = api::SessionCreated), api::Errors))]
+    responses((status = 201, description = "The new session", body = api::SessionCreated), api::Errors))]
 async fn create_session(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -481,7 +491,7 @@ async fn create_session(
 #[utoipa::path(post, path = "/v1/sessions/{id}/steps", tag = "sessions",
     params(("id" = String, Path, description = "The session's id")),
     request_body = api::StepBody,
-    responses((status = 200, body = api::StepReply), api::Errors))]
+    responses((status = 200, description = "The request body to send to the provider, the step's number and its measured size", body = api::StepReply), api::Errors))]
 async fn step(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -541,8 +551,8 @@ async fn compact(
 /// OpenAI Responses or Anthropic Messages, or a neutral message), or a tool's output.
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
     params(("id" = String, Path, description = "The session's id")),
-    request_body(content = Object, description = "A reply in any provider's own shape, or a neutral message such as `{\"role\": \"tool\", \"tool_call_id\", \"content\"}`"),
-    responses((status = 201, body = api::Recorded), api::Errors))]
+    request_body(content = api::ReplyBody, description = "A reply in any provider's own shape, or a neutral message such as `{\"role\": \"tool\", \"tool_call_id\", \"content\"}`"),
+    responses((status = 201, description = "The recorded event's seq", body = api::Recorded), api::Errors))]
 async fn record_message(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -589,7 +599,7 @@ fn event_view(e: Event) -> api::EventView {
 /// The session's log, in order.
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "sessions",
     params(("id" = String, Path, description = "The session's id")),
-    responses((status = 200, body = api::EventList), api::Errors))]
+    responses((status = 200, description = "The session's events, in order", body = api::EventList), api::Errors))]
 async fn session_events(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let events = blocking(move || daemon.session_events(&id)).await?;
@@ -670,7 +680,7 @@ fn step_and_format(
 /// context, variable and tool: recorded with the step, so it holds after the plugins changed.
 #[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/explain", tag = "sessions",
     params(StepPath, FormatQuery),
-    responses((status = 200, body = api::StepExplain), api::Errors))]
+    responses((status = 200, description = "The request and who gave each part", body = api::StepExplain), api::Errors))]
 async fn step_explain(
     State(state): State<Arc<AppState>>,
     Path((id, n)): Path<(String, String)>,
@@ -691,7 +701,7 @@ async fn step_explain(
 /// from the last step with the same header), where the prefix broke and why.
 #[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/diff", tag = "sessions",
     params(StepPath, FormatQuery),
-    responses((status = 200, body = promptd_core::provenance::StepDiff), api::Errors))]
+    responses((status = 200, description = "How much of the request a prompt cache could reuse, and why not more", body = promptd_core::provenance::StepDiff), api::Errors))]
 async fn step_diff(
     State(state): State<Arc<AppState>>,
     Path((id, n)): Path<(String, String)>,
@@ -709,21 +719,37 @@ async fn step_diff(
 /// ends the stream: the client resyncs from `GET /v1/plugins` and reconnects.
 #[utoipa::path(get, path = "/v1/events", tag = "plugins",
     params(
-        ("since" = Option<u64>, Query, description = "Replay the events after this seq (or send `Last-Event-ID`)"),
-        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event"),
+        ("since" = Option<u64>, Query, description = "Replay the events after this seq (or send `Last-Event-ID`); not a seq: 400"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event (before `since`); not a seq: 400"),
     ),
-    responses((status = 200, description = "A server-sent event stream: each event's `id` is its seq, its `event` the change kind (`load`, `reload`, `unload`, `refused`, `quarantine`) and its `data` the change; a `lagged` event (`{\"missed\": N}`) ends it", content_type = "text/event-stream", body = RegistryEvent), api::Errors))]
+    responses((status = 200, description = "A server-sent event stream (the schema describes each event): a registry change's `id` is its seq, its `event` the change kind (`load`, `reload`, `unload`, `refused`, `quarantine`) and its `data` the change as JSON (`RegistryEvent`); a `lagged` event, whose `data` is `{\"missed\": N}` (`Lagged`), ends the stream", content_type = "text/event-stream", body = api::RegistryStreamEvent), api::Errors))]
 async fn registry_events(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Query(query): Query<BTreeMap<String, String>>,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let since = headers
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    // Each given is checked; the header, which a reconnecting EventSource sends, wins.
+    let seq = |what: &str, v: Option<&str>| -> Result<Option<u64>, ApiError> {
+        v.map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!(
+                        "{what} `{}` is not an event's seq",
+                        promptd_core::names::shortened(v, 40)
+                    ),
+                )
+            })
+        })
+        .transpose()
+    };
+    let header = headers
         .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .or(query.get("since").map(String::as_str))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let header = seq("Last-Event-ID", header)?;
+    let query = seq("since", query.get("since").map(String::as_str))?;
+    let since = header.or(query).unwrap_or(0);
     let subscription = state.daemon.events.subscribe(since);
     let to_sse = |e: RegistryEvent| {
         let data = serde_json::to_string(&e).unwrap_or_default();
@@ -735,7 +761,7 @@ async fn registry_events(
     let lagged = |missed: u64| {
         SseEvent::default()
             .event("lagged")
-            .data(json!({"missed": missed}).to_string())
+            .data(to_json(&api::Lagged { missed }))
     };
     let head: Vec<SseEvent> = if subscription.missed > 0 {
         vec![lagged(subscription.missed)]
@@ -753,12 +779,12 @@ async fn registry_events(
         }
     });
     let events = stream::iter(head).chain(live).map(Ok);
-    Sse::new(events).keep_alive(KeepAlive::default())
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 
 /// Prometheus text: steps, step latency histogram, plugin errors, loaded plugins.
 #[utoipa::path(get, path = "/metrics", tag = "daemon",
-    responses((status = 200, content_type = "text/plain", body = String), api::Errors))]
+    responses((status = 200, description = "The metrics in Prometheus' text format", content_type = "text/plain", body = String), api::Errors))]
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
