@@ -18,7 +18,7 @@
 //!   deleted under it; then `tests/openapi_coverage.py` checks that those tests had every
 //!   operation of `docs/openapi.json` answer 2xx and saw every top-level field of its answers.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -17,7 +17,7 @@
 //! - the README's TypeScript loop, extracted from README.md and run as written, with its
 //!   count of promptd lines checked.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

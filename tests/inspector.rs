@@ -16,7 +16,7 @@
 //!
 //! Needs `tests/inspector/install.sh` (chromium, chromium-driver and the pinned selenium venv).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

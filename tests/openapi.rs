@@ -10,7 +10,7 @@
 //!
 //! Each daemon serves the bundled Rust plugins with the repository's `promptd.toml`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;

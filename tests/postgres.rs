@@ -4,8 +4,7 @@
 //! (tests/postgres/harness.rs) and stopped at the end; `bash tests/postgres/install.sh` installs
 //! what they need.
 
-mod common;
-#[path = "postgres/harness.rs"]
+use crate::common;
 mod harness;
 
 use std::collections::{BTreeMap, BTreeSet};

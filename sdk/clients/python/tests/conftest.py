@@ -41,7 +41,7 @@ def env(name: str) -> str:
     value = os.environ.get(name)
     if not value:
         pytest.fail(f"${name} is not set: run these tests through `cargo test -p promptd "
-                    "--test client_python`, which starts the daemons and the stub", pytrace=False)
+                    "--test e2e client_python::`, which starts the daemons and the stub", pytrace=False)
     return value
 
 

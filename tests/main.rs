@@ -1,0 +1,27 @@
+//! promptd's end-to-end tests, one binary: each file of `tests/` is a module, all sharing
+//! [`common`] (the real daemon over HTTP, fixtures, processes). Run one file's tests with a
+//! filter: `cargo test -p promptd --test e2e budget::`.
+
+mod common;
+
+mod assemble_cli;
+mod budget;
+mod client_python;
+mod client_typescript;
+mod compile;
+mod conformance;
+mod contract;
+mod daemon;
+mod hot_reload;
+mod inspect;
+mod inspector;
+mod isolation;
+mod languages;
+mod limits;
+mod load_errors;
+mod mcp;
+mod openapi;
+mod plugin_world;
+mod postgres;
+mod provider_sdks;
+mod sandbox;
