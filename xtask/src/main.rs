@@ -5,9 +5,10 @@
 //!   config `promptd.toml`, on 127.0.0.1:8417, until Ctrl-C). ARGS replace the promptd
 //!   arguments, e.g. `cargo xtask run -- assemble --plugins target/plugins`.
 //! - `test`: install what the tests need (rustup target, rustfmt, clippy, the JavaScript,
-//!   Python and C SDK toolchains, the OpenAI and Anthropic clients of
-//!   tests/provider_sdks.rs, and each of `TEST_INSTALLERS`: the client libraries, the browser,
-//!   the database and proxy, the MCP servers), then check formatting, lint, and run every test.
+//!   Python and C SDK toolchains, then — on a thread of their own, overlapping the builds — the
+//!   OpenAI and Anthropic clients of tests/provider_sdks.rs and each of `TEST_INSTALLERS`: the
+//!   client libraries, the browser, the database and proxy, the MCP servers, the OpenAPI
+//!   tools), then check formatting, lint, and run every test.
 //! - `plugins`: only build and collect the bundled plugins.
 //! - `sdks`: only install the JavaScript, Python and C SDK toolchains (each `sdk/LANG/install.sh`).
 //!
@@ -96,16 +97,8 @@ fn install_sdks(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Installs the official OpenAI and Anthropic clients that tests/provider_sdks.rs drives (Python
-/// packages into the venv tests/sdk_loops/.venv, npm packages into tests/sdk_loops/js), pinned;
-/// the installer does nothing when the pinned versions are already in place.
-fn install_provider_sdks(root: &Path) -> Result<()> {
-    let script = root.join("tests/sdk_loops/install.sh");
-    sh(Command::new("bash").arg(&script))
-        .with_context(|| format!("installing the provider SDKs ({})", script.display()))
-}
-
-/// What the other end-to-end tests drive, each installed (pinned, idempotent) by its own
+/// What the end-to-end tests drive besides the provider SDKs (the official OpenAI and Anthropic
+/// clients, pinned, into tests/sdk_loops), each installed (pinned, idempotent) by its own
 /// script: the client libraries built as packages and installed from those artifacts, the
 /// headless browser for the inspector, PostgreSQL and HAProxy, the MCP servers.
 const TEST_INSTALLERS: &[(&str, &str)] = &[
@@ -114,16 +107,54 @@ const TEST_INSTALLERS: &[(&str, &str)] = &[
     ("tests/inspector/install.sh", "chromium and selenium"),
     ("tests/postgres/install.sh", "PostgreSQL and HAProxy"),
     ("tests/mcp/install.sh", "the MCP servers"),
-    ("tests/openapi/install.sh", "openapi-spec-validator and schemathesis"),
+    (
+        "tests/openapi/install.sh",
+        "openapi-spec-validator and schemathesis",
+    ),
 ];
 
-fn install_test_servers(root: &Path) -> Result<()> {
-    for (script, what) in TEST_INSTALLERS {
-        let path = root.join(script);
-        sh(Command::new("bash").arg(&path))
-            .with_context(|| format!("installing {what} ({})", path.display()))?;
-    }
-    Ok(())
+/// Runs the provider SDKs' installer and each of [`TEST_INSTALLERS`], in turn, on a thread of
+/// their own: they wait on the network and apt, so they overlap with the compiling that follows
+/// instead of preceding it (issue 27). Each one's output goes to `target/xtask-logs/NAME.log`
+/// (shown when it fails). Called after the SDK toolchains are installed, so no two apt-get
+/// runs overlap.
+fn install_in_background(root: &Path) -> std::thread::JoinHandle<Result<()>> {
+    let root = root.to_path_buf();
+    std::thread::spawn(move || {
+        let logs = root.join("target/xtask-logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
+        let scripts = std::iter::once(("tests/sdk_loops/install.sh", "the provider SDKs"))
+            .chain(TEST_INSTALLERS.iter().copied());
+        for (script, what) in scripts {
+            let path = root.join(script);
+            let log = logs.join(format!("{}.log", script.replace('/', "_")));
+            let out =
+                std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+            let err = out.try_clone()?;
+            let started = std::time::Instant::now();
+            let status = Command::new("bash")
+                .arg(&path)
+                .current_dir(&root)
+                .stdout(out)
+                .stderr(err)
+                .status()
+                .with_context(|| format!("could not start {}", path.display()))?;
+            if !status.success() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                bail!(
+                    "installing {what} ({}) failed ({status}); its output ({}):\n{text}",
+                    path.display(),
+                    log.display()
+                );
+            }
+            eprintln!(
+                "xtask: installed {what} ({script}, {:.0} s; log in {})",
+                started.elapsed().as_secs_f64(),
+                log.display()
+            );
+        }
+        Ok(())
+    })
 }
 
 /// The newest modification time of the files under `dir`, leaving out installed tools
@@ -292,8 +323,7 @@ fn test(root: &Path) -> Result<()> {
     check_core_is_pure(root)?;
     install_toolchain_parts()?;
     install_sdks(root)?;
-    install_provider_sdks(root)?;
-    install_test_servers(root)?;
+    let installs = install_in_background(root);
     plugins(root)?;
     build_wasm(root, "tests/fixtures")?;
     sh(cargo().current_dir(root).args(["fmt", "--all", "--check"]))?;
@@ -348,5 +378,13 @@ fn test(root: &Path) -> Result<()> {
         "--manifest-path",
         "sdk/rust/Cargo.toml",
     ]))?;
+    // Build every test before waiting for the installs, so the two overlap.
+    sh(cargo()
+        .current_dir(root)
+        .args(["test", "--workspace", "--no-run"]))?;
+    match installs.join() {
+        Ok(result) => result?,
+        Err(_) => bail!("the installer thread panicked"),
+    }
     sh(cargo().current_dir(root).args(["test", "--workspace"]))
 }
