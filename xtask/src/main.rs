@@ -1,7 +1,8 @@
 //! Project tasks: `cargo xtask run` and `cargo xtask test` (see README.md).
 //!
-//! - `run [-- ARGS]`: build the bundled plugins to wasm32-wasip2, collect them into
-//!   `target/plugins/`, and start the daemon serving them (`promptd serve` with the example
+//! - `run [-- ARGS]`: build the daemon (release, in the background) while the SDK toolchains
+//!   install and the bundled plugins build to wasm32-wasip2 into `target/plugins/`, then start
+//!   the daemon serving them (`promptd serve` with the example
 //!   config `promptd.toml`, on 127.0.0.1:8417, until Ctrl-C). ARGS replace the promptd
 //!   arguments, e.g. `cargo xtask run -- assemble --plugins target/plugins`.
 //! - `test`: install what the tests need (rustup target, rustfmt, clippy, the JavaScript,
@@ -246,8 +247,40 @@ fn plugins(root: &Path) -> Result<PathBuf> {
 
 fn run(root: &Path, args: &[String]) -> Result<()> {
     install_toolchain_parts()?;
-    install_sdks(root)?;
-    let dir = plugins(root)?;
+    // The daemon's first build is most of a first run (docs/build-time.md): start it now, so
+    // the SDK toolchains download and the plugins build meanwhile. Its output goes to a log;
+    // `cargo run` below then finds it built (or shows the error).
+    let logs = root.join("target/xtask-logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
+    let log = logs.join("build-promptd.log");
+    let out = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+    eprintln!(
+        "xtask: building promptd (release) in the background; progress in {}",
+        log.display()
+    );
+    let mut build = cargo()
+        .current_dir(root)
+        .args(["build", "--release", "-p", "promptd"])
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .context("could not start cargo build")?;
+    let dir = match install_sdks(root).and_then(|()| plugins(root)) {
+        Ok(dir) => dir,
+        Err(e) => {
+            let _ = build.kill();
+            let _ = build.wait();
+            return Err(e);
+        }
+    };
+    let built = build.wait().context("wait for cargo build")?;
+    if !built.success() {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        bail!(
+            "building promptd failed ({built}); its output ({}):\n{text}",
+            log.display()
+        );
+    }
     let mut cmd = cargo();
     cmd.current_dir(root)
         .args(["run", "--release", "--quiet", "-p", "promptd", "--"]);
