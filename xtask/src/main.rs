@@ -411,10 +411,12 @@ fn test(root: &Path) -> Result<()> {
         "--manifest-path",
         "sdk/rust/Cargo.toml",
     ]))?;
-    // Build every test before waiting for the installs, so the two overlap.
+    // Build every test before waiting for the installs, so the two overlap. `--timings` leaves
+    // target/cargo-timings/cargo-timing.html: where a test build's minutes went
+    // (docs/build-time.md).
     sh(cargo()
         .current_dir(root)
-        .args(["test", "--workspace", "--no-run"]))?;
+        .args(["test", "--workspace", "--no-run", "--timings"]))?;
     match installs.join() {
         Ok(result) => result?,
         Err(_) => bail!("the installer thread panicked"),
