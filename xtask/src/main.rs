@@ -50,8 +50,33 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
+/// While set, [`sh`] runs its commands at a lower priority (`nice -n 10`): `xtask run` sets it
+/// while the SDK toolchains and plugins build beside the daemon's release build, so that build
+/// — the long pole of a first run — gets the cores first, and the rest fills what it leaves.
+static BESIDE_THE_BUILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn sh(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: {cmd:?}");
+    let mut niced;
+    let cmd = if BESIDE_THE_BUILD.load(std::sync::atomic::Ordering::Relaxed) {
+        niced = Command::new("nice");
+        niced
+            .args(["-n", "10"])
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        if let Some(dir) = cmd.get_current_dir() {
+            niced.current_dir(dir);
+        }
+        for (key, value) in cmd.get_envs() {
+            match value {
+                Some(value) => niced.env(key, value),
+                None => niced.env_remove(key),
+            };
+        }
+        &mut niced
+    } else {
+        cmd
+    };
     let status = cmd
         .status()
         .with_context(|| format!("could not start {cmd:?}"))?;
@@ -265,7 +290,10 @@ fn run(root: &Path, args: &[String]) -> Result<()> {
         .stderr(out)
         .spawn()
         .context("could not start cargo build")?;
-    let dir = match install_sdks(root).and_then(|()| plugins(root)) {
+    BESIDE_THE_BUILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    let beside = install_sdks(root).and_then(|()| plugins(root));
+    BESIDE_THE_BUILD.store(false, std::sync::atomic::Ordering::Relaxed);
+    let dir = match beside {
         Ok(dir) => dir,
         Err(e) => {
             let _ = build.kill();
