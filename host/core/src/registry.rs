@@ -127,8 +127,13 @@ impl PluginEntry {
     /// Records the config values the plugin was declared with (none: nothing recorded).
     pub fn with_config(mut self, values: &[(String, String)]) -> Self {
         self.config_hash = (!values.is_empty()).then(|| {
-            let text = serde_json::to_string(values).unwrap_or_default();
-            crate::provenance::short_hash(text.as_bytes())
+            // Each key and value behind its length, so no two configs give the same bytes.
+            let mut bytes = Vec::new();
+            for part in values.iter().flat_map(|(k, v)| [k, v]) {
+                bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(part.as_bytes());
+            }
+            crate::provenance::short_hash(&bytes)
         });
         self
     }
