@@ -1,54 +1,212 @@
-//! Logs written by earlier releases stay readable: every step of the sessions in
-//! `tests/fixtures/logs/v0.1.0/` (written by the 0.1.0 binary, see its README) rebuilds to the
-//! exact bytes that binary returned, in every format.
+//! Logs written by earlier binaries stay readable: every step of the sessions in
+//! `tests/fixtures/logs/v0.1.0/` (written by the 0.1.0 binary) and
+//! `tests/fixtures/logs/v0.2.0-dev/` (written at commit 89d9014, before the typed event
+//! bodies) rebuilds to the exact bytes that binary returned, in every format it was fetched
+//! in; and the newer log also replays, explains, diffs and reports usage as it did. See each
+//! fixture's README for how it was written.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use promptd_core::formats::{self, Format};
+use promptd_core::provenance;
 use promptd_core::session;
-use promptd_core::store::{SessionStore, BODY_VERSION};
+use promptd_core::store::{Event, EventKind, SessionStore, BODY_VERSION};
 use promptd_store::SqliteStore;
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/logs/v0.1.0")
+/// The formats the 0.1.0 fixture holds (it predates `openai-responses`).
+const THREE_FORMATS: [(Format, &str); 3] = [
+    (Format::Neutral, "neutral"),
+    (Format::Openai, "openai"),
+    (Format::Anthropic, "anthropic"),
+];
+
+/// Every format, with the name its files use.
+const FOUR_FORMATS: [(Format, &str); 4] = [
+    (Format::Neutral, "neutral"),
+    (Format::Openai, "openai"),
+    (Format::OpenaiResponses, "responses"),
+    (Format::Anthropic, "anthropic"),
+];
+
+/// A fixture's database, opened on a copy (opening upgrades the schema in place), and its
+/// sessions: one folder per session id holding the files fetched from the daemon.
+struct Fixture {
+    dir: PathBuf,
+    store: SqliteStore,
+    db: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+/// One session of a fixture: its id, its folder and its whole log.
+struct Session {
+    id: String,
+    dir: PathBuf,
+    events: Vec<Event>,
+}
+
+impl Session {
+    fn steps(&self) -> u64 {
+        session::step_count(&self.events)
+    }
+
+    /// The bytes the daemon returned, as stored in the fixture.
+    fn stored(&self, file: &str) -> (PathBuf, String) {
+        let path = self.dir.join(file);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        (path, text)
+    }
+}
+
+impl Fixture {
+    fn open(name: &str) -> Fixture {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/logs")
+            .join(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("sessions.db");
+        std::fs::copy(dir.join("sessions.db"), &db).unwrap();
+        let store = SqliteStore::open(&db).unwrap();
+        Fixture {
+            dir,
+            store,
+            db,
+            _tmp: tmp,
+        }
+    }
+
+    /// Every session, in id order, each checked to be in the database with a log that has
+    /// at least one step and only bodies of the version this binary reads.
+    fn sessions(&self) -> Vec<Session> {
+        let mut ids: Vec<(String, PathBuf)> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.is_dir())
+            .map(|dir| (dir.file_name().unwrap().to_str().unwrap().to_string(), dir))
+            .collect();
+        ids.sort();
+        ids.into_iter()
+            .map(|(id, dir)| {
+                assert!(
+                    self.store.session_agent(&id).unwrap().is_some(),
+                    "session {id}"
+                );
+                let events = self.store.events(&id).unwrap();
+                assert!(events.iter().all(|e| e.version == BODY_VERSION), "{id}");
+                assert!(session::step_count(&events) >= 2, "session {id}");
+                Session { id, dir, events }
+            })
+            .collect()
+    }
+
+    /// Checks that every step of every session, rebuilt from the log and rendered in each of
+    /// `formats`, is byte for byte the request the old binary returned; returns how many
+    /// files were compared.
+    fn every_step_rebuilds_to_the_stored_bytes(&self, formats: &[(Format, &str)]) -> usize {
+        let mut checked = 0;
+        for s in self.sessions() {
+            for n in 1..=s.steps() {
+                let frozen = session::rebuild(&s.id, &s.events, n).unwrap();
+                for (format, name) in formats {
+                    let (path, expected) = s.stored(&format!("step{n}.{name}.json"));
+                    let got = formats::render(&frozen, *format).to_string();
+                    assert_eq!(got, expected, "{}", path.display());
+                    checked += 1;
+                }
+            }
+        }
+        checked
+    }
+
+    /// Reopening the upgraded copy is a no-op.
+    fn reopens(self) {
+        let db = self.db.clone();
+        drop(self.store);
+        SqliteStore::open(&db).unwrap();
+    }
 }
 
 #[test]
 fn q4_q9_a_0_1_0_log_rebuilds_byte_identically_in_every_format() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Opening upgrades the schema in place, so work on a copy.
-    let db = tmp.path().join("sessions.db");
-    std::fs::copy(fixture().join("sessions.db"), &db).unwrap();
-    let store = SqliteStore::open(&db).unwrap();
-    let mut checked = 0;
-    for entry in std::fs::read_dir(fixture()).unwrap() {
-        let dir = entry.unwrap().path();
-        if !dir.is_dir() {
-            continue;
-        }
-        let id = dir.file_name().unwrap().to_str().unwrap().to_string();
-        assert!(store.session_agent(&id).unwrap().is_some(), "session {id}");
-        let events = store.events(&id).unwrap();
-        assert!(events.iter().all(|e| e.version == BODY_VERSION));
-        let steps = session::step_count(&events);
-        assert!(steps >= 2, "session {id} has {steps} steps");
-        for n in 1..=steps {
-            let frozen = session::rebuild(&id, &events, n).unwrap();
-            for (format, name) in [
-                (Format::Neutral, "neutral"),
-                (Format::Openai, "openai"),
-                (Format::Anthropic, "anthropic"),
-            ] {
-                let path = dir.join(format!("step{n}.{name}.json"));
-                let expected = std::fs::read_to_string(&path).unwrap();
-                let got = formats::render(&frozen, format).to_string();
+    let fixture = Fixture::open("v0.1.0");
+    let checked = fixture.every_step_rebuilds_to_the_stored_bytes(&THREE_FORMATS);
+    assert_eq!(checked, 24, "8 steps in 3 formats");
+    fixture.reopens();
+}
+
+#[test]
+fn q4_q9_a_0_2_0_dev_log_rebuilds_byte_identically_in_all_four_formats() {
+    let fixture = Fixture::open("v0.2.0-dev");
+    let checked = fixture.every_step_rebuilds_to_the_stored_bytes(&FOUR_FORMATS);
+    assert_eq!(checked, 60, "15 steps (7 + 6 + 2) in 4 formats");
+    fixture.reopens();
+}
+
+#[test]
+fn the_0_2_0_dev_log_holds_every_event_kind_this_binary_writes() {
+    let fixture = Fixture::open("v0.2.0-dev");
+    let kinds: BTreeSet<EventKind> = fixture
+        .sessions()
+        .iter()
+        .flat_map(|s| s.events.iter().map(|e| e.kind))
+        .collect();
+    assert_eq!(kinds, BTreeSet::from(EventKind::ALL));
+}
+
+#[test]
+fn each_0_2_0_dev_session_replays_into_a_state_with_all_its_steps() {
+    let fixture = Fixture::open("v0.2.0-dev");
+    let mut steps = Vec::new();
+    for s in fixture.sessions() {
+        let state = session::SessionState::from_log(&s.id, &s.events).unwrap();
+        assert_eq!(state.steps(), s.steps(), "session {}", s.id);
+        assert_eq!(state.last_seq(), s.events.len() as u64, "session {}", s.id);
+        steps.push(state.steps());
+    }
+    steps.sort_unstable();
+    assert_eq!(steps, [2, 6, 7]);
+}
+
+#[test]
+fn every_0_2_0_dev_step_explains_and_diffs_to_the_stored_bytes_in_all_four_formats() {
+    // Serialised as the daemon's HTTP layer does: through a `Value` (sorted keys).
+    let fixture = Fixture::open("v0.2.0-dev");
+    let (mut explained, mut diffed, mut reports) = (0, 0, 0);
+    for s in fixture.sessions() {
+        for n in 1..=s.steps() {
+            let frozen = session::rebuild(&s.id, &s.events, n).unwrap();
+            let given = session::provenance_at(&s.id, &s.events, n).unwrap();
+            for (format, name) in FOUR_FORMATS {
+                // GET …/steps/{n}/explain: api::StepExplain {step, format, request, provenance}.
+                let (path, expected) = s.stored(&format!("step{n}.explain.{name}.json"));
+                let got = serde_json::json!({
+                    "step": n,
+                    "format": format,
+                    "request": formats::render(&frozen, format),
+                    "provenance": given,
+                })
+                .to_string();
                 assert_eq!(got, expected, "{}", path.display());
-                checked += 1;
+                explained += 1;
+
+                // GET …/steps/{n}/diff: no counter, since every budget here counts `chars`.
+                let (path, expected) = s.stored(&format!("step{n}.diff.{name}.json"));
+                let diff = provenance::step_diff(&s.id, &s.events, n, format, None).unwrap();
+                let got = serde_json::to_value(&diff).unwrap().to_string();
+                assert_eq!(got, expected, "{}", path.display());
+                diffed += 1;
             }
         }
+        // GET …/usage.
+        let (path, expected) = s.stored("usage.json");
+        let got = session::usage_report(&s.id, &s.events).unwrap().to_string();
+        assert_eq!(got, expected, "{}", path.display());
+        reports += 1;
     }
-    assert_eq!(checked, 24, "8 steps in 3 formats");
-    // Reopening the upgraded file is a no-op.
-    drop(store);
-    SqliteStore::open(&db).unwrap();
+    assert_eq!(
+        (explained, diffed, reports),
+        (60, 60, 3),
+        "15 steps in 4 formats, 3 sessions"
+    );
 }
