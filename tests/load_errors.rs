@@ -243,7 +243,7 @@ fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
     let entry = loaded.registry.get("dyn").unwrap();
     let step = promptd_core::model::Step {
         agent: "coder".into(),
-        scope_chain: vec!["global".into(), "coder".into()],
+        scope_chain: vec!["global".into(), "coder".into()].into(),
         ..Default::default()
     };
     let global = promptd_core::model::Scope::Global;

@@ -50,7 +50,7 @@ fn prefix(i: usize) -> String {
 fn step() -> Step {
     Step {
         agent: "default".into(),
-        scope_chain: vec!["global".into(), "default".into()],
+        scope_chain: vec!["global".into(), "default".into()].into(),
         session_id: "bench".into(),
         step_number: 7,
         facts: BTreeMap::from([

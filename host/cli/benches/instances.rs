@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 fn step() -> Step {
     Step {
         agent: "default".into(),
-        scope_chain: vec!["global".into(), "default".into()],
+        scope_chain: vec!["global".into(), "default".into()].into(),
         session_id: "bench".into(),
         step_number: 7,
         facts: BTreeMap::from([("cwd".to_string(), "/src/app".to_string())]),

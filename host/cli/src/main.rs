@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use promptd_core::assembly::{self, Options};
-use promptd_core::config::{Config, DEFAULT_AGENT};
+use promptd_core::assembly;
+use promptd_core::config::{AgentPlan, Config, DEFAULT_AGENT};
 use promptd_core::model::Step;
 use promptd_core::{load, request};
 use promptd_daemon::plugin_dir;
@@ -353,29 +353,21 @@ fn assemble(
     if let Some(refusal) = loaded.refused.into_iter().next() {
         return Err(refusal.error.into());
     }
+    let plan = AgentPlan::resolve(&config, agent, promptd_tokenize::counter)?;
     let step = Step {
-        agent: agent.to_string(),
-        scope_chain: config.chain(agent)?,
+        agent: plan.agent.clone(),
+        scope_chain: plan.scope_chain.clone(),
         session_id: String::new(),
         step_number: 0,
         facts,
     };
-    let options = Options {
-        tool_order: config.tool_order.clone(),
-        suppress_runtime_context: !config.runtime_context(agent),
-        keep_all_tools: config.tool_subset(agent) == promptd_core::config::ToolSubset::AllowedTools,
-        data_secret: secret,
-    };
-    let assembled = assembly::assemble(&loaded.registry, &step, &options)?;
+    let assembled = assembly::assemble(&loaded.registry, &step, &plan.options_for(secret.into()))?;
     for o in &assembled.omitted {
         tracing::warn!(plugin = %o.plugin, "optional plugin left out: {}: {}", o.contribution, o.cause);
     }
-    let mut json = request::neutral_json(&assembled, config.model(agent), explain);
+    let mut json = request::neutral_json(&assembled, plan.model.clone(), explain);
     if budget {
-        let limits = config.budget(agent).unwrap_or_default();
-        let counter = promptd_tokenize::counter(&limits.tokenizer)
-            .unwrap_or_else(|| std::sync::Arc::new(promptd_core::budget::Chars));
-        let header = promptd_core::session::header(&assembled, config.model(agent));
+        let header = promptd_core::session::header(&assembled, plan.model.clone());
         let snapshot: Vec<_> = assembled
             .runtime_context
             .iter()
@@ -388,11 +380,11 @@ fn assemble(
             .collect();
         let mut messages = promptd_core::budget::Size::default();
         for m in &snapshot {
-            messages += promptd_core::budget::Size::of(m, &*counter);
+            messages += promptd_core::budget::Size::of(m, &*plan.counter);
         }
         let usage = promptd_core::budget::usage(
-            &limits,
-            &*counter,
+            &plan.budget,
+            &*plan.counter,
             &header,
             &assembled,
             promptd_core::formats::Format::Neutral,

@@ -27,7 +27,7 @@ pub const RUNTIME_CONTEXT_HEADER: &str =
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     /// `tool_order` from the config, already validated (R6).
-    pub tool_order: Option<Vec<String>>,
+    pub tool_order: Option<std::sync::Arc<[String]>>,
     /// False suppresses the runtime context for this agent (A4); contexts are then not called.
     pub suppress_runtime_context: bool,
     /// The agent's `tool_subset = "allowed_tools"`: `tools` keeps every tool the agent can
@@ -35,7 +35,7 @@ pub struct Options {
     pub keep_all_tools: bool,
     /// The secret `data` plugins' blocks are keyed with (T8): the session's, so every step
     /// of a session fences alike and no plugin can guess the key.
-    pub data_secret: String,
+    pub data_secret: std::sync::Arc<str>,
 }
 
 /// The result of one assembly.
@@ -398,7 +398,7 @@ fn in_order<'n>(names: &BTreeSet<&'n str>, options: &Options) -> Vec<&'n str> {
         Some(order) => {
             let listed: BTreeSet<&str> = order.iter().map(String::as_str).collect();
             let mut out = Vec::with_capacity(names.len());
-            for entry in order {
+            for entry in order.iter() {
                 if entry == UNLISTED_TOOLS {
                     out.extend(names.iter().filter(|n| !listed.contains(*n)));
                 } else if let Some(n) = names.get(entry.as_str()) {

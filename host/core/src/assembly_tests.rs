@@ -908,7 +908,7 @@ fn assembled_bytes(plugins: &[(usize, Vec<Item>)], tool_order: bool) -> Vec<Stri
     });
     let mut opts = Options::default();
     if tool_order {
-        opts.tool_order = Some(vec!["<unlisted-tools>".into()]);
+        opts.tool_order = Some(vec!["<unlisted-tools>".to_string()].into());
     }
     ["default", "base", "child"]
         .iter()

@@ -38,7 +38,7 @@ impl Counter for Chars {
 }
 
 /// The size of one part.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Size {
     pub chars: usize,
@@ -68,7 +68,7 @@ impl std::ops::AddAssign for Size {
 }
 
 /// One named section or context.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Part {
     pub name: String,
@@ -76,13 +76,26 @@ pub struct Part {
     pub size: Size,
 }
 
+/// Fields in sorted order, as a JSON value would hold them: the step reply writes the usage
+/// straight from the struct, in the same bytes as before it stopped going through a value.
+impl Serialize for Part {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("Part", 3)?;
+        m.serialize_field("chars", &self.size.chars)?;
+        m.serialize_field("name", &self.name)?;
+        m.serialize_field("tokens", &self.size.tokens)?;
+        m.end()
+    }
+}
+
 /// What a step's request costs, returned beside it and recorded with the step.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Default, Debug, PartialEq, Eq, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     pub tokenizer: String,
     /// The agent's window in tokens, when it has a budget.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub window: Option<u64>,
     /// Tokens kept free for the model's answer.
     pub reserve: u64,
@@ -98,17 +111,54 @@ pub struct Usage {
     /// tools + system + messages.
     pub total: Size,
     /// What this step left out of the history to fit (already taken off `messages`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub dropped: Option<Dropped>,
 }
 
+/// Sorted fields, as [`Part`]'s; `window` and `dropped` only when set.
+impl Serialize for Usage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("Usage", 12)?;
+        m.serialize_field("contexts", &self.contexts)?;
+        if let Some(dropped) = &self.dropped {
+            m.serialize_field("dropped", dropped)?;
+        }
+        m.serialize_field("message_count", &self.message_count)?;
+        m.serialize_field("messages", &self.messages)?;
+        m.serialize_field("reserve", &self.reserve)?;
+        m.serialize_field("sections", &self.sections)?;
+        m.serialize_field("snapshot", &self.snapshot)?;
+        m.serialize_field("system", &self.system)?;
+        m.serialize_field("tokenizer", &self.tokenizer)?;
+        m.serialize_field("tools", &self.tools)?;
+        m.serialize_field("total", &self.total)?;
+        if let Some(window) = &self.window {
+            m.serialize_field("window", window)?;
+        }
+        m.end()
+    }
+}
+
 /// Messages a step dropped from the history.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Dropped {
     pub messages: usize,
     #[serde(flatten)]
     pub size: Size,
+}
+
+/// Sorted fields, as [`Part`]'s.
+impl Serialize for Dropped {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("Dropped", 3)?;
+        m.serialize_field("chars", &self.size.chars)?;
+        m.serialize_field("messages", &self.messages)?;
+        m.serialize_field("tokens", &self.size.tokens)?;
+        m.end()
+    }
 }
 
 impl Usage {
@@ -285,6 +335,42 @@ pub fn usage_with(
 
 #[cfg(test)]
 mod tests {
+    /// The step reply writes `Usage` straight from the struct: its bytes are the ones a JSON
+    /// value of it (keys sorted) gives, with and without the optional parts.
+    #[test]
+    fn usage_serialises_with_sorted_keys_as_a_json_value_would() {
+        let part = |name: &str, n| Part {
+            name: name.into(),
+            size: Size {
+                chars: n,
+                tokens: n / 4,
+            },
+        };
+        let mut usage = Usage {
+            tokenizer: "o200k".into(),
+            reserve: 7,
+            sections: vec![part("persona", 40), part("tools", 8)],
+            contexts: vec![part("workspace", 12)],
+            message_count: 3,
+            ..Usage::default()
+        };
+        for _ in 0..2 {
+            let direct = serde_json::to_string(&usage).unwrap();
+            let value = serde_json::to_value(&usage).unwrap().to_string();
+            assert_eq!(direct, value);
+            let back: Usage = serde_json::from_str(&direct).unwrap();
+            assert_eq!(back, usage);
+            usage.window = Some(1000);
+            usage.leave_out(
+                1,
+                Size {
+                    chars: 0,
+                    tokens: 0,
+                },
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

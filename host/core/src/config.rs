@@ -37,6 +37,10 @@ use crate::registry::PluginOptions;
 use crate::sandbox::{self, DeclarationLimits, Sandbox};
 use crate::trust::Trust;
 
+pub mod plan;
+
+pub use plan::AgentPlan;
+
 /// Tables inside `model` that hold one provider format's own settings.
 pub const PROVIDER_TABLES: [&str; 3] = ["openai", "anthropic", "openai-responses"];
 

@@ -17,7 +17,7 @@
 //!     .build();
 //! let entry = PluginEntry::new("persona", decl, provider, PluginOptions::default()).unwrap();
 //! let registry = Registry::new().with_plugin(entry).unwrap();
-//! let step = Step { agent: "default".into(), scope_chain: vec!["global".into(), "default".into()], ..Step::default() };
+//! let step = Step { agent: "default".into(), scope_chain: vec!["global".into(), "default".into()].into(), ..Step::default() };
 //! let out = assembly::assemble(&registry, &step, &assembly::Options::default()).unwrap();
 //! assert_eq!(out.system, "You are Ada.");
 //! ```
@@ -44,6 +44,7 @@ pub mod request;
 pub mod review;
 pub mod sandbox;
 pub mod session;
+pub mod step;
 pub mod store;
 pub mod transcript;
 pub mod trust;

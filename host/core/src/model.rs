@@ -130,7 +130,7 @@ contribution!(Tool, Kind::Tool, tools);
 pub struct Step {
     pub agent: String,
     /// Farthest first: `global`, ancestors…, the agent.
-    pub scope_chain: Vec<String>,
+    pub scope_chain: std::sync::Arc<[String]>,
     pub session_id: String,
     pub step_number: u64,
     /// Sorted by key, so plugins see the same order whatever order the client sent.

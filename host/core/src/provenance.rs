@@ -656,8 +656,11 @@ fn last_step_with_header(
     for e in events {
         match e.kind {
             EventKind::RequestHeader => {
-                let h = e.body.get("header").cloned().unwrap_or(Value::Null);
-                current = serde_json::from_value(h).ok();
+                if let crate::session::log::Body::RequestHeader(h) =
+                    crate::session::decode(session, e)?
+                {
+                    current = Some(h.header);
+                }
             }
             EventKind::Step => {
                 step += 1;
@@ -671,7 +674,6 @@ fn last_step_with_header(
             _ => {}
         }
     }
-    let _ = session;
     Ok(found)
 }
 

@@ -192,7 +192,7 @@ pub struct Registry {
 #[derive(Default, Debug)]
 pub(crate) struct Memo(std::sync::Mutex<BTreeMap<MemoKey, Arc<crate::assembly::Assembly>>>);
 
-pub(crate) type MemoKey = (Vec<String>, Option<Vec<String>>, bool, bool);
+pub(crate) type MemoKey = (Arc<[String]>, Option<Arc<[String]>>, bool, bool);
 
 /// Distinct (chain, options) a snapshot remembers before it starts over.
 const MEMO_ENTRIES: usize = 256;

@@ -8,40 +8,26 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use crate::assembly::Assembly;
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 use crate::error::{Error, Result};
 use crate::formats::Format;
-use crate::store::{Event, EventKind, NewEvent, StoreError, BODY_VERSION};
+use crate::store::{Event, StoreError};
 use crate::transcript::{Head, Transcript};
+
+pub mod log;
+
+pub use log::HeaderReason;
+use log::{Body, Compacted, HeaderRecord, Marker, Omitted, Snapshot};
 
 /// The snapshot appended once when runtime context disappears (Q2).
 pub const CLEARED_SNAPSHOT: &str =
     "[Runtime context: there is no runtime context any more; earlier snapshots no longer apply.]";
 
-/// Why a header was recorded (Q3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeaderReason {
-    Initial,
-    Resume,
-    Change,
-}
-
-impl HeaderReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HeaderReason::Initial => "initial",
-            HeaderReason::Resume => "resume",
-            HeaderReason::Change => "change",
-        }
-    }
-}
-
 /// The header for an assembly: model settings, system prompt, shown tools.
-pub fn header(assembly: &Assembly, model: serde_json::Map<String, Value>) -> Header {
+pub fn header(assembly: &Assembly, model: serde_json::Map<String, serde_json::Value>) -> Header {
     Header {
         model,
         system: assembly.system.clone(),
@@ -69,74 +55,33 @@ fn corrupt(session: &str, event: &Event, problem: impl std::fmt::Display) -> Err
     })
 }
 
-/// The event's body, checked to be in a format version this binary reads.
-fn body<'a>(session: &str, event: &'a Event) -> Result<&'a Value> {
-    if event.version != BODY_VERSION {
-        return Err(corrupt(
-            session,
-            event,
-            format!(
-                "body version {} (this binary reads version {BODY_VERSION})",
-                event.version
-            ),
-        ));
-    }
-    Ok(&event.body)
+/// The event's body, decoded; one that does not decode is `store_corrupt`.
+pub fn decode(session: &str, event: &Event) -> Result<Body> {
+    Body::decode(event.kind, event.version, &event.body).map_err(|e| corrupt(session, event, e))
 }
 
-fn text_field<'a>(session: &str, event: &'a Event, field: &str) -> Result<&'a str> {
-    body(session, event)?
-        .get(field)
-        .and_then(Value::as_str)
-        .ok_or_else(|| corrupt(session, event, format!("no string `{field}`")))
-}
-
-/// The message an event stands for, if it is one.
-fn message_of(session: &str, event: &Event) -> Result<Option<Message>> {
-    match event.kind {
-        EventKind::UserMessage | EventKind::AssistantMessage | EventKind::ToolResult => {
-            let body = body(session, event)?;
-            // A reply may carry the provider's usage beside the message.
-            let message = match body.get("usage") {
-                Some(_) => {
-                    let mut bare = body.clone();
-                    if let Value::Object(o) = &mut bare {
-                        o.remove("usage");
-                    }
-                    Message::deserialize(&bare)
-                }
-                None => Message::deserialize(body),
-            }
-            .map_err(|e| corrupt(session, event, e))?;
-            Ok(Some(message))
-        }
-        EventKind::ContextSnapshot => Ok(Some(Message::snapshot(text_field(
-            session, event, "content",
-        )?))),
-        EventKind::SessionCreated
-        | EventKind::RequestHeader
-        | EventKind::PluginOmitted
-        | EventKind::HistoryDropped
-        | EventKind::HistoryCompacted
-        | EventKind::Step => Ok(None),
+/// The message a body stands for, if it is one (a snapshot is a user message).
+fn message_of(body: &Body) -> Option<Message> {
+    match body {
+        Body::ContextSnapshot(s) => Some(Message::snapshot(s.content.clone())),
+        other => other.as_message().cloned(),
     }
 }
 
 /// Every message the log holds, in order, less those a `history/dropped` event left out, and
 /// with each compacted range shown as its summary.
-fn messages(session: &str, events: &[Event]) -> Result<Vec<Message>> {
+fn messages(events: &[(u64, Body)]) -> Vec<Message> {
     let mut dropped = BTreeSet::new();
     let mut summaries = BTreeMap::new();
-    for event in events {
-        match event.kind {
-            EventKind::HistoryDropped => dropped.extend(dropped_seqs(body(session, event)?)),
-            EventKind::HistoryCompacted => {
-                let c = compaction_of(session, event)?;
-                summaries.insert(c.from, c.summary);
+    for (_, body) in events {
+        match body {
+            Body::HistoryDropped(d) => dropped.extend(d.seqs.iter().copied()),
+            Body::HistoryCompacted(c) => {
+                summaries.insert(c.from, c.summary.clone());
                 dropped.extend(
                     events
                         .iter()
-                        .map(|e| e.seq)
+                        .map(|(seq, _)| *seq)
                         .filter(|s| (c.from..=c.to).contains(s) && !c.kept.contains(s)),
                 );
             }
@@ -144,59 +89,23 @@ fn messages(session: &str, events: &[Event]) -> Result<Vec<Message>> {
         }
     }
     let mut out = Vec::new();
-    for event in events {
-        if let Some(summary) = summaries.get(&event.seq) {
+    for (seq, body) in events {
+        if let Some(summary) = summaries.get(seq) {
             out.push(Message::user(summary.clone()));
         }
-        if !dropped.contains(&event.seq) {
-            out.extend(message_of(session, event)?);
+        if !dropped.contains(seq) {
+            out.extend(message_of(body));
         }
     }
-    Ok(out)
+    out
 }
 
-/// A `history/compacted` event: the range of seqs it replaces, its summary, and the seqs in
-/// the range it keeps (the active snapshot; absent in logs written before it was kept).
-struct Compaction {
-    from: u64,
-    to: u64,
-    summary: String,
-    kept: Vec<u64>,
-}
-
-fn compaction_of(session: &str, event: &Event) -> Result<Compaction> {
-    let b = body(session, event)?;
-    let seq = |k: &str| {
-        b.get(k)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| corrupt(session, event, format!("no `{k}`")))
-    };
-    let kept = match b.get("kept") {
-        None => Vec::new(),
-        Some(Value::Array(seqs)) => seqs
-            .iter()
-            .map(|s| {
-                s.as_u64()
-                    .ok_or_else(|| corrupt(session, event, "`kept` holds a non-seq"))
-            })
-            .collect::<Result<_>>()?,
-        Some(_) => return Err(corrupt(session, event, "`kept` is not an array")),
-    };
-    Ok(Compaction {
-        from: seq("from")?,
-        to: seq("to")?,
-        summary: text_field(session, event, "summary")?.to_string(),
-        kept,
-    })
-}
-
-/// The message seqs a `history/dropped` event names.
-fn dropped_seqs(body: &Value) -> impl Iterator<Item = u64> + '_ {
-    body.get("seqs")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_u64)
+/// Every event of `events` decoded, with its seq.
+fn decode_all(session: &str, events: &[Event]) -> Result<Vec<(u64, Body)>> {
+    events
+        .iter()
+        .map(|e| Ok((e.seq, decode(session, e)?)))
+        .collect()
 }
 
 /// Each message's size by one counter, and the sum of those kept.
@@ -289,19 +198,8 @@ pub fn message_size(
     size
 }
 
-/// The `shown_tools` a step marker recorded (`tool_subset = "allowed_tools"`).
-fn shown_of(marker: &Value) -> Option<Vec<String>> {
-    let names = marker.get("shown_tools")?.as_array()?;
-    Some(
-        names
-            .iter()
-            .filter_map(|n| n.as_str().map(str::to_string))
-            .collect(),
-    )
-}
-
 /// The length of `value` as JSON, without building the text.
-fn json_bytes(value: &Value) -> usize {
+fn json_bytes(value: &impl Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -313,20 +211,9 @@ fn json_bytes(value: &Value) -> usize {
         }
     }
     let mut count = Count(0);
+    // Writing to a counter cannot fail, and these bodies hold no non-string map keys.
     let _ = serde_json::to_writer(&mut count, value);
     count.0
-}
-
-/// The header a `request/header` event records, and the run that recorded it (`None` in 0.1.0
-/// logs).
-fn header_of(session: &str, event: &Event) -> Result<(Header, Option<String>)> {
-    let body = body(session, event)?;
-    let header = body
-        .get("header")
-        .ok_or_else(|| corrupt(session, event, "no `header`"))?;
-    let header = Header::deserialize(header).map_err(|e| corrupt(session, event, e))?;
-    let run = body.get("run").and_then(Value::as_str).map(str::to_string);
-    Ok((header, run))
 }
 
 /// What a step needs to know of a session's log — step count, last header, last snapshot,
@@ -368,7 +255,7 @@ pub struct SessionState {
     /// start with the last one.
     history_changed: bool,
     /// The secret `data` plugins' blocks are keyed with (T8), from the session's first event.
-    data_secret: Option<String>,
+    data_secret: std::sync::Arc<str>,
 }
 
 /// What depends only on the current header, made when a step first needs it and dropped
@@ -420,7 +307,7 @@ impl SessionState {
             memo: HeadMemo::default(),
             provenance: None,
             history_changed: false,
-            data_secret: None,
+            data_secret: std::sync::Arc::from(session),
         }
     }
 
@@ -433,101 +320,133 @@ impl SessionState {
 
     /// Extends the state by events appended after it, in order and without gaps.
     pub fn apply(&mut self, events: &[Event]) -> Result<()> {
-        let session = self.session.clone();
         for event in events {
-            if event.seq != self.last_seq + 1 {
-                return Err(corrupt(
-                    &session,
-                    event,
-                    format!("expected seq {} (the log has a gap)", self.last_seq + 1),
-                ));
-            }
-            match event.kind {
-                EventKind::Step => {
-                    self.steps += 1;
-                    let marker = body(&session, event)?;
-                    self.shown_tools = shown_of(marker);
-                    if let Some(p) = provenance_of(marker) {
-                        self.provenance = Some(p);
-                    }
-                    self.history_changed = false;
-                }
-                EventKind::RequestHeader => {
-                    let recorded = body(&session, event)?;
-                    self.header_bytes = json_bytes(recorded);
-                    self.provenance = provenance_of(recorded);
-                    self.header = Some(header_of(&session, event)?);
-                    self.memo = HeadMemo::default();
-                }
-                EventKind::ContextSnapshot => {
-                    self.snapshot = if body(&session, event)?.get("cleared")
-                        == Some(&Value::Bool(true))
-                    {
-                        SnapshotState::Cleared
-                    } else {
-                        SnapshotState::Active(text_field(&session, event, "content")?.to_string())
-                    };
-                    self.snapshot_bytes = match &self.snapshot {
-                        SnapshotState::Active(text) => text.len(),
-                        _ => 0,
-                    };
-                }
-                EventKind::HistoryDropped => {
-                    self.history_changed = true;
-                    for seq in dropped_seqs(body(&session, event)?) {
-                        if let Ok(i) = self.roles.binary_search_by_key(&seq, |(s, _)| *s) {
-                            self.dropped.insert(i);
-                        }
-                    }
-                }
-                EventKind::HistoryCompacted => {
-                    let c = compaction_of(&session, event)?;
-                    let start = self.roles.partition_point(|(s, _)| *s < c.from);
-                    let end = self.roles.partition_point(|(s, _)| *s <= c.to);
-                    if start < end {
-                        self.history_changed = true;
-                        let roles = &self.roles;
-                        self.dropped
-                            .extend((start..end).filter(|&i| !c.kept.contains(&roles[i].0)));
-                        self.summaries.insert(start, c.summary);
-                    }
-                }
-                EventKind::SessionCreated => {
-                    let secret = body(&session, event)?.get("data_secret");
-                    self.data_secret = secret.and_then(Value::as_str).map(str::to_string);
-                }
-                EventKind::UserMessage
-                | EventKind::AssistantMessage
-                | EventKind::ToolResult
-                | EventKind::PluginOmitted => {}
-            }
-            if let Some(message) = message_of(&session, event)? {
-                match &message {
-                    Message::Assistant { tool_calls, .. } => {
-                        for call in tool_calls {
-                            if self.tool_calls.insert(call.id.clone()) {
-                                self.tool_call_bytes += 2 * (call.id.len() + 32);
-                            }
-                            self.open_calls.insert(call.id.clone());
-                        }
-                    }
-                    Message::Tool { tool_call_id, .. } => {
-                        self.open_calls.remove(tool_call_id);
-                    }
-                    Message::User { .. } => {}
-                }
-                self.roles.push((event.seq, role(&message)));
-                self.transcript.push(&message);
-            }
-            self.last_seq = event.seq;
+            let body = decode(&self.session, event)?;
+            self.apply_body(event.seq, body)?;
         }
+        Ok(())
+    }
+
+    /// Extends the state by the bodies a step planned, appended from seq `first`: they are
+    /// applied as built, not decoded again.
+    pub fn apply_planned(&mut self, first: u64, bodies: Vec<Body>) -> Result<()> {
+        for (i, body) in bodies.into_iter().enumerate() {
+            self.apply_body(first + i as u64, body)?;
+        }
+        Ok(())
+    }
+
+    fn apply_body(&mut self, seq: u64, body: Body) -> Result<()> {
+        if seq != self.last_seq + 1 {
+            return Err(Error::Store(StoreError::Corrupt {
+                session: self.session.clone(),
+                seq,
+                problem: format!(
+                    "{} event: expected seq {} (the log has a gap)",
+                    body.kind(),
+                    self.last_seq + 1
+                ),
+            }));
+        }
+        let message = match body {
+            Body::Step(marker) => {
+                let Marker {
+                    shown_tools,
+                    provenance,
+                    ..
+                } = *marker;
+                self.steps += 1;
+                self.shown_tools = shown_tools;
+                if let Some(p) = provenance {
+                    self.provenance = Some(p);
+                }
+                self.history_changed = false;
+                None
+            }
+            Body::RequestHeader(record) => {
+                self.header_bytes = json_bytes(&record);
+                let HeaderRecord {
+                    header,
+                    provenance,
+                    run,
+                    ..
+                } = *record;
+                self.provenance = provenance;
+                self.header = Some((header, run));
+                self.memo = HeadMemo::default();
+                None
+            }
+            Body::ContextSnapshot(Snapshot { cleared, content }) => {
+                let message = Message::snapshot(content.clone());
+                self.snapshot = if cleared {
+                    SnapshotState::Cleared
+                } else {
+                    SnapshotState::Active(content)
+                };
+                self.snapshot_bytes = match &self.snapshot {
+                    SnapshotState::Active(text) => text.len(),
+                    _ => 0,
+                };
+                Some(message)
+            }
+            Body::HistoryDropped(d) => {
+                self.history_changed = true;
+                for seq in d.seqs {
+                    if let Ok(i) = self.roles.binary_search_by_key(&seq, |(s, _)| *s) {
+                        self.dropped.insert(i);
+                    }
+                }
+                None
+            }
+            Body::HistoryCompacted(c) => {
+                let start = self.roles.partition_point(|(s, _)| *s < c.from);
+                let end = self.roles.partition_point(|(s, _)| *s <= c.to);
+                if start < end {
+                    self.history_changed = true;
+                    let roles = &self.roles;
+                    self.dropped
+                        .extend((start..end).filter(|&i| !c.kept.contains(&roles[i].0)));
+                    self.summaries.insert(start, c.summary);
+                }
+                None
+            }
+            Body::SessionCreated(created) => {
+                if let Some(secret) = created.data_secret {
+                    self.data_secret = secret.into();
+                }
+                None
+            }
+            Body::UserMessage(r) | Body::AssistantMessage(r) | Body::ToolResult(r) => {
+                Some(r.message)
+            }
+            Body::PluginOmitted(_) => None,
+        };
+        if let Some(message) = message {
+            match &message {
+                Message::Assistant { tool_calls, .. } => {
+                    for call in tool_calls {
+                        if self.tool_calls.insert(call.id.clone()) {
+                            self.tool_call_bytes += 2 * (call.id.len() + 32);
+                        }
+                        self.open_calls.insert(call.id.clone());
+                    }
+                }
+                Message::Tool { tool_call_id, .. } => {
+                    self.open_calls.remove(tool_call_id);
+                }
+                Message::User { .. } => {}
+            }
+            self.roles.push((seq, role(&message)));
+            self.transcript.push(&message);
+        }
+        self.last_seq = seq;
         Ok(())
     }
 
     /// The secret this session's data blocks are keyed with (T8). Sessions created before
     /// the secret was recorded use their id: stable, but weaker, since a plugin sees the id.
-    pub fn data_secret(&self) -> &str {
-        self.data_secret.as_deref().unwrap_or(&self.session)
+    pub fn data_secret(&self) -> &std::sync::Arc<str> {
+        &self.data_secret
     }
 
     /// The seq of the last event the state has seen: the next append goes at `last_seq + 1`.
@@ -636,7 +555,7 @@ impl SessionState {
     pub fn measure_messages(
         &mut self,
         counter: &dyn crate::budget::Counter,
-        new: &[Message],
+        new: &[&Message],
     ) -> (crate::budget::Size, usize) {
         use crate::budget::Size;
         self.measure(counter);
@@ -706,11 +625,11 @@ impl SessionState {
         &mut self,
         budget: &crate::budget::Budget,
         counter: &dyn crate::budget::Counter,
-        header: &Header,
+        header: Option<&Header>,
         assembly: &Assembly,
         format: crate::formats::Format,
-        new: &[Message],
-    ) -> (crate::budget::Usage, Option<NewEvent>) {
+        new: &[&Message],
+    ) -> (crate::budget::Usage, Option<Body>) {
         let (measured, count) = self.measure_messages(counter, new);
         let fixed = self.fixed(counter, header, format, assembly.shown_tools.as_deref());
         let mut usage =
@@ -729,25 +648,30 @@ impl SessionState {
         match self.trim(counter, new, room, budget.keep_turns) {
             Ok((seqs, size)) if !seqs.is_empty() => {
                 usage.leave_out(seqs.len(), size);
-                let event = NewEvent::new(EventKind::HistoryDropped, json!({"seqs": seqs}));
-                (usage, Some(event))
+                (usage, Some(Body::HistoryDropped(log::Dropped { seqs })))
             }
             _ => (usage, None),
         }
     }
 
     /// The fixed parts' measure for `header`, remembered while it is the session's header.
+    /// `header` is a new header (measured once, before it is recorded), or `None` for the
+    /// recorded one.
     fn fixed(
         &mut self,
         counter: &dyn crate::budget::Counter,
-        header: &Header,
+        header: Option<&Header>,
         format: Format,
         shown: Option<&[String]>,
     ) -> crate::budget::Fixed {
-        let measure = || crate::budget::Fixed::measure(counter, header, format, shown);
-        if !self.header.as_ref().is_some_and(|(h, _)| h == header) {
-            return measure(); // a new header: measured once, before it is recorded
-        }
+        let recorded = match (header, &self.header) {
+            (Some(new), _) => return crate::budget::Fixed::measure(counter, new, format, shown),
+            (None, Some((h, _))) => h,
+            (None, None) => {
+                return crate::budget::Fixed::measure(counter, &Header::default(), format, shown)
+            }
+        };
+        let measure = || crate::budget::Fixed::measure(counter, recorded, format, shown);
         let known = self
             .memo
             .fixed
@@ -775,7 +699,7 @@ impl SessionState {
     pub fn trim(
         &mut self,
         counter: &dyn crate::budget::Counter,
-        new: &[Message],
+        new: &[&Message],
         room: usize,
         keep_turns: usize,
     ) -> std::result::Result<(Vec<u64>, crate::budget::Size), usize> {
@@ -855,13 +779,14 @@ impl SessionState {
     /// context message — survives a compaction as it survives trimming (Q14): when the range
     /// holds it, the event names it in `kept` and it stays in its place after the summary, so
     /// the next request still carries the runtime context its usage counts.
-    pub fn compaction(&self, from: u64, to: u64, summary: &str) -> Result<NewEvent> {
+    pub fn compaction(&self, from: u64, to: u64, summary: &str) -> Result<Body> {
         self.check_compaction(from, to, summary)?;
-        let mut body = json!({"from": from, "to": to, "summary": summary});
-        if let Some(seq) = self.active_snapshot_in(from, to) {
-            body["kept"] = json!([seq]);
-        }
-        Ok(NewEvent::new(EventKind::HistoryCompacted, body))
+        Ok(Body::HistoryCompacted(Compacted {
+            from,
+            kept: self.active_snapshot_in(from, to).into_iter().collect(),
+            summary: summary.to_string(),
+            to,
+        }))
     }
 
     /// The seq of the latest snapshot message when it lies in `from..=to` and is not left out.
@@ -1014,13 +939,16 @@ impl SessionState {
         Ok(())
     }
 
-    /// Plans a step (see [`plan_step`]); linear in the step's input.
+    /// Plans a step (see [`plan_step`]); linear in the step's input. Takes the step's
+    /// messages (checked, and moved into their events).
+    /// `header` is the header this step's request starts with; `None` says it is the one
+    /// recorded last (the caller compared them), so nothing is built or compared again.
     pub fn plan(
         &self,
-        messages: &[Message],
-        facts: &BTreeMap<String, String>,
+        messages: Vec<Message>,
+        facts: BTreeMap<String, String>,
         assembly: &Assembly,
-        header: &Header,
+        header: Option<Header>,
         run: &str,
         provenance: Option<&crate::provenance::Provenance>,
     ) -> Result<StepPlan> {
@@ -1037,83 +965,80 @@ impl SessionState {
             self.check_input(&mut answered, m)
                 .map_err(|e| e.at_message(i))?;
         }
-        let open: Vec<String> = self
-            .open_calls
-            .iter()
-            .filter(|id| !answered.contains(*id))
-            .cloned()
-            .collect();
-        if !open.is_empty() {
+        if self.open_calls.iter().any(|id| !answered.contains(id)) {
+            let open = self.open_calls.difference(&answered).cloned().collect();
             return Err(Error::OpenToolCalls(open));
         }
-        let mut events: Vec<NewEvent> = messages.iter().map(message_event).collect();
+        let mut events: Vec<Body> = Vec::with_capacity(messages.len() + 4);
+        events.extend(messages.into_iter().map(|m| Body::message(m, None)));
 
+        let snapshot = |content: &str, cleared| {
+            Body::ContextSnapshot(Snapshot {
+                cleared,
+                content: content.to_string(),
+            })
+        };
         match (&assembly.runtime_context, &self.snapshot) {
             (Some(now), SnapshotState::Active(before)) if now == before => {}
-            (Some(now), _) => events.push(NewEvent::new(
-                EventKind::ContextSnapshot,
-                json!({"content": now, "cleared": false}),
-            )),
-            (None, SnapshotState::Active(_)) => events.push(NewEvent::new(
-                EventKind::ContextSnapshot,
-                json!({"content": CLEARED_SNAPSHOT, "cleared": true}),
-            )),
+            (Some(now), _) => events.push(snapshot(now, false)),
+            (None, SnapshotState::Active(_)) => events.push(snapshot(CLEARED_SNAPSHOT, true)),
             (None, _) => {}
         }
 
         // An unchanged header is never recorded again, whichever daemon process runs the step:
         // sessions move between daemons (and restarts) without a header event each time, and
         // the rebuild is the same since the bytes are.
-        let header_reason = match &self.header {
-            None => Some(HeaderReason::Initial),
-            Some((old, _)) if old == header => None,
-            Some((_, last_run)) if last_run.as_deref() != Some(run) => Some(HeaderReason::Resume),
-            Some(_) => Some(HeaderReason::Change),
+        let header = match (&self.header, header) {
+            (Some((old, _)), Some(new)) if *old == new => None,
+            (_, header) => header,
         };
-        if let Some(reason) = header_reason {
-            let mut body = json!({"reason": reason.as_str(), "header": header, "run": run});
-            if let (Some(p), Value::Object(m)) = (provenance, &mut body) {
-                m.insert("provenance".into(), json!(p));
+        let header_reason = match (&self.header, &header) {
+            (_, None) => None,
+            (None, Some(_)) => Some(HeaderReason::Initial),
+            (Some((_, last_run)), Some(_)) if last_run.as_deref() != Some(run) => {
+                Some(HeaderReason::Resume)
             }
-            events.push(NewEvent::new(EventKind::RequestHeader, body));
-        }
+            (Some(_), Some(_)) => Some(HeaderReason::Change),
+        };
         // The previous request is all a prefix of this one unless the header's content or the
         // kept history changed (the messages only grow otherwise).
         let prefix_kept = match &self.header {
-            Some((old, _)) if self.steps > 0 => Some(old == header && !self.history_changed),
+            Some(_) if self.steps > 0 => Some(header.is_none() && !self.history_changed),
             _ => None,
         };
-        for o in &assembly.omitted {
-            events.push(NewEvent::new(
-                EventKind::PluginOmitted,
-                json!({"plugin": o.plugin, "contribution": o.contribution, "cause": o.cause}),
-            ));
+        if let (Some(reason), Some(header)) = (header_reason, header) {
+            events.push(Body::RequestHeader(Box::new(HeaderRecord {
+                header,
+                provenance: provenance.cloned(),
+                reason,
+                run: Some(run.to_string()),
+            })));
         }
+        events.extend(assembly.omitted.iter().map(|o| {
+            Body::PluginOmitted(Omitted {
+                cause: o.cause.clone(),
+                contribution: o.contribution.clone(),
+                plugin: o.plugin.clone(),
+            })
+        }));
         let step = self.steps + 1;
-        let mut marker = json!({"step": step, "facts": facts});
-        if let (Some(shown), Value::Object(m)) = (&assembly.shown_tools, &mut marker) {
-            m.insert("shown_tools".into(), json!(shown));
-        }
         // Plugins changed without changing the header: the marker says who serves now.
         let changed = provenance.filter(|p| self.provenance.as_ref() != Some(*p));
-        if let (None, Some(p), Value::Object(m)) = (header_reason, changed, &mut marker) {
-            m.insert("provenance".into(), json!(p));
-        }
-        events.push(NewEvent::new(EventKind::Step, marker));
+        let marker = Marker {
+            facts,
+            provenance: changed.filter(|_| header_reason.is_none()).cloned(),
+            shown_tools: assembly.shown_tools.clone(),
+            step,
+            usage: None,
+        };
         Ok(StepPlan {
             step,
             events,
+            marker,
             header_reason,
             prefix_kept,
         })
     }
-}
-
-/// The provenance a header event or a step marker recorded, if any (0.1.0 logs have none; one
-/// that no longer decodes is left out rather than failing a rebuild: it explains, it is not
-/// part of the request).
-fn provenance_of(body: &Value) -> Option<crate::provenance::Provenance> {
-    serde_json::from_value(body.get("provenance")?.clone()).ok()
 }
 
 /// Step `n`'s provenance: what the last header or marker at or before its marker recorded.
@@ -1122,39 +1047,37 @@ pub fn provenance_at(
     events: &[Event],
     n: u64,
 ) -> Result<Option<crate::provenance::Provenance>> {
-    let marker = nth_marker(session, events, n)?;
-    Ok(events[..events.partition_point(|e| e.seq <= marker.seq)]
-        .iter()
-        .rev()
-        .filter(|e| matches!(e.kind, EventKind::Step | EventKind::RequestHeader))
-        .find_map(|e| provenance_of(&e.body)))
+    let upto = up_to_step(session, events, n)?;
+    for event in upto.iter().rev() {
+        match decode(session, event)? {
+            Body::Step(m) if m.provenance.is_some() => return Ok(m.provenance),
+            Body::RequestHeader(h) if h.provenance.is_some() => return Ok(h.provenance),
+            _ => {}
+        }
+    }
+    Ok(None)
 }
 
-fn nth_marker<'a>(session: &str, events: &'a [Event], n: u64) -> Result<&'a Event> {
-    events
+/// The events up to and including step `n`'s marker.
+fn up_to_step<'a>(session: &str, events: &'a [Event], n: u64) -> Result<&'a [Event]> {
+    let marker = events
         .iter()
-        .filter(|e| e.kind == EventKind::Step)
+        .filter(|e| e.kind == crate::store::EventKind::Step)
         .nth(n.checked_sub(1).unwrap_or(u64::MAX) as usize)
         .ok_or_else(|| Error::UnknownStep {
             session: session.to_string(),
             step: n,
             steps: step_count(events),
-        })
-}
-
-/// The last recorded header and the run that recorded it.
-fn last_header(session: &str, events: &[Event]) -> Result<Option<(Header, Option<String>)>> {
-    events
-        .iter()
-        .rev()
-        .find(|e| e.kind == EventKind::RequestHeader)
-        .map(|e| header_of(session, e))
-        .transpose()
+        })?;
+    Ok(&events[..events.partition_point(|e| e.seq <= marker.seq)])
 }
 
 /// How many steps the log holds.
 pub fn step_count(events: &[Event]) -> u64 {
-    events.iter().filter(|e| e.kind == EventKind::Step).count() as u64
+    events
+        .iter()
+        .filter(|e| e.kind == crate::store::EventKind::Step)
+        .count() as u64
 }
 
 /// Checks a message a client wants to record against the whole log (see
@@ -1166,7 +1089,7 @@ pub fn check_message(session: &str, events: &[Event], message: &Message) -> Resu
 /// Tool results as the agent's config shows them: an empty one says `empty`
 /// (`empty_tool_result`), and the text is wrapped in `template` (`tool_result_template`).
 pub fn tool_results_shown(
-    messages: &[Message],
+    mut messages: Vec<Message>,
     template: Option<&str>,
     empty: &str,
 ) -> Vec<Message> {
@@ -1177,142 +1100,177 @@ pub fn tool_results_shown(
             None => text.to_string(),
         }
     };
-    messages
-        .iter()
-        .map(|m| match m {
-            Message::Tool {
-                tool_call_id,
-                content,
-                is_error,
-            } => {
-                let content = match content {
-                    Content::Text(t) if t.is_empty() => Content::Text(wrap(empty)),
-                    Content::Text(t) => Content::Text(wrap(t)),
-                    Content::Blocks(blocks) if blocks.is_empty() => Content::Text(wrap(empty)),
-                    Content::Blocks(blocks) => match template {
-                        None => Content::Blocks(blocks.clone()),
-                        Some(t) => {
-                            // The observation is the blocks: the template's text goes around them.
-                            let (before, after) = t.split_once("{observation}").unwrap_or((t, ""));
-                            let mut out = Vec::with_capacity(blocks.len() + 2);
-                            if !before.is_empty() {
-                                out.push(Block::Text {
-                                    text: before.to_string(),
-                                });
-                            }
-                            out.extend(blocks.iter().cloned());
-                            if !after.is_empty() {
-                                out.push(Block::Text {
-                                    text: after.to_string(),
-                                });
-                            }
-                            Content::Blocks(out)
-                        }
-                    },
-                };
-                Message::Tool {
-                    tool_call_id: tool_call_id.clone(),
-                    content,
-                    is_error: *is_error,
+    for m in &mut messages {
+        let Message::Tool { content, .. } = m else {
+            continue;
+        };
+        match content {
+            Content::Text(t) if t.is_empty() => *t = wrap(empty),
+            Content::Text(t) => {
+                if template.is_some() {
+                    *t = wrap(t);
                 }
             }
-            other => other.clone(),
-        })
-        .collect()
+            Content::Blocks(blocks) if blocks.is_empty() => *content = Content::Text(wrap(empty)),
+            Content::Blocks(blocks) => {
+                if let Some(t) = template {
+                    // The observation is the blocks: the template's text goes around them.
+                    let (before, after) = t.split_once("{observation}").unwrap_or((t, ""));
+                    if !before.is_empty() {
+                        blocks.insert(
+                            0,
+                            Block::Text {
+                                text: before.to_string(),
+                            },
+                        );
+                    }
+                    if !after.is_empty() {
+                        blocks.push(Block::Text {
+                            text: after.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    messages
 }
 
-/// The event that records the model's reply with the usage its provider reported (Q14).
-pub fn reply_event(message: &Message, usage: Option<&crate::replies::ProviderUsage>) -> NewEvent {
-    let mut event = message_event(message);
-    if let (Some(usage), Value::Object(body)) = (usage, &mut event.body) {
-        body.insert("usage".into(), json!(usage));
-    }
-    event
+/// The body that records the model's reply with the usage its provider reported (Q14).
+pub fn reply_event(message: Message, usage: Option<crate::replies::ProviderUsage>) -> Body {
+    Body::message(message, usage)
+}
+
+/// The body that records `message`.
+pub fn message_event(message: Message) -> Body {
+    Body::message(message, None)
+}
+
+/// One step's estimate against what the provider reported for the reply that followed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepUsage {
+    /// The step's number.
+    pub step: u64,
+    /// promptd's estimate of the request's tokens (`None` in logs without usage).
+    pub estimate: Option<usize>,
+    /// The tokenizer that estimated it.
+    pub tokenizer: Option<String>,
+    /// What the provider reported for the reply, when the client recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actual: Option<crate::replies::ProviderUsage>,
+}
+
+/// The totals of a [`UsageReport`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UsageTotals {
+    /// Steps with both an estimate and a reported input count.
+    pub compared_steps: usize,
+    /// Their estimates, summed.
+    pub estimate: u64,
+    /// Their reported input tokens, summed.
+    pub actual: u64,
+    /// `actual / estimate`, when there is an estimate.
+    pub actual_per_estimate: Option<f64>,
+    /// Their reported cached input tokens, summed.
+    pub cached: u64,
+    /// `cached / actual`, when there is an actual.
+    pub cached_share: Option<f64>,
+}
+
+/// Per step, what promptd estimated against what the provider reported (Q14).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UsageReport {
+    /// One entry per step, in order.
+    pub steps: Vec<StepUsage>,
+    /// The totals over the steps compared.
+    pub totals: UsageTotals,
 }
 
 /// Per step: what promptd estimated against what the provider reported for the reply that
 /// followed (its input tokens, cached and cache-written ones), and the totals: how far the
 /// estimate is off (`actual / estimate`) and what share of the input the cache served.
-pub fn usage_report(session: &str, events: &[Event]) -> Result<Value> {
-    let mut steps: Vec<Value> = Vec::new();
+pub fn usage_report(session: &str, events: &[Event]) -> Result<UsageReport> {
+    let mut steps: Vec<StepUsage> = Vec::new();
     let (mut estimate, mut actual, mut cached, mut compared) = (0u64, 0u64, 0u64, 0usize);
     let mut pending: Option<usize> = None;
     for event in events {
         match event.kind {
-            EventKind::Step => {
-                let b = body(session, event)?;
-                let u = &b["usage"];
-                steps.push(json!({
-                    "step": b["step"],
-                    "estimate": u["total"]["tokens"],
-                    "tokenizer": u["tokenizer"],
-                }));
+            crate::store::EventKind::Step | crate::store::EventKind::AssistantMessage => {}
+            _ => continue,
+        }
+        match decode(session, event)? {
+            Body::Step(m) => {
+                steps.push(StepUsage {
+                    step: m.step,
+                    estimate: m.usage.as_ref().map(|u| u.total.tokens),
+                    tokenizer: m.usage.map(|u| u.tokenizer),
+                    actual: None,
+                });
                 pending = Some(steps.len() - 1);
             }
-            EventKind::AssistantMessage => {
-                let b = body(session, event)?;
-                let (Some(i), Some(reported)) = (pending.take(), b.get("usage")) else {
+            Body::AssistantMessage(r) => {
+                let (Some(i), Some(reported)) = (pending.take(), r.usage) else {
                     continue;
                 };
                 let step = &mut steps[i];
-                step["actual"] = reported.clone();
-                let est = step["estimate"].as_u64();
-                let input = reported.get("input_tokens").and_then(Value::as_u64);
-                if let (Some(est), Some(input)) = (est, input) {
-                    estimate += est;
+                if let (Some(est), Some(input)) = (step.estimate, reported.input_tokens) {
+                    estimate += est as u64;
                     actual += input;
-                    cached += reported
-                        .get("cached_tokens")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(0);
+                    cached += reported.cached_tokens.unwrap_or(0);
                     compared += 1;
                 }
+                step.actual = Some(reported);
             }
             _ => {}
         }
     }
     let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
-    Ok(json!({
-        "steps": steps,
-        "totals": {
-            "compared_steps": compared,
-            "estimate": estimate,
-            "actual": actual,
-            "actual_per_estimate": ratio(actual, estimate),
-            "cached": cached,
-            "cached_share": ratio(cached, actual),
-        }
-    }))
-}
-
-/// The event that records `message`.
-pub fn message_event(message: &Message) -> NewEvent {
-    let kind = match message {
-        Message::User { .. } => EventKind::UserMessage,
-        Message::Assistant { .. } => EventKind::AssistantMessage,
-        Message::Tool { .. } => EventKind::ToolResult,
-    };
-    NewEvent::new(kind, serde_json::to_value(message).unwrap_or(Value::Null))
+    Ok(UsageReport {
+        steps,
+        totals: UsageTotals {
+            compared_steps: compared,
+            estimate,
+            actual,
+            actual_per_estimate: ratio(actual, estimate),
+            cached,
+            cached_share: ratio(cached, actual),
+        },
+    })
 }
 
 /// What one step appends, in order: the step's messages, the runtime context snapshot when
-/// it changed (Q2), the header when it must be recorded (Q3), omissions (A9), and the step
-/// marker.
+/// it changed (Q2), the header when it must be recorded (Q3), omissions (A9) — `events` —
+/// then, after any `history/dropped` the budget adds, the step `marker`.
 #[derive(Debug)]
 pub struct StepPlan {
+    /// The step's number.
     pub step: u64,
-    pub events: Vec<NewEvent>,
+    /// The events before the marker.
+    pub events: Vec<Body>,
+    /// The marker that closes the step.
+    pub marker: Marker,
+    /// Why a header is recorded, when one is.
     pub header_reason: Option<HeaderReason>,
     /// Whether the previous step's whole request is a prefix of this one's (before any
     /// trimming this step adds); `None` on a session's first step.
     pub prefix_kept: Option<bool>,
 }
 
+impl StepPlan {
+    /// Every body the step appends, the marker last.
+    pub fn into_bodies(self) -> Vec<Body> {
+        let mut bodies = self.events;
+        bodies.push(Body::Step(Box::new(self.marker)));
+        bodies
+    }
+}
+
 /// Plans a step on the whole log. `run` identifies the daemon process: it is recorded with
 /// each header; a header that differs from the last one is recorded with reason `change` when
 /// this run wrote the last one, `resume` when another run (another daemon, an earlier process,
-/// or 0.1.0, whose headers name no run) did (Q3). An equal header is not recorded again. The daemon plans on a cached
-/// [`SessionState`] instead; this is the same function over a state built from `log`.
+/// or 0.1.0, whose headers name no run) did (Q3). An equal header is not recorded again. The
+/// daemon plans on a cached [`SessionState`] instead; this is the same function over a state
+/// built from `log`.
 pub fn plan_step(
     session: &str,
     log: &[Event],
@@ -1322,25 +1280,40 @@ pub fn plan_step(
     header: &Header,
     run: &str,
 ) -> Result<StepPlan> {
-    SessionState::from_log(session, log)?.plan(messages, facts, assembly, header, run, None)
+    SessionState::from_log(session, log)?.plan(
+        messages.to_vec(),
+        facts.clone(),
+        assembly,
+        Some(header.clone()),
+        run,
+        None,
+    )
 }
 
 /// Rebuilds the frozen request of step `n` from the log alone (Q4): the last header recorded
 /// at or before the step, and every message up to its marker.
 pub fn rebuild(session: &str, events: &[Event], n: u64) -> Result<FrozenRequest> {
-    let marker = nth_marker(session, events, n)?;
-    let upto = &events[..events.partition_point(|e| e.seq <= marker.seq)];
-    let (header, _) = last_header(session, upto)?.ok_or_else(|| {
+    let upto = decode_all(session, up_to_step(session, events, n)?)?;
+    let marker_seq = upto.last().map_or(0, |(seq, _)| *seq);
+    let header = upto.iter().rev().find_map(|(_, b)| match b {
+        Body::RequestHeader(h) => Some(h.header.clone()),
+        _ => None,
+    });
+    let header = header.ok_or_else(|| {
         Error::Store(StoreError::Corrupt {
             session: session.to_string(),
-            seq: marker.seq,
+            seq: marker_seq,
             problem: format!("step {n} has no request header before it"),
         })
     })?;
+    let shown_tools = match upto.last() {
+        Some((_, Body::Step(m))) => m.shown_tools.clone(),
+        _ => None,
+    };
     Ok(FrozenRequest {
         header,
-        messages: messages(session, upto)?,
-        shown_tools: shown_of(body(session, marker)?),
+        messages: messages(&upto),
+        shown_tools,
     })
 }
 

@@ -1,11 +1,11 @@
 //! Session planning (Q1–Q3, Q5) and rebuild (Q4) on logs held in memory: no store, no engine.
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::*;
 use crate::assembly::AssembledTool;
 use crate::conversation::ToolCall;
-use crate::store::{MemoryStore, SessionStore};
+use crate::store::{EventKind, MemoryStore, NewEvent, SessionStore, BODY_VERSION};
 
 const RUN: &str = "run-1";
 
@@ -51,6 +51,15 @@ fn assistant_calling(id: &str) -> Message {
     }
 }
 
+/// The events a plan appends, encoded as a store takes them.
+fn encoded(plan: &StepPlan) -> Vec<NewEvent> {
+    plan.events
+        .iter()
+        .chain(std::iter::once(&Body::Step(Box::new(plan.marker.clone()))))
+        .map(|b| crate::step::encode(b).unwrap())
+        .collect()
+}
+
 /// A session log driven through [`plan_step`] as the daemon drives it.
 struct Log {
     store: MemoryStore,
@@ -61,7 +70,10 @@ impl Log {
     fn new() -> Self {
         let store = MemoryStore::new();
         let id = store
-            .create_session("coder", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .create_session(
+                "coder",
+                NewEvent::json(EventKind::SessionCreated, &json!({})),
+            )
             .unwrap();
         Log { store, id }
     }
@@ -75,7 +87,7 @@ impl Log {
         let header = header(a, Default::default());
         let plan = plan_step(&self.id, &log, messages, &BTreeMap::new(), a, &header, run)?;
         self.store
-            .append(&self.id, log.len() as u64 + 1, &plan.events)
+            .append(&self.id, log.len() as u64 + 1, &encoded(&plan))
             .unwrap();
         Ok(plan)
     }
@@ -84,7 +96,11 @@ impl Log {
         let log = self.events();
         check_message(&self.id, &log, message).unwrap();
         self.store
-            .append(&self.id, log.len() as u64 + 1, &[message_event(message)])
+            .append(
+                &self.id,
+                log.len() as u64 + 1,
+                &[crate::step::encode(&message_event(message.clone())).unwrap()],
+            )
             .unwrap();
     }
 
@@ -126,7 +142,8 @@ fn q3_the_header_is_recorded_first_on_change_and_when_another_run_finds_it_chang
         .events()
         .into_iter()
         .filter(|e| e.kind == EventKind::RequestHeader)
-        .map(|e| json!([e.body["reason"], e.body["run"]]))
+        .map(|e| e.body_value().unwrap())
+        .map(|b| json!([b["reason"], b["run"]]))
         .collect();
     assert_eq!(
         headers,
@@ -149,8 +166,8 @@ fn q3_a_header_that_names_no_run_was_written_by_0_1_0_and_resumes_when_it_change
             &log.id,
             2,
             &[
-                NewEvent::new(EventKind::RequestHeader, old_header),
-                NewEvent::new(EventKind::Step, json!({"step": 1, "facts": {}})),
+                NewEvent::json(EventKind::RequestHeader, &old_header),
+                NewEvent::json(EventKind::Step, &json!({"step": 1, "facts": {}})),
             ],
         )
         .unwrap();
@@ -182,7 +199,8 @@ fn q2_a_snapshot_is_appended_only_when_the_context_changes_and_cleared_once() {
         .events()
         .into_iter()
         .filter(|e| e.kind == EventKind::ContextSnapshot)
-        .map(|e| json!([e.body["content"], e.body["cleared"]]))
+        .map(|e| e.body_value().unwrap())
+        .map(|b| json!([b["content"], b["cleared"]]))
         .collect();
     assert_eq!(
         snapshots,
@@ -266,7 +284,7 @@ fn damaged(seq: u64, body: Value, version: u32) -> (String, Vec<Event>) {
         .unwrap();
     let mut events = log.events();
     let event = events.iter_mut().find(|e| e.seq == seq).unwrap();
-    event.body = body;
+    event.body = body.to_string();
     event.version = version;
     (log.id.clone(), events)
 }

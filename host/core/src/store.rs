@@ -9,8 +9,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 
-use serde_json::Value;
-
 /// The version written into every new event body's record. Version 1 is the format of the
 /// first release (0.1.0), whose rows carried no version: a store reads a missing version as 1.
 pub const BODY_VERSION: u32 = 1;
@@ -87,22 +85,36 @@ pub struct Event {
     pub kind: EventKind,
     /// The format version of `body` (see [`BODY_VERSION`]).
     pub version: u32,
-    pub body: Value,
+    /// The body's JSON text, as stored: [`crate::session::log::Body::decode`] reads it.
+    pub body: String,
     /// Milliseconds since the Unix epoch when it was written (informational only: never part
     /// of a request).
     pub at_ms: u64,
 }
 
+impl Event {
+    /// The body as a JSON value (for tests and tools: the session logic decodes typed bodies).
+    pub fn body_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(&self.body)
+    }
+}
+
 /// An event about to be appended; always written at [`BODY_VERSION`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewEvent {
+    /// What it records.
     pub kind: EventKind,
-    pub body: Value,
+    /// The body's JSON text ([`crate::session::log::Body::encode`] writes it).
+    pub body: String,
 }
 
 impl NewEvent {
-    pub fn new(kind: EventKind, body: Value) -> Self {
-        Self { kind, body }
+    /// An event of `kind` whose body is the JSON text `body`.
+    pub fn new(kind: EventKind, body: impl Into<String>) -> Self {
+        Self {
+            kind,
+            body: body.into(),
+        }
     }
 
     /// The event as a store records it: numbered `seq`, written at `at_ms`, in the current
@@ -115,6 +127,12 @@ impl NewEvent {
             body: self.body.clone(),
             at_ms,
         }
+    }
+
+    /// An event of `kind` whose body is `body`'s JSON text (for tests and tools; the daemon
+    /// writes typed bodies, [`crate::session::log::Body::encode`]).
+    pub fn json(kind: EventKind, body: &serde_json::Value) -> Self {
+        Self::new(kind, body.to_string())
     }
 
     /// [`NewEvent::recorded`], without copying the body.
@@ -340,20 +358,23 @@ mod tests {
     fn q7_memory_store_checks_the_next_seq() {
         let store = MemoryStore::new();
         let id = store
-            .create_session("coder", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .create_session(
+                "coder",
+                NewEvent::json(EventKind::SessionCreated, &json!({})),
+            )
             .unwrap();
         store
             .append(
                 &id,
                 2,
-                &[NewEvent::new(EventKind::Step, json!({"step": 1}))],
+                &[NewEvent::json(EventKind::Step, &json!({"step": 1}))],
             )
             .unwrap();
         let err = store
             .append(
                 &id,
                 2,
-                &[NewEvent::new(EventKind::Step, json!({"step": 2}))],
+                &[NewEvent::json(EventKind::Step, &json!({"step": 2}))],
             )
             .unwrap_err();
         assert!(

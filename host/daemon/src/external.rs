@@ -165,28 +165,27 @@ impl Daemon {
         let events = self.session_events(id)?;
         let mut call = None;
         for event in &events {
-            match event.kind {
-                EventKind::AssistantMessage => {
-                    let calls = event.body.get("tool_calls").and_then(Value::as_array);
-                    if let Some(found) = calls
-                        .into_iter()
-                        .flatten()
-                        .find(|c| c.get("id").and_then(Value::as_str) == Some(call_id))
-                    {
+            if !matches!(
+                event.kind,
+                EventKind::AssistantMessage | EventKind::ToolResult
+            ) {
+                continue;
+            }
+            match promptd_core::session::decode(id, event)?.as_message() {
+                Some(Message::Assistant { tool_calls, .. }) => {
+                    if let Some(found) = tool_calls.iter().find(|c| c.id == call_id) {
                         call = Some(found.clone());
                     }
                 }
-                EventKind::ToolResult
-                    if event.body.get("tool_call_id").and_then(Value::as_str) == Some(call_id) =>
-                {
+                Some(Message::Tool { tool_call_id, .. }) if tool_call_id == call_id => {
                     return Err(DaemonError::ToolCallClosed(call_id.to_string()));
                 }
                 _ => {}
             }
         }
         let call = call.ok_or_else(|| DaemonError::ToolCallNotFound(call_id.to_string()))?;
-        let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
-        let arguments = call.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        let name = call.name.as_str();
+        let arguments = call.arguments.clone();
         // The tool's owner in the registry serving now: the name is unique per scope chain,
         // and an external contributor's tool names are its own.
         let registry = self.registry();
@@ -217,7 +216,7 @@ impl Daemon {
             message: json!({
                 "role": "tool",
                 "tool_call_id": call_id,
-                "content": match &message { Message::Tool { content, .. } => serde_json::to_value(content).unwrap_or(Value::Null), _ => Value::Null },
+                "content": match &message { Message::Tool { content, .. } => json!(content), _ => Value::Null },
                 "is_error": outcome.is_error,
             }),
         })

@@ -206,7 +206,7 @@ impl From<DaemonError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"code": self.code, "message": self.message}});
-        (self.status, json_body(&body)).into_response()
+        json_bytes(self.status, body.to_string())
     }
 }
 
@@ -218,13 +218,29 @@ fn json_bytes(status: StatusCode, body: String) -> Response {
 }
 
 /// `v` as JSON with its keys sorted (through a `Value`), so a body's bytes never depend on a
-/// struct's field order.
-fn to_json(v: &impl serde::Serialize) -> String {
-    serde_json::to_value(v).unwrap_or_default().to_string()
+/// struct's field order. A value that cannot be written (a map with non-string keys: a bug)
+/// is an `internal` error, never an empty body.
+fn to_json(v: &impl serde::Serialize) -> Result<String, ApiError> {
+    serde_json::to_value(v).map(|v| v.to_string()).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("writing the reply: {e}"),
+        )
+    })
 }
 
+/// `v` as a 200 JSON reply, or the error writing it.
 fn json_body(v: &impl serde::Serialize) -> Response {
-    json_bytes(StatusCode::OK, to_json(v))
+    json_reply(StatusCode::OK, v)
+}
+
+/// `v` as a JSON reply with `status`, or the error writing it.
+fn json_reply(status: StatusCode, v: &impl serde::Serialize) -> Response {
+    match to_json(v) {
+        Ok(text) => json_bytes(status, text),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Runs blocking daemon work (plugin calls, SQLite) off the async threads.
@@ -484,7 +500,7 @@ async fn create_session(
         id,
         agent: req.agent,
     };
-    Ok(json_bytes(StatusCode::CREATED, to_json(&body)))
+    Ok(json_reply(StatusCode::CREATED, &body))
 }
 
 /// Runs a step: assembles, records the new messages, and returns the request body.
@@ -510,8 +526,14 @@ async fn step(
     // a long session) is written once, not copied.
     let response = blocking(move || {
         let mut out = String::from("{\"request\":");
-        let (n, usage) = daemon.step_into(&id, &input, format, &mut out)?;
-        out.push_str(&format!(",\"step\":{n},\"usage\":{}}}", json!(usage)));
+        let (n, usage) = daemon.step_into(&id, input, format, &mut out)?;
+        let usage = serde_json::to_string(&usage).map_err(|e| {
+            promptd_core::Error::Store(promptd_core::store::StoreError::backend(
+                "writing a step's usage",
+                e,
+            ))
+        })?;
+        out.push_str(&format!(",\"step\":{n},\"usage\":{usage}}}"));
         Ok(out)
     })
     .await?;
@@ -525,7 +547,7 @@ async fn step(
 async fn usage_report(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
     let report = blocking(move || daemon.usage_report(&id)).await?;
-    Ok(json_bytes(StatusCode::OK, report.to_string()))
+    Ok(json_body(&report))
 }
 
 /// Later requests show `summary` in place of the message events `from..=to`.
@@ -541,10 +563,7 @@ async fn compact(
     let req: api::CompactBody = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let seq = blocking(move || daemon.compact(&id, req.from, req.to, &req.summary)).await?;
-    Ok(json_bytes(
-        StatusCode::CREATED,
-        to_json(&api::Recorded { seq }),
-    ))
+    Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
 }
 
 /// Records the model's reply as the provider SDK returned it (OpenAI Chat Completions,
@@ -564,10 +583,7 @@ async fn record_message(
         promptd_core::replies::reply_with_usage(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
     let seq = blocking(move || daemon.record_reply(&id, &message, usage.as_ref())).await?;
-    Ok(json_bytes(
-        StatusCode::CREATED,
-        to_json(&api::Recorded { seq }),
-    ))
+    Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
 }
 
 /// Runs an open tool call of the session on the MCP server whose tool it names, within the
@@ -584,16 +600,25 @@ async fn run_tool_call(
 ) -> ApiResult {
     let daemon = state.daemon.clone();
     let run = blocking(move || daemon.run_tool_call(&id, &call_id)).await?;
-    Ok(json_bytes(StatusCode::CREATED, to_json(&run)))
+    Ok(json_reply(StatusCode::CREATED, &run))
 }
 
-fn event_view(e: Event) -> api::EventView {
-    api::EventView {
+/// An event as the API shows it: its body as a JSON value (keys sorted). A body that is not
+/// JSON is `store_corrupt`, as every reader of the log says.
+fn event_view(session: &str, e: Event) -> Result<api::EventView, DaemonError> {
+    let body = serde_json::from_str(&e.body).map_err(|problem| {
+        promptd_core::Error::Store(promptd_core::store::StoreError::Corrupt {
+            session: session.to_string(),
+            seq: e.seq,
+            problem: format!("{} event: the body is not JSON: {problem}", e.kind),
+        })
+    })?;
+    Ok(api::EventView {
         seq: e.seq,
         kind: e.kind.as_str().to_string(),
-        body: e.body,
+        body,
         at_ms: e.at_ms,
-    }
+    })
 }
 
 /// The session's log, in order.
@@ -602,8 +627,14 @@ fn event_view(e: Event) -> api::EventView {
     responses((status = 200, description = "The session's events, in order", body = api::EventList), api::Errors))]
 async fn session_events(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
     let daemon = state.daemon.clone();
-    let events = blocking(move || daemon.session_events(&id)).await?;
-    let events = events.into_iter().map(event_view).collect();
+    let events = blocking(move || {
+        let events = daemon.session_events(&id)?;
+        events
+            .into_iter()
+            .map(|e| event_view(&id, e))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await?;
     Ok(json_body(&api::EventList { events }))
 }
 
@@ -761,7 +792,7 @@ async fn registry_events(
     let lagged = |missed: u64| {
         SseEvent::default()
             .event("lagged")
-            .data(to_json(&api::Lagged { missed }))
+            .data(format!("{{\"missed\":{missed}}}"))
     };
     let head: Vec<SseEvent> = if subscription.missed > 0 {
         vec![lagged(subscription.missed)]

@@ -42,6 +42,7 @@ mod locks;
 pub mod metrics;
 pub mod plugin_dir;
 mod sessions;
+mod steps;
 pub mod ui;
 pub mod watch;
 
@@ -51,31 +52,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use promptd_core::assembly::{self, Options};
 use promptd_core::config::Config;
-use promptd_core::conversation::{FrozenRequest, Message};
 use promptd_core::load::{self, CacheLookup, Engine, PluginFile};
-use promptd_core::model::Step;
 use promptd_core::plugin_state::{ChangeKind, PluginState};
-use promptd_core::provenance::Provenance;
 use promptd_core::registry::{PluginEntry, Registry};
 use promptd_core::request::declaration_json;
-use promptd_core::review::Verdict;
-use promptd_core::session;
-use promptd_core::store::{Event, EventKind, NewEvent, SessionStore};
+use promptd_core::session::log::{Body, SessionCreated};
+use promptd_core::store::SessionStore;
 use promptd_core::{Error, ErrorBody};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 pub use error::{DaemonError, Result};
 use events::{RegistryEvent, RegistryEvents};
 pub use external::{ToolOutcome, ToolRun, ToolRunner};
 use locks::SessionLocks;
 use metrics::Metrics;
-use promptd_core::budget::{self, Counter, Usage};
-use promptd_core::formats::{self, Format};
-use promptd_core::session::SessionState;
-use sessions::{Cached, SessionCache};
+use promptd_core::budget::Counter;
+use sessions::SessionCache;
 
 /// What `GET /v1/plugins` shows for each plugin file.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -93,12 +87,8 @@ pub struct PluginStatus {
     pub declares: Value,
 }
 
-/// One step's input (Q1).
-#[derive(Clone, Debug, Default)]
-pub struct StepInput {
-    pub messages: Vec<Message>,
-    pub facts: BTreeMap<String, String>,
-}
+pub use promptd_core::step::StepInput;
+pub(crate) use steps::lock;
 
 pub struct Daemon {
     engine: Arc<dyn Engine>,
@@ -128,6 +118,8 @@ pub struct Daemon {
     pub metrics: Metrics,
     /// Token counters by tokenizer name, kept so their memo of repeated texts lasts.
     counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
+    /// Agents' resolved plans for the config serving now.
+    plans: Mutex<steps::AgentPlans>,
 }
 
 /// Where the daemon's first load of its plugin folder stands.
@@ -179,6 +171,7 @@ impl Daemon {
             engine,
             sessions: SessionCache::new(config.session_cache_bytes()),
             counters: Mutex::new(BTreeMap::new()),
+            plans: Mutex::default(),
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),
@@ -496,13 +489,13 @@ impl Daemon {
             source: Box::new(std::io::Error::other(e.to_string())),
         })?;
         let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-        let id = self.store.create_session(
-            agent,
-            NewEvent::new(
-                EventKind::SessionCreated,
-                json!({"agent": agent, "data_secret": secret}),
-            ),
-        )?;
+        let created = Body::SessionCreated(SessionCreated {
+            agent: agent.to_string(),
+            data_secret: Some(secret),
+        });
+        let id = self
+            .store
+            .create_session(agent, promptd_core::step::encode(&created)?)?;
         Ok(id)
     }
 
@@ -512,83 +505,9 @@ impl Daemon {
             .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
     }
 
-    /// Session `id`'s cached state, or one built from its log (once, for a cold session).
-    /// Call with the session's lock held, and give it back with [`Daemon::keep`].
-    fn session(&self, id: &str) -> Result<Cached> {
-        if let Some(mut cached) = self.sessions.take(id) {
-            if !self.store.is_shared() {
-                return Ok(cached);
-            }
-            // Other daemons may have appended since (Q17): catch up before using the state,
-            // so alternating daemons plan on the whole log instead of meeting a conflict.
-            let missing = match self.store.events_after(id, cached.state.last_seq()) {
-                Ok(missing) => missing,
-                Err(e) => {
-                    self.keep(id, cached);
-                    return Err(e.into());
-                }
-            };
-            if missing.is_empty() || cached.state.apply(&missing).is_ok() {
-                return Ok(cached);
-            }
-            // The log no longer continues the state (e.g. restored from a backup): rebuild.
-        }
-        let agent = self.agent_of(id)?;
-        let state = SessionState::from_log(id, &self.store.events(id)?)?;
-        Ok(Cached { agent, state })
-    }
-
-    fn keep(&self, id: &str, cached: Cached) {
-        self.sessions.put(id, cached);
-    }
-
-    /// Appends `events` at the state's next seq and extends the state by them. When another
-    /// writer appended in the meantime the append is refused (`store_conflict`) and the stale
-    /// state is dropped, so the next call rebuilds it from the log.
-    fn append(&self, id: &str, cached: &mut Cached, events: Vec<NewEvent>) -> Result<u64> {
-        let next = cached.state.last_seq() + 1;
-        self.store.append(id, next, &events)?;
-        let recorded: Vec<Event> = events
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| e.into_recorded(next + i as u64, 0))
-            .collect();
-        cached.state.apply(&recorded)?;
-        Ok(next)
-    }
-
     /// How many sessions and bytes the session cache holds.
     pub fn session_cache_usage(&self) -> (usize, usize) {
         self.sessions.usage()
-    }
-
-    /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return the
-    /// step number and the request body in `format` — the bytes a rebuild of the step from the
-    /// log renders (Q4), spliced from the session's cached fragments.
-    pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
-        let mut body = String::new();
-        let (n, _) = self.step_into(id, input, format, &mut body)?;
-        Ok((n, body))
-    }
-
-    /// [`Daemon::step`], with the body appended to `out` (the HTTP layer writes its envelope
-    /// around it in the same buffer).
-    pub fn step_into(
-        &self,
-        id: &str,
-        input: &StepInput,
-        format: Format,
-        out: &mut String,
-    ) -> Result<(u64, Usage)> {
-        let started = Instant::now();
-        let result = self.step_inner(id, input, format, out);
-        let error = match &result {
-            Err(DaemonError::Core(e)) => Some(e),
-            _ => None,
-        };
-        self.metrics.step(started.elapsed(), error);
-        self.quarantine_failing(error);
-        result
     }
 
     /// L3: a plugin whose calls failed `quarantine_after` times in a row leaves the registry
@@ -654,293 +573,11 @@ impl Daemon {
         }
         self.reload()
     }
-
-    fn step_inner(
-        &self,
-        id: &str,
-        input: &StepInput,
-        format: Format,
-        out: &mut String,
-    ) -> Result<(u64, Usage)> {
-        self.wait_ready(STEP_WAITS_FOR_LOADING)?;
-        let _held = self.locks.hold(id);
-        let mut cached = self.session(id)?;
-        let agent = cached.agent.clone();
-        // One snapshot of the registry and the config for the whole step (H2).
-        let registry = self.registry();
-        let config = self.config();
-        let step = Step {
-            agent: agent.clone(),
-            scope_chain: config.chain(&agent)?,
-            session_id: id.to_string(),
-            step_number: cached.state.steps() + 1,
-            facts: input.facts.clone(),
-        };
-        let options = Options {
-            tool_order: config.tool_order.clone(),
-            suppress_runtime_context: !config.runtime_context(&agent),
-            keep_all_tools: config.tool_subset(&agent)
-                == promptd_core::config::ToolSubset::AllowedTools,
-            data_secret: cached.state.data_secret().to_string(),
-        };
-        // A failure before the append leaves the state as it was: keep it.
-        let planned = assembly::assemble(&registry, &step, &options)
-            .map_err(DaemonError::from)
-            .and_then(|assembled| {
-                let mut header = session::header(&assembled, config.model(&agent));
-                header.cache_key = Some(format!("promptd-{id}"));
-                formats::check_settings(&header.model, format)?;
-                let limits = config.content_limits();
-                for (i, m) in input.messages.iter().enumerate() {
-                    content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
-                }
-                // Q18: review hooks may reject the step or redact its new messages; redacted
-                // ones are checked again (a redaction may lengthen a text).
-                let redacted = review_step(&registry, &step, &input.messages, &assembled)?;
-                if let Some(redacted) = &redacted {
-                    for (i, m) in redacted.iter().enumerate() {
-                        content_of(m).check(&limits).map_err(|e| e.at_message(i))?;
-                    }
-                }
-                let reviewed = redacted.as_deref().unwrap_or(&input.messages);
-                let messages = {
-                    let (template, empty) = config.tool_results(&agent);
-                    session::tool_results_shown(reviewed, template.as_deref(), &empty)
-                };
-                cached.state.check_renders(format, &messages)?;
-                // Provenance only when it may have changed: a new header or plugin set.
-                let known = cached.state.provenance().is_some_and(|p| {
-                    p.plugins.len() == registry.len()
-                        && registry.plugins().all(|e| {
-                            p.plugins.get(&e.id).map(String::as_str)
-                                == Some(e.sha256.as_deref().unwrap_or(""))
-                        })
-                }) && cached.state.header() == Some(&header);
-                let provenance = (!known).then(|| Provenance::of(&registry, &assembled));
-                let mut plan = cached.state.plan(
-                    &messages,
-                    &input.facts,
-                    &assembled,
-                    &header,
-                    &self.run,
-                    provenance.as_ref(),
-                )?;
-                // Measure what this step's request will hold: the log so far, this step's
-                // input and its snapshot.
-                let budget = config.budget(&agent).unwrap_or_default();
-                let counter = self.counter(&budget.tokenizer);
-                let mut new = messages.clone();
-                new.extend(plan.events.iter().filter_map(snapshot_message));
-                let (usage, dropped) = cached
-                    .state
-                    .fit(&budget, &*counter, &header, &assembled, format, &new);
-                if let Some(event) = dropped {
-                    let at = plan.events.len().saturating_sub(1); // before the marker
-                    plan.events.insert(at, event);
-                    plan.prefix_kept = plan.prefix_kept.map(|_| false);
-                }
-                usage.check(&budget)?;
-                if let Some(marker) = plan.events.last_mut() {
-                    if let Value::Object(body) = &mut marker.body {
-                        body.insert("usage".into(), json!(usage));
-                    }
-                }
-                Ok((plan, usage))
-            });
-        let (plan, usage) = match planned {
-            Ok(planned) => planned,
-            Err(e) => {
-                self.keep(id, cached);
-                return Err(e);
-            }
-        };
-        self.append(id, &mut cached, plan.events)?;
-        if let Some(kept) = plan.prefix_kept {
-            self.metrics.prefix(&agent, kept);
-        }
-        let rendered = cached.state.render_into(format, out);
-        self.keep(id, cached);
-        rendered?;
-        Ok((plan.step, usage))
-    }
-
-    /// The counter for a tokenizer the config validated (`chars` for anything else).
-    fn counter(&self, name: &str) -> Arc<dyn Counter> {
-        let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        counters
-            .entry(name.to_string())
-            .or_insert_with(|| {
-                promptd_tokenize::counter(name).unwrap_or_else(|| Arc::new(budget::Chars))
-            })
-            .clone()
-    }
-
-    /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
-    pub fn record_message(&self, id: &str, message: &Message) -> Result<u64> {
-        self.record_reply(id, message, None)
-    }
-
-    /// [`Daemon::record_message`], with the usage the provider reported for a reply (Q14).
-    pub fn record_reply(
-        &self,
-        id: &str,
-        message: &Message,
-        usage: Option<&promptd_core::replies::ProviderUsage>,
-    ) -> Result<u64> {
-        if matches!(message, Message::User { .. }) {
-            self.agent_of(id)?;
-            return Err(Error::BadRequest(
-                "user input is sent with a step (POST /v1/sessions/{id}/steps)".into(),
-            )
-            .into());
-        }
-        content_of(message).check(&self.config().content_limits())?;
-        let _held = self.locks.hold(id);
-        let mut cached = self.session(id)?;
-        let config = self.config();
-        let (template, empty) = config.tool_results(&cached.agent);
-        let messages =
-            session::tool_results_shown(std::slice::from_ref(message), template.as_deref(), &empty);
-        let message = &messages[0];
-        if let Err(e) = cached.state.check_message(message) {
-            self.keep(id, cached);
-            return Err(e.into());
-        }
-        let event = match message {
-            Message::Assistant { .. } => session::reply_event(message, usage),
-            _ => session::message_event(message),
-        };
-        let seq = self.append(id, &mut cached, vec![event])?;
-        self.keep(id, cached);
-        Ok(seq)
-    }
-
-    /// Compacts the message events `from..=to` (seqs) into `summary` (Q14): later requests
-    /// show the summary in their place; the events stay, and past steps rebuild unchanged.
-    /// Returns the seq of the `history/compacted` event.
-    pub fn compact(&self, id: &str, from: u64, to: u64, summary: &str) -> Result<u64> {
-        let _held = self.locks.hold(id);
-        let mut cached = self.session(id)?;
-        let event = match cached.state.compaction(from, to, summary) {
-            Ok(event) => event,
-            Err(e) => {
-                self.keep(id, cached);
-                return Err(e.into());
-            }
-        };
-        let seq = self.append(id, &mut cached, vec![event])?;
-        self.keep(id, cached);
-        Ok(seq)
-    }
-
-    /// Estimate against provider-reported usage, per step and in total (Q14).
-    pub fn usage_report(&self, id: &str) -> Result<Value> {
-        let events = self.session_events(id)?;
-        Ok(session::usage_report(id, &events)?)
-    }
-
-    pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
-        self.agent_of(id)?;
-        Ok(self.store.events(id)?)
-    }
-
-    /// Sessions whose id or agent contains `filter`, most recent activity first.
-    pub fn sessions(
-        &self,
-        filter: &str,
-        limit: usize,
-    ) -> Result<Vec<promptd_core::store::SessionSummary>> {
-        Ok(self.store.sessions(filter, limit)?)
-    }
-
-    /// Step `n`'s request in `format` (as the step returned it) and who gave each part.
-    pub fn explain(&self, id: &str, n: u64, format: Format) -> Result<(Value, Option<Provenance>)> {
-        let events = self.session_events(id)?;
-        let request = session::rebuild(id, &events, n)?;
-        let provenance = session::provenance_at(id, &events, n)?;
-        Ok((promptd_core::formats::render(&request, format), provenance))
-    }
-
-    /// Step `n` against the step before and the last one with the same header: the shared
-    /// prefix, where it broke and why. Tokens are counted when the session's agent has a
-    /// tokenizer other than `chars`.
-    pub fn diff(
-        &self,
-        id: &str,
-        n: u64,
-        format: Format,
-    ) -> Result<promptd_core::provenance::StepDiff> {
-        let agent = self.agent_of(id)?;
-        let events = self.store.events(id)?;
-        let budget = self.config().budget(&agent).unwrap_or_default();
-        let counter = (budget.tokenizer != "chars" && !budget.tokenizer.is_empty())
-            .then(|| self.counter(&budget.tokenizer));
-        Ok(promptd_core::provenance::step_diff(
-            id,
-            &events,
-            n,
-            format,
-            counter.as_deref(),
-        )?)
-    }
-
-    /// The frozen request of step `n`, rebuilt from the log alone (Q4).
-    pub fn request(&self, id: &str, n: u64) -> Result<FrozenRequest> {
-        let events = self.session_events(id)?;
-        Ok(session::rebuild(id, &events, n)?)
-    }
 }
 
 /// Most plugins loaded at once: a few more than this machine's cores, so that plugins stuck
 /// in a looping `declare` (each stopped at its deadline) do not hold up every other load.
 const LOAD_WORKERS: usize = 4;
-
-/// Q18: every review hook, by (order, plugin id), each shown the messages as the hooks before
-/// it left them; the messages as redacted, or none when no hook redacted (the common case,
-/// so a step without hooks copies nothing). A rejection, a failed hook or a bad verdict fails
-/// the step: a hook guards what is recorded, so it fails closed, `optional` or not.
-fn review_step(
-    registry: &Registry,
-    step: &Step,
-    messages: &[Message],
-    assembled: &promptd_core::assembly::Assembly,
-) -> promptd_core::Result<Option<Vec<Message>>> {
-    let mut hooks: Vec<(i32, &PluginEntry)> = registry
-        .plugins()
-        .filter_map(|p| p.declaration.review_order.map(|o| (o, &**p)))
-        .collect();
-    hooks.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
-    let mut redacted: Option<Vec<Message>> = None;
-    for (_, hook) in hooks {
-        let current = redacted.as_deref().unwrap_or(messages);
-        let failed = |cause: String, trapped: bool| Error::PluginCall {
-            plugin: hook.id.clone(),
-            contribution: "review".into(),
-            cause,
-            trapped,
-        };
-        let input = promptd_core::review::input(current, assembled);
-        let verdict = hook.provider.review(step, &input).map_err(|e| {
-            let trapped = matches!(e, promptd_core::provider::CallError::Trapped(_));
-            failed(e.cause().to_string(), trapped)
-        })?;
-        match verdict {
-            Verdict::Accept => {}
-            Verdict::Reject(reason) => {
-                return Err(Error::ReviewRejected {
-                    plugin: hook.id.clone(),
-                    reason,
-                })
-            }
-            Verdict::Redact(rules) => {
-                let next = promptd_core::review::redact(current, &rules)
-                    .map_err(|cause| failed(cause, false))?;
-                redacted = Some(next);
-            }
-        }
-    }
-    Ok(redacted)
-}
 
 /// `f` over `items` on up to `workers` scoped threads; results in the items' order.
 fn parallel_map<T: Sync, R: Send>(
@@ -967,26 +604,4 @@ fn parallel_map<T: Sync, R: Send>(
         .into_iter()
         .filter_map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect()
-}
-
-/// The blocks a user message or tool result carries (none for a reply).
-fn content_of(message: &Message) -> &promptd_core::content::Content {
-    static NONE: promptd_core::content::Content =
-        promptd_core::content::Content::Blocks(Vec::new());
-    match message {
-        Message::User { content, .. } | Message::Tool { content, .. } => content,
-        Message::Assistant { .. } => &NONE,
-    }
-}
-
-/// The snapshot message a planned `context/snapshot` event will add.
-fn snapshot_message(event: &NewEvent) -> Option<Message> {
-    (event.kind == EventKind::ContextSnapshot).then(|| {
-        let content = event
-            .body
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        Message::snapshot(content)
-    })
 }

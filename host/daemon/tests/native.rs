@@ -245,7 +245,7 @@ fn kinds(d: &Daemon, id: &str) -> Vec<String> {
     d.session_events(id)
         .unwrap()
         .iter()
-        .map(|e| match e.body.get("reason") {
+        .map(|e| match e.body_value().unwrap().get("reason") {
             Some(reason) => format!("{}:{}", e.kind, reason.as_str().unwrap()),
             None => e.kind.to_string(),
         })

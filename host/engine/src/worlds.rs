@@ -64,7 +64,7 @@ macro_rules! to_wit {
         pub(crate) fn $step(step: &Step) -> $w::Step {
             $w::Step {
                 agent: step.agent.clone(),
-                scope_chain: step.scope_chain.clone(),
+                scope_chain: step.scope_chain.to_vec(),
                 session_id: step.session_id.clone(),
                 step_number: step.step_number,
                 facts: step.facts.clone().into_iter().collect(),

@@ -329,8 +329,7 @@ fn read_events(conn: &mut Conn, id: &str, after: u64) -> Result<Vec<Event>, Stor
         let kind: &str = row.get(1);
         let kind = EventKind::parse(kind)
             .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
-        let body = serde_json::from_str(row.get::<_, &str>(2))
-            .map_err(|e| corrupt(format!("{kind} body is not JSON: {e}")))?;
+        let body: String = row.get(2);
         let version: i32 = row.get(4);
         events.push(Event {
             seq,
@@ -358,7 +357,7 @@ fn insert(
         .map(|i| next_seq as i64 + i)
         .collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-    let bodies: Vec<String> = events.iter().map(|e| e.body.to_string()).collect();
+    let bodies: Vec<&str> = events.iter().map(|e| e.body.as_str()).collect();
     let version = BODY_VERSION as i32;
     tx.execute(conn.insert, &[&id, &seqs, &kinds, &bodies, &at, &version])
         .map_err(pg("inserting events"))?;

@@ -76,9 +76,9 @@ fn a_stopped_server_is_unavailable_and_the_store_reconnects_when_it_is_back() {
     let url = own.database();
     let store = PostgresStore::open(&url).unwrap();
     let id = store
-        .create_session("a", NewEvent::new(EventKind::SessionCreated, json!({})))
+        .create_session("a", NewEvent::json(EventKind::SessionCreated, &json!({})))
         .unwrap();
-    let step = |n: u64| [NewEvent::new(EventKind::Step, json!({"step": n}))];
+    let step = |n: u64| [NewEvent::json(EventKind::Step, &json!({"step": n}))];
     store.append(&id, 2, &step(1)).unwrap();
     own.stop();
     for call in 0..3 {

@@ -36,8 +36,22 @@ fn blocks(
         })
 }
 
-/// The body to store (`None`: as given) and the blobs it refers to, `(sha256, data)`.
-pub fn deflate(kind: EventKind, body: &Value) -> (Option<Value>, Vec<(String, String)>) {
+/// The body text to store (`None`: as given) and the blobs it refers to, `(sha256, data)`.
+/// Only a message body long enough to hold a large block is parsed at all.
+pub fn deflate(kind: EventKind, text: &str) -> (Option<String>, Vec<(String, String)>) {
+    if !matches!(kind, EventKind::UserMessage | EventKind::ToolResult) || text.len() < MIN_BYTES {
+        return (None, Vec::new());
+    }
+    // Not JSON: stored as given (the store keeps bytes; readers of the log judge them).
+    let Ok(body) = serde_json::from_str::<Value>(text) else {
+        return (None, Vec::new());
+    };
+    let (stored, found) = deflate_value(kind, &body);
+    (stored.map(|v| v.to_string()), found)
+}
+
+/// [`deflate`] on a parsed body.
+fn deflate_value(kind: EventKind, body: &Value) -> (Option<Value>, Vec<(String, String)>) {
     // Most events hold no large media: look before copying the body (a header is big).
     let large = |b: &Value| {
         matches!(
@@ -81,8 +95,22 @@ pub fn deflate(kind: EventKind, body: &Value) -> (Option<Value>, Vec<(String, St
     }
 }
 
-/// Puts the data of every `data_sha256` back.
-pub fn inflate(conn: &Connection, kind: EventKind, body: &mut Value) -> Result<(), String> {
+/// The stored body text with the data of every `data_sha256` put back (as given when it
+/// refers to no blob).
+pub fn inflate(conn: &Connection, kind: EventKind, text: String) -> Result<String, String> {
+    if !matches!(kind, EventKind::UserMessage | EventKind::ToolResult)
+        || !text.contains("\"data_sha256\"")
+    {
+        return Ok(text);
+    }
+    let mut body: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{kind} body is not JSON: {e}"))?;
+    inflate_value(conn, kind, &mut body)?;
+    Ok(body.to_string())
+}
+
+/// [`inflate`] on a parsed body.
+fn inflate_value(conn: &Connection, kind: EventKind, body: &mut Value) -> Result<(), String> {
     let mut query = None;
     for block in blocks(kind, body) {
         let Some(Value::String(sha)) = block.remove("data_sha256") else {

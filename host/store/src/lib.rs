@@ -490,7 +490,7 @@ fn insert_events(
             id,
             (next_seq + i as u64) as i64,
             e.kind.as_str(),
-            body.as_ref().unwrap_or(&e.body).to_string(),
+            body.as_deref().unwrap_or(&e.body),
             at,
             BODY_VERSION
         ])
@@ -609,9 +609,7 @@ fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, St
         };
         let kind = EventKind::parse(&kind)
             .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
-        let mut body = serde_json::from_str(&body)
-            .map_err(|e| corrupt(format!("{kind} body is not JSON: {e}")))?;
-        blobs::inflate(conn, kind, &mut body).map_err(corrupt)?;
+        let body = blobs::inflate(conn, kind, body).map_err(corrupt)?;
         events.push(Event {
             seq: seq as u64,
             kind,
@@ -638,7 +636,7 @@ mod tests {
         let image = "iVBORw0K".repeat(1000);
         let store = SqliteStore::open(&path).unwrap();
         let id = store
-            .create_session("a", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .create_session("a", NewEvent::json(EventKind::SessionCreated, &json!({})))
             .unwrap();
         let body = |i: usize| {
             json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": [
@@ -651,14 +649,19 @@ mod tests {
                 .append(
                     &id,
                     2 + i as u64,
-                    &[NewEvent::new(EventKind::ToolResult, body(i))],
+                    &[NewEvent::json(EventKind::ToolResult, &body(i))],
                 )
                 .unwrap();
         }
         let events = store.events(&id).unwrap();
         assert_eq!(events.len(), 51);
         for (i, e) in events[1..].iter().enumerate() {
-            assert_eq!(e.body, body(i), "event {} reads back as given", e.seq);
+            assert_eq!(
+                e.body_value().unwrap(),
+                body(i),
+                "event {} reads back as given",
+                e.seq
+            );
         }
         drop(store);
         let conn = Connection::open(&path).unwrap();
@@ -693,7 +696,7 @@ mod tests {
             let id = store
                 .create_session(
                     "coder",
-                    NewEvent::new(EventKind::SessionCreated, json!({"agent": "coder"})),
+                    NewEvent::json(EventKind::SessionCreated, &json!({"agent": "coder"})),
                 )
                 .unwrap();
             store
@@ -701,13 +704,13 @@ mod tests {
                     &id,
                     2,
                     &[
-                        NewEvent::new(EventKind::UserMessage, json!(1)),
-                        NewEvent::new(EventKind::Step, json!({"x": "y"})),
+                        NewEvent::json(EventKind::UserMessage, &json!(1)),
+                        NewEvent::json(EventKind::Step, &json!({"x": "y"})),
                     ],
                 )
                 .unwrap();
             let err = store
-                .append(&id, 2, &[NewEvent::new(EventKind::Step, json!(null))])
+                .append(&id, 2, &[NewEvent::json(EventKind::Step, &json!(null))])
                 .unwrap_err();
             assert!(
                 matches!(
@@ -732,19 +735,19 @@ mod tests {
             [(1, "session/created"), (2, "user/message"), (3, "step")]
         );
         assert!(events.iter().all(|e| e.version == BODY_VERSION));
-        assert_eq!(events[2].body, json!({"x": "y"}));
+        assert_eq!(events[2].body, r#"{"x":"y"}"#);
         assert_eq!(store.session_agent("nope").unwrap(), None);
         assert!(store.events("nope").unwrap().is_empty());
     }
 
     fn new_session(store: &SqliteStore) -> String {
         store
-            .create_session("a", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .create_session("a", NewEvent::json(EventKind::SessionCreated, &json!({})))
             .unwrap()
     }
 
     fn step(n: u64) -> Vec<NewEvent> {
-        vec![NewEvent::new(EventKind::Step, json!({"step": n}))]
+        vec![NewEvent::json(EventKind::Step, &json!({"step": n}))]
     }
 
     #[test]
@@ -783,7 +786,7 @@ mod tests {
         assert_eq!(store.events(id).unwrap_err().code(), "store");
         assert_eq!(store.session_agent(id).unwrap_err().code(), "store");
         let err = store
-            .create_session("a", NewEvent::new(EventKind::SessionCreated, json!({})))
+            .create_session("a", NewEvent::json(EventKind::SessionCreated, &json!({})))
             .unwrap_err();
         assert_eq!(err.code(), "store", "{err}");
         // Lost for good: a later append fails too, it is not written anywhere.

@@ -200,7 +200,9 @@ fn every_0_2_0_dev_step_explains_and_diffs_to_the_stored_bytes_in_all_four_forma
         }
         // GET …/usage.
         let (path, expected) = s.stored("usage.json");
-        let got = session::usage_report(&s.id, &s.events).unwrap().to_string();
+        let got = serde_json::to_value(session::usage_report(&s.id, &s.events).unwrap())
+            .unwrap()
+            .to_string();
         assert_eq!(got, expected, "{}", path.display());
         reports += 1;
     }

@@ -1,0 +1,115 @@
+//! An agent's settings resolved once: [`AgentPlan`]. The config is read per agent and per
+//! config version, not per step; the daemon, `promptd assemble` and the benches all take the
+//! plan, so every step of an agent runs on the same resolved values.
+
+use std::sync::Arc;
+
+use crate::assembly::Options;
+use crate::budget::{Budget, Counter};
+use crate::config::{Config, ToolSubset, EMPTY_TOOL_RESULT};
+use crate::content::ContentLimits;
+use crate::Result;
+
+/// How an agent's tool results are shown (`tool_result_template`, `empty_tool_result`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolResults {
+    /// Wraps each result's text around `{observation}`.
+    pub template: Option<String>,
+    /// Shown for an empty result.
+    pub empty: String,
+}
+
+/// One agent's settings, resolved from one config version.
+///
+/// ```
+/// use promptd_core::config::{plan::AgentPlan, Config};
+///
+/// let config = Config::parse("[agents.coder]\nruntime_context = false\n", "promptd.toml").unwrap();
+/// let plan = AgentPlan::resolve(&config, "coder", |_| None).unwrap();
+/// assert_eq!(&*plan.scope_chain, ["global".to_string(), "coder".to_string()]);
+/// assert!(plan.options.suppress_runtime_context);
+/// assert_eq!(plan.counter.name(), "chars");
+/// ```
+#[derive(Clone)]
+pub struct AgentPlan {
+    /// The agent's name.
+    pub agent: String,
+    /// Farthest first: `global`, ancestors…, the agent.
+    pub scope_chain: Arc<[String]>,
+    /// Assembly options; `data_secret` is empty here (it is the session's: see
+    /// [`AgentPlan::options_for`]).
+    pub options: Options,
+    /// Model settings (every provider table): [`crate::formats::settings`] picks a format's.
+    pub model: serde_json::Map<String, serde_json::Value>,
+    /// The budget (`chars`, never refusing, when the agent has none).
+    pub budget: Budget,
+    /// The counter of `budget.tokenizer`.
+    pub counter: Arc<dyn Counter>,
+    /// Whether the agent has a tokenizer other than `chars` (a diff then counts tokens).
+    pub counts_tokens: bool,
+    /// Tool results as shown.
+    pub tool_results: ToolResults,
+    /// How large a content block may be.
+    pub content_limits: ContentLimits,
+}
+
+impl std::fmt::Debug for AgentPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentPlan")
+            .field("agent", &self.agent)
+            .field("scope_chain", &self.scope_chain)
+            .field("budget", &self.budget)
+            .field("counter", &self.counter.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentPlan {
+    /// Resolves `agent`'s settings from `config`. `counter` gives the counter for a tokenizer
+    /// name the config validated (tokenizers live outside core); `None` falls back to
+    /// [`crate::budget::Chars`].
+    pub fn resolve(
+        config: &Config,
+        agent: &str,
+        counter: impl Fn(&str) -> Option<Arc<dyn Counter>>,
+    ) -> Result<AgentPlan> {
+        let scope_chain: Arc<[String]> = config.chain(agent)?.into();
+        let budget = config.budget(agent).unwrap_or_default();
+        let counts_tokens = !budget.tokenizer.is_empty() && budget.tokenizer != "chars";
+        let counter = counter(&budget.tokenizer).unwrap_or_else(|| Arc::new(crate::budget::Chars));
+        let (template, empty) = config.tool_results(agent);
+        Ok(AgentPlan {
+            agent: agent.to_string(),
+            scope_chain,
+            options: Options {
+                tool_order: config.tool_order.clone().map(Into::into),
+                suppress_runtime_context: !config.runtime_context(agent),
+                keep_all_tools: config.tool_subset(agent) == ToolSubset::AllowedTools,
+                data_secret: Arc::from(""),
+            },
+            model: config.model(agent),
+            budget,
+            counter,
+            counts_tokens,
+            tool_results: ToolResults { template, empty },
+            content_limits: config.content_limits(),
+        })
+    }
+
+    /// The assembly options for a session whose data blocks are keyed with `secret` (T8).
+    pub fn options_for(&self, secret: Arc<str>) -> Options {
+        Options {
+            data_secret: secret,
+            ..self.options.clone()
+        }
+    }
+}
+
+impl Default for ToolResults {
+    fn default() -> Self {
+        ToolResults {
+            template: None,
+            empty: EMPTY_TOOL_RESULT.to_string(),
+        }
+    }
+}

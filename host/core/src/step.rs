@@ -1,0 +1,310 @@
+//! One step, planned: the pipeline core owns and the daemon drives (Q1–Q6, Q14, Q18).
+//!
+//! [`plan`] takes a session's state, a registry snapshot, the agent's resolved
+//! [`AgentPlan`], the step's input and the format, and returns the [`PlannedStep`]: the typed
+//! bodies to append, in order, and what they mean. It builds them in this order, each stage
+//! refusing the step before anything is recorded:
+//!
+//! 1. assembly of the plugins' contributions for the agent's scope chain;
+//! 2. content checks of the new messages (block sizes and shapes);
+//! 3. review hooks (Q18), which may reject the step or redact its new messages (checked
+//!    again);
+//! 4. tool-result shaping (`tool_result_template`, `empty_tool_result`);
+//! 5. whether `format` can carry the session and the new messages (Q6);
+//! 6. provenance, when the header or the plugin set may have changed;
+//! 7. the session plan: messages, snapshot, header, omissions and the marker (Q1–Q3, Q5);
+//! 8. the budget: measuring, trimming with the `history/dropped` event before the marker, and
+//!    refusing a request that still does not fit (Q14); the usage goes on the marker.
+//!
+//! The daemon then appends [`PlannedStep::encode`]'s events, applies the bodies to the state
+//! as they are ([`crate::session::SessionState::apply_planned`]) and renders the request.
+
+use std::collections::BTreeMap;
+
+use crate::assembly::{self, Assembly};
+use crate::budget::Usage;
+use crate::config::AgentPlan;
+use crate::content::Content;
+use crate::conversation::{Header, Message};
+use crate::error::{Error, Result};
+use crate::formats::{self, Format};
+use crate::model::Step;
+use crate::provenance::Provenance;
+use crate::registry::{PluginEntry, Registry};
+use crate::review::Verdict;
+use crate::session::log::Body;
+use crate::session::{self, HeaderReason, SessionState};
+use crate::store::{NewEvent, StoreError};
+
+/// What a client sends for one step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepInput {
+    /// New user messages and tool results, in order (tool results first).
+    pub messages: Vec<Message>,
+    /// The runtime facts plugins read (`cwd`, `git_branch`, …).
+    pub facts: BTreeMap<String, String>,
+}
+
+/// A step ready to append: its bodies in log order, the marker last.
+#[derive(Debug)]
+pub struct PlannedStep {
+    /// The step's number, from 1.
+    pub step: u64,
+    /// The bodies to append, in order.
+    pub bodies: Vec<Body>,
+    /// Why a header is recorded, when one is.
+    pub header_reason: Option<HeaderReason>,
+    /// Whether the previous step's whole request is a prefix of this one's (after trimming);
+    /// `None` on a session's first step.
+    pub prefix_kept: Option<bool>,
+}
+
+impl PlannedStep {
+    /// The events a store appends, one per body.
+    pub fn encode(&self) -> Result<Vec<NewEvent>> {
+        self.bodies.iter().map(encode).collect()
+    }
+
+    /// The step's usage, as its marker records it.
+    pub fn usage(&self) -> Option<&Usage> {
+        match self.bodies.last() {
+            Some(Body::Step(marker)) => marker.usage.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Takes the usage out of the marker (once the events are encoded: the state does not
+    /// keep it), so the reply can carry it without a copy.
+    pub fn take_usage(&mut self) -> Option<Usage> {
+        match self.bodies.last_mut() {
+            Some(Body::Step(marker)) => marker.usage.take(),
+            _ => None,
+        }
+    }
+}
+
+/// `body` as a store appends it.
+pub fn encode(body: &Body) -> Result<NewEvent> {
+    body.encode().map_err(|e| {
+        Error::Store(StoreError::backend(
+            format!("encoding a {} event", body.kind()),
+            e,
+        ))
+    })
+}
+
+/// Plans one step of session `session` (see the module docs for the stages). `run` names the
+/// daemon process (recorded with each header, Q3). The state is only read, except for what
+/// it remembers of measurements; a refused step leaves it as it was.
+pub fn plan(
+    state: &mut SessionState,
+    registry: &Registry,
+    agent: &AgentPlan,
+    session: &str,
+    run: &str,
+    input: StepInput,
+    format: Format,
+) -> Result<PlannedStep> {
+    let StepInput { messages, facts } = input;
+    let mut step = Step {
+        agent: agent.agent.clone(),
+        scope_chain: agent.scope_chain.clone(),
+        session_id: session.to_string(),
+        step_number: state.steps() + 1,
+        facts,
+    };
+    let options = agent.options_for(state.data_secret().clone());
+    let assembled = assembly::assemble(registry, &step, &options)?;
+    formats::check_settings(&agent.model, format)?;
+    let limits = &agent.content_limits;
+    for (i, m) in messages.iter().enumerate() {
+        content_of(m).check(limits).map_err(|e| e.at_message(i))?;
+    }
+    // Q18: hooks may reject the step or redact its new messages; redacted ones are checked
+    // again (a redaction may lengthen a text).
+    let messages = match review(registry, &step, &messages, &assembled)? {
+        Some(redacted) => {
+            for (i, m) in redacted.iter().enumerate() {
+                content_of(m).check(limits).map_err(|e| e.at_message(i))?;
+            }
+            redacted
+        }
+        None => messages,
+    };
+    let shown = &agent.tool_results;
+    let messages = session::tool_results_shown(messages, shown.template.as_deref(), &shown.empty);
+    state.check_renders(format, &messages)?;
+
+    // The header only when it differs from the recorded one: an unchanged header is neither
+    // built nor compared field by field twice.
+    let cache_key = CacheKey(session);
+    let header: Option<Header> = match state.header() {
+        Some(h) if same_header(h, &assembled, &agent.model, cache_key) => None,
+        _ => Some(new_header(&assembled, &agent.model, cache_key)),
+    };
+    // Provenance only when it may have changed: a new header or plugin set.
+    let known = header.is_none()
+        && state.provenance().is_some_and(|p| {
+            p.plugins.len() == registry.len()
+                && registry.plugins().all(|e| {
+                    p.plugins.get(&e.id).map(String::as_str)
+                        == Some(e.sha256.as_deref().unwrap_or(""))
+                })
+        });
+    let provenance = (!known).then(|| Provenance::of(registry, &assembled));
+    let facts = std::mem::take(&mut step.facts);
+    let mut plan = state.plan(
+        messages,
+        facts,
+        &assembled,
+        header,
+        run,
+        provenance.as_ref(),
+    )?;
+
+    // Measure what this step's request will hold: the log so far, this step's input and its
+    // snapshot.
+    let snapshot = plan.events.iter().find_map(|b| match b {
+        Body::ContextSnapshot(s) => Some(Message::snapshot(s.content.clone())),
+        _ => None,
+    });
+    let new: Vec<&Message> = plan
+        .events
+        .iter()
+        .filter_map(Body::as_message)
+        .chain(snapshot.as_ref())
+        .collect();
+    // The new header, when the plan records one; else the recorded one stands.
+    let header = plan.events.iter().find_map(|b| match b {
+        Body::RequestHeader(h) => Some(&h.header),
+        _ => None,
+    });
+    let (usage, dropped) = state.fit(
+        &agent.budget,
+        &*agent.counter,
+        header,
+        &assembled,
+        format,
+        &new,
+    );
+    drop(new);
+    let mut prefix_kept = plan.prefix_kept;
+    if let Some(dropped) = dropped {
+        plan.events.push(dropped);
+        prefix_kept = prefix_kept.map(|_| false);
+    }
+    usage.check(&agent.budget)?;
+    plan.marker.usage = Some(usage);
+    let step = plan.step;
+    let header_reason = plan.header_reason;
+    Ok(PlannedStep {
+        step,
+        bodies: plan.into_bodies(),
+        header_reason,
+        prefix_kept,
+    })
+}
+
+/// The prompt-cache key a session's headers carry (`promptd-{session}`), compared without
+/// building it.
+#[derive(Clone, Copy)]
+struct CacheKey<'a>(&'a str);
+
+impl CacheKey<'_> {
+    fn matches(self, key: Option<&str>) -> bool {
+        key.and_then(|k| k.strip_prefix("promptd-")) == Some(self.0)
+    }
+
+    fn value(self) -> String {
+        format!("promptd-{}", self.0)
+    }
+}
+
+/// Whether `header` is what [`new_header`] would build.
+fn same_header(
+    header: &Header,
+    assembled: &Assembly,
+    model: &serde_json::Map<String, serde_json::Value>,
+    key: CacheKey<'_>,
+) -> bool {
+    header.layout == crate::conversation::LAYOUT
+        && key.matches(header.cache_key.as_deref())
+        && header.system == assembled.system
+        && header.tools.len() == assembled.tools.len()
+        && header.tools.iter().zip(&assembled.tools).all(|(h, a)| {
+            h.name == a.name && h.description == a.description && h.parameters == a.parameters
+        })
+        && &header.model == model
+}
+
+fn new_header(
+    assembled: &Assembly,
+    model: &serde_json::Map<String, serde_json::Value>,
+    key: CacheKey<'_>,
+) -> Header {
+    let mut header = session::header(assembled, model.clone());
+    header.cache_key = Some(key.value());
+    header
+}
+
+/// Q18: every review hook, by (order, plugin id), each shown the messages as the hooks before
+/// it left them; the messages as redacted, or none when no hook redacted (the common case,
+/// so a step without hooks copies nothing). A rejection, a failed hook or a bad verdict fails
+/// the step: a hook guards what is recorded, so it fails closed, `optional` or not.
+fn review(
+    registry: &Registry,
+    step: &Step,
+    messages: &[Message],
+    assembled: &Assembly,
+) -> Result<Option<Vec<Message>>> {
+    if !registry
+        .plugins()
+        .any(|p| p.declaration.review_order.is_some())
+    {
+        return Ok(None);
+    }
+    let mut hooks: Vec<(i32, &PluginEntry)> = registry
+        .plugins()
+        .filter_map(|p| p.declaration.review_order.map(|o| (o, &**p)))
+        .collect();
+    hooks.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
+    let mut redacted: Option<Vec<Message>> = None;
+    for (_, hook) in hooks {
+        let current = redacted.as_deref().unwrap_or(messages);
+        let failed = |cause: String, trapped: bool| Error::PluginCall {
+            plugin: hook.id.clone(),
+            contribution: "review".into(),
+            cause,
+            trapped,
+        };
+        let input = crate::review::input(current, assembled);
+        let verdict = hook.provider.review(step, &input).map_err(|e| {
+            let trapped = matches!(e, crate::provider::CallError::Trapped(_));
+            failed(e.cause().to_string(), trapped)
+        })?;
+        match verdict {
+            Verdict::Accept => {}
+            Verdict::Reject(reason) => {
+                return Err(Error::ReviewRejected {
+                    plugin: hook.id.clone(),
+                    reason,
+                })
+            }
+            Verdict::Redact(rules) => {
+                let next =
+                    crate::review::redact(current, &rules).map_err(|cause| failed(cause, false))?;
+                redacted = Some(next);
+            }
+        }
+    }
+    Ok(redacted)
+}
+
+/// The blocks a user message or tool result carries (none for a reply).
+pub fn content_of(message: &Message) -> &Content {
+    static NONE: Content = Content::Blocks(Vec::new());
+    match message {
+        Message::User { content, .. } | Message::Tool { content, .. } => content,
+        Message::Assistant { .. } => &NONE,
+    }
+}

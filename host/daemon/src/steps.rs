@@ -1,0 +1,333 @@
+//! Steps and the session log: the daemon drives core's step pipeline
+//! ([`promptd_core::step::plan`]) and records what it plans (Q1–Q6, Q14, Q18).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use promptd_core::budget::{self, Counter, Usage};
+use promptd_core::config::{AgentPlan, Config};
+use promptd_core::conversation::{FrozenRequest, Message};
+use promptd_core::formats::{self, Format};
+use promptd_core::provenance::Provenance;
+use promptd_core::session::log::Body;
+use promptd_core::session::{self, SessionState};
+use promptd_core::step::{self, StepInput};
+use promptd_core::store::{Event, NewEvent};
+use promptd_core::Error;
+
+use crate::sessions::{Cached, SessionCache};
+use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
+
+/// Most agents whose plans are kept: agent names come from clients, so never let them grow
+/// this (a cleared map is refilled one resolve per agent).
+const MAX_PLANS: usize = 1024;
+
+/// Agents' plans for one config version.
+#[derive(Default)]
+pub(crate) struct AgentPlans {
+    config: Option<Arc<Config>>,
+    by_agent: HashMap<String, Arc<AgentPlan>>,
+}
+
+/// A session's cached state, taken out of the session cache while the session's lock is
+/// held, and put back when dropped — on every path, errors included — unless marked stale.
+struct Taken<'a> {
+    cache: &'a SessionCache,
+    id: &'a str,
+    /// Always `Some` until the guard drops (only `drop` takes it).
+    cached: Option<Cached>,
+    stale: bool,
+}
+
+impl Taken<'_> {
+    fn get(&mut self) -> &mut Cached {
+        match &mut self.cached {
+            Some(cached) => cached,
+            None => unreachable!("the state is taken only when the guard drops"),
+        }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let (Some(cached), false) = (self.cached.take(), self.stale) {
+            self.cache.put(self.id, cached);
+        }
+    }
+}
+
+impl Daemon {
+    /// `agent`'s plan for the config serving now, resolved once per agent and config version.
+    pub fn agent_plan(&self, agent: &str) -> Result<Arc<AgentPlan>> {
+        let config = self.config();
+        let mut plans = crate::lock(&self.plans);
+        if !plans
+            .config
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &config))
+        {
+            *plans = AgentPlans {
+                config: Some(config.clone()),
+                by_agent: HashMap::new(),
+            };
+        }
+        if let Some(plan) = plans.by_agent.get(agent) {
+            return Ok(plan.clone());
+        }
+        let plan = Arc::new(AgentPlan::resolve(&config, agent, |name| {
+            Some(self.counter(name))
+        })?);
+        if plans.by_agent.len() >= MAX_PLANS {
+            plans.by_agent.clear();
+        }
+        plans.by_agent.insert(agent.to_string(), plan.clone());
+        Ok(plan)
+    }
+
+    /// The counter for a tokenizer the config validated (`chars` for anything else).
+    pub(crate) fn counter(&self, name: &str) -> Arc<dyn Counter> {
+        let mut counters = crate::lock(&self.counters);
+        if let Some(counter) = counters.get(name) {
+            return counter.clone();
+        }
+        let counter = promptd_tokenize::counter(name).unwrap_or_else(|| Arc::new(budget::Chars));
+        counters.insert(name.to_string(), counter.clone());
+        counter
+    }
+
+    /// Session `id`'s cached state, or one built from its log (once, for a cold session).
+    /// Call with the session's lock held; the guard puts it back.
+    fn session<'a>(&'a self, id: &'a str) -> Result<Taken<'a>> {
+        let taken = |cached| Taken {
+            cache: &self.sessions,
+            id,
+            cached: Some(cached),
+            stale: false,
+        };
+        if let Some(mut cached) = self.sessions.take(id) {
+            if !self.store.is_shared() {
+                return Ok(taken(cached));
+            }
+            // Other daemons may have appended since (Q17): catch up before using the state,
+            // so alternating daemons plan on the whole log instead of meeting a conflict.
+            let missing = match self.store.events_after(id, cached.state.last_seq()) {
+                Ok(missing) => missing,
+                Err(e) => {
+                    drop(taken(cached)); // kept: nothing changed
+                    return Err(e.into());
+                }
+            };
+            if missing.is_empty() || cached.state.apply(&missing).is_ok() {
+                return Ok(taken(cached));
+            }
+            // The log no longer continues the state (e.g. restored from a backup): rebuild.
+        }
+        let agent = self.agent_of(id)?;
+        let state = SessionState::from_log(id, &self.store.events(id)?)?;
+        Ok(taken(Cached { agent, state }))
+    }
+
+    /// Appends `bodies` (encoded as `events`) at the state's next seq and extends the state
+    /// by them as they are. When another writer appended in the meantime the append is
+    /// refused (`store_conflict`) and the stale state is dropped, so the next call rebuilds
+    /// it from the log.
+    fn append(&self, taken: &mut Taken<'_>, events: &[NewEvent], bodies: Vec<Body>) -> Result<u64> {
+        let next = taken.get().state.last_seq() + 1;
+        let applied = self
+            .store
+            .append(taken.id, next, events)
+            .map_err(DaemonError::from)
+            .and_then(|()| Ok(taken.get().state.apply_planned(next, bodies)?));
+        if let Err(e) = applied {
+            taken.stale = true;
+            return Err(e);
+        }
+        Ok(next)
+    }
+
+    /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return the
+    /// step number and the request body in `format` — the bytes a rebuild of the step from the
+    /// log renders (Q4), spliced from the session's cached fragments.
+    pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
+        let mut body = String::new();
+        let (n, _) = self.step_into(id, input.clone(), format, &mut body)?;
+        Ok((n, body))
+    }
+
+    /// [`Daemon::step`], with the body appended to `out` (the HTTP layer writes its envelope
+    /// around it in the same buffer).
+    pub fn step_into(
+        &self,
+        id: &str,
+        input: StepInput,
+        format: Format,
+        out: &mut String,
+    ) -> Result<(u64, Usage)> {
+        let started = Instant::now();
+        let result = self.step_inner(id, input, format, out);
+        let error = match &result {
+            Err(DaemonError::Core(e)) => Some(e),
+            _ => None,
+        };
+        self.metrics.step(started.elapsed(), error);
+        self.quarantine_failing(error);
+        result
+    }
+
+    fn step_inner(
+        &self,
+        id: &str,
+        input: StepInput,
+        format: Format,
+        out: &mut String,
+    ) -> Result<(u64, Usage)> {
+        self.wait_ready(STEP_WAITS_FOR_LOADING)?;
+        let _held = self.locks.hold(id);
+        let mut taken = self.session(id)?;
+        // One snapshot of the registry and the plan for the whole step (H2).
+        let registry = self.registry();
+        let plan = self.agent_plan(&taken.get().agent)?;
+        let cached = taken.get();
+        let mut planned = step::plan(
+            &mut cached.state,
+            &registry,
+            &plan,
+            id,
+            &self.run,
+            input,
+            format,
+        )?;
+        let events = planned.encode()?;
+        let usage = planned.take_usage().unwrap_or_default();
+        let n = planned.step;
+        self.append(&mut taken, &events, planned.bodies)?;
+        if let Some(kept) = planned.prefix_kept {
+            self.metrics.prefix(&plan.agent, kept);
+        }
+        taken.get().state.render_into(format, out)?;
+        Ok((n, usage))
+    }
+
+    /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
+    pub fn record_message(&self, id: &str, message: &Message) -> Result<u64> {
+        self.record_reply(id, message, None)
+    }
+
+    /// [`Daemon::record_message`], with the usage the provider reported for a reply (Q14).
+    pub fn record_reply(
+        &self,
+        id: &str,
+        message: &Message,
+        usage: Option<&promptd_core::replies::ProviderUsage>,
+    ) -> Result<u64> {
+        if matches!(message, Message::User { .. }) {
+            self.agent_of(id)?;
+            return Err(Error::BadRequest(
+                "user input is sent with a step (POST /v1/sessions/{id}/steps)".into(),
+            )
+            .into());
+        }
+        let plan = {
+            let agent = self.agent_of(id)?;
+            self.agent_plan(&agent)?
+        };
+        step::content_of(message).check(&plan.content_limits)?;
+        let _held = self.locks.hold(id);
+        let mut taken = self.session(id)?;
+        let shown = &plan.tool_results;
+        let message = session::tool_results_shown(
+            vec![message.clone()],
+            shown.template.as_deref(),
+            &shown.empty,
+        )
+        .pop()
+        .ok_or_else(|| Error::BadRequest("no message".into()))?;
+        taken.get().state.check_message(&message)?;
+        let body = match message {
+            Message::Assistant { .. } => session::reply_event(message, usage.cloned()),
+            _ => session::message_event(message),
+        };
+        let event = step::encode(&body)?;
+        self.append(&mut taken, &[event], vec![body])
+    }
+
+    /// Compacts the message events `from..=to` (seqs) into `summary` (Q14): later requests
+    /// show the summary in their place; the events stay, and past steps rebuild unchanged.
+    /// Returns the seq of the `history/compacted` event.
+    pub fn compact(&self, id: &str, from: u64, to: u64, summary: &str) -> Result<u64> {
+        let _held = self.locks.hold(id);
+        let mut taken = self.session(id)?;
+        let body = taken.get().state.compaction(from, to, summary)?;
+        let event = step::encode(&body)?;
+        self.append(&mut taken, &[event], vec![body])
+    }
+
+    /// Estimate against provider-reported usage, per step and in total (Q14).
+    pub fn usage_report(&self, id: &str) -> Result<session::UsageReport> {
+        let events = self.session_events(id)?;
+        Ok(session::usage_report(id, &events)?)
+    }
+
+    /// The session's log, in order.
+    pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
+        self.agent_of(id)?;
+        Ok(self.store.events(id)?)
+    }
+
+    /// Sessions whose id or agent contains `filter`, most recent activity first.
+    pub fn sessions(
+        &self,
+        filter: &str,
+        limit: usize,
+    ) -> Result<Vec<promptd_core::store::SessionSummary>> {
+        Ok(self.store.sessions(filter, limit)?)
+    }
+
+    /// Step `n`'s request in `format` (as the step returned it) and who gave each part.
+    pub fn explain(
+        &self,
+        id: &str,
+        n: u64,
+        format: Format,
+    ) -> Result<(serde_json::Value, Option<Provenance>)> {
+        let events = self.session_events(id)?;
+        let request = session::rebuild(id, &events, n)?;
+        let provenance = session::provenance_at(id, &events, n)?;
+        Ok((formats::render(&request, format), provenance))
+    }
+
+    /// Step `n` against the step before and the last one with the same header: the shared
+    /// prefix, where it broke and why. Tokens are counted when the session's agent has a
+    /// tokenizer other than `chars`.
+    pub fn diff(
+        &self,
+        id: &str,
+        n: u64,
+        format: Format,
+    ) -> Result<promptd_core::provenance::StepDiff> {
+        let agent = self.agent_of(id)?;
+        let events = self.store.events(id)?;
+        let plan = self.agent_plan(&agent)?;
+        let counter = plan.counts_tokens.then(|| plan.counter.clone());
+        Ok(promptd_core::provenance::step_diff(
+            id,
+            &events,
+            n,
+            format,
+            counter.as_deref(),
+        )?)
+    }
+
+    /// The frozen request of step `n`, rebuilt from the log alone (Q4).
+    pub fn request(&self, id: &str, n: u64) -> Result<FrozenRequest> {
+        let events = self.session_events(id)?;
+        Ok(session::rebuild(id, &events, n)?)
+    }
+}
+
+/// Locks `mutex`, recovering the data of a thread that panicked while holding it: every
+/// lock in the daemon guards data that stays consistent between statements.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
