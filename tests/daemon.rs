@@ -646,14 +646,23 @@ fn r5_plugins_events_and_metrics_are_visible() {
         ]
     );
     assert_eq!(sse_events(&d.url, 1, Some(4))[0]["seq"], 5);
-    // A live change arrives on an open stream.
-    let url = d.url.clone();
-    let reader = std::thread::spawn(move || sse_events(&url, 6, None));
-    std::thread::sleep(Duration::from_millis(300));
-    d.ok("DELETE", "/v1/plugins/persona", None);
-    let live = reader.join().unwrap();
-    assert_eq!(live[5]["kind"], "unload");
-    assert_eq!(live[5]["seq"], 6);
+    // A live change arrives on an open stream. The daemon takes a stream's replay and its live
+    // subscription together, so once this stream has replayed the history it is subscribed:
+    // the unload made after that can only reach it live, never as replayed history.
+    let mut stream = SseStream::open(&d.url, None);
+    let replayed: Vec<u64> = (0..5)
+        .map(|_| stream.next("the replayed history")["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(replayed, [1, 2, 3, 4, 5]);
+    let applied = d.ok("DELETE", "/v1/plugins/persona", None)["applied"][0].clone();
+    let live = stream.next("the live unload of persona");
+    assert_eq!(live["kind"], "unload");
+    assert_eq!(live["seq"], 6);
+    assert_eq!(live["plugin"], "persona");
+    assert_eq!(
+        live, applied,
+        "the stream carries the change the DELETE applied"
+    );
 
     let id = new_session(&d, "default");
     step(&d, &id, json!([]), json!({}), "neutral");
@@ -672,31 +681,48 @@ fn r5_plugins_events_and_metrics_are_visible() {
 
 /// Reads `count` events from `GET /v1/events`.
 fn sse_events(base: &str, count: usize, last_id: Option<u64>) -> Vec<Value> {
-    use std::io::{BufRead, BufReader, Write};
-    let addr = base.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+    let mut stream = SseStream::open(base, last_id);
+    (0..count)
+        .map(|i| stream.next(&format!("event {} of {count}", i + 1)))
+        .collect()
+}
+
+/// An open `GET /v1/events` stream, read one event at a time.
+struct SseStream {
+    lines: std::io::Lines<std::io::BufReader<std::net::TcpStream>>,
+}
+
+impl SseStream {
+    fn open(base: &str, last_id: Option<u64>) -> SseStream {
+        use std::io::{BufRead, BufReader, Write};
+        let addr = base.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let last = last_id
+            .map(|n| format!("Last-Event-ID: {n}\r\n"))
+            .unwrap_or_default();
+        write!(
+            stream,
+            "GET /v1/events HTTP/1.1\r\nHost: {addr}\r\n{last}Accept: text/event-stream\r\n\r\n"
+        )
         .unwrap();
-    let last = last_id
-        .map(|n| format!("Last-Event-ID: {n}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "GET /v1/events HTTP/1.1\r\nHost: {addr}\r\n{last}Accept: text/event-stream\r\n\r\n"
-    )
-    .unwrap();
-    let mut events = Vec::new();
-    for line in BufReader::new(&mut stream).lines() {
-        let line = line.expect("read SSE");
-        if let Some(data) = line.strip_prefix("data: ") {
-            events.push(serde_json::from_str(data).unwrap());
-            if events.len() == count {
-                break;
-            }
+        SseStream {
+            lines: BufReader::new(stream).lines(),
         }
     }
-    events
+
+    /// The next event's data; panics naming `what` when none comes within 10 s.
+    fn next(&mut self, what: &str) -> Value {
+        for line in &mut self.lines {
+            let line = line.unwrap_or_else(|e| panic!("SSE: {what} never arrived: {e}"));
+            if let Some(data) = line.strip_prefix("data: ") {
+                return serde_json::from_str(data).unwrap();
+            }
+        }
+        panic!("SSE: the stream ended before {what}")
+    }
 }
 
 #[test]

@@ -351,11 +351,12 @@ fn dev_mode_rebuilds_a_c_plugin_folder_when_its_source_changes() {
     let src = tmp.path().join("greeter");
     let folder = Folder::new();
     let config = folder.config("");
-    let (_state_tmp, state) = state_dir();
+    let (state_tmp, state) = state_dir();
+    let log = state_tmp.path().join("daemon.log");
     let src_arg = src.display().to_string();
     // Served from the plugin folder itself, as the README suggests (`--plugins . --dev .`): the
     // build must never show the daemon a half-written component.
-    let d = Served::start_with(&src, &config, &state, &["--dev", &src_arg], &[]);
+    let d = Served::start_with_logged(&src, &config, &state, &["--dev", &src_arg], &log);
     eventually_within(120, "first dev build loaded", || {
         d.plugin("greeter")["state"] == "loaded"
     });
@@ -372,9 +373,22 @@ fn dev_mode_rebuilds_a_c_plugin_folder_when_its_source_changes() {
         step(&d, &id)["request"]["system"] == "Reply as briefly as you can."
     });
 
-    // A build error is logged; the last good version keeps serving.
+    // A build error is logged; the last good version keeps serving. Checked once the daemon
+    // has logged the failed build of the broken source, not merely after some time.
+    let failed_builds = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("dev: build failed"))
+            .count()
+    };
+    let before = failed_builds();
     std::fs::write(&path, "this is not C").unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    eventually_within(
+        120,
+        "the dev build of the broken plugin.c to fail in the log",
+        || failed_builds() > before,
+    );
     assert_eq!(
         step(&d, &id)["request"]["system"],
         "Reply as briefly as you can."

@@ -49,9 +49,10 @@ fn l4_a_looping_plugin_does_not_slow_agents_that_do_not_see_it() {
 
     // Agent A's traffic: every step spins until its deadline.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spun = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let loaders: Vec<_> = (0..1)
         .map(|_| {
-            let (url, stop) = (d.url.clone(), stop.clone());
+            let (url, stop, spun) = (d.url.clone(), stop.clone(), spun.clone());
             let a = d.session("a");
             std::thread::spawn(move || {
                 let started = Instant::now();
@@ -66,11 +67,18 @@ fn l4_a_looping_plugin_does_not_slow_agents_that_do_not_see_it() {
                         None,
                     );
                     assert_eq!(status, 502, "A's steps hit the looping plugin");
+                    spun.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // B is measured once A's steps are known to reach the looping plugin (one has spun to its
+    // deadline), so the plugin spins while B steps: A's loader sends its next step at once.
+    common::eventually_within(
+        30,
+        "a step of agent A answered 502 by the looping plugin",
+        || spun.load(std::sync::atomic::Ordering::Relaxed) > 0,
+    );
     let busy = p99(&d, &b, 200);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for l in loaders {

@@ -34,12 +34,24 @@ impl Served {
 
     /// Starts with the daemon's log (stderr, at info) written to `log`.
     pub fn start_logged(plugins: &Path, config: &Path, state: &Path, log: &Path) -> Served {
+        Self::start_with_logged(plugins, config, state, &[], log)
+    }
+
+    /// [`Served::start_with`] `extra` arguments, with the log written to `log` as in
+    /// [`Served::start_logged`].
+    pub fn start_with_logged(
+        plugins: &Path,
+        config: &Path,
+        state: &Path,
+        extra: &[&str],
+        log: &Path,
+    ) -> Served {
         let file = std::fs::File::create(log).expect("log file");
         Self::spawn(
             plugins,
             config,
             state,
-            &[],
+            extra,
             &[("PROMPTD_LOG", "info")],
             file.into(),
         )
