@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use promptd_core::conversation::Message;
-//! use promptd_core::review::{redact, Redaction};
+//! use promptd_core::assembly::review::{redact, Redaction};
 //!
 //! let step = vec![Message::user("my password is hunter2")];
 //! let rules = [Redaction { find: "hunter2".into(), replace: "[redacted]".into() }];
@@ -17,7 +17,7 @@
 //! ```
 
 use crate::assembly::Assembly;
-use crate::content::{Block, Content};
+use crate::conversation::content::{Block, Content};
 use crate::conversation::Message;
 
 /// Most redactions one verdict may carry.

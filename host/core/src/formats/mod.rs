@@ -4,9 +4,12 @@
 //! `serde_json` is built without `preserve_order`, object keys serialize sorted, so the same
 //! request also gives the same bytes. Nothing here panics on any input.
 
+pub mod replies;
+pub mod transcript;
+
 use serde_json::{json, Map, Value};
 
-use crate::content::{Block, Content};
+use crate::conversation::content::{Block, Content};
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 
 /// The shape of the request body to render.

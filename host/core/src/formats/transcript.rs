@@ -240,8 +240,8 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{json, Map};
 
-    fn block() -> impl Strategy<Value = crate::content::Block> {
-        use crate::content::Block;
+    fn block() -> impl Strategy<Value = crate::conversation::content::Block> {
+        use crate::conversation::content::Block;
         prop_oneof![
             "[a-z ]{0,4}".prop_map(|text| Block::Text { text }),
             Just(Block::Image {
@@ -263,8 +263,8 @@ mod tests {
         ]
     }
 
-    fn content() -> impl Strategy<Value = crate::content::Content> {
-        use crate::content::Content;
+    fn content() -> impl Strategy<Value = crate::conversation::content::Content> {
+        use crate::conversation::content::Content;
         prop_oneof![
             "[a-z\"\\\\é{}<>]{0,6}".prop_map(Content::Text),
             prop::collection::vec(block(), 0..4).prop_map(Content::Blocks),

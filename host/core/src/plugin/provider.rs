@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::model::{Content, Context, Declaration, Scope, Section, Step, Tool, Variable};
-use crate::review::{ReviewInput, Verdict};
+use crate::assembly::review::{ReviewInput, Verdict};
+use crate::plugin::model::{Content, Context, Declaration, Scope, Section, Step, Tool, Variable};
 
 /// Why a plugin call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,8 +164,8 @@ type ReviewFn = Arc<dyn Fn(&Step, &ReviewInput) -> CallResult<Verdict> + Send + 
 /// A plugin made of plain Rust values and closures.
 ///
 /// ```
-/// use promptd_core::provider::NativePlugin;
-/// use promptd_core::model::Scope;
+/// use promptd_core::plugin::provider::NativePlugin;
+/// use promptd_core::plugin::model::Scope;
 ///
 /// let plugin = NativePlugin::new()
 ///     .section("deployment:persona", 0, "You are {{name}}.")

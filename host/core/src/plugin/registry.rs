@@ -7,11 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::model::{Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable};
-use crate::provider::Provider;
-use crate::sandbox::DeclarationLimits;
-use crate::trust::Trust;
-use crate::validate::{self, ToolSchemas};
+use crate::plugin::model::{
+    Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable,
+};
+use crate::plugin::provider::Provider;
+use crate::plugin::sandbox::DeclarationLimits;
+use crate::plugin::trust::Trust;
+use crate::plugin::validate::{self, ToolSchemas};
 
 /// How the host config treats one plugin.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
