@@ -15,10 +15,10 @@ use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
-use promptd_core::assembly::review::{ReviewInput, Verdict};
 use promptd_core::load::{CacheLookup, Engine as PluginEngine, Instantiated, LoadRequest};
 use promptd_core::plugin::model::{Content, Declaration, Scope, Step};
 use promptd_core::plugin::provider::{CallError, CallResult, Evaluation, Provider, Wanted};
+use promptd_core::plugin::provider::{ReviewInput, Verdict};
 use promptd_core::plugin::sandbox::Sandbox;
 use promptd_core::Error;
 

@@ -107,7 +107,7 @@ pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<A
         options.suppress_runtime_context,
         options.keep_all_tools,
     );
-    let assembly = match registry.memo.get(&key) {
+    let assembly = match registry.memo.get::<Assembly>(&key) {
         Some(assembly) => assembly,
         None => assemble_fresh(registry, step, options, key)?,
     };
