@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::daemon::{state_dir, Served};
 use common::{fails, Folder};
 use promptd_core::load::{self, CacheLookup};
-use promptd_core::model::Scope;
+use promptd_core::plugin::model::Scope;
 use promptd_daemon::plugin_dir;
 use promptd_engine::{cache, Compiler, WasmEngine};
 
@@ -151,7 +151,7 @@ fn l7_the_compiler_child_writes_an_artifact_that_loads_serves_and_is_cached() {
     let file = plugin_dir::read(&folder.path().join("good.wasm")).unwrap();
     let (entry, lookup) = load::load(&engine, &file, &config).unwrap();
     assert_eq!(lookup, Some(CacheLookup::Miss));
-    let step = promptd_core::model::Step {
+    let step = promptd_core::plugin::model::Step {
         agent: "coder".into(),
         ..Default::default()
     };

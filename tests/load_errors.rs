@@ -241,18 +241,18 @@ fn dynamic_sections_see_the_step_and_a_fresh_instance_serves_after_a_trap() {
     );
     let (_engine, loaded) = load_folder(&folder, &config);
     let entry = loaded.registry.get("dyn").unwrap();
-    let step = promptd_core::model::Step {
+    let step = promptd_core::plugin::model::Step {
         agent: "coder".into(),
         scope_chain: vec!["global".into(), "coder".into()].into(),
         ..Default::default()
     };
-    let global = promptd_core::model::Scope::Global;
+    let global = promptd_core::plugin::model::Scope::Global;
     let trap = entry
         .provider
         .section_text("bad", &global, &step)
         .unwrap_err();
     assert!(
-        matches!(trap, promptd_core::provider::CallError::Trapped(_)),
+        matches!(trap, promptd_core::plugin::provider::CallError::Trapped(_)),
         "{trap:?}"
     );
     // L3: the trapped instance is dropped; the next call runs on a fresh, re-declared one.
@@ -277,9 +277,9 @@ fn two_concurrent_calls(instances: u32) -> Vec<String> {
             let (provider, start) = (provider.clone(), start.clone());
             std::thread::spawn(move || {
                 start.wait();
-                let step = promptd_core::model::Step::default();
+                let step = promptd_core::plugin::model::Step::default();
                 provider
-                    .section_text("busy", &promptd_core::model::Scope::Global, &step)
+                    .section_text("busy", &promptd_core::plugin::model::Scope::Global, &step)
                     .unwrap()
             })
         })
@@ -287,10 +287,10 @@ fn two_concurrent_calls(instances: u32) -> Vec<String> {
     let mut texts: Vec<String> = calls.into_iter().map(|c| c.join().unwrap()).collect();
     texts.sort();
     // A later call reuses a warm instance rather than making another.
-    let step = promptd_core::model::Step::default();
+    let step = promptd_core::plugin::model::Step::default();
     texts.push(
         provider
-            .section_text("busy", &promptd_core::model::Scope::Global, &step)
+            .section_text("busy", &promptd_core::plugin::model::Scope::Global, &step)
             .unwrap(),
     );
     texts

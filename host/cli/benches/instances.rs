@@ -23,9 +23,9 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion};
 use promptd_core::assembly::{self, Options};
 use promptd_core::load::{self, PluginFile};
-use promptd_core::model::{Scope, Step};
-use promptd_core::provider::Provider;
-use promptd_core::sandbox::Sandbox;
+use promptd_core::plugin::model::{Scope, Step};
+use promptd_core::plugin::provider::Provider;
+use promptd_core::plugin::sandbox::Sandbox;
 use promptd_engine::{cache, WasmEngine};
 use sha2::{Digest, Sha256};
 
@@ -68,7 +68,7 @@ fn engines(work: &Path) -> Vec<(&'static str, WasmEngine)> {
 }
 
 /// Ten copies of the bench fixture, 30% dynamic, through the same loader `promptd serve` uses.
-fn registry(engine: &WasmEngine, bytes: &[u8]) -> promptd_core::registry::Registry {
+fn registry(engine: &WasmEngine, bytes: &[u8]) -> promptd_core::plugin::registry::Registry {
     let mut config = String::new();
     let files = (0..10)
         .map(|i| {

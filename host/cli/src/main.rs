@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use promptd_core::assembly;
 use promptd_core::config::{AgentPlan, Config, DEFAULT_AGENT};
-use promptd_core::model::Step;
+use promptd_core::plugin::model::Step;
 use promptd_core::{load, request};
 use promptd_daemon::plugin_dir;
 use promptd_engine::{cache, Compiler, WasmEngine};

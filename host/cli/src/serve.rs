@@ -1,7 +1,5 @@
 //! `promptd serve`: start the daemon on TCP or a Unix socket, stop gracefully on SIGINT/SIGTERM.
 
-mod conn;
-
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use promptd_core::config::Config;
 use promptd_core::store::SessionStore;
-use promptd_daemon::{http, Daemon};
+use promptd_daemon::{http, server, Daemon};
 use promptd_engine::{cache, WasmEngine};
 use promptd_store::SqliteStore;
 use promptd_store_postgres::PostgresStore;
@@ -113,15 +111,10 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     if let Some(workspace) = dev {
         crate::dev::spawn(workspace, daemon.plugin_dir().to_path_buf())?;
     }
-    let timeouts = {
-        let daemon = daemon.clone();
-        move || {
-            let config = daemon.config();
-            conn::Timeouts {
-                header: config.header_timeout(),
-                idle: config.idle_timeout(),
-            }
-        }
+    // The timeouts from the config in force at each connection; max_connections as at start.
+    let limits = server::Limits {
+        max_connections,
+        ..server::Limits::of(&daemon)
     };
     // MCP servers connect on the runtime below; each publishes beside the plugins (M1).
     let mcp = daemon.clone();
@@ -139,7 +132,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("listen on {addr}"))?;
                 announce(&format!("http://{}", listener.local_addr()?));
-                conn::serve(listener, app, max_connections, timeouts, shutdown()).await;
+                server::serve(listener, app, limits, shutdown()).await;
             }
             Listen::Unix(path) => {
                 // A stale socket file from an earlier run would make bind fail.
@@ -147,7 +140,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 let listener = tokio::net::UnixListener::bind(&path)
                     .with_context(|| format!("listen on {}", path.display()))?;
                 announce(&format!("unix:{}", path.display()));
-                conn::serve(listener, app, max_connections, timeouts, shutdown()).await;
+                server::serve(listener, app, limits, shutdown()).await;
                 let _ = std::fs::remove_file(&path);
             }
         }

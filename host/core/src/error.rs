@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::model::Kind;
+use crate::plugin::model::Kind;
 use crate::store::StoreError;
 
 /// `a`, `b` for messages.

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use crate::config::Config;
 use crate::conversation::Message;
-use crate::interpolate::{interpolate, parse, Resolved};
+use crate::plugin::interpolate::{interpolate, parse, Resolved};
 
 /// 4096 cases per target in every test run; `PROPTEST_CASES` asks for more (or fewer).
 fn cases() -> u32 {
@@ -55,7 +55,7 @@ proptest! {
             // only ones that came from literal text, never one the input had as a group.
             if let Ok(pieces) = parse(&text) {
                 for piece in pieces {
-                    if let crate::interpolate::Piece::Reference { name, .. } = piece {
+                    if let crate::plugin::interpolate::Piece::Reference { name, .. } = piece {
                         let replaced = format!("<{name}>");
                         prop_assert!(out.contains(&replaced));
                     }

@@ -1,15 +1,16 @@
 //! promptd's core: plain data and pure functions.
 //!
-//! Everything that decides what a model sees lives here: what plugins declare ([`model`]),
-//! the registry of loaded plugins ([`registry`]), assembly ([`assembly`]), interpolation
-//! ([`interpolate`]), provider formats ([`formats`]), session planning and rebuild
+//! Everything that decides what a model sees lives here: plugins, what they declare and the
+//! registry of loaded ones ([`plugin`]), assembly ([`assembly`]), the neutral conversation
+//! ([`conversation`]), provider wire formats ([`formats`]), session planning and rebuild
 //! ([`session`]), config parsing ([`config`]) and the session log's shape ([`store`]). It does
 //! no IO and has no engine, database, HTTP or async runtime in its dependency tree (checked by
 //! `cargo xtask test`); those sit in the crates around it, behind the [`load::Engine`] and
 //! [`store::SessionStore`] traits.
 //!
 //! ```
-//! use promptd_core::{assembly, model::Step, provider::NativePlugin, registry::*};
+//! use promptd_core::assembly;
+//! use promptd_core::plugin::{model::Step, provider::NativePlugin, registry::*};
 //!
 //! let (decl, provider) = NativePlugin::new()
 //!     .section("persona", 0, "You are {{name}}.")
@@ -25,29 +26,26 @@
 pub mod assembly;
 pub mod budget;
 pub mod config;
-pub mod content;
 pub mod conversation;
 pub mod error;
 pub mod formats;
 #[cfg(test)]
 mod fuzz;
-pub mod interpolate;
 pub mod load;
-pub mod model;
-pub mod names;
-pub mod plugin_state;
+pub mod plugin;
 pub mod provenance;
-pub mod provider;
-pub mod registry;
-pub mod replies;
 pub mod request;
-pub mod review;
-pub mod sandbox;
 pub mod session;
 pub mod step;
 pub mod store;
-pub mod transcript;
-pub mod trust;
-pub mod validate;
 
 pub use error::{Error, ErrorBody, Result};
+
+// The flat paths of modules that moved into folders, kept for the files being rewritten
+// (`config`, `session`, `provenance`, `store` here and the daemon's `lib.rs` still name
+// them); new code uses the folder paths.
+pub use assembly::review;
+pub use conversation::content;
+pub use formats::{replies, transcript};
+pub use plugin::state as plugin_state;
+pub use plugin::{model, names, provider, registry, sandbox, trust};

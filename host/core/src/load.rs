@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::model::Declaration;
-use crate::provider::Provider;
-use crate::registry::{PluginEntry, Registry};
-use crate::sandbox::Sandbox;
+use crate::plugin::model::Declaration;
+use crate::plugin::provider::Provider;
+use crate::plugin::registry::{PluginEntry, Registry};
+use crate::plugin::sandbox::Sandbox;
 
 /// A plugin file as read from disk.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use crate::formats::{self, Format};
 use crate::session;
 
 use crate::assembly::{Assembly, Origin};
-use crate::model::{Content, Declaration};
+use crate::plugin::model::{Content, Declaration};
 
 /// The neutral request of one assembly outside any session (`promptd assemble`): the same
 /// shape a daemon step returns in the neutral format, `{"model", "system", "tools",

@@ -15,7 +15,7 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use promptd_core::budget::Usage;
 use promptd_core::conversation::Message;
 use promptd_core::formats::Format;
-use promptd_core::plugin_state::{ChangeKind, PluginState};
+use promptd_core::plugin::state::{ChangeKind, PluginState};
 use promptd_core::ErrorBody;
 
 use crate::events::RegistryEvent;
@@ -172,7 +172,7 @@ pub struct StepReply {
 }
 
 /// The body of `POST /v1/sessions/{id}/messages`: a model's reply as the provider SDK returned
-/// it, or a neutral assistant or tool message (`promptd_core::replies`), with the keys the
+/// it, or a neutral assistant or tool message (`promptd_core::formats::replies`), with the keys the
 /// daemon tells the shapes apart by: `choices` (an OpenAI Chat Completion), else `output` (an
 /// OpenAI Response), else `role`: `tool` (a neutral tool result), `assistant` with `content`
 /// a list of blocks (Anthropic), with OpenAI's marks (`content: null`, `refusal`,
@@ -216,7 +216,7 @@ fn raw_schema(schema: Value) -> RefOr<Schema> {
     RefOr::T(Schema::Object(object))
 }
 
-/// What `promptd_core::replies::reply` records, as JSON Schema; `usage` (removed before the
+/// What `promptd_core::formats::replies::reply` records, as JSON Schema; `usage` (removed before the
 /// shape is read, so only at the top) may stand beside each shape.
 fn reply_shapes(usage: bool) -> Value {
     use serde_json::json;

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use promptd_core::plugin_state::ChangeKind;
+use promptd_core::plugin::state::ChangeKind;
 use promptd_core::ErrorBody;
 use serde::Serialize;
 use tokio::sync::broadcast;

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use promptd_core::content::Content;
+use promptd_core::conversation::content::Content;
 use promptd_core::conversation::Message;
-use promptd_core::plugin_state::{ChangeKind, PluginState};
-use promptd_core::registry::PluginEntry;
+use promptd_core::plugin::registry::PluginEntry;
+use promptd_core::plugin::state::{ChangeKind, PluginState};
 use promptd_core::request::declaration_json;
 use promptd_core::store::EventKind;
 use promptd_core::ErrorBody;
@@ -232,7 +232,7 @@ mod tests {
     use super::*;
     use promptd_core::config::Config;
     use promptd_core::load::{Engine, Instantiated, LoadRequest};
-    use promptd_core::provider::NativePlugin;
+    use promptd_core::plugin::provider::NativePlugin;
     use promptd_core::store::MemoryStore;
 
     /// No plugin files: only external contributors.

@@ -577,10 +577,10 @@ async fn record_message(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    // Any of the shapes the SDKs return (promptd_core::replies), not only the neutral one.
+    // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
     let value: Value = parse_body(body, state.max_body)?;
     let (message, usage) =
-        promptd_core::replies::reply_with_usage(value).map_err(DaemonError::from)?;
+        promptd_core::formats::replies::reply_with_usage(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
     let seq = blocking(move || daemon.record_reply(&id, &message, usage.as_ref())).await?;
     Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
@@ -768,7 +768,7 @@ async fn registry_events(
                     "bad_request",
                     format!(
                         "{what} `{}` is not an event's seq",
-                        promptd_core::names::shortened(v, 40)
+                        promptd_core::plugin::names::shortened(v, 40)
                     ),
                 )
             })
@@ -853,7 +853,7 @@ mod tests {
         let _ = parse_body::<api::StepBody>(Ok(bytes.clone()), 1 << 20);
         let _ = parse_body::<api::NewSession>(Ok(bytes.clone()), 1 << 20);
         if let Ok(value) = parse_body::<Value>(Ok(bytes), 1 << 20) {
-            let _ = promptd_core::replies::reply(value);
+            let _ = promptd_core::formats::replies::reply(value);
         }
     }
 

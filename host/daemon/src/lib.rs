@@ -41,6 +41,7 @@ pub mod http;
 mod locks;
 pub mod metrics;
 pub mod plugin_dir;
+pub mod server;
 mod sessions;
 mod steps;
 pub mod ui;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use promptd_core::config::Config;
 use promptd_core::load::PluginFile;
-use promptd_core::names::is_item_name;
+use promptd_core::plugin::names::is_item_name;
 use sha2::{Digest, Sha256};
 
 use crate::error::{DaemonError, Result};

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 
-use promptd_core::plugin_state::ChangeKind;
+use promptd_core::plugin::state::ChangeKind;
 use promptd_core::ErrorBody;
 
 use crate::error::{DaemonError, Result};

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use promptd_core::load::CacheLookup;
-use promptd_core::sandbox::Sandbox;
+use promptd_core::plugin::sandbox::Sandbox;
 use promptd_core::Error;
 use wasmtime::component::Component;
 use wasmtime::Engine;

@@ -2,7 +2,7 @@
 //!
 //! [`WasmEngine`] owns the wasmtime engine, the linker and the epoch ticker; each loaded plugin
 //! becomes a [`WasmProvider`] with a warm instance, a call deadline, a memory cap and the
-//! grants of its [`promptd_core::sandbox::Sandbox`]. [`cache`] keeps compiled code on disk.
+//! grants of its [`promptd_core::plugin::sandbox::Sandbox`]. [`cache`] keeps compiled code on disk.
 
 pub mod cache;
 pub mod compile;

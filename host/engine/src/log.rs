@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use promptd_core::sandbox::Sandbox;
+use promptd_core::plugin::sandbox::Sandbox;
 
 /// A log record's level, as the plugin asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,10 +16,10 @@ use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 use promptd_core::load::{CacheLookup, Engine as PluginEngine, Instantiated, LoadRequest};
-use promptd_core::model::{Content, Declaration, Scope, Step};
-use promptd_core::provider::{CallError, CallResult, Evaluation, Provider, Wanted};
-use promptd_core::review::{ReviewInput, Verdict};
-use promptd_core::sandbox::Sandbox;
+use promptd_core::plugin::model::{Content, Declaration, Scope, Step};
+use promptd_core::plugin::provider::{CallError, CallResult, Evaluation, Provider, Wanted};
+use promptd_core::plugin::provider::{ReviewInput, Verdict};
+use promptd_core::plugin::sandbox::Sandbox;
 use promptd_core::Error;
 
 use crate::cache::CompileCache;
@@ -140,7 +140,7 @@ impl WasmEngine {
 
     /// Compiles `bytes` as the plugin `id`, checks the world, instantiates it and calls
     /// `declare(config)`. Nothing is validated against the registry here; see
-    /// [`promptd_core::registry::PluginEntry::new`].
+    /// [`promptd_core::plugin::registry::PluginEntry::new`].
     pub fn load(
         &self,
         id: &str,
@@ -708,7 +708,7 @@ impl Provider for WasmProvider {
         match self.world() {
             World::V0_2 => self.evaluate_v2(step, wanted),
             // The adapter: a 0.1.0 plugin answers item by item, as it always did.
-            World::V0_1 => Ok(promptd_core::provider::per_item(self, step, wanted)),
+            World::V0_1 => Ok(promptd_core::plugin::provider::per_item(self, step, wanted)),
         }
     }
 

@@ -6,9 +6,9 @@
 //! `promptd:plugin@0.2.0` (wit/) is what the SDKs build. Which world a component implements is
 //! read from its exports: only 0.2.0 exports `evaluate` and `review`.
 
-use promptd_core::model::{self, Content, Declaration, Scope, Step};
-use promptd_core::provider::{CallError, CallResult, Evaluation, Wanted};
-use promptd_core::review::{Redaction, ReviewInput, Verdict};
+use promptd_core::plugin::model::{self, Content, Declaration, Scope, Step};
+use promptd_core::plugin::provider::{CallError, CallResult, Evaluation, Wanted};
+use promptd_core::plugin::provider::{Redaction, ReviewInput, Verdict};
 use wasmtime::component::Component;
 use wasmtime::Engine;
 

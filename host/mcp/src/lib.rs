@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use promptd_core::config::{
     Config, McpConfig, DEFAULT_MCP_INSTRUCTIONS_ORDER, DEFAULT_MCP_TIMEOUT_MS,
 };
-use promptd_core::model::Scope;
-use promptd_core::provider::{CallError, CallResult, NativePlugin};
-use promptd_core::registry::PluginEntry;
+use promptd_core::plugin::model::Scope;
+use promptd_core::plugin::provider::{CallError, CallResult, NativePlugin};
+use promptd_core::plugin::registry::PluginEntry;
 use promptd_core::ErrorBody;
 use promptd_daemon::{Daemon, ToolOutcome, ToolRunner};
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, SubscriptionFilter};

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use crate::content::{Block, Content};
+pub mod content;
+
+pub use content::{Block, Content};
 
 /// One tool call the model made.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

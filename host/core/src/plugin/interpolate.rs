@@ -4,7 +4,7 @@
 //! value is never scanned again (T1) and an error never leaves `{{name}}` in place (T4).
 
 use crate::error::{Error, Result};
-use crate::names::is_variable_name;
+use crate::plugin::names::is_variable_name;
 use std::borrow::Cow;
 
 /// One parsed piece of a template.

@@ -3,10 +3,25 @@
 //! Pure functions: the same request always renders to the same JSON value, and because
 //! `serde_json` is built without `preserve_order`, object keys serialize sorted, so the same
 //! request also gives the same bytes. Nothing here panics on any input.
+//!
+//! One module per body shape: `neutral`, `openai` (Chat Completions), `responses` (OpenAI
+//! Responses) and `anthropic` (Messages). This module holds [`Format`], the model settings a
+//! body carries, the dispatch ([`render`]) and the helpers both OpenAI shapes share.
+//! [`replies`] reads a model's reply in any of these shapes; [`transcript`] renders a
+//! session's messages once per format as they are appended.
+
+mod anthropic;
+mod neutral;
+mod openai;
+pub mod replies;
+mod responses;
+pub mod transcript;
+
+pub use neutral::neutral_message;
 
 use serde_json::{json, Map, Value};
 
-use crate::content::{Block, Content};
+use crate::conversation::content::Block;
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 
 /// The shape of the request body to render.
@@ -135,29 +150,10 @@ pub fn check_settings(model: &Map<String, Value>, format: Format) -> Result<(), 
 pub fn render(request: &FrozenRequest, format: Format) -> Value {
     let mut body = head(&request.header, format, request.shown_tools.as_deref());
     let messages = match format {
-        Format::Neutral => request.messages.iter().map(neutral_message).collect(),
-        Format::Openai => {
-            let mut items: Vec<Value> = system_message(&request.header).into_iter().collect();
-            let mut pending = Vec::new();
-            for message in &request.messages {
-                push_openai(&mut items, &mut pending, message);
-            }
-            items.extend(flush_openai(&mut pending));
-            items
-        }
-        Format::Anthropic => {
-            let mut turns = anthropic_turns(&request.messages);
-            let last = turns.pop();
-            let mut out: Vec<Value> = turns
-                .into_iter()
-                .map(|(role, blocks)| anthropic_turn(role, blocks))
-                .collect();
-            out.extend(
-                last.map(|(role, blocks)| anthropic_last_turn(&request.header, role, blocks)),
-            );
-            out
-        }
-        Format::OpenaiResponses => request.messages.iter().flat_map(responses_items).collect(),
+        Format::Neutral => neutral::messages(request),
+        Format::Openai => openai::messages(request),
+        Format::Anthropic => anthropic::messages(request),
+        Format::OpenaiResponses => responses::messages(request),
     };
     body.insert(list_key(format).into(), Value::Array(messages));
     Value::Object(body)
@@ -192,29 +188,10 @@ pub(crate) fn tools_value(
     }
     let count = arrayed.len();
     let tools = arrayed.iter().enumerate().map(|(i, tool)| match format {
-        Format::Neutral => json!({
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-        }),
-        Format::Openai => json!({
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters,
-            },
-        }),
-        // Without `strict`, Responses rewrites the schema into strict mode (every property
-        // required); keep it as the plugin declared it.
-        Format::OpenaiResponses => json!({
-            "type": "function",
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-            "strict": false,
-        }),
-        Format::Anthropic => anthropic_tool(tool, i + 1 == count),
+        Format::Neutral => neutral::tool(tool),
+        Format::Openai => openai::tool(tool),
+        Format::OpenaiResponses => responses::tool(tool),
+        Format::Anthropic => anthropic::anthropic_tool(tool, i + 1 == count),
     });
     Some(Value::Array(tools.collect()))
 }
@@ -227,67 +204,10 @@ pub(crate) fn head(
 ) -> Map<String, Value> {
     let tools = tools_value(header, format, shown);
     match format {
-        Format::Neutral => {
-            let mut body = Map::new();
-            body.insert("model".into(), Value::Object(header.model.clone()));
-            body.insert("system".into(), json!(header.system));
-            body.insert("tools".into(), tools.unwrap_or_else(|| json!([])));
-            body
-        }
-        Format::Openai => {
-            let mut body = openai_settings(header, format);
-            if let Some(tools) = tools {
-                body.insert("tools".into(), tools);
-                if let Some(shown) = shown {
-                    let allowed = shown
-                        .iter()
-                        .map(|name| json!({ "type": "function", "function": { "name": name } }))
-                        .collect();
-                    body.entry("tool_choice").or_insert_with(|| {
-                        allowed_tools(shown, json!({ "allowed_tools": { "mode": "auto", "tools": Value::Array(allowed) } }))
-                    });
-                }
-            }
-            body.remove("messages");
-            body
-        }
-        Format::OpenaiResponses => {
-            let mut body = openai_settings(header, format);
-            if !header.system.is_empty() {
-                body.insert("instructions".into(), json!(header.system));
-            }
-            if let Some(tools) = tools {
-                body.insert("tools".into(), tools);
-                if let Some(shown) = shown {
-                    let allowed = shown
-                        .iter()
-                        .map(|name| json!({ "type": "function", "name": name }))
-                        .collect();
-                    body.entry("tool_choice").or_insert_with(|| {
-                        allowed_tools(
-                            shown,
-                            json!({ "mode": "auto", "tools": Value::Array(allowed) }),
-                        )
-                    });
-                }
-            }
-            body.remove("input");
-            body
-        }
-        Format::Anthropic => {
-            let mut body = settings(&header.model, format);
-            if !header.system.is_empty() {
-                body.insert(
-                    "system".into(),
-                    json!([{ "type": "text", "text": header.system, "cache_control": ephemeral() }]),
-                );
-            }
-            if let Some(tools) = tools {
-                body.insert("tools".into(), tools);
-            }
-            body.remove("messages");
-            body
-        }
+        Format::Neutral => neutral::head(header, tools),
+        Format::Openai => openai::head(header, tools, shown),
+        Format::OpenaiResponses => responses::head(header, tools, shown),
+        Format::Anthropic => anthropic::head(header, tools),
     }
 }
 
@@ -301,15 +221,6 @@ fn allowed_tools(shown: &[String], mut fields: Value) -> Value {
         map.insert("type".into(), json!("allowed_tools"));
     }
     fields
-}
-
-pub fn neutral_message(message: &Message) -> Value {
-    serde_json::to_value(message).unwrap_or(Value::Null)
-}
-
-/// OpenAI's system message, first in `messages`, when there is a system prompt.
-pub(crate) fn system_message(header: &Header) -> Option<Value> {
-    (!header.system.is_empty()).then(|| json!({ "role": "system", "content": header.system }))
 }
 
 /// Why `format` cannot carry `message`, if it cannot: the only such block today is a PDF by
@@ -329,345 +240,11 @@ pub fn unsupported(format: Format, message: &Message) -> Option<&'static str> {
         })
 }
 
-/// Adds `message` to OpenAI's `messages`. Tool messages may carry only text, so a result's
-/// images and documents wait in `pending` and go, after the last tool message of the group,
-/// into one user message (the nearest valid form).
-pub(crate) fn push_openai(items: &mut Vec<Value>, pending: &mut Vec<Value>, message: &Message) {
-    if !matches!(message, Message::Tool { .. }) {
-        items.extend(flush_openai(pending));
-    }
-    items.push(openai_message(message));
-    if let Message::Tool {
-        tool_call_id,
-        content: Content::Blocks(blocks),
-        ..
-    } = message
-    {
-        let media: Vec<Value> = blocks
-            .iter()
-            .filter(|b| !matches!(b, Block::Text { .. }))
-            .map(openai_part)
-            .collect();
-        if !media.is_empty() {
-            pending.push(json!({
-                "type": "text",
-                "text": format!("Attachments of the result of tool call {tool_call_id}:"),
-            }));
-            pending.extend(media);
-        }
-    }
-}
-
-/// The user message of the attachments waiting in `pending`, if any.
-pub(crate) fn flush_openai(pending: &mut Vec<Value>) -> Option<Value> {
-    (!pending.is_empty()).then(|| json!({ "role": "user", "content": std::mem::take(pending) }))
-}
-
-/// One block as a Chat Completions content part.
-fn openai_part(block: &Block) -> Value {
-    match block {
-        Block::Text { text } => json!({ "type": "text", "text": text }),
-        Block::Image { url, .. } => {
-            let url = block.data_url().or_else(|| url.clone()).unwrap_or_default();
-            json!({ "type": "image_url", "image_url": { "url": url } })
-        }
-        Block::Document { name, .. } => json!({ "type": "file", "file": {
-            "filename": name.as_deref().unwrap_or("document.pdf"),
-            "file_data": block.data_url().unwrap_or_default(),
-        }}),
-    }
-}
-
-fn openai_content(content: &Content) -> Value {
-    match content {
-        Content::Text(text) => json!(text),
-        Content::Blocks(blocks) => Value::Array(blocks.iter().map(openai_part).collect()),
-    }
-}
-
-pub(crate) fn openai_message(message: &Message) -> Value {
-    match message {
-        Message::User { content, .. } => {
-            json!({ "role": "user", "content": openai_content(content) })
-        }
-        Message::Assistant {
-            content,
-            tool_calls,
-            ..
-        } => {
-            let mut out = Map::new();
-            out.insert("role".into(), json!("assistant"));
-            out.insert(
-                "content".into(),
-                if content.is_empty() {
-                    Value::Null
-                } else {
-                    json!(content)
-                },
-            );
-            if !tool_calls.is_empty() {
-                let calls: Vec<Value> = tool_calls
-                    .iter()
-                    .map(|call| {
-                        let arguments = openai_arguments(call);
-                        json!({
-                            "id": call.id,
-                            "type": "function",
-                            "function": { "name": call.name, "arguments": arguments },
-                        })
-                    })
-                    .collect();
-                out.insert("tool_calls".into(), Value::Array(calls));
-            }
-            Value::Object(out)
-        }
-        Message::Tool {
-            tool_call_id,
-            content,
-            ..
-        } => {
-            let content = match content {
-                Content::Text(text) => json!(text),
-                Content::Blocks(blocks) => {
-                    let mut parts: Vec<Value> = blocks
-                        .iter()
-                        .filter(|b| matches!(b, Block::Text { .. }))
-                        .map(openai_part)
-                        .collect();
-                    if parts.is_empty() {
-                        parts.push(json!({ "type": "text", "text": "(attachments follow)" }));
-                    }
-                    Value::Array(parts)
-                }
-            };
-            json!({ "role": "tool", "tool_call_id": tool_call_id, "content": content })
-        }
-    }
-}
-
-/// One block as a Responses input content part.
-fn responses_part(block: &Block) -> Value {
-    match block {
-        Block::Text { text } => json!({ "type": "input_text", "text": text }),
-        Block::Image { url, .. } => json!({
-            "type": "input_image",
-            "image_url": block.data_url().or_else(|| url.clone()).unwrap_or_default(),
-            "detail": "auto",
-        }),
-        Block::Document { name, url, .. } => {
-            let filename = name.as_deref().unwrap_or("document.pdf");
-            match block.data_url() {
-                Some(data) => {
-                    json!({ "type": "input_file", "filename": filename, "file_data": data })
-                }
-                None => json!({ "type": "input_file", "file_url": url }),
-            }
-        }
-    }
-}
-
-fn responses_content(content: &Content) -> Value {
-    match content {
-        Content::Text(text) => json!(text),
-        Content::Blocks(blocks) => Value::Array(blocks.iter().map(responses_part).collect()),
-    }
-}
-
-/// One block as an Anthropic content block (inside a user turn or a `tool_result`); empty
-/// text blocks are left out (Anthropic refuses them).
-fn anthropic_part(block: &Block) -> Option<Value> {
-    let source = |media_type: &Option<String>, data: &Option<String>, url: &Option<String>| match (
-        data, url,
-    ) {
-        (Some(data), _) => json!({ "type": "base64", "media_type": media_type, "data": data }),
-        (None, url) => json!({ "type": "url", "url": url }),
-    };
-    Some(match block {
-        Block::Text { text } if text.is_empty() => return None,
-        Block::Text { text } => json!({ "type": "text", "text": text }),
-        Block::Image {
-            media_type,
-            data,
-            url,
-        } => json!({ "type": "image", "source": source(media_type, data, url) }),
-        Block::Document {
-            media_type,
-            data,
-            url,
-            name,
-        } => {
-            let mut out = json!({ "type": "document", "source": source(media_type, data, url) });
-            if let (Some(name), Value::Object(o)) = (name, &mut out) {
-                o.insert("title".into(), json!(name));
-            }
-            out
-        }
-    })
-}
-
 /// A call's arguments as OpenAI's JSON string: as the model wrote them when known.
 fn openai_arguments(call: &crate::conversation::ToolCall) -> String {
     call.arguments_text.clone().unwrap_or_else(|| {
         serde_json::to_string(&call.arguments).unwrap_or_else(|_| "{}".to_string())
     })
-}
-
-/// One neutral message as OpenAI Responses input items (an assistant reply may be several:
-/// its text, then one `function_call` per call; thinking has no place there and is left out).
-pub(crate) fn responses_items(message: &Message) -> Vec<Value> {
-    match message {
-        Message::User { content, .. } => {
-            vec![
-                json!({ "type": "message", "role": "user", "content": responses_content(content) }),
-            ]
-        }
-        Message::Assistant {
-            content,
-            tool_calls,
-            ..
-        } => {
-            let mut items = Vec::with_capacity(tool_calls.len() + 1);
-            if !content.is_empty() {
-                items.push(json!({ "type": "message", "role": "assistant", "content": content }));
-            }
-            for call in tool_calls {
-                items.push(json!({
-                    "type": "function_call",
-                    "call_id": call.id,
-                    "name": call.name,
-                    "arguments": openai_arguments(call),
-                }));
-            }
-            items
-        }
-        Message::Tool {
-            tool_call_id,
-            content,
-            ..
-        } => vec![json!({
-            "type": "function_call_output",
-            "call_id": tool_call_id,
-            "output": responses_content(content),
-        })],
-    }
-}
-
-/// The last Anthropic turn, with the rolling cache breakpoint on its last block that may carry
-/// one (thinking blocks may not) when the header's layout has it.
-pub(crate) fn anthropic_last_turn(
-    header: &Header,
-    role: &'static str,
-    mut blocks: Vec<Value>,
-) -> Value {
-    if header.layout >= 1 {
-        let cacheable = blocks.iter_mut().rev().find(|b| {
-            !matches!(
-                b.get("type").and_then(Value::as_str),
-                Some("thinking" | "redacted_thinking")
-            )
-        });
-        if let Some(Value::Object(block)) = cacheable {
-            block.insert("cache_control".into(), ephemeral());
-        }
-    }
-    anthropic_turn(role, blocks)
-}
-
-fn ephemeral() -> Value {
-    json!({ "type": "ephemeral" })
-}
-
-fn anthropic_tool(tool: &ToolSpec, last: bool) -> Value {
-    let mut out = Map::new();
-    out.insert("name".into(), json!(tool.name));
-    out.insert("description".into(), json!(tool.description));
-    out.insert("input_schema".into(), tool.parameters.clone());
-    if last {
-        out.insert("cache_control".into(), ephemeral());
-    }
-    Value::Object(out)
-}
-
-/// Maps one neutral message to its Anthropic role and content blocks.
-pub(crate) fn anthropic_blocks(message: &Message) -> (&'static str, Vec<Value>) {
-    match message {
-        Message::User {
-            content: Content::Text(text),
-            ..
-        } => ("user", vec![json!({ "type": "text", "text": text })]),
-        Message::User {
-            content: Content::Blocks(blocks),
-            ..
-        } => ("user", blocks.iter().filter_map(anthropic_part).collect()),
-        Message::Tool {
-            tool_call_id,
-            content,
-            is_error,
-        } => {
-            let mut block = Map::new();
-            block.insert("type".into(), json!("tool_result"));
-            block.insert("tool_use_id".into(), json!(tool_call_id));
-            block.insert(
-                "content".into(),
-                match content {
-                    Content::Text(text) => json!(text),
-                    Content::Blocks(blocks) => {
-                        Value::Array(blocks.iter().filter_map(anthropic_part).collect())
-                    }
-                },
-            );
-            if *is_error {
-                block.insert("is_error".into(), Value::Bool(true));
-            }
-            ("user", vec![Value::Object(block)])
-        }
-        Message::Assistant { blocks, .. } if !blocks.is_empty() => ("assistant", blocks.clone()),
-        Message::Assistant {
-            content,
-            tool_calls,
-            ..
-        } => {
-            let mut blocks = Vec::with_capacity(tool_calls.len() + 1);
-            if !content.is_empty() {
-                blocks.push(json!({ "type": "text", "text": content }));
-            }
-            for call in tool_calls {
-                blocks.push(json!({
-                    "type": "tool_use",
-                    "id": call.id,
-                    "name": call.name,
-                    "input": call.arguments,
-                }));
-            }
-            ("assistant", blocks)
-        }
-    }
-}
-
-/// Anthropic wants user/assistant alternation: consecutive same-role messages merge into one
-/// turn; a message with no blocks is left out.
-fn anthropic_turns(messages: &[Message]) -> Vec<(&'static str, Vec<Value>)> {
-    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for message in messages {
-        push_anthropic(&mut turns, message);
-    }
-    turns
-}
-
-/// Adds `message` to `turns`, merging it into the last turn when the role is the same.
-pub(crate) fn push_anthropic(turns: &mut Vec<(&'static str, Vec<Value>)>, message: &Message) {
-    let (role, blocks) = anthropic_blocks(message);
-    if blocks.is_empty() {
-        return;
-    }
-    match turns.last_mut() {
-        Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
-        _ => turns.push((role, blocks)),
-    }
-}
-
-pub(crate) fn anthropic_turn(role: &'static str, blocks: Vec<Value>) -> Value {
-    json!({ "role": role, "content": blocks })
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //!   them).
 //!
 //! ```
-//! use promptd_core::replies::reply;
+//! use promptd_core::formats::replies::reply;
 //! use promptd_core::conversation::Message;
 //! let openai = serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
 //!     {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"p\": 1}"}}]});

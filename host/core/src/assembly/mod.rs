@@ -2,22 +2,26 @@
 //! (SPEC A1–A10, T5, T6).
 //!
 //! [`assemble`] is a function of (registry snapshot, step, options). Its only effects are the
-//! dynamic calls it makes through each plugin's [`Provider`](crate::provider::Provider), and
+//! dynamic calls it makes through each plugin's [`Provider`](crate::plugin::provider::Provider), and
 //! those are made only for effective contributions, each at most once (A2). Everything it
 //! iterates is ordered (`BTreeMap`, explicit sorts), so the result never depends on load
 //! order, registration order or hash seeds (A1).
+
+pub mod review;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::interpolate::{render, Resolved};
-use crate::model::{Content, Context, Contribution, Kind, Scope, Section, Step, Tool, Variable};
-use crate::names::UNLISTED_TOOLS;
-use crate::provider::{CallError, CallResult, Evaluation, Wanted};
-use crate::registry::{PluginEntry, Registry};
-use crate::trust::{self, Trust};
+use crate::plugin::interpolate::{render, Resolved};
+use crate::plugin::model::{
+    Content, Context, Contribution, Kind, Scope, Section, Step, Tool, Variable,
+};
+use crate::plugin::names::UNLISTED_TOOLS;
+use crate::plugin::provider::{CallError, CallResult, Evaluation, Wanted};
+use crate::plugin::registry::{PluginEntry, Registry};
+use crate::plugin::trust::{self, Trust};
 
 /// The fixed first line of the runtime context snapshot (T6).
 pub const RUNTIME_CONTEXT_HEADER: &str =
@@ -103,7 +107,7 @@ pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<A
         options.suppress_runtime_context,
         options.keep_all_tools,
     );
-    let assembly = match registry.memo.get(&key) {
+    let assembly = match registry.memo.get::<Assembly>(&key) {
         Some(assembly) => assembly,
         None => assemble_fresh(registry, step, options, key)?,
     };
@@ -163,7 +167,7 @@ fn assemble_fresh(
     registry: &Registry,
     step: &Step,
     options: &Options,
-    key: crate::registry::MemoKey,
+    key: crate::plugin::registry::MemoKey,
 ) -> Result<Arc<Assembly>> {
     let mut calls = Calls::default();
     let mut excluded = BTreeSet::new();
@@ -717,5 +721,4 @@ fn call_error(entry: &PluginEntry, contribution: &str, e: CallError) -> Error {
 }
 
 #[cfg(test)]
-#[path = "assembly_tests.rs"]
 mod tests;

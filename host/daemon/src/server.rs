@@ -8,6 +8,24 @@
 //! request in flight is never timed: its response may legitimately take long (a server-sent
 //! event stream, a step waiting for the first load). hyper's own `header_read_timeout` is not
 //! used: it starts as soon as a connection is idle, so it would be the idle timeout as well.
+//!
+//! This is the server `promptd serve` runs; an embedder of the library serves the daemon's
+//! router the same way and gets the same limits:
+//!
+//! ```no_run
+//! # async fn run(daemon: std::sync::Arc<promptd_daemon::Daemon>) -> std::io::Result<()> {
+//! use promptd_daemon::{http, server};
+//!
+//! let limits = server::Limits::of(&daemon);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:7070").await?;
+//! let app = http::router(daemon, None);
+//! let stop = async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! };
+//! server::serve(listener, app, limits, stop).await;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,9 +44,12 @@ use hyper::server::conn::http1;
 use hyper::service::{service_fn, Service};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use promptd_core::config::Config;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
+
+use crate::Daemon;
 
 /// A connection's time limits, read from the config in force when it opens.
 #[derive(Clone, Copy, Debug)]
@@ -39,16 +60,61 @@ pub struct Timeouts {
     pub idle: Duration,
 }
 
-/// Serves `app` on every connection `listener` accepts, at most `max` at once (beyond that,
-/// connections wait in the listen backlog), until `shutdown` completes; then lets open
-/// connections finish their responses and returns once all are closed.
+impl Timeouts {
+    /// The timeouts of `config`'s `[limits]` (`header_timeout_ms`, `idle_timeout_ms`).
+    pub fn of(config: &Config) -> Timeouts {
+        Timeouts {
+            header: config.header_timeout(),
+            idle: config.idle_timeout(),
+        }
+    }
+}
+
+/// A server's bounds (H6): how many connections may be open at once, and the timeouts of each
+/// new connection, asked for as it opens.
+#[derive(Clone)]
+pub struct Limits {
+    /// Connections open at once; beyond that, connections wait in the listen backlog.
+    pub max_connections: usize,
+    /// Called for each new connection.
+    pub timeouts: Arc<dyn Fn() -> Timeouts + Send + Sync>,
+}
+
+impl Limits {
+    /// The limits of `daemon`'s config: `max_connections` as it is now (a server reads it once,
+    /// at start), the timeouts from the config in force when each connection opens, so a
+    /// reload applies to later connections.
+    pub fn of(daemon: &Arc<Daemon>) -> Limits {
+        let daemon = daemon.clone();
+        Limits {
+            max_connections: daemon.config().max_connections(),
+            timeouts: Arc::new(move || Timeouts::of(&daemon.config())),
+        }
+    }
+}
+
+impl std::fmt::Debug for Limits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limits")
+            .field("max_connections", &self.max_connections)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves `app` on every connection `listener` accepts, at most `limits.max_connections` at
+/// once (beyond that, connections wait in the listen backlog), each within the timeouts
+/// `limits` gives when it opens, until `shutdown` completes; then lets open connections finish
+/// their responses and returns once all are closed.
 pub async fn serve<L: Listener>(
     mut listener: L,
     app: Router,
-    max: usize,
-    timeouts: impl Fn() -> Timeouts,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
+    let Limits {
+        max_connections: max,
+        timeouts,
+    } = limits;
     let max = max.clamp(1, (u32::MAX as usize).min(Semaphore::MAX_PERMITS));
     let slots = Arc::new(Semaphore::new(max));
     let (stop, stopping) = watch::channel(());

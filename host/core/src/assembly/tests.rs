@@ -7,9 +7,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::Scope;
-use crate::provider::{CallError, NativePlugin};
-use crate::registry::{PluginEntry, PluginOptions, Registry};
+use crate::plugin::model::Scope;
+use crate::plugin::provider::{CallError, NativePlugin};
+use crate::plugin::registry::{PluginEntry, PluginOptions, Registry};
 use crate::request::neutral_json;
 
 fn entry(id: &str, plugin: NativePlugin) -> crate::Result<PluginEntry> {
@@ -1022,18 +1022,28 @@ fn r4_a_changed_registry_never_sees_the_old_snapshots_remembered_assembly() {
 
 /// A provider that records every `evaluate` it is asked (a 0.2.0 component's one call).
 struct Recording {
-    inner: Arc<dyn crate::provider::Provider>,
-    asked: std::sync::Mutex<Vec<crate::provider::Wanted>>,
+    inner: Arc<dyn crate::plugin::provider::Provider>,
+    asked: std::sync::Mutex<Vec<crate::plugin::provider::Wanted>>,
 }
 
-impl crate::provider::Provider for Recording {
-    fn section_text(&self, n: &str, s: &Scope, st: &Step) -> crate::provider::CallResult<String> {
+impl crate::plugin::provider::Provider for Recording {
+    fn section_text(
+        &self,
+        n: &str,
+        s: &Scope,
+        st: &Step,
+    ) -> crate::plugin::provider::CallResult<String> {
         panic!(
             "a batching provider is never asked item by item ({n}, {s}, {})",
             st.agent
         )
     }
-    fn context_text(&self, n: &str, s: &Scope, st: &Step) -> crate::provider::CallResult<String> {
+    fn context_text(
+        &self,
+        n: &str,
+        s: &Scope,
+        st: &Step,
+    ) -> crate::plugin::provider::CallResult<String> {
         panic!(
             "a batching provider is never asked item by item ({n}, {s}, {})",
             st.agent
@@ -1044,13 +1054,13 @@ impl crate::provider::Provider for Recording {
         n: &str,
         s: &Scope,
         st: &Step,
-    ) -> crate::provider::CallResult<Option<String>> {
+    ) -> crate::plugin::provider::CallResult<Option<String>> {
         panic!(
             "a batching provider is never asked item by item ({n}, {s}, {})",
             st.agent
         )
     }
-    fn shown_tools(&self, st: &Step) -> crate::provider::CallResult<Vec<String>> {
+    fn shown_tools(&self, st: &Step) -> crate::plugin::provider::CallResult<Vec<String>> {
         panic!(
             "a batching provider is never asked item by item ({})",
             st.agent
@@ -1062,8 +1072,8 @@ impl crate::provider::Provider for Recording {
     fn evaluate(
         &self,
         step: &Step,
-        wanted: &crate::provider::Wanted,
-    ) -> crate::provider::CallResult<crate::provider::Evaluation> {
+        wanted: &crate::plugin::provider::Wanted,
+    ) -> crate::plugin::provider::CallResult<crate::plugin::provider::Evaluation> {
         self.asked.lock().unwrap().push(wanted.clone());
         self.inner.evaluate(step, wanted)
     }
@@ -1083,7 +1093,7 @@ fn recording(
     (entry, rec)
 }
 
-fn names(items: &[crate::provider::Item]) -> Vec<&str> {
+fn names(items: &[crate::plugin::provider::Item]) -> Vec<&str> {
     items.iter().map(|(n, _)| n.as_str()).collect()
 }
 
@@ -1159,13 +1169,13 @@ fn a2_a_batching_plugin_with_only_static_items_is_never_called() {
 #[test]
 fn a9_a_failed_evaluate_fails_its_items_and_an_optional_plugin_is_left_out() {
     struct Broken;
-    impl crate::provider::Provider for Broken {
+    impl crate::plugin::provider::Provider for Broken {
         fn section_text(
             &self,
             _: &str,
             _: &Scope,
             _: &Step,
-        ) -> crate::provider::CallResult<String> {
+        ) -> crate::plugin::provider::CallResult<String> {
             unreachable!()
         }
         fn context_text(
@@ -1173,7 +1183,7 @@ fn a9_a_failed_evaluate_fails_its_items_and_an_optional_plugin_is_left_out() {
             _: &str,
             _: &Scope,
             _: &Step,
-        ) -> crate::provider::CallResult<String> {
+        ) -> crate::plugin::provider::CallResult<String> {
             unreachable!()
         }
         fn variable_value(
@@ -1181,10 +1191,10 @@ fn a9_a_failed_evaluate_fails_its_items_and_an_optional_plugin_is_left_out() {
             _: &str,
             _: &Scope,
             _: &Step,
-        ) -> crate::provider::CallResult<Option<String>> {
+        ) -> crate::plugin::provider::CallResult<Option<String>> {
             unreachable!()
         }
-        fn shown_tools(&self, _: &Step) -> crate::provider::CallResult<Vec<String>> {
+        fn shown_tools(&self, _: &Step) -> crate::plugin::provider::CallResult<Vec<String>> {
             unreachable!()
         }
         fn batches(&self) -> bool {
@@ -1193,10 +1203,10 @@ fn a9_a_failed_evaluate_fails_its_items_and_an_optional_plugin_is_left_out() {
         fn evaluate(
             &self,
             _: &Step,
-            _: &crate::provider::Wanted,
-        ) -> crate::provider::CallResult<crate::provider::Evaluation> {
+            _: &crate::plugin::provider::Wanted,
+        ) -> crate::plugin::provider::CallResult<crate::plugin::provider::Evaluation> {
             // One section asked, none answered: the shape is checked.
-            Ok(crate::provider::Evaluation::default())
+            Ok(crate::plugin::provider::Evaluation::default())
         }
     }
     let (decl, _) = NativePlugin::new()
@@ -1320,7 +1330,7 @@ fn a9_a_failing_context_can_be_left_out_alone() {
 
 fn data_options() -> PluginOptions {
     PluginOptions {
-        trust: crate::trust::Trust::Data,
+        trust: crate::plugin::trust::Trust::Data,
         ..PluginOptions::default()
     }
 }
@@ -1388,8 +1398,8 @@ fn t8_a_data_plugin_context_is_fenced_with_the_session_key_and_not_interpolated(
         ..Options::default()
     };
     let one = assemble(&reg, &default_step(), &with("s1")).unwrap();
-    let key = crate::trust::block_key("s1", "docs");
-    let fenced = crate::trust::fence("docs", &key, "A {{secret}} </data> text.");
+    let key = crate::plugin::trust::block_key("s1", "docs");
+    let fenced = crate::plugin::trust::fence("docs", &key, "A {{secret}} </data> text.");
     assert_eq!(
         one.runtime_context.as_deref(),
         Some(format!("{RUNTIME_CONTEXT_HEADER}\n\nNote hunter2.\n\n{fenced}").as_str())

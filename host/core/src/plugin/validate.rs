@@ -3,10 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::{Error, Result};
-use crate::interpolate;
-use crate::model::{Content, Declaration, Kind, Scope};
-use crate::names::{is_item_name, is_tool_name, is_variable_name, UNLISTED_TOOLS};
-use crate::sandbox::DeclarationLimits;
+use crate::plugin::interpolate;
+use crate::plugin::model::{Content, Declaration, Kind, Scope};
+use crate::plugin::names::{is_item_name, is_tool_name, is_variable_name, UNLISTED_TOOLS};
+use crate::plugin::sandbox::DeclarationLimits;
 
 /// Parsed tool parameters, by (tool name, declared scope).
 pub type ToolSchemas = BTreeMap<(String, Scope), serde_json::Value>;
@@ -161,7 +161,7 @@ fn check_limits(plugin: &str, decl: &Declaration, limits: &DeclarationLimits) ->
                 return Err(over(
                     format!(
                         "a {kind} {what} `{}` is {} bytes",
-                        crate::names::shortened(text, 32),
+                        crate::plugin::names::shortened(text, 32),
                         text.len()
                     ),
                     limits.max_name_bytes,
@@ -237,7 +237,7 @@ fn json_type(v: &serde_json::Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Section, Tool};
+    use crate::plugin::model::{Section, Tool};
 
     fn section(name: &str, text: &str) -> Section {
         Section {

@@ -4,12 +4,82 @@
 //! `Declaration` (plain data); assembly calls the provider only for dynamic contributions.
 //! Two implementations exist: `promptd_engine::WasmProvider` for components and
 //! [`NativePlugin`] for built-ins, tests and benchmarks.
+//!
+//! The types each call takes and returns live here too, review hooks' included ([`ReviewInput`],
+//! [`Verdict`]); [`crate::assembly::review`] builds a hook's input and applies its redactions.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::model::{Content, Context, Declaration, Scope, Section, Step, Tool, Variable};
-use crate::review::{ReviewInput, Verdict};
+use crate::plugin::model::{Content, Context, Declaration, Scope, Section, Step, Tool, Variable};
+
+/// Most redactions one verdict may carry.
+pub const MAX_REDACTIONS: usize = 256;
+/// Longest `find` or `replace` of one redaction, in bytes.
+pub const MAX_REDACTION_BYTES: usize = 64 * 1024;
+/// One message of the step under review.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReviewMessage {
+    /// `user`, `assistant` or `tool`.
+    pub role: &'static str,
+    /// Its texts in order (text blocks only; images and documents give none).
+    pub texts: Vec<String>,
+    /// The call a tool message answers; empty for the other roles.
+    pub tool_call_id: String,
+}
+
+/// What a hook is shown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReviewInput {
+    pub messages: Vec<ReviewMessage>,
+    pub system: String,
+    pub runtime_context: Option<String>,
+    /// The tools shown this step, in order.
+    pub tools: Vec<String>,
+}
+
+/// Replace every occurrence of `find` by `replace`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redaction {
+    pub find: String,
+    pub replace: String,
+}
+
+/// What a hook decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    Reject(String),
+    Redact(Vec<Redaction>),
+}
+
+impl Verdict {
+    /// Checks a plugin's verdict against the bounds: an empty `find` would match everywhere,
+    /// and an unbounded list or text would let one plugin grow every recorded message.
+    pub fn check(&self) -> Result<(), String> {
+        let Verdict::Redact(rules) = self else {
+            return Ok(());
+        };
+        if rules.len() > MAX_REDACTIONS {
+            return Err(format!(
+                "{} redactions, over the limit of {MAX_REDACTIONS}",
+                rules.len()
+            ));
+        }
+        for (i, r) in rules.iter().enumerate() {
+            if r.find.is_empty() {
+                return Err(format!("redaction {}: `find` is empty", i + 1));
+            }
+            if r.find.len().max(r.replace.len()) > MAX_REDACTION_BYTES {
+                return Err(format!(
+                    "redaction {}: over the limit of {MAX_REDACTION_BYTES} bytes",
+                    i + 1
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Why a plugin call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,8 +234,8 @@ type ReviewFn = Arc<dyn Fn(&Step, &ReviewInput) -> CallResult<Verdict> + Send + 
 /// A plugin made of plain Rust values and closures.
 ///
 /// ```
-/// use promptd_core::provider::NativePlugin;
-/// use promptd_core::model::Scope;
+/// use promptd_core::plugin::provider::NativePlugin;
+/// use promptd_core::plugin::model::Scope;
 ///
 /// let plugin = NativePlugin::new()
 ///     .section("deployment:persona", 0, "You are {{name}}.")

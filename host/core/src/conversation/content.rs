@@ -4,7 +4,7 @@
 //! budgets by [`measure`].
 //!
 //! ```
-//! use promptd_core::content::Content;
+//! use promptd_core::conversation::content::Content;
 //! let text: Content = serde_json::from_str(r#""hello""#).unwrap();
 //! assert_eq!(serde_json::to_string(&text).unwrap(), r#""hello""#);
 //! let blocks: Content = serde_json::from_str(

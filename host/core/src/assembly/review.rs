@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use promptd_core::conversation::Message;
-//! use promptd_core::review::{redact, Redaction};
+//! use promptd_core::assembly::review::{redact, Redaction};
 //!
 //! let step = vec![Message::user("my password is hunter2")];
 //! let rules = [Redaction { find: "hunter2".into(), replace: "[redacted]".into() }];
@@ -17,80 +17,16 @@
 //! ```
 
 use crate::assembly::Assembly;
-use crate::content::{Block, Content};
+use crate::conversation::content::{Block, Content};
 use crate::conversation::Message;
+// What a hook is shown and decides travels with the other calls into a plugin.
+pub use crate::plugin::provider::{
+    Redaction, ReviewInput, ReviewMessage, Verdict, MAX_REDACTIONS, MAX_REDACTION_BYTES,
+};
 
-/// Most redactions one verdict may carry.
-pub const MAX_REDACTIONS: usize = 256;
-/// Longest `find` or `replace` of one redaction, in bytes.
-pub const MAX_REDACTION_BYTES: usize = 64 * 1024;
 /// How much longer redactions may make one text, in bytes: a redaction is meant to hide
 /// text, and a one-byte `find` with a long `replace` must not multiply a message.
 pub const MAX_REDACTION_GROWTH: usize = 64 * 1024;
-
-/// One message of the step under review.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReviewMessage {
-    /// `user`, `assistant` or `tool`.
-    pub role: &'static str,
-    /// Its texts in order (text blocks only; images and documents give none).
-    pub texts: Vec<String>,
-    /// The call a tool message answers; empty for the other roles.
-    pub tool_call_id: String,
-}
-
-/// What a hook is shown.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReviewInput {
-    pub messages: Vec<ReviewMessage>,
-    pub system: String,
-    pub runtime_context: Option<String>,
-    /// The tools shown this step, in order.
-    pub tools: Vec<String>,
-}
-
-/// Replace every occurrence of `find` by `replace`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Redaction {
-    pub find: String,
-    pub replace: String,
-}
-
-/// What a hook decides.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    Accept,
-    Reject(String),
-    Redact(Vec<Redaction>),
-}
-
-impl Verdict {
-    /// Checks a plugin's verdict against the bounds: an empty `find` would match everywhere,
-    /// and an unbounded list or text would let one plugin grow every recorded message.
-    pub fn check(&self) -> Result<(), String> {
-        let Verdict::Redact(rules) = self else {
-            return Ok(());
-        };
-        if rules.len() > MAX_REDACTIONS {
-            return Err(format!(
-                "{} redactions, over the limit of {MAX_REDACTIONS}",
-                rules.len()
-            ));
-        }
-        for (i, r) in rules.iter().enumerate() {
-            if r.find.is_empty() {
-                return Err(format!("redaction {}: `find` is empty", i + 1));
-            }
-            if r.find.len().max(r.replace.len()) > MAX_REDACTION_BYTES {
-                return Err(format!(
-                    "redaction {}: over the limit of {MAX_REDACTION_BYTES} bytes",
-                    i + 1
-                ));
-            }
-        }
-        Ok(())
-    }
-}
 
 fn texts(content: &Content) -> Vec<String> {
     match content {

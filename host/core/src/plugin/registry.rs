@@ -3,15 +3,18 @@
 //! Every change returns a *new* `Registry`; a snapshot is never modified, so an assembly that
 //! holds one sees a consistent set of plugins however the registry changes meanwhile (H2).
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::model::{Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable};
-use crate::provider::Provider;
-use crate::sandbox::DeclarationLimits;
-use crate::trust::Trust;
-use crate::validate::{self, ToolSchemas};
+use crate::plugin::model::{
+    Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable,
+};
+use crate::plugin::provider::Provider;
+use crate::plugin::sandbox::DeclarationLimits;
+use crate::plugin::trust::Trust;
+use crate::plugin::validate::{self, ToolSchemas};
 
 /// How the host config treats one plugin.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -188,9 +191,11 @@ pub struct Registry {
     pub(crate) memo: Memo,
 }
 
-/// Static assemblies of one registry snapshot, by (chain, options); bounded.
+/// Static assemblies of one registry snapshot, by (chain, options); bounded. The registry holds
+/// them without naming their type (assembly puts and gets them, see
+/// [`crate::assembly::assemble`]), so the plugin side does not depend on assembly.
 #[derive(Default, Debug)]
-pub(crate) struct Memo(std::sync::Mutex<BTreeMap<MemoKey, Arc<crate::assembly::Assembly>>>);
+pub(crate) struct Memo(std::sync::Mutex<BTreeMap<MemoKey, Arc<dyn Any + Send + Sync>>>);
 
 pub(crate) type MemoKey = (Arc<[String]>, Option<Arc<[String]>>, bool, bool);
 
@@ -198,20 +203,21 @@ pub(crate) type MemoKey = (Arc<[String]>, Option<Arc<[String]>>, bool, bool);
 const MEMO_ENTRIES: usize = 256;
 
 impl Memo {
-    pub(crate) fn get(&self, key: &MemoKey) -> Option<Arc<crate::assembly::Assembly>> {
+    pub(crate) fn get<T: Any + Send + Sync>(&self, key: &MemoKey) -> Option<Arc<T>> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
             .cloned()
+            .and_then(|value| value.downcast().ok())
     }
 
-    pub(crate) fn put(&self, key: MemoKey, assembly: &Arc<crate::assembly::Assembly>) {
+    pub(crate) fn put<T: Any + Send + Sync>(&self, key: MemoKey, value: &Arc<T>) {
         let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if memo.len() >= MEMO_ENTRIES {
             memo.clear(); // agents come from clients: never let their names grow this
         }
-        memo.insert(key, assembly.clone());
+        memo.insert(key, value.clone());
     }
 }
 

@@ -83,13 +83,13 @@ impl Transcript {
         }
         let neutral = formats::neutral_message(message).to_string();
         let mut items = Vec::new();
-        formats::push_openai(&mut items, &mut self.openai_pending, message);
+        formats::openai::push_openai(&mut items, &mut self.openai_pending, message);
         let openai = items
             .iter()
             .map(Value::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let responses = formats::responses_items(message)
+        let responses = formats::responses::responses_items(message)
             .iter()
             .map(Value::to_string)
             .collect::<Vec<_>>()
@@ -103,11 +103,11 @@ impl Transcript {
         self.responses.push(responses);
         let mut turns: Vec<(&'static str, Vec<Value>)> =
             self.open_turn.take().into_iter().collect();
-        formats::push_anthropic(&mut turns, message);
+        formats::anthropic::push_anthropic(&mut turns, message);
         // Every turn but the last is closed: the next message cannot merge into it.
         let open = turns.pop();
         for (role, blocks) in turns {
-            let closed = formats::anthropic_turn(role, blocks).to_string();
+            let closed = formats::anthropic::anthropic_turn(role, blocks).to_string();
             self.bytes += closed.len();
             self.format_bytes[slot(Format::Anthropic)] += closed.len() + 1;
             self.anthropic.push(closed);
@@ -197,12 +197,12 @@ impl Transcript {
         match format {
             Format::Neutral => Box::new(self.neutral.iter().map(|m| Cow::Borrowed(m.as_str()))),
             Format::Openai => Box::new(
-                formats::system_message(header)
+                formats::openai::system_message(header)
                     .map(|s| Cow::Owned(s.to_string()))
                     .into_iter()
                     .chain(self.openai.iter().map(|m| Cow::Borrowed(m.as_str())))
                     .chain(
-                        formats::flush_openai(&mut self.openai_pending.clone())
+                        formats::openai::flush_openai(&mut self.openai_pending.clone())
                             .map(|m| Cow::Owned(m.to_string())),
                     ),
             ),
@@ -212,7 +212,8 @@ impl Transcript {
                     .map(|m| Cow::Borrowed(m.as_str()))
                     .chain(self.open_turn.iter().map(move |(role, blocks)| {
                         Cow::Owned(
-                            formats::anthropic_last_turn(header, role, blocks.clone()).to_string(),
+                            formats::anthropic::anthropic_last_turn(header, role, blocks.clone())
+                                .to_string(),
                         )
                     })),
             ),
@@ -240,8 +241,8 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{json, Map};
 
-    fn block() -> impl Strategy<Value = crate::content::Block> {
-        use crate::content::Block;
+    fn block() -> impl Strategy<Value = crate::conversation::content::Block> {
+        use crate::conversation::content::Block;
         prop_oneof![
             "[a-z ]{0,4}".prop_map(|text| Block::Text { text }),
             Just(Block::Image {
@@ -263,8 +264,8 @@ mod tests {
         ]
     }
 
-    fn content() -> impl Strategy<Value = crate::content::Content> {
-        use crate::content::Content;
+    fn content() -> impl Strategy<Value = crate::conversation::content::Content> {
+        use crate::conversation::content::Content;
         prop_oneof![
             "[a-z\"\\\\é{}<>]{0,6}".prop_map(Content::Text),
             prop::collection::vec(block(), 0..4).prop_map(Content::Blocks),
