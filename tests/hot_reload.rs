@@ -353,7 +353,7 @@ fn dev_mode_rebuilds_a_c_plugin_folder_when_its_source_changes() {
     let config = folder.config("");
     let (_state_tmp, state) = state_dir();
     let src_arg = src.display().to_string();
-    // Served from the plugin folder itself, as the README suggests (`--plugins . --dev .`): the
+    // Served from the plugin folder itself, as docs/operations.md suggests (`--plugins . --dev .`): the
     // build must never show the daemon a half-written component.
     let d = Served::start_with(&src, &config, &state, &["--dev", &src_arg], &[]);
     eventually_within(120, "first dev build loaded", || {
