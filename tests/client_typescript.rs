@@ -14,7 +14,7 @@
 //!   the tool calls and results sit in the bodies as the model wrote and the loop sent them,
 //!   and the session log holds exactly the loop's turns in order;
 //! - the client's own `node:test` suites (`test/*.test.mjs`), each against its own daemon;
-//! - the README's TypeScript loop, extracted from README.md and run as written, with its
+//! - the TypeScript loop of `docs/clients.md`, extracted from it and run as written, with its
 //!   count of promptd lines checked.
 
 use crate::common;
@@ -665,13 +665,14 @@ fn the_client_test_suites() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// The `js` block right under the README's TypeScript marker, and the number of promptd lines
-/// the README states below it.
-fn readme_loop() -> (String, usize) {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("read README.md");
+/// The `js` block right under the TypeScript marker of `docs/clients.md`, and the number of
+/// promptd lines the page states below it.
+fn docs_loop() -> (String, usize) {
+    let readme =
+        std::fs::read_to_string(repo_root().join("docs/clients.md")).expect("read docs/clients.md");
     let marker = readme
         .find("<!-- typescript-client:")
-        .expect("README.md has the typescript-client marker");
+        .expect("docs/clients.md has the typescript-client marker");
     let section = &readme[marker..];
     let section = &section[..section.find("\n## ").unwrap_or(section.len())];
     let open = section
@@ -689,17 +690,17 @@ fn readme_loop() -> (String, usize) {
         .nth(1)
         .and_then(|s| s.strip_suffix(" lines of promptd code"))
         .and_then(|n| n.parse().ok())
-        .expect("the README states `**N lines of promptd code**` right below the loop");
+        .expect("docs/clients.md states `**N lines of promptd code**` right below the loop");
     (code, stated)
 }
 
-/// The README's TypeScript loop, as written, against the daemon and the stub: it runs, every
-/// body reached the provider as promptd built it, every call got its result, and the README's
-/// count of promptd lines is the count of lines in it that use the client.
+/// The TypeScript loop of `docs/clients.md`, as written, against the daemon and the stub: it
+/// runs, every body reached the provider as promptd built it, every call got its result, and
+/// the page's count of promptd lines is the count of lines in it that use the client.
 #[test]
-fn the_readme_loop_runs_as_written() {
+fn the_docs_loop_runs_as_written() {
     let dir = installed();
-    let (code, stated) = readme_loop();
+    let (code, stated) = docs_loop();
     let promptd_lines: Vec<&str> = code
         .lines()
         .filter(|l| !l.trim_start().starts_with("//"))
@@ -708,7 +709,7 @@ fn the_readme_loop_runs_as_written() {
     assert_eq!(
         promptd_lines.len(),
         stated,
-        "the README says {stated} promptd lines; these use the client: {promptd_lines:#?}"
+        "docs/clients.md says {stated} promptd lines; these use the client: {promptd_lines:#?}"
     );
 
     let rig = Rig::start();
@@ -718,7 +719,7 @@ fn the_readme_loop_runs_as_written() {
         .suffix(".mjs")
         .tempfile_in(&dir)
         .expect("a file in the install folder");
-    std::fs::write(script.path(), &code).expect("write the README loop");
+    std::fs::write(script.path(), &code).expect("write the docs/clients.md loop");
     let openai_base = format!("{}/v1", rig.stub.url);
     let env = [
         ("PROMPTD_URL", rig.daemon.url.as_str()),
@@ -727,12 +728,17 @@ fn the_readme_loop_runs_as_written() {
     ];
     let path = script.path().to_str().expect("utf-8 path");
     let (status, out, err) = run_bounded(node(&dir, &[path], &env));
-    assert_eq!(status, Some(0), "the README loop failed:\n{}", err.trim());
+    assert_eq!(
+        status,
+        Some(0),
+        "the docs/clients.md loop failed:\n{}",
+        err.trim()
+    );
 
     let bodies = rig.stub.bodies("/v1/chat/completions");
     assert!(
         !bodies.is_empty(),
-        "the README loop sent nothing to the provider"
+        "the docs/clients.md loop sent nothing to the provider"
     );
     let first: Value = serde_json::from_str(&bodies[0]).expect("JSON");
     let session = first["prompt_cache_key"]

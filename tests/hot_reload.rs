@@ -354,7 +354,7 @@ fn dev_mode_rebuilds_a_c_plugin_folder_when_its_source_changes() {
     let (state_tmp, state) = state_dir();
     let log = state_tmp.path().join("daemon.log");
     let src_arg = src.display().to_string();
-    // Served from the plugin folder itself, as the README suggests (`--plugins . --dev .`): the
+    // Served from the plugin folder itself, as docs/operations.md suggests (`--plugins . --dev .`): the
     // build must never show the daemon a half-written component.
     let d = Served::start_with_logged(&src, &config, &state, &["--dev", &src_arg], &log);
     eventually_within(120, "first dev build loaded", || {

@@ -481,20 +481,18 @@ fn server_everything_over_stdio_and_streamable_http() {
     drop(server);
 }
 
-/// The README's "MCP servers" example config is valid (R6, M1), and its stdio server, with the
-/// installed command, serves the tools the README shows.
+/// The example config of `docs/mcp.md` ("MCP servers") is valid (R6, M1), and its stdio server,
+/// with the installed command, serves the tools the page shows.
 #[test]
-fn the_readme_example_config_serves() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let section = &readme[readme
-        .find("## MCP servers")
-        .expect("an MCP servers section")..];
+fn the_docs_example_config_serves() {
+    let page = std::fs::read_to_string(repo_root().join("docs/mcp.md")).unwrap();
+    let section = &page[page.find("# MCP servers").expect("an MCP servers section")..];
     let block = section
         .split("```toml\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
         .expect("a toml example");
-    promptd_core::config::Config::parse(block, "README.md").expect("the example parses");
+    promptd_core::config::Config::parse(block, "docs/mcp.md").expect("the example parses");
     let config = block
         .replace("plugin_dir = \"plugins\"\n", "")
         .replace("\"mcp-server-time\"", &format!("{:?}", time_server()));

@@ -40,7 +40,7 @@ fn bundled() -> Folder {
 }
 
 /// A daemon of its own (plugin folder, config, state) on the database at `url`, which it
-/// reads from the environment (`[store] url_env`), as the README advises.
+/// reads from the environment (`[store] url_env`), as docs/operations.md advises.
 struct Node {
     served: Served,
     folder: Folder,
@@ -579,7 +579,7 @@ impl Haproxy {
                 format!("    server d{i} {addr} check inter 200ms fall 2 rise 1\n")
             })
             .collect();
-        // The configuration the README shows, on loopback.
+        // The configuration docs/operations.md shows, on loopback.
         let config = format!(
             "global\n    maxconn 256\n\
              defaults\n    mode http\n    timeout connect 1s\n    timeout client 30s\n    \

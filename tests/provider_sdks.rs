@@ -649,7 +649,7 @@ fn check_media_placement(format: &str, body: &Value, summary: &Value) {
 }
 
 /// The text before a tool result's media in the user message that carries them for Chat
-/// Completions (README, "Formats": tool messages carry only text).
+/// Completions (docs/formats.md, "Images and documents": tool messages carry only text).
 fn attachments_label(call_id: &str) -> String {
     format!("Attachments of the result of tool call {call_id}:")
 }
