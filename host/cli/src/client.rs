@@ -125,7 +125,7 @@ impl Server {
                 let kind = promptd_core::store::EventKind::parse(e["kind"].as_str()?)?;
                 Some((kind, &e["body"]))
             });
-        let (kept, compared) = promptd_core::provenance::prefix_kept_share(events);
+        let (kept, compared) = promptd_core::prefix::prefix_kept_share(events);
         if compared > 0 {
             println!(
                 "prefix kept: {kept} of {compared} steps ({:.0}%) sent all of the previous request first",

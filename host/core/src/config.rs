@@ -41,8 +41,7 @@ pub mod plan;
 
 pub use plan::AgentPlan;
 
-/// Tables inside `model` that hold one provider format's own settings.
-pub const PROVIDER_TABLES: [&str; 3] = ["openai", "anthropic", "openai-responses"];
+pub use crate::formats::PROVIDER_TABLES;
 
 /// Default of `[limits] max_body_mb`.
 pub const DEFAULT_MAX_BODY_MB: u64 = 32;

@@ -33,6 +33,7 @@ pub mod formats;
 mod fuzz;
 pub mod load;
 pub mod plugin;
+pub mod prefix;
 pub mod provenance;
 pub mod request;
 pub mod session;

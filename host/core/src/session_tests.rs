@@ -1,5 +1,7 @@
 //! Session planning (Q1–Q3, Q5) and rebuild (Q4) on logs held in memory: no store, no engine.
 
+use std::collections::BTreeMap;
+
 use serde_json::{json, Value};
 
 use super::*;

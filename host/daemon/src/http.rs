@@ -732,7 +732,7 @@ async fn step_explain(
 /// from the last step with the same header), where the prefix broke and why.
 #[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/diff", tag = "sessions",
     params(StepPath, FormatQuery),
-    responses((status = 200, description = "How much of the request a prompt cache could reuse, and why not more", body = promptd_core::provenance::StepDiff), api::Errors))]
+    responses((status = 200, description = "How much of the request a prompt cache could reuse, and why not more", body = promptd_core::prefix::StepDiff), api::Errors))]
 async fn step_diff(
     State(state): State<Arc<AppState>>,
     Path((id, n)): Path<(String, String)>,

@@ -300,17 +300,12 @@ impl Daemon {
     /// Step `n` against the step before and the last one with the same header: the shared
     /// prefix, where it broke and why. Tokens are counted when the session's agent has a
     /// tokenizer other than `chars`.
-    pub fn diff(
-        &self,
-        id: &str,
-        n: u64,
-        format: Format,
-    ) -> Result<promptd_core::provenance::StepDiff> {
+    pub fn diff(&self, id: &str, n: u64, format: Format) -> Result<promptd_core::prefix::StepDiff> {
         let agent = self.agent_of(id)?;
         let events = self.store.events(id)?;
         let plan = self.agent_plan(&agent)?;
         let counter = plan.counts_tokens.then(|| plan.counter.clone());
-        Ok(promptd_core::provenance::step_diff(
+        Ok(promptd_core::prefix::step_diff(
             id,
             &events,
             n,

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use promptd_core::formats::{self, Format};
-use promptd_core::provenance;
+use promptd_core::prefix;
 use promptd_core::session;
 use promptd_core::store::{Event, EventKind, SessionStore, BODY_VERSION};
 use promptd_store::SqliteStore;
@@ -192,7 +192,7 @@ fn every_0_2_0_dev_step_explains_and_diffs_to_the_stored_bytes_in_all_four_forma
 
                 // GET …/steps/{n}/diff: no counter, since every budget here counts `chars`.
                 let (path, expected) = s.stored(&format!("step{n}.diff.{name}.json"));
-                let diff = provenance::step_diff(&s.id, &s.events, n, format, None).unwrap();
+                let diff = prefix::step_diff(&s.id, &s.events, n, format, None).unwrap();
                 let got = serde_json::to_value(&diff).unwrap().to_string();
                 assert_eq!(got, expected, "{}", path.display());
                 diffed += 1;

@@ -239,6 +239,17 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(bin: &Binary, plugins: &Path, config: &Path, state: &Path) -> Daemon {
+        Daemon::start_with_env(bin, plugins, config, state, &[])
+    }
+
+    /// [`Daemon::start`] with extra environment variables (e.g. a preloaded counter).
+    pub fn start_with_env(
+        bin: &Binary,
+        plugins: &Path,
+        config: &Path,
+        state: &Path,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         std::fs::create_dir_all(state).expect("state dir");
         let log = std::fs::File::create(state.join("daemon.log")).expect("daemon log");
         let mut cmd = Command::new(&bin.path);
@@ -252,6 +263,7 @@ impl Daemon {
             .args(["--listen", "127.0.0.1:0", "--no-watch"])
             .env("PROMPTD_LOG", "warn")
             .env_remove("PROMPTD_TOKEN")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);

@@ -82,6 +82,9 @@ impl Format {
     }
 }
 
+/// Tables inside `model` that hold one provider format's own settings.
+pub const PROVIDER_TABLES: [&str; 3] = ["openai", "anthropic", "openai-responses"];
+
 /// What a body in `format` carries of the merged model settings: every key that is not a
 /// provider table, overridden by the keys of the format's own table (`model.anthropic`, …).
 /// The neutral format shows the settings as configured, provider tables included.
@@ -91,7 +94,7 @@ pub fn settings(model: &Map<String, Value>, format: Format) -> Map<String, Value
     }
     let mut out: Map<String, Value> = model
         .iter()
-        .filter(|(key, _)| !crate::config::PROVIDER_TABLES.contains(&key.as_str()))
+        .filter(|(key, _)| !PROVIDER_TABLES.contains(&key.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     // Responses is OpenAI too: it takes the `openai` table, then its own; and it names the

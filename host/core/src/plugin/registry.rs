@@ -136,7 +136,7 @@ impl PluginEntry {
                 bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
                 bytes.extend_from_slice(part.as_bytes());
             }
-            crate::provenance::short_hash(&bytes)
+            short_hash(&bytes)
         });
         self
     }
@@ -313,4 +313,15 @@ impl Registry {
             .collect();
         names.into_iter().collect()
     }
+}
+
+/// 16 hex digits of FNV-1a 64: stable across runs and builds, cheap, and enough to tell two
+/// texts of one part apart (not a security measure).
+pub(crate) fn short_hash(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }

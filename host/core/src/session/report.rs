@@ -1,0 +1,95 @@
+//! The usage report: promptd's estimate per step against what the provider reported (Q14).
+
+use super::*;
+
+/// One step's estimate against what the provider reported for the reply that followed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepUsage {
+    /// The step's number.
+    pub step: u64,
+    /// promptd's estimate of the request's tokens (`None` in logs without usage).
+    pub estimate: Option<usize>,
+    /// The tokenizer that estimated it.
+    pub tokenizer: Option<String>,
+    /// What the provider reported for the reply, when the client recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actual: Option<crate::replies::ProviderUsage>,
+}
+
+/// The totals of a [`UsageReport`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UsageTotals {
+    /// Steps with both an estimate and a reported input count.
+    pub compared_steps: usize,
+    /// Their estimates, summed.
+    pub estimate: u64,
+    /// Their reported input tokens, summed.
+    pub actual: u64,
+    /// `actual / estimate`, when there is an estimate.
+    pub actual_per_estimate: Option<f64>,
+    /// Their reported cached input tokens, summed.
+    pub cached: u64,
+    /// `cached / actual`, when there is an actual.
+    pub cached_share: Option<f64>,
+}
+
+/// Per step, what promptd estimated against what the provider reported (Q14).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UsageReport {
+    /// One entry per step, in order.
+    pub steps: Vec<StepUsage>,
+    /// The totals over the steps compared.
+    pub totals: UsageTotals,
+}
+
+/// Per step: what promptd estimated against what the provider reported for the reply that
+/// followed (its input tokens, cached and cache-written ones), and the totals: how far the
+/// estimate is off (`actual / estimate`) and what share of the input the cache served.
+pub fn usage_report(session: &str, events: &[Event]) -> Result<UsageReport> {
+    let mut steps: Vec<StepUsage> = Vec::new();
+    let (mut estimate, mut actual, mut cached, mut compared) = (0u64, 0u64, 0u64, 0usize);
+    let mut pending: Option<usize> = None;
+    for event in events {
+        match event.kind {
+            crate::store::EventKind::Step | crate::store::EventKind::AssistantMessage => {}
+            _ => continue,
+        }
+        match decode(session, event)? {
+            Body::Step(m) => {
+                steps.push(StepUsage {
+                    step: m.step,
+                    estimate: m.usage.as_ref().map(|u| u.total.tokens),
+                    tokenizer: m.usage.map(|u| u.tokenizer),
+                    actual: None,
+                });
+                pending = Some(steps.len() - 1);
+            }
+            Body::AssistantMessage(r) => {
+                let (Some(i), Some(reported)) = (pending.take(), r.usage) else {
+                    continue;
+                };
+                let step = &mut steps[i];
+                if let (Some(est), Some(input)) = (step.estimate, reported.input_tokens) {
+                    estimate += est as u64;
+                    actual += input;
+                    cached += reported.cached_tokens.unwrap_or(0);
+                    compared += 1;
+                }
+                step.actual = Some(reported);
+            }
+            _ => {}
+        }
+    }
+    let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+    Ok(UsageReport {
+        steps,
+        totals: UsageTotals {
+            compared_steps: compared,
+            estimate,
+            actual,
+            actual_per_estimate: ratio(actual, estimate),
+            cached,
+            cached_share: ratio(cached, actual),
+        },
+    })
+}

@@ -1,0 +1,367 @@
+//! What a step needs of a session, built once from its log and extended by each append:
+//! [`SessionState`], and rendering its last request from the cached fragments.
+
+use super::log::{HeaderRecord, Marker, Snapshot};
+use super::*;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What a message is, for trimming (units, turns, snapshots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    User,
+    Snapshot,
+    Assistant,
+    Tool,
+}
+
+pub(super) fn role(message: &Message) -> Role {
+    match message {
+        Message::User { snapshot: true, .. } => Role::Snapshot,
+        Message::User { .. } => Role::User,
+        Message::Assistant { .. } => Role::Assistant,
+        Message::Tool { .. } => Role::Tool,
+    }
+}
+
+/// Where the log's runtime context stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum SnapshotState {
+    Never,
+    Active(String),
+    Cleared,
+}
+
+/// What a step needs to know of a session's log — step count, last header, last snapshot,
+/// the tool calls made, the messages rendered in every format — built once from the log and
+/// extended by each append, so a step's work does not grow with the history (Q1–Q5).
+#[derive(Clone, Debug)]
+pub struct SessionState {
+    pub(super) session: String,
+    pub(super) last_seq: u64,
+    pub(super) steps: u64,
+    pub(super) header: Option<(Header, Option<String>)>,
+    /// What the header and the snapshot take, kept as they change (a header may be megabytes
+    /// of tools, so the session cache must count it).
+    pub(super) header_bytes: usize,
+    pub(super) snapshot_bytes: usize,
+    pub(super) snapshot: SnapshotState,
+    pub(super) tool_calls: BTreeSet<String>,
+    /// Calls made and not yet answered: the next step must answer them (Q5).
+    pub(super) open_calls: BTreeSet<String>,
+    /// The tools the last step showed, when its agent keeps every tool in the header.
+    pub(super) shown_tools: Option<Vec<String>>,
+    /// The messages measured so far for a budget, extended as messages are appended, so
+    /// measuring a step costs what it adds.
+    pub(super) measured: Option<Measured>,
+    /// Each message's event seq and role, in log order.
+    pub(super) roles: Vec<(u64, Role)>,
+    /// Messages (by index) left out of every later request (`history/dropped`, and the ranges
+    /// of `history/compacted`).
+    pub(super) dropped: BTreeSet<usize>,
+    /// Compacted ranges: the index of their first message, and the summary shown instead.
+    pub(super) summaries: BTreeMap<usize, String>,
+    /// Bytes the tool call ids take, kept as they are added so `bytes` costs nothing per step.
+    pub(super) tool_call_bytes: usize,
+    pub(super) transcript: Transcript,
+    pub(super) memo: HeadMemo,
+    /// The provenance recorded last (with a header, or in a marker when only it changed).
+    pub(super) provenance: Option<crate::provenance::Provenance>,
+    /// History was dropped or compacted since the last step marker: the next request does not
+    /// start with the last one.
+    pub(super) history_changed: bool,
+    /// The secret `data` plugins' blocks are keyed with (T8), from the session's first event.
+    pub(super) data_secret: std::sync::Arc<str>,
+}
+
+/// What depends only on the current header, made when a step first needs it and dropped
+/// when the header changes: each format's serialized head, and the fixed parts' measure per
+/// tokenizer. Keyed by the tools shown too; a few entries at most.
+#[derive(Clone, Debug, Default)]
+pub(super) struct HeadMemo {
+    pub(super) heads: Vec<(Format, Option<Vec<String>>, Head)>,
+    pub(super) fixed: Vec<(Format, String, Option<Vec<String>>, crate::budget::Fixed)>,
+}
+
+/// Most entries of each kind in a [`HeadMemo`]: the formats a client asks for times the tool
+/// subsets it alternates between.
+pub(super) const HEAD_MEMO_ENTRIES: usize = 8;
+
+impl HeadMemo {
+    pub(super) fn bytes(&self) -> usize {
+        self.heads.iter().map(|(_, _, h)| h.bytes()).sum::<usize>() + self.fixed.len() * 64
+    }
+}
+
+pub(super) fn remember<T>(list: &mut Vec<T>, item: T) {
+    if list.len() >= HEAD_MEMO_ENTRIES {
+        list.remove(0);
+    }
+    list.push(item);
+}
+
+impl SessionState {
+    /// The state of an empty log.
+    pub fn new(session: &str) -> Self {
+        Self {
+            session: session.to_string(),
+            last_seq: 0,
+            steps: 0,
+            header: None,
+            header_bytes: 0,
+            snapshot_bytes: 0,
+            snapshot: SnapshotState::Never,
+            tool_calls: BTreeSet::new(),
+            open_calls: BTreeSet::new(),
+            shown_tools: None,
+            measured: None,
+            roles: Vec::new(),
+            dropped: BTreeSet::new(),
+            summaries: BTreeMap::new(),
+            tool_call_bytes: 0,
+            transcript: Transcript::new(),
+            memo: HeadMemo::default(),
+            provenance: None,
+            history_changed: false,
+            data_secret: std::sync::Arc::from(session),
+        }
+    }
+
+    /// The state after `events`, the whole log from seq 1.
+    pub fn from_log(session: &str, events: &[Event]) -> Result<Self> {
+        let mut state = Self::new(session);
+        state.apply(events)?;
+        Ok(state)
+    }
+
+    /// Extends the state by events appended after it, in order and without gaps.
+    pub fn apply(&mut self, events: &[Event]) -> Result<()> {
+        for event in events {
+            let body = decode(&self.session, event)?;
+            self.apply_body(event.seq, body)?;
+        }
+        Ok(())
+    }
+
+    /// Extends the state by the bodies a step planned, appended from seq `first`: they are
+    /// applied as built, not decoded again.
+    pub fn apply_planned(&mut self, first: u64, bodies: Vec<Body>) -> Result<()> {
+        for (i, body) in bodies.into_iter().enumerate() {
+            self.apply_body(first + i as u64, body)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_body(&mut self, seq: u64, body: Body) -> Result<()> {
+        if seq != self.last_seq + 1 {
+            return Err(Error::Store(StoreError::Corrupt {
+                session: self.session.clone(),
+                seq,
+                problem: format!(
+                    "{} event: expected seq {} (the log has a gap)",
+                    body.kind(),
+                    self.last_seq + 1
+                ),
+            }));
+        }
+        let message = match body {
+            Body::Step(marker) => {
+                let Marker {
+                    shown_tools,
+                    provenance,
+                    ..
+                } = *marker;
+                self.steps += 1;
+                self.shown_tools = shown_tools;
+                if let Some(p) = provenance {
+                    self.provenance = Some(p);
+                }
+                self.history_changed = false;
+                None
+            }
+            Body::RequestHeader(record) => {
+                self.header_bytes = json_bytes(&record);
+                let HeaderRecord {
+                    header,
+                    provenance,
+                    run,
+                    ..
+                } = *record;
+                self.provenance = provenance;
+                self.header = Some((header, run));
+                self.memo = HeadMemo::default();
+                None
+            }
+            Body::ContextSnapshot(Snapshot { cleared, content }) => {
+                let message = Message::snapshot(content.clone());
+                self.snapshot = if cleared {
+                    SnapshotState::Cleared
+                } else {
+                    SnapshotState::Active(content)
+                };
+                self.snapshot_bytes = match &self.snapshot {
+                    SnapshotState::Active(text) => text.len(),
+                    _ => 0,
+                };
+                Some(message)
+            }
+            Body::HistoryDropped(d) => {
+                self.history_changed = true;
+                for seq in d.seqs {
+                    if let Ok(i) = self.roles.binary_search_by_key(&seq, |(s, _)| *s) {
+                        self.dropped.insert(i);
+                    }
+                }
+                None
+            }
+            Body::HistoryCompacted(c) => {
+                let start = self.roles.partition_point(|(s, _)| *s < c.from);
+                let end = self.roles.partition_point(|(s, _)| *s <= c.to);
+                if start < end {
+                    self.history_changed = true;
+                    let roles = &self.roles;
+                    self.dropped
+                        .extend((start..end).filter(|&i| !c.kept.contains(&roles[i].0)));
+                    self.summaries.insert(start, c.summary);
+                }
+                None
+            }
+            Body::SessionCreated(created) => {
+                if let Some(secret) = created.data_secret {
+                    self.data_secret = secret.into();
+                }
+                None
+            }
+            Body::UserMessage(r) | Body::AssistantMessage(r) | Body::ToolResult(r) => {
+                Some(r.message)
+            }
+            Body::PluginOmitted(_) => None,
+        };
+        if let Some(message) = message {
+            match &message {
+                Message::Assistant { tool_calls, .. } => {
+                    for call in tool_calls {
+                        if self.tool_calls.insert(call.id.clone()) {
+                            self.tool_call_bytes += 2 * (call.id.len() + 32);
+                        }
+                        self.open_calls.insert(call.id.clone());
+                    }
+                }
+                Message::Tool { tool_call_id, .. } => {
+                    self.open_calls.remove(tool_call_id);
+                }
+                Message::User { .. } => {}
+            }
+            self.roles.push((seq, role(&message)));
+            self.transcript.push(&message);
+        }
+        self.last_seq = seq;
+        Ok(())
+    }
+
+    /// The secret this session's data blocks are keyed with (T8). Sessions created before
+    /// the secret was recorded use their id: stable, but weaker, since a plugin sees the id.
+    pub fn data_secret(&self) -> &std::sync::Arc<str> {
+        &self.data_secret
+    }
+
+    /// The seq of the last event the state has seen: the next append goes at `last_seq + 1`.
+    /// The last recorded header.
+    pub fn header(&self) -> Option<&Header> {
+        self.header.as_ref().map(|(h, _)| h)
+    }
+
+    /// The provenance recorded last.
+    pub fn provenance(&self) -> Option<&crate::provenance::Provenance> {
+        self.provenance.as_ref()
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Roughly how much memory the state holds, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.transcript.bytes()
+            + self.tool_call_bytes
+            + self.header_bytes
+            + self.snapshot_bytes
+            + self.memo.bytes()
+    }
+
+    /// The request of the last step in `format`: the last header and every message, the same
+    /// bytes as [`rebuild`] of that step rendered by [`crate::formats::render`].
+    pub fn render(&mut self, format: crate::formats::Format) -> Result<String> {
+        let mut out = String::new();
+        self.render_into(format, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`SessionState::render`], appended to `out`.
+    pub fn render_into(&mut self, format: crate::formats::Format, out: &mut String) -> Result<()> {
+        let (header, _) = self.header.as_ref().ok_or_else(|| {
+            Error::Store(StoreError::Corrupt {
+                session: self.session.clone(),
+                seq: self.last_seq,
+                problem: "no request header recorded yet".into(),
+            })
+        })?;
+        if let Some(what) = self.transcript.unsupported(format) {
+            return Err(Error::UnsupportedBlock {
+                format: format.as_str(),
+                what: what.into(),
+            });
+        }
+        if self.dropped.is_empty() {
+            let shown = self.shown_tools.as_deref();
+            let known = self
+                .memo
+                .heads
+                .iter()
+                .position(|(f, s, _)| *f == format && s.as_deref() == shown);
+            let at = match known {
+                Some(at) => at,
+                None => {
+                    let head = Head::new(header, shown, format);
+                    remember(
+                        &mut self.memo.heads,
+                        (format, self.shown_tools.clone(), head),
+                    );
+                    self.memo.heads.len() - 1
+                }
+            };
+            self.transcript
+                .render_with(&self.memo.heads[at].2, header, format, out);
+            return Ok(());
+        }
+        // Trimmed: render what is kept (bounded by the budget, not by the history).
+        let mut messages = Vec::new();
+        for (i, fragment) in self.transcript.neutral().iter().enumerate() {
+            if let Some(summary) = self.summaries.get(&i) {
+                messages.push(Message::user(summary.clone()));
+            }
+            if self.dropped.contains(&i) {
+                continue;
+            }
+            let message = serde_json::from_str(fragment).map_err(|e| {
+                Error::Store(StoreError::Corrupt {
+                    session: self.session.clone(),
+                    seq: self.roles.get(i).map_or(0, |(s, _)| *s),
+                    problem: format!("a kept message does not decode: {e}"),
+                })
+            })?;
+            messages.push(message);
+        }
+        let request = FrozenRequest {
+            header: header.clone(),
+            messages,
+            shown_tools: self.shown_tools.clone(),
+        };
+        out.push_str(&crate::formats::render(&request, format).to_string());
+        Ok(())
+    }
+}
