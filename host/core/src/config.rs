@@ -34,7 +34,8 @@ use crate::error::{Error, Result};
 use crate::model::Scope;
 use crate::names::{is_item_name, UNLISTED_TOOLS};
 use crate::registry::PluginOptions;
-use crate::sandbox::{self, DeclarationLimits, Sandbox};
+use crate::sandbox::{DeclarationLimits, Sandbox};
+use crate::limits::{self, defaults, Limits};
 use crate::trust::Trust;
 
 pub mod plan;
@@ -42,21 +43,6 @@ pub mod plan;
 pub use plan::AgentPlan;
 
 pub use crate::formats::PROVIDER_TABLES;
-
-/// Default of `[limits] max_body_mb`.
-pub const DEFAULT_MAX_BODY_MB: u64 = 32;
-
-/// Default budget of the daemon's session cache, in MiB.
-pub const DEFAULT_SESSION_CACHE_MB: u64 = 256;
-
-/// Default time a connection has to send a whole request head, in milliseconds (H6).
-pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
-
-/// Default time a keep-alive connection may wait for its next request, in milliseconds (H6).
-pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
-
-/// Default bound on the daemon's open connections (H6).
-pub const DEFAULT_MAX_CONNECTIONS: u64 = 512;
 
 /// The default agent's name, used when a client names none.
 pub const DEFAULT_AGENT: &str = "default";
@@ -840,81 +826,83 @@ impl Config {
             optional: p.is_some_and(|p| p.optional),
             contexts_fail_alone: false,
             limits: DeclarationLimits {
-                max_sections: limit(0, sandbox::DEFAULT_MAX_SECTIONS),
-                max_contexts: limit(1, sandbox::DEFAULT_MAX_CONTEXTS),
-                max_variables: limit(2, sandbox::DEFAULT_MAX_VARIABLES),
-                max_tools: limit(3, sandbox::DEFAULT_MAX_TOOLS),
-                max_name_bytes: limit(4, sandbox::DEFAULT_MAX_NAME_BYTES),
-                max_declared_bytes: limit(5, sandbox::DEFAULT_MAX_DECLARED_KB) << 10,
+                max_sections: limit(0, defaults::MAX_SECTIONS),
+                max_contexts: limit(1, defaults::MAX_CONTEXTS),
+                max_variables: limit(2, defaults::MAX_VARIABLES),
+                max_tools: limit(3, defaults::MAX_TOOLS),
+                max_name_bytes: limit(4, defaults::MAX_NAME_BYTES),
+                max_declared_bytes: limit(5, defaults::MAX_DECLARED_KB) << 10,
             },
             trust: p.and_then(|p| p.trust).unwrap_or(self.default_trust),
         }
     }
 
-    /// The session cache's budget in bytes (`[limits] session_cache_mb`, default 256 MiB).
+    /// The daemon-wide limits, every default filled in ([`crate::limits`]).
+    pub fn limits(&self) -> Limits {
+        let l = &self.limits;
+        let d = Limits::default();
+        Limits {
+            max_body_bytes: l
+                .max_body_mb
+                .map_or(d.max_body_bytes, |mb| (mb.min(limits::MAX_BODY_MB_CAP) << 20) as usize),
+            max_block_bytes: l.max_block_kb.map_or(d.max_block_bytes, |kb| {
+                (kb.min(limits::MAX_BLOCK_KB_CAP) << 10) as usize
+            }),
+            session_cache_bytes: l
+                .session_cache_mb
+                .map_or(d.session_cache_bytes, |mb| (mb << 20) as usize),
+            header_timeout: l
+                .header_timeout_ms
+                .map_or(d.header_timeout, std::time::Duration::from_millis),
+            idle_timeout: l
+                .idle_timeout_ms
+                .map_or(d.idle_timeout, std::time::Duration::from_millis),
+            max_connections: l.max_connections.map_or(d.max_connections, |n| {
+                usize::try_from(n).unwrap_or(usize::MAX)
+            }),
+            quarantine_after: match l.quarantine_after {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => d.quarantine_after,
+            },
+        }
+    }
+
+    /// Largest request body the daemon reads (`[limits] max_body_mb`).
     pub fn max_body_bytes(&self) -> usize {
-        (self
-            .limits
-            .max_body_mb
-            .unwrap_or(DEFAULT_MAX_BODY_MB)
-            .min(4096)
-            << 20) as usize
+        self.limits().max_body_bytes
     }
 
     /// How large a content block may be (`[limits] max_block_kb`).
     pub fn content_limits(&self) -> crate::content::ContentLimits {
         crate::content::ContentLimits {
-            max_block_bytes: (self
-                .limits
-                .max_block_kb
-                .unwrap_or(crate::content::DEFAULT_MAX_BLOCK_KB)
-                .min(4 << 20)
-                << 10) as usize,
+            max_block_bytes: self.limits().max_block_bytes,
         }
     }
 
+    /// The session cache's budget in bytes (`[limits] session_cache_mb`).
     pub fn session_cache_bytes(&self) -> usize {
-        (self
-            .limits
-            .session_cache_mb
-            .unwrap_or(DEFAULT_SESSION_CACHE_MB)
-            << 20) as usize
+        self.limits().session_cache_bytes
     }
 
     /// How long a daemon connection has to send a whole request head (H6).
     pub fn header_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(
-            self.limits
-                .header_timeout_ms
-                .unwrap_or(DEFAULT_HEADER_TIMEOUT_MS),
-        )
+        self.limits().header_timeout
     }
 
     /// How long a daemon connection with no request in flight may wait for the next (H6).
     pub fn idle_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(
-            self.limits
-                .idle_timeout_ms
-                .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
-        )
+        self.limits().idle_timeout
     }
 
     /// Most connections the daemon keeps open at once (H6).
     pub fn max_connections(&self) -> usize {
-        let n = self
-            .limits
-            .max_connections
-            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
-        usize::try_from(n).unwrap_or(usize::MAX)
+        self.limits().max_connections
     }
 
     /// Consecutive failed calls after which a plugin is quarantined; `None` means never.
     pub fn quarantine_after(&self) -> Option<u32> {
-        match self.limits.quarantine_after {
-            Some(0) => None,
-            Some(n) => Some(n),
-            None => Some(3),
-        }
+        self.limits().quarantine_after
     }
 
     /// Capabilities and limits of the plugin with file stem `stem` (L1, L2).
@@ -926,33 +914,33 @@ impl Config {
         let timeout_ms = pick(
             p.and_then(|p| p.timeout_ms),
             self.limits.timeout_ms,
-            sandbox::DEFAULT_TIMEOUT.as_millis() as u64,
+            defaults::TIMEOUT_MS,
         );
         let memory_mb = pick(
             p.and_then(|p| p.memory_mb),
             self.limits.memory_mb,
-            sandbox::DEFAULT_MEMORY_MB,
+            defaults::MEMORY_MB,
         );
         let output_kb = pick(
             p.and_then(|p| p.max_output_kb),
             self.limits.max_output_kb,
-            sandbox::DEFAULT_MAX_OUTPUT_KB,
+            defaults::MAX_OUTPUT_KB,
         );
         let instances = pick(
             p.and_then(|p| p.instances),
             self.limits.instances,
-            sandbox::DEFAULT_INSTANCES,
+            defaults::INSTANCES,
         );
         let base = self.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
         let compile_ms = pick(
             p.and_then(|p| p.compile_timeout_ms),
             self.limits.compile_timeout_ms,
-            sandbox::DEFAULT_COMPILE_TIMEOUT.as_millis() as u64,
+            defaults::COMPILE_TIMEOUT_MS,
         );
         let compile_mb = pick(
             p.and_then(|p| p.compile_memory_mb),
             self.limits.compile_memory_mb,
-            sandbox::DEFAULT_COMPILE_MEMORY_MB,
+            defaults::COMPILE_MEMORY_MB,
         );
         Sandbox {
             compile_deadline: std::time::Duration::from_millis(compile_ms),
@@ -983,12 +971,12 @@ impl Config {
             log_bytes_per_call: (self
                 .limits
                 .log_kb_per_call
-                .unwrap_or(sandbox::DEFAULT_LOG_KB_PER_CALL)
+                .unwrap_or(defaults::LOG_KB_PER_CALL)
                 << 10) as usize,
             log_lines_per_s: self
                 .limits
                 .log_lines_per_s
-                .unwrap_or(sandbox::DEFAULT_LOG_LINES_PER_S)
+                .unwrap_or(defaults::LOG_LINES_PER_S)
                 .min(u32::MAX as u64) as u32,
         }
     }
@@ -1080,7 +1068,7 @@ mod tests {
         let other = config.plugin_options("other").limits;
         assert_eq!((big.max_tools, other.max_tools), (500, 10));
         assert_eq!(big.max_declared_bytes, 8 << 10);
-        assert_eq!(other.max_sections, sandbox::DEFAULT_MAX_SECTIONS as usize);
+        assert_eq!(other.max_sections, defaults::MAX_SECTIONS as usize);
         let err = Config::parse("[limits]\nmax_sections = 0\n", "t").unwrap_err();
         assert!(
             err.to_string()

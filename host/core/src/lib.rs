@@ -31,6 +31,7 @@ pub mod error;
 pub mod formats;
 #[cfg(test)]
 mod fuzz;
+pub mod limits;
 pub mod load;
 pub mod plugin;
 pub mod prefix;

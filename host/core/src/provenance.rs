@@ -66,7 +66,7 @@ impl Provenance {
             .tools
             .iter()
             .map(|t| {
-                let schema = serde_json::to_string(&t.parameters).unwrap_or_default();
+                let schema = t.parameters.to_string();
                 let hash = short_hash(format!("{}\n{schema}", t.description).as_bytes());
                 (t.name.as_str(), hash)
             })

@@ -65,7 +65,9 @@ pub fn declaration_json(d: &Declaration) -> Value {
         })).collect::<Vec<_>>(),
         "tools": d.tools.iter().map(|t| json!({
             "name": t.name, "description": t.description,
-            "parameters": serde_json::from_str::<Value>(&t.parameters).unwrap_or(Value::Null),
+            // Validated as a JSON object at load (R1); shown as declared if it ever is not.
+            "parameters": serde_json::from_str::<Value>(&t.parameters)
+                .unwrap_or_else(|_| Value::String(t.parameters.clone())),
             "scope": t.scope.key(),
         })).collect::<Vec<_>>(),
         "filters_tools": d.filters_tools,

@@ -51,7 +51,7 @@ pub fn header(assembly: &Assembly, model: serde_json::Map<String, serde_json::Va
             .map(|t| ToolSpec {
                 name: t.name.clone(),
                 description: t.description.clone(),
-                parameters: t.parameters.clone(),
+                parameters: (*t.parameters).clone(),
             })
             .collect(),
         layout: crate::conversation::LAYOUT,

@@ -21,8 +21,9 @@ fn assembly(system: &str, context: Option<&str>) -> Assembly {
         tools: vec![AssembledTool {
             name: "read".into(),
             description: "Reads a file.".into(),
-            parameters: json!({"type": "object"}),
-        }],
+            parameters: json!({"type": "object"}).into(),
+        }]
+        .into(),
         explain: Default::default(),
         omitted: Vec::new(),
     }

@@ -190,6 +190,7 @@ impl WasmEngine {
             sandbox,
             config,
             pool: Mutex::new(Pool::default()),
+            lowered: Mutex::new((None, None)),
             returned: Condvar::new(),
             failures: AtomicU32::new(0),
         };
@@ -378,6 +379,9 @@ pub struct WasmProvider {
     failures: AtomicU32,
     /// The plugin's log budget (L9), shared by its instances.
     log: Arc<PluginLog>,
+    /// The last step as lowered for each world, kept to lower the next one by what changed
+    /// (its number, mostly) instead of copying every string per call.
+    lowered: Mutex<(Option<worlds::w1::Step>, Option<worlds::w2::Step>)>,
 }
 
 impl WasmProvider {
@@ -582,12 +586,14 @@ impl WasmProvider {
     /// One 0.2.0 call for every wanted item; each returned text is checked against the
     /// output bound, and a failed item counts as a failed call (L3).
     fn evaluate_v2(&self, step: &Step, wanted: &Wanted) -> CallResult<Evaluation> {
-        let (wstep, wwanted) = (worlds::step_v2(step), worlds::wanted_v2(wanted));
-        let answer = self.call(|p, s| match p {
-            Exports::V0_2(p) => Ok(p
-                .call_evaluate(s, &wstep, &wwanted)?
-                .map(worlds::evaluation_v2)),
-            Exports::V0_1(_) => other_world(),
+        let wwanted = worlds::wanted_v2(wanted);
+        let answer = self.with_step_v2(step, |wstep| {
+            self.call(|p, s| match p {
+                Exports::V0_2(p) => Ok(p
+                    .call_evaluate(s, wstep, &wwanted)?
+                    .map(worlds::evaluation_v2)),
+                Exports::V0_1(_) => other_world(),
+            })
         })?;
         answer.check(wanted)?;
         let bound =
@@ -618,6 +624,36 @@ impl WasmProvider {
 
     /// One item through [`WasmProvider::evaluate_v2`] (only reached through the per-item
     /// methods, which assembly does not use for 0.2.0 plugins).
+    /// Runs `f` on `step` lowered for world 0.1.0, from the last lowering when one is free.
+    fn with_step_v1<R>(&self, step: &Step, f: impl FnOnce(&worlds::w1::Step) -> R) -> R {
+        let kept = self.lowered.lock().unwrap_or_else(|p| p.into_inner()).0.take();
+        let lowered = match kept {
+            Some(mut lowered) => {
+                worlds::refresh_v1(&mut lowered, step);
+                lowered
+            }
+            None => worlds::step_v1(step),
+        };
+        let result = f(&lowered);
+        self.lowered.lock().unwrap_or_else(|p| p.into_inner()).0 = Some(lowered);
+        result
+    }
+
+    /// [`WasmProvider::with_step_v1`] for world 0.2.0.
+    fn with_step_v2<R>(&self, step: &Step, f: impl FnOnce(&worlds::w2::Step) -> R) -> R {
+        let kept = self.lowered.lock().unwrap_or_else(|p| p.into_inner()).1.take();
+        let lowered = match kept {
+            Some(mut lowered) => {
+                worlds::refresh_v2(&mut lowered, step);
+                lowered
+            }
+            None => worlds::step_v2(step),
+        };
+        let result = f(&lowered);
+        self.lowered.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(lowered);
+        result
+    }
+
     fn one_v2<T>(
         &self,
         step: &Step,
@@ -638,10 +674,12 @@ impl Provider for WasmProvider {
             };
             return self.one_v2(step, wanted, |e| e.sections.into_iter().next());
         }
-        let (wscope, wstep) = (worlds::scope_v1(scope), worlds::step_v1(step));
-        let result = self.call(|p, s| match p {
-            Exports::V0_1(p) => p.call_section_text(s, name, &wscope, &wstep),
-            Exports::V0_2(_) => other_world(),
+        let wscope = worlds::scope_v1(scope);
+        let result = self.with_step_v1(step, |wstep| {
+            self.call(|p, s| match p {
+                Exports::V0_1(p) => p.call_section_text(s, name, &wscope, wstep),
+                Exports::V0_2(_) => other_world(),
+            })
         });
         self.checked("the text", result)
     }
@@ -654,10 +692,12 @@ impl Provider for WasmProvider {
             };
             return self.one_v2(step, wanted, |e| e.contexts.into_iter().next());
         }
-        let (wscope, wstep) = (worlds::scope_v1(scope), worlds::step_v1(step));
-        let result = self.call(|p, s| match p {
-            Exports::V0_1(p) => p.call_context_text(s, name, &wscope, &wstep),
-            Exports::V0_2(_) => other_world(),
+        let wscope = worlds::scope_v1(scope);
+        let result = self.with_step_v1(step, |wstep| {
+            self.call(|p, s| match p {
+                Exports::V0_1(p) => p.call_context_text(s, name, &wscope, wstep),
+                Exports::V0_2(_) => other_world(),
+            })
         });
         self.checked("the text", result)
     }
@@ -670,10 +710,12 @@ impl Provider for WasmProvider {
             };
             return self.one_v2(step, wanted, |e| e.variables.into_iter().next());
         }
-        let (wscope, wstep) = (worlds::scope_v1(scope), worlds::step_v1(step));
-        let result = self.call(|p, s| match p {
-            Exports::V0_1(p) => p.call_variable_value(s, name, &wscope, &wstep),
-            Exports::V0_2(_) => other_world(),
+        let wscope = worlds::scope_v1(scope);
+        let result = self.with_step_v1(step, |wstep| {
+            self.call(|p, s| match p {
+                Exports::V0_1(p) => p.call_variable_value(s, name, &wscope, wstep),
+                Exports::V0_2(_) => other_world(),
+            })
         });
         match result {
             Ok(Some(v)) => self.checked("the value", Ok(v)).map(Some),
@@ -693,10 +735,11 @@ impl Provider for WasmProvider {
             };
             return self.one_v2(step, wanted, |e| e.shown_tools);
         }
-        let step = worlds::step_v1(step);
-        self.call(|p, s| match p {
-            Exports::V0_1(p) => p.call_shown_tools(s, &step),
-            Exports::V0_2(_) => other_world(),
+        self.with_step_v1(step, |wstep| {
+            self.call(|p, s| match p {
+                Exports::V0_1(p) => p.call_shown_tools(s, wstep),
+                Exports::V0_2(_) => other_world(),
+            })
         })
     }
 

@@ -26,8 +26,8 @@ pub(crate) mod v0_2 {
     });
 }
 
-use v0_1::promptd::plugin::types as w1;
-use v0_2::promptd::plugin::types as w2;
+pub(crate) use v0_1::promptd::plugin::types as w1;
+pub(crate) use v0_2::promptd::plugin::types as w2;
 
 /// A world version the host serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl World {
 // ---- the core's data into each world --------------------------------------------------------
 
 macro_rules! to_wit {
-    ($w:ident, $scope:ident, $step:ident) => {
+    ($w:ident, $scope:ident, $step:ident, $refresh:ident) => {
         pub(crate) fn $scope(scope: &Scope) -> $w::Scope {
             match scope {
                 Scope::Global => $w::Scope::Global,
@@ -67,14 +67,46 @@ macro_rules! to_wit {
                 scope_chain: step.scope_chain.to_vec(),
                 session_id: step.session_id.clone(),
                 step_number: step.step_number,
-                facts: step.facts.clone().into_iter().collect(),
+                facts: step
+                    .facts
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            }
+        }
+
+        /// Makes `lowered` the lowering of `step`, keeping what is already equal: a step of
+        /// the same session differs from the last one in its number only.
+        pub(crate) fn $refresh(lowered: &mut $w::Step, step: &Step) {
+            if lowered.agent != step.agent {
+                lowered.agent.clone_from(&step.agent);
+            }
+            if lowered.scope_chain[..] != step.scope_chain[..] {
+                lowered.scope_chain = step.scope_chain.to_vec();
+            }
+            if lowered.session_id != step.session_id {
+                lowered.session_id.clone_from(&step.session_id);
+            }
+            lowered.step_number = step.step_number;
+            let same_facts = lowered.facts.len() == step.facts.len()
+                && lowered
+                    .facts
+                    .iter()
+                    .zip(&step.facts)
+                    .all(|((a, b), (c, d))| a == c && b == d);
+            if !same_facts {
+                lowered.facts = step
+                    .facts
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
             }
         }
     };
 }
 
-to_wit!(w1, scope_v1, step_v1);
-to_wit!(w2, scope_v2, step_v2);
+to_wit!(w1, scope_v1, step_v1, refresh_v1);
+to_wit!(w2, scope_v2, step_v2, refresh_v2);
 
 pub(crate) fn wanted_v2(wanted: &Wanted) -> w2::Wanted {
     let items = |list: &[(String, Scope)]| {

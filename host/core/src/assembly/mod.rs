@@ -49,7 +49,9 @@ pub struct Assembly {
     pub system: String,
     /// T6: the runtime context snapshot text, or `None` when every context is empty.
     pub runtime_context: Option<String>,
-    pub tools: Vec<AssembledTool>,
+    /// Shared with other assemblies of the same registry snapshot, chain and options when no
+    /// plugin filters tools (they are then the same every step).
+    pub tools: Arc<[AssembledTool]>,
     /// With [`Options::keep_all_tools`], the names of `tools` shown this step, in order.
     pub shown_tools: Option<Vec<String>>,
     /// Each section's and context's interpolated text by name, in output order (empty ones
@@ -65,17 +67,20 @@ pub struct Assembly {
 pub struct AssembledTool {
     pub name: String,
     pub description: String,
-    /// A deep copy of the declared schema (A6).
-    pub parameters: serde_json::Value,
+    /// The declared schema, parsed once at load (A6): shared, never mutated.
+    pub parameters: Arc<serde_json::Value>,
 }
 
 /// Which plugin gave each effective contribution, in output order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Explain {
-    pub sections: Vec<Origin>,
-    pub contexts: Vec<Origin>,
+    /// Shared by every assembly of the same registry snapshot, chain and options.
+    pub sections: Arc<[Origin]>,
+    /// Shared as `sections` is.
+    pub contexts: Arc<[Origin]>,
     pub variables: Vec<Origin>,
-    pub tools: Vec<Origin>,
+    /// Shared as [`Assembly::tools`] is.
+    pub tools: Arc<[Origin]>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,7 +178,7 @@ fn assemble_fresh(
     let mut excluded = BTreeSet::new();
     let mut omitted = Vec::new();
     loop {
-        match attempt(registry, step, options, &excluded, &mut calls) {
+        match attempt(registry, step, options, &excluded, &mut calls, &key) {
             Ok(mut assembly) => {
                 omitted.extend(calls.omitted.iter().cloned());
                 assembly.omitted = omitted;
@@ -289,6 +294,7 @@ fn attempt(
     options: &Options,
     excluded: &BTreeSet<String>,
     calls: &mut Calls,
+    key: &crate::plugin::registry::MemoKey,
 ) -> Result<Assembly> {
     let chain = &step.scope_chain;
     let sections = effective::<Section>(registry, excluded, chain);
@@ -321,7 +327,26 @@ fn attempt(
         .sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
     calls.prefetch(step, &ordered, &ordered_contexts, &variables, &tools);
 
-    let mut explain = Explain::default();
+    // Which plugin gives each section, context and tool depends on the snapshot, the chain
+    // and the options alone (not on what a dynamic part says): made once per key and shared,
+    // unless an optional plugin was left out this time.
+    let memo = excluded.is_empty();
+    let skeleton = memo
+        .then(|| registry.skeletons.get::<Skeleton>(key))
+        .flatten();
+    let mut explain = Explain {
+        sections: match &skeleton {
+            Some(s) => s.sections.clone(),
+            None => ordered.iter().map(|p| p.origin(&p.item.name)).collect(),
+        },
+        contexts: match &skeleton {
+            Some(s) => s.contexts.clone(),
+            None => (ordered_contexts.iter())
+                .map(|p| p.origin(&p.item.name))
+                .collect(),
+        },
+        ..Explain::default()
+    };
     let mut resolver = Resolver {
         variables: &variables,
         step,
@@ -337,7 +362,6 @@ fn attempt(
             let location = || format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
             render_owned(text, &location, &mut |n| resolver.resolve(n, calls))?
         };
-        explain.sections.push(pick.origin(&s.name));
         section_texts.push((s.name.clone(), rendered.into_owned()));
     }
     let system = joined(section_texts.iter().map(|(_, t)| t.as_str()));
@@ -353,7 +377,6 @@ fn attempt(
             let location = || format!("context `{}` (plugin `{}`)", c.name, pick.entry.id);
             render_owned(text, &location, &mut |n| resolver.resolve(n, calls))?
         };
-        explain.contexts.push(pick.origin(&c.name));
         context_texts.push((c.name.clone(), rendered.into_owned()));
     }
     let runtime_context = snapshot(context_texts.iter().map(|(_, t)| t.as_str()));
@@ -363,8 +386,23 @@ fn attempt(
         .filter_map(|n| variables.get(n).map(|p| p.origin(n)))
         .collect();
 
-    let (tools, tool_origins, shown_tools) = order_tools(&tools, options, step, calls)?;
-    explain.tools = tool_origins;
+    // Without a plugin that filters tools, the tool list is a function of the key too.
+    let fixed = memo && tools.values().all(|p| !p.entry.declaration.filters_tools);
+    let known = skeleton.as_ref().and_then(|s| s.tools.clone());
+    let ordered = match known.filter(|_| fixed) {
+        Some(known) => known,
+        None => Arc::new(order_tools(&tools, options, step, calls)?),
+    };
+    if memo && skeleton.is_none() {
+        let skeleton = Skeleton {
+            sections: explain.sections.clone(),
+            contexts: explain.contexts.clone(),
+            tools: fixed.then(|| ordered.clone()),
+        };
+        registry.skeletons.put(key.clone(), &Arc::new(skeleton));
+    }
+    let (tools, shown_tools) = (ordered.tools.clone(), ordered.shown.clone());
+    explain.tools = ordered.origins.clone();
 
     Ok(Assembly {
         system,
@@ -416,7 +454,20 @@ fn in_order<'n>(names: &BTreeSet<&'n str>, options: &Options) -> Vec<&'n str> {
 
 /// A6, A7: shown tools, by name or by `tool_order` (all known tools, and the shown names
 /// apart, with [`Options::keep_all_tools`]).
-type OrderedTools = (Vec<AssembledTool>, Vec<Origin>, Option<Vec<String>>);
+/// What an assembly of one key (registry snapshot, chain, options) shares with every other:
+/// who gives each section and context, and the ordered tools when no plugin filters them.
+struct Skeleton {
+    sections: Arc<[Origin]>,
+    contexts: Arc<[Origin]>,
+    tools: Option<Arc<OrderedTools>>,
+}
+
+/// The tools a step shows, in order, who gave them, and the shown names (`allowed_tools`).
+struct OrderedTools {
+    tools: Arc<[AssembledTool]>,
+    origins: Arc<[Origin]>,
+    shown: Option<Vec<String>>,
+}
 
 fn order_tools(
     tools: &BTreeMap<&str, Pick<Tool>>,
@@ -468,9 +519,10 @@ fn order_tools(
         let parameters = pick
             .entry
             .schemas
-            .get(&(t.name.clone(), t.scope.clone()))
-            .cloned()
-            .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
+            .get(t.name.as_str())
+            .and_then(|by_scope| by_scope.iter().find(|(s, _)| *s == t.scope))
+            .map(|(_, schema)| schema.clone())
+            .unwrap_or_else(|| Arc::new(serde_json::Value::Object(Default::default())));
         out.push(AssembledTool {
             name: t.name.clone(),
             description: t.description.clone(),
@@ -478,7 +530,11 @@ fn order_tools(
         });
         origins.push(pick.origin(name));
     }
-    Ok((out, origins, shown))
+    Ok(OrderedTools {
+        tools: out.into(),
+        origins: origins.into(),
+        shown,
+    })
 }
 
 /// Resolves `{{name}}` against the effective variables, calling dynamic ones lazily.

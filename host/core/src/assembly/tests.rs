@@ -592,16 +592,18 @@ fn a6_tool_order_is_byte_order() {
 }
 
 #[test]
-fn a6_parameters_are_deep_copies_of_the_declared_schema() {
+fn a6_parameters_are_the_declared_schema_as_parsed_at_load_shared_read_only() {
     let schema = r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#;
     let reg = registry(vec![("p", NativePlugin::new().tool("read", "d", schema))]);
-    // Assemblies are shared (`Arc`), so no caller can change one in place; a caller's own
-    // copy is independent of the declaration and of the next assembly.
-    let mut first = Assembly::clone(&run(&reg).unwrap());
     let expected: serde_json::Value = serde_json::from_str(schema).unwrap();
-    assert_eq!(first.tools[0].parameters, expected);
-    first.tools[0].parameters["type"] = "mutated".into();
-    assert_eq!(run(&reg).unwrap().tools[0].parameters, expected);
+    let (first, second) = (run(&reg).unwrap(), run(&reg).unwrap());
+    assert_eq!(*first.tools[0].parameters, expected);
+    // Shared (`Arc`, no `DerefMut`): no caller can change it, so no step copies it. A caller
+    // that wants its own copies it out, and that copy is independent of the next assembly.
+    assert!(Arc::ptr_eq(&first.tools[0].parameters, &second.tools[0].parameters));
+    let mut own = (*first.tools[0].parameters).clone();
+    own["type"] = "mutated".into();
+    assert_eq!(*run(&reg).unwrap().tools[0].parameters, expected);
 }
 
 #[test]

@@ -148,13 +148,10 @@ pub struct ContentLimits {
     pub max_block_bytes: usize,
 }
 
-/// Default of `[limits] max_block_kb`: 10 MiB of base64 (about 7.5 MiB of image or PDF).
-pub const DEFAULT_MAX_BLOCK_KB: u64 = 10 << 10;
-
 impl Default for ContentLimits {
     fn default() -> Self {
         Self {
-            max_block_bytes: (DEFAULT_MAX_BLOCK_KB << 10) as usize,
+            max_block_bytes: (crate::limits::defaults::MAX_BLOCK_KB << 10) as usize,
         }
     }
 }

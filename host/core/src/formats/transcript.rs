@@ -1,6 +1,11 @@
-//! A session's messages rendered once, for every format, as they are appended, so the request
-//! of the next step is spliced from cached fragments instead of re-rendered from the whole
-//! history: a step's own work does not grow with the history, only copying the bytes out does.
+//! A session's messages rendered once per format, as they are appended, so the request of the
+//! next step is spliced from cached fragments instead of re-rendered from the whole history: a
+//! step's own work does not grow with the history, only copying the bytes out does.
+//!
+//! Every message is kept in the neutral format (budgets measure it, a trimmed request is built
+//! from it). The other formats are rendered for a session from the first request in them on:
+//! that request catches up from the neutral fragments, and later messages are rendered in it as
+//! they come. A session that speaks one format pays for one.
 //!
 //! The fragments are made by the same functions as [`crate::formats::render`], so
 //! [`Transcript::render`] gives exactly the bytes of `render(request, format).to_string()`; the
@@ -61,6 +66,23 @@ pub struct Transcript {
     /// Bytes of the fragments per format (in [`Format::ALL`]'s order), to size a body's
     /// buffer once: a guess from the total either wastes or reallocates.
     format_bytes: [usize; 4],
+    /// The formats rendered as messages are pushed (in [`Format::ALL`]'s order): neutral
+    /// always, the others once asked for.
+    active: [bool; 4],
+}
+
+/// `values` as compact JSON, comma-separated, written into one string.
+fn comma_joined(values: &[Value]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{v}");
+    }
+    out
 }
 
 /// A format's place in [`Format::ALL`].
@@ -70,7 +92,9 @@ fn slot(format: Format) -> usize {
 
 impl Transcript {
     pub fn new() -> Self {
-        Self::default()
+        let mut transcript = Self::default();
+        transcript.active[slot(Format::Neutral)] = true;
+        transcript
     }
 
     /// Renders and keeps `message`.
@@ -82,37 +106,65 @@ impl Transcript {
             }
         }
         let neutral = formats::neutral_message(message).to_string();
-        let mut items = Vec::new();
-        formats::openai::push_openai(&mut items, &mut self.openai_pending, message);
-        let openai = items
-            .iter()
-            .map(Value::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let responses = formats::responses::responses_items(message)
-            .iter()
-            .map(Value::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        self.bytes += neutral.len() + openai.len() + responses.len();
+        self.bytes += neutral.len();
         self.format_bytes[slot(Format::Neutral)] += neutral.len() + 1;
-        self.format_bytes[slot(Format::Openai)] += openai.len() + 1;
-        self.format_bytes[slot(Format::OpenaiResponses)] += responses.len() + 1;
         self.neutral.push(neutral);
-        self.openai.push(openai);
-        self.responses.push(responses);
-        let mut turns: Vec<(&'static str, Vec<Value>)> =
-            self.open_turn.take().into_iter().collect();
-        formats::anthropic::push_anthropic(&mut turns, message);
-        // Every turn but the last is closed: the next message cannot merge into it.
-        let open = turns.pop();
-        for (role, blocks) in turns {
-            let closed = formats::anthropic::anthropic_turn(role, blocks).to_string();
-            self.bytes += closed.len();
-            self.format_bytes[slot(Format::Anthropic)] += closed.len() + 1;
-            self.anthropic.push(closed);
+        for format in [Format::Openai, Format::OpenaiResponses, Format::Anthropic] {
+            if self.active[slot(format)] {
+                self.render_message(format, message);
+            }
         }
-        self.open_turn = open;
+    }
+
+    /// Renders `message` in `format` (not neutral) after the ones rendered so far.
+    fn render_message(&mut self, format: Format, message: &Message) {
+        match format {
+            Format::Neutral => {}
+            Format::Openai => {
+                let mut items = Vec::new();
+                formats::openai::push_openai(&mut items, &mut self.openai_pending, message);
+                let openai = comma_joined(&items);
+                self.bytes += openai.len();
+                self.format_bytes[slot(Format::Openai)] += openai.len() + 1;
+                self.openai.push(openai);
+            }
+            Format::OpenaiResponses => {
+                let responses = comma_joined(&formats::responses::responses_items(message));
+                self.bytes += responses.len();
+                self.format_bytes[slot(Format::OpenaiResponses)] += responses.len() + 1;
+                self.responses.push(responses);
+            }
+            Format::Anthropic => {
+                let mut turns: Vec<(&'static str, Vec<Value>)> =
+                    self.open_turn.take().into_iter().collect();
+                formats::anthropic::push_anthropic(&mut turns, message);
+                // Every turn but the last is closed: the next message cannot merge into it.
+                let open = turns.pop();
+                for (role, blocks) in turns {
+                    let closed = formats::anthropic::anthropic_turn(role, blocks).to_string();
+                    self.bytes += closed.len();
+                    self.format_bytes[slot(Format::Anthropic)] += closed.len() + 1;
+                    self.anthropic.push(closed);
+                }
+                self.open_turn = open;
+            }
+        }
+    }
+
+    /// Renders every message so far in `format` if it was not asked for before, and every
+    /// later one as it is pushed. Fails only if a neutral fragment no longer decodes (the
+    /// index of the first that does not, and why), which would be a bug of this module.
+    pub fn activate(&mut self, format: Format) -> Result<(), (usize, String)> {
+        if self.active[slot(format)] {
+            return Ok(());
+        }
+        for i in 0..self.neutral.len() {
+            let message: Message =
+                serde_json::from_str(&self.neutral[i]).map_err(|e| (i, e.to_string()))?;
+            self.render_message(format, &message);
+        }
+        self.active[slot(format)] = true;
+        Ok(())
     }
 
     /// Each message's neutral JSON, in order.
@@ -135,7 +187,7 @@ impl Transcript {
 
     /// The request body for `header` and every message pushed so far, in `format`: the bytes of
     /// [`formats::render`]`(…).to_string()`, written in one pass into one buffer.
-    pub fn render(&self, header: &Header, shown: Option<&[String]>, format: Format) -> String {
+    pub fn render(&mut self, header: &Header, shown: Option<&[String]>, format: Format) -> String {
         let mut out = String::new();
         self.render_into(header, shown, format, &mut out);
         out
@@ -144,19 +196,25 @@ impl Transcript {
     /// [`Transcript::render`], appended to `out` (so a caller can put the body inside an
     /// envelope without copying it).
     pub fn render_into(
-        &self,
+        &mut self,
         header: &Header,
         shown: Option<&[String]>,
         format: Format,
         out: &mut String,
     ) {
+        // The fragments are this module's own output: they decode (the tests check it).
+        if let Err((i, e)) = self.activate(format) {
+            unreachable!("neutral fragment {i} does not decode: {e}");
+        }
         self.render_with(&Head::new(header, shown, format), header, format, out);
     }
 
     /// [`Transcript::render_into`] around a [`Head`] made earlier for the same header, tools
     /// shown and format: a session keeps its head while the header stays, so a step does not
-    /// serialize the system prompt and the tools again.
+    /// serialize the system prompt and the tools again. Call [`Transcript::activate`] for
+    /// `format` first (a format not rendered yet has no fragments).
     pub fn render_with(&self, head: &Head, header: &Header, format: Format, out: &mut String) {
+        debug_assert!(self.active[slot(format)], "render_with before activate");
         // The open Anthropic turn and OpenAI's pending attachments are not counted yet.
         let open = if self.open_turn.is_some() || !self.openai_pending.is_empty() {
             1024
@@ -230,7 +288,14 @@ fn entry(out: &mut String, first: &mut bool, key: &str) {
         out.push(',');
     }
     *first = false;
-    out.push_str(&Value::String(key.to_string()).to_string());
+    // Keys are settings and list names: plain ones need no escaping and no allocation.
+    if key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        out.push('"');
+        out.push_str(key);
+        out.push('"');
+    } else {
+        out.push_str(&Value::String(key.to_string()).to_string());
+    }
     out.push(':');
 }
 
@@ -358,6 +423,23 @@ mod tests {
                         formats::render(&request, format).to_string()
                     );
                 }
+            }
+            // A format first asked for after every message catches up from the neutral
+            // fragments to the same bytes.
+            let whole = FrozenRequest {
+                header: header.clone(),
+                messages: messages.clone(),
+                shown_tools: shown.clone(),
+            };
+            for format in Format::ALL {
+                let mut late = Transcript::new();
+                for m in &messages {
+                    late.push(m);
+                }
+                prop_assert_eq!(
+                    late.render(&header, shown.as_deref(), format),
+                    formats::render(&whole, format).to_string()
+                );
             }
             let empty = FrozenRequest {
                 header: header.clone(),

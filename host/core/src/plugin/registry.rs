@@ -189,6 +189,9 @@ pub struct Registry {
     /// chain and the options alone (see [`crate::assembly::assemble`]). Every clone starts
     /// empty: a changed registry never sees another snapshot's results.
     pub(crate) memo: Memo,
+    /// What every assembly of this snapshot by (chain, options) shares, dynamic or not (who
+    /// gives each part, the ordered tools): made once (see [`crate::assembly::assemble`]).
+    pub(crate) skeletons: Memo,
 }
 
 /// Static assemblies of one registry snapshot, by (chain, options); bounded. The registry holds
@@ -226,6 +229,7 @@ impl Clone for Registry {
         Self {
             plugins: self.plugins.clone(),
             memo: Memo::default(),
+            skeletons: Memo::default(),
         }
     }
 }

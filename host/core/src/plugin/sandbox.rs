@@ -7,6 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::limits::defaults;
+
 /// Capabilities and limits for one plugin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sandbox {
@@ -35,37 +37,20 @@ pub struct Sandbox {
     pub log_lines_per_s: u32,
 }
 
-/// Default compile deadline: the bundled JavaScript and Python plugins take 10-30 s on 2 cores.
-pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
-/// Default address space of the compiling process, in MiB.
-pub const DEFAULT_COMPILE_MEMORY_MB: u64 = 2048;
-/// Default call deadline.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default memory cap per instance.
-pub const DEFAULT_MEMORY_MB: u64 = 256;
-/// Default bound on one returned text.
-pub const DEFAULT_MAX_OUTPUT_KB: u64 = 1024;
-/// Default number of warm instances per plugin.
-pub const DEFAULT_INSTANCES: u64 = 2;
-/// Default log budget of one call, in KiB.
-pub const DEFAULT_LOG_KB_PER_CALL: u64 = 64;
-/// Default log rate of one plugin, in records per second.
-pub const DEFAULT_LOG_LINES_PER_S: u64 = 100;
-
 impl Default for Sandbox {
     fn default() -> Self {
         Self {
-            compile_deadline: DEFAULT_COMPILE_TIMEOUT,
-            compile_memory_bytes: DEFAULT_COMPILE_MEMORY_MB << 20,
-            call_deadline: DEFAULT_TIMEOUT,
-            memory_bytes: (DEFAULT_MEMORY_MB << 20) as usize,
-            max_output_bytes: (DEFAULT_MAX_OUTPUT_KB << 10) as usize,
+            compile_deadline: Duration::from_millis(defaults::COMPILE_TIMEOUT_MS),
+            compile_memory_bytes: defaults::COMPILE_MEMORY_MB << 20,
+            call_deadline: Duration::from_millis(defaults::TIMEOUT_MS),
+            memory_bytes: (defaults::MEMORY_MB << 20) as usize,
+            max_output_bytes: (defaults::MAX_OUTPUT_KB << 10) as usize,
             dirs: Vec::new(),
             env: Vec::new(),
             stdio_to_log: true,
-            max_instances: DEFAULT_INSTANCES as usize,
-            log_bytes_per_call: (DEFAULT_LOG_KB_PER_CALL << 10) as usize,
-            log_lines_per_s: DEFAULT_LOG_LINES_PER_S as u32,
+            max_instances: defaults::INSTANCES as usize,
+            log_bytes_per_call: (defaults::LOG_KB_PER_CALL << 10) as usize,
+            log_lines_per_s: defaults::LOG_LINES_PER_S as u32,
         }
     }
 }
@@ -85,23 +70,15 @@ pub struct DeclarationLimits {
     pub max_declared_bytes: usize,
 }
 
-/// Defaults of [`DeclarationLimits`]: `(config key, default)`; the byte budget is in KiB.
-pub const DEFAULT_MAX_SECTIONS: u64 = 1000;
-pub const DEFAULT_MAX_CONTEXTS: u64 = 1000;
-pub const DEFAULT_MAX_VARIABLES: u64 = 1000;
-pub const DEFAULT_MAX_TOOLS: u64 = 256;
-pub const DEFAULT_MAX_NAME_BYTES: u64 = 128;
-pub const DEFAULT_MAX_DECLARED_KB: u64 = 4096;
-
 impl Default for DeclarationLimits {
     fn default() -> Self {
         Self {
-            max_sections: DEFAULT_MAX_SECTIONS as usize,
-            max_contexts: DEFAULT_MAX_CONTEXTS as usize,
-            max_variables: DEFAULT_MAX_VARIABLES as usize,
-            max_tools: DEFAULT_MAX_TOOLS as usize,
-            max_name_bytes: DEFAULT_MAX_NAME_BYTES as usize,
-            max_declared_bytes: (DEFAULT_MAX_DECLARED_KB << 10) as usize,
+            max_sections: defaults::MAX_SECTIONS as usize,
+            max_contexts: defaults::MAX_CONTEXTS as usize,
+            max_variables: defaults::MAX_VARIABLES as usize,
+            max_tools: defaults::MAX_TOOLS as usize,
+            max_name_bytes: defaults::MAX_NAME_BYTES as usize,
+            max_declared_bytes: (defaults::MAX_DECLARED_KB << 10) as usize,
         }
     }
 }

@@ -8,8 +8,9 @@ use crate::plugin::model::{Content, Declaration, Kind, Scope};
 use crate::plugin::names::{is_item_name, is_tool_name, is_variable_name, UNLISTED_TOOLS};
 use crate::plugin::sandbox::DeclarationLimits;
 
-/// Parsed tool parameters, by (tool name, declared scope).
-pub type ToolSchemas = BTreeMap<(String, Scope), serde_json::Value>;
+/// Parsed tool parameters, by tool name, then declared scope: parsed once at load and shared
+/// by every assembly (never copied per step).
+pub type ToolSchemas = BTreeMap<String, Vec<(Scope, std::sync::Arc<serde_json::Value>)>>;
 
 /// Checks names, scopes, static templates, duplicates and tool schemas; returns each tool's
 /// parsed parameters. The first problem refuses the whole plugin.
@@ -92,7 +93,10 @@ pub fn validate(
                 json_type(&value)
             )));
         }
-        schemas.insert((t.name.clone(), t.scope.clone()), value);
+        schemas
+            .entry(t.name.clone())
+            .or_default()
+            .push((t.scope.clone(), std::sync::Arc::new(value)));
     }
     Ok(schemas)
 }

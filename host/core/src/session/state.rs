@@ -317,6 +317,15 @@ impl SessionState {
             });
         }
         if self.dropped.is_empty() {
+            let session = &self.session;
+            let roles = &self.roles;
+            self.transcript.activate(format).map_err(|(i, problem)| {
+                Error::Store(StoreError::Corrupt {
+                    session: session.clone(),
+                    seq: roles.get(i).map_or(0, |(s, _)| *s),
+                    problem: format!("a kept message does not decode: {problem}"),
+                })
+            })?;
             let shown = self.shown_tools.as_deref();
             let known = self
                 .memo
