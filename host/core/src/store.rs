@@ -5,6 +5,7 @@
 //! database: `promptd-store` implements it on SQLite, [`MemoryStore`] implements it in memory
 //! for tests and tools.
 
+use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
@@ -263,7 +264,7 @@ impl MemoryStore {
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, Vec<Event>)>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.sessions)
     }
 }
 

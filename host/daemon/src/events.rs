@@ -6,6 +6,7 @@
 //! event (and the stream ends), so it knows to resync from `GET /v1/plugins` instead of
 //! silently missing changes.
 
+use promptd_core::sync::lock;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
@@ -73,7 +74,7 @@ impl RegistryEvents {
         sha256: &str,
         error: Option<ErrorBody>,
     ) -> RegistryEvent {
-        let mut history = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut history = lock(&self.inner);
         history.last_seq += 1;
         let event = RegistryEvent {
             seq: history.last_seq,
@@ -96,7 +97,7 @@ impl RegistryEvents {
     /// Events after `since`, how many of those are no longer kept, and a receiver for the
     /// ones that follow.
     pub fn subscribe(&self, since: u64) -> Subscription {
-        let history = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let history = lock(&self.inner);
         let past: Vec<RegistryEvent> = history
             .events
             .iter()
@@ -118,10 +119,7 @@ impl RegistryEvents {
 
     /// The last sequence number given out.
     pub fn last_seq(&self) -> u64 {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .last_seq
+        lock(&self.inner).last_seq
     }
 }
 

@@ -3,6 +3,7 @@
 //! provenance are the plugins' own), their status shows in `GET /v1/plugins`, and their tools
 //! can be run by the daemon for a session (M4).
 
+use promptd_core::sync::{lock, read, write};
 use std::sync::Arc;
 
 use promptd_core::conversation::content::Content;
@@ -63,8 +64,8 @@ impl Daemon {
         file: &str,
         result: std::result::Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody>,
     ) -> Option<RegistryEvent> {
-        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        let mut externals = self.externals.write().unwrap_or_else(|p| p.into_inner());
+        let _changing = lock(&self.changes);
+        let mut externals = write(&self.externals);
         let serving = self.registry().get(id).is_some();
         let outcome = result.map(|(mut entry, runner)| {
             let declares = declaration_json(&entry.declaration);
@@ -155,7 +156,7 @@ impl Daemon {
 
     /// The external contributors' statuses, by id.
     pub(crate) fn external_statuses(&self) -> Vec<PluginStatus> {
-        let externals = self.externals.read().unwrap_or_else(|p| p.into_inner());
+        let externals = read(&self.externals);
         externals.values().map(|e| e.status.clone()).collect()
     }
 
@@ -190,7 +191,7 @@ impl Daemon {
         // and an external contributor's tool names are its own.
         let registry = self.registry();
         let (plugin, runner) = {
-            let externals = self.externals.read().unwrap_or_else(|p| p.into_inner());
+            let externals = read(&self.externals);
             registry
                 .plugins()
                 .filter(|e| e.declaration.tools.iter().any(|t| t.name == name))

@@ -1,5 +1,6 @@
 //! Prometheus metrics: steps, assembly latency, plugin errors, loaded plugins.
 
+use promptd_core::sync::lock;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -47,7 +48,7 @@ impl Metrics {
 
     /// A step of `agent` after the session's first: whether it kept the previous prefix.
     pub fn prefix(&self, agent: &str, kept: bool) {
-        let mut prefix = self.prefix.lock().unwrap_or_else(|p| p.into_inner());
+        let mut prefix = lock(&self.prefix);
         if let Some(counts) = prefix.get_mut(agent) {
             counts.0 += u64::from(kept);
             counts.1 += 1;
@@ -116,7 +117,7 @@ impl Metrics {
         let _ = writeln!(out, "# HELP promptd_plugins_loaded Plugins serving now.");
         let _ = writeln!(out, "# TYPE promptd_plugins_loaded gauge");
         let _ = writeln!(out, "promptd_plugins_loaded {}", get(&self.plugins_loaded));
-        let prefix = self.prefix.lock().unwrap_or_else(|p| p.into_inner());
+        let prefix = lock(&self.prefix);
         let _ = writeln!(
             out,
             "# HELP promptd_prefix_kept_steps_total Steps whose previous request was all a prefix of theirs (a provider can reuse its cache), by agent."

@@ -27,6 +27,7 @@
 //! # }
 //! ```
 
+use promptd_core::sync::lock;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -217,7 +218,7 @@ impl Activity {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Bytes arrived: on an idle connection, they begin a request head.

@@ -6,6 +6,7 @@
 //! A caller takes a session's entry out while it holds the session's lock and puts it back
 //! when done, so one session's state is never used by two steps at once.
 
+use promptd_core::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -50,7 +51,7 @@ impl SessionCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Takes session `id` out of the cache.

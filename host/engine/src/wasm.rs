@@ -6,6 +6,7 @@
 //! and every store has a memory cap. A trapped instance is never re-entered: it is dropped and a
 //! fresh one is made from the pre-instantiated component on the next call.
 
+use promptd_core::sync::{lock, wait};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -456,7 +457,7 @@ impl WasmProvider {
     }
 
     fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.pool)
     }
 
     /// An idle instance, or a fresh one while fewer than `max_instances` exist, or else the
@@ -476,7 +477,7 @@ impl WasmProvider {
                     self.returned.notify_one();
                 });
             }
-            pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
+            pool = wait(&self.returned, pool);
         }
     }
 

@@ -30,6 +30,7 @@
 //! under an advisory lock (several daemons starting at once migrate once). A database whose
 //! schema is newer than this binary's is refused, naming both versions.
 
+use promptd_core::sync::{lock, wait};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -241,7 +242,7 @@ impl PostgresStore {
     }
 
     fn pool(&self) -> MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.pool)
     }
 
     /// An idle connection, a new one, or (at [`MAX_CONNECTIONS`]) the next one freed.
@@ -265,7 +266,7 @@ impl PostgresStore {
                 }
                 return conn;
             }
-            pool = self.freed.wait(pool).unwrap_or_else(|p| p.into_inner());
+            pool = wait(&self.freed, pool);
         }
     }
 

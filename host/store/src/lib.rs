@@ -20,6 +20,7 @@
 //! 0.1.0 had no such column: opening one adds it with the default 1, which is what those rows
 //! are, so old logs keep rebuilding byte-identically.
 
+use promptd_core::sync::lock;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -185,13 +186,13 @@ impl SqliteStore {
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.files.check()?;
-        let idle = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let idle = lock(&self.readers).pop();
         let conn = match idle {
             Some(conn) => conn,
             None => connect(&self.path, false)?,
         };
         let result = f(&conn);
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut readers = lock(&self.readers);
         if readers.len() < MAX_IDLE_READERS {
             readers.push(conn);
         }

@@ -8,6 +8,7 @@
 //! assert!(promptd_tokenize::counter("gpt-2").is_none());
 //! ```
 
+use promptd_core::sync::lock;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -60,16 +61,11 @@ impl Counter for Bpe {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         text.hash(&mut hasher);
         let key = (hasher.finish(), text.len());
-        if let Some(n) = self
-            .memo
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        if let Some(n) = lock(&self.memo).get(&key) {
             return *n;
         }
         let n = (self.bpe)().encode_ordinary(text).len();
-        let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        let mut memo = lock(&self.memo);
         if memo.len() >= MEMO_ENTRIES {
             memo.clear();
         }

@@ -3,6 +3,7 @@
 //! Every change returns a *new* `Registry`; a snapshot is never modified, so an assembly that
 //! holds one sees a consistent set of plugins however the registry changes meanwhile (H2).
 
+use crate::sync::lock;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -204,16 +205,14 @@ const MEMO_ENTRIES: usize = 256;
 
 impl Memo {
     pub(crate) fn get<T: Any + Send + Sync>(&self, key: &MemoKey) -> Option<Arc<T>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        lock(&self.0)
             .get(key)
             .cloned()
             .and_then(|value| value.downcast().ok())
     }
 
     pub(crate) fn put<T: Any + Send + Sync>(&self, key: MemoKey, value: &Arc<T>) {
-        let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut memo = lock(&self.0);
         if memo.len() >= MEMO_ENTRIES {
             memo.clear(); // agents come from clients: never let their names grow this
         }
