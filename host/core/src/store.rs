@@ -5,10 +5,11 @@
 //! database: `promptd-store` implements it on SQLite, [`MemoryStore`] implements it in memory
 //! for tests and tools.
 
-use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
+
+use crate::sync::lock;
 
 /// The version written into every new event body's record. Version 1 is the format of the
 /// first release (0.1.0), whose rows carried no version: a store reads a missing version as 1.

@@ -6,11 +6,11 @@
 //! event (and the stream ends), so it knows to resync from `GET /v1/plugins` instead of
 //! silently missing changes.
 
-use promptd_core::sync::lock;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use promptd_core::plugin::state::ChangeKind;
+use promptd_core::sync::lock;
 use promptd_core::ErrorBody;
 use serde::Serialize;
 use tokio::sync::broadcast;

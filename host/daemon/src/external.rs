@@ -3,7 +3,6 @@
 //! provenance are the plugins' own), their status shows in `GET /v1/plugins`, and their tools
 //! can be run by the daemon for a session (M4).
 
-use promptd_core::sync::{lock, read, write};
 use std::sync::Arc;
 
 use promptd_core::conversation::content::Content;
@@ -12,6 +11,7 @@ use promptd_core::plugin::registry::PluginEntry;
 use promptd_core::plugin::state::{ChangeKind, PluginState};
 use promptd_core::request::declaration_json;
 use promptd_core::store::EventKind;
+use promptd_core::sync::{lock, read, write};
 use promptd_core::ErrorBody;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};

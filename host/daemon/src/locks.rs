@@ -4,9 +4,10 @@
 //! leave removes it, so the map is bounded by the requests in flight, not by the number of
 //! sessions ever seen.
 
-use promptd_core::sync::{lock, wait};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
+
+use promptd_core::sync::{lock, wait};
 
 #[derive(Default)]
 pub(crate) struct SessionLocks {

@@ -1,10 +1,10 @@
 //! Prometheus metrics: steps, assembly latency, plugin errors, loaded plugins.
 
-use promptd_core::sync::lock;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use promptd_core::sync::lock;
 use promptd_core::Error;
 
 /// Upper bounds of the step latency histogram, in seconds.

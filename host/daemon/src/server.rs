@@ -27,7 +27,6 @@
 //! # }
 //! ```
 
-use promptd_core::sync::lock;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -46,6 +45,7 @@ use hyper::service::{service_fn, Service};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use promptd_core::config::Config;
+use promptd_core::sync::lock;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;

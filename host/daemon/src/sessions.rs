@@ -6,12 +6,12 @@
 //! A caller takes a session's entry out while it holds the session's lock and puts it back
 //! when done, so one session's state is never used by two steps at once.
 
-use promptd_core::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use promptd_core::session::SessionState;
+use promptd_core::sync::lock;
 
 /// One cached session.
 pub(crate) struct Cached {

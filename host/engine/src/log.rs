@@ -3,11 +3,11 @@
 //! `log_lines_per_s` records per second per plugin. What goes over is dropped and counted, and
 //! one line says how much was dropped, so a looping logger costs a bounded amount of log.
 
-use promptd_core::sync::lock;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use promptd_core::plugin::sandbox::Sandbox;
+use promptd_core::sync::lock;
 
 /// A log record's level, as the plugin asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

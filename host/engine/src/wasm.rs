@@ -6,12 +6,12 @@
 //! and every store has a memory cap. A trapped instance is never re-entered: it is dropped and a
 //! fresh one is made from the pre-instantiated component on the next call.
 
-use promptd_core::sync::{lock, wait};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
+use promptd_core::sync::{lock, wait};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};

@@ -12,7 +12,6 @@
 
 pub mod names;
 
-use promptd_core::sync::{read, write};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +22,7 @@ use promptd_core::config::{
 use promptd_core::plugin::model::Scope;
 use promptd_core::plugin::provider::{CallError, CallResult, NativePlugin};
 use promptd_core::plugin::registry::PluginEntry;
+use promptd_core::sync::{read, write};
 use promptd_core::ErrorBody;
 use promptd_daemon::{Daemon, ToolOutcome, ToolRunner};
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, SubscriptionFilter};

@@ -30,7 +30,6 @@
 //! under an advisory lock (several daemons starting at once migrate once). A database whose
 //! schema is newer than this binary's is refused, naming both versions.
 
-use promptd_core::sync::{lock, wait};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,6 +37,7 @@ use postgres::{Client, NoTls, Statement};
 use promptd_core::store::{
     Event, EventKind, NewEvent, SessionStore, SessionSummary, StoreError, BODY_VERSION,
 };
+use promptd_core::sync::{lock, wait};
 
 /// The schema this binary writes: the last of [`MIGRATIONS`].
 pub const SCHEMA_VERSION: i32 = 1;

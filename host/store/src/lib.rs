@@ -20,13 +20,14 @@
 //! 0.1.0 had no such column: opening one adds it with the default 1, which is what those rows
 //! are, so old logs keep rebuilding byte-identically.
 
-use promptd_core::sync::lock;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use promptd_core::sync::lock;
 
 mod blobs;
 

@@ -8,12 +8,12 @@
 //! assert!(promptd_tokenize::counter("gpt-2").is_none());
 //! ```
 
-use promptd_core::sync::lock;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use promptd_core::budget::{Chars, Counter};
+use promptd_core::sync::lock;
 use tiktoken_rs::CoreBPE;
 
 /// The counter for a tokenizer name (see [`promptd_core::config::TOKENIZERS`]).

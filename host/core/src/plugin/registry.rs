@@ -3,7 +3,6 @@
 //! Every change returns a *new* `Registry`; a snapshot is never modified, so an assembly that
 //! holds one sees a consistent set of plugins however the registry changes meanwhile (H2).
 
-use crate::sync::lock;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +15,7 @@ use crate::plugin::provider::Provider;
 use crate::plugin::sandbox::DeclarationLimits;
 use crate::plugin::trust::Trust;
 use crate::plugin::validate::{self, ToolSchemas};
+use crate::sync::lock;
 
 /// How the host config treats one plugin.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
