@@ -703,7 +703,7 @@ impl Config {
             self.chain(agent)?;
             let model = self.model(agent);
             for provider in &used {
-                let Some(format) = crate::formats::Format::parse(provider) else {
+                let Ok(format) = provider.parse::<crate::formats::Format>() else {
                     continue;
                 };
                 if let Err(e) = crate::formats::check_settings(&model, format) {

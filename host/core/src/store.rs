@@ -60,10 +60,22 @@ impl EventKind {
             EventKind::Step => "step",
         }
     }
+}
 
-    /// The kind a stored string names, if any.
-    pub fn parse(s: &str) -> Option<EventKind> {
-        EventKind::ALL.into_iter().find(|k| k.as_str() == s)
+/// A stored string that names no [`EventKind`]: its message names the value and every kind.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown event kind `{0}`; one of {list}", list = EventKind::ALL.map(EventKind::as_str).join(", "))]
+pub struct UnknownEventKind(pub String);
+
+/// The kind a stored string names.
+impl std::str::FromStr for EventKind {
+    type Err = UnknownEventKind;
+
+    fn from_str(s: &str) -> Result<EventKind, UnknownEventKind> {
+        EventKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownEventKind(s.to_string()))
     }
 }
 
@@ -351,9 +363,13 @@ mod tests {
     #[test]
     fn event_kinds_round_trip_through_their_stable_strings() {
         for kind in EventKind::ALL {
-            assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(kind.as_str().parse(), Ok(kind));
         }
-        assert_eq!(EventKind::parse("session/deleted"), None);
+        let err = "session/deleted".parse::<EventKind>().unwrap_err();
+        assert_eq!(err, UnknownEventKind("session/deleted".into()));
+        assert!(err
+            .to_string()
+            .starts_with("unknown event kind `session/deleted`; one of session/created, "));
     }
 
     #[test]

@@ -328,8 +328,9 @@ fn read_events(conn: &mut Conn, id: &str, after: u64) -> Result<Vec<Event>, Stor
             problem,
         };
         let kind: &str = row.get(1);
-        let kind = EventKind::parse(kind)
-            .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
+        let kind = kind
+            .parse::<EventKind>()
+            .map_err(|e| corrupt(e.to_string()))?;
         let body: String = row.get(2);
         let version: i32 = row.get(4);
         events.push(Event {

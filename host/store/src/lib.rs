@@ -609,8 +609,9 @@ fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, St
             seq: seq as u64,
             problem,
         };
-        let kind = EventKind::parse(&kind)
-            .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
+        let kind = kind
+            .parse::<EventKind>()
+            .map_err(|e| corrupt(e.to_string()))?;
         let body = blobs::inflate(conn, kind, body).map_err(corrupt)?;
         events.push(Event {
             seq: seq as u64,
