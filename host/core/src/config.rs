@@ -176,6 +176,7 @@ impl StoreConfig {
 pub struct McpConfig {
     /// The program to start, speaking MCP over its stdin/stdout.
     pub command: Option<String>,
+    /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
     /// Environment variables set for the command (the daemon's own are inherited).
@@ -371,19 +372,25 @@ pub struct PluginConfig {
     pub timeout_ms: Option<u64>,
     /// Overrides `[limits] memory_mb` for this plugin.
     pub memory_mb: Option<u64>,
-    /// Override `[limits] compile_timeout_ms` and `compile_memory_mb` for this plugin.
+    /// Overrides `[limits] compile_timeout_ms` for this plugin.
     pub compile_timeout_ms: Option<u64>,
+    /// Overrides `[limits] compile_memory_mb` for this plugin.
     pub compile_memory_mb: Option<u64>,
     /// Overrides `[limits] max_output_kb` for this plugin.
     pub max_output_kb: Option<u64>,
     /// Overrides `[limits] instances` for this plugin.
     pub instances: Option<u64>,
-    /// Override the `[limits]` of the same names for this plugin (L8).
+    /// Overrides `[limits] max_sections` for this plugin (L8).
     pub max_sections: Option<u64>,
+    /// Overrides `[limits] max_contexts` for this plugin (L8).
     pub max_contexts: Option<u64>,
+    /// Overrides `[limits] max_variables` for this plugin (L8).
     pub max_variables: Option<u64>,
+    /// Overrides `[limits] max_tools` for this plugin (L8).
     pub max_tools: Option<u64>,
+    /// Overrides `[limits] max_name_bytes` for this plugin (L8).
     pub max_name_bytes: Option<u64>,
+    /// Overrides `[limits] max_declared_kb` for this plugin (L8).
     pub max_declared_kb: Option<u64>,
     /// Read-only directories: host path (relative to the config file) = path the plugin sees.
     #[serde(default)]
@@ -401,7 +408,9 @@ pub struct PluginConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stdio {
+    /// To the host log.
     Log,
+    /// Discarded.
     None,
 }
 
@@ -410,7 +419,9 @@ pub enum Stdio {
 pub struct Config {
     /// The plugins folder, resolved against the config file's folder.
     pub plugin_dir: Option<PathBuf>,
+    /// The order of tools in requests (A7); absent: sorted by name.
     pub tool_order: Option<Vec<String>>,
+    /// `[agents.NAME]` tables, by name.
     pub agents: BTreeMap<String, AgentConfig>,
     /// Keyed by file stem.
     pub plugins: BTreeMap<String, PluginConfig>,
@@ -420,6 +431,7 @@ pub struct Config {
     pub token: Option<String>,
     /// The trust of plugins whose table sets none (R7): `instructions` unless set.
     pub default_trust: Trust,
+    /// The `[limits]` table.
     pub limits: LimitsConfig,
     /// `[mcp.NAME]` servers, by name.
     pub mcp: BTreeMap<String, McpConfig>,
@@ -874,6 +886,7 @@ impl Config {
         }
     }
 
+    /// The session cache's budget in bytes (`[limits] session_cache_mb`).
     pub fn session_cache_bytes(&self) -> usize {
         (self
             .limits

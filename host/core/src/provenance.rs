@@ -47,9 +47,13 @@ pub struct Provenance {
     /// others (and in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub configs: BTreeMap<String, String>,
+    /// Who gave each effective section.
     pub sections: Vec<Given>,
+    /// Who gave each effective context.
     pub contexts: Vec<Given>,
+    /// Who gave each effective variable.
     pub variables: Vec<Given>,
+    /// Who gave each tool shown.
     pub tools: Vec<Given>,
 }
 
@@ -57,7 +61,9 @@ pub struct Provenance {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Given {
+    /// The contribution's name.
     pub name: String,
+    /// The id of the plugin that gave it.
     pub plugin: String,
     /// The effective scope: `global`, or the agent or group name it is scoped to.
     pub scope: String,
@@ -145,6 +151,7 @@ fn short_sha(sha: &str) -> &str {
 pub struct Part {
     /// `model`, `tool \`NAME\``, `system`, `message N` (1-based, in the format's list).
     pub label: String,
+    /// The part's bytes as they appear in the stream.
     pub text: String,
 }
 
@@ -220,6 +227,7 @@ pub struct Diff {
     pub notes: Vec<String>,
 }
 
+/// Where two requests' streams first differ.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Divergence {
@@ -519,7 +527,9 @@ fn by_plugin<'p>(
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepDiff {
+    /// The step compared.
     pub step: u64,
+    /// The format whose stream is compared.
     pub format: Format,
     /// Bytes of this step's stream (model, tools, system, messages).
     pub bytes: usize,
@@ -530,23 +540,30 @@ pub struct StepDiff {
     pub same_header: Option<Against>,
     /// Why the prefix against step n−1 broke, or that it was kept.
     pub causes: Vec<String>,
+    /// Changes that did not touch the prefix.
     pub notes: Vec<String>,
     /// The share of this step's input a provider could serve from its cache, the best of the
     /// two comparisons.
     pub cached_share: CachedShare,
 }
 
+/// One comparison of a step's stream with an earlier step's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Against {
+    /// The earlier step.
     pub step: u64,
     /// Bytes of that step's stream.
     pub bytes: usize,
+    /// Bytes the two streams share from their start.
     pub shared_bytes: usize,
+    /// Whether the earlier stream is a prefix of this one (a provider's cache can serve it all).
     pub prefix_kept: bool,
+    /// Where the streams first differ; `None` when one is a prefix of the other.
     pub first_divergence: Option<Divergence>,
 }
 
+/// The share of a step's input a provider could serve from its cache.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CachedShare {
@@ -556,11 +573,15 @@ pub struct CachedShare {
     pub tokens: Option<TokenShare>,
 }
 
+/// A cached share counted in tokens.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenShare {
+    /// Tokens of the shared prefix.
     pub shared: usize,
+    /// Tokens of the whole stream.
     pub total: usize,
+    /// The tokenizer that counted them.
     pub tokenizer: String,
 }
 

@@ -460,10 +460,12 @@ impl SessionState {
         self.provenance.as_ref()
     }
 
+    /// The seq of the last event applied.
     pub fn last_seq(&self) -> u64 {
         self.last_seq
     }
 
+    /// Steps taken.
     pub fn steps(&self) -> u64 {
         self.steps
     }
@@ -839,6 +841,7 @@ impl SessionState {
         Ok(())
     }
 
+    /// The tools the last step showed, when the agent keeps every tool in the header.
     pub fn shown_tools(&self) -> Option<&[String]> {
         self.shown_tools.as_deref()
     }

@@ -26,18 +26,25 @@ const LIVE_BUFFER: usize = 1024;
 pub struct RegistryEvent {
     /// 1-based, increasing for the daemon's lifetime.
     pub seq: u64,
+    /// What changed.
     pub kind: ChangeKind,
+    /// The plugin's id (empty for a file refused before it had one).
     pub plugin: String,
+    /// Its file.
     pub file: String,
+    /// SHA-256 of the file's bytes (empty when there is none).
     pub sha256: String,
+    /// Why it was refused or quarantined, when it was.
     pub error: Option<ErrorBody>,
 }
 
 /// What a subscriber gets: the replayable past, then live events.
 pub struct Subscription {
+    /// The events after `since` still in the history, in order.
     pub past: Vec<RegistryEvent>,
     /// Events after `since` that fell out of the history: the replay is incomplete.
     pub missed: u64,
+    /// Every event from then on.
     pub live: broadcast::Receiver<RegistryEvent>,
 }
 

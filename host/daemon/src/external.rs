@@ -22,7 +22,9 @@ use crate::{Daemon, DaemonError, PluginStatus, Result};
 /// What running one tool call gave: the text the model reads, and whether the tool failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolOutcome {
+    /// The text the model reads.
     pub content: String,
+    /// Whether the tool failed.
     pub is_error: bool,
 }
 

@@ -75,13 +75,17 @@ use sessions::SessionCache;
 /// What `GET /v1/plugins` shows for each plugin file.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct PluginStatus {
+    /// The plugin's id.
     pub id: String,
+    /// The plugin file's path (for an MCP server, its command line or URL).
     pub file: String,
     /// SHA-256 of the file as last read.
     pub sha256: String,
     /// SHA-256 of the version serving now (differs from `sha256` while `stale`).
     pub serving_sha256: Option<String>,
+    /// Whether it is loaded, refused, stale or quarantined.
     pub state: PluginState,
+    /// Why its last load or call failed, if it did.
     pub last_error: Option<ErrorBody>,
     /// What the serving version declares (null when none serves).
     #[schema(value_type = Object)]
@@ -92,6 +96,7 @@ pub use promptd_core::step::StepInput;
 pub(crate) use promptd_core::sync::lock;
 use promptd_core::sync::{read, recover, write};
 
+/// The daemon's state: config, plugin registry, session store and caches, shared by the HTTP API, the watcher and the MCP servers.
 pub struct Daemon {
     engine: Arc<dyn Engine>,
     config: RwLock<Arc<Config>>,
@@ -116,7 +121,9 @@ pub struct Daemon {
     /// Whether the first load of the plugin folder has finished (steps wait for it).
     readiness: Mutex<Readiness>,
     ready: Condvar,
+    /// Every registry change, for `GET /v1/events` and its replay.
     pub events: RegistryEvents,
+    /// The counters `GET /metrics` shows.
     pub metrics: Metrics,
     /// Token counters by tokenizer name, kept so their memo of repeated texts lasts.
     counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
@@ -129,7 +136,12 @@ pub struct Daemon {
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum Readiness {
     /// Loading the plugin folder: `loaded` of `total` files done.
-    Loading { loaded: usize, total: usize },
+    Loading {
+        /// Plugin files loaded so far.
+        loaded: usize,
+        /// Plugin files to load.
+        total: usize,
+    },
     /// The first full registry is published.
     Ok,
 }
@@ -227,10 +239,12 @@ impl Daemon {
         }
     }
 
+    /// The config serving now.
     pub fn config(&self) -> Arc<Config> {
         read(&self.config).clone()
     }
 
+    /// The plugin folder it watches.
     pub fn plugin_dir(&self) -> &Path {
         &self.plugin_dir
     }
@@ -263,6 +277,7 @@ impl Daemon {
         out
     }
 
+    /// The registry snapshot serving now.
     pub fn registry(&self) -> Arc<Registry> {
         read(&self.registry).clone()
     }
@@ -272,6 +287,7 @@ impl Daemon {
         *write(&self.registry) = Arc::new(registry);
     }
 
+    /// Every plugin file's status, and every external contributor's (MCP servers).
     pub fn plugins(&self) -> Vec<PluginStatus> {
         let plugins = read(&self.plugins);
         let mut all: Vec<PluginStatus> = plugins.values().cloned().collect();
@@ -456,6 +472,7 @@ impl Daemon {
         Ok(self.events.push(ChangeKind::Unload, id, &file, &sha, None))
     }
 
+    /// Creates a session for `agent` (after checking its name): returns its id.
     pub fn create_session(&self, agent: &str) -> Result<String> {
         self.config().chain(agent)?; // validates the name
 

@@ -10,6 +10,7 @@ use promptd_core::Error;
 /// Upper bounds of the step latency histogram, in seconds.
 const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
 
+/// The daemon's counters and histograms, shown at `GET /metrics` in Prometheus' text format.
 #[derive(Default)]
 pub struct Metrics {
     steps_ok: AtomicU64,
@@ -25,6 +26,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Counts a step that took `took`, failed with `error` if it did.
     pub fn step(&self, took: Duration, error: Option<&Error>) {
         match error {
             None => self.steps_ok.fetch_add(1, Ordering::Relaxed),
@@ -57,10 +59,12 @@ impl Metrics {
         }
     }
 
+    /// Counts a failed plugin call.
     pub fn plugin_error(&self) {
         self.plugin_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Sets how many plugins serve now.
     pub fn set_plugins_loaded(&self, n: usize) {
         self.plugins_loaded.store(n as u64, Ordering::Relaxed);
     }

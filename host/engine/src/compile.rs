@@ -43,6 +43,7 @@ pub struct Compiler {
 }
 
 impl Compiler {
+    /// Runs `exe` as the compiler.
     pub fn new(exe: impl Into<PathBuf>) -> Self {
         Self { exe: exe.into() }
     }

@@ -61,6 +61,7 @@ impl Drop for WasmEngine {
 }
 
 impl WasmEngine {
+    /// An engine with promptd's settings, the on-demand instance allocator and no compile cache.
     pub fn new() -> Result<Self, EngineError> {
         Self::with_config(wasmtime::Config::new())
     }
@@ -135,6 +136,7 @@ impl WasmEngine {
         Ok(self)
     }
 
+    /// Its compile cache, if it has one.
     pub fn cache(&self) -> Option<&CompileCache> {
         self.cache.as_ref()
     }

@@ -49,21 +49,27 @@ pub struct Assembly {
     pub system: String,
     /// T6: the runtime context snapshot text, or `None` when every context is empty.
     pub runtime_context: Option<String>,
+    /// The tools shown this step, in `tool_order` (with [`Options::keep_all_tools`], every tool the agent can see).
     pub tools: Vec<AssembledTool>,
     /// With [`Options::keep_all_tools`], the names of `tools` shown this step, in order.
     pub shown_tools: Option<Vec<String>>,
     /// Each section's and context's interpolated text by name, in output order (empty ones
     /// included), so a budget can say what each one costs.
     pub sections: Vec<(String, String)>,
+    /// Each context's interpolated text by name, in output order (empty ones included).
     pub contexts: Vec<(String, String)>,
+    /// Which plugin gave each effective contribution.
     pub explain: Explain,
     /// Optional plugins left out because a call failed (A9).
     pub omitted: Vec<Omission>,
 }
 
+/// One tool of a request, as assembly resolved it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AssembledTool {
+    /// The tool's name.
     pub name: String,
+    /// Its description.
     pub description: String,
     /// A deep copy of the declared schema (A6).
     pub parameters: serde_json::Value,
@@ -72,24 +78,35 @@ pub struct AssembledTool {
 /// Which plugin gave each effective contribution, in output order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Explain {
+    /// Who gave each effective section, in output order.
     pub sections: Vec<Origin>,
+    /// Who gave each effective context, in output order.
     pub contexts: Vec<Origin>,
+    /// Who gave each effective variable.
     pub variables: Vec<Origin>,
+    /// Who gave each tool shown, in output order.
     pub tools: Vec<Origin>,
 }
 
+/// One effective contribution and the plugin that gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
+    /// The contribution's name.
     pub name: String,
+    /// The plugin's id.
     pub plugin: String,
     /// The effective scope key.
     pub scope: String,
 }
 
+/// An optional plugin's contribution left out of an assembly because its call failed (A9).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Omission {
+    /// The plugin's id.
     pub plugin: String,
+    /// Which of its contributions failed.
     pub contribution: String,
+    /// Why the call failed.
     pub cause: String,
 }
 

@@ -26,6 +26,7 @@ pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
     request.messages.iter().map(neutral_message).collect()
 }
 
+/// `message` in the neutral shape: the project's own serde form.
 pub fn neutral_message(message: &Message) -> Value {
     serde_json::to_value(message).unwrap_or(Value::Null)
 }

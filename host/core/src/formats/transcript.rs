@@ -20,6 +20,7 @@ pub struct Head {
 }
 
 impl Head {
+    /// The fixed part of a body for `header` in `format`, with `shown` tools when a subset is shown.
     pub fn new(header: &Header, shown: Option<&[String]>, format: Format) -> Self {
         let (mut before, mut after) = (String::from("{"), String::new());
         let mut first = true;
@@ -69,6 +70,7 @@ fn slot(format: Format) -> usize {
 }
 
 impl Transcript {
+    /// An empty transcript.
     pub fn new() -> Self {
         Self::default()
     }

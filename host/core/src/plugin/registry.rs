@@ -36,10 +36,13 @@ pub struct PluginOptions {
 
 /// One loaded, validated plugin.
 pub struct PluginEntry {
+    /// The plugin's id: its file stem unless the config sets one.
     pub id: String,
     /// Exactly what the plugin declared (its own scopes), used when calling it back.
     pub declaration: Declaration,
+    /// How the config treats it.
     pub options: PluginOptions,
+    /// Its dynamic half: what assembly calls.
     pub provider: Arc<dyn Provider>,
     /// Parsed tool parameters by (name, declared scope).
     pub schemas: ToolSchemas,
@@ -118,11 +121,13 @@ impl PluginEntry {
         Ok(entry)
     }
 
+    /// The same entry, with `origin` (where it came from).
     pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
         self.origin = Some(origin.into());
         self
     }
 
+    /// The same entry, with the SHA-256 of its file.
     pub fn with_sha256(mut self, sha256: impl Into<String>) -> Self {
         self.sha256 = Some(sha256.into());
         self
@@ -230,6 +235,7 @@ impl Clone for Registry {
 }
 
 impl Registry {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
@@ -239,14 +245,17 @@ impl Registry {
         self.plugins.values()
     }
 
+    /// The plugin with id `id`, if loaded.
     pub fn get(&self, id: &str) -> Option<&Arc<PluginEntry>> {
         self.plugins.get(id)
     }
 
+    /// How many plugins are loaded.
     pub fn len(&self) -> usize {
         self.plugins.len()
     }
 
+    /// Whether no plugin is loaded.
     pub fn is_empty(&self) -> bool {
         self.plugins.is_empty()
     }

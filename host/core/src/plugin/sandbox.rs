@@ -74,9 +74,13 @@ impl Default for Sandbox {
 /// declaration is refused before it costs the registry, every header and every log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeclarationLimits {
+    /// Most sections the plugin may declare.
     pub max_sections: usize,
+    /// Most contexts the plugin may declare.
     pub max_contexts: usize,
+    /// Most variables the plugin may declare.
     pub max_variables: usize,
+    /// Most tools the plugin may declare.
     pub max_tools: usize,
     /// Longest section, context or variable name and scope key, in bytes (tool names have
     /// their own rule, C4).
@@ -87,10 +91,15 @@ pub struct DeclarationLimits {
 
 /// Defaults of [`DeclarationLimits`]: `(config key, default)`; the byte budget is in KiB.
 pub const DEFAULT_MAX_SECTIONS: u64 = 1000;
+/// Default of `max_contexts`.
 pub const DEFAULT_MAX_CONTEXTS: u64 = 1000;
+/// Default of `max_variables`.
 pub const DEFAULT_MAX_VARIABLES: u64 = 1000;
+/// Default of `max_tools`.
 pub const DEFAULT_MAX_TOOLS: u64 = 256;
+/// Default of `max_name_bytes`.
 pub const DEFAULT_MAX_NAME_BYTES: u64 = 128;
+/// Default of `max_declared_kb`.
 pub const DEFAULT_MAX_DECLARED_KB: u64 = 4096;
 
 impl Default for DeclarationLimits {
