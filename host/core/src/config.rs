@@ -176,7 +176,7 @@ impl StoreConfig {
 pub struct McpConfig {
     /// The program to start, speaking MCP over its stdin/stdout.
     pub command: Option<String>,
-    /// Its arguments.
+    /// The command's arguments.
     #[serde(default)]
     pub args: Vec<String>,
     /// Environment variables set for the command (the daemon's own are inherited).

@@ -289,11 +289,11 @@ pub enum Error {
     /// A `{{...}}` reference in a template is malformed (T3).
     #[error("{location}: malformed reference at byte {offset} (`{snippet}`): {reason}")]
     MalformedReference {
-        /// Which template: plugin and contribution.
+        /// Where the template is: the contribution and its plugin.
         location: String,
         /// The byte offset of the reference in the template.
         offset: usize,
-        /// The reference's text, shortened.
+        /// The reference's text, braces included.
         snippet: String,
         /// What is wrong with it.
         reason: &'static str,
@@ -302,7 +302,7 @@ pub enum Error {
     /// A template names a variable no plugin registers (T4).
     #[error("{location}: unknown variable `{name}`; {}", known_vars(.known))]
     UnknownVariable {
-        /// Which template: plugin and contribution.
+        /// Where the template is: the contribution and its plugin.
         location: String,
         /// The variable's name.
         name: String,
@@ -330,7 +330,7 @@ pub enum Error {
         steps: u64,
     },
 
-    /// A plugin is quarantined after failing too often (L5), so its call was not made.
+    /// A plugin is quarantined after failing too often (L3), so its call was not made.
     #[error("plugin `{plugin}`: {message}")]
     Quarantined {
         /// The plugin's id.
@@ -424,7 +424,7 @@ pub enum Error {
     /// A template names a variable whose plugin gave no value this assembly.
     #[error("{location}: variable `{name}` (plugin `{plugin}`) has no value this assembly")]
     VariableAbsent {
-        /// Which template: plugin and contribution.
+        /// Where the template is: the contribution and its plugin.
         location: String,
         /// The variable's name.
         name: String,

@@ -37,7 +37,7 @@ pub enum CacheLookup {
 }
 
 impl CacheLookup {
-    /// `hit` or `miss`, as logs and metrics say it.
+    /// `hit` or `miss`.
     pub fn as_str(self) -> &'static str {
         match self {
             CacheLookup::Hit => "hit",

@@ -32,7 +32,7 @@ pub enum DaemonError {
         source: std::io::Error,
     },
 
-    /// A plugin file's name is not a valid plugin id.
+    /// A plugin file's name is not printable ASCII without whitespace (C5).
     #[error("plugin file {}: a plugin file name must be printable ASCII without whitespace", path.display())]
     PluginFileName {
         /// The file.

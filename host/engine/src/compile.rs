@@ -43,7 +43,7 @@ pub struct Compiler {
 }
 
 impl Compiler {
-    /// Runs `exe` as the compiler.
+    /// A compiler that runs `exe` (a `promptd` executable).
     pub fn new(exe: impl Into<PathBuf>) -> Self {
         Self { exe: exe.into() }
     }

@@ -26,7 +26,7 @@ pub enum Piece<'a> {
 pub struct Malformed {
     /// The byte offset of the malformed reference.
     pub offset: usize,
-    /// The reference's text, shortened.
+    /// The reference's text, braces included.
     pub snippet: String,
     /// What is wrong with it.
     pub reason: &'static str,

@@ -127,7 +127,7 @@ pub struct Wanted {
 }
 
 impl Wanted {
-    /// Whether nothing is wanted (then the plugin is not called).
+    /// Whether nothing is wanted.
     pub fn is_empty(&self) -> bool {
         self.sections.is_empty()
             && self.contexts.is_empty()
