@@ -122,7 +122,7 @@ impl Server {
             .into_iter()
             .flatten()
             .filter_map(|e| {
-                let kind = promptd_core::store::EventKind::parse(e["kind"].as_str()?)?;
+                let kind: promptd_core::store::EventKind = e["kind"].as_str()?.parse().ok()?;
                 Some((kind, &e["body"]))
             });
         let (kept, compared) = promptd_core::prefix::prefix_kept_share(events);

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 pub trait Counter: Send + Sync {
     /// The tokenizer's name as configured (`chars`, `o200k`, `cl100k`).
     fn name(&self) -> &str;
+    /// How many tokens `text` is.
     fn count(&self, text: &str) -> usize;
 }
 
@@ -41,11 +42,14 @@ impl Counter for Chars {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Size {
+    /// Unicode scalar values.
     pub chars: usize,
+    /// Tokens of the agent's counter.
     pub tokens: usize,
 }
 
 impl Size {
+    /// The size of `text`, counted by `counter`.
     pub fn of(text: &str, counter: &dyn Counter) -> Size {
         Size {
             chars: text.chars().count(),
@@ -71,7 +75,9 @@ impl std::ops::AddAssign for Size {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Part {
+    /// The section's or context's name.
     pub name: String,
+    /// Its size.
     #[serde(flatten)]
     pub size: Size,
 }
@@ -93,20 +99,26 @@ impl Serialize for Part {
 #[derive(Clone, Default, Debug, PartialEq, Eq, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
+    /// The tokenizer that counted the tokens.
     pub tokenizer: String,
     /// The agent's window in tokens, when it has a budget.
     #[serde(default)]
     pub window: Option<u64>,
     /// Tokens kept free for the model's answer.
     pub reserve: u64,
+    /// The tools, as the format serializes them.
     pub tools: Size,
+    /// The system prompt.
     pub system: Size,
+    /// Each section of the system prompt.
     pub sections: Vec<Part>,
+    /// Each context of the runtime context.
     pub contexts: Vec<Part>,
     /// This step's runtime context snapshot (also counted in `messages` once appended).
     pub snapshot: Size,
     /// Every message of the request, this step's input and snapshot included.
     pub messages: Size,
+    /// How many messages the request holds.
     pub message_count: usize,
     /// tools + system + messages.
     pub total: Size,
@@ -144,7 +156,9 @@ impl Serialize for Usage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Dropped {
+    /// How many messages.
     pub messages: usize,
+    /// Their size.
     #[serde(flatten)]
     pub size: Size,
 }
@@ -239,7 +253,9 @@ impl Usage {
 pub struct Budget {
     /// `None`: measured, never refused.
     pub window: Option<u64>,
+    /// Tokens kept free for the model's answer.
     pub reserve: u64,
+    /// The tokenizer it counts in (`chars`, `o200k`, `cl100k`).
     pub tokenizer: String,
     /// Turns (from a user message on) never dropped when trimming.
     pub keep_turns: usize,
@@ -256,11 +272,14 @@ pub const DEFAULT_KEEP_TURNS: u64 = 2;
 /// prompt. They change only with the header, so a session measures them once per header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fixed {
+    /// The tools, as the format serializes them.
     pub tools: Size,
+    /// The system prompt.
     pub system: Size,
 }
 
 impl Fixed {
+    /// Measures the fixed parts of a request with `header` in `format`; `shown` is the subset of its tools shown this step, if one is.
     pub fn measure(
         counter: &dyn Counter,
         header: &crate::conversation::Header,

@@ -31,11 +31,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::limits::{self, defaults, Limits};
 use crate::model::Scope;
 use crate::names::{is_item_name, UNLISTED_TOOLS};
 use crate::registry::PluginOptions;
 use crate::sandbox::{DeclarationLimits, Sandbox};
-use crate::limits::{self, defaults, Limits};
 use crate::trust::Trust;
 
 pub mod plan;
@@ -161,6 +161,7 @@ impl StoreConfig {
 pub struct McpConfig {
     /// The program to start, speaking MCP over its stdin/stdout.
     pub command: Option<String>,
+    /// The command's arguments.
     #[serde(default)]
     pub args: Vec<String>,
     /// Environment variables set for the command (the daemon's own are inherited).
@@ -356,19 +357,25 @@ pub struct PluginConfig {
     pub timeout_ms: Option<u64>,
     /// Overrides `[limits] memory_mb` for this plugin.
     pub memory_mb: Option<u64>,
-    /// Override `[limits] compile_timeout_ms` and `compile_memory_mb` for this plugin.
+    /// Overrides `[limits] compile_timeout_ms` for this plugin.
     pub compile_timeout_ms: Option<u64>,
+    /// Overrides `[limits] compile_memory_mb` for this plugin.
     pub compile_memory_mb: Option<u64>,
     /// Overrides `[limits] max_output_kb` for this plugin.
     pub max_output_kb: Option<u64>,
     /// Overrides `[limits] instances` for this plugin.
     pub instances: Option<u64>,
-    /// Override the `[limits]` of the same names for this plugin (L8).
+    /// Overrides `[limits] max_sections` for this plugin (L8).
     pub max_sections: Option<u64>,
+    /// Overrides `[limits] max_contexts` for this plugin (L8).
     pub max_contexts: Option<u64>,
+    /// Overrides `[limits] max_variables` for this plugin (L8).
     pub max_variables: Option<u64>,
+    /// Overrides `[limits] max_tools` for this plugin (L8).
     pub max_tools: Option<u64>,
+    /// Overrides `[limits] max_name_bytes` for this plugin (L8).
     pub max_name_bytes: Option<u64>,
+    /// Overrides `[limits] max_declared_kb` for this plugin (L8).
     pub max_declared_kb: Option<u64>,
     /// Read-only directories: host path (relative to the config file) = path the plugin sees.
     #[serde(default)]
@@ -386,7 +393,9 @@ pub struct PluginConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stdio {
+    /// To the host log.
     Log,
+    /// Discarded.
     None,
 }
 
@@ -395,7 +404,9 @@ pub enum Stdio {
 pub struct Config {
     /// The plugins folder, resolved against the config file's folder.
     pub plugin_dir: Option<PathBuf>,
+    /// The order of tools in requests (A7); absent: sorted by name.
     pub tool_order: Option<Vec<String>>,
+    /// `[agents.NAME]` tables, by name.
     pub agents: BTreeMap<String, AgentConfig>,
     /// Keyed by file stem.
     pub plugins: BTreeMap<String, PluginConfig>,
@@ -405,6 +416,7 @@ pub struct Config {
     pub token: Option<String>,
     /// The trust of plugins whose table sets none (R7): `instructions` unless set.
     pub default_trust: Trust,
+    /// The `[limits]` table.
     pub limits: LimitsConfig,
     /// `[mcp.NAME]` servers, by name.
     pub mcp: BTreeMap<String, McpConfig>,
@@ -688,7 +700,7 @@ impl Config {
             self.chain(agent)?;
             let model = self.model(agent);
             for provider in &used {
-                let Some(format) = crate::formats::Format::parse(provider) else {
+                let Ok(format) = provider.parse::<crate::formats::Format>() else {
                     continue;
                 };
                 if let Err(e) = crate::formats::check_settings(&model, format) {
@@ -842,9 +854,9 @@ impl Config {
         let l = &self.limits;
         let d = Limits::default();
         Limits {
-            max_body_bytes: l
-                .max_body_mb
-                .map_or(d.max_body_bytes, |mb| (mb.min(limits::MAX_BODY_MB_CAP) << 20) as usize),
+            max_body_bytes: l.max_body_mb.map_or(d.max_body_bytes, |mb| {
+                (mb.min(limits::MAX_BODY_MB_CAP) << 20) as usize
+            }),
             max_block_bytes: l.max_block_kb.map_or(d.max_block_bytes, |kb| {
                 (kb.min(limits::MAX_BLOCK_KB_CAP) << 10) as usize
             }),

@@ -40,6 +40,7 @@ pub mod request;
 pub mod session;
 pub mod step;
 pub mod store;
+pub mod sync;
 
 pub use error::{Error, ErrorBody, Result};
 

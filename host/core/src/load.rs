@@ -17,9 +17,11 @@ use crate::plugin::sandbox::Sandbox;
 /// A plugin file as read from disk.
 #[derive(Debug, Clone)]
 pub struct PluginFile {
+    /// Where the file was read from.
     pub path: PathBuf,
     /// The file name without `.wasm`: the default plugin id and its `[plugins.…]` key.
     pub stem: String,
+    /// The file's bytes: a WebAssembly component.
     pub bytes: Vec<u8>,
     /// Hex SHA-256 of the bytes.
     pub sha256: String,
@@ -28,11 +30,14 @@ pub struct PluginFile {
 /// Whether the compile cache served a load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheLookup {
+    /// The compiled code came from the cache.
     Hit,
+    /// The plugin was compiled.
     Miss,
 }
 
 impl CacheLookup {
+    /// `hit` or `miss`.
     pub fn as_str(self) -> &'static str {
         match self {
             CacheLookup::Hit => "hit",
@@ -43,7 +48,9 @@ impl CacheLookup {
 
 /// What an engine makes of one plugin: its declaration (data) and its provider (behaviour).
 pub struct Instantiated {
+    /// What the plugin declares.
     pub declaration: Declaration,
+    /// Its dynamic half.
     pub provider: Arc<dyn Provider>,
     /// `None` when the engine keeps no compile cache.
     pub cache: Option<CacheLookup>,
@@ -52,11 +59,15 @@ pub struct Instantiated {
 /// What a plugin is asked for at load: its id, settings and sandbox.
 #[derive(Clone, Debug)]
 pub struct LoadRequest<'a> {
+    /// The plugin's id.
     pub id: &'a str,
+    /// The component's bytes.
     pub bytes: &'a [u8],
+    /// Hex SHA-256 of the bytes (the compile cache's key).
     pub sha256: &'a str,
     /// The key/value strings its `declare` receives.
     pub config: Vec<(String, String)>,
+    /// The bounds its calls run under.
     pub sandbox: Sandbox,
 }
 
@@ -106,14 +117,18 @@ pub fn load(
 /// A plugin file that could not join the registry, and why.
 #[derive(Debug)]
 pub struct Refusal {
+    /// The file.
     pub file: PathBuf,
+    /// Why it was refused.
     pub error: Error,
 }
 
 /// The outcome of loading a set of files: what serves, and what was refused.
 #[derive(Debug, Default)]
 pub struct LoadedSet {
+    /// The plugins that serve.
     pub registry: Registry,
+    /// The files that were refused, in load order.
     pub refused: Vec<Refusal>,
 }
 

@@ -33,6 +33,7 @@ use crate::provenance::{short_sha, Given, Provenance};
 pub struct Part {
     /// `model`, `tool \`NAME\``, `system`, `message N` (1-based, in the format's list).
     pub label: String,
+    /// The part's bytes as they appear in the stream.
     pub text: String,
 }
 
@@ -108,6 +109,7 @@ pub struct Diff {
     pub notes: Vec<String>,
 }
 
+/// Where two requests' streams first differ.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Divergence {
@@ -407,7 +409,9 @@ fn by_plugin<'p>(
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepDiff {
+    /// The step compared.
     pub step: u64,
+    /// The format whose stream is compared.
     pub format: Format,
     /// Bytes of this step's stream (model, tools, system, messages).
     pub bytes: usize,
@@ -418,23 +422,30 @@ pub struct StepDiff {
     pub same_header: Option<Against>,
     /// Why the prefix against step n−1 broke, or that it was kept.
     pub causes: Vec<String>,
+    /// Changes that did not touch the prefix.
     pub notes: Vec<String>,
     /// The share of this step's input a provider could serve from its cache, the best of the
     /// two comparisons.
     pub cached_share: CachedShare,
 }
 
+/// One comparison of a step's stream with an earlier step's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Against {
+    /// The earlier step.
     pub step: u64,
     /// Bytes of that step's stream.
     pub bytes: usize,
+    /// Bytes the two streams share from their start.
     pub shared_bytes: usize,
+    /// Whether the earlier stream is a prefix of this one (a provider's cache can serve it all).
     pub prefix_kept: bool,
+    /// Where the streams first differ; `None` when one is a prefix of the other.
     pub first_divergence: Option<Divergence>,
 }
 
+/// The share of a step's input a provider could serve from its cache.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CachedShare {
@@ -444,11 +455,15 @@ pub struct CachedShare {
     pub tokens: Option<TokenShare>,
 }
 
+/// A cached share counted in tokens.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenShare {
+    /// Tokens of the shared prefix.
     pub shared: usize,
+    /// Tokens of the whole stream.
     pub total: usize,
+    /// The tokenizer that counted them.
     pub tokenizer: String,
 }
 

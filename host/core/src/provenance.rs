@@ -24,9 +24,13 @@ pub struct Provenance {
     /// others (and in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub configs: BTreeMap<String, String>,
+    /// Who gave each effective section.
     pub sections: Vec<Given>,
+    /// Who gave each effective context.
     pub contexts: Vec<Given>,
+    /// Who gave each effective variable.
     pub variables: Vec<Given>,
+    /// Who gave each tool shown.
     pub tools: Vec<Given>,
 }
 
@@ -34,7 +38,9 @@ pub struct Provenance {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Given {
+    /// The contribution's name.
     pub name: String,
+    /// The id of the plugin that gave it.
     pub plugin: String,
     /// The effective scope: `global`, or the agent or group name it is scoped to.
     pub scope: String,
@@ -102,6 +108,7 @@ impl Provenance {
     }
 }
 
+/// The first 8 hex digits of a sha256, as causes show it.
 pub(crate) fn short_sha(sha: &str) -> &str {
     sha.get(..8).unwrap_or(sha)
 }

@@ -231,9 +231,13 @@ fn same_header(
         && key.matches(header.cache_key.as_deref())
         && header.system == assembled.system
         && header.tools.len() == assembled.tools.len()
-        && header.tools.iter().zip(assembled.tools.iter()).all(|(h, a)| {
-            h.name == a.name && h.description == a.description && h.parameters == *a.parameters
-        })
+        && header
+            .tools
+            .iter()
+            .zip(assembled.tools.iter())
+            .all(|(h, a)| {
+                h.name == a.name && h.description == a.description && h.parameters == *a.parameters
+            })
         && &header.model == model
 }
 

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 
+use crate::sync::lock;
+
 /// The version written into every new event body's record. Version 1 is the format of the
 /// first release (0.1.0), whose rows carried no version: a store reads a missing version as 1.
 pub const BODY_VERSION: u32 = 1;
@@ -16,21 +18,30 @@ pub const BODY_VERSION: u32 = 1;
 /// What an event records. The string forms are stored and shown in the API: never change one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventKind {
+    /// The session's first event: its agent and what it was created with.
     SessionCreated,
+    /// A user message.
     UserMessage,
+    /// A model's reply, with the usage its provider reported.
     AssistantMessage,
+    /// A tool's result, answering a call of the model.
     ToolResult,
+    /// The runtime context as of a step (Q2).
     ContextSnapshot,
+    /// The model settings, system prompt and tools every later request starts with (Q3).
     RequestHeader,
+    /// An optional plugin's contribution left out of a step (A9).
     PluginOmitted,
     /// Messages left out of every later request to keep it inside its budget (Q14).
     HistoryDropped,
     /// A range of messages shown as a client's summary in every later request (Q14).
     HistoryCompacted,
+    /// The marker that closes a step: step `n`'s request is the log up to its marker.
     Step,
 }
 
 impl EventKind {
+    /// Every kind, in a fixed order.
     pub const ALL: [EventKind; 10] = [
         EventKind::SessionCreated,
         EventKind::UserMessage,
@@ -44,6 +55,7 @@ impl EventKind {
         EventKind::Step,
     ];
 
+    /// The kind's stored string, e.g. `user/message`.
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::SessionCreated => "session/created",
@@ -58,10 +70,22 @@ impl EventKind {
             EventKind::Step => "step",
         }
     }
+}
 
-    /// The kind a stored string names, if any.
-    pub fn parse(s: &str) -> Option<EventKind> {
-        EventKind::ALL.into_iter().find(|k| k.as_str() == s)
+/// A stored string that names no [`EventKind`]: its message names the value and every kind.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown event kind `{0}`; one of {list}", list = EventKind::ALL.map(EventKind::as_str).join(", "))]
+pub struct UnknownEventKind(pub String);
+
+/// The kind a stored string names.
+impl std::str::FromStr for EventKind {
+    type Err = UnknownEventKind;
+
+    fn from_str(s: &str) -> Result<EventKind, UnknownEventKind> {
+        EventKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownEventKind(s.to_string()))
     }
 }
 
@@ -82,6 +106,7 @@ impl serde::Serialize for EventKind {
 pub struct Event {
     /// 1-based, gapless within a session.
     pub seq: u64,
+    /// What the event records; it says how to read `body`.
     pub kind: EventKind,
     /// The format version of `body` (see [`BODY_VERSION`]).
     pub version: u32,
@@ -153,21 +178,29 @@ pub enum StoreError {
     /// The log grew under us: another writer appended to this session.
     #[error("session `{session}`: expected to append at seq {expected}, but the log holds {found} events (another writer?)")]
     Conflict {
+        /// The session's id.
         session: String,
+        /// The seq the writer meant to append at.
         expected: u64,
+        /// How many events the log holds.
         found: u64,
     },
     /// A stored row no longer decodes: the log is damaged or was written by a newer binary.
     #[error("session `{session}`, event {seq}: {problem}")]
     Corrupt {
+        /// The session's id.
         session: String,
+        /// The seq of the damaged event.
         seq: u64,
+        /// What does not decode.
         problem: String,
     },
     /// The database itself failed (open, query, sync).
     #[error("{context}: {source}")]
     Backend {
+        /// What the store was doing.
         context: String,
+        /// The database's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -175,13 +208,16 @@ pub enum StoreError {
     /// the call was acknowledged, and the same call may succeed once it is back.
     #[error("{context}: the session store is unavailable: {source}")]
     Unavailable {
+        /// What the store was doing.
         context: String,
+        /// The connection's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
 impl StoreError {
+    /// A [`StoreError::Backend`] doing `context`, failed with `source`.
     pub fn backend(
         context: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -240,12 +276,15 @@ pub mod conformance;
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionSummary {
+    /// The session's id.
     pub id: String,
+    /// The agent it was created for.
     pub agent: String,
     /// Steps taken.
     pub steps: u64,
     /// Events in the log.
     pub events: u64,
+    /// When it was created, in milliseconds since the Unix epoch.
     pub created_ms: u64,
     /// When its last event was written.
     pub last_ms: u64,
@@ -258,12 +297,13 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
+    /// An empty store.
     pub fn new() -> Self {
         Self::default()
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, Vec<Event>)>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.sessions)
     }
 }
 
@@ -349,9 +389,13 @@ mod tests {
     #[test]
     fn event_kinds_round_trip_through_their_stable_strings() {
         for kind in EventKind::ALL {
-            assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(kind.as_str().parse(), Ok(kind));
         }
-        assert_eq!(EventKind::parse("session/deleted"), None);
+        let err = "session/deleted".parse::<EventKind>().unwrap_err();
+        assert_eq!(err, UnknownEventKind("session/deleted".into()));
+        assert!(err
+            .to_string()
+            .starts_with("unknown event kind `session/deleted`; one of session/created, "));
     }
 
     #[test]

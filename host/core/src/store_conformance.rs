@@ -63,6 +63,7 @@ fn seqs(store: &dyn SessionStore, id: &str) -> Vec<u64> {
     store.events(id).unwrap().iter().map(|e| e.seq).collect()
 }
 
+/// Sessions get their own ids and read back their agent and first event; unknown ones read as empty.
 pub fn created_sessions_read_back(open: Open) {
     let store = open();
     let a = created(&*store, "coder");
@@ -81,6 +82,7 @@ pub fn created_sessions_read_back(open: Open) {
     assert_eq!(store.last_seq("no-such-session").unwrap(), 0);
 }
 
+/// Appends go at the next seq only: a stale `next_seq` is a conflict and writes nothing.
 pub fn appends_are_gapless_and_checked(open: Open) {
     let store = open();
     let id = created(&*store, "a");
@@ -114,6 +116,7 @@ pub fn appends_are_gapless_and_checked(open: Open) {
     );
 }
 
+/// What one handle acknowledged, another handle (a restart) reads exactly.
 pub fn appends_are_durable_across_handles(open: Open) {
     let (id, expected) = {
         let store = open();
@@ -131,6 +134,7 @@ pub fn appends_are_durable_across_handles(open: Open) {
     assert_eq!(store.last_seq(&id).unwrap(), 23);
 }
 
+/// `last_seq` and `events_after` see appends made through another handle at once.
 pub fn last_seq_and_events_after_follow_the_log(open: Open) {
     let store = open();
     let other = open();
@@ -154,6 +158,7 @@ pub fn last_seq_and_events_after_follow_the_log(open: Open) {
     assert!(store.events_after(&id, 5).unwrap().is_empty());
 }
 
+/// Bodies (Unicode, large images, floats) come back as the bytes given.
 pub fn bodies_read_back_as_given(open: Open) {
     let store = open();
     let id = created(&*store, "a");
@@ -190,6 +195,7 @@ pub fn bodies_read_back_as_given(open: Open) {
     }
 }
 
+/// Writers racing for one seq: one wins each seq, none is lost or written twice.
 pub fn racing_appends_at_one_seq_have_one_winner(open: Open) {
     let stores: Vec<Arc<dyn SessionStore>> = (0..4).map(|_| open()).collect();
     let id = created(&*stores[0], "a");
@@ -239,6 +245,7 @@ pub fn racing_appends_at_one_seq_have_one_winner(open: Open) {
     let _ = refused;
 }
 
+/// Lists put the most recent activity first, honour the limit and take the filter as plain text.
 pub fn sessions_are_listed_most_recent_first(open: Open) {
     let store = open();
     let tag = format!("lister{}", std::process::id());
@@ -259,6 +266,7 @@ pub fn sessions_are_listed_most_recent_first(open: Open) {
     assert!(store.sessions("%", 10).unwrap().is_empty());
 }
 
+/// Appending to a session that does not exist fails and creates nothing.
 pub fn appending_to_an_unknown_session_fails(open: Open) {
     let store = open();
     let err = store.append("no-such-session", 2, &step(1)).unwrap_err();

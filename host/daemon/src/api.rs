@@ -119,7 +119,9 @@ fn default_agent() -> String {
 /// A new session.
 #[derive(Serialize, ToSchema)]
 pub struct SessionCreated {
+    /// The new session's id.
     pub id: String,
+    /// The agent it serves.
     pub agent: String,
 }
 
@@ -406,13 +408,16 @@ fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::
 /// Sessions, most recent activity first.
 #[derive(Serialize, ToSchema)]
 pub struct SessionList {
+    /// The sessions that match, most recent activity first.
     pub sessions: Vec<promptd_core::store::SessionSummary>,
 }
 
 /// A step's request and who gave each part.
 #[derive(Serialize, ToSchema)]
 pub struct StepExplain {
+    /// The step's number.
     pub step: u64,
+    /// The format `request` is in.
     pub format: Format,
     /// The request body exactly as the step returned it in `format`.
     #[schema(value_type = Object)]
@@ -424,16 +429,19 @@ pub struct StepExplain {
 /// The seq of the event just recorded.
 #[derive(Serialize, ToSchema)]
 pub struct Recorded {
+    /// The event's seq in the session's log.
     pub seq: u64,
 }
 
 /// One event of a session's log.
 #[derive(Serialize, ToSchema)]
 pub struct EventView {
+    /// Its 1-based seq in the session's log.
     pub seq: u64,
     /// `session/created`, `user/message`, `assistant/message`, `tool/result`,
     /// `context/snapshot`, `request/header`, `step`, …
     pub kind: String,
+    /// Its body, as recorded.
     #[schema(value_type = Object)]
     pub body: Value,
     /// When it was written, in milliseconds since the Unix epoch.
@@ -443,18 +451,21 @@ pub struct EventView {
 /// A session's log, in order.
 #[derive(Serialize, ToSchema)]
 pub struct EventList {
+    /// The events.
     pub events: Vec<EventView>,
 }
 
 /// Every plugin file the daemon knows.
 #[derive(Serialize, ToSchema)]
 pub struct PluginList {
+    /// Each file, and each external contributor (MCP server).
     pub plugins: Vec<PluginStatus>,
 }
 
 /// The registry changes a call applied.
 #[derive(Serialize, ToSchema)]
 pub struct Applied {
+    /// The events, one per change.
     pub applied: Vec<RegistryEvent>,
 }
 
@@ -530,6 +541,7 @@ impl PartialSchema for RegistryStreamEvent {
 /// Where the daemon stands.
 #[derive(Serialize, ToSchema)]
 pub struct Health {
+    /// Whether the daemon serves.
     pub status: HealthStatus,
     /// While `loading`: plugin files done so far.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -542,6 +554,7 @@ pub struct Health {
     pub error: Option<ErrorBody>,
     /// Plugins serving now.
     pub plugins: usize,
+    /// The daemon's version.
     pub version: String,
 }
 
@@ -550,14 +563,18 @@ pub struct Health {
 #[derive(Clone, Copy, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HealthStatus {
+    /// Serving.
     Ok,
+    /// Loading the plugin folder for the first time.
     Loading,
+    /// The session store cannot keep what it acknowledges.
     Error,
 }
 
 /// Every error response.
 #[derive(Serialize, ToSchema)]
 pub struct ErrorReply {
+    /// The code and message.
     pub error: ErrorBody,
 }
 

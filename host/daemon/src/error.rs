@@ -5,58 +5,91 @@ use std::path::PathBuf;
 
 use promptd_core::{Error, ErrorBody};
 
+/// Every failure of the daemon, each with a stable [`code`](DaemonError::code).
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// A failure of the core.
     #[error(transparent)]
     Core(#[from] Error),
 
+    /// The plugin folder cannot be listed.
     #[error("plugin folder {}: {source}", path.display())]
     PluginDir {
+        /// The folder.
         path: PathBuf,
+        /// The IO error.
         #[source]
         source: std::io::Error,
     },
 
+    /// A plugin file cannot be read.
     #[error("plugin file {}: {source}", path.display())]
     PluginRead {
+        /// The file.
         path: PathBuf,
+        /// The IO error.
         #[source]
         source: std::io::Error,
     },
 
+    /// A plugin file's name is not printable ASCII without whitespace (C5).
     #[error("plugin file {}: a plugin file name must be printable ASCII without whitespace", path.display())]
-    PluginFileName { path: PathBuf },
+    PluginFileName {
+        /// The file.
+        path: PathBuf,
+    },
 
+    /// The config file cannot be read.
     #[error("config {}: {source}", path.display())]
     ConfigRead {
+        /// The file.
         path: PathBuf,
+        /// The IO error.
         #[source]
         source: std::io::Error,
     },
 
+    /// The watcher cannot watch a path.
     #[error("cannot watch {}: {source}", path.display())]
     Watch {
+        /// The path.
         path: PathBuf,
+        /// The watcher's error.
         #[source]
         source: notify::Error,
     },
 
+    /// The watcher's thread cannot be started.
     #[error("cannot start the watcher thread: {0}")]
     WatchThread(#[source] std::io::Error),
 
+    /// A step came before the first load of the plugin folder finished.
     #[error(
         "the daemon is still loading its plugins ({loaded} of {total} files); try again shortly"
     )]
-    Loading { loaded: usize, total: usize },
+    Loading {
+        /// Plugin files loaded so far.
+        loaded: usize,
+        /// Plugin files to load.
+        total: usize,
+    },
 
+    /// A tool call the session does not hold.
     #[error("the session has no tool call `{0}`")]
     ToolCallNotFound(String),
 
+    /// A tool call that already has its result.
     #[error("the tool call `{0}` already has its result")]
     ToolCallClosed(String),
 
+    /// A tool call whose tool no running MCP server provides.
     #[error("the tool call `{call}` names `{tool}`, which no running MCP server provides")]
-    ToolNotRunnable { call: String, tool: String },
+    ToolNotRunnable {
+        /// The call's id.
+        call: String,
+        /// The tool it names.
+        tool: String,
+    },
 }
 
 impl DaemonError {
@@ -89,4 +122,5 @@ impl From<&DaemonError> for ErrorBody {
     }
 }
 
+/// A result whose error is a [`DaemonError`] by default.
 pub type Result<T, E = DaemonError> = std::result::Result<T, E>;

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use promptd_core::plugin::state::ChangeKind;
+use promptd_core::sync::lock;
 use promptd_core::ErrorBody;
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -25,18 +26,25 @@ const LIVE_BUFFER: usize = 1024;
 pub struct RegistryEvent {
     /// 1-based, increasing for the daemon's lifetime.
     pub seq: u64,
+    /// What changed.
     pub kind: ChangeKind,
+    /// The plugin's id (empty for a file refused before it had one).
     pub plugin: String,
+    /// Its file.
     pub file: String,
+    /// SHA-256 of the file's bytes (empty when there is none).
     pub sha256: String,
+    /// Why it was refused or quarantined, when it was.
     pub error: Option<ErrorBody>,
 }
 
 /// What a subscriber gets: the replayable past, then live events.
 pub struct Subscription {
+    /// The events after `since` still in the history, in order.
     pub past: Vec<RegistryEvent>,
     /// Events after `since` that fell out of the history: the replay is incomplete.
     pub missed: u64,
+    /// Every event from then on.
     pub live: broadcast::Receiver<RegistryEvent>,
 }
 
@@ -73,7 +81,7 @@ impl RegistryEvents {
         sha256: &str,
         error: Option<ErrorBody>,
     ) -> RegistryEvent {
-        let mut history = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut history = lock(&self.inner);
         history.last_seq += 1;
         let event = RegistryEvent {
             seq: history.last_seq,
@@ -96,7 +104,7 @@ impl RegistryEvents {
     /// Events after `since`, how many of those are no longer kept, and a receiver for the
     /// ones that follow.
     pub fn subscribe(&self, since: u64) -> Subscription {
-        let history = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let history = lock(&self.inner);
         let past: Vec<RegistryEvent> = history
             .events
             .iter()
@@ -118,10 +126,7 @@ impl RegistryEvents {
 
     /// The last sequence number given out.
     pub fn last_seq(&self) -> u64 {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .last_seq
+        lock(&self.inner).last_seq
     }
 }
 

@@ -11,6 +11,7 @@ use promptd_core::plugin::registry::PluginEntry;
 use promptd_core::plugin::state::{ChangeKind, PluginState};
 use promptd_core::request::declaration_json;
 use promptd_core::store::EventKind;
+use promptd_core::sync::{lock, read, write};
 use promptd_core::ErrorBody;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -21,7 +22,9 @@ use crate::{Daemon, DaemonError, PluginStatus, Result};
 /// What running one tool call gave: the text the model reads, and whether the tool failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolOutcome {
+    /// The text the model reads.
     pub content: String,
+    /// Whether the tool failed.
     pub is_error: bool,
 }
 
@@ -63,8 +66,8 @@ impl Daemon {
         file: &str,
         result: std::result::Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody>,
     ) -> Option<RegistryEvent> {
-        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        let mut externals = self.externals.write().unwrap_or_else(|p| p.into_inner());
+        let _changing = lock(&self.changes);
+        let mut externals = write(&self.externals);
         let serving = self.registry().get(id).is_some();
         let outcome = result.map(|(mut entry, runner)| {
             let declares = declaration_json(&entry.declaration);
@@ -155,7 +158,7 @@ impl Daemon {
 
     /// The external contributors' statuses, by id.
     pub(crate) fn external_statuses(&self) -> Vec<PluginStatus> {
-        let externals = self.externals.read().unwrap_or_else(|p| p.into_inner());
+        let externals = read(&self.externals);
         externals.values().map(|e| e.status.clone()).collect()
     }
 
@@ -190,7 +193,7 @@ impl Daemon {
         // and an external contributor's tool names are its own.
         let registry = self.registry();
         let (plugin, runner) = {
-            let externals = self.externals.read().unwrap_or_else(|p| p.into_inner());
+            let externals = read(&self.externals);
             registry
                 .plugins()
                 .filter(|e| e.declaration.tools.iter().any(|t| t.name == name))

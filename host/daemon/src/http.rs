@@ -687,16 +687,9 @@ fn step_and_format(
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let format = match query.format.as_deref() {
         None => Format::Neutral,
-        Some(f) => Format::parse(f).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!(
-                    "unknown format `{f}`; use {}",
-                    Format::ALL.map(Format::as_str).join(", ")
-                ),
-            )
-        })?,
+        Some(f) => f
+            .parse::<Format>()
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?,
     };
     let n: u64 = n.parse().map_err(|_| {
         ApiError::new(

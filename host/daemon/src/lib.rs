@@ -75,13 +75,17 @@ use sessions::SessionCache;
 /// What `GET /v1/plugins` shows for each plugin file.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct PluginStatus {
+    /// The plugin's id.
     pub id: String,
+    /// The plugin file's path (for an MCP server, its command line or URL).
     pub file: String,
     /// SHA-256 of the file as last read.
     pub sha256: String,
     /// SHA-256 of the version serving now (differs from `sha256` while `stale`).
     pub serving_sha256: Option<String>,
+    /// Whether it is loaded, refused, stale or quarantined.
     pub state: PluginState,
+    /// Why its last load or call failed, if it did.
     pub last_error: Option<ErrorBody>,
     /// What the serving version declares (null when none serves).
     #[schema(value_type = Object)]
@@ -89,8 +93,10 @@ pub struct PluginStatus {
 }
 
 pub use promptd_core::step::StepInput;
-pub(crate) use steps::lock;
+pub(crate) use promptd_core::sync::lock;
+use promptd_core::sync::{read, recover, write};
 
+/// The daemon's state: config, plugin registry, session store and caches, shared by the HTTP API, the watcher and the MCP servers.
 pub struct Daemon {
     engine: Arc<dyn Engine>,
     config: RwLock<Arc<Config>>,
@@ -115,7 +121,9 @@ pub struct Daemon {
     /// Whether the first load of the plugin folder has finished (steps wait for it).
     readiness: Mutex<Readiness>,
     ready: Condvar,
+    /// Every registry change, for `GET /v1/events` and its replay.
     pub events: RegistryEvents,
+    /// The counters `GET /metrics` shows.
     pub metrics: Metrics,
     /// Token counters by tokenizer name, kept so their memo of repeated texts lasts.
     counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
@@ -128,7 +136,12 @@ pub struct Daemon {
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum Readiness {
     /// Loading the plugin folder: `loaded` of `total` files done.
-    Loading { loaded: usize, total: usize },
+    Loading {
+        /// Plugin files loaded so far.
+        loaded: usize,
+        /// Plugin files to load.
+        total: usize,
+    },
     /// The first full registry is published.
     Ok,
 }
@@ -196,18 +209,18 @@ impl Daemon {
     /// the folder cannot be read: the error is returned, and the daemon serves what it has).
     pub fn load_initial(&self) -> Result<Vec<RegistryEvent>> {
         let result = self.reload();
-        *self.readiness.lock().unwrap_or_else(|p| p.into_inner()) = Readiness::Ok;
+        *lock(&self.readiness) = Readiness::Ok;
         self.ready.notify_all();
         result
     }
 
     /// Whether the first load has finished, and how far it is.
     pub fn readiness(&self) -> Readiness {
-        *self.readiness.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.readiness)
     }
 
     fn progress(&self, loaded: usize, total: usize) {
-        let mut readiness = self.readiness.lock().unwrap_or_else(|p| p.into_inner());
+        let mut readiness = lock(&self.readiness);
         if let Readiness::Loading { .. } = *readiness {
             *readiness = Readiness::Loading { loaded, total };
         }
@@ -215,24 +228,23 @@ impl Daemon {
 
     /// Waits up to `bound` for the first load to finish.
     fn wait_ready(&self, bound: Duration) -> Result<()> {
-        let readiness = self.readiness.lock().unwrap_or_else(|p| p.into_inner());
-        let (readiness, _) = self
-            .ready
-            .wait_timeout_while(readiness, bound, |r| *r != Readiness::Ok)
-            .unwrap_or_else(|p| p.into_inner());
+        let readiness = lock(&self.readiness);
+        let (readiness, _) = recover(
+            self.ready
+                .wait_timeout_while(readiness, bound, |r| *r != Readiness::Ok),
+        );
         match *readiness {
             Readiness::Ok => Ok(()),
             Readiness::Loading { loaded, total } => Err(DaemonError::Loading { loaded, total }),
         }
     }
 
+    /// The config serving now.
     pub fn config(&self) -> Arc<Config> {
-        self.config
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        read(&self.config).clone()
     }
 
+    /// The plugin folder it watches.
     pub fn plugin_dir(&self) -> &Path {
         &self.plugin_dir
     }
@@ -242,13 +254,8 @@ impl Daemon {
     /// version serving (H3).
     pub fn set_config(&self, config: Config) -> Result<Vec<RegistryEvent>> {
         self.sessions.set_budget(config.session_cache_bytes());
-        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
-        for status in self
-            .plugins
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .values_mut()
-        {
+        *write(&self.config) = Arc::new(config);
+        for status in write(&self.plugins).values_mut() {
             status.sha256.clear(); // forces a reload on the rescan below
         }
         self.reload()
@@ -270,20 +277,19 @@ impl Daemon {
         out
     }
 
+    /// The registry snapshot serving now.
     pub fn registry(&self) -> Arc<Registry> {
-        self.registry
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        read(&self.registry).clone()
     }
 
     fn publish(&self, registry: Registry) {
         self.metrics.set_plugins_loaded(registry.len());
-        *self.registry.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(registry);
+        *write(&self.registry) = Arc::new(registry);
     }
 
+    /// Every plugin file's status, and every external contributor's (MCP servers).
     pub fn plugins(&self) -> Vec<PluginStatus> {
-        let plugins = self.plugins.read().unwrap_or_else(|p| p.into_inner());
+        let plugins = read(&self.plugins);
         let mut all: Vec<PluginStatus> = plugins.values().cloned().collect();
         all.extend(self.external_statuses());
         all
@@ -292,7 +298,7 @@ impl Daemon {
     /// Rescans the plugin folder: loads new files, reloads changed ones (the old version keeps
     /// serving if the new one fails), unloads removed ones. Each change is an event (R5).
     pub fn reload(&self) -> Result<Vec<RegistryEvent>> {
-        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let _changing = lock(&self.changes);
         let files = plugin_dir::plugin_files(&self.plugin_dir)?;
         let total = files.len();
         let mut applied = Vec::new();
@@ -314,10 +320,7 @@ impl Daemon {
                 }
             };
             present.insert(file.stem.clone());
-            let unchanged = self
-                .plugins
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
+            let unchanged = read(&self.plugins)
                 .get(&file.stem)
                 .is_some_and(|s| s.sha256 == file.sha256);
             if !unchanged {
@@ -338,20 +341,13 @@ impl Daemon {
         for (file, (took, result)) in changed.iter().zip(outcomes) {
             applied.push(self.apply(file, &config, took, result));
         }
-        let gone: Vec<String> = self
-            .plugins
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        let gone: Vec<String> = read(&self.plugins)
             .keys()
             .filter(|stem| !present.contains(*stem))
             .cloned()
             .collect();
         for stem in gone {
-            let status = self
-                .plugins
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&stem);
+            let status = write(&self.plugins).remove(&stem);
             if let Some(status) = status {
                 if let Ok(next) = self.registry().without(&status.id) {
                     self.publish(next);
@@ -380,10 +376,7 @@ impl Daemon {
         let path = file.path.display().to_string();
         let mut current = self.registry();
         // A config change can give the file another id: the old id leaves with the new load.
-        let old_id = self
-            .plugins
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        let old_id = read(&self.plugins)
             .get(&file.stem)
             .map(|s| s.id.clone())
             .filter(|old| *old != id);
@@ -399,7 +392,7 @@ impl Daemon {
                 .with_replaced(entry)
                 .map(|next| (next, declares, lookup))
         });
-        let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+        let mut plugins = write(&self.plugins);
         match result {
             Ok((next, declares, lookup)) => {
                 self.publish(next);
@@ -466,10 +459,10 @@ impl Daemon {
 
     /// Unloads plugin `id` (R4): all its contributions leave the next assembly.
     pub fn unload(&self, id: &str) -> Result<RegistryEvent> {
-        let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let _changing = lock(&self.changes);
         let next = self.registry().without(id)?;
         self.publish(next);
-        let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+        let mut plugins = write(&self.plugins);
         let stem = plugins
             .iter()
             .find(|(_, s)| s.id == id)
@@ -479,6 +472,7 @@ impl Daemon {
         Ok(self.events.push(ChangeKind::Unload, id, &file, &sha, None))
     }
 
+    /// Creates a session for `agent` (after checking its name): returns its id.
     pub fn create_session(&self, agent: &str) -> Result<String> {
         self.config().chain(agent)?; // validates the name
 
@@ -524,7 +518,7 @@ impl Daemon {
             .map(|p| p.id.clone())
             .collect();
         for id in failing {
-            let _changing = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            let _changing = lock(&self.changes);
             let Ok(next) = self.registry().without(&id) else {
                 continue; // already gone
             };
@@ -536,7 +530,7 @@ impl Daemon {
             let message =
                 format!("quarantined after {limit} consecutive failed calls; last: {cause}");
             tracing::warn!(plugin = %id, "{message}");
-            let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+            let mut plugins = write(&self.plugins);
             let (mut file, mut sha) = (String::new(), String::new());
             if let Some(status) = plugins.values_mut().find(|s| s.id == id) {
                 status.state = PluginState::Quarantined;
@@ -562,7 +556,7 @@ impl Daemon {
     /// Brings a quarantined plugin back: its file is loaded again (a fresh instance).
     pub fn enable(&self, id: &str) -> Result<Vec<RegistryEvent>> {
         {
-            let mut plugins = self.plugins.write().unwrap_or_else(|p| p.into_inner());
+            let mut plugins = write(&self.plugins);
             let status = plugins
                 .values_mut()
                 .find(|s| s.id == id)
@@ -597,12 +591,12 @@ fn parallel_map<T: Sync, R: Send>(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(item) = items.get(i) else { break };
                 let r = f(item);
-                *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                *lock(&results[i]) = Some(r);
             });
         }
     });
     results
         .into_iter()
-        .filter_map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .filter_map(|r| recover(r.into_inner()))
         .collect()
 }

@@ -5,7 +5,9 @@
 //! sessions ever seen.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
+
+use promptd_core::sync::{lock, wait};
 
 #[derive(Default)]
 pub(crate) struct SessionLocks {
@@ -25,11 +27,6 @@ pub(crate) struct Held<'a> {
     slot: Arc<Slot>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing guarded here can be left half-updated by a panic.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl SessionLocks {
     /// Waits until no one else holds session `id`, then holds it.
     pub(crate) fn hold(&self, id: &str) -> Held<'_> {
@@ -38,7 +35,7 @@ impl SessionLocks {
         let slot = lock(&self.slots).entry(id.to_string()).or_default().clone();
         let mut busy = lock(&slot.busy);
         while *busy {
-            busy = slot.free.wait(busy).unwrap_or_else(|p| p.into_inner());
+            busy = wait(&slot.free, busy);
         }
         *busy = true;
         drop(busy);

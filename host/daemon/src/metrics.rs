@@ -4,11 +4,13 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use promptd_core::sync::lock;
 use promptd_core::Error;
 
 /// Upper bounds of the step latency histogram, in seconds.
 const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
 
+/// The daemon's counters and histograms, shown at `GET /metrics` in Prometheus' text format.
 #[derive(Default)]
 pub struct Metrics {
     steps_ok: AtomicU64,
@@ -24,6 +26,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Counts a step that took `took`, failed with `error` if it did.
     pub fn step(&self, took: Duration, error: Option<&Error>) {
         match error {
             None => self.steps_ok.fetch_add(1, Ordering::Relaxed),
@@ -47,7 +50,7 @@ impl Metrics {
 
     /// A step of `agent` after the session's first: whether it kept the previous prefix.
     pub fn prefix(&self, agent: &str, kept: bool) {
-        let mut prefix = self.prefix.lock().unwrap_or_else(|p| p.into_inner());
+        let mut prefix = lock(&self.prefix);
         if let Some(counts) = prefix.get_mut(agent) {
             counts.0 += u64::from(kept);
             counts.1 += 1;
@@ -56,10 +59,12 @@ impl Metrics {
         }
     }
 
+    /// Counts a failed plugin call.
     pub fn plugin_error(&self) {
         self.plugin_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Sets how many plugins serve now.
     pub fn set_plugins_loaded(&self, n: usize) {
         self.plugins_loaded.store(n as u64, Ordering::Relaxed);
     }
@@ -116,7 +121,7 @@ impl Metrics {
         let _ = writeln!(out, "# HELP promptd_plugins_loaded Plugins serving now.");
         let _ = writeln!(out, "# TYPE promptd_plugins_loaded gauge");
         let _ = writeln!(out, "promptd_plugins_loaded {}", get(&self.plugins_loaded));
-        let prefix = self.prefix.lock().unwrap_or_else(|p| p.into_inner());
+        let prefix = lock(&self.prefix);
         let _ = writeln!(
             out,
             "# HELP promptd_prefix_kept_steps_total Steps whose previous request was all a prefix of theirs (a provider can reuse its cache), by agent."

@@ -45,6 +45,7 @@ use hyper::service::{service_fn, Service};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use promptd_core::config::Config;
+use promptd_core::sync::lock;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
@@ -217,7 +218,7 @@ impl Activity {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Bytes arrived: on an idle connection, they begin a request head.

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use promptd_core::session::SessionState;
+use promptd_core::sync::lock;
 
 /// One cached session.
 pub(crate) struct Cached {
@@ -50,7 +51,7 @@ impl SessionCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Takes session `id` out of the cache.

@@ -2,7 +2,7 @@
 //! ([`promptd_core::step::plan`]) and records what it plans (Q1–Q6, Q14, Q18).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use promptd_core::budget::{self, Counter, Usage};
@@ -319,10 +319,4 @@ impl Daemon {
         let events = self.session_events(id)?;
         Ok(session::rebuild(id, &events, n)?)
     }
-}
-
-/// Locks `mutex`, recovering the data of a thread that panicked while holding it: every
-/// lock in the daemon guards data that stays consistent between statements.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

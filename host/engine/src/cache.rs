@@ -13,6 +13,7 @@ use wasmtime::Engine;
 /// Default bound on the cache folder's size.
 pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
 
+/// Compiled components on disk, by the SHA-256 of their bytes and the engine's fingerprint, bounded in size.
 pub struct CompileCache {
     dir: PathBuf,
     /// The engine's compatibility fingerprint: wasmtime version, target and settings.
@@ -25,6 +26,7 @@ pub struct CompileCache {
 use promptd_core::load::CacheLookup as Lookup;
 
 impl CompileCache {
+    /// A cache in `dir` (made if missing) for `engine`'s code, at most `max_bytes`.
     pub fn new(dir: &Path, engine: &Engine, max_bytes: u64) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         // `DefaultHasher::new()` has fixed keys, so the fingerprint is stable across runs.
@@ -43,10 +45,12 @@ impl CompileCache {
         self.dir.join(format!("{sha256}-{}.cwasm", self.engine_key))
     }
 
+    /// Loads served from the cache so far.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 
+    /// Loads that compiled so far.
     pub fn misses(&self) -> u64 {
         self.misses.load(Ordering::Relaxed)
     }

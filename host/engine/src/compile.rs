@@ -43,6 +43,7 @@ pub struct Compiler {
 }
 
 impl Compiler {
+    /// A compiler that runs `exe` (a `promptd` executable).
     pub fn new(exe: impl Into<PathBuf>) -> Self {
         Self { exe: exe.into() }
     }

@@ -19,13 +19,18 @@ pub use wasm::{WasmEngine, WasmProvider};
 /// [`promptd_core::Error`]s such as `not_a_component`).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// wasmtime could not be set up (its configuration or the linker).
     #[error("cannot set up the WebAssembly engine: {0:#}")]
     Init(#[source] wasmtime::Error),
+    /// The thread that ends calls at their deadline could not start.
     #[error("cannot start the epoch ticker thread: {0}")]
     Ticker(#[source] std::io::Error),
+    /// The compile cache's folder cannot be made.
     #[error("compile cache {}: {source}", path.display())]
     CacheDir {
+        /// The folder.
         path: PathBuf,
+        /// The IO error.
         #[source]
         source: std::io::Error,
     },

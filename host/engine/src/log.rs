@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use promptd_core::plugin::sandbox::Sandbox;
+use promptd_core::sync::lock;
 
 /// A log record's level, as the plugin asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +56,7 @@ impl PluginLog {
     }
 
     fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.shared)
     }
 }
 
@@ -76,7 +77,7 @@ impl CallLog {
 
     /// A call starts: its byte budget is full again.
     pub(crate) fn begin(&self) {
-        *self.used.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+        *lock(&self.used) = 0;
     }
 
     /// A call ended: if anything was dropped, one line says how much (`what` names the call).
@@ -117,7 +118,7 @@ impl CallLog {
     pub(crate) fn write(&self, level: Level, stream: Option<&'static str>, message: &str) {
         let log = &self.log;
         let fits_call = {
-            let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+            let mut used = lock(&self.used);
             let fits = *used + message.len() <= log.per_call_bytes;
             if fits {
                 *used += message.len();

@@ -11,6 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
+use promptd_core::sync::{lock, wait};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
@@ -60,6 +61,7 @@ impl Drop for WasmEngine {
 }
 
 impl WasmEngine {
+    /// An engine with promptd's settings, the on-demand instance allocator and no compile cache.
     pub fn new() -> Result<Self, EngineError> {
         Self::with_config(wasmtime::Config::new())
     }
@@ -134,6 +136,7 @@ impl WasmEngine {
         Ok(self)
     }
 
+    /// Its compile cache, if it has one.
     pub fn cache(&self) -> Option<&CompileCache> {
         self.cache.as_ref()
     }
@@ -460,7 +463,7 @@ impl WasmProvider {
     }
 
     fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.pool)
     }
 
     /// An idle instance, or a fresh one while fewer than `max_instances` exist, or else the
@@ -480,7 +483,7 @@ impl WasmProvider {
                     self.returned.notify_one();
                 });
             }
-            pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
+            pool = wait(&self.returned, pool);
         }
     }
 
@@ -626,7 +629,12 @@ impl WasmProvider {
     /// methods, which assembly does not use for 0.2.0 plugins).
     /// Runs `f` on `step` lowered for world 0.1.0, from the last lowering when one is free.
     fn with_step_v1<R>(&self, step: &Step, f: impl FnOnce(&worlds::w1::Step) -> R) -> R {
-        let kept = self.lowered.lock().unwrap_or_else(|p| p.into_inner()).0.take();
+        let kept = self
+            .lowered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .take();
         let lowered = match kept {
             Some(mut lowered) => {
                 worlds::refresh_v1(&mut lowered, step);
@@ -641,7 +649,12 @@ impl WasmProvider {
 
     /// [`WasmProvider::with_step_v1`] for world 0.2.0.
     fn with_step_v2<R>(&self, step: &Step, f: impl FnOnce(&worlds::w2::Step) -> R) -> R {
-        let kept = self.lowered.lock().unwrap_or_else(|p| p.into_inner()).1.take();
+        let kept = self
+            .lowered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .take();
         let lowered = match kept {
             Some(mut lowered) => {
                 worlds::refresh_v2(&mut lowered, step);

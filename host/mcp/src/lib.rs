@@ -22,6 +22,7 @@ use promptd_core::config::{
 use promptd_core::plugin::model::Scope;
 use promptd_core::plugin::provider::{CallError, CallResult, NativePlugin};
 use promptd_core::plugin::registry::PluginEntry;
+use promptd_core::sync::{read, write};
 use promptd_core::ErrorBody;
 use promptd_daemon::{Daemon, ToolOutcome, ToolRunner};
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, SubscriptionFilter};
@@ -215,9 +216,7 @@ type Current = Arc<std::sync::RwLock<Option<Peer<RoleClient>>>>;
 fn reader(name: &str, current: Current, timeout: Duration, handle: Handle) -> ResourceReader {
     let name = name.to_string();
     Arc::new(move |uri: &str| {
-        let peer = current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        let peer = read(&current)
             .clone()
             .ok_or_else(|| CallError::Failed(format!("MCP server `{name}` is not connected")))?;
         let params = ReadResourceRequestParams::new(uri);
@@ -328,8 +327,7 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
             Ok(Err(cause)) => failure(&name, cause),
             Ok(Ok(connection)) => {
                 listen_for_changes(&connection, tx, timeout);
-                *current.write().unwrap_or_else(|p| p.into_inner()) =
-                    Some(connection.peer().clone());
+                *write(&current) = Some(connection.peer().clone());
                 let read = reader(&name, current.clone(), timeout, handle.clone());
                 let cause = serve(
                     &daemon,
@@ -341,7 +339,7 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
                     read,
                 )
                 .await;
-                *current.write().unwrap_or_else(|p| p.into_inner()) = None;
+                *write(&current) = None;
                 cause
             }
         };

@@ -37,6 +37,7 @@ use postgres::{Client, NoTls, Statement};
 use promptd_core::store::{
     Event, EventKind, NewEvent, SessionStore, SessionSummary, StoreError, BODY_VERSION,
 };
+use promptd_core::sync::{lock, wait};
 
 /// The schema this binary writes: the last of [`MIGRATIONS`].
 pub const SCHEMA_VERSION: i32 = 1;
@@ -241,7 +242,7 @@ impl PostgresStore {
     }
 
     fn pool(&self) -> MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.pool)
     }
 
     /// An idle connection, a new one, or (at [`MAX_CONNECTIONS`]) the next one freed.
@@ -265,7 +266,7 @@ impl PostgresStore {
                 }
                 return conn;
             }
-            pool = self.freed.wait(pool).unwrap_or_else(|p| p.into_inner());
+            pool = wait(&self.freed, pool);
         }
     }
 
@@ -327,8 +328,9 @@ fn read_events(conn: &mut Conn, id: &str, after: u64) -> Result<Vec<Event>, Stor
             problem,
         };
         let kind: &str = row.get(1);
-        let kind = EventKind::parse(kind)
-            .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
+        let kind = kind
+            .parse::<EventKind>()
+            .map_err(|e| corrupt(e.to_string()))?;
         let body: String = row.get(2);
         let version: i32 = row.get(4);
         events.push(Event {

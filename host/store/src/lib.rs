@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use promptd_core::sync::lock;
+
 mod blobs;
 
 use promptd_core::store::{
@@ -185,13 +187,13 @@ impl SqliteStore {
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.files.check()?;
-        let idle = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let idle = lock(&self.readers).pop();
         let conn = match idle {
             Some(conn) => conn,
             None => connect(&self.path, false)?,
         };
         let result = f(&conn);
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut readers = lock(&self.readers);
         if readers.len() < MAX_IDLE_READERS {
             readers.push(conn);
         }
@@ -607,8 +609,9 @@ fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, St
             seq: seq as u64,
             problem,
         };
-        let kind = EventKind::parse(&kind)
-            .ok_or_else(|| corrupt(format!("unknown event kind `{kind}`")))?;
+        let kind = kind
+            .parse::<EventKind>()
+            .map_err(|e| corrupt(e.to_string()))?;
         let body = blobs::inflate(conn, kind, body).map_err(corrupt)?;
         events.push(Event {
             seq: seq as u64,

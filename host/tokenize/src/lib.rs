@@ -13,6 +13,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use promptd_core::budget::{Chars, Counter};
+use promptd_core::sync::lock;
 use tiktoken_rs::CoreBPE;
 
 /// The counter for a tokenizer name (see [`promptd_core::config::TOKENIZERS`]).
@@ -60,16 +61,11 @@ impl Counter for Bpe {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         text.hash(&mut hasher);
         let key = (hasher.finish(), text.len());
-        if let Some(n) = self
-            .memo
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        if let Some(n) = lock(&self.memo).get(&key) {
             return *n;
         }
         let n = (self.bpe)().encode_ordinary(text).len();
-        let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        let mut memo = lock(&self.memo);
         if memo.len() >= MEMO_ENTRIES {
             memo.clear();
         }

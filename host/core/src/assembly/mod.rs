@@ -49,23 +49,29 @@ pub struct Assembly {
     pub system: String,
     /// T6: the runtime context snapshot text, or `None` when every context is empty.
     pub runtime_context: Option<String>,
-    /// Shared with other assemblies of the same registry snapshot, chain and options when no
-    /// plugin filters tools (they are then the same every step).
+    /// The tools shown this step, in `tool_order` (with [`Options::keep_all_tools`], every
+    /// tool the agent can see). Shared with other assemblies of the same registry snapshot,
+    /// chain and options when no plugin filters tools (they are then the same every step).
     pub tools: Arc<[AssembledTool]>,
     /// With [`Options::keep_all_tools`], the names of `tools` shown this step, in order.
     pub shown_tools: Option<Vec<String>>,
     /// Each section's and context's interpolated text by name, in output order (empty ones
     /// included), so a budget can say what each one costs.
     pub sections: Vec<(String, String)>,
+    /// Each context's interpolated text by name, in output order (empty ones included).
     pub contexts: Vec<(String, String)>,
+    /// Which plugin gave each effective contribution.
     pub explain: Explain,
     /// Optional plugins left out because a call failed (A9).
     pub omitted: Vec<Omission>,
 }
 
+/// One tool of a request, as assembly resolved it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AssembledTool {
+    /// The tool's name.
     pub name: String,
+    /// Its description.
     pub description: String,
     /// The declared schema, parsed once at load (A6): shared, never mutated.
     pub parameters: Arc<serde_json::Value>,
@@ -74,27 +80,36 @@ pub struct AssembledTool {
 /// Which plugin gave each effective contribution, in output order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Explain {
-    /// Shared by every assembly of the same registry snapshot, chain and options.
+    /// Who gave each effective section, in output order; shared by every assembly of the
+    /// same registry snapshot, chain and options.
     pub sections: Arc<[Origin]>,
-    /// Shared as `sections` is.
+    /// Who gave each effective context, in output order; shared as `sections` is.
     pub contexts: Arc<[Origin]>,
+    /// Who gave each effective variable.
     pub variables: Vec<Origin>,
-    /// Shared as [`Assembly::tools`] is.
+    /// Who gave each tool shown, in output order; shared as [`Assembly::tools`] is.
     pub tools: Arc<[Origin]>,
 }
 
+/// One effective contribution and the plugin that gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
+    /// The contribution's name.
     pub name: String,
+    /// The plugin's id.
     pub plugin: String,
     /// The effective scope key.
     pub scope: String,
 }
 
+/// An optional plugin's contribution left out of an assembly because its call failed (A9).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Omission {
+    /// The plugin's id.
     pub plugin: String,
+    /// Which of its contributions failed.
     pub contribution: String,
+    /// Why the call failed.
     pub cause: String,
 }
 

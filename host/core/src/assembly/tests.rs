@@ -600,7 +600,10 @@ fn a6_parameters_are_the_declared_schema_as_parsed_at_load_shared_read_only() {
     assert_eq!(*first.tools[0].parameters, expected);
     // Shared (`Arc`, no `DerefMut`): no caller can change it, so no step copies it. A caller
     // that wants its own copies it out, and that copy is independent of the next assembly.
-    assert!(Arc::ptr_eq(&first.tools[0].parameters, &second.tools[0].parameters));
+    assert!(Arc::ptr_eq(
+        &first.tools[0].parameters,
+        &second.tools[0].parameters
+    ));
     let mut own = (*first.tools[0].parameters).clone();
     own["type"] = "mutated".into();
     assert_eq!(*run(&reg).unwrap().tools[0].parameters, expected);

@@ -23,7 +23,9 @@ use crate::error::{Error, Result};
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum Content {
+    /// Plain text.
     Text(String),
+    /// A list of text, image and document blocks.
     Blocks(Vec<Block>),
 }
 
@@ -32,27 +34,36 @@ pub enum Content {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Block {
+    /// A text block.
     Text {
+        /// The text.
         text: String,
     },
     /// Base64 `data` with its `media_type`, or a `url`.
     Image {
+        /// The image's media type, with `data`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         media_type: Option<String>,
+        /// The image as base64.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         data: Option<String>,
+        /// The image's URL, instead of `data`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         url: Option<String>,
     },
     /// A PDF: base64 `data` (media type `application/pdf`) or a `url`; `name` is shown to the
     /// model where the format has a place for it.
     Document {
+        /// The document's media type, with `data` (`application/pdf`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         media_type: Option<String>,
+        /// The document as base64.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         data: Option<String>,
+        /// The document's URL, instead of `data`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         url: Option<String>,
+        /// The document's name, for formats that have a place for it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
     },
@@ -118,6 +129,7 @@ impl Content {
         }
     }
 
+    /// The blocks; none for plain text.
     pub fn blocks(&self) -> &[Block] {
         match self {
             Content::Text(_) => &[],
@@ -140,11 +152,13 @@ impl Content {
 
 /// Media types the providers take.
 pub const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+/// Document media types the providers take.
 pub const DOCUMENT_TYPES: [&str; 1] = ["application/pdf"];
 
 /// How large a block may be (`[limits] max_block_kb`, of the base64 text).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ContentLimits {
+    /// The largest base64 text of one block, in bytes.
     pub max_block_bytes: usize,
 }
 
@@ -270,7 +284,12 @@ pub enum Measure {
     /// Text: its characters.
     Chars(usize),
     /// Media: estimated tokens, and whether from the image's own size (else the estimate).
-    Tokens { tokens: u64, from_dimensions: bool },
+    Tokens {
+        /// The estimated tokens.
+        tokens: u64,
+        /// Whether the estimate comes from the image's own width and height.
+        from_dimensions: bool,
+    },
 }
 
 /// Estimates for what cannot be counted from the bytes.

@@ -16,6 +16,7 @@ pub use content::{Block, Content};
 pub struct ToolCall {
     /// The provider's call id; tool results answer it.
     pub id: String,
+    /// The tool's name.
     pub name: String,
     /// The call's arguments, a JSON object.
     #[serde(default = "empty_object")]
@@ -45,8 +46,10 @@ pub enum Message {
     },
     /// The model's reply: text and/or tool calls.
     Assistant {
+        /// The reply's text.
         #[serde(default)]
         content: String,
+        /// The tool calls it makes.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
         /// The reply's Anthropic content blocks in their order (text, tool_use, thinking,
@@ -58,6 +61,7 @@ pub enum Message {
     },
     /// A tool's output, answering the call `tool_call_id`.
     Tool {
+        /// The call it answers.
         tool_call_id: String,
         /// Text, or blocks (text, images — a screenshot — and documents).
         content: Content,
@@ -68,6 +72,7 @@ pub enum Message {
 }
 
 impl Message {
+    /// A user message of plain text.
     pub fn user(content: impl Into<String>) -> Self {
         Message::User {
             content: Content::Text(content.into()),
@@ -75,6 +80,7 @@ impl Message {
         }
     }
 
+    /// A runtime context snapshot of plain text.
     pub fn snapshot(content: impl Into<String>) -> Self {
         Message::User {
             content: Content::Text(content.into()),
@@ -82,6 +88,7 @@ impl Message {
         }
     }
 
+    /// Whether this is a runtime context snapshot the daemon appended (Q2).
     pub fn is_snapshot(&self) -> bool {
         matches!(self, Message::User { snapshot: true, .. })
     }
@@ -90,7 +97,9 @@ impl Message {
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
+    /// The tool's name.
     pub name: String,
+    /// What the tool does, for the model.
     pub description: String,
     /// A JSON Schema object.
     pub parameters: Value,
@@ -102,7 +111,9 @@ pub struct Header {
     /// Model settings from the config (`model`, `max_tokens`…), passed through to providers.
     #[serde(default)]
     pub model: Map<String, Value>,
+    /// The assembled system prompt.
     pub system: String,
+    /// The tools, in request order.
     pub tools: Vec<ToolSpec>,
     /// How bodies are laid out (Q8): absent (0) in headers recorded before cache breakpoints
     /// on messages, so an old step still rebuilds to its old bytes; [`LAYOUT`] since.
@@ -124,7 +135,9 @@ fn is_zero(n: &u32) -> bool {
 /// What the model sees at one step: the header and every message derived from the log.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FrozenRequest {
+    /// The header: model settings, system prompt and tools.
     pub header: Header,
+    /// Every message, from the log.
     pub messages: Vec<Message>,
     /// The tools shown at this step when the agent keeps every tool in the header
     /// (`tool_subset = "allowed_tools"`); `None` when `header.tools` are the shown ones.

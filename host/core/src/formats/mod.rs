@@ -41,19 +41,25 @@ pub enum Format {
     OpenaiResponses,
 }
 
-impl Format {
-    /// Parses a format name as written in config and on the command line.
-    pub fn parse(s: &str) -> Option<Format> {
-        match s {
-            "neutral" => Some(Format::Neutral),
-            "openai" => Some(Format::Openai),
-            "anthropic" => Some(Format::Anthropic),
-            "openai-responses" => Some(Format::OpenaiResponses),
-            _ => None,
-        }
-    }
+/// A name that is no [`Format`]'s: its message names the value and every format.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown format `{0}`; use {list}", list = Format::ALL.map(Format::as_str).join(", "))]
+pub struct UnknownFormat(pub String);
 
-    /// The format's name, the inverse of [`Format::parse`].
+/// Parses a format name as written in config, on the command line and in the API.
+impl std::str::FromStr for Format {
+    type Err = UnknownFormat;
+
+    fn from_str(s: &str) -> Result<Format, UnknownFormat> {
+        Format::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| UnknownFormat(s.to_string()))
+    }
+}
+
+impl Format {
+    /// The format's name, the inverse of its [`FromStr`](std::str::FromStr) impl.
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Neutral => "neutral",
@@ -374,13 +380,16 @@ mod tests {
     #[test]
     fn q8_format_parse_round_trips() {
         for format in ALL {
-            assert_eq!(Format::parse(format.as_str()), Some(format));
+            assert_eq!(format.as_str().parse(), Ok(format));
             let from_serde: Format =
                 serde_json::from_value(json!(format.as_str())).expect("deserializes");
             assert_eq!(from_serde, format);
         }
-        assert_eq!(Format::parse("OpenAI"), None);
-        assert_eq!(Format::parse(""), None);
+        assert_eq!(
+            "OpenAI".parse::<Format>().unwrap_err().to_string(),
+            "unknown format `OpenAI`; use neutral, openai, anthropic, openai-responses"
+        );
+        assert_eq!("".parse::<Format>(), Err(UnknownFormat(String::new())));
         assert_eq!(Format::default(), Format::Neutral);
     }
 

@@ -26,6 +26,7 @@ pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
     request.messages.iter().map(neutral_message).collect()
 }
 
+/// `message` in the neutral shape: the project's own serde form.
 pub fn neutral_message(message: &Message) -> Value {
     // Strings, lists and JSON values only: writing a message as a value cannot fail.
     serde_json::json!(message)

@@ -35,6 +35,7 @@ pub struct ProviderUsage {
     /// Input tokens, cached ones included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_tokens: Option<u64>,
+    /// Output tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tokens: Option<u64>,
     /// Input tokens read from the provider's prompt cache.

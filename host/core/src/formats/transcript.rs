@@ -25,6 +25,7 @@ pub struct Head {
 }
 
 impl Head {
+    /// The fixed part of a body for `header` in `format`, with `shown` tools when a subset is shown.
     pub fn new(header: &Header, shown: Option<&[String]>, format: Format) -> Self {
         let (mut before, mut after) = (String::from("{"), String::new());
         let mut first = true;
@@ -91,6 +92,7 @@ fn slot(format: Format) -> usize {
 }
 
 impl Transcript {
+    /// An empty transcript.
     pub fn new() -> Self {
         let mut transcript = Self::default();
         transcript.active[slot(Format::Neutral)] = true;
@@ -289,7 +291,10 @@ fn entry(out: &mut String, first: &mut bool, key: &str) {
     }
     *first = false;
     // Keys are settings and list names: plain ones need no escaping and no allocation.
-    if key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if key
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         out.push('"');
         out.push_str(key);
         out.push('"');

@@ -10,10 +10,13 @@ use std::borrow::Cow;
 /// One parsed piece of a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece<'a> {
+    /// Text used as it is.
     Literal(&'a str),
     /// A `{{name}}` reference; `offset` is the byte offset of its `{{`.
     Reference {
+        /// The variable's name.
         name: &'a str,
+        /// The byte offset of its `{{`.
         offset: usize,
     },
 }
@@ -21,12 +24,16 @@ pub enum Piece<'a> {
 /// Why a template could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Malformed {
+    /// The byte offset of the malformed reference.
     pub offset: usize,
+    /// The reference's text, braces included.
     pub snippet: String,
+    /// What is wrong with it.
     pub reason: &'static str,
 }
 
 impl Malformed {
+    /// The error of this malformation in the template at `location`.
     pub fn at(self, location: &str) -> Error {
         Error::MalformedReference {
             location: location.to_string(),
@@ -40,13 +47,16 @@ impl Malformed {
 /// What a reference resolves to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
+    /// The variable's value.
     Value(String),
     /// The variable exists but has no value this assembly; `plugin` declared it.
     Absent {
+        /// The plugin that declares the variable.
         plugin: String,
     },
     /// No such variable; `known` lists every variable that exists, sorted.
     Unknown {
+        /// Every variable that exists, sorted.
         known: Vec<String>,
     },
 }

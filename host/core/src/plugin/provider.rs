@@ -31,8 +31,11 @@ pub struct ReviewMessage {
 /// What a hook is shown.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReviewInput {
+    /// The step's messages, in order.
     pub messages: Vec<ReviewMessage>,
+    /// The assembled system prompt.
     pub system: String,
+    /// The assembled runtime context, if the agent has one this step.
     pub runtime_context: Option<String>,
     /// The tools shown this step, in order.
     pub tools: Vec<String>,
@@ -41,15 +44,20 @@ pub struct ReviewInput {
 /// Replace every occurrence of `find` by `replace`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Redaction {
+    /// The text to find; never empty.
     pub find: String,
+    /// What stands in for it.
     pub replace: String,
 }
 
 /// What a hook decides.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// The step goes ahead as it is.
     Accept,
+    /// The step is refused, for this reason.
     Reject(String),
+    /// The step goes ahead with these replacements made in its new user and tool messages.
     Redact(Vec<Redaction>),
 }
 
@@ -91,6 +99,7 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// The plugin's message, failed or trapped.
     pub fn cause(&self) -> &str {
         match self {
             CallError::Failed(m) | CallError::Trapped(m) => m,
@@ -98,6 +107,7 @@ impl CallError {
     }
 }
 
+/// The result of one plugin call.
 pub type CallResult<T> = Result<T, CallError>;
 
 /// A dynamic contribution by its name and declared scope.
@@ -106,13 +116,18 @@ pub type Item = (String, Scope);
 /// The dynamic values assembly wants of one plugin at one step (world 0.2.0 `wanted`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Wanted {
+    /// The dynamic sections wanted.
     pub sections: Vec<Item>,
+    /// The dynamic contexts wanted.
     pub contexts: Vec<Item>,
+    /// The dynamic variables wanted.
     pub variables: Vec<Item>,
+    /// Whether the plugin's shown tools are wanted.
     pub shown_tools: bool,
 }
 
 impl Wanted {
+    /// Whether nothing is wanted.
     pub fn is_empty(&self) -> bool {
         self.sections.is_empty()
             && self.contexts.is_empty()
@@ -125,9 +140,13 @@ impl Wanted {
 /// exactly when asked.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Evaluation {
+    /// One result per wanted section.
     pub sections: Vec<CallResult<String>>,
+    /// One result per wanted context.
     pub contexts: Vec<CallResult<String>>,
+    /// One result per wanted variable; `None` is a value absent this assembly.
     pub variables: Vec<CallResult<Option<String>>>,
+    /// The shown tools, when they were wanted.
     pub shown_tools: Option<CallResult<Vec<String>>>,
 }
 
@@ -199,9 +218,13 @@ pub fn per_item<P: Provider + ?Sized>(provider: &P, step: &Step, wanted: &Wanted
 /// lazily, each at most once per assembly) or, when [`Provider::batches`] is true, answers a
 /// whole step in one [`Provider::evaluate`] call (world 0.2.0).
 pub trait Provider: Send + Sync {
+    /// The text of dynamic section `name` in `scope`.
     fn section_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String>;
+    /// The text of dynamic context `name` in `scope`.
     fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String>;
+    /// The value of dynamic variable `name` in `scope`; `None` when it has none this assembly.
     fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>>;
+    /// Which of its known tools are shown this step (only if the declaration filters tools).
     fn shown_tools(&self, step: &Step) -> CallResult<Vec<String>>;
 
     /// Whether assembly asks this provider once per step ([`Provider::evaluate`]) instead of
@@ -268,15 +291,18 @@ enum Last {
 }
 
 impl NativePlugin {
+    /// A plugin with nothing declared.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds a static section.
     pub fn section(mut self, name: &str, order: i32, text: &str) -> Self {
         self.push_section(name, order, Content::Static(text.into()), None);
         self
     }
 
+    /// Adds a section whose text `f` computes at each assembly.
     pub fn dynamic_section(
         mut self,
         name: &str,
@@ -300,11 +326,13 @@ impl NativePlugin {
         self.last = Some(Last::Section);
     }
 
+    /// Adds a static context.
     pub fn context(mut self, name: &str, order: i32, text: &str) -> Self {
         self.push_context(name, order, Content::Static(text.into()), None);
         self
     }
 
+    /// Adds a context whose text `f` computes at each assembly.
     pub fn dynamic_context(
         mut self,
         name: &str,
@@ -327,11 +355,13 @@ impl NativePlugin {
         self.last = Some(Last::Context);
     }
 
+    /// Adds a static variable.
     pub fn variable(mut self, name: &str, value: &str) -> Self {
         self.push_variable(name, Content::Static(value.into()), None);
         self
     }
 
+    /// Adds a variable whose value `f` computes at each assembly.
     pub fn dynamic_variable(
         mut self,
         name: &str,
@@ -351,6 +381,7 @@ impl NativePlugin {
         self.last = Some(Last::Variable);
     }
 
+    /// Adds a tool; `parameters` is its JSON Schema as text.
     pub fn tool(mut self, name: &str, description: &str, parameters: &str) -> Self {
         self.declaration.tools.push(Tool {
             name: name.into(),

@@ -15,6 +15,7 @@ use crate::plugin::provider::Provider;
 use crate::plugin::sandbox::DeclarationLimits;
 use crate::plugin::trust::Trust;
 use crate::plugin::validate::{self, ToolSchemas};
+use crate::sync::lock;
 
 /// How the host config treats one plugin.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -35,10 +36,13 @@ pub struct PluginOptions {
 
 /// One loaded, validated plugin.
 pub struct PluginEntry {
+    /// The plugin's id: its file stem unless the config sets one.
     pub id: String,
     /// Exactly what the plugin declared (its own scopes), used when calling it back.
     pub declaration: Declaration,
+    /// How the config treats it.
     pub options: PluginOptions,
+    /// Its dynamic half: what assembly calls.
     pub provider: Arc<dyn Provider>,
     /// Parsed tool parameters by (name, declared scope).
     pub schemas: ToolSchemas,
@@ -117,11 +121,13 @@ impl PluginEntry {
         Ok(entry)
     }
 
+    /// The same entry, with `origin` (where it came from).
     pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
         self.origin = Some(origin.into());
         self
     }
 
+    /// The same entry, with the SHA-256 of its file.
     pub fn with_sha256(mut self, sha256: impl Into<String>) -> Self {
         self.sha256 = Some(sha256.into());
         self
@@ -207,16 +213,14 @@ const MEMO_ENTRIES: usize = 256;
 
 impl Memo {
     pub(crate) fn get<T: Any + Send + Sync>(&self, key: &MemoKey) -> Option<Arc<T>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        lock(&self.0)
             .get(key)
             .cloned()
             .and_then(|value| value.downcast().ok())
     }
 
     pub(crate) fn put<T: Any + Send + Sync>(&self, key: MemoKey, value: &Arc<T>) {
-        let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut memo = lock(&self.0);
         if memo.len() >= MEMO_ENTRIES {
             memo.clear(); // agents come from clients: never let their names grow this
         }
@@ -235,6 +239,7 @@ impl Clone for Registry {
 }
 
 impl Registry {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
@@ -244,14 +249,17 @@ impl Registry {
         self.plugins.values()
     }
 
+    /// The plugin with id `id`, if loaded.
     pub fn get(&self, id: &str) -> Option<&Arc<PluginEntry>> {
         self.plugins.get(id)
     }
 
+    /// How many plugins are loaded.
     pub fn len(&self) -> usize {
         self.plugins.len()
     }
 
+    /// Whether no plugin is loaded.
     pub fn is_empty(&self) -> bool {
         self.plugins.is_empty()
     }

@@ -59,9 +59,13 @@ impl Default for Sandbox {
 /// declaration is refused before it costs the registry, every header and every log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeclarationLimits {
+    /// Most sections one plugin may declare.
     pub max_sections: usize,
+    /// Most contexts one plugin may declare.
     pub max_contexts: usize,
+    /// Most variables one plugin may declare.
     pub max_variables: usize,
+    /// Most tools one plugin may declare.
     pub max_tools: usize,
     /// Longest section, context or variable name and scope key, in bytes (tool names have
     /// their own rule, C4).

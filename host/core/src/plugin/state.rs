@@ -24,6 +24,7 @@ pub enum PluginState {
 }
 
 impl PluginState {
+    /// The state's name in the API: `loaded`, `refused`, `stale` or `quarantined`.
     pub fn as_str(self) -> &'static str {
         match self {
             PluginState::Loaded => "loaded",
@@ -42,14 +43,20 @@ impl PluginState {
     schema(rename_all = "lowercase")
 )]
 pub enum ChangeKind {
+    /// A new file loaded.
     Load,
+    /// A changed file (or a changed MCP server) loaded in place of its old version.
     Reload,
+    /// A plugin left the registry: its file was removed, or a call unloaded it.
     Unload,
+    /// A file's bytes were refused.
     Refused,
+    /// A plugin left the registry after failing too often (L3).
     Quarantine,
 }
 
 impl ChangeKind {
+    /// The change's name in the API: `load`, `reload`, `unload`, `refused` or `quarantine`.
     pub fn as_str(self) -> &'static str {
         match self {
             ChangeKind::Load => "load",

@@ -34,15 +34,26 @@ pub enum Trust {
     Data,
 }
 
-impl Trust {
-    pub fn parse(word: &str) -> Option<Self> {
+/// A word that names no [`Trust`] level: its message names the word and both levels.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown trust `{0}`; use instructions or data")]
+pub struct UnknownTrust(pub String);
+
+/// The level a config word names (`instructions` or `data`).
+impl std::str::FromStr for Trust {
+    type Err = UnknownTrust;
+
+    fn from_str(word: &str) -> Result<Self, UnknownTrust> {
         match word {
-            "instructions" => Some(Trust::Instructions),
-            "data" => Some(Trust::Data),
-            _ => None,
+            "instructions" => Ok(Trust::Instructions),
+            "data" => Ok(Trust::Data),
+            _ => Err(UnknownTrust(word.to_string())),
         }
     }
+}
 
+impl Trust {
+    /// The level's config word, the inverse of its [`FromStr`](std::str::FromStr) impl.
     pub fn as_str(self) -> &'static str {
         match self {
             Trust::Instructions => "instructions",
@@ -84,6 +95,17 @@ pub fn fence(plugin: &str, key: &str, text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trust_words_round_trip() {
+        for trust in [Trust::Instructions, Trust::Data] {
+            assert_eq!(trust.as_str().parse(), Ok(trust));
+        }
+        assert_eq!(
+            "Data".parse::<Trust>().unwrap_err().to_string(),
+            "unknown trust `Data`; use instructions or data"
+        );
+    }
 
     #[test]
     fn t8_keys_differ_by_secret_and_plugin_and_are_stable() {

@@ -73,6 +73,7 @@ impl SessionState {
         Ok(())
     }
 
+    /// The tools the last step showed, when its agent keeps every tool in the header.
     pub fn shown_tools(&self) -> Option<&[String]> {
         self.shown_tools.as_deref()
     }

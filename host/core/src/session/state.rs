@@ -265,7 +265,6 @@ impl SessionState {
         &self.data_secret
     }
 
-    /// The seq of the last event the state has seen: the next append goes at `last_seq + 1`.
     /// The last recorded header.
     pub fn header(&self) -> Option<&Header> {
         self.header.as_ref().map(|(h, _)| h)
@@ -276,10 +275,12 @@ impl SessionState {
         self.provenance.as_ref()
     }
 
+    /// The seq of the last event the state has seen: the next append goes at `last_seq + 1`.
     pub fn last_seq(&self) -> u64 {
         self.last_seq
     }
 
+    /// How many steps the log holds.
     pub fn steps(&self) -> u64 {
         self.steps
     }
