@@ -45,7 +45,7 @@ proptest! {
     fn fuzz_interpolation_never_panics_and_never_leaks_a_reference(text in template()) {
         let result = interpolate(&text, "section fuzz", &mut |name| {
             Ok(if name.len() % 2 == 0 {
-                Resolved::Value(format!("<{name}>"))
+                Resolved::Value(format!("<{name}>").into())
             } else {
                 Resolved::Unknown { known: vec![] }
             })

@@ -629,12 +629,7 @@ impl WasmProvider {
     /// methods, which assembly does not use for 0.2.0 plugins).
     /// Runs `f` on `step` lowered for world 0.1.0, from the last lowering when one is free.
     fn with_step_v1<R>(&self, step: &Step, f: impl FnOnce(&worlds::w1::Step) -> R) -> R {
-        let kept = self
-            .lowered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .0
-            .take();
+        let kept = lock(&self.lowered).0.take();
         let lowered = match kept {
             Some(mut lowered) => {
                 worlds::refresh_v1(&mut lowered, step);
@@ -643,18 +638,13 @@ impl WasmProvider {
             None => worlds::step_v1(step),
         };
         let result = f(&lowered);
-        self.lowered.lock().unwrap_or_else(|p| p.into_inner()).0 = Some(lowered);
+        lock(&self.lowered).0 = Some(lowered);
         result
     }
 
     /// [`WasmProvider::with_step_v1`] for world 0.2.0.
     fn with_step_v2<R>(&self, step: &Step, f: impl FnOnce(&worlds::w2::Step) -> R) -> R {
-        let kept = self
-            .lowered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .take();
+        let kept = lock(&self.lowered).1.take();
         let lowered = match kept {
             Some(mut lowered) => {
                 worlds::refresh_v2(&mut lowered, step);
@@ -663,7 +653,7 @@ impl WasmProvider {
             None => worlds::step_v2(step),
         };
         let result = f(&lowered);
-        self.lowered.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(lowered);
+        lock(&self.lowered).1 = Some(lowered);
         result
     }
 

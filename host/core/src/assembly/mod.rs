@@ -141,10 +141,10 @@ fn joined<'a>(texts: impl Iterator<Item = &'a str>) -> String {
 }
 
 /// Interpolates a text that may be borrowed from the declaration or owned (a dynamic one).
-fn render_owned<'t>(
+fn render_owned<'t, 'v>(
     text: Cow<'t, str>,
     location: &dyn Fn() -> String,
-    resolve: &mut dyn FnMut(&str) -> Result<Resolved>,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
 ) -> Result<Cow<'t, str>> {
     match text {
         Cow::Borrowed(t) => render(t, location, resolve),
@@ -560,17 +560,19 @@ struct Resolver<'a, 'r> {
     used: BTreeSet<&'r str>,
 }
 
-impl Resolver<'_, '_> {
-    fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved> {
+impl<'r> Resolver<'_, 'r> {
+    fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved<'r>> {
         let Some((key, pick)) = self.variables.get_key_value(name) else {
             let known = self.variables.keys().map(|k| k.to_string()).collect();
             return Ok(Resolved::Unknown { known });
         };
         self.used.insert(key);
-        let v = pick.item;
-        let value = match &v.value {
-            Content::Static(s) => Some(s.clone()),
-            Content::Dynamic => calls.value(pick.entry, &v.name, &v.scope, self.step)?,
+        let v: &'r Variable = pick.item;
+        let value: Option<Cow<'r, str>> = match &v.value {
+            Content::Static(s) => Some(Cow::Borrowed(s)),
+            Content::Dynamic => calls
+                .value(pick.entry, &v.name, &v.scope, self.step)?
+                .map(Cow::Owned),
         };
         Ok(match value {
             Some(v) => Resolved::Value(v),

@@ -46,9 +46,9 @@ impl Malformed {
 
 /// What a reference resolves to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolved {
-    /// The variable's value.
-    Value(String),
+pub enum Resolved<'v> {
+    /// The variable's value: borrowed when it is a static one (no copy per reference).
+    Value(Cow<'v, str>),
     /// The variable exists but has no value this assembly; `plugin` declared it.
     Absent {
         /// The plugin that declares the variable.
@@ -111,20 +111,20 @@ pub fn parse(text: &str) -> Result<Vec<Piece<'_>>, Malformed> {
 
 /// Interpolates `text`, resolving each reference with `resolve`. `location` names the section
 /// or context (e.g. `section deployment:persona`) in errors.
-pub fn interpolate(
+pub fn interpolate<'v>(
     text: &str,
     location: &str,
-    resolve: &mut dyn FnMut(&str) -> Result<Resolved>,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
 ) -> Result<String> {
     render(text, &|| location.to_string(), resolve).map(Cow::into_owned)
 }
 
 /// [`interpolate`] for the assembly's hot path: `location` is only made for an error, and a
 /// text without `{{` comes back borrowed, as it is (it can hold no reference, T2).
-pub fn render<'t>(
+pub fn render<'t, 'v>(
     text: &'t str,
     location: &dyn Fn() -> String,
-    resolve: &mut dyn FnMut(&str) -> Result<Resolved>,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
 ) -> Result<Cow<'t, str>> {
     if !text.contains("{{") {
         return Ok(Cow::Borrowed(text));
@@ -171,7 +171,7 @@ mod tests {
     fn render(text: &str, vars: &BTreeMap<String, Option<String>>) -> Result<String> {
         interpolate(text, "section test", &mut |name| {
             Ok(match vars.get(name) {
-                Some(Some(v)) => Resolved::Value(v.clone()),
+                Some(Some(v)) => Resolved::Value(v.as_str().into()),
                 Some(None) => Resolved::Absent { plugin: "p".into() },
                 None => Resolved::Unknown {
                     known: vars.keys().cloned().collect(),
