@@ -10,7 +10,7 @@ use promptd_core::config::{AgentPlan, Config};
 use promptd_core::conversation::{FrozenRequest, Message};
 use promptd_core::formats::{self, Format};
 use promptd_core::provenance::Provenance;
-use promptd_core::session::log::Body;
+use promptd_core::session::log::{Body, SessionCreated};
 use promptd_core::session::{self, SessionState};
 use promptd_core::step::{self, StepInput};
 use promptd_core::store::{Event, NewEvent};
@@ -58,6 +58,34 @@ impl Drop for Taken<'_> {
 }
 
 impl Daemon {
+    /// Creates a session for `agent` (after checking its name): returns its id.
+    pub fn create_session(&self, agent: &str) -> Result<String> {
+        self.config().chain(agent)?; // validates the name
+
+        // The key of the session's data blocks (T8): plugins never see the log, so they
+        // cannot learn it; every daemon reading the log fences alike.
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).map_err(|e| Error::Engine {
+            context: "drawing a session secret".into(),
+            source: Box::new(std::io::Error::other(e.to_string())),
+        })?;
+        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let created = Body::SessionCreated(SessionCreated {
+            agent: agent.to_string(),
+            data_secret: Some(secret),
+        });
+        let id = self
+            .store
+            .create_session(agent, promptd_core::step::encode(&created)?)?;
+        Ok(id)
+    }
+
+    pub(crate) fn agent_of(&self, id: &str) -> Result<String> {
+        self.store
+            .session_agent(id)?
+            .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
+    }
+
     /// `agent`'s plan for the config serving now, resolved once per agent and config version.
     pub fn agent_plan(&self, agent: &str) -> Result<Arc<AgentPlan>> {
         let config = self.config();

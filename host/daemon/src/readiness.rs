@@ -1,0 +1,64 @@
+//! Readiness: a daemon serves HTTP at once and loads its plugin folder on another thread;
+//! health says how far the first load is, and steps wait for it (bounded).
+
+use std::time::Duration;
+
+use promptd_core::sync::{lock, recover};
+use serde::Serialize;
+
+use crate::events::RegistryEvent;
+use crate::{Daemon, DaemonError, Result};
+
+/// Where the daemon's first load of its plugin folder stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum Readiness {
+    /// Loading the plugin folder: `loaded` of `total` files done.
+    Loading {
+        /// Plugin files loaded so far.
+        loaded: usize,
+        /// Plugin files to load.
+        total: usize,
+    },
+    /// The first full registry is published.
+    Ok,
+}
+
+/// How long a step waits for the first load before it is refused with 503 `loading`.
+pub const STEP_WAITS_FOR_LOADING: Duration = Duration::from_secs(30);
+
+impl Daemon {
+    /// Loads every plugin file, in file-name order, then marks the daemon ready (also when
+    /// the folder cannot be read: the error is returned, and the daemon serves what it has).
+    pub fn load_initial(&self) -> Result<Vec<RegistryEvent>> {
+        let result = self.reload();
+        *lock(&self.readiness) = Readiness::Ok;
+        self.ready.notify_all();
+        result
+    }
+
+    /// Whether the first load has finished, and how far it is.
+    pub fn readiness(&self) -> Readiness {
+        *lock(&self.readiness)
+    }
+
+    pub(crate) fn progress(&self, loaded: usize, total: usize) {
+        let mut readiness = lock(&self.readiness);
+        if let Readiness::Loading { .. } = *readiness {
+            *readiness = Readiness::Loading { loaded, total };
+        }
+    }
+
+    /// Waits up to `bound` for the first load to finish.
+    pub(crate) fn wait_ready(&self, bound: Duration) -> Result<()> {
+        let readiness = lock(&self.readiness);
+        let (readiness, _) = recover(
+            self.ready
+                .wait_timeout_while(readiness, bound, |r| *r != Readiness::Ok),
+        );
+        match *readiness {
+            Readiness::Ok => Ok(()),
+            Readiness::Loading { loaded, total } => Err(DaemonError::Loading { loaded, total }),
+        }
+    }
+}
