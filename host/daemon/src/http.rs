@@ -528,13 +528,21 @@ async fn step(
     let response = blocking(move || {
         let mut out = String::from("{\"request\":");
         let (n, usage) = daemon.step_into(&id, input, format, &mut out)?;
-        let usage = serde_json::to_string(&usage).map_err(|e| {
-            promptd_core::Error::Store(promptd_core::store::StoreError::backend(
-                "writing a step's usage",
-                e,
-            ))
-        })?;
-        out.push_str(&format!(",\"step\":{n},\"usage\":{usage}}}"));
+        let mut usage_json = Vec::with_capacity(512);
+        serde_json::to_writer(&mut usage_json, &usage)
+            .map_err(|e| e.to_string())
+            .and_then(|()| String::from_utf8(usage_json).map_err(|e| e.to_string()))
+            .map(|usage| {
+                use std::fmt::Write;
+                // Writing to a String cannot fail.
+                let _ = write!(out, ",\"step\":{n},\"usage\":{usage}}}");
+            })
+            .map_err(|e| {
+                promptd_core::Error::Store(promptd_core::store::StoreError::backend(
+                    "writing a step's usage",
+                    e,
+                ))
+            })?;
         Ok(out)
     })
     .await?;

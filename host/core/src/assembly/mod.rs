@@ -303,12 +303,12 @@ fn effective<'r, T: Contribution>(
     best
 }
 
-fn attempt(
-    registry: &Registry,
+fn attempt<'r>(
+    registry: &'r Registry,
     step: &Step,
     options: &Options,
     excluded: &BTreeSet<String>,
-    calls: &mut Calls,
+    calls: &mut Calls<'r>,
     key: &crate::plugin::registry::MemoKey,
 ) -> Result<Assembly> {
     let chain = &step.scope_chain;
@@ -484,11 +484,11 @@ struct OrderedTools {
     shown: Option<Vec<String>>,
 }
 
-fn order_tools(
-    tools: &BTreeMap<&str, Pick<Tool>>,
+fn order_tools<'r>(
+    tools: &BTreeMap<&'r str, Pick<'r, Tool>>,
     options: &Options,
     step: &Step,
-    calls: &mut Calls,
+    calls: &mut Calls<'r>,
 ) -> Result<OrderedTools> {
     // Each filtering plugin is asked once which of its known tools it shows this step.
     let mut shown: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
@@ -561,7 +561,7 @@ struct Resolver<'a, 'r> {
 }
 
 impl<'r> Resolver<'_, 'r> {
-    fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved<'r>> {
+    fn resolve(&mut self, name: &str, calls: &mut Calls<'r>) -> Result<Resolved<'r>> {
         let Some((key, pick)) = self.variables.get_key_value(name) else {
             let known = self.variables.keys().map(|k| k.to_string()).collect();
             return Ok(Resolved::Unknown { known });
@@ -583,7 +583,9 @@ impl<'r> Resolver<'_, 'r> {
     }
 }
 
-type CallKey = (String, Kind, String, Scope);
+/// A contribution, by plugin id, kind, name and declared scope, borrowed from the registry
+/// snapshot the assembly runs on (a key costs no copy).
+type CallKey<'r> = (&'r str, Kind, &'r str, &'r Scope);
 
 /// What each batching plugin is asked this step, by plugin id.
 type Asks<'r> = BTreeMap<&'r str, (&'r PluginEntry, Wanted)>;
@@ -595,28 +597,28 @@ fn ask<'a, 'r>(asks: &'a mut Asks<'r>, entry: &'r PluginEntry) -> &'a mut Wanted
         .1
 }
 
-fn key(entry: &PluginEntry, kind: Kind, name: &str, scope: &Scope) -> CallKey {
-    (entry.id.clone(), kind, name.to_string(), scope.clone())
+fn key<'r>(entry: &'r PluginEntry, kind: Kind, name: &'r str, scope: &'r Scope) -> CallKey<'r> {
+    (&entry.id, kind, name, scope)
 }
 
 /// Memoised dynamic calls: each contribution is called at most once per assembly (A2).
 #[derive(Default)]
-struct Calls {
-    texts: BTreeMap<CallKey, CallResult<String>>,
-    values: BTreeMap<CallKey, CallResult<Option<String>>>,
-    tools: BTreeMap<String, CallResult<Vec<String>>>,
+struct Calls<'r> {
+    texts: BTreeMap<CallKey<'r>, CallResult<String>>,
+    values: BTreeMap<CallKey<'r>, CallResult<Option<String>>>,
+    tools: BTreeMap<&'r str, CallResult<Vec<String>>>,
     /// Contexts left out alone (`contexts_fail_alone`), in the order they were asked for.
     omitted: Vec<Omission>,
 }
 
-impl Calls {
+impl<'r> Calls<'r> {
     /// W3: asks each batching plugin (world 0.2.0) once for every effective dynamic value it gives
     /// this step and has not given yet: its sections and contexts in use, its effective
     /// variables (referenced or not: which ones a dynamic text references is only known after
     /// the call), and its shown tools. Shadowed contributions are never asked for. The answers
     /// join the memo, so the lazy per-item path below finds them; an error stays with its item
     /// and fails the assembly only if the item is used.
-    fn prefetch<'r>(
+    fn prefetch(
         &mut self,
         step: &Step,
         sections: &[&Pick<'r, Section>],
@@ -625,6 +627,8 @@ impl Calls {
         tools: &BTreeMap<&str, Pick<'r, Tool>>,
     ) {
         let mut asks: Asks = BTreeMap::new();
+        // The keys of what each plugin is asked, in the order of its `Wanted` lists.
+        let mut keys: BTreeMap<&'r str, Vec<CallKey<'r>>> = BTreeMap::new();
         let item = |name: &str, scope: &Scope| (name.to_string(), scope.clone());
         let texts = sections
             .iter()
@@ -658,6 +662,9 @@ impl Calls {
                     &mut w.contexts
                 };
                 list.push(item(name, scope));
+                keys.entry(&entry.id)
+                    .or_default()
+                    .push(key(entry, kind, name, scope));
             }
         }
         for p in variables.values().filter(|p| p.entry.provider.batches()) {
@@ -670,10 +677,13 @@ impl Calls {
                 ask(&mut asks, p.entry)
                     .variables
                     .push(item(&v.name, &v.scope));
+                keys.entry(&p.entry.id)
+                    .or_default()
+                    .push(key(p.entry, Kind::Variable, &v.name, &v.scope));
             }
         }
         for p in tools.values().filter(|p| p.entry.provider.batches()) {
-            if p.entry.declaration.filters_tools && !self.tools.contains_key(&p.entry.id) {
+            if p.entry.declaration.filters_tools && !self.tools.contains_key(p.entry.id.as_str()) {
                 ask(&mut asks, p.entry).shown_tools = true;
             }
         }
@@ -683,21 +693,29 @@ impl Calls {
                 .evaluate(step, &wanted)
                 .and_then(|e| e.check(&wanted).map(|()| e))
                 .unwrap_or_else(|e| Evaluation::failed(&wanted, e));
-            let id = &entry.id;
-            for ((name, scope), text) in wanted.sections.into_iter().zip(answer.sections) {
-                self.texts
-                    .insert((id.clone(), Kind::Section, name, scope), text);
+            // The keys were pushed in the order of `wanted`'s sections, contexts (by kind, as
+            // asked) and variables: the answers come back in the same order.
+            let mut asked = keys.remove(entry.id.as_str()).unwrap_or_default().into_iter();
+            let texts = answer.sections.into_iter().chain(answer.contexts);
+            let mut text_keys: Vec<CallKey<'r>> = Vec::new();
+            let mut value_keys: Vec<CallKey<'r>> = Vec::new();
+            for k in asked.by_ref() {
+                if k.1 == Kind::Variable {
+                    value_keys.push(k);
+                } else {
+                    text_keys.push(k);
+                }
             }
-            for ((name, scope), text) in wanted.contexts.into_iter().zip(answer.contexts) {
-                self.texts
-                    .insert((id.clone(), Kind::Context, name, scope), text);
+            // Sections before contexts, as `wanted` lists them.
+            text_keys.sort_by_key(|k| k.1 != Kind::Section);
+            for (k, text) in text_keys.into_iter().zip(texts) {
+                self.texts.insert(k, text);
             }
-            for ((name, scope), value) in wanted.variables.into_iter().zip(answer.variables) {
-                self.values
-                    .insert((id.clone(), Kind::Variable, name, scope), value);
+            for (k, value) in value_keys.into_iter().zip(answer.variables) {
+                self.values.insert(k, value);
             }
             if let Some(shown) = answer.shown_tools {
-                self.tools.insert(id.clone(), shown);
+                self.tools.insert(&entry.id, shown);
             }
         }
     }
@@ -707,12 +725,12 @@ impl Calls {
         self.texts.is_empty() && self.values.is_empty() && self.tools.is_empty()
     }
 
-    fn text<'r>(
+    fn text(
         &mut self,
-        entry: &PluginEntry,
+        entry: &'r PluginEntry,
         kind: Kind,
-        name: &str,
-        scope: &Scope,
+        name: &'r str,
+        scope: &'r Scope,
         content: &'r Content,
         step: &Step,
     ) -> Result<Cow<'r, str>> {
@@ -753,17 +771,12 @@ impl Calls {
 
     fn value(
         &mut self,
-        entry: &PluginEntry,
-        name: &str,
-        scope: &Scope,
+        entry: &'r PluginEntry,
+        name: &'r str,
+        scope: &'r Scope,
         step: &Step,
     ) -> Result<Option<String>> {
-        let key = (
-            entry.id.clone(),
-            Kind::Variable,
-            name.to_string(),
-            scope.clone(),
-        );
+        let key = key(entry, Kind::Variable, name, scope);
         let result = self
             .values
             .entry(key)
@@ -773,10 +786,10 @@ impl Calls {
             .map_err(|e| call_error(entry, &format!("variable `{name}`"), e))
     }
 
-    fn shown_tools(&mut self, entry: &PluginEntry, step: &Step) -> Result<Vec<String>> {
+    fn shown_tools(&mut self, entry: &'r PluginEntry, step: &Step) -> Result<Vec<String>> {
         let result = self
             .tools
-            .entry(entry.id.clone())
+            .entry(&entry.id)
             .or_insert_with(|| entry.provider.shown_tools(step));
         result
             .clone()

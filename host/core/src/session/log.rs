@@ -219,18 +219,22 @@ impl Body {
 
     /// The event a store appends: the kind and the body's JSON text, at [`BODY_VERSION`].
     pub fn encode(&self) -> Result<NewEvent, serde_json::Error> {
-        let text = match self {
-            Body::SessionCreated(b) => serde_json::to_string(b),
+        // Sized for a marker with its usage, so most bodies are written without regrowing.
+        let mut out = Vec::with_capacity(512);
+        match self {
+            Body::SessionCreated(b) => serde_json::to_writer(&mut out, b),
             Body::UserMessage(b) | Body::AssistantMessage(b) | Body::ToolResult(b) => {
-                serde_json::to_string(b)
+                serde_json::to_writer(&mut out, b)
             }
-            Body::ContextSnapshot(b) => serde_json::to_string(b),
-            Body::RequestHeader(b) => serde_json::to_string(b),
-            Body::PluginOmitted(b) => serde_json::to_string(b),
-            Body::HistoryDropped(b) => serde_json::to_string(b),
-            Body::HistoryCompacted(b) => serde_json::to_string(b),
-            Body::Step(b) => serde_json::to_string(b),
+            Body::ContextSnapshot(b) => serde_json::to_writer(&mut out, b),
+            Body::RequestHeader(b) => serde_json::to_writer(&mut out, b),
+            Body::PluginOmitted(b) => serde_json::to_writer(&mut out, b),
+            Body::HistoryDropped(b) => serde_json::to_writer(&mut out, b),
+            Body::HistoryCompacted(b) => serde_json::to_writer(&mut out, b),
+            Body::Step(b) => serde_json::to_writer(&mut out, b),
         }?;
+        // serde_json writes UTF-8 only.
+        let text = String::from_utf8(out).map_err(serde::ser::Error::custom)?;
         Ok(NewEvent::new(self.kind(), text))
     }
 
