@@ -677,9 +677,12 @@ impl<'r> Calls<'r> {
                 ask(&mut asks, p.entry)
                     .variables
                     .push(item(&v.name, &v.scope));
-                keys.entry(&p.entry.id)
-                    .or_default()
-                    .push(key(p.entry, Kind::Variable, &v.name, &v.scope));
+                keys.entry(&p.entry.id).or_default().push(key(
+                    p.entry,
+                    Kind::Variable,
+                    &v.name,
+                    &v.scope,
+                ));
             }
         }
         for p in tools.values().filter(|p| p.entry.provider.batches()) {
@@ -695,7 +698,10 @@ impl<'r> Calls<'r> {
                 .unwrap_or_else(|e| Evaluation::failed(&wanted, e));
             // The keys were pushed in the order of `wanted`'s sections, contexts (by kind, as
             // asked) and variables: the answers come back in the same order.
-            let mut asked = keys.remove(entry.id.as_str()).unwrap_or_default().into_iter();
+            let mut asked = keys
+                .remove(entry.id.as_str())
+                .unwrap_or_default()
+                .into_iter();
             let texts = answer.sections.into_iter().chain(answer.contexts);
             let mut text_keys: Vec<CallKey<'r>> = Vec::new();
             let mut value_keys: Vec<CallKey<'r>> = Vec::new();
