@@ -62,6 +62,31 @@ pub mod defaults {
     pub const LOG_KB_PER_CALL: u64 = 64;
     /// `log_lines_per_s`: log records per second of one plugin.
     pub const LOG_LINES_PER_S: u64 = 100;
+
+    /// Every `[limits]` key and its default, in docs/configuration.md's order.
+    pub const ALL: [(&str, u64); 21] = [
+        ("timeout_ms", TIMEOUT_MS),
+        ("memory_mb", MEMORY_MB),
+        ("max_output_kb", MAX_OUTPUT_KB),
+        ("instances", INSTANCES),
+        ("quarantine_after", QUARANTINE_AFTER as u64),
+        ("max_sections", MAX_SECTIONS),
+        ("max_contexts", MAX_CONTEXTS),
+        ("max_variables", MAX_VARIABLES),
+        ("max_tools", MAX_TOOLS),
+        ("max_name_bytes", MAX_NAME_BYTES),
+        ("max_declared_kb", MAX_DECLARED_KB),
+        ("log_kb_per_call", LOG_KB_PER_CALL),
+        ("log_lines_per_s", LOG_LINES_PER_S),
+        ("compile_timeout_ms", COMPILE_TIMEOUT_MS),
+        ("compile_memory_mb", COMPILE_MEMORY_MB),
+        ("max_body_mb", MAX_BODY_MB),
+        ("max_block_kb", MAX_BLOCK_KB),
+        ("session_cache_mb", SESSION_CACHE_MB),
+        ("header_timeout_ms", HEADER_TIMEOUT_MS),
+        ("idle_timeout_ms", IDLE_TIMEOUT_MS),
+        ("max_connections", MAX_CONNECTIONS),
+    ];
 }
 
 /// Most `max_body_mb` honoured: 4 GiB.
@@ -99,5 +124,39 @@ impl Default for Limits {
             max_connections: defaults::MAX_CONNECTIONS as usize,
             quarantine_after: Some(defaults::QUARANTINE_AFTER),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::defaults;
+
+    /// docs/configuration.md's limits table: each key, and the first number of its default.
+    fn documented() -> Vec<(String, u64)> {
+        let doc = include_str!("../../../docs/configuration.md");
+        let table = doc.split("## Limits").nth(1).expect("a Limits section");
+        let mut out = Vec::new();
+        for row in table.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let default: u64 = cells[2]
+                .split(|c: char| !c.is_ascii_digit())
+                .find(|n| !n.is_empty())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no number in the default of {row}"));
+            for key in cells[1].split('`').skip(1).step_by(2) {
+                out.push((key.to_string(), default));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_limits_table_in_the_docs_states_every_default_in_the_code() {
+        let documented = documented();
+        let code: Vec<(String, u64)> = defaults::ALL
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        assert_eq!(documented, code);
     }
 }

@@ -256,13 +256,10 @@ impl Daemon {
             )
             .into());
         }
-        let plan = {
-            let agent = self.agent_of(id)?;
-            self.agent_plan(&agent)?
-        };
-        step::content_of(message).check(&plan.content_limits)?;
+        step::content_of(message).check(&self.config().content_limits())?;
         let _held = self.locks.hold(id);
         let mut taken = self.session(id)?;
+        let plan = self.agent_plan(&taken.get().agent)?;
         let shown = &plan.tool_results;
         let message = session::tool_results_shown(
             vec![message.clone()],
