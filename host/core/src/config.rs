@@ -32,11 +32,11 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::limits::{self, defaults, Limits};
-use crate::model::Scope;
-use crate::names::{is_item_name, UNLISTED_TOOLS};
-use crate::registry::PluginOptions;
-use crate::sandbox::{DeclarationLimits, Sandbox};
-use crate::trust::Trust;
+use crate::plugin::model::Scope;
+use crate::plugin::names::{is_item_name, UNLISTED_TOOLS};
+use crate::plugin::registry::PluginOptions;
+use crate::plugin::sandbox::{DeclarationLimits, Sandbox};
+use crate::plugin::trust::Trust;
 
 pub mod plan;
 mod resolve;

@@ -43,12 +43,3 @@ pub mod store;
 pub mod sync;
 
 pub use error::{Error, ErrorBody, Result};
-
-// The flat paths of modules that moved into folders, kept for the files being rewritten
-// (`config`, `session`, `provenance`, `store` here and the daemon's `lib.rs` still name
-// them); new code uses the folder paths.
-pub use assembly::review;
-pub use conversation::content;
-pub use formats::{replies, transcript};
-pub use plugin::state as plugin_state;
-pub use plugin::{model, names, provider, registry, sandbox, trust};

@@ -1,6 +1,6 @@
 //! Every limit's default, in one place, and the daemon-wide limits resolved from `[limits]`
 //! ([`Limits`]). docs/configuration.md's limits table lists the same values; the per-plugin
-//! limits resolve into [`crate::sandbox::Sandbox`] and [`crate::sandbox::DeclarationLimits`]
+//! limits resolve into [`crate::plugin::sandbox::Sandbox`] and [`crate::plugin::sandbox::DeclarationLimits`]
 //! from these defaults too.
 //!
 //! ```

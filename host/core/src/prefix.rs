@@ -693,8 +693,8 @@ mod tests {
         // A section's text with neither changed: computed per step, or a variable it uses.
         let (a, b) = (request(json!({}), "one"), request(json!({}), "two"));
         let (mut pa, mut pb) = (from("aaaa1111", Some("c1")), from("aaaa1111", Some("c1")));
-        pa.sections[0].text = Some(crate::registry::short_hash(b"one"));
-        pb.sections[0].text = Some(crate::registry::short_hash(b"two"));
+        pa.sections[0].text = Some(crate::plugin::registry::short_hash(b"one"));
+        pb.sections[0].text = Some(crate::plugin::registry::short_hash(b"two"));
         let d = diff(&a, Some(&pa), &b, Some(&pb), Format::Openai);
         assert_eq!(
             d.causes,

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::assembly::{Assembly, Origin};
-use crate::registry::{short_hash, Registry};
+use crate::plugin::registry::{short_hash, Registry};
 
 /// Which plugin gave each part of one step's request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

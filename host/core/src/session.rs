@@ -11,9 +11,9 @@ use serde::Serialize;
 use crate::assembly::Assembly;
 use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
 use crate::error::{Error, Result};
+use crate::formats::transcript::{Head, Transcript};
 use crate::formats::Format;
 use crate::store::{Event, StoreError};
-use crate::transcript::{Head, Transcript};
 
 pub mod log;
 

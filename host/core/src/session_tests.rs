@@ -433,7 +433,7 @@ fn q5_the_conversation_stays_valid_for_every_provider() {
 #[test]
 fn q14_media_counts_by_the_image_rule_not_by_its_base64() {
     use crate::budget::Chars;
-    use crate::content::{Block, Content};
+    use crate::conversation::content::{Block, Content};
     let image = Message::User {
         content: Content::Blocks(vec![
             Block::Text {

@@ -21,17 +21,17 @@
 
 use std::collections::BTreeMap;
 
+use crate::assembly::review::Verdict;
 use crate::assembly::{self, Assembly};
 use crate::budget::Usage;
 use crate::config::AgentPlan;
-use crate::content::Content;
+use crate::conversation::content::Content;
 use crate::conversation::{Header, Message};
 use crate::error::{Error, Result};
 use crate::formats::{self, Format};
-use crate::model::Step;
+use crate::plugin::model::Step;
+use crate::plugin::registry::{PluginEntry, Registry};
 use crate::provenance::Provenance;
-use crate::registry::{PluginEntry, Registry};
-use crate::review::Verdict;
 use crate::session::log::Body;
 use crate::session::{self, HeaderReason, SessionState};
 use crate::store::{NewEvent, StoreError};
@@ -281,9 +281,9 @@ fn review(
             cause,
             trapped,
         };
-        let input = crate::review::input(current, assembled);
+        let input = crate::assembly::review::input(current, assembled);
         let verdict = hook.provider.review(step, &input).map_err(|e| {
-            let trapped = matches!(e, crate::provider::CallError::Trapped(_));
+            let trapped = matches!(e, crate::plugin::provider::CallError::Trapped(_));
             failed(e.cause().to_string(), trapped)
         })?;
         match verdict {
@@ -295,8 +295,8 @@ fn review(
                 })
             }
             Verdict::Redact(rules) => {
-                let next =
-                    crate::review::redact(current, &rules).map_err(|cause| failed(cause, false))?;
+                let next = crate::assembly::review::redact(current, &rules)
+                    .map_err(|cause| failed(cause, false))?;
                 redacted = Some(next);
             }
         }

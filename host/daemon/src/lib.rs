@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use promptd_core::{config::Config, load::*, provider::NativePlugin, store::MemoryStore};
+//! use promptd_core::{config::Config, load::*, plugin::provider::NativePlugin, store::MemoryStore};
 //! use promptd_daemon::{Daemon, StepInput};
 //!
 //! /// An engine whose "components" are native plugins, chosen by file name.
@@ -55,8 +55,8 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use promptd_core::config::Config;
 use promptd_core::load::Engine;
-use promptd_core::plugin_state::PluginState;
-use promptd_core::registry::Registry;
+use promptd_core::plugin::registry::Registry;
+use promptd_core::plugin::state::PluginState;
 use promptd_core::store::SessionStore;
 use promptd_core::ErrorBody;
 use serde::Serialize;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use promptd_core::config::Config;
 use promptd_core::load::{self, CacheLookup, PluginFile};
-use promptd_core::plugin_state::{ChangeKind, PluginState};
-use promptd_core::registry::{PluginEntry, Registry};
+use promptd_core::plugin::registry::{PluginEntry, Registry};
+use promptd_core::plugin::state::{ChangeKind, PluginState};
 use promptd_core::request::declaration_json;
 use promptd_core::sync::{lock, read, recover, write};
 use promptd_core::{Error, ErrorBody};

@@ -247,7 +247,7 @@ impl Daemon {
         &self,
         id: &str,
         message: &Message,
-        usage: Option<&promptd_core::replies::ProviderUsage>,
+        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
     ) -> Result<u64> {
         if matches!(message, Message::User { .. }) {
             self.agent_of(id)?;

@@ -158,13 +158,16 @@ impl ToolRunner for McpRunner {
             self.peer.call_tool(params),
         ));
         match called {
-            Ok(Ok(result)) => {
-                let value = serde_json::to_value(&result).unwrap_or(Value::Null);
-                ToolOutcome {
+            Ok(Ok(result)) => match serde_json::to_value(&result) {
+                Ok(value) => ToolOutcome {
                     content: result_text(&value),
                     is_error: value.get("isError").and_then(Value::as_bool) == Some(true),
-                }
-            }
+                },
+                Err(e) => error(format!(
+                    "MCP server `{}`: the result of `{original}` could not be read: {e}",
+                    self.name
+                )),
+            },
             Ok(Err(e)) => error(format!("MCP server `{}`: {e}", self.name)),
             Err(_) => error(format!(
                 "MCP server `{}`: the call to `{original}` timed out after {} ms",
@@ -223,7 +226,11 @@ fn reader(name: &str, current: Current, timeout: Duration, handle: Handle) -> Re
         // Assembly calls providers on blocking threads, never inside the runtime.
         let read = handle.block_on(tokio::time::timeout(timeout, peer.read_resource(params)));
         let result = match read {
-            Ok(Ok(result)) => serde_json::to_value(&result).unwrap_or(Value::Null),
+            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| {
+                CallError::Failed(format!(
+                    "MCP server `{name}`: resources/read {uri}: the result could not be read: {e}"
+                ))
+            })?,
             Ok(Err(e)) => {
                 return Err(CallError::Failed(format!(
                     "MCP server `{name}`: resources/read {uri}: {e}"
@@ -385,7 +392,13 @@ async fn serve(
     let peer = connection.peer().clone();
     let instructions = connection
         .peer_info()
-        .and_then(|info| serde_json::to_value(&*info).ok())
+        .and_then(|info| match serde_json::to_value(&*info) {
+            Ok(info) => Some(info),
+            Err(e) => {
+                tracing::warn!(server = %label(cfg), "its server info could not be read, so its instructions are left out: {e}");
+                None
+            }
+        })
         .and_then(|info| info.get("instructions")?.as_str().map(str::to_string));
     let mut quit = tokio::spawn(connection.waiting());
     loop {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::assembly::Options;
 use crate::budget::{Budget, Counter};
 use crate::config::{Config, ToolSubset, EMPTY_TOOL_RESULT};
-use crate::content::ContentLimits;
+use crate::conversation::content::ContentLimits;
 use crate::Result;
 
 /// How an agent's tool results are shown (`tool_result_template`, `empty_tool_result`).

@@ -191,8 +191,8 @@ impl Config {
     }
 
     /// How large a content block may be (`[limits] max_block_kb`).
-    pub fn content_limits(&self) -> crate::content::ContentLimits {
-        crate::content::ContentLimits {
+    pub fn content_limits(&self) -> crate::conversation::content::ContentLimits {
+        crate::conversation::content::ContentLimits {
             max_block_bytes: self.limits().max_block_bytes,
         }
     }

@@ -15,14 +15,14 @@ pub(super) struct Measured {
 }
 
 /// What a message costs a budget: its neutral JSON, with each image and document counted by
-/// [`crate::content::measure`] (the provider's image rule, or an estimate) instead of its
+/// [`crate::conversation::content::measure`] (the provider's image rule, or an estimate) instead of its
 /// base64 text.
 pub fn message_size(
     message: &Message,
     counter: &dyn crate::budget::Counter,
 ) -> crate::budget::Size {
     use crate::budget::Size;
-    use crate::content::{measure, Block, Content, Measure, MeasureRules};
+    use crate::conversation::content::{measure, Block, Content, Measure, MeasureRules};
     let (Message::User {
         content: Content::Blocks(blocks),
         ..

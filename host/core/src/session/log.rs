@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::budget::Usage;
 use crate::conversation::{Header, Message};
+use crate::formats::replies::ProviderUsage;
 use crate::provenance::Provenance;
-use crate::replies::ProviderUsage;
 use crate::store::{EventKind, NewEvent, BODY_VERSION};
 
 /// Why a header was recorded (Q3).

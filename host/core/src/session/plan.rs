@@ -292,7 +292,7 @@ pub fn tool_results_shown(
     template: Option<&str>,
     empty: &str,
 ) -> Vec<Message> {
-    use crate::content::{Block, Content};
+    use crate::conversation::content::{Block, Content};
     let wrap = |text: &str| -> String {
         match template {
             Some(t) => t.replacen("{observation}", text, 1),
@@ -336,7 +336,10 @@ pub fn tool_results_shown(
 }
 
 /// The body that records the model's reply with the usage its provider reported (Q14).
-pub fn reply_event(message: Message, usage: Option<crate::replies::ProviderUsage>) -> Body {
+pub fn reply_event(
+    message: Message,
+    usage: Option<crate::formats::replies::ProviderUsage>,
+) -> Body {
     Body::message(message, usage)
 }
 

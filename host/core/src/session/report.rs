@@ -13,7 +13,7 @@ pub struct StepUsage {
     pub tokenizer: Option<String>,
     /// What the provider reported for the reply, when the client recorded it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub actual: Option<crate::replies::ProviderUsage>,
+    pub actual: Option<crate::formats::replies::ProviderUsage>,
 }
 
 /// The totals of a [`UsageReport`].
