@@ -29,7 +29,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
-use promptd_core::assembly::{self, Options};
+use promptd_core::assembly;
+use promptd_core::config::{AgentPlan, Config};
 use promptd_core::load;
 use promptd_core::plugin::model::Step;
 use promptd_core::plugin::provider::NativePlugin;
@@ -47,10 +48,16 @@ fn prefix(i: usize) -> String {
     format!("b{i:02}")
 }
 
+/// The default agent's plan, as the daemon resolves it (no config: chain `global → default`).
+fn plan() -> AgentPlan {
+    AgentPlan::resolve(&Config::default(), "default", |_| None).expect("the default agent")
+}
+
 fn step() -> Step {
+    let plan = plan();
     Step {
-        agent: "default".into(),
-        scope_chain: vec!["global".into(), "default".into()].into(),
+        agent: plan.agent.clone(),
+        scope_chain: plan.scope_chain.clone(),
         session_id: "bench".into(),
         step_number: 7,
         facts: BTreeMap::from([
@@ -177,7 +184,7 @@ fn median(
 fn interleaved(
     registries: &[&Registry; 3],
     step: &Step,
-    options: &Options,
+    options: &assembly::Options,
 ) -> [(Duration, f64); 3] {
     const ROUNDS: usize = 41;
     let batch = {
@@ -232,7 +239,7 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .output_directory(&out)
         .configure_from_args();
-    let options = Options::default();
+    let options = plan().options_for("bench".into());
     let step = step();
     let mut side_by_side = Vec::new();
     for (group, _, every) in MODES {

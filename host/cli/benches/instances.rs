@@ -21,7 +21,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
-use promptd_core::assembly::{self, Options};
+use promptd_core::assembly;
+use promptd_core::config::{AgentPlan, Config};
 use promptd_core::load::{self, PluginFile};
 use promptd_core::plugin::model::{Scope, Step};
 use promptd_core::plugin::provider::Provider;
@@ -29,10 +30,16 @@ use promptd_core::plugin::sandbox::Sandbox;
 use promptd_engine::{cache, WasmEngine};
 use sha2::{Digest, Sha256};
 
+/// The default agent's plan, as the daemon resolves it (no config: chain `global → default`).
+fn plan() -> AgentPlan {
+    AgentPlan::resolve(&Config::default(), "default", |_| None).expect("the default agent")
+}
+
 fn step() -> Step {
+    let plan = plan();
     Step {
-        agent: "default".into(),
-        scope_chain: vec!["global".into(), "default".into()].into(),
+        agent: plan.agent.clone(),
+        scope_chain: plan.scope_chain.clone(),
         session_id: "bench".into(),
         step_number: 7,
         facts: BTreeMap::from([("cwd".to_string(), "/src/app".to_string())]),
@@ -162,7 +169,7 @@ fn main() {
     g.finish();
 
     let mut g = c.benchmark_group("assembly");
-    let options = Options::default();
+    let options = plan().options_for("bench".into());
     for (name, engine) in &engines {
         let registry = registry(engine, &bench);
         g.bench_function(BenchmarkId::new(*name, "10 plugins, 30% dynamic"), |b| {
