@@ -367,6 +367,9 @@ struct Pool {
     live: usize,
 }
 
+/// The last step lowered for each world (see [`WasmProvider::with_step_v1`]).
+type Lowered = (Option<worlds::w1::Step>, Option<worlds::w2::Step>);
+
 /// A loaded component: a small pool of warm instances made from `pre`, so concurrent
 /// assemblies do not queue behind one instance. A trapped instance is dropped, never reused;
 /// the pool makes a fresh one when a call needs it.
@@ -384,7 +387,7 @@ pub struct WasmProvider {
     log: Arc<PluginLog>,
     /// The last step as lowered for each world, kept to lower the next one by what changed
     /// (its number, mostly) instead of copying every string per call.
-    lowered: Mutex<(Option<worlds::w1::Step>, Option<worlds::w2::Step>)>,
+    lowered: Mutex<Lowered>,
 }
 
 impl WasmProvider {
@@ -629,31 +632,40 @@ impl WasmProvider {
     /// methods, which assembly does not use for 0.2.0 plugins).
     /// Runs `f` on `step` lowered for world 0.1.0, from the last lowering when one is free.
     fn with_step_v1<R>(&self, step: &Step, f: impl FnOnce(&worlds::w1::Step) -> R) -> R {
-        let kept = lock(&self.lowered).0.take();
-        let lowered = match kept {
-            Some(mut lowered) => {
-                worlds::refresh_v1(&mut lowered, step);
-                lowered
-            }
-            None => worlds::step_v1(step),
-        };
-        let result = f(&lowered);
-        lock(&self.lowered).0 = Some(lowered);
-        result
+        fn slot(l: &mut Lowered) -> &mut Option<worlds::w1::Step> {
+            &mut l.0
+        }
+        self.with_lowered(step, slot, worlds::step_v1, worlds::refresh_v1, f)
     }
 
     /// [`WasmProvider::with_step_v1`] for world 0.2.0.
     fn with_step_v2<R>(&self, step: &Step, f: impl FnOnce(&worlds::w2::Step) -> R) -> R {
-        let kept = lock(&self.lowered).1.take();
+        fn slot(l: &mut Lowered) -> &mut Option<worlds::w2::Step> {
+            &mut l.1
+        }
+        self.with_lowered(step, slot, worlds::step_v2, worlds::refresh_v2, f)
+    }
+
+    /// Takes the kept lowering out of its `slot` (another call may be using it: then lowers
+    /// afresh), brings it up to `step`, runs `f` on it and puts it back.
+    fn with_lowered<L, R>(
+        &self,
+        step: &Step,
+        slot: fn(&mut Lowered) -> &mut Option<L>,
+        lower: fn(&Step) -> L,
+        refresh: fn(&mut L, &Step),
+        f: impl FnOnce(&L) -> R,
+    ) -> R {
+        let kept = slot(&mut lock(&self.lowered)).take();
         let lowered = match kept {
             Some(mut lowered) => {
-                worlds::refresh_v2(&mut lowered, step);
+                refresh(&mut lowered, step);
                 lowered
             }
-            None => worlds::step_v2(step),
+            None => lower(step),
         };
         let result = f(&lowered);
-        lock(&self.lowered).1 = Some(lowered);
+        *slot(&mut lock(&self.lowered)) = Some(lowered);
         result
     }
 
