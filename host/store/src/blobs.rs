@@ -1,7 +1,8 @@
 //! Images and documents kept once: the base64 `data` of an image or document block of a user
 //! message or tool result, when larger than [`MIN_BYTES`], is stored in `blobs` under its
 //! SHA-256 and the event body keeps `data_sha256` in its place. Reading puts the data back,
-//! so a store hands out exactly the bodies it was given, and a session that sends the same
+//! so a store hands out the bodies it was given (such a body as JSON with its keys sorted;
+//! every other body byte for byte), and a session that sends the same
 //! screenshot at every step stores it once. (Blocks refuse unknown fields, so no client can
 //! send a `data_sha256` of its own.)
 
