@@ -25,6 +25,7 @@
 
 pub mod assembly;
 pub mod budget;
+pub mod cache;
 pub mod config;
 pub mod conversation;
 pub mod error;

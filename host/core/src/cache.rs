@@ -1,0 +1,675 @@
+//! A model of the providers' prompt caches (issue 29, first part): given requests in time
+//! order, each as the blocks a provider reads (tools, system, messages) with their tokens, it
+//! says per request how many input tokens a cache would serve, write and leave uncached, and
+//! why. Pure: no clock, no I/O; the caller gives the times.
+//!
+//! Modelled from the providers' documentation as of 2026-12 (Anthropic "Prompt caching",
+//! OpenAI "Prompt caching"); every number is in [`Rules`], which a caller may override:
+//!
+//! - **Anthropic**: explicit `cache_control` breakpoints, at most 4 honoured; an entry is
+//!   written at each breakpoint whose prefix reaches the model's minimum; a later request hits
+//!   the longest live entry at one of its breakpoints or up to 20 blocks before one; an entry
+//!   lives 5 minutes (or 1 hour) after its last write or hit; writes cost 1.25× input (2× for
+//!   1 hour), reads 0.1×.
+//! - **OpenAI** (Chat Completions and Responses): automatic, from 1,024 tokens, in 128-token
+//!   steps; requests are routed by the prefix's first ~256 tokens and `prompt_cache_key`, and
+//!   one (prefix, key) pair is served by one machine up to about 15 requests a minute, past
+//!   which requests spill to machines whose caches are cold.
+//!
+//! What it does not capture: caching inside a block (hits are at block boundaries, rounded
+//! down to the step), eviction before the TTL under the provider's load, OpenAI's longer
+//! retention off-peak, and which of several machines a spilled request lands on (the model
+//! sends the n-th request past the rate to the next machine in turn).
+//!
+//! ```
+//! use promptd_core::cache::{Block, Cache, Cause, Request, Rules, Ttl};
+//!
+//! let blocks = |tail: u64| vec![
+//!     Block::new(1, 3000, Some(Ttl::Minutes5)), // tools and system, one breakpoint
+//!     Block::new(tail, 50, None),               // the new message
+//! ];
+//! let mut cache = Cache::new(Rules::anthropic("claude-sonnet-4-5"));
+//! let first = cache.serve(&Request::new(0, blocks(10)));
+//! assert_eq!((first.read, first.written, first.uncached, first.cause), (0, 3000, 50, Cause::Cold));
+//! let second = cache.serve(&Request::new(60_000, blocks(11)));
+//! assert_eq!((second.read, second.written, second.cause), (3000, 0, Cause::Hit));
+//! let late = cache.serve(&Request::new(60_000 + 301_000, blocks(12)));
+//! assert_eq!((late.read, late.written, late.cause), (0, 3000, Cause::Expired));
+//! ```
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Which kind of cache a provider runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Explicit breakpoints (Anthropic Messages).
+    Breakpoints,
+    /// Automatic prefix caching with routing (OpenAI Chat Completions and Responses).
+    Automatic,
+}
+
+/// How long an Anthropic cache entry lives after its last write or hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Ttl {
+    /// `{"type": "ephemeral"}`: 5 minutes.
+    Minutes5,
+    /// `{"type": "ephemeral", "ttl": "1h"}`.
+    Hour1,
+}
+
+/// One provider's cache rules; the defaults are the documented ones, every field overridable.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rules {
+    /// Breakpoints or automatic.
+    pub family: Family,
+    /// Breakpoints honoured per request (Anthropic: 4; more is a 400 the model does not send).
+    pub max_breakpoints: usize,
+    /// Blocks before a breakpoint where a hit is also looked for (Anthropic: 20).
+    pub lookback_blocks: usize,
+    /// The shortest prefix that is cached, in tokens (per model family).
+    pub min_tokens: u64,
+    /// Cached prefixes grow in steps of this many tokens (OpenAI: 128; Anthropic: 1).
+    pub step_tokens: u64,
+    /// Life of an entry after its last write or hit, 5-minute kind, in milliseconds.
+    pub ttl_ms: u64,
+    /// Life of a 1-hour entry, in milliseconds.
+    pub ttl_1h_ms: u64,
+    /// Tokens at the start of the prefix that, with the key, choose the machine (OpenAI: 256).
+    pub routing_tokens: u64,
+    /// Requests a minute one (prefix, key) pair is served by one machine (OpenAI: about 15;
+    /// 0: no limit).
+    pub per_key_per_minute: u32,
+    /// A cache read, as a multiple of the input price.
+    pub read: f64,
+    /// A 5-minute cache write, as a multiple of the input price.
+    pub write_5m: f64,
+    /// A 1-hour cache write, as a multiple of the input price.
+    pub write_1h: f64,
+}
+
+impl Rules {
+    /// Anthropic's rules for `model`: the minimum cacheable prefix is 4,096 tokens for the
+    /// Opus 4.5+ and Haiku 4.5 families, 2,048 for Haiku 3 and 3.5, 1,024 for the others.
+    pub fn anthropic(model: &str) -> Rules {
+        let m = model.to_ascii_lowercase();
+        let min_tokens = if ["opus-4-5", "opus-4-6", "opus-4-7", "haiku-4-5"]
+            .iter()
+            .any(|f| m.contains(f))
+        {
+            4096
+        } else if m.contains("haiku") {
+            2048 // Haiku 3 and 3.5 (`claude-3-haiku`, `claude-3-5-haiku`)
+        } else {
+            1024
+        };
+        Rules {
+            family: Family::Breakpoints,
+            max_breakpoints: 4,
+            lookback_blocks: 20,
+            min_tokens,
+            step_tokens: 1,
+            ttl_ms: 5 * 60_000,
+            ttl_1h_ms: 60 * 60_000,
+            routing_tokens: 0,
+            per_key_per_minute: 0,
+            read: 0.1,
+            write_5m: 1.25,
+            write_1h: 2.0,
+        }
+    }
+
+    /// OpenAI's rules (Chat Completions and Responses): cached reads cost `read` of input
+    /// (0.5 for the GPT-4o family, 0.25 for GPT-4.1, 0.1 for GPT-5 — check the model's page);
+    /// writes cost nothing extra.
+    pub fn openai(read: f64) -> Rules {
+        Rules {
+            family: Family::Automatic,
+            max_breakpoints: 0,
+            lookback_blocks: 0,
+            min_tokens: 1024,
+            step_tokens: 128,
+            ttl_ms: 5 * 60_000,
+            ttl_1h_ms: 5 * 60_000,
+            routing_tokens: 256,
+            per_key_per_minute: 15,
+            read,
+            write_5m: 1.0,
+            write_1h: 1.0,
+        }
+    }
+}
+
+/// One block of a request, in the order the provider reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// A hash of the block's bytes (equal blocks, equal hashes).
+    pub hash: u64,
+    /// The block's input tokens.
+    pub tokens: u64,
+    /// The `cache_control` breakpoint on it, if any (Anthropic).
+    pub breakpoint: Option<Ttl>,
+}
+
+impl Block {
+    /// A block of `tokens` tokens whose bytes hash to `hash`.
+    pub fn new(hash: u64, tokens: u64, breakpoint: Option<Ttl>) -> Block {
+        Block {
+            hash,
+            tokens,
+            breakpoint,
+        }
+    }
+}
+
+/// One request as the cache sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// When it was sent, in milliseconds (any epoch, non-decreasing).
+    pub at_ms: u64,
+    /// Its blocks, in reading order.
+    pub blocks: Vec<Block>,
+    /// OpenAI's `prompt_cache_key`, if sent.
+    pub key: Option<String>,
+}
+
+impl Request {
+    /// A request of `blocks` at `at_ms`, without a cache key.
+    pub fn new(at_ms: u64, blocks: Vec<Block>) -> Request {
+        Request {
+            at_ms,
+            blocks,
+            key: None,
+        }
+    }
+}
+
+/// Why a request was served as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Everything cacheable was read from the cache.
+    Hit,
+    /// A shorter prefix was read; what follows it is new or changed.
+    Partial,
+    /// Nothing like it was seen before.
+    Cold,
+    /// Its prefix was cached, but the entry outlived its TTL since its last use.
+    Expired,
+    /// The request first differs from the last one at this block.
+    PrefixChanged {
+        /// The index of the first differing block.
+        block: usize,
+    },
+    /// Its prefix is shorter than the model's minimum: nothing is cached.
+    TooShort,
+    /// Its prefix is cached, but on a machine this request was not routed to (OpenAI: past
+    /// the per-key rate, or another key).
+    Routing,
+}
+
+/// What the cache did with one request, in input tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// Read from the cache.
+    pub read: u64,
+    /// Written to the cache at 5-minute (or the automatic kind's) rates.
+    pub written: u64,
+    /// Written at 1-hour rates.
+    pub written_1h: u64,
+    /// Neither read nor written.
+    pub uncached: u64,
+    /// Why.
+    pub cause: Cause,
+}
+
+impl Served {
+    /// The request's input cost as a multiple of `input` (the price of one uncached token).
+    pub fn cost(&self, rules: &Rules, input: f64) -> f64 {
+        input
+            * (self.read as f64 * rules.read
+                + self.written as f64 * rules.write_5m
+                + self.written_1h as f64 * rules.write_1h
+                + self.uncached as f64)
+    }
+}
+
+/// A cache entry: when it stops being served.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    expires_ms: u64,
+    ttl: Ttl,
+}
+
+/// A provider's cache, fed requests in time order.
+#[derive(Clone, Debug)]
+pub struct Cache {
+    rules: Rules,
+    /// By (route, machine, prefix hash).
+    entries: HashMap<(u64, u32, u64), Entry>,
+    /// Every prefix ever cached, and when it was last used: tells an expired one from a new.
+    seen: HashMap<u64, u64>,
+    /// The previous request's cumulative prefix hashes, to say where a new one differs.
+    last: Vec<u64>,
+    /// Recent request times per route, for the per-key rate.
+    routes: BTreeMap<u64, VecDeque<u64>>,
+}
+
+/// The hash of a prefix extended by one block (FNV-1a over the two hashes).
+fn extend(prefix: u64, block: u64) -> u64 {
+    let mut h = prefix ^ 0xcbf2_9ce4_8422_2325;
+    for b in block.to_le_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+impl Cache {
+    /// An empty cache following `rules`.
+    pub fn new(rules: Rules) -> Cache {
+        Cache {
+            rules,
+            entries: HashMap::new(),
+            seen: HashMap::new(),
+            last: Vec::new(),
+            routes: BTreeMap::new(),
+        }
+    }
+
+    /// The rules it follows.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    fn ttl_ms(&self, ttl: Ttl) -> u64 {
+        match ttl {
+            Ttl::Minutes5 => self.rules.ttl_ms,
+            Ttl::Hour1 => self.rules.ttl_1h_ms,
+        }
+    }
+
+    /// Serves `request` and remembers what it leaves cached.
+    pub fn serve(&mut self, request: &Request) -> Served {
+        let now = request.at_ms;
+        let blocks = &request.blocks;
+        // Cumulative prefix hashes and token ends, per block.
+        let mut prefix = Vec::with_capacity(blocks.len());
+        let mut ends = Vec::with_capacity(blocks.len());
+        let (mut h, mut t) = (0u64, 0u64);
+        for b in blocks {
+            h = extend(h, b.hash);
+            t += b.tokens;
+            prefix.push(h);
+            ends.push(t);
+        }
+        let total = t;
+        let machine = self.route(request, &prefix, &ends);
+        let at = |i: usize| (machine.0, machine.1, prefix[i]);
+        // Where entries may be (written) and looked up.
+        let (written_at, candidates): (Vec<(usize, Ttl)>, Vec<usize>) = match self.rules.family {
+            Family::Breakpoints => {
+                let marks: Vec<(usize, Ttl)> = blocks
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, b)| b.breakpoint.map(|ttl| (i, ttl)))
+                    .take(self.rules.max_breakpoints)
+                    .collect();
+                let mut candidates: Vec<usize> = marks
+                    .iter()
+                    .flat_map(|&(i, _)| i.saturating_sub(self.rules.lookback_blocks)..=i)
+                    .collect();
+                candidates.sort_unstable();
+                candidates.dedup();
+                (marks, candidates)
+            }
+            Family::Automatic => {
+                let all: Vec<(usize, Ttl)> =
+                    (0..blocks.len()).map(|i| (i, Ttl::Minutes5)).collect();
+                let candidates = (0..blocks.len()).collect();
+                (all, candidates)
+            }
+        };
+        let cacheable = |end: u64| end >= self.rules.min_tokens;
+        let rounded = |end: u64| end - end % self.rules.step_tokens.max(1);
+        // The longest live entry on this machine.
+        let hit = candidates.iter().rev().copied().find(|&i| {
+            cacheable(ends[i])
+                && self
+                    .entries
+                    .get(&at(i))
+                    .is_some_and(|e| e.expires_ms >= now)
+        });
+        // Said before the cache changes: what it held decides the cause.
+        let cause = self.cause(request, &prefix, &ends, &written_at, hit, machine);
+        let read = hit.map_or(0, |i| rounded(ends[i]));
+        if let Some(i) = hit {
+            let ttl = self.entries[&at(i)].ttl;
+            let expires_ms = now + self.ttl_ms(ttl);
+            self.entries.insert(at(i), Entry { expires_ms, ttl });
+            self.seen.insert(prefix[i], now);
+        }
+        // Writes: every cacheable mark past what was read, each at its own TTL.
+        let (mut written, mut written_1h, mut covered) = (0, 0, read);
+        for &(i, ttl) in &written_at {
+            let end = rounded(ends[i]);
+            if !cacheable(ends[i]) || end <= covered {
+                continue;
+            }
+            match ttl {
+                Ttl::Minutes5 => written += end - covered,
+                Ttl::Hour1 => written_1h += end - covered,
+            }
+            covered = end;
+            let expires_ms = now + self.ttl_ms(ttl);
+            self.entries.insert(at(i), Entry { expires_ms, ttl });
+            self.seen.insert(prefix[i], now);
+        }
+        if self.rules.family == Family::Automatic {
+            // Automatic caching bills a write as plain input.
+            written += written_1h;
+            written_1h = 0;
+        }
+        self.last = prefix;
+        self.expire(now);
+        Served {
+            read,
+            written,
+            written_1h,
+            uncached: total - read - written - written_1h,
+            cause,
+        }
+    }
+
+    /// Why the request was served as it was.
+    fn cause(
+        &self,
+        request: &Request,
+        prefix: &[u64],
+        ends: &[u64],
+        marks: &[(usize, Ttl)],
+        hit: Option<usize>,
+        machine: (u64, u32),
+    ) -> Cause {
+        let last_mark = marks
+            .iter()
+            .rev()
+            .find(|&&(i, _)| ends[i] >= self.rules.min_tokens)
+            .map(|&(i, _)| i);
+        let Some(last_mark) = last_mark else {
+            return Cause::TooShort;
+        };
+        // A read that covers what was cached, or everything the last request was: a hit (a
+        // conversation that grows writes its new tail, and that is no miss).
+        let extends_last = !self.last.is_empty()
+            && prefix.len() >= self.last.len()
+            && prefix[self.last.len() - 1] == self.last[self.last.len() - 1];
+        match hit {
+            Some(i) if ends[i] >= ends[last_mark] => return Cause::Hit,
+            // The longer prefix was cached before and is no longer: its entry expired.
+            Some(_) if self.seen.contains_key(&prefix[last_mark]) => return Cause::Expired,
+            Some(_) if extends_last => return Cause::Hit,
+            Some(_) => return Cause::Partial,
+            None => {}
+        }
+        // Nothing read: was it cached before (expired, or elsewhere), changed, or new?
+        let first_mark = marks
+            .iter()
+            .find(|&&(i, _)| ends[i] >= self.rules.min_tokens)
+            .map_or(last_mark, |&(i, _)| i);
+        let now = request.at_ms;
+        if let Some(&used) = self.seen.get(&prefix[first_mark]) {
+            let live_elsewhere = self.entries.iter().any(|(&(r, m, p), e)| {
+                p == prefix[first_mark] && (r, m) != machine && e.expires_ms >= now
+            });
+            if live_elsewhere {
+                return Cause::Routing;
+            }
+            if used < now {
+                return Cause::Expired;
+            }
+        }
+        match self.last.iter().zip(prefix).position(|(a, b)| a != b) {
+            Some(block) if !self.last.is_empty() => Cause::PrefixChanged { block },
+            _ if !self.last.is_empty() && self.last.len() != prefix.len() => Cause::PrefixChanged {
+                block: self.last.len().min(prefix.len()),
+            },
+            _ => Cause::Cold,
+        }
+    }
+
+    /// The machine `request` is served by: per route (the prefix's first `routing_tokens` and
+    /// the key), the first machine up to `per_key_per_minute` requests in the last minute, the
+    /// next one past it, and so on.
+    fn route(&mut self, request: &Request, prefix: &[u64], ends: &[u64]) -> (u64, u32) {
+        if self.rules.per_key_per_minute == 0 || prefix.is_empty() {
+            return (0, 0);
+        }
+        let head = ends
+            .iter()
+            .position(|&e| e >= self.rules.routing_tokens)
+            .unwrap_or(prefix.len() - 1);
+        let mut route = prefix[head];
+        for b in request.key.as_deref().unwrap_or("").bytes() {
+            route = extend(route, u64::from(b));
+        }
+        let times = self.routes.entry(route).or_default();
+        while times.front().is_some_and(|&t| t + 60_000 <= request.at_ms) {
+            times.pop_front();
+        }
+        times.push_back(request.at_ms);
+        let n = times.len() as u32;
+        (route, (n - 1) / self.rules.per_key_per_minute)
+    }
+
+    /// Forgets entries that can no longer be served and routes with no recent request, so the
+    /// model's memory is bounded by what is live.
+    fn expire(&mut self, now: u64) {
+        self.entries.retain(|_, e| e.expires_ms >= now);
+        self.routes
+            .retain(|_, times| times.back().is_some_and(|&t| t + 60_000 > now));
+        let horizon = self.rules.ttl_ms.max(self.rules.ttl_1h_ms) * 4;
+        self.seen.retain(|_, &mut used| used + horizon >= now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000;
+
+    fn anthropic() -> Cache {
+        Cache::new(Rules::anthropic("claude-sonnet-4-5"))
+    }
+
+    /// Tools and system (one breakpoint), then messages with a breakpoint on the last.
+    fn turn(at: u64, head: u64, messages: &[(u64, u64)]) -> Request {
+        let mut blocks = vec![Block::new(head, 2000, Some(Ttl::Minutes5))];
+        for (i, &(hash, tokens)) in messages.iter().enumerate() {
+            let last = i + 1 == messages.len();
+            blocks.push(Block::new(hash, tokens, last.then_some(Ttl::Minutes5)));
+        }
+        Request::new(at, blocks)
+    }
+
+    #[test]
+    fn anthropic_a_growing_conversation_reads_what_it_wrote_and_writes_what_it_adds() {
+        let mut c = anthropic();
+        let a = c.serve(&turn(0, 1, &[(10, 300)]));
+        assert_eq!(
+            (a.read, a.written, a.uncached, a.cause),
+            (0, 2300, 0, Cause::Cold)
+        );
+        let b = c.serve(&turn(MIN, 1, &[(10, 300), (11, 200)]));
+        assert_eq!((b.read, b.written, b.cause), (2300, 200, Cause::Hit));
+    }
+
+    #[test]
+    fn anthropic_an_entry_lives_five_minutes_from_its_last_use_and_a_hit_refreshes_it() {
+        let mut c = anthropic();
+        c.serve(&turn(0, 1, &[(10, 300)]));
+        // Every 4 minutes: each hit restarts the clock.
+        for k in 1..=5 {
+            let s = c.serve(&turn(4 * MIN * k, 1, &[(10, 300)]));
+            assert_eq!((s.read, s.cause), (2300, Cause::Hit), "hit {k}");
+        }
+        let idle = c.serve(&turn(20 * MIN + 5 * MIN + 1, 1, &[(10, 300)]));
+        assert_eq!(
+            (idle.read, idle.written, idle.cause),
+            (0, 2300, Cause::Expired)
+        );
+    }
+
+    #[test]
+    fn anthropic_one_hour_entries_outlive_the_five_minute_ones_and_cost_twice_input() {
+        let rules = Rules::anthropic("claude-sonnet-4-5");
+        let mut c = Cache::new(rules.clone());
+        let long = |at| {
+            Request::new(
+                at,
+                vec![
+                    Block::new(1, 2000, Some(Ttl::Hour1)),
+                    Block::new(2, 1500, Some(Ttl::Minutes5)),
+                ],
+            )
+        };
+        let first = c.serve(&long(0));
+        assert_eq!((first.written_1h, first.written), (2000, 1500));
+        assert_eq!(first.cost(&rules, 1.0), 2000.0 * 2.0 + 1500.0 * 1.25);
+        let later = c.serve(&long(30 * MIN));
+        // The 1-hour part is read; the 5-minute part expired and is written again.
+        assert_eq!(
+            (later.read, later.written, later.cause),
+            (2000, 1500, Cause::Expired)
+        );
+        assert_eq!(later.cost(&rules, 1.0), 2000.0 * 0.1 + 1500.0 * 1.25);
+    }
+
+    #[test]
+    fn anthropic_a_prefix_below_the_model_minimum_is_never_cached() {
+        let mut c = Cache::new(Rules::anthropic("claude-haiku-4-5"));
+        let short = |at| Request::new(at, vec![Block::new(1, 3000, Some(Ttl::Minutes5))]);
+        for at in [0, MIN] {
+            let s = c.serve(&short(at));
+            assert_eq!(
+                (s.read, s.written, s.uncached, s.cause),
+                (0, 0, 3000, Cause::TooShort)
+            );
+        }
+        assert_eq!(Rules::anthropic("claude-3-haiku").min_tokens, 2048);
+        assert_eq!(Rules::anthropic("claude-opus-4-1").min_tokens, 1024);
+    }
+
+    #[test]
+    fn anthropic_a_hit_is_found_up_to_twenty_blocks_before_a_breakpoint_and_not_beyond() {
+        let mut c = anthropic();
+        let many = |at, n: u64| {
+            let mut blocks = vec![Block::new(1, 2000, Some(Ttl::Minutes5))];
+            blocks.extend((0..n).map(|i| Block::new(100 + i, 10, None)));
+            if let Some(last) = blocks.last_mut() {
+                last.breakpoint = Some(Ttl::Minutes5);
+            }
+            Request::new(at, blocks)
+        };
+        // Remove the system breakpoint's help: only the messages' breakpoint is looked back from.
+        c.serve(&many(0, 5));
+        let near = many(MIN, 25); // the cached end (block 5) is 20 blocks before block 25
+        let s = c.serve(&near);
+        assert_eq!(s.read, 2050, "found by the lookback");
+        let mut c = anthropic();
+        let mut far_first = many(0, 5);
+        far_first.blocks[0].breakpoint = None;
+        c.serve(&far_first);
+        let mut far = many(MIN, 27); // 22 blocks after the cached end
+        far.blocks[0].breakpoint = None;
+        let s = c.serve(&far);
+        assert_eq!(s.read, 0, "beyond the lookback");
+    }
+
+    #[test]
+    fn anthropic_only_four_breakpoints_are_honoured() {
+        let mut c = anthropic();
+        let blocks = (0..6)
+            .map(|i| Block::new(i, 1100, Some(Ttl::Minutes5)))
+            .collect();
+        let s = c.serve(&Request::new(0, blocks));
+        assert_eq!((s.written, s.uncached), (4 * 1100, 2 * 1100));
+    }
+
+    #[test]
+    fn a_changed_block_is_named_as_the_first_difference() {
+        let mut c = anthropic();
+        c.serve(&turn(0, 1, &[(10, 300)]));
+        let s = c.serve(&turn(MIN, 2, &[(10, 300)]));
+        assert_eq!((s.read, s.cause), (0, Cause::PrefixChanged { block: 0 }));
+    }
+
+    #[test]
+    fn openai_caches_from_1024_tokens_in_128_token_steps() {
+        let mut c = Cache::new(Rules::openai(0.5));
+        let req = |at, tail| {
+            Request::new(
+                at,
+                vec![
+                    Block::new(1, 1000, None),
+                    Block::new(2, 300, None),
+                    Block::new(tail, 40, None),
+                ],
+            )
+        };
+        let first = c.serve(&req(0, 7));
+        assert_eq!((first.read, first.cause), (0, Cause::Cold));
+        let second = c.serve(&req(MIN, 8));
+        // The cached prefix ends at 1,300 tokens: 1,280 in 128-token steps.
+        assert_eq!((second.read, second.cause), (1280, Cause::Partial));
+        let short = Request::new(2 * MIN, vec![Block::new(9, 900, None)]);
+        assert_eq!(c.serve(&short).cause, Cause::TooShort);
+    }
+
+    #[test]
+    fn openai_past_the_per_key_rate_requests_spill_to_cold_machines() {
+        let mut c = Cache::new(Rules::openai(0.5));
+        let req = |at| {
+            let mut r = Request::new(
+                at,
+                vec![Block::new(1, 2048, None), Block::new(at, 10, None)],
+            );
+            r.key = Some("promptd-s1".into());
+            r
+        };
+        // 20 requests in one minute: the first 15 on one machine, the rest on the next.
+        let served: Vec<Served> = (0..20).map(|i| c.serve(&req(i * 2_000))).collect();
+        assert_eq!(served[0].cause, Cause::Cold);
+        assert!(served[1..15].iter().all(|s| s.read == 2048), "{served:?}");
+        assert_eq!((served[15].read, served[15].cause), (0, Cause::Routing));
+        assert_eq!(served[16].read, 2048, "the second machine is warm now");
+    }
+
+    #[test]
+    fn openai_another_key_is_another_route() {
+        let mut c = Cache::new(Rules::openai(0.5));
+        let req = |at, key: &str| {
+            let mut r = Request::new(at, vec![Block::new(1, 2048, None)]);
+            r.key = Some(key.into());
+            r
+        };
+        c.serve(&req(0, "a"));
+        assert_eq!(c.serve(&req(1_000, "a")).cause, Cause::Hit);
+        assert_eq!(c.serve(&req(2_000, "b")).read, 0, "its own route, cold");
+    }
+
+    #[test]
+    fn the_model_forgets_what_can_no_longer_be_served() {
+        let mut c = anthropic();
+        for i in 0..1000u64 {
+            c.serve(&turn(i * 10 * MIN, i, &[(i, 300)]));
+        }
+        assert!(c.entries.len() <= 2, "{} live entries", c.entries.len());
+        // Prefixes are remembered for four of the longest TTL (to tell expired from new): two
+        // per request, one request every 10 minutes, over 4 hours.
+        assert!(
+            c.seen.len() <= 2 * 25,
+            "{} remembered prefixes",
+            c.seen.len()
+        );
+    }
+}
