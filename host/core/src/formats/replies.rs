@@ -44,13 +44,17 @@ pub struct ProviderUsage {
     /// Input tokens written to the cache (Anthropic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_tokens: Option<u64>,
+    /// Of `cache_write_tokens`, those written to live 1 hour (Anthropic's
+    /// `cache_creation.ephemeral_1h_input_tokens`; 1-hour writes cost more), when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h_tokens: Option<u64>,
 }
 
 impl ProviderUsage {
     /// Reads OpenAI Chat (`prompt_tokens`, `prompt_tokens_details.cached_tokens`), Responses
     /// (`input_tokens`, `input_tokens_details.cached_tokens`), Anthropic (`input_tokens`
-    /// without the cache, `cache_read_input_tokens`, `cache_creation_input_tokens`) or this
-    /// shape itself.
+    /// without the cache, `cache_read_input_tokens`, `cache_creation_input_tokens` and its
+    /// `cache_creation.ephemeral_1h_input_tokens` part) or this shape itself.
     pub fn from_value(v: &Value) -> Option<ProviderUsage> {
         let n = |path: &[&str]| {
             let mut at = v;
@@ -70,6 +74,7 @@ impl ProviderUsage {
                 output_tokens: n(&["output_tokens"]),
                 cached_tokens: Some(read),
                 cache_write_tokens: Some(write),
+                cache_write_1h_tokens: n(&["cache_creation", "ephemeral_1h_input_tokens"]),
             }
         } else {
             ProviderUsage {
@@ -79,6 +84,7 @@ impl ProviderUsage {
                     .or(n(&["input_tokens_details", "cached_tokens"]))
                     .or(n(&["cached_tokens"])),
                 cache_write_tokens: n(&["cache_write_tokens"]),
+                cache_write_1h_tokens: n(&["cache_write_1h_tokens"]),
             }
         };
         (usage != ProviderUsage::default()).then_some(usage)
@@ -480,7 +486,8 @@ mod tests {
                 input_tokens: Some(100),
                 output_tokens: Some(5),
                 cached_tokens: Some(64),
-                cache_write_tokens: None
+                cache_write_tokens: None,
+                cache_write_1h_tokens: None,
             }
         );
         let anthropic = json!({"type": "message", "role": "assistant",
@@ -491,6 +498,35 @@ mod tests {
         assert_eq!(u.unwrap().input_tokens, Some(100));
         let neutral = json!({"role": "assistant", "content": "hi"});
         assert_eq!(reply_with_usage(neutral).unwrap().1, None);
+    }
+
+    /// Issue 29: Anthropic splits its cache writes by TTL; the 1-hour part is kept, since it
+    /// is priced at 2x input against 1.25x for the 5-minute part.
+    #[test]
+    fn anthropic_cache_writes_keep_their_one_hour_part() {
+        let reply = json!({"type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": "hi"}],
+            "usage": {"input_tokens": 10, "output_tokens": 3, "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 3000,
+                "cache_creation": {"ephemeral_5m_input_tokens": 1000, "ephemeral_1h_input_tokens": 2000}}});
+        let u = reply_with_usage(reply).unwrap().1.unwrap();
+        assert_eq!(
+            (u.cache_write_tokens, u.cache_write_1h_tokens),
+            (Some(3000), Some(2000))
+        );
+        assert_eq!(u.input_tokens, Some(3010));
+        // Recorded in the log's own shape, it reads back the same.
+        let own = serde_json::to_value(u).unwrap();
+        assert_eq!(own["cache_write_1h_tokens"], 2000);
+        assert_eq!(ProviderUsage::from_value(&own), Some(u));
+        // Without the split, nothing is guessed.
+        let plain = json!({"input_tokens": 1, "cache_creation_input_tokens": 5});
+        assert_eq!(
+            ProviderUsage::from_value(&plain)
+                .unwrap()
+                .cache_write_1h_tokens,
+            None
+        );
     }
 
     #[test]
