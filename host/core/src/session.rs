@@ -29,7 +29,8 @@ mod state;
 pub use fit::message_size;
 use fit::Measured;
 pub use plan::{
-    check_message, message_event, plan_step, reply_event, tool_results_shown, StepPlan,
+    check_message, message_event, plan_step, reply_event, tool_result_shown, tool_results_shown,
+    StepPlan,
 };
 pub use rebuild::{provenance_at, rebuild, step_count};
 pub use report::{usage_report, StepUsage, UsageReport, UsageTotals};

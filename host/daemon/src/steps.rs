@@ -261,13 +261,8 @@ impl Daemon {
         let mut taken = self.session(id)?;
         let plan = self.agent_plan(&taken.get().agent)?;
         let shown = &plan.tool_results;
-        let message = session::tool_results_shown(
-            vec![message.clone()],
-            shown.template.as_deref(),
-            &shown.empty,
-        )
-        .pop()
-        .ok_or_else(|| Error::BadRequest("no message".into()))?;
+        let mut message = message.clone();
+        session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
         taken.get().state.check_message(&message)?;
         let body = match message {
             Message::Assistant { .. } => session::reply_event(message, usage.cloned()),

@@ -627,8 +627,10 @@ impl<'r> Calls<'r> {
         tools: &BTreeMap<&str, Pick<'r, Tool>>,
     ) {
         let mut asks: Asks = BTreeMap::new();
-        // The keys of what each plugin is asked, in the order of its `Wanted` lists.
-        let mut keys: BTreeMap<&'r str, Vec<CallKey<'r>>> = BTreeMap::new();
+        // The keys of what each plugin is asked, in the order of its `Wanted` lists: texts
+        // (its sections, then its contexts, as `texts` below yields them) and variables.
+        type Asked<'r> = (Vec<CallKey<'r>>, Vec<CallKey<'r>>);
+        let mut keys: BTreeMap<&'r str, Asked<'r>> = BTreeMap::new();
         let item = |name: &str, scope: &Scope| (name.to_string(), scope.clone());
         let texts = sections
             .iter()
@@ -664,6 +666,7 @@ impl<'r> Calls<'r> {
                 list.push(item(name, scope));
                 keys.entry(&entry.id)
                     .or_default()
+                    .0
                     .push(key(entry, kind, name, scope));
             }
         }
@@ -677,7 +680,7 @@ impl<'r> Calls<'r> {
                 ask(&mut asks, p.entry)
                     .variables
                     .push(item(&v.name, &v.scope));
-                keys.entry(&p.entry.id).or_default().push(key(
+                keys.entry(&p.entry.id).or_default().1.push(key(
                     p.entry,
                     Kind::Variable,
                     &v.name,
@@ -696,24 +699,9 @@ impl<'r> Calls<'r> {
                 .evaluate(step, &wanted)
                 .and_then(|e| e.check(&wanted).map(|()| e))
                 .unwrap_or_else(|e| Evaluation::failed(&wanted, e));
-            // The keys were pushed in the order of `wanted`'s sections, contexts (by kind, as
-            // asked) and variables: the answers come back in the same order.
-            let mut asked = keys
-                .remove(entry.id.as_str())
-                .unwrap_or_default()
-                .into_iter();
+            // The answers come back in the order of `wanted`, which is the keys' order.
+            let (text_keys, value_keys) = keys.remove(entry.id.as_str()).unwrap_or_default();
             let texts = answer.sections.into_iter().chain(answer.contexts);
-            let mut text_keys: Vec<CallKey<'r>> = Vec::new();
-            let mut value_keys: Vec<CallKey<'r>> = Vec::new();
-            for k in asked.by_ref() {
-                if k.1 == Kind::Variable {
-                    value_keys.push(k);
-                } else {
-                    text_keys.push(k);
-                }
-            }
-            // Sections before contexts, as `wanted` lists them.
-            text_keys.sort_by_key(|k| k.1 != Kind::Section);
             for (k, text) in text_keys.into_iter().zip(texts) {
                 self.texts.insert(k, text);
             }

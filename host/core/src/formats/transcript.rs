@@ -402,6 +402,24 @@ mod tests {
         }
     }
 
+    /// A session that speaks one format keeps its messages in neutral and that format only;
+    /// asking for another renders the history in it once, and later messages in both.
+    #[test]
+    fn only_the_formats_asked_for_are_kept() {
+        let header = header(true, "Be brief.", 1);
+        let mut t = Transcript::new();
+        t.push(&Message::user("hello there"));
+        let neutral_only = t.bytes();
+        assert!(t.openai.is_empty() && t.anthropic.is_empty() && t.responses.is_empty());
+        t.render(&header, None, Format::Openai);
+        assert_eq!(t.openai.len(), 1);
+        assert!(t.anthropic.is_empty() && t.responses.is_empty());
+        assert!(t.bytes() > neutral_only);
+        t.push(&Message::user("and more"));
+        assert_eq!((t.neutral.len(), t.openai.len()), (2, 2));
+        assert!(t.responses.is_empty());
+    }
+
     proptest! {
         #[test]
         fn q4_q8_spliced_fragments_are_the_rendered_bytes(

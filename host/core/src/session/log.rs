@@ -264,3 +264,49 @@ impl Body {
         Ok(body)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/log-format.md documents every kind: each has its heading there, and every kind
+    /// the document names is one this binary reads.
+    #[test]
+    fn the_log_format_document_has_a_section_for_every_event_kind() {
+        let doc = include_str!("../../../../docs/log-format.md");
+        let documented: Vec<&str> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("### "))
+            .flat_map(|h| h.split(", "))
+            .filter_map(|k| k.strip_prefix('`')?.strip_suffix('`'))
+            .collect();
+        let mut kinds: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        let mut sorted = documented.clone();
+        sorted.sort_unstable();
+        kinds.sort_unstable();
+        assert_eq!(sorted, kinds, "headings: {documented:?}");
+    }
+
+    /// Each kind's optional fields are left out when empty, as the document says, and a body
+    /// missing a required field is refused naming it.
+    #[test]
+    fn optional_fields_are_left_out_and_a_missing_field_is_named() {
+        let marker = Body::Step(Box::new(Marker {
+            facts: BTreeMap::new(),
+            provenance: None,
+            shown_tools: None,
+            step: 3,
+            usage: None,
+        }));
+        assert_eq!(marker.encode().unwrap().body, r#"{"facts":{},"step":3}"#);
+        let err = Body::decode(
+            EventKind::HistoryCompacted,
+            BODY_VERSION,
+            r#"{"from":1,"to":2}"#,
+        )
+        .unwrap_err();
+        assert!(err.contains("summary"), "{err}");
+        let err = Body::decode(EventKind::Step, 2, r#"{"step":1}"#).unwrap_err();
+        assert!(err.contains("body version 2"), "{err}");
+    }
+}

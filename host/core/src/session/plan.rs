@@ -285,13 +285,23 @@ pub fn check_message(session: &str, events: &[Event], message: &Message) -> Resu
     SessionState::from_log(session, events)?.check_message(message)
 }
 
-/// Tool results as the agent's config shows them: an empty one says `empty`
-/// (`empty_tool_result`), and the text is wrapped in `template` (`tool_result_template`).
+/// Tool results as the agent's config shows them (see [`tool_result_shown`]); other
+/// messages as they are.
 pub fn tool_results_shown(
     mut messages: Vec<Message>,
     template: Option<&str>,
     empty: &str,
 ) -> Vec<Message> {
+    for m in &mut messages {
+        tool_result_shown(m, template, empty);
+    }
+    messages
+}
+
+/// A tool result as the agent's config shows it, in place: an empty one says `empty`
+/// (`empty_tool_result`), and the text is wrapped in `template` (`tool_result_template`).
+/// Any other message is left as it is.
+pub fn tool_result_shown(message: &mut Message, template: Option<&str>, empty: &str) {
     use crate::conversation::content::{Block, Content};
     let wrap = |text: &str| -> String {
         match template {
@@ -299,40 +309,37 @@ pub fn tool_results_shown(
             None => text.to_string(),
         }
     };
-    for m in &mut messages {
-        let Message::Tool { content, .. } = m else {
-            continue;
-        };
-        match content {
-            Content::Text(t) if t.is_empty() => *t = wrap(empty),
-            Content::Text(t) => {
-                if template.is_some() {
-                    *t = wrap(t);
-                }
+    let Message::Tool { content, .. } = message else {
+        return;
+    };
+    match content {
+        Content::Text(t) if t.is_empty() => *t = wrap(empty),
+        Content::Text(t) => {
+            if template.is_some() {
+                *t = wrap(t);
             }
-            Content::Blocks(blocks) if blocks.is_empty() => *content = Content::Text(wrap(empty)),
-            Content::Blocks(blocks) => {
-                if let Some(t) = template {
-                    // The observation is the blocks: the template's text goes around them.
-                    let (before, after) = t.split_once("{observation}").unwrap_or((t, ""));
-                    if !before.is_empty() {
-                        blocks.insert(
-                            0,
-                            Block::Text {
-                                text: before.to_string(),
-                            },
-                        );
-                    }
-                    if !after.is_empty() {
-                        blocks.push(Block::Text {
-                            text: after.to_string(),
-                        });
-                    }
+        }
+        Content::Blocks(blocks) if blocks.is_empty() => *content = Content::Text(wrap(empty)),
+        Content::Blocks(blocks) => {
+            if let Some(t) = template {
+                // The observation is the blocks: the template's text goes around them.
+                let (before, after) = t.split_once("{observation}").unwrap_or((t, ""));
+                if !before.is_empty() {
+                    blocks.insert(
+                        0,
+                        Block::Text {
+                            text: before.to_string(),
+                        },
+                    );
+                }
+                if !after.is_empty() {
+                    blocks.push(Block::Text {
+                        text: after.to_string(),
+                    });
                 }
             }
         }
     }
-    messages
 }
 
 /// The body that records the model's reply with the usage its provider reported (Q14).
