@@ -369,6 +369,11 @@ impl Load {
                 let urls = urls.to_vec();
                 std::thread::spawn(move || {
                     let started = Instant::now();
+                    // A step the killed daemon was committing when it died is in doubt: its
+                    // client heard nothing, yet PostgreSQL may commit it after the client's
+                    // next step has read the log, and that step is refused `store_conflict`
+                    // (contract Q17). Counted apart, and only right after a "no answer".
+                    let mut in_doubt = false;
                     // Bounded in count and time.
                     for i in 0..2000usize {
                         if stop.load(Ordering::Relaxed)
@@ -391,7 +396,10 @@ impl Load {
                             .header("Content-Type", "application/json")
                             .send(body);
                         let key = match sent {
-                            Err(_) => "no answer".to_string(),
+                            Err(_) => {
+                                in_doubt = true;
+                                "no answer".to_string()
+                            }
                             Ok(mut r) if r.status() == 200 => {
                                 let reply = r.body_mut().read_to_string().unwrap_or_default();
                                 if let Some((_, n)) = reply.rsplit_once(",\"step\":") {
@@ -411,9 +419,15 @@ impl Load {
                                 let status = r.status().as_u16();
                                 let reply = r.body_mut().read_to_string().unwrap_or_default();
                                 std::thread::sleep(Duration::from_millis(20));
-                                format!("{status} {}", error_code(&reply))
+                                let code = error_code(&reply);
+                                if in_doubt && code == "store_conflict" {
+                                    format!("{status} {code} after no answer")
+                                } else {
+                                    format!("{status} {code}")
+                                }
                             }
                         };
+                        in_doubt = key == "no answer";
                         *statuses.lock().unwrap().entry(key).or_default() += 1;
                     }
                 })
@@ -493,9 +507,22 @@ fn q7_q17_kill_9_of_one_daemon_under_load_from_8_clients_loses_no_acknowledged_s
         let (status, n, _, body) = post_step(b_url, id, "after the kill", "/d0", "neutral");
         assert_eq!((status, n), (200, before + 1), "{body}");
     }
+    let in_doubt = statuses
+        .get("409 store_conflict after no answer")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        in_doubt <= sessions.len() as u64,
+        "at most one in-doubt step per client: {statuses:?}"
+    );
     let non_ok: u64 = statuses
         .iter()
-        .filter(|(k, _)| *k != "200" && *k != "no answer")
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "200" | "no answer" | "409 store_conflict after no answer"
+            )
+        })
         .map(|(_, v)| v)
         .sum();
     assert_eq!(non_ok, 0, "only the dead daemon failed: {statuses:?}");
