@@ -37,18 +37,46 @@ list of such parts. Base64 must decode, and to a file of the media type it claim
 sniff the bytes). `tool_choice` must name only tools the body's `tools` holds, in the API's own
 shape (Chat's `allowed_tools` nests `{mode, tools}` under `allowed_tools`; Responses' is flat).
 
+Usage reports a model of the providers' prompt caches. The cache reads a request as blocks in
+the provider's order, every `cache_control` key removed: the model (0 tokens), each tool, then
+Responses' `instructions` or Messages' `system` (one block), then each message or input item.
+A block costs `len(canonical JSON) // 4` tokens; a prefix is identified by the hash chain of its
+blocks' sha256. Time is the integer in a POST's `X-Stub-Now-Ms` header (milliseconds, scripted
+by the test), else the monotonic clock.
+
+    Anthropic (/v1/messages, one cache): a tool, `system` or message holding a cache_control is
+    a breakpoint (TTL 1 h with "ttl": "1h", else 5 min; the first 4 count). The read is the
+    longest prefix, ending at a breakpoint or up to 20 blocks before one, with a live entry and
+    at least the model's minimum (4096 tokens for opus-4-5/4-6/4-7 and haiku-4-5, 2048 for
+    other haiku, 1024 else); a hit refreshes its TTL. Each later breakpoint of at least the
+    minimum is written, the tokens since the previous covered end counted at its TTL.
+    `input_tokens` is what is neither read nor written; `cache_creation` splits the writes.
+    OpenAI (Chat and Responses, one cache each): automatic. A request is routed by its first
+    blocks reaching 256 tokens and its `prompt_cache_key`; each route's machine takes 15
+    requests a minute, the next go to a new machine (with an empty cache). The read is the
+    longest live prefix of at least 1024 tokens ending at a block boundary, rounded down to a
+    multiple of 128; every such prefix of the request is written for 5 minutes (a hit's
+    refreshed). `cached_tokens` reports the read; writes cost as plain input.
+
+    GET  /stub/ledger   {"requests": [...]}: per accepted request, in order (the last 100,000),
+                        path, model, now_ms, input_tokens (all), read, written_5m, written_1h,
+                        uncached, output_tokens, prompt_cache_key and (OpenAI) machine
+    POST /stub/reset    empties the caches and the ledger
+
 Standard library only.
 """
 
 import argparse
 import base64
 import binascii
+import collections
 import hashlib
 import json
 import os
 import re
 import sys
 import threading
+import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -499,7 +527,7 @@ def check_chat(body):
          f"the conversation ends before the tool messages answering {', '.join(sorted(pending))}")
 
 
-def reply_chat(body):
+def reply_chat(body, served):
     messages = body["messages"]
     last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     answered = [m["tool_call_id"] for m in messages[last_assistant + 1:] if m["role"] == "tool"]
@@ -527,7 +555,7 @@ def reply_chat(body):
         "created": 1767225600,
         "model": body["model"],
         "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-        "usage": usage_openai(body),
+        "usage": usage_chat(served),
         "service_tier": "default",
         "system_fingerprint": None,
     }
@@ -539,9 +567,10 @@ def final_text(answered):
     return "Read the results of " + ", ".join(answered) + "."
 
 
-def usage_openai(body):
-    size = len(canon(body))
-    return {"prompt_tokens": size // 4, "completion_tokens": 12, "total_tokens": size // 4 + 12}
+def usage_chat(served):
+    total, out = served["input_tokens"], served["output_tokens"]
+    return {"prompt_tokens": total, "completion_tokens": out, "total_tokens": total + out,
+            "prompt_tokens_details": {"cached_tokens": served["read"]}}
 
 
 # --- OpenAI Responses --------------------------------------------------------------------------
@@ -739,7 +768,7 @@ def check_responses(body):
          f"no function_call_output for {', '.join(unanswered)}")
 
 
-def reply_responses(body):
+def reply_responses(body, served):
     items = body["input"] if isinstance(body["input"], list) else [
         {"role": "user", "content": body["input"]}]
     def is_assistant(item):
@@ -769,7 +798,6 @@ def reply_responses(body):
              "status": "completed"}
             for n, (name, schema) in enumerate(pick_tools(tools, rounds))
         ]
-    size = len(canon(body))
     return {
         "id": f"resp_{key[:24]}",
         "object": "response",
@@ -787,10 +815,15 @@ def reply_responses(body):
         "metadata": body.get("metadata", {}),
         "error": None,
         "incomplete_details": None,
-        "usage": {"input_tokens": size // 4, "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": size // 4 + 12},
+        "usage": usage_responses(served),
     }
+
+
+def usage_responses(served):
+    total, out = served["input_tokens"], served["output_tokens"]
+    return {"input_tokens": total, "input_tokens_details": {"cached_tokens": served["read"]},
+            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": total + out}
 
 
 # --- Anthropic Messages ------------------------------------------------------------------------
@@ -1122,7 +1155,7 @@ def check_messages(body):
     check_thinking(turns)
 
 
-def reply_messages(body):
+def reply_messages(body, served):
     turns = body["messages"]
     last = turns[-1]
     answered = [b["tool_use_id"] for b in blocks_of(last)
@@ -1150,7 +1183,6 @@ def reply_messages(body):
                     for n, (name, schema) in enumerate(picked)]
         THINKING.remember(content)
         stop = "tool_use"
-    size = len(canon(body))
     return {
         "id": f"msg_{key[:24]}",
         "type": "message",
@@ -1159,9 +1191,229 @@ def reply_messages(body):
         "content": content,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": size // 4, "output_tokens": 12,
-                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        "usage": usage_messages(served),
     }
+
+
+def usage_messages(served):
+    return {"input_tokens": served["uncached"], "output_tokens": served["output_tokens"],
+            "cache_creation_input_tokens": served["written_5m"] + served["written_1h"],
+            "cache_read_input_tokens": served["read"],
+            "cache_creation": {"ephemeral_5m_input_tokens": served["written_5m"],
+                               "ephemeral_1h_input_tokens": served["written_1h"]}}
+
+
+# --- Prompt caches -----------------------------------------------------------------------------
+
+OUTPUT_TOKENS = 12
+FIVE_MINUTES_MS = 5 * 60 * 1000
+ONE_HOUR_MS = 60 * 60 * 1000
+LOOKBACK = 20  # blocks Anthropic looks back from a breakpoint for an earlier cache entry
+OPENAI_MINIMUM = 1024
+OPENAI_STEP = 128
+OPENAI_ROUTE_TOKENS = 256  # the prefix OpenAI routes a request by
+OPENAI_WINDOW_MS = 60_000
+OPENAI_PER_MACHINE = 15  # requests a minute one machine takes for a route
+LEDGER_MAX = 100_000
+PRUNE_EVERY = 1000  # requests between drops of expired cache entries
+
+
+def now_ms(headers):
+    """"Now" for the caches: the test's `X-Stub-Now-Ms` header, else the monotonic clock."""
+    value = headers.get("X-Stub-Now-Ms")
+    if value is None:
+        return int(time.monotonic() * 1000)
+    need(re.fullmatch(r"-?[0-9]+", value.strip()) is not None, "stub.now", "X-Stub-Now-Ms",
+         f"must be an integer number of milliseconds, got {value!r}")
+    return int(value.strip())
+
+
+def strip_cache_control(value):
+    """`value` without any `cache_control` key, at any depth."""
+    if isinstance(value, dict):
+        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [strip_cache_control(v) for v in value]
+    return value
+
+
+def cache_controls(value):
+    """The `cache_control` objects in `value`, at any depth, in document order."""
+    found = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "cache_control" and isinstance(v, dict):
+                found.append(v)
+            else:
+                found += cache_controls(v)
+    elif isinstance(value, list):
+        for v in value:
+            found += cache_controls(v)
+    return found
+
+
+def cache_blocks(path, body):
+    """The request as its prompt cache reads it, in the provider's order: the model, then the
+    tools, then the instructions or system prompt, then each message or input item."""
+    blocks = [body["model"], *body.get("tools", [])]
+    if path == "/v1/chat/completions":
+        blocks += body["messages"]
+    elif path == "/v1/responses":
+        if "instructions" in body:
+            blocks.append(body["instructions"])
+        items = body["input"]
+        blocks += items if isinstance(items, list) else [items]
+    else:
+        if "system" in body:
+            blocks.append(body["system"])
+        blocks += body["messages"]
+    return blocks
+
+
+class Prompt:
+    """A request's blocks as the cache sees them: `ends[i]`, the tokens of the prefix through
+    block i; `hashes[i]`, that prefix's identity (a hash chain of the blocks' sha256 over
+    canonical JSON, cache_control removed); `breakpoints`, (block index, TTL ms) of the first
+    MAX_BREAKPOINTS blocks holding a cache_control (Anthropic's; the model is never one)."""
+
+    def __init__(self, blocks):
+        self.ends, self.hashes, self.breakpoints = [], [], []
+        total, chain = 0, ""
+        for i, block in enumerate(blocks):
+            text = canon(strip_cache_control(block))
+            total += 0 if i == 0 else len(text) // 4
+            identity = hashlib.sha256(text.encode()).hexdigest()
+            chain = hashlib.sha256((chain + identity).encode()).hexdigest()
+            self.ends.append(total)
+            self.hashes.append(chain)
+            marks = cache_controls(block) if i > 0 else []
+            if marks and len(self.breakpoints) < MAX_BREAKPOINTS:
+                long_ = any(m.get("ttl") == "1h" for m in marks)
+                self.breakpoints.append((i, ONE_HOUR_MS if long_ else FIVE_MINUTES_MS))
+
+    @property
+    def total(self):
+        return self.ends[-1]
+
+    def through(self, i):
+        """Tokens of the prefix through block i (i = -1: the empty prefix)."""
+        return self.ends[i] if i >= 0 else 0
+
+
+def anthropic_minimum(model):
+    """The shortest prefix, in tokens, Anthropic caches for `model`."""
+    if any(m in model for m in ("opus-4-5", "opus-4-6", "opus-4-7", "haiku-4-5")):
+        return 4096
+    return 2048 if "haiku" in model else 1024
+
+
+class Caches:
+    """The providers' prompt caches as this stub models them, and the ledger of what each
+    accepted request read and wrote. One lock guards it all (the server is threaded)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.clear()
+
+    def clear(self):
+        self.anthropic = {}  # (model, prefix hash) -> [expiry ms, ttl ms]
+        self.openai = {path: {} for path in ("/v1/chat/completions", "/v1/responses")}
+        # ^ per route: (route key, machine, model, prefix hash) -> expiry ms
+        self.recent = {path: {} for path in self.openai}  # route key -> request times (ms)
+        self.ledger = collections.deque(maxlen=LEDGER_MAX)
+        self.served = 0
+
+    def prune(self, now):
+        """Drops expired entries, and routes with no request in the last minute."""
+        self.anthropic = {k: v for k, v in self.anthropic.items() if v[0] >= now}
+        for path in self.openai:
+            self.openai[path] = {k: v for k, v in self.openai[path].items() if v >= now}
+            self.recent[path] = {r: ts for r, ts in self.recent[path].items()
+                                 if ts[-1] > now - OPENAI_WINDOW_MS}
+
+    def reset(self):
+        with self.lock:
+            self.clear()
+
+    def requests(self):
+        with self.lock:
+            return list(self.ledger)
+
+    def serve(self, path, body, now):
+        """Looks the request up in its route's cache, writes what it may, appends its ledger
+        entry and returns it (the reply's usage is built from it)."""
+        prompt = Prompt(cache_blocks(path, body))
+        model = body["model"]
+        with self.lock:
+            if path == "/v1/messages":
+                read, w5, w1h = self.serve_anthropic(prompt, model, now)
+                key, machine = None, None
+            else:
+                key = body.get("prompt_cache_key")
+                read, machine = self.serve_openai(path, prompt, model, key, now)
+                w5 = w1h = 0
+            entry = {"path": path, "model": model, "now_ms": now, "input_tokens": prompt.total,
+                     "read": read, "written_5m": w5, "written_1h": w1h,
+                     "uncached": prompt.total - read - w5 - w1h, "output_tokens": OUTPUT_TOKENS,
+                     "prompt_cache_key": key, "machine": machine}
+            self.ledger.append(entry)
+            self.served += 1
+            if self.served % PRUNE_EVERY == 0:
+                self.prune(now)
+            return entry
+
+    def serve_anthropic(self, prompt, model, now):
+        """Explicit breakpoints: the longest live entry at a breakpoint, or up to LOOKBACK
+        blocks before one, is read (and refreshed); then each breakpoint past it is written,
+        the tokens since the last covered one counted at its TTL. Returns (read, 5m, 1h)."""
+        minimum = anthropic_minimum(model)
+        candidates = sorted({j for p, _ in prompt.breakpoints
+                             for j in range(max(0, p - LOOKBACK), p + 1)}, reverse=True)
+        covered = -1
+        for j in candidates:
+            entry = self.anthropic.get((model, prompt.hashes[j]))
+            if prompt.ends[j] >= minimum and entry is not None and entry[0] >= now:
+                entry[0] = now + entry[1]
+                covered = j
+                break
+        read = prompt.through(covered)
+        written = {FIVE_MINUTES_MS: 0, ONE_HOUR_MS: 0}
+        for p, ttl in prompt.breakpoints:
+            if prompt.ends[p] >= minimum and p > covered:
+                self.anthropic[(model, prompt.hashes[p])] = [now + ttl, ttl]
+                written[ttl] += prompt.ends[p] - prompt.through(covered)
+                covered = p
+        return read, written[FIVE_MINUTES_MS], written[ONE_HOUR_MS]
+
+    def serve_openai(self, path, prompt, model, key, now):
+        """Automatic caching: the request is routed by its first OPENAI_ROUTE_TOKENS tokens and
+        `prompt_cache_key` to a machine (a new one for each OPENAI_PER_MACHINE requests a
+        minute on the route); the longest live prefix of at least OPENAI_MINIMUM tokens ending
+        at a block boundary is read there, in OPENAI_STEP steps, and every such prefix of the
+        request is written for five minutes. Returns (read, machine)."""
+        first = next((i for i, end in enumerate(prompt.ends) if end >= OPENAI_ROUTE_TOKENS),
+                     len(prompt.ends) - 1)
+        route = digest(prompt.hashes[first], key if key is not None else "")
+        recent = self.recent[path]
+        times = [t for t in recent.get(route, []) if t > now - OPENAI_WINDOW_MS]
+        machine = sum(1 for t in times if t <= now) // OPENAI_PER_MACHINE
+        times.append(now)
+        recent[route] = times
+        cache = self.openai[path]
+        read = 0
+        for i in reversed(range(len(prompt.ends))):
+            if prompt.ends[i] < OPENAI_MINIMUM:
+                break
+            if cache.get((route, machine, model, prompt.hashes[i]), now - 1) >= now:
+                read = prompt.ends[i] // OPENAI_STEP * OPENAI_STEP
+                break
+        for i, end in enumerate(prompt.ends):
+            if end >= OPENAI_MINIMUM:
+                cache[(route, machine, model, prompt.hashes[i])] = now + FIVE_MINUTES_MS
+        return read, machine
+
+
+CACHES = Caches()
 
 
 ROUTES = {
@@ -1186,6 +1438,10 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
+        if path == "/stub/reset":
+            CACHES.reset()
+            self.send(200, {})
+            return
         if path not in ROUTES:
             self.send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
@@ -1196,7 +1452,8 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError as e:
                 raise Broken("body.json", "body", f"not JSON: {e}") from None
             check(body)
-            answer = reply(body)
+            served = CACHES.serve(path, body, now_ms(self.headers))
+            answer = reply(body, served)
         except Broken as e:
             self.record(path, 400, str(e), raw)
             self.send(400, error_body(provider, str(e), e.where, e.rule))
@@ -1210,6 +1467,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send(200, answer)
 
     def do_GET(self):
+        if self.path.split("?", 1)[0] == "/stub/ledger":
+            self.send(200, {"requests": CACHES.requests()})
+            return
         self.send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
     def send(self, status, value):

@@ -71,6 +71,10 @@ struct RawConfig {
     /// Checked by hand ([`StoreConfig::parse`]): a string or a table, and errors that name
     /// the key.
     store: Option<toml::Value>,
+    #[serde(default)]
+    pricing: BTreeMap<String, crate::cache::price::Price>,
+    #[serde(default)]
+    cache: crate::cache::RulesConfig,
 }
 
 /// Where session logs are kept (`store`): read when the daemon starts.
@@ -431,6 +435,10 @@ pub struct Config {
     /// The values of the host environment variables granted to plugins, captured when the
     /// config was read (see [`Config::from_file`]).
     pub host_env: BTreeMap<String, String>,
+    /// `[pricing."MODEL"]`: the cost ledger's prices, by model name (none by default).
+    pub pricing: BTreeMap<String, crate::cache::price::Price>,
+    /// `[cache.anthropic]`, `[cache.openai]`: overrides of the cache model's rules.
+    pub cache: crate::cache::RulesConfig,
 }
 
 impl Config {
@@ -480,6 +488,8 @@ impl Config {
                 .unwrap_or_default(),
             base_dir: None,
             host_env: BTreeMap::new(),
+            pricing: raw.pricing,
+            cache: raw.cache,
         };
         config.validate()?;
         Ok(config)

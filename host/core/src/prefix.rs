@@ -24,6 +24,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cache::Ttl;
 use crate::conversation::FrozenRequest;
 use crate::formats::{self, Format};
 use crate::provenance::{short_sha, Given, Provenance};
@@ -39,14 +40,31 @@ pub struct Part {
 
 /// `request` in `format` as the provider reads it: model, tools, system, messages.
 pub fn stream(request: &FrozenRequest, format: Format) -> Vec<Part> {
-    let mut body = formats::render(request, format);
-    strip_cache_control(&mut body);
+    marked_stream(request, format)
+        .into_iter()
+        .map(|(part, _)| part)
+        .collect()
+}
+
+/// [`stream`], with the cache breakpoint each part carries: the TTL of a `cache_control`
+/// anywhere in it (`"ttl": "1h"`, else 5 minutes), the part's text left without it.
+pub fn marked_stream(request: &FrozenRequest, format: Format) -> Vec<(Part, Option<Ttl>)> {
+    marked_parts(&formats::render(request, format), format)
+}
+
+/// [`marked_stream`] of a request body already rendered in `format`.
+pub fn marked_parts(body: &Value, format: Format) -> Vec<(Part, Option<Ttl>)> {
     let mut parts = Vec::new();
     let mut push = |label: String, v: &Value| {
-        parts.push(Part {
-            label,
-            text: v.to_string(),
-        })
+        let mark = breakpoint(v);
+        let text = if mark.is_some() {
+            let mut v = v.clone();
+            strip_cache_control(&mut v);
+            v.to_string()
+        } else {
+            v.to_string()
+        };
+        parts.push((Part { label, text }, mark))
     };
     if let Some(model) = body.get("model") {
         push("model".into(), model);
@@ -76,6 +94,24 @@ fn tool_name(tool: &Value) -> &str {
         .or_else(|| tool.get("function").and_then(|f| f.get("name")))
         .and_then(Value::as_str)
         .unwrap_or("?")
+}
+
+/// The longest TTL of the `cache_control` markers in `v`, if it has any.
+fn breakpoint(v: &Value) -> Option<Ttl> {
+    match v {
+        Value::Object(map) => {
+            let own = map.get("cache_control").map(|c| {
+                if c.get("ttl").and_then(Value::as_str) == Some("1h") {
+                    Ttl::Hour1
+                } else {
+                    Ttl::Minutes5
+                }
+            });
+            map.values().filter_map(breakpoint).chain(own).max()
+        }
+        Value::Array(items) => items.iter().filter_map(breakpoint).max(),
+        _ => None,
+    }
 }
 
 fn strip_cache_control(v: &mut Value) {
@@ -348,6 +384,43 @@ fn explain(
             notes.push(format!("plugin `{id}` left"));
         }
     }
+}
+
+/// The plugin behind the part of a later request labelled `part` (as [`stream`] labels them)
+/// where it first differs from an earlier one: the tool's giver, or for the system prompt the
+/// giver of the first section that was added, removed or changed; `None` for messages and
+/// the model, and when the provenances do not say.
+pub fn culprit(
+    part: &str,
+    before_from: Option<&Provenance>,
+    after_from: Option<&Provenance>,
+) -> Option<String> {
+    let (pa, pb) = (before_from?, after_from?);
+    if let Some(name) = part
+        .strip_prefix("tool `")
+        .and_then(|r| r.strip_suffix('`'))
+    {
+        let giver = |p: &Provenance| {
+            p.tools
+                .iter()
+                .find(|g| g.name == name)
+                .map(|g| g.plugin.clone())
+        };
+        return giver(pb).or_else(|| giver(pa));
+    }
+    if part != "system" {
+        return None;
+    }
+    let first_change = |old: &[Given], new: &[Given]| -> Option<String> {
+        let changed = new.iter().find(|s| {
+            old.iter()
+                .find(|o| o.name == s.name)
+                .is_none_or(|o| o.text != s.text || o.plugin != s.plugin)
+        });
+        let removed = || old.iter().find(|o| !new.iter().any(|s| s.name == o.name));
+        changed.or_else(removed).map(|g| g.plugin.clone())
+    };
+    first_change(&pa.sections, &pb.sections).or_else(|| first_change(&pa.contexts, &pb.contexts))
 }
 
 /// ": plugin `tools` sha256 a1b2c3d4→e5f6a7b8" for a part, from the provenances.

@@ -21,6 +21,7 @@ use log::Body;
 pub use log::HeaderReason;
 
 mod fit;
+mod outcome;
 mod plan;
 mod rebuild;
 mod report;
@@ -33,7 +34,7 @@ pub use plan::{
     StepPlan,
 };
 pub use rebuild::{provenance_at, rebuild, step_count};
-pub use report::{usage_report, StepUsage, UsageReport, UsageTotals};
+pub use report::{priced_usage_report, usage_report, StepUsage, UsageReport, UsageTotals};
 pub use state::SessionState;
 use state::{remember, role, Role, SnapshotState};
 

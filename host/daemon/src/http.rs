@@ -82,6 +82,7 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(run_tool_call))
         .routes(routes!(compact))
         .routes(routes!(usage_report))
+        .routes(routes!(usage_summary))
         .routes(routes!(session_events))
         .routes(routes!(step_request))
         .routes(routes!(step_explain))
@@ -559,6 +560,42 @@ async fn usage_report(State(state): State<Arc<AppState>>, Path(id): Path<String>
     Ok(json_body(&report))
 }
 
+/// The cost ledger across sessions: replies, tokens, cache outcomes, misses by cause and by
+/// plugin, and cost by the config's `[pricing]`, in total and per agent.
+#[utoipa::path(get, path = "/v1/usage", tag = "sessions",
+    params(UsageQuery),
+    responses((status = 200, description = "`{\"since_ms\", \"sessions\", \"total\", \"agents\"}`", body = Object), api::Errors))]
+async fn usage_summary(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let limit = query.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
+    let daemon = state.daemon.clone();
+    let summary =
+        blocking(move || daemon.usage_summary(query.agent.as_deref(), query.since, limit)).await?;
+    Ok(json_body(&summary))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct UsageQuery {
+    /// Only this agent's sessions.
+    #[serde(default)]
+    agent: Option<String>,
+    /// Only replies to requests sent at or after this time, in milliseconds since the Unix
+    /// epoch.
+    #[serde(default)]
+    #[param(maximum = 18446744073709551615_u64)]
+    since: Option<u64>,
+    /// At most this many sessions, most recent activity first (default 1000, at most 10000).
+    #[serde(default)]
+    #[param(maximum = 18446744073709551615_u64)]
+    limit: Option<u64>,
+}
+
 /// Later requests show `summary` in place of the message events `from..=to`.
 #[utoipa::path(post, path = "/v1/sessions/{id}/compact", tag = "sessions",
     params(("id" = String, Path, description = "The session's id")),
@@ -578,21 +615,50 @@ async fn compact(
 /// Records the model's reply as the provider SDK returned it (OpenAI Chat Completions,
 /// OpenAI Responses or Anthropic Messages, or a neutral message), or a tool's output.
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id")),
+    params(("id" = String, Path, description = "The session's id"), SentQuery),
     request_body(content = api::ReplyBody, description = "A reply in any provider's own shape, or a neutral message such as `{\"role\": \"tool\", \"tool_call_id\", \"content\"}`"),
     responses((status = 201, description = "The recorded event's seq", body = api::Recorded), api::Errors))]
 async fn record_message(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
+    query: Result<Query<SentQuery>, axum::extract::rejection::QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
+    let Query(query) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let named =
+        match query.format.as_deref() {
+            None => None,
+            Some(f) => Some(f.parse::<Format>().map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+            })?),
+        };
     // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
     let value: Value = parse_body(body, state.max_body)?;
+    let format = named.or_else(|| promptd_core::formats::replies::format_of(&value));
     let (message, usage) =
         promptd_core::formats::replies::reply_with_usage(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
-    let seq = blocking(move || daemon.record_reply(&id, &message, usage.as_ref())).await?;
+    let sent = format.map(|f| (f, query.sent_at));
+    let seq =
+        blocking(move || daemon.record_sent_reply(&id, &message, usage.as_ref(), sent)).await?;
     Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct SentQuery {
+    /// The format the request was sent in, when the reply's shape does not say (a neutral
+    /// message with a `usage`): its cache outcome is judged by that provider's rules.
+    #[serde(default)]
+    #[param(value_type = Option<Format>)]
+    format: Option<String>,
+    /// When the request this reply answers was sent, in milliseconds since the Unix epoch
+    /// (default: when the reply is recorded): the cache outcome measures idle gaps by it.
+    #[serde(default)]
+    #[param(maximum = 18446744073709551615_u64)]
+    sent_at: Option<u64>,
 }
 
 /// Runs an open tool call of the session on the MCP server whose tool it names, within the

@@ -130,6 +130,13 @@ pub struct Daemon {
     plans: Mutex<steps::AgentPlans>,
 }
 
+/// Milliseconds since the Unix epoch, by the system clock.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A run id unique enough to tell this process from earlier ones: the pid and the start time.
 fn run_id() -> String {
     let nanos = std::time::SystemTime::now()

@@ -23,6 +23,20 @@ pub struct Metrics {
     /// Per agent: steps whose previous request was all a prefix of theirs, and steps that had
     /// a previous request. Agents are the config's, so the map stays small.
     prefix: std::sync::Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
+    /// Cache outcomes of recorded replies (issue 29).
+    cache: std::sync::Mutex<CacheCounts>,
+}
+
+/// Most (agent, plugin) pairs the lost-tokens counter keeps; past it, they count as
+/// `plugin="(other)"` so a long run of swaps cannot grow the exposition without bound.
+const MAX_PLUGIN_SERIES: usize = 1024;
+
+#[derive(Default)]
+struct CacheCounts {
+    /// (agent, outcome) → (replies, tokens lost).
+    outcomes: std::collections::BTreeMap<(String, &'static str), (u64, u64)>,
+    /// (agent, plugin) → tokens of cache lost to the plugin's changes.
+    lost_to_plugin: std::collections::BTreeMap<(String, String), u64>,
 }
 
 impl Metrics {
@@ -56,6 +70,27 @@ impl Metrics {
             counts.1 += 1;
         } else {
             prefix.insert(agent.to_string(), (u64::from(kept), 1));
+        }
+    }
+
+    /// A recorded reply's cache outcome, for `agent`.
+    pub fn cache_outcome(&self, agent: &str, o: &promptd_core::cache::outcome::Outcome) {
+        let mut c = lock(&self.cache);
+        let e = c
+            .outcomes
+            .entry((agent.to_string(), o.outcome.as_str()))
+            .or_default();
+        e.0 += 1;
+        e.1 += o.lost;
+        if let Some(plugin) = &o.plugin {
+            let full = c.lost_to_plugin.len() >= MAX_PLUGIN_SERIES;
+            let key = (agent.to_string(), plugin.clone());
+            let key = if full && !c.lost_to_plugin.contains_key(&key) {
+                (agent.to_string(), "(other)".to_string())
+            } else {
+                key
+            };
+            *c.lost_to_plugin.entry(key).or_default() += o.lost;
         }
     }
 
@@ -154,6 +189,44 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "promptd_prefix_kept_share{{agent=\"{agent}\"}} {share}"
+            );
+        }
+        drop(prefix);
+        let cache = lock(&self.cache);
+        let _ = writeln!(
+            out,
+            "# HELP promptd_cache_outcomes_total Recorded replies by how the provider's cache served their request (hit, ttl_expired, prefix_changed, …), by agent."
+        );
+        let _ = writeln!(out, "# TYPE promptd_cache_outcomes_total counter");
+        for ((agent, outcome), (n, _)) in cache.outcomes.iter() {
+            let _ = writeln!(
+                out,
+                "promptd_cache_outcomes_total{{agent=\"{agent}\",outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP promptd_cache_lost_tokens_total Input tokens the previous request left cached that a request did not read, by agent and outcome."
+        );
+        let _ = writeln!(out, "# TYPE promptd_cache_lost_tokens_total counter");
+        for ((agent, outcome), (_, lost)) in cache.outcomes.iter() {
+            let _ = writeln!(
+                out,
+                "promptd_cache_lost_tokens_total{{agent=\"{agent}\",outcome=\"{outcome}\"}} {lost}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP promptd_cache_lost_tokens_by_plugin_total Input tokens of cache lost to a plugin's changes (prefix_changed), by agent and plugin."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE promptd_cache_lost_tokens_by_plugin_total counter"
+        );
+        for ((agent, plugin), lost) in cache.lost_to_plugin.iter() {
+            let _ = writeln!(
+                out,
+                "promptd_cache_lost_tokens_by_plugin_total{{agent=\"{agent}\",plugin=\"{plugin}\"}} {lost}"
             );
         }
         out

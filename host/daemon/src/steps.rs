@@ -249,6 +249,19 @@ impl Daemon {
         message: &Message,
         usage: Option<&promptd_core::formats::replies::ProviderUsage>,
     ) -> Result<u64> {
+        self.record_sent_reply(id, message, usage, None)
+    }
+
+    /// [`Daemon::record_reply`] of a reply to a request `sent` in a provider's format (the
+    /// reply's shape says which) at a time (ms since the Unix epoch; default now): the
+    /// cache outcome of that request is recorded with it (issue 29).
+    pub fn record_sent_reply(
+        &self,
+        id: &str,
+        message: &Message,
+        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
+        sent: Option<(Format, Option<u64>)>,
+    ) -> Result<u64> {
         if matches!(message, Message::User { .. }) {
             self.agent_of(id)?;
             return Err(Error::BadRequest(
@@ -264,12 +277,51 @@ impl Daemon {
         let mut message = message.clone();
         session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
         taken.get().state.check_message(&message)?;
+        let mut blocks = None;
         let body = match message {
-            Message::Assistant { .. } => session::reply_event(message, usage.cloned()),
+            Message::Assistant { .. } => {
+                let mut body = session::reply_event(message, usage.cloned());
+                if let (Some(usage), Some((format, at))) = (usage, sent) {
+                    let at = at.unwrap_or_else(crate::now_ms);
+                    let config = self.config();
+                    let store = &self.store;
+                    // An outcome that cannot be said never costs the reply its record.
+                    let outcome = taken
+                        .get()
+                        .state
+                        .cache_outcome(
+                            format,
+                            at,
+                            usage,
+                            &config.cache,
+                            &mut || Ok(store.events(id)?),
+                        )
+                        .unwrap_or_else(|e| {
+                            tracing::warn!(session = id, error = %e, "no cache outcome for a reply");
+                            None
+                        });
+                    if let (Some((o, b)), Body::AssistantMessage(r)) = (outcome, &mut body) {
+                        r.cache = Some(o);
+                        blocks = Some(b);
+                    }
+                }
+                body
+            }
             _ => session::message_event(message),
         };
         let event = step::encode(&body)?;
-        self.append(&mut taken, &[event], vec![body])
+        let outcome = match &body {
+            Body::AssistantMessage(r) => r.cache.clone(),
+            _ => None,
+        };
+        let seq = self.append(&mut taken, &[event], vec![body])?;
+        if let Some(blocks) = blocks {
+            taken.get().state.remember_blocks(blocks);
+        }
+        if let Some(o) = outcome {
+            self.metrics.cache_outcome(&taken.get().agent, &o);
+        }
+        Ok(seq)
     }
 
     /// Compacts the message events `from..=to` (seqs) into `summary` (Q14): later requests
@@ -283,10 +335,47 @@ impl Daemon {
         self.append(&mut taken, &[event], vec![body])
     }
 
-    /// Estimate against provider-reported usage, per step and in total (Q14).
+    /// Estimate against provider-reported usage, per step and in total (Q14), with each
+    /// reply's cache outcome and cost by the config's `[pricing]` (issue 29).
     pub fn usage_report(&self, id: &str) -> Result<session::UsageReport> {
         let events = self.session_events(id)?;
-        Ok(session::usage_report(id, &events)?)
+        let config = self.config();
+        let pricing = promptd_core::ledger::Pricing {
+            prices: &config.pricing,
+            rules: &config.cache,
+        };
+        Ok(session::priced_usage_report(id, &events, pricing, None)?)
+    }
+
+    /// The cost ledger across sessions (`GET /v1/usage`): of `agent`'s sessions (all when
+    /// `None`) with activity at or after `since_ms`, the replies to requests sent since then;
+    /// at most `limit` sessions, most recent first.
+    pub fn usage_summary(
+        &self,
+        agent: Option<&str>,
+        since_ms: Option<u64>,
+        limit: usize,
+    ) -> Result<promptd_core::ledger::Summary> {
+        let config = self.config();
+        let pricing = promptd_core::ledger::Pricing {
+            prices: &config.pricing,
+            rules: &config.cache,
+        };
+        let mut summary = promptd_core::ledger::Summary {
+            since_ms,
+            ..Default::default()
+        };
+        // The store filters by substring; the exact agent is checked here.
+        let listed = self.store.sessions(agent.unwrap_or(""), limit)?;
+        for s in listed {
+            if agent.is_some_and(|a| a != s.agent) || since_ms.is_some_and(|t| s.last_ms < t) {
+                continue;
+            }
+            let events = self.store.events(&s.id)?;
+            let report = session::priced_usage_report(&s.id, &events, pricing, since_ms)?;
+            summary.add_session(&s.agent, &report.ledger);
+        }
+        Ok(summary)
     }
 
     /// The session's log, in order.

@@ -19,6 +19,17 @@ impl Config {
         }
         self.check_model_settings()?;
         self.check_agent_budgets()?;
+        for (model, price) in &self.pricing {
+            price.check(model).map_err(Error::ConfigInvalid)?;
+        }
+        self.cache
+            .anthropic
+            .check("anthropic")
+            .map_err(Error::ConfigInvalid)?;
+        self.cache
+            .openai
+            .check("openai")
+            .map_err(Error::ConfigInvalid)?;
         for (name, agent) in &self.agents {
             check_agent_name(name, "agent")?;
             if let Some(parent) = &agent.parent {

@@ -28,6 +28,7 @@ use serde_json::{Map, Value};
 
 use crate::conversation::{Message, ToolCall};
 use crate::error::{Error, Result};
+use crate::formats::Format;
 
 /// Token counts the provider reported for a reply, in one shape whatever the provider.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -102,6 +103,24 @@ pub fn reply_with_usage(value: Value) -> Result<(Message, Option<ProviderUsage>)
         _ => None,
     };
     Ok((reply(value)?, usage))
+}
+
+/// The provider format a reply's shape comes from: a Chat completion (`choices`), a
+/// Responses response (`output`), an Anthropic message (`"type": "message"`, or a usage with
+/// Anthropic's cache fields); `None` for a neutral message.
+pub fn format_of(value: &Value) -> Option<Format> {
+    let anthropic_usage = value.get("usage").is_some_and(|u| {
+        u.get("cache_read_input_tokens").is_some() || u.get("cache_creation_input_tokens").is_some()
+    });
+    if value.get("choices").is_some() {
+        Some(Format::Openai)
+    } else if value.get("output").is_some() {
+        Some(Format::OpenaiResponses)
+    } else if value.get("type").and_then(Value::as_str) == Some("message") || anthropic_usage {
+        Some(Format::Anthropic)
+    } else {
+        None
+    }
 }
 
 /// The message a client posts to `POST /v1/sessions/{id}/messages`, in any of the shapes above.

@@ -75,6 +75,10 @@ pub struct Recorded {
     /// What the provider reported for this reply, when the client sent it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ProviderUsage>,
+    /// How the provider's cache served the request this reply answers, when the usage says
+    /// (issue 29; absent in earlier logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::outcome::Outcome>,
 }
 
 /// `context/snapshot`: the runtime context as of this step (Q2).
@@ -183,7 +187,11 @@ pub enum Body {
 impl Body {
     /// The body recording `message` (its kind follows its role).
     pub fn message(message: Message, usage: Option<ProviderUsage>) -> Body {
-        let recorded = Recorded { message, usage };
+        let recorded = Recorded {
+            message,
+            usage,
+            cache: None,
+        };
         match recorded.message {
             Message::User { .. } => Body::UserMessage(recorded),
             Message::Assistant { .. } => Body::AssistantMessage(recorded),

@@ -14,6 +14,12 @@ pub struct StepUsage {
     /// What the provider reported for the reply, when the client recorded it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub actual: Option<crate::formats::replies::ProviderUsage>,
+    /// How the provider's cache served the request, recorded with the reply (issue 29).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::outcome::Outcome>,
+    /// What the request cost by the config's `[pricing]`, when its model has a price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::cache::price::Cost>,
 }
 
 /// The totals of a [`UsageReport`].
@@ -40,12 +46,33 @@ pub struct UsageReport {
     pub steps: Vec<StepUsage>,
     /// The totals over the steps compared.
     pub totals: UsageTotals,
+    /// The cost ledger over the session's replies: outcomes, misses by cause and plugin,
+    /// cost.
+    pub ledger: crate::ledger::Ledger,
 }
 
 /// Per step: what promptd estimated against what the provider reported for the reply that
 /// followed (its input tokens, cached and cache-written ones), and the totals: how far the
 /// estimate is off (`actual / estimate`) and what share of the input the cache served.
 pub fn usage_report(session: &str, events: &[Event]) -> Result<UsageReport> {
+    let prices = std::collections::BTreeMap::new();
+    let rules = crate::cache::RulesConfig::default();
+    let pricing = crate::ledger::Pricing {
+        prices: &prices,
+        rules: &rules,
+    };
+    priced_usage_report(session, events, pricing, None)
+}
+
+/// [`usage_report`], with costs by `pricing`, counting in the ledger only replies to
+/// requests sent at or after `since_ms`.
+pub fn priced_usage_report(
+    session: &str,
+    events: &[Event],
+    pricing: crate::ledger::Pricing<'_>,
+    since_ms: Option<u64>,
+) -> Result<UsageReport> {
+    let mut ledger = crate::ledger::Ledger::default();
     let mut steps: Vec<StepUsage> = Vec::new();
     let (mut estimate, mut actual, mut cached, mut compared) = (0u64, 0u64, 0u64, 0usize);
     let mut pending: Option<usize> = None;
@@ -61,6 +88,8 @@ pub fn usage_report(session: &str, events: &[Event]) -> Result<UsageReport> {
                     estimate: m.usage.as_ref().map(|u| u.total.tokens),
                     tokenizer: m.usage.map(|u| u.tokenizer),
                     actual: None,
+                    cache: None,
+                    cost: None,
                 });
                 pending = Some(steps.len() - 1);
             }
@@ -76,6 +105,12 @@ pub fn usage_report(session: &str, events: &[Event]) -> Result<UsageReport> {
                     compared += 1;
                 }
                 step.actual = Some(reported);
+                step.cost = pricing.cost(&reported, r.cache.as_ref());
+                let at = r.cache.as_ref().map_or(event.at_ms, |o| o.sent_at_ms);
+                if since_ms.is_none_or(|since| at >= since) {
+                    ledger.add(&reported, r.cache.as_ref(), step.cost);
+                }
+                step.cache = r.cache;
             }
             _ => {}
         }
@@ -91,5 +126,6 @@ pub fn usage_report(session: &str, events: &[Event]) -> Result<UsageReport> {
             cached,
             cached_share: ratio(cached, actual),
         },
+        ledger,
     })
 }

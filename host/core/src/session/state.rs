@@ -72,6 +72,8 @@ pub struct SessionState {
     pub(super) history_changed: bool,
     /// The secret `data` plugins' blocks are keyed with (T8), from the session's first event.
     pub(super) data_secret: std::sync::Arc<str>,
+    /// What the next reply's cache outcome compares with.
+    pub(super) cache: super::outcome::Track,
 }
 
 /// What depends only on the current header, made when a step first needs it and dropped
@@ -124,6 +126,7 @@ impl SessionState {
             provenance: None,
             history_changed: false,
             data_secret: std::sync::Arc::from(session),
+            cache: super::outcome::Track::default(),
         }
     }
 
@@ -172,6 +175,7 @@ impl SessionState {
                     ..
                 } = *marker;
                 self.steps += 1;
+                self.cache.step_seq = seq;
                 self.shown_tools = shown_tools;
                 if let Some(p) = provenance {
                     self.provenance = Some(p);
@@ -207,6 +211,7 @@ impl SessionState {
             }
             Body::HistoryDropped(d) => {
                 self.history_changed = true;
+                self.cache.compacted = true;
                 for seq in d.seqs {
                     if let Ok(i) = self.roles.binary_search_by_key(&seq, |(s, _)| *s) {
                         self.dropped.insert(i);
@@ -219,6 +224,7 @@ impl SessionState {
                 let end = self.roles.partition_point(|(s, _)| *s <= c.to);
                 if start < end {
                     self.history_changed = true;
+                    self.cache.compacted = true;
                     let roles = &self.roles;
                     self.dropped
                         .extend((start..end).filter(|&i| !c.kept.contains(&roles[i].0)));
@@ -232,9 +238,20 @@ impl SessionState {
                 }
                 None
             }
-            Body::UserMessage(r) | Body::AssistantMessage(r) | Body::ToolResult(r) => {
+            Body::AssistantMessage(r) => {
+                if let (Some(o), Some(usage)) = (&r.cache, r.usage) {
+                    self.cache.compacted = false;
+                    self.cache.last = Some(super::outcome::Replied {
+                        step: self.steps,
+                        format: o.format,
+                        at_ms: o.sent_at_ms,
+                        usage,
+                        blocks: None,
+                    });
+                }
                 Some(r.message)
             }
+            Body::UserMessage(r) | Body::ToolResult(r) => Some(r.message),
             Body::PluginOmitted(_) => None,
         };
         if let Some(message) = message {

@@ -37,7 +37,15 @@
 //! assert_eq!((late.read, late.written, late.cause), (0, 3000, Cause::Expired));
 //! ```
 
+pub mod outcome;
+pub mod price;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::conversation::FrozenRequest;
+use crate::formats::Format;
 
 /// Which kind of cache a provider runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +96,21 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// The rules of the provider that reads `format` for `model`, with `overrides` (the
+    /// config's `[cache.anthropic]` / `[cache.openai]`) applied; `None` for the neutral
+    /// format, which no provider reads.
+    pub fn of(format: Format, model: &str, overrides: &RulesConfig) -> Option<Rules> {
+        let (mut rules, o) = match format {
+            Format::Anthropic => (Rules::anthropic(model), &overrides.anthropic),
+            Format::Openai | Format::OpenaiResponses => {
+                (Rules::openai(openai_read(model)), &overrides.openai)
+            }
+            Format::Neutral => return None,
+        };
+        o.apply(&mut rules);
+        Some(rules)
+    }
+
     /// Anthropic's rules for `model`: the minimum cacheable prefix is 4,096 tokens for the
     /// Opus 4.5+ and Haiku 4.5 families, 2,048 for Haiku 3 and 3.5, 1,024 for the others.
     pub fn anthropic(model: &str) -> Rules {
@@ -137,6 +160,143 @@ impl Rules {
             write_1h: 1.0,
         }
     }
+}
+
+/// OpenAI's cached-read price as a share of input, by model family (its pricing page,
+/// 2026-12): GPT-5 and later 0.1, GPT-4.1 and the o-series 0.25, GPT-4o and others 0.5.
+fn openai_read(model: &str) -> f64 {
+    let m = model.to_ascii_lowercase();
+    if m.starts_with("gpt-5") || m.starts_with("gpt-6") {
+        0.1
+    } else if m.starts_with("gpt-4.1") || m.starts_with("o3") || m.starts_with("o4") {
+        0.25
+    } else {
+        0.5
+    }
+}
+
+/// The config's overrides of the documented rules: `[cache.anthropic]` and `[cache.openai]`
+/// (Chat Completions and Responses), each field optional.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesConfig {
+    /// Anthropic Messages.
+    #[serde(default)]
+    pub anthropic: RulesOverride,
+    /// OpenAI Chat Completions and Responses.
+    #[serde(default)]
+    pub openai: RulesOverride,
+}
+
+/// The fields of [`Rules`] a config may set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesOverride {
+    /// [`Rules::max_breakpoints`].
+    pub max_breakpoints: Option<usize>,
+    /// [`Rules::lookback_blocks`].
+    pub lookback_blocks: Option<usize>,
+    /// [`Rules::min_tokens`].
+    pub min_tokens: Option<u64>,
+    /// [`Rules::step_tokens`].
+    pub step_tokens: Option<u64>,
+    /// [`Rules::ttl_ms`], in seconds.
+    pub ttl_s: Option<u64>,
+    /// [`Rules::ttl_1h_ms`], in seconds.
+    pub ttl_1h_s: Option<u64>,
+    /// [`Rules::routing_tokens`].
+    pub routing_tokens: Option<u64>,
+    /// [`Rules::per_key_per_minute`].
+    pub per_key_per_minute: Option<u32>,
+    /// [`Rules::read`].
+    pub read: Option<f64>,
+    /// [`Rules::write_5m`].
+    pub write_5m: Option<f64>,
+    /// [`Rules::write_1h`].
+    pub write_1h: Option<f64>,
+}
+
+impl RulesOverride {
+    fn apply(&self, r: &mut Rules) {
+        let set = |to: &mut u64, v: Option<u64>| {
+            if let Some(v) = v {
+                *to = v;
+            }
+        };
+        set(&mut r.min_tokens, self.min_tokens);
+        set(&mut r.step_tokens, self.step_tokens);
+        set(&mut r.ttl_ms, self.ttl_s.map(|s| s.saturating_mul(1000)));
+        set(
+            &mut r.ttl_1h_ms,
+            self.ttl_1h_s.map(|s| s.saturating_mul(1000)),
+        );
+        set(&mut r.routing_tokens, self.routing_tokens);
+        r.max_breakpoints = self.max_breakpoints.unwrap_or(r.max_breakpoints);
+        r.lookback_blocks = self.lookback_blocks.unwrap_or(r.lookback_blocks);
+        r.per_key_per_minute = self.per_key_per_minute.unwrap_or(r.per_key_per_minute);
+        r.read = self.read.unwrap_or(r.read);
+        r.write_5m = self.write_5m.unwrap_or(r.write_5m);
+        r.write_1h = self.write_1h.unwrap_or(r.write_1h);
+    }
+
+    /// Refuses a value no cache could have, naming the key.
+    pub fn check(&self, table: &str) -> Result<(), String> {
+        for (key, v) in [
+            ("read", self.read),
+            ("write_5m", self.write_5m),
+            ("write_1h", self.write_1h),
+        ] {
+            if let Some(v) = v {
+                if !v.is_finite() || v < 0.0 {
+                    return Err(format!(
+                        "[cache.{table}] {key} must be a number ≥ 0, got {v}"
+                    ));
+                }
+            }
+        }
+        if self.step_tokens == Some(0) {
+            return Err(format!("[cache.{table}] step_tokens must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// `request` in `format` as the cache model's blocks: one per part of the prefix stream
+/// (model, each tool, system, each message), its hash the FNV-1a of its bytes, its tokens
+/// its bytes (the outcome scales them to the provider's count), its breakpoint the
+/// `cache_control` it carries. The model part counts no tokens.
+pub fn blocks(request: &FrozenRequest, format: Format) -> Vec<Block> {
+    blocks_of_parts(crate::prefix::marked_stream(request, format))
+}
+
+/// [`blocks`] of a request body already rendered in `format`.
+pub fn blocks_of_body(body: &serde_json::Value, format: Format) -> Vec<Block> {
+    blocks_of_parts(crate::prefix::marked_parts(body, format))
+}
+
+fn blocks_of_parts(parts: Vec<(crate::prefix::Part, Option<Ttl>)>) -> Vec<Block> {
+    parts
+        .into_iter()
+        .map(|(part, mark)| {
+            let tokens = if part.label == "model" {
+                0
+            } else {
+                part.text.len() as u64
+            };
+            Block::new(fnv(part.text.as_bytes()), tokens, mark)
+        })
+        .collect()
+}
+
+/// FNV-1a, 64 bits: stable across runs and builds (a block's hash is recorded nowhere, but
+/// two daemons must agree on it).
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 /// One block of a request, in the order the provider reads it.

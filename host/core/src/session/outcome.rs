@@ -1,0 +1,153 @@
+//! A reply's cache outcome from the session (issue 29): the request the reply answers and the
+//! session's previous replied request, as the cache model's blocks, with the usage the
+//! provider reported for each; the prefix diff only when they differ.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::cache::outcome::{self, Change, Outcome, Seen};
+use crate::cache::{Block, Rules, RulesConfig};
+use crate::formats::replies::ProviderUsage;
+
+/// The session's last replied request, as the next reply's outcome compares with it.
+#[derive(Clone, Debug)]
+pub(super) struct Replied {
+    pub(super) step: u64,
+    pub(super) format: Format,
+    pub(super) at_ms: u64,
+    pub(super) usage: ProviderUsage,
+    /// Its blocks, when this process computed them (else rebuilt from the log on demand).
+    pub(super) blocks: Option<Arc<[Block]>>,
+}
+
+/// What the state keeps for cache outcomes.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Track {
+    /// The seq of the last step marker: a reply answers that step's request, which the state
+    /// renders as long as nothing was appended after the marker.
+    pub(super) step_seq: u64,
+    /// History was dropped or compacted since the last replied request.
+    pub(super) compacted: bool,
+    pub(super) last: Option<Replied>,
+}
+
+impl SessionState {
+    /// The cache outcome of a reply to the session's last step, sent in `format` at
+    /// `sent_at_ms`, for which the provider reported `usage`; `None` when there is nothing to
+    /// say (no step yet, the neutral format, no input count). `events` gives the log when a
+    /// request must be rebuilt (a restart, a message after the marker, a changed prefix); it
+    /// is called at most once. Returns the blocks of the request too: the caller hands them
+    /// back with [`SessionState::remember_blocks`] once the reply is appended.
+    pub fn cache_outcome(
+        &mut self,
+        format: Format,
+        sent_at_ms: u64,
+        usage: &ProviderUsage,
+        rules: &RulesConfig,
+        events: &mut dyn FnMut() -> Result<Vec<Event>>,
+    ) -> Result<Option<(Outcome, Arc<[Block]>)>> {
+        if format == Format::Neutral || usage.input_tokens.is_none() || self.steps == 0 {
+            return Ok(None);
+        }
+        let n = self.steps;
+        let mut log: Option<Vec<Event>> = None;
+        let mut log_of = |log: &mut Option<Vec<Event>>| -> Result<()> {
+            if log.is_none() {
+                *log = Some(events()?);
+            }
+            Ok(())
+        };
+        let (now_blocks, model) = if self.last_seq == self.cache.step_seq {
+            let body: serde_json::Value =
+                serde_json::from_str(&self.render(format)?).map_err(|e| {
+                    Error::Store(StoreError::Corrupt {
+                        session: self.session.clone(),
+                        seq: self.last_seq,
+                        problem: format!("step {n}'s request does not render as JSON: {e}"),
+                    })
+                })?;
+            let model = body
+                .get("model")
+                .and_then(|m| m.as_str())
+                .unwrap_or("")
+                .to_string();
+            (crate::cache::blocks_of_body(&body, format), model)
+        } else {
+            log_of(&mut log)?;
+            let request = rebuild(&self.session, log.as_deref().unwrap_or(&[]), n)?;
+            let model = crate::formats::render(&request, format)
+                .get("model")
+                .and_then(|m| m.as_str())
+                .unwrap_or("")
+                .to_string();
+            (crate::cache::blocks(&request, format), model)
+        };
+        let Some(rules) = Rules::of(format, &model, rules) else {
+            return Ok(None);
+        };
+        let prev = match self.cache.last.clone() {
+            Some(p) if p.step < n && p.format == format => {
+                let blocks = match p.blocks {
+                    Some(b) => b.to_vec(),
+                    None => {
+                        log_of(&mut log)?;
+                        let request =
+                            rebuild(&self.session, log.as_deref().unwrap_or(&[]), p.step)?;
+                        crate::cache::blocks(&request, format)
+                    }
+                };
+                Some((
+                    p.step,
+                    Seen {
+                        at_ms: p.at_ms,
+                        blocks,
+                        usage: p.usage,
+                    },
+                ))
+            }
+            _ => None,
+        };
+        let now = Seen {
+            at_ms: sent_at_ms,
+            blocks: now_blocks,
+            usage: *usage,
+        };
+        let session = self.session.clone();
+        let change = || -> Option<Change> {
+            let (m, _) = prev.as_ref()?;
+            log_of(&mut log).ok()?;
+            let events = log.as_deref()?;
+            let before = rebuild(&session, events, *m).ok()?;
+            let after = rebuild(&session, events, n).ok()?;
+            let (from_a, from_b) = (
+                provenance_at(&session, events, *m).ok()?,
+                provenance_at(&session, events, n).ok()?,
+            );
+            let d = crate::prefix::diff(&before, from_a.as_ref(), &after, from_b.as_ref(), format);
+            let part = d.first_divergence?.part;
+            Some(Change {
+                plugin: crate::prefix::culprit(&part, from_a.as_ref(), from_b.as_ref()),
+                cause: d.causes.into_iter().next(),
+                part,
+            })
+        };
+        let mut outcome = outcome::classify(
+            &rules,
+            format,
+            prev.as_ref().map(|(_, s)| s),
+            &now,
+            self.cache.compacted,
+            change,
+        );
+        outcome.model = model;
+        Ok(Some((outcome, now.blocks.into())))
+    }
+
+    /// Keeps the blocks of the request the last recorded reply answered, so the next reply's
+    /// outcome need not rebuild it.
+    pub fn remember_blocks(&mut self, blocks: Arc<[Block]>) {
+        if let Some(last) = &mut self.cache.last {
+            last.blocks = Some(blocks);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Self-test of stub_provider.py's prompt-cache model, over HTTP with scripted time.
+
+    python3 -m unittest tests/sdk_loops/test_stub_cache.py -v
+
+Starts the stub as a subprocess (stdin kept open, so it exits with this test), drives it with
+bodies its own strict checks accept and `X-Stub-Now-Ms` headers, and checks the usage it reports
+and its /stub/ledger. Standard library only.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+import urllib.error
+import urllib.request
+
+STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_provider.py")
+T0 = 10_000_000  # scripted "now", in ms
+SECOND = 1000
+MINUTE = 60 * SECOND
+
+
+def tokens(value):
+    """What the stub charges for one block: its canonical JSON's length // 4."""
+    return len(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)) // 4
+
+
+def text_of(n_tokens, seed="a"):
+    """Filler text of about `n_tokens` tokens (4 characters each)."""
+    unit = seed + " lorem ipsum dolor "
+    return (unit * (n_tokens * 4 // len(unit) + 1))[: n_tokens * 4]
+
+
+class StubCache(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.proc = subprocess.Popen([sys.executable, STUB, "--max-seconds", "300"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        cls.base = f"http://127.0.0.1:{int(cls.proc.stdout.readline())}"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.stdin.close()
+        cls.proc.wait(timeout=10)
+        cls.proc.stdout.close()
+
+    def setUp(self):
+        self.assertEqual(self.call("POST", "/stub/reset", {}), {})
+
+    def call(self, method, path, body=None, now=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if now is not None:
+            req.add_header("X-Stub-Now-Ms", str(now))
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            self.fail(f"{method} {path}: {e.code} {e.read().decode()}")
+
+    def ledger(self):
+        return self.call("GET", "/stub/ledger")["requests"]
+
+    # --- Anthropic ---------------------------------------------------------------------------
+
+    def messages(self, now, system, model="claude-sonnet-4-5", tools=None):
+        body = {"model": model, "max_tokens": 64, "system": system,
+                "messages": [{"role": "user", "content": "Hello there."}]}
+        if tools is not None:
+            body["tools"] = tools
+        return self.call("POST", "/v1/messages", body, now)["usage"]
+
+    @staticmethod
+    def system(n_tokens, ttl=None, seed="a"):
+        control = {"type": "ephemeral"} if ttl is None else {"type": "ephemeral", "ttl": ttl}
+        return [{"type": "text", "text": text_of(n_tokens, seed), "cache_control": control}]
+
+    def test_anthropic_5m_write_read_expire(self):
+        system = self.system(5000)
+        prefix = tokens([{"type": "text", "text": system[0]["text"]}])
+        rest = tokens({"role": "user", "content": "Hello there."})
+        self.assertGreaterEqual(prefix, 5000)
+
+        first = self.messages(T0, system)
+        self.assertEqual(first["cache_read_input_tokens"], 0)
+        self.assertEqual(first["cache_creation_input_tokens"], prefix)
+        self.assertEqual(first["cache_creation"], {"ephemeral_5m_input_tokens": prefix,
+                                                   "ephemeral_1h_input_tokens": 0})
+        self.assertEqual(first["input_tokens"], rest)
+        self.assertEqual(first["output_tokens"], 12)
+
+        hit = self.messages(T0 + 60 * SECOND, system)
+        self.assertEqual(hit["cache_read_input_tokens"], prefix)
+        self.assertEqual(hit["cache_creation_input_tokens"], 0)
+        self.assertEqual(hit["input_tokens"], rest)
+
+        # The hit refreshed the entry: 301 s after it (361 s after the write) it has expired.
+        late = self.messages(T0 + 60 * SECOND + 301 * SECOND, system)
+        self.assertEqual(late["cache_read_input_tokens"], 0)
+        self.assertEqual(late["cache_creation_input_tokens"], prefix)
+
+        rows = self.ledger()
+        self.assertEqual([(r["read"], r["written_5m"], r["written_1h"]) for r in rows],
+                         [(0, prefix, 0), (prefix, 0, 0), (0, prefix, 0)])
+        self.assertEqual([r["now_ms"] for r in rows], [T0, T0 + 60_000, T0 + 361_000])
+        for r in rows:
+            self.assertEqual(r["path"], "/v1/messages")
+            self.assertEqual(r["input_tokens"], prefix + rest)
+            self.assertEqual(r["uncached"], rest)
+            self.assertIsNone(r["machine"])
+            self.assertIsNone(r["prompt_cache_key"])
+
+    def test_anthropic_1h_survives_30_minutes(self):
+        system = self.system(5000, ttl="1h")
+        prefix = tokens([{"type": "text", "text": system[0]["text"]}])
+        first = self.messages(T0, system)
+        self.assertEqual(first["cache_creation"], {"ephemeral_5m_input_tokens": 0,
+                                                   "ephemeral_1h_input_tokens": prefix})
+        later = self.messages(T0 + 30 * MINUTE, system)
+        self.assertEqual(later["cache_read_input_tokens"], prefix)
+        self.assertEqual(later["cache_creation_input_tokens"], 0)
+        # The same gap expires a 5-minute entry.
+        short = self.system(5000, seed="b")
+        self.messages(T0, short)
+        self.assertEqual(self.messages(T0 + 30 * MINUTE, short)["cache_read_input_tokens"], 0)
+
+    def test_anthropic_below_minimum_writes_nothing(self):
+        for model, n in (("claude-sonnet-4-5", 500), ("claude-haiku-4-5", 3000),
+                         ("claude-3-5-haiku-latest", 1500)):
+            system = self.system(n, seed=model)
+            for now in (T0, T0 + SECOND):
+                usage = self.messages(now, system, model=model)
+                self.assertEqual(usage["cache_read_input_tokens"], 0, model)
+                self.assertEqual(usage["cache_creation_input_tokens"], 0, model)
+                self.assertEqual(usage["input_tokens"],
+                                 tokens([{"type": "text", "text": system[0]["text"]}])
+                                 + tokens({"role": "user", "content": "Hello there."}), model)
+        # Above the haiku-4-5 minimum it is written.
+        usage = self.messages(T0, self.system(4500), model="claude-haiku-4-5")
+        self.assertGreater(usage["cache_creation_input_tokens"], 4096)
+
+    def test_anthropic_system_change_reads_back_to_tools(self):
+        tools = [{"name": "look", "description": text_of(1500, "tool"),
+                  "input_schema": {"type": "object", "properties": {}},
+                  "cache_control": {"type": "ephemeral"}}]
+        stripped = {k: v for k, v in tools[0].items() if k != "cache_control"}
+        tool_tokens = tokens(stripped)
+        system_a, system_b = self.system(2000, seed="a"), self.system(2000, seed="b")
+        sys_a = tokens([{"type": "text", "text": system_a[0]["text"]}])
+        sys_b = tokens([{"type": "text", "text": system_b[0]["text"]}])
+
+        first = self.messages(T0, system_a, tools=tools)
+        self.assertEqual(first["cache_read_input_tokens"], 0)
+        self.assertEqual(first["cache_creation_input_tokens"], tool_tokens + sys_a)
+        same = self.messages(T0 + SECOND, system_a, tools=tools)
+        self.assertEqual(same["cache_read_input_tokens"], tool_tokens + sys_a)
+        changed = self.messages(T0 + 2 * SECOND, system_b, tools=tools)
+        self.assertEqual(changed["cache_read_input_tokens"], tool_tokens)
+        self.assertEqual(changed["cache_creation_input_tokens"], sys_b)
+
+    def test_anthropic_lookback_reads_a_breakpoint_moved_later(self):
+        # A conversation that grew: the breakpoint moves to the newest turn; the entry written at
+        # the earlier breakpoint is found within the lookback.
+        marked = [{"role": "user", "content": [{"type": "text", "text": text_of(1200),
+                                                 "cache_control": {"type": "ephemeral"}}]}]
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": marked}
+        first = self.call("POST", "/v1/messages", body, T0)["usage"]
+        written = first["cache_creation_input_tokens"]
+        self.assertGreater(written, 1024)
+        grown = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": text_of(1200)}]},
+            {"role": "assistant", "content": "Sure."},
+            {"role": "user", "content": [{"type": "text", "text": "And then?",
+                                          "cache_control": {"type": "ephemeral"}}]}]}
+        usage = self.call("POST", "/v1/messages", grown, T0 + SECOND)["usage"]
+        self.assertEqual(usage["cache_read_input_tokens"], written)
+        self.assertEqual(usage["cache_creation_input_tokens"],
+                         tokens(grown["messages"][1]) + tokens(
+                             {"role": "user", "content": [{"type": "text", "text": "And then?"}]}))
+
+    # --- OpenAI --------------------------------------------------------------------------------
+
+    def chat(self, now, n_tokens, key=None, seed="a"):
+        body = {"model": "gpt-5", "messages": [
+            {"role": "system", "content": text_of(n_tokens, seed)},
+            {"role": "user", "content": "Hello there."}]}
+        if key is not None:
+            body["prompt_cache_key"] = key
+        return self.call("POST", "/v1/chat/completions", body, now)["usage"]
+
+    def test_chat_below_minimum_caches_nothing(self):
+        for now in (T0, T0 + SECOND, T0 + 2 * SECOND):
+            usage = self.chat(now, 700)
+            self.assertLess(usage["prompt_tokens"], 1024)
+            self.assertEqual(usage["prompt_tokens_details"], {"cached_tokens": 0})
+
+    def test_chat_reads_in_128_token_steps(self):
+        first = self.chat(T0, 2000)
+        total = first["prompt_tokens"]
+        self.assertGreater(total, 2000)
+        self.assertEqual(first["prompt_tokens_details"]["cached_tokens"], 0)
+        self.assertEqual(first["total_tokens"], total + first["completion_tokens"])
+        second = self.chat(T0 + 4 * MINUTE, 2000)
+        cached = second["prompt_tokens_details"]["cached_tokens"]
+        self.assertEqual(second["prompt_tokens"], total)
+        self.assertGreater(cached, 0)
+        self.assertEqual(cached % 128, 0)
+        self.assertLessEqual(cached, total)
+        self.assertGreater(cached, total - 128 - tokens({"role": "user", "content": "Hello there."}))
+        # The hit refreshed it; 301 s of silence expires it.
+        third = self.chat(T0 + 4 * MINUTE + 301 * SECOND, 2000)
+        self.assertEqual(third["prompt_tokens_details"]["cached_tokens"], 0)
+
+    def test_chat_16th_request_a_minute_goes_to_a_new_machine(self):
+        reads = [self.chat(T0 + i * SECOND, 2000, key="alpha")["prompt_tokens_details"]
+                 ["cached_tokens"] for i in range(16)]
+        self.assertEqual(reads[0], 0)
+        self.assertTrue(all(r > 0 for r in reads[1:15]), reads)
+        self.assertEqual(reads[15], 0)
+        # Another key is another route, with its own machines and load.
+        beta = [self.chat(T0 + (16 + i) * SECOND, 2000, key="beta")["prompt_tokens_details"]
+                ["cached_tokens"] for i in range(2)]
+        self.assertEqual(beta[0], 0)
+        self.assertGreater(beta[1], 0)
+        # A minute after the first requests, alpha's load has fallen back to machine 0.
+        again = self.chat(T0 + 75 * SECOND, 2000, key="alpha")
+        self.assertGreater(again["prompt_tokens_details"]["cached_tokens"], 0)
+
+        rows = self.ledger()
+        self.assertEqual(len(rows), 19)
+        self.assertEqual([r["machine"] for r in rows], [0] * 15 + [1] + [0, 0] + [0])
+        self.assertEqual([r["prompt_cache_key"] for r in rows],
+                         ["alpha"] * 16 + ["beta"] * 2 + ["alpha"])
+        self.assertEqual([r["read"] for r in rows[:18]], reads + beta)
+        for r in rows:
+            self.assertEqual(r["path"], "/v1/chat/completions")
+            self.assertEqual(r["model"], "gpt-5")
+            self.assertEqual(r["written_5m"] + r["written_1h"], 0)
+            self.assertEqual(r["uncached"], r["input_tokens"] - r["read"])
+            self.assertEqual(r["output_tokens"], 12)
+        self.assertEqual(set(rows[0]), {"path", "model", "now_ms", "input_tokens", "read",
+                                        "written_5m", "written_1h", "uncached", "output_tokens",
+                                        "prompt_cache_key", "machine"})
+
+    def test_responses_usage(self):
+        body = {"model": "gpt-5", "instructions": text_of(1500), "input": "Hello there."}
+        first = self.call("POST", "/v1/responses", body, T0)["usage"]
+        self.assertEqual(first["input_tokens"], tokens(body["instructions"]) + tokens("Hello there."))
+        self.assertEqual(first["input_tokens_details"], {"cached_tokens": 0})
+        self.assertEqual(first["output_tokens_details"], {"reasoning_tokens": 0})
+        self.assertEqual(first["total_tokens"], first["input_tokens"] + first["output_tokens"])
+        second = self.call("POST", "/v1/responses", body, T0 + SECOND)["usage"]
+        cached = second["input_tokens_details"]["cached_tokens"]
+        self.assertGreater(cached, 1024)
+        self.assertEqual(cached % 128, 0)
+        # Chat's cache is another one.
+        self.assertEqual(self.chat(T0 + 2 * SECOND, 2000)["prompt_tokens_details"]
+                         ["cached_tokens"], 0)
+
+    # --- The ledger and the clock --------------------------------------------------------------
+
+    def test_reset_and_clock(self):
+        self.chat(None, 2000)  # no header: the monotonic clock
+        self.assertGreater(self.chat(None, 2000)["prompt_tokens_details"]["cached_tokens"], 0)
+        self.assertEqual(len(self.ledger()), 2)
+        self.call("POST", "/stub/reset", {})
+        self.assertEqual(self.ledger(), [])
+        self.assertEqual(self.chat(None, 2000)["prompt_tokens_details"]["cached_tokens"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
