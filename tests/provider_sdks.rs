@@ -122,6 +122,8 @@ struct Client {
     script: &'static str,
     args: &'static [&'static str],
     format: &'static str,
+    /// Whether the loop records its replies with their usage (so each has a cache outcome).
+    records_usage: bool,
 }
 
 /// The command running `client`'s loop script (its arguments follow).
@@ -188,6 +190,23 @@ fn conforms(client: Client) {
                 client.format
             ));
         }
+        // Each reply recorded with its usage has a cache outcome the log explains: the
+        // session's first `cold` (or `uncacheable`, below the minimum), never `unexplained`.
+        let outcomes: Vec<Option<&str>> = summary["cache"]
+            .as_array()
+            .map(|a| a.iter().map(Value::as_str).collect())
+            .unwrap_or_default();
+        let with_usage = client.records_usage;
+        let explained = outcomes.len() as u64 == STEPS
+            && outcomes
+                .iter()
+                .all(|o| o.is_some() == with_usage && *o != Some("unexplained"))
+            && (!with_usage || matches!(outcomes[0], Some("cold" | "uncacheable")));
+        if !explained {
+            failures.push(format!(
+                "agent {agent}: cache outcomes {outcomes:?} (usage recorded: {with_usage})"
+            ));
+        }
     }
     assert!(
         failures.is_empty(),
@@ -205,6 +224,7 @@ fn openai_python_chat_completions() {
         runtime: Runtime::Python,
         script: "openai_chat.py",
         args: &[],
+        records_usage: true,
         format: "openai",
     });
 }
@@ -215,6 +235,7 @@ fn openai_python_responses() {
         runtime: Runtime::Python,
         script: "openai_responses.py",
         args: &[],
+        records_usage: true,
         format: "openai-responses",
     });
 }
@@ -225,6 +246,7 @@ fn anthropic_python_reply_as_content_blocks() {
         runtime: Runtime::Python,
         script: "anthropic_messages.py",
         args: &["--reply", "blocks"],
+        records_usage: false,
         format: "anthropic",
     });
 }
@@ -235,6 +257,7 @@ fn anthropic_python_reply_as_whole_message() {
         runtime: Runtime::Python,
         script: "anthropic_messages.py",
         args: &["--reply", "message"],
+        records_usage: true,
         format: "anthropic",
     });
 }
@@ -245,6 +268,7 @@ fn openai_js_chat_completions() {
         runtime: Runtime::Node,
         script: "openai_chat.mjs",
         args: &[],
+        records_usage: true,
         format: "openai",
     });
 }
@@ -255,6 +279,7 @@ fn openai_js_responses() {
         runtime: Runtime::Node,
         script: "openai_responses.mjs",
         args: &[],
+        records_usage: true,
         format: "openai-responses",
     });
 }
@@ -265,6 +290,7 @@ fn anthropic_js_reply_as_content_blocks() {
         runtime: Runtime::Node,
         script: "anthropic_messages.mjs",
         args: &["--reply", "blocks"],
+        records_usage: false,
         format: "anthropic",
     });
 }
@@ -275,6 +301,7 @@ fn anthropic_js_reply_as_whole_message() {
         runtime: Runtime::Node,
         script: "anthropic_messages.mjs",
         args: &["--reply", "message"],
+        records_usage: true,
         format: "anthropic",
     });
 }
@@ -439,6 +466,7 @@ fn python_client(script: &'static str, format: &'static str) -> Client {
         runtime: Runtime::Python,
         script,
         args: &[],
+        records_usage: false,
         format,
     }
 }
@@ -692,6 +720,7 @@ fn openai_js_chat_completions_with_images_and_a_pdf() {
         runtime: Runtime::Node,
         script: "openai_chat.mjs",
         args: &[],
+        records_usage: false,
         format: "openai",
     });
 }
@@ -702,6 +731,7 @@ fn openai_js_responses_with_images_and_a_pdf() {
         runtime: Runtime::Node,
         script: "openai_responses.mjs",
         args: &[],
+        records_usage: false,
         format: "openai-responses",
     });
 }
@@ -712,6 +742,7 @@ fn anthropic_js_with_images_and_a_pdf() {
         runtime: Runtime::Node,
         script: "anthropic_messages.mjs",
         args: &[],
+        records_usage: false,
         format: "anthropic",
     });
 }

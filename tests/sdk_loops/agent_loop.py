@@ -81,6 +81,14 @@ def post(base, path, body):
     return post_raw(base, path, body)[1]
 
 
+def get(base, path):
+    try:
+        with urllib.request.urlopen(base + path, timeout=TIMEOUT_S) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        raise Failed(f"promptd GET {path} -> {e.code}: {e.read().decode(errors='replace')}") from None
+
+
 def facts(dirty, n, args):
     # git_dirty flips after the first tool call, so a fresh runtime context snapshot lands right
     # after tool results, as it would in a real loop.
@@ -222,6 +230,10 @@ def run(sdk, fmt, args, call):
             awaiting = []
     if args.media != "none":
         stats["media"] = MEDIA
+    # How the stub's cache served each step, as the daemon recorded it with the reply (null
+    # where the reply's shape carried no usage).
+    report = get(args.promptd, f"/v1/sessions/{sid}/usage")
+    stats["cache"] = [(s.get("cache") or {}).get("outcome") for s in report["steps"]]
     return stats
 
 

@@ -8,9 +8,10 @@ import agent_loop
 from openai import OpenAI
 
 
-def reply_of(message):
-    """The reply as the SDK gives it, recorded as is."""
-    return message.model_dump(exclude_none=True)
+def reply_of(completion):
+    """The reply as the SDK gives it, recorded as is: the whole completion, so its usage
+    (cached tokens included) is recorded with it."""
+    return completion.model_dump(exclude_none=True)
 
 
 def factory(args):
@@ -18,9 +19,10 @@ def factory(args):
                     timeout=agent_loop.TIMEOUT_S)
 
     def call(body):
-        message = client.chat.completions.create(**body).choices[0].message
+        completion = client.chat.completions.create(**body)
+        message = completion.choices[0].message
         calls = [(c.id, c.function.name) for c in message.tool_calls or []]
-        return agent_loop.Turn(reply_of(message), calls, message.content or "")
+        return agent_loop.Turn(reply_of(completion), calls, message.content or "")
 
     return call
 

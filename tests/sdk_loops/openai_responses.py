@@ -9,10 +9,13 @@ from openai import OpenAI
 
 
 def reply_of(response):
-    """The reply as the SDK gives it: the response's output items. `to_dict()` is the SDK's
+    """The reply as the SDK gives it: the response's output items and its usage. `to_dict()` is the SDK's
     wire shape (API names, only the fields the API sent); `model_dump()` would add Python-side
     keys such as `async_` and nulls for every absent field."""
-    return {"type": "response", "output": [item.to_dict() for item in response.output]}
+    reply = {"type": "response", "output": [item.to_dict() for item in response.output]}
+    if response.usage is not None:
+        reply["usage"] = response.usage.to_dict()
+    return reply
 
 
 def factory(args):

@@ -110,8 +110,13 @@ impl Server {
             } else {
                 String::new()
             };
+            let cache = if e["body"]["cache"].is_object() {
+                format!("[cache: {}] ", describe_outcome(&e["body"]["cache"]))
+            } else {
+                String::new()
+            };
             println!(
-                "{:>4}  {:<18} {usage}{}",
+                "{:>4}  {:<18} {usage}{cache}{}",
                 e["seq"],
                 e["kind"].as_str().unwrap_or(""),
                 e["body"]
@@ -131,6 +136,47 @@ impl Server {
                 "prefix kept: {kept} of {compared} steps ({:.0}%) sent all of the previous request first",
                 100.0 * kept as f64 / compared as f64
             );
+        }
+        let usage = self.call("GET", &format!("/v1/sessions/{id}/usage"), None)?;
+        if usage["ledger"]["replies"].as_u64().unwrap_or(0) > 0 {
+            print_ledger("cache", &usage["ledger"]);
+        }
+        Ok(())
+    }
+
+    /// The cost ledger across sessions (`GET /v1/usage`), as a table or as JSON.
+    pub fn usage(
+        &self,
+        agent: Option<&str>,
+        since: Option<&str>,
+        json: bool,
+    ) -> anyhow::Result<()> {
+        let mut query = Vec::new();
+        if let Some(a) = agent {
+            query.push(format!("agent={}", percent(a)));
+        }
+        if let Some(s) = since {
+            query.push(format!("since={}", since_ms(s, now_ms())?));
+        }
+        let path = if query.is_empty() {
+            "/v1/usage".to_string()
+        } else {
+            format!("/v1/usage?{}", query.join("&"))
+        };
+        let v = self.call("GET", &path, None)?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            return Ok(());
+        }
+        println!(
+            "{} sessions, {} replies{}",
+            v["sessions"],
+            v["total"]["replies"],
+            since.map_or(String::new(), |s| format!(" since {s}"))
+        );
+        print_ledger("all agents", &v["total"]);
+        for (agent, ledger) in v["agents"].as_object().into_iter().flatten() {
+            print_ledger(&format!("agent {agent}"), ledger);
         }
         Ok(())
     }
@@ -333,5 +379,150 @@ impl Paint {
     }
     fn cyan(&self, text: &str) -> String {
         self.wrap("36", text)
+    }
+}
+
+/// A recorded cache outcome in words: `ttl_expired, read 0 of 4,800 expected, lost 4,800
+/// tokens, after 7m12s idle`.
+pub fn describe_outcome(c: &Value) -> String {
+    let mut out = c["outcome"].as_str().unwrap_or("?").to_string();
+    out += &format!(", expected to read {}", c["expected_read"]);
+    if let Some(lost) = c["lost"].as_u64().filter(|l| *l > 0) {
+        out += &format!(", lost {lost} tokens");
+    }
+    if let Some(gap) = c["gap_ms"].as_u64() {
+        out += &format!(", {} after the previous", duration(gap));
+    }
+    if let Some(part) = c["part"].as_str() {
+        out += &format!(", at {part}");
+    }
+    if let Some(plugin) = c["plugin"].as_str() {
+        out += &format!(" (plugin `{plugin}`)");
+    }
+    if let Some(cause) = c["cause"].as_str() {
+        out += &format!(": {cause}");
+    }
+    out
+}
+
+/// `7m12s`, `1h03m`, `850ms`.
+fn duration(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// A ledger (`replies`, tokens, `outcomes`, `plugins`, `cost`) as indented lines.
+fn print_ledger(title: &str, l: &Value) {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let share = l["cached_share"].as_f64().map_or(String::new(), |s| {
+        format!(" ({:.1}% from cache)", 100.0 * s)
+    });
+    println!(
+        "{title}: {} replies, {} input tokens, {} read from cache{share}, {} written, {} output",
+        n(&l["replies"]),
+        n(&l["input_tokens"]),
+        n(&l["cached_tokens"]),
+        n(&l["cache_write_tokens"]),
+        n(&l["output_tokens"]),
+    );
+    let dollars = |v: &Value| v.as_f64().map_or("-".to_string(), |d| format!("${d:.4}"));
+    for (kind, t) in l["outcomes"].as_object().into_iter().flatten() {
+        println!(
+            "  {kind:<15} {:>6} replies  {:>10} tokens lost  miss cost {}",
+            n(&t["replies"]),
+            n(&t["lost_tokens"]),
+            dollars(&t["miss_cost"]),
+        );
+    }
+    for (plugin, t) in l["plugins"].as_object().into_iter().flatten() {
+        println!(
+            "  plugin {plugin}: {} prefix changes, {} tokens lost, miss cost {}",
+            n(&t["replies"]),
+            n(&t["lost_tokens"]),
+            dollars(&t["miss_cost"]),
+        );
+    }
+    if l["cost"].is_object() {
+        let c = &l["cost"];
+        println!(
+            "  cost {}: input {}, cache reads {}, cache writes {}, output {}; misses added {}",
+            dollars(&c["total"]),
+            dollars(&c["input"]),
+            dollars(&c["cache_read"]),
+            dollars(&c["cache_write"]),
+            dollars(&c["output"]),
+            dollars(&c["miss"]),
+        );
+    }
+    let unpriced: Vec<&str> = l["unpriced_models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !unpriced.is_empty() {
+        println!("  no [pricing] for {}: tokens only", unpriced.join(", "));
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `--since`: milliseconds since the Unix epoch, or a duration ago (`90s`, `30m`, `2h`, `7d`).
+pub fn since_ms(text: &str, now: u64) -> anyhow::Result<u64> {
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let per = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => 0,
+    };
+    match number.parse::<u64>() {
+        Ok(n) if per > 0 => Ok(now.saturating_sub(n.saturating_mul(per))),
+        _ => bail!(ClientError(format!(
+            "error[bad_argument]: --since `{text}`: expected milliseconds since the Unix epoch or a duration such as 30m, 2h, 7d"
+        ))),
+    }
+}
+
+/// `text` percent-encoded for a query value.
+fn percent(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod since_tests {
+    use super::since_ms;
+
+    #[test]
+    fn since_takes_epoch_milliseconds_or_a_duration_ago() {
+        assert_eq!(since_ms("1700000000000", 0).unwrap(), 1_700_000_000_000);
+        assert_eq!(since_ms("30m", 3_600_000).unwrap(), 1_800_000);
+        assert_eq!(since_ms("2d", 86_400_000).unwrap(), 0);
+        let e = since_ms("yesterday", 0).unwrap_err().to_string();
+        assert!(e.contains("--since `yesterday`"), "{e}");
     }
 }

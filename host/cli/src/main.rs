@@ -56,6 +56,22 @@ enum Command {
         #[arg(long)]
         budget: bool,
     },
+    /// The cost ledger across sessions: replies, cache outcomes, misses by cause and by
+    /// plugin, and cost by the config's `[pricing]`, in total and per agent.
+    Usage {
+        /// Only this agent's sessions.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only replies since then: milliseconds since the Unix epoch, or a duration ago
+        /// (`30m`, `2h`, `7d`).
+        #[arg(long)]
+        since: Option<String>,
+        /// Print the daemon's JSON as it is.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        server: client::Server,
+    },
     /// Inspect plugin files.
     Plugin {
         #[command(subcommand)]
@@ -292,6 +308,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             SessionCommand::Show { id, n, format } => server.show(&id, n, &format),
         },
         Command::Plugins { server } => server.plugins(),
+        Command::Usage {
+            agent,
+            since,
+            json,
+            server,
+        } => server.usage(agent.as_deref(), since.as_deref(), json),
         Command::Compile { .. } => unreachable!("main runs the compiler child"),
     }
 }

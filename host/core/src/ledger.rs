@@ -148,6 +148,9 @@ impl Summary {
     /// Adds one session of `agent`, whose ledger is `ledger`.
     pub fn add_session(&mut self, agent: &str, ledger: &Ledger) {
         self.sessions += 1;
+        if ledger.replies == 0 {
+            return; // an agent appears once it has a reply to count
+        }
         self.total.merge(ledger);
         self.agents
             .entry(agent.to_string())

@@ -52,6 +52,13 @@ async function post(base, path, body) {
   return JSON.parse(text);
 }
 
+async function get(base, path) {
+  const response = await fetch(base + path, { signal: AbortSignal.timeout(TIMEOUT_MS) });
+  const text = await response.text();
+  if (!response.ok) throw new Failed(`promptd GET ${path} -> ${response.status}: ${text}`);
+  return JSON.parse(text);
+}
+
 // git_dirty flips after the first tool call, so a fresh runtime context snapshot lands right
 // after tool results, as it would in a real loop.
 function facts(dirty) {
@@ -208,6 +215,10 @@ async function run(sdk, format, args, call) {
     }
   }
   if (args.media !== "none") stats.media = MEDIA;
+  // How the stub's cache served each step, as the daemon recorded it with the reply (null
+  // where the reply's shape carried no usage).
+  const report = await get(args.promptd, `/v1/sessions/${id}/usage`);
+  stats.cache = report.steps.map((s) => (s.cache ? s.cache.outcome : null));
   return stats;
 }
 

@@ -6,9 +6,11 @@ import { main, TIMEOUT_MS } from "./agent_loop.mjs";
 await main("openai-js", "openai", (args) => {
   const client = new OpenAI({ baseURL: `${args.stub}/v1`, apiKey: "sk-stub", maxRetries: 0, timeout: TIMEOUT_MS });
   return async (body) => {
-    const message = (await client.chat.completions.create(body)).choices[0].message;
+    const completion = await client.chat.completions.create(body);
+    const message = completion.choices[0].message;
     const calls = (message.tool_calls ?? []).map((c) => [c.id, c.function.name]);
-    // The reply as the SDK gives it (the API's JSON), recorded as is.
-    return { reply: message, calls, text: message.content ?? "" };
+    // The reply as the SDK gives it (the API's JSON), recorded as is: the whole completion,
+    // so its usage is recorded with it.
+    return { reply: completion, calls, text: message.content ?? "" };
   };
 });

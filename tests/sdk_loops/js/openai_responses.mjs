@@ -3,9 +3,11 @@
 import OpenAI from "openai";
 import { main, TIMEOUT_MS } from "./agent_loop.mjs";
 
-// The reply as the SDK gives it: the response's output items, as the API sent them.
+// The reply as the SDK gives it: the response's output items and usage, as the API sent them.
 function replyOf(response) {
-  return { type: "response", output: response.output };
+  const reply = { type: "response", output: response.output };
+  if (response.usage) reply.usage = response.usage;
+  return reply;
 }
 
 await main("openai-js", "openai-responses", (args) => {

@@ -9,8 +9,9 @@
 //! - the provider read about what the model expected (within 5% of the input, or one
 //!   [`Rules::step_tokens`]): the model's cause is the outcome (`hit`, `ttl_expired`,
 //!   `prefix_changed` with the part and the plugin, `model_changed`, `compacted`, `cold`, …);
-//! - the provider read more: `hit` (another session, or a request the log does not hold,
-//!   kept it warm);
+//! - the provider read more, all the previous request left cached: `hit` (another session,
+//!   or a request the log does not hold, kept it warm); more, but not all of that: the
+//!   model's cause (another session kept the head warm, this session's own part was lost);
 //! - the provider read less: `routing` for OpenAI's automatic cache (the prefix was stable
 //!   but the request went to a machine that did not hold it: the key, or the per-key rate),
 //!   `unexplained` for Anthropic's (an entry evicted before its TTL).
@@ -243,9 +244,12 @@ pub fn classify(
             Family::Breakpoints if held == 0 && prev.is_some() => Kind::Uncacheable,
             Family::Breakpoints => Kind::Unexplained,
         }
-    } else if read > modelled.read + tolerance {
-        Kind::Hit // kept warm by a request this session's log does not hold
+    } else if read > modelled.read + tolerance && read + tolerance >= held {
+        // Kept warm by a request this session's log does not hold (another session).
+        Kind::Hit
     } else {
+        // As modelled, or more (another session kept part of it warm), but less than the
+        // previous request left cached: the model's cause says why.
         // Where this request first differs from the previous one, in blocks.
         let diverges = prev.and_then(|p| {
             let at = p
@@ -433,6 +437,15 @@ mod tests {
             classify(&anthropic(), F, None, &s, false, || None).outcome,
             Kind::Hit
         );
+    }
+
+    #[test]
+    fn a_head_kept_warm_by_another_session_does_not_hide_an_expired_tail() {
+        let a = seen(0, blocks(2, 4), usage(2400, 0, 2400));
+        // Ten minutes on, the provider reads the 2,000-token head another session kept warm.
+        let b = seen(10 * MIN, blocks(2, 5), usage(2500, 2000, 500));
+        let o = classify(&anthropic(), F, Some(&a), &b, false, || None);
+        assert_eq!((o.outcome, o.lost), (Kind::TtlExpired, 400));
     }
 
     #[test]
