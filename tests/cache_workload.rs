@@ -381,7 +381,7 @@ fn rig() -> Rig {
 }
 
 #[test]
-fn issue29_a_scripted_workload_of_100_sessions_records_only_outcomes_its_script_caused() {
+fn k2_a_scripted_workload_of_100_sessions_records_only_outcomes_its_script_caused() {
     let mut rig = rig();
     let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
     let mut sessions: Vec<Session> = (0..100)
@@ -544,6 +544,7 @@ fn issue29_a_scripted_workload_of_100_sessions_records_only_outcomes_its_script_
         })
         .expect("a session with a gap past the TTL");
     let log = common::ok(&["session", "log", &expired.id, "--server", &rig.d.url]);
+    eprintln!("promptd session log {}:\n{log}", expired.id);
     assert!(log.contains("[cache: ttl_expired, "), "{log}");
     assert!(log.contains("\ncache: "), "{log}");
 }
@@ -551,7 +552,7 @@ fn issue29_a_scripted_workload_of_100_sessions_records_only_outcomes_its_script_
 /// The outcome survives a restart: a daemon that starts on the same log judges the next reply
 /// against the one recorded before it stopped (nothing is lost with the process).
 #[test]
-fn issue29_the_outcome_baseline_survives_a_restart() {
+fn k3_the_outcome_baseline_survives_a_restart() {
     let folder = Folder::new()
         .bundled("identity")
         .bundled("persona")

@@ -107,11 +107,14 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         &coder,
         json!([{"role": "user", "content": "List the files."}]),
     );
+    // Recorded with the usage an Anthropic reply reports: the step gets a cache outcome.
     let reply = json!({"role": "assistant", "content": "Looking.",
-        "tool_calls": [{"id": "call_1", "name": "list_dir", "arguments": {"path": "."}}]});
+        "tool_calls": [{"id": "call_1", "name": "list_dir", "arguments": {"path": "."}}],
+        "usage": {"input_tokens": 0, "cache_read_input_tokens": 0,
+                  "cache_creation_input_tokens": 5000, "output_tokens": 20}});
     d.ok(
         "POST",
-        &format!("/v1/sessions/{coder}/messages"),
+        &format!("/v1/sessions/{coder}/messages?format=anthropic&sent_at=1000"),
         Some(&reply),
     );
     step(
@@ -198,6 +201,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "session": coder,
         "steps": 4,
         "header_reasons": ["initial", "change", "change"],
+        "cache": {"1": "cold"},
         "system_phrases": [
             "You are Ada running on the model example-model.",
             "You are Ada's engineering side: precise.",

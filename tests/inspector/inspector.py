@@ -120,6 +120,14 @@ def session_timeline(driver):
           f"reasons {reasons}, expected {spec['header_reasons']}")
     links = css(driver, "#timeline li[data-kind=step] a[data-testid=step-link]")
     check("timeline: every step marker links to its step", len(links) == spec["steps"], f"{len(links)} links")
+    shown = {row.get_attribute("data-step"): badge.get_attribute("data-outcome")
+             for row in css(driver, "#steps-table tr[data-testid=step-row]")
+             for badge in row.find_elements(By.CSS_SELECTOR, "[data-testid=cache-outcome]")}
+    check("steps: each reply's cache outcome", shown == spec["cache"], f"shown {shown}, expected {spec['cache']}")
+    in_timeline = [b.get_attribute("data-outcome") for b in
+                   css(driver, "#timeline li[data-kind='assistant/message'] [data-testid=cache-outcome]")]
+    check("timeline: the reply carries its cache outcome", in_timeline == list(spec["cache"].values()),
+          f"timeline outcomes {in_timeline}")
     css(driver, "#steps-table tr[data-step='1'] a[data-testid=step-link]")[0].click()
 
 

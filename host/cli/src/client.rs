@@ -93,7 +93,17 @@ impl Server {
         for e in v["events"].as_array().into_iter().flatten() {
             // One line per event; a step's measurement is said in words before its body.
             let u = &e["body"]["usage"];
-            let usage = if u.is_object() {
+            let usage = if e["kind"] == "assistant/message" && u.is_object() {
+                // What the provider reported for a reply (formats.md, recording replies).
+                let n = |k: &str| u[k].as_u64().unwrap_or(0);
+                format!(
+                    "[reported: {} input ({} from cache, {} written), {} output] ",
+                    n("input_tokens"),
+                    n("cached_tokens"),
+                    n("cache_write_tokens"),
+                    n("output_tokens")
+                )
+            } else if e["kind"] == "step" && u.is_object() {
                 let window = u["window"]
                     .as_u64()
                     .map_or("no window".to_string(), |w| format!("window {w}"));

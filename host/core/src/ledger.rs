@@ -180,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn misses_are_summed_by_cause_and_by_plugin_and_unpriced_models_listed() {
+    fn k4_misses_are_summed_by_cause_and_by_plugin_and_unpriced_models_listed() {
         let prices = BTreeMap::from([(
             "claude-sonnet-4-5".to_string(),
             Price {

@@ -356,6 +356,32 @@ function stepsOf(events) {
   return steps;
 }
 
+/** Step number → the cache outcome recorded with the reply that followed it. */
+function cacheOutcomes(events) {
+  const out = new Map();
+  let step = 0;
+  for (const e of events) {
+    if (e.kind === 'step') step = e.body.step;
+    else if (e.kind === 'assistant/message' && e.body && e.body.cache && !out.has(step)) {
+      out.set(step, e.body.cache);
+    }
+  }
+  return out;
+}
+
+/** A cache outcome as a badge, its figures and cause in the title. */
+function cacheBadge(c) {
+  const words = [`expected to read ${c.expected_read} tokens`];
+  if (c.lost) words.push(`lost ${c.lost} tokens`);
+  if (c.gap_ms != null) words.push(`${(c.gap_ms / 1000).toFixed(1)} s after the previous request`);
+  if (c.part) words.push(`at ${c.part}${c.plugin ? ` (plugin ${c.plugin})` : ''}`);
+  if (c.cause) words.push(c.cause);
+  const good = c.outcome === 'hit' || c.outcome === 'cold' || c.outcome === 'uncacheable';
+  return badge(c.outcome + (c.plugin ? ` · ${c.plugin}` : ''), `cache ${good ? 'good' : 'bad'}`, {
+    'data-testid': 'cache-outcome', 'data-outcome': c.outcome, title: words.join('; '),
+  });
+}
+
 function contentText(content) {
   if (typeof content === 'string') return content;
   if (Array.isArray(content)) {
@@ -381,7 +407,8 @@ function eventSummary(e, sessionId) {
     case 'assistant/message':
     case 'message/assistant': {
       const calls = (b.tool_calls || []).map((c) => h('code', {}, c.name));
-      return [preview(b.content || ''), calls.length ? [' → calls ', calls] : null];
+      return [b.cache ? [cacheBadge(b.cache), ' '] : null, preview(b.content || ''),
+        calls.length ? [' → calls ', calls] : null];
     }
     case 'tool/result':
       return [h('code', {}, b.tool_call_id), b.is_error ? badge('error', 'bad') : null, ' ',
@@ -432,8 +459,10 @@ async function sessionView(page, id) {
       h('span', { class: 'muted' }, `agent `, h('code', { id: 'session-agent' }, agent),
         ` · ${steps.length} steps · ${events.length} events · ${when(first)} – ${when(last)}`)));
 
+  const outcomes = cacheOutcomes(events);
   const stepRows = steps.map((s) => {
     const u = s.marker.body.usage;
+    const cache = outcomes.get(s.n);
     const messages = s.events.filter((e) => /message|tool\/result/.test(e.kind) && !(e.body && e.body.snapshot));
     return h('tr', { 'data-testid': 'step-row', 'data-step': s.n },
       h('td', {}, h('a', { href: route('session', id, 'step', s.n), 'data-testid': 'step-link' }, `Step ${s.n}`)),
@@ -442,6 +471,7 @@ async function sessionView(page, id) {
       h('td', { class: 'num' }, messages.length),
       h('td', { class: 'num' }, u && u.total ? u.total.tokens : ''),
       h('td', { class: 'num' }, u ? u.message_count : ''),
+      h('td', {}, cache ? cacheBadge(cache) : h('span', { class: 'muted' }, '—')),
       h('td', { title: when(s.marker.at_ms) }, when(s.marker.at_ms)));
   });
   add(page, h('h2', {}, 'Steps'),
@@ -449,7 +479,7 @@ async function sessionView(page, id) {
       ? h('table', { id: 'steps-table', 'data-testid': 'steps-table' },
         h('thead', {}, h('tr', {}, h('th', {}, 'Step'), h('th', {}, 'Header'),
           h('th', { class: 'num' }, 'New messages'), h('th', { class: 'num' }, 'Tokens (est.)'),
-          h('th', { class: 'num' }, 'Messages sent'), h('th', {}, 'At'))),
+          h('th', { class: 'num' }, 'Messages sent'), h('th', {}, 'Cache'), h('th', {}, 'At'))),
         h('tbody', {}, stepRows))
       : h('p', { class: 'muted' }, 'No steps yet.'));
 
