@@ -635,6 +635,29 @@ impl Cache {
 mod tests {
     use super::*;
 
+    #[test]
+    fn k1_the_config_overrides_the_documented_rules_and_refuses_impossible_values() {
+        let config = crate::config::Config::parse(
+            "[cache.anthropic]\nmin_tokens = 2048\nttl_s = 600\n[cache.openai]\nread = 0.25\n",
+            "t",
+        )
+        .unwrap();
+        let a = Rules::of(Format::Anthropic, "claude-sonnet-4-5", &config.cache).unwrap();
+        assert_eq!((a.min_tokens, a.ttl_ms, a.read), (2048, 600_000, 0.1));
+        let o = Rules::of(Format::OpenaiResponses, "gpt-5", &config.cache).unwrap();
+        assert_eq!((o.read, o.min_tokens), (0.25, 1024));
+        assert_eq!(Rules::of(Format::Neutral, "x", &config.cache), None);
+        for (text, key) in [
+            ("[cache.openai]\nread = -1.0\n", "[cache.openai] read"),
+            ("[cache.anthropic]\nstep_tokens = 0\n", "[cache.anthropic] step_tokens"),
+            ("[cache.anthropic]\nttl = 5\n", "ttl"),
+            ("[pricing.\"gpt-5\"]\ninput = -2.0\noutput = 1.0\n", "[pricing.\"gpt-5\"] input"),
+        ] {
+            let e = crate::config::Config::parse(text, "t").unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+
     const MIN: u64 = 60_000;
 
     fn anthropic() -> Cache {

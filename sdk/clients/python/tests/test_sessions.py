@@ -212,6 +212,24 @@ def test_usage_sets_the_providers_counts_against_the_estimate(client):
     assert (totals["actual"], totals["compared_steps"]) == (321, 1), totals
     assert totals["actual_per_estimate"] == pytest.approx(321 / row["estimate"]), totals
     assert totals["cached_share"] == pytest.approx(100 / 321), totals
+    # The completion's usage judged the request's cache: the session's first, so `cold`.
+    assert row["cache"]["outcome"] in ("cold", "uncacheable"), row
+    assert report["ledger"]["replies"] == 1, report["ledger"]
+
+
+def test_usage_across_sessions_sums_each_agents_ledger(client):
+    session = client.session("coder")
+    session.step(user="Count.")
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+               "content": [{"type": "text", "text": "Done."}], "stop_reason": "end_turn",
+               "usage": {"input_tokens": 10, "output_tokens": 5,
+                         "cache_creation_input_tokens": 3000, "cache_read_input_tokens": 0}}
+    session.record(message, sent_at=1_764_633_600_000)
+    summary = client.usage(agent="coder", since=1_764_633_600_000)
+    coder = summary["agents"]["coder"]
+    assert summary["since_ms"] == 1_764_633_600_000 and list(summary["agents"]) == ["coder"]
+    assert coder["replies"] >= 1 and coder["cache_write_tokens"] >= 3000, coder
+    assert summary["total"]["replies"] == coder["replies"] and summary["sessions"] >= 1
 
 
 def test_compaction_shows_the_summary_in_place_of_the_messages(client):

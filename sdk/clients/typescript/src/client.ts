@@ -30,6 +30,7 @@ import type {
   StepUsage,
   ToolCall,
   UsageReport,
+  UsageSummary,
 } from "./types.js";
 
 /** Where `promptd serve` listens by default. */
@@ -221,6 +222,19 @@ export class Client {
     return (await this.#transport.json<{ sessions: SessionSummary[] }>("GET", path)).sessions;
   }
 
+  /** The cost ledger across sessions (`GET /v1/usage`): replies, tokens, cache outcomes with
+   * the tokens they lost and the misses' cost, the plugins whose changes broke the prefix, the
+   * cost by the config's `[pricing]`, in `total` and per agent; `agent` keeps one agent's
+   * sessions, `since` (ms since the Unix epoch) the replies to requests sent since then. */
+  usage(options: { agent?: string; since?: number; limit?: number } = {}): Promise<UsageSummary> {
+    const query = new URLSearchParams();
+    if (options.agent !== undefined) query.set("agent", options.agent);
+    if (options.since !== undefined) query.set("since", String(options.since));
+    if (options.limit !== undefined) query.set("limit", String(options.limit));
+    const path = query.toString() === "" ? "/v1/usage" : `/v1/usage?${query}`;
+    return this.#transport.json("GET", path);
+  }
+
   /** `GET /v1/health`. A daemon whose store failed is an `UnavailableError`. */
   health(): Promise<Health> {
     return this.#transport.json("GET", "/v1/health");
@@ -375,8 +389,10 @@ export class Session {
   /** Records the model's reply as the provider SDK returned it — an OpenAI completion (or its
    * `choices[0].message`), an Anthropic message (or `{role, content}`), an OpenAI Responses
    * response (or `{output}`) — unchanged; or promptd's neutral assistant or tool message.
-   * Resolves to the event's seq and the tool calls the reply made, in one shape. */
-  async record(reply: object): Promise<Recorded> {
+   * Resolves to the event's seq and the tool calls the reply made, in one shape. A reply with
+   * its `usage` is recorded with its cache outcome, judged at `sentAt` (when the request was
+   * sent, ms since the Unix epoch; default: now). */
+  async record(reply: object, options: { sentAt?: number } = {}): Promise<Recorded> {
     const toolCalls = toolCallsOf(reply); // throws on arguments encoded twice, before sending
     const answers = answeredBy(reply);
     if (answers === undefined && this.#open.size > 0) {
@@ -386,7 +402,8 @@ export class Session {
         `session ${this.id}: tool calls ${quoted(open)} are not answered; a new reply comes after their results`,
       );
     }
-    const { seq } = await this.#transport.json<{ seq: number }>("POST", this.#path("/messages"), reply);
+    const path = options.sentAt === undefined ? "/messages" : `/messages?sent_at=${options.sentAt}`;
+    const { seq } = await this.#transport.json<{ seq: number }>("POST", this.#path(path), reply);
     if (answers !== undefined) this.#open.delete(answers);
     for (const call of toolCalls) this.#open.set(call.id, call);
     return { seq, toolCalls };

@@ -113,7 +113,17 @@ export interface UsageReport {
     step: number;
     estimate: number;
     tokenizer: string;
-    actual?: { input_tokens?: number; output_tokens?: number; cached_tokens?: number; cache_write_tokens?: number };
+    actual?: {
+      input_tokens?: number;
+      output_tokens?: number;
+      cached_tokens?: number;
+      cache_write_tokens?: number;
+      cache_write_1h_tokens?: number;
+    };
+    /** How the provider's cache served the step's request, recorded with its reply. */
+    cache?: CacheOutcome;
+    /** What the request cost by the config's `[pricing]`, when its model has a price. */
+    cost?: Cost;
     [key: string]: unknown;
   }>;
   totals: {
@@ -125,6 +135,71 @@ export interface UsageReport {
     cached_share: number | null;
     [key: string]: unknown;
   };
+  /** The session's cost ledger. */
+  ledger: Ledger;
+}
+
+/** A reply's cache outcome (docs/cache.md). */
+export interface CacheOutcome {
+  outcome:
+    | "hit"
+    | "cold"
+    | "ttl_expired"
+    | "prefix_changed"
+    | "model_changed"
+    | "compacted"
+    | "routing"
+    | "partial"
+    | "uncacheable"
+    | "unexplained";
+  format: string;
+  model?: string;
+  sent_at_ms: number;
+  expected_read: number;
+  lost?: number;
+  gap_ms?: number;
+  part?: string;
+  plugin?: string;
+  cause?: string;
+}
+
+/** A cost in US dollars. */
+export interface Cost {
+  total: number;
+  input: number;
+  cache_read: number;
+  cache_write: number;
+  output: number;
+  miss: number;
+}
+
+/** One cause's totals in a ledger. */
+export interface CauseTotals {
+  replies: number;
+  lost_tokens: number;
+  miss_cost: number;
+}
+
+/** Sums over recorded replies. */
+export interface Ledger {
+  replies: number;
+  input_tokens: number;
+  cached_tokens: number;
+  cache_write_tokens: number;
+  output_tokens: number;
+  cached_share: number | null;
+  outcomes: Record<string, CauseTotals>;
+  plugins: Record<string, CauseTotals>;
+  cost: Cost | null;
+  unpriced_models: string[];
+}
+
+/** `GET /v1/usage`: the cost ledger across sessions. */
+export interface UsageSummary {
+  since_ms: number | null;
+  sessions: number;
+  total: Ledger;
+  agents: Record<string, Ledger>;
 }
 
 /** `GET /v1/health`. */

@@ -159,6 +159,13 @@ test("every reply shape the SDKs return gives its tool calls; results in a step'
   assert.equal(usage.steps.length, 5);
   assert.ok(usage.totals.compared_steps >= 2, JSON.stringify(usage));
   assert.ok(usage.totals.actual > 0, JSON.stringify(usage));
+  // Each reply recorded with its usage carries its cache outcome; the ledger counts them.
+  const judged = usage.steps.filter((s) => s.cache).map((s) => s.cache.outcome);
+  assert.ok(judged.length >= 2 && !judged.includes("unexplained"), JSON.stringify(judged));
+  assert.ok(usage.ledger.replies >= usage.totals.compared_steps, JSON.stringify(usage.ledger));
+  const summary = await client.usage({ agent: "default" });
+  assert.deepEqual(Object.keys(summary.agents), ["default"]);
+  assert.ok(summary.agents.default.replies >= usage.ledger.replies, JSON.stringify(summary));
 });
 
 test("toolResult sends text as it is, other values as their JSON text once, and isError", async () => {

@@ -105,6 +105,12 @@ class AsyncClient:
         except httpx.TransportError as e:
             raise transport_error(e, "GET", url) from None
 
+    async def usage(self, agent: Optional[str] = None, since: Optional[int] = None,
+                    limit: Optional[int] = None) -> Dict[str, Any]:
+        params = {k: v for k, v in (("agent", agent), ("since", since), ("limit", limit))
+                  if v is not None}
+        return await self._json("GET", "/v1/usage", params=params or None)
+
     async def sessions(self, q: Optional[str] = None,
                        limit: Optional[int] = None) -> List[SessionSummary]:
         params = {k: v for k, v in (("q", q), ("limit", limit)) if v is not None}
@@ -165,13 +171,14 @@ class AsyncSession:
                           step=_core.need(value, "step", "POST", path),
                           usage=value.get("usage") or {}, format=fmt or "neutral")
 
-    async def record(self, reply: Any) -> Recorded:
+    async def record(self, reply: Any, *, sent_at: Optional[int] = None) -> Recorded:
         value = _core.reply_json(reply)
         if isinstance(value, dict) and value.get("role") == "tool":
             return await self._post_tool(value)
         self._conversation.check_reply()
         path = f"{self._path}/messages"
-        answer = await self.client._json("POST", path, json=value)
+        params = {"sent_at": sent_at} if sent_at is not None else None
+        answer = await self.client._json("POST", path, json=value, params=params)
         calls = _core.tool_calls_of(value)
         self._conversation.replied(calls)
         return Recorded(seq=_core.need(answer, "seq", "POST", path), tool_calls=calls)

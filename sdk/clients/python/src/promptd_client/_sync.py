@@ -162,6 +162,17 @@ class Client:
 
     # --- Sessions ---
 
+    def usage(self, agent: Optional[str] = None, since: Optional[int] = None,
+              limit: Optional[int] = None) -> Dict[str, Any]:
+        """``GET /v1/usage``: the cost ledger across sessions — replies, tokens, cache outcomes
+        with the tokens they lost and the misses' cost, the plugins whose changes broke the
+        prefix, the cost by the config's ``[pricing]`` — in ``total`` and per agent in
+        ``agents``; ``agent`` keeps one agent's sessions, ``since`` (ms since the Unix epoch)
+        the replies to requests sent since then."""
+        params = {k: v for k, v in (("agent", agent), ("since", since), ("limit", limit))
+                  if v is not None}
+        return self._json("GET", "/v1/usage", params=params or None)
+
     def sessions(self, q: Optional[str] = None,
                  limit: Optional[int] = None) -> List[SessionSummary]:
         """``GET /v1/sessions``: sessions, most recent activity first; ``q`` keeps those
@@ -244,17 +255,20 @@ class Session:
                           step=_core.need(value, "step", "POST", path),
                           usage=value.get("usage") or {}, format=fmt or "neutral")
 
-    def record(self, reply: Any) -> Recorded:
+    def record(self, reply: Any, *, sent_at: Optional[int] = None) -> Recorded:
         """``POST /v1/sessions/{id}/messages``: the model's reply as the SDK returned it — an
         ``openai`` ``ChatCompletion`` (or its ``choices[0].message``), a Responses
         ``Response``, an ``anthropic`` ``Message`` — or a dict in any shape the daemon takes.
+        A reply with its ``usage`` is recorded with its cache outcome, judged at ``sent_at``
+        (when the request was sent, ms since the Unix epoch; default: now).
         Returns the tool calls it opened (also in :attr:`open_tool_calls`)."""
         value = _core.reply_json(reply)
         if isinstance(value, dict) and value.get("role") == "tool":
             return self._post_tool(value)
         self._conversation.check_reply()
         path = f"{self._path}/messages"
-        answer = self.client._json("POST", path, json=value)
+        params = {"sent_at": sent_at} if sent_at is not None else None
+        answer = self.client._json("POST", path, json=value, params=params)
         calls = _core.tool_calls_of(value)
         self._conversation.replied(calls)
         return Recorded(seq=_core.need(answer, "seq", "POST", path), tool_calls=calls)
@@ -312,8 +326,8 @@ class Session:
 
     def usage(self) -> Dict[str, Any]:
         """``GET /v1/sessions/{id}/usage``: per step, the budget's estimate and the provider's
-        reported usage of the reply that followed; ``totals`` with ``actual_per_estimate`` and
-        ``cached_share``."""
+        reported usage of the reply that followed, its cache outcome (``cache``) and ``cost``;
+        ``totals`` with ``actual_per_estimate`` and ``cached_share``; the session's ``ledger``."""
         return self.client._json("GET", f"{self._path}/usage")
 
     def compact(self, from_seq: int, to_seq: int, summary: str) -> Compacted:
