@@ -2,8 +2,9 @@
 //! with its provider usage (the outcome is judged and recorded with it) against recording the
 //! same reply without usage, beside the step itself.
 //!
-//! Run: `cargo bench -p promptd --bench cache_outcome`. Environment: `OUTCOME_TURNS` (200 per
-//! session), `OUTCOME_SESSIONS` (16 of each kind).
+//! Run: `cargo bench -p promptd --bench cache_outcome`. Environment: `OUTCOME_SESSIONS` (200
+//! pairs of short sessions), `OUTCOME_TURNS` (8 turns each), `OUTCOME_LONG_TURNS` (200 turns
+//! for the two long ones).
 //!
 //! Method: one real `promptd serve` (four bundled Rust plugins, durable SQLite, `--no-watch`);
 //! sessions in pairs, one recording plain replies, one recording the same replies with an
@@ -25,8 +26,9 @@ use support::{
 fn main() {
     support::print_machine();
     let bins = binaries();
-    let turns: u64 = env_or("OUTCOME_TURNS", 200);
-    let pairs: usize = env_or("OUTCOME_SESSIONS", 16);
+    let short: u64 = env_or("OUTCOME_TURNS", 8);
+    let pairs: usize = env_or("OUTCOME_SESSIONS", 200);
+    let long: u64 = env_or("OUTCOME_LONG_TURNS", 200);
     let work = scratch("cache-outcome");
     let plugins = work.path().join("plugins");
     let config = rust_plugin_folder(&plugins);
@@ -35,14 +37,46 @@ fn main() {
         "\n[model]\nmax_tokens = 1024\n[model.anthropic]\nmodel = \"claude-sonnet-4-5\"\n",
     );
     std::fs::write(&config, text).expect("config");
-    let bin = &bins[0];
-    let daemon = Daemon::start(bin, &plugins, &config, &work.path().join("state"));
+    let daemon = Daemon::start(&bins[0], &plugins, &config, &work.path().join("state"));
     daemon.wait_ready();
     let client = Client::new(&daemon.url);
+    let mut table = Table::new(&[
+        "sessions",
+        "step (anthropic)",
+        "record, no usage",
+        "record with usage",
+        "the outcome's cost",
+        "share of a step",
+    ]);
+    for (label, pairs, turns) in [
+        (format!("{pairs} × {short} turns"), pairs, short),
+        (format!("2 × {long} turns"), 2, long),
+    ] {
+        let (step, plain, with) = run(&daemon, &client, pairs, turns);
+        let extra = with.saturating_sub(plain);
+        table.row(vec![
+            label,
+            fmt_duration(step),
+            fmt_duration(plain),
+            fmt_duration(with),
+            fmt_duration(extra),
+            format!("{:.1}%", 100.0 * extra.as_secs_f64() / step.as_secs_f64()),
+        ]);
+    }
+    table.print();
+}
+
+/// `pairs` pairs of sessions, `turns` turns each; the mean daemon CPU per call of the step,
+/// of recording a plain reply and of recording it with its usage.
+fn run(
+    daemon: &Daemon,
+    client: &Client,
+    pairs: usize,
+    turns: u64,
+) -> (Duration, Duration, Duration) {
     let sessions: Vec<(String, String)> = (0..pairs)
         .map(|_| (client.session("coder"), client.session("coder")))
         .collect();
-    // (step, plain record, record with outcome), summed.
     let (mut step_cpu, mut plain_cpu, mut outcome_cpu) =
         (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut calls = 0u32;
@@ -88,25 +122,9 @@ fn main() {
             }
         }
     }
-    let step = step_cpu / (2 * calls);
-    let (plain, with) = (plain_cpu / calls, outcome_cpu / calls);
-    let extra = with.saturating_sub(plain);
-    let mut table = Table::new(&["measure", "daemon CPU per call"]);
-    table.row(vec!["step (anthropic, short)".into(), fmt_duration(step)]);
-    table.row(vec![
-        "record a reply without usage".into(),
-        fmt_duration(plain),
-    ]);
-    table.row(vec![
-        "record a reply with usage (outcome judged)".into(),
-        fmt_duration(with),
-    ]);
-    table.row(vec!["the outcome's cost".into(), fmt_duration(extra)]);
-    table.print();
-    println!(
-        "{calls} turns of each kind; the outcome costs {:.1}% of a short step's daemon CPU \
-         ({:.1}% of a step and its reply)",
-        100.0 * extra.as_secs_f64() / step.as_secs_f64(),
-        100.0 * extra.as_secs_f64() / (step + plain).as_secs_f64()
-    );
+    (
+        step_cpu / (2 * calls),
+        plain_cpu / calls,
+        outcome_cpu / calls,
+    )
 }

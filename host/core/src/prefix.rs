@@ -97,7 +97,7 @@ fn tool_name(tool: &Value) -> &str {
 }
 
 /// The longest TTL of the `cache_control` markers in `v`, if it has any.
-fn breakpoint(v: &Value) -> Option<Ttl> {
+pub(crate) fn breakpoint(v: &Value) -> Option<Ttl> {
     match v {
         Value::Object(map) => {
             let own = map.get("cache_control").map(|c| {
@@ -114,7 +114,7 @@ fn breakpoint(v: &Value) -> Option<Ttl> {
     }
 }
 
-fn strip_cache_control(v: &mut Value) {
+pub(crate) fn strip_cache_control(v: &mut Value) {
     match v {
         Value::Object(map) => {
             map.remove("cache_control");

@@ -480,3 +480,40 @@ fn q4_a_kept_state_renders_what_a_rebuild_renders_while_the_header_changes() {
         }
     }
 }
+
+#[test]
+fn k2_a_kept_state_gives_the_cache_model_the_blocks_of_the_rebuilt_request() {
+    // The outcome hashes only what a step added; the blocks must be those of the request a
+    // rebuild renders, or a restarted daemon would see a change that is not there.
+    let log = Log::new();
+    let mut state = SessionState::from_log(&log.id, &log.events()).unwrap();
+    let script: [(&[Message], &str); 5] = [
+        (&[user("m0")], "A"),
+        (&[], "A"),
+        (&[user("m1")], "B"),
+        (&[user("m2")], "B"),
+        (&[user("m3")], "A"),
+    ];
+    for (i, (messages, system)) in script.iter().enumerate() {
+        let before = log.events().len();
+        log.step(messages, &assembly(system, None), RUN).unwrap();
+        if i == 1 {
+            log.record(&assistant_calling("c1"));
+            log.step(&[tool_result("c1")], &assembly(system, None), RUN)
+                .unwrap();
+        }
+        state.apply(&log.events()[before..]).unwrap();
+        let n = state.steps();
+        let rebuilt = rebuild(&log.id, &log.events(), n).unwrap();
+        for format in [Format::Openai, Format::Anthropic] {
+            for _ in 0..2 {
+                let (fast, _) = state.fast_blocks(format).expect("a fast path");
+                assert_eq!(
+                    fast,
+                    crate::cache::blocks(&rebuilt, format),
+                    "step {n} in {format:?}"
+                );
+            }
+        }
+    }
+}

@@ -274,27 +274,38 @@ pub fn blocks_of_body(body: &serde_json::Value, format: Format) -> Vec<Block> {
     blocks_of_parts(crate::prefix::marked_parts(body, format))
 }
 
+/// The block of one part: `text` is its compact JSON without `cache_control`.
+pub(crate) fn block_of(label: &str, text: &str, mark: Option<Ttl>) -> Block {
+    let tokens = if label == "model" {
+        0
+    } else {
+        text.len() as u64
+    };
+    Block::new(fnv(text.as_bytes()), tokens, mark)
+}
+
 fn blocks_of_parts(parts: Vec<(crate::prefix::Part, Option<Ttl>)>) -> Vec<Block> {
     parts
         .into_iter()
-        .map(|(part, mark)| {
-            let tokens = if part.label == "model" {
-                0
-            } else {
-                part.text.len() as u64
-            };
-            Block::new(fnv(part.text.as_bytes()), tokens, mark)
-        })
+        .map(|(part, mark)| block_of(&part.label, &part.text, mark))
         .collect()
 }
 
-/// FNV-1a, 64 bits: stable across runs and builds (a block's hash is recorded nowhere, but
-/// two daemons must agree on it).
+/// FNV-1a over 8-byte words (and the tail's bytes), 64 bits: stable across runs, builds and
+/// machines (two daemons must agree), and a word at a time, since every reply hashes its
+/// request's new parts.
 fn fnv(bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ bytes.len() as u64;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        h = (h ^ u64::from_le_bytes(word)).wrapping_mul(PRIME);
+        h ^= h >> 29;
+    }
+    for &b in words.remainder() {
+        h = (h ^ u64::from(b)).wrapping_mul(PRIME);
     }
     h
 }
@@ -649,11 +660,19 @@ mod tests {
         assert_eq!(Rules::of(Format::Neutral, "x", &config.cache), None);
         for (text, key) in [
             ("[cache.openai]\nread = -1.0\n", "[cache.openai] read"),
-            ("[cache.anthropic]\nstep_tokens = 0\n", "[cache.anthropic] step_tokens"),
+            (
+                "[cache.anthropic]\nstep_tokens = 0\n",
+                "[cache.anthropic] step_tokens",
+            ),
             ("[cache.anthropic]\nttl = 5\n", "ttl"),
-            ("[pricing.\"gpt-5\"]\ninput = -2.0\noutput = 1.0\n", "[pricing.\"gpt-5\"] input"),
+            (
+                "[pricing.\"gpt-5\"]\ninput = -2.0\noutput = 1.0\n",
+                "[pricing.\"gpt-5\"] input",
+            ),
         ] {
-            let e = crate::config::Config::parse(text, "t").unwrap_err().to_string();
+            let e = crate::config::Config::parse(text, "t")
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(key), "{text}: {e}");
         }
     }

@@ -247,6 +247,18 @@ impl Transcript {
         out.push(']');
     }
 
+    /// The message list's items in `format` as a body holds them, empty ones left out: the
+    /// kept fragments borrowed (they never change once made), the rest (OpenAI's system
+    /// message and pending attachments, Anthropic's open turn) made on each call. Call
+    /// [`Transcript::activate`] for `format` first.
+    pub fn list_items<'a>(
+        &'a self,
+        header: &'a Header,
+        format: Format,
+    ) -> impl Iterator<Item = std::borrow::Cow<'a, str>> + 'a {
+        self.items(header, format).filter(|i| !i.is_empty())
+    }
+
     /// The messages' fragments in `format`, in order.
     fn items<'a>(
         &'a self,

@@ -20,9 +20,21 @@ pub(super) struct Replied {
     pub(super) blocks: Option<Arc<[Block]>>,
 }
 
+/// The blocks of one format's head and kept fragments, so a reply hashes only what its step
+/// added. A kept fragment never changes once made, so its address and length name it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct BlockMemo {
+    format: Option<Format>,
+    /// The head's blocks (model, tools, system) and the model; dropped with the header.
+    pub(super) head: Option<(Vec<Block>, String)>,
+    /// Per list item: (address, length, block) when the item is a kept fragment.
+    items: Vec<Option<(usize, usize, Block)>>,
+}
+
 /// What the state keeps for cache outcomes.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Track {
+    pub(super) memo: BlockMemo,
     /// The seq of the last step marker: a reply answers that step's request, which the state
     /// renders as long as nothing was appended after the marker.
     pub(super) step_seq: u64,
@@ -57,7 +69,14 @@ impl SessionState {
             }
             Ok(())
         };
-        let (now_blocks, model) = if self.last_seq == self.cache.step_seq {
+        let fast = if self.last_seq == self.cache.step_seq {
+            self.fast_blocks(format)
+        } else {
+            None
+        };
+        let (now_blocks, model) = if let Some(fast) = fast {
+            fast
+        } else if self.last_seq == self.cache.step_seq {
             let body: serde_json::Value =
                 serde_json::from_str(&self.render(format)?).map_err(|e| {
                     Error::Store(StoreError::Corrupt {
@@ -86,7 +105,8 @@ impl SessionState {
             return Ok(None);
         };
         let prev = match self.cache.last.clone() {
-            Some(p) if p.step < n && p.format == format => {
+            // A second reply to the same step (a retried call) is judged against the first.
+            Some(p) if p.step <= n && p.format == format => {
                 let blocks = match p.blocks {
                     Some(b) => b.to_vec(),
                     None => {
@@ -143,6 +163,72 @@ impl SessionState {
         Ok(Some((outcome, now.blocks.into())))
     }
 
+    /// The blocks of the last step's request in `format` from the head and the transcript's
+    /// fragments, hashing only what the memo does not hold: the same blocks as
+    /// [`crate::cache::blocks`] of the rebuilt request (a test checks it). `None` where the
+    /// fragments are not one list item each (Responses joins a message's items) or history
+    /// was left out (the body is then not the fragments joined).
+    pub(super) fn fast_blocks(&mut self, format: Format) -> Option<(Vec<Block>, String)> {
+        use std::borrow::Cow;
+        if !matches!(format, Format::Openai | Format::Anthropic) || !self.dropped.is_empty() {
+            return None;
+        }
+        let (header, _) = self.header.as_ref()?;
+        self.transcript.activate(format).ok()?;
+        let memo = &mut self.cache.memo;
+        if memo.format != Some(format) {
+            *memo = BlockMemo {
+                format: Some(format),
+                ..BlockMemo::default()
+            };
+        }
+        if memo.head.is_none() {
+            let head = serde_json::Value::Object(crate::formats::head(
+                header,
+                format,
+                self.shown_tools.as_deref(),
+            ));
+            let model = head
+                .get("model")
+                .and_then(|m| m.as_str())
+                .unwrap_or("")
+                .to_string();
+            memo.head = Some((crate::cache::blocks_of_body(&head, format), model));
+        }
+        let (mut blocks, model) = memo.head.clone()?;
+        for (i, item) in self.transcript.list_items(header, format).enumerate() {
+            let block = match &item {
+                Cow::Borrowed(text) => {
+                    let key = (text.as_ptr() as usize, text.len());
+                    match memo.items.get(i) {
+                        Some(Some((at, len, b))) if (*at, *len) == key => *b,
+                        _ => {
+                            let b = item_block(text);
+                            if memo.items.len() <= i {
+                                memo.items.resize(i + 1, None);
+                            }
+                            memo.items[i] = Some((key.0, key.1, b));
+                            b
+                        }
+                    }
+                }
+                Cow::Owned(text) => item_block(text),
+            };
+            blocks.push(block);
+        }
+        Some((blocks, model))
+    }
+
+    /// What the kept blocks take, in bytes (the session cache counts it).
+    pub(super) fn cache_bytes(&self) -> usize {
+        self.cache
+            .last
+            .as_ref()
+            .and_then(|l| l.blocks.as_ref())
+            .map_or(0, |b| b.len() * std::mem::size_of::<Block>())
+            + self.cache.memo.items.len() * std::mem::size_of::<Option<(usize, usize, Block)>>()
+    }
+
     /// Keeps the blocks of the request the last recorded reply answered, so the next reply's
     /// outcome need not rebuild it.
     pub fn remember_blocks(&mut self, blocks: Arc<[Block]>) {
@@ -150,4 +236,16 @@ impl SessionState {
             last.blocks = Some(blocks);
         }
     }
+}
+
+/// One list item's block: its text as it is, or, when it carries a breakpoint, without it.
+fn item_block(text: &str) -> Block {
+    if text.contains("\"cache_control\"") {
+        if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(text) {
+            let mark = crate::prefix::breakpoint(&v);
+            crate::prefix::strip_cache_control(&mut v);
+            return crate::cache::block_of("message", &v.to_string(), mark);
+        }
+    }
+    crate::cache::block_of("message", text, None)
 }

@@ -176,6 +176,9 @@ impl SessionState {
                 } = *marker;
                 self.steps += 1;
                 self.cache.step_seq = seq;
+                if shown_tools.is_some() || self.shown_tools.is_some() {
+                    self.cache.memo.head = None; // the head shows these tools
+                }
                 self.shown_tools = shown_tools;
                 if let Some(p) = provenance {
                     self.provenance = Some(p);
@@ -194,6 +197,7 @@ impl SessionState {
                 self.provenance = provenance;
                 self.header = Some((header, run));
                 self.memo = HeadMemo::default();
+                self.cache.memo.head = None;
                 None
             }
             Body::ContextSnapshot(Snapshot { cleared, content }) => {
@@ -309,6 +313,7 @@ impl SessionState {
             + self.header_bytes
             + self.snapshot_bytes
             + self.memo.bytes()
+            + self.cache_bytes()
     }
 
     /// The request of the last step in `format`: the last header and every message, the same
