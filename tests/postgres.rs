@@ -396,10 +396,7 @@ impl Load {
                             .header("Content-Type", "application/json")
                             .send(body);
                         let key = match sent {
-                            Err(_) => {
-                                in_doubt = true;
-                                "no answer".to_string()
-                            }
+                            Err(_) => "no answer".to_string(),
                             Ok(mut r) if r.status() == 200 => {
                                 let reply = r.body_mut().read_to_string().unwrap_or_default();
                                 if let Some((_, n)) = reply.rsplit_once(",\"step\":") {

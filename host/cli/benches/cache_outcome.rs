@@ -151,7 +151,7 @@ fn run(
     for n in 1..=turns {
         for (k, (plain, priced)) in sessions.iter().enumerate() {
             // Who goes first alternates, so neither kind always follows the other's write.
-            let order = if (k as u64 + n) % 2 == 0 {
+            let order = if (k as u64 + n).is_multiple_of(2) {
                 [(plain, false), (priced, true)]
             } else {
                 [(priced, true), (plain, false)]
