@@ -1787,3 +1787,22 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         "the stub let bad bodies through:\n{wrong}"
     );
 }
+
+/// The stub's cache follows the providers' documented rules on the time a test gives it
+/// (tests/sdk_loops/test_stub_cache.py: writes, hits, the 5-minute and 1-hour TTLs, the
+/// minimums, OpenAI's 128-token steps and per-key rate), so the cached-token figures the loops
+/// and the workload see are the ones a provider would report.
+#[test]
+fn the_stub_caches_by_the_documented_rules() {
+    let mut cmd = Command::new(python());
+    cmd.env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(loops_dir())
+        .args(["-m", "unittest", "-v", "test_stub_cache"]);
+    let (code, out, err) = run_bounded(cmd);
+    assert_eq!(
+        code,
+        Some(0),
+        "the stub's cache self-test failed:\n{out}\n{err}"
+    );
+    assert!(err.contains("OK"), "{err}");
+}

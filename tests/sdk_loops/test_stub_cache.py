@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_provider.py")
-T0 = 10_000_000  # scripted "now", in ms
+START_MS = 10_000_000  # scripted "now", in ms
 SECOND = 1000
 MINUTE = 60 * SECOND
 
@@ -84,7 +84,7 @@ class StubCache(unittest.TestCase):
         rest = tokens({"role": "user", "content": "Hello there."})
         self.assertGreaterEqual(prefix, 5000)
 
-        first = self.messages(T0, system)
+        first = self.messages(START_MS, system)
         self.assertEqual(first["cache_read_input_tokens"], 0)
         self.assertEqual(first["cache_creation_input_tokens"], prefix)
         self.assertEqual(first["cache_creation"], {"ephemeral_5m_input_tokens": prefix,
@@ -92,20 +92,20 @@ class StubCache(unittest.TestCase):
         self.assertEqual(first["input_tokens"], rest)
         self.assertEqual(first["output_tokens"], 12)
 
-        hit = self.messages(T0 + 60 * SECOND, system)
+        hit = self.messages(START_MS + 60 * SECOND, system)
         self.assertEqual(hit["cache_read_input_tokens"], prefix)
         self.assertEqual(hit["cache_creation_input_tokens"], 0)
         self.assertEqual(hit["input_tokens"], rest)
 
         # The hit refreshed the entry: 301 s after it (361 s after the write) it has expired.
-        late = self.messages(T0 + 60 * SECOND + 301 * SECOND, system)
+        late = self.messages(START_MS + 60 * SECOND + 301 * SECOND, system)
         self.assertEqual(late["cache_read_input_tokens"], 0)
         self.assertEqual(late["cache_creation_input_tokens"], prefix)
 
         rows = self.ledger()
         self.assertEqual([(r["read"], r["written_5m"], r["written_1h"]) for r in rows],
                          [(0, prefix, 0), (prefix, 0, 0), (0, prefix, 0)])
-        self.assertEqual([r["now_ms"] for r in rows], [T0, T0 + 60_000, T0 + 361_000])
+        self.assertEqual([r["now_ms"] for r in rows], [START_MS, START_MS + 60_000, START_MS + 361_000])
         for r in rows:
             self.assertEqual(r["path"], "/v1/messages")
             self.assertEqual(r["input_tokens"], prefix + rest)
@@ -116,22 +116,22 @@ class StubCache(unittest.TestCase):
     def test_anthropic_1h_survives_30_minutes(self):
         system = self.system(5000, ttl="1h")
         prefix = tokens([{"type": "text", "text": system[0]["text"]}])
-        first = self.messages(T0, system)
+        first = self.messages(START_MS, system)
         self.assertEqual(first["cache_creation"], {"ephemeral_5m_input_tokens": 0,
                                                    "ephemeral_1h_input_tokens": prefix})
-        later = self.messages(T0 + 30 * MINUTE, system)
+        later = self.messages(START_MS + 30 * MINUTE, system)
         self.assertEqual(later["cache_read_input_tokens"], prefix)
         self.assertEqual(later["cache_creation_input_tokens"], 0)
         # The same gap expires a 5-minute entry.
         short = self.system(5000, seed="b")
-        self.messages(T0, short)
-        self.assertEqual(self.messages(T0 + 30 * MINUTE, short)["cache_read_input_tokens"], 0)
+        self.messages(START_MS, short)
+        self.assertEqual(self.messages(START_MS + 30 * MINUTE, short)["cache_read_input_tokens"], 0)
 
     def test_anthropic_below_minimum_writes_nothing(self):
         for model, n in (("claude-sonnet-4-5", 500), ("claude-haiku-4-5", 3000),
                          ("claude-3-5-haiku-latest", 1500)):
             system = self.system(n, seed=model)
-            for now in (T0, T0 + SECOND):
+            for now in (START_MS, START_MS + SECOND):
                 usage = self.messages(now, system, model=model)
                 self.assertEqual(usage["cache_read_input_tokens"], 0, model)
                 self.assertEqual(usage["cache_creation_input_tokens"], 0, model)
@@ -139,7 +139,7 @@ class StubCache(unittest.TestCase):
                                  tokens([{"type": "text", "text": system[0]["text"]}])
                                  + tokens({"role": "user", "content": "Hello there."}), model)
         # Above the haiku-4-5 minimum it is written.
-        usage = self.messages(T0, self.system(4500), model="claude-haiku-4-5")
+        usage = self.messages(START_MS, self.system(4500), model="claude-haiku-4-5")
         self.assertGreater(usage["cache_creation_input_tokens"], 4096)
 
     def test_anthropic_system_change_reads_back_to_tools(self):
@@ -152,12 +152,12 @@ class StubCache(unittest.TestCase):
         sys_a = tokens([{"type": "text", "text": system_a[0]["text"]}])
         sys_b = tokens([{"type": "text", "text": system_b[0]["text"]}])
 
-        first = self.messages(T0, system_a, tools=tools)
+        first = self.messages(START_MS, system_a, tools=tools)
         self.assertEqual(first["cache_read_input_tokens"], 0)
         self.assertEqual(first["cache_creation_input_tokens"], tool_tokens + sys_a)
-        same = self.messages(T0 + SECOND, system_a, tools=tools)
+        same = self.messages(START_MS + SECOND, system_a, tools=tools)
         self.assertEqual(same["cache_read_input_tokens"], tool_tokens + sys_a)
-        changed = self.messages(T0 + 2 * SECOND, system_b, tools=tools)
+        changed = self.messages(START_MS + 2 * SECOND, system_b, tools=tools)
         self.assertEqual(changed["cache_read_input_tokens"], tool_tokens)
         self.assertEqual(changed["cache_creation_input_tokens"], sys_b)
 
@@ -167,7 +167,7 @@ class StubCache(unittest.TestCase):
         marked = [{"role": "user", "content": [{"type": "text", "text": text_of(1200),
                                                  "cache_control": {"type": "ephemeral"}}]}]
         body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": marked}
-        first = self.call("POST", "/v1/messages", body, T0)["usage"]
+        first = self.call("POST", "/v1/messages", body, START_MS)["usage"]
         written = first["cache_creation_input_tokens"]
         self.assertGreater(written, 1024)
         grown = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [
@@ -175,7 +175,7 @@ class StubCache(unittest.TestCase):
             {"role": "assistant", "content": "Sure."},
             {"role": "user", "content": [{"type": "text", "text": "And then?",
                                           "cache_control": {"type": "ephemeral"}}]}]}
-        usage = self.call("POST", "/v1/messages", grown, T0 + SECOND)["usage"]
+        usage = self.call("POST", "/v1/messages", grown, START_MS + SECOND)["usage"]
         self.assertEqual(usage["cache_read_input_tokens"], written)
         self.assertEqual(usage["cache_creation_input_tokens"],
                          tokens(grown["messages"][1]) + tokens(
@@ -192,18 +192,18 @@ class StubCache(unittest.TestCase):
         return self.call("POST", "/v1/chat/completions", body, now)["usage"]
 
     def test_chat_below_minimum_caches_nothing(self):
-        for now in (T0, T0 + SECOND, T0 + 2 * SECOND):
+        for now in (START_MS, START_MS + SECOND, START_MS + 2 * SECOND):
             usage = self.chat(now, 700)
             self.assertLess(usage["prompt_tokens"], 1024)
             self.assertEqual(usage["prompt_tokens_details"], {"cached_tokens": 0})
 
     def test_chat_reads_in_128_token_steps(self):
-        first = self.chat(T0, 2000)
+        first = self.chat(START_MS, 2000)
         total = first["prompt_tokens"]
         self.assertGreater(total, 2000)
         self.assertEqual(first["prompt_tokens_details"]["cached_tokens"], 0)
         self.assertEqual(first["total_tokens"], total + first["completion_tokens"])
-        second = self.chat(T0 + 4 * MINUTE, 2000)
+        second = self.chat(START_MS + 4 * MINUTE, 2000)
         cached = second["prompt_tokens_details"]["cached_tokens"]
         self.assertEqual(second["prompt_tokens"], total)
         self.assertGreater(cached, 0)
@@ -211,22 +211,22 @@ class StubCache(unittest.TestCase):
         self.assertLessEqual(cached, total)
         self.assertGreater(cached, total - 128 - tokens({"role": "user", "content": "Hello there."}))
         # The hit refreshed it; 301 s of silence expires it.
-        third = self.chat(T0 + 4 * MINUTE + 301 * SECOND, 2000)
+        third = self.chat(START_MS + 4 * MINUTE + 301 * SECOND, 2000)
         self.assertEqual(third["prompt_tokens_details"]["cached_tokens"], 0)
 
     def test_chat_16th_request_a_minute_goes_to_a_new_machine(self):
-        reads = [self.chat(T0 + i * SECOND, 2000, key="alpha")["prompt_tokens_details"]
+        reads = [self.chat(START_MS + i * SECOND, 2000, key="alpha")["prompt_tokens_details"]
                  ["cached_tokens"] for i in range(16)]
         self.assertEqual(reads[0], 0)
         self.assertTrue(all(r > 0 for r in reads[1:15]), reads)
         self.assertEqual(reads[15], 0)
         # Another key is another route, with its own machines and load.
-        beta = [self.chat(T0 + (16 + i) * SECOND, 2000, key="beta")["prompt_tokens_details"]
+        beta = [self.chat(START_MS + (16 + i) * SECOND, 2000, key="beta")["prompt_tokens_details"]
                 ["cached_tokens"] for i in range(2)]
         self.assertEqual(beta[0], 0)
         self.assertGreater(beta[1], 0)
         # A minute after the first requests, alpha's load has fallen back to machine 0.
-        again = self.chat(T0 + 75 * SECOND, 2000, key="alpha")
+        again = self.chat(START_MS + 75 * SECOND, 2000, key="alpha")
         self.assertGreater(again["prompt_tokens_details"]["cached_tokens"], 0)
 
         rows = self.ledger()
@@ -247,17 +247,17 @@ class StubCache(unittest.TestCase):
 
     def test_responses_usage(self):
         body = {"model": "gpt-5", "instructions": text_of(1500), "input": "Hello there."}
-        first = self.call("POST", "/v1/responses", body, T0)["usage"]
+        first = self.call("POST", "/v1/responses", body, START_MS)["usage"]
         self.assertEqual(first["input_tokens"], tokens(body["instructions"]) + tokens("Hello there."))
         self.assertEqual(first["input_tokens_details"], {"cached_tokens": 0})
         self.assertEqual(first["output_tokens_details"], {"reasoning_tokens": 0})
         self.assertEqual(first["total_tokens"], first["input_tokens"] + first["output_tokens"])
-        second = self.call("POST", "/v1/responses", body, T0 + SECOND)["usage"]
+        second = self.call("POST", "/v1/responses", body, START_MS + SECOND)["usage"]
         cached = second["input_tokens_details"]["cached_tokens"]
         self.assertGreater(cached, 1024)
         self.assertEqual(cached % 128, 0)
         # Chat's cache is another one.
-        self.assertEqual(self.chat(T0 + 2 * SECOND, 2000)["prompt_tokens_details"]
+        self.assertEqual(self.chat(START_MS + 2 * SECOND, 2000)["prompt_tokens_details"]
                          ["cached_tokens"], 0)
 
     # --- The ledger and the clock --------------------------------------------------------------
