@@ -290,7 +290,7 @@ fn blocks_of_parts(parts: Vec<(crate::prefix::Part, Option<Ttl>)>) -> Vec<Block>
 
 /// FNV-1a, 64 bits: stable across runs and builds (a block's hash is recorded nowhere, but
 /// two daemons must agree on it).
-fn fnv(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv(bytes: &[u8]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for &b in bytes {
         h ^= u64::from(b);
