@@ -24,4 +24,5 @@ mod openapi;
 mod plugin_world;
 mod postgres;
 mod provider_sdks;
+mod replay;
 mod sandbox;
