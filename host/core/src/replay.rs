@@ -56,7 +56,8 @@ pub struct Candidate<'a> {
     /// The provider format requests are compared and priced in; `None`: the format of the
     /// session's recorded replies, else `anthropic`.
     pub format: Option<Format>,
-    /// Threads that assemble steps ahead of the comparison (1: none, on the caller's).
+    /// Threads a replay runs on: with 2 or more, the caller's compares while the others
+    /// assemble the next steps ahead; with 1, the caller's does both.
     pub workers: usize,
 }
 
@@ -272,16 +273,15 @@ pub struct SessionReplay {
 /// `unsupported_block`) and on the neutral format (`bad_request`); a step the candidate
 /// cannot plan is reported in its place.
 pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Result<SessionReplay> {
-    let log: Vec<Entry> = events
-        .iter()
-        .map(|e| {
-            Ok(Entry {
-                seq: e.seq,
-                at_ms: e.at_ms,
-                body: session::decode(session, e)?,
-            })
+    let log: Vec<Entry> = parallel(events, candidate.workers, |e| {
+        Ok(Entry {
+            seq: e.seq,
+            at_ms: e.at_ms,
+            body: session::decode(session, e)?,
         })
-        .collect::<Result<_>>()?;
+    })
+    .into_iter()
+    .collect::<Result<_>>()?;
     let format = candidate.format.unwrap_or_else(|| recorded_format(&log));
     if format == Format::Neutral {
         return Err(Error::BadRequest(
@@ -312,8 +312,8 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
             step::step_for(&agent, session, i as u64 + 1, facts)
         })
         .collect();
-    let assemble = |range: std::ops::Range<usize>| -> Vec<Result<Arc<Assembly>>> {
-        parallel(&steps[range], candidate.workers, |s| {
+    let assemble = |range: std::ops::Range<usize>, threads: usize| -> Vec<Result<Arc<Assembly>>> {
+        parallel(&steps[range], threads, |s| {
             step::assemble(candidate.registry, &agent, s, &secret)
         })
     };
@@ -328,6 +328,8 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
         seqs: BTreeMap::new(),
         verified: 0,
         message_cause: None,
+        header_cause: None,
+        buffers: (Vec::new(), Vec::new()),
         per_byte: (1, 4),
         out: Vec::with_capacity(groups.len()),
         totals: ReplayTotals::default(),
@@ -335,7 +337,7 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
     // Assemble a chunk ahead while the one before is compared.
     const CHUNK: usize = 128;
     let mut next = 0;
-    let mut ready = assemble(0..CHUNK.min(groups.len()));
+    let mut ready = assemble(0..CHUNK.min(groups.len()), candidate.workers);
     while next < groups.len() {
         let end = (next + CHUNK).min(groups.len());
         let ahead = end..(end + CHUNK).min(groups.len());
@@ -343,14 +345,14 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
             let assemble = &assemble;
             let handle = (candidate.workers > 1 && !ahead.is_empty()).then(|| {
                 let ahead = ahead.clone();
-                scope.spawn(move || assemble(ahead))
+                scope.spawn(move || assemble(ahead, candidate.workers - 1))
             });
             let done = (next..end)
                 .zip(std::mem::take(&mut ready))
                 .try_for_each(|(i, a)| run.step(&groups, i, a));
             let assembled = match handle {
                 Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                None if done.is_ok() => assemble(ahead),
+                None if done.is_ok() => assemble(ahead, 1),
                 None => Vec::new(),
             };
             (assembled, done)
@@ -484,6 +486,10 @@ struct Run<'a> {
     verified: usize,
     /// Why the messages diverged, when they first did (the divergence stays where it is).
     message_cause: Option<(usize, String, Option<String>)>,
+    /// The blocks of both sides' requests, kept for the next step.
+    buffers: (Vec<Block>, Vec<Block>),
+    /// Why the headers differ, for the headers and provenances last compared.
+    header_cause: Option<(HeaderKey, Vec<String>, Option<String>)>,
     /// Tokens per byte of the latest step with a provider count: (tokens, bytes).
     per_byte: (u64, u64),
     out: Vec<StepReplay>,
@@ -643,16 +649,6 @@ impl Run<'_> {
         let at_ms = reply
             .and_then(|r| r.cache.as_ref())
             .map_or(log[g.marker].at_ms, |o| o.sent_at_ms);
-        let rec_provenance = self.recorded.state.provenance().cloned();
-        let cand_provenance = self.replayed.state.provenance().cloned();
-        let (rec_left, cand_left) = (
-            self.recorded.state.left_out(),
-            self.replayed.state.left_out(),
-        );
-        let snapshots = (
-            self.recorded.state.snapshot_text().map(str::to_string),
-            self.replayed.state.snapshot_text().map(str::to_string),
-        );
         let format = self.format;
         let rec = self.recorded.view()?;
         let cand = self.replayed.view()?;
@@ -666,37 +662,61 @@ impl Run<'_> {
         let first = first_differing_part(&rec, &cand, self.verified);
         let settings_differ = rec.settings != cand.settings;
         let differs = first.is_some() || settings_differ || error.is_some();
+        let (mut rec_blocks, mut cand_blocks) = (
+            std::mem::take(&mut self.buffers.0),
+            std::mem::take(&mut self.buffers.1),
+        );
+        rec.blocks_into(&mut rec_blocks);
+        cand.blocks_into(&mut cand_blocks);
+        // Bytes of a stream's first `n` parts: the blocks' (the model's part counts none there).
+        let bytes_before = |v: &View<'_>, blocks: &[Block], n: usize| -> u64 {
+            let model = match v.part(0) {
+                p if n > 0 && p.label == Some("model") => p.text.len() as u64,
+                _ => 0,
+            };
+            blocks[..n.min(blocks.len())]
+                .iter()
+                .map(|b| b.tokens)
+                .sum::<u64>()
+                + model
+        };
         let first_difference = match first {
             Some(p) => {
-                let shared: usize = rec.parts[..p].iter().map(|x| x.text.len()).sum();
-                let common = match (rec.parts.get(p), cand.parts.get(p)) {
-                    (Some(a), Some(b)) => common_prefix(a.text, b.text),
+                let shared = bytes_before(&rec, &rec_blocks, p);
+                let common = match (p < rec.len(), p < cand.len()) {
+                    (true, true) => common_prefix(rec.part(p).text, cand.part(p).text),
                     _ => 0,
                 };
                 let label = cand
                     .label(p)
                     .or_else(|| rec.label(p))
                     .unwrap_or_else(|| "end".into());
-                let header_part = p < rec.head.max(cand.head);
+                let header_part = p < rec.header_parts.max(cand.header_parts);
                 let (causes, plugin) = if header_part {
                     self.message_cause = None;
-                    header_causes(
-                        &rec,
-                        rec_provenance.as_ref(),
-                        &cand,
-                        cand_provenance.as_ref(),
-                        &label,
-                        p >= rec.lead_from.min(cand.lead_from),
-                        format,
-                    )
+                    let key = HeaderKey::of(&rec, &cand, p);
+                    match &self.header_cause {
+                        Some((k, causes, plugin)) if *k == key => (causes.clone(), plugin.clone()),
+                        _ => {
+                            let (causes, plugin) = header_causes(
+                                &rec,
+                                &cand,
+                                &label,
+                                p >= rec.lead_from.min(cand.lead_from),
+                                format,
+                            );
+                            self.header_cause = Some((key, causes.clone(), plugin.clone()));
+                            (causes, plugin)
+                        }
+                    }
                 } else {
                     let (cause, plugin) = match &self.message_cause {
                         Some((at, cause, plugin)) if *at == p => (cause.clone(), plugin.clone()),
                         _ => {
                             let (cause, plugin) = message_cause(
                                 &label,
-                                (rec_left, cand_left),
-                                (snapshots.0.as_deref(), snapshots.1.as_deref()),
+                                (rec.left_out, cand.left_out),
+                                (rec.snapshot, cand.snapshot),
                                 assembly,
                             );
                             self.message_cause = Some((p, cause.clone(), plugin.clone()));
@@ -706,7 +726,7 @@ impl Run<'_> {
                     (vec![cause], plugin)
                 };
                 Some(Difference {
-                    offset: (shared + common) as u64,
+                    offset: shared + common as u64,
                     part: label,
                     plugin,
                     cause: causes.first().cloned().unwrap_or_default(),
@@ -719,7 +739,7 @@ impl Run<'_> {
                     differing_settings(rec.settings, cand.settings)
                 );
                 Some(Difference {
-                    offset: cand.parts.iter().map(|x| x.text.len() as u64).sum(),
+                    offset: bytes_before(&cand, &cand_blocks, cand.len()),
                     part: "settings".into(),
                     plugin: None,
                     cause: cause.clone(),
@@ -731,7 +751,6 @@ impl Run<'_> {
 
         // Tokens: the recorded request scaled to what the provider reported, the candidate's
         // bytes at the same tokens per byte.
-        let (rec_blocks, cand_blocks) = (rec.blocks(), cand.blocks());
         let bytes = |b: &[Block]| b.iter().map(|x| x.tokens).sum::<u64>();
         let (rec_bytes, cand_bytes) = (bytes(&rec_blocks), bytes(&cand_blocks));
         let reported = usage.and_then(|u| u.input_tokens);
@@ -751,30 +770,39 @@ impl Run<'_> {
             (Counted::Provider, Some(t)) => t,
             _ => at_rate(rec_bytes),
         };
-        let cand_total = if rec_blocks == cand_blocks {
-            rec_total
+        let same = rec_blocks == cand_blocks;
+        let cand_total = if same { rec_total } else { at_rate(cand_bytes) };
+        scale(&mut rec_blocks, rec_total);
+        if same {
+            cand_blocks.clear();
+            cand_blocks.extend_from_slice(&rec_blocks);
         } else {
-            at_rate(cand_bytes)
-        };
-        let rec_blocks = cache::outcome::scaled(&rec_blocks, rec_total);
-        let cand_blocks = cache::outcome::scaled(&cand_blocks, cand_total);
+            scale(&mut cand_blocks, cand_total);
+        }
         let (rec_model, rec_key) = (rec.model.to_string(), rec.key.map(str::to_string));
         let (cand_model, cand_key) = (cand.model.to_string(), cand.key.map(str::to_string));
         drop((rec, cand));
         let output = usage.and_then(|u| u.output_tokens).unwrap_or(0);
         let pricing = self.candidate.pricing;
         let recorded = self.recorded.serve(
-            &rec_model, rec_key, at_ms, rec_blocks, output, pricing, format,
+            &rec_model,
+            rec_key,
+            at_ms,
+            &mut rec_blocks,
+            output,
+            pricing,
+            format,
         );
         let candidate = self.replayed.serve(
             &cand_model,
             cand_key,
             at_ms,
-            cand_blocks,
+            &mut cand_blocks,
             output,
             pricing,
             format,
         );
+        self.buffers = (rec_blocks, cand_blocks);
         let reported = usage
             .filter(|u| u.input_tokens.is_some())
             .map(|u| reported_figures(&u, reply, &rec_model, pricing, format));
@@ -827,6 +855,26 @@ fn reported_figures(
     }
 }
 
+/// Scales `blocks`' tokens (bytes) in place so they add up to `total`, in proportion, each
+/// block's share rounded down from the running sum and the last taking what rounding left.
+fn scale(blocks: &mut [Block], total: u64) {
+    let ours: u64 = blocks.iter().map(|b| b.tokens).sum();
+    if ours == 0 || ours == total {
+        return;
+    }
+    let per = total as f64 / ours as f64;
+    let (mut seen, mut given) = (0u64, 0u64);
+    for b in blocks.iter_mut() {
+        seen += b.tokens;
+        let end = ((seen as f64 * per) as u64).clamp(given, total);
+        b.tokens = end - given;
+        given = end;
+    }
+    if let Some(last) = blocks.last_mut() {
+        last.tokens += total - given;
+    }
+}
+
 /// Bytes two strings share at their start, at a char boundary.
 fn common_prefix(a: &str, b: &str) -> usize {
     let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
@@ -837,20 +885,28 @@ fn common_prefix(a: &str, b: &str) -> usize {
 }
 
 /// The index of the first part where `a` and `b` differ (text or cache breakpoint), `None`
-/// when they are the same stream. Closed fragments below `verified` are equal on both sides,
-/// so their parts are not compared again.
+/// when they are the same stream. The first `verified` closed fragments are equal on both
+/// sides: once the parts before them are equal, their values are skipped, so a step compares
+/// what it adds.
 fn first_differing_part(a: &View<'_>, b: &View<'_>, verified: usize) -> Option<usize> {
-    for (i, (x, y)) in a.parts.iter().zip(&b.parts).enumerate() {
-        if x.hash != y.hash || x.text.len() != y.text.len() || x.mark != y.mark {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i < n {
+        if i == a.pre() && a.pre() == b.pre() && a.spliced && b.spliced {
+            // Equal fragments split into equal values: as many on both sides.
+            i += a.values_before(verified);
+            if i >= n {
+                break;
+            }
+        }
+        let (x, y) = (a.part(i), b.part(i));
+        if x.hash != y.hash || x.text.len() != y.text.len() || x.mark != y.mark || x.text != y.text
+        {
             return Some(i);
         }
-        let known =
-            matches!((x.fragment, y.fragment), (Some(f), Some(g)) if f == g && f < verified);
-        if !known && x.text != y.text {
-            return Some(i);
-        }
+        i += 1;
     }
-    (a.parts.len() != b.parts.len()).then_some(a.parts.len().min(b.parts.len()))
+    (a.len() != b.len()).then_some(n)
 }
 
 /// The keys whose values differ between two settings objects, for words.
@@ -870,12 +926,37 @@ fn differing_settings(a: &str, b: &str) -> String {
         .join(", ")
 }
 
+/// What the causes of a header difference depend on: both headers (by the seq that
+/// recorded them), the tools shown, the provenances and the part.
+#[derive(Clone, Debug, PartialEq)]
+struct HeaderKey {
+    seqs: (u64, u64),
+    shown: (Option<Vec<String>>, Option<Vec<String>>),
+    provenance: (
+        Option<crate::provenance::Provenance>,
+        Option<crate::provenance::Provenance>,
+    ),
+    part: usize,
+}
+
+impl HeaderKey {
+    fn of(rec: &View<'_>, cand: &View<'_>, part: usize) -> HeaderKey {
+        HeaderKey {
+            seqs: (rec.header_seq, cand.header_seq),
+            shown: (
+                rec.shown.map(<[String]>::to_vec),
+                cand.shown.map(<[String]>::to_vec),
+            ),
+            provenance: (rec.provenance.cloned(), cand.provenance.cloned()),
+            part,
+        }
+    }
+}
+
 /// Why the header parts differ, in the diff's words (Q16), and the plugin behind the part.
 fn header_causes(
     rec: &View<'_>,
-    rec_from: Option<&crate::provenance::Provenance>,
     cand: &View<'_>,
-    cand_from: Option<&crate::provenance::Provenance>,
     label: &str,
     system_message: bool,
     format: Format,
@@ -885,6 +966,7 @@ fn header_causes(
         messages: Vec::new(),
         shown_tools: v.shown.map(<[String]>::to_vec),
     };
+    let (rec_from, cand_from) = (rec.provenance, cand.provenance);
     let d = prefix::diff(&request(rec), rec_from, &request(cand), cand_from, format);
     let part = if system_message { "system" } else { label };
     let plugin = prefix::culprit(part, rec_from, cand_from);
@@ -962,13 +1044,18 @@ fn message_cause(
 }
 
 /// One side of a replay: the session's state as that side's log builds it, what was worked
-/// out of its requests so far, and its prompt caches (one per model).
+/// out of its requests so far (each closed fragment's values once), and its prompt caches
+/// (one per model).
 struct Side {
     state: SessionState,
     format: Format,
     head: Option<HeadMemo>,
-    /// Per closed fragment: its values.
-    closed: Vec<Vec<Item>>,
+    /// Every closed fragment's values, in order.
+    items: Vec<Item>,
+    /// Where each closed fragment's first value is in `items`.
+    fragment_starts: Vec<usize>,
+    /// `items` as the cache model's blocks (bytes for tokens).
+    closed_blocks: Vec<Block>,
     /// The open end's values, worked out per step.
     tail: Vec<Owned>,
     /// The request of what is kept, once history is left out, worked out per step.
@@ -982,12 +1069,14 @@ struct HeadMemo {
     header_seq: u64,
     shown: Option<Vec<String>>,
     parts: Vec<Owned>,
+    /// `parts`, then `lead_items`, as blocks.
+    blocks: Vec<Block>,
     /// The body's settings (every key but the stream's), as JSON text.
     settings: String,
     model: String,
     key: Option<String>,
     /// OpenAI's system message, the first of the list.
-    lead: Option<String>,
+    lead: String,
     lead_items: Vec<Item>,
 }
 
@@ -999,11 +1088,13 @@ struct Kept {
     model: String,
     key: Option<String>,
     head: usize,
+    lead_from: usize,
 }
 
-/// One value of a fragment: its bytes, hash and breakpoint.
+/// One value of a fragment: where it is, its hash and breakpoint.
 #[derive(Clone)]
 struct Item {
+    fragment: usize,
     start: usize,
     end: usize,
     hash: u64,
@@ -1028,6 +1119,15 @@ impl Owned {
             mark,
         }
     }
+
+    fn block(&self) -> Block {
+        let tokens = if self.label == "model" {
+            0
+        } else {
+            self.text.len() as u64
+        };
+        Block::new(self.hash, tokens, self.mark)
+    }
 }
 
 /// One part of a request as the provider reads it.
@@ -1036,45 +1136,112 @@ struct PartRef<'a> {
     text: &'a str,
     hash: u64,
     mark: Option<Ttl>,
-    /// The closed fragment it comes from.
-    fragment: Option<usize>,
     label: Option<&'a str>,
-    model: bool,
 }
 
-/// One side's request at a step.
+/// One side's request at a step: the header's parts, the message list's values (borrowed from
+/// the state's fragments and what was worked out of them), the open end.
 struct View<'a> {
-    parts: Vec<PartRef<'a>>,
-    /// Parts before the first message that does not come from the header.
-    head: usize,
-    /// Where the message list starts (OpenAI's system message is its first).
+    /// Spliced: model, tools, system; kept: every part.
+    head: &'a [Owned],
+    lead: &'a str,
+    lead_items: &'a [Item],
+    fragments: &'a [String],
+    items: &'a [Item],
+    fragment_starts: &'a [usize],
+    tail: &'a [Owned],
+    /// Spliced: the blocks of `head` and `lead_items`.
+    head_blocks: &'a [Block],
+    closed_blocks: &'a [Block],
+    spliced: bool,
+    /// Parts that come from the header (OpenAI's system message included).
+    header_parts: usize,
+    /// Where the message list starts.
     lead_from: usize,
     settings: &'a str,
     model: &'a str,
     key: Option<&'a str>,
     header: &'a Header,
+    /// The seq of the `request/header` event that recorded `header`.
+    header_seq: u64,
     shown: Option<&'a [String]>,
     closed: Option<&'a [String]>,
+    provenance: Option<&'a crate::provenance::Provenance>,
+    snapshot: Option<&'a str>,
+    left_out: usize,
 }
 
-impl View<'_> {
+impl<'a> View<'a> {
+    fn len(&self) -> usize {
+        self.head.len() + self.lead_items.len() + self.items.len() + self.tail.len()
+    }
+
+    /// The parts before the closed fragments' values.
+    fn pre(&self) -> usize {
+        self.head.len() + self.lead_items.len()
+    }
+
+    /// How many values the first `fragments` closed fragments hold.
+    fn values_before(&self, fragments: usize) -> usize {
+        self.fragment_starts
+            .get(fragments)
+            .copied()
+            .unwrap_or(self.items.len())
+    }
+
+    fn part(&self, i: usize) -> PartRef<'a> {
+        let owned = |o: &'a Owned, label: bool| PartRef {
+            text: &o.text,
+            hash: o.hash,
+            mark: o.mark,
+            label: label.then_some(o.label.as_str()),
+        };
+        if let Some(o) = self.head.get(i) {
+            return owned(o, true);
+        }
+        let i = i - self.head.len();
+        if let Some(it) = self.lead_items.get(i) {
+            return value_of(self.lead, it);
+        }
+        let i = i - self.lead_items.len();
+        if let Some(it) = self.items.get(i) {
+            return value_of(&self.fragments[it.fragment], it);
+        }
+        owned(&self.tail[i - self.items.len()], false)
+    }
+
     fn label(&self, i: usize) -> Option<String> {
-        let part = self.parts.get(i)?;
-        Some(match part.label {
+        (i < self.len()).then(|| match self.part(i).label {
             Some(l) => l.to_string(),
             None => format!("message {}", i + 1 - self.lead_from),
         })
     }
 
-    /// The cache model's blocks: a hash and the bytes of each part (none for the model).
-    fn blocks(&self) -> Vec<Block> {
-        self.parts
-            .iter()
-            .map(|p| {
-                let tokens = if p.model { 0 } else { p.text.len() as u64 };
-                Block::new(p.hash, tokens, p.mark)
-            })
-            .collect()
+    /// The cache model's blocks, into `out`: a hash and the bytes of each part (none for the
+    /// model).
+    fn blocks_into(&self, out: &mut Vec<Block>) {
+        out.clear();
+        if self.spliced {
+            out.extend_from_slice(self.head_blocks);
+            out.extend_from_slice(self.closed_blocks);
+        } else {
+            out.extend(self.head.iter().map(Owned::block));
+        }
+        out.extend(self.tail.iter().map(Owned::block));
+    }
+}
+
+/// The part a fragment's value stands for.
+fn value_of<'a>(fragment: &'a str, it: &'a Item) -> PartRef<'a> {
+    let (text, mark) = match &it.marked {
+        Some((stripped, mark)) => (stripped.as_str(), *mark),
+        None => (&fragment[it.start..it.end], None),
+    };
+    PartRef {
+        text,
+        hash: it.hash,
+        mark,
+        label: None,
     }
 }
 
@@ -1113,13 +1280,26 @@ fn values_of(text: &str) -> Vec<(usize, usize)> {
 /// A value of the message list as [`prefix::marked_parts`] reads it: without its cache
 /// markers, and the breakpoint they set.
 fn marked_value(text: &str, format: Format) -> Option<(String, Option<Ttl>)> {
+    // The marker promptd writes (Q8), the first key of a block (it sorts first): its bytes
+    // cut out are the block without it, as serialized. It cannot be inside a string, whose
+    // quotes are escaped; anything else is read as JSON.
+    const MARK: &str = "\"cache_control\":{\"type\":\"ephemeral\"},";
+    if let Some(at) = text.find(MARK) {
+        let (before, after) = (&text[..at], &text[at + MARK.len()..]);
+        if before.ends_with('{')
+            && !before.contains("cache_control")
+            && !after.contains("cache_control")
+        {
+            return Some(([before, after].concat(), Some(Ttl::Minutes5)));
+        }
+    }
     let value: Value = serde_json::from_str(text).ok()?;
     let body = serde_json::json!({ formats::list_key(format): [value] });
     let (part, mark) = prefix::marked_parts(&body, format).into_iter().next()?;
     Some((part.text, mark))
 }
 
-fn items_of(text: &str, format: Format) -> Vec<Item> {
+fn items_of(text: &str, fragment: usize, format: Format) -> Vec<Item> {
     values_of(text)
         .into_iter()
         .map(|(start, end)| {
@@ -1134,6 +1314,7 @@ fn items_of(text: &str, format: Format) -> Vec<Item> {
                 None => cache::fnv(value.as_bytes()),
             };
             Item {
+                fragment,
                 start,
                 end,
                 hash,
@@ -1158,7 +1339,9 @@ impl Side {
             state: SessionState::new(session),
             format,
             head: None,
-            closed: Vec::new(),
+            items: Vec::new(),
+            fragment_starts: Vec::new(),
+            closed_blocks: Vec::new(),
             tail: Vec::new(),
             kept: None,
             caches: Vec::new(),
@@ -1166,19 +1349,23 @@ impl Side {
         }
     }
 
-    /// The last step's request, from the state's fragments (worked out once each) while no
+    /// The last step's request, from the state's fragments (each worked out once) while no
     /// history is left out, else rendered whole.
     fn view(&mut self) -> Result<View<'_>> {
         let format = self.format;
-        let header_seq = self.state.header_seq();
+        self.state.activate(format)?;
         let Side {
             state,
             head,
-            closed,
+            items,
+            fragment_starts,
+            closed_blocks,
             tail,
             kept,
             ..
         } = self;
+        let state: &SessionState = state;
+        let header_seq = state.header_seq();
         match state.request_view(format)? {
             RequestView::Spliced {
                 header,
@@ -1190,31 +1377,34 @@ impl Side {
                 });
                 if stale {
                     let map = formats::head(header, format, shown_tools);
-                    let parts = prefix::marked_parts(&Value::Object(map.clone()), format);
-                    let lead_items = fragments
-                        .lead
-                        .as_deref()
-                        .map_or_else(Vec::new, |l| items_of(l, format));
+                    let parts: Vec<Owned> =
+                        prefix::marked_parts(&Value::Object(map.clone()), format)
+                            .into_iter()
+                            .map(Owned::of)
+                            .collect();
+                    let lead = fragments.lead.clone().unwrap_or_default();
+                    let lead_items = items_of(&lead, 0, format);
+                    let mut blocks: Vec<Block> = parts.iter().map(Owned::block).collect();
+                    blocks.extend(lead_items.iter().map(|it| block_of(value_of(&lead, it))));
                     *head = Some(HeadMemo {
                         header_seq,
                         shown: shown_tools.map(<[String]>::to_vec),
-                        parts: parts.into_iter().map(Owned::of).collect(),
+                        parts,
+                        blocks,
                         settings: settings_of(&map, format),
-                        model: map
-                            .get("model")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_string(),
-                        key: map
-                            .get("prompt_cache_key")
-                            .and_then(Value::as_str)
-                            .map(str::to_string),
-                        lead: fragments.lead.clone(),
+                        model: string_at(&map, "model").unwrap_or_default(),
+                        key: string_at(&map, "prompt_cache_key"),
+                        lead,
                         lead_items,
                     });
                 }
-                for fragment in &fragments.closed[closed.len().min(fragments.closed.len())..] {
-                    closed.push(items_of(fragment, format));
+                let known = fragment_starts.len().min(fragments.closed.len());
+                for (f, fragment) in fragments.closed.iter().enumerate().skip(known) {
+                    fragment_starts.push(items.len());
+                    for it in items_of(fragment, f, format) {
+                        closed_blocks.push(block_of(value_of(fragment, &it)));
+                        items.push(it);
+                    }
                 }
                 tail.clear();
                 if let Some(t) = &fragments.tail {
@@ -1229,52 +1419,32 @@ impl Side {
                         });
                     }
                 }
-                let (head, closed, tail) = (&*head, &*closed, &*tail);
                 let Some(head) = head.as_ref() else {
                     unreachable!("the head was just worked out")
                 };
-                let mut parts: Vec<PartRef<'_>> = head
-                    .parts
-                    .iter()
-                    .map(|p| PartRef {
-                        text: &p.text,
-                        hash: p.hash,
-                        mark: p.mark,
-                        fragment: None,
-                        label: Some(&p.label),
-                        model: p.label == "model",
-                    })
-                    .collect();
-                let lead_from = parts.len();
-                if let Some(lead) = head.lead.as_deref() {
-                    for it in &head.lead_items {
-                        parts.push(part_of(lead, it, None));
-                    }
-                }
-                let head_parts = parts.len();
-                for (f, fragment) in fragments.closed.iter().enumerate() {
-                    for it in &closed[f] {
-                        parts.push(part_of(fragment, it, Some(f)));
-                    }
-                }
-                parts.extend(tail.iter().map(|o| PartRef {
-                    text: &o.text,
-                    hash: o.hash,
-                    mark: o.mark,
-                    fragment: None,
-                    label: None,
-                    model: false,
-                }));
                 Ok(View {
-                    parts,
-                    head: head_parts,
-                    lead_from,
+                    head: &head.parts,
+                    lead: &head.lead,
+                    lead_items: &head.lead_items,
+                    fragments: fragments.closed,
+                    items,
+                    fragment_starts,
+                    tail,
+                    head_blocks: &head.blocks,
+                    closed_blocks,
+                    spliced: true,
+                    header_parts: head.parts.len() + head.lead_items.len(),
+                    lead_from: head.parts.len(),
                     settings: &head.settings,
                     model: &head.model,
                     key: head.key.as_deref(),
                     header,
+                    header_seq,
                     shown: shown_tools,
                     closed: Some(fragments.closed),
+                    provenance: state.provenance(),
+                    snapshot: state.snapshot_text(),
+                    left_out: state.left_out(),
                 })
             }
             RequestView::Kept(request) => {
@@ -1284,85 +1454,87 @@ impl Side {
                     .into_iter()
                     .map(Owned::of)
                     .collect();
-                let first_message = parts
+                let lead_from = parts
                     .iter()
                     .position(|p| p.label.starts_with("message"))
                     .unwrap_or(parts.len());
                 let system_message = format == Format::Openai && !request.header.system.is_empty();
                 *kept = Some(Kept {
                     settings: settings_of(&map, format),
-                    model: map
-                        .get("model")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string(),
-                    key: map
-                        .get("prompt_cache_key")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                    head: (first_message + usize::from(system_message)).min(parts.len()),
+                    model: string_at(&map, "model").unwrap_or_default(),
+                    key: string_at(&map, "prompt_cache_key"),
+                    head: (lead_from + usize::from(system_message)).min(parts.len()),
+                    lead_from,
                     parts,
                     request,
                 });
                 let Some(k) = kept.as_ref() else {
                     unreachable!("just kept")
                 };
+                tail.clear();
                 Ok(View {
-                    parts: k
-                        .parts
-                        .iter()
-                        .map(|p| PartRef {
-                            text: &p.text,
-                            hash: p.hash,
-                            mark: p.mark,
-                            fragment: None,
-                            label: Some(&p.label),
-                            model: p.label == "model",
-                        })
-                        .collect(),
-                    head: k.head,
-                    lead_from: first_message,
+                    head: &k.parts,
+                    lead: "",
+                    lead_items: &[],
+                    fragments: &[],
+                    items: &[],
+                    fragment_starts: &[],
+                    tail: &[],
+                    head_blocks: &[],
+                    closed_blocks: &[],
+                    spliced: false,
+                    header_parts: k.head,
+                    lead_from: k.lead_from,
                     settings: &k.settings,
                     model: &k.model,
                     key: k.key.as_deref(),
                     header: &k.request.header,
+                    header_seq,
                     shown: k.request.shown_tools.as_deref(),
                     closed: None,
+                    provenance: state.provenance(),
+                    snapshot: state.snapshot_text(),
+                    left_out: state.left_out(),
                 })
             }
         }
     }
 
-    /// Feeds this side's cache model one request (blocks already scaled to tokens) and says
-    /// what it read, wrote and missed, and what that costs.
+    /// Feeds this side's cache model one request (blocks already scaled to tokens; the
+    /// buffer is handed back for the next one) and says what it read, wrote and missed, and
+    /// what that costs.
     #[allow(clippy::too_many_arguments)]
     fn serve(
         &mut self,
         model: &str,
         key: Option<String>,
         at_ms: u64,
-        blocks: Vec<Block>,
+        blocks: &mut Vec<Block>,
         output: u64,
         pricing: Pricing<'_>,
         format: Format,
     ) -> Figures {
-        let Some(rules) = Rules::of(format, model, pricing.rules) else {
-            return Figures::default();
+        let at = match self.caches.iter().position(|(m, _)| m == model) {
+            Some(at) => at,
+            None => match Rules::of(format, model, pricing.rules) {
+                Some(rules) => {
+                    self.caches.push((model.to_string(), Cache::new(rules)));
+                    self.caches.len() - 1
+                }
+                None => return Figures::default(),
+            },
         };
         let at_ms = at_ms.max(self.last_ms);
         self.last_ms = at_ms;
         let total: u64 = blocks.iter().map(|b| b.tokens).sum();
-        let at = match self.caches.iter().position(|(m, _)| m == model) {
-            Some(at) => at,
-            None => {
-                self.caches
-                    .push((model.to_string(), Cache::new(rules.clone())));
-                self.caches.len() - 1
-            }
+        let request = cache::Request {
+            at_ms,
+            blocks: std::mem::take(blocks),
+            key,
         };
-        let served = self.caches[at]
-            .1
-            .serve(&cache::Request { at_ms, blocks, key });
+        let cache = &mut self.caches[at].1;
+        let served = cache.serve(&request);
+        *blocks = request.blocks;
         let usage = ProviderUsage {
             input_tokens: Some(total),
             output_tokens: Some(output),
@@ -1373,7 +1545,7 @@ impl Side {
         let cost = pricing
             .prices
             .get(model)
-            .map(|price| price.cost(&rules, &usage, 0).total);
+            .map(|price| price.cost(cache.rules(), &usage, 0).total);
         Figures {
             model: model.to_string(),
             read: served.read,
@@ -1385,20 +1557,14 @@ impl Side {
     }
 }
 
-/// The part a fragment's value stands for.
-fn part_of<'a>(fragment: &'a str, it: &'a Item, closed: Option<usize>) -> PartRef<'a> {
-    let (text, mark) = match &it.marked {
-        Some((stripped, mark)) => (stripped.as_str(), *mark),
-        None => (&fragment[it.start..it.end], None),
-    };
-    PartRef {
-        text,
-        hash: it.hash,
-        mark,
-        fragment: closed,
-        label: None,
-        model: false,
-    }
+/// A part as the cache model's block.
+fn block_of(p: PartRef<'_>) -> Block {
+    Block::new(p.hash, p.text.len() as u64, p.mark)
+}
+
+/// The string at `key` of a body.
+fn string_at(body: &Map<String, Value>, key: &str) -> Option<String> {
+    body.get(key).and_then(Value::as_str).map(str::to_string)
 }
 
 #[cfg(test)]

@@ -529,3 +529,66 @@ fn values_are_split_at_top_level_commas_only() {
     );
     assert!(values_of("").is_empty());
 }
+
+/// The first difference is where the diff of the two requests finds it: the candidate's
+/// requests are those of the same workload recorded with the candidate (the plugins are
+/// deterministic), so `prefix::diff` of the rebuilt requests gives the part and the offset.
+#[test]
+fn q19_the_first_difference_is_the_byte_the_diff_finds() {
+    let config = config("");
+    let plan = agent(&config);
+    let v1 = registry("v1", "Working directory", None);
+    let recorded = workload(3, &v1, &v1, 99, &plan);
+    for candidate in [
+        registry("v2", "Working directory", None),
+        registry("v1", "Current folder", None),
+    ] {
+        let actual = workload(3, &candidate, &candidate, 99, &plan);
+        for format in [Format::Anthropic, Format::Openai, Format::OpenaiResponses] {
+            let r = run(&recorded, &candidate, &config, Some(format));
+            for s in &r.steps {
+                let then = crate::session::rebuild(SESSION, &recorded.events, s.step).unwrap();
+                let now = crate::session::rebuild(SESSION, &actual.events, s.step).unwrap();
+                let d = prefix::diff(&then, None, &now, None, format);
+                let at = d.first_divergence.expect("they differ");
+                let found = s.first_difference.as_ref().unwrap();
+                assert_eq!(
+                    (found.part.as_str(), found.offset),
+                    (at.part.as_str(), at.offset as u64),
+                    "{format:?} step {}",
+                    s.step
+                );
+                let bytes = |r: &FrozenRequest| {
+                    prefix::stream(r, format)
+                        .iter()
+                        .map(|p| p.text.len())
+                        .sum::<usize>()
+                };
+                assert!(bytes(&now) > 0 && bytes(&then) > 0);
+            }
+        }
+    }
+}
+
+/// The open turn's marker cut out as text is the turn as the diff reads it, JSON-stripped.
+#[test]
+fn a_marked_value_reads_as_the_diff_reads_it() {
+    let turns = [
+        json!({"role": "user", "content": [
+            {"type": "text", "text": "a \"cache_control\" in a text"},
+            {"type": "text", "text": "last", "cache_control": {"type": "ephemeral"}}]}),
+        json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "ok",
+             "cache_control": {"type": "ephemeral"}}]}),
+        json!({"role": "user", "content": [
+            {"type": "text", "text": "x", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}),
+    ];
+    for turn in turns {
+        let body = json!({"messages": [turn.clone()]});
+        let expected = prefix::marked_parts(&body, Format::Anthropic)
+            .into_iter()
+            .next()
+            .map(|(p, m)| (p.text, m));
+        assert_eq!(marked_value(&turn.to_string(), Format::Anthropic), expected);
+    }
+}

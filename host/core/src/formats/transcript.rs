@@ -221,6 +221,11 @@ impl Transcript {
         }
     }
 
+    /// Whether `format` is rendered as messages arrive ([`Transcript::activate`]).
+    pub fn is_active(&self, format: Format) -> bool {
+        self.active[slot(format)]
+    }
+
     /// Each message's neutral JSON, in order.
     pub fn neutral(&self) -> &[String] {
         &self.neutral

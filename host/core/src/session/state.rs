@@ -438,15 +438,29 @@ impl SessionState {
         })
     }
 
-    /// The last step's request in `format` without rendering it whole: while no message is
-    /// left out, the header and the message list's fragments as the state keeps them
-    /// ([`Transcript::fragments`]); once some are, the frozen request of what is kept (what
-    /// [`SessionState::render`] renders then). Fails as `render` does.
-    pub fn request_view(&mut self, format: crate::formats::Format) -> Result<RequestView<'_>> {
-        let session = &self.session;
-        let (header, _) = self.header.as_ref().ok_or_else(|| {
+    /// Renders the messages in `format` as they arrive from now on (the history at once),
+    /// as [`SessionState::render`] does on its first call in a format; see
+    /// [`SessionState::request_view`].
+    pub fn activate(&mut self, format: crate::formats::Format) -> Result<()> {
+        let (session, roles) = (&self.session, &self.roles);
+        self.transcript.activate(format).map_err(|(i, problem)| {
             Error::Store(StoreError::Corrupt {
                 session: session.clone(),
+                seq: roles.get(i).map_or(0, |(s, _)| *s),
+                problem: format!("a kept message does not decode: {problem}"),
+            })
+        })
+    }
+
+    /// The last step's request in `format` without rendering it whole: while no message is
+    /// left out and the format is active ([`SessionState::activate`]), the header and the
+    /// message list's fragments as the state keeps them ([`Transcript::fragments`]); else the
+    /// frozen request of what is kept (what [`SessionState::render`] renders then). Fails as
+    /// `render` does.
+    pub fn request_view(&self, format: crate::formats::Format) -> Result<RequestView<'_>> {
+        let (header, _) = self.header.as_ref().ok_or_else(|| {
+            Error::Store(StoreError::Corrupt {
+                session: self.session.clone(),
                 seq: self.last_seq,
                 problem: "no request header recorded yet".into(),
             })
@@ -457,17 +471,9 @@ impl SessionState {
                 what: what.into(),
             });
         }
-        if !self.dropped.is_empty() {
+        if !self.dropped.is_empty() || !self.transcript.is_active(format) {
             return Ok(RequestView::Kept(self.kept_request(header)?));
         }
-        let roles = &self.roles;
-        self.transcript.activate(format).map_err(|(i, problem)| {
-            Error::Store(StoreError::Corrupt {
-                session: session.clone(),
-                seq: roles.get(i).map_or(0, |(s, _)| *s),
-                problem: format!("a kept message does not decode: {problem}"),
-            })
-        })?;
         Ok(RequestView::Spliced {
             header,
             shown_tools: self.shown_tools.as_deref(),
