@@ -781,7 +781,7 @@ impl Run<'_> {
         }
         let (rec_model, rec_key) = (rec.model.to_string(), rec.key.map(str::to_string));
         let (cand_model, cand_key) = (cand.model.to_string(), cand.key.map(str::to_string));
-        drop((rec, cand));
+        // The views borrow the sides: no longer used from here on.
         let output = usage.and_then(|u| u.output_tokens).unwrap_or(0);
         let pricing = self.candidate.pricing;
         let recorded = self.recorded.serve(
