@@ -25,4 +25,5 @@ mod openapi;
 mod plugin_world;
 mod postgres;
 mod provider_sdks;
+mod replay;
 mod sandbox;

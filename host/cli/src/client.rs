@@ -166,7 +166,7 @@ impl Server {
             query.push(format!("agent={}", percent(a)));
         }
         if let Some(s) = since {
-            query.push(format!("since={}", since_ms(s, now_ms())?));
+            query.push(format!("since={}", since_ms(s)?));
         }
         let path = if query.is_empty() {
             "/v1/usage".to_string()
@@ -346,6 +346,229 @@ impl Server {
     }
 }
 
+/// What `promptd replay` and `promptd plugin check --against` ask the daemon to replay.
+#[derive(Default)]
+pub struct Replay {
+    pub sessions: Vec<String>,
+    pub agent: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub since: Option<u64>,
+    pub limit: Option<u64>,
+    pub plugins: Option<std::path::PathBuf>,
+    pub swap: Vec<std::path::PathBuf>,
+    pub config: Option<std::path::PathBuf>,
+    pub format: Option<String>,
+    pub json: bool,
+}
+
+/// `--since`: milliseconds since the Unix epoch, or a duration ago (`45s`, `30m`, `2h`,
+/// `1d`).
+pub fn since_ms(text: &str) -> anyhow::Result<u64> {
+    since_at(text, now_ms())
+}
+
+/// [`since_ms`] with `now` given.
+fn since_at(text: &str, now: u64) -> anyhow::Result<u64> {
+    let bad = || crate::error::CliError::BadArgument {
+        flag: "--since",
+        value: text.to_string(),
+        expected: "expected milliseconds since the epoch or a duration such as 30m, 2h, 1d".into(),
+    };
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let unit_ms: u64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad().into()),
+    };
+    Ok(now.saturating_sub(n.saturating_mul(unit_ms)))
+}
+
+impl Server {
+    /// Replays sessions with a candidate and prints the report: a table per session (or the
+    /// JSON with `json`).
+    pub fn replay(&self, r: &Replay) -> anyhow::Result<()> {
+        let path = |p: &std::path::Path| Value::String(p.display().to_string());
+        let mut body = serde_json::Map::new();
+        if !r.sessions.is_empty() {
+            body.insert("sessions".into(), json!(r.sessions));
+        }
+        if let Some(a) = &r.agent {
+            body.insert("agent".into(), json!(a));
+        }
+        if let Some(t) = r.since {
+            body.insert("since".into(), json!(t));
+        }
+        if let Some(l) = r.limit {
+            body.insert("limit".into(), json!(l));
+        }
+        if let Some(p) = &r.plugins {
+            body.insert("plugins".into(), path(p));
+        }
+        if !r.swap.is_empty() {
+            body.insert(
+                "swap".into(),
+                Value::Array(r.swap.iter().map(|p| path(p)).collect()),
+            );
+        }
+        if let Some(c) = &r.config {
+            body.insert("config".into(), path(c));
+        }
+        if let Some(f) = &r.format {
+            body.insert("format".into(), json!(f));
+        }
+        let v = self.call("POST", "/v1/replay", Some(Value::Object(body)))?;
+        if r.json {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            return Ok(());
+        }
+        print!("{}", replay_table(&v, &Paint::stdout()));
+        Ok(())
+    }
+}
+
+/// A replay report as text: the candidate, a table per session, the totals.
+pub fn replay_table(v: &Value, paint: &Paint) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let c = &v["candidate"];
+    let config = c["config"].as_str().unwrap_or("the daemon's config");
+    let _ = writeln!(
+        out,
+        "candidate: {} ({} plugins), {config}",
+        c["plugins"].as_str().unwrap_or(""),
+        c["loaded"].as_array().map_or(0, Vec::len)
+    );
+    let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
+    for s in &sessions {
+        let t = &s["totals"];
+        let _ = writeln!(
+            out,
+            "\n{}",
+            paint.bold(&format!(
+                "session {} (agent {}, {}): {} steps, {} differ, {} failed",
+                s["session"].as_str().unwrap_or(""),
+                s["agent"].as_str().unwrap_or(""),
+                s["format"].as_str().unwrap_or(""),
+                t["steps"],
+                t["differing_steps"],
+                t["failed_steps"]
+            ))
+        );
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<7}  {:>8}  {:>26}  {:>10}  {:>26}  {:>10}",
+            "step",
+            "differs",
+            "Δ tokens",
+            "recorded read/written/missed",
+            "cost",
+            "candidate read/written/missed",
+            "cost"
+        );
+        for step in s["steps"].as_array().into_iter().flatten() {
+            let differs = if step["differs"] == true {
+                paint.red("yes    ")
+            } else {
+                paint.green("no     ")
+            };
+            let _ = writeln!(
+                out,
+                "{:>4}  {differs}  {:>8}  {:>26}  {:>10}  {:>26}  {:>10}",
+                step["step"],
+                signed(&step["tokens"]["delta"]),
+                cache_figures(&step["recorded"]),
+                dollars(&step["recorded"]["cost"]),
+                cache_figures(&step["candidate"]),
+                dollars(&step["candidate"]["cost"]),
+            );
+            if let Some(e) = step["error"].as_object() {
+                let _ = writeln!(
+                    out,
+                    "        {}",
+                    paint.red(&format!(
+                        "cannot plan: error[{}]: {} (the recorded step stands in)",
+                        e["code"].as_str().unwrap_or(""),
+                        e["message"].as_str().unwrap_or("")
+                    ))
+                );
+            }
+            let d = &step["first_difference"];
+            if d.is_object() {
+                let plugin = d["plugin"]
+                    .as_str()
+                    .map_or(String::new(), |p| format!(" (plugin `{p}`)"));
+                let _ = writeln!(
+                    out,
+                    "        first difference: {} at byte {}{plugin}: {}",
+                    d["part"].as_str().unwrap_or(""),
+                    d["offset"],
+                    paint.yellow(d["cause"].as_str().unwrap_or(""))
+                );
+            }
+        }
+        out.push_str(&totals_line(t));
+    }
+    if sessions.len() != 1 {
+        let _ = write!(out, "\nall {} sessions: ", sessions.len());
+        out.push_str(&totals_line(&v["totals"]));
+    }
+    out
+}
+
+fn totals_line(t: &Value) -> String {
+    let cost = match (
+        t["recorded"]["cost"].as_f64(),
+        t["candidate"]["cost"].as_f64(),
+    ) {
+        (Some(r), Some(c)) => format!(
+            "; cost {} recorded, {} candidate ({}{})",
+            dollars(&json!(r)),
+            dollars(&json!(c)),
+            if c >= r { "+" } else { "-" },
+            dollars(&json!((c - r).abs()))
+        ),
+        _ => "; not priced (no [pricing] for the model)".into(),
+    };
+    format!(
+        "totals: {} steps, {} differ, {} failed; input tokens {} recorded, {} candidate ({}){cost}\n",
+        t["steps"],
+        t["differing_steps"],
+        t["failed_steps"],
+        t["tokens_recorded"],
+        t["tokens_candidate"],
+        signed(&t["tokens_delta"]),
+    )
+}
+
+fn cache_figures(f: &Value) -> String {
+    let n = |k: &str| f[k].as_u64().unwrap_or(0);
+    format!(
+        "{}/{}/{}",
+        n("read"),
+        n("written") + n("written_1h"),
+        n("uncached")
+    )
+}
+
+fn dollars(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), |c| format!("${c:.6}"))
+}
+
+fn signed(v: &Value) -> String {
+    match v.as_i64() {
+        Some(n) if n > 0 => format!("+{n}"),
+        Some(n) => n.to_string(),
+        None => "-".into(),
+    }
+}
+
 /// A daemon error, already formatted as `error[CODE]: …`.
 #[derive(Debug)]
 pub struct ClientError(pub String);
@@ -359,10 +582,10 @@ impl std::fmt::Display for ClientError {
 impl std::error::Error for ClientError {}
 
 /// ANSI colours when stdout is a terminal, plain text otherwise (pipes, files, tests).
-struct Paint(bool);
+pub struct Paint(bool);
 
 impl Paint {
-    fn stdout() -> Self {
+    pub fn stdout() -> Self {
         use std::io::IsTerminal;
         Paint(std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
     }
@@ -487,30 +710,6 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// `--since`: milliseconds since the Unix epoch, or a duration ago (`90s`, `30m`, `2h`, `7d`).
-pub fn since_ms(text: &str, now: u64) -> anyhow::Result<u64> {
-    if let Ok(ms) = text.parse::<u64>() {
-        return Ok(ms);
-    }
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let per = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => 0,
-    };
-    match number.parse::<u64>() {
-        Ok(n) if per > 0 => Ok(now.saturating_sub(n.saturating_mul(per))),
-        _ => bail!(ClientError(format!(
-            "error[bad_argument]: --since `{text}`: expected milliseconds since the Unix epoch or a duration such as 30m, 2h, 7d"
-        ))),
-    }
-}
-
 /// `text` percent-encoded for a query value.
 fn percent(text: &str) -> String {
     text.bytes()
@@ -525,14 +724,14 @@ fn percent(text: &str) -> String {
 
 #[cfg(test)]
 mod since_tests {
-    use super::since_ms;
+    use super::since_at;
 
     #[test]
     fn since_takes_epoch_milliseconds_or_a_duration_ago() {
-        assert_eq!(since_ms("1700000000000", 0).unwrap(), 1_700_000_000_000);
-        assert_eq!(since_ms("30m", 3_600_000).unwrap(), 1_800_000);
-        assert_eq!(since_ms("2d", 86_400_000).unwrap(), 0);
-        let e = since_ms("yesterday", 0).unwrap_err().to_string();
-        assert!(e.contains("--since `yesterday`"), "{e}");
+        assert_eq!(since_at("1700000000000", 0).unwrap(), 1_700_000_000_000);
+        assert_eq!(since_at("30m", 3_600_000).unwrap(), 1_800_000);
+        assert_eq!(since_at("2d", 86_400_000).unwrap(), 0);
+        let e = since_at("yesterday", 0).unwrap_err().to_string();
+        assert!(e.contains("yesterday") && e.contains("--since"), "{e}");
     }
 }

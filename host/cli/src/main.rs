@@ -122,6 +122,39 @@ enum Command {
         #[command(flatten)]
         server: client::Server,
     },
+    /// Re-assemble recorded sessions on a running daemon with a candidate plugin folder or
+    /// config, and report per step where the candidate's request differs, the token delta,
+    /// and what the prompt cache would read, write and miss and cost, beside the recorded
+    /// figures. Nothing is written.
+    Replay {
+        /// Sessions to replay (default: the most recent ones, at most --limit).
+        sessions: Vec<String>,
+        /// Only this agent's sessions.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only sessions with activity since: milliseconds since the epoch, or a duration
+        /// ago (`30m`, `2h`, `1d`, `45s`).
+        #[arg(long)]
+        since: Option<String>,
+        /// Without SESSIONs, at most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+        /// The candidate plugin folder, on the daemon's machine (default: the daemon's own).
+        #[arg(long)]
+        plugins: Option<PathBuf>,
+        /// The candidate config file, on the daemon's machine (default: the daemon's).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// openai, anthropic or openai-responses (default: the format of the session's
+        /// recorded replies, else anthropic).
+        #[arg(long)]
+        format: Option<String>,
+        /// Print the daemon's report as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        server: client::Server,
+    },
     /// Compile one component to FILE: the engine runs this as a bounded child process (L7).
     #[command(hide = true)]
     Compile {
@@ -172,12 +205,26 @@ enum SessionCommand {
 
 #[derive(Subcommand)]
 enum PluginCommand {
-    /// Load one plugin and print what it declares, or why it is refused.
+    /// Load one plugin and print what it declares, or why it is refused. With `--against
+    /// SESSION`, replay that session on a running daemon with this file in place of the
+    /// daemon's plugin of the same id (or added), and print the replay's report.
     Check {
         file: PathBuf,
-        /// A config file whose `[plugins.NAME]` table supplies the plugin's settings.
+        /// A config file whose `[plugins.NAME]` table supplies the plugin's settings (with
+        /// `--against`: the candidate config, default the daemon's).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Replay this session of a running daemon with the plugin swapped in.
+        #[arg(long, value_name = "SESSION")]
+        against: Option<String>,
+        /// With `--against`: openai, anthropic or openai-responses.
+        #[arg(long, requires = "against")]
+        format: Option<String>,
+        /// With `--against`: print the report as JSON.
+        #[arg(long, requires = "against")]
+        json: bool,
+        #[command(flatten)]
+        server: client::Server,
     },
     /// Create a new plugin folder NAME that builds with `promptd plugin build`.
     New {
@@ -267,7 +314,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             budget,
         } => assemble(plugins, config, &agent, &facts, explain, budget),
         Command::Plugin {
-            command: PluginCommand::Check { file, config },
+            command:
+                PluginCommand::Check {
+                    file,
+                    config,
+                    against: Some(session),
+                    format,
+                    json,
+                    server,
+                },
+        } => server.replay(&client::Replay {
+            sessions: vec![session],
+            swap: vec![absolute("FILE", &file)?],
+            config: config.map(|c| absolute("--config", &c)).transpose()?,
+            format,
+            json,
+            ..client::Replay::default()
+        }),
+        Command::Plugin {
+            command: PluginCommand::Check { file, config, .. },
         } => check(&file, config),
         Command::Plugin {
             command: PluginCommand::New { name, lang, dir },
@@ -314,8 +379,42 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             server,
         } => server.usage(agent.as_deref(), since.as_deref(), json),
+        Command::Replay {
+            sessions,
+            agent,
+            since,
+            limit,
+            plugins,
+            config,
+            format,
+            json,
+            server,
+        } => server.replay(&client::Replay {
+            sessions,
+            agent,
+            since: since.as_deref().map(client::since_ms).transpose()?,
+            limit: Some(limit),
+            plugins: plugins.map(|p| absolute("--plugins", &p)).transpose()?,
+            swap: Vec::new(),
+            config: config.map(|c| absolute("--config", &c)).transpose()?,
+            format,
+            json,
+        }),
         Command::Compile { .. } => unreachable!("main runs the compiler child"),
     }
+}
+
+/// `path` made absolute against the working directory: the daemon reads it on its machine,
+/// from wherever it was started.
+fn absolute(flag: &'static str, path: &Path) -> anyhow::Result<PathBuf> {
+    std::path::absolute(path).map_err(|e| {
+        CliError::BadArgument {
+            flag,
+            value: path.display().to_string(),
+            expected: format!("a path ({e})"),
+        }
+        .into()
+    })
 }
 
 /// The config file in use: the explicit one, or ./promptd.toml when present.

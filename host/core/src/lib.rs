@@ -38,6 +38,7 @@ pub mod load;
 pub mod plugin;
 pub mod prefix;
 pub mod provenance;
+pub mod replay;
 pub mod request;
 pub mod session;
 pub mod step;

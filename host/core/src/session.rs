@@ -35,8 +35,8 @@ pub use plan::{
 };
 pub use rebuild::{provenance_at, rebuild, step_count};
 pub use report::{priced_usage_report, usage_report, StepUsage, UsageReport, UsageTotals};
-pub use state::SessionState;
 use state::{remember, role, Role, SnapshotState};
+pub use state::{RequestView, SessionState};
 
 /// The snapshot appended once when runtime context disappears (Q2).
 pub const CLEARED_SNAPSHOT: &str =

@@ -105,16 +105,75 @@ pub fn plan(
     input: StepInput,
     format: Format,
 ) -> Result<PlannedStep> {
-    let StepInput { messages, facts } = input;
-    let mut step = Step {
+    let step = step_for(agent, session, state.steps() + 1, input.facts);
+    let assembly = assemble(registry, agent, &step, state.data_secret())?;
+    let mut assembled = Assembled { step, assembly };
+    plan_assembled(
+        state,
+        registry,
+        agent,
+        &mut assembled,
+        run,
+        input.messages,
+        format,
+    )
+}
+
+/// What plugins are shown of step `number` of session `session` with `facts`.
+pub fn step_for(
+    agent: &AgentPlan,
+    session: &str,
+    number: u64,
+    facts: BTreeMap<String, String>,
+) -> Step {
+    Step {
         agent: agent.agent.clone(),
         scope_chain: agent.scope_chain.clone(),
         session_id: session.to_string(),
-        step_number: state.steps() + 1,
+        step_number: number,
         facts,
-    };
-    let options = agent.options_for(state.data_secret().clone());
-    let assembled = assembly::assemble(registry, &step, &options)?;
+    }
+}
+
+/// Stage 1 alone: the assembly of `step` for `agent`, data blocks keyed with `secret` (T8).
+/// It reads nothing of the session but its secret, so steps whose facts are known can be
+/// assembled ahead, on other threads (a counterfactual replay does: [`crate::replay`]).
+pub fn assemble(
+    registry: &Registry,
+    agent: &AgentPlan,
+    step: &Step,
+    secret: &std::sync::Arc<str>,
+) -> Result<std::sync::Arc<Assembly>> {
+    assembly::assemble(registry, step, &agent.options_for(secret.clone()))
+}
+
+/// A step and its assembly ([`assemble`]), ready for [`plan_assembled`].
+#[derive(Debug)]
+pub struct Assembled {
+    /// The step plugins were shown.
+    pub step: Step,
+    /// What they gave (shared with other assemblies of the snapshot when no plugin was
+    /// called).
+    pub assembly: std::sync::Arc<Assembly>,
+}
+
+/// Stages 2 to 8 of [`plan`] on an assembly made by [`assemble`] for the state's next step.
+/// The step's facts move into its marker (`assembled.step.facts` is left empty); the assembly
+/// stays for the caller.
+pub fn plan_assembled(
+    state: &mut SessionState,
+    registry: &Registry,
+    agent: &AgentPlan,
+    assembled: &mut Assembled,
+    run: &str,
+    messages: Vec<Message>,
+    format: Format,
+) -> Result<PlannedStep> {
+    let Assembled {
+        step,
+        assembly: assembled,
+    } = assembled;
+    let assembled: &Assembly = assembled;
     formats::check_settings(&agent.model, format)?;
     let limits = &agent.content_limits;
     for (i, m) in messages.iter().enumerate() {
@@ -122,7 +181,7 @@ pub fn plan(
     }
     // Q18: hooks may reject the step or redact its new messages; redacted ones are checked
     // again (a redaction may lengthen a text).
-    let messages = match review(registry, &step, &messages, &assembled)? {
+    let messages = match review(registry, step, &messages, assembled)? {
         Some(redacted) => {
             for (i, m) in redacted.iter().enumerate() {
                 content_of(m).check(limits).map_err(|e| e.at_message(i))?;
@@ -137,10 +196,10 @@ pub fn plan(
 
     // The header only when it differs from the recorded one: an unchanged header is neither
     // built nor compared field by field twice.
-    let cache_key = CacheKey(session);
+    let cache_key = CacheKey(&step.session_id);
     let header: Option<Header> = match state.header() {
-        Some(h) if same_header(h, &assembled, &agent.model, cache_key) => None,
-        _ => Some(new_header(&assembled, &agent.model, cache_key)),
+        Some(h) if same_header(h, assembled, &agent.model, cache_key) => None,
+        _ => Some(new_header(assembled, &agent.model, cache_key)),
     };
     // Provenance only when it may have changed: a new header or plugin set.
     let known = header.is_none()
@@ -151,16 +210,9 @@ pub fn plan(
                         == Some(e.sha256.as_deref().unwrap_or(""))
                 })
         });
-    let provenance = (!known).then(|| Provenance::of(registry, &assembled));
+    let provenance = (!known).then(|| Provenance::of(registry, assembled));
     let facts = std::mem::take(&mut step.facts);
-    let mut plan = state.plan(
-        messages,
-        facts,
-        &assembled,
-        header,
-        run,
-        provenance.as_ref(),
-    )?;
+    let mut plan = state.plan(messages, facts, assembled, header, run, provenance.as_ref())?;
 
     // Measure what this step's request will hold: the log so far, this step's input and its
     // snapshot.
@@ -183,7 +235,7 @@ pub fn plan(
         &agent.budget,
         &*agent.counter,
         header,
-        &assembled,
+        assembled,
         format,
         &new,
     );

@@ -57,8 +57,8 @@ fn agent_name() -> Schema {
 /// served and committed):
 ///
 /// - a header or query parameter is a value or absent, never null;
-/// - a u64 or usize is an integer from 0 to 2^64 − 1, not the `int64` utoipa calls it (a
-///   `limit` or `from` over 2^63 is taken);
+/// - a u64 or usize is an integer from 0 to 2^64 − 1 (or null, when optional), not the
+///   `int64` utoipa calls it (a `limit` or `from` over 2^63 is taken);
 /// - serde's `deny_unknown_fields` on the internally tagged `Message` and `Block` holds for
 ///   each variant: no other keys (utoipa leaves it out of the variants).
 pub fn complete(doc: &mut Value) {
@@ -88,7 +88,13 @@ pub fn complete(doc: &mut Value) {
     fn walk(value: &mut Value) {
         match value {
             Value::Object(map) => {
-                let unsigned = map.get("type").and_then(Value::as_str) == Some("integer")
+                // `integer`, or `["integer", "null"]` for an optional field of a body.
+                let integer = match map.get("type") {
+                    Some(Value::String(t)) => t == "integer",
+                    Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                    _ => false,
+                };
+                let unsigned = integer
                     && map.get("format").and_then(Value::as_str) == Some("int64")
                     && map.get("minimum").and_then(Value::as_u64) == Some(0);
                 if unsigned {
@@ -385,6 +391,97 @@ pub struct CompactBody {
         pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
     )]
     pub summary: String,
+}
+
+/// `POST /v1/replay`: which recorded sessions to replay, and with what candidate. Paths are
+/// read by the daemon, on its machine, and must be absolute (else 422 `replay_candidate`,
+/// as for a folder or file that is missing or not what it must be).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayBody {
+    /// The sessions to replay, by id (an unknown one is 404 `unknown_session`); without
+    /// them (or with none), the most recent sessions, at most `limit`.
+    #[serde(default)]
+    #[schema(max_items = 1000)]
+    pub sessions: Option<Vec<String>>,
+    /// Only this agent's sessions.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// Only sessions with activity at or after this time, in milliseconds since the Unix
+    /// epoch.
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0)]
+    pub since: Option<u64>,
+    /// Without `sessions`: at most this many, most recent activity first (default 100; 0
+    /// reads 1, more than 1000 reads 1000).
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(minimum = 0)]
+    pub limit: Option<u64>,
+    /// The candidate plugin folder (default: the daemon's own).
+    #[serde(default)]
+    pub plugins: Option<String>,
+    /// Plugin files (`.wasm`) that replace the folder's file of the same plugin id (the file
+    /// name, or the config's `id`), or join the set: `promptd plugin check NEW.wasm
+    /// --against SESSION`.
+    #[serde(default)]
+    #[schema(max_items = 256)]
+    pub swap: Option<Vec<String>>,
+    /// The candidate config file (default: the daemon's config).
+    #[serde(default)]
+    pub config: Option<String>,
+    /// The provider format compared and priced: `openai`, `anthropic` or
+    /// `openai-responses` (default: the format of each session's recorded replies, else
+    /// `anthropic`).
+    #[serde(default)]
+    #[schema(schema_with = provider_format)]
+    pub format: Option<Format>,
+}
+
+/// A provider's format (not `neutral`, which no provider reads), or null.
+fn provider_format() -> Schema {
+    let Some(RefOr::T(schema)) = Some(raw_schema(serde_json::json!({
+        "type": ["string", "null"],
+        "enum": ["openai", "anthropic", "openai-responses", null],
+        "description": "The provider format compared and priced (default: the format of each \
+                        session's recorded replies, else `anthropic`).",
+    }))) else {
+        unreachable!("a raw schema is inline")
+    };
+    schema
+}
+
+impl ReplayBody {
+    /// The request the daemon replays.
+    pub fn into_request(self) -> crate::replay::ReplayRequest {
+        let path = |p: String| std::path::PathBuf::from(p);
+        crate::replay::ReplayRequest {
+            sessions: self.sessions.unwrap_or_default(),
+            agent: self.agent,
+            since_ms: self.since,
+            limit: self
+                .limit
+                .unwrap_or(100)
+                .min(crate::replay::MAX_SESSIONS as u64) as usize,
+            plugins: self.plugins.map(path),
+            swap: self
+                .swap
+                .unwrap_or_default()
+                .into_iter()
+                .map(path)
+                .collect(),
+            config: self.config.map(path),
+            format: self.format,
+        }
+    }
+}
+
+/// [`integer`], or null or absent.
+fn optional_integer<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Wrapped(#[serde(deserialize_with = "integer")] u64);
+    Ok(Option::<Wrapped>::deserialize(deserializer)?.map(|Wrapped(n)| n))
 }
 
 /// A JSON integer as JSON Schema counts them: `840` and `840.0` alike (a number with no

@@ -74,6 +74,19 @@ pub enum DaemonError {
         total: usize,
     },
 
+    /// A replay's candidate (`POST /v1/replay`) cannot be used: its plugin folder, a plugin
+    /// file or its config file is missing, unreadable, not absolute or not what it must be.
+    #[error("replay candidate: {what} {}: {source}", path.display())]
+    ReplayCandidate {
+        /// `plugin folder`, `plugin file` or `config`.
+        what: &'static str,
+        /// The path given.
+        path: PathBuf,
+        /// Why it cannot be used: the IO error, or the config's own.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// A tool call the session does not hold.
     #[error("the session has no tool call `{0}`")]
     ToolCallNotFound(String),
@@ -103,6 +116,7 @@ impl DaemonError {
             DaemonError::ConfigRead { .. } => "config_read",
             DaemonError::Watch { .. } | DaemonError::WatchThread(_) => "watch",
             DaemonError::Loading { .. } => "loading",
+            DaemonError::ReplayCandidate { .. } => "replay_candidate",
             DaemonError::ToolCallNotFound(_) => "unknown_tool_call",
             DaemonError::ToolCallClosed(_) => "tool_call_answered",
             DaemonError::ToolNotRunnable { .. } => "tool_not_runnable",

@@ -87,6 +87,7 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(step_request))
         .routes(routes!(step_explain))
         .routes(routes!(step_diff))
+        .routes(routes!(replay))
         .routes(routes!(registry_events))
         .routes(routes!(metrics))
         .routes(routes!(openapi_json))
@@ -190,7 +191,9 @@ fn status(e: &DaemonError) -> StatusCode {
         | DaemonError::ConfigRead { .. }
         | DaemonError::Watch { .. }
         | DaemonError::WatchThread(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        DaemonError::PluginFileName { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        DaemonError::PluginFileName { .. } | DaemonError::ReplayCandidate { .. } => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
         DaemonError::Loading { .. } => StatusCode::SERVICE_UNAVAILABLE,
         DaemonError::ToolCallNotFound(_) => StatusCode::NOT_FOUND,
         DaemonError::ToolCallClosed(_) | DaemonError::ToolNotRunnable { .. } => {
@@ -810,6 +813,25 @@ async fn step_diff(
     let daemon = state.daemon.clone();
     let diff = blocking(move || daemon.diff(&id, n, format)).await?;
     Ok(json_body(&diff))
+}
+
+/// Replays recorded sessions step by step with a candidate plugin folder or config (Q19):
+/// per step, where the candidate's request first differs from the recorded one and why, the
+/// token delta, and under the cache model what both would read, write and miss, and cost.
+/// The candidate is loaded into a registry of its own; nothing is written to any log and
+/// nothing the daemon serves changes (Q20).
+#[utoipa::path(post, path = "/v1/replay", tag = "sessions",
+    request_body = api::ReplayBody,
+    responses((status = 200, description = "Each session replayed, and the sums", body = crate::replay::ReplayReport), api::Errors))]
+async fn replay(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let req: api::ReplayBody = parse_body(body, state.max_body)?;
+    let request = req.into_request();
+    let daemon = state.daemon.clone();
+    let report = blocking(move || daemon.replay(&request)).await?;
+    Ok(json_body(&report))
 }
 
 /// Server-sent events of registry changes (R5). Replays the history after `Last-Event-ID`

@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod plugin_dir;
 mod plugins;
 mod readiness;
+pub mod replay;
 pub mod server;
 mod sessions;
 mod steps;
@@ -128,6 +129,8 @@ pub struct Daemon {
     counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
     /// Agents' resolved plans for the config serving now.
     plans: Mutex<steps::AgentPlans>,
+    /// Held by the replay running (one at a time: each loads a plugin set of its own).
+    replays: Mutex<()>,
 }
 
 /// Milliseconds since the Unix epoch, by the system clock.
@@ -174,6 +177,7 @@ impl Daemon {
             sessions: SessionCache::new(config.session_cache_bytes()),
             counters: Mutex::new(BTreeMap::new()),
             plans: Mutex::default(),
+            replays: Mutex::new(()),
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),

@@ -277,10 +277,10 @@ impl Daemon {
 
 /// Most plugins loaded at once: a few more than this machine's cores, so that plugins stuck
 /// in a looping `declare` (each stopped at its deadline) do not hold up every other load.
-const LOAD_WORKERS: usize = 4;
+pub(crate) const LOAD_WORKERS: usize = 4;
 
 /// `f` over `items` on up to `workers` scoped threads; results in the items' order.
-fn parallel_map<T: Sync, R: Send>(
+pub(crate) fn parallel_map<T: Sync, R: Send>(
     items: &[T],
     workers: usize,
     f: impl Fn(&T) -> R + Sync,

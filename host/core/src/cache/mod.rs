@@ -294,7 +294,7 @@ fn blocks_of_parts(parts: Vec<(crate::prefix::Part, Option<Ttl>)>) -> Vec<Block>
 /// FNV-1a over 8-byte words (and the tail's bytes), 64 bits: stable across runs, builds and
 /// machines (two daemons must agree), and a word at a time, since every reply hashes its
 /// request's new parts.
-fn fnv(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv(bytes: &[u8]) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut h = 0xcbf2_9ce4_8422_2325u64 ^ bytes.len() as u64;
     let mut words = bytes.chunks_exact(8);
@@ -420,6 +420,15 @@ pub struct Cache {
     seen: HashMap<u64, u64>,
     /// The previous request's cumulative prefix hashes, to say where a new one differs.
     last: Vec<u64>,
+    /// The previous request's block hashes: a request that starts with the same blocks
+    /// starts with the same prefix hashes, not computed again.
+    last_blocks: Vec<u64>,
+    /// When the previous request was served: what it left (entries, `seen`) is what is read,
+    /// as if [`Cache::expire`] had swept at that time.
+    last_ms: u64,
+    /// When `expire` last swept (it sweeps at most once per 5-minute TTL, so a long session
+    /// does not walk every remembered prefix at each request).
+    swept_ms: u64,
     /// Recent request times per route, for the per-key rate.
     routes: BTreeMap<u64, VecDeque<u64>>,
 }
@@ -442,6 +451,9 @@ impl Cache {
             entries: HashMap::new(),
             seen: HashMap::new(),
             last: Vec::new(),
+            last_blocks: Vec::new(),
+            last_ms: 0,
+            swept_ms: 0,
             routes: BTreeMap::new(),
         }
     }
@@ -465,11 +477,20 @@ impl Cache {
         // Cumulative prefix hashes and token ends, per block.
         let mut prefix = Vec::with_capacity(blocks.len());
         let mut ends = Vec::with_capacity(blocks.len());
-        let (mut h, mut t) = (0u64, 0u64);
-        for b in blocks {
+        let same = blocks
+            .iter()
+            .zip(&self.last_blocks)
+            .take_while(|(b, h)| b.hash == **h)
+            .count()
+            .min(self.last.len());
+        prefix.extend_from_slice(&self.last[..same]);
+        let (mut h, mut t) = (prefix.last().copied().unwrap_or(0), 0u64);
+        for b in &blocks[same..] {
             h = extend(h, b.hash);
-            t += b.tokens;
             prefix.push(h);
+        }
+        for b in blocks {
+            t += b.tokens;
             ends.push(t);
         }
         let total = t;
@@ -540,7 +561,17 @@ impl Cache {
             written_1h = 0;
         }
         self.last = prefix;
-        self.expire(now);
+        self.last_blocks.clear();
+        self.last_blocks.extend(blocks.iter().map(|b| b.hash));
+        self.last_ms = now;
+        if now
+            >= self
+                .swept_ms
+                .saturating_add(self.rules.ttl_ms.min(self.rules.ttl_1h_ms))
+        {
+            self.expire(now);
+            self.swept_ms = now;
+        }
         Served {
             read,
             written,
@@ -576,7 +607,7 @@ impl Cache {
         match hit {
             Some(i) if ends[i] >= ends[last_mark] => return Cause::Hit,
             // The longer prefix was cached before and is no longer: its entry expired.
-            Some(_) if self.seen.contains_key(&prefix[last_mark]) => return Cause::Expired,
+            Some(_) if self.seen_at(prefix[last_mark]).is_some() => return Cause::Expired,
             Some(_) if extends_last => return Cause::Hit,
             Some(_) => return Cause::Partial,
             None => {}
@@ -587,7 +618,7 @@ impl Cache {
             .find(|&&(i, _)| ends[i] >= self.rules.min_tokens)
             .map_or(last_mark, |&(i, _)| i);
         let now = request.at_ms;
-        if let Some(&used) = self.seen.get(&prefix[first_mark]) {
+        if let Some(used) = self.seen_at(prefix[first_mark]) {
             let live_elsewhere = self.entries.iter().any(|(&(r, m, p), e)| {
                 p == prefix[first_mark] && (r, m) != machine && e.expires_ms >= now
             });
@@ -633,6 +664,15 @@ impl Cache {
 
     /// Forgets entries that can no longer be served and routes with no recent request, so the
     /// model's memory is bounded by what is live.
+    /// When prefix `key` was last used, if a sweep at the previous request would have kept it.
+    fn seen_at(&self, key: u64) -> Option<u64> {
+        let horizon = self.rules.ttl_ms.max(self.rules.ttl_1h_ms) * 4;
+        self.seen
+            .get(&key)
+            .copied()
+            .filter(|&used| used + horizon >= self.last_ms)
+    }
+
     fn expire(&mut self, now: u64) {
         self.entries.retain(|_, e| e.expires_ms >= now);
         self.routes

@@ -172,7 +172,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// Blocks whose tokens add up to `total` (the provider's count), in proportion to theirs.
-fn scaled(blocks: &[Block], total: u64) -> Vec<Block> {
+pub(crate) fn scaled(blocks: &[Block], total: u64) -> Vec<Block> {
     let ours: u64 = blocks.iter().map(|b| b.tokens).sum();
     if ours == 0 {
         return blocks.to_vec();

@@ -49,6 +49,20 @@ impl Head {
     }
 }
 
+/// A body's message list as [`Transcript::fragments`] gives it: `lead`, each of `closed`,
+/// then `tail`, each fragment one or more compact JSON values joined by commas (an empty one
+/// holds none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fragments<'a> {
+    /// What comes first and depends on the header (OpenAI's system message).
+    pub lead: Option<String>,
+    /// The fragments made once, in order; they never change.
+    pub closed: &'a [String],
+    /// What comes last and changes as messages arrive (the open Anthropic turn, OpenAI's
+    /// pending attachments).
+    pub tail: Option<String>,
+}
+
 /// The compact JSON of each message, per format. Anthropic merges consecutive same-role
 /// messages into one turn, so its last turn stays open (as values) until the role changes.
 #[derive(Clone, Debug, Default)]
@@ -167,6 +181,49 @@ impl Transcript {
         }
         self.active[slot(format)] = true;
         Ok(())
+    }
+
+    /// The message list of a body for `header` in `format` as fragments, without joining
+    /// them: those made once as messages arrived (borrowed; each is one or more compact JSON
+    /// values, comma-joined), with what depends on the end of the list around them — the
+    /// OpenAI system message before, the open Anthropic turn (with its cache breakpoint) or
+    /// OpenAI's pending attachments after. Their values in order are the body's list, as
+    /// [`Transcript::render`] writes it. A caller can so work on what is new of each request
+    /// (a counterfactual replay hashes each fragment once). Call [`Transcript::activate`] for
+    /// `format` first.
+    pub fn fragments<'a>(&'a self, header: &Header, format: Format) -> Fragments<'a> {
+        debug_assert!(self.active[slot(format)], "fragments before activate");
+        match format {
+            Format::Neutral => Fragments {
+                lead: None,
+                closed: &self.neutral,
+                tail: None,
+            },
+            Format::Openai => Fragments {
+                lead: formats::openai::system_message(header).map(|s| s.to_string()),
+                closed: &self.openai,
+                tail: formats::openai::flush_openai(&mut self.openai_pending.clone())
+                    .map(|m| m.to_string()),
+            },
+            Format::Anthropic => Fragments {
+                lead: None,
+                closed: &self.anthropic,
+                tail: self.open_turn.as_ref().map(|(role, blocks)| {
+                    formats::anthropic::anthropic_last_turn(header, role, blocks.clone())
+                        .to_string()
+                }),
+            },
+            Format::OpenaiResponses => Fragments {
+                lead: None,
+                closed: &self.responses,
+                tail: None,
+            },
+        }
+    }
+
+    /// Whether `format` is rendered as messages arrive ([`Transcript::activate`]).
+    pub fn is_active(&self, format: Format) -> bool {
+        self.active[slot(format)]
     }
 
     /// Each message's neutral JSON, in order.
@@ -453,10 +510,24 @@ mod tests {
                     shown_tools: shown.clone(),
                 };
                 for format in Format::ALL {
+                    let body = formats::render(&request, format);
                     prop_assert_eq!(
                         transcript.render(&header, shown.as_deref(), format),
-                        formats::render(&request, format).to_string()
+                        body.to_string()
                     );
+                    // The fragments, their values in order, are the body's list.
+                    let f = transcript.fragments(&header, format);
+                    let joined: Vec<&str> = f
+                        .lead
+                        .iter()
+                        .map(String::as_str)
+                        .chain(f.closed.iter().map(String::as_str))
+                        .chain(f.tail.iter().map(String::as_str))
+                        .filter(|s| !s.is_empty())
+                        .collect();
+                    let list: Value = serde_json::from_str(&format!("[{}]", joined.join(",")))
+                        .expect("fragments are JSON values");
+                    prop_assert_eq!(&list, &body[formats::list_key(format)]);
                 }
             }
             // A format first asked for after every message catches up from the neutral

@@ -285,6 +285,18 @@ impl Registry {
         Ok(next)
     }
 
+    /// A new snapshot with an entry another snapshot holds (shared, not loaded again), under
+    /// the same rules as [`Registry::with_plugin`] (R2).
+    pub fn with_shared(&self, entry: Arc<PluginEntry>) -> Result<Registry> {
+        if self.plugins.contains_key(&entry.id) {
+            return Err(Error::DuplicatePlugin(entry.id.clone()));
+        }
+        self.check_conflicts(&entry, None)?;
+        let mut next = self.clone();
+        next.plugins.insert(entry.id.clone(), entry);
+        Ok(next)
+    }
+
     /// A new snapshot without plugin `id` (R4): all its contributions go at once.
     pub fn without(&self, id: &str) -> Result<Registry> {
         let mut next = self.clone();

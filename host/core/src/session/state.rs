@@ -41,6 +41,8 @@ pub struct SessionState {
     pub(super) last_seq: u64,
     pub(super) steps: u64,
     pub(super) header: Option<(Header, Option<String>)>,
+    /// The seq of the last `request/header` event (0 before the first).
+    pub(super) header_seq: u64,
     /// What the header and the snapshot take, kept as they change (a header may be megabytes
     /// of tools, so the session cache must count it).
     pub(super) header_bytes: usize,
@@ -74,6 +76,22 @@ pub struct SessionState {
     pub(super) data_secret: std::sync::Arc<str>,
     /// What the next reply's cache outcome compares with.
     pub(super) cache: super::outcome::Track,
+}
+
+/// The last step's request as [`SessionState::request_view`] gives it.
+#[derive(Debug)]
+pub enum RequestView<'a> {
+    /// No message is left out: the header, the tools shown and the message list's fragments.
+    Spliced {
+        /// The header.
+        header: &'a Header,
+        /// The tools the step showed, when the agent keeps every tool in the header.
+        shown_tools: Option<&'a [String]>,
+        /// The message list.
+        fragments: crate::formats::transcript::Fragments<'a>,
+    },
+    /// Some messages are left out: the request of what is kept.
+    Kept(FrozenRequest),
 }
 
 /// What depends only on the current header, made when a step first needs it and dropped
@@ -110,6 +128,7 @@ impl SessionState {
             last_seq: 0,
             steps: 0,
             header: None,
+            header_seq: 0,
             header_bytes: 0,
             snapshot_bytes: 0,
             snapshot: SnapshotState::Never,
@@ -196,6 +215,7 @@ impl SessionState {
                 } = *record;
                 self.provenance = provenance;
                 self.header = Some((header, run));
+                self.header_seq = seq;
                 self.memo = HeadMemo::default();
                 self.cache.memo.head = None;
                 None
@@ -306,6 +326,26 @@ impl SessionState {
         self.steps
     }
 
+    /// The seq of the last `request/header` event (0 before the first): a new one means a
+    /// new header.
+    pub fn header_seq(&self) -> u64 {
+        self.header_seq
+    }
+
+    /// How many message events later requests leave out (`history/dropped`, and the ranges
+    /// of `history/compacted`).
+    pub fn left_out(&self) -> usize {
+        self.dropped.len()
+    }
+
+    /// The runtime context snapshot in force, if one is (Q2).
+    pub fn snapshot_text(&self) -> Option<&str> {
+        match &self.snapshot {
+            SnapshotState::Active(text) => Some(text),
+            _ => None,
+        }
+    }
+
     /// Roughly how much memory the state holds, in bytes.
     pub fn bytes(&self) -> usize {
         self.transcript.bytes()
@@ -371,6 +411,14 @@ impl SessionState {
             return Ok(());
         }
         // Trimmed: render what is kept (bounded by the budget, not by the history).
+        let request = self.kept_request(header)?;
+        out.push_str(&crate::formats::render(&request, format).to_string());
+        Ok(())
+    }
+
+    /// The last step's request as a frozen request of the messages kept (with the summaries
+    /// of compacted ranges in their place).
+    fn kept_request(&self, header: &Header) -> Result<FrozenRequest> {
         let mut messages = Vec::new();
         for (i, fragment) in self.transcript.neutral().iter().enumerate() {
             if let Some(summary) = self.summaries.get(&i) {
@@ -388,12 +436,53 @@ impl SessionState {
             })?;
             messages.push(message);
         }
-        let request = FrozenRequest {
+        Ok(FrozenRequest {
             header: header.clone(),
             messages,
             shown_tools: self.shown_tools.clone(),
-        };
-        out.push_str(&crate::formats::render(&request, format).to_string());
-        Ok(())
+        })
+    }
+
+    /// Renders the messages in `format` as they arrive from now on (the history at once),
+    /// as [`SessionState::render`] does on its first call in a format; see
+    /// [`SessionState::request_view`].
+    pub fn activate(&mut self, format: crate::formats::Format) -> Result<()> {
+        let (session, roles) = (&self.session, &self.roles);
+        self.transcript.activate(format).map_err(|(i, problem)| {
+            Error::Store(StoreError::Corrupt {
+                session: session.clone(),
+                seq: roles.get(i).map_or(0, |(s, _)| *s),
+                problem: format!("a kept message does not decode: {problem}"),
+            })
+        })
+    }
+
+    /// The last step's request in `format` without rendering it whole: while no message is
+    /// left out and the format is active ([`SessionState::activate`]), the header and the
+    /// message list's fragments as the state keeps them ([`Transcript::fragments`]); else the
+    /// frozen request of what is kept (what [`SessionState::render`] renders then). Fails as
+    /// `render` does.
+    pub fn request_view(&self, format: crate::formats::Format) -> Result<RequestView<'_>> {
+        let (header, _) = self.header.as_ref().ok_or_else(|| {
+            Error::Store(StoreError::Corrupt {
+                session: self.session.clone(),
+                seq: self.last_seq,
+                problem: "no request header recorded yet".into(),
+            })
+        })?;
+        if let Some(what) = self.transcript.unsupported(format) {
+            return Err(Error::UnsupportedBlock {
+                format: format.as_str(),
+                what: what.into(),
+            });
+        }
+        if !self.dropped.is_empty() || !self.transcript.is_active(format) {
+            return Ok(RequestView::Kept(self.kept_request(header)?));
+        }
+        Ok(RequestView::Spliced {
+            header,
+            shown_tools: self.shown_tools.as_deref(),
+            fragments: self.transcript.fragments(header, format),
+        })
     }
 }

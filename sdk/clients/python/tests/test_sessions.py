@@ -304,3 +304,16 @@ def test_diff_when_only_messages_were_added(client):
     assert previous["step"] == 1 and previous["prefix_kept"] is True, second
     assert previous["first_divergence"] is None and second.causes, second
     assert second.cached_share["bytes"] == pytest.approx(previous["shared_bytes"] / second.bytes)
+
+
+def test_replay_with_the_daemons_own_plugins_finds_no_difference_and_writes_nothing(client):
+    session = client.session("coder")
+    session.step(user="List the files.")
+    session.step(user="And the tests.")
+    before = [e.seq for e in session.events()]
+    report = client.replay([session.id], format="anthropic")
+    [replayed] = report["sessions"]
+    assert report["candidate"]["plugins"] and report["candidate"]["loaded"], report["candidate"]
+    assert report["totals"]["differing_steps"] == 0, report["totals"]
+    assert replayed["session"] == session.id and len(replayed["steps"]) == 2, replayed
+    assert [e.seq for e in session.events()] == before, "a replay writes nothing"

@@ -111,6 +111,16 @@ class AsyncClient:
                   if v is not None}
         return await self._json("GET", "/v1/usage", params=params or None)
 
+    async def replay(self, sessions: Optional[List[str]] = None, *, agent: Optional[str] = None,
+                     since: Optional[int] = None, limit: Optional[int] = None,
+                     plugins: Optional[str] = None, swap: Optional[List[str]] = None,
+                     config: Optional[str] = None,
+                     format: Optional[Format] = None) -> Dict[str, Any]:
+        fields = (("sessions", sessions), ("agent", agent), ("since", since), ("limit", limit),
+                  ("plugins", plugins), ("swap", swap), ("config", config), ("format", format))
+        body = {k: v for k, v in fields if v is not None}
+        return await self._json("POST", "/v1/replay", json=body)
+
     async def sessions(self, q: Optional[str] = None,
                        limit: Optional[int] = None) -> List[SessionSummary]:
         params = {k: v for k, v in (("q", q), ("limit", limit)) if v is not None}

@@ -173,6 +173,19 @@ class Client:
                   if v is not None}
         return self._json("GET", "/v1/usage", params=params or None)
 
+    def replay(self, sessions: Optional[List[str]] = None, *, agent: Optional[str] = None,
+               since: Optional[int] = None, limit: Optional[int] = None,
+               plugins: Optional[str] = None, swap: Optional[List[str]] = None,
+               config: Optional[str] = None, format: Optional[Format] = None) -> Dict[str, Any]:
+        """``POST /v1/replay``: re-assembles recorded sessions with a candidate plugin folder,
+        swapped plugin files or config (paths on the daemon's machine; default: the daemon's
+        own) and reports per step where the candidate's request differs from the recorded one
+        and what it would cost under the cache model; never writes to a log."""
+        fields = (("sessions", sessions), ("agent", agent), ("since", since), ("limit", limit),
+                  ("plugins", plugins), ("swap", swap), ("config", config), ("format", format))
+        body = {k: v for k, v in fields if v is not None}
+        return self._json("POST", "/v1/replay", json=body)
+
     def sessions(self, q: Optional[str] = None,
                  limit: Optional[int] = None) -> List[SessionSummary]:
         """``GET /v1/sessions``: sessions, most recent activity first; ``q`` keeps those
