@@ -19,7 +19,7 @@ const INPUT: f64 = 3.0;
 const OUTPUT: f64 = 15.0;
 /// Steps of the workload: five turns of two steps.
 const TURNS: usize = 5;
-const T0: u64 = 1_800_000_000_000;
+const START_MS: u64 = 1_800_000_000_000;
 
 fn config() -> String {
     format!(
@@ -111,7 +111,7 @@ impl Stub {
 fn drive(d: &Served, stub: &Stub, swap_at: usize, swap: &mut dyn FnMut()) -> String {
     let id = d.session("default");
     let facts = json!({"cwd": "/src/app", "git_branch": "main"});
-    let mut now = T0;
+    let mut now = START_MS;
     let mut exchange = |messages: Value| -> Vec<String> {
         let step = d.ok(
             "POST",
@@ -217,6 +217,7 @@ fn q19_replay_differs_exactly_where_the_candidate_does_and_projects_what_it_cost
     // The cache model fed the recorded requests projects what the stub charged for them.
     let charged: f64 = stub.charged().iter().sum();
     let projected = r1["totals"]["recorded"]["cost"].as_f64().unwrap();
+    eprintln!("session 1: projected {projected:.6} $ against charged {charged:.6} $");
     assert!(
         (projected - charged).abs() <= 0.01 * charged,
         "projected {projected} against charged {charged}"
@@ -293,6 +294,18 @@ fn q19_replay_differs_exactly_where_the_candidate_does_and_projects_what_it_cost
             "per step: {projected:?} against {charged:?}"
         );
     }
+
+    eprintln!("projected {total_projected:.6} $ against charged {total_charged:.6} $: {projected:?} {charged:?}");
+    let table = common::ok(&[
+        "replay",
+        &s2,
+        "--plugins",
+        b.path().to_str().unwrap(),
+        "--server",
+        &da.url,
+    ]);
+    assert!(table.contains("10 steps, 4 differ, 0 failed"), "{table}");
+    eprintln!("{table}");
 
     // `promptd plugin check NEW.wasm --against SESSION`: version 1 in place of the daemon's
     // version 2 differs in the steps recorded with version 2.

@@ -1,4 +1,4 @@
-//! The CLI client: `promptd session …` and `promptd plugins` against a running daemon.
+//! The CLI client: `promptd session …`, `promptd plugins`, `promptd replay` and `plugin check --against` against a running daemon.
 
 use std::collections::BTreeMap;
 
@@ -463,7 +463,7 @@ pub fn replay_table(v: &Value, paint: &Paint) -> String {
         );
         let _ = writeln!(
             out,
-            "{:>4}  {:<7}  {:>8}  {:>26}  {:>10}  {:>26}  {:>10}",
+            "{:>4}  {:<7}  {:>8}  {:>28}  {:>10}  {:>29}  {:>10}",
             "step",
             "differs",
             "Δ tokens",
@@ -480,8 +480,8 @@ pub fn replay_table(v: &Value, paint: &Paint) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:>4}  {differs}  {:>8}  {:>26}  {:>10}  {:>26}  {:>10}",
-                step["step"],
+                "{:>4}  {differs}  {:>8}  {:>28}  {:>10}  {:>29}  {:>10}",
+                step["step"].as_u64().unwrap_or(0),
                 signed(&step["tokens"]["delta"]),
                 cache_figures(&step["recorded"]),
                 dollars(&step["recorded"]["cost"]),
