@@ -535,6 +535,9 @@ fn the_client_tests_cover_every_operation_of_the_openapi_document() {
     );
     let stub = Stub::start(&scratch.path().join("stub.jsonl"));
     let calls = scratch.path().join("calls.jsonl");
+    // A replay candidate that loads: the bundled plugins, without `slow` (which the main
+    // daemon refused; a replay refuses a candidate with a plugin that does not load).
+    let candidate = bundled_folder();
 
     std::fs::write(&calls, "").expect("create the calls log");
     let pytest = |target: &Path| {
@@ -547,6 +550,7 @@ fn the_client_tests_cover_every_operation_of_the_openapi_document() {
             .env("PROMPTD_DOOMED_URL", &doomed.url)
             .env("PROMPTD_DOOMED_STATE", &doomed_state)
             .env("STUB_URL", &stub.url)
+            .env("PROMPTD_REPLAY_PLUGINS", candidate.path())
             .env("PROMPTD_CALLS_LOG", &calls);
         let out = run_ok(cmd, &format!("pytest {}", target.display()));
         assert!(

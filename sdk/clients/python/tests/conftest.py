@@ -12,6 +12,7 @@ describes in the environment:
     PROMPTD_DOOMED_URL   a second daemon whose session database the store-failure test deletes
     PROMPTD_DOOMED_STATE its --state folder
     STUB_URL             tests/sdk_loops/stub_provider.py, the local OpenAI and Anthropic stand-in
+    PROMPTD_REPLAY_PLUGINS a folder of the bundled plugins (without `slow`), a replay candidate
     PROMPTD_CALLS_LOG    where every call the tests make through the `client` fixtures is
                          written (one JSON line each), for openapi_coverage.py
 
@@ -176,6 +177,11 @@ def token() -> str:
 @pytest.fixture(scope="session")
 def stub_url() -> str:
     return env("STUB_URL")
+
+
+@pytest.fixture(scope="session")
+def replay_plugins() -> str:
+    return env("PROMPTD_REPLAY_PLUGINS")
 
 
 @pytest.fixture(scope="session")

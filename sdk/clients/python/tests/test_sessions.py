@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from promptd_client import OpenToolCalls, ToolCall
+from promptd_client import OpenToolCalls, ToolCall, Unprocessable
 
 FACTS = {"cwd": "/src/app", "git_branch": "main"}
 PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAQAAAADCAIAAAA7ljmRAAAAEElEQVR4nGM4oaEBRww4OQAHpg0hlLAT/AAAAABJR"
@@ -306,12 +306,17 @@ def test_diff_when_only_messages_were_added(client):
     assert second.cached_share["bytes"] == pytest.approx(previous["shared_bytes"] / second.bytes)
 
 
-def test_replay_with_the_daemons_own_plugins_finds_no_difference_and_writes_nothing(client):
+def test_replay_with_the_plugins_that_serve_finds_no_difference_and_writes_nothing(
+        client, replay_plugins):
     session = client.session("coder")
     session.step(user="List the files.")
     session.step(user="And the tests.")
     before = [e.seq for e in session.events()]
-    report = client.replay([session.id], format="anthropic")
+    # The daemon's own folder holds `slow`, which it refused: a replay refuses it by name.
+    with pytest.raises(Unprocessable) as refused:
+        client.replay([session.id], format="anthropic")
+    assert "slow" in str(refused.value), refused.value
+    report = client.replay([session.id], plugins=replay_plugins, format="anthropic")
     [replayed] = report["sessions"]
     assert report["candidate"]["plugins"] and report["candidate"]["loaded"], report["candidate"]
     assert report["totals"]["differing_steps"] == 0, report["totals"]
