@@ -664,20 +664,22 @@ fn print_ledger(title: &str, l: &Value) {
         n(&l["output_tokens"]),
     );
     let dollars = |v: &Value| v.as_f64().map_or("-".to_string(), |d| format!("${d:.4}"));
-    for (kind, t) in l["outcomes"].as_object().into_iter().flatten() {
-        println!(
-            "  {kind:<15} {:>6} replies  {:>10} tokens lost  miss cost {}",
+    // Per outcome and per plugin alike: replies, tokens lost, what the misses cost.
+    let totals = |t: &Value| {
+        (
             n(&t["replies"]),
             n(&t["lost_tokens"]),
             dollars(&t["miss_cost"]),
-        );
+        )
+    };
+    for (kind, t) in l["outcomes"].as_object().into_iter().flatten() {
+        let (replies, lost, miss) = totals(t);
+        println!("  {kind:<15} {replies:>6} replies  {lost:>10} tokens lost  miss cost {miss}");
     }
     for (plugin, t) in l["plugins"].as_object().into_iter().flatten() {
+        let (replies, lost, miss) = totals(t);
         println!(
-            "  plugin {plugin}: {} prefix changes, {} tokens lost, miss cost {}",
-            n(&t["replies"]),
-            n(&t["lost_tokens"]),
-            dollars(&t["miss_cost"]),
+            "  plugin {plugin}: {replies} prefix changes, {lost} tokens lost, miss cost {miss}"
         );
     }
     if l["cost"].is_object() {

@@ -562,11 +562,7 @@ impl Run<'_> {
                     let next = self.replayed.state.last_seq() + 1;
                     let body = match &e.body {
                         Body::HistoryDropped(d) => Body::HistoryDropped(Dropped {
-                            seqs: d
-                                .seqs
-                                .iter()
-                                .filter_map(|s| self.seqs.get(s).copied())
-                                .collect(),
+                            seqs: self.mapped(&d.seqs),
                         }),
                         other => other.clone(),
                     };
@@ -584,6 +580,14 @@ impl Run<'_> {
         self.totals.add(&report);
         self.out.push(report);
         Ok(())
+    }
+
+    /// The recorded seqs as the candidate's log numbers them; a seq the candidate's log has
+    /// no event for is left out.
+    fn mapped(&self, seqs: &[u64]) -> Vec<u64> {
+        seqs.iter()
+            .filter_map(|s| self.seqs.get(s).copied())
+            .collect()
     }
 
     /// An event between steps: as it is on the recorded side; on the candidate's, with the
@@ -604,22 +608,14 @@ impl Run<'_> {
                     // What the candidate holds in the range differs: the range as mapped.
                     Err(_) => Body::HistoryCompacted(Compacted {
                         from,
-                        kept: c
-                            .kept
-                            .iter()
-                            .filter_map(|s| self.seqs.get(s).copied())
-                            .collect(),
+                        kept: self.mapped(&c.kept),
                         summary: c.summary.clone(),
                         to,
                     }),
                 }
             }
             Body::HistoryDropped(d) => Body::HistoryDropped(Dropped {
-                seqs: d
-                    .seqs
-                    .iter()
-                    .filter_map(|s| self.seqs.get(s).copied())
-                    .collect(),
+                seqs: self.mapped(&d.seqs),
             }),
             other => other.clone(),
         };

@@ -366,19 +366,13 @@ impl SessionState {
 
     /// [`SessionState::render`], appended to `out`.
     pub fn render_into(&mut self, format: crate::formats::Format, out: &mut String) -> Result<()> {
-        let (header, _) = self.header.as_ref().ok_or_else(|| {
-            Error::Store(StoreError::Corrupt {
-                session: self.session.clone(),
-                seq: self.last_seq,
-                problem: "no request header recorded yet".into(),
-            })
-        })?;
-        if let Some(what) = self.transcript.unsupported(format) {
-            return Err(Error::UnsupportedBlock {
-                format: format.as_str(),
-                what: what.into(),
-            });
-        }
+        let header = renderable_header(
+            &self.header,
+            &self.transcript,
+            &self.session,
+            self.last_seq,
+            format,
+        )?;
         if self.dropped.is_empty() {
             let session = &self.session;
             let roles = &self.roles;
@@ -463,19 +457,13 @@ impl SessionState {
     /// frozen request of what is kept (what [`SessionState::render`] renders then). Fails as
     /// `render` does.
     pub fn request_view(&self, format: crate::formats::Format) -> Result<RequestView<'_>> {
-        let (header, _) = self.header.as_ref().ok_or_else(|| {
-            Error::Store(StoreError::Corrupt {
-                session: self.session.clone(),
-                seq: self.last_seq,
-                problem: "no request header recorded yet".into(),
-            })
-        })?;
-        if let Some(what) = self.transcript.unsupported(format) {
-            return Err(Error::UnsupportedBlock {
-                format: format.as_str(),
-                what: what.into(),
-            });
-        }
+        let header = renderable_header(
+            &self.header,
+            &self.transcript,
+            &self.session,
+            self.last_seq,
+            format,
+        )?;
         if !self.dropped.is_empty() || !self.transcript.is_active(format) {
             return Ok(RequestView::Kept(self.kept_request(header)?));
         }
@@ -485,4 +473,30 @@ impl SessionState {
             fragments: self.transcript.fragments(header, format),
         })
     }
+}
+
+/// The last step's header, if `format` can render what the transcript holds: what
+/// [`SessionState::render_into`] and [`SessionState::request_view`] both check first. Over the
+/// fields, not `&self`, so the caller may still change the transcript while it holds the header.
+fn renderable_header<'a>(
+    header: &'a Option<(Header, Option<String>)>,
+    transcript: &Transcript,
+    session: &str,
+    seq: u64,
+    format: crate::formats::Format,
+) -> Result<&'a Header> {
+    let (header, _) = header.as_ref().ok_or_else(|| {
+        Error::Store(StoreError::Corrupt {
+            session: session.to_string(),
+            seq,
+            problem: "no request header recorded yet".into(),
+        })
+    })?;
+    if let Some(what) = transcript.unsupported(format) {
+        return Err(Error::UnsupportedBlock {
+            format: format.as_str(),
+            what: what.into(),
+        });
+    }
+    Ok(header)
 }
