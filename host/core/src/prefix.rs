@@ -24,7 +24,6 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cache::Ttl;
 use crate::conversation::FrozenRequest;
 use crate::formats::{self, Format};
 use crate::provenance::{short_sha, Given, Provenance};
@@ -36,6 +35,16 @@ pub struct Part {
     pub label: String,
     /// The part's bytes as they appear in the stream.
     pub text: String,
+}
+
+/// The TTL a `cache_control` marker asks for: how long an Anthropic cache entry lives after
+/// its last write or hit. Here, where markers are read; [`crate::cache`] models what it means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Ttl {
+    /// `{"type": "ephemeral"}`: 5 minutes.
+    Minutes5,
+    /// `{"type": "ephemeral", "ttl": "1h"}`.
+    Hour1,
 }
 
 /// `request` in `format` as the provider reads it: model, tools, system, messages.
@@ -538,119 +547,6 @@ pub struct TokenShare {
     pub total: usize,
     /// The tokenizer that counted them.
     pub tokenizer: String,
-}
-
-/// [`StepDiff`] of step `n` of a session's log, in `format`; `counter` (when the agent has a
-/// tokenizer) measures the cached share in tokens.
-pub fn step_diff(
-    session: &str,
-    events: &[crate::store::Event],
-    n: u64,
-    format: Format,
-    counter: Option<&dyn crate::budget::Counter>,
-) -> crate::Result<StepDiff> {
-    use crate::session::{provenance_at, rebuild};
-    let now = rebuild(session, events, n)?;
-    let now_from = provenance_at(session, events, n)?;
-    let against = |m: u64| -> crate::Result<(Against, Diff)> {
-        let then = rebuild(session, events, m)?;
-        let then_from = provenance_at(session, events, m)?;
-        let d = diff(&then, then_from.as_ref(), &now, now_from.as_ref(), format);
-        let a = Against {
-            step: m,
-            bytes: d.previous_bytes,
-            shared_bytes: d.shared_bytes,
-            prefix_kept: d.prefix_kept,
-            first_divergence: d.first_divergence.clone(),
-        };
-        Ok((a, d))
-    };
-    let (previous, causes, notes) = match n.checked_sub(1).filter(|m| *m >= 1) {
-        Some(m) => {
-            let (a, d) = against(m)?;
-            (Some(a), d.causes, d.notes)
-        }
-        None => (
-            None,
-            vec!["first step: nothing to reuse".into()],
-            Vec::new(),
-        ),
-    };
-    let same_header = match last_step_with_header(session, events, n, &now.header)? {
-        Some(m) if Some(m) != n.checked_sub(1) => Some(against(m)?.0),
-        _ => None,
-    };
-    let parts = stream(&now, format);
-    let bytes: usize = parts.iter().map(|p| p.text.len()).sum();
-    let shared = [&previous, &same_header]
-        .iter()
-        .filter_map(|a| a.as_ref().map(|a| a.shared_bytes))
-        .max()
-        .unwrap_or(0);
-    let tokens = counter.map(|c| {
-        let text: String = parts.iter().map(|p| p.text.as_str()).collect();
-        let mut cut = shared.min(text.len());
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        TokenShare {
-            shared: c.count(&text[..cut]),
-            total: c.count(&text),
-            tokenizer: c.name().to_string(),
-        }
-    });
-    Ok(StepDiff {
-        step: n,
-        format,
-        bytes,
-        previous,
-        same_header,
-        causes,
-        notes,
-        cached_share: CachedShare {
-            bytes: if bytes == 0 {
-                0.0
-            } else {
-                shared as f64 / bytes as f64
-            },
-            tokens,
-        },
-    })
-}
-
-/// The last step before `n` whose request header equals `header`.
-fn last_step_with_header(
-    session: &str,
-    events: &[crate::store::Event],
-    n: u64,
-    header: &crate::conversation::Header,
-) -> crate::Result<Option<u64>> {
-    use crate::store::EventKind;
-    let mut current: Option<crate::conversation::Header> = None;
-    let mut step = 0;
-    let mut found = None;
-    for e in events {
-        match e.kind {
-            EventKind::RequestHeader => {
-                if let crate::session::log::Body::RequestHeader(h) =
-                    crate::session::decode(session, e)?
-                {
-                    current = Some(h.header);
-                }
-            }
-            EventKind::Step => {
-                step += 1;
-                if step >= n {
-                    break;
-                }
-                if current.as_ref() == Some(header) {
-                    found = Some(step);
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(found)
 }
 
 /// Over a whole log: how many steps had a previous request, and how many of those kept all of

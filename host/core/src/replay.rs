@@ -905,10 +905,13 @@ fn first_differing_part(a: &View<'_>, b: &View<'_>, verified: usize) -> Option<u
     (a.len() != b.len()).then_some(n)
 }
 
-/// The keys whose values differ between two settings objects, for words.
+/// The keys whose values differ between two settings objects, for words. Settings that are
+/// not a JSON object (a rendered request's always are) are named as a whole, never as "none".
 fn differing_settings(a: &str, b: &str) -> String {
-    let parse = |t: &str| serde_json::from_str::<Map<String, Value>>(t).unwrap_or_default();
-    let (a, b) = (parse(a), parse(b));
+    let parse = |t: &str| serde_json::from_str::<Map<String, Value>>(t);
+    let (Ok(a), Ok(b)) = (parse(a), parse(b)) else {
+        return "the settings as a whole (not a JSON object)".into();
+    };
     let mut keys: Vec<&String> = a
         .keys()
         .chain(b.keys())

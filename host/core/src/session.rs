@@ -20,6 +20,7 @@ pub mod log;
 use log::Body;
 pub use log::HeaderReason;
 
+mod diff;
 mod fit;
 mod outcome;
 mod plan;
@@ -27,6 +28,7 @@ mod rebuild;
 mod report;
 mod state;
 
+pub use diff::step_diff;
 pub use fit::message_size;
 use fit::Measured;
 pub use plan::{

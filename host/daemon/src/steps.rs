@@ -414,7 +414,7 @@ impl Daemon {
         let events = self.store.events(id)?;
         let plan = self.agent_plan(&agent)?;
         let counter = plan.counts_tokens.then(|| plan.counter.clone());
-        Ok(promptd_core::prefix::step_diff(
+        Ok(promptd_core::session::step_diff(
             id,
             &events,
             n,

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use promptd_core::formats::{self, Format};
-use promptd_core::prefix;
+
 use promptd_core::session;
 use promptd_core::store::{Event, EventKind, SessionStore, BODY_VERSION};
 use promptd_store::SqliteStore;
@@ -192,18 +192,51 @@ fn every_0_2_0_dev_step_explains_and_diffs_to_the_stored_bytes_in_all_four_forma
 
                 // GET …/steps/{n}/diff: no counter, since every budget here counts `chars`.
                 let (path, expected) = s.stored(&format!("step{n}.diff.{name}.json"));
-                let diff = prefix::step_diff(&s.id, &s.events, n, format, None).unwrap();
+                let diff = session::step_diff(&s.id, &s.events, n, format, None).unwrap();
                 let got = serde_json::to_value(&diff).unwrap().to_string();
                 assert_eq!(got, expected, "{}", path.display());
                 diffed += 1;
             }
         }
-        // GET …/usage.
+        // GET …/usage: as stored, plus the `ledger` that issue 29 added (K4), which for these
+        // logs (no provider names a format, no `[pricing]`) sums the replies' tokens unpriced.
         let (path, expected) = s.stored("usage.json");
-        let got = serde_json::to_value(session::usage_report(&s.id, &s.events).unwrap())
+        let mut got =
+            serde_json::to_value(session::usage_report(&s.id, &s.events).unwrap()).unwrap();
+        let ledger = got
+            .as_object_mut()
+            .and_then(|o| o.remove("ledger"))
+            .unwrap_or_else(|| panic!("{}: no ledger", path.display()));
+        assert_eq!(got.to_string(), expected, "{}", path.display());
+        let stored: serde_json::Value = serde_json::from_str(&expected).unwrap();
+        let replied: Vec<&serde_json::Value> = stored["steps"]
+            .as_array()
             .unwrap()
-            .to_string();
-        assert_eq!(got, expected, "{}", path.display());
+            .iter()
+            .filter_map(|step| step.get("actual"))
+            .collect();
+        let sum = |key: &str| -> u64 { replied.iter().filter_map(|a| a[key].as_u64()).sum() };
+        let share = match sum("input_tokens") {
+            0 => serde_json::Value::Null,
+            input => serde_json::json!(sum("cached_tokens") as f64 / input as f64),
+        };
+        assert_eq!(
+            ledger,
+            serde_json::json!({
+                "cache_write_tokens": sum("cache_write_tokens"),
+                "cached_share": share,
+                "cached_tokens": sum("cached_tokens"),
+                "cost": null,
+                "input_tokens": sum("input_tokens"),
+                "outcomes": {},
+                "output_tokens": sum("output_tokens"),
+                "plugins": {},
+                "replies": replied.len(),
+                "unpriced_models": [],
+            }),
+            "{}: the ledger sums the replies the report compares",
+            path.display()
+        );
         reports += 1;
     }
     assert_eq!(

@@ -56,14 +56,7 @@ pub enum Family {
     Automatic,
 }
 
-/// How long an Anthropic cache entry lives after its last write or hit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Ttl {
-    /// `{"type": "ephemeral"}`: 5 minutes.
-    Minutes5,
-    /// `{"type": "ephemeral", "ttl": "1h"}`.
-    Hour1,
-}
+pub use crate::prefix::Ttl;
 
 /// One provider's cache rules; the defaults are the documented ones, every field overridable.
 #[derive(Clone, Debug, PartialEq)]
