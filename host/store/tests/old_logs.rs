@@ -245,3 +245,60 @@ fn every_0_2_0_dev_step_explains_and_diffs_to_the_stored_bytes_in_all_four_forma
         "15 steps in 4 formats, 3 sessions"
     );
 }
+
+/// docs/log-format.md documents every field: each field this binary writes for the events of
+/// both fixtures (decoded and encoded again, so as today's binary writes them, every kind
+/// included) is named in its kind's section, the request header's as `header.NAME`.
+#[test]
+fn every_field_the_fixtures_hold_is_documented_under_its_kind() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/log-format.md"),
+    )
+    .unwrap();
+    // A kind's section: from its `### ` heading to the next heading.
+    let section = |kind: &str| -> String {
+        let tick = format!("`{kind}`");
+        let mut lines = doc
+            .lines()
+            .skip_while(|l| !(l.starts_with("### ") && l.contains(&tick)));
+        let heading = lines
+            .next()
+            .unwrap_or_else(|| panic!("no section for {kind}"));
+        let body: Vec<&str> = lines.take_while(|l| !l.starts_with('#')).collect();
+        format!("{heading}\n{}", body.join("\n"))
+    };
+    let mut checked = BTreeSet::new();
+    let mut missing = Vec::new();
+    for name in ["v0.1.0", "v0.2.0-dev"] {
+        let fixture = Fixture::open(name);
+        for s in fixture.sessions() {
+            for e in &s.events {
+                let body = session::decode(&s.id, e).unwrap().encode().unwrap().body;
+                let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+                let mut fields: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
+                // The header is documented by its fields.
+                if let Some(header) = value.get("header").and_then(|h| h.as_object()) {
+                    fields.retain(|f| f != "header");
+                    fields.extend(header.keys().map(|k| format!("header.{k}")));
+                }
+                let text = section(e.kind.as_str());
+                for field in fields {
+                    if checked.insert((e.kind.as_str(), field.clone()))
+                        && !text.contains(&format!("`{field}`"))
+                    {
+                        missing.push(format!("{}: `{field}`", e.kind.as_str()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "undocumented fields: {missing:?}");
+    // Every kind was seen, with its fields: the check above covered them all.
+    let kinds: BTreeSet<&str> = checked.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        kinds.len(),
+        EventKind::ALL.len(),
+        "kinds checked: {kinds:?}"
+    );
+    assert!(checked.len() >= 25, "fields checked: {checked:?}");
+}
