@@ -295,6 +295,55 @@ mod tests {
         assert_eq!(sorted, kinds, "headings: {documented:?}");
     }
 
+    /// docs/log-format.md names every field of a reply's `usage` and `cache` objects (fields
+    /// no fixture log holds yet): a reply with each of them set, encoded, shows only names
+    /// the messages section gives, as `name` or `name?`.
+    #[test]
+    fn the_log_format_document_names_every_field_of_a_replys_usage_and_cache() {
+        let doc = include_str!("../../../../docs/log-format.md");
+        let section: String = doc
+            .lines()
+            .skip_while(|l| !l.starts_with("### `user/message`"))
+            .skip(1)
+            .take_while(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let message: Message =
+            serde_json::from_value(serde_json::json!({"role": "assistant", "content": "ok"}))
+                .unwrap();
+        let usage: ProviderUsage = serde_json::from_value(serde_json::json!({
+            "input_tokens": 1, "output_tokens": 2, "cached_tokens": 3,
+            "cache_write_tokens": 4, "cache_write_1h_tokens": 5,
+        }))
+        .unwrap();
+        let outcome: crate::cache::outcome::Outcome = serde_json::from_value(serde_json::json!({
+            "outcome": "prefix_changed", "format": "anthropic", "model": "m",
+            "sent_at_ms": 1, "expected_read": 2, "lost": 3, "gap_ms": 4,
+            "part": "system", "plugin": "persona", "cause": "section changed",
+        }))
+        .unwrap();
+        let mut body = Body::message(message, Some(usage));
+        if let Body::AssistantMessage(r) = &mut body {
+            r.cache = Some(outcome);
+        }
+        let encoded: serde_json::Value =
+            serde_json::from_str(&body.encode().unwrap().body).unwrap();
+        let mut names = Vec::new();
+        for object in ["usage", "cache"] {
+            let fields = encoded[object].as_object().unwrap();
+            assert!(fields.len() >= 5, "{object}: {fields:?}");
+            for name in fields.keys() {
+                names.push(name.clone());
+                assert!(
+                    section.contains(&format!("`{name}`"))
+                        || section.contains(&format!("`{name}?`")),
+                    "docs/log-format.md does not name `{object}.{name}`"
+                );
+            }
+        }
+        assert_eq!(names.len(), 15, "{names:?}");
+    }
+
     /// Each kind's optional fields are left out when empty, as the document says, and a body
     /// missing a required field is refused naming it.
     #[test]
