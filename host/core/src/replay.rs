@@ -324,7 +324,7 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
         agent: &agent,
         format,
         recorded: Side::new(session, format),
-        replayed: Side::new(session, format),
+        replayed: None,
         seqs: BTreeMap::new(),
         verified: 0,
         message_cause: None,
@@ -478,7 +478,10 @@ struct Run<'a> {
     agent: &'a AgentPlan,
     format: Format,
     recorded: Side,
-    replayed: Side,
+    /// The candidate's side, once its log differs from the recorded one in anything a request
+    /// is built from; `None` while both logs hold the same events, and the recorded side
+    /// stands for both (applied, rendered, measured and cached once).
+    replayed: Option<Side>,
     /// Recorded seq → the candidate log's seq of the same event (messages, snapshots and
     /// markers), for compactions and trimming recorded by seq.
     seqs: BTreeMap<u64, u64>,
@@ -499,13 +502,13 @@ struct Run<'a> {
 impl Run<'_> {
     /// Replays step `i` (0-based) of `groups` on its assembly.
     fn step(&mut self, groups: &[Group], i: usize, assembly: Result<Arc<Assembly>>) -> Result<()> {
-        let (log, agent, candidate) = (self.log, self.agent, self.candidate);
+        let (log, agent, candidate, format) = (self.log, self.agent, self.candidate, self.format);
         let g = &groups[i];
         let from = if i == 0 { 0 } else { groups[i - 1].marker + 1 };
         for e in &log[from..g.batch] {
             self.between(e)?;
         }
-        let first = self.replayed.state.last_seq() + 1;
+        let first = self.candidate_side().state.last_seq() + 1;
         let messages: Vec<_> = log[g.batch..g.tail]
             .iter()
             .filter_map(|e| e.body.as_message().cloned())
@@ -522,13 +525,13 @@ impl Run<'_> {
                 _ => BTreeMap::new(),
             };
             let planned = step::plan_assembled(
-                &mut self.replayed.state,
+                &mut self.candidate_side().state,
                 candidate.registry,
                 agent,
                 &mut a,
                 "replay",
                 messages,
-                self.format,
+                format,
             );
             assembled = Some(a.assembly);
             planned
@@ -553,13 +556,29 @@ impl Run<'_> {
                     self.seqs.insert(rec.seq, first + at as u64);
                 }
                 self.seqs.insert(log[g.marker].seq, first + count - 1);
-                self.replayed.state.apply_planned(first, bodies)?;
+                if self.replayed.is_none() && same_events(&log[g.batch..=g.marker], first, &bodies)
+                {
+                    // Both logs gain the same events: applied once, to the side both share.
+                    self.recorded.state.apply_planned(first, bodies)?;
+                    return self.report(g, error, assembled.as_deref());
+                }
+                self.fork().state.apply_planned(first, bodies)?;
             }
             Err(e) => {
                 error = Some(ErrorBody::from(&e));
                 // The recorded step stands in, so later steps have the recorded history.
+                if self.replayed.is_none() {
+                    // Seqs map to themselves while the logs agree: the same events.
+                    for e in &log[g.batch..=g.marker] {
+                        self.seqs.insert(e.seq, e.seq);
+                        self.recorded
+                            .state
+                            .apply_planned(e.seq, vec![e.body.clone()])?;
+                    }
+                    return self.report(g, error, assembled.as_deref());
+                }
                 for e in &log[g.batch..=g.marker] {
-                    let next = self.replayed.state.last_seq() + 1;
+                    let next = self.candidate_side().state.last_seq() + 1;
                     let body = match &e.body {
                         Body::HistoryDropped(d) => Body::HistoryDropped(Dropped {
                             seqs: self.mapped(&d.seqs),
@@ -567,7 +586,9 @@ impl Run<'_> {
                         other => other.clone(),
                     };
                     self.seqs.insert(e.seq, next);
-                    self.replayed.state.apply_planned(next, vec![body])?;
+                    self.candidate_side()
+                        .state
+                        .apply_planned(next, vec![body])?;
                 }
             }
         }
@@ -576,10 +597,35 @@ impl Run<'_> {
                 .state
                 .apply_planned(e.seq, vec![e.body.clone()])?;
         }
-        let report = self.compare(g, error, assembled.as_deref())?;
+        self.report(g, error, assembled.as_deref())
+    }
+
+    /// Compares step `g`'s requests and keeps the report.
+    fn report(
+        &mut self,
+        g: &Group,
+        error: Option<ErrorBody>,
+        assembly: Option<&Assembly>,
+    ) -> Result<()> {
+        let report = self.compare(g, error, assembly)?;
         self.totals.add(&report);
         self.out.push(report);
         Ok(())
+    }
+
+    /// The side the candidate plans on: its own once the logs differ, else the shared one.
+    fn candidate_side(&mut self) -> &mut Side {
+        match &mut self.replayed {
+            Some(side) => side,
+            None => &mut self.recorded,
+        }
+    }
+
+    /// The candidate's own side, split from the recorded one (state, worked-out parts and
+    /// caches as they are) when the logs first differ.
+    fn fork(&mut self) -> &mut Side {
+        let recorded = &self.recorded;
+        self.replayed.get_or_insert_with(|| recorded.clone())
     }
 
     /// The recorded seqs as the candidate's log numbers them; a seq the candidate's log has
@@ -593,17 +639,29 @@ impl Run<'_> {
     /// An event between steps: as it is on the recorded side; on the candidate's, with the
     /// seqs it names mapped to the candidate log's.
     fn between(&mut self, e: &Entry) -> Result<()> {
-        self.recorded
-            .state
-            .apply_planned(e.seq, vec![e.body.clone()])?;
-        let next = self.replayed.state.last_seq() + 1;
+        if self.replayed.is_none() && !matches!(e.body, Body::HistoryCompacted(_)) {
+            // Seqs map to themselves while the logs agree: the event as it is, once.
+            if e.body.as_message().is_some() {
+                self.seqs.insert(e.seq, e.seq);
+            }
+            return self
+                .recorded
+                .state
+                .apply_planned(e.seq, vec![e.body.clone()]);
+        }
+        let next = self.candidate_side().state.last_seq() + 1;
         let body = match &e.body {
             Body::HistoryCompacted(c) => {
                 let mapped: Vec<u64> = self.seqs.range(c.from..=c.to).map(|(_, s)| *s).collect();
                 let (Some(&from), Some(&to)) = (mapped.first(), mapped.last()) else {
-                    return Ok(()); // nothing of the range is in the candidate's log
+                    // Nothing of the range is in the candidate's log: the recorded side alone.
+                    self.fork();
+                    return self
+                        .recorded
+                        .state
+                        .apply_planned(e.seq, vec![e.body.clone()]);
                 };
-                match self.replayed.state.compaction(from, to, &c.summary) {
+                match self.candidate_side().state.compaction(from, to, &c.summary) {
                     Ok(body) => body,
                     // What the candidate holds in the range differs: the range as mapped.
                     Err(_) => Body::HistoryCompacted(Compacted {
@@ -622,7 +680,13 @@ impl Run<'_> {
         if e.body.as_message().is_some() {
             self.seqs.insert(e.seq, next);
         }
-        self.replayed.state.apply_planned(next, vec![body])
+        if self.replayed.is_none() && next == e.seq && body == e.body {
+            return self.recorded.state.apply_planned(next, vec![body]);
+        }
+        self.fork().state.apply_planned(next, vec![body])?;
+        self.recorded
+            .state
+            .apply_planned(e.seq, vec![e.body.clone()])
     }
 
     /// Step `g`'s requests compared, measured and priced.
@@ -647,23 +711,34 @@ impl Run<'_> {
             .map_or(log[g.marker].at_ms, |o| o.sent_at_ms);
         let format = self.format;
         let rec = self.recorded.view()?;
-        let cand = self.replayed.view()?;
+        // While the logs agree, one side stands for both: the same request.
+        let own = match &mut self.replayed {
+            Some(side) => Some(side.view()?),
+            None => None,
+        };
+        let shared = own.is_none();
+        let cand = own.as_ref().unwrap_or(&rec);
 
         // Leading closed fragments equal on both sides stay equal: compared once.
-        if let (Some(a), Some(b)) = (rec.closed, cand.closed) {
+        if let (Some(a), Some(b), false) = (rec.closed, cand.closed, shared) {
             while self.verified < a.len().min(b.len()) && a[self.verified] == b[self.verified] {
                 self.verified += 1;
             }
         }
-        let first = first_differing_part(&rec, &cand, self.verified);
-        let settings_differ = rec.settings != cand.settings;
+        let first = match shared {
+            true => None,
+            false => first_differing_part(&rec, cand, self.verified),
+        };
+        let settings_differ = !shared && rec.settings != cand.settings;
         let differs = first.is_some() || settings_differ || error.is_some();
         let (mut rec_blocks, mut cand_blocks) = (
             std::mem::take(&mut self.buffers.0),
             std::mem::take(&mut self.buffers.1),
         );
         rec.blocks_into(&mut rec_blocks);
-        cand.blocks_into(&mut cand_blocks);
+        if !shared {
+            cand.blocks_into(&mut cand_blocks);
+        }
         // Bytes of a stream's first `n` parts: the blocks' (the model's part counts none there).
         let bytes_before = |v: &View<'_>, blocks: &[Block], n: usize| -> u64 {
             let model = match v.part(0) {
@@ -678,7 +753,7 @@ impl Run<'_> {
         };
         let first_difference = match first {
             Some(p) => {
-                let shared = bytes_before(&rec, &rec_blocks, p);
+                let before = bytes_before(&rec, &rec_blocks, p);
                 let common = match (p < rec.len(), p < cand.len()) {
                     (true, true) => common_prefix(rec.part(p).text, cand.part(p).text),
                     _ => 0,
@@ -690,13 +765,13 @@ impl Run<'_> {
                 let header_part = p < rec.header_parts.max(cand.header_parts);
                 let (causes, plugin) = if header_part {
                     self.message_cause = None;
-                    let key = HeaderKey::of(&rec, &cand, p);
+                    let key = HeaderKey::of(&rec, cand, p);
                     match &self.header_cause {
                         Some((k, causes, plugin)) if *k == key => (causes.clone(), plugin.clone()),
                         _ => {
                             let (causes, plugin) = header_causes(
                                 &rec,
-                                &cand,
+                                cand,
                                 &label,
                                 p >= rec.lead_from.min(cand.lead_from),
                                 format,
@@ -722,7 +797,7 @@ impl Run<'_> {
                     (vec![cause], plugin)
                 };
                 Some(Difference {
-                    offset: shared + common as u64,
+                    offset: before + common as u64,
                     part: label,
                     plugin,
                     cause: causes.first().cloned().unwrap_or_default(),
@@ -735,7 +810,7 @@ impl Run<'_> {
                     differing_settings(rec.settings, cand.settings)
                 );
                 Some(Difference {
-                    offset: bytes_before(&cand, &cand_blocks, cand.len()),
+                    offset: bytes_before(cand, &cand_blocks, cand.len()),
                     part: "settings".into(),
                     plugin: None,
                     cause: cause.clone(),
@@ -748,7 +823,7 @@ impl Run<'_> {
         // Tokens: the recorded request scaled to what the provider reported, the candidate's
         // bytes at the same tokens per byte.
         let bytes = |b: &[Block]| b.iter().map(|x| x.tokens).sum::<u64>();
-        let (rec_bytes, cand_bytes) = (bytes(&rec_blocks), bytes(&cand_blocks));
+        let rec_bytes = bytes(&rec_blocks);
         let reported = usage.and_then(|u| u.input_tokens);
         let counted = match reported {
             Some(t) if rec_bytes > 0 => {
@@ -766,10 +841,15 @@ impl Run<'_> {
             (Counted::Provider, Some(t)) => t,
             _ => at_rate(rec_bytes),
         };
-        let same = rec_blocks == cand_blocks;
-        let cand_total = if same { rec_total } else { at_rate(cand_bytes) };
+        let same = shared || rec_blocks == cand_blocks;
+        let cand_total = match same {
+            true => rec_total,
+            false => at_rate(bytes(&cand_blocks)),
+        };
         scale(&mut rec_blocks, rec_total);
-        if same {
+        if shared {
+            // The recorded side's figures stand for both.
+        } else if same {
             cand_blocks.clear();
             cand_blocks.extend_from_slice(&rec_blocks);
         } else {
@@ -789,15 +869,18 @@ impl Run<'_> {
             pricing,
             format,
         );
-        let candidate = self.replayed.serve(
-            &cand_model,
-            cand_key,
-            at_ms,
-            &mut cand_blocks,
-            output,
-            pricing,
-            format,
-        );
+        let candidate = match &mut self.replayed {
+            Some(side) => side.serve(
+                &cand_model,
+                cand_key,
+                at_ms,
+                &mut cand_blocks,
+                output,
+                pricing,
+                format,
+            ),
+            None => recorded.clone(),
+        };
         self.buffers = (rec_blocks, cand_blocks);
         let reported = usage
             .filter(|u| u.input_tokens.is_some())
@@ -1042,9 +1125,31 @@ fn message_cause(
     }
 }
 
+/// Whether `planned`, appended from seq `first`, are the recorded `events` as far as any
+/// request is built from them: the same seqs and bodies, except what the session state does
+/// not keep — the daemon process a header names, why it was recorded, a marker's budget
+/// usage.
+fn same_events(events: &[Entry], first: u64, planned: &[Body]) -> bool {
+    events.len() == planned.len()
+        && events.first().is_none_or(|e| e.seq == first)
+        && events.iter().zip(planned).all(|(e, p)| match (&e.body, p) {
+            (Body::RequestHeader(a), Body::RequestHeader(b)) => {
+                a.header == b.header && a.provenance == b.provenance
+            }
+            (Body::Step(a), Body::Step(b)) => {
+                a.step == b.step
+                    && a.facts == b.facts
+                    && a.provenance == b.provenance
+                    && a.shown_tools == b.shown_tools
+            }
+            (a, b) => a == b,
+        })
+}
+
 /// One side of a replay: the session's state as that side's log builds it, what was worked
 /// out of its requests so far (each closed fragment's values once), and its prompt caches
 /// (one per model).
+#[derive(Clone)]
 struct Side {
     state: SessionState,
     format: Format,
@@ -1064,6 +1169,7 @@ struct Side {
 }
 
 /// The header's parts in one format, worked out once per header and tools shown.
+#[derive(Clone)]
 struct HeadMemo {
     header_seq: u64,
     shown: Option<Vec<String>>,
@@ -1080,6 +1186,7 @@ struct HeadMemo {
 }
 
 /// A request of what is kept, worked out whole.
+#[derive(Clone)]
 struct Kept {
     request: FrozenRequest,
     parts: Vec<Owned>,
@@ -1102,6 +1209,7 @@ struct Item {
 }
 
 /// A part with its own text.
+#[derive(Clone)]
 struct Owned {
     label: String,
     text: String,

@@ -328,6 +328,44 @@ fn a_changed_section_differs_exactly_where_the_recorded_request_carried_the_old_
     assert_eq!(differing(&back), vec![5, 6, 7, 8]);
 }
 
+/// While the candidate's log is the recorded one, one side stands for both; the recorded
+/// side's figures are then the same whatever the candidate, and a candidate that parts from
+/// the recorded log at any step (a plugin changed, a step it cannot plan) sees its own.
+#[test]
+fn the_recorded_figures_do_not_depend_on_the_candidate() {
+    let config = config("[cache.anthropic]\nmin_tokens = 256\n[cache.openai]\nmin_tokens = 256\n");
+    let plan = agent(&config);
+    let (v1, v2) = (
+        registry("v1", "Working directory", None),
+        registry("v2", "Working directory", None),
+    );
+    let log = workload(6, &v1, &v1, 99, &plan);
+    for format in [Format::Anthropic, Format::Openai, Format::OpenaiResponses] {
+        let same = run(&log, &v1, &config, Some(format));
+        assert_eq!(differing(&same), Vec::<u64>::new());
+        for s in &same.steps {
+            assert_eq!(s.recorded, s.candidate, "step {}", s.step);
+        }
+        for candidate in [&v2, &registry("v1", "Working directory", Some(4))] {
+            let r = run(&log, candidate, &config, Some(format));
+            assert!(!differing(&r).is_empty());
+            for (a, b) in same.steps.iter().zip(&r.steps) {
+                assert_eq!(a.recorded, b.recorded, "{format:?} step {}", a.step);
+                assert_eq!(a.tokens.recorded, b.tokens.recorded);
+                assert_eq!(a.reported, b.reported);
+            }
+        }
+    }
+    // Parted at step 5 (recorded on v2 from turn 2): the recorded request's new system prompt
+    // misses there, the candidate's, still v1's, is read from its cache.
+    let parted = run(&workload(6, &v1, &v2, 2, &plan), &v1, &config, None);
+    assert_eq!(differing(&parted), vec![5, 6, 7, 8, 9, 10, 11, 12]);
+    assert!(parted.steps[4].candidate.read > parted.steps[4].recorded.read);
+    assert!(parted.steps[..4]
+        .iter()
+        .all(|s| s.recorded == s.candidate && s.first_difference.is_none()));
+}
+
 /// A step the candidate cannot plan is reported with its error; the recorded step stands in
 /// for it, so later steps replay on the recorded history.
 #[test]
