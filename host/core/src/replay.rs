@@ -312,10 +312,8 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
             step::step_for(&agent, session, i as u64 + 1, facts)
         })
         .collect();
-    let assemble = |range: std::ops::Range<usize>, threads: usize| -> Vec<Result<Arc<Assembly>>> {
-        parallel(&steps[range], threads, |s| {
-            step::assemble(candidate.registry, &agent, s, &secret)
-        })
+    let assemble = |s: &crate::plugin::model::Step| -> Result<Arc<Assembly>> {
+        step::assemble(candidate.registry, &agent, s, &secret)
     };
     let mut run = Run {
         session,
@@ -334,32 +332,14 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
         out: Vec::with_capacity(groups.len()),
         totals: ReplayTotals::default(),
     };
-    // Assemble a chunk ahead while the one before is compared.
-    const CHUNK: usize = 128;
-    let mut next = 0;
-    let mut ready = assemble(0..CHUNK.min(groups.len()), candidate.workers);
-    while next < groups.len() {
-        let end = (next + CHUNK).min(groups.len());
-        let ahead = end..(end + CHUNK).min(groups.len());
-        let (assembled, done) = std::thread::scope(|scope| {
-            let assemble = &assemble;
-            let handle = (candidate.workers > 1 && !ahead.is_empty()).then(|| {
-                let ahead = ahead.clone();
-                scope.spawn(move || assemble(ahead, candidate.workers - 1))
-            });
-            let done = (next..end)
-                .zip(std::mem::take(&mut ready))
-                .try_for_each(|(i, a)| run.step(&groups, i, a));
-            let assembled = match handle {
-                Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                None if done.is_ok() => assemble(ahead, 1),
-                None => Vec::new(),
-            };
-            (assembled, done)
-        });
-        done?;
-        ready = assembled;
-        next = end;
+    if candidate.workers <= 1 || steps.len() <= 1 {
+        for (i, s) in steps.iter().enumerate() {
+            run.step(&groups, i, assemble(s))?;
+        }
+    } else {
+        ahead(&steps, candidate.workers - 1, assemble, |i, a| {
+            run.step(&groups, i, a)
+        })?;
     }
     // What follows the last step (its reply…) changes no request.
     let agent_name = agent.agent.clone();
@@ -369,6 +349,70 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
         format,
         steps: run.out,
         totals: run.totals,
+    })
+}
+
+/// How many items [`ahead`]'s threads may run ahead of the one consuming them: what they hold
+/// stays bounded whatever the session's length.
+const AHEAD: usize = 64;
+
+/// `make` over `items` on `threads` scoped threads, each result handed to `take` in the
+/// items' order on the calling thread as soon as it and those before it are made, so the two
+/// overlap from the first item. The threads stay at most [`AHEAD`] items ahead; the first
+/// error of `take` stops them and is returned.
+fn ahead<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    make: impl Fn(&T) -> R + Sync,
+    mut take: impl FnMut(usize, R) -> Result<()>,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (next, taken) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, R)>(AHEAD);
+        for _ in 0..threads.clamp(1, items.len().max(1)) {
+            let (tx, make, next, taken) = (tx.clone(), &make, &next, &taken);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                // Past the bound: wait for the consumer (it never waits on this item).
+                while i >= taken.load(Ordering::Acquire) + AHEAD {
+                    std::thread::park_timeout(std::time::Duration::from_micros(200));
+                }
+                if tx.send((i, make(item))).is_err() {
+                    break; // the consumer stopped
+                }
+            });
+        }
+        drop(tx);
+        let mut early: BTreeMap<usize, R> = BTreeMap::new();
+        let result = (0..items.len()).try_for_each(|i| {
+            let r = loop {
+                if let Some(r) = early.remove(&i) {
+                    break r;
+                }
+                match rx.recv() {
+                    Ok((j, r)) if j == i => break r,
+                    Ok((j, r)) => {
+                        early.insert(j, r);
+                    }
+                    // Every thread ended without it: one panicked (the scope rethrows it).
+                    Err(_) => {
+                        return Err(Error::BadRequest(
+                            "a replay's assembling thread ended early".into(),
+                        ))
+                    }
+                }
+            };
+            take(i, r)?;
+            taken.store(i + 1, Ordering::Release);
+            Ok(())
+        });
+        // Stop the threads: they see the bound never move, or a closed channel.
+        taken.store(usize::MAX / 2, Ordering::Release);
+        next.store(items.len(), Ordering::Relaxed);
+        drop(rx);
+        result
     })
 }
 
