@@ -302,6 +302,18 @@ pub struct AgentConfig {
     pub tool_result_template: Option<String>,
     /// What an empty tool result says instead of nothing (inherited; default "(no output)").
     pub empty_tool_result: Option<String>,
+    /// How this agent's requests use the provider's prompt cache (inherited key by key).
+    pub cache: Option<AgentCacheConfig>,
+}
+
+/// `[agents.NAME.cache]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentCacheConfig {
+    /// The TTL of Anthropic's cache breakpoints: `"5m"` (the default) or `"1h"` (writes cost
+    /// 2× input instead of 1.25×; an entry outlives idle gaps up to an hour). Recorded in the
+    /// request header, so a change of TTL records a new header.
+    pub ttl: Option<crate::conversation::Ttl>,
 }
 
 /// `[agents.NAME.budget]`.

@@ -37,15 +37,9 @@ pub struct Part {
     pub text: String,
 }
 
-/// The TTL a `cache_control` marker asks for: how long an Anthropic cache entry lives after
-/// its last write or hit. Here, where markers are read; [`crate::cache`] models what it means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Ttl {
-    /// `{"type": "ephemeral"}`: 5 minutes.
-    Minutes5,
-    /// `{"type": "ephemeral", "ttl": "1h"}`.
-    Hour1,
-}
+/// The TTL a `cache_control` marker asks for (defined with the header, which records the one
+/// an agent chose; read here, where markers are read; [`crate::cache`] models what it means).
+pub use crate::conversation::Ttl;
 
 /// `request` in `format` as the provider reads it: model, tools, system, messages.
 pub fn stream(request: &FrozenRequest, format: Format) -> Vec<Part> {

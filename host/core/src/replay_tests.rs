@@ -630,3 +630,88 @@ fn a_marked_value_reads_as_the_diff_reads_it() {
         assert_eq!(marked_value(&turn.to_string(), Format::Anthropic), expected);
     }
 }
+
+/// `[agents.NAME.cache] ttl = "1h"`: the header records the TTL, every Anthropic breakpoint
+/// of the body carries it, a rebuild from the log gives the same bytes, and the cache model
+/// (so the ledger) writes 1-hour entries; the default records nothing new, so the headers of
+/// sessions that keep it are the bytes they were.
+#[test]
+fn an_agents_cache_ttl_is_recorded_in_the_header_and_sent_on_every_breakpoint() {
+    let cached = "[cache.anthropic]\nmin_tokens = 256\n";
+    let hour = config(&format!("{cached}[agents.default.cache]\nttl = \"1h\"\n"));
+    let five = config(&format!("{cached}[agents.default.cache]\nttl = \"5m\"\n"));
+    let v1 = registry("v1", "Working directory", None);
+    let log = workload(3, &v1, &v1, 99, &agent(&hour));
+    let header_json = |log: &Log| {
+        log.events
+            .iter()
+            .filter(|e| e.kind == EventKind::RequestHeader)
+            .map(|e| e.body.clone())
+            .collect::<Vec<_>>()
+    };
+    let headers = header_json(&log);
+    assert_eq!(headers.len(), 1, "{headers:?}");
+    assert!(headers[0].contains(r#""cache_ttl":"1h""#), "{}", headers[0]);
+    // The last step's request, as the state kept up to its marker renders it.
+    let marker = log
+        .events
+        .iter()
+        .rposition(|e| e.kind == EventKind::Step)
+        .unwrap();
+    let mut state = SessionState::from_log(SESSION, &log.events[..=marker]).unwrap();
+    let body = state.render(Format::Anthropic).unwrap();
+    let marks = body.matches("\"cache_control\"").count();
+    assert_eq!(marks, 3, "last tool, system, last message: {body}");
+    assert_eq!(body.matches(r#""ttl":"1h""#).count(), marks, "{body}");
+    let steps = log.state.steps();
+    let rebuilt = crate::session::rebuild(SESSION, &log.events, steps).unwrap();
+    assert_eq!(
+        formats::render(&rebuilt, Format::Anthropic).to_string(),
+        body
+    );
+    // The OpenAI formats have no breakpoints: the TTL changes none of their bytes.
+    let default_log = workload(3, &v1, &v1, 99, &agent(&config(cached)));
+    for format in [Format::Openai, Format::OpenaiResponses] {
+        assert_eq!(
+            state.render(format).unwrap(),
+            SessionState::from_log(SESSION, &default_log.events[..=marker])
+                .unwrap()
+                .render(format)
+                .unwrap()
+        );
+    }
+    // "5m" is the default: no field, the header as it was before the setting existed.
+    let five_log = workload(3, &v1, &v1, 99, &agent(&five));
+    assert_eq!(header_json(&five_log), header_json(&default_log));
+    assert!(!header_json(&five_log)[0].contains("cache_ttl"));
+
+    // Replayed with the 5-minute config: every step differs at a breakpoint, and only the
+    // recorded requests write 1-hour entries.
+    let r = run(&log, &v1, &five, None);
+    assert_eq!(differing(&r), (1..=6).collect::<Vec<u64>>());
+    assert!(r.totals.recorded.written_1h > 0, "{:?}", r.totals);
+    assert_eq!(r.totals.recorded.written, 0, "{:?}", r.totals);
+    assert_eq!(r.totals.candidate.written_1h, 0, "{:?}", r.totals);
+    assert!(r.totals.candidate.written > 0, "{:?}", r.totals);
+    // 1-hour writes cost 2× input, 5-minute ones 1.25×: the same requests cost more to write.
+    assert!(
+        r.steps[0].recorded.cost > r.steps[0].candidate.cost,
+        "{:?}",
+        r.steps[0]
+    );
+}
+
+/// A TTL the provider does not offer is refused with the agent's table and the values
+/// allowed.
+#[test]
+fn an_unknown_cache_ttl_is_refused_naming_it() {
+    let text = "[agents.coder.cache]\nttl = \"2h\"\n";
+    let err = Config::parse(text, "promptd.toml").unwrap_err().to_string();
+    assert!(
+        err.contains("2h")
+            && err.contains("5m")
+            && err.contains("1h")
+            && err.contains("promptd.toml"),
+        "{err}"
+    );
+}

@@ -60,6 +60,7 @@ pub fn header(assembly: &Assembly, model: serde_json::Map<String, serde_json::Va
             .collect(),
         layout: crate::conversation::LAYOUT,
         cache_key: None,
+        cache_ttl: None,
     }
 }
 

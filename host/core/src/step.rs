@@ -198,8 +198,8 @@ pub fn plan_assembled(
     // built nor compared field by field twice.
     let cache_key = CacheKey(&step.session_id);
     let header: Option<Header> = match state.header() {
-        Some(h) if same_header(h, assembled, &agent.model, cache_key) => None,
-        _ => Some(new_header(assembled, &agent.model, cache_key)),
+        Some(h) if same_header(h, assembled, agent, cache_key) => None,
+        _ => Some(new_header(assembled, agent, cache_key)),
     };
     // Provenance only when it may have changed: a new header or plugin set.
     let known = header.is_none()
@@ -276,11 +276,12 @@ impl CacheKey<'_> {
 fn same_header(
     header: &Header,
     assembled: &Assembly,
-    model: &serde_json::Map<String, serde_json::Value>,
+    agent: &AgentPlan,
     key: CacheKey<'_>,
 ) -> bool {
     header.layout == crate::conversation::LAYOUT
         && key.matches(header.cache_key.as_deref())
+        && header.cache_ttl == agent.cache_ttl
         && header.system == assembled.system
         && header.tools.len() == assembled.tools.len()
         && header
@@ -290,16 +291,13 @@ fn same_header(
             .all(|(h, a)| {
                 h.name == a.name && h.description == a.description && h.parameters == *a.parameters
             })
-        && &header.model == model
+        && header.model == agent.model
 }
 
-fn new_header(
-    assembled: &Assembly,
-    model: &serde_json::Map<String, serde_json::Value>,
-    key: CacheKey<'_>,
-) -> Header {
-    let mut header = session::header(assembled, model.clone());
+fn new_header(assembled: &Assembly, agent: &AgentPlan, key: CacheKey<'_>) -> Header {
+    let mut header = session::header(assembled, agent.model.clone());
     header.cache_key = Some(key.value());
+    header.cache_ttl = agent.cache_ttl;
     header
 }
 

@@ -51,6 +51,8 @@ pub struct AgentPlan {
     pub tool_results: ToolResults,
     /// How large a content block may be.
     pub content_limits: ContentLimits,
+    /// The TTL its headers record for Anthropic's breakpoints, when not the default.
+    pub cache_ttl: Option<crate::conversation::Ttl>,
 }
 
 impl std::fmt::Debug for AgentPlan {
@@ -93,6 +95,7 @@ impl AgentPlan {
             counts_tokens,
             tool_results: ToolResults { template, empty },
             content_limits: config.content_limits(),
+            cache_ttl: config.cache_ttl(agent),
         })
     }
 

@@ -69,6 +69,13 @@ impl Config {
             .unwrap_or_default()
     }
 
+    /// The TTL of `agent`'s Anthropic cache breakpoints when it is not the default 5 minutes:
+    /// the nearest `[agents.NAME.cache] ttl` along the chain.
+    pub fn cache_ttl(&self, agent: &str) -> Option<crate::conversation::Ttl> {
+        self.inherited(agent, |a| a.cache.as_ref().and_then(|c| c.ttl))
+            .filter(|t| *t != crate::conversation::Ttl::Minutes5)
+    }
+
     /// The nearest value of an agent setting along `agent`'s chain.
     fn inherited<T: Clone>(
         &self,

@@ -123,6 +123,23 @@ pub struct Header {
     /// formats only; none in headers recorded before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_key: Option<String>,
+    /// The TTL of Anthropic's cache breakpoints when it is not the default 5 minutes
+    /// (`[agents.NAME.cache] ttl = "1h"`); none in headers that use the default, so their
+    /// bytes are what they were before the setting existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_ttl: Option<Ttl>,
+}
+
+/// The TTL a `cache_control` marker asks for: how long an Anthropic cache entry lives after
+/// its last write or hit (`[agents.NAME.cache] ttl`, recorded in the header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Ttl {
+    /// `{"type": "ephemeral"}`: 5 minutes.
+    #[serde(rename = "5m")]
+    Minutes5,
+    /// `{"type": "ephemeral", "ttl": "1h"}`.
+    #[serde(rename = "1h")]
+    Hour1,
 }
 
 /// The body layout new headers record: 1 adds Anthropic's breakpoint on the last message.

@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 
 use super::{settings, Format};
 use crate::conversation::content::{Block, Content};
-use crate::conversation::{FrozenRequest, Header, Message, ToolSpec};
+use crate::conversation::{FrozenRequest, Header, Message, ToolSpec, Ttl};
 
 /// An Anthropic Messages body but `messages`.
 pub(super) fn head(header: &Header, tools: Option<Value>) -> Map<String, Value> {
@@ -13,7 +13,7 @@ pub(super) fn head(header: &Header, tools: Option<Value>) -> Map<String, Value> 
     if !header.system.is_empty() {
         body.insert(
             "system".into(),
-            json!([{ "type": "text", "text": header.system, "cache_control": ephemeral() }]),
+            json!([{ "type": "text", "text": header.system, "cache_control": ephemeral(header) }]),
         );
     }
     if let Some(tools) = tools {
@@ -81,23 +81,29 @@ pub(crate) fn anthropic_last_turn(
             )
         });
         if let Some(Value::Object(block)) = cacheable {
-            block.insert("cache_control".into(), ephemeral());
+            block.insert("cache_control".into(), ephemeral(header));
         }
     }
     anthropic_turn(role, blocks)
 }
 
-fn ephemeral() -> Value {
-    json!({ "type": "ephemeral" })
+/// A breakpoint with the header's TTL: every breakpoint of a request has the same, so none
+/// with a longer TTL follows a shorter one (Anthropic refuses that order).
+fn ephemeral(header: &Header) -> Value {
+    match header.cache_ttl {
+        Some(Ttl::Hour1) => json!({ "type": "ephemeral", "ttl": "1h" }),
+        Some(Ttl::Minutes5) | None => json!({ "type": "ephemeral" }),
+    }
 }
 
-pub(super) fn anthropic_tool(tool: &ToolSpec, last: bool) -> Value {
+/// A tool; the last of the list carries the header's breakpoint.
+pub(super) fn anthropic_tool(header: &Header, tool: &ToolSpec, last: bool) -> Value {
     let mut out = Map::new();
     out.insert("name".into(), json!(tool.name));
     out.insert("description".into(), json!(tool.description));
     out.insert("input_schema".into(), tool.parameters.clone());
     if last {
-        out.insert("cache_control".into(), ephemeral());
+        out.insert("cache_control".into(), ephemeral(header));
     }
     Value::Object(out)
 }

@@ -200,7 +200,7 @@ pub(crate) fn tools_value(
         Format::Neutral => neutral::tool(tool),
         Format::Openai => openai::tool(tool),
         Format::OpenaiResponses => responses::tool(tool),
-        Format::Anthropic => anthropic::anthropic_tool(tool, i + 1 == count),
+        Format::Anthropic => anthropic::anthropic_tool(header, tool, i + 1 == count),
     });
     Some(Value::Array(tools.collect()))
 }
@@ -270,6 +270,7 @@ mod tests {
             header: Header {
                 layout: 0,
                 cache_key: None,
+                cache_ttl: None,
                 model,
                 system: "You are Ada.".into(),
                 tools: vec![
@@ -367,6 +368,7 @@ mod tests {
             header: Header {
                 layout: 0,
                 cache_key: None,
+                cache_ttl: None,
                 model: Map::new(),
                 system: String::new(),
                 tools: vec![],
@@ -772,6 +774,7 @@ mod tests {
             header: Header {
                 layout: 0,
                 cache_key: None,
+                cache_ttl: None,
                 model: Map::new(),
                 system: String::new(),
                 tools: vec![ToolSpec {

@@ -459,6 +459,7 @@ mod tests {
                 0
             },
             cache_key: model.then(|| "promptd-s1".to_string()),
+            cache_ttl: None,
             model: m,
             system: system.into(),
             tools: (0..tools)
