@@ -54,7 +54,7 @@ impl Draw {
     }
 }
 
-fn python(dir: &str) -> PathBuf {
+pub(crate) fn python(dir: &str) -> PathBuf {
     let python = repo_root().join(dir).join(".venv/bin/python");
     assert!(
         python.is_file(),
@@ -65,7 +65,7 @@ fn python(dir: &str) -> PathBuf {
 }
 
 /// A long static persona, so the head passes every model's minimum cacheable length.
-fn persona() -> String {
+pub(crate) fn persona() -> String {
     let rule = "Check every claim against the code before you state it, and say plainly what you did not check. ";
     rule.repeat(90)
 }
@@ -113,19 +113,19 @@ output = 8.0
 }
 
 /// The stub provider, told the time by the test.
-struct Stub {
+pub(crate) struct Stub {
     _child: common::process::Bounded,
     url: String,
 }
 
 impl Stub {
-    fn start() -> Stub {
+    pub(crate) fn start() -> Stub {
         let (child, url) =
             common::process::start_stub_provider(&python("tests/sdk_loops"), "900", None);
         Stub { _child: child, url }
     }
 
-    fn call(&self, path: &str, body: &Value, now_ms: u64) -> Value {
+    pub(crate) fn call(&self, path: &str, body: &Value, now_ms: u64) -> Value {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)))
@@ -339,7 +339,7 @@ impl Rig {
 }
 
 /// The ids of the tool calls in an Anthropic or Chat reply.
-fn tool_calls(reply: &Value) -> Vec<String> {
+pub(crate) fn tool_calls(reply: &Value) -> Vec<String> {
     let anthropic = reply["content"].as_array().into_iter().flatten();
     let chat = reply["choices"][0]["message"]["tool_calls"]
         .as_array()

@@ -6,6 +6,7 @@ mod common;
 
 mod assemble_cli;
 mod budget;
+mod cache_policy;
 mod cache_workload;
 mod client_python;
 mod client_typescript;

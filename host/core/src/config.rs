@@ -310,10 +310,26 @@ pub struct AgentConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentCacheConfig {
-    /// The TTL of Anthropic's cache breakpoints: `"5m"` (the default) or `"1h"` (writes cost
-    /// 2× input instead of 1.25×; an entry outlives idle gaps up to an hour). Recorded in the
-    /// request header, so a change of TTL records a new header.
-    pub ttl: Option<crate::conversation::Ttl>,
+    /// The TTL of Anthropic's cache breakpoints: `"5m"` (the default), `"1h"` (writes cost
+    /// 2× input instead of 1.25×; an entry outlives idle gaps up to an hour) or `"auto"` (per
+    /// session, by [`crate::cache::ttl`]). Recorded in the request header, so a change of TTL
+    /// records a new header.
+    pub ttl: Option<TtlSetting>,
+}
+
+/// `[agents.NAME.cache] ttl`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum TtlSetting {
+    /// `"5m"`: Anthropic's default.
+    #[default]
+    #[serde(rename = "5m")]
+    Minutes5,
+    /// `"1h"`.
+    #[serde(rename = "1h")]
+    Hour1,
+    /// `"auto"`: per session, the TTL the break-even arithmetic over its idle gaps favours.
+    #[serde(rename = "auto")]
+    Auto,
 }
 
 /// `[agents.NAME.budget]`.

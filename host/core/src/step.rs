@@ -26,7 +26,7 @@ use crate::assembly::{self, Assembly};
 use crate::budget::Usage;
 use crate::config::AgentPlan;
 use crate::conversation::content::Content;
-use crate::conversation::{Header, Message};
+use crate::conversation::{Header, Message, Ttl};
 use crate::error::{Error, Result};
 use crate::formats::{self, Format};
 use crate::plugin::model::Step;
@@ -197,9 +197,10 @@ pub fn plan_assembled(
     // The header only when it differs from the recorded one: an unchanged header is neither
     // built nor compared field by field twice.
     let cache_key = CacheKey(&step.session_id);
+    let ttl = agent.cache_ttl.header_ttl(state.gaps(), state.agent_gaps());
     let header: Option<Header> = match state.header() {
-        Some(h) if same_header(h, assembled, agent, cache_key) => None,
-        _ => Some(new_header(assembled, agent, cache_key)),
+        Some(h) if same_header(h, assembled, agent, cache_key, ttl) => None,
+        _ => Some(new_header(assembled, agent, cache_key, ttl)),
     };
     // Provenance only when it may have changed: a new header or plugin set.
     let known = header.is_none()
@@ -278,10 +279,11 @@ fn same_header(
     assembled: &Assembly,
     agent: &AgentPlan,
     key: CacheKey<'_>,
+    ttl: Option<Ttl>,
 ) -> bool {
     header.layout == crate::conversation::LAYOUT
         && key.matches(header.cache_key.as_deref())
-        && header.cache_ttl == agent.cache_ttl
+        && header.cache_ttl == ttl
         && header.system == assembled.system
         && header.tools.len() == assembled.tools.len()
         && header
@@ -294,10 +296,15 @@ fn same_header(
         && header.model == agent.model
 }
 
-fn new_header(assembled: &Assembly, agent: &AgentPlan, key: CacheKey<'_>) -> Header {
+fn new_header(
+    assembled: &Assembly,
+    agent: &AgentPlan,
+    key: CacheKey<'_>,
+    ttl: Option<Ttl>,
+) -> Header {
     let mut header = session::header(assembled, agent.model.clone());
     header.cache_key = Some(key.value());
-    header.cache_ttl = agent.cache_ttl;
+    header.cache_ttl = ttl;
     header
 }
 

@@ -127,6 +127,9 @@ pub struct Daemon {
     pub metrics: Metrics,
     /// Token counters by tokenizer name, kept so their memo of repeated texts lasts.
     counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
+    /// Each agent's idle gaps over the replies this process recorded (`ttl = "auto"` for a
+    /// session with too few of its own); one entry per agent that has sessions.
+    agent_gaps: Mutex<BTreeMap<String, promptd_core::cache::ttl::Gaps>>,
     /// Agents' resolved plans for the config serving now.
     plans: Mutex<steps::AgentPlans>,
     /// Held by the replay running (one at a time: each loads a plugin set of its own).
@@ -176,6 +179,7 @@ impl Daemon {
             engine,
             sessions: SessionCache::new(config.session_cache_bytes()),
             counters: Mutex::new(BTreeMap::new()),
+            agent_gaps: Mutex::new(BTreeMap::new()),
             plans: Mutex::default(),
             replays: Mutex::new(()),
             config: RwLock::new(Arc::new(config)),

@@ -217,6 +217,13 @@ impl Daemon {
         let registry = self.registry();
         let plan = self.agent_plan(&taken.get().agent)?;
         let cached = taken.get();
+        if matches!(
+            plan.cache_ttl,
+            promptd_core::config::plan::TtlPolicy::Auto(_)
+        ) {
+            let agent = crate::lock(&self.agent_gaps).get(&plan.agent).copied();
+            cached.state.set_agent_gaps(agent);
+        }
         let mut planned = step::plan(
             &mut cached.state,
             &registry,
@@ -319,7 +326,15 @@ impl Daemon {
             taken.get().state.remember_blocks(blocks);
         }
         if let Some(o) = outcome {
-            self.metrics.cache_outcome(&taken.get().agent, &o);
+            let agent = &taken.get().agent;
+            self.metrics.cache_outcome(agent, &o);
+            if let Some(input) = usage.and_then(|u| u.input_tokens) {
+                let mut gaps = crate::lock(&self.agent_gaps);
+                // Agents are the config's (a session's agent is checked when it is created).
+                if gaps.len() < 1024 || gaps.contains_key(agent) {
+                    gaps.entry(agent.clone()).or_default().add(o.gap_ms, input);
+                }
+            }
         }
         Ok(seq)
     }

@@ -39,6 +39,7 @@
 
 pub mod outcome;
 pub mod price;
+pub mod ttl;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 

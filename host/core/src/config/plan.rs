@@ -6,8 +6,12 @@ use std::sync::Arc;
 
 use crate::assembly::Options;
 use crate::budget::{Budget, Counter};
-use crate::config::{Config, ToolSubset, EMPTY_TOOL_RESULT};
+use crate::cache::ttl::Gaps;
+use crate::cache::Rules;
+use crate::config::{Config, ToolSubset, TtlSetting, EMPTY_TOOL_RESULT};
 use crate::conversation::content::ContentLimits;
+use crate::conversation::Ttl;
+use crate::formats::{self, Format};
 use crate::Result;
 
 /// How an agent's tool results are shown (`tool_result_template`, `empty_tool_result`).
@@ -51,8 +55,30 @@ pub struct AgentPlan {
     pub tool_results: ToolResults,
     /// How large a content block may be.
     pub content_limits: ContentLimits,
-    /// The TTL its headers record for Anthropic's breakpoints, when not the default.
-    pub cache_ttl: Option<crate::conversation::Ttl>,
+    /// How the TTL of its Anthropic breakpoints is chosen.
+    pub cache_ttl: TtlPolicy,
+}
+
+/// How an agent's Anthropic breakpoints get their TTL (`[agents.NAME.cache] ttl`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TtlPolicy {
+    /// Always this one.
+    Fixed(Ttl),
+    /// Per session by [`crate::cache::ttl::choose`], at the prices of these rules (the
+    /// agent's Anthropic model's, with the config's `[cache.anthropic]`).
+    Auto(Box<Rules>),
+}
+
+impl TtlPolicy {
+    /// The TTL a header records for a session whose replies showed `session`'s gaps (the
+    /// agent's sessions: `agent`); `None` for the default 5 minutes, which headers leave out.
+    pub fn header_ttl(&self, session: &Gaps, agent: Option<&Gaps>) -> Option<Ttl> {
+        let ttl = match self {
+            TtlPolicy::Fixed(ttl) => *ttl,
+            TtlPolicy::Auto(rules) => crate::cache::ttl::choose(session, agent, rules),
+        };
+        (ttl != Ttl::Minutes5).then_some(ttl)
+    }
 }
 
 impl std::fmt::Debug for AgentPlan {
@@ -95,7 +121,17 @@ impl AgentPlan {
             counts_tokens,
             tool_results: ToolResults { template, empty },
             content_limits: config.content_limits(),
-            cache_ttl: config.cache_ttl(agent),
+            cache_ttl: match config.cache_ttl(agent) {
+                TtlSetting::Minutes5 => TtlPolicy::Fixed(Ttl::Minutes5),
+                TtlSetting::Hour1 => TtlPolicy::Fixed(Ttl::Hour1),
+                TtlSetting::Auto => {
+                    let settings = formats::settings(&config.model(agent), Format::Anthropic);
+                    let model = settings.get("model").and_then(|m| m.as_str()).unwrap_or("");
+                    let rules = Rules::of(Format::Anthropic, model, &config.cache)
+                        .unwrap_or_else(|| Rules::anthropic(model));
+                    TtlPolicy::Auto(Box::new(rules))
+                }
+            },
         })
     }
 

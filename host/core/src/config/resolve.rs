@@ -69,11 +69,11 @@ impl Config {
             .unwrap_or_default()
     }
 
-    /// The TTL of `agent`'s Anthropic cache breakpoints when it is not the default 5 minutes:
-    /// the nearest `[agents.NAME.cache] ttl` along the chain.
-    pub fn cache_ttl(&self, agent: &str) -> Option<crate::conversation::Ttl> {
+    /// The TTL setting of `agent`'s Anthropic cache breakpoints: the nearest
+    /// `[agents.NAME.cache] ttl` along the chain, else 5 minutes.
+    pub fn cache_ttl(&self, agent: &str) -> super::TtlSetting {
         self.inherited(agent, |a| a.cache.as_ref().and_then(|c| c.ttl))
-            .filter(|t| *t != crate::conversation::Ttl::Minutes5)
+            .unwrap_or_default()
     }
 
     /// The nearest value of an agent setting along `agent`'s chain.

@@ -76,6 +76,10 @@ pub struct SessionState {
     pub(super) data_secret: std::sync::Arc<str>,
     /// What the next reply's cache outcome compares with.
     pub(super) cache: super::outcome::Track,
+    /// The idle gaps and sizes of the session's replied requests (`ttl = "auto"`).
+    gaps: crate::cache::ttl::Gaps,
+    /// The agent's, as the daemon saw its sessions (for a session with too few of its own).
+    agent_gaps: Option<crate::cache::ttl::Gaps>,
 }
 
 /// The last step's request as [`SessionState::request_view`] gives it.
@@ -146,6 +150,8 @@ impl SessionState {
             history_changed: false,
             data_secret: std::sync::Arc::from(session),
             cache: super::outcome::Track::default(),
+            gaps: Default::default(),
+            agent_gaps: None,
         }
     }
 
@@ -264,6 +270,7 @@ impl SessionState {
             }
             Body::AssistantMessage(r) => {
                 if let (Some(o), Some(usage)) = (&r.cache, r.usage) {
+                    self.gaps.add(o.gap_ms, usage.input_tokens.unwrap_or(0));
                     self.cache.compacted = false;
                     self.cache.last = Some(super::outcome::Replied {
                         step: self.steps,
@@ -336,6 +343,23 @@ impl SessionState {
     /// of `history/compacted`).
     pub fn left_out(&self) -> usize {
         self.dropped.len()
+    }
+
+    /// The idle gaps and sizes of the session's replied requests, from their recorded cache
+    /// outcomes (`[agents.NAME.cache] ttl = "auto"` chooses by them).
+    pub fn gaps(&self) -> &crate::cache::ttl::Gaps {
+        &self.gaps
+    }
+
+    /// The agent's gaps, as the daemon gives them for a session with too few of its own.
+    pub fn agent_gaps(&self) -> Option<&crate::cache::ttl::Gaps> {
+        self.agent_gaps.as_ref()
+    }
+
+    /// Sets [`SessionState::agent_gaps`] (the daemon, before each step; nothing it sets is
+    /// recorded but the TTL a header records from it).
+    pub fn set_agent_gaps(&mut self, gaps: Option<crate::cache::ttl::Gaps>) {
+        self.agent_gaps = gaps;
     }
 
     /// The runtime context snapshot in force, if one is (Q2).
