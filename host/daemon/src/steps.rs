@@ -326,13 +326,16 @@ impl Daemon {
             taken.get().state.remember_blocks(blocks);
         }
         if let Some(o) = outcome {
-            let agent = &taken.get().agent;
+            let cached = taken.get();
+            let (agent, hour) = (&cached.agent, cached.state.hour_ttl());
             self.metrics.cache_outcome(agent, &o);
             if let Some(input) = usage.and_then(|u| u.input_tokens) {
                 let mut gaps = crate::lock(&self.agent_gaps);
                 // Agents are the config's (a session's agent is checked when it is created).
                 if gaps.len() < 1024 || gaps.contains_key(agent) {
-                    gaps.entry(agent.clone()).or_default().add(o.gap_ms, input);
+                    gaps.entry(agent.clone())
+                        .or_default()
+                        .add_outcome(&o, input, hour);
                 }
             }
         }

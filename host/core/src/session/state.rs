@@ -270,7 +270,9 @@ impl SessionState {
             }
             Body::AssistantMessage(r) => {
                 if let (Some(o), Some(usage)) = (&r.cache, r.usage) {
-                    self.gaps.add(o.gap_ms, usage.input_tokens.unwrap_or(0));
+                    let hour = self.hour_ttl();
+                    self.gaps
+                        .add_outcome(o, usage.input_tokens.unwrap_or(0), hour);
                     self.cache.compacted = false;
                     self.cache.last = Some(super::outcome::Replied {
                         step: self.steps,
@@ -349,6 +351,12 @@ impl SessionState {
     /// outcomes (`[agents.NAME.cache] ttl = "auto"` chooses by them).
     pub fn gaps(&self) -> &crate::cache::ttl::Gaps {
         &self.gaps
+    }
+
+    /// Whether the header in force asks Anthropic for 1-hour breakpoints.
+    pub fn hour_ttl(&self) -> bool {
+        self.header()
+            .is_some_and(|h| h.cache_ttl == Some(crate::conversation::Ttl::Hour1))
     }
 
     /// The agent's gaps, as the daemon gives them for a session with too few of its own.
