@@ -466,13 +466,25 @@ fn the_readme_loop_runs_as_written() {
         .env("OPENAI_API_KEY", "sk-stub");
     let out = run_ok(cmd, "the README's Python loop");
 
-    // The snippet prints no id; the OpenAI body carries it in its cache key.
+    // The snippet prints no id: the daemon's one session with steps is the loop's, and its
+    // OpenAI body carries the agent's cache key (K6).
     let bodies = stub.bodies();
     let key = bodies.first().expect("the stub got a request").1["prompt_cache_key"]
         .as_str()
         .expect("prompt_cache_key")
         .to_string();
-    let session = key.strip_prefix("promptd-").expect("promptd-SESSION");
+    let listed = daemon.ok("GET", "/v1/sessions", None);
+    let stepped: Vec<&Value> = listed["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter(|s| s["steps"].as_u64() > Some(0))
+        .collect();
+    let [only] = stepped.as_slice() else {
+        panic!("one session with steps: {listed}");
+    };
+    assert_eq!(key, format!("promptd-{}", only["agent"].as_str().unwrap()));
+    let session = only["id"].as_str().unwrap();
     let log = check_loop(
         &daemon,
         &stub,

@@ -287,7 +287,8 @@ fn q8_model_settings_are_merged_per_provider_and_required_keys_checked() {
         request["max_tokens"], 100,
         "merged from [model], not replaced"
     );
-    assert_eq!(request["prompt_cache_key"], format!("promptd-{id}"));
+    // K6: the agent's key by default.
+    assert_eq!(request["prompt_cache_key"], "promptd-coder");
     // The Responses format: instructions, flat tools, input items.
     let (status, body) = step(
         &d,

@@ -315,6 +315,27 @@ pub struct AgentCacheConfig {
     /// session, by [`crate::cache::ttl`]). Recorded in the request header, so a change of TTL
     /// records a new header.
     pub ttl: Option<TtlSetting>,
+    /// OpenAI's `prompt_cache_key` for the agent's sessions: `"agent"` (the default),
+    /// `"session"` or `"prefix"` (see [`KeyPolicy`]).
+    pub cache_key: Option<KeyPolicy>,
+}
+
+/// `[agents.NAME.cache] cache_key`: which requests share OpenAI's `prompt_cache_key`, so which
+/// share warm machines. A session keeps the key its header recorded until its header changes
+/// for another reason (system prompt, tools, model settings, TTL): a key change alone would
+/// move it away from the machine that holds its own messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyPolicy {
+    /// `promptd-AGENT`: every session of the agent (the default, by the comparison in
+    /// docs/cache.md).
+    #[default]
+    Agent,
+    /// `promptd-SESSION`: each session its own (promptd's key before issue 30).
+    Session,
+    /// `promptd-p` and a hash of the head (tools and system prompt): every session with the
+    /// same head, whichever its agent; `~N` is added past the per-key rate (a shard).
+    Prefix,
 }
 
 /// `[agents.NAME.cache] ttl`.

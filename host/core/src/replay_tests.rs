@@ -715,3 +715,91 @@ fn an_unknown_cache_ttl_is_refused_naming_it() {
         "{err}"
     );
 }
+
+/// The header's `prompt_cache_key` of a log's requests, in order.
+fn keys(log: &Log) -> Vec<String> {
+    log.events
+        .iter()
+        .filter(|e| e.kind == EventKind::RequestHeader)
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(&e.body).unwrap();
+            v["header"]["cache_key"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// K6: `cache_key` gives OpenAI's `prompt_cache_key`: the agent's by default, the session's,
+/// or the head's hash (the same for any agent and session with that head, another for
+/// another head), sharded when the daemon says the key passes the per-key rate.
+#[test]
+fn k6_the_cache_key_policy_names_the_agent_the_session_or_the_head() {
+    let v1 = registry("v1", "Working directory", None);
+    let v2 = registry("v2", "Working directory", None);
+    let with = |policy: &str| {
+        config(&format!(
+            "[agents.default.cache]\ncache_key = \"{policy}\"\n"
+        ))
+    };
+    let one = |config: &Config, r: &Registry| keys(&workload(1, r, r, 99, &agent(config)));
+    assert_eq!(one(&config(""), &v1), vec!["promptd-default"]);
+    assert_eq!(one(&with("agent"), &v1), vec!["promptd-default"]);
+    assert_eq!(
+        one(&with("session"), &v1),
+        vec![format!("promptd-{SESSION}")]
+    );
+    let (a, b) = (one(&with("prefix"), &v1), one(&with("prefix"), &v2));
+    assert!(
+        a[0].starts_with("promptd-p") && a[0].len() == "promptd-p".len() + 16,
+        "{a:?}"
+    );
+    assert_ne!(a, b, "another head, another key");
+    assert_eq!(a, one(&with("prefix"), &v1), "the same head, the same key");
+
+    // Sharded: the key a new header records takes the session's shard of those the daemon
+    // gives; the base is what the rate counts.
+    let plan = agent(&with("prefix"));
+    let assembled = crate::step::assemble(
+        &v1,
+        &plan,
+        &crate::step::step_for(&plan, SESSION, 1, BTreeMap::new()),
+        &Arc::from("secret"),
+    )
+    .unwrap();
+    let shards: BTreeMap<String, u32> = [(a[0].clone(), 4)].into();
+    let sharded = crate::step::cache_key(&plan, SESSION, &assembled, Some(&shards));
+    let (base, shard) = sharded.split_once('~').unwrap();
+    assert_eq!(
+        (base, crate::step::key_base(&sharded)),
+        (a[0].as_str(), base)
+    );
+    assert!(shard.parse::<u32>().unwrap() < 4, "{sharded}");
+    let other = [(a[0].clone(), 1)].into();
+    assert_eq!(
+        crate::step::cache_key(&plan, SESSION, &assembled, Some(&other)),
+        a[0]
+    );
+}
+
+/// K6: a session keeps the key its header recorded when the policy changes, until its header
+/// changes for another reason: a key change alone would move it off the machine that holds
+/// its own messages.
+#[test]
+fn k6_a_session_keeps_its_key_until_its_header_changes() {
+    let v1 = registry("v1", "Working directory", None);
+    let v2 = registry("v2", "Working directory", None);
+    let session = agent(&config("[agents.default.cache]\ncache_key = \"session\"\n"));
+    let by_agent = agent(&config(""));
+    let mut log = Log::new();
+    log.step(&v1, &session, vec![Message::user("one")], "/src/app");
+    log.reply(said("ok"));
+    // The policy is now the agent's: the header stands, and with it the session's key.
+    log.step(&v1, &by_agent, vec![Message::user("two")], "/src/app");
+    log.reply(said("ok"));
+    assert_eq!(keys(&log), vec![format!("promptd-{SESSION}")]);
+    // The head changes: the new header takes the policy's key.
+    log.step(&v2, &by_agent, vec![Message::user("three")], "/src/app");
+    assert_eq!(
+        keys(&log),
+        vec![format!("promptd-{SESSION}"), "promptd-default".into()]
+    );
+}

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use crate::assembly::review::Verdict;
 use crate::assembly::{self, Assembly};
 use crate::budget::Usage;
-use crate::config::AgentPlan;
+use crate::config::{AgentPlan, KeyPolicy};
 use crate::conversation::content::Content;
 use crate::conversation::{Header, Message, Ttl};
 use crate::error::{Error, Result};
@@ -196,11 +196,13 @@ pub fn plan_assembled(
 
     // The header only when it differs from the recorded one: an unchanged header is neither
     // built nor compared field by field twice.
-    let cache_key = CacheKey(&step.session_id);
     let ttl = agent.cache_ttl.header_ttl(state.gaps(), state.agent_gaps());
     let header: Option<Header> = match state.header() {
-        Some(h) if same_header(h, assembled, agent, cache_key, ttl) => None,
-        _ => Some(new_header(assembled, agent, cache_key, ttl)),
+        Some(h) if same_header(h, assembled, agent, ttl) => None,
+        _ => {
+            let key = cache_key(agent, &step.session_id, assembled, state.key_shards());
+            Some(new_header(assembled, agent, key, ttl))
+        }
     };
     // Provenance only when it may have changed: a new header or plugin set.
     let known = header.is_none()
@@ -258,31 +260,53 @@ pub fn plan_assembled(
     })
 }
 
-/// The prompt-cache key a session's headers carry (`promptd-{session}`), compared without
-/// building it.
-#[derive(Clone, Copy)]
-struct CacheKey<'a>(&'a str);
-
-impl CacheKey<'_> {
-    fn matches(self, key: Option<&str>) -> bool {
-        key.and_then(|k| k.strip_prefix("promptd-")) == Some(self.0)
-    }
-
-    fn value(self) -> String {
-        format!("promptd-{}", self.0)
+/// The `prompt_cache_key` a new header of `session` records under `agent`'s policy
+/// ([`KeyPolicy`]): `promptd-SESSION`, `promptd-AGENT` or `promptd-p` and the head's hash, the
+/// last two with `~N` (the session's shard of `N`) when the daemon says requests with that
+/// key pass the per-key rate (`shards`).
+pub fn cache_key(
+    agent: &AgentPlan,
+    session: &str,
+    assembled: &Assembly,
+    shards: Option<&BTreeMap<String, u32>>,
+) -> String {
+    let base = match agent.cache_key {
+        KeyPolicy::Session => return format!("promptd-{session}"),
+        KeyPolicy::Agent => format!("promptd-{}", agent.agent),
+        KeyPolicy::Prefix => {
+            let mut head = assembled.system.as_bytes().to_vec();
+            for t in assembled.tools.iter() {
+                head.push(0);
+                head.extend_from_slice(t.name.as_bytes());
+                head.push(0);
+                head.extend_from_slice(t.description.as_bytes());
+                head.push(0);
+                head.extend_from_slice(t.parameters.to_string().as_bytes());
+            }
+            format!("promptd-p{:016x}", crate::cache::fnv(&head))
+        }
+    };
+    match shards.and_then(|s| s.get(&base)) {
+        Some(&n) if n > 1 => {
+            let shard = crate::cache::fnv(session.as_bytes()) % u64::from(n);
+            format!("{base}~{shard}")
+        }
+        _ => base,
     }
 }
 
-/// Whether `header` is what [`new_header`] would build.
-fn same_header(
-    header: &Header,
-    assembled: &Assembly,
-    agent: &AgentPlan,
-    key: CacheKey<'_>,
-    ttl: Option<Ttl>,
-) -> bool {
+/// A key without its shard: what the rate past which requests are sharded counts.
+pub fn key_base(key: &str) -> &str {
+    key.split_once('~').map_or(key, |(base, _)| base)
+}
+
+/// Whether `header` is what [`new_header`] would build. The cache key is not compared: a
+/// session keeps the one its header recorded until the header changes for another reason
+/// (a key change alone would route it away from the machine holding its messages); a header
+/// recorded before keys existed gets one.
+fn same_header(header: &Header, assembled: &Assembly, agent: &AgentPlan, ttl: Option<Ttl>) -> bool {
     header.layout == crate::conversation::LAYOUT
-        && key.matches(header.cache_key.as_deref())
+        && header.cache_key.is_some()
         && header.cache_ttl == ttl
         && header.system == assembled.system
         && header.tools.len() == assembled.tools.len()
@@ -296,14 +320,9 @@ fn same_header(
         && header.model == agent.model
 }
 
-fn new_header(
-    assembled: &Assembly,
-    agent: &AgentPlan,
-    key: CacheKey<'_>,
-    ttl: Option<Ttl>,
-) -> Header {
+fn new_header(assembled: &Assembly, agent: &AgentPlan, key: String, ttl: Option<Ttl>) -> Header {
     let mut header = session::header(assembled, agent.model.clone());
-    header.cache_key = Some(key.value());
+    header.cache_key = Some(key);
     header.cache_ttl = ttl;
     header
 }

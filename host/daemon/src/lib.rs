@@ -130,6 +130,9 @@ pub struct Daemon {
     /// Each agent's idle gaps over the replies this process recorded (`ttl = "auto"` for a
     /// session with too few of its own); one entry per agent that has sessions.
     agent_gaps: Mutex<BTreeMap<String, promptd_core::cache::ttl::Gaps>>,
+    /// OpenAI requests of the last minute per cache key (without its shard), so a key past
+    /// the per-key rate is sharded in new headers.
+    key_rates: Mutex<steps::KeyRates>,
     /// Agents' resolved plans for the config serving now.
     plans: Mutex<steps::AgentPlans>,
     /// Held by the replay running (one at a time: each loads a plugin set of its own).
@@ -180,6 +183,7 @@ impl Daemon {
             sessions: SessionCache::new(config.session_cache_bytes()),
             counters: Mutex::new(BTreeMap::new()),
             agent_gaps: Mutex::new(BTreeMap::new()),
+            key_rates: Mutex::default(),
             plans: Mutex::default(),
             replays: Mutex::new(()),
             config: RwLock::new(Arc::new(config)),

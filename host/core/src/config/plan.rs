@@ -8,7 +8,7 @@ use crate::assembly::Options;
 use crate::budget::{Budget, Counter};
 use crate::cache::ttl::Gaps;
 use crate::cache::Rules;
-use crate::config::{Config, ToolSubset, TtlSetting, EMPTY_TOOL_RESULT};
+use crate::config::{Config, KeyPolicy, ToolSubset, TtlSetting, EMPTY_TOOL_RESULT};
 use crate::conversation::content::ContentLimits;
 use crate::conversation::Ttl;
 use crate::formats::{self, Format};
@@ -57,6 +57,11 @@ pub struct AgentPlan {
     pub content_limits: ContentLimits,
     /// How the TTL of its Anthropic breakpoints is chosen.
     pub cache_ttl: TtlPolicy,
+    /// Which of its requests share OpenAI's `prompt_cache_key`.
+    pub cache_key: KeyPolicy,
+    /// Requests a minute one key is served by one machine, by the cache rules of its OpenAI
+    /// model (`[cache.openai] per_key_per_minute`; 0: no limit): past it a key is sharded.
+    pub key_rate: u32,
 }
 
 /// How an agent's Anthropic breakpoints get their TTL (`[agents.NAME.cache] ttl`).
@@ -121,6 +126,12 @@ impl AgentPlan {
             counts_tokens,
             tool_results: ToolResults { template, empty },
             content_limits: config.content_limits(),
+            cache_key: config.cache_key(agent),
+            key_rate: {
+                let settings = formats::settings(&config.model(agent), Format::Openai);
+                let model = settings.get("model").and_then(|m| m.as_str()).unwrap_or("");
+                Rules::of(Format::Openai, model, &config.cache).map_or(0, |r| r.per_key_per_minute)
+            },
             cache_ttl: match config.cache_ttl(agent) {
                 TtlSetting::Minutes5 => TtlPolicy::Fixed(Ttl::Minutes5),
                 TtlSetting::Hour1 => TtlPolicy::Fixed(Ttl::Hour1),

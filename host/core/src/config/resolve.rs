@@ -76,6 +76,13 @@ impl Config {
             .unwrap_or_default()
     }
 
+    /// `agent`'s OpenAI cache-key policy: the nearest `[agents.NAME.cache] cache_key` along
+    /// the chain, else `agent`.
+    pub fn cache_key(&self, agent: &str) -> super::KeyPolicy {
+        self.inherited(agent, |a| a.cache.as_ref().and_then(|c| c.cache_key))
+            .unwrap_or_default()
+    }
+
     /// The nearest value of an agent setting along `agent`'s chain.
     fn inherited<T: Clone>(
         &self,

@@ -80,6 +80,8 @@ pub struct SessionState {
     gaps: crate::cache::ttl::Gaps,
     /// The agent's, as the daemon saw its sessions (for a session with too few of its own).
     agent_gaps: Option<crate::cache::ttl::Gaps>,
+    /// Cache keys past the per-key rate and their shards, as the daemon counts them.
+    key_shards: Option<std::sync::Arc<std::collections::BTreeMap<String, u32>>>,
 }
 
 /// The last step's request as [`SessionState::request_view`] gives it.
@@ -152,6 +154,7 @@ impl SessionState {
             cache: super::outcome::Track::default(),
             gaps: Default::default(),
             agent_gaps: None,
+            key_shards: None,
         }
     }
 
@@ -351,6 +354,20 @@ impl SessionState {
     /// outcomes (`[agents.NAME.cache] ttl = "auto"` chooses by them).
     pub fn gaps(&self) -> &crate::cache::ttl::Gaps {
         &self.gaps
+    }
+
+    /// Cache keys whose requests pass the per-key rate, and how many shards each takes: a new
+    /// header's key is sharded by them ([`crate::step::cache_key`]).
+    pub fn key_shards(&self) -> Option<&std::collections::BTreeMap<String, u32>> {
+        self.key_shards.as_deref()
+    }
+
+    /// Sets [`SessionState::key_shards`] (the daemon, before each step).
+    pub fn set_key_shards(
+        &mut self,
+        shards: Option<std::sync::Arc<std::collections::BTreeMap<String, u32>>>,
+    ) {
+        self.key_shards = shards;
     }
 
     /// Whether the header in force asks Anthropic for 1-hour breakpoints.

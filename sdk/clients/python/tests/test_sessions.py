@@ -43,7 +43,7 @@ def test_a_step_in_every_format_and_its_rebuild(client):
         assert set(result.body) == SHAPES[fmt], (fmt, sorted(result.body))
         assert session.request(n, format=fmt) == result.body, fmt
     rebuilt = session.request(4, format="openai-responses")
-    assert rebuilt["prompt_cache_key"] == f"promptd-{session.id}"
+    assert rebuilt["prompt_cache_key"] == f"promptd-{session.agent}"  # K6: the agent's key
 
 
 def test_a_sessions_format_is_the_default_of_its_steps(client):

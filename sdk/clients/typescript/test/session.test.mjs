@@ -18,7 +18,7 @@ test("a step, an OpenAI reply with a tool call, its result, and the next step", 
   assert.deepEqual(first.body.messages[0], { role: "system", content: "Hi Ada" });
   assert.deepEqual(first.body.messages.at(-1), { role: "user", content: "Read the README." });
   assert.equal(first.body.tools[0].function.name, "read_file");
-  assert.equal(first.body.prompt_cache_key, `promptd-${session.id}`);
+  assert.equal(first.body.prompt_cache_key, `promptd-${session.agent}`); // K6: the agent's key
   assert.equal(typeof first.usage.total.tokens, "number");
   assert.equal(first.usage.message_count, 1);
 
