@@ -473,22 +473,12 @@ fn the_readme_loop_runs_as_written() {
         .as_str()
         .expect("prompt_cache_key")
         .to_string();
-    let listed = daemon.ok("GET", "/v1/sessions", None);
-    let stepped: Vec<&Value> = listed["sessions"]
-        .as_array()
-        .expect("sessions")
-        .iter()
-        .filter(|s| s["steps"].as_u64() > Some(0))
-        .collect();
-    let [only] = stepped.as_slice() else {
-        panic!("one session with steps: {listed}");
-    };
-    assert_eq!(key, format!("promptd-{}", only["agent"].as_str().unwrap()));
-    let session = only["id"].as_str().unwrap();
+    let (session, agent) = daemon.stepped_session();
+    assert_eq!(key, format!("promptd-{agent}"));
     let log = check_loop(
         &daemon,
         &stub,
-        session,
+        &session,
         "openai",
         "/v1/chat/completions",
         &[1],

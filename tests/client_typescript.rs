@@ -743,21 +743,8 @@ fn the_docs_loop_runs_as_written() {
     let first: Value = serde_json::from_str(&bodies[0]).expect("JSON");
     // The daemon's one session with steps is the loop's; its body carries the agent's cache
     // key (K6).
-    let listed = rig.daemon.ok("GET", "/v1/sessions", None);
-    let stepped: Vec<&Value> = listed["sessions"]
-        .as_array()
-        .expect("sessions")
-        .iter()
-        .filter(|s| s["steps"].as_u64() > Some(0))
-        .collect();
-    let [only] = stepped.as_slice() else {
-        panic!("one session with steps: {listed}");
-    };
-    assert_eq!(
-        first["prompt_cache_key"],
-        format!("promptd-{}", only["agent"].as_str().unwrap())
-    );
-    let session = only["id"].as_str().unwrap().to_string();
+    let (session, agent) = rig.daemon.stepped_session();
+    assert_eq!(first["prompt_cache_key"], format!("promptd-{agent}"));
     for (i, body) in bodies.iter().enumerate() {
         assert!(
             *body == rig.rebuilt(&session, i + 1, "openai"),

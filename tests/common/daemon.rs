@@ -193,6 +193,23 @@ impl Served {
         v["id"].as_str().expect("session id").to_string()
     }
 
+    /// The one session that has taken steps, as `(id, agent)`, for a test whose program
+    /// prints no id; panics unless there is exactly one.
+    pub fn stepped_session(&self) -> (String, String) {
+        let listed = self.ok("GET", "/v1/sessions", None);
+        let stepped: Vec<&Value> = listed["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .filter(|s| s["steps"].as_u64() > Some(0))
+            .collect();
+        let [only] = stepped.as_slice() else {
+            panic!("one session with steps: {listed}");
+        };
+        let field = |k: &str| only[k].as_str().expect(k).to_string();
+        (field("id"), field("agent"))
+    }
+
     /// One step with an empty body; returns (status, parsed body).
     pub fn step(&self, id: &str) -> (u16, Value) {
         let (status, text) = self.post(&format!("/v1/sessions/{id}/steps"), "{}");
