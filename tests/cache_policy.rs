@@ -17,6 +17,8 @@ fn config() -> String {
 max_tokens = 1024
 [model.anthropic]
 model = "claude-sonnet-4-5"
+[model.openai]
+model = "gpt-4.1"
 
 [agents.coder]
 [agents.coder.cache]
@@ -25,6 +27,15 @@ ttl = "auto"
 [agents.reviewer.cache]
 ttl = "1h"
 [agents.plain]
+[agents.headed]
+[agents.headed.cache]
+cache_key = "prefix"
+[agents.headed_too]
+[agents.headed_too.cache]
+cache_key = "prefix"
+[agents.own]
+[agents.own.cache]
+cache_key = "session"
 
 [plugins.identity]
 config = {{ name = "Ada", model = "example-model" }}
@@ -222,4 +233,67 @@ fn k5_an_unknown_ttl_is_a_config_error_naming_it() {
         line.contains("2h") && line.contains("promptd.toml"),
         "{line}"
     );
+}
+
+/// K6: OpenAI bodies carry the agent's key by default, the session's or the head's as the
+/// agent says (two agents with one head share it); past the per-key rate a new session's key
+/// is a shard of the agent's while a running session keeps its own; every body rebuilds after
+/// a restart.
+#[test]
+fn k6_openai_keys_name_the_agent_the_session_or_the_head_and_shard_past_the_rate() {
+    let folder = folder();
+    let config = folder.config(&config());
+    let (_tmp, state) = common::daemon::state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let mut sent: Vec<(String, u64, Value)> = Vec::new();
+    let mut step = |d: &Served, id: &str, text: &str| -> String {
+        let body = json!({"format": "openai", "messages": [{"role": "user", "content": text}]});
+        let out = d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body));
+        let request = out["request"].clone();
+        sent.push((
+            id.to_string(),
+            out["step"].as_u64().unwrap(),
+            request.clone(),
+        ));
+        request["prompt_cache_key"].as_str().unwrap().to_string()
+    };
+    let (a, b) = (d.session("plain"), d.session("plain"));
+    assert_eq!(step(&d, &a, "hi"), "promptd-plain");
+    assert_eq!(step(&d, &b, "hi"), "promptd-plain");
+    let own = d.session("own");
+    assert_eq!(step(&d, &own, "hi"), format!("promptd-{own}"));
+    let (h1, h2) = (d.session("headed"), d.session("headed_too"));
+    let (k1, k2) = (step(&d, &h1, "hi"), step(&d, &h2, "hi"));
+    assert!(
+        k1.starts_with("promptd-p") && k1.len() == "promptd-p".len() + 16,
+        "{k1}"
+    );
+    assert_eq!(k1, k2, "one head, one key, whichever the agent");
+
+    // Past 15 requests a minute on `promptd-plain`: a new session takes a shard of it.
+    for i in 0..15 {
+        assert_eq!(step(&d, &a, &format!("m{i}")), "promptd-plain");
+    }
+    let c = d.session("plain");
+    let sharded = step(&d, &c, "hi");
+    let shard = sharded
+        .strip_prefix("promptd-plain~")
+        .unwrap_or_else(|| panic!("{sharded}"));
+    assert!(shard.parse::<u32>().unwrap() < 2, "{sharded}");
+    assert_eq!(
+        step(&d, &a, "again"),
+        "promptd-plain",
+        "a running session keeps its key"
+    );
+
+    d.stop();
+    let d = Served::start(folder.path(), &config, &state);
+    for (id, n, request) in &sent {
+        let rebuilt = d.ok(
+            "GET",
+            &format!("/v1/sessions/{id}/steps/{n}/request?format=openai"),
+            None,
+        );
+        assert_eq!(rebuilt.to_string(), request.to_string(), "{id} step {n}");
+    }
 }
