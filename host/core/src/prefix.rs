@@ -49,8 +49,9 @@ pub fn stream(request: &FrozenRequest, format: Format) -> Vec<Part> {
         .collect()
 }
 
-/// [`stream`], with the cache breakpoint each part carries: the TTL of a `cache_control`
-/// anywhere in it (`"ttl": "1h"`, else 5 minutes), the part's text left without it.
+/// [`stream`], with the cache breakpoint each part carries: the TTL of its `cache_control`
+/// markers where Anthropic reads them (`"ttl": "1h"`, else 5 minutes; see [`breakpoint`]),
+/// the part's text left without them.
 pub fn marked_stream(request: &FrozenRequest, format: Format) -> Vec<(Part, Option<Ttl>)> {
     marked_parts(&formats::render(request, format), format)
 }
@@ -99,7 +100,10 @@ fn tool_name(tool: &Value) -> &str {
         .unwrap_or("?")
 }
 
-/// The longest TTL of the `cache_control` markers in `v`, if it has any.
+/// The longest TTL of the `cache_control` markers of `v` (a tool, the system blocks or a
+/// message), if it has any. Only where Anthropic reads a breakpoint: on a tool, a block, or a
+/// block in a block's `content` (a tool result's); a `cache_control` key inside a tool call's
+/// `input` or any other value is data, not a breakpoint.
 pub(crate) fn breakpoint(v: &Value) -> Option<Ttl> {
     match v {
         Value::Object(map) => {
@@ -110,18 +114,25 @@ pub(crate) fn breakpoint(v: &Value) -> Option<Ttl> {
                     Ttl::Minutes5
                 }
             });
-            map.values().filter_map(breakpoint).chain(own).max()
+            map.get("content")
+                .and_then(breakpoint)
+                .into_iter()
+                .chain(own)
+                .max()
         }
         Value::Array(items) => items.iter().filter_map(breakpoint).max(),
         _ => None,
     }
 }
 
+/// `v` without the markers [`breakpoint`] reads (and nothing else).
 pub(crate) fn strip_cache_control(v: &mut Value) {
     match v {
         Value::Object(map) => {
             map.remove("cache_control");
-            map.values_mut().for_each(strip_cache_control);
+            if let Some(content) = map.get_mut("content") {
+                strip_cache_control(content);
+            }
         }
         Value::Array(items) => items.iter_mut().for_each(strip_cache_control),
         _ => {}
@@ -681,5 +692,30 @@ mod tests {
             d.notes,
             ["plugin `probe`'s config changed without changing the request's parts"]
         );
+    }
+
+    /// Only Anthropic's own breakpoint positions are breakpoints: a `cache_control` key in a
+    /// tool call's input is the model's data, kept in the stream and never counted, so the
+    /// three markers promptd writes are all a body has.
+    #[test]
+    fn a_cache_control_key_inside_a_tool_input_is_data_not_a_breakpoint() {
+        let body = serde_json::json!({
+            "model": "m",
+            "messages": [
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "t",
+                    "input": {"cache_control": {"type": "ephemeral"}}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1",
+                    "content": [{"type": "text", "text": "ok"}],
+                    "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+            ],
+        });
+        let parts = marked_parts(&body, Format::Anthropic);
+        let marks: Vec<Option<Ttl>> = parts.iter().map(|(_, m)| *m).collect();
+        assert_eq!(marks, vec![None, None, Some(Ttl::Hour1)], "{parts:?}");
+        assert!(
+            parts[1].0.text.contains("\"input\":{\"cache_control\""),
+            "{parts:?}"
+        );
+        assert!(!parts[2].0.text.contains("cache_control"), "{parts:?}");
     }
 }
