@@ -50,8 +50,8 @@ pub fn stream(request: &FrozenRequest, format: Format) -> Vec<Part> {
 }
 
 /// [`stream`], with the cache breakpoint each part carries: the TTL of its `cache_control`
-/// markers where Anthropic reads them (`"ttl": "1h"`, else 5 minutes: on a tool, a block, a tool result's blocks),
-/// the part's text left without them.
+/// markers where Anthropic reads them (on a tool, a block, a tool result's blocks; `"ttl":
+/// "1h"`, else 5 minutes), the part's text left without them.
 pub fn marked_stream(request: &FrozenRequest, format: Format) -> Vec<(Part, Option<Ttl>)> {
     marked_parts(&formats::render(request, format), format)
 }
