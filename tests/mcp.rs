@@ -331,6 +331,42 @@ fn an_unchanged_list_and_a_restart_record_no_header() {
     assert_eq!(header_reasons(&d, &id), ["initial"]);
 }
 
+/// Kept tool slots (issue 30, item 5, for MCP servers): while a server is down its tools keep
+/// their place in requests (no new header), and a call to one is recorded as an error the
+/// model can read, naming the server and since when; once it is back, calls run again.
+#[test]
+fn a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
+    let folder = Folder::new();
+    let (starts, down) = (folder.path().join("starts"), folder.path().join("down"));
+    let extra = format!(
+        "env = {{ FIXTURE_STARTS = {:?}, FIXTURE_DOWN = {:?} }}",
+        starts.display().to_string(),
+        down.display().to_string()
+    );
+    let (d, _state) = folder.serve(&fixture_config("s", "same", &extra));
+    wait_state(&d, "mcp:s", "loaded");
+    let id = d.session("default");
+    step(&d, &id, json!([{"role": "user", "content": "go"}]));
+    std::fs::write(&down, "").unwrap();
+    assert_eq!(call(&d, &id, "c1", "crash")["message"]["is_error"], true);
+    wait_state(&d, "mcp:s", "stale");
+    let answered = call(&d, &id, "c2", "same");
+    let content = answered["message"]["content"].as_str().unwrap();
+    assert_eq!(answered["message"]["is_error"], true, "{answered}");
+    assert!(
+        content.starts_with("MCP server `s` is unavailable since 20")
+            && content.contains("keep their place"),
+        "{content}"
+    );
+    let during = step(&d, &id, json!([]));
+    assert_eq!(tool_names(&during), ["crash", "same"]);
+    assert_eq!(header_reasons(&d, &id), ["initial"]);
+    std::fs::remove_file(&down).unwrap();
+    wait_state(&d, "mcp:s", "loaded");
+    let back = call(&d, &id, "c3", "same");
+    assert_eq!(back["message"]["is_error"], false, "{back}");
+}
+
 /// M5: a server that exits at start, one that hangs on tools/list, one that lists an invalid
 /// schema and one whose tool names collide once mapped (M1) are each refused with their cause;
 /// the plugins and the other server keep serving.

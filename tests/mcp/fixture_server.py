@@ -8,7 +8,8 @@ Usage: fixture_server.py MODE
   grow        lists `grow`; calling it adds the tool `grown` and announces list_changed
   same        lists `same` and `crash`; calling `same` announces list_changed with an
               unchanged list; calling `crash` exits (the daemon restarts it)
-Each start appends a line to the file named by $FIXTURE_STARTS, when set.
+Each start appends a line to the file named by $FIXTURE_STARTS, when set; while the file
+named by $FIXTURE_DOWN exists, a start exits at once (the server stays down).
 """
 import json
 import os
@@ -18,6 +19,9 @@ mode = sys.argv[1]
 if os.environ.get("FIXTURE_STARTS"):
     with open(os.environ["FIXTURE_STARTS"], "a") as f:
         f.write("start\n")
+if os.environ.get("FIXTURE_DOWN") and os.path.exists(os.environ["FIXTURE_DOWN"]):
+    print("fixture: kept down", file=sys.stderr)
+    sys.exit(4)
 if mode == "exit":
     print("fixture: refusing to start", file=sys.stderr)
     sys.exit(3)

@@ -137,6 +137,25 @@ pub struct McpRunner {
     names: BTreeMap<String, String>,
     timeout: Duration,
     handle: Handle,
+    /// Since when (ms since the Unix epoch) and why the server is lost, while it is: its
+    /// tools keep their place in requests (`stale`), and a call gets this instead of a try.
+    down: Down,
+}
+
+/// The server's outage, shared by the supervisor and every runner it made.
+type Down = Arc<std::sync::Mutex<Option<(u64, String)>>>;
+
+/// What a model reads of a call to a lost server's tool.
+fn unavailable(server: &str, since_ms: u64, cause: &str) -> String {
+    let since = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(since_ms as i64)
+        .map_or_else(
+            || format!("{since_ms} ms since the epoch"),
+            |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        );
+    format!(
+        "MCP server `{server}` is unavailable since {since} ({cause}); its tools keep their \
+         place until it is back, so try again later or do without it"
+    )
 }
 
 impl ToolRunner for McpRunner {
@@ -148,6 +167,9 @@ impl ToolRunner for McpRunner {
         let Some(original) = self.names.get(name) else {
             return error(format!("MCP server `{}` has no tool `{name}`", self.name));
         };
+        if let Some((since, cause)) = promptd_core::sync::lock(&self.down).clone() {
+            return error(unavailable(&self.name, since, &cause));
+        }
         let mut params = CallToolRequestParams::new(original.clone());
         if let Some(object) = arguments.as_object() {
             params = params.with_arguments(object.clone());
@@ -312,6 +334,7 @@ async fn report(
 async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Handle) {
     let timeout = timeout_of(&cfg);
     let current: Current = Arc::default();
+    let down: Down = Arc::default();
     let mut backoff = FIRST_BACKOFF;
     loop {
         let started = Instant::now();
@@ -340,7 +363,7 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
                     &daemon,
                     &name,
                     &cfg,
-                    &handle,
+                    (&handle, &down),
                     connection,
                     &mut changed,
                     read,
@@ -350,6 +373,7 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
                 cause
             }
         };
+        promptd_core::sync::lock(&down).get_or_insert_with(|| (now_ms(), cause.message.clone()));
         report(&daemon, &name, &cfg, Err(cause)).await;
         if started.elapsed() >= STABLE {
             backoff = FIRST_BACKOFF;
@@ -383,7 +407,7 @@ async fn serve(
     daemon: &Arc<Daemon>,
     name: &str,
     cfg: &McpConfig,
-    handle: &Handle,
+    (handle, down): (&Handle, &Down),
     connection: Connection,
     changed: &mut mpsc::UnboundedReceiver<()>,
     read: ResourceReader,
@@ -436,6 +460,7 @@ async fn serve(
                 names,
                 timeout,
                 handle: handle.clone(),
+                down: down.clone(),
             });
             (entry, runner)
         });
@@ -443,10 +468,17 @@ async fn serve(
             quit.abort();
             return body;
         }
+        *promptd_core::sync::lock(down) = None; // listed: back
         report(daemon, name, cfg, result).await;
         tokio::select! {
             Some(()) = changed.recv() => {}
             quit_reason = &mut quit => return failure(name, format!("the server closed the connection ({quit_reason:?})")),
         }
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
