@@ -119,6 +119,18 @@ fn headers(d: &Served, id: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Each (session, step, body) of `sent`, rebuilt from the log in `format`, is that body.
+fn rebuilt_as_sent(d: &Served, sent: &[(String, u64, Value)], format: &str) {
+    for (id, n, request) in sent {
+        let rebuilt = d.ok(
+            "GET",
+            &format!("/v1/sessions/{id}/steps/{n}/request?format={format}"),
+            None,
+        );
+        assert_eq!(rebuilt.to_string(), request.to_string(), "{id} step {n}");
+    }
+}
+
 /// K5: `ttl = "1h"` sends every breakpoint with the hour, the stub bills the writes as 1-hour
 /// ones and still serves the prefix after 30 idle minutes, where the 5-minute agent's
 /// expired; `"auto"` starts at 5 minutes and records a header with the hour once the
@@ -213,14 +225,7 @@ fn k5_an_agents_ttl_is_sent_on_every_breakpoint_billed_and_rebuilt() {
     // Every step, rebuilt from the log by a restarted daemon, is the body that was sent.
     d.stop();
     let d = Served::start(folder.path(), &config, &state);
-    for (id, n, request) in &sent {
-        let rebuilt = d.ok(
-            "GET",
-            &format!("/v1/sessions/{id}/steps/{n}/request?format=anthropic"),
-            None,
-        );
-        assert_eq!(rebuilt.to_string(), request.to_string(), "{id} step {n}");
-    }
+    rebuilt_as_sent(&d, &sent, "anthropic");
 }
 
 /// A TTL no provider offers is refused, naming the value and the file.
@@ -288,12 +293,5 @@ fn k6_openai_keys_name_the_agent_the_session_or_the_head_and_shard_past_the_rate
 
     d.stop();
     let d = Served::start(folder.path(), &config, &state);
-    for (id, n, request) in &sent {
-        let rebuilt = d.ok(
-            "GET",
-            &format!("/v1/sessions/{id}/steps/{n}/request?format=openai"),
-            None,
-        );
-        assert_eq!(rebuilt.to_string(), request.to_string(), "{id} step {n}");
-    }
+    rebuilt_as_sent(&d, &sent, "openai");
 }
