@@ -140,7 +140,7 @@ fn record(registry: &Registry, plan: &AgentPlan, steps: usize) -> Vec<Event> {
             registry,
             plan,
             SESSION,
-            "bench",
+            step::Serving::run("bench"),
             StepInput {
                 messages,
                 facts: facts.clone(),

@@ -573,7 +573,7 @@ impl Run<'_> {
                 candidate.registry,
                 agent,
                 &mut a,
-                "replay",
+                step::Serving::run("replay"),
                 messages,
                 format,
             );

@@ -119,7 +119,7 @@ impl Log {
             registry,
             plan,
             SESSION,
-            "run-1",
+            crate::step::Serving::run("run-1"),
             StepInput { messages, facts },
             Format::Anthropic,
         )

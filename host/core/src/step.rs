@@ -45,6 +45,32 @@ pub struct StepInput {
     pub facts: BTreeMap<String, String>,
 }
 
+/// Who plans a step: the daemon process (`run`, recorded with each header, Q3) and what it
+/// counts across sessions for the cache policies of a step whose header is new (none in a
+/// replay or a one-shot assembly). Only the choices the counts lead to are recorded (the
+/// header's TTL and key), so a rebuild never needs them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Serving<'a> {
+    /// The daemon process.
+    pub run: &'a str,
+    /// The agent's idle gaps over the replies this daemon recorded (`ttl = "auto"` for a
+    /// session with too few of its own).
+    pub agent_gaps: Option<&'a crate::cache::ttl::Gaps>,
+    /// Cache keys whose OpenAI requests passed the per-key rate in the last minute, and the
+    /// shards each takes ([`cache_key`]).
+    pub key_shards: Option<&'a BTreeMap<String, u32>>,
+}
+
+impl<'a> Serving<'a> {
+    /// Process `run`, with no counts.
+    pub fn run(run: &'a str) -> Serving<'a> {
+        Serving {
+            run,
+            ..Serving::default()
+        }
+    }
+}
+
 /// A step ready to append: its bodies in log order, the marker last.
 #[derive(Debug)]
 pub struct PlannedStep {
@@ -93,15 +119,15 @@ pub fn encode(body: &Body) -> Result<NewEvent> {
     })
 }
 
-/// Plans one step of session `session` (see the module docs for the stages). `run` names the
-/// daemon process (recorded with each header, Q3). The state is only read, except for what
+/// Plans one step of session `session` (see the module docs for the stages) for the process
+/// `serving` names (recorded with each header, Q3). The state is only read, except for what
 /// it remembers of measurements; a refused step leaves it as it was.
 pub fn plan(
     state: &mut SessionState,
     registry: &Registry,
     agent: &AgentPlan,
     session: &str,
-    run: &str,
+    serving: Serving<'_>,
     input: StepInput,
     format: Format,
 ) -> Result<PlannedStep> {
@@ -113,7 +139,7 @@ pub fn plan(
         registry,
         agent,
         &mut assembled,
-        run,
+        serving,
         input.messages,
         format,
     )
@@ -165,7 +191,7 @@ pub fn plan_assembled(
     registry: &Registry,
     agent: &AgentPlan,
     assembled: &mut Assembled,
-    run: &str,
+    serving: Serving<'_>,
     messages: Vec<Message>,
     format: Format,
 ) -> Result<PlannedStep> {
@@ -196,11 +222,11 @@ pub fn plan_assembled(
 
     // The header only when it differs from the recorded one: an unchanged header is neither
     // built nor compared field by field twice.
-    let ttl = agent.cache_ttl.header_ttl(state.gaps(), state.agent_gaps());
+    let ttl = agent.cache_ttl.header_ttl(state.gaps(), serving.agent_gaps);
     let header: Option<Header> = match state.header() {
         Some(h) if same_header(h, assembled, agent, ttl) => None,
         _ => {
-            let key = cache_key(agent, &step.session_id, assembled, state.key_shards());
+            let key = cache_key(agent, &step.session_id, assembled, serving.key_shards);
             Some(new_header(assembled, agent, key, ttl))
         }
     };
@@ -215,7 +241,14 @@ pub fn plan_assembled(
         });
     let provenance = (!known).then(|| Provenance::of(registry, assembled));
     let facts = std::mem::take(&mut step.facts);
-    let mut plan = state.plan(messages, facts, assembled, header, run, provenance.as_ref())?;
+    let mut plan = state.plan(
+        messages,
+        facts,
+        assembled,
+        header,
+        serving.run,
+        provenance.as_ref(),
+    )?;
 
     // Measure what this step's request will hold: the log so far, this step's input and its
     // snapshot.

@@ -217,25 +217,29 @@ impl Daemon {
         let registry = self.registry();
         let plan = self.agent_plan(&taken.get().agent)?;
         let cached = taken.get();
-        if matches!(
+        let auto = matches!(
             plan.cache_ttl,
             promptd_core::config::plan::TtlPolicy::Auto(_)
-        ) {
-            let agent = crate::lock(&self.agent_gaps).get(&plan.agent).copied();
-            cached.state.set_agent_gaps(agent);
-        }
+        );
+        let agent_gaps = auto
+            .then(|| crate::lock(&self.agent_gaps).get(&plan.agent).copied())
+            .flatten();
         let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
         let now = crate::now_ms();
-        if openai {
-            let shards = crate::lock(&self.key_rates).shards(now, plan.key_rate);
-            cached.state.set_key_shards(shards);
-        }
+        let key_shards = openai
+            .then(|| crate::lock(&self.key_rates).shards(now, plan.key_rate))
+            .flatten();
+        let serving = step::Serving {
+            run: &self.run,
+            agent_gaps: agent_gaps.as_ref(),
+            key_shards: key_shards.as_deref(),
+        };
         let mut planned = step::plan(
             &mut cached.state,
             &registry,
             &plan,
             id,
-            &self.run,
+            serving,
             input,
             format,
         )?;

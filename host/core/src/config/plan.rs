@@ -111,6 +111,14 @@ impl AgentPlan {
         let counts_tokens = !budget.tokenizer.is_empty() && budget.tokenizer != "chars";
         let counter = counter(&budget.tokenizer).unwrap_or_else(|| Arc::new(crate::budget::Chars));
         let (template, empty) = config.tool_results(agent);
+        // The cache rules of the agent's model in a provider format, with the config's
+        // overrides (a provider format always has rules).
+        let model = config.model(agent);
+        let rules = |format: Format| {
+            let settings = formats::settings(&model, format);
+            let name = settings.get("model").and_then(|m| m.as_str()).unwrap_or("");
+            Rules::of(format, name, &config.cache).unwrap_or_else(|| Rules::anthropic(name))
+        };
         Ok(AgentPlan {
             agent: agent.to_string(),
             scope_chain,
@@ -120,28 +128,18 @@ impl AgentPlan {
                 keep_all_tools: config.tool_subset(agent) == ToolSubset::AllowedTools,
                 data_secret: Arc::from(""),
             },
-            model: config.model(agent),
+            model: model.clone(),
             budget,
             counter,
             counts_tokens,
             tool_results: ToolResults { template, empty },
             content_limits: config.content_limits(),
             cache_key: config.cache_key(agent),
-            key_rate: {
-                let settings = formats::settings(&config.model(agent), Format::Openai);
-                let model = settings.get("model").and_then(|m| m.as_str()).unwrap_or("");
-                Rules::of(Format::Openai, model, &config.cache).map_or(0, |r| r.per_key_per_minute)
-            },
+            key_rate: rules(Format::Openai).per_key_per_minute,
             cache_ttl: match config.cache_ttl(agent) {
                 TtlSetting::Minutes5 => TtlPolicy::Fixed(Ttl::Minutes5),
                 TtlSetting::Hour1 => TtlPolicy::Fixed(Ttl::Hour1),
-                TtlSetting::Auto => {
-                    let settings = formats::settings(&config.model(agent), Format::Anthropic);
-                    let model = settings.get("model").and_then(|m| m.as_str()).unwrap_or("");
-                    let rules = Rules::of(Format::Anthropic, model, &config.cache)
-                        .unwrap_or_else(|| Rules::anthropic(model));
-                    TtlPolicy::Auto(Box::new(rules))
-                }
+                TtlSetting::Auto => TtlPolicy::Auto(Box::new(rules(Format::Anthropic))),
             },
         })
     }

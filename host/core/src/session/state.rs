@@ -78,10 +78,6 @@ pub struct SessionState {
     pub(super) cache: super::outcome::Track,
     /// The idle gaps and sizes of the session's replied requests (`ttl = "auto"`).
     gaps: crate::cache::ttl::Gaps,
-    /// The agent's, as the daemon saw its sessions (for a session with too few of its own).
-    agent_gaps: Option<crate::cache::ttl::Gaps>,
-    /// Cache keys past the per-key rate and their shards, as the daemon counts them.
-    key_shards: Option<std::sync::Arc<std::collections::BTreeMap<String, u32>>>,
 }
 
 /// The last step's request as [`SessionState::request_view`] gives it.
@@ -153,8 +149,6 @@ impl SessionState {
             data_secret: std::sync::Arc::from(session),
             cache: super::outcome::Track::default(),
             gaps: Default::default(),
-            agent_gaps: None,
-            key_shards: None,
         }
     }
 
@@ -356,35 +350,10 @@ impl SessionState {
         &self.gaps
     }
 
-    /// Cache keys whose requests pass the per-key rate, and how many shards each takes: a new
-    /// header's key is sharded by them ([`crate::step::cache_key`]).
-    pub fn key_shards(&self) -> Option<&std::collections::BTreeMap<String, u32>> {
-        self.key_shards.as_deref()
-    }
-
-    /// Sets [`SessionState::key_shards`] (the daemon, before each step).
-    pub fn set_key_shards(
-        &mut self,
-        shards: Option<std::sync::Arc<std::collections::BTreeMap<String, u32>>>,
-    ) {
-        self.key_shards = shards;
-    }
-
     /// Whether the header in force asks Anthropic for 1-hour breakpoints.
     pub fn hour_ttl(&self) -> bool {
         self.header()
             .is_some_and(|h| h.cache_ttl == Some(crate::conversation::Ttl::Hour1))
-    }
-
-    /// The agent's gaps, as the daemon gives them for a session with too few of its own.
-    pub fn agent_gaps(&self) -> Option<&crate::cache::ttl::Gaps> {
-        self.agent_gaps.as_ref()
-    }
-
-    /// Sets [`SessionState::agent_gaps`] (the daemon, before each step; nothing it sets is
-    /// recorded but the TTL a header records from it).
-    pub fn set_agent_gaps(&mut self, gaps: Option<crate::cache::ttl::Gaps>) {
-        self.agent_gaps = gaps;
     }
 
     /// The runtime context snapshot in force, if one is (Q2).
