@@ -397,7 +397,7 @@ fn yes() -> bool {
 }
 
 /// One `[plugins.FILE_STEM]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginConfig {
     /// The plugin's id, instead of its file stem.
@@ -444,6 +444,69 @@ pub struct PluginConfig {
     pub stdio: Option<Stdio>,
     /// `instructions` or `data` (R7); absent: the config's `default_trust`.
     pub trust: Option<Trust>,
+    /// K7: `"step"` (the default: a change is sent at the next step), `"boundary"` (every
+    /// section and tool of the plugin waits for a cache-cold point), or
+    /// `{ sections = [...], tools = [...] }` (those wait). Read by [`PluginConfig::refresh`].
+    pub refresh: Option<toml::Value>,
+    /// K7: the longest a change of the plugin waits, in seconds (default
+    /// [`crate::held::DEFAULT_MAX_STALE_S`]).
+    pub max_stale_s: Option<u64>,
+}
+
+impl PluginConfig {
+    /// The plugin's `refresh` and `max_stale_s`, or a message naming what is wrong under
+    /// `[plugins.STEM]`.
+    pub fn refresh(&self, stem: &str) -> std::result::Result<crate::held::Refresh, String> {
+        let at = format!("plugins.{stem}.refresh");
+        let mut refresh = crate::held::Refresh {
+            max_stale_s: self
+                .max_stale_s
+                .unwrap_or(crate::held::DEFAULT_MAX_STALE_S),
+            ..Default::default()
+        };
+        if self.max_stale_s == Some(0) {
+            return Err(format!("plugins.{stem}.max_stale_s must be greater than 0"));
+        }
+        let names = |key: &str, v: &toml::Value| -> std::result::Result<std::collections::BTreeSet<String>, String> {
+            let list = v.as_array().ok_or_else(|| format!("{at}.{key} must be a list of names"))?;
+            list.iter()
+                .map(|n| n.as_str().map(str::to_string).ok_or_else(|| format!("{at}.{key} must be a list of names")))
+                .collect()
+        };
+        match &self.refresh {
+            None => {}
+            Some(toml::Value::String(word)) => match word.as_str() {
+                "step" => {}
+                "boundary" => refresh.whole = true,
+                other => {
+                    return Err(format!(
+                        "{at} = {other:?}: use \"step\", \"boundary\" or {{ sections = [...], tools = [...] }}"
+                    ))
+                }
+            },
+            Some(toml::Value::Table(table)) => {
+                for (key, value) in table {
+                    match key.as_str() {
+                        "sections" => refresh.sections = names(key, value)?,
+                        "tools" => refresh.tools = names(key, value)?,
+                        "contexts" => return Err(format!(
+                            "{at}.contexts: contexts are never held; a changed context is a new snapshot message at the end of the request, which breaks no cached prefix"
+                        )),
+                        other => return Err(format!(
+                            "{at}: unknown key `{other}`; use `sections` and `tools`"
+                        )),
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(format!(
+                    "{at} must be \"step\", \"boundary\" or a table, not a {}",
+                    other.type_str()
+                ))
+            }
+        }
+        Ok(refresh)
+    }
 }
 
 /// Where a plugin's stdout/stderr go.

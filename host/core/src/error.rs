@@ -232,6 +232,17 @@ pub enum Error {
         names: Vec<String>,
     },
 
+    /// A plugin's config `refresh` names a section or tool it does not declare (K7).
+    #[error("plugin `{plugin}`: config `refresh` names {kind} `{name}`, which the plugin does not declare; name its own sections and tools, or use `refresh = \"boundary\"` for all of them")]
+    RefreshUnknown {
+        /// The plugin's id.
+        plugin: String,
+        /// `section` or `tool`.
+        kind: &'static str,
+        /// The name it does not declare.
+        name: String,
+    },
+
     /// A plugin with this id is already in the registry.
     #[error("plugin id `{0}` is already loaded")]
     DuplicatePlugin(String),
@@ -484,6 +495,7 @@ impl Error {
             Error::PluginCall { trapped: true, .. } => "plugin_trap",
             Error::UnknownShownTool { .. } => "unknown_shown_tool",
             Error::DataPluginDeclares { .. } => "data_plugin_declares",
+            Error::RefreshUnknown { .. } => "refresh_unknown",
             Error::ReviewRejected { .. } => "review_rejected",
             Error::MalformedReference { .. } => "malformed_reference",
             Error::UnknownVariable { .. } => "unknown_variable",

@@ -32,6 +32,7 @@ pub mod error;
 pub mod formats;
 #[cfg(test)]
 mod fuzz;
+pub mod held;
 pub mod ledger;
 pub mod limits;
 pub mod load;

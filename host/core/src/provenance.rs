@@ -24,6 +24,10 @@ pub struct Provenance {
     /// others (and in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub configs: BTreeMap<String, String>,
+    /// The plugins the config trusts as `data` (R7); a held change is never one whose
+    /// plugin's trust changed (K7).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub data: std::collections::BTreeSet<String>,
     /// Who gave each effective section.
     pub sections: Vec<Given>,
     /// Who gave each effective context.
@@ -62,6 +66,11 @@ impl Provenance {
             .plugins()
             .filter_map(|p| Some((p.id.clone(), p.config_hash.clone()?)))
             .collect();
+        let data = registry
+            .plugins()
+            .filter(|p| p.options.trust == crate::plugin::trust::Trust::Data)
+            .map(|p| p.id.clone())
+            .collect();
         let texts = |list: &[(String, String)]| -> BTreeMap<String, String> {
             list.iter()
                 .map(|(name, text)| (name.clone(), short_hash(text.as_bytes())))
@@ -92,6 +101,7 @@ impl Provenance {
         Self {
             plugins,
             configs,
+            data,
             sections: given(&explain.sections, &|n| sections.get(n).cloned()),
             contexts: given(&explain.contexts, &|n| contexts.get(n).cloned()),
             variables: given(&explain.variables, &|_| None),

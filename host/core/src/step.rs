@@ -29,6 +29,7 @@ use crate::conversation::content::Content;
 use crate::conversation::{Header, Message, Ttl};
 use crate::error::{Error, Result};
 use crate::formats::{self, Format};
+use crate::held;
 use crate::plugin::model::Step;
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::provenance::Provenance;
@@ -59,6 +60,9 @@ pub struct Serving<'a> {
     /// Cache keys whose OpenAI requests passed the per-key rate in the last minute, and the
     /// shards each takes ([`cache_key`]).
     pub key_shards: Option<&'a BTreeMap<String, u32>>,
+    /// Now, in ms since the Unix epoch: when a held change (K7) passed the TTL or its
+    /// `max_stale_s`. None in a replay, which has no clock: only the other cold points apply.
+    pub now_ms: Option<u64>,
 }
 
 impl<'a> Serving<'a> {
@@ -223,8 +227,27 @@ pub fn plan_assembled(
     // The header only when it differs from the recorded one: an unchanged header is neither
     // built nor compared field by field twice.
     let ttl = agent.cache_ttl.header_ttl(state.gaps(), serving.agent_gaps);
+    let mut current = None;
+    let mut held = Vec::new();
+    let mut released = None;
     let header: Option<Header> = match state.header() {
         Some(h) if same_header(h, assembled, agent, ttl) => None,
+        Some(h) if holds_any(registry) => {
+            let now = Provenance::of(registry, assembled);
+            let decision = decide_held(state, h, &now, registry, agent, ttl, serving, format);
+            current = Some(now);
+            match decision {
+                held::Decision::Hold(parts) => {
+                    held = parts;
+                    None
+                }
+                held::Decision::Apply(release) => {
+                    released = release;
+                    let key = cache_key(agent, &step.session_id, assembled, serving.key_shards);
+                    Some(new_header(assembled, agent, key, ttl))
+                }
+            }
+        }
         _ => {
             let key = cache_key(agent, &step.session_id, assembled, serving.key_shards);
             Some(new_header(assembled, agent, key, ttl))
@@ -239,7 +262,8 @@ pub fn plan_assembled(
                         == Some(e.sha256.as_deref().unwrap_or(""))
                 })
         });
-    let provenance = (!known).then(|| Provenance::of(registry, assembled));
+    let provenance =
+        (!known).then(|| current.unwrap_or_else(|| Provenance::of(registry, assembled)));
     let facts = std::mem::take(&mut step.facts);
     let mut plan = state.plan(
         messages,
@@ -283,6 +307,14 @@ pub fn plan_assembled(
     }
     usage.check(&agent.budget)?;
     plan.marker.usage = Some(usage);
+    plan.marker.held = held;
+    if let Some(released) = released {
+        for body in &mut plan.events {
+            if let Body::RequestHeader(record) = body {
+                record.released = Some(released.clone());
+            }
+        }
+    }
     let step = plan.step;
     let header_reason = plan.header_reason;
     Ok(PlannedStep {
@@ -331,6 +363,62 @@ pub fn cache_key(
 /// A key without its shard: what the rate past which requests are sharded counts.
 pub fn key_base(key: &str) -> &str {
     key.split_once('~').map_or(key, |(base, _)| base)
+}
+
+/// Whether any plugin holds a change for a cache-cold point (K7): when none does, a changed
+/// header is recorded without comparing provenances.
+fn holds_any(registry: &Registry) -> bool {
+    registry.plugins().any(|p| !p.options.refresh.is_step())
+}
+
+/// K7: whether a header that would change from `header` to this step's assembly (whose
+/// provenance is `now`) waits for a cache-cold point.
+#[allow(clippy::too_many_arguments)]
+fn decide_held(
+    state: &SessionState,
+    header: &Header,
+    now: &Provenance,
+    registry: &Registry,
+    agent: &AgentPlan,
+    ttl: Option<Ttl>,
+    serving: Serving<'_>,
+    format: Format,
+) -> held::Decision {
+    let rest_changed = if header.layout != crate::conversation::LAYOUT {
+        Some("the body layout changed")
+    } else if header.cache_key.is_none() {
+        Some("the header had no cache key")
+    } else if header.cache_ttl != ttl {
+        Some("the cache TTL changed")
+    } else if header.model != agent.model {
+        Some("the model settings changed")
+    } else {
+        None
+    };
+    let tool_bytes: Vec<usize> = header
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .collect();
+    let moment = held::Moment {
+        step: state.steps() + 1,
+        now_ms: serving.now_ms,
+        last_reply_ms: state.last_reply_ms(),
+        ttl_ms: agent.idle_ttl_ms(format, header.cache_ttl),
+        compacted: state.compacted(),
+        held: state.held(),
+        system: &header.system,
+        tool_bytes: &tool_bytes,
+        message_bytes: state.message_bytes() as u64,
+    };
+    let refresh = |id: &str| registry.get(id).map(|e| e.options.refresh.clone());
+    held::decide(
+        state.header_provenance(),
+        now,
+        &refresh,
+        rest_changed,
+        &moment,
+    )
 }
 
 /// Whether `header` is what [`new_header`] would build. The cache key is not compared: a

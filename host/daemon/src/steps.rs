@@ -233,6 +233,7 @@ impl Daemon {
             run: &self.run,
             agent_gaps: agent_gaps.as_ref(),
             key_shards: key_shards.as_deref(),
+            now_ms: Some(now),
         };
         let mut planned = step::plan(
             &mut cached.state,

@@ -62,6 +62,9 @@ pub struct AgentPlan {
     /// Requests a minute one key is served by one machine, by the cache rules of its OpenAI
     /// model (`[cache.openai] per_key_per_minute`; 0: no limit): past it a key is sharded.
     pub key_rate: u32,
+    /// How long the provider keeps an idle prefix, in ms, by the cache rules of the agent's
+    /// models: Anthropic's 5-minute and 1-hour TTLs, then OpenAI's (K7's idle cold point).
+    pub idle_ttl_ms: [u64; 3],
 }
 
 /// How an agent's Anthropic breakpoints get their TTL (`[agents.NAME.cache] ttl`).
@@ -136,12 +139,29 @@ impl AgentPlan {
             content_limits: config.content_limits(),
             cache_key: config.cache_key(agent),
             key_rate: rules(Format::Openai).per_key_per_minute,
+            idle_ttl_ms: {
+                let (anthropic, openai) = (rules(Format::Anthropic), rules(Format::Openai));
+                [anthropic.ttl_ms, anthropic.ttl_1h_ms, openai.ttl_ms]
+            },
             cache_ttl: match config.cache_ttl(agent) {
                 TtlSetting::Minutes5 => TtlPolicy::Fixed(Ttl::Minutes5),
                 TtlSetting::Hour1 => TtlPolicy::Fixed(Ttl::Hour1),
                 TtlSetting::Auto => TtlPolicy::Auto(Box::new(rules(Format::Anthropic))),
             },
         })
+    }
+
+    /// How long a request in `format` whose header records `ttl` stays cached while idle, in
+    /// ms ([`AgentPlan::idle_ttl_ms`]); the neutral format, which no provider reads, takes
+    /// the shortest.
+    pub fn idle_ttl_ms(&self, format: Format, ttl: Option<Ttl>) -> u64 {
+        let [five, hour, openai] = self.idle_ttl_ms;
+        match format {
+            Format::Anthropic if ttl == Some(Ttl::Hour1) => hour,
+            Format::Anthropic => five,
+            Format::Openai | Format::OpenaiResponses => openai,
+            Format::Neutral => five.min(openai),
+        }
     }
 
     /// The assembly options for a session whose data blocks are keyed with `secret` (T8).

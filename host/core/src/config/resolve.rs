@@ -165,6 +165,10 @@ impl Config {
                 max_declared_bytes: limit(5, defaults::MAX_DECLARED_KB) << 10,
             },
             trust: p.and_then(|p| p.trust).unwrap_or(self.default_trust),
+            // Checked when the config was validated.
+            refresh: p
+                .and_then(|p| p.refresh(stem).ok())
+                .unwrap_or_default(),
         }
     }
 

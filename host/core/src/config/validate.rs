@@ -18,6 +18,9 @@ impl Config {
             }
         }
         self.check_model_settings()?;
+        for (stem, plugin) in &self.plugins {
+            plugin.refresh(stem).map_err(Error::ConfigInvalid)?;
+        }
         self.check_agent_budgets()?;
         for (model, price) in &self.pricing {
             price.check(model).map_err(Error::ConfigInvalid)?;

@@ -32,6 +32,8 @@ pub struct PluginOptions {
     pub limits: DeclarationLimits,
     /// What the config lets it contribute (R7).
     pub trust: Trust,
+    /// Which of its sections and tools wait for a cache-cold point (K7).
+    pub refresh: crate::held::Refresh,
 }
 
 /// One loaded, validated plugin.
@@ -63,6 +65,31 @@ impl std::fmt::Debug for PluginEntry {
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
+}
+
+/// K7: `refresh` names only what the plugin declares (a typo would otherwise hold nothing,
+/// silently).
+fn check_refresh(id: &str, d: &Declaration, refresh: &crate::held::Refresh) -> Result<()> {
+    let unknown = |kind, name: &String| Error::RefreshUnknown {
+        plugin: id.to_string(),
+        kind,
+        name: name.clone(),
+    };
+    if let Some(name) = refresh
+        .sections
+        .iter()
+        .find(|n| !d.sections.iter().any(|s| &s.name == *n))
+    {
+        return Err(unknown("section", name));
+    }
+    if let Some(name) = refresh
+        .tools
+        .iter()
+        .find(|n| !d.tools.iter().any(|t| &t.name == *n))
+    {
+        return Err(unknown("tool", name));
+    }
+    Ok(())
 }
 
 /// R7: a `data` plugin declares no sections and no variables.
@@ -107,6 +134,7 @@ impl PluginEntry {
         if options.trust == Trust::Data {
             check_data(id, &declaration)?;
         }
+        check_refresh(id, &declaration, &options.refresh)?;
         let entry = Self {
             id: id.to_string(),
             declaration,

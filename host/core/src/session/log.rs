@@ -105,6 +105,10 @@ pub struct HeaderRecord {
     /// The daemon process that recorded it (absent in 0.1.0 logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// What the last step held that this header applies, and why now (K7); absent when
+    /// nothing was held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<crate::held::Released>,
 }
 
 /// `plugin/omitted`: an optional plugin's contribution left out of this step (A9).
@@ -157,6 +161,9 @@ pub struct Marker {
     /// What the step's request cost by the agent's budget (absent in 0.1.0 logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Changed parts the step did not send yet, waiting for a cache-cold point (K7).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<crate::held::Held>,
 }
 
 /// One event's body, by kind.
@@ -354,6 +361,7 @@ mod tests {
             shown_tools: None,
             step: 3,
             usage: None,
+            held: Vec::new(),
         }));
         assert_eq!(marker.encode().unwrap().body, r#"{"facts":{},"step":3}"#);
         let err = Body::decode(

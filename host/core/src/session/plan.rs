@@ -251,6 +251,7 @@ impl SessionState {
                 provenance: provenance.cloned(),
                 reason,
                 run: Some(run.to_string()),
+                released: None,
             })));
         }
         events.extend(assembly.omitted.iter().map(|o| {
@@ -269,6 +270,7 @@ impl SessionState {
             shown_tools: assembly.shown_tools.clone(),
             step,
             usage: None,
+            held: Vec::new(),
         };
         Ok(StepPlan {
             step,

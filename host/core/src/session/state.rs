@@ -78,6 +78,11 @@ pub struct SessionState {
     pub(super) cache: super::outcome::Track,
     /// The idle gaps and sizes of the session's replied requests (`ttl = "auto"`).
     gaps: crate::cache::ttl::Gaps,
+    /// The provenance recorded with the header being sent: what a held change compares with
+    /// (a marker's provenance says who serves now, which may be a held plugin's new version).
+    header_provenance: Option<crate::provenance::Provenance>,
+    /// What the last step held (K7).
+    held: Vec<crate::held::Held>,
 }
 
 /// The last step's request as [`SessionState::request_view`] gives it.
@@ -149,6 +154,8 @@ impl SessionState {
             data_secret: std::sync::Arc::from(session),
             cache: super::outcome::Track::default(),
             gaps: Default::default(),
+            header_provenance: None,
+            held: Vec::new(),
         }
     }
 
@@ -194,8 +201,10 @@ impl SessionState {
                 let Marker {
                     shown_tools,
                     provenance,
+                    held,
                     ..
                 } = *marker;
+                self.held = held;
                 self.steps += 1;
                 self.cache.step_seq = seq;
                 if shown_tools.is_some() || self.shown_tools.is_some() {
@@ -216,6 +225,7 @@ impl SessionState {
                     run,
                     ..
                 } = *record;
+                self.header_provenance.clone_from(&provenance);
                 self.provenance = provenance;
                 self.header = Some((header, run));
                 self.header_seq = seq;
@@ -354,6 +364,31 @@ impl SessionState {
     pub fn hour_ttl(&self) -> bool {
         self.header()
             .is_some_and(|h| h.cache_ttl == Some(crate::conversation::Ttl::Hour1))
+    }
+
+    /// The provenance recorded with the header being sent.
+    pub fn header_provenance(&self) -> Option<&crate::provenance::Provenance> {
+        self.header_provenance.as_ref()
+    }
+
+    /// What the last step held (K7).
+    pub fn held(&self) -> &[crate::held::Held] {
+        &self.held
+    }
+
+    /// When the last reply recorded with a cache outcome was sent (ms since the epoch).
+    pub fn last_reply_ms(&self) -> Option<u64> {
+        self.cache.last.as_ref().map(|r| r.at_ms)
+    }
+
+    /// Whether history was trimmed or compacted since the last reply (a cache-cold point).
+    pub fn compacted(&self) -> bool {
+        self.cache.compacted || self.history_changed
+    }
+
+    /// The bytes of the session's messages as the transcript holds them.
+    pub fn message_bytes(&self) -> usize {
+        self.transcript.bytes()
     }
 
     /// The runtime context snapshot in force, if one is (Q2).
