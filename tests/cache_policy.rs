@@ -61,7 +61,7 @@ fn folder() -> Folder {
 /// One turn of session `id` at `now`: a step, the stub's reply recorded with its send time,
 /// and, when the reply called tools, a step with their results and its reply a second later.
 /// Returns each step's number and the request promptd sent, with the stub's usage.
-fn turn(d: &Served, stub: &Stub, id: &str, now: u64) -> Vec<(u64, Value, Value)> {
+pub(crate) fn turn(d: &Served, stub: &Stub, id: &str, now: u64) -> Vec<(u64, Value, Value)> {
     let mut out = Vec::new();
     let mut messages = vec![json!({"role": "user", "content": format!("{id}: task at {now}")})];
     let mut at = now;
@@ -108,7 +108,7 @@ fn ttls(request: &Value) -> Vec<String> {
     out
 }
 
-fn headers(d: &Served, id: &str) -> Vec<Value> {
+pub(crate) fn headers(d: &Served, id: &str) -> Vec<Value> {
     let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
     events["events"]
         .as_array()
@@ -120,7 +120,7 @@ fn headers(d: &Served, id: &str) -> Vec<Value> {
 }
 
 /// Each (session, step, body) of `sent`, rebuilt from the log in `format`, is that body.
-fn rebuilt_as_sent(d: &Served, sent: &[(String, u64, Value)], format: &str) {
+pub(crate) fn rebuilt_as_sent(d: &Served, sent: &[(String, u64, Value)], format: &str) {
     for (id, n, request) in sent {
         let rebuilt = d.ok(
             "GET",

@@ -164,7 +164,7 @@ impl StoreConfig {
 
 /// One `[mcp.NAME]` table: an MCP server whose tools (and instructions) are contributions of
 /// the plugin `mcp:NAME` (M1). Exactly one of `command` (stdio) and `url` (Streamable HTTP).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpConfig {
     /// The program to start, speaking MCP over its stdin/stdout.
@@ -194,6 +194,11 @@ pub struct McpConfig {
     /// Resource URIs read at every step, each a runtime context (order 1000).
     #[serde(default)]
     pub resources: Vec<String>,
+    /// K7: `"step"` (the default) or `"boundary"`: a change to the server's tools or
+    /// instructions waits for a cache-cold point.
+    pub refresh: Option<toml::Value>,
+    /// K7: the longest such a change waits, in seconds.
+    pub max_stale_s: Option<u64>,
 }
 
 /// Default deadline of an MCP server's start, list and calls, in milliseconds.
@@ -457,56 +462,90 @@ impl PluginConfig {
     /// The plugin's `refresh` and `max_stale_s`, or a message naming what is wrong under
     /// `[plugins.STEM]`.
     pub fn refresh(&self, stem: &str) -> std::result::Result<crate::held::Refresh, String> {
-        let at = format!("plugins.{stem}.refresh");
-        let mut refresh = crate::held::Refresh {
-            max_stale_s: self
-                .max_stale_s
-                .unwrap_or(crate::held::DEFAULT_MAX_STALE_S),
-            ..Default::default()
-        };
-        if self.max_stale_s == Some(0) {
-            return Err(format!("plugins.{stem}.max_stale_s must be greater than 0"));
-        }
-        let names = |key: &str, v: &toml::Value| -> std::result::Result<std::collections::BTreeSet<String>, String> {
-            let list = v.as_array().ok_or_else(|| format!("{at}.{key} must be a list of names"))?;
-            list.iter()
-                .map(|n| n.as_str().map(str::to_string).ok_or_else(|| format!("{at}.{key} must be a list of names")))
-                .collect()
-        };
-        match &self.refresh {
-            None => {}
-            Some(toml::Value::String(word)) => match word.as_str() {
-                "step" => {}
-                "boundary" => refresh.whole = true,
-                other => {
-                    return Err(format!(
-                        "{at} = {other:?}: use \"step\", \"boundary\" or {{ sections = [...], tools = [...] }}"
-                    ))
-                }
-            },
-            Some(toml::Value::Table(table)) => {
-                for (key, value) in table {
-                    match key.as_str() {
-                        "sections" => refresh.sections = names(key, value)?,
-                        "tools" => refresh.tools = names(key, value)?,
-                        "contexts" => return Err(format!(
-                            "{at}.contexts: contexts are never held; a changed context is a new snapshot message at the end of the request, which breaks no cached prefix"
-                        )),
-                        other => return Err(format!(
+        refresh_of(
+            &format!("plugins.{stem}"),
+            self.refresh.as_ref(),
+            self.max_stale_s,
+            true,
+        )
+    }
+}
+
+impl McpConfig {
+    /// The server's `refresh` and `max_stale_s`, or a message naming what is wrong under
+    /// `[mcp.NAME]`.
+    pub fn refresh(&self, name: &str) -> std::result::Result<crate::held::Refresh, String> {
+        refresh_of(
+            &format!("mcp.{name}"),
+            self.refresh.as_ref(),
+            self.max_stale_s,
+            false,
+        )
+    }
+}
+
+/// `refresh` and `max_stale_s` of the table at `at` (K7); `parts` allows the table form
+/// naming sections and tools (not for an MCP server, whose tools come and go).
+pub(crate) fn refresh_of(
+    at: &str,
+    value: Option<&toml::Value>,
+    max_stale_s: Option<u64>,
+    parts: bool,
+) -> std::result::Result<crate::held::Refresh, String> {
+    let mut refresh = crate::held::Refresh {
+        max_stale_s: max_stale_s.unwrap_or(crate::held::DEFAULT_MAX_STALE_S),
+        ..Default::default()
+    };
+    if max_stale_s == Some(0) {
+        return Err(format!("{at}.max_stale_s must be greater than 0"));
+    }
+    let at = format!("{at}.refresh");
+    let forms = if parts {
+        "\"step\", \"boundary\" or { sections = [...], tools = [...] }"
+    } else {
+        "\"step\" or \"boundary\""
+    };
+    let names = |key: &str,
+                 v: &toml::Value|
+     -> std::result::Result<std::collections::BTreeSet<String>, String> {
+        let bad = || format!("{at}.{key} must be a list of names");
+        v.as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|n| n.as_str().map(str::to_string).ok_or_else(bad))
+            .collect()
+    };
+    match value {
+        None => {}
+        Some(toml::Value::String(word)) => match word.as_str() {
+            "step" => {}
+            "boundary" => refresh.whole = true,
+            other => return Err(format!("{at} = {other:?}: use {forms}")),
+        },
+        Some(toml::Value::Table(table)) if parts => {
+            for (key, value) in table {
+                match key.as_str() {
+                    "sections" => refresh.sections = names(key, value)?,
+                    "tools" => refresh.tools = names(key, value)?,
+                    "contexts" => return Err(format!(
+                        "{at}.contexts: contexts are never held; a changed context is a new snapshot message at the end of the request, which breaks no cached prefix"
+                    )),
+                    other => {
+                        return Err(format!(
                             "{at}: unknown key `{other}`; use `sections` and `tools`"
-                        )),
+                        ))
                     }
                 }
             }
-            Some(other) => {
-                return Err(format!(
-                    "{at} must be \"step\", \"boundary\" or a table, not a {}",
-                    other.type_str()
-                ))
-            }
         }
-        Ok(refresh)
+        Some(other) => {
+            return Err(format!(
+                "{at} must be {forms}, not a {}",
+                other.type_str()
+            ))
+        }
     }
+    Ok(refresh)
 }
 
 /// Where a plugin's stdout/stderr go.

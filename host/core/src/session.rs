@@ -35,7 +35,7 @@ pub use plan::{
     check_message, message_event, plan_step, reply_event, tool_result_shown, tool_results_shown,
     StepPlan,
 };
-pub use rebuild::{provenance_at, rebuild, step_count};
+pub use rebuild::{held_at, provenance_at, rebuild, step_count};
 pub use report::{priced_usage_report, usage_report, StepUsage, UsageReport, UsageTotals};
 use state::{remember, role, Role, SnapshotState};
 pub use state::{RequestView, SessionState};

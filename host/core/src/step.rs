@@ -103,6 +103,14 @@ impl PlannedStep {
         }
     }
 
+    /// What the step held for a cache-cold point (K7), as its marker records it.
+    pub fn held(&self) -> &[held::Held] {
+        match self.bodies.last() {
+            Some(Body::Step(marker)) => &marker.held,
+            _ => &[],
+        }
+    }
+
     /// Takes the usage out of the marker (once the events are encoded: the state does not
     /// keep it), so the reply can carry it without a copy.
     pub fn take_usage(&mut self) -> Option<Usage> {

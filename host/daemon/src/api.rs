@@ -521,6 +521,13 @@ pub struct StepExplain {
     pub request: Value,
     /// `null` for steps recorded before provenance was (0.1.0 logs).
     pub provenance: Option<promptd_core::provenance::Provenance>,
+    /// K7: changed parts the step did not send yet, waiting for a cache-cold point.
+    pub held: Vec<promptd_core::held::Held>,
+    /// K7: what a header of this step applied of what earlier steps held, and why then.
+    pub released: Option<promptd_core::held::Released>,
+    /// `held` and `released` in words, e.g. "section `skills` of plugin `catalogue` held
+    /// since step 41, 37 kB of cached prefix kept".
+    pub said: Vec<String>,
 }
 
 /// The seq of the event just recorded.

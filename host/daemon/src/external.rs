@@ -102,6 +102,8 @@ impl Daemon {
                                     state: PluginState::Loaded,
                                     last_error: None,
                                     declares,
+                                    refresh: Value::Null,
+                                    held: Vec::new(),
                                 },
                                 runner: Some(runner),
                             },
@@ -142,6 +144,8 @@ impl Daemon {
                 state: PluginState::Refused,
                 last_error: None,
                 declares: Value::Null,
+                refresh: Value::Null,
+                held: Vec::new(),
             },
             runner: None,
         });

@@ -177,6 +177,7 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::ReplyBeforeStep
         | Error::MissingModelSetting { .. }
         | Error::DataPluginDeclares { .. }
+        | Error::RefreshUnknown { .. }
         | Error::ReviewRejected { .. }
         | Error::VariableAbsent { .. } => StatusCode::UNPROCESSABLE_ENTITY,
     }
@@ -790,12 +791,24 @@ async fn step_explain(
 ) -> ApiResult {
     let (n, format) = step_and_format(&n, query)?;
     let daemon = state.daemon.clone();
-    let (request, provenance) = blocking(move || daemon.explain(&id, n, format)).await?;
+    let explained = blocking(move || daemon.explain(&id, n, format)).await?;
+    let mut said: Vec<String> = explained.held.iter().map(ToString::to_string).collect();
+    if let Some(r) = &explained.released {
+        said.push(format!(
+            "applied {} held change{} ({})",
+            r.held.len(),
+            if r.held.len() == 1 { "" } else { "s" },
+            r.cause
+        ));
+    }
     Ok(json_body(&api::StepExplain {
         step: n,
         format,
-        request,
-        provenance,
+        request: explained.request,
+        provenance: explained.provenance,
+        held: explained.held,
+        released: explained.released,
+        said,
     }))
 }
 

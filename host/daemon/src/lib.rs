@@ -89,6 +89,29 @@ pub struct PluginStatus {
     /// What the serving version declares (null when none serves).
     #[schema(value_type = Object)]
     pub declares: Value,
+    /// K7: which of its parts wait for a cache-cold point: `{mode, sections, tools,
+    /// max_stale_s}`, `mode` being `step` (none, the default), `boundary` (every section and
+    /// tool) or `parts` (the sections and tools listed); null when none serves.
+    #[schema(value_type = Object)]
+    pub refresh: Value,
+    /// K7: the changes of this plugin's that sessions' last steps on this daemon held, one
+    /// per session and part, oldest first (at most [`HELD_SHOWN`]).
+    pub held: Vec<HeldIn>,
+}
+
+/// Most held parts `GET /v1/plugins` lists per plugin.
+pub const HELD_SHOWN: usize = 32;
+
+/// One held change of a plugin, in a session (`GET /v1/plugins`).
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct HeldIn {
+    /// The session whose last step held it.
+    pub session: String,
+    /// The part, since when, and what it keeps.
+    #[serde(flatten)]
+    pub held: promptd_core::held::Held,
+    /// The same, in words.
+    pub said: String,
 }
 
 pub use promptd_core::step::StepInput;
@@ -137,6 +160,9 @@ pub struct Daemon {
     plans: Mutex<steps::AgentPlans>,
     /// Held by the replay running (one at a time: each loads a plugin set of its own).
     replays: Mutex<()>,
+    /// K7: what each session's last step held, by session (sessions holding nothing are
+    /// absent, so it is bounded by the sessions that step).
+    held: Mutex<BTreeMap<String, Vec<promptd_core::held::Held>>>,
 }
 
 /// Milliseconds since the Unix epoch, by the system clock.
@@ -186,6 +212,7 @@ impl Daemon {
             key_rates: Mutex::default(),
             plans: Mutex::default(),
             replays: Mutex::new(()),
+            held: Mutex::new(BTreeMap::new()),
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),

@@ -17,6 +17,24 @@ use promptd_core::{Error, ErrorBody};
 use serde_json::Value;
 
 use crate::events::RegistryEvent;
+
+/// `refresh` as `GET /v1/plugins` shows it: `mode` is `step`, `boundary` (every section and
+/// tool) or `parts` (the sections and tools listed).
+fn refresh_view(refresh: &promptd_core::held::Refresh) -> Value {
+    let mode = if refresh.whole {
+        "boundary"
+    } else if refresh.is_step() {
+        "step"
+    } else {
+        "parts"
+    };
+    serde_json::json!({
+        "mode": mode,
+        "sections": refresh.sections,
+        "tools": refresh.tools,
+        "max_stale_s": refresh.max_stale_s,
+    })
+}
 use crate::{plugin_dir, Daemon, PluginStatus, Result};
 
 impl Daemon {
@@ -24,8 +42,47 @@ impl Daemon {
     pub fn plugins(&self) -> Vec<PluginStatus> {
         let plugins = read(&self.plugins);
         let mut all: Vec<PluginStatus> = plugins.values().cloned().collect();
+        drop(plugins);
         all.extend(self.external_statuses());
+        let registry = self.registry();
+        let held = lock(&self.held);
+        for status in &mut all {
+            if let Some(entry) = registry.get(&status.id) {
+                status.refresh = refresh_view(&entry.options.refresh);
+            }
+            let mut parts: Vec<crate::HeldIn> = held
+                .iter()
+                .flat_map(|(session, parts)| parts.iter().map(move |p| (session, p)))
+                .filter(|(_, p)| p.plugin == status.id)
+                .map(|(session, p)| crate::HeldIn {
+                    session: session.clone(),
+                    held: p.clone(),
+                    said: p.to_string(),
+                })
+                .collect();
+            parts.sort_by(|a, b| {
+                (a.held.since_ms, &a.session, &a.held.name).cmp(&(
+                    b.held.since_ms,
+                    &b.session,
+                    &b.held.name,
+                ))
+            });
+            parts.truncate(crate::HELD_SHOWN);
+            status.held = parts;
+        }
         all
+    }
+
+    /// Remembers what session `id`'s last step held (K7), for `GET /v1/plugins`.
+    pub(crate) fn note_held(&self, id: &str, held: &[promptd_core::held::Held]) {
+        /// Sessions remembered at most; past it, a new one is not listed (its log says it).
+        const MOST: usize = 65_536;
+        let mut map = lock(&self.held);
+        if held.is_empty() {
+            map.remove(id);
+        } else if map.len() < MOST || map.contains_key(id) {
+            map.insert(id.to_string(), held.to_vec());
+        }
     }
 
     /// Rescans the plugin folder: loads new files, reloads changed ones (the old version keeps
@@ -139,6 +196,8 @@ impl Daemon {
                         state: PluginState::Loaded,
                         last_error: None,
                         declares,
+                        refresh: Value::Null,
+                        held: Vec::new(),
                     },
                 );
                 let cache = lookup.map_or("off", |l| l.as_str());
@@ -169,6 +228,8 @@ impl Daemon {
                         state: PluginState::Refused,
                         last_error: None,
                         declares: Value::Null,
+                        refresh: Value::Null,
+                        held: Vec::new(),
                     });
                 // H3: an older version, if any, keeps serving; the new bytes are remembered so
                 // an unchanged file is not retried on every rescan.

@@ -247,7 +247,11 @@ impl Daemon {
         let events = planned.encode()?;
         let usage = planned.take_usage().unwrap_or_default();
         let n = planned.step;
+        let held = planned.held().to_vec();
         self.append(&mut taken, &events, planned.bodies)?;
+        if !held.is_empty() || self.holding(id) {
+            self.note_held(id, &held);
+        }
         if let Some(key) = taken
             .get()
             .state
@@ -438,11 +442,22 @@ impl Daemon {
         id: &str,
         n: u64,
         format: Format,
-    ) -> Result<(serde_json::Value, Option<Provenance>)> {
+    ) -> Result<Explained> {
         let events = self.session_events(id)?;
         let request = session::rebuild(id, &events, n)?;
         let provenance = session::provenance_at(id, &events, n)?;
-        Ok((formats::render(&request, format), provenance))
+        let (held, released) = session::held_at(id, &events, n)?;
+        Ok(Explained {
+            request: formats::render(&request, format),
+            provenance,
+            held,
+            released,
+        })
+    }
+
+    /// Whether session `id`'s last step held a change (K7).
+    fn holding(&self, id: &str) -> bool {
+        crate::lock(&self.held).contains_key(id)
     }
 
     /// Step `n` against the step before and the last one with the same header: the shared
@@ -467,6 +482,18 @@ impl Daemon {
         let events = self.session_events(id)?;
         Ok(session::rebuild(id, &events, n)?)
     }
+}
+
+/// Step `n`'s request and what explains it ([`Daemon::explain`]).
+pub struct Explained {
+    /// The request in the format asked for.
+    pub request: serde_json::Value,
+    /// Who gave each part.
+    pub provenance: Option<Provenance>,
+    /// What the step held (K7).
+    pub held: Vec<promptd_core::held::Held>,
+    /// What a header of the step applied of what was held.
+    pub released: Option<promptd_core::held::Released>,
 }
 
 /// OpenAI requests of the last minute per cache key (without its shard).

@@ -124,6 +124,8 @@ pub fn entry(
     // A resource that fails to read leaves out its context alone: the tools stay (no cache
     // break) and the step records a `plugin/omitted` event naming the context.
     options.contexts_fail_alone = true;
+    // Checked when the config was validated.
+    options.refresh = cfg.refresh(name).unwrap_or_default();
     let entry = PluginEntry::new(&id, declaration, provider, options)
         .map_err(|e| ErrorBody::from(&e))?
         .with_origin(label(cfg));

@@ -64,6 +64,7 @@ impl Config {
         }
         for (name, server) in &self.mcp {
             let what = format!("mcp.{name}");
+            server.refresh(name).map_err(Error::ConfigInvalid)?;
             if !is_item_name(name) || name.contains(':') {
                 return Err(Error::ConfigInvalid(format!(
                     "{what}: the name must be printable ASCII without whitespace or `:`"

@@ -69,6 +69,33 @@ pub fn provenance_at(
     Ok(None)
 }
 
+/// What step `n` held (its marker's list) and what a header recorded in step `n` released
+/// of what was held before (K7).
+pub fn held_at(
+    session: &str,
+    events: &[Event],
+    n: u64,
+) -> Result<(Vec<crate::held::Held>, Option<crate::held::Released>)> {
+    let upto = up_to_step(session, events, n)?;
+    let start = upto[..upto.len().saturating_sub(1)]
+        .iter()
+        .rposition(|e| e.kind == crate::store::EventKind::Step)
+        .map_or(0, |i| i + 1);
+    let (mut held, mut released) = (Vec::new(), None);
+    for event in &upto[start..] {
+        match event.kind {
+            crate::store::EventKind::Step | crate::store::EventKind::RequestHeader => {}
+            _ => continue,
+        }
+        match decode(session, event)? {
+            Body::Step(m) => held = m.held,
+            Body::RequestHeader(h) => released = h.released,
+            _ => {}
+        }
+    }
+    Ok((held, released))
+}
+
 /// The events up to and including step `n`'s marker.
 pub(super) fn up_to_step<'a>(session: &str, events: &'a [Event], n: u64) -> Result<&'a [Event]> {
     let marker = events
