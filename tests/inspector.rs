@@ -185,6 +185,28 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         .unwrap()
         .to_string();
 
+    // A third daemon whose `versioned` plugin waits for a cold point: step 2 holds its swap.
+    let holding = Folder::new().bundled("persona");
+    put(holding.path(), "versioned", &v1);
+    let (hd, _held_state) =
+        holding.serve("[plugins.versioned]\nrefresh = \"boundary\"\n");
+    let held_session = hd.session("default");
+    step(&hd, &held_session, json!([{"role": "user", "content": "Hi."}]));
+    let v1_sha = hd.plugin("versioned")["sha256"].clone();
+    put(holding.path(), "versioned", &v2);
+    eventually("versioned v2 to serve on the holding daemon", || {
+        let p = hd.plugin("versioned");
+        p["sha256"] != v1_sha && p["state"] == "loaded"
+    });
+    step(&hd, &held_session, json!([{"role": "user", "content": "Again."}]));
+    let held_said = hd.ok(
+        "GET",
+        &format!("/v1/sessions/{held_session}/steps/2/explain"),
+        None,
+    )["said"]
+        .clone();
+    assert_eq!(held_said.as_array().map(Vec::len), Some(2), "{held_said}");
+
     let artifacts = repo_root().join("target/test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
     let screenshot = artifacts.join("inspector.png");
@@ -219,6 +241,9 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "same_header": {"step": 4, "as": 2},
         "plugins": plugins,
         "unload": "versioned",
+        "held_url": hd.url,
+        "held_session": held_session,
+        "held_said": held_said,
         "token_url": l.url,
         "token": TOKEN,
         "token_session": locked_session,

@@ -232,6 +232,14 @@ def plugins_view(driver):
     check("plugins: a live unload arrives over SSE and updates the table", True, "")
 
 
+def held_view(driver):
+    url, sid, said = spec["held_url"], spec["held_session"], spec["held_said"]
+    driver.get(f"{url}/ui/#/session/{sid}/step/2")
+    wait_for(driver, "step 2's held changes", lambda d: css(d, "#held [data-testid=held-line]"))
+    lines = [text(e) for e in css(driver, "#held [data-testid=held-line]")]
+    check("held changes: the step page says what waits for a cold point", lines == said, repr(lines))
+
+
 def token(driver):
     url, secret = spec["token_url"], spec["token"]
     driver.execute_script("sessionStorage.clear()")
@@ -264,6 +272,8 @@ def main():
         diff_view(driver)
         plugins_view(driver)
         no_script_errors(driver)
+        if spec.get("held_url"):
+            held_view(driver)
         if spec.get("token_url"):
             token(driver)
     except Exception as e:

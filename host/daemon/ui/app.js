@@ -626,9 +626,26 @@ async function stepView(page, id, n, query) {
       }, f))));
 
   add(page, diffPanel(diff, n, format));
+  const held = heldPanel(step, explain);
+  if (held) add(page, held);
   add(page, partsPanel(step, provenance, plugins, usageOf(step), changed));
   add(page, requestPanel(raw, format, provenance, plugins, changed, n));
   add(page, provenanceTable(provenance, plugins, explain));
+}
+
+// K7: what the step held for a cache-cold point, and what its header applied of what was held.
+// The explain route words it; the log's marker and header say the same without it.
+function heldPanel(step, explain) {
+  const held = step.marker.body.held || [];
+  const released = step.newHeader && step.newHeader.body.released;
+  if (!held.length && !released) return null;
+  const said = (explain && !explain.error && explain.said) || [
+    ...held.map((p) => `${p.kind} \`${p.name}\` of plugin \`${p.plugin}\` held since step ${p.since_step}, ${Math.ceil(p.kept_bytes / 1000)} kB of cached prefix kept`),
+    ...(released ? [`applied ${released.held.length} held change${released.held.length === 1 ? '' : 's'} (${released.cause})`] : []),
+  ];
+  return h('section', { id: 'held', 'data-testid': 'held', class: 'panel' },
+    h('h2', {}, 'Held changes'),
+    h('ul', {}, said.map((line) => h('li', { 'data-testid': 'held-line' }, line))));
 }
 
 function usageOf(step) {
