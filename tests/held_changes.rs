@@ -141,7 +141,9 @@ fn k7_a_boundary_plugins_change_waits_for_a_cold_point_and_every_step_rebuilds()
             [("section", "versioned"), ("tool", "versioned_tool")],
             "{e}"
         );
-        assert!(held.iter().all(|h| h["since_step"] == *n && h["plugin"] == "versioned"));
+        assert!(held
+            .iter()
+            .all(|h| h["since_step"] == *n && h["plugin"] == "versioned"));
         let said = e["said"][0].as_str().unwrap();
         assert!(
             said.starts_with(&format!(
@@ -197,10 +199,18 @@ fn k7_a_boundary_plugins_change_waits_for_a_cold_point_and_every_step_rebuilds()
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| ["user/message", "assistant/message", "tool/result"].contains(&e["kind"].as_str().unwrap()))
+        .filter(|e| {
+            ["user/message", "assistant/message", "tool/result"]
+                .contains(&e["kind"].as_str().unwrap())
+        })
         .map(|e| (e["seq"].as_u64().unwrap(), e["kind"].as_str().unwrap()))
         .collect();
-    let second = messages.iter().skip(1).position(|(_, k)| *k == "user/message").unwrap() + 1;
+    let second = messages
+        .iter()
+        .skip(1)
+        .position(|(_, k)| *k == "user/message")
+        .unwrap()
+        + 1;
     d.ok(
         "POST",
         &format!("/v1/sessions/{compacted}/compact"),
@@ -288,9 +298,18 @@ fn k7_refresh_names_only_what_the_plugin_declares() {
     d.stop();
 
     for (refresh, says) in [
-        ("refresh = { contexts = [\"x\"] }", "contexts are never held"),
-        ("refresh = \"sometimes\"", "plugins.versioned.refresh = \"sometimes\""),
-        ("refresh = \"boundary\"\nmax_stale_s = 0", "max_stale_s must be greater than 0"),
+        (
+            "refresh = { contexts = [\"x\"] }",
+            "contexts are never held",
+        ),
+        (
+            "refresh = \"sometimes\"",
+            "plugins.versioned.refresh = \"sometimes\"",
+        ),
+        (
+            "refresh = \"boundary\"\nmax_stale_s = 0",
+            "max_stale_s must be greater than 0",
+        ),
     ] {
         let config = folder.config(&config_with(refresh));
         let out = common::promptd(&[
@@ -301,6 +320,9 @@ fn k7_refresh_names_only_what_the_plugin_declares() {
             config.to_str().unwrap(),
         ]);
         let err = common::stderr(&out);
-        assert!(!out.status.success() && err.contains(says), "{refresh}: {err}");
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{refresh}: {err}"
+        );
     }
 }

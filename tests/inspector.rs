@@ -188,17 +188,24 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     // A third daemon whose `versioned` plugin waits for a cold point: step 2 holds its swap.
     let holding = Folder::new().bundled("persona");
     put(holding.path(), "versioned", &v1);
-    let (hd, _held_state) =
-        holding.serve("[plugins.versioned]\nrefresh = \"boundary\"\n");
+    let (hd, _held_state) = holding.serve("[plugins.versioned]\nrefresh = \"boundary\"\n");
     let held_session = hd.session("default");
-    step(&hd, &held_session, json!([{"role": "user", "content": "Hi."}]));
+    step(
+        &hd,
+        &held_session,
+        json!([{"role": "user", "content": "Hi."}]),
+    );
     let v1_sha = hd.plugin("versioned")["sha256"].clone();
     put(holding.path(), "versioned", &v2);
     eventually("versioned v2 to serve on the holding daemon", || {
         let p = hd.plugin("versioned");
         p["sha256"] != v1_sha && p["state"] == "loaded"
     });
-    step(&hd, &held_session, json!([{"role": "user", "content": "Again."}]));
+    step(
+        &hd,
+        &held_session,
+        json!([{"role": "user", "content": "Again."}]),
+    );
     let held_said = hd.ok(
         "GET",
         &format!("/v1/sessions/{held_session}/steps/2/explain"),

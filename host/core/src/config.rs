@@ -538,12 +538,7 @@ pub(crate) fn refresh_of(
                 }
             }
         }
-        Some(other) => {
-            return Err(format!(
-                "{at} must be {forms}, not a {}",
-                other.type_str()
-            ))
-        }
+        Some(other) => return Err(format!("{at} must be {forms}, not a {}", other.type_str())),
     }
     Ok(refresh)
 }

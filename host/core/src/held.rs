@@ -226,7 +226,10 @@ pub fn decide(
     let mut parts = Vec::with_capacity(changed.len());
     for (kind, (name, plugin)) in changed {
         let Some(plugin) = plugin else {
-            return release(format!("{} `{name}` moved to another plugin", kind.as_str()));
+            return release(format!(
+                "{} `{name}` moved to another plugin",
+                kind.as_str()
+            ));
         };
         let what = format!("{} `{name}` of plugin `{plugin}`", kind.as_str());
         let Some(policy) = refresh(&plugin) else {
@@ -296,7 +299,9 @@ fn changes(old: &[Given], new: &[Given]) -> Option<Vec<(String, Option<String>)>
     for name in old_by.keys().chain(new_by.keys()).collect::<BTreeSet<_>>() {
         let (o, n) = (old_by.get(name), new_by.get(name));
         let plugin = match (o, n) {
-            (Some(o), Some(n)) if o.plugin == n.plugin && o.scope == n.scope && o.text == n.text => {
+            (Some(o), Some(n))
+                if o.plugin == n.plugin && o.scope == n.scope && o.text == n.text =>
+            {
                 continue
             }
             (Some(o), Some(n)) if o.plugin != n.plugin => None,
@@ -396,8 +401,7 @@ mod tests {
             vec![given("persona", "p", "1"), given("skills", "cat", "2")],
             vec![given("grep", "t", "1")],
         );
-        let Decision::Hold(held) = decide(Some(&old()), &new, &boundary, None, &moment(&[]))
-        else {
+        let Decision::Hold(held) = decide(Some(&old()), &new, &boundary, None, &moment(&[])) else {
             panic!("held")
         };
         assert_eq!(held.len(), 1);
@@ -411,7 +415,10 @@ mod tests {
         let Decision::Hold(again) = decide(Some(&old()), &new, &boundary, None, &later) else {
             panic!("held")
         };
-        assert_eq!((again[0].since_step, again[0].since_ms), (5, Some(1_000_000)));
+        assert_eq!(
+            (again[0].since_step, again[0].since_ms),
+            (5, Some(1_000_000))
+        );
     }
 
     #[test]
@@ -466,7 +473,10 @@ mod tests {
         }
         // A removed plugin's parts are never held.
         let removed = |_: &str| None;
-        let new = provenance(vec![given("persona", "p", "1")], vec![given("grep", "t", "1")]);
+        let new = provenance(
+            vec![given("persona", "p", "1")],
+            vec![given("grep", "t", "1")],
+        );
         let Decision::Apply(Some(r)) = decide(Some(&old()), &new, &removed, None, &m) else {
             panic!("applied")
         };
@@ -480,7 +490,8 @@ mod tests {
         };
         assert!(r.cause.contains("trust changed"), "{}", r.cause);
         // A change outside sections and tools.
-        let Decision::Apply(Some(r)) = decide(Some(&old()), &new, &boundary, Some("the model changed"), &m)
+        let Decision::Apply(Some(r)) =
+            decide(Some(&old()), &new, &boundary, Some("the model changed"), &m)
         else {
             panic!("applied")
         };

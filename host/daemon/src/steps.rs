@@ -437,12 +437,7 @@ impl Daemon {
     }
 
     /// Step `n`'s request in `format` (as the step returned it) and who gave each part.
-    pub fn explain(
-        &self,
-        id: &str,
-        n: u64,
-        format: Format,
-    ) -> Result<Explained> {
+    pub fn explain(&self, id: &str, n: u64, format: Format) -> Result<Explained> {
         let events = self.session_events(id)?;
         let request = session::rebuild(id, &events, n)?;
         let provenance = session::provenance_at(id, &events, n)?;

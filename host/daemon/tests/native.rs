@@ -398,8 +398,8 @@ fn q17_daemons_on_a_shared_store_alternate_without_conflicts_and_record_their_pl
     assert_eq!(headers(&a, &id), ["request/header:initial"]);
     // Every step rebuilds the same from either daemon, and says which plugin set served it.
     let served = |n: u64| {
-        let (_, provenance) = b.explain(&id, n, Format::Neutral).unwrap();
-        provenance.unwrap().plugins["persona"].clone()
+        let explained = b.explain(&id, n, Format::Neutral).unwrap();
+        explained.provenance.unwrap().plugins["persona"].clone()
     };
     for n in 1..=6 {
         assert_eq!(
