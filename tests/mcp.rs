@@ -331,11 +331,13 @@ fn an_unchanged_list_and_a_restart_record_no_header() {
     assert_eq!(header_reasons(&d, &id), ["initial"]);
 }
 
-/// Kept tool slots (issue 30, item 5, for MCP servers): while a server is down its tools keep
-/// their place in requests (no new header), and a call to one is recorded as an error the
-/// model can read, naming the server and since when; once it is back, calls run again.
+/// K8: while a server is down its tools keep their place in a warm session's requests (no new
+/// header; the step's explain says which are kept and why), a call to one is recorded as an
+/// error the model can read, naming the server and since when, and a session started
+/// meanwhile goes without them; once the server is back, calls run again and the warm
+/// session's header never moved.
 #[test]
-fn a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
+fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
     let folder = Folder::new();
     let (starts, down) = (folder.path().join("starts"), folder.path().join("down"));
     let extra = format!(
@@ -361,10 +363,112 @@ fn a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
     let during = step(&d, &id, json!([]));
     assert_eq!(tool_names(&during), ["crash", "same"]);
     assert_eq!(header_reasons(&d, &id), ["initial"]);
+    let n = d.ok("GET", &format!("/v1/sessions/{id}/events"), None)["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "step")
+        .count();
+    let explain = d.ok("GET", &format!("/v1/sessions/{id}/steps/{n}/explain"), None);
+    let said: Vec<&str> = explain["said"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    // Its instructions (a section) and its two tools, and who gave them.
+    assert_eq!(said.len(), 3, "{explain}");
+    assert!(
+        said[1].starts_with("tool `crash` of plugin `mcp:s` kept (unavailable: MCP server `s`"),
+        "{said:?}"
+    );
+    assert_eq!(
+        explain["provenance"]["tools"][0]["plugin"], "mcp:s",
+        "{explain}"
+    );
+    // A session that starts while the server is down goes without its tools.
+    let cold = d.session("default");
+    let without = step(&d, &cold, json!([{"role": "user", "content": "go"}]));
+    assert!(
+        without["tools"].as_array().is_none_or(Vec::is_empty),
+        "{without}"
+    );
     std::fs::remove_file(&down).unwrap();
     wait_state(&d, "mcp:s", "loaded");
     let back = call(&d, &id, "c3", "same");
     assert_eq!(back["message"]["is_error"], false, "{back}");
+    let after = step(&d, &id, json!([]));
+    assert_eq!(tool_names(&after), ["crash", "same"]);
+    assert_eq!(
+        header_reasons(&d, &id),
+        ["initial"],
+        "the flap cost no header"
+    );
+    let explain = d.ok(
+        "GET",
+        &format!("/v1/sessions/{id}/steps/{}/explain", n + 1),
+        None,
+    );
+    assert_eq!(explain["held"], json!([]), "{explain}");
+}
+
+/// K8: `keep_tools = false` drops a down server's tools at the next step; with the default, a
+/// cache-cold point (here an idle gap past the TTL since the last reply) drops them, in a
+/// header that says why.
+#[test]
+fn k8_a_down_servers_tools_go_at_a_cold_point_or_at_once_without_keep_tools() {
+    for keep in [false, true] {
+        let folder = Folder::new();
+        let down = folder.path().join("down");
+        let extra = format!(
+            "env = {{ FIXTURE_DOWN = {:?} }}\nkeep_tools = {keep}",
+            down.display().to_string()
+        );
+        let (d, _state) = folder.serve(&fixture_config("s", "same", &extra));
+        wait_state(&d, "mcp:s", "loaded");
+        let id = d.session("default");
+        step(&d, &id, json!([{"role": "user", "content": "go"}]));
+        std::fs::write(&down, "").unwrap();
+        assert_eq!(call(&d, &id, "c1", "crash")["message"]["is_error"], true);
+        wait_state(&d, "mcp:s", "stale");
+        if keep {
+            let during = step(&d, &id, json!([]));
+            assert_eq!(tool_names(&during), ["crash", "same"]);
+            // A reply sent ten minutes ago: the cache is cold now.
+            let long_ago = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+                - 10 * 60_000;
+            let reply = json!({"role": "assistant", "content": "ok",
+                "usage": {"input_tokens": 2000, "output_tokens": 2}});
+            d.ok(
+                "POST",
+                &format!("/v1/sessions/{id}/messages?format=anthropic&sent_at={long_ago}"),
+                Some(&reply),
+            );
+        }
+        let request = step(&d, &id, json!([{"role": "user", "content": "again"}]));
+        assert!(
+            request["tools"].as_array().is_none_or(Vec::is_empty),
+            "keep_tools = {keep}: {request}"
+        );
+        assert_eq!(header_reasons(&d, &id), ["initial", "change"]);
+        let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+        let header = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rfind(|e| e["kind"] == "request/header")
+            .unwrap()["body"]
+            .clone();
+        if keep {
+            let cause = header["released"]["cause"].as_str().unwrap();
+            assert!(cause.starts_with("idle "), "{cause}");
+        } else {
+            assert!(header.get("released").is_none(), "{header}");
+        }
+    }
 }
 
 /// M5: a server that exits at start, one that hangs on tools/list, one that lists an invalid

@@ -260,3 +260,55 @@ fn l1_stdout_and_stderr_go_to_the_host_log_or_nowhere() {
         "stdio = \"none\" discards output:\n{log}"
     );
 }
+
+/// K8: a plugin quarantined with `keep_tools = true` leaves the registry, but a warm session
+/// keeps its tools and sections where they were (the same system prompt and tools as before,
+/// no new header, the explain saying they are kept and why), while a new session goes
+/// without them.
+#[test]
+fn k8_a_quarantined_plugin_with_keep_tools_keeps_its_slots_in_warm_sessions() {
+    let folder = Folder::new().scripted("flaky").scripted("good");
+    let (d, _s) = folder.serve(
+        "[limits]\nquarantine_after = 1\n\
+         [plugins.flaky]\nkeep_tools = true\n\
+         config = { \"flaky_section.f\" = \"0\", \"tool.flaky_tool\" = '{\"type\":\"object\"}' }\n\
+         [plugins.good]\nconfig = { \"section.g\" = \"1|good\" }\n",
+    );
+    let id = d.session("default");
+    let (status, first) = d.step(&id);
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["request"]["system"], "flaky ok (call 1)\n\ngood");
+    assert_eq!(d.step(&id).0, 502, "the second call traps");
+    assert_eq!(d.plugin("flaky")["state"], "quarantined");
+
+    let (status, kept) = d.step(&id);
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(kept["request"]["system"], first["request"]["system"]);
+    assert_eq!(kept["request"]["tools"], first["request"]["tools"]);
+    let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    let headers = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "request/header")
+        .count();
+    assert_eq!(headers, 1, "no new header while the slots are kept");
+    let n = kept["step"].as_u64().unwrap();
+    let explain = d.ok("GET", &format!("/v1/sessions/{id}/steps/{n}/explain"), None);
+    let said = explain["said"].to_string();
+    assert!(
+        said.contains("tool `flaky_tool` of plugin `flaky` kept (unavailable: quarantined after 1 consecutive failed calls"),
+        "{said}"
+    );
+
+    let fresh = d.session("default");
+    let (status, cold) = d.step(&fresh);
+    assert_eq!(status, 200, "{cold}");
+    assert_eq!(cold["request"]["system"], "good");
+    assert!(
+        cold["request"]["tools"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{cold}"
+    );
+}

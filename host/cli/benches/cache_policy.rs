@@ -41,29 +41,50 @@ impl Draw {
     }
 }
 
-/// One request of the script: when, whose, and the tokens each step so far added.
+/// One request of the script: when, whose, and the tokens each step so far added (with the
+/// content blocks each step's messages make).
 struct Sent {
     at_ms: u64,
     session: usize,
     agent: &'static str,
     steps: Vec<u64>,
+    parts: Vec<u64>,
 }
 
-fn script(sessions: usize, seed: u64) -> Vec<Sent> {
+/// The `versioned` plugin's version serving at `at_ms`: swapped at 10, 25 and 40 minutes, as
+/// in issue 29's workload (its section and its tool change, so both head blocks do).
+fn version_at(at_ms: u64) -> u64 {
+    1 + [10, 25, 40]
+        .iter()
+        .filter(|&&m| at_ms >= m * MIN_MS)
+        .count() as u64
+        % 2
+}
+
+/// The script; with `long`, one step in ten is a long tool turn whose messages are 30 content
+/// blocks (past Anthropic's 20-block lookback).
+fn script(sessions: usize, seed: u64, long: bool) -> Vec<Sent> {
     let mut draw = Draw(seed.max(1));
     let mut out = Vec::new();
     for s in 0..sessions {
         let agent = if s % 2 == 0 { "alpha" } else { "beta" };
         let mut at = s as u64 * 17_000;
         let mut steps = Vec::new();
+        let mut parts = Vec::new();
         let mut called = false;
         for _ in 0..draw.between(4, 7) {
             steps.push(draw.between(150, 600));
+            parts.push(if long && draw.between(1, 10) == 1 {
+                30
+            } else {
+                1
+            });
             out.push(Sent {
                 at_ms: at,
                 session: s,
                 agent,
                 steps: steps.clone(),
+                parts: parts.clone(),
             });
             let gap = if called {
                 draw.between(1_000, 3_000)
@@ -80,16 +101,44 @@ fn script(sessions: usize, seed: u64) -> Vec<Sent> {
     out
 }
 
-fn blocks(sent: &Sent, mark: Option<Ttl>) -> Vec<Block> {
-    let mut blocks = vec![Block::new(1, HEAD, mark)];
+/// Where an Anthropic body's breakpoints go.
+#[derive(Clone, Copy, PartialEq)]
+enum Marks {
+    /// promptd's rule: the last tool, the system prompt, the last message block.
+    ToolsSystemLast,
+    /// The same and a fourth on the previous request's last message block.
+    WithPrevious,
+    /// The system prompt and the last message block.
+    SystemLast,
+    /// The last message block alone.
+    Last,
+}
+
+/// The blocks of `sent` as the provider reads them, the head at `version`: the tools (2,000
+/// tokens), the system prompt (1,000), then each step's messages.
+fn blocks(sent: &Sent, version: u64, mark: Option<Ttl>, marks: Marks) -> Vec<Block> {
+    let on = |yes: bool| yes.then_some(mark).flatten();
+    let mut blocks = vec![
+        Block::new(
+            100 + version,
+            2 * HEAD / 3,
+            on(marks == Marks::ToolsSystemLast || marks == Marks::WithPrevious),
+        ),
+        Block::new(200 + version, HEAD / 3, on(marks != Marks::Last)),
+    ];
     let n = sent.steps.len();
-    for (i, tokens) in sent.steps.iter().enumerate() {
-        let hash = ((sent.session as u64) << 16) | (i as u64 + 2);
-        blocks.push(Block::new(
-            hash,
-            *tokens,
-            (i + 1 == n).then_some(mark).flatten(),
-        ));
+    for (i, (&tokens, &parts)) in sent.steps.iter().zip(&sent.parts).enumerate() {
+        for j in 0..parts {
+            let hash = ((sent.session as u64) << 24) | ((i as u64 + 2) << 8) | j;
+            let last_part = j + 1 == parts;
+            let mark = (last_part && i + 1 == n)
+                || (last_part && i + 2 == n && marks == Marks::WithPrevious);
+            blocks.push(Block::new(
+                hash,
+                tokens / parts + u64::from(j == 0) * (tokens % parts),
+                on(mark),
+            ));
+        }
     }
     blocks
 }
@@ -134,27 +183,56 @@ impl Totals {
     }
 }
 
-/// The Anthropic format under one TTL policy.
-fn anthropic(script: &[Sent], policy: &str) -> Totals {
+/// How an Anthropic run is set: the TTL policy, whether the `versioned` plugin's swaps wait
+/// for a cache-cold point (`refresh = "boundary"`), and the breakpoints.
+#[derive(Clone, Copy)]
+struct Setting {
+    ttl: &'static str,
+    held: bool,
+    marks: Marks,
+}
+
+const TODAY: Setting = Setting {
+    ttl: "5m",
+    held: false,
+    marks: Marks::ToolsSystemLast,
+};
+
+/// The Anthropic format under one setting.
+fn anthropic(script: &[Sent], setting: Setting) -> Totals {
     let rules = Rules::anthropic("claude-sonnet-4-5");
     let mut cache = Cache::new(rules.clone());
     let mut totals = Totals::default();
-    // Per session: its gaps, and its last request's time and input.
-    let mut gaps: BTreeMap<usize, (Gaps, Option<(u64, u64)>)> = BTreeMap::new();
+    // Per session: its gaps, its last request's time and input, and the version it shows.
+    type Seen = (Gaps, Option<(u64, u64)>, u64);
+    let mut gaps: BTreeMap<usize, Seen> = BTreeMap::new();
     let mut agents: BTreeMap<&str, Gaps> = BTreeMap::new();
     for sent in script {
-        let (g, last) = gaps.entry(sent.session).or_default();
-        let ttl = match policy {
+        let now = version_at(sent.at_ms);
+        let (g, last, shown) = gaps
+            .entry(sent.session)
+            .or_insert((Gaps::default(), None, now));
+        let ttl = match setting.ttl {
             "5m" => Ttl::Minutes5,
             "1h" => Ttl::Hour1,
             _ => promptd_core::cache::ttl::choose(g, agents.get(sent.agent), &rules),
         };
-        let served = cache.serve(&Request::new(sent.at_ms, blocks(sent, Some(ttl))));
+        // K7: a held swap applies once the session's cache went cold (the idle gap passed the
+        // TTL); a step one does not hold applies it at once.
+        let gap = last.map(|(t, _)| sent.at_ms - t);
+        let cold_after = match ttl {
+            Ttl::Minutes5 => rules.ttl_ms,
+            Ttl::Hour1 => rules.ttl_1h_ms,
+        };
+        if !setting.held || gap.is_none_or(|g| g >= cold_after) {
+            *shown = now;
+        }
+        let request = Request::new(sent.at_ms, blocks(sent, *shown, Some(ttl), setting.marks));
+        let served = cache.serve(&request);
         totals.add(&rules, &served);
         let input: u64 = HEAD + sent.steps.iter().sum::<u64>();
         // As the daemon's outcome says it: what the request before left that this one did
         // not read, hidden under the hour.
-        let gap = last.map(|(t, _)| sent.at_ms - t);
         let lost = last.map_or(0, |(_, before)| before.saturating_sub(served.read));
         let lost = (ttl == Ttl::Minutes5).then_some(lost);
         g.add(gap, input, lost);
@@ -188,7 +266,8 @@ fn openai(script: &[Sent], policy: &str) -> Totals {
                 format!("head-{shard}")
             }
         };
-        let mut request = Request::new(sent.at_ms, blocks(sent, None));
+        let version = version_at(sent.at_ms);
+        let mut request = Request::new(sent.at_ms, blocks(sent, version, None, Marks::Last));
         request.key = Some(key);
         let served = cache.serve(&request);
         totals.add(&rules, &served);
@@ -231,28 +310,82 @@ fn main() {
             .unwrap_or(d)
     };
     let sessions = env("POLICY_SESSIONS", 100) as usize;
-    let script = script(sessions, env("POLICY_SEED", 29));
-    let input: u64 = script
-        .iter()
-        .map(|s| HEAD + s.steps.iter().sum::<u64>())
-        .sum();
-    println!(
-        "{} sessions, {} requests, {input} input tokens",
-        sessions,
-        script.len()
-    );
-    println!("\nAnthropic (claude-sonnet-4-5), TTL policy:\n");
-    println!("| policy | read | written 5m | written 1h | missed | cost |");
-    println!("| --- | --- | --- | --- | --- | --- |");
-    for policy in ["5m", "1h", "auto"] {
-        anthropic(&script, policy).row(&format!("ttl = {policy}"), input);
+    let seed = env("POLICY_SEED", 29);
+    for long in [false, true] {
+        let script = script(sessions, seed, long);
+        let input: u64 = script
+            .iter()
+            .map(|s| HEAD + s.steps.iter().sum::<u64>())
+            .sum();
+        let kind = if long {
+            "with long tool turns (one step in ten makes 30 content blocks)"
+        } else {
+            "issue 29's workload"
+        };
+        println!(
+            "\n## {kind}: {sessions} sessions, {} requests, {input} input tokens",
+            script.len()
+        );
+        println!("\nAnthropic (claude-sonnet-4-5):\n");
+        println!("| setting | read | written 5m | written 1h | missed | cost |");
+        println!("| --- | --- | --- | --- | --- | --- |");
+        let rows: [(&str, Setting); 8] = [
+            ("today: ttl 5m, refresh step, tools+system+last", TODAY),
+            ("ttl = 1h", Setting { ttl: "1h", ..TODAY }),
+            (
+                "ttl = auto",
+                Setting {
+                    ttl: "auto",
+                    ..TODAY
+                },
+            ),
+            (
+                "refresh = boundary (versioned)",
+                Setting {
+                    held: true,
+                    ..TODAY
+                },
+            ),
+            (
+                "breakpoints + previous request's end",
+                Setting {
+                    marks: Marks::WithPrevious,
+                    ..TODAY
+                },
+            ),
+            (
+                "breakpoints system+last",
+                Setting {
+                    marks: Marks::SystemLast,
+                    ..TODAY
+                },
+            ),
+            (
+                "breakpoint last only",
+                Setting {
+                    marks: Marks::Last,
+                    ..TODAY
+                },
+            ),
+            (
+                "refresh = boundary, + previous end",
+                Setting {
+                    held: true,
+                    marks: Marks::WithPrevious,
+                    ..TODAY
+                },
+            ),
+        ];
+        for (name, setting) in rows {
+            anthropic(&script, setting).row(name, input);
+        }
+        foresight(&script, &Rules::anthropic("claude-sonnet-4-5")).row("perfect foresight", input);
+        println!("\nOpenAI (gpt-4.1), cache-key policy:\n");
+        println!("| policy | read | written | written 1h | missed | cost |");
+        println!("| --- | --- | --- | --- | --- | --- |");
+        for policy in ["session", "agent", "prefix", "prefix+shards"] {
+            openai(&script, policy).row(&format!("cache_key = {policy}"), input);
+        }
+        foresight(&script, &Rules::openai(0.25)).row("perfect foresight", input);
     }
-    foresight(&script, &Rules::anthropic("claude-sonnet-4-5")).row("perfect foresight", input);
-    println!("\nOpenAI (gpt-4.1), cache-key policy:\n");
-    println!("| policy | read | written | written 1h | missed | cost |");
-    println!("| --- | --- | --- | --- | --- | --- |");
-    for policy in ["session", "agent", "prefix", "prefix+shards"] {
-        openai(&script, policy).row(&format!("cache_key = {policy}"), input);
-    }
-    foresight(&script, &Rules::openai(0.25)).row("perfect foresight", input);
 }

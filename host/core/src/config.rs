@@ -199,6 +199,10 @@ pub struct McpConfig {
     pub refresh: Option<toml::Value>,
     /// K7: the longest such a change waits, in seconds.
     pub max_stale_s: Option<u64>,
+    /// K8: while the server is down, its tools (and instructions) keep their place in warm
+    /// sessions until a cache-cold point, and a call to one is answered "unavailable since"
+    /// (default true); false drops them at once.
+    pub keep_tools: Option<bool>,
 }
 
 /// Default deadline of an MCP server's start, list and calls, in milliseconds.
@@ -456,6 +460,9 @@ pub struct PluginConfig {
     /// K7: the longest a change of the plugin waits, in seconds (default
     /// [`crate::held::DEFAULT_MAX_STALE_S`]).
     pub max_stale_s: Option<u64>,
+    /// K8: when the plugin is quarantined, its tools (and sections) keep their place in warm
+    /// sessions until a cache-cold point (default false).
+    pub keep_tools: Option<bool>,
 }
 
 impl PluginConfig {

@@ -30,6 +30,7 @@
 //!     since_step: 41,
 //!     since_ms: None,
 //!     kept_bytes: 37_000,
+//!     unavailable: None,
 //! };
 //! assert_eq!(
 //!     held.to_string(),
@@ -127,16 +128,25 @@ pub struct Held {
     /// About how many bytes of the request a provider could keep serving from cache because
     /// the change waits: what follows the part's place in the header, and the messages.
     pub kept_bytes: u64,
+    /// Set when the part is kept because its plugin failed (K8: an MCP server down, a
+    /// plugin quarantined): why it is unavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
 }
 
 impl std::fmt::Display for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, name, plugin) = (self.kind.as_str(), &self.name, &self.plugin);
+        match &self.unavailable {
+            None => write!(f, "{kind} `{name}` of plugin `{plugin}` held")?,
+            Some(cause) => write!(
+                f,
+                "{kind} `{name}` of plugin `{plugin}` kept (unavailable: {cause})"
+            )?,
+        }
         write!(
             f,
-            "{} `{}` of plugin `{}` held since step {}, {} kB of cached prefix kept",
-            self.kind.as_str(),
-            self.name,
-            self.plugin,
+            " since step {}, {} kB of cached prefix kept",
             self.since_step,
             self.kept_bytes.div_ceil(1000)
         )
@@ -193,7 +203,7 @@ pub struct Moment<'a> {
 pub fn decide(
     recorded: Option<&Provenance>,
     current: &Provenance,
-    refresh: &dyn Fn(&str) -> Option<Refresh>,
+    plugins: &dyn Fn(&str) -> Policy,
     rest_changed: Option<&str>,
     moment: &Moment<'_>,
 ) -> Decision {
@@ -232,17 +242,29 @@ pub fn decide(
             ));
         };
         let what = format!("{} `{name}` of plugin `{plugin}`", kind.as_str());
-        let Some(policy) = refresh(&plugin) else {
-            return release(format!("{what}: the plugin was removed"));
+        let (policy, unavailable) = match plugins(&plugin) {
+            Policy::Loaded(policy) => (policy, None),
+            // K8: every part stays, until a cold point.
+            Policy::Kept(cause) => (
+                Refresh {
+                    whole: true,
+                    max_stale_s: u64::MAX,
+                    ..Refresh::default()
+                },
+                Some(cause),
+            ),
+            Policy::Removed => return release(format!("{what}: the plugin was removed")),
         };
         if !policy.holds(kind, &name) {
             return release(format!("{what} changed and is not held"));
         }
-        if recorded.data.contains(&plugin) != current.data.contains(&plugin) {
+        if unavailable.is_none()
+            && recorded.data.contains(&plugin) != current.data.contains(&plugin)
+        {
             return release(format!("{what}: the plugin's trust changed"));
         }
         max_stale_s = max_stale_s.min(policy.max_stale_s);
-        parts.push((kind, name, plugin));
+        parts.push((kind, name, plugin, unavailable));
     }
     if moment.compacted {
         return release("compaction".into());
@@ -258,7 +280,7 @@ pub fn decide(
         }
     }
     let mut held = Vec::with_capacity(parts.len());
-    for (kind, name, plugin) in parts {
+    for (kind, name, plugin, unavailable) in parts {
         let before = moment
             .held
             .iter()
@@ -279,9 +301,21 @@ pub fn decide(
             since_step,
             since_ms,
             kept_bytes,
+            unavailable,
         });
     }
     Decision::Hold(held)
+}
+
+/// What [`decide`] is told of the plugin a changed part came from.
+#[derive(Debug)]
+pub enum Policy {
+    /// Loaded, with its `refresh`.
+    Loaded(Refresh),
+    /// Gone for a failure, its tools kept until a cold point (K8), with why.
+    Kept(String),
+    /// Gone: its parts are never held.
+    Removed,
 }
 
 /// The names whose part changed between `old` and `new` (added, removed, other text or
@@ -380,12 +414,16 @@ mod tests {
         }
     }
 
-    fn boundary(plugin: &str) -> Option<Refresh> {
-        (plugin != "gone").then(|| Refresh {
-            sections: ["skills".to_string()].into(),
-            tools: BTreeSet::new(),
-            ..Refresh::default()
-        })
+    fn boundary(plugin: &str) -> Policy {
+        match plugin {
+            "gone" => Policy::Removed,
+            "down" => Policy::Kept("server `down` exited".into()),
+            _ => Policy::Loaded(Refresh {
+                sections: ["skills".to_string()].into(),
+                tools: BTreeSet::new(),
+                ..Refresh::default()
+            }),
+        }
     }
 
     fn old() -> Provenance {
@@ -430,6 +468,7 @@ mod tests {
             since_step: 3,
             since_ms: Some(0),
             kept_bytes: 1,
+            unavailable: None,
         }];
         let m = moment(&held);
         let cases = [
@@ -472,7 +511,7 @@ mod tests {
             }
         }
         // A removed plugin's parts are never held.
-        let removed = |_: &str| None;
+        let removed = |_: &str| Policy::Removed;
         let new = provenance(
             vec![given("persona", "p", "1")],
             vec![given("grep", "t", "1")],
@@ -511,6 +550,7 @@ mod tests {
             since_step: 3,
             since_ms: Some(900_000),
             kept_bytes: 1,
+            unavailable: None,
         }];
         let cause = |m: Moment<'_>| match decide(Some(&old()), &new, &boundary, None, &m) {
             Decision::Apply(Some(r)) => r.cause,
@@ -532,6 +572,46 @@ mod tests {
         assert!(matches!(
             decide(Some(&old()), &new, &boundary, None, &m),
             Decision::Hold(_)
+        ));
+    }
+
+    #[test]
+    fn k8_a_failed_plugins_parts_are_kept_until_a_cold_point_whatever_its_refresh() {
+        let old = provenance(
+            vec![given("persona", "p", "1")],
+            vec![given("grep", "t", "1"), given("down_tool", "down", "1")],
+        );
+        // The server is gone: its tool is missing from the assembly.
+        let new = provenance(
+            vec![given("persona", "p", "1")],
+            vec![given("grep", "t", "1")],
+        );
+        let Decision::Hold(kept) = decide(Some(&old), &new, &boundary, None, &moment(&[])) else {
+            panic!("kept")
+        };
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].unavailable.as_deref(), Some("server `down` exited"));
+        assert!(
+            kept[0]
+                .to_string()
+                .starts_with("tool `down_tool` of plugin `down` kept (unavailable: server `down` exited) since step 5, "),
+            "{}",
+            kept[0]
+        );
+        // No max_stale_s: a year later, still kept while the session is warm.
+        let mut later = moment(&kept);
+        later.now_ms = Some(1_000_000 + 365 * 86_400_000);
+        later.last_reply_ms = later.now_ms;
+        assert!(matches!(
+            decide(Some(&old), &new, &boundary, None, &later),
+            Decision::Hold(_)
+        ));
+        // A cold point drops it.
+        let mut cold = moment(&kept);
+        cold.compacted = true;
+        assert!(matches!(
+            decide(Some(&old), &new, &boundary, None, &cold),
+            Decision::Apply(Some(_))
         ));
     }
 }

@@ -270,8 +270,10 @@ pub fn plan_assembled(
                         == Some(e.sha256.as_deref().unwrap_or(""))
                 })
         });
-    let provenance =
-        (!known).then(|| current.unwrap_or_else(|| Provenance::of(registry, assembled)));
+    // A held step sends the recorded header: its provenance still says who gave what it
+    // sends, so none is recorded for it.
+    let provenance = (!known && held.is_empty())
+        .then(|| current.unwrap_or_else(|| Provenance::of(registry, assembled)));
     let facts = std::mem::take(&mut step.facts);
     let mut plan = state.plan(
         messages,
@@ -373,10 +375,10 @@ pub fn key_base(key: &str) -> &str {
     key.split_once('~').map_or(key, |(base, _)| base)
 }
 
-/// Whether any plugin holds a change for a cache-cold point (K7): when none does, a changed
-/// header is recorded without comparing provenances.
+/// Whether any plugin holds a change for a cache-cold point (K7), or a failed one's tools are
+/// kept (K8): when none is, a changed header is recorded without comparing provenances.
 fn holds_any(registry: &Registry) -> bool {
-    registry.plugins().any(|p| !p.options.refresh.is_step())
+    registry.has_kept() || registry.plugins().any(|p| !p.options.refresh.is_step())
 }
 
 /// K7: whether a header that would change from `header` to this step's assembly (whose
@@ -419,11 +421,15 @@ fn decide_held(
         tool_bytes: &tool_bytes,
         message_bytes: state.message_bytes() as u64,
     };
-    let refresh = |id: &str| registry.get(id).map(|e| e.options.refresh.clone());
+    let policy = |id: &str| match (registry.get(id), registry.kept(id)) {
+        (Some(e), _) => held::Policy::Loaded(e.options.refresh.clone()),
+        (None, Some(kept)) => held::Policy::Kept(kept.cause.clone()),
+        (None, None) => held::Policy::Removed,
+    };
     held::decide(
         state.header_provenance(),
         now,
-        &refresh,
+        &policy,
         rest_changed,
         &moment,
     )

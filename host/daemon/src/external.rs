@@ -80,8 +80,26 @@ impl Daemon {
         });
         match outcome {
             Ok((entry, runner, declares, sha256)) => {
+                let kept = self.registry().kept(id).is_some();
                 if let Some(known) = externals.get_mut(id) {
-                    if serving && known.status.serving_sha256.as_deref() == Some(sha256.as_str()) {
+                    let same = known.status.serving_sha256.as_deref() == Some(sha256.as_str());
+                    if (serving || kept) && same {
+                        // Back with what it served (K8: the kept slots fill again): no
+                        // change, so no event, and warm sessions' headers never moved.
+                        if kept {
+                            match self.registry().with_replaced(entry) {
+                                Ok(next) => self.publish(next),
+                                Err(error) => {
+                                    return Some(self.refuse(
+                                        &mut externals,
+                                        id,
+                                        file,
+                                        false,
+                                        (&error).into(),
+                                    ))
+                                }
+                            }
+                        }
                         known.runner = Some(runner);
                         known.status.state = PluginState::Loaded;
                         known.status.last_error = None;
@@ -149,11 +167,31 @@ impl Daemon {
             },
             runner: None,
         });
-        known.status.state = if serving {
+        let kept = self.registry().kept(id).is_some();
+        known.status.state = if serving || kept {
             PluginState::Stale
         } else {
             PluginState::Refused
         };
+        // K8: a server that served and failed leaves the registry, so a cold session's next
+        // header goes without its tools; with `keep_tools` (the default) warm sessions keep
+        // them until a cold point, and their calls are answered "unavailable since".
+        if serving {
+            let registry = self.registry();
+            let keep = registry.get(id).is_some_and(|e| e.options.keep_tools);
+            let next = if keep {
+                let kept = promptd_core::plugin::registry::Kept {
+                    since_ms: crate::now_ms(),
+                    cause: body.message.clone(),
+                };
+                registry.without_kept(id, kept)
+            } else {
+                registry.without(id)
+            };
+            if let Ok(next) = next {
+                self.publish(next);
+            }
+        }
         known.status.last_error = Some(body.clone());
         let sha = known.status.serving_sha256.clone().unwrap_or_default();
         self.events
@@ -198,12 +236,25 @@ impl Daemon {
         let registry = self.registry();
         let (plugin, runner) = {
             let externals = read(&self.externals);
+            let declares = |declares: &Value| {
+                declares["tools"]
+                    .as_array()
+                    .is_some_and(|tools| tools.iter().any(|t| t["name"] == name))
+            };
             registry
                 .plugins()
                 .filter(|e| e.declaration.tools.iter().any(|t| t.name == name))
                 .find_map(|e| {
                     let runner = externals.get(&e.id)?.runner.clone()?;
                     Some((e.id.clone(), runner))
+                })
+                // K8: a down server's kept tool: its runner answers "unavailable since".
+                .or_else(|| {
+                    externals.iter().find_map(|(id, e)| {
+                        (registry.kept(id).is_some() && declares(&e.status.declares))
+                            .then(|| Some((id.clone(), e.runner.clone()?)))
+                            .flatten()
+                    })
                 })
                 .ok_or_else(|| DaemonError::ToolNotRunnable {
                     call: call_id.to_string(),

@@ -280,16 +280,27 @@ impl Daemon {
             .collect();
         for id in failing {
             let _changing = lock(&self.changes);
-            let Ok(next) = self.registry().without(&id) else {
-                continue; // already gone
-            };
-            self.publish(next);
             let cause = match error {
                 Some(e @ Error::PluginCall { plugin, .. }) if *plugin == id => e.to_string(),
                 _ => format!("{limit} consecutive calls failed"),
             };
             let message =
                 format!("quarantined after {limit} consecutive failed calls; last: {cause}");
+            let registry = self.registry();
+            let keep = registry.get(&id).is_some_and(|e| e.options.keep_tools);
+            let next = if keep {
+                let kept = promptd_core::plugin::registry::Kept {
+                    since_ms: crate::now_ms(),
+                    cause: message.clone(),
+                };
+                registry.without_kept(&id, kept)
+            } else {
+                registry.without(&id)
+            };
+            let Ok(next) = next else {
+                continue; // already gone
+            };
+            self.publish(next);
             tracing::warn!(plugin = %id, "{message}");
             let mut plugins = write(&self.plugins);
             let (mut file, mut sha) = (String::new(), String::new());

@@ -126,6 +126,7 @@ pub fn entry(
     options.contexts_fail_alone = true;
     // Checked when the config was validated.
     options.refresh = cfg.refresh(name).unwrap_or_default();
+    options.keep_tools = cfg.keep_tools.unwrap_or(true);
     let entry = PluginEntry::new(&id, declaration, provider, options)
         .map_err(|e| ErrorBody::from(&e))?
         .with_origin(label(cfg));

@@ -167,6 +167,7 @@ impl Config {
             trust: p.and_then(|p| p.trust).unwrap_or(self.default_trust),
             // Checked when the config was validated.
             refresh: p.and_then(|p| p.refresh(stem).ok()).unwrap_or_default(),
+            keep_tools: p.and_then(|p| p.keep_tools).unwrap_or(false),
         }
     }
 

@@ -34,6 +34,18 @@ pub struct PluginOptions {
     pub trust: Trust,
     /// Which of its sections and tools wait for a cache-cold point (K7).
     pub refresh: crate::held::Refresh,
+    /// When it fails (an MCP server down, a plugin quarantined), its tools keep their place
+    /// in warm sessions until a cache-cold point (K8): on by default for MCP servers.
+    pub keep_tools: bool,
+}
+
+/// Why a gone contributor's tools are kept (K8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// When it failed, in ms since the Unix epoch.
+    pub since_ms: u64,
+    /// Why.
+    pub cause: String,
 }
 
 /// One loaded, validated plugin.
@@ -219,6 +231,10 @@ impl PluginEntry {
 #[derive(Default, Debug)]
 pub struct Registry {
     plugins: BTreeMap<String, Arc<PluginEntry>>,
+    /// Contributors gone for a failure whose tools keep their place in warm sessions until a
+    /// cache-cold point (K8): an MCP server that is down, a quarantined plugin with
+    /// `keep_tools`. A contributor loaded again leaves this list.
+    kept: BTreeMap<String, Kept>,
     /// Assemblies that made no plugin call, so they are a function of this snapshot, the
     /// chain and the options alone (see [`crate::assembly::assemble`]). Every clone starts
     /// empty: a changed registry never sees another snapshot's results.
@@ -260,6 +276,7 @@ impl Clone for Registry {
     fn clone(&self) -> Self {
         Self {
             plugins: self.plugins.clone(),
+            kept: self.kept.clone(),
             memo: Memo::default(),
             skeletons: Memo::default(),
         }
@@ -300,6 +317,7 @@ impl Registry {
         }
         self.check_conflicts(&entry, None)?;
         let mut next = self.clone();
+        next.kept.remove(&entry.id);
         next.plugins.insert(entry.id.clone(), Arc::new(entry));
         Ok(next)
     }
@@ -309,6 +327,7 @@ impl Registry {
     pub fn with_replaced(&self, entry: PluginEntry) -> Result<Registry> {
         self.check_conflicts(&entry, Some(&entry.id))?;
         let mut next = self.clone();
+        next.kept.remove(&entry.id);
         next.plugins.insert(entry.id.clone(), Arc::new(entry));
         Ok(next)
     }
@@ -321,6 +340,7 @@ impl Registry {
         }
         self.check_conflicts(&entry, None)?;
         let mut next = self.clone();
+        next.kept.remove(&entry.id);
         next.plugins.insert(entry.id.clone(), entry);
         Ok(next)
     }
@@ -332,6 +352,24 @@ impl Registry {
             .remove(id)
             .ok_or_else(|| Error::UnknownPlugin(id.into()))?;
         Ok(next)
+    }
+
+    /// A new snapshot without plugin `id`, whose tools warm sessions keep until a cache-cold
+    /// point (K8) because it failed (`kept` says since when and why).
+    pub fn without_kept(&self, id: &str, kept: Kept) -> Result<Registry> {
+        let mut next = self.without(id)?;
+        next.kept.insert(id.to_string(), kept);
+        Ok(next)
+    }
+
+    /// Whether any gone contributor's tools are kept (K8).
+    pub fn has_kept(&self) -> bool {
+        !self.kept.is_empty()
+    }
+
+    /// Why plugin `id`'s tools are kept though it is gone, if they are (K8).
+    pub fn kept(&self, id: &str) -> Option<&Kept> {
+        self.kept.get(id)
     }
 
     fn check_conflicts(&self, entry: &PluginEntry, skip: Option<&str>) -> Result<()> {
