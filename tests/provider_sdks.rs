@@ -1806,3 +1806,110 @@ fn the_stub_caches_by_the_documented_rules() {
     );
     assert!(err.contains("OK"), "{err}");
 }
+
+/// K9: with the `tools` plugin's `write_file` deferred, the official Anthropic and OpenAI
+/// (Responses) SDKs send promptd's bodies to the stub, which applies the providers' tool-search
+/// rules (a deferred tool needs the search tool, the search tool is not deferred, a deferred
+/// tool carries no breakpoint, a namespace is not deferred): the Anthropic body holds the
+/// regex search tool and `write_file` with `defer_loading`, the Responses body `tool_search`
+/// and a `tools` namespace; each step's usage shows the deferred tools apart; every step
+/// rebuilds byte-identically after a restart.
+#[test]
+fn k9_deferred_tools_official_sdks_accept_the_bodies_and_they_rebuild() {
+    python();
+    let folder = Folder::new()
+        .bundled("identity")
+        .bundled("persona")
+        .bundled("tools")
+        .bundled("workspace");
+    let example = std::fs::read_to_string(repo_root().join("promptd.toml")).unwrap();
+    let config = folder.config(&format!(
+        "{}\n[plugins.tools]\ndefer = [\"write_file\"]\n",
+        example.replace("plugin_dir = \"target/plugins\"\n", "")
+    ));
+    let (_dir, state) = state_dir();
+    let daemon = Served::start(folder.path(), &config, &state);
+    let stub = Stub::start();
+    let clients = [
+        ("anthropic_messages.py", &["--reply", "message"][..], "anthropic"),
+        ("openai_responses.py", &[][..], "openai-responses"),
+    ];
+    for (script, args, format) in clients {
+        let client = Client {
+            runtime: Runtime::Python,
+            script,
+            args,
+            format,
+            records_usage: true,
+        };
+        let mut cmd = loop_command(&client);
+        cmd.arg(&daemon.url)
+            .arg(&stub.url)
+            .arg("coder")
+            .args(["--steps", &STEPS.to_string()])
+            .args(args);
+        let (code, out, err) = run_bounded(cmd);
+        assert_eq!(code, Some(0), "{script}: {err}\n{out}");
+    }
+    let sessions = daemon.ok("GET", "/v1/sessions", None)["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>();
+    assert_eq!(sessions.len(), 2, "one session per loop");
+    let mut sent = Vec::new();
+    for id in &sessions {
+        let events = daemon.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+        let markers: Vec<Value> = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "step")
+            .map(|e| e["body"].clone())
+            .collect();
+        assert_eq!(markers.len() as u64, STEPS, "{id}");
+        for m in &markers {
+            let deferred = m["usage"]["deferred_tools"]["chars"].as_u64().unwrap_or(0);
+            assert!(deferred > 0, "the usage shows the deferred tools apart: {m}");
+        }
+        for format in ["anthropic", "openai-responses"] {
+            for n in 1..=STEPS {
+                let body = daemon.ok(
+                    "GET",
+                    &format!("/v1/sessions/{id}/steps/{n}/request?format={format}"),
+                    None,
+                );
+                let tools = body["tools"].as_array().unwrap();
+                if format == "anthropic" {
+                    let search = tools
+                        .iter()
+                        .position(|t| t["name"] == "tool_search_tool_regex")
+                        .expect("the search tool");
+                    assert!(tools[search].get("cache_control").is_some(), "{body}");
+                    let write = tools.iter().find(|t| t["name"] == "write_file").unwrap();
+                    assert_eq!(write["defer_loading"], true);
+                    assert!(write.get("cache_control").is_none());
+                } else {
+                    assert!(tools.iter().any(|t| t["type"] == "tool_search"), "{body}");
+                    let space = tools.iter().find(|t| t["type"] == "namespace").unwrap();
+                    assert_eq!(space["name"], "tools");
+                    assert_eq!(space["tools"][0]["name"], "write_file");
+                    assert_eq!(space["tools"][0]["defer_loading"], true);
+                    assert!(!tools.iter().any(|t| t["name"] == "write_file"));
+                }
+                sent.push((id.clone(), n, format, body));
+            }
+        }
+    }
+    daemon.stop();
+    let daemon = Served::start(folder.path(), &config, &state);
+    for (id, n, format, body) in &sent {
+        let rebuilt = daemon.ok(
+            "GET",
+            &format!("/v1/sessions/{id}/steps/{n}/request?format={format}"),
+            None,
+        );
+        assert_eq!(rebuilt.to_string(), body.to_string(), "{id} step {n} {format}");
+    }
+}

@@ -698,15 +698,47 @@ def check_responses(body):
         need_string(body["instructions"], "responses.instructions", "instructions")
 
     tool_names = []
+    # Tool search: functions with defer_loading (at the top level or in a namespace) need a
+    # `tool_search` tool; a namespace itself is never deferred, only the functions in it.
+    flat = []
+    has_search = False
     for i, tool in enumerate(tools_of(body)):
         where = f"tools[{i}]"
+        need_object(tool, "responses.tool_shape", where)
+        if tool.get("type") == "tool_search":
+            check_keys(tool, {"type", "execution", "description", "parameters"}, ["type"],
+                       "responses.tool_search", where)
+            has_search = True
+        elif tool.get("type") == "namespace":
+            check_keys(tool, {"type", "name", "description", "tools"},
+                       ["type", "name", "description", "tools"], "responses.namespace", where)
+            need_string(tool["name"], "responses.namespace", f"{where}.name", nonempty=True)
+            need(all(c.isalnum() or c in "_-" for c in tool["name"]), "responses.namespace",
+                 f"{where}.name", "letters, digits, `_` and `-` only")
+            need_string(tool["description"], "responses.namespace", f"{where}.description",
+                        nonempty=True)
+            need(isinstance(tool["tools"], list) and tool["tools"], "responses.namespace",
+                 f"{where}.tools", "must be a non-empty array of functions")
+            for j, inner in enumerate(tool["tools"]):
+                flat.append((f"{where}.tools[{j}]", inner))
+        else:
+            flat.append((where, tool))
+    deferred = [w for w, t in flat if isinstance(t, dict) and t.get("defer_loading") is True]
+    need(not deferred or has_search, "responses.defer_without_search",
+         deferred[0] if deferred else "tools",
+         "a function with defer_loading needs a tool_search tool in tools")
+    for where, tool in flat:
         need_object(tool, "responses.tool_shape", where)
         need("function" not in tool, "responses.tool_shape", where,
              "Responses tools are flat {type, name, description, parameters}, not nested under "
              "`function` as in Chat Completions")
-        check_keys(tool, {"type", "name", "description", "parameters", "strict"},
+        check_keys(tool, {"type", "name", "description", "parameters", "strict",
+                          "defer_loading"},
                    ["type", "name"], "responses.tool_shape", where,
                    nullable={"description", "parameters", "strict"})
+        if "defer_loading" in tool:
+            need(isinstance(tool["defer_loading"], bool), "responses.tool_shape",
+                 f"{where}.defer_loading", "must be a boolean")
         need(tool["type"] == "function", "responses.tool_shape", f"{where}.type",
              f"must be \"function\", got {tool['type']!r}")
         check_tool_name(tool["name"], f"{where}.name")
@@ -775,9 +807,11 @@ def reply_responses(body, served):
         return item.get("type") == "function_call" or item.get("role") == "assistant"
     last = max((i for i, it in enumerate(items) if is_assistant(it)), default=-1)
     answered = [it["call_id"] for it in items[last + 1:] if it.get("type") == "function_call_output"]
-    callable_ = check_responses_tool_choice(body, [t["name"] for t in body.get("tools", [])])
-    tools = [(t["name"], t.get("parameters") or {}) for t in body.get("tools", [])
-             if t["name"] in callable_]
+    # What the canned model calls: functions in the prompt (a deferred one is found first).
+    present = [t for t in body.get("tools", [])
+               if t.get("type") == "function" and t.get("defer_loading") is not True]
+    callable_ = check_responses_tool_choice(body, [t["name"] for t in present])
+    tools = [(t["name"], t.get("parameters") or {}) for t in present if t["name"] in callable_]
     # A round is one reply's worth of calls: consecutive function_call items.
     rounds = sum(1 for i, it in enumerate(items) if it.get("type") == "function_call"
                  and (i == 0 or items[i - 1].get("type") != "function_call"))
@@ -1057,6 +1091,13 @@ def check_thinking(turns):
                  f"a {b['type']} block the stub never returned (changed?): {canon(b)}")
 
 
+# Anthropic's tool search tools: type -> the name each must have.
+SEARCH_TOOLS = {
+    "tool_search_tool_regex_20251119": "tool_search_tool_regex",
+    "tool_search_tool_bm25_20251119": "tool_search_tool_bm25",
+}
+
+
 def check_messages(body):
     need_object(body, "body.json", "body")
     for key in body:
@@ -1070,12 +1111,39 @@ def check_messages(body):
     breakpoints = []
 
     tool_names = []
-    for i, tool in enumerate(tools_of(body)):
+    tools = tools_of(body)
+    # Tool search (Anthropic's advanced tool use): a `defer_loading` tool is only found through
+    # a tool search tool; the search tool itself is never deferred, at least one tool is not,
+    # and a deferred tool, not being in the prompt, carries no breakpoint.
+    searches = [t for t in tools if isinstance(t, dict) and t.get("type") in SEARCH_TOOLS]
+    deferred = [t for t in tools if isinstance(t, dict) and t.get("defer_loading") is True]
+    need(not deferred or searches, "messages.defer_without_search", "tools",
+         "a tool with defer_loading needs a tool search tool (tool_search_tool_regex_20251119 "
+         "or tool_search_tool_bm25_20251119) in tools")
+    need(not deferred or len(deferred) < len(tools), "messages.all_deferred", "tools",
+         "at least one tool must not be deferred")
+    for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         need_object(tool, "messages.tool_shape", where)
+        if tool.get("type") in SEARCH_TOOLS:
+            check_keys(tool, {"type", "name", "cache_control", "defer_loading"}, ["type", "name"],
+                       "messages.tool_search", where, nullable={"cache_control"})
+            need(tool["name"] == SEARCH_TOOLS[tool["type"]], "messages.tool_search",
+                 f"{where}.name", f"must be {SEARCH_TOOLS[tool['type']]!r}")
+            need(tool.get("defer_loading") is not True, "messages.tool_search", where,
+                 "the tool search tool cannot be deferred")
+            if tool.get("cache_control") is not None:
+                check_cache_control(tool["cache_control"], f"{where}.cache_control", breakpoints)
+            continue
         check_keys(tool, {"type", "name", "description", "input_schema", "cache_control",
-                          "strict"}, ["name", "input_schema"], "messages.tool_shape", where,
-                   nullable={"cache_control", "type"})
+                          "strict", "defer_loading"}, ["name", "input_schema"],
+                   "messages.tool_shape", where, nullable={"cache_control", "type"})
+        if tool.get("defer_loading") is not None:
+            need(isinstance(tool["defer_loading"], bool), "messages.tool_shape",
+                 f"{where}.defer_loading", "must be a boolean")
+            need(not (tool["defer_loading"] and tool.get("cache_control") is not None),
+                 "messages.deferred_breakpoint", where,
+                 "a deferred tool is not in the prompt and cannot carry cache_control")
         if tool.get("type") is not None:
             need(tool["type"] == "custom", "messages.tool_shape", f"{where}.type",
                  f"a client tool's type is \"custom\" or absent, got {tool['type']!r}")
@@ -1160,9 +1228,10 @@ def reply_messages(body, served):
     last = turns[-1]
     answered = [b["tool_use_id"] for b in blocks_of(last)
                 if last["role"] == "user" and b["type"] == "tool_result"]
-    callable_ = check_messages_tool_choice(body, [t["name"] for t in body.get("tools", [])])
-    tools = [(t["name"], t["input_schema"]) for t in body.get("tools", [])
-             if t["name"] in callable_]
+    present = [t for t in body.get("tools", [])
+               if "input_schema" in t and t.get("defer_loading") is not True]
+    callable_ = check_messages_tool_choice(body, [t["name"] for t in present])
+    tools = [(t["name"], t["input_schema"]) for t in present if t["name"] in callable_]
     rounds = sum(1 for t in turns if t["role"] == "assistant"
                  and any(b["type"] == "tool_use" for b in blocks_of(t)))
     key = digest(turns, body.get("tools"), body.get("system"))
@@ -1252,10 +1321,23 @@ def cache_controls(value):
     return found
 
 
+def prompt_tools(tools):
+    """The tools as the prompt holds them: a deferred tool is not in it (tool search finds it),
+    and a namespace shows its name and description only."""
+    out = []
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("defer_loading") is True:
+            continue
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            tool = {k: v for k, v in tool.items() if k != "tools"}
+        out.append(tool)
+    return out
+
+
 def cache_blocks(path, body):
     """The request as its prompt cache reads it, in the provider's order: the model, then the
     tools, then the instructions or system prompt, then each message or input item."""
-    blocks = [body["model"], *body.get("tools", [])]
+    blocks = [body["model"], *prompt_tools(body.get("tools", []))]
     if path == "/v1/chat/completions":
         blocks += body["messages"]
     elif path == "/v1/responses":

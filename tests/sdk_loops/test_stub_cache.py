@@ -260,6 +260,59 @@ class StubCache(unittest.TestCase):
         self.assertEqual(self.chat(START_MS + 2 * SECOND, 2000)["prompt_tokens_details"]
                          ["cached_tokens"], 0)
 
+    # --- Deferred tools (tool search) ----------------------------------------------------------
+
+    def refused(self, path, body):
+        """The rule a refused body names, from the provider's error message."""
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method="POST")
+        req.add_header("Content-Type", "application/json")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as e:
+            self.assertEqual(e.code, 400)
+            return json.loads(e.read())["error"]["message"].split("]")[0].lstrip("[")
+        self.fail(f"{path} accepted {body}")
+
+    def test_anthropic_deferred_tools_need_a_search_tool_and_stay_out_of_the_prefix(self):
+        big = {"type": "object", "properties": {"q": {"type": "string", "description": text_of(300)}}}
+        search = {"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}
+        deferred = {"name": "lookup", "description": "Looks up.", "input_schema": big,
+                    "defer_loading": True}
+        plain = {"name": "read", "description": "Reads.", "input_schema": {"type": "object"}}
+        base = {"model": "claude-sonnet-4-5", "max_tokens": 64,
+                "messages": [{"role": "user", "content": "Hello there."}]}
+        self.assertEqual(self.refused("/v1/messages", {**base, "tools": [plain, deferred]}),
+                         "messages.defer_without_search")
+        self.assertEqual(self.refused("/v1/messages", {**base, "tools": [
+            plain, dict(search, defer_loading=True), deferred]}), "messages.tool_search")
+        self.assertEqual(self.refused("/v1/messages", {**base, "tools": [
+            plain, search, dict(deferred, cache_control={"type": "ephemeral"})]}),
+            "messages.deferred_breakpoint")
+        # A deferred tool costs nothing in the prompt, and its change breaks no prefix.
+        system = self.system(3000)
+        usage = self.messages(START_MS, system, tools=[plain, search, deferred])
+        self.assertEqual(usage["cache_creation_input_tokens"],
+                         tokens(plain) + tokens(search) + tokens([{"type": "text", "text": system[0]["text"]}]))
+        changed = dict(deferred, description="Looks up, better.")
+        again = self.messages(START_MS + SECOND, system, tools=[plain, search, changed])
+        self.assertEqual(again["cache_read_input_tokens"], usage["cache_creation_input_tokens"])
+
+    def test_responses_deferred_functions_in_a_namespace_need_tool_search(self):
+        fn = {"type": "function", "name": "lookup", "description": "Looks up.",
+              "parameters": {"type": "object", "properties": {}, "additionalProperties": False,
+                             "required": []}, "strict": False, "defer_loading": True}
+        space = {"type": "namespace", "name": "docs", "description": "Documentation tools.",
+                 "tools": [fn]}
+        base = {"model": "gpt-5.4", "input": "Hello there."}
+        self.assertEqual(self.refused("/v1/responses", {**base, "tools": [space]}),
+                         "responses.defer_without_search")
+        self.assertEqual(self.refused("/v1/responses", {**base, "tools": [
+            {"type": "tool_search"}, dict(space, defer_loading=True)]}), "responses.namespace")
+        reply = self.call("POST", "/v1/responses",
+                          {**base, "tools": [{"type": "tool_search"}, space]}, START_MS)
+        self.assertEqual(reply["status"], "completed")
+
     # --- The ledger and the clock --------------------------------------------------------------
 
     def test_reset_and_clock(self):

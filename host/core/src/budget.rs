@@ -125,14 +125,21 @@ pub struct Usage {
     /// What this step left out of the history to fit (already taken off `messages`).
     #[serde(default)]
     pub dropped: Option<Dropped>,
+    /// K9: the deferred tools a format leaves out of the prompt (found by the provider's tool
+    /// search), not in `tools` nor `total`; zero, and not written, when none is.
+    #[serde(default)]
+    pub deferred_tools: Size,
 }
 
-/// Sorted fields, as [`Part`]'s; `window` and `dropped` only when set.
+/// Sorted fields, as [`Part`]'s; `window`, `dropped` and `deferred_tools` only when set.
 impl Serialize for Usage {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let mut m = s.serialize_struct("Usage", 12)?;
         m.serialize_field("contexts", &self.contexts)?;
+        if self.deferred_tools != Size::default() {
+            m.serialize_field("deferred_tools", &self.deferred_tools)?;
+        }
         if let Some(dropped) = &self.dropped {
             m.serialize_field("dropped", dropped)?;
         }
@@ -272,10 +279,12 @@ pub const DEFAULT_KEEP_TURNS: u64 = 2;
 /// prompt. They change only with the header, so a session measures them once per header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fixed {
-    /// The tools, as the format serializes them.
+    /// The tools, as the format serializes them, but what it defers.
     pub tools: Size,
     /// The system prompt.
     pub system: Size,
+    /// The tools the format defers (K9).
+    pub deferred_tools: Size,
 }
 
 impl Fixed {
@@ -286,13 +295,37 @@ impl Fixed {
         format: crate::formats::Format,
         shown: Option<&[String]>,
     ) -> Self {
-        let tools = crate::formats::tools_value(header, format, shown)
-            .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
-            .map(|t| Size::of(&t.to_string(), counter))
-            .unwrap_or_default();
+        let value = crate::formats::tools_value(header, format, shown)
+            .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+        let Some(value) = value else {
+            return Self {
+                system: Size::of(&header.system, counter),
+                ..Self::default()
+            };
+        };
+        // K9: what a deferring format keeps out of the prompt is measured apart.
+        let deferring = matches!(
+            format,
+            crate::formats::Format::Anthropic | crate::formats::Format::OpenaiResponses
+        ) && header.tools.iter().any(|t| t.defer.is_some());
+        let (tools, deferred_tools) = if deferring {
+            let prompt = crate::prefix::prompt_tools(&value);
+            let all = Size::of(&value.to_string(), counter);
+            let sent = Size::of(&prompt.to_string(), counter);
+            (
+                sent,
+                Size {
+                    chars: all.chars.saturating_sub(sent.chars),
+                    tokens: all.tokens.saturating_sub(sent.tokens),
+                },
+            )
+        } else {
+            (Size::of(&value.to_string(), counter), Size::default())
+        };
         Self {
             tools,
             system: Size::of(&header.system, counter),
+            deferred_tools,
         }
     }
 }
@@ -323,7 +356,11 @@ pub fn usage_with(
     messages: Size,
     message_count: usize,
 ) -> Usage {
-    let Fixed { tools, system } = fixed;
+    let Fixed {
+        tools,
+        system,
+        deferred_tools,
+    } = fixed;
     let parts = |list: &[(String, String)]| {
         list.iter()
             .map(|(name, text)| Part {
@@ -349,6 +386,7 @@ pub fn usage_with(
         message_count,
         total: tools.add(system).add(messages),
         dropped: None,
+        deferred_tools,
     }
 }
 
@@ -429,6 +467,7 @@ mod tests {
             message_count: 1,
             total: size(95),
             dropped: None,
+            deferred_tools: Size::default(),
         };
         let budget = Budget::default();
         let e = usage.check(&budget).unwrap_err();

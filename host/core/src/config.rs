@@ -203,6 +203,15 @@ pub struct McpConfig {
     /// sessions until a cache-cold point, and a call to one is answered "unavailable since"
     /// (default true); false drops them at once.
     pub keep_tools: Option<bool>,
+    /// K9: `true` defers every tool of the server (found through the provider's tool search).
+    pub defer: Option<toml::Value>,
+}
+
+impl McpConfig {
+    /// The server's `defer`, or a message naming what is wrong.
+    pub fn defer(&self, name: &str) -> std::result::Result<crate::plugin::registry::Defer, String> {
+        defer_of(&format!("mcp.{name}.defer"), self.defer.as_ref(), false)
+    }
 }
 
 /// Default deadline of an MCP server's start, list and calls, in milliseconds.
@@ -463,6 +472,49 @@ pub struct PluginConfig {
     /// K8: when the plugin is quarantined, its tools (and sections) keep their place in warm
     /// sessions until a cache-cold point (default false).
     pub keep_tools: Option<bool>,
+    /// K9: `true` (every tool of the plugin) or a list of its tool names: deferred tools,
+    /// found through the provider's tool search instead of sent in every request.
+    pub defer: Option<toml::Value>,
+}
+
+impl PluginConfig {
+    /// The plugin's `defer`, or a message naming what is wrong.
+    pub fn defer(
+        &self,
+        stem: &str,
+    ) -> std::result::Result<crate::plugin::registry::Defer, String> {
+        defer_of(&format!("plugins.{stem}.defer"), self.defer.as_ref(), true)
+    }
+}
+
+/// `defer` at `at` (K9): `true`, `false` or (with `names`) a list of tool names.
+fn defer_of(
+    at: &str,
+    value: Option<&toml::Value>,
+    names: bool,
+) -> std::result::Result<crate::plugin::registry::Defer, String> {
+    let mut defer = crate::plugin::registry::Defer::default();
+    match value {
+        None | Some(toml::Value::Boolean(false)) => {}
+        Some(toml::Value::Boolean(true)) => defer.all = true,
+        Some(toml::Value::Array(list)) if names => {
+            for n in list {
+                let name = n
+                    .as_str()
+                    .ok_or_else(|| format!("{at} must be true, false or a list of tool names"))?;
+                defer.tools.insert(name.to_string());
+            }
+        }
+        Some(other) => {
+            let forms = if names {
+                "true, false or a list of tool names"
+            } else {
+                "true or false"
+            };
+            return Err(format!("{at} must be {forms}, not a {}", other.type_str()));
+        }
+    }
+    Ok(defer)
 }
 
 impl PluginConfig {

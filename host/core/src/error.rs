@@ -243,6 +243,15 @@ pub enum Error {
         name: String,
     },
 
+    /// A plugin's config `defer` names a tool it does not declare (K9).
+    #[error("plugin `{plugin}`: config `defer` names tool `{name}`, which the plugin does not declare; name its own tools, or use `defer = true` for all of them")]
+    DeferUnknown {
+        /// The plugin's id.
+        plugin: String,
+        /// The name it does not declare.
+        name: String,
+    },
+
     /// A plugin with this id is already in the registry.
     #[error("plugin id `{0}` is already loaded")]
     DuplicatePlugin(String),
@@ -496,6 +505,7 @@ impl Error {
             Error::UnknownShownTool { .. } => "unknown_shown_tool",
             Error::DataPluginDeclares { .. } => "data_plugin_declares",
             Error::RefreshUnknown { .. } => "refresh_unknown",
+            Error::DeferUnknown { .. } => "defer_unknown",
             Error::ReviewRejected { .. } => "review_rejected",
             Error::MalformedReference { .. } => "malformed_reference",
             Error::UnknownVariable { .. } => "unknown_variable",

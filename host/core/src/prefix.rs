@@ -75,6 +75,18 @@ pub fn marked_parts(body: &Value, format: Format) -> Vec<(Part, Option<Ttl>)> {
     }
     if let Some(tools) = body.get("tools").and_then(Value::as_array) {
         for tool in tools {
+            // K9: a deferred tool is not in the prompt; a namespace is, without its tools.
+            if tool.get("defer_loading") == Some(&Value::Bool(true)) {
+                continue;
+            }
+            if tool.get("type").and_then(Value::as_str) == Some("namespace") {
+                let mut shown = tool.clone();
+                if let Value::Object(map) = &mut shown {
+                    map.remove("tools");
+                }
+                push(format!("tool `{}`", tool_name(tool)), &shown);
+                continue;
+            }
             push(format!("tool `{}`", tool_name(tool)), tool);
         }
     }
@@ -90,6 +102,28 @@ pub fn marked_parts(body: &Value, format: Format) -> Vec<(Part, Option<Ttl>)> {
         push(format!("message {}", i + 1), m);
     }
     parts
+}
+
+/// K9: the part of a body's `tools` array that is in the prompt: deferred tools left out,
+/// namespaces without their tools.
+pub fn prompt_tools(tools: &Value) -> Value {
+    let Some(list) = tools.as_array() else {
+        return tools.clone();
+    };
+    Value::Array(
+        list.iter()
+            .filter(|t| t.get("defer_loading") != Some(&Value::Bool(true)))
+            .map(|t| {
+                let mut t = t.clone();
+                if t.get("type").and_then(Value::as_str) == Some("namespace") {
+                    if let Value::Object(map) = &mut t {
+                        map.remove("tools");
+                    }
+                }
+                t
+            })
+            .collect(),
+    )
 }
 
 /// A tool's name in any format's shape (`name`, or OpenAI Chat's `function.name`).
@@ -603,6 +637,7 @@ mod tests {
                     name: "probe_search".into(),
                     description: "Search.".into(),
                     parameters: schema,
+                    defer: None,
                 }],
                 ..Header::default()
             },

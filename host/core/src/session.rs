@@ -56,6 +56,7 @@ pub fn header(assembly: &Assembly, model: serde_json::Map<String, serde_json::Va
                 name: t.name.clone(),
                 description: t.description.clone(),
                 parameters: (*t.parameters).clone(),
+                defer: t.defer.as_deref().map(str::to_string),
             })
             .collect(),
         layout: crate::conversation::LAYOUT,

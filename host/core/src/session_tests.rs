@@ -22,6 +22,7 @@ fn assembly(system: &str, context: Option<&str>) -> Assembly {
             name: "read".into(),
             description: "Reads a file.".into(),
             parameters: json!({"type": "object"}).into(),
+            defer: None,
         }]
         .into(),
         explain: Default::default(),

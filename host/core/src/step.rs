@@ -450,7 +450,10 @@ fn same_header(header: &Header, assembled: &Assembly, agent: &AgentPlan, ttl: Op
             .iter()
             .zip(assembled.tools.iter())
             .all(|(h, a)| {
-                h.name == a.name && h.description == a.description && h.parameters == *a.parameters
+                h.name == a.name
+                    && h.description == a.description
+                    && h.parameters == *a.parameters
+                    && h.defer.as_deref() == a.defer.as_deref()
             })
         && header.model == agent.model
 }

@@ -178,6 +178,7 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::MissingModelSetting { .. }
         | Error::DataPluginDeclares { .. }
         | Error::RefreshUnknown { .. }
+        | Error::DeferUnknown { .. }
         | Error::ReviewRejected { .. }
         | Error::VariableAbsent { .. } => StatusCode::UNPROCESSABLE_ENTITY,
     }

@@ -127,6 +127,7 @@ pub fn entry(
     // Checked when the config was validated.
     options.refresh = cfg.refresh(name).unwrap_or_default();
     options.keep_tools = cfg.keep_tools.unwrap_or(true);
+    options.defer = cfg.defer(name).unwrap_or_default();
     let entry = PluginEntry::new(&id, declaration, provider, options)
         .map_err(|e| ErrorBody::from(&e))?
         .with_origin(label(cfg));

@@ -75,6 +75,8 @@ pub struct AssembledTool {
     pub description: String,
     /// The declared schema, parsed once at load (A6): shared, never mutated.
     pub parameters: Arc<serde_json::Value>,
+    /// K9: the id of the plugin that gives it, when its config defers it.
+    pub defer: Option<Arc<str>>,
 }
 
 /// Which plugin gave each effective contribution, in output order.
@@ -542,6 +544,12 @@ fn order_tools<'r>(
             name: t.name.clone(),
             description: t.description.clone(),
             parameters,
+            defer: pick
+                .entry
+                .options
+                .defer
+                .holds(&t.name)
+                .then(|| Arc::from(pick.entry.id.as_str())),
         });
         origins.push(pick.origin(name));
     }

@@ -168,6 +168,7 @@ impl Config {
             // Checked when the config was validated.
             refresh: p.and_then(|p| p.refresh(stem).ok()).unwrap_or_default(),
             keep_tools: p.and_then(|p| p.keep_tools).unwrap_or(false),
+            defer: p.and_then(|p| p.defer(stem).ok()).unwrap_or_default(),
         }
     }
 

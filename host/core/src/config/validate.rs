@@ -20,6 +20,7 @@ impl Config {
         self.check_model_settings()?;
         for (stem, plugin) in &self.plugins {
             plugin.refresh(stem).map_err(Error::ConfigInvalid)?;
+            plugin.defer(stem).map_err(Error::ConfigInvalid)?;
         }
         self.check_agent_budgets()?;
         for (model, price) in &self.pricing {
@@ -65,6 +66,7 @@ impl Config {
         for (name, server) in &self.mcp {
             let what = format!("mcp.{name}");
             server.refresh(name).map_err(Error::ConfigInvalid)?;
+            server.defer(name).map_err(Error::ConfigInvalid)?;
             if !is_item_name(name) || name.contains(':') {
                 return Err(Error::ConfigInvalid(format!(
                     "{what}: the name must be printable ASCII without whitespace or `:`"

@@ -103,6 +103,10 @@ pub struct ToolSpec {
     pub description: String,
     /// A JSON Schema object.
     pub parameters: Value,
+    /// K9: deferred (`defer = true` in its plugin's config): the id of the plugin that gives
+    /// it, which names its namespace. Absent for a tool sent in full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defer: Option<String>,
 }
 
 /// The canonical, cacheable part of a request: model settings, system prompt, tools.

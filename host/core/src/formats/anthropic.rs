@@ -189,3 +189,31 @@ pub(crate) fn push_anthropic(turns: &mut Vec<(&'static str, Vec<Value>)>, messag
 pub(crate) fn anthropic_turn(role: &'static str, blocks: Vec<Value>) -> Value {
     json!({ "role": role, "content": blocks })
 }
+
+/// Anthropic's regex tool search tool: what finds a deferred tool (K9).
+pub const TOOL_SEARCH: &str = "tool_search_tool_regex";
+
+/// The tools of a header with deferred ones (K9): those sent in full, in order; the tool
+/// search tool, which carries the tools' breakpoint (deferred tools are not in the prompt, so
+/// the cached prefix ends there); then each deferred tool with `defer_loading`.
+pub(super) fn deferring(header: &Header, tools: &[&ToolSpec]) -> Value {
+    let (deferred, sent): (Vec<&&ToolSpec>, Vec<&&ToolSpec>) =
+        tools.iter().partition(|t| t.defer.is_some());
+    let mut out: Vec<Value> = sent
+        .iter()
+        .map(|t| anthropic_tool(header, t, false))
+        .collect();
+    out.push(json!({
+        "type": "tool_search_tool_regex_20251119",
+        "name": TOOL_SEARCH,
+        "cache_control": ephemeral(header),
+    }));
+    out.extend(deferred.iter().map(|t| {
+        let mut tool = anthropic_tool(header, t, false);
+        if let Value::Object(map) = &mut tool {
+            map.insert("defer_loading".into(), Value::Bool(true));
+        }
+        tool
+    }));
+    Value::Array(out)
+}

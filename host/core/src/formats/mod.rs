@@ -195,6 +195,15 @@ pub(crate) fn tools_value(
     if arrayed.is_empty() && format != Format::Neutral {
         return None;
     }
+    // K9: deferred tools go after the provider's tool search, out of the cached prefix.
+    if arrayed.iter().any(|t| t.defer.is_some()) {
+        match format {
+            Format::Anthropic => return Some(anthropic::deferring(header, &arrayed)),
+            Format::OpenaiResponses => return Some(responses::deferring(&arrayed)),
+            // Chat Completions has no tool search, and the neutral shape shows `defer`.
+            Format::Openai | Format::Neutral => {}
+        }
+    }
     let count = arrayed.len();
     let tools = arrayed.iter().enumerate().map(|(i, tool)| match format {
         Format::Neutral => neutral::tool(tool),
@@ -278,6 +287,7 @@ mod tests {
                         name: "read_file".into(),
                         description: "Read a file.".into(),
                         parameters: json!({
+                        defer: None,
                             "type": "object",
                             "properties": { "path": { "type": "string" } },
                             "required": ["path"],
@@ -287,6 +297,7 @@ mod tests {
                         name: "list-dir".into(),
                         description: "List a directory.".into(),
                         parameters: json!({ "type": "object", "properties": {} }),
+                        defer: None,
                     },
                 ],
             },
@@ -781,6 +792,7 @@ mod tests {
                     name: String::new(),
                     description: String::new(),
                     parameters: Value::Null,
+                    defer: None,
                 }],
             },
             messages: vec![

@@ -47,6 +47,65 @@ pub(super) fn tool(tool: &ToolSpec) -> Value {
     })
 }
 
+/// The tools of a header with deferred ones (K9): those sent in full, in order; OpenAI's
+/// `tool_search`; then one namespace per plugin with deferred tools, in the order its first
+/// one comes, holding them with `defer_loading` (the model sees a namespace's name and
+/// description until it searches it).
+pub(super) fn deferring(tools: &[&ToolSpec]) -> Value {
+    let mut out: Vec<Value> = tools
+        .iter()
+        .filter(|t| t.defer.is_none())
+        .map(|t| tool(t))
+        .collect();
+    out.push(json!({ "type": "tool_search" }));
+    let mut plugins: Vec<&str> = Vec::new();
+    for t in tools {
+        if let Some(p) = t.defer.as_deref() {
+            if !plugins.contains(&p) {
+                plugins.push(p);
+            }
+        }
+    }
+    for plugin in plugins {
+        let members: Vec<&&ToolSpec> = tools
+            .iter()
+            .filter(|t| t.defer.as_deref() == Some(plugin))
+            .collect();
+        let names: Vec<&str> = members.iter().map(|t| t.name.as_str()).collect();
+        let inner: Vec<Value> = members
+            .iter()
+            .map(|t| {
+                let mut f = tool(t);
+                if let Value::Object(map) = &mut f {
+                    map.insert("defer_loading".into(), Value::Bool(true));
+                }
+                f
+            })
+            .collect();
+        out.push(json!({
+            "type": "namespace",
+            "name": namespace(plugin),
+            "description": format!("Tools of promptd plugin `{plugin}`: {}.", names.join(", ")),
+            "tools": inner,
+        }));
+    }
+    Value::Array(out)
+}
+
+/// A plugin id as a namespace name: letters, digits, `_` and `-` kept, anything else `_`.
+pub fn namespace(plugin: &str) -> String {
+    plugin
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
     request.messages.iter().flat_map(responses_items).collect()
 }

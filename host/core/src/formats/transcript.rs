@@ -467,6 +467,7 @@ mod tests {
                     name: format!("t{i}"),
                     description: "d".into(),
                     parameters: json!({"type": "object"}),
+                    defer: None,
                 })
                 .collect(),
         }

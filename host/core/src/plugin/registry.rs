@@ -34,9 +34,28 @@ pub struct PluginOptions {
     pub trust: Trust,
     /// Which of its sections and tools wait for a cache-cold point (K7).
     pub refresh: crate::held::Refresh,
+    /// Which of its tools are deferred (K9): left out of the cached prefix, found by the
+    /// provider's tool search.
+    pub defer: Defer,
     /// When it fails (an MCP server down, a plugin quarantined), its tools keep their place
     /// in warm sessions until a cache-cold point (K8): on by default for MCP servers.
     pub keep_tools: bool,
+}
+
+/// Which of a plugin's tools are deferred (`[plugins.ID] defer`, K9).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Defer {
+    /// Every tool (`defer = true`).
+    pub all: bool,
+    /// These tools (`defer = ["name", ...]`).
+    pub tools: std::collections::BTreeSet<String>,
+}
+
+impl Defer {
+    /// Whether tool `name` is deferred.
+    pub fn holds(&self, name: &str) -> bool {
+        self.all || self.tools.contains(name)
+    }
 }
 
 /// Why a gone contributor's tools are kept (K8).
@@ -147,6 +166,17 @@ impl PluginEntry {
             check_data(id, &declaration)?;
         }
         check_refresh(id, &declaration, &options.refresh)?;
+        if let Some(name) = options
+            .defer
+            .tools
+            .iter()
+            .find(|n| !declaration.tools.iter().any(|t| &t.name == *n))
+        {
+            return Err(Error::DeferUnknown {
+                plugin: id.to_string(),
+                name: name.clone(),
+            });
+        }
         let entry = Self {
             id: id.to_string(),
             declaration,
