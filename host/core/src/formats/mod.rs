@@ -287,11 +287,11 @@ mod tests {
                         name: "read_file".into(),
                         description: "Read a file.".into(),
                         parameters: json!({
-                        defer: None,
                             "type": "object",
                             "properties": { "path": { "type": "string" } },
                             "required": ["path"],
                         }),
+                        defer: None,
                     },
                     ToolSpec {
                         name: "list-dir".into(),
