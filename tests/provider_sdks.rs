@@ -1831,7 +1831,11 @@ fn k9_deferred_tools_official_sdks_accept_the_bodies_and_they_rebuild() {
     let daemon = Served::start(folder.path(), &config, &state);
     let stub = Stub::start();
     let clients = [
-        ("anthropic_messages.py", &["--reply", "message"][..], "anthropic"),
+        (
+            "anthropic_messages.py",
+            &["--reply", "message"][..],
+            "anthropic",
+        ),
         ("openai_responses.py", &[][..], "openai-responses"),
     ];
     for (script, args, format) in clients {
@@ -1871,7 +1875,10 @@ fn k9_deferred_tools_official_sdks_accept_the_bodies_and_they_rebuild() {
         assert_eq!(markers.len() as u64, STEPS, "{id}");
         for m in &markers {
             let deferred = m["usage"]["deferred_tools"]["chars"].as_u64().unwrap_or(0);
-            assert!(deferred > 0, "the usage shows the deferred tools apart: {m}");
+            assert!(
+                deferred > 0,
+                "the usage shows the deferred tools apart: {m}"
+            );
         }
         for format in ["anthropic", "openai-responses"] {
             for n in 1..=STEPS {
@@ -1910,6 +1917,10 @@ fn k9_deferred_tools_official_sdks_accept_the_bodies_and_they_rebuild() {
             &format!("/v1/sessions/{id}/steps/{n}/request?format={format}"),
             None,
         );
-        assert_eq!(rebuilt.to_string(), body.to_string(), "{id} step {n} {format}");
+        assert_eq!(
+            rebuilt.to_string(),
+            body.to_string(),
+            "{id} step {n} {format}"
+        );
     }
 }

@@ -479,10 +479,7 @@ pub struct PluginConfig {
 
 impl PluginConfig {
     /// The plugin's `defer`, or a message naming what is wrong.
-    pub fn defer(
-        &self,
-        stem: &str,
-    ) -> std::result::Result<crate::plugin::registry::Defer, String> {
+    pub fn defer(&self, stem: &str) -> std::result::Result<crate::plugin::registry::Defer, String> {
         defer_of(&format!("plugins.{stem}.defer"), self.defer.as_ref(), true)
     }
 }
