@@ -714,12 +714,12 @@ fn q17_promptd_migrate_applies_the_schema_once_and_refuses_a_newer_one() {
     };
     let (ok, stdout, stderr) = migrate(Some(&url));
     assert!(
-        ok && stdout.contains("schema version 1 (was 0)"),
+        ok && stdout.contains("schema version 2 (was 0)"),
         "{stdout}{stderr}"
     );
     let (ok, stdout, stderr) = migrate(Some(&url));
     assert!(
-        ok && stdout.contains("schema version 1 (was 1)"),
+        ok && stdout.contains("schema version 2 (was 2)"),
         "{stdout}{stderr}"
     );
     // The variable the config names is not set: a config error naming the key and variable.
@@ -749,4 +749,166 @@ fn q17_promptd_migrate_applies_the_schema_once_and_refuses_a_newer_one() {
         stderr.contains("127.0.0.1"),
         "it names the database: {stderr}"
     );
+}
+
+/// A follower of the store's plugin sets (`[fleet] follow`), its own (ignored) folder and
+/// state; `extra` is more config.
+fn follower(url: &str, extra: &str) -> (Served, Folder, tempfile::TempDir) {
+    let folder = Folder::new();
+    let config = folder.config(&format!(
+        "{CONFIG}\n[store]\nurl_env = \"PROMPTD_TEST_DATABASE_URL\"\n[fleet]\nfollow = true\npoll_ms = 100\n{extra}"
+    ));
+    let (tmp, state) = state_dir();
+    let served = Served::start_with(
+        folder.path(),
+        &config,
+        &state,
+        &[],
+        &[("PROMPTD_TEST_DATABASE_URL", url)],
+    );
+    (served, folder, tmp)
+}
+
+/// `promptd plugins publish` of `folder` into the database at `url`; the set's version.
+fn publish(folder: &Folder, url: &str) -> u64 {
+    let config = folder.config("[store]\nurl_env = \"PROMPTD_TEST_DATABASE_URL\"\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_promptd"))
+        .args(["plugins", "publish"])
+        .arg(folder.path())
+        .arg("--config")
+        .arg(&config)
+        .env("PROMPTD_TEST_DATABASE_URL", url)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .strip_prefix("plugin set ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no version in {stdout:?}"))
+}
+
+fn serving_set(base: &str) -> Value {
+    let (_, body) = request(base, "GET", "/v1/health", None, None);
+    serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["plugin_set"].clone()
+}
+
+/// K10: two daemons following one PostgreSQL store serve the published plugin set; steps
+/// alternate between them through HAProxy; a new set published mid-session is taken by both,
+/// and the session records exactly one `change` header (a step on a daemon that has not
+/// switched yet is a 503 `plugin_set_behind`, retried, never a flip back); every step
+/// rebuilds byte-identically from either daemon. A daemon that cannot load a later set keeps
+/// the one it serves, says so in `/v1/health` and `GET /v1/plugins`, and refuses a session
+/// that moved on.
+#[test]
+fn k10_a_fleet_serves_one_published_set_and_each_session_moves_once() {
+    let url = server().database();
+    let v1 = std::fs::read(common::fixture("versioned_v1")).unwrap();
+    let v2 = std::fs::read(common::fixture("versioned_v2")).unwrap();
+    let set = bundled();
+    common::put(set.path(), "versioned", &v1);
+    assert_eq!(publish(&set, &url), 1);
+    assert_eq!(publish(&set, &url), 1, "the same files publish no new set");
+
+    let (a, _fa, _sa) = follower(&url, "");
+    let (b, _fb, _sb) = follower(&url, "");
+    for d in [&a, &b] {
+        assert_eq!(serving_set(&d.url)["serving"], 1, "{}", serving_set(&d.url));
+    }
+    let proxy = Haproxy::start(&[&a.url, &b.url]);
+    common::eventually("HAProxy to see both daemons healthy", || {
+        request(&proxy.url, "GET", "/v1/health", None, None).0 == 200
+    });
+    let id = new_session(&proxy.url);
+    let mut returned = Vec::new();
+    let mut behind = 0;
+    let mut step = |i: u64, returned: &mut Vec<(u64, String)>| {
+        for _ in 0..200 {
+            let (status, n, bytes, body) =
+                post_step(&proxy.url, &id, &format!("step {i}"), "/p", "anthropic");
+            if status == 503 && error_code(&body) == "plugin_set_behind" {
+                behind += 1;
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            assert_eq!(status, 200, "{body}");
+            returned.push((n, bytes));
+            return;
+        }
+        panic!("step {i} was refused for 4 s");
+    };
+    for i in 0..4 {
+        step(i, &mut returned);
+    }
+    common::put(set.path(), "versioned", &v2);
+    assert_eq!(publish(&set, &url), 2);
+    for i in 4..16 {
+        step(i, &mut returned);
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    for d in [&a, &b] {
+        common::eventually("both daemons on set 2", || {
+            serving_set(&d.url)["serving"] == 2
+        });
+    }
+    let log = events(&a.url, &id);
+    assert_gapless(&log);
+    assert_eq!(
+        header_reasons(&log),
+        ["initial", "change"],
+        "one move, no flip back"
+    );
+    let systems: Vec<bool> = returned
+        .iter()
+        .map(|(_, bytes)| bytes.contains("version 2"))
+        .collect();
+    let moved = systems.iter().position(|v2| *v2).unwrap();
+    assert!(
+        moved >= 4 && systems[moved..].iter().all(|v2| *v2),
+        "{systems:?}"
+    );
+    for (n, bytes) in &returned {
+        assert_eq!(&rebuilt(&a.url, &id, *n, "anthropic"), bytes);
+        assert_eq!(&rebuilt(&b.url, &id, *n, "anthropic"), bytes);
+    }
+    eprintln!("steps refused as behind while the fleet switched: {behind}");
+
+    // A third daemon that cannot load set 3 (its config makes the new plugin fail) keeps set
+    // 2 and says why; a session that moved to set 3 on another daemon is refused on it.
+    let (c, _fc, _sc) = follower(
+        &url,
+        "[plugins.extra]\nconfig = { fail_declare = \"not on this daemon\" }\n",
+    );
+    assert_eq!(serving_set(&c.url)["serving"], 2);
+    let scripted = std::fs::read(common::scripted()).unwrap();
+    common::put(set.path(), "extra", &scripted);
+    assert_eq!(publish(&set, &url), 3);
+    common::eventually("a to serve set 3 and c to give up on it", || {
+        serving_set(&a.url)["serving"] == 3 && serving_set(&c.url)["error"].is_object()
+    });
+    let status = serving_set(&c.url);
+    assert_eq!(status["serving"], 2, "{status}");
+    let error = status["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        error.contains("plugin set 3 was not loaded, so set 2 keeps serving")
+            && error.contains("not on this daemon"),
+        "{status}"
+    );
+    let (_, listed) = request(&c.url, "GET", "/v1/plugins", None, None);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["set"], status, "{listed}");
+    let (status, _, _, _) = post_step(&a.url, &id, "on set 3", "/p", "anthropic");
+    assert_eq!(status, 200);
+    let (status, _, _, body) = post_step(&c.url, &id, "on c", "/p", "anthropic");
+    assert_eq!(
+        (status, error_code(&body).as_str()),
+        (503, "plugin_set_behind"),
+        "{body}"
+    );
+    assert!(body.contains("already moved to plugin set 3"), "{body}");
 }

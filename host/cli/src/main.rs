@@ -117,8 +117,10 @@ enum Command {
         #[command(flatten)]
         server: client::Server,
     },
-    /// List the plugins of a running daemon.
+    /// List the plugins of a running daemon, or publish a plugin set for a fleet.
     Plugins {
+        #[command(subcommand)]
+        command: Option<PluginsCommand>,
         #[command(flatten)]
         server: client::Server,
     },
@@ -163,6 +165,23 @@ enum Command {
         out: PathBuf,
         /// The component (default: stdin).
         input: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginsCommand {
+    /// Store every plugin file of DIR in the config's session store as a new plugin set
+    /// (content-addressed; the same files as the latest set publish nothing new). Daemons
+    /// with `[fleet] follow = true` on that store switch to it together.
+    Publish {
+        /// The folder of `.wasm` files.
+        dir: PathBuf,
+        /// The config file naming the store (default: ./promptd.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The state folder, for the default SQLite store.
+        #[arg(long, default_value = ".promptd")]
+        state: PathBuf,
     },
 }
 
@@ -372,7 +391,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             SessionCommand::Diff { id, n, format } => server.diff(&id, n, &format),
             SessionCommand::Show { id, n, format } => server.show(&id, n, &format),
         },
-        Command::Plugins { server } => server.plugins(),
+        Command::Plugins {
+            command: Some(PluginsCommand::Publish { dir, config, state }),
+            ..
+        } => serve::publish(&read_config(config)?, &state, &dir),
+        Command::Plugins { server, .. } => server.plugins(),
         Command::Usage {
             agent,
             since,

@@ -41,9 +41,22 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         .ok()
         .filter(|t| !t.is_empty())
         .or_else(|| config.token.clone());
-    let dir = plugins
-        .or_else(|| config.plugin_dir.clone())
-        .unwrap_or_else(|| PathBuf::from("plugins"));
+    // K10: a daemon that follows its store's plugin sets serves them from the state folder,
+    // not from a plugin folder.
+    let follow = config.fleet.follow;
+    let dir = if follow {
+        state.join("fleet")
+    } else {
+        plugins
+            .or_else(|| config.plugin_dir.clone())
+            .unwrap_or_else(|| PathBuf::from("plugins"))
+    };
+    let poll = std::time::Duration::from_millis(
+        config
+            .fleet
+            .poll_ms
+            .unwrap_or(promptd_core::config::DEFAULT_FLEET_POLL_MS),
+    );
 
     enum Listen {
         Tcp(SocketAddr),
@@ -75,6 +88,12 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let engine = WasmEngine::new()?
         .with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?
         .with_compiler(crate::compiler()?);
+    if follow {
+        std::fs::create_dir_all(&dir).map_err(|source| CliError::Folder {
+            path: dir.clone(),
+            source,
+        })?;
+    }
     // Fail early on a plugin folder that cannot be read; the files load after we listen.
     promptd_daemon::plugin_dir::plugin_files(&dir)?;
     let daemon = Arc::new(Daemon::loading(store, Arc::new(engine), config, &dir));
@@ -85,6 +104,11 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         .name("promptd-load".into())
         .spawn(move || {
             let started = std::time::Instant::now();
+            if follow {
+                if let Err(e) = loader.follow_once(&loader.plugin_dir().to_path_buf()) {
+                    tracing::error!("reading the store's plugin set failed: error[{}]: {e}", e.code());
+                }
+            }
             if let Err(e) = loader.load_initial() {
                 tracing::error!("loading the plugin folder failed: error[{}]: {e}", e.code());
             }
@@ -108,6 +132,10 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     } else {
         None
     };
+    if follow {
+        promptd_daemon::fleet::follow(daemon.clone(), dir.clone(), poll)
+            .context("start the fleet thread")?;
+    }
     if let Some(workspace) = dev {
         crate::dev::spawn(workspace, daemon.plugin_dir().to_path_buf())?;
     }
@@ -147,6 +175,44 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         tracing::info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// `promptd plugins publish DIR`: stores every plugin file of `dir` in the config's session
+/// store as one plugin set (K10), which daemons with `[fleet] follow = true` switch to.
+pub fn publish(
+    config: &Config,
+    state: &std::path::Path,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let paths = promptd_daemon::plugin_dir::plugin_files(dir)?;
+    if paths.is_empty() {
+        anyhow::bail!(
+            "plugin folder {} holds no .wasm file: nothing to publish",
+            dir.display()
+        );
+    }
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        let file = promptd_daemon::plugin_dir::read(&path)?;
+        files.push((file.stem.clone(), file.bytes.to_vec()));
+    }
+    std::fs::create_dir_all(state).map_err(|source| CliError::Folder {
+        path: state.to_path_buf(),
+        source,
+    })?;
+    let store = open_store(config, state)?;
+    let set = store.publish_set(&files)?;
+    println!(
+        "plugin set {} ({} files): {}",
+        set.version,
+        set.files.len(),
+        set.files
+            .iter()
+            .map(|f| format!("{} {}", f.stem, &f.sha256[..12]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
 }
 
 /// The config's store: SQLite in `state` by default, else PostgreSQL (migrated on open; a

@@ -75,7 +75,24 @@ struct RawConfig {
     pricing: BTreeMap<String, crate::cache::price::Price>,
     #[serde(default)]
     cache: crate::cache::RulesConfig,
+    #[serde(default)]
+    fleet: FleetConfig,
 }
+
+/// `[fleet]` (K10): a daemon that serves the plugin set published in its session store
+/// (`promptd plugins publish`) instead of its plugin folder.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// Serve the store's latest published set (read at start only).
+    #[serde(default)]
+    pub follow: bool,
+    /// How often the store is asked for a newer set, in ms (default 1000).
+    pub poll_ms: Option<u64>,
+}
+
+/// Default of `[fleet] poll_ms`.
+pub const DEFAULT_FLEET_POLL_MS: u64 = 1000;
 
 /// Where session logs are kept (`store`): read when the daemon starts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -641,6 +658,8 @@ pub struct Config {
     pub pricing: BTreeMap<String, crate::cache::price::Price>,
     /// `[cache.anthropic]`, `[cache.openai]`: overrides of the cache model's rules.
     pub cache: crate::cache::RulesConfig,
+    /// `[fleet]`: whether the daemon serves the store's published plugin set (K10).
+    pub fleet: FleetConfig,
 }
 
 impl Config {
@@ -692,6 +711,7 @@ impl Config {
             host_env: BTreeMap::new(),
             pricing: raw.pricing,
             cache: raw.cache,
+            fleet: raw.fleet,
         };
         config.validate()?;
         Ok(config)

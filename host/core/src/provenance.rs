@@ -28,6 +28,10 @@ pub struct Provenance {
     /// plugin's trust changed (K7).
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub data: std::collections::BTreeSet<String>,
+    /// The published plugin set served (K10), when the daemon follows a store: a daemon
+    /// still on an older set refuses the session's steps instead of moving it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<u64>,
     /// Who gave each effective section.
     pub sections: Vec<Given>,
     /// Who gave each effective context.
@@ -102,6 +106,7 @@ impl Provenance {
             plugins,
             configs,
             data,
+            set: registry.set(),
             sections: given(&explain.sections, &|n| sections.get(n).cloned()),
             contexts: given(&explain.contexts, &|n| contexts.get(n).cloned()),
             variables: given(&explain.variables, &|_| None),

@@ -264,6 +264,71 @@ pub trait SessionStore: Send + Sync {
     fn is_shared(&self) -> bool {
         false
     }
+    /// K10: stores a plugin set (`promptd plugins publish`): each file's bytes under their
+    /// sha256, then the set, numbered after the latest. A set with the same files as the
+    /// latest is that one (no new version). Files and set in one transaction.
+    fn publish_set(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
+        let _ = files;
+        Err(StoreError::backend(
+            "publishing a plugin set",
+            "this store keeps no plugin sets",
+        ))
+    }
+    /// K10: the latest published plugin set, if any.
+    fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
+        Ok(None)
+    }
+    /// K10: the bytes of a published plugin file, by its sha256 (hex).
+    fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
+        Err(StoreError::backend(
+            format!("reading plugin file {sha256}"),
+            "this store keeps no plugin sets",
+        ))
+    }
+}
+
+/// A plugin set published for a fleet of daemons (K10): its version and its files, by stem.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PluginSet {
+    /// 1 for the first set a store holds, then one more per set with other files.
+    pub version: u64,
+    /// Each plugin file, sorted by stem.
+    pub files: Vec<SetFile>,
+}
+
+/// The sha256 of `bytes`, in hex: a plugin file's address in a store (K10).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One file of a [`PluginSet`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SetFile {
+    /// The file's stem: `persona` for `persona.wasm` (the plugin id unless the config sets one).
+    pub stem: String,
+    /// The sha256 of its bytes, in hex.
+    pub sha256: String,
+}
+
+impl PluginSet {
+    /// The files of a set made of `files` (stem, bytes), sorted by stem, each with its sha256.
+    pub fn files_of(files: &[(String, Vec<u8>)]) -> Vec<SetFile> {
+        let mut out: Vec<SetFile> = files
+            .iter()
+            .map(|(stem, bytes)| SetFile {
+                stem: stem.clone(),
+                sha256: sha256_hex(bytes),
+            })
+            .collect();
+        out.sort_by(|a, b| a.stem.cmp(&b.stem));
+        out
+    }
 }
 
 /// The cases every store must pass, run by each store's tests through [`store_suite!`]
@@ -294,6 +359,7 @@ pub struct SessionSummary {
 #[derive(Default)]
 pub struct MemoryStore {
     sessions: Mutex<BTreeMap<String, (String, Vec<Event>)>>,
+    sets: Mutex<(Vec<PluginSet>, BTreeMap<String, Vec<u8>>)>,
 }
 
 impl MemoryStore {
@@ -308,6 +374,36 @@ impl MemoryStore {
 }
 
 impl SessionStore for MemoryStore {
+    fn publish_set(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
+        let listed = PluginSet::files_of(files);
+        let mut sets = lock(&self.sets);
+        if let Some(latest) = sets.0.last().filter(|s| s.files == listed) {
+            return Ok(latest.clone());
+        }
+        for (_, bytes) in files {
+            sets.1.insert(sha256_hex(bytes), bytes.clone());
+        }
+        let set = PluginSet {
+            version: sets.0.len() as u64 + 1,
+            files: listed,
+        };
+        sets.0.push(set.clone());
+        Ok(set)
+    }
+
+    fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
+        Ok(lock(&self.sets).0.last().cloned())
+    }
+
+    fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
+        lock(&self.sets).1.get(sha256).cloned().ok_or_else(|| {
+            StoreError::backend(
+                format!("reading plugin file {sha256}"),
+                "no published set holds it",
+            )
+        })
+    }
+
     fn create_session(&self, agent: &str, first: NewEvent) -> Result<String, StoreError> {
         let mut sessions = self.sessions();
         // Sequential ids keep test runs deterministic.

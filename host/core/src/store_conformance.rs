@@ -27,7 +27,8 @@ macro_rules! store_suite {
             bodies_read_back_as_given,
             racing_appends_at_one_seq_have_one_winner,
             sessions_are_listed_most_recent_first,
-            appending_to_an_unknown_session_fails);
+            appending_to_an_unknown_session_fails,
+            plugin_sets_are_numbered_content_addressed_and_shared);
     };
     (@cases $open:expr; $($case:ident),*) => {
         $(
@@ -273,4 +274,42 @@ pub fn appending_to_an_unknown_session_fails(open: Open) {
     assert!(!err.to_string().is_empty());
     assert!(store.events("no-such-session").unwrap().is_empty());
     assert_eq!(store.session_agent("no-such-session").unwrap(), None);
+}
+
+/// K10: a published set is numbered after the latest, its files read back by sha256 from any
+/// handle, and publishing the latest's files again makes no new version.
+pub fn plugin_sets_are_numbered_content_addressed_and_shared(open: Open) {
+    let store = open();
+    assert_eq!(store.latest_set().unwrap(), None);
+    let v1 = vec![
+        ("persona".to_string(), b"persona v1".to_vec()),
+        ("a".to_string(), b"shared bytes".to_vec()),
+    ];
+    let first = store.publish_set(&v1).unwrap();
+    assert_eq!(first.version, 1);
+    let stems: Vec<&str> = first.files.iter().map(|f| f.stem.as_str()).collect();
+    assert_eq!(stems, ["a", "persona"], "sorted by stem");
+    assert_eq!(
+        store.publish_set(&v1).unwrap(),
+        first,
+        "the same files: the same set"
+    );
+    let v2 = vec![
+        ("persona".to_string(), b"persona v2".to_vec()),
+        ("a".to_string(), b"shared bytes".to_vec()),
+    ];
+    let second = store.publish_set(&v2).unwrap();
+    assert_eq!(second.version, 2);
+    let other = open();
+    assert_eq!(other.latest_set().unwrap(), Some(second.clone()));
+    for file in &second.files {
+        let bytes = other.set_file(&file.sha256).unwrap();
+        assert_eq!(super::sha256_hex(&bytes), file.sha256);
+    }
+    assert_eq!(
+        other.set_file(&first.files[1].sha256).unwrap(),
+        b"persona v1",
+        "an older set's files stay readable"
+    );
+    assert!(other.set_file(&"0".repeat(64)).is_err());
 }

@@ -564,6 +564,10 @@ pub struct EventList {
 pub struct PluginList {
     /// Each file, and each external contributor (MCP server).
     pub plugins: Vec<PluginStatus>,
+    /// K10: the published plugin set served, when the daemon follows its store's (`[fleet]
+    /// follow`): which, the latest the store holds, and why a newer one did not load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set: Option<crate::fleet::SetStatus>,
 }
 
 /// The registry changes a call applied.
@@ -658,6 +662,9 @@ pub struct Health {
     pub error: Option<ErrorBody>,
     /// Plugins serving now.
     pub plugins: usize,
+    /// K10: the published plugin set served, when the daemon follows its store's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_set: Option<crate::fleet::SetStatus>,
     /// The daemon's version.
     pub version: String,
 }

@@ -95,6 +95,28 @@ pub enum DaemonError {
     #[error("the tool call `{0}` already has its result")]
     ToolCallClosed(String),
 
+    /// K10: the session already moved to a newer plugin set on another daemon of the fleet
+    /// than the one this daemon serves.
+    #[error("session `{session}` already moved to plugin set {recorded}, and this daemon serves set {serving} (it has not loaded the newer one, or could not: see /v1/health); send the step to another daemon, or retry once this one has switched")]
+    PluginSetBehind {
+        /// The session.
+        session: String,
+        /// The set this daemon serves (0: none yet).
+        serving: u64,
+        /// The set the session's log records.
+        recorded: u64,
+    },
+
+    /// Writing or checking a published plugin set's files failed (K10).
+    #[error("{what}: {source}")]
+    PluginSetFiles {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A tool call whose tool no running MCP server provides.
     #[error("the tool call `{call}` names `{tool}`, which no running MCP server provides")]
     ToolNotRunnable {
@@ -120,6 +142,8 @@ impl DaemonError {
             DaemonError::ToolCallNotFound(_) => "unknown_tool_call",
             DaemonError::ToolCallClosed(_) => "tool_call_answered",
             DaemonError::ToolNotRunnable { .. } => "tool_not_runnable",
+            DaemonError::PluginSetBehind { .. } => "plugin_set_behind",
+            DaemonError::PluginSetFiles { .. } => "plugin_set_files",
         }
     }
 }

@@ -196,7 +196,10 @@ fn status(e: &DaemonError) -> StatusCode {
         DaemonError::PluginFileName { .. } | DaemonError::ReplayCandidate { .. } => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
-        DaemonError::Loading { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        DaemonError::Loading { .. } | DaemonError::PluginSetBehind { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        DaemonError::PluginSetFiles { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         DaemonError::ToolCallNotFound(_) => StatusCode::NOT_FOUND,
         DaemonError::ToolCallClosed(_) | DaemonError::ToolNotRunnable { .. } => {
             StatusCode::CONFLICT
@@ -404,6 +407,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         total: None,
         error: None,
         plugins: state.daemon.registry().len(),
+        plugin_set: state.daemon.set_status(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
     if let crate::Readiness::Loading { loaded, total } = state.daemon.readiness() {
@@ -428,6 +432,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 async fn plugins(State(state): State<Arc<AppState>>) -> Response {
     json_body(&api::PluginList {
         plugins: state.daemon.plugins(),
+        set: state.daemon.set_status(),
     })
 }
 

@@ -37,6 +37,7 @@ pub mod api;
 pub mod error;
 pub mod events;
 pub mod external;
+pub mod fleet;
 pub mod http;
 mod locks;
 pub mod metrics;
@@ -160,6 +161,8 @@ pub struct Daemon {
     plans: Mutex<steps::AgentPlans>,
     /// Held by the replay running (one at a time: each loads a plugin set of its own).
     replays: Mutex<()>,
+    /// K10: the store's plugin sets, when the daemon follows them.
+    fleet: Mutex<fleet::Fleet>,
     /// K7: what each session's last step held, by session (sessions holding nothing are
     /// absent, so it is bounded by the sessions that step).
     held: Mutex<BTreeMap<String, Vec<promptd_core::held::Held>>>,
@@ -213,6 +216,10 @@ impl Daemon {
             plans: Mutex::default(),
             replays: Mutex::new(()),
             held: Mutex::new(BTreeMap::new()),
+            fleet: Mutex::new(fleet::Fleet {
+                follow: config.fleet.follow,
+                ..fleet::Fleet::default()
+            }),
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),

@@ -89,7 +89,7 @@ impl Daemon {
     /// serving if the new one fails), unloads removed ones. Each change is an event (R5).
     pub fn reload(&self) -> Result<Vec<RegistryEvent>> {
         let _changing = lock(&self.changes);
-        let files = plugin_dir::plugin_files(&self.plugin_dir)?;
+        let files = plugin_dir::plugin_files(&self.scan_dir())?;
         let total = files.len();
         let mut applied = Vec::new();
         let mut present = HashSet::new();

@@ -217,6 +217,7 @@ impl Daemon {
         let registry = self.registry();
         let plan = self.agent_plan(&taken.get().agent)?;
         let cached = taken.get();
+        self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
         let auto = matches!(
             plan.cache_ttl,
             promptd_core::config::plan::TtlPolicy::Auto(_)

@@ -35,19 +35,20 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, NoTls, Statement};
 use promptd_core::store::{
-    Event, EventKind, NewEvent, SessionStore, SessionSummary, StoreError, BODY_VERSION,
+    Event, EventKind, NewEvent, PluginSet, SessionStore, SessionSummary, StoreError, BODY_VERSION,
 };
 use promptd_core::sync::{lock, wait};
 
 /// The schema this binary writes: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Each version's SQL, applied in order from the database's version + 1.
-pub const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    // `last_seq`, `last_ms` and `steps` on the session row: the append's check, the daemons'
-    // freshness check and the session list each read one row instead of counting events.
-    "CREATE TABLE sessions (
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        // `last_seq`, `last_ms` and `steps` on the session row: the append's check, the daemons'
+        // freshness check and the session list each read one row instead of counting events.
+        "CREATE TABLE sessions (
          id TEXT PRIMARY KEY,
          agent TEXT NOT NULL,
          created_ms BIGINT NOT NULL,
@@ -65,7 +66,21 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(
          PRIMARY KEY (session_id, seq)
      );
      CREATE INDEX sessions_by_last ON sessions (last_ms DESC, id DESC);",
-)];
+    ),
+    (
+        2,
+        // K10: plugin sets a fleet serves, their files content-addressed.
+        "CREATE TABLE plugin_files (
+         sha256 TEXT PRIMARY KEY,
+         bytes BYTEA NOT NULL
+     );
+     CREATE TABLE plugin_sets (
+         version BIGINT PRIMARY KEY,
+         created_ms BIGINT NOT NULL,
+         files TEXT NOT NULL
+     );",
+    ),
+];
 
 /// The advisory lock migrations hold (any fixed number; "promptd" in ASCII).
 const MIGRATION_LOCK: i64 = 0x70726f6d707464;
@@ -495,6 +510,90 @@ impl SessionStore for PostgresStore {
     fn is_shared(&self) -> bool {
         true
     }
+
+    fn publish_set(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
+        let listed = PluginSet::files_of(files);
+        let json = serde_json::to_string(&listed)
+            .map_err(|e| StoreError::backend("encoding the plugin set", e))?;
+        self.with(|conn| {
+            let mut tx = conn
+                .client
+                .transaction()
+                .map_err(pg("beginning a transaction"))?;
+            // Publishers queue on the table lock, so versions follow each other.
+            tx.batch_execute("LOCK TABLE plugin_sets IN EXCLUSIVE MODE")
+                .map_err(pg("locking the plugin sets"))?;
+            if let Some(latest) = latest_set(&mut tx)? {
+                if latest.files == listed {
+                    return Ok(latest);
+                }
+            }
+            for (_, bytes) in files {
+                tx.execute(
+                    "INSERT INTO plugin_files (sha256, bytes) VALUES ($1, $2)
+                     ON CONFLICT (sha256) DO NOTHING",
+                    &[&promptd_core::store::sha256_hex(bytes), bytes],
+                )
+                .map_err(pg("storing a plugin file"))?;
+            }
+            let version: i64 = tx
+                .query_one(
+                    "INSERT INTO plugin_sets (version, created_ms, files)
+                     SELECT COALESCE(MAX(version), 0) + 1, $1, $2 FROM plugin_sets
+                     RETURNING version",
+                    &[&now_ms(), &json],
+                )
+                .map_err(pg("storing the plugin set"))?
+                .get(0);
+            tx.commit().map_err(pg("committing the plugin set"))?;
+            Ok(PluginSet {
+                version: version as u64,
+                files: listed.clone(),
+            })
+        })
+    }
+
+    fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
+        self.with(|conn| latest_set(&mut conn.client))
+    }
+
+    fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
+        self.with(|conn| {
+            conn.client
+                .query_opt(
+                    "SELECT bytes FROM plugin_files WHERE sha256 = $1",
+                    &[&sha256],
+                )
+                .map_err(pg("reading a plugin file"))?
+                .map(|row| row.get::<_, Vec<u8>>(0))
+                .ok_or_else(|| {
+                    StoreError::backend(
+                        format!("reading plugin file {sha256}"),
+                        "no published set holds it",
+                    )
+                })
+        })
+    }
+}
+
+/// The latest plugin set the database holds (K10).
+fn latest_set(client: &mut impl postgres::GenericClient) -> Result<Option<PluginSet>, StoreError> {
+    let row = client
+        .query_opt(
+            "SELECT version, files FROM plugin_sets ORDER BY version DESC LIMIT 1",
+            &[],
+        )
+        .map_err(pg("reading the latest plugin set"))?;
+    row.map(|row| {
+        let files: String = row.get(1);
+        let files = serde_json::from_str(&files)
+            .map_err(|e| StoreError::backend("decoding the latest plugin set", e))?;
+        Ok(PluginSet {
+            version: row.get::<_, i64>(0) as u64,
+            files,
+        })
+    })
+    .transpose()
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use promptd_core::sync::lock;
 mod blobs;
 
 use promptd_core::store::{
-    Event, EventKind, NewEvent, SessionStore, SessionSummary, StoreError, BODY_VERSION,
+    Event, EventKind, NewEvent, PluginSet, SessionStore, SessionSummary, StoreError, BODY_VERSION,
 };
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
@@ -127,7 +127,16 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS blobs (
                  sha256 TEXT PRIMARY KEY,
                  data TEXT NOT NULL
-             ) WITHOUT ROWID;",
+             ) WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS plugin_files (
+                 sha256 TEXT PRIMARY KEY,
+                 bytes BLOB NOT NULL
+             ) WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS plugin_sets (
+                 version INTEGER PRIMARY KEY,
+                 created_ms INTEGER NOT NULL,
+                 files TEXT NOT NULL
+             );",
         )
         .map_err(db("creating the schema"))?;
         let versioned: bool = conn
@@ -581,6 +590,84 @@ impl SessionStore for SqliteStore {
     fn health(&self) -> Result<(), StoreError> {
         self.files.check()
     }
+
+    fn publish_set(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
+        self.files.check()?;
+        // Rare and large: a connection of its own, one immediate transaction.
+        let mut conn = connect(&self.path, false)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("beginning the plugin set's transaction"))?;
+        let listed = PluginSet::files_of(files);
+        if let Some(latest) = latest_set(&tx)? {
+            if latest.files == listed {
+                return Ok(latest);
+            }
+        }
+        for (_, bytes) in files {
+            tx.execute(
+                "INSERT OR IGNORE INTO plugin_files (sha256, bytes) VALUES (?1, ?2)",
+                params![promptd_core::store::sha256_hex(bytes), bytes],
+            )
+            .map_err(db("storing a plugin file"))?;
+        }
+        let json = serde_json::to_string(&listed)
+            .map_err(|e| StoreError::backend("encoding the plugin set", e))?;
+        tx.execute(
+            "INSERT INTO plugin_sets (created_ms, files) VALUES (?1, ?2)",
+            params![now_ms() as i64, json],
+        )
+        .map_err(db("storing the plugin set"))?;
+        let version = tx.last_insert_rowid() as u64;
+        tx.commit().map_err(db("committing the plugin set"))?;
+        Ok(PluginSet {
+            version,
+            files: listed,
+        })
+    }
+
+    fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
+        self.read(latest_set)
+    }
+
+    fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT bytes FROM plugin_files WHERE sha256 = ?1",
+                params![sha256],
+                |r| r.get::<_, Vec<u8>>(0),
+            )
+            .optional()
+            .map_err(db("reading a plugin file"))?
+            .ok_or_else(|| {
+                StoreError::backend(
+                    format!("reading plugin file {sha256}"),
+                    "no published set holds it",
+                )
+            })
+        })
+    }
+}
+
+/// The latest plugin set the database holds (K10).
+fn latest_set(conn: &Connection) -> Result<Option<PluginSet>, StoreError> {
+    let row = conn
+        .query_row(
+            "SELECT version, files FROM plugin_sets ORDER BY version DESC LIMIT 1",
+            [],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+        )
+        .optional()
+        .map_err(db("reading the latest plugin set"))?;
+    row.map(|(version, files)| {
+        let files = serde_json::from_str(&files)
+            .map_err(|e| StoreError::backend("decoding the latest plugin set", e))?;
+        Ok(PluginSet {
+            version: version as u64,
+            files,
+        })
+    })
+    .transpose()
 }
 
 fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, StoreError> {

@@ -18,6 +18,11 @@ impl Config {
             }
         }
         self.check_model_settings()?;
+        if self.fleet.poll_ms == Some(0) {
+            return Err(Error::ConfigInvalid(
+                "fleet.poll_ms must be greater than 0".into(),
+            ));
+        }
         for (stem, plugin) in &self.plugins {
             plugin.refresh(stem).map_err(Error::ConfigInvalid)?;
             plugin.defer(stem).map_err(Error::ConfigInvalid)?;

@@ -265,6 +265,8 @@ pub struct Registry {
     /// cache-cold point (K8): an MCP server that is down, a quarantined plugin with
     /// `keep_tools`. A contributor loaded again leaves this list.
     kept: BTreeMap<String, Kept>,
+    /// The published plugin set this snapshot serves (K10), when the daemon follows a store.
+    set: Option<u64>,
     /// Assemblies that made no plugin call, so they are a function of this snapshot, the
     /// chain and the options alone (see [`crate::assembly::assemble`]). Every clone starts
     /// empty: a changed registry never sees another snapshot's results.
@@ -307,6 +309,7 @@ impl Clone for Registry {
         Self {
             plugins: self.plugins.clone(),
             kept: self.kept.clone(),
+            set: self.set,
             memo: Memo::default(),
             skeletons: Memo::default(),
         }
@@ -390,6 +393,17 @@ impl Registry {
         let mut next = self.without(id)?;
         next.kept.insert(id.to_string(), kept);
         Ok(next)
+    }
+
+    /// The same snapshot, serving published plugin set `version` (K10).
+    pub fn with_set(mut self, version: u64) -> Registry {
+        self.set = Some(version);
+        self
+    }
+
+    /// The published plugin set this snapshot serves, if the daemon follows a store (K10).
+    pub fn set(&self) -> Option<u64> {
+        self.set
     }
 
     /// Whether any gone contributor's tools are kept (K8).
