@@ -105,7 +105,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         .spawn(move || {
             let started = std::time::Instant::now();
             if follow {
-                if let Err(e) = loader.follow_once(&loader.plugin_dir().to_path_buf()) {
+                if let Err(e) = loader.follow_once(loader.plugin_dir()) {
                     tracing::error!("reading the store's plugin set failed: error[{}]: {e}", e.code());
                 }
             }

@@ -359,8 +359,11 @@ pub struct SessionSummary {
 #[derive(Default)]
 pub struct MemoryStore {
     sessions: Mutex<BTreeMap<String, (String, Vec<Event>)>>,
-    sets: Mutex<(Vec<PluginSet>, BTreeMap<String, Vec<u8>>)>,
+    sets: Mutex<PublishedSets>,
 }
+
+/// A memory store's plugin sets, in order, and their files by sha256.
+type PublishedSets = (Vec<PluginSet>, BTreeMap<String, Vec<u8>>);
 
 impl MemoryStore {
     /// An empty store.
