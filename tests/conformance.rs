@@ -349,6 +349,21 @@ fn q8_anthropic_breakpoints_sit_after_the_stable_prefix_and_on_the_last_message(
             .count(),
         1
     );
+    // A client cannot add a fifth: a content block with a `cache_control` of its own is
+    // refused, naming the field, and nothing is recorded.
+    let before = d.event_kinds(&id).len();
+    let (status, body) = step(
+        &d,
+        &id,
+        "anthropic",
+        json!([{"role": "user", "content": [
+            {"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}]}]),
+    );
+    assert!(
+        (400..500).contains(&status) && body.to_string().contains("cache_control"),
+        "{status} {body}"
+    );
+    assert_eq!(d.event_kinds(&id).len(), before);
 }
 
 /// `tool_subset = "allowed_tools"`: toggling the bundled `tools` plugin's read-only mode for
