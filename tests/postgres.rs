@@ -742,7 +742,7 @@ fn q17_promptd_migrate_applies_the_schema_once_and_refuses_a_newer_one() {
     let (ok, _, stderr) = migrate(Some(&url));
     assert!(!ok);
     assert!(
-        stderr.contains("version 99") && stderr.contains("version 1)"),
+        stderr.contains("version 99") && stderr.contains("version 2)"),
         "{stderr}"
     );
     assert!(

@@ -565,8 +565,8 @@ pub struct PluginList {
     /// Each file, and each external contributor (MCP server).
     pub plugins: Vec<PluginStatus>,
     /// K10: the published plugin set served, when the daemon follows its store's (`[fleet]
-    /// follow`): which, the latest the store holds, and why a newer one did not load.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// follow`): which, the latest the store holds, and why a newer one did not load; null
+    /// for a daemon serving its folder.
     pub set: Option<crate::fleet::SetStatus>,
 }
 
@@ -662,8 +662,8 @@ pub struct Health {
     pub error: Option<ErrorBody>,
     /// Plugins serving now.
     pub plugins: usize,
-    /// K10: the published plugin set served, when the daemon follows its store's.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// K10: the published plugin set served, when the daemon follows its store's; null for
+    /// a daemon serving its folder.
     pub plugin_set: Option<crate::fleet::SetStatus>,
     /// The daemon's version.
     pub version: String,
