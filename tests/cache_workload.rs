@@ -70,7 +70,7 @@ pub(crate) fn persona() -> String {
     rule.repeat(90)
 }
 
-fn config(starts: &std::path::Path) -> String {
+fn config(starts: &std::path::Path, extra: &str) -> String {
     let (py, server) = (
         python("tests/mcp"),
         repo_root().join("tests/mcp/fixture_server.py"),
@@ -104,6 +104,7 @@ output = 15.0
 [pricing."gpt-4.1"]
 input = 2.0
 output = 8.0
+{extra}
 "#,
         persona = persona(),
         py = py.display().to_string(),
@@ -123,6 +124,17 @@ impl Stub {
         let (child, url) =
             common::process::start_stub_provider(&python("tests/sdk_loops"), "900", None);
         Stub { _child: child, url }
+    }
+
+    /// GETs one of the stub's own routes (`/stub/ledger`).
+    pub(crate) fn get(&self, path: &str) -> Value {
+        let text = ureq::get(format!("{}{path}", self.url))
+            .call()
+            .unwrap_or_else(|e| panic!("stub {path}: {e}"))
+            .body_mut()
+            .read_to_string()
+            .unwrap_or_default();
+        serde_json::from_str(&text).unwrap()
     }
 
     pub(crate) fn call(&self, path: &str, body: &Value, now_ms: u64) -> Value {
@@ -210,7 +222,8 @@ impl Rig {
                 .map(|c| json!({"role": "tool", "tool_call_id": c, "content": "done"}))
                 .collect()
         };
-        let body = json!({"format": format, "messages": messages, "facts": {"cwd": "/src/app"}});
+        let body = json!({"format": format, "messages": messages, "facts": {"cwd": "/src/app"},
+                          "sent_at": now});
         let step = self
             .d
             .ok("POST", &format!("/v1/sessions/{}/steps", s.id), Some(&body));
@@ -352,7 +365,7 @@ pub(crate) fn tool_calls(reply: &Value) -> Vec<String> {
         .collect()
 }
 
-fn rig() -> Rig {
+fn rig(extra: &str) -> Rig {
     let folder = Folder::new()
         .bundled("identity")
         .bundled("persona")
@@ -364,7 +377,7 @@ fn rig() -> Rig {
         &std::fs::read(fixture("versioned_v1")).unwrap(),
     );
     let starts = folder.path().join("mcp-starts");
-    let (d, state) = folder.serve(&config(&starts));
+    let (d, state) = folder.serve(&config(&starts, extra));
     eventually_within(30, "the MCP server to serve", || {
         d.plugin("mcp:s")["state"] == "loaded"
     });
@@ -380,9 +393,9 @@ fn rig() -> Rig {
     }
 }
 
-#[test]
-fn k2_a_scripted_workload_of_100_sessions_records_only_outcomes_its_script_caused() {
-    let mut rig = rig();
+/// The script's 100 Anthropic sessions, in time order, with the plugin swaps and MCP crashes;
+/// returns the sessions and how many crashes happened.
+fn timeline(rig: &mut Rig) -> (Vec<Session>, u64) {
     let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
     let mut sessions: Vec<Session> = (0..100)
         .map(|i| Session {
@@ -423,6 +436,57 @@ fn k2_a_scripted_workload_of_100_sessions_records_only_outcomes_its_script_cause
             queue.insert((now + gap, i), left - 1);
         }
     }
+    (sessions, flapped)
+}
+
+/// The stub's ledger summed: tokens read, written (5 minutes, 1 hour), uncached, and the
+/// cost in input-token equivalents at Anthropic's multiples.
+fn ledger_totals(stub: &Stub) -> [u64; 5] {
+    let rows = stub.get("/stub/ledger")["requests"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let sum = |k: &str| rows.iter().map(|r| r[k].as_u64().unwrap_or(0)).sum::<u64>();
+    let (read, w5, w1h, uncached) = (
+        sum("read"),
+        sum("written_5m"),
+        sum("written_1h"),
+        sum("uncached"),
+    );
+    let cost = (read as f64 * 0.1 + w5 as f64 * 1.25 + w1h as f64 * 2.0 + uncached as f64) as u64;
+    [read, w5, w1h, uncached, cost]
+}
+
+/// Issue 30's comparison through the real daemon and the caching stub: the same 100 sessions
+/// (with the three swaps of `versioned`) under today's defaults and with `refresh =
+/// "boundary"` on the swapped plugin; the held run reads more from the stub's cache and writes
+/// less, as the cache model predicts (docs/cache.md), and both runs' totals are printed.
+#[test]
+fn k7_held_swaps_cost_less_through_the_daemon_and_the_stub() {
+    let mut totals = Vec::new();
+    for extra in ["", "[plugins.versioned]\nrefresh = \"boundary\"\n"] {
+        let mut rig = rig(extra);
+        timeline(&mut rig);
+        totals.push(ledger_totals(&rig.stub));
+    }
+    eprintln!("| run | read | written 5m | written 1h | uncached | cost |");
+    for (name, [read, w5, w1h, uncached, cost]) in
+        ["today", "refresh = boundary"].iter().zip(&totals)
+    {
+        eprintln!("| {name} | {read} | {w5} | {w1h} | {uncached} | {cost} |");
+    }
+    let ([read, w5, ..], [held_read, held_w5, ..]) = (totals[0], totals[1]);
+    assert!(held_read > read && held_w5 < w5, "{totals:?}");
+    assert!(
+        totals[1][4] < totals[0][4],
+        "the held run costs less: {totals:?}"
+    );
+}
+
+#[test]
+fn k2_a_scripted_workload_of_100_sessions_records_only_outcomes_its_script_caused() {
+    let mut rig = rig("");
+    let (sessions, flapped) = timeline(&mut rig);
     assert_eq!(flapped, 2, "the timeline reaches both crashes");
     // The OpenAI session: 20 steps 2 s apart on one `prompt_cache_key`, an hour later.
     let mut burst = Session {
@@ -559,7 +623,7 @@ fn k3_the_outcome_baseline_survives_a_restart() {
         .bundled("tools")
         .bundled("workspace");
     let starts = folder.path().join("mcp-starts");
-    let config = folder.config(&config(&starts));
+    let config = folder.config(&config(&starts, ""));
     let (_tmp, state) = common::daemon::state_dir();
     let stub = Stub::start();
     let d = Served::start(folder.path(), &config, &state);

@@ -144,6 +144,7 @@ fn record(registry: &Registry, plan: &AgentPlan, steps: usize) -> Vec<Event> {
             StepInput {
                 messages,
                 facts: facts.clone(),
+                sent_at: None,
             },
             Format::Anthropic,
         )

@@ -120,7 +120,11 @@ impl Log {
             plan,
             SESSION,
             crate::step::Serving::run("run-1"),
-            StepInput { messages, facts },
+            StepInput {
+                messages,
+                facts,
+                sent_at: None,
+            },
             Format::Anthropic,
         )
         .unwrap();

@@ -44,6 +44,10 @@ pub struct StepInput {
     pub messages: Vec<Message>,
     /// The runtime facts plugins read (`cwd`, `git_branch`, …).
     pub facts: BTreeMap<String, String>,
+    /// When the client will send the request, in ms since the Unix epoch, if it says (the
+    /// daemon's clock otherwise): a held change's idle gap and age are measured from it (K7),
+    /// as a recorded reply's idle gap is from its `sent_at`.
+    pub sent_at: Option<u64>,
 }
 
 /// Who plans a step: the daemon process (`run`, recorded with each header, Q3) and what it

@@ -145,6 +145,12 @@ pub struct StepBody {
     /// The request body's shape.
     #[serde(default)]
     pub format: Format,
+    /// When you will send the request, in milliseconds since the Unix epoch (default: now):
+    /// a held change's idle gap and age are measured from it, as a recorded reply's are from
+    /// its `sent_at`. For clients that replay or simulate traffic on their own clock.
+    #[serde(default)]
+    #[schema(maximum = 18446744073709551615_u64)]
+    pub sent_at: Option<u64>,
 }
 
 /// A message a step adds: a `Message` with the role `user` (never a `snapshot`: promptd sets

@@ -530,6 +530,7 @@ async fn step(
     let input = StepInput {
         messages: req.messages,
         facts: req.facts,
+        sent_at: req.sent_at,
     };
     let format = req.format;
     // Assembly, the append and rendering all run on the blocking pool.

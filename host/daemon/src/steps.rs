@@ -234,7 +234,7 @@ impl Daemon {
             run: &self.run,
             agent_gaps: agent_gaps.as_ref(),
             key_shards: key_shards.as_deref(),
-            now_ms: Some(now),
+            now_ms: Some(input.sent_at.unwrap_or(now)),
         };
         let mut planned = step::plan(
             &mut cached.state,

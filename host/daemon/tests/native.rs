@@ -221,6 +221,7 @@ fn input(messages: Vec<Message>, facts: &[(&str, &str)]) -> StepInput {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        sent_at: None,
     }
 }
 
