@@ -256,6 +256,16 @@ fn fixture_config(name: &str, mode: &str, extra: &str) -> String {
     format!("[mcp.{name}]\ncommand = {python:?}\nargs = [{script:?}, {mode:?}]\n{extra}\n")
 }
 
+/// A daemon serving the fixture server `s` in mode `same` with `extra` config, once it is
+/// loaded, and a session that took one step.
+fn fixture_session(folder: &Folder, extra: &str) -> (Served, tempfile::TempDir, String) {
+    let (d, state) = folder.serve(&fixture_config("s", "same", extra));
+    wait_state(&d, "mcp:s", "loaded");
+    let id = d.session("default");
+    step(&d, &id, json!([{"role": "user", "content": "go"}]));
+    (d, state, id)
+}
+
 fn header_reasons(d: &Served, id: &str) -> Vec<String> {
     let v = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
     v["events"]
@@ -311,10 +321,7 @@ fn an_unchanged_list_and_a_restart_record_no_header() {
         "env = {{ FIXTURE_STARTS = {:?} }}",
         starts.display().to_string()
     );
-    let (d, _state) = folder.serve(&fixture_config("s", "same", &extra));
-    wait_state(&d, "mcp:s", "loaded");
-    let id = d.session("default");
-    step(&d, &id, json!([{"role": "user", "content": "go"}]));
+    let (d, _state, id) = fixture_session(&folder, &extra);
     assert_eq!(call(&d, &id, "c1", "same")["message"]["is_error"], false);
     let crashed = call(&d, &id, "c2", "crash");
     assert_eq!(crashed["message"]["is_error"], true, "{crashed}");
@@ -345,10 +352,7 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
         starts.display().to_string(),
         down.display().to_string()
     );
-    let (d, _state) = folder.serve(&fixture_config("s", "same", &extra));
-    wait_state(&d, "mcp:s", "loaded");
-    let id = d.session("default");
-    step(&d, &id, json!([{"role": "user", "content": "go"}]));
+    let (d, _state, id) = fixture_session(&folder, &extra);
     std::fs::write(&down, "").unwrap();
     assert_eq!(call(&d, &id, "c1", "crash")["message"]["is_error"], true);
     wait_state(&d, "mcp:s", "stale");
@@ -424,10 +428,7 @@ fn k8_a_down_servers_tools_go_at_a_cold_point_or_at_once_without_keep_tools() {
             "env = {{ FIXTURE_DOWN = {:?} }}\nkeep_tools = {keep}",
             down.display().to_string()
         );
-        let (d, _state) = folder.serve(&fixture_config("s", "same", &extra));
-        wait_state(&d, "mcp:s", "loaded");
-        let id = d.session("default");
-        step(&d, &id, json!([{"role": "user", "content": "go"}]));
+        let (d, _state, id) = fixture_session(&folder, &extra);
         std::fs::write(&down, "").unwrap();
         assert_eq!(call(&d, &id, "c1", "crash")["message"]["is_error"], true);
         wait_state(&d, "mcp:s", "stale");

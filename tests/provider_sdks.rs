@@ -143,6 +143,22 @@ fn loop_command(client: &Client) -> Command {
     }
 }
 
+/// Runs `client`'s loop of [`STEPS`] steps for `agent` against the daemon and the stub.
+fn run_loop(
+    client: &Client,
+    daemon: &str,
+    stub: &str,
+    agent: &str,
+) -> (Option<i32>, String, String) {
+    let mut cmd = loop_command(client);
+    cmd.arg(daemon)
+        .arg(stub)
+        .arg(agent)
+        .args(["--steps", &STEPS.to_string()])
+        .args(client.args);
+    run_bounded(cmd)
+}
+
 /// Runs `client`'s loop for every agent of the example config against a fresh daemon and stub;
 /// fails listing every agent whose loop failed, with the loop's own error.
 fn conforms(client: Client) {
@@ -161,13 +177,7 @@ fn conforms(client: Client) {
     let stub = Stub::start();
     let mut failures = Vec::new();
     for agent in example_agents() {
-        let mut cmd = loop_command(&client);
-        cmd.arg(&daemon.url)
-            .arg(&stub.url)
-            .arg(&agent)
-            .args(["--steps", &STEPS.to_string()])
-            .args(client.args);
-        let (code, out, err) = run_bounded(cmd);
+        let (code, out, err) = run_loop(&client, &daemon.url, &stub.url, &agent);
         if code != Some(0) {
             failures.push(format!("agent {agent}: exit {code:?}: {}", err.trim()));
             continue;
@@ -1846,13 +1856,7 @@ fn k9_deferred_tools_official_sdks_accept_the_bodies_and_they_rebuild() {
             format,
             records_usage: true,
         };
-        let mut cmd = loop_command(&client);
-        cmd.arg(&daemon.url)
-            .arg(&stub.url)
-            .arg("coder")
-            .args(["--steps", &STEPS.to_string()])
-            .args(args);
-        let (code, out, err) = run_bounded(cmd);
+        let (code, out, err) = run_loop(&client, &daemon.url, &stub.url, "coder");
         assert_eq!(code, Some(0), "{script}: {err}\n{out}");
     }
     let sessions = daemon.ok("GET", "/v1/sessions", None)["sessions"]
