@@ -352,7 +352,7 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
         starts.display().to_string(),
         down.display().to_string()
     );
-    let (d, _state, id) = fixture_session(&folder, &extra);
+    let (d, state, id) = fixture_session(&folder, &extra);
     std::fs::write(&down, "").unwrap();
     assert_eq!(call(&d, &id, "c1", "crash")["message"]["is_error"], true);
     wait_state(&d, "mcp:s", "stale");
@@ -414,6 +414,17 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
         None,
     );
     assert_eq!(explain["held"], json!([]), "{explain}");
+    // The steps that kept the slots, and the one after, rebuild from the log after a restart.
+    d.stop();
+    let d = Served::start(
+        folder.path(),
+        &folder.path().join("promptd.toml"),
+        &state.path().join("state"),
+    );
+    for (k, sent) in [(n as u64, &during), (n as u64 + 1, &after)] {
+        let rebuilt = d.ok("GET", &format!("/v1/sessions/{id}/steps/{k}/request"), None);
+        assert_eq!(&rebuilt, sent, "step {k}");
+    }
 }
 
 /// K8: `keep_tools = false` drops a down server's tools at the next step; with the default, a

@@ -247,24 +247,27 @@ fn openai(script: &[Sent], policy: &str) -> Totals {
     let rules = Rules::openai(0.25);
     let mut cache = Cache::new(rules.clone());
     let mut totals = Totals::default();
-    // The prefix policy's shards: requests with the head in the last minute, and each
-    // session's shard once given.
-    let mut recent: Vec<u64> = Vec::new();
+    // The sharded policies: each base key's requests in the last minute, and each session's
+    // shard once given (a session keeps the key its header recorded, as the daemon does).
+    let mut recent: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut shard_of: BTreeMap<usize, u64> = BTreeMap::new();
     for sent in script {
-        recent.retain(|&t| t + MIN_MS > sent.at_ms);
-        recent.push(sent.at_ms);
-        let key = match policy {
+        let base = match policy {
             "session" => format!("s{}", sent.session),
-            "agent" => sent.agent.to_string(),
-            "prefix" => "head".to_string(),
-            _ => {
-                let shards = (recent.len() as u64).div_ceil(u64::from(rules.per_key_per_minute));
-                let shard = *shard_of
-                    .entry(sent.session)
-                    .or_insert(sent.session as u64 % shards.max(1));
-                format!("head-{shard}")
-            }
+            "agent" | "agent+shards" => sent.agent.to_string(),
+            _ => "head".to_string(),
+        };
+        let times = recent.entry(base.clone()).or_default();
+        times.retain(|&t| t + MIN_MS > sent.at_ms);
+        times.push(sent.at_ms);
+        let key = if policy.ends_with("+shards") {
+            let shards = (times.len() as u64).div_ceil(u64::from(rules.per_key_per_minute));
+            let shard = *shard_of
+                .entry(sent.session)
+                .or_insert(sent.session as u64 % shards.max(1));
+            format!("{base}-{shard}")
+        } else {
+            base
         };
         let version = version_at(sent.at_ms);
         let mut request = Request::new(sent.at_ms, blocks(sent, version, None, Marks::Last));
@@ -383,7 +386,13 @@ fn main() {
         println!("\nOpenAI (gpt-4.1), cache-key policy:\n");
         println!("| policy | read | written | written 1h | missed | cost |");
         println!("| --- | --- | --- | --- | --- | --- |");
-        for policy in ["session", "agent", "prefix", "prefix+shards"] {
+        for policy in [
+            "session",
+            "agent",
+            "agent+shards",
+            "prefix",
+            "prefix+shards",
+        ] {
             openai(&script, policy).row(&format!("cache_key = {policy}"), input);
         }
         foresight(&script, &Rules::openai(0.25)).row("perfect foresight", input);
