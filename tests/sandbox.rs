@@ -312,3 +312,42 @@ fn k8_a_quarantined_plugin_with_keep_tools_keeps_its_slots_in_warm_sessions() {
         "{cold}"
     );
 }
+
+/// K8: an optional plugin with `keep_tools` whose call fails is left out of the step (A9) but
+/// keeps its slots in a warm session: the request is the step before's, no header is
+/// recorded, the explain says why; once its calls succeed with the same text, nothing moved.
+#[test]
+fn k8_an_optional_plugin_that_fails_a_call_keeps_its_slots_with_keep_tools() {
+    let folder = Folder::new().scripted("flaky").scripted("good");
+    let (d, _s) = folder.serve(
+        "[limits]\nquarantine_after = 0\n\
+         [plugins.flaky]\noptional = true\nkeep_tools = true\n\
+         config = { \"flaky_section.f\" = \"0\", \"tool.flaky_tool\" = '{\"type\":\"object\"}' }\n\
+         [plugins.good]\nconfig = { \"section.g\" = \"1|good\" }\n",
+    );
+    let id = d.session("default");
+    let mut requests = Vec::new();
+    for _ in 0..3 {
+        let (status, v) = d.step(&id);
+        assert_eq!(status, 200, "{v}");
+        requests.push(v["request"].clone());
+    }
+    // Step 2's call trapped (every second call of an instance does); step 3 ran on a fresh
+    // instance, whose first call gives step 1's text again.
+    assert_eq!(requests[0]["system"], "flaky ok (call 1)\n\ngood");
+    for r in &requests[1..] {
+        assert_eq!(r["system"], requests[0]["system"]);
+        assert_eq!(r["tools"], requests[0]["tools"]);
+    }
+    let kinds = d.event_kinds(&id);
+    assert_eq!(kinds.iter().filter(|k| *k == "request/header").count(), 1);
+    assert_eq!(kinds.iter().filter(|k| *k == "plugin/omitted").count(), 1);
+    let explain = d.ok("GET", &format!("/v1/sessions/{id}/steps/2/explain"), None);
+    let said = explain["said"].to_string();
+    assert!(
+        said.contains(
+            "tool `flaky_tool` of plugin `flaky` kept (unavailable: section `f` failed: "
+        ),
+        "{said}"
+    );
+}

@@ -244,9 +244,18 @@ pub fn plan_assembled(
     let mut released = None;
     let header: Option<Header> = match state.header() {
         Some(h) if same_header(h, assembled, agent, ttl) => None,
-        Some(h) if holds_any(registry) => {
+        Some(h) if holds_any(registry, assembled) => {
             let now = Provenance::of(registry, assembled);
-            let decision = decide_held(state, h, &now, registry, agent, ttl, serving, format);
+            let decision = decide_held(
+                state,
+                h,
+                &now,
+                (registry, assembled),
+                agent,
+                ttl,
+                serving,
+                format,
+            );
             current = Some(now);
             match decision {
                 held::Decision::Hold(parts) => {
@@ -381,8 +390,25 @@ pub fn key_base(key: &str) -> &str {
 
 /// Whether any plugin holds a change for a cache-cold point (K7), or a failed one's tools are
 /// kept (K8): when none is, a changed header is recorded without comparing provenances.
-fn holds_any(registry: &Registry) -> bool {
-    registry.has_kept() || registry.plugins().any(|p| !p.options.refresh.is_step())
+fn holds_any(registry: &Registry, assembled: &Assembly) -> bool {
+    registry.has_kept()
+        || registry.plugins().any(|p| !p.options.refresh.is_step())
+        || failed_keeping(registry, assembled, "").is_some()
+}
+
+/// K8: why plugin `id` (any plugin, when `id` is empty) with `keep_tools` was left out of
+/// this assembly because a call failed (A9), if it was.
+fn failed_keeping(registry: &Registry, assembled: &Assembly, id: &str) -> Option<String> {
+    assembled
+        .omitted
+        .iter()
+        .filter(|o| id.is_empty() || o.plugin == id)
+        .find(|o| {
+            registry
+                .get(&o.plugin)
+                .is_some_and(|e| e.options.keep_tools)
+        })
+        .map(|o| format!("{} failed: {}", o.contribution, o.cause))
 }
 
 /// K7: whether a header that would change from `header` to this step's assembly (whose
@@ -392,7 +418,7 @@ fn decide_held(
     state: &SessionState,
     header: &Header,
     now: &Provenance,
-    registry: &Registry,
+    (registry, assembled): (&Registry, &Assembly),
     agent: &AgentPlan,
     ttl: Option<Ttl>,
     serving: Serving<'_>,
@@ -426,7 +452,10 @@ fn decide_held(
         message_bytes: state.message_bytes() as u64,
     };
     let policy = |id: &str| match (registry.get(id), registry.kept(id)) {
-        (Some(e), _) => held::Policy::Loaded(e.options.refresh.clone()),
+        (Some(e), _) => match failed_keeping(registry, assembled, id) {
+            Some(cause) => held::Policy::Kept(cause),
+            None => held::Policy::Loaded(e.options.refresh.clone()),
+        },
         (None, Some(kept)) => held::Policy::Kept(kept.cause.clone()),
         (None, None) => held::Policy::Removed,
     };
