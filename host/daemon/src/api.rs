@@ -148,7 +148,7 @@ pub struct StepBody {
     /// When you will send the request, in milliseconds since the Unix epoch (default: now):
     /// a held change's idle gap and age are measured from it, as a recorded reply's are from
     /// its `sent_at`. For clients that replay or simulate traffic on their own clock.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     #[schema(maximum = 18446744073709551615_u64)]
     pub sent_at: Option<u64>,
 }
