@@ -317,18 +317,16 @@ mod tests {
             plugin = plugin.tool(t, "", r#"{"type":"object"}"#);
         }
         let (declaration, provider) = plugin.build();
-        let entry = PluginEntry::new(
-            "mcp:x",
-            declaration,
-            provider,
-            Config::default().plugin_options("mcp:x"),
-        )
-        .unwrap();
+        // As an MCP server's entry is (promptd_mcp::entry): its tools kept when it fails.
+        let mut options = Config::default().plugin_options("mcp:x");
+        options.keep_tools = true;
+        let entry = PluginEntry::new("mcp:x", declaration, provider, options).unwrap();
         Ok((entry, Arc::new(Echo)))
     }
 
-    /// M3, M5: an identical declaration publishes nothing; a changed one is a `reload`; a
-    /// failure keeps the last one serving as `stale`.
+    /// M3, M5, K8: an identical declaration publishes nothing; a changed one is a `reload`; a
+    /// failure leaves the registry as `stale`, its tools kept for warm sessions, and a return
+    /// with the same declaration fills the slots again without an event.
     #[test]
     fn only_a_changed_declaration_is_published() {
         let dir = tempfile::tempdir().unwrap();
@@ -350,9 +348,18 @@ mod tests {
         let failed = daemon.set_external("mcp:x", "x", Err(ErrorBody::new("mcp_server", "gone")));
         assert_eq!(failed.unwrap().kind, ChangeKind::Refused);
         assert_eq!(daemon.plugins()[0].state, PluginState::Stale);
-        assert!(daemon.registry().get("mcp:x").is_some(), "still serving");
+        assert!(
+            daemon.registry().get("mcp:x").is_none(),
+            "out of new sessions"
+        );
+        assert!(
+            daemon.registry().kept("mcp:x").is_some(),
+            "kept for warm ones"
+        );
         assert!(daemon.set_external("mcp:x", "x", entry(&["a"])).is_none());
         assert_eq!(daemon.plugins()[0].state, PluginState::Loaded);
+        assert!(daemon.registry().get("mcp:x").is_some(), "serving again");
+        assert!(daemon.registry().kept("mcp:x").is_none());
         let changed = daemon
             .set_external("mcp:x", "x", entry(&["a", "b"]))
             .unwrap();
