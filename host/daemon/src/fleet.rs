@@ -215,14 +215,8 @@ impl Daemon {
         });
         let mut loaded = Vec::with_capacity(total);
         for (file, outcome) in changed.iter().zip(outcomes) {
-            match outcome {
-                Ok((entry, _)) => loaded.push((*file, entry)),
-                Err(e) => {
-                    return Err(DaemonError::Core(promptd_core::Error::ConfigInvalid(
-                        format!("plugin `{}`: {e}", file.stem),
-                    )))
-                }
-            }
+            // The load's own error (it names the plugin and the cause, with its code).
+            loaded.push((*file, outcome.map(|(entry, _)| entry)?));
         }
         // The next registry: without what left the set, with what changed, in file order.
         let in_set: std::collections::BTreeSet<&str> =
@@ -252,12 +246,7 @@ impl Daemon {
             let id = entry.id.clone();
             let existed = next.get(&id).is_some();
             let declares = declaration_json(&entry.declaration);
-            next = next.with_replaced(entry).map_err(|e| {
-                DaemonError::Core(promptd_core::Error::ConfigInvalid(format!(
-                    "plugin `{}`: {e}",
-                    file.stem
-                )))
-            })?;
+            next = next.with_replaced(entry)?;
             let path = file.path.display().to_string();
             let kind = if existed {
                 ChangeKind::Reload
