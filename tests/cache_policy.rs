@@ -36,6 +36,12 @@ cache_key = "prefix"
 [agents.own]
 [agents.own.cache]
 cache_key = "session"
+[agents.zdr]
+[agents.zdr.model.openai]
+prompt_cache_retention = "in_memory"
+[agents.extended]
+[agents.extended.model.openai]
+model = "gpt-4o"
 
 [plugins.identity]
 config = {{ name = "Ada", model = "example-model" }}
@@ -62,14 +68,22 @@ fn folder() -> Folder {
 /// and, when the reply called tools, a step with their results and its reply a second later.
 /// Returns each step's number and the request promptd sent, with the stub's usage.
 pub(crate) fn turn(d: &Served, stub: &Stub, id: &str, now: u64) -> Vec<(u64, Value, Value)> {
+    turn_in(d, stub, id, now, "anthropic")
+}
+
+/// [`turn`] in `format` (`anthropic` or `openai`).
+fn turn_in(d: &Served, stub: &Stub, id: &str, now: u64, format: &str) -> Vec<(u64, Value, Value)> {
+    let path = match format {
+        "anthropic" => "/v1/messages",
+        _ => "/v1/chat/completions",
+    };
     let mut out = Vec::new();
     let mut messages = vec![json!({"role": "user", "content": format!("{id}: task at {now}")})];
     let mut at = now;
     loop {
-        let body =
-            json!({"format": "anthropic", "messages": messages, "facts": {"cwd": "/src/app"}});
+        let body = json!({"format": format, "messages": messages, "facts": {"cwd": "/src/app"}});
         let step = d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body));
-        let reply = stub.call("/v1/messages", &step["request"], at);
+        let reply = stub.call(path, &step["request"], at);
         d.ok(
             "POST",
             &format!("/v1/sessions/{id}/messages?sent_at={at}"),
@@ -294,4 +308,71 @@ fn k6_openai_keys_name_the_agent_the_session_or_the_head_and_shard_past_the_rate
     d.stop();
     let d = Served::start(folder.path(), &config, &state);
     rebuilt_as_sent(&d, &sent, "openai");
+}
+
+/// K11: OpenAI's retention. An agent on gpt-4.1 that does not say gets the organisation's
+/// default (24 hours), so after 20 idle minutes the stub still serves its prefix and promptd
+/// judges the step a hit; the agent whose model settings say `in_memory` sends it, loses the
+/// prefix and is judged `ttl_expired`; an agent on gpt-4o (in-memory only) sends nothing and
+/// expires too. Every body rebuilds after a restart.
+#[test]
+fn k11_openai_retention_is_sent_as_configured_and_judged_by_the_models_offer() {
+    let folder = folder();
+    let config = folder.config(&config());
+    let (_tmp, state) = common::daemon::state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let t0 = 1_900_000_000_000u64;
+    let mut sent: Vec<(String, u64, Value)> = Vec::new();
+    for (agent, said, outcome) in [
+        ("plain", None, "hit"),
+        ("zdr", Some("in_memory"), "ttl_expired"),
+        ("extended", None, "ttl_expired"),
+    ] {
+        let stub = Stub::start();
+        let id = d.session(agent);
+        let first = turn_in(&d, &stub, &id, t0, "openai");
+        let later = turn_in(&d, &stub, &id, t0 + 20 * MIN_MS, "openai");
+        for (_, request, _) in first.iter().chain(&later) {
+            assert_eq!(
+                request.get("prompt_cache_retention").and_then(Value::as_str),
+                said,
+                "{agent}: {request}"
+            );
+        }
+        let read = later[0].2["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(read > 0, outcome == "hit", "{agent}: {}", later[0].2);
+        let usage = d.ok("GET", &format!("/v1/sessions/{id}/usage"), None);
+        let cache = &usage["steps"][first.len()]["cache"];
+        assert_eq!(cache["outcome"], outcome, "{agent}: {usage}");
+        // promptd's model of the cache expected what the stub did: a read after 20 minutes
+        // only under 24 hours' retention.
+        let expected = cache["expected_read"].as_u64().unwrap();
+        assert_eq!(expected > 0, outcome == "hit", "{agent}: {cache}");
+        sent.extend(
+            first
+                .into_iter()
+                .chain(later)
+                .map(|(n, r, _)| (id.clone(), n, r)),
+        );
+    }
+    d.stop();
+    let d = Served::start(folder.path(), &config, &state);
+    rebuilt_as_sent(&d, &sent, "openai");
+}
+
+/// K11: a retention the agent's model does not offer is refused at load, naming the setting
+/// and the model.
+#[test]
+fn k11_a_retention_the_model_does_not_offer_is_a_config_error_naming_it() {
+    let folder = folder();
+    let config = folder.config(
+        "[model.openai]\nmodel = \"gpt-4o\"\nprompt_cache_retention = \"24h\"\n",
+    );
+    let line = folder.assemble_fails(&config, &["--agent", "coder"], "config_invalid");
+    assert!(
+        line.contains("prompt_cache_retention") && line.contains("gpt-4o"),
+        "{line}"
+    );
 }

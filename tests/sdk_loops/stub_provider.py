@@ -56,7 +56,10 @@ by the test), else the monotonic clock.
     requests a minute, the next go to a new machine (with an empty cache). The read is the
     longest live prefix of at least 1024 tokens ending at a block boundary, rounded down to a
     multiple of 128; every such prefix of the request is written for 5 minutes (a hit's
-    refreshed). `cached_tokens` reports the read; writes cost as plain input.
+    refreshed), or for 24 hours under extended retention: `prompt_cache_retention = "24h"`, or
+    not said on a model that offers both (an organisation without Zero Data Retention), or a
+    model that offers only 24h (gpt-5.5 and later). A retention the model does not offer is a
+    400. `cached_tokens` reports the read; writes cost as plain input.
 
     GET  /stub/ledger   {"requests": [...]}: per accepted request, in order (the last 100,000),
                         path, model, now_ms, input_tokens (all), read, written_5m, written_1h,
@@ -444,6 +447,7 @@ def check_chat(body):
         need(key in CHAT_PARAMS, "param.unknown", key, "not a Chat Completions parameter")
     need("model" in body, "param.model", "model", "required")
     need_string(body["model"], "param.model", "model", nonempty=True)
+    check_retention(body)
 
     tool_names = []
     for i, tool in enumerate(tools_of(body)):
@@ -694,6 +698,7 @@ def check_responses(body):
         need(key in RESPONSES_PARAMS, "param.unknown", key, "not a Responses parameter")
     need("model" in body, "param.model", "model", "required")
     need_string(body["model"], "param.model", "model", nonempty=True)
+    check_retention(body)
     if "instructions" in body:
         need_string(body["instructions"], "responses.instructions", "instructions")
 
@@ -1276,6 +1281,40 @@ def usage_messages(served):
 
 OUTPUT_TOKENS = 12
 FIVE_MINUTES_MS = 5 * 60 * 1000
+DAY_MS = 24 * 60 * 60 * 1000
+# OpenAI's prompt-caching guide: the models that offer both retentions (a dated snapshot is its
+# model); gpt-5.5 and later offer only 24h; the others only in_memory.
+RETENTION_BOTH = {
+    "gpt-5.4", "gpt-5.3-codex", "gpt-5.2", "gpt-5.1-codex-max", "gpt-5.1", "gpt-5.1-codex",
+    "gpt-5.1-codex-mini", "gpt-5.1-chat-latest", "gpt-5.1-chat", "gpt-5", "gpt-5-codex",
+    "gpt-4.1",
+}
+
+
+def retention_offer(model):
+    """'both', '24h' or 'in_memory': what OpenAI's guide lists for `model`."""
+    m = re.sub(r"-\d{4}-\d{2}-\d{2}$", "", model.strip().lower())
+    if m in RETENTION_BOTH:
+        return "both"
+    minor = re.match(r"gpt-5\.(\d+)", m)
+    major = re.match(r"gpt-(\d+)", m)
+    if (minor and int(minor.group(1)) >= 5) or (major and int(major.group(1)) >= 6):
+        return "24h"
+    return "in_memory"
+
+
+def check_retention(body):
+    """`prompt_cache_retention`, when present: in_memory or 24h, and one the model offers.
+    Returns the retention the request is served under."""
+    offer = retention_offer(body["model"])
+    asked = body.get("prompt_cache_retention")
+    if asked is None:
+        return "in_memory" if offer == "in_memory" else "24h"
+    need(asked in ("in_memory", "24h"), "param.prompt_cache_retention", "prompt_cache_retention",
+         f"must be in_memory or 24h, got {asked!r}")
+    need(offer in ("both", asked), "param.prompt_cache_retention", "prompt_cache_retention",
+         f"model {body['model']} is compatible only with {offer} prompt caching")
+    return asked
 ONE_HOUR_MS = 60 * 60 * 1000
 LOOKBACK = 20  # blocks Anthropic looks back from a breakpoint for an earlier cache entry
 OPENAI_MINIMUM = 1024
@@ -1432,7 +1471,8 @@ class Caches:
                 key, machine = None, None
             else:
                 key = body.get("prompt_cache_key")
-                read, machine = self.serve_openai(path, prompt, model, key, now)
+                ttl = DAY_MS if check_retention(body) == "24h" else FIVE_MINUTES_MS
+                read, machine = self.serve_openai(path, prompt, model, key, now, ttl)
                 w5 = w1h = 0
             entry = {"path": path, "model": model, "now_ms": now, "input_tokens": prompt.total,
                      "read": read, "written_5m": w5, "written_1h": w1h,
@@ -1467,12 +1507,12 @@ class Caches:
                 covered = p
         return read, written[FIVE_MINUTES_MS], written[ONE_HOUR_MS]
 
-    def serve_openai(self, path, prompt, model, key, now):
+    def serve_openai(self, path, prompt, model, key, now, ttl):
         """Automatic caching: the request is routed by its first OPENAI_ROUTE_TOKENS tokens and
         `prompt_cache_key` to a machine (a new one for each OPENAI_PER_MACHINE requests a
         minute on the route); the longest live prefix of at least OPENAI_MINIMUM tokens ending
         at a block boundary is read there, in OPENAI_STEP steps, and every such prefix of the
-        request is written for five minutes. Returns (read, machine)."""
+        request is written for `ttl` ms. Returns (read, machine)."""
         first = next((i for i, end in enumerate(prompt.ends) if end >= OPENAI_ROUTE_TOKENS),
                      len(prompt.ends) - 1)
         route = digest(prompt.hashes[first], key if key is not None else "")
@@ -1491,7 +1531,7 @@ class Caches:
                 break
         for i, end in enumerate(prompt.ends):
             if end >= OPENAI_MINIMUM:
-                cache[(route, machine, model, prompt.hashes[i])] = now + FIVE_MINUTES_MS
+                cache[(route, machine, model, prompt.hashes[i])] = now + ttl
         return read, machine
 
 

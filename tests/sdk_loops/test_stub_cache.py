@@ -183,13 +183,43 @@ class StubCache(unittest.TestCase):
 
     # --- OpenAI --------------------------------------------------------------------------------
 
-    def chat(self, now, n_tokens, key=None, seed="a"):
-        body = {"model": "gpt-5", "messages": [
+    def chat_body(self, n_tokens, key=None, seed="a", model="gpt-5", retention=None):
+        body = {"model": model, "messages": [
             {"role": "system", "content": text_of(n_tokens, seed)},
             {"role": "user", "content": "Hello there."}]}
         if key is not None:
             body["prompt_cache_key"] = key
+        if retention is not None:
+            body["prompt_cache_retention"] = retention
+        return body
+
+    def chat(self, now, n_tokens, key=None, seed="a", model="gpt-5", retention="in_memory"):
+        body = self.chat_body(n_tokens, key, seed, model, retention)
         return self.call("POST", "/v1/chat/completions", body, now)["usage"]
+
+    def test_chat_extended_retention_keeps_a_prefix_for_24_hours(self):
+        cached = lambda usage: usage["prompt_tokens_details"]["cached_tokens"]
+        # gpt-4.1 offers both; not said, an organisation without ZDR gets 24h.
+        self.assertEqual(cached(self.chat(START_MS, 2000, model="gpt-4.1", retention=None)), 0)
+        later = self.chat(START_MS + 20 * MINUTE, 2000, model="gpt-4.1", retention=None)
+        self.assertGreater(cached(later), 0)
+        # A day and more of silence lets it go.
+        gone = self.chat(START_MS + 20 * MINUTE + 25 * 60 * MINUTE, 2000, model="gpt-4.1",
+                         retention=None)
+        self.assertEqual(cached(gone), 0)
+        # gpt-4o offers only in_memory: 20 minutes expire it, and 24h is refused.
+        self.assertEqual(cached(self.chat(START_MS, 2000, model="gpt-4o", retention=None)), 0)
+        late = self.chat(START_MS + 20 * MINUTE, 2000, model="gpt-4o", retention=None)
+        self.assertEqual(cached(late), 0)
+        rule = "param.prompt_cache_retention"
+        self.assertEqual(self.refused("/v1/chat/completions",
+                                      self.chat_body(2000, model="gpt-4o", retention="24h")), rule)
+        # gpt-5.5 offers only 24h; and there is no third retention.
+        for model, retention in (("gpt-5.5", "in_memory"), ("gpt-5", "1h")):
+            body = {"model": model, "input": "Hi.", "prompt_cache_retention": retention}
+            self.assertEqual(self.refused("/v1/responses", body), rule)
+        ok = {"model": "gpt-5.5", "input": "Hi.", "prompt_cache_retention": "24h"}
+        self.assertEqual(self.call("POST", "/v1/responses", ok, START_MS)["model"], "gpt-5.5")
 
     def test_chat_below_minimum_caches_nothing(self):
         for now in (START_MS, START_MS + SECOND, START_MS + 2 * SECOND):

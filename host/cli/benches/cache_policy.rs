@@ -242,9 +242,9 @@ fn anthropic(script: &[Sent], setting: Setting) -> Totals {
     totals
 }
 
-/// The OpenAI format under one cache-key policy.
-fn openai(script: &[Sent], policy: &str) -> Totals {
-    let rules = Rules::openai(0.25);
+/// The OpenAI format under one cache-key policy and `rules` (their retention).
+fn openai(script: &[Sent], policy: &str, rules: &Rules) -> Totals {
+    let rules = rules.clone();
     let mut cache = Cache::new(rules.clone());
     let mut totals = Totals::default();
     // The sharded policies: each base key's requests in the last minute, and each session's
@@ -280,7 +280,7 @@ fn openai(script: &[Sent], policy: &str) -> Totals {
 
 /// Perfect foresight under the same rules: every request after a session's first reads
 /// everything the one before it sent while that is within the TTL a policy could have chosen
-/// (an hour at most), and the head is read whenever any request sent it within that hour; what
+/// (Anthropic: an hour; OpenAI: 24 hours, the extended retention), and the head is read whenever any request sent it within that hour; what
 /// is new is written (Anthropic) or missed (OpenAI, which writes at no premium).
 fn foresight(script: &[Sent], rules: &Rules) -> Totals {
     let mut totals = Totals::default();
@@ -288,7 +288,7 @@ fn foresight(script: &[Sent], rules: &Rules) -> Totals {
     let mut last: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
     for sent in script {
         let input: u64 = HEAD + sent.steps.iter().sum::<u64>();
-        let warm = |t: u64| sent.at_ms - t <= rules.ttl_1h_ms;
+        let warm = |t: u64| sent.at_ms - t <= rules.longest_ttl_ms();
         let read = match last.get(&sent.session) {
             Some(&(t, tokens)) if warm(t) => tokens,
             _ if head_at.is_some_and(warm) => HEAD,
@@ -383,18 +383,30 @@ fn main() {
             anthropic(&script, setting).row(name, input);
         }
         foresight(&script, &Rules::anthropic("claude-sonnet-4-5")).row("perfect foresight", input);
-        println!("\nOpenAI (gpt-4.1), cache-key policy:\n");
-        println!("| policy | read | written | written 1h | missed | cost |");
-        println!("| --- | --- | --- | --- | --- | --- |");
-        for policy in [
-            "session",
-            "agent",
-            "agent+shards",
-            "prefix",
-            "prefix+shards",
-        ] {
-            openai(&script, policy).row(&format!("cache_key = {policy}"), input);
+        // OpenAI's retention: 24 hours unless the organisation has Zero Data Retention (or
+        // the agent says `in_memory`), K11.
+        let of = |retention: &str| {
+            let config = format!("[cache.openai]\nretention = \"{retention}\"\n");
+            let config = promptd_core::config::Config::parse(&config, "bench")
+                .unwrap_or_else(|e| panic!("{e}"));
+            let format = promptd_core::formats::Format::Openai;
+            Rules::of(format, "gpt-4.1", &config.cache).unwrap_or_else(|| Rules::openai(0.25))
+        };
+        for retention in ["in_memory", "24h"] {
+            let rules = of(retention);
+            println!("\nOpenAI (gpt-4.1), retention {retention}, cache-key policy:\n");
+            println!("| policy | read | written | written 1h | missed | cost |");
+            println!("| --- | --- | --- | --- | --- | --- |");
+            for policy in [
+                "session",
+                "agent",
+                "agent+shards",
+                "prefix",
+                "prefix+shards",
+            ] {
+                openai(&script, policy, &rules).row(&format!("cache_key = {policy}"), input);
+            }
         }
-        foresight(&script, &Rules::openai(0.25)).row("perfect foresight", input);
+        foresight(&script, &of("24h")).row("perfect foresight", input);
     }
 }

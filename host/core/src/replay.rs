@@ -899,8 +899,8 @@ impl Run<'_> {
         } else {
             scale(&mut cand_blocks, cand_total);
         }
-        let (rec_model, rec_key) = (rec.model.to_string(), rec.key.map(str::to_string));
-        let (cand_model, cand_key) = (cand.model.to_string(), cand.key.map(str::to_string));
+        let (rec_model, rec_key) = (rec.model.to_string(), rec.said());
+        let (cand_model, cand_key) = (cand.model.to_string(), cand.said());
         // The views borrow the sides: no longer used from here on.
         let output = usage.and_then(|u| u.output_tokens).unwrap_or(0);
         let pricing = self.candidate.pricing;
@@ -1208,7 +1208,7 @@ struct Side {
     tail: Vec<Owned>,
     /// The request of what is kept, once history is left out, worked out per step.
     kept: Option<Kept>,
-    caches: Vec<(String, Cache)>,
+    caches: Vec<(String, Option<String>, Cache)>,
     last_ms: u64,
 }
 
@@ -1224,6 +1224,7 @@ struct HeadMemo {
     settings: String,
     model: String,
     key: Option<String>,
+    retention: Option<String>,
     /// OpenAI's system message, the first of the list.
     lead: String,
     lead_items: Vec<Item>,
@@ -1237,6 +1238,7 @@ struct Kept {
     settings: String,
     model: String,
     key: Option<String>,
+    retention: Option<String>,
     head: usize,
     lead_from: usize,
 }
@@ -1312,6 +1314,8 @@ struct View<'a> {
     settings: &'a str,
     model: &'a str,
     key: Option<&'a str>,
+    /// OpenAI's `prompt_cache_retention`, when the body says.
+    retention: Option<&'a str>,
     header: &'a Header,
     /// The seq of the `request/header` event that recorded `header`.
     header_seq: u64,
@@ -1323,6 +1327,14 @@ struct View<'a> {
 }
 
 impl<'a> View<'a> {
+    /// What the body says that routes and keeps it: `prompt_cache_key`, `prompt_cache_retention`.
+    fn said(&self) -> (Option<String>, Option<String>) {
+        (
+            self.key.map(str::to_string),
+            self.retention.map(str::to_string),
+        )
+    }
+
     fn len(&self) -> usize {
         self.head.len() + self.lead_items.len() + self.items.len() + self.tail.len()
     }
@@ -1545,6 +1557,7 @@ impl Side {
                         settings: settings_of(&map, format),
                         model: string_at(&map, "model").unwrap_or_default(),
                         key: string_at(&map, "prompt_cache_key"),
+                        retention: string_at(&map, "prompt_cache_retention"),
                         lead,
                         lead_items,
                     });
@@ -1589,6 +1602,7 @@ impl Side {
                     settings: &head.settings,
                     model: &head.model,
                     key: head.key.as_deref(),
+                    retention: head.retention.as_deref(),
                     header,
                     header_seq,
                     shown: shown_tools,
@@ -1614,6 +1628,7 @@ impl Side {
                     settings: settings_of(&map, format),
                     model: string_at(&map, "model").unwrap_or_default(),
                     key: string_at(&map, "prompt_cache_key"),
+                    retention: string_at(&map, "prompt_cache_retention"),
                     head: (lead_from + usize::from(system_message)).min(parts.len()),
                     lead_from,
                     parts,
@@ -1639,6 +1654,7 @@ impl Side {
                     settings: &k.settings,
                     model: &k.model,
                     key: k.key.as_deref(),
+                    retention: k.retention.as_deref(),
                     header: &k.request.header,
                     header_seq,
                     shown: k.request.shown_tools.as_deref(),
@@ -1658,18 +1674,26 @@ impl Side {
     fn serve(
         &mut self,
         model: &str,
-        key: Option<String>,
+        (key, retention): (Option<String>, Option<String>),
         at_ms: u64,
         blocks: &mut Vec<Block>,
         output: u64,
         pricing: Pricing<'_>,
         format: Format,
     ) -> Figures {
-        let at = match self.caches.iter().position(|(m, _)| m == model) {
+        // One cache per model and retention: entries kept under one retention are not
+        // lengthened by requests under another (a header that changes it is rare).
+        let at = match self
+            .caches
+            .iter()
+            .position(|(m, r, _)| m == model && *r == retention)
+        {
             Some(at) => at,
             None => match Rules::of(format, model, pricing.rules) {
                 Some(rules) => {
-                    self.caches.push((model.to_string(), Cache::new(rules)));
+                    let rules = rules.asked(model, retention.as_deref());
+                    self.caches
+                        .push((model.to_string(), retention, Cache::new(rules)));
                     self.caches.len() - 1
                 }
                 None => return Figures::default(),
@@ -1683,7 +1707,7 @@ impl Side {
             blocks: std::mem::take(blocks),
             key,
         };
-        let cache = &mut self.caches[at].1;
+        let cache = &mut self.caches[at].2;
         let served = cache.serve(&request);
         *blocks = request.blocks;
         let usage = ProviderUsage {

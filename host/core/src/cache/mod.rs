@@ -39,6 +39,7 @@
 
 pub mod outcome;
 pub mod price;
+pub mod retention;
 pub mod ttl;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -58,6 +59,7 @@ pub enum Family {
 }
 
 pub use crate::prefix::Ttl;
+use retention::Retention;
 
 /// One provider's cache rules; the defaults are the documented ones, every field overridable.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,8 +76,13 @@ pub struct Rules {
     pub step_tokens: u64,
     /// Life of an entry after its last write or hit, 5-minute kind, in milliseconds.
     pub ttl_ms: u64,
-    /// Life of a 1-hour entry, in milliseconds.
+    /// Life of a long entry, in milliseconds: Anthropic's `"ttl": "1h"` breakpoints (an
+    /// hour), OpenAI's extended retention (24 hours).
     pub ttl_1h_ms: u64,
+    /// OpenAI: requests are served under extended retention (their entries live
+    /// `ttl_1h_ms`), by the model's offer, the organisation's default and the request's
+    /// `prompt_cache_retention` ([`retention::served`]). Anthropic: unused.
+    pub extended: bool,
     /// Tokens at the start of the prefix that, with the key, choose the machine (OpenAI: 256).
     pub routing_tokens: u64,
     /// Requests a minute one (prefix, key) pair is served by one machine (OpenAI: about 15;
@@ -97,12 +104,35 @@ impl Rules {
         let (mut rules, o) = match format {
             Format::Anthropic => (Rules::anthropic(model), &overrides.anthropic),
             Format::Openai | Format::OpenaiResponses => {
-                (Rules::openai(openai_read(model)), &overrides.openai)
+                let mut rules = Rules::openai(openai_read(model));
+                let default = overrides.openai.retention.unwrap_or(Retention::Hours24);
+                rules.extended = retention::served(model, None, default) == Retention::Hours24;
+                (rules, &overrides.openai)
             }
             Format::Neutral => return None,
         };
         o.apply(&mut rules);
         Some(rules)
+    }
+
+    /// These rules for a request whose body says `prompt_cache_retention = asked` for
+    /// `model` (OpenAI; the value is ignored elsewhere, and where the model does not offer it).
+    pub fn asked(mut self, model: &str, asked: Option<&str>) -> Rules {
+        if self.family == Family::Automatic {
+            if let Some(r) = asked.and_then(Retention::parse) {
+                let now = if self.extended { Retention::Hours24 } else { Retention::InMemory };
+                self.extended = retention::served(model, Some(r), now) == Retention::Hours24;
+            }
+        }
+        self
+    }
+
+    /// How long an idle entry written under these rules lives at most, in milliseconds.
+    pub fn longest_ttl_ms(&self) -> u64 {
+        match self.family {
+            Family::Automatic if !self.extended => self.ttl_ms,
+            _ => self.ttl_ms.max(self.ttl_1h_ms),
+        }
     }
 
     /// Anthropic's rules for `model`: the minimum cacheable prefix is 4,096 tokens for the
@@ -127,6 +157,7 @@ impl Rules {
             step_tokens: 1,
             ttl_ms: 5 * 60_000,
             ttl_1h_ms: 60 * 60_000,
+            extended: false,
             routing_tokens: 0,
             per_key_per_minute: 0,
             read: 0.1,
@@ -137,7 +168,8 @@ impl Rules {
 
     /// OpenAI's rules (Chat Completions and Responses): cached reads cost `read` of input
     /// (0.5 for the GPT-4o family, 0.25 for GPT-4.1, 0.1 for GPT-5 — check the model's page);
-    /// writes cost nothing extra.
+    /// writes cost nothing extra. In-memory retention (5 minutes idle); [`Rules::of`] sets
+    /// `extended` where the model and the organisation's default give 24 hours.
     pub fn openai(read: f64) -> Rules {
         Rules {
             family: Family::Automatic,
@@ -146,7 +178,8 @@ impl Rules {
             min_tokens: 1024,
             step_tokens: 128,
             ttl_ms: 5 * 60_000,
-            ttl_1h_ms: 5 * 60_000,
+            ttl_1h_ms: 24 * 60 * 60_000,
+            extended: false,
             routing_tokens: 256,
             per_key_per_minute: 15,
             read,
@@ -196,8 +229,14 @@ pub struct RulesOverride {
     pub step_tokens: Option<u64>,
     /// [`Rules::ttl_ms`], in seconds.
     pub ttl_s: Option<u64>,
-    /// [`Rules::ttl_1h_ms`], in seconds.
+    /// [`Rules::ttl_1h_ms`], in seconds (Anthropic).
     pub ttl_1h_s: Option<u64>,
+    /// [`Rules::ttl_1h_ms`], in seconds (OpenAI's extended retention).
+    pub ttl_24h_s: Option<u64>,
+    /// OpenAI: the retention a request that does not say gets on a model that offers both
+    /// (`"24h"`, OpenAI's default for an organisation without Zero Data Retention, or
+    /// `"in_memory"`, its default with it).
+    pub retention: Option<Retention>,
     /// [`Rules::routing_tokens`].
     pub routing_tokens: Option<u64>,
     /// [`Rules::per_key_per_minute`].
@@ -222,7 +261,9 @@ impl RulesOverride {
         set(&mut r.ttl_ms, self.ttl_s.map(|s| s.saturating_mul(1000)));
         set(
             &mut r.ttl_1h_ms,
-            self.ttl_1h_s.map(|s| s.saturating_mul(1000)),
+            self.ttl_1h_s
+                .or(self.ttl_24h_s)
+                .map(|s| s.saturating_mul(1000)),
         );
         set(&mut r.routing_tokens, self.routing_tokens);
         r.max_breakpoints = self.max_breakpoints.unwrap_or(r.max_breakpoints);
@@ -250,6 +291,20 @@ impl RulesOverride {
         }
         if self.step_tokens == Some(0) {
             return Err(format!("[cache.{table}] step_tokens must be at least 1"));
+        }
+        let (theirs, other) = match table {
+            "openai" => ("ttl_24h_s", self.ttl_1h_s.map(|_| "ttl_1h_s")),
+            _ => (
+                "ttl_1h_s",
+                self.ttl_24h_s
+                    .map(|_| "ttl_24h_s")
+                    .or(self.retention.map(|_| "retention")),
+            ),
+        };
+        if let Some(key) = other {
+            return Err(format!(
+                "[cache.{table}] {key} is not a {table} setting (its long lifetime is {theirs})"
+            ));
         }
         Ok(())
     }
@@ -508,8 +563,12 @@ impl Cache {
                 (marks, candidates)
             }
             Family::Automatic => {
-                let all: Vec<(usize, Ttl)> =
-                    (0..blocks.len()).map(|i| (i, Ttl::Minutes5)).collect();
+                let ttl = if self.rules.extended {
+                    Ttl::Hour1
+                } else {
+                    Ttl::Minutes5
+                };
+                let all: Vec<(usize, Ttl)> = (0..blocks.len()).map(|i| (i, ttl)).collect();
                 let candidates = (0..blocks.len()).collect();
                 (all, candidates)
             }
@@ -660,7 +719,7 @@ impl Cache {
     /// model's memory is bounded by what is live.
     /// When prefix `key` was last used, if a sweep at the previous request would have kept it.
     fn seen_at(&self, key: u64) -> Option<u64> {
-        let horizon = self.rules.ttl_ms.max(self.rules.ttl_1h_ms) * 4;
+        let horizon = self.rules.longest_ttl_ms().saturating_mul(4);
         self.seen
             .get(&key)
             .copied()
@@ -671,7 +730,7 @@ impl Cache {
         self.entries.retain(|_, e| e.expires_ms >= now);
         self.routes
             .retain(|_, times| times.back().is_some_and(|&t| t + 60_000 > now));
-        let horizon = self.rules.ttl_ms.max(self.rules.ttl_1h_ms) * 4;
+        let horizon = self.rules.longest_ttl_ms().saturating_mul(4);
         self.seen.retain(|_, &mut used| used + horizon >= now);
     }
 }

@@ -120,7 +120,12 @@ impl AgentPlan {
         let rules = |format: Format| {
             let settings = formats::settings(&model, format);
             let name = settings.get("model").and_then(|m| m.as_str()).unwrap_or("");
-            Rules::of(format, name, &config.cache).unwrap_or_else(|| Rules::anthropic(name))
+            let asked = settings
+                .get("prompt_cache_retention")
+                .and_then(|r| r.as_str());
+            Rules::of(format, name, &config.cache)
+                .map(|r| r.asked(name, asked))
+                .unwrap_or_else(|| Rules::anthropic(name))
         };
         Ok(AgentPlan {
             agent: agent.to_string(),
@@ -141,7 +146,7 @@ impl AgentPlan {
             key_rate: rules(Format::Openai).per_key_per_minute,
             idle_ttl_ms: {
                 let (anthropic, openai) = (rules(Format::Anthropic), rules(Format::Openai));
-                [anthropic.ttl_ms, anthropic.ttl_1h_ms, openai.ttl_ms]
+                [anthropic.ttl_ms, anthropic.ttl_1h_ms, openai.longest_ttl_ms()]
             },
             cache_ttl: match config.cache_ttl(agent) {
                 TtlSetting::Minutes5 => TtlPolicy::Fixed(Ttl::Minutes5),

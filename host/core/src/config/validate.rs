@@ -3,6 +3,7 @@
 //! servers. Each problem is a `config_invalid` naming the key.
 
 use super::*;
+use crate::formats::Format;
 
 impl Config {
     pub(super) fn validate(&self) -> Result<()> {
@@ -198,6 +199,9 @@ impl Config {
                 if let Err(e) = crate::formats::check_settings(&model, format) {
                     return Err(Error::ConfigInvalid(format!("agent `{agent}`: {e}")));
                 }
+                if matches!(format, Format::Openai | Format::OpenaiResponses) {
+                    check_retention(agent, &model, format)?;
+                }
             }
         }
         Ok(())
@@ -260,4 +264,31 @@ pub(super) fn check_agent_name(name: &str, role: &str) -> Result<()> {
         name: name.to_string(),
         rule,
     })
+}
+
+/// Refuses an OpenAI `prompt_cache_retention` the API would refuse for the agent's model (K11):
+/// a word other than `in_memory` and `24h`, or one the model does not offer.
+fn check_retention(
+    agent: &str,
+    model: &serde_json::Map<String, serde_json::Value>,
+    format: Format,
+) -> Result<()> {
+    let settings = crate::formats::settings(model, format);
+    let Some(asked) = settings.get("prompt_cache_retention") else {
+        return Ok(());
+    };
+    let name = settings.get("model").and_then(|m| m.as_str()).unwrap_or("");
+    let problem = match asked.as_str() {
+        Some(word) => crate::cache::retention::check(name, word).err(),
+        None => Some(format!(
+            "prompt_cache_retention must be \"in_memory\" or \"24h\", got {asked}"
+        )),
+    };
+    match problem {
+        Some(p) => Err(Error::ConfigInvalid(format!(
+            "agent `{agent}`, model.{}: {p}",
+            format.as_str()
+        ))),
+        None => Ok(()),
+    }
 }

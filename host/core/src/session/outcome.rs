@@ -104,6 +104,17 @@ impl SessionState {
         let Some(rules) = Rules::of(format, &model, rules) else {
             return Ok(None);
         };
+        // OpenAI's retention is a model setting the header records (K11).
+        let rules = match (&self.header, rules.family) {
+            (Some((header, _)), crate::cache::Family::Automatic) => {
+                let settings = crate::formats::settings(&header.model, format);
+                let asked = settings
+                    .get("prompt_cache_retention")
+                    .and_then(|r| r.as_str());
+                rules.asked(&model, asked)
+            }
+            _ => rules,
+        };
         let prev = match self.cache.last.clone() {
             // A second reply to the same step (a retried call) is judged against the first.
             Some(p) if p.step <= n && p.format == format => {
