@@ -334,7 +334,9 @@ fn k11_openai_retention_is_sent_as_configured_and_judged_by_the_models_offer() {
         let later = turn_in(&d, &stub, &id, t0 + 20 * MIN_MS, "openai");
         for (_, request, _) in first.iter().chain(&later) {
             assert_eq!(
-                request.get("prompt_cache_retention").and_then(Value::as_str),
+                request
+                    .get("prompt_cache_retention")
+                    .and_then(Value::as_str),
                 said,
                 "{agent}: {request}"
             );
@@ -367,9 +369,8 @@ fn k11_openai_retention_is_sent_as_configured_and_judged_by_the_models_offer() {
 #[test]
 fn k11_a_retention_the_model_does_not_offer_is_a_config_error_naming_it() {
     let folder = folder();
-    let config = folder.config(
-        "[model.openai]\nmodel = \"gpt-4o\"\nprompt_cache_retention = \"24h\"\n",
-    );
+    let config =
+        folder.config("[model.openai]\nmodel = \"gpt-4o\"\nprompt_cache_retention = \"24h\"\n");
     let line = folder.assemble_fails(&config, &["--agent", "coder"], "config_invalid");
     assert!(
         line.contains("prompt_cache_retention") && line.contains("gpt-4o"),

@@ -280,8 +280,10 @@ fn openai(script: &[Sent], policy: &str, rules: &Rules) -> Totals {
 
 /// Perfect foresight under the same rules: every request after a session's first reads
 /// everything the one before it sent while that is within the TTL a policy could have chosen
-/// (Anthropic: an hour; OpenAI: 24 hours, the extended retention), and the head is read whenever any request sent it within that hour; what
-/// is new is written (Anthropic) or missed (OpenAI, which writes at no premium).
+/// (Anthropic: an hour; OpenAI: 24 hours, the extended retention), and the head is read
+/// whenever any request sent it within that time; a read is rounded down to the provider's
+/// step (OpenAI reads in 128-token steps; Anthropic's is 1), and what is new is written
+/// (Anthropic) or missed (OpenAI, which writes at no premium). No routing limit, no swap.
 fn foresight(script: &[Sent], rules: &Rules) -> Totals {
     let mut totals = Totals::default();
     let mut head_at: Option<u64> = None;
@@ -294,6 +296,7 @@ fn foresight(script: &[Sent], rules: &Rules) -> Totals {
             _ if head_at.is_some_and(warm) => HEAD,
             _ => 0,
         };
+        let read = read - read % rules.step_tokens.max(1);
         let new = input - read;
         match rules.write_5m > 1.0 {
             true => totals.add_parts(rules, [read, new, 0, 0]),
@@ -406,7 +409,8 @@ fn main() {
             ] {
                 openai(&script, policy, &rules).row(&format!("cache_key = {policy}"), input);
             }
+            // The bound under this retention (a ZDR organisation cannot choose 24 hours).
+            foresight(&script, &rules).row("perfect foresight", input);
         }
-        foresight(&script, &of("24h")).row("perfect foresight", input);
     }
 }

@@ -120,7 +120,11 @@ impl Rules {
     pub fn asked(mut self, model: &str, asked: Option<&str>) -> Rules {
         if self.family == Family::Automatic {
             if let Some(r) = asked.and_then(Retention::parse) {
-                let now = if self.extended { Retention::Hours24 } else { Retention::InMemory };
+                let now = if self.extended {
+                    Retention::Hours24
+                } else {
+                    Retention::InMemory
+                };
                 self.extended = retention::served(model, Some(r), now) == Retention::Hours24;
             }
         }

@@ -195,7 +195,9 @@ mod tests {
             Retention::InMemory
         );
         assert_eq!(check("gpt-5.5", "24h"), Ok(Retention::Hours24));
-        assert!(check("gpt-5.5", "in_memory").unwrap_err().contains("gpt-5.5"));
+        assert!(check("gpt-5.5", "in_memory")
+            .unwrap_err()
+            .contains("gpt-5.5"));
         assert!(check("gpt-4.1", "").is_err());
     }
 
@@ -261,6 +263,9 @@ mod tests {
         let e = crate::config::Config::parse("[cache.openai]\nretention = \"1h\"\n", "t")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("line 2") && e.contains("`in_memory` or `24h`"), "{e}");
+        assert!(
+            e.contains("line 2") && e.contains("`in_memory` or `24h`"),
+            "{e}"
+        );
     }
 }

@@ -146,7 +146,11 @@ impl AgentPlan {
             key_rate: rules(Format::Openai).per_key_per_minute,
             idle_ttl_ms: {
                 let (anthropic, openai) = (rules(Format::Anthropic), rules(Format::Openai));
-                [anthropic.ttl_ms, anthropic.ttl_1h_ms, openai.longest_ttl_ms()]
+                [
+                    anthropic.ttl_ms,
+                    anthropic.ttl_1h_ms,
+                    openai.longest_ttl_ms(),
+                ]
             },
             cache_ttl: match config.cache_ttl(agent) {
                 TtlSetting::Minutes5 => TtlPolicy::Fixed(Ttl::Minutes5),
