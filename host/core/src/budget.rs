@@ -361,10 +361,10 @@ pub fn usage_with(
         system,
         deferred_tools,
     } = fixed;
-    let parts = |list: &[(String, String)]| {
+    let parts = |list: &[(std::sync::Arc<str>, std::sync::Arc<str>)]| {
         list.iter()
             .map(|(name, text)| Part {
-                name: name.clone(),
+                name: name.to_string(),
                 size: Size::of(text, counter),
             })
             .collect()

@@ -8,6 +8,7 @@
 //! why a request's cache prefix broke.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -75,9 +76,9 @@ impl Provenance {
             .filter(|p| p.options.trust == crate::plugin::trust::Trust::Data)
             .map(|p| p.id.clone())
             .collect();
-        let texts = |list: &[(String, String)]| -> BTreeMap<String, String> {
+        let texts = |list: &[(Arc<str>, Arc<str>)]| -> BTreeMap<String, String> {
             list.iter()
-                .map(|(name, text)| (name.clone(), short_hash(text.as_bytes())))
+                .map(|(name, text)| (name.to_string(), short_hash(text.as_bytes())))
                 .collect()
         };
         let (sections, contexts) = (texts(&assembly.sections), texts(&assembly.contexts));

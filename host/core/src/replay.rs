@@ -1128,15 +1128,15 @@ fn message_cause(
             let culprit = assembly.and_then(|a| {
                 a.contexts
                     .iter()
-                    .find(|(_, text)| !text.is_empty() && !recorded.contains(text.as_str()))
+                    .find(|(_, text)| !text.is_empty() && !recorded.contains(&**text))
                     .map(|(name, _)| {
                         let plugin = a
                             .explain
                             .contexts
                             .iter()
-                            .find(|o| o.name == *name)
+                            .find(|o| *o.name == **name)
                             .map(|o| o.plugin.clone());
-                        (name.clone(), plugin)
+                        (name.to_string(), plugin)
                     })
             });
             match (culprit, candidate) {

@@ -7,21 +7,21 @@
 //! iterates is ordered (`BTreeMap`, explicit sorts), so the result never depends on load
 //! order, registration order or hash seeds (A1).
 
+mod plan;
 pub mod review;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::plugin::interpolate::{render, Resolved};
-use crate::plugin::model::{
-    Content, Context, Contribution, Kind, Scope, Section, Step, Tool, Variable,
-};
+use crate::plugin::model::{Content, Kind, Scope, Step, Tool, Variable};
 use crate::plugin::names::UNLISTED_TOOLS;
 use crate::plugin::provider::{CallError, CallResult, Evaluation, Wanted};
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::plugin::trust::{self, Trust};
+use plan::Plan;
 
 /// The fixed first line of the runtime context snapshot (T6).
 pub const RUNTIME_CONTEXT_HEADER: &str =
@@ -56,10 +56,11 @@ pub struct Assembly {
     /// With [`Options::keep_all_tools`], the names of `tools` shown this step, in order.
     pub shown_tools: Option<Vec<String>>,
     /// Each section's and context's interpolated text by name, in output order (empty ones
-    /// included), so a budget can say what each one costs.
-    pub sections: Vec<(String, String)>,
+    /// included), so a budget can say what each one costs. Shared: a static text is the one
+    /// the plan rendered at load, not a copy per step.
+    pub sections: Vec<(Arc<str>, Arc<str>)>,
     /// Each context's interpolated text by name, in output order (empty ones included).
-    pub contexts: Vec<(String, String)>,
+    pub contexts: Vec<(Arc<str>, Arc<str>)>,
     /// Which plugin gave each effective contribution.
     pub explain: Explain,
     /// Optional plugins left out because a call failed (A9).
@@ -142,20 +143,6 @@ fn joined<'a>(texts: impl Iterator<Item = &'a str>) -> String {
     parts.join("\n\n")
 }
 
-/// Interpolates a text that may be borrowed from the declaration or owned (a dynamic one).
-fn render_owned<'t, 'v>(
-    text: Cow<'t, str>,
-    location: &dyn Fn() -> String,
-    resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
-) -> Result<Cow<'t, str>> {
-    match text {
-        Cow::Borrowed(t) => render(t, location, resolve),
-        // An owned text without a reference is moved, not copied.
-        Cow::Owned(t) if !t.contains("{{") => Ok(Cow::Owned(t)),
-        Cow::Owned(t) => render(&t, location, resolve).map(|r| Cow::Owned(r.into_owned())),
-    }
-}
-
 /// The runtime context snapshot made of `texts` (T6): none when every one is empty.
 fn snapshot<'a>(texts: impl Iterator<Item = &'a str>) -> Option<String> {
     let parts: Vec<&str> = texts.filter(|t| !t.is_empty()).collect();
@@ -178,10 +165,10 @@ fn fence_data(registry: &Registry, assembly: Arc<Assembly>, secret: &str) -> Arc
     for (origin, (_, text)) in origins.iter().zip(fenced.contexts.iter_mut()) {
         if is_data(&origin.plugin) && !text.is_empty() {
             let key = trust::block_key(secret, &origin.plugin);
-            *text = trust::fence(&origin.plugin, &key, text);
+            *text = Arc::from(trust::fence(&origin.plugin, &key, text));
         }
     }
-    fenced.runtime_context = snapshot(fenced.contexts.iter().map(|(_, t)| t.as_str()));
+    fenced.runtime_context = snapshot(fenced.contexts.iter().map(|(_, t)| &**t));
     Arc::new(fenced)
 }
 
@@ -195,7 +182,22 @@ fn assemble_fresh(
     let mut excluded = BTreeSet::new();
     let mut omitted = Vec::new();
     loop {
-        match attempt(registry, step, options, &excluded, &mut calls, &key) {
+        // The plan of every step of this key is made once and shared; one that leaves
+        // plugins out (A9) is this assembly's alone.
+        let planned = match excluded.is_empty() {
+            true => match registry.skeletons.get::<Plan>(&key) {
+                Some(plan) => Ok(plan),
+                None => plan::plan(registry, &step.scope_chain, options, &excluded).map(|p| {
+                    let p = Arc::new(p);
+                    registry.skeletons.put(key.clone(), &p);
+                    p
+                }),
+            },
+            false => plan::plan(registry, &step.scope_chain, options, &excluded).map(Arc::new),
+        };
+        let result =
+            planned.and_then(|plan| attempt(registry, &plan, step, options, &excluded, &mut calls));
+        match result {
             Ok(mut assembly) => {
                 omitted.extend(calls.omitted.iter().cloned());
                 assembly.omitted = omitted;
@@ -243,192 +245,115 @@ fn plugin_failure(err: &Error) -> Option<(&str, String, String)> {
     }
 }
 
-/// One effective contribution: the item, the plugin that declared it, its effective scope and
-/// that scope's rank in the chain.
-struct Pick<'r, T> {
-    entry: &'r PluginEntry,
-    item: &'r T,
-    scope: &'r Scope,
-    rank: usize,
+/// An effective contribution as [`plan::effective`] gives it: the plugin, the item's index in
+/// its declaration, the effective scope and that scope's rank in the chain.
+type Picked<'r> = (&'r Arc<PluginEntry>, usize, &'r Scope, usize);
+
+/// A text as a step renders it: a static one borrowed from the declaration, or one a plugin
+/// gave this step.
+enum Source<'p> {
+    Static(&'p str),
+    Called(Arc<str>),
 }
 
-impl<'r, T> Pick<'r, T> {
-    fn new(entry: &'r PluginEntry, item: &'r T, scope: &'r Scope, rank: usize) -> Self {
-        Self {
-            entry,
-            item,
-            scope,
-            rank,
-        }
+/// `source`, interpolated unless `raw`; a text without a reference is shared, not copied.
+fn finish<'v>(
+    source: Source<'_>,
+    raw: bool,
+    location: &dyn Fn() -> String,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
+) -> Result<Arc<str>> {
+    let text = match &source {
+        Source::Static(t) => *t,
+        Source::Called(t) => t,
+    };
+    if raw || !text.contains("{{") {
+        return Ok(match source {
+            Source::Static(t) => Arc::from(t),
+            Source::Called(t) => t,
+        });
     }
-
-    fn origin(&self, name: &str) -> Origin {
-        Origin {
-            name: name.to_string(),
-            plugin: self.entry.id.clone(),
-            scope: self.scope.key().to_string(),
-        }
-    }
+    Ok(Arc::from(render(text, location, resolve)?.as_ref()))
 }
 
-/// Merges one kind of contribution over the chain: the nearest scope wins (R3).
-fn effective<'r, T: Contribution>(
-    registry: &'r Registry,
-    excluded: &BTreeSet<String>,
-    chain: &[String],
-) -> BTreeMap<&'r str, Pick<'r, T>> {
-    let mut best: BTreeMap<&str, Pick<T>> = BTreeMap::new();
-    for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
-        for item in T::all(&entry.declaration) {
-            let declared = item.scope();
-            let scope = match (&entry.options.scope_override, declared) {
-                (Some(over), Scope::Global) => over,
-                _ => declared,
-            };
-            let Some(rank) = chain.iter().position(|k| k == scope.key()) else {
-                continue; // not visible to this agent
-            };
-            // Same name in the same scope from two plugins is refused at load (R2), so ranks
-            // never tie; on a tie the first plugin by id would win, still deterministically.
-            match best.entry(item.name()) {
-                std::collections::btree_map::Entry::Occupied(mut o) => {
-                    if rank > o.get().rank {
-                        o.insert(Pick::new(entry, item, scope, rank));
-                    }
-                }
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(Pick::new(entry, item, scope, rank));
-                }
-            }
-        }
-    }
-    best
-}
-
-fn attempt<'r>(
-    registry: &'r Registry,
+fn attempt(
+    registry: &Registry,
+    plan: &Plan,
     step: &Step,
     options: &Options,
     excluded: &BTreeSet<String>,
-    calls: &mut Calls<'r>,
-    key: &crate::plugin::registry::MemoKey,
+    calls: &mut Calls,
 ) -> Result<Assembly> {
-    let chain = &step.scope_chain;
-    let sections = effective::<Section>(registry, excluded, chain);
-    let variables = effective::<Variable>(registry, excluded, chain);
-    let tools = effective::<Tool>(registry, excluded, chain);
-    // A4: without a runtime context, contexts are neither called nor rendered.
-    let contexts = match options.suppress_runtime_context {
-        true => BTreeMap::new(),
-        false => effective::<Context>(registry, excluded, chain),
-    };
-
-    // Cheap checks first, before any plugin is called.
-    if let Some(order) = &options.tool_order {
-        check_tool_order(registry, order)?;
-    }
-    let complete: Vec<&Pick<Section>> = sections.values().filter(|p| p.item.complete).collect();
-    if complete.len() > 1 {
-        let names = complete.iter().map(|p| p.item.name.clone()).collect();
-        return Err(Error::MultipleComplete(names)); // already sorted: BTreeMap order
-    }
-
-    // A1, A3: a single complete section stands alone; otherwise sort by (order, name).
-    let mut ordered: Vec<&Pick<Section>> = match complete.first() {
-        Some(only) => vec![only],
-        None => sections.values().collect(),
-    };
-    ordered.sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
-    let mut ordered_contexts: Vec<&Pick<Context>> = contexts.values().collect();
-    ordered_contexts
-        .sort_by(|a, b| (a.item.order, &a.item.name).cmp(&(b.item.order, &b.item.name)));
-    calls.prefetch(step, &ordered, &ordered_contexts, &variables, &tools);
-
-    // Which plugin gives each section, context and tool depends on the snapshot, the chain
-    // and the options alone (not on what a dynamic part says): made once per key and shared,
-    // unless an optional plugin was left out this time.
-    let memo = excluded.is_empty();
-    let skeleton = memo
-        .then(|| registry.skeletons.get::<Skeleton>(key))
-        .flatten();
-    let mut explain = Explain {
-        sections: match &skeleton {
-            Some(s) => s.sections.clone(),
-            None => ordered.iter().map(|p| p.origin(&p.item.name)).collect(),
-        },
-        contexts: match &skeleton {
-            Some(s) => s.contexts.clone(),
-            None => (ordered_contexts.iter())
-                .map(|p| p.origin(&p.item.name))
-                .collect(),
-        },
-        ..Explain::default()
-    };
+    calls.prefetch(step, plan);
     let mut resolver = Resolver {
-        variables: &variables,
+        plan,
         step,
-        used: BTreeSet::new(),
+        used: plan.fixed_used.iter().map(|n| &**n).collect(),
     };
-    let mut section_texts = Vec::with_capacity(ordered.len());
-    for pick in &ordered {
-        let s = pick.item;
-        let text = calls.text(pick.entry, Kind::Section, &s.name, &s.scope, &s.text, step)?;
-        let rendered = if s.verbatim {
-            text
-        } else {
-            let location = || format!("section `{}` (plugin `{}`)", s.name, pick.entry.id);
-            render_owned(text, &location, &mut |n| resolver.resolve(n, calls))?
+    let mut section_texts = Vec::with_capacity(plan.sections.len());
+    for part in &plan.sections {
+        let text = match &part.fixed {
+            Some(text) => text.clone(),
+            None => {
+                let s = part.section();
+                let source = calls.text(&part.entry, Kind::Section, part.index, &s.text, step)?;
+                let location = || format!("section `{}` (plugin `{}`)", s.name, part.entry.id);
+                finish(source, s.verbatim, &location, &mut |n| {
+                    resolver.resolve(n, calls)
+                })?
+            }
         };
-        section_texts.push((s.name.clone(), rendered.into_owned()));
+        section_texts.push((part.name.clone(), text));
     }
-    let system = joined(section_texts.iter().map(|(_, t)| t.as_str()));
-    let mut context_texts = Vec::new();
-
-    for pick in ordered_contexts {
-        let c = pick.item;
-        let text = calls.text(pick.entry, Kind::Context, &c.name, &c.scope, &c.text, step)?;
-        // A data plugin's text is never interpolated (R7): it could name a secret variable.
-        let rendered = if c.verbatim || pick.entry.options.trust == Trust::Data {
-            text
-        } else {
-            let location = || format!("context `{}` (plugin `{}`)", c.name, pick.entry.id);
-            render_owned(text, &location, &mut |n| resolver.resolve(n, calls))?
+    let system = joined(section_texts.iter().map(|(_, t)| &**t));
+    let mut context_texts = Vec::with_capacity(plan.contexts.len());
+    for part in &plan.contexts {
+        let text = match &part.fixed {
+            Some(text) => text.clone(),
+            None => {
+                let c = part.context();
+                let source = calls.text(&part.entry, Kind::Context, part.index, &c.text, step)?;
+                // A data plugin's text is never interpolated (R7): it could name a secret.
+                let raw = c.verbatim || part.entry.options.trust == Trust::Data;
+                let location = || format!("context `{}` (plugin `{}`)", c.name, part.entry.id);
+                finish(source, raw, &location, &mut |n| resolver.resolve(n, calls))?
+            }
         };
-        context_texts.push((c.name.clone(), rendered.into_owned()));
+        context_texts.push((part.name.clone(), text));
     }
-    let runtime_context = snapshot(context_texts.iter().map(|(_, t)| t.as_str()));
-    explain.variables = resolver
+    let runtime_context = snapshot(context_texts.iter().map(|(_, t)| &**t));
+    let variables = resolver
         .used
         .iter()
-        .filter_map(|n| variables.get(n).map(|p| p.origin(n)))
+        .filter_map(|n| {
+            let v = plan.variables.get(*n)?;
+            Some(Origin {
+                name: n.to_string(),
+                plugin: v.entry.id.clone(),
+                scope: v.scope.key().to_string(),
+            })
+        })
         .collect();
-
-    // Without a plugin that filters tools, the tool list is a function of the key too.
-    let fixed = memo && tools.values().all(|p| !p.entry.declaration.filters_tools);
-    let known = skeleton.as_ref().and_then(|s| s.tools.clone());
-    let ordered = match known.filter(|_| fixed) {
-        Some(known) => known,
-        None => Arc::new(order_tools(&tools, options, step, calls)?),
+    let ordered = match &plan.tools {
+        Some(known) => known.clone(),
+        None => {
+            let tools = plan::effective::<Tool>(registry, excluded, &step.scope_chain);
+            Arc::new(order_tools(&tools, options, Some(step), calls)?)
+        }
     };
-    if memo && skeleton.is_none() {
-        let skeleton = Skeleton {
-            sections: explain.sections.clone(),
-            contexts: explain.contexts.clone(),
-            tools: fixed.then(|| ordered.clone()),
-        };
-        registry.skeletons.put(key.clone(), &Arc::new(skeleton));
-    }
-    let (tools, shown_tools) = (ordered.tools.clone(), ordered.shown.clone());
-    explain.tools = ordered.origins.clone();
-
     Ok(Assembly {
         system,
         runtime_context,
-        tools,
-        shown_tools,
+        tools: ordered.tools.clone(),
+        shown_tools: ordered.shown.clone(),
         sections: section_texts,
         contexts: context_texts,
-        explain,
+        explain: Explain {
+            sections: plan.section_origins.clone(),
+            contexts: plan.context_origins.clone(),
+            variables,
+            tools: ordered.origins.clone(),
+        },
         omitted: Vec::new(),
     })
 }
@@ -469,16 +394,6 @@ fn in_order<'n>(names: &BTreeSet<&'n str>, options: &Options) -> Vec<&'n str> {
     }
 }
 
-/// A6, A7: shown tools, by name or by `tool_order` (all known tools, and the shown names
-/// apart, with [`Options::keep_all_tools`]).
-/// What an assembly of one key (registry snapshot, chain, options) shares with every other:
-/// who gives each section and context, and the ordered tools when no plugin filters them.
-struct Skeleton {
-    sections: Arc<[Origin]>,
-    contexts: Arc<[Origin]>,
-    tools: Option<Arc<OrderedTools>>,
-}
-
 /// The tools a step shows, in order, who gave them, and the shown names (`allowed_tools`).
 struct OrderedTools {
     tools: Arc<[AssembledTool]>,
@@ -486,17 +401,22 @@ struct OrderedTools {
     shown: Option<Vec<String>>,
 }
 
-fn order_tools<'r>(
-    tools: &BTreeMap<&'r str, Pick<'r, Tool>>,
+/// A6, A7: shown tools, by name or by `tool_order` (all known tools, and the shown names
+/// apart, with [`Options::keep_all_tools`]). `step` is `None` when no plugin filters tools
+/// (a plan's ordering, which calls nothing).
+fn order_tools(
+    tools: &BTreeMap<&str, Picked<'_>>,
     options: &Options,
-    step: &Step,
-    calls: &mut Calls<'r>,
+    step: Option<&Step>,
+    calls: &mut Calls,
 ) -> Result<OrderedTools> {
     // Each filtering plugin is asked once which of its known tools it shows this step.
     let mut shown: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    for pick in tools.values() {
-        let entry = pick.entry;
+    for &(entry, _, _, _) in tools.values() {
         if entry.declaration.filters_tools && !shown.contains_key(entry.id.as_str()) {
+            let Some(step) = step else {
+                continue;
+            };
             let names = calls.shown_tools(entry, step)?;
             if let Some(bad) = names
                 .iter()
@@ -510,17 +430,13 @@ fn order_tools<'r>(
             shown.insert(&entry.id, names.into_iter().collect());
         }
     }
-    let visible: BTreeMap<&str, &Pick<Tool>> = tools
+    let visible: BTreeSet<&str> = tools
         .iter()
-        .filter(|(name, p)| {
-            shown
-                .get(p.entry.id.as_str())
-                .is_none_or(|s| s.contains(**name))
-        })
-        .map(|(n, p)| (*n, p))
+        .filter(|(name, (e, _, _, _))| shown.get(e.id.as_str()).is_none_or(|s| s.contains(**name)))
+        .map(|(n, _)| *n)
         .collect();
 
-    let shown_names = in_order(&visible.keys().copied().collect(), options);
+    let shown_names = in_order(&visible, options);
     let (names, shown) = if options.keep_all_tools {
         let all = in_order(&tools.keys().copied().collect(), options);
         let shown = shown_names.iter().map(|n| n.to_string()).collect();
@@ -531,10 +447,9 @@ fn order_tools<'r>(
     let mut out = Vec::with_capacity(names.len());
     let mut origins = Vec::with_capacity(names.len());
     for name in names {
-        let pick = &tools[name];
-        let t = pick.item;
-        let parameters = pick
-            .entry
+        let (entry, index, scope, _) = tools[name];
+        let t = &entry.declaration.tools[index];
+        let parameters = entry
             .schemas
             .get(t.name.as_str())
             .and_then(|by_scope| by_scope.iter().find(|(s, _)| *s == t.scope))
@@ -544,14 +459,17 @@ fn order_tools<'r>(
             name: t.name.clone(),
             description: t.description.clone(),
             parameters,
-            defer: pick
-                .entry
+            defer: entry
                 .options
                 .defer
                 .holds(&t.name)
-                .then(|| Arc::from(pick.entry.id.as_str())),
+                .then(|| Arc::from(entry.id.as_str())),
         });
-        origins.push(pick.origin(name));
+        origins.push(Origin {
+            name: name.to_string(),
+            plugin: entry.id.clone(),
+            scope: scope.key().to_string(),
+        });
     }
     Ok(OrderedTools {
         tools: out.into(),
@@ -560,164 +478,125 @@ fn order_tools<'r>(
     })
 }
 
-/// Resolves `{{name}}` against the effective variables, calling dynamic ones lazily.
-struct Resolver<'a, 'r> {
-    variables: &'a BTreeMap<&'r str, Pick<'r, Variable>>,
-    step: &'a Step,
+/// Resolves `{{name}}` against the plan's variables, calling dynamic ones lazily.
+struct Resolver<'p> {
+    plan: &'p Plan,
+    step: &'p Step,
     /// Variables referenced this assembly (for `--explain`).
-    used: BTreeSet<&'r str>,
+    used: BTreeSet<&'p str>,
 }
 
-impl<'r> Resolver<'_, 'r> {
-    fn resolve(&mut self, name: &str, calls: &mut Calls<'r>) -> Result<Resolved<'r>> {
-        let Some((key, pick)) = self.variables.get_key_value(name) else {
-            let known = self.variables.keys().map(|k| k.to_string()).collect();
+impl<'p> Resolver<'p> {
+    fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved<'p>> {
+        let Some((key, v)) = self.plan.variables.get_key_value(name) else {
+            let known = self.plan.variables.keys().map(|k| k.to_string()).collect();
             return Ok(Resolved::Unknown { known });
         };
         self.used.insert(key);
-        let v: &'r Variable = pick.item;
-        let value: Option<Cow<'r, str>> = match &v.value {
+        let item: &'p Variable = v.item();
+        let value: Option<Cow<'p, str>> = match &item.value {
             Content::Static(s) => Some(Cow::Borrowed(s)),
             Content::Dynamic => calls
-                .value(pick.entry, &v.name, &v.scope, self.step)?
-                .map(Cow::Owned),
+                .value(&v.entry, v.index, self.step)?
+                .map(|v| Cow::Owned(v.to_string())),
         };
         Ok(match value {
             Some(v) => Resolved::Value(v),
             None => Resolved::Absent {
-                plugin: pick.entry.id.clone(),
+                plugin: v.entry.id.clone(),
             },
         })
     }
 }
 
-/// A contribution, by plugin id, kind, name and declared scope, borrowed from the registry
-/// snapshot the assembly runs on (a key costs no copy).
-type CallKey<'r> = (&'r str, Kind, &'r str, &'r Scope);
+/// A contribution: its plugin (by the address of its shared entry, the same in every plan of
+/// one snapshot), kind and index in the declaration. Only ever looked up, never iterated.
+type CallKey = (usize, Kind, usize);
 
-/// What each batching plugin is asked this step, by plugin id.
-type Asks<'r> = BTreeMap<&'r str, (&'r PluginEntry, Wanted)>;
-
-fn ask<'a, 'r>(asks: &'a mut Asks<'r>, entry: &'r PluginEntry) -> &'a mut Wanted {
-    &mut asks
-        .entry(&entry.id)
-        .or_insert((entry, Wanted::default()))
-        .1
-}
-
-fn key<'r>(entry: &'r PluginEntry, kind: Kind, name: &'r str, scope: &'r Scope) -> CallKey<'r> {
-    (&entry.id, kind, name, scope)
+fn call_key(entry: &Arc<PluginEntry>, kind: Kind, index: usize) -> CallKey {
+    (Arc::as_ptr(entry) as usize, kind, index)
 }
 
 /// Memoised dynamic calls: each contribution is called at most once per assembly (A2).
 #[derive(Default)]
-struct Calls<'r> {
-    texts: BTreeMap<CallKey<'r>, CallResult<String>>,
-    values: BTreeMap<CallKey<'r>, CallResult<Option<String>>>,
-    tools: BTreeMap<&'r str, CallResult<Vec<String>>>,
+struct Calls {
+    texts: HashMap<CallKey, CallResult<Arc<str>>>,
+    values: HashMap<CallKey, CallResult<Option<Arc<str>>>>,
+    tools: HashMap<usize, CallResult<Vec<String>>>,
     /// Contexts left out alone (`contexts_fail_alone`), in the order they were asked for.
     omitted: Vec<Omission>,
 }
 
-impl<'r> Calls<'r> {
-    /// W3: asks each batching plugin (world 0.2.0) once for every effective dynamic value it gives
-    /// this step and has not given yet: its sections and contexts in use, its effective
+impl Calls {
+    /// W3: asks each batching plugin (world 0.2.0) once for every effective dynamic value it
+    /// gives this step and has not given yet: its sections and contexts in use, its effective
     /// variables (referenced or not: which ones a dynamic text references is only known after
-    /// the call), and its shown tools. Shadowed contributions are never asked for. The answers
-    /// join the memo, so the lazy per-item path below finds them; an error stays with its item
-    /// and fails the assembly only if the item is used.
-    fn prefetch(
-        &mut self,
-        step: &Step,
-        sections: &[&Pick<'r, Section>],
-        contexts: &[&Pick<'r, Context>],
-        variables: &BTreeMap<&str, Pick<'r, Variable>>,
-        tools: &BTreeMap<&str, Pick<'r, Tool>>,
-    ) {
-        let mut asks: Asks = BTreeMap::new();
-        // The keys of what each plugin is asked, in the order of its `Wanted` lists: texts
-        // (its sections, then its contexts, as `texts` below yields them) and variables.
-        type Asked<'r> = (Vec<CallKey<'r>>, Vec<CallKey<'r>>);
-        let mut keys: BTreeMap<&'r str, Asked<'r>> = BTreeMap::new();
-        let item = |name: &str, scope: &Scope| (name.to_string(), scope.clone());
-        let texts = sections
-            .iter()
-            .map(|p| {
-                (
-                    Kind::Section,
-                    p.entry,
-                    &p.item.name,
-                    &p.item.scope,
-                    &p.item.text,
+    /// the call), and its shown tools (the plan's [`plan::Ask`]s). Shadowed contributions are
+    /// never asked for. The answers join the memo, so the lazy per-item path below finds
+    /// them; an error stays with its item and fails the assembly only if the item is used.
+    fn prefetch(&mut self, step: &Step, plan: &Plan) {
+        for ask in &plan.asks {
+            let entry = &ask.entry;
+            let texts: Vec<CallKey> = (ask.sections.iter())
+                .map(|&i| call_key(entry, Kind::Section, plan.sections[i].index))
+                .chain(
+                    (ask.contexts.iter())
+                        .map(|&i| call_key(entry, Kind::Context, plan.contexts[i].index)),
                 )
-            })
-            .chain(contexts.iter().map(|p| {
-                (
-                    Kind::Context,
-                    p.entry,
-                    &p.item.name,
-                    &p.item.scope,
-                    &p.item.text,
-                )
-            }));
-        for (kind, entry, name, scope, text) in texts {
-            if entry.provider.batches()
-                && *text == Content::Dynamic
-                && !self.texts.contains_key(&key(entry, kind, name, scope))
-            {
-                let w = ask(&mut asks, entry);
-                let list = if kind == Kind::Section {
-                    &mut w.sections
-                } else {
-                    &mut w.contexts
-                };
-                list.push(item(name, scope));
-                keys.entry(&entry.id)
-                    .or_default()
-                    .0
-                    .push(key(entry, kind, name, scope));
-            }
-        }
-        for p in variables.values().filter(|p| p.entry.provider.batches()) {
-            let v = p.item;
-            if v.value == Content::Dynamic
-                && !self
-                    .values
-                    .contains_key(&key(p.entry, Kind::Variable, &v.name, &v.scope))
-            {
-                ask(&mut asks, p.entry)
-                    .variables
-                    .push(item(&v.name, &v.scope));
-                keys.entry(&p.entry.id).or_default().1.push(key(
-                    p.entry,
-                    Kind::Variable,
-                    &v.name,
-                    &v.scope,
-                ));
-            }
-        }
-        for p in tools.values().filter(|p| p.entry.provider.batches()) {
-            if p.entry.declaration.filters_tools && !self.tools.contains_key(p.entry.id.as_str()) {
-                ask(&mut asks, p.entry).shown_tools = true;
-            }
-        }
-        for (entry, wanted) in asks.into_values() {
+                .collect();
+            let values: Vec<CallKey> = (ask.variables.iter())
+                .filter_map(|n| plan.variables.get(n))
+                .map(|v| call_key(entry, Kind::Variable, v.index))
+                .collect();
+            let ptr = Arc::as_ptr(entry) as usize;
+            let fresh = !texts.iter().any(|k| self.texts.contains_key(k))
+                && !values.iter().any(|k| self.values.contains_key(k))
+                && !(ask.wanted.shown_tools && self.tools.contains_key(&ptr));
+            // A second attempt (A9) asks only for what the first did not get.
+            let filtered;
+            let (wanted, texts, values) = if fresh {
+                (&ask.wanted, texts, values)
+            } else {
+                let (mut w, mut t, mut v) = (Wanted::default(), Vec::new(), Vec::new());
+                let n_sections = ask.wanted.sections.len();
+                for (i, k) in texts.into_iter().enumerate() {
+                    if self.texts.contains_key(&k) {
+                        continue;
+                    }
+                    match i < n_sections {
+                        true => w.sections.push(ask.wanted.sections[i].clone()),
+                        false => w.contexts.push(ask.wanted.contexts[i - n_sections].clone()),
+                    }
+                    t.push(k);
+                }
+                for (i, k) in values.into_iter().enumerate() {
+                    if !self.values.contains_key(&k) {
+                        w.variables.push(ask.wanted.variables[i].clone());
+                        v.push(k);
+                    }
+                }
+                w.shown_tools = ask.wanted.shown_tools && !self.tools.contains_key(&ptr);
+                if w.is_empty() {
+                    continue;
+                }
+                filtered = w;
+                (&filtered, t, v)
+            };
             let answer = entry
                 .provider
-                .evaluate(step, &wanted)
-                .and_then(|e| e.check(&wanted).map(|()| e))
-                .unwrap_or_else(|e| Evaluation::failed(&wanted, e));
+                .evaluate(step, wanted)
+                .and_then(|e| e.check(wanted).map(|()| e))
+                .unwrap_or_else(|e| Evaluation::failed(wanted, e));
             // The answers come back in the order of `wanted`, which is the keys' order.
-            let (text_keys, value_keys) = keys.remove(entry.id.as_str()).unwrap_or_default();
-            let texts = answer.sections.into_iter().chain(answer.contexts);
-            for (k, text) in text_keys.into_iter().zip(texts) {
-                self.texts.insert(k, text);
+            let answered = answer.sections.into_iter().chain(answer.contexts);
+            for (k, text) in texts.into_iter().zip(answered) {
+                self.texts.insert(k, text.map(Arc::from));
             }
-            for (k, value) in value_keys.into_iter().zip(answer.variables) {
-                self.values.insert(k, value);
+            for (k, value) in values.into_iter().zip(answer.variables) {
+                self.values.insert(k, value.map(|v| v.map(Arc::from)));
             }
             if let Some(shown) = answer.shown_tools {
-                self.tools.insert(&entry.id, shown);
+                self.tools.insert(ptr, shown);
             }
         }
     }
@@ -727,25 +606,36 @@ impl<'r> Calls<'r> {
         self.texts.is_empty() && self.values.is_empty() && self.tools.is_empty()
     }
 
-    fn text(
+    fn text<'p>(
         &mut self,
-        entry: &'r PluginEntry,
+        entry: &Arc<PluginEntry>,
         kind: Kind,
-        name: &'r str,
-        scope: &'r Scope,
-        content: &'r Content,
+        index: usize,
+        content: &'p Content,
         step: &Step,
-    ) -> Result<Cow<'r, str>> {
+    ) -> Result<Source<'p>> {
         if let Content::Static(s) = content {
-            return Ok(Cow::Borrowed(s)); // static text costs no call
+            return Ok(Source::Static(s)); // static text costs no call
         }
-        let key = key(entry, kind, name, scope);
-        let result = self.texts.entry(key).or_insert_with(|| match kind {
-            Kind::Section => entry.provider.section_text(name, scope, step),
-            _ => entry.provider.context_text(name, scope, step),
+        let (name, scope) = match kind {
+            Kind::Section => {
+                let s = &entry.declaration.sections[index];
+                (&s.name, &s.scope)
+            }
+            _ => {
+                let c = &entry.declaration.contexts[index];
+                (&c.name, &c.scope)
+            }
+        };
+        let result = (self.texts.entry(call_key(entry, kind, index))).or_insert_with(|| {
+            match kind {
+                Kind::Section => entry.provider.section_text(name, scope, step),
+                _ => entry.provider.context_text(name, scope, step),
+            }
+            .map(Arc::from)
         });
         match result {
-            Ok(text) => Ok(Cow::Owned(text.clone())),
+            Ok(text) => Ok(Source::Called(text.clone())),
             Err(e)
                 if kind == Kind::Context
                     && entry.options.optional
@@ -765,7 +655,7 @@ impl<'r> Calls<'r> {
                         cause,
                     });
                 }
-                Ok(Cow::Borrowed(""))
+                Ok(Source::Static(""))
             }
             Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), e.clone())),
         }
@@ -773,25 +663,24 @@ impl<'r> Calls<'r> {
 
     fn value(
         &mut self,
-        entry: &'r PluginEntry,
-        name: &'r str,
-        scope: &'r Scope,
+        entry: &Arc<PluginEntry>,
+        index: usize,
         step: &Step,
-    ) -> Result<Option<String>> {
-        let key = key(entry, Kind::Variable, name, scope);
-        let result = self
-            .values
-            .entry(key)
-            .or_insert_with(|| entry.provider.variable_value(name, scope, step));
+    ) -> Result<Option<Arc<str>>> {
+        let v = &entry.declaration.variables[index];
+        let result =
+            (self.values.entry(call_key(entry, Kind::Variable, index))).or_insert_with(|| {
+                (entry.provider.variable_value(&v.name, &v.scope, step)).map(|v| v.map(Arc::from))
+            });
         result
             .clone()
-            .map_err(|e| call_error(entry, &format!("variable `{name}`"), e))
+            .map_err(|e| call_error(entry, &format!("variable `{}`", v.name), e))
     }
 
-    fn shown_tools(&mut self, entry: &'r PluginEntry, step: &Step) -> Result<Vec<String>> {
+    fn shown_tools(&mut self, entry: &Arc<PluginEntry>, step: &Step) -> Result<Vec<String>> {
         let result = self
             .tools
-            .entry(&entry.id)
+            .entry(Arc::as_ptr(entry) as usize)
             .or_insert_with(|| entry.provider.shown_tools(step));
         result
             .clone()

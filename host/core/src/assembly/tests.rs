@@ -1409,10 +1409,10 @@ fn t8_a_data_plugin_context_is_fenced_with_the_session_key_and_not_interpolated(
         one.runtime_context.as_deref(),
         Some(format!("{RUNTIME_CONTEXT_HEADER}\n\nNote hunter2.\n\n{fenced}").as_str())
     );
-    assert_eq!(one.contexts[1], ("doc".to_string(), fenced));
+    assert_eq!(one.contexts[1], (Arc::from("doc"), Arc::from(fenced)));
     assert_eq!(
         one.contexts[2],
-        ("empty".to_string(), String::new()),
+        (Arc::from("empty"), Arc::from("")),
         "empty stays empty"
     );
     // The same session gives the same bytes; another session another key, even though the

@@ -1,0 +1,338 @@
+//! An assembly's plan: who gives each effective part for one registry snapshot, scope chain,
+//! options and set of left-out plugins, in output order, with every static text already
+//! rendered and what each batching plugin will be asked.
+//!
+//! None of it depends on the step, so a snapshot makes it once per (chain, options) and every
+//! step of every session shares it: a step then only calls the plugins for their dynamic parts
+//! and splices the answers in (issue 31). A plan made with plugins left out (A9) is made for that
+//! assembly alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::{Options, OrderedTools, Origin};
+use crate::error::{Error, Result};
+use crate::plugin::interpolate::{render, Resolved};
+use crate::plugin::model::{Content, Context, Contribution, Scope, Section, Variable};
+use crate::plugin::provider::{Item, Wanted};
+use crate::plugin::registry::{PluginEntry, Registry};
+use crate::plugin::trust::Trust;
+
+/// One section or context of the output, by the plugin that gives it.
+pub(super) struct Part {
+    pub entry: Arc<PluginEntry>,
+    /// Its index in the plugin's declared sections (or contexts).
+    pub index: usize,
+    pub name: Arc<str>,
+    /// Its text when that is the same at every step: a static text, interpolated with static
+    /// variables only (or never interpolated). `None`: called or rendered per step.
+    pub fixed: Option<Arc<str>>,
+}
+
+/// One effective variable, by the plugin that gives it.
+pub(super) struct VarPart {
+    pub entry: Arc<PluginEntry>,
+    pub index: usize,
+    /// Its effective scope (after the config's scope override).
+    pub scope: Scope,
+}
+
+impl VarPart {
+    pub fn item(&self) -> &Variable {
+        &self.entry.declaration.variables[self.index]
+    }
+}
+
+/// What one batching plugin (world 0.2.0) is asked each step: its effective dynamic sections
+/// and contexts in output order, its effective dynamic variables by name, its shown tools.
+pub(super) struct Ask {
+    pub entry: Arc<PluginEntry>,
+    pub wanted: Wanted,
+    /// Indices into [`Plan::sections`], then [`Plan::contexts`], in `wanted`'s order.
+    pub sections: Vec<usize>,
+    pub contexts: Vec<usize>,
+    /// Names in [`Plan::variables`], in `wanted`'s order.
+    pub variables: Vec<Arc<str>>,
+}
+
+pub(super) struct Plan {
+    pub sections: Vec<Part>,
+    pub contexts: Vec<Part>,
+    pub variables: BTreeMap<Arc<str>, VarPart>,
+    pub asks: Vec<Ask>,
+    pub section_origins: Arc<[Origin]>,
+    pub context_origins: Arc<[Origin]>,
+    /// Variables the fixed texts reference (explain lists them every step).
+    pub fixed_used: Vec<Arc<str>>,
+    /// The ordered tools, when no effective tool's plugin filters them (they are then the same
+    /// every step).
+    pub tools: Option<Arc<OrderedTools>>,
+}
+
+impl Part {
+    pub fn section(&self) -> &Section {
+        &self.entry.declaration.sections[self.index]
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.entry.declaration.contexts[self.index]
+    }
+}
+
+/// One effective contribution while planning: the plugin, the item's index, its effective
+/// scope and that scope's rank in the chain.
+struct Pick<'r> {
+    entry: &'r Arc<PluginEntry>,
+    index: usize,
+    scope: &'r Scope,
+    rank: usize,
+}
+
+/// Merges one kind of contribution over the chain: the nearest scope wins (R3).
+pub(super) fn effective<'r, T: Contribution + 'r>(
+    registry: &'r Registry,
+    excluded: &BTreeSet<String>,
+    chain: &[String],
+) -> BTreeMap<&'r str, (&'r Arc<PluginEntry>, usize, &'r Scope, usize)> {
+    let mut best: BTreeMap<&str, Pick> = BTreeMap::new();
+    for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
+        for (index, item) in T::all(&entry.declaration).iter().enumerate() {
+            let declared = item.scope();
+            let scope = match (&entry.options.scope_override, declared) {
+                (Some(over), Scope::Global) => over,
+                _ => declared,
+            };
+            let Some(rank) = chain.iter().position(|k| k == scope.key()) else {
+                continue; // not visible to this agent
+            };
+            // Same name in the same scope from two plugins is refused at load (R2), so ranks
+            // never tie; on a tie the first plugin by id would win, still deterministically.
+            let pick = Pick {
+                entry,
+                index,
+                scope,
+                rank,
+            };
+            match best.entry(item.name()) {
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    if rank > o.get().rank {
+                        o.insert(pick);
+                    }
+                }
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(pick);
+                }
+            }
+        }
+    }
+    best.into_iter()
+        .map(|(name, p)| (name, (p.entry, p.index, p.scope, p.rank)))
+        .collect()
+}
+
+fn origin(name: &str, entry: &PluginEntry, scope: &Scope) -> Origin {
+    Origin {
+        name: name.to_string(),
+        plugin: entry.id.clone(),
+        scope: scope.key().to_string(),
+    }
+}
+
+/// The plan of `registry` for `chain` and `options`, leaving out the plugins in `excluded`.
+pub(super) fn plan(
+    registry: &Registry,
+    chain: &[String],
+    options: &Options,
+    excluded: &BTreeSet<String>,
+) -> Result<Plan> {
+    let sections = effective::<Section>(registry, excluded, chain);
+    let variables = effective::<Variable>(registry, excluded, chain);
+    // A4: without a runtime context, contexts are neither called nor rendered.
+    let contexts = match options.suppress_runtime_context {
+        true => BTreeMap::new(),
+        false => effective::<Context>(registry, excluded, chain),
+    };
+
+    // Cheap checks first, before any plugin is called.
+    if let Some(order) = &options.tool_order {
+        super::check_tool_order(registry, order)?;
+    }
+    let complete: Vec<&str> = sections
+        .iter()
+        .filter(|(_, p)| section(p).complete)
+        .map(|(n, _)| *n)
+        .collect();
+    if complete.len() > 1 {
+        let names = complete.iter().map(|n| n.to_string()).collect();
+        return Err(Error::MultipleComplete(names)); // already sorted: BTreeMap order
+    }
+    // A1, A3: a single complete section stands alone; otherwise sort by (order, name).
+    let mut ordered: Vec<(&str, _)> = match complete.first() {
+        Some(only) => vec![(*only, sections[only])],
+        None => sections.iter().map(|(n, p)| (*n, *p)).collect(),
+    };
+    ordered.sort_by(|a, b| (section(&a.1).order, a.0).cmp(&(section(&b.1).order, b.0)));
+    let mut ordered_contexts: Vec<(&str, _)> = contexts.iter().map(|(n, p)| (*n, *p)).collect();
+    ordered_contexts.sort_by(|a, b| (context(&a.1).order, a.0).cmp(&(context(&b.1).order, b.0)));
+
+    let variables: BTreeMap<Arc<str>, VarPart> = variables
+        .into_iter()
+        .map(|(name, (entry, index, scope, _))| {
+            let part = VarPart {
+                entry: entry.clone(),
+                index,
+                scope: scope.clone(),
+            };
+            (Arc::from(name), part)
+        })
+        .collect();
+    // Static texts rendered once; `used` collects the variables they reference.
+    let mut used: BTreeSet<Arc<str>> = BTreeSet::new();
+    let mut fix = |text: &Content, raw: bool, location: &dyn Fn() -> String| -> Option<Arc<str>> {
+        let Content::Static(text) = text else {
+            return None;
+        };
+        if raw {
+            return Some(Arc::from(text.as_str()));
+        }
+        let mut names = Vec::new();
+        let rendered = render(text, location, &mut |name| {
+            let Some((key, v)) = variables.get_key_value(name) else {
+                // Unknown: the step's own rendering says so, with the known names.
+                return Err(Error::ConfigInvalid(String::new()));
+            };
+            match &v.item().value {
+                Content::Static(value) => {
+                    names.push(key.clone());
+                    Ok(Resolved::Value(std::borrow::Cow::Borrowed(value.as_str())))
+                }
+                Content::Dynamic => Err(Error::ConfigInvalid(String::new())),
+            }
+        })
+        .ok()?;
+        used.extend(names);
+        Some(Arc::from(rendered.as_ref()))
+    };
+    let section_parts: Vec<Part> = ordered
+        .iter()
+        .map(|&(name, (entry, index, _, _))| {
+            let s = &entry.declaration.sections[index];
+            let location = || format!("section `{}` (plugin `{}`)", s.name, entry.id);
+            Part {
+                entry: entry.clone(),
+                index,
+                name: Arc::from(name),
+                fixed: fix(&s.text, s.verbatim, &location),
+            }
+        })
+        .collect();
+    let context_parts: Vec<Part> = ordered_contexts
+        .iter()
+        .map(|&(name, (entry, index, _, _))| {
+            let c = &entry.declaration.contexts[index];
+            // A data plugin's text is never interpolated (R7): it could name a secret variable.
+            let raw = c.verbatim || entry.options.trust == Trust::Data;
+            let location = || format!("context `{}` (plugin `{}`)", c.name, entry.id);
+            Part {
+                entry: entry.clone(),
+                index,
+                name: Arc::from(name),
+                fixed: fix(&c.text, raw, &location),
+            }
+        })
+        .collect();
+
+    // What each batching plugin is asked, in the order the per-item path would ask.
+    let mut asks: BTreeMap<String, Ask> = BTreeMap::new();
+    for (i, part) in section_parts.iter().enumerate() {
+        let s = part.section();
+        if part.entry.provider.batches() && s.text == Content::Dynamic {
+            let a = asks
+                .entry(part.entry.id.clone())
+                .or_insert_with(|| empty(&part.entry));
+            a.wanted.sections.push(item(&s.name, &s.scope));
+            a.sections.push(i);
+        }
+    }
+    for (i, part) in context_parts.iter().enumerate() {
+        let c = part.context();
+        if part.entry.provider.batches() && c.text == Content::Dynamic {
+            let a = asks
+                .entry(part.entry.id.clone())
+                .or_insert_with(|| empty(&part.entry));
+            a.wanted.contexts.push(item(&c.name, &c.scope));
+            a.contexts.push(i);
+        }
+    }
+    for (name, v) in &variables {
+        let item_ = v.item();
+        if v.entry.provider.batches() && item_.value == Content::Dynamic {
+            let a = asks
+                .entry(v.entry.id.clone())
+                .or_insert_with(|| empty(&v.entry));
+            a.wanted.variables.push(item(&item_.name, &item_.scope));
+            a.variables.push(name.clone());
+        }
+    }
+    let tools = effective::<crate::plugin::model::Tool>(registry, excluded, chain);
+    let mut filters = false;
+    for (entry, _, _, _) in tools.values() {
+        if entry.declaration.filters_tools {
+            filters = true;
+            if entry.provider.batches() {
+                let a = asks.entry(entry.id.clone()).or_insert_with(|| empty(entry));
+                a.wanted.shown_tools = true;
+            }
+        }
+    }
+    let tools = match filters {
+        true => None,
+        // No plugin filters: ordering makes no call, so the step plays no part.
+        false => Some(Arc::new(super::order_tools(
+            &tools,
+            options,
+            None,
+            &mut super::Calls::default(),
+        )?)),
+    };
+    let section_origins = ordered
+        .iter()
+        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
+        .collect();
+    let context_origins = ordered_contexts
+        .iter()
+        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
+        .collect();
+    Ok(Plan {
+        sections: section_parts,
+        contexts: context_parts,
+        variables,
+        asks: asks.into_values().collect(),
+        section_origins,
+        context_origins,
+        fixed_used: used.into_iter().collect(),
+        tools,
+    })
+}
+
+fn section<'a>(&(e, i, _, _): &(&'a Arc<PluginEntry>, usize, &Scope, usize)) -> &'a Section {
+    &e.declaration.sections[i]
+}
+
+fn context<'a>(&(e, i, _, _): &(&'a Arc<PluginEntry>, usize, &Scope, usize)) -> &'a Context {
+    &e.declaration.contexts[i]
+}
+
+fn empty(entry: &Arc<PluginEntry>) -> Ask {
+    Ask {
+        entry: entry.clone(),
+        wanted: Wanted::default(),
+        sections: Vec::new(),
+        contexts: Vec::new(),
+        variables: Vec::new(),
+    }
+}
+
+fn item(name: &str, scope: &Scope) -> Item {
+    (name.to_string(), scope.clone())
+}
