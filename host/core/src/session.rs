@@ -23,6 +23,7 @@ pub use log::HeaderReason;
 mod diff;
 mod fit;
 mod outcome;
+mod parts;
 mod plan;
 mod rebuild;
 mod report;

@@ -518,3 +518,118 @@ fn k2_a_kept_state_gives_the_cache_model_the_blocks_of_the_rebuilt_request() {
         }
     }
 }
+
+/// A client that keeps the body itself from a step's parts (issue 31).
+#[derive(Default)]
+struct PartsClient {
+    step: u64,
+    open: String,
+    close: String,
+    items: Vec<String>,
+}
+
+impl PartsClient {
+    /// Applies `parts` (the object `render_parts_into` wrote) for step `step`; says whether
+    /// they were relative to the step the client held.
+    fn apply(&mut self, parts: &str, step: u64) -> bool {
+        let parts: Value = serde_json::from_str(parts).unwrap();
+        let since = parts["since"].as_u64().unwrap();
+        let keep = parts["keep"].as_u64().unwrap() as usize;
+        if since == 0 {
+            assert_eq!(keep, 0, "{parts}");
+            assert!(
+                parts["open"].is_string() && parts["close"].is_string(),
+                "{parts}"
+            );
+        } else {
+            assert_eq!(
+                since, self.step,
+                "parts relative to a step the client does not hold"
+            );
+        }
+        assert!(keep <= self.items.len(), "{parts}");
+        self.items.truncate(keep);
+        if let Some(open) = parts["open"].as_str() {
+            self.open = open.to_string();
+        }
+        if let Some(close) = parts["close"].as_str() {
+            self.close = close.to_string();
+        }
+        let items = parts["items"].as_array().unwrap();
+        self.items
+            .extend(items.iter().map(|i| i.as_str().unwrap().to_string()));
+        self.step = step;
+        since != 0
+    }
+
+    fn body(&self) -> String {
+        format!("{}{}{}", self.open, self.items.join(","), self.close)
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Issue 31: a client that asks each step for the parts since the step it holds keeps,
+    /// in every format, exactly the bytes of the whole body (and of a rebuild from the log),
+    /// while the header changes, tools are called and replies recorded; and it is sent only
+    /// what is new whenever the header stayed.
+    #[test]
+    fn a_client_keeping_the_body_from_parts_holds_the_whole_bodys_bytes(
+        script in proptest::collection::vec((0u8..4, proptest::bool::ANY, proptest::bool::ANY), 1..9)
+    ) {
+        let log = Log::new();
+        let mut state = SessionState::from_log(&log.id, &log.events()).unwrap();
+        let mut clients: Vec<PartsClient> = Format::ALL.iter().map(|_| PartsClient::default()).collect();
+        let mut system = "A";
+        for (i, (kind, switch, context)) in script.iter().enumerate() {
+            if *switch {
+                system = if system == "A" { "B" } else { "A" };
+            }
+            let context = context.then_some("cwd: /w");
+            let before = log.events().len();
+            let a = assembly(system, context);
+            let id = format!("c{i}");
+            match kind {
+                0 => { log.step(&[user(&format!("m{i} \"é\\"))], &a, RUN).unwrap(); }
+                1 => {
+                    log.step(&[user(&format!("m{i}"))], &a, RUN).unwrap();
+                    log.record(&assistant_calling(&id));
+                    log.step(&[tool_result(&id)], &a, RUN).unwrap();
+                }
+                2 => { log.step(&[user(&format!("m{i}"))], &a, RUN).unwrap(); }
+                _ => { log.step(&[], &a, RUN).unwrap(); }
+            }
+            state.apply(&log.events()[before..]).unwrap();
+            let n = state.steps();
+            let rebuilt = rebuild(&log.id, &log.events(), n).unwrap();
+            for (format, client) in Format::ALL.into_iter().zip(clients.iter_mut()) {
+                let mut parts = String::new();
+                state.render_parts_into(format, client.step, &mut parts).unwrap();
+                let relative = client.apply(&parts, n);
+                let whole = state.render(format).unwrap();
+                proptest::prop_assert_eq!(&client.body(), &whole, "step {} in {:?}", n, format);
+                proptest::prop_assert_eq!(
+                    &whole,
+                    &crate::formats::render(&rebuilt, format).to_string()
+                );
+                // Only the first step of a format, or a step after a header change (here:
+                // the system prompt switched), starts from nothing.
+                let first = client.items.is_empty() || i == 0;
+                if !first && !*switch {
+                    proptest::prop_assert!(relative, "step {} in {:?}: {}", n, format, parts);
+                }
+            }
+            if *kind == 2 {
+                // The model's reply, recorded after the step (it joins the next body).
+                let before = log.events().len();
+                log.record(&Message::Assistant {
+                    content: format!("reply {i}"),
+                    tool_calls: Vec::new(),
+                    blocks: Vec::new(),
+                });
+                state.apply(&log.events()[before..]).unwrap();
+            }
+        }
+    }
+}

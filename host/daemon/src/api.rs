@@ -151,6 +151,12 @@ pub struct StepBody {
     #[serde(default, deserialize_with = "optional_integer")]
     #[schema(maximum = 18446744073709551615_u64)]
     pub sent_at: Option<u64>,
+    /// The step whose request body you hold in this format (0: none yet). The answer then
+    /// carries `parts` instead of `request`: what changed since that step, from which you
+    /// keep the body yourself, byte for byte (docs/http-api.md, "A step's parts").
+    #[serde(default, deserialize_with = "optional_integer")]
+    #[schema(maximum = 18446744073709551615_u64)]
+    pub since: Option<u64>,
 }
 
 /// A message a step adds: a `Message` with the role `user` (never a `snapshot`: promptd sets
@@ -173,16 +179,37 @@ impl PartialSchema for StepMessage {
     }
 }
 
-/// A step's answer: the request body to send to the provider, as is.
+/// A step's answer: the request body to send to the provider, as is (or, with `since`, its
+/// parts).
 #[derive(Serialize, ToSchema)]
 pub struct StepReply {
-    /// The request body in the asked format: pass it to the provider SDK unchanged.
+    /// The request body in the asked format: pass it to the provider SDK unchanged. Absent
+    /// when the step was asked with `since`.
     #[schema(value_type = Object)]
-    pub request: Value,
+    pub request: Option<Value>,
+    /// With `since`: the body as parts relative to step `since` (0: from nothing). Join
+    /// `open`, your kept items (the first `keep` of that step's) then `items`, and `close`
+    /// (a `null` end: keep yours), the items separated by commas: the bytes of `request`.
+    pub parts: Option<StepParts>,
     /// The step's number in its session (1-based).
     pub step: u64,
     /// What the request costs, measured by the agent's tokenizer.
     pub usage: Usage,
+}
+
+/// A step's body in parts (`since`).
+#[derive(Serialize, ToSchema)]
+pub struct StepParts {
+    /// The step the parts are relative to; 0: from nothing (`keep` is 0, both ends given).
+    pub since: u64,
+    /// The body's text before its first message (through the list's `[`), when it changed.
+    pub open: Option<String>,
+    /// The body's text after its last message (from the list's `]`), when it changed.
+    pub close: Option<String>,
+    /// How many of the `since` step's messages to keep, from the first.
+    pub keep: u64,
+    /// The messages that follow, each as its JSON text.
+    pub items: Vec<String>,
 }
 
 /// The body of `POST /v1/sessions/{id}/messages`: a model's reply as the provider SDK returned

@@ -532,14 +532,17 @@ async fn step(
         facts: req.facts,
         sent_at: req.sent_at,
     };
-    let format = req.format;
+    let (format, since) = (req.format, req.since);
     // Assembly, the append and rendering all run on the blocking pool.
     // An `api::StepReply` built by hand, the body between its envelope's two pieces in one buffer, so the
     // `request` bytes are exactly what GET …/request returns (Q4) and the body (megabytes in
     // a long session) is written once, not copied.
     let response = blocking(move || {
-        let mut out = String::from("{\"request\":");
-        let (n, usage) = daemon.step_into(&id, input, format, &mut out)?;
+        let mut out = String::from(match since {
+            Some(_) => "{\"parts\":",
+            None => "{\"request\":",
+        });
+        let (n, usage) = daemon.step_into(&id, input, format, since, &mut out)?;
         let mut usage_json = Vec::with_capacity(512);
         serde_json::to_writer(&mut usage_json, &usage)
             .map_err(|e| e.to_string())

@@ -179,21 +179,23 @@ impl Daemon {
     /// log renders (Q4), spliced from the session's cached fragments.
     pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
         let mut body = String::new();
-        let (n, _) = self.step_into(id, input.clone(), format, &mut body)?;
+        let (n, _) = self.step_into(id, input.clone(), format, None, &mut body)?;
         Ok((n, body))
     }
 
     /// [`Daemon::step`], with the body appended to `out` (the HTTP layer writes its envelope
-    /// around it in the same buffer).
+    /// around it in the same buffer); with `since`, the body's parts relative to that step
+    /// instead (`SessionState::render_parts_into`).
     pub fn step_into(
         &self,
         id: &str,
         input: StepInput,
         format: Format,
+        since: Option<u64>,
         out: &mut String,
     ) -> Result<(u64, Usage)> {
         let started = Instant::now();
-        let result = self.step_inner(id, input, format, out);
+        let result = self.step_inner(id, input, format, since, out);
         let error = match &result {
             Err(DaemonError::Core(e)) => Some(e),
             _ => None,
@@ -208,6 +210,7 @@ impl Daemon {
         id: &str,
         input: StepInput,
         format: Format,
+        since: Option<u64>,
         out: &mut String,
     ) -> Result<(u64, Usage)> {
         self.wait_ready(STEP_WAITS_FOR_LOADING)?;
@@ -266,7 +269,11 @@ impl Daemon {
         if let Some(kept) = planned.prefix_kept {
             self.metrics.prefix(&plan.agent, kept);
         }
-        taken.get().state.render_into(format, out)?;
+        let state = &mut taken.get().state;
+        match since {
+            Some(since) => state.render_parts_into(format, since, out)?,
+            None => state.render_into(format, out)?,
+        }
         Ok((n, usage))
     }
 

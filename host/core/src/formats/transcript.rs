@@ -47,6 +47,50 @@ impl Head {
     pub fn bytes(&self) -> usize {
         self.before.len() + self.after.len()
     }
+
+    /// What comes before the first item of the message list (through its `[`) and after the
+    /// last (from its `]`): a body is `open`, its items joined by commas, then `close`.
+    pub fn around_list(&self, format: Format) -> (String, String) {
+        let mut open = String::with_capacity(self.before.len() + 16);
+        open.push_str(&self.before);
+        let mut first = self.before.len() == 1; // only the `{`
+        entry(&mut open, &mut first, formats::list_key(format));
+        open.push('[');
+        let mut close = String::with_capacity(self.after.len() + 1);
+        close.push(']');
+        close.push_str(&self.after);
+        (open, close)
+    }
+}
+
+/// `body` (a request body in `format`) as [`Head::around_list`]'s two ends and its message
+/// list's items, each compact JSON: `open`, the items joined by commas, then `close` is
+/// `body.to_string()`. `None` when `body` is not an object holding the list.
+pub fn split_body(body: &Value, format: Format) -> Option<(String, Vec<String>, String)> {
+    let map = body.as_object()?;
+    let key = formats::list_key(format);
+    let items = map
+        .get(key)?
+        .as_array()?
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    let (mut open, mut close) = (String::from("{"), String::from("]"));
+    let mut first = true;
+    for (k, v) in map {
+        if k.as_str() < key {
+            entry(&mut open, &mut first, k);
+            open.push_str(&v.to_string());
+        } else if k.as_str() > key {
+            close.push(',');
+            entry(&mut close, &mut true, k);
+            close.push_str(&v.to_string());
+        }
+    }
+    entry(&mut open, &mut first, key);
+    open.push('[');
+    close.push('}');
+    Some((open, items, close))
 }
 
 /// A body's message list as [`Transcript::fragments`] gives it: `lead`, each of `closed`,

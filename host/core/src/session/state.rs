@@ -78,6 +78,8 @@ pub struct SessionState {
     pub(super) cache: super::outcome::Track,
     /// The idle gaps and sizes of the session's replied requests (`ttl = "auto"`).
     gaps: crate::cache::ttl::Gaps,
+    /// What the body parts written last in each format stand for (a client's copy, issue 31).
+    pub(super) marks: Vec<super::parts::Mark>,
     /// The provenance recorded with the header being sent: what a held change compares with
     /// (a marker's provenance says who serves now, which may be a held plugin's new version).
     header_provenance: Option<crate::provenance::Provenance>,
@@ -156,6 +158,7 @@ impl SessionState {
             gaps: Default::default(),
             header_provenance: None,
             held: Vec::new(),
+            marks: Vec::new(),
         }
     }
 
@@ -465,7 +468,7 @@ impl SessionState {
 
     /// The last step's request as a frozen request of the messages kept (with the summaries
     /// of compacted ranges in their place).
-    fn kept_request(&self, header: &Header) -> Result<FrozenRequest> {
+    pub(super) fn kept_request(&self, header: &Header) -> Result<FrozenRequest> {
         let mut messages = Vec::new();
         for (i, fragment) in self.transcript.neutral().iter().enumerate() {
             if let Some(summary) = self.summaries.get(&i) {
@@ -531,7 +534,7 @@ impl SessionState {
 /// The last step's header, if `format` can render what the transcript holds: what
 /// [`SessionState::render_into`] and [`SessionState::request_view`] both check first. Over the
 /// fields, not `&self`, so the caller may still change the transcript while it holds the header.
-fn renderable_header<'a>(
+pub(super) fn renderable_header<'a>(
     header: &'a Option<(Header, Option<String>)>,
     transcript: &Transcript,
     session: &str,

@@ -1,0 +1,192 @@
+//! A step's body in parts, for a client that keeps the body itself (issue 31): the body's two
+//! ends around its message list, and the list's items, each as JSON text. Since the step whose
+//! body the client holds, a step usually sends only what it adds: the new items, and the ends
+//! only when the header changed. The client joins `open`, the items and `close` into the very
+//! bytes the whole body has (`tests` check it for every format).
+//!
+//! The parts are written as JSON into the response:
+//!
+//! ```json
+//! {"since": 7, "open": null, "close": null, "keep": 12, "items": ["{\"role\":…}", …]}
+//! ```
+//!
+//! `since` is the step the parts are relative to: the client keeps the first `keep` items of
+//! that step's list, drops the rest, and appends `items`; `open` and `close` are given when they
+//! changed (else `null`: the client keeps its own). `since = 0` means from nothing: `keep` is 0
+//! and both ends are given. The daemon answers from nothing whenever it cannot vouch for the
+//! client's copy: another step in between, another format, a new header or other tools shown,
+//! history trimmed or compacted, a restart or an eviction of the session's state.
+
+use std::io::Write as _;
+
+use super::state::remember;
+use super::SessionState;
+use crate::error::Result;
+use crate::formats::transcript::{split_body, Head};
+use crate::formats::Format;
+
+/// What the last parts written for a session in one format stand for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    step: u64,
+    format: Format,
+    header_seq: u64,
+    shown: Option<Vec<String>>,
+    /// The list's items made once (the transcript's closed fragments) the body held.
+    closed: usize,
+}
+
+/// Writes `text` as a JSON string into `out`.
+fn json_str(out: &mut String, text: &str) {
+    struct Into<'a>(&'a mut String);
+    impl std::io::Write for Into<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let s = std::str::from_utf8(buf)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            self.0.push_str(s);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    // serde_json writes a string in valid UTF-8 pieces, so the adapter never fails.
+    let mut w = Into(out);
+    let _ = serde_json::to_writer(&mut w, text);
+    let _ = w.flush();
+}
+
+/// Writes the parts object.
+fn write_parts<'a>(
+    out: &mut String,
+    since: u64,
+    ends: Option<(&str, &str)>,
+    keep: usize,
+    items: impl Iterator<Item = &'a str>,
+) {
+    use std::fmt::Write as _;
+    let _ = write!(out, "{{\"since\":{since},\"open\":");
+    match ends {
+        Some((open, _)) => json_str(out, open),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"close\":");
+    match ends {
+        Some((_, close)) => json_str(out, close),
+        None => out.push_str("null"),
+    }
+    let _ = write!(out, ",\"keep\":{keep},\"items\":[");
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_str(out, item);
+    }
+    out.push_str("]}");
+}
+
+impl SessionState {
+    /// The last step's body in `format` as parts (see the module), relative to step `since`
+    /// when the client's copy of it is the one this state last wrote, else from nothing;
+    /// appended to `out`. The same bytes as [`SessionState::render_into`] once joined.
+    pub fn render_parts_into(
+        &mut self,
+        format: Format,
+        since: u64,
+        out: &mut String,
+    ) -> Result<()> {
+        let header = super::state::renderable_header(
+            &self.header,
+            &self.transcript,
+            &self.session,
+            self.last_seq,
+            format,
+        )?;
+        if !self.dropped.is_empty() {
+            // Trimmed: the kept request, whole (bounded by the budget, not by the history).
+            self.marks.clear();
+            let request = self.kept_request(header)?;
+            let body = crate::formats::render(&request, format);
+            let Some((open, items, close)) = split_body(&body, format) else {
+                unreachable!("every format's body is an object holding its message list")
+            };
+            write_parts(
+                out,
+                0,
+                Some((&open, &close)),
+                0,
+                items.iter().map(|s| s.as_str()),
+            );
+            return Ok(());
+        }
+        self.activate(format)?;
+        let header = super::state::renderable_header(
+            &self.header,
+            &self.transcript,
+            &self.session,
+            self.last_seq,
+            format,
+        )?;
+        let shown = self.shown_tools.as_deref();
+        let at = match (self.memo.heads.iter())
+            .position(|(f, s, _)| *f == format && s.as_deref() == shown)
+        {
+            Some(at) => at,
+            None => {
+                let head = Head::new(header, shown, format);
+                remember(
+                    &mut self.memo.heads,
+                    (format, self.shown_tools.clone(), head),
+                );
+                self.memo.heads.len() - 1
+            }
+        };
+        let fragments = self.transcript.fragments(header, format);
+        let mark = Mark {
+            step: self.steps,
+            format,
+            header_seq: self.header_seq,
+            shown: self.shown_tools.clone(),
+            closed: fragments.closed.len(),
+        };
+        // The client's copy is the body this state wrote last, at step `since`: the items
+        // made once then are still the first of the list.
+        let kept = self.marks.iter().find(|m| {
+            m.step == since
+                && since > 0
+                && m.format == format
+                && m.header_seq == mark.header_seq
+                && m.shown == mark.shown
+                && m.closed <= mark.closed
+        });
+        let lead = fragments.lead.as_deref().filter(|l| !l.is_empty());
+        let closed = fragments.closed.iter().map(String::as_str);
+        let tail = fragments.tail.as_deref().filter(|t| !t.is_empty());
+        match kept {
+            Some(m) => {
+                let keep = usize::from(lead.is_some())
+                    + closed
+                        .clone()
+                        .take(m.closed)
+                        .filter(|c| !c.is_empty())
+                        .count();
+                let items = closed.skip(m.closed).chain(tail).filter(|i| !i.is_empty());
+                write_parts(out, since, None, keep, items);
+            }
+            None => {
+                let (open, close) = self.memo.heads[at].2.around_list(format);
+                let items = lead.into_iter().chain(closed).chain(tail);
+                write_parts(
+                    out,
+                    0,
+                    Some((&open, &close)),
+                    0,
+                    items.filter(|i| !i.is_empty()),
+                );
+            }
+        }
+        self.marks.retain(|m| m.format != format);
+        self.marks.push(mark);
+        Ok(())
+    }
+}
