@@ -29,3 +29,4 @@ mod postgres;
 mod provider_sdks;
 mod replay;
 mod sandbox;
+mod step_parts;

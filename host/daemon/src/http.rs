@@ -295,12 +295,15 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
             "invalid JSON body: the body must be a JSON object",
         ));
     }
-    serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("invalid JSON body: {e}"),
-        )
+    let mut json = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        // Name the field the error is in (`.` is the body itself).
+        let at = e.path().to_string();
+        let message = match at.as_str() {
+            "." | "" => format!("invalid JSON body: {}", e.inner()),
+            _ => format!("invalid JSON body: `{at}`: {}", e.inner()),
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     })
 }
 

@@ -551,7 +551,7 @@ impl Calls {
             let ptr = Arc::as_ptr(entry) as usize;
             let fresh = !texts.iter().any(|k| self.texts.contains_key(k))
                 && !values.iter().any(|k| self.values.contains_key(k))
-                && !(ask.wanted.shown_tools && self.tools.contains_key(&ptr));
+                && (!ask.wanted.shown_tools || !self.tools.contains_key(&ptr));
             // A second attempt (A9) asks only for what the first did not get.
             let filtered;
             let (wanted, texts, values) = if fresh {

@@ -5,6 +5,7 @@ import json
 import re
 import time
 
+import httpx
 import pytest
 
 from promptd_client import OpenToolCalls, ToolCall, Unprocessable
@@ -322,3 +323,40 @@ def test_replay_with_the_plugins_that_serve_finds_no_difference_and_writes_nothi
     assert report["totals"]["differing_steps"] == 0, report["totals"]
     assert replayed["session"] == session.id and len(replayed["steps"]) == 2, replayed
     assert [e.seq for e in session.events()] == before, "a replay writes nothing"
+
+
+def test_a_session_keeps_each_formats_body_from_the_parts_the_daemon_sends(client, url, token):
+    # Issue 31: a step asks for what changed since the body the session keeps, and the kept
+    # body is the whole body's bytes, whatever the format, through tool rounds and replies.
+    session = client.session("coder")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for fmt in ["neutral", "openai", "anthropic", "openai-responses"]:
+        for turn in range(3):
+            result = session.step(user=f"{fmt} turn {turn}: \"é\" \\ </data>", facts=FACTS,
+                                  format=fmt)
+            raw = httpx.get(f"{url}/v1/sessions/{session.id}/steps/{result.step}/request",
+                            params={"format": fmt}, headers=headers, timeout=30)
+            assert raw.status_code == 200, raw.text
+            assert result.text == raw.text, (fmt, turn)
+            assert json.loads(result.text) == result.body
+            call = f"c-{fmt}-{turn}"
+            session.record({"role": "assistant", "content": "",
+                            "tool_calls": [{"id": call, "name": "read_file",
+                                            "arguments": {"path": "README.md"}}]})
+            session.tool_result(call, "# promptd\n")
+            after = session.step(facts=FACTS, format=fmt)
+            assert after.text is not None
+            assert json.loads(after.text) == session.request(after.step, format=fmt)
+            session.record({"role": "assistant", "content": f"Done {turn}."})
+
+
+def test_a_step_may_ask_for_the_whole_body(client):
+    session = client.session("coder", format="anthropic")
+    kept = session.step(user="One.", facts=FACTS)
+    whole = session.step(user="Two.", facts=FACTS, whole=True)
+    assert whole.text is None and whole.body == session.request(2)
+    # The next step starts the kept body again from nothing, and it is whole.
+    session.record({"role": "assistant", "content": "Noted."})
+    third = session.step(user="Three.", facts=FACTS)
+    assert json.loads(third.text) == session.request(3) == third.body
+    assert kept.step == 1

@@ -312,6 +312,46 @@ function toolContent(content: unknown): Content {
 
 const quoted = (ids: string[]) => ids.map((id) => `\`${id}\``).join(", ");
 
+/** A step's body in parts, relative to step `since` (0: from nothing). */
+interface StepParts {
+  since: number;
+  open: string | null;
+  close: string | null;
+  keep: number;
+  items: string[];
+}
+
+/** A step's request body in one format, kept from the daemon's parts: the text before the
+ * message list, each message's JSON text, the text after. Joined, the body's exact bytes. */
+class KeptBody {
+  step = 0;
+  #open = "";
+  #close = "";
+  #items: string[] = [];
+
+  /** Applies `parts` for `step`; returns the body's text. */
+  apply(parts: StepParts, step: number, request: string): string {
+    const ok =
+      Number.isInteger(parts?.since) &&
+      Number.isInteger(parts.keep) &&
+      Array.isArray(parts.items) &&
+      (parts.since === 0 || parts.since === this.step) &&
+      parts.keep >= 0 &&
+      parts.keep <= this.#items.length &&
+      (parts.since !== 0 || (parts.keep === 0 && typeof parts.open === "string" && typeof parts.close === "string"));
+    if (!ok) {
+      const excerpt = JSON.stringify(parts).slice(0, 200);
+      throw new PromptdError("invalid_response", `${request}: parts this client cannot apply (it holds step ${this.step}): ${excerpt}`, 200, request);
+    }
+    this.#items.length = parts.keep;
+    if (typeof parts.open === "string") this.#open = parts.open;
+    if (typeof parts.close === "string") this.#close = parts.close;
+    for (const item of parts.items) this.#items.push(item);
+    this.step = step;
+    return this.#open + this.#items.join(",") + this.#close;
+  }
+}
+
 /** One conversation: its steps, the replies recorded and the tool calls waiting for results. */
 export class Session {
   readonly id: string;
@@ -322,6 +362,8 @@ export class Session {
   readonly #transport: Transport;
   /** Calls the model made that no result answers yet, in the order they were made. */
   readonly #open = new Map<string, ToolCall>();
+  /** The request body of the last step in each format, kept from the parts the daemon sends. */
+  readonly #bodies = new Map<Format, KeptBody>();
 
   /** @internal Use `client.session()` or `client.sessionOf()`. */
   constructor(transport: Transport, id: string, agent: string | undefined, format: Format) {
@@ -373,9 +415,11 @@ export class Session {
       );
     }
     const format = input.format ?? this.format;
-    let answer: { request: Body; step: number; usage: StepUsage };
+    // Ask for what changed since the body this session keeps (0: none yet).
+    const since = this.#bodies.get(format)?.step ?? 0;
+    let answer: { request?: Body; parts?: StepParts; step: number; usage: StepUsage };
     try {
-      answer = await this.#transport.json("POST", this.#path("/steps"), { messages, facts: input.facts ?? {}, format });
+      answer = await this.#transport.json("POST", this.#path("/steps"), { messages, facts: input.facts ?? {}, format, since });
     } catch (e) {
       // The log knows calls this object does not (another process recorded them): read it,
       // so openToolCalls says what is open, then report the daemon's error.
@@ -383,7 +427,18 @@ export class Session {
       throw e;
     }
     for (const id of answered) this.#open.delete(id);
-    return { body: answer.request, step: answer.step, usage: answer.usage };
+    if (answer.parts === undefined) {
+      // A daemon that sends whole bodies.
+      this.#bodies.delete(format);
+      return { body: answer.request as Body, step: answer.step, usage: answer.usage };
+    }
+    let kept = this.#bodies.get(format);
+    if (kept === undefined) {
+      kept = new KeptBody();
+      this.#bodies.set(format, kept);
+    }
+    const text = kept.apply(answer.parts, answer.step, `POST ${this.#path("/steps")}`);
+    return { body: JSON.parse(text) as Body, step: answer.step, usage: answer.usage, text };
   }
 
   /** Records the model's reply as the provider SDK returned it — an OpenAI completion (or its

@@ -75,6 +75,9 @@ export interface StepResult<Body = ProviderBody> {
   /** The step's number in the session, from 1. */
   step: number;
   usage: StepUsage;
+  /** The body's exact bytes, kept by the session from the daemon's parts: what
+   * `GET …/steps/{n}/request` returns. Undefined from a daemon that sends whole bodies. */
+  text?: string;
 }
 
 /** What `session.record()` and `session.toolResult()` resolve to. */

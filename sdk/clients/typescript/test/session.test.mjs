@@ -292,3 +292,26 @@ test("sessions lists them; explain and diff say who gave each part and what a ca
   assert.ok(Array.isArray(diff.causes) && diff.cached_share.bytes > 0, JSON.stringify(diff));
   assert.equal((await session.diff(1)).previous, null, "nothing before the first step");
 });
+
+test("a session keeps each format's body from the parts the daemon sends, byte for byte", async () => {
+  // Issue 31: a step asks for what changed since the body the session keeps.
+  const { url, token } = await import("./daemon.mjs");
+  const session = await client.session("default");
+  for (const format of ["neutral", "openai", "anthropic", "openai-responses"]) {
+    for (let turn = 0; turn < 3; turn++) {
+      const result = await session.step({ user: `${format} turn ${turn}: "é" \\ </data>`, facts: FACTS, format });
+      const raw = await fetch(`${url}/v1/sessions/${session.id}/steps/${result.step}/request?format=${format}`, {
+        headers: { Authorization: `Bearer ${token}` },
+      });
+      assert.equal(raw.status, 200);
+      assert.equal(result.text, await raw.text(), `${format} turn ${turn}`);
+      assert.deepEqual(JSON.parse(result.text), result.body);
+      const id = `c-${format}-${turn}`;
+      await session.record(openaiToolCall(id, '{"path":"README.md"}'));
+      await session.toolResult(id, "# promptd\n");
+      const after = await session.step({ facts: FACTS, format });
+      assert.deepEqual(JSON.parse(after.text), await session.request(after.step, { format }));
+      await session.record({ role: "assistant", content: `Done ${turn}.` });
+    }
+  }
+});

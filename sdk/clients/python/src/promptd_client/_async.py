@@ -153,6 +153,7 @@ class AsyncSession:
         self.agent = agent
         self.format = format
         self._conversation = _core.Conversation()
+        self._bodies = _core.KeptBodies()
 
     def __repr__(self) -> str:
         return f"AsyncSession(id={self.id!r}, agent={self.agent!r})"
@@ -167,19 +168,22 @@ class AsyncSession:
 
     async def step(self, user: Any = None, *, facts: Optional[Mapping[str, Any]] = None,
                    messages: Optional[Sequence[Mapping[str, Any]]] = None,
-                   format: Optional[Format] = None) -> StepResult:
+                   format: Optional[Format] = None, whole: bool = False) -> StepResult:
         body_messages = _core.step_messages(user, messages)
         self._conversation.check_step(body_messages)
         fmt = format or self.format
         body: Dict[str, Any] = {"messages": body_messages, "facts": _core.facts_body(facts)}
         if fmt is not None:
             body["format"] = fmt
+        if not whole:
+            # Ask for what changed since the body this session keeps (0: none yet).
+            body["since"] = self._bodies.since(fmt)
         path = f"{self._path}/steps"
         value = await self.client._json("POST", path, json=body)
         self._conversation.stepped(body_messages)
-        return StepResult(body=_core.need(value, "request", "POST", path),
-                          step=_core.need(value, "step", "POST", path),
-                          usage=value.get("usage") or {}, format=fmt or "neutral")
+        request, text = self._bodies.answer(fmt, value, "POST", path)
+        return StepResult(body=request, step=_core.need(value, "step", "POST", path),
+                          usage=value.get("usage") or {}, format=fmt or "neutral", text=text)
 
     async def record(self, reply: Any, *, sent_at: Optional[int] = None) -> Recorded:
         value = _core.reply_json(reply)

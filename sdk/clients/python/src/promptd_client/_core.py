@@ -56,6 +56,65 @@ def need(value: Any, key: str, method: str, path: str) -> Any:
     return value[key]
 
 
+# --- A step's body, kept by the client ---------------------------------------------------------
+
+class KeptBody:
+    """A step's request body in one format, kept from the parts the daemon sends (``since``):
+    the text before the message list, each message's JSON text, the text after. Joined, they
+    are the body's exact bytes; a step sends only what changed since the step kept."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.open = ""
+        self.close = ""
+        self.items: List[str] = []
+
+    def apply(self, parts: Any, step: int, method: str, path: str) -> str:
+        """Applies ``parts`` (the answer's ``parts``) for ``step``; returns the body's text."""
+        try:
+            since, keep, items = parts["since"], parts["keep"], parts["items"]
+            opened, closed = parts.get("open"), parts.get("close")
+            ok = (isinstance(since, int) and isinstance(keep, int) and isinstance(items, list)
+                  and (since == 0 or since == self.step) and 0 <= keep <= len(self.items)
+                  and (since != 0 or (keep == 0 and isinstance(opened, str)
+                                      and isinstance(closed, str))))
+        except (TypeError, KeyError):
+            ok = False
+        if not ok:
+            raise BadResponse("bad_response", f"parts this client cannot apply (it holds step "
+                              f"{self.step}): {str(parts)[:200]}", None, method=method, path=path)
+        del self.items[keep:]
+        if opened is not None:
+            self.open = opened
+        if closed is not None:
+            self.close = closed
+        self.items.extend(items)
+        self.step = step
+        return self.open + ",".join(self.items) + self.close
+
+
+class KeptBodies:
+    """A session's kept bodies, one per format."""
+
+    def __init__(self) -> None:
+        self._by_format: Dict[str, KeptBody] = {}
+
+    def since(self, fmt: Optional[str]) -> int:
+        kept = self._by_format.get(fmt or "neutral")
+        return kept.step if kept else 0
+
+    def answer(self, fmt: Optional[str], value: Any, method: str, path: str) -> tuple:
+        """The body (parsed) and its text from a step's answer: its ``parts`` applied to the
+        kept body, or (a daemon that does not send parts) its ``request``."""
+        step = need(value, "step", method, path)
+        if isinstance(value, dict) and "parts" in value:
+            kept = self._by_format.setdefault(fmt or "neutral", KeptBody())
+            text = kept.apply(value["parts"], step, method, path)
+            return json.loads(text), text
+        self._by_format.pop(fmt or "neutral", None)
+        return need(value, "request", method, path), None
+
+
 # --- Request bodies -----------------------------------------------------------------------------
 
 def fact_value(key: str, value: Any) -> str:

@@ -231,6 +231,7 @@ class Session:
         self.agent = agent
         self.format = format
         self._conversation = _core.Conversation()
+        self._bodies = _core.KeptBodies()
 
     def __repr__(self) -> str:
         return f"Session(id={self.id!r}, agent={self.agent!r})"
@@ -246,27 +247,32 @@ class Session:
 
     def step(self, user: Any = None, *, facts: Optional[Mapping[str, Any]] = None,
              messages: Optional[Sequence[Mapping[str, Any]]] = None,
-             format: Optional[Format] = None) -> StepResult:
+             format: Optional[Format] = None, whole: bool = False) -> StepResult:
         """``POST /v1/sessions/{id}/steps``: assemble the next request.
 
         ``user`` (text, or a list of text/image/document blocks) adds a user message after
         ``messages`` (neutral messages, for full control: tool results, several user turns).
         ``facts`` are this step's facts (strings; see the README for how other values are
         sent). Returns the body in ``format`` (else the session's, else ``neutral``) for the
-        provider SDK unchanged. Refuses, before sending, a step that leaves open tool calls
-        unanswered (:class:`OpenToolCalls`)."""
+        provider SDK unchanged (and, in ``text``, its exact bytes). The session keeps each
+        format's body and asks the daemon only for what changed since its last step;
+        ``whole=True`` asks for the whole body instead. Refuses, before sending, a step that
+        leaves open tool calls unanswered (:class:`OpenToolCalls`)."""
         body_messages = _core.step_messages(user, messages)
         self._conversation.check_step(body_messages)
         fmt = format or self.format
         body: Dict[str, Any] = {"messages": body_messages, "facts": _core.facts_body(facts)}
         if fmt is not None:
             body["format"] = fmt
+        if not whole:
+            # Ask for what changed since the body this session keeps (0: none yet).
+            body["since"] = self._bodies.since(fmt)
         path = f"{self._path}/steps"
         value = self.client._json("POST", path, json=body)
         self._conversation.stepped(body_messages)
-        return StepResult(body=_core.need(value, "request", "POST", path),
-                          step=_core.need(value, "step", "POST", path),
-                          usage=value.get("usage") or {}, format=fmt or "neutral")
+        request, text = self._bodies.answer(fmt, value, "POST", path)
+        return StepResult(body=request, step=_core.need(value, "step", "POST", path),
+                          usage=value.get("usage") or {}, format=fmt or "neutral", text=text)
 
     def record(self, reply: Any, *, sent_at: Optional[int] = None) -> Recorded:
         """``POST /v1/sessions/{id}/messages``: the model's reply as the SDK returned it — an

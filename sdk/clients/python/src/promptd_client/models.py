@@ -127,6 +127,9 @@ class StepResult:
     step: int
     usage: Dict[str, Any]
     format: str
+    #: The body's exact bytes (as text), kept by the session from the daemon's parts: what
+    #: ``GET …/steps/{n}/request`` returns. ``None`` from a daemon that sends whole bodies.
+    text: Optional[str] = None
 
 
 @dataclass(frozen=True)
