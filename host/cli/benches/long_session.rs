@@ -2,7 +2,10 @@
 //! the session holds? Latency and daemon CPU per step around steps 10, 100, 500 and 1,000.
 //!
 //! Run: `cargo bench -p promptd --bench long_session`. Environment: `LONG_STEPS` (1000),
-//! `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE` (see support/mod.rs).
+//! `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE` (see support/mod.rs), `LONG_PARTS`: `current` makes
+//! the current binary's client ask each step for its parts since the step before (contract
+//! Q21: only what is new is sent) while the baseline's asks for whole bodies, so a run with
+//! `PROMPTD_BIN_BASELINE` set to the same binary compares the two answers.
 //!
 //! Method: one daemon per binary (four bundled Rust plugins, durable SQLite in a fresh state
 //! folder under target/bench-tmp, `--no-watch`), all started first; the binaries then take
@@ -50,6 +53,9 @@ struct Run<'a> {
     /// Per step: (step latency, record latency, daemon CPU of the turn).
     per_step: Vec<(Duration, Duration, Duration)>,
     last_reply_bytes: usize,
+    /// Ask for the parts since the step before (`LONG_PARTS`), and the step held.
+    parts: bool,
+    held: u64,
 }
 
 impl Run<'_> {
@@ -82,10 +88,23 @@ impl Run<'_> {
             });
             (record, body.to_string())
         };
+        let body = match self.parts {
+            // The body's last `}` closes it: `since` joins its members.
+            true => format!("{},\"since\":{}}}", &body[..body.len() - 1], self.held),
+            false => body,
+        };
         let t = Instant::now();
         let (status, text) = self.client.step(&self.session, &body);
         let step = t.elapsed();
         assert_eq!(status, 200, "{}: step {n}: {text}", self.bin.label);
+        if self.parts {
+            assert!(
+                text.starts_with("{\"parts\":"),
+                "{}: {text:.200}",
+                self.bin.label
+            );
+            self.held = n;
+        }
         let cpu = thread_cpu_delta(&before, &self.daemon.thread_cpu_ns());
         self.last_reply_bytes = text.len();
         self.per_step.push((step, record, cpu));
@@ -131,6 +150,9 @@ fn main() {
                 rss_start,
                 per_step: Vec::new(),
                 last_reply_bytes: 0,
+                parts: std::env::var("LONG_PARTS").as_deref() == Ok("current")
+                    && bin.label == "current",
+                held: 0,
             }
         })
         .collect();

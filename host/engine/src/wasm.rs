@@ -194,6 +194,7 @@ impl WasmEngine {
             config,
             pool: Mutex::new(Pool::default()),
             lowered: Mutex::new((None, None)),
+            wanted: Mutex::new(None),
             returned: Condvar::new(),
             failures: AtomicU32::new(0),
         };
@@ -388,6 +389,9 @@ pub struct WasmProvider {
     /// The last step as lowered for each world, kept to lower the next one by what changed
     /// (its number, mostly) instead of copying every string per call.
     lowered: Mutex<Lowered>,
+    /// The last `Wanted` as lowered for world 0.2.0: a plugin is usually asked the same
+    /// every step, so its lowering is made once, not per call.
+    wanted: Mutex<Option<(Wanted, Arc<worlds::w2::Wanted>)>>,
 }
 
 impl WasmProvider {
@@ -592,7 +596,17 @@ impl WasmProvider {
     /// One 0.2.0 call for every wanted item; each returned text is checked against the
     /// output bound, and a failed item counts as a failed call (L3).
     fn evaluate_v2(&self, step: &Step, wanted: &Wanted) -> CallResult<Evaluation> {
-        let wwanted = worlds::wanted_v2(wanted);
+        let wwanted = {
+            let mut last = lock(&self.wanted);
+            match last.as_ref() {
+                Some((w, lowered)) if w == wanted => lowered.clone(),
+                _ => {
+                    let lowered = Arc::new(worlds::wanted_v2(wanted));
+                    *last = Some((wanted.clone(), lowered.clone()));
+                    lowered
+                }
+            }
+        };
         let answer = self.with_step_v2(step, |wstep| {
             self.call(|p, s| match p {
                 Exports::V0_2(p) => Ok(p

@@ -88,8 +88,9 @@ pub struct Explain {
     pub sections: Arc<[Origin]>,
     /// Who gave each effective context, in output order; shared as `sections` is.
     pub contexts: Arc<[Origin]>,
-    /// Who gave each effective variable.
-    pub variables: Vec<Origin>,
+    /// Who gave each variable the texts referenced; shared with other assemblies of the same
+    /// plan when only its fixed texts reference any.
+    pub variables: Arc<[Origin]>,
     /// Who gave each tool shown, in output order; shared as [`Assembly::tools`] is.
     pub tools: Arc<[Origin]>,
 }
@@ -322,24 +323,14 @@ fn attempt(
         context_texts.push((part.name.clone(), text));
     }
     let runtime_context = snapshot(context_texts.iter().map(|(_, t)| &**t));
-    let variables = resolver
-        .used
-        .iter()
-        .filter_map(|n| {
-            let v = plan.variables.get(*n)?;
-            Some(Origin {
-                name: n.to_string(),
-                plugin: v.entry.id.clone(),
-                scope: v.scope.key().to_string(),
-            })
-        })
-        .collect();
+    let variables = match resolver.used.len() == plan.fixed_used.len() {
+        // Only the fixed texts referenced variables: the plan's list.
+        true => plan.fixed_origins.clone(),
+        false => plan::origins(plan, resolver.used.iter().copied()),
+    };
     let ordered = match &plan.tools {
         Some(known) => known.clone(),
-        None => {
-            let tools = plan::effective::<Tool>(registry, excluded, &step.scope_chain);
-            Arc::new(order_tools(&tools, options, Some(step), calls)?)
-        }
+        None => filtered_tools(registry, plan, options, excluded, step, calls)?,
     };
     Ok(Assembly {
         system,
@@ -394,6 +385,50 @@ fn in_order<'n>(names: &BTreeSet<&'n str>, options: &Options) -> Vec<&'n str> {
     }
 }
 
+/// The ordered tools of a step whose tools some plugin filters: those of the last step whose
+/// filters said the same, else made again (and remembered for the next).
+fn filtered_tools(
+    registry: &Registry,
+    plan: &Plan,
+    options: &Options,
+    excluded: &BTreeSet<String>,
+    step: &Step,
+    calls: &mut Calls,
+) -> Result<Arc<OrderedTools>> {
+    for entry in &plan.filtering {
+        calls.shown_tools(entry, step)?;
+    }
+    let said = |calls: &Calls, e: &Arc<PluginEntry>| {
+        let ptr = Arc::as_ptr(e) as usize;
+        let names = calls.tools.get(&ptr).and_then(|r| r.as_ref().ok()).cloned();
+        (ptr, names)
+    };
+    if let Some((key, ordered)) = lock(&plan.filtered).as_ref() {
+        let same = key.len() == plan.filtering.len()
+            && key.iter().zip(&plan.filtering).all(|((ptr, names), e)| {
+                let p = Arc::as_ptr(e) as usize;
+                p == *ptr && calls.tools.get(&p).and_then(|r| r.as_ref().ok()) == Some(names)
+            });
+        if same {
+            return Ok(ordered.clone());
+        }
+    }
+    let tools = plan::effective::<Tool>(registry, excluded, &step.scope_chain);
+    let ordered = Arc::new(order_tools(&tools, options, Some(step), calls)?);
+    let key = (plan.filtering.iter())
+        .filter_map(|e| {
+            let (ptr, names) = said(calls, e);
+            Some((ptr, names?))
+        })
+        .collect();
+    *lock(&plan.filtered) = Some((key, ordered.clone()));
+    Ok(ordered)
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The tools a step shows, in order, who gave them, and the shown names (`allowed_tools`).
 struct OrderedTools {
     tools: Arc<[AssembledTool]>,
@@ -417,7 +452,7 @@ fn order_tools(
             let Some(step) = step else {
                 continue;
             };
-            let names = calls.shown_tools(entry, step)?;
+            let names = calls.shown_tools(entry, step)?.clone();
             if let Some(bad) = names
                 .iter()
                 .find(|n| !entry.declaration.tools.iter().any(|t| &t.name == *n))
@@ -537,29 +572,20 @@ impl Calls {
     fn prefetch(&mut self, step: &Step, plan: &Plan) {
         for ask in &plan.asks {
             let entry = &ask.entry;
-            let texts: Vec<CallKey> = (ask.sections.iter())
-                .map(|&i| call_key(entry, Kind::Section, plan.sections[i].index))
-                .chain(
-                    (ask.contexts.iter())
-                        .map(|&i| call_key(entry, Kind::Context, plan.contexts[i].index)),
-                )
-                .collect();
-            let values: Vec<CallKey> = (ask.variables.iter())
-                .filter_map(|n| plan.variables.get(n))
-                .map(|v| call_key(entry, Kind::Variable, v.index))
-                .collect();
+            let (texts, values) = (&ask.text_keys, &ask.value_keys);
             let ptr = Arc::as_ptr(entry) as usize;
             let fresh = !texts.iter().any(|k| self.texts.contains_key(k))
                 && !values.iter().any(|k| self.values.contains_key(k))
                 && (!ask.wanted.shown_tools || !self.tools.contains_key(&ptr));
             // A second attempt (A9) asks only for what the first did not get.
             let filtered;
-            let (wanted, texts, values) = if fresh {
+            let owned: (Vec<CallKey>, Vec<CallKey>);
+            let (wanted, texts, values): (&Wanted, &[CallKey], &[CallKey]) = if fresh {
                 (&ask.wanted, texts, values)
             } else {
                 let (mut w, mut t, mut v) = (Wanted::default(), Vec::new(), Vec::new());
                 let n_sections = ask.wanted.sections.len();
-                for (i, k) in texts.into_iter().enumerate() {
+                for (i, &k) in texts.iter().enumerate() {
                     if self.texts.contains_key(&k) {
                         continue;
                     }
@@ -569,7 +595,7 @@ impl Calls {
                     }
                     t.push(k);
                 }
-                for (i, k) in values.into_iter().enumerate() {
+                for (i, &k) in values.iter().enumerate() {
                     if !self.values.contains_key(&k) {
                         w.variables.push(ask.wanted.variables[i].clone());
                         v.push(k);
@@ -580,7 +606,8 @@ impl Calls {
                     continue;
                 }
                 filtered = w;
-                (&filtered, t, v)
+                owned = (t, v);
+                (&filtered, &owned.0, &owned.1)
             };
             let answer = entry
                 .provider
@@ -589,10 +616,10 @@ impl Calls {
                 .unwrap_or_else(|e| Evaluation::failed(wanted, e));
             // The answers come back in the order of `wanted`, which is the keys' order.
             let answered = answer.sections.into_iter().chain(answer.contexts);
-            for (k, text) in texts.into_iter().zip(answered) {
+            for (&k, text) in texts.iter().zip(answered) {
                 self.texts.insert(k, text.map(Arc::from));
             }
-            for (k, value) in values.into_iter().zip(answer.variables) {
+            for (&k, value) in values.iter().zip(answer.variables) {
                 self.values.insert(k, value.map(|v| v.map(Arc::from)));
             }
             if let Some(shown) = answer.shown_tools {
@@ -677,14 +704,15 @@ impl Calls {
             .map_err(|e| call_error(entry, &format!("variable `{}`", v.name), e))
     }
 
-    fn shown_tools(&mut self, entry: &Arc<PluginEntry>, step: &Step) -> Result<Vec<String>> {
+    /// The tools `entry` shows this step (asked once).
+    fn shown_tools(&mut self, entry: &Arc<PluginEntry>, step: &Step) -> Result<&Vec<String>> {
         let result = self
             .tools
             .entry(Arc::as_ptr(entry) as usize)
             .or_insert_with(|| entry.provider.shown_tools(step));
         result
-            .clone()
-            .map_err(|e| call_error(entry, "shown-tools", e))
+            .as_ref()
+            .map_err(|e| call_error(entry, "shown-tools", e.clone()))
     }
 }
 

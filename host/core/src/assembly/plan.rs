@@ -10,9 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{Options, OrderedTools, Origin};
+use std::sync::Mutex;
+
+use super::{call_key, CallKey, Options, OrderedTools, Origin};
 use crate::error::{Error, Result};
 use crate::plugin::interpolate::{render, Resolved};
+use crate::plugin::model::Kind;
 use crate::plugin::model::{Content, Context, Contribution, Scope, Section, Variable};
 use crate::plugin::provider::{Item, Wanted};
 use crate::plugin::registry::{PluginEntry, Registry};
@@ -48,6 +51,9 @@ impl VarPart {
 pub(super) struct Ask {
     pub entry: Arc<PluginEntry>,
     pub wanted: Wanted,
+    /// The memo keys of `wanted`'s texts (sections, then contexts) and variables.
+    pub text_keys: Vec<CallKey>,
+    pub value_keys: Vec<CallKey>,
     /// Indices into [`Plan::sections`], then [`Plan::contexts`], in `wanted`'s order.
     pub sections: Vec<usize>,
     pub contexts: Vec<usize>,
@@ -62,12 +68,21 @@ pub(super) struct Plan {
     pub asks: Vec<Ask>,
     pub section_origins: Arc<[Origin]>,
     pub context_origins: Arc<[Origin]>,
-    /// Variables the fixed texts reference (explain lists them every step).
+    /// Variables the fixed texts reference (explain lists them every step), and who gives them.
     pub fixed_used: Vec<Arc<str>>,
+    pub fixed_origins: Arc<[Origin]>,
     /// The ordered tools, when no effective tool's plugin filters them (they are then the same
     /// every step).
     pub tools: Option<Arc<OrderedTools>>,
+    /// The plugins that filter their tools, in the order their first tool sorts.
+    pub filtering: Vec<Arc<PluginEntry>>,
+    /// The ordered tools the last step's filters gave, with what each filter said: a step
+    /// whose filters say the same shares them.
+    pub filtered: Mutex<Option<Filtered>>,
 }
+
+/// Ordered tools, by what each filtering plugin (by its entry's address) showed.
+pub(super) type Filtered = (Vec<(usize, Vec<String>)>, Arc<OrderedTools>);
 
 impl Part {
     pub fn section(&self) -> &Section {
@@ -251,6 +266,8 @@ pub(super) fn plan(
                 .entry(part.entry.id.clone())
                 .or_insert_with(|| empty(&part.entry));
             a.wanted.sections.push(item(&s.name, &s.scope));
+            a.text_keys
+                .push(call_key(&part.entry, Kind::Section, part.index));
             a.sections.push(i);
         }
     }
@@ -261,6 +278,8 @@ pub(super) fn plan(
                 .entry(part.entry.id.clone())
                 .or_insert_with(|| empty(&part.entry));
             a.wanted.contexts.push(item(&c.name, &c.scope));
+            a.text_keys
+                .push(call_key(&part.entry, Kind::Context, part.index));
             a.contexts.push(i);
         }
     }
@@ -271,14 +290,20 @@ pub(super) fn plan(
                 .entry(v.entry.id.clone())
                 .or_insert_with(|| empty(&v.entry));
             a.wanted.variables.push(item(&item_.name, &item_.scope));
+            a.value_keys
+                .push(call_key(&v.entry, Kind::Variable, v.index));
             a.variables.push(name.clone());
         }
     }
     let tools = effective::<crate::plugin::model::Tool>(registry, excluded, chain);
     let mut filters = false;
+    let mut filtering: Vec<Arc<PluginEntry>> = Vec::new();
     for (entry, _, _, _) in tools.values() {
         if entry.declaration.filters_tools {
             filters = true;
+            if !filtering.iter().any(|e| Arc::ptr_eq(e, entry)) {
+                filtering.push((*entry).clone());
+            }
             if entry.provider.batches() {
                 let a = asks.entry(entry.id.clone()).or_insert_with(|| empty(entry));
                 a.wanted.shown_tools = true;
@@ -303,16 +328,35 @@ pub(super) fn plan(
         .iter()
         .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
         .collect();
-    Ok(Plan {
+    let mut plan = Plan {
         sections: section_parts,
         contexts: context_parts,
         variables,
         asks: asks.into_values().collect(),
         section_origins,
         context_origins,
+        fixed_origins: Arc::from([]),
         fixed_used: used.into_iter().collect(),
         tools,
-    })
+        filtering,
+        filtered: Mutex::new(None),
+    };
+    plan.fixed_origins = origins(&plan, plan.fixed_used.iter().map(|n| &**n));
+    Ok(plan)
+}
+
+/// Who gives each of the variables `names` (by name order, as given).
+pub(super) fn origins<'a>(plan: &Plan, names: impl Iterator<Item = &'a str>) -> Arc<[Origin]> {
+    names
+        .filter_map(|n| {
+            let v = plan.variables.get(n)?;
+            Some(Origin {
+                name: n.to_string(),
+                plugin: v.entry.id.clone(),
+                scope: v.scope.key().to_string(),
+            })
+        })
+        .collect()
 }
 
 fn section<'a>(&(e, i, _, _): &(&'a Arc<PluginEntry>, usize, &Scope, usize)) -> &'a Section {
@@ -327,6 +371,8 @@ fn empty(entry: &Arc<PluginEntry>) -> Ask {
     Ask {
         entry: entry.clone(),
         wanted: Wanted::default(),
+        text_keys: Vec::new(),
+        value_keys: Vec::new(),
         sections: Vec::new(),
         contexts: Vec::new(),
         variables: Vec::new(),
