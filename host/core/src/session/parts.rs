@@ -19,10 +19,9 @@
 
 use std::io::Write as _;
 
-use super::state::remember;
 use super::SessionState;
 use crate::error::Result;
-use crate::formats::transcript::{split_body, Head};
+use crate::formats::transcript::split_body;
 use crate::formats::Format;
 
 /// What the last parts written for a session in one format stand for.
@@ -127,20 +126,7 @@ impl SessionState {
             self.last_seq,
             format,
         )?;
-        let shown = self.shown_tools.as_deref();
-        let at = match (self.memo.heads.iter())
-            .position(|(f, s, _)| *f == format && s.as_deref() == shown)
-        {
-            Some(at) => at,
-            None => {
-                let head = Head::new(header, shown, format);
-                remember(
-                    &mut self.memo.heads,
-                    (format, self.shown_tools.clone(), head),
-                );
-                self.memo.heads.len() - 1
-            }
-        };
+        let at = self.memo.head(header, &self.shown_tools, format);
         let fragments = self.transcript.fragments(header, format);
         let mark = Mark {
             step: self.steps,

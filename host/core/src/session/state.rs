@@ -117,6 +117,26 @@ pub(super) struct HeadMemo {
 pub(super) const HEAD_MEMO_ENTRIES: usize = 8;
 
 impl HeadMemo {
+    /// The index in `heads` of the head of `header` in `format` with `shown` tools, made and
+    /// remembered when missing.
+    pub(super) fn head(
+        &mut self,
+        header: &Header,
+        shown: &Option<Vec<String>>,
+        format: crate::formats::Format,
+    ) -> usize {
+        let known = (self.heads.iter())
+            .position(|(f, s, _)| *f == format && s.as_deref() == shown.as_deref());
+        match known {
+            Some(at) => at,
+            None => {
+                let head = Head::new(header, shown.as_deref(), format);
+                remember(&mut self.heads, (format, shown.clone(), head));
+                self.heads.len() - 1
+            }
+        }
+    }
+
     pub(super) fn bytes(&self) -> usize {
         self.heads.iter().map(|(_, _, h)| h.bytes()).sum::<usize>() + self.fixed.len() * 64
     }
@@ -439,23 +459,7 @@ impl SessionState {
                     problem: format!("a kept message does not decode: {problem}"),
                 })
             })?;
-            let shown = self.shown_tools.as_deref();
-            let known = self
-                .memo
-                .heads
-                .iter()
-                .position(|(f, s, _)| *f == format && s.as_deref() == shown);
-            let at = match known {
-                Some(at) => at,
-                None => {
-                    let head = Head::new(header, shown, format);
-                    remember(
-                        &mut self.memo.heads,
-                        (format, self.shown_tools.clone(), head),
-                    );
-                    self.memo.heads.len() - 1
-                }
-            };
+            let at = self.memo.head(header, &self.shown_tools, format);
             self.transcript
                 .render_with(&self.memo.heads[at].2, header, format, out);
             return Ok(());
