@@ -185,7 +185,7 @@ impl PartialSchema for StepMessage {
 pub struct StepReply {
     /// The request body in the asked format: pass it to the provider SDK unchanged. Absent
     /// when the step was asked with `since`.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub request: Option<Value>,
     /// With `since`: the body as parts relative to step `since` (0: from nothing). Join
     /// `open`, your kept items (the first `keep` of that step's) then `items`, and `close`
