@@ -633,3 +633,24 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn q21_parts_relative_to_a_step_the_daemon_did_not_write_last_start_from_nothing() {
+    // A second client holding an older step's body gets the parts from nothing, whole.
+    let log = Log::new();
+    let mut state = SessionState::from_log(&log.id, &log.events()).unwrap();
+    let mut since = Vec::new();
+    for (i, held) in [0u64, 1, 1].iter().enumerate() {
+        let before = log.events().len();
+        log.step(&[user(&format!("m{i}"))], &assembly("A", None), RUN)
+            .unwrap();
+        state.apply(&log.events()[before..]).unwrap();
+        let mut parts = String::new();
+        state
+            .render_parts_into(Format::Anthropic, *held, &mut parts)
+            .unwrap();
+        let parts: Value = serde_json::from_str(&parts).unwrap();
+        since.push((parts["since"].as_u64().unwrap(), parts["open"].is_string()));
+    }
+    assert_eq!(since, [(0, true), (1, false), (0, true)]);
+}

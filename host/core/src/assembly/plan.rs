@@ -54,11 +54,6 @@ pub(super) struct Ask {
     /// The memo keys of `wanted`'s texts (sections, then contexts) and variables.
     pub text_keys: Vec<CallKey>,
     pub value_keys: Vec<CallKey>,
-    /// Indices into [`Plan::sections`], then [`Plan::contexts`], in `wanted`'s order.
-    pub sections: Vec<usize>,
-    pub contexts: Vec<usize>,
-    /// Names in [`Plan::variables`], in `wanted`'s order.
-    pub variables: Vec<Arc<str>>,
 }
 
 pub(super) struct Plan {
@@ -259,7 +254,7 @@ pub(super) fn plan(
 
     // What each batching plugin is asked, in the order the per-item path would ask.
     let mut asks: BTreeMap<String, Ask> = BTreeMap::new();
-    for (i, part) in section_parts.iter().enumerate() {
+    for part in &section_parts {
         let s = part.section();
         if part.entry.provider.batches() && s.text == Content::Dynamic {
             let a = asks
@@ -268,10 +263,9 @@ pub(super) fn plan(
             a.wanted.sections.push(item(&s.name, &s.scope));
             a.text_keys
                 .push(call_key(&part.entry, Kind::Section, part.index));
-            a.sections.push(i);
         }
     }
-    for (i, part) in context_parts.iter().enumerate() {
+    for part in &context_parts {
         let c = part.context();
         if part.entry.provider.batches() && c.text == Content::Dynamic {
             let a = asks
@@ -280,10 +274,9 @@ pub(super) fn plan(
             a.wanted.contexts.push(item(&c.name, &c.scope));
             a.text_keys
                 .push(call_key(&part.entry, Kind::Context, part.index));
-            a.contexts.push(i);
         }
     }
-    for (name, v) in &variables {
+    for v in variables.values() {
         let item_ = v.item();
         if v.entry.provider.batches() && item_.value == Content::Dynamic {
             let a = asks
@@ -292,7 +285,6 @@ pub(super) fn plan(
             a.wanted.variables.push(item(&item_.name, &item_.scope));
             a.value_keys
                 .push(call_key(&v.entry, Kind::Variable, v.index));
-            a.variables.push(name.clone());
         }
     }
     let tools = effective::<crate::plugin::model::Tool>(registry, excluded, chain);
@@ -373,9 +365,6 @@ fn empty(entry: &Arc<PluginEntry>) -> Ask {
         wanted: Wanted::default(),
         text_keys: Vec::new(),
         value_keys: Vec::new(),
-        sections: Vec::new(),
-        contexts: Vec::new(),
-        variables: Vec::new(),
     }
 }
 
