@@ -268,4 +268,22 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn k11_held_changes_wait_for_the_retention_the_agents_openai_model_gets() {
+        let idle = |config: &str| {
+            let config = crate::config::Config::parse(config, "t").unwrap();
+            let plan = crate::config::AgentPlan::resolve(&config, "default", |_| None).unwrap();
+            plan.idle_ttl_ms(Format::Openai, None)
+        };
+        let model = "[model.openai]\nmodel = \"gpt-4.1\"\n";
+        assert_eq!(idle(model), 24 * 3_600_000);
+        let asked = format!("{model}prompt_cache_retention = \"in_memory\"\n");
+        assert_eq!(idle(&asked), 300_000);
+        assert_eq!(idle("[model.openai]\nmodel = \"gpt-4o\"\n"), 300_000);
+        let zdr = format!("{model}[cache.openai]\nretention = \"in_memory\"\nttl_s = 600\n");
+        assert_eq!(idle(&zdr), 600_000);
+        let longer = format!("{model}[cache.openai]\nttl_24h_s = 7200\n");
+        assert_eq!(idle(&longer), 7_200_000);
+    }
 }
