@@ -1299,7 +1299,7 @@ struct View<'a> {
     head: &'a [Owned],
     lead: &'a str,
     lead_items: &'a [Item],
-    fragments: &'a [String],
+    fragments: &'a [std::sync::Arc<str>],
     items: &'a [Item],
     fragment_starts: &'a [usize],
     tail: &'a [Owned],
@@ -1320,7 +1320,7 @@ struct View<'a> {
     /// The seq of the `request/header` event that recorded `header`.
     header_seq: u64,
     shown: Option<&'a [String]>,
-    closed: Option<&'a [String]>,
+    closed: Option<&'a [std::sync::Arc<str>]>,
     provenance: Option<&'a crate::provenance::Provenance>,
     snapshot: Option<&'a str>,
     left_out: usize,

@@ -609,6 +609,10 @@ proptest::proptest! {
                 let relative = client.apply(&parts, n);
                 let whole = state.render(format).unwrap();
                 proptest::prop_assert_eq!(&client.body(), &whole, "step {} in {:?}", n, format);
+                // The whole body as pieces (what the daemon hands the socket), the same bytes.
+                let mut pieces = crate::formats::pieces::Pieces::default();
+                state.render_into(format, &mut pieces).unwrap();
+                proptest::prop_assert_eq!(&pieces.into_string(), &whole);
                 proptest::prop_assert_eq!(
                     &whole,
                     &crate::formats::render(&rebuilt, format).to_string()

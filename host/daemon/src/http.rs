@@ -20,6 +20,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use promptd_core::formats::pieces::{Pieces, Sink};
 use promptd_core::formats::{self, Format};
 use promptd_core::store::{Event, StoreError};
 use promptd_core::Error;
@@ -537,34 +538,36 @@ async fn step(
     };
     let (format, since) = (req.format, req.since);
     // Assembly, the append and rendering all run on the blocking pool.
-    // An `api::StepReply` built by hand, the body between its envelope's two pieces in one buffer, so the
-    // `request` bytes are exactly what GET …/request returns (Q4) and the body (megabytes in
-    // a long session) is written once, not copied.
+    // An `api::StepReply` built by hand around the body, so the `request` bytes are exactly
+    // what GET …/request returns (Q4), and the session's kept fragments (megabytes in a long
+    // session) are written to the socket as they are, not copied into one buffer.
     let response = blocking(move || {
-        let mut out = String::from(match since {
+        let mut out = Pieces::default();
+        out.text(match since {
             Some(_) => "{\"parts\":",
             None => "{\"request\":",
         });
         let (n, usage) = daemon.step_into(&id, input, format, since, &mut out)?;
-        let mut usage_json = Vec::with_capacity(512);
-        serde_json::to_writer(&mut usage_json, &usage)
-            .map_err(|e| e.to_string())
-            .and_then(|()| String::from_utf8(usage_json).map_err(|e| e.to_string()))
-            .map(|usage| {
-                use std::fmt::Write;
-                // Writing to a String cannot fail.
-                let _ = write!(out, ",\"step\":{n},\"usage\":{usage}}}");
-            })
-            .map_err(|e| {
-                promptd_core::Error::Store(promptd_core::store::StoreError::backend(
-                    "writing a step's usage",
-                    e,
-                ))
-            })?;
+        let usage = serde_json::to_string(&usage).map_err(|e| {
+            promptd_core::Error::Store(promptd_core::store::StoreError::backend(
+                "writing a step's usage",
+                e.to_string(),
+            ))
+        })?;
+        out.text_with(|out| {
+            use std::fmt::Write;
+            // Writing to a String cannot fail.
+            let _ = write!(out, ",\"step\":{n},\"usage\":{usage}}}");
+        });
         Ok(out)
     })
     .await?;
-    Ok(json_bytes(StatusCode::OK, response))
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::new(crate::reply_body::PiecesBody::from(response)),
+    )
+        .into_response())
 }
 
 /// Per step, the budget's estimate against the usage the provider reported; totals.

@@ -45,6 +45,7 @@ pub mod plugin_dir;
 mod plugins;
 mod readiness;
 pub mod replay;
+mod reply_body;
 pub mod server;
 mod sessions;
 mod steps;

@@ -8,6 +8,7 @@ use std::time::Instant;
 use promptd_core::budget::{self, Counter, Usage};
 use promptd_core::config::{AgentPlan, Config};
 use promptd_core::conversation::{FrozenRequest, Message};
+use promptd_core::formats::pieces::Pieces;
 use promptd_core::formats::{self, Format};
 use promptd_core::provenance::Provenance;
 use promptd_core::session::log::{Body, SessionCreated};
@@ -178,21 +179,22 @@ impl Daemon {
     /// step number and the request body in `format` — the bytes a rebuild of the step from the
     /// log renders (Q4), spliced from the session's cached fragments.
     pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
-        let mut body = String::new();
+        let mut body = Pieces::default();
         let (n, _) = self.step_into(id, input.clone(), format, None, &mut body)?;
-        Ok((n, body))
+        Ok((n, body.into_string()))
     }
 
     /// [`Daemon::step`], with the body appended to `out` (the HTTP layer writes its envelope
-    /// around it in the same buffer); with `since`, the body's parts relative to that step
-    /// instead (`SessionState::render_parts_into`).
+    /// around it, and hands the session's kept fragments to the socket as they are, issue 31);
+    /// with `since`, the body's parts relative to that step instead
+    /// (`SessionState::render_parts_into`).
     pub fn step_into(
         &self,
         id: &str,
         input: StepInput,
         format: Format,
         since: Option<u64>,
-        out: &mut String,
+        out: &mut Pieces,
     ) -> Result<(u64, Usage)> {
         let started = Instant::now();
         let result = self.step_inner(id, input, format, since, out);
@@ -211,7 +213,7 @@ impl Daemon {
         input: StepInput,
         format: Format,
         since: Option<u64>,
-        out: &mut String,
+        out: &mut Pieces,
     ) -> Result<(u64, Usage)> {
         self.wait_ready(STEP_WAITS_FOR_LOADING)?;
         let _held = self.locks.hold(id);
@@ -271,7 +273,7 @@ impl Daemon {
         }
         let state = &mut taken.get().state;
         match since {
-            Some(since) => state.render_parts_into(format, since, out)?,
+            Some(since) => out.text_with(|out| state.render_parts_into(format, since, out))?,
             None => state.render_into(format, out)?,
         }
         Ok((n, usage))

@@ -13,6 +13,7 @@
 mod anthropic;
 mod neutral;
 mod openai;
+pub mod pieces;
 pub mod replies;
 mod responses;
 pub mod transcript;

@@ -11,17 +11,21 @@
 //! [`Transcript::render`] gives exactly the bytes of `render(request, format).to_string()`; the
 //! tests check it on every shape of conversation.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::conversation::{Header, Message};
+use crate::formats::pieces::Sink;
 use crate::formats::{self, Format};
 
 /// A body's fixed part in one format, serialized: the members before the message list
 /// (from the `{`) and after it (to the `}`), in the canonical key order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Head {
-    before: String,
-    after: String,
+    // Shared: a whole body hands them out as pieces (a system prompt and tools can be large).
+    before: Arc<str>,
+    after: Arc<str>,
 }
 
 impl Head {
@@ -40,7 +44,10 @@ impl Head {
             }
         }
         after.push('}');
-        Self { before, after }
+        Self {
+            before: before.into(),
+            after: after.into(),
+        }
     }
 
     /// The bytes it holds (for the session cache's budget).
@@ -101,7 +108,7 @@ pub struct Fragments<'a> {
     /// What comes first and depends on the header (OpenAI's system message).
     pub lead: Option<String>,
     /// The fragments made once, in order; they never change.
-    pub closed: &'a [String],
+    pub closed: &'a [Arc<str>],
     /// What comes last and changes as messages arrive (the open Anthropic turn, OpenAI's
     /// pending attachments).
     pub tail: Option<String>,
@@ -111,11 +118,11 @@ pub struct Fragments<'a> {
 /// messages into one turn, so its last turn stays open (as values) until the role changes.
 #[derive(Clone, Debug, Default)]
 pub struct Transcript {
-    neutral: Vec<String>,
-    openai: Vec<String>,
-    anthropic: Vec<String>,
+    neutral: Vec<Arc<str>>,
+    openai: Vec<Arc<str>>,
+    anthropic: Vec<Arc<str>>,
     /// OpenAI Responses items, comma-joined per message (empty when a message has none).
-    responses: Vec<String>,
+    responses: Vec<Arc<str>>,
     /// Attachments of tool results waiting for OpenAI's next non-tool message (as values).
     openai_pending: Vec<Value>,
     /// Per format, why it cannot carry this session's history, if it cannot.
@@ -168,7 +175,7 @@ impl Transcript {
         let neutral = formats::neutral_message(message).to_string();
         self.bytes += neutral.len();
         self.format_bytes[slot(Format::Neutral)] += neutral.len() + 1;
-        self.neutral.push(neutral);
+        self.neutral.push(neutral.into());
         for format in [Format::Openai, Format::OpenaiResponses, Format::Anthropic] {
             if self.active[slot(format)] {
                 self.render_message(format, message);
@@ -186,13 +193,13 @@ impl Transcript {
                 let openai = comma_joined(&items);
                 self.bytes += openai.len();
                 self.format_bytes[slot(Format::Openai)] += openai.len() + 1;
-                self.openai.push(openai);
+                self.openai.push(openai.into());
             }
             Format::OpenaiResponses => {
                 let responses = comma_joined(&formats::responses::responses_items(message));
                 self.bytes += responses.len();
                 self.format_bytes[slot(Format::OpenaiResponses)] += responses.len() + 1;
-                self.responses.push(responses);
+                self.responses.push(responses.into());
             }
             Format::Anthropic => {
                 let mut turns: Vec<(&'static str, Vec<Value>)> =
@@ -204,7 +211,7 @@ impl Transcript {
                     let closed = formats::anthropic::anthropic_turn(role, blocks).to_string();
                     self.bytes += closed.len();
                     self.format_bytes[slot(Format::Anthropic)] += closed.len() + 1;
-                    self.anthropic.push(closed);
+                    self.anthropic.push(closed.into());
                 }
                 self.open_turn = open;
             }
@@ -271,7 +278,7 @@ impl Transcript {
     }
 
     /// Each message's neutral JSON, in order.
-    pub fn neutral(&self) -> &[String] {
+    pub fn neutral(&self) -> &[Arc<str>] {
         &self.neutral
     }
 
@@ -316,36 +323,42 @@ impl Transcript {
     /// shown and format: a session keeps its head while the header stays, so a step does not
     /// serialize the system prompt and the tools again. Call [`Transcript::activate`] for
     /// `format` first (a format not rendered yet has no fragments).
-    pub fn render_with(&self, head: &Head, header: &Header, format: Format, out: &mut String) {
+    pub fn render_with<S: Sink>(&self, head: &Head, header: &Header, format: Format, out: &mut S) {
         debug_assert!(self.active[slot(format)], "render_with before activate");
+        out.reserve(head.before.len() + self.list_bytes(format) + head.after.len());
+        out.kept(&head.before);
+        let mut first = head.before.len() == 1; // only the `{`
+        let mut list = String::with_capacity(16);
+        entry(&mut list, &mut first, formats::list_key(format));
+        list.push('[');
+        out.text(&list);
+        let mut items = self
+            .items(header, format)
+            .filter(|i| !i.is_empty())
+            .peekable();
+        while let Some(item) = items.next() {
+            match &item {
+                Item::Kept(kept) => out.kept(kept),
+                Item::Made(made) => out.text(made),
+            }
+            if items.peek().is_some() {
+                out.text(",");
+            }
+        }
+        out.text("]");
+        out.kept(&head.after);
+    }
+
+    /// The bytes a whole body in `format` takes beyond its head, roughly (to size a buffer
+    /// once: a guess from the total either wastes or reallocates).
+    pub fn list_bytes(&self, format: Format) -> usize {
         // The open Anthropic turn and OpenAI's pending attachments are not counted yet.
         let open = if self.open_turn.is_some() || !self.openai_pending.is_empty() {
             1024
         } else {
             64
         };
-        out.reserve(head.before.len() + self.format_bytes[slot(format)] + head.after.len() + open);
-        out.push_str(&head.before);
-        let mut first = head.before.len() == 1; // only the `{`
-        self.messages(header, format, out, &mut first);
-        out.push_str(&head.after);
-    }
-
-    /// Writes `"messages":[…]` (`"input"` for Responses), with its leading comma when needed.
-    fn messages(&self, header: &Header, format: Format, out: &mut String, first: &mut bool) {
-        entry(out, first, formats::list_key(format));
-        out.push('[');
-        let mut items = self
-            .items(header, format)
-            .filter(|i| !i.is_empty())
-            .peekable();
-        while let Some(item) = items.next() {
-            out.push_str(&item);
-            if items.peek().is_some() {
-                out.push(',');
-            }
-        }
-        out.push(']');
+        self.format_bytes[slot(format)] + open
     }
 
     /// The message list's items in `format` as a body holds them, empty ones left out: the
@@ -357,7 +370,13 @@ impl Transcript {
         header: &'a Header,
         format: Format,
     ) -> impl Iterator<Item = std::borrow::Cow<'a, str>> + 'a {
-        self.items(header, format).filter(|i| !i.is_empty())
+        use std::borrow::Cow;
+        self.items(header, format)
+            .filter(|i| !i.is_empty())
+            .map(|i| match i {
+                Item::Kept(k) => Cow::Borrowed(&**k),
+                Item::Made(m) => Cow::Owned(m),
+            })
     }
 
     /// The messages' fragments in `format`, in order.
@@ -365,34 +384,44 @@ impl Transcript {
         &'a self,
         header: &'a Header,
         format: Format,
-    ) -> Box<dyn Iterator<Item = std::borrow::Cow<'a, str>> + 'a> {
-        use std::borrow::Cow;
+    ) -> Box<dyn Iterator<Item = Item<'a>> + 'a> {
         match format {
-            Format::Neutral => Box::new(self.neutral.iter().map(|m| Cow::Borrowed(m.as_str()))),
+            Format::Neutral => Box::new(self.neutral.iter().map(Item::Kept)),
             Format::Openai => Box::new(
                 formats::openai::system_message(header)
-                    .map(|s| Cow::Owned(s.to_string()))
+                    .map(|s| Item::Made(s.to_string()))
                     .into_iter()
-                    .chain(self.openai.iter().map(|m| Cow::Borrowed(m.as_str())))
+                    .chain(self.openai.iter().map(Item::Kept))
                     .chain(
                         formats::openai::flush_openai(&mut self.openai_pending.clone())
-                            .map(|m| Cow::Owned(m.to_string())),
+                            .map(|m| Item::Made(m.to_string())),
                     ),
             ),
-            Format::Anthropic => Box::new(
-                self.anthropic
-                    .iter()
-                    .map(|m| Cow::Borrowed(m.as_str()))
-                    .chain(self.open_turn.iter().map(move |(role, blocks)| {
-                        Cow::Owned(
-                            formats::anthropic::anthropic_last_turn(header, role, blocks.clone())
-                                .to_string(),
-                        )
-                    })),
-            ),
-            Format::OpenaiResponses => {
-                Box::new(self.responses.iter().map(|m| Cow::Borrowed(m.as_str())))
-            }
+            Format::Anthropic => Box::new(self.anthropic.iter().map(Item::Kept).chain(
+                self.open_turn.iter().map(move |(role, blocks)| {
+                    Item::Made(
+                        formats::anthropic::anthropic_last_turn(header, role, blocks.clone())
+                            .to_string(),
+                    )
+                }),
+            )),
+            Format::OpenaiResponses => Box::new(self.responses.iter().map(Item::Kept)),
+        }
+    }
+}
+
+/// One item of a body's message list: a fragment kept as messages arrived, or one made for
+/// this body.
+enum Item<'a> {
+    Kept(&'a Arc<str>),
+    Made(String),
+}
+
+impl Item<'_> {
+    fn is_empty(&self) -> bool {
+        match self {
+            Item::Kept(k) => k.is_empty(),
+            Item::Made(m) => m.is_empty(),
         }
     }
 }
@@ -561,13 +590,19 @@ mod tests {
                         transcript.render(&header, shown.as_deref(), format),
                         body.to_string()
                     );
+                    // Written as pieces (kept fragments shared), the same bytes.
+                    let mut pieces = crate::formats::pieces::Pieces::default();
+                    let head = Head::new(&header, shown.as_deref(), format);
+                    transcript.render_with(&head, &header, format, &mut pieces);
+                    prop_assert_eq!(pieces.len(), body.to_string().len());
+                    prop_assert_eq!(pieces.into_string(), body.to_string());
                     // The fragments, their values in order, are the body's list.
                     let f = transcript.fragments(&header, format);
                     let joined: Vec<&str> = f
                         .lead
                         .iter()
                         .map(String::as_str)
-                        .chain(f.closed.iter().map(String::as_str))
+                        .chain(f.closed.iter().map(|c| &**c))
                         .chain(f.tail.iter().map(String::as_str))
                         .filter(|s| !s.is_empty())
                         .collect();

@@ -146,7 +146,7 @@ impl SessionState {
                 && m.closed <= mark.closed
         });
         let lead = fragments.lead.as_deref().filter(|l| !l.is_empty());
-        let closed = fragments.closed.iter().map(String::as_str);
+        let closed = fragments.closed.iter().map(|c| &**c);
         let tail = fragments.tail.as_deref().filter(|t| !t.is_empty());
         match kept {
             Some(m) => {

@@ -440,8 +440,13 @@ impl SessionState {
         Ok(out)
     }
 
-    /// [`SessionState::render`], appended to `out`.
-    pub fn render_into(&mut self, format: crate::formats::Format, out: &mut String) -> Result<()> {
+    /// [`SessionState::render`], appended to `out`: a `String`, or
+    /// [`crate::formats::pieces::Pieces`] to share the kept fragments instead of copying them.
+    pub fn render_into<S: crate::formats::pieces::Sink>(
+        &mut self,
+        format: crate::formats::Format,
+        out: &mut S,
+    ) -> Result<()> {
         let header = renderable_header(
             &self.header,
             &self.transcript,
@@ -466,7 +471,7 @@ impl SessionState {
         }
         // Trimmed: render what is kept (bounded by the budget, not by the history).
         let request = self.kept_request(header)?;
-        out.push_str(&crate::formats::render(&request, format).to_string());
+        out.text(&crate::formats::render(&request, format).to_string());
         Ok(())
     }
 
