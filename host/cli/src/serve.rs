@@ -160,7 +160,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("listen on {addr}"))?;
                 announce(&format!("http://{}", listener.local_addr()?));
-                server::serve(listener, app, limits, shutdown()).await;
+                server::serve(server::no_delay(listener), app, limits, shutdown()).await;
             }
             Listen::Unix(path) => {
                 // A stale socket file from an earlier run would make bind fail.

@@ -22,7 +22,7 @@
 //! let stop = async {
 //!     let _ = tokio::signal::ctrl_c().await;
 //! };
-//! server::serve(listener, app, limits, stop).await;
+//! server::serve(server::no_delay(listener), app, limits, stop).await;
 //! # Ok(())
 //! # }
 //! ```
@@ -100,6 +100,19 @@ impl std::fmt::Debug for Limits {
             .field("max_connections", &self.max_connections)
             .finish_non_exhaustive()
     }
+}
+
+/// `listener` with Nagle's algorithm off on every connection it accepts: a long body goes out
+/// in several vectored writes (its shared pieces), and the second must not wait for the
+/// client's delayed ACK of the first.
+pub fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on a connection: {e}");
+        }
+    })
 }
 
 /// Serves `app` on every connection `listener` accepts, at most `limits.max_connections` at
