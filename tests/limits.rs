@@ -320,3 +320,71 @@ fn h5_hostile_plugins_at_start_up_do_not_add_up() {
     let (status, v) = d.step(&id);
     assert_eq!(status, 200, "{v}");
 }
+
+/// The daemon's threads at this moment (Linux: its tasks).
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// `PROMPTD_BLOCKING_THREADS` (docs/operations.md) bounds the threads steps run on: 32
+/// clients stepping at once add at most that many threads to an idle daemon, and a value that
+/// is not a positive integer stops `serve` with an error naming it.
+#[test]
+fn blocking_threads_bound_the_threads_concurrent_steps_take() {
+    let folder = Folder::new().scripted("s");
+    let config = folder.config("[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n");
+    let (_tmp, state) = state_dir();
+    let d = Served::start_with(
+        folder.path(),
+        &config,
+        &state,
+        &[],
+        &[("PROMPTD_BLOCKING_THREADS", "2")],
+    );
+    let ids: Vec<String> = (0..32).map(|_| d.session("default")).collect();
+    // Creating the sessions may have started pool threads already: at most the bound.
+    let idle = threads(d.child.id());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let most = std::thread::scope(|scope| {
+        for id in &ids {
+            let (d, stop) = (&d, &stop);
+            scope.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, v) = d.step(id);
+                    assert_eq!(status, 200, "{v}");
+                }
+            });
+        }
+        let mut most = 0;
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            most = most.max(threads(d.child.id()));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        most
+    });
+    assert!(
+        most <= idle + 2,
+        "32 concurrent steps with PROMPTD_BLOCKING_THREADS=2: {most} threads (idle: {idle})"
+    );
+
+    let (_tmp2, state2) = state_dir();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptd"))
+        .args(["serve", "--plugins"])
+        .arg(folder.path())
+        .arg("--config")
+        .arg(&config)
+        .arg("--state")
+        .arg(&state2)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("PROMPTD_BLOCKING_THREADS", "none")
+        .output()
+        .expect("run promptd serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("error[bad_argument]: PROMPTD_BLOCKING_THREADS `none`"),
+        "{stderr}"
+    );
+}

@@ -13,6 +13,14 @@ use promptd_core::{load, request};
 use promptd_daemon::plugin_dir;
 use promptd_engine::{cache, Compiler, WasmEngine};
 
+// Measured against glibc's in BENCHMARKS.md ("Allocator and the blocking pool").
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod client;
 mod dev;
 mod error;

@@ -148,7 +148,22 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let mcp = daemon.clone();
     let app = http::router(daemon, token);
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // Steps, appends and reads run on tokio's blocking pool: this bounds its threads (tokio's
+    // default is 512, one per concurrent step). Measured in BENCHMARKS.md (issue 31).
+    if let Some(n) = std::env::var_os("PROMPTD_BLOCKING_THREADS") {
+        let n = n
+            .to_str()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| CliError::BadArgument {
+                flag: "PROMPTD_BLOCKING_THREADS",
+                value: n.to_string_lossy().into_owned(),
+                expected: "expected a positive integer".into(),
+            })?;
+        runtime.max_blocking_threads(n);
+    }
+    let runtime = runtime
         .enable_all()
         .build()
         .context("start the async runtime")?;

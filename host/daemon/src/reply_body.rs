@@ -28,9 +28,19 @@ pub struct PiecesBody {
     left: u64,
 }
 
+/// Below this a body is joined into one buffer: the copy costs less than a frame, a shared
+/// owner and a vector entry per piece (a short step's body is a few KiB).
+const JOIN_BELOW: usize = 64 * 1024;
+
 impl From<Pieces> for PiecesBody {
     fn from(pieces: Pieces) -> Self {
         let left = pieces.len() as u64;
+        if pieces.len() < JOIN_BELOW {
+            return Self {
+                frames: VecDeque::from([Bytes::from(pieces.into_string())]),
+                left,
+            };
+        }
         let (small, pieces) = pieces.into_parts();
         let small = Bytes::from(small);
         let frames = pieces
@@ -75,7 +85,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_frames_are_the_pieces_in_order_and_the_length_is_exact() {
-        let big: Arc<str> = Arc::from("b".repeat(Pieces::SHARE_FROM * 3));
+        let big: Arc<str> = Arc::from("b".repeat(JOIN_BELOW));
         let mut pieces = Pieces::default();
         pieces.text("{\"request\":[");
         pieces.kept(&big);
@@ -85,9 +95,27 @@ mod tests {
         let whole = pieces.clone().into_string();
         let body = PiecesBody::from(pieces);
         assert_eq!(
+            body.frames.len(),
+            5,
+            "the shared pieces are frames of their own"
+        );
+        assert_eq!(
             http_body::Body::size_hint(&body).exact(),
             Some(whole.len() as u64)
         );
+        let collected = axum::body::to_bytes(axum::body::Body::new(body), usize::MAX).await;
+        assert_eq!(collected.ok().as_deref(), Some(whole.as_bytes()));
+    }
+
+    #[tokio::test]
+    async fn a_short_body_is_one_frame() {
+        let mut pieces = Pieces::default();
+        pieces.text("{\"request\":");
+        pieces.kept(&Arc::from("k".repeat(Pieces::SHARE_FROM)));
+        pieces.text("}");
+        let whole = pieces.clone().into_string();
+        let body = PiecesBody::from(pieces);
+        assert_eq!(body.frames.len(), 1);
         let collected = axum::body::to_bytes(axum::body::Body::new(body), usize::MAX).await;
         assert_eq!(collected.ok().as_deref(), Some(whole.as_bytes()));
     }
