@@ -610,7 +610,7 @@ proptest::proptest! {
                 let whole = state.render(format).unwrap();
                 proptest::prop_assert_eq!(&client.body(), &whole, "step {} in {:?}", n, format);
                 // The whole body as pieces (what the daemon hands the socket), the same bytes.
-                let mut pieces = crate::formats::pieces::Pieces::default();
+                let mut pieces = crate::formats::pieces::Pieces::sharing_from(1);
                 state.render_into(format, &mut pieces).unwrap();
                 proptest::prop_assert_eq!(&pieces.into_string(), &whole);
                 proptest::prop_assert_eq!(

@@ -28,14 +28,11 @@ pub struct PiecesBody {
     left: u64,
 }
 
-/// Below this a body is joined into one buffer: the copy costs less than a frame, a shared
-/// owner and a vector entry per piece (a short step's body is a few KiB).
-const JOIN_BELOW: usize = 64 * 1024;
-
 impl From<Pieces> for PiecesBody {
     fn from(pieces: Pieces) -> Self {
         let left = pieces.len() as u64;
-        if pieces.len() < JOIN_BELOW {
+        // Short: one frame (no copy when the body was announced short and written whole).
+        if pieces.len() < Pieces::WHOLE_BELOW {
             return Self {
                 frames: VecDeque::from([Bytes::from(pieces.into_string())]),
                 left,
@@ -85,7 +82,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_frames_are_the_pieces_in_order_and_the_length_is_exact() {
-        let big: Arc<str> = Arc::from("b".repeat(JOIN_BELOW));
+        let big: Arc<str> = Arc::from("b".repeat(Pieces::WHOLE_BELOW));
         let mut pieces = Pieces::default();
         pieces.text("{\"request\":[");
         pieces.kept(&big);

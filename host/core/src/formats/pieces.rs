@@ -59,17 +59,49 @@ pub enum Piece {
 }
 
 /// A body as pieces in order; see the module's documentation.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Pieces {
     small: String,
     pieces: Vec<Piece>,
     len: usize,
+    /// Kept fragments this long or longer are shared ([`Pieces::SHARE_FROM`], or never in a
+    /// body announced short by [`Sink::reserve`]).
+    share_from: usize,
+    /// Whether `share_from` was set by [`Pieces::sharing_from`] (an announced size leaves it).
+    fixed: bool,
+}
+
+impl Default for Pieces {
+    fn default() -> Self {
+        Self {
+            small: String::new(),
+            pieces: Vec::new(),
+            len: 0,
+            share_from: Self::SHARE_FROM,
+            fixed: false,
+        }
+    }
 }
 
 impl Pieces {
     /// The smallest kept fragment shared rather than copied: below it an extra piece (an I/O
     /// vector entry, a reference count) costs more than the copy.
     pub const SHARE_FROM: usize = 1024;
+
+    /// A body announced ([`Sink::reserve`]) shorter than this is written whole into one
+    /// buffer: the copy costs less than a piece per fragment (a short step's body is a few
+    /// KiB).
+    pub const WHOLE_BELOW: usize = 64 * 1024;
+
+    /// A body that shares every kept fragment of `bytes` or more, whatever its size (the
+    /// tests use it to write every shape of body in pieces).
+    pub fn sharing_from(bytes: usize) -> Self {
+        Self {
+            share_from: bytes,
+            fixed: true,
+            ..Self::default()
+        }
+    }
 
     /// The body's length in bytes.
     pub fn len(&self) -> usize {
@@ -107,8 +139,12 @@ impl Pieces {
         (self.small, self.pieces)
     }
 
-    /// The body in one string (for callers that want it whole, and tests).
+    /// The body in one string (for callers that want it whole, and tests); without a copy
+    /// when nothing was shared.
     pub fn into_string(self) -> String {
+        if !self.pieces.iter().any(|p| matches!(p, Piece::Shared(_))) {
+            return self.small;
+        }
         let mut out = String::with_capacity(self.len);
         for piece in &self.pieces {
             match piece {
@@ -126,11 +162,18 @@ impl Sink for Pieces {
     }
 
     fn kept(&mut self, kept: &Arc<str>) {
-        if kept.len() < Self::SHARE_FROM {
+        if kept.len() < self.share_from {
             self.text(kept);
         } else {
             self.len += kept.len();
             self.pieces.push(Piece::Shared(kept.clone()));
+        }
+    }
+
+    fn reserve(&mut self, bytes: usize) {
+        if !self.fixed && self.len + bytes < Self::WHOLE_BELOW {
+            self.share_from = usize::MAX;
+            self.small.reserve(bytes);
         }
     }
 }
@@ -173,6 +216,25 @@ mod tests {
             ]
         );
         assert_eq!(p.into_string(), whole);
+    }
+
+    #[test]
+    fn a_body_announced_short_is_one_buffer() {
+        let big: Arc<str> = Arc::from("b".repeat(Pieces::SHARE_FROM));
+        let mut p = Pieces::default();
+        p.reserve(Pieces::SHARE_FROM + 2);
+        p.text("[");
+        p.kept(&big);
+        p.text("]");
+        let (small, pieces) = p.clone().into_parts();
+        assert_eq!(pieces, vec![Piece::Small(0..Pieces::SHARE_FROM + 2)]);
+        assert_eq!(small, format!("[{big}]"));
+        assert_eq!(p.into_string(), format!("[{big}]"));
+        // Announced long, the same fragment is shared.
+        let mut p = Pieces::default();
+        p.reserve(Pieces::WHOLE_BELOW);
+        p.kept(&big);
+        assert!(matches!(&p.into_parts().1[0], Piece::Shared(_)));
     }
 
     #[test]

@@ -591,7 +591,7 @@ mod tests {
                         body.to_string()
                     );
                     // Written as pieces (kept fragments shared), the same bytes.
-                    let mut pieces = crate::formats::pieces::Pieces::default();
+                    let mut pieces = crate::formats::pieces::Pieces::sharing_from(1);
                     let head = Head::new(&header, shown.as_deref(), format);
                     transcript.render_with(&head, &header, format, &mut pieces);
                     prop_assert_eq!(pieces.len(), body.to_string().len());
