@@ -16,7 +16,8 @@
 //! with `NativePlugin` from the same shape.rs, and the bench first checks that all three
 //! assemble to the same system prompt, runtime context and tools. One
 //! `promptd_core::assembly::assemble` per iteration, for agent `default` at step 7 with the
-//! facts `cwd` and `git_branch`. The table is criterion's median time per assembly.
+//! facts `cwd` and `git_branch` (and `ASSEMBLY_EXTRA_FACTS` more, 0 by default: what lowering
+//! facts no plugin reads costs). The table is criterion's median time per assembly.
 
 #[allow(dead_code)]
 #[path = "../../../tests/fixtures/bench/src/shape.rs"]
@@ -63,7 +64,12 @@ fn step() -> Step {
         facts: BTreeMap::from([
             ("cwd".to_string(), "/src/app".to_string()),
             ("git_branch".to_string(), "main".to_string()),
-        ]),
+        ])
+        .into_iter()
+        .chain((0..support::env_or("ASSEMBLY_EXTRA_FACTS", 0usize)).map(|i| {
+            (format!("extra_{i:03}"), format!("a value of fact {i:03} ......"))
+        }))
+        .collect(),
     }
 }
 
