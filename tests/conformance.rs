@@ -110,8 +110,11 @@ fn q5_inputs_that_break_a_providers_rules_are_refused_and_record_nothing() {
         "openai",
         json!([{"role": "user", "content": "and?"}]),
     );
+    // The error body names the open calls in a field, not only in its message.
+    assert_eq!(out.1["error"]["call_ids"], json!(["c1", "c2"]), "{}", out.1);
     refused(&d, &id, "open_tool_calls", out);
     let out = step(&d, &id, "openai", json!([result("c1")]));
+    assert_eq!(out.1["error"]["call_ids"], json!(["c2"]), "{}", out.1);
     refused(&d, &id, "open_tool_calls", out);
     let out = step(
         &d,

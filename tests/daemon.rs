@@ -664,6 +664,22 @@ fn r5_plugins_events_and_metrics_are_visible() {
         "the stream carries the change the DELETE applied"
     );
 
+    // `since=now` replays nothing: the first event such a stream reads is the next change.
+    let mut from_now = SseStream::from_now(&d.url);
+    let applied = d.ok("DELETE", "/v1/plugins/tools", None)["applied"][0].clone();
+    let first = from_now.next("the unload of tools, the first event after now");
+    assert_eq!(
+        (&first["seq"], &first["kind"]),
+        (&json!(7), &json!("unload"))
+    );
+    assert_eq!(first, applied);
+    let (status, body) = d.get("/v1/events?since=later");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("since `later` is not an event's seq"),
+        "{body}"
+    );
+
     let id = new_session(&d, "default");
     step(&d, &id, json!([]), json!({}), "neutral");
     let (status, text) = d.get("/metrics");
@@ -676,7 +692,7 @@ fn r5_plugins_events_and_metrics_are_visible() {
         text.contains("promptd_step_duration_seconds_count 1"),
         "{text}"
     );
-    assert!(text.contains("promptd_plugins_loaded 3"), "{text}");
+    assert!(text.contains("promptd_plugins_loaded 2"), "{text}");
 }
 
 /// Reads `count` events from `GET /v1/events`.
@@ -693,6 +709,25 @@ struct SseStream {
 }
 
 impl SseStream {
+    /// `GET /v1/events?since=now`, once the daemon answered (so it is subscribed).
+    fn from_now(base: &str) -> SseStream {
+        use std::io::{BufRead, BufReader, Write};
+        let addr = base.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "GET /v1/events?since=now HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n"
+        )
+        .unwrap();
+        let mut lines = BufReader::new(stream).lines();
+        let status = lines.next().expect("a status line").expect("read");
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        SseStream { lines }
+    }
+
     fn open(base: &str, last_id: Option<u64>) -> SseStream {
         use std::io::{BufRead, BufReader, Write};
         let addr = base.trim_start_matches("http://");

@@ -109,6 +109,10 @@ fn diff_names_each_cause_and_agrees_with_an_independent_prefix() {
     assert_eq!(step("one"), 1);
     let first = diff(1);
     assert!(first["previous"].is_null(), "{first}");
+    assert_eq!(
+        first["breaks_cache"], false,
+        "a first step breaks nothing: {first}"
+    );
 
     // Only messages added.
     assert_eq!(step("two"), 2);
@@ -119,6 +123,7 @@ fn diff_names_each_cause_and_agrees_with_an_independent_prefix() {
         json!(["only new messages: prefix kept"]),
         "{d2}"
     );
+    assert_eq!(d2["breaks_cache"], false, "{d2}");
 
     // A tool schema changes: the plugin's config, the same file.
     std::fs::write(
@@ -138,6 +143,7 @@ fn diff_names_each_cause_and_agrees_with_an_independent_prefix() {
     let d3 = diff(3);
     check_prefix(3, &d3);
     assert_eq!(d3["previous"]["prefix_kept"], false, "{d3}");
+    assert_eq!(d3["breaks_cache"], true, "{d3}");
     assert_eq!(
         d3["previous"]["first_divergence"]["part"], "tool `bash`",
         "{d3}"

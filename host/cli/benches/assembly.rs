@@ -66,9 +66,14 @@ fn step() -> Step {
             ("git_branch".to_string(), "main".to_string()),
         ])
         .into_iter()
-        .chain((0..support::env_or("ASSEMBLY_EXTRA_FACTS", 0usize)).map(|i| {
-            (format!("extra_{i:03}"), format!("a value of fact {i:03} ......"))
-        }))
+        .chain(
+            (0..support::env_or("ASSEMBLY_EXTRA_FACTS", 0usize)).map(|i| {
+                (
+                    format!("extra_{i:03}"),
+                    format!("a value of fact {i:03} ......"),
+                )
+            }),
+        )
         .collect(),
     }
 }

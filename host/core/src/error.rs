@@ -555,6 +555,10 @@ pub struct ErrorBody {
     pub code: &'static str,
     /// The one-line message.
     pub message: String,
+    /// `open_tool_calls` only: the ids of the calls the step leaves unanswered, in the
+    /// order the assistant made them (the message names them too, for people).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_ids: Option<Vec<String>>,
 }
 
 impl ErrorBody {
@@ -563,12 +567,27 @@ impl ErrorBody {
         Self {
             code,
             message: message.into(),
+            call_ids: None,
+        }
+    }
+}
+
+impl Error {
+    /// The tool call ids an `open_tool_calls` error names (through a message's position).
+    pub fn call_ids(&self) -> Option<&[String]> {
+        match self {
+            Error::OpenToolCalls(ids) => Some(ids),
+            Error::AtMessage { source, .. } => source.call_ids(),
+            _ => None,
         }
     }
 }
 
 impl From<&Error> for ErrorBody {
     fn from(e: &Error) -> Self {
-        Self::new(e.code(), e.to_string())
+        Self {
+            call_ids: e.call_ids().map(<[String]>::to_vec),
+            ..Self::new(e.code(), e.to_string())
+        }
     }
 }

@@ -543,6 +543,10 @@ pub struct StepDiff {
     pub same_header: Option<Against>,
     /// Why the prefix against step n−1 broke, or that it was kept.
     pub causes: Vec<String>,
+    /// Whether `causes` broke the cache: step n's request does not start with the whole of
+    /// step n−1's, so what a provider cached for n−1 is not read whole. False on a first
+    /// step (nothing to break) and when the prefix was kept.
+    pub breaks_cache: bool,
     /// Changes that did not touch the prefix.
     pub notes: Vec<String>,
     /// The share of this step's input a provider could serve from its cache, the best of the

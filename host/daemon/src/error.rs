@@ -156,7 +156,10 @@ impl From<promptd_core::store::StoreError> for DaemonError {
 
 impl From<&DaemonError> for ErrorBody {
     fn from(e: &DaemonError) -> Self {
-        ErrorBody::new(e.code(), e.to_string())
+        match e {
+            DaemonError::Core(core) => ErrorBody::from(core),
+            _ => ErrorBody::new(e.code(), e.to_string()),
+        }
     }
 }
 

@@ -101,10 +101,12 @@ impl RegistryEvents {
         event
     }
 
-    /// Events after `since`, how many of those are no longer kept, and a receiver for the
-    /// ones that follow.
-    pub fn subscribe(&self, since: u64) -> Subscription {
+    /// Events after `since` (`None`: after the last one given out, i.e. only new ones), how
+    /// many of those are no longer kept, and a receiver for the ones that follow.
+    pub fn subscribe(&self, since: Option<u64>) -> Subscription {
         let history = lock(&self.inner);
+        // Read under the lock a publisher holds: nothing falls between "now" and the receiver.
+        let since = since.unwrap_or(history.last_seq);
         let past: Vec<RegistryEvent> = history
             .events
             .iter()
@@ -140,17 +142,21 @@ mod tests {
         for i in 0..HISTORY + 10 {
             events.push(ChangeKind::Load, &format!("p{i}"), "f", "s", None);
         }
-        let all = events.subscribe(0);
+        let all = events.subscribe(Some(0));
         assert_eq!(all.past.len(), HISTORY);
         assert_eq!(all.past[0].seq, 11);
         assert_eq!(all.missed, 10);
-        let recent = events.subscribe(HISTORY as u64);
+        let recent = events.subscribe(Some(HISTORY as u64));
         assert_eq!(recent.missed, 0);
         assert_eq!(recent.past.len(), 10);
-        assert_eq!(events.subscribe(events.last_seq()).past.len(), 0);
-        assert_eq!(events.subscribe(events.last_seq()).missed, 0);
+        assert_eq!(events.subscribe(Some(events.last_seq())).past.len(), 0);
+        assert_eq!(events.subscribe(Some(events.last_seq())).missed, 0);
         // A client past every seq missed nothing (and does not overflow the count).
-        assert_eq!(events.subscribe(u64::MAX).missed, 0);
-        assert!(events.subscribe(u64::MAX).past.is_empty());
+        assert_eq!(events.subscribe(Some(u64::MAX)).missed, 0);
+        assert!(events.subscribe(Some(u64::MAX)).past.is_empty());
+        // From now: nothing replayed, nothing missed.
+        let now = events.subscribe(None);
+        assert!(now.past.is_empty());
+        assert_eq!(now.missed, 0);
     }
 }

@@ -115,16 +115,14 @@ pub fn openapi_json_text() -> String {
 /// An error response.
 pub(crate) struct ApiError {
     status: StatusCode,
-    code: &'static str,
-    message: String,
+    body: ErrorBody,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
-            code,
-            message: message.into(),
+            body: ErrorBody::new(code, message),
         }
     }
 }
@@ -210,13 +208,16 @@ fn status(e: &DaemonError) -> StatusCode {
 
 impl From<DaemonError> for ApiError {
     fn from(e: DaemonError) -> Self {
-        ApiError::new(status(&e), e.code(), e.to_string())
+        ApiError {
+            status: status(&e),
+            body: ErrorBody::from(&e),
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let body = json!({"error": self.body});
         json_bytes(self.status, body.to_string())
     }
 }
@@ -869,7 +870,7 @@ async fn replay(
 /// ends the stream: the client resyncs from `GET /v1/plugins` and reconnects.
 #[utoipa::path(get, path = "/v1/events", tag = "plugins",
     params(
-        ("since" = Option<u64>, Query, description = "Replay the events after this seq (or send `Last-Event-ID`); not a seq: 400"),
+        ("since" = Option<String>, Query, description = "Replay the events after this seq (or send `Last-Event-ID`); `now`: only events from now on, nothing replayed; anything else: 400"),
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event (before `since`); not a seq: 400"),
     ),
     responses((status = 200, description = "A server-sent event stream (the schema describes each event): a registry change's `id` is its seq, its `event` the change kind (`load`, `reload`, `unload`, `refused`, `quarantine`) and its `data` the change as JSON (`RegistryEvent`); a `lagged` event, whose `data` is `{\"missed\": N}` (`Lagged`), ends the stream", content_type = "text/event-stream", body = api::RegistryStreamEvent), api::Errors))]
@@ -898,8 +899,12 @@ async fn registry_events(
         .get("last-event-id")
         .map(|v| v.to_str().unwrap_or("\u{fffd}"));
     let header = seq("Last-Event-ID", header)?;
-    let query = seq("since", query.get("since").map(String::as_str))?;
-    let since = header.or(query).unwrap_or(0);
+    // `since=now`: only events after the last one given out, with nothing replayed.
+    let since = match query.get("since").map(String::as_str) {
+        Some("now") => None,
+        given => Some(seq("since", given)?.unwrap_or(0)),
+    };
+    let since = header.map(Some).unwrap_or(since);
     let subscription = state.daemon.events.subscribe(since);
     let to_sse = |e: RegistryEvent| {
         // Strings and numbers only: writing an event cannot fail.

@@ -73,6 +73,7 @@ pub fn step_diff(
         step: n,
         format,
         bytes,
+        breaks_cache: previous.as_ref().is_some_and(|a| !a.prefix_kept),
         previous,
         same_header,
         causes,

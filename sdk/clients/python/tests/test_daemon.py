@@ -138,6 +138,8 @@ def test_unload_reload_and_enable_and_the_live_stream(client):
     broken, back = coder.diff(2), coder.diff(3)
     assert broken.previous["step"] == 1 and broken.previous["prefix_kept"] is False, broken
     assert broken.previous["first_divergence"] is not None and broken.causes, broken
+    assert broken.breaks_cache is True and back.breaks_cache is True, (broken, back)
+    assert coder.diff(1).breaks_cache is False, "a first step breaks nothing"
     assert back.same_header is not None and back.same_header["step"] == 1, back
     assert "persona" not in coder.explain(2).provenance["plugins"]
     assert "persona" in coder.explain(3).provenance["plugins"]

@@ -91,6 +91,7 @@ def test_a_tool_round_in_the_neutral_shape(client):
     session.step(user="Read the README.", facts=FACTS)
     reply = {"role": "assistant", "content": "Reading it.",
              "tool_calls": [{"id": "c1", "name": "read_file", "arguments": {"path": "README.md"}}]}
+    stale = client.reopen(session.id, format="openai")  # reopened before the call is recorded
     recorded = session.record(reply)
     call = ToolCall("c1", "read_file", {"path": "README.md"})
     assert recorded.tool_calls == [call] and recorded.seq == len(session.events())
@@ -105,6 +106,12 @@ def test_a_tool_round_in_the_neutral_shape(client):
     with pytest.raises(OpenToolCalls):
         session.record({"role": "assistant", "content": "Again."})
     assert len(session.events()) == logged, "nothing was sent"
+    # `stale` does not know the call: the daemon refuses its step, and the error body's
+    # `call_ids` names the call.
+    with pytest.raises(OpenToolCalls) as e:
+        stale.step(user="And now?")
+    assert (e.value.status, e.value.call_ids) == (422, ["c1"])
+    assert len(session.events()) == logged, "the refused step recorded nothing"
 
     result_seq = session.tool_result("c1", "# promptd\n").seq
     assert result_seq == logged + 1 and session.open_tool_calls == []
@@ -304,6 +311,7 @@ def test_diff_when_only_messages_were_added(client):
     previous = second.previous
     assert previous["step"] == 1 and previous["prefix_kept"] is True, second
     assert previous["first_divergence"] is None and second.causes, second
+    assert (first.breaks_cache, second.breaks_cache) == (False, False), second
     assert second.cached_share["bytes"] == pytest.approx(previous["shared_bytes"] / second.bytes)
 
 

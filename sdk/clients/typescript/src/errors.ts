@@ -89,11 +89,18 @@ function quotedIds(message: string): string[] {
 export function errorFromResponse(status: number, text: string, request: string): PromptdError {
   let code: string | undefined;
   let message: string | undefined;
+  let callIds: string[] | undefined;
   try {
-    const parsed = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
+    const parsed = JSON.parse(text) as {
+      error?: { code?: unknown; message?: unknown; call_ids?: unknown };
+    };
     if (typeof parsed?.error?.code === "string") {
       code = parsed.error.code;
       message = typeof parsed.error.message === "string" ? parsed.error.message : "";
+      const ids = parsed.error.call_ids;
+      if (Array.isArray(ids)) {
+        callIds = ids.filter((i): i is string => typeof i === "string");
+      }
     }
   } catch {
     // Not JSON: handled below.
@@ -104,7 +111,7 @@ export function errorFromResponse(status: number, text: string, request: string)
     message = `${request} answered HTTP ${status} without promptd's JSON error: ${JSON.stringify(excerpt)}`;
   }
   if (code === "open_tool_calls") {
-    return new OpenToolCallsError(quotedIds(message), message, status, request);
+    return new OpenToolCallsError(callIds ?? quotedIds(message), message, status, request);
   }
   const Class = BY_STATUS[status] ?? PromptdError;
   return new Class(code, message, status, request);

@@ -315,6 +315,9 @@ export interface StepDiff {
   /** Against the last earlier step with the same header, when there is one. */
   same_header: PrefixAgainst | null;
   causes: string[];
+  /** Whether step n−1's request is not a prefix of step n's (what was cached for it is not
+   * read whole); false on the first step. */
+  breaks_cache: boolean;
   notes: string[];
   cached_share: { bytes: number; tokens: { shared: number; [key: string]: unknown } | null };
 }

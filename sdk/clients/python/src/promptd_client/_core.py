@@ -36,6 +36,10 @@ def error_from(status: int, content: bytes, method: str, path: str) -> PromptdEr
         message = (f"HTTP {status} from {method} {path}, not a promptd error body"
                    + (f": {text[:500]}" if text else " (empty body)"))
     cls = error_class(status, code)
+    if cls is OpenToolCalls:
+        ids = error.get("call_ids") if isinstance(error, dict) else None
+        ids = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+        return OpenToolCalls(code, message, status, call_ids=ids, method=method, path=path)
     return cls(code, message, status, method=method, path=path)
 
 

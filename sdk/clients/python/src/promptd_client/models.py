@@ -219,13 +219,15 @@ class StepDiff:
     prompt cache could reuse. ``previous`` compares it with step n-1 and ``same_header`` with
     the last earlier step of the same header (each ``{step, bytes, shared_bytes,
     prefix_kept, first_divergence}``, or None); ``causes`` say why the prefix broke or that
-    it was kept; ``cached_share`` is the best of the two, by ``bytes`` (and ``tokens``)."""
+    it was kept, and ``breaks_cache`` whether it broke (step n-1's request is not a prefix of
+    step n's); ``cached_share`` is the best of the two, by ``bytes`` (and ``tokens``)."""
 
     step: int
     format: str
     bytes: int
     cached_share: Dict[str, Any]
     causes: List[str]
+    breaks_cache: bool
     notes: List[str]
     previous: Optional[Dict[str, Any]]
     same_header: Optional[Dict[str, Any]]
@@ -235,7 +237,9 @@ class StepDiff:
     def of(cls, value: Dict[str, Any]) -> "StepDiff":
         return cls(step=value["step"], format=value["format"], bytes=value["bytes"],
                    cached_share=value.get("cached_share") or {},
-                   causes=list(value.get("causes") or []), notes=list(value.get("notes") or []),
+                   causes=list(value.get("causes") or []),
+                   breaks_cache=bool(value.get("breaks_cache", False)),
+                   notes=list(value.get("notes") or []),
                    previous=value.get("previous"), same_header=value.get("same_header"),
                    raw=value)
 
