@@ -870,7 +870,7 @@ async fn replay(
 /// ends the stream: the client resyncs from `GET /v1/plugins` and reconnects.
 #[utoipa::path(get, path = "/v1/events", tag = "plugins",
     params(
-        ("since" = Option<String>, Query, description = "Replay the events after this seq (or send `Last-Event-ID`); `now`: only events from now on, nothing replayed; anything else: 400"),
+        ("since" = Option<String>, Query, pattern = "^([0-9]{1,19}|now)$", description = "Replay the events after this seq (or send `Last-Event-ID`); `now`: only events from now on, nothing replayed; anything else: 400"),
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event (before `since`); not a seq: 400"),
     ),
     responses((status = 200, description = "A server-sent event stream (the schema describes each event): a registry change's `id` is its seq, its `event` the change kind (`load`, `reload`, `unload`, `refused`, `quarantine`) and its `data` the change as JSON (`RegistryEvent`); a `lagged` event, whose `data` is `{\"missed\": N}` (`Lagged`), ends the stream", content_type = "text/event-stream", body = api::RegistryStreamEvent), api::Errors))]
