@@ -1239,3 +1239,71 @@ fn h6_connections_beyond_the_bound_wait_for_a_free_slot() {
     assert_eq!(d.get("/v1/health").0, 200);
     assert!(started.elapsed() < Duration::from_millis(700));
 }
+
+/// H6: a request body sent slowly is cut at `body_timeout_ms` from the end of its head (a
+/// byte every 50 ms still counts as late): the client gets 408 `body_timeout`, the connection
+/// closes, nothing is recorded, and the daemon serves others meanwhile.
+#[test]
+fn h6_a_body_sent_slowly_is_answered_408_at_the_body_timeout() {
+    use std::io::{Read, Write};
+    let folder = bundled();
+    let config = folder.config(&format!(
+        "{CONFIG}[limits]\nbody_timeout_ms = 600\nheader_timeout_ms = 200\n"
+    ));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    let body = r#"{"agent":"default"}"#;
+    write!(
+        slow,
+        "POST /v1/sessions HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let mut sent = 0;
+    let closed = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no answer after 10 s: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        // One byte every 50 ms, never the last: 19 bytes would take 950 ms.
+        if sent + 1 < body.len() {
+            let _ = slow.write_all(&body.as_bytes()[sent..=sent]);
+            sent += 1;
+        }
+        let mut buf = [0u8; 4096];
+        match slow.read(&mut buf) {
+            Ok(0) => break started.elapsed(),
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break started.elapsed(),
+        }
+        // A normal client is served while the slow body is pending.
+        if sent == 4 {
+            assert_eq!(d.get("/v1/health").0, 200);
+        }
+    };
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
+    assert!(
+        answer.contains("did not arrive within 600 ms (limits.body_timeout_ms)"),
+        "{answer}"
+    );
+    assert!(
+        closed >= Duration::from_millis(500) && closed < Duration::from_secs(5),
+        "closed after {closed:?}, expected at about 600 ms"
+    );
+    let sessions = d.ok("GET", "/v1/sessions", None);
+    assert_eq!(sessions["sessions"], json!([]), "nothing was recorded");
+}

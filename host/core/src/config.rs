@@ -264,6 +264,9 @@ pub struct LimitsConfig {
     /// Time a daemon connection with no request in flight may wait for the next one, in
     /// milliseconds (default 60000; H6).
     pub idle_timeout_ms: Option<u64>,
+    /// Time a request's body has to arrive whole, from the end of its head, in milliseconds
+    /// (default 60000; H6): a body sent slowly cannot hold a connection.
+    pub body_timeout_ms: Option<u64>,
     /// Most connections the daemon keeps open; more wait to be accepted (default 512; H6).
     pub max_connections: Option<u64>,
     /// Most sections one plugin may declare (default 1000).
@@ -948,7 +951,12 @@ mod tests {
         assert_eq!(c.header_timeout(), std::time::Duration::from_millis(250));
         assert_eq!(c.idle_timeout(), std::time::Duration::from_millis(500));
         assert_eq!(c.max_connections(), 8);
-        for key in ["header_timeout_ms", "idle_timeout_ms", "max_connections"] {
+        for key in [
+            "header_timeout_ms",
+            "idle_timeout_ms",
+            "body_timeout_ms",
+            "max_connections",
+        ] {
             let err = Config::parse(&format!("[limits]\n{key} = 0\n"), "t").unwrap_err();
             assert_eq!(err.code(), "config_invalid");
             assert!(

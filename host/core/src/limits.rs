@@ -39,6 +39,8 @@ pub mod defaults {
     pub const HEADER_TIMEOUT_MS: u64 = 10_000;
     /// `idle_timeout_ms`: time an idle connection may wait for its next request (H6).
     pub const IDLE_TIMEOUT_MS: u64 = 60_000;
+    /// `body_timeout_ms`: time a request's body has to arrive whole, from its head (H6).
+    pub const BODY_TIMEOUT_MS: u64 = 60_000;
     /// `max_connections`: connections kept open at once (H6).
     pub const MAX_CONNECTIONS: u64 = 512;
     /// `max_sections`: sections one plugin may declare.
@@ -64,7 +66,7 @@ pub mod defaults {
     pub const LOG_LINES_PER_S: u64 = 100;
 
     /// Every `[limits]` key and its default, in docs/configuration.md's order.
-    pub const ALL: [(&str, u64); 21] = [
+    pub const ALL: [(&str, u64); 22] = [
         ("timeout_ms", TIMEOUT_MS),
         ("memory_mb", MEMORY_MB),
         ("max_output_kb", MAX_OUTPUT_KB),
@@ -85,6 +87,7 @@ pub mod defaults {
         ("session_cache_mb", SESSION_CACHE_MB),
         ("header_timeout_ms", HEADER_TIMEOUT_MS),
         ("idle_timeout_ms", IDLE_TIMEOUT_MS),
+        ("body_timeout_ms", BODY_TIMEOUT_MS),
         ("max_connections", MAX_CONNECTIONS),
     ];
 }
@@ -107,6 +110,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Time a connection with no request in flight may wait for the next one (H6).
     pub idle_timeout: Duration,
+    /// Time a request's body has to arrive whole, from the end of its head (H6).
+    pub body_timeout: Duration,
     /// Most connections kept open at once (H6).
     pub max_connections: usize,
     /// Consecutive failed calls after which a plugin is quarantined; `None`: never (L3).
@@ -121,6 +126,7 @@ impl Default for Limits {
             session_cache_bytes: (defaults::SESSION_CACHE_MB << 20) as usize,
             header_timeout: Duration::from_millis(defaults::HEADER_TIMEOUT_MS),
             idle_timeout: Duration::from_millis(defaults::IDLE_TIMEOUT_MS),
+            body_timeout: Duration::from_millis(defaults::BODY_TIMEOUT_MS),
             max_connections: defaults::MAX_CONNECTIONS as usize,
             quarantine_after: Some(defaults::QUARANTINE_AFTER),
         }

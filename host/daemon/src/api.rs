@@ -739,6 +739,10 @@ pub enum Errors {
     /// Another writer appended to the session (`store_conflict`).
     #[response(status = 409)]
     Conflict(ErrorReply),
+    /// A request body that did not arrive whole within `[limits] body_timeout_ms`
+    /// (`body_timeout`); the connection is closed.
+    #[response(status = 408)]
+    RequestTimeout(ErrorReply),
     /// A body over `[limits] max_body_mb` (`body_too_large`).
     #[response(status = 413)]
     PayloadTooLarge(ErrorReply),

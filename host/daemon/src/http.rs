@@ -218,7 +218,15 @@ impl From<DaemonError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": self.body});
-        json_bytes(self.status, body.to_string())
+        let mut response = json_bytes(self.status, body.to_string());
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of a late body may still come: the connection ends with this answer.
+            response.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 }
 
@@ -271,11 +279,30 @@ async fn blocking<T: Send + 'static>(
 
 /// Parses a JSON body strictly, with errors that name the problem. Every body is a JSON object:
 /// serde would also read a struct from a list of its fields' values (`[]` for a session).
+/// The [`crate::server::BodyTimeout`] behind a body that could not be read, if that was why.
+fn body_timeout(rejection: &BytesRejection) -> Option<&crate::server::BodyTimeout> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(e) = cause {
+        if let Some(late) = e.downcast_ref::<crate::server::BodyTimeout>() {
+            return Some(late);
+        }
+        cause = e.source();
+    }
+    None
+}
+
 pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<T, ApiError> {
     let bytes = body.map_err(|r| {
+        if let Some(late) = body_timeout(&r) {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                late.to_string(),
+            );
+        }
         let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             "body_too_large"
         } else {

@@ -59,14 +59,18 @@ pub struct Timeouts {
     pub header: Duration,
     /// Between the end of a response and the first byte of the next request.
     pub idle: Duration,
+    /// From the end of a request's head to the end of its body.
+    pub body: Duration,
 }
 
 impl Timeouts {
-    /// The timeouts of `config`'s `[limits]` (`header_timeout_ms`, `idle_timeout_ms`).
+    /// The timeouts of `config`'s `[limits]` (`header_timeout_ms`, `idle_timeout_ms`,
+    /// `body_timeout_ms`).
     pub fn of(config: &Config) -> Timeouts {
         Timeouts {
             header: config.header_timeout(),
             idle: config.idle_timeout(),
+            body: config.body_timeout(),
         }
     }
 }
@@ -172,7 +176,8 @@ where
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         // In flight from here until hyper drops the response body, i.e. has sent all of it.
         let busy = Busy::begin(&tracked);
-        let response = app.call(request);
+        // The body's own deadline: a request in flight is not the watchdog's to close.
+        let response = app.call(request.map(|body| TimedBody::new(body, timeouts.body)));
         async move {
             let response = response.await?;
             Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy }))
@@ -309,6 +314,56 @@ impl HttpBody for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body read past its deadline ends in [`BodyTimeout`]: a body sent slowly cannot
+/// hold a connection (and its handler) longer than `[limits] body_timeout_ms`.
+struct TimedBody {
+    body: Incoming,
+    limit: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl TimedBody {
+    fn new(body: Incoming, limit: Duration) -> Self {
+        TimedBody {
+            body,
+            limit,
+            deadline: Box::pin(tokio::time::sleep(limit)),
+        }
+    }
+}
+
+/// A request body did not arrive whole within `[limits] body_timeout_ms`.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {} ms (limits.body_timeout_ms)", .0.as_millis())]
+pub struct BodyTimeout(pub Duration);
+
+impl HttpBody for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match this.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout(this.limit))))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {

@@ -192,6 +192,9 @@ impl Config {
             idle_timeout: l
                 .idle_timeout_ms
                 .map_or(d.idle_timeout, std::time::Duration::from_millis),
+            body_timeout: l
+                .body_timeout_ms
+                .map_or(d.body_timeout, std::time::Duration::from_millis),
             max_connections: l.max_connections.map_or(d.max_connections, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             }),
@@ -228,6 +231,11 @@ impl Config {
     /// How long a daemon connection with no request in flight may wait for the next (H6).
     pub fn idle_timeout(&self) -> std::time::Duration {
         self.limits().idle_timeout
+    }
+
+    /// How long a request's body has to arrive whole, from the end of its head (H6).
+    pub fn body_timeout(&self) -> std::time::Duration {
+        self.limits().body_timeout
     }
 
     /// Most connections the daemon keeps open at once (H6).
