@@ -388,3 +388,47 @@ fn blocking_threads_bound_the_threads_concurrent_steps_take() {
         "{stderr}"
     );
 }
+
+/// Cancellation: a client that disconnects while its step is assembling (an optional plugin's
+/// dynamic section spins until its 1.5 s deadline, after which the step would go on without
+/// it) gets nothing recorded; the plugin call runs out its deadline and its result is dropped;
+/// the session stays usable and its next step records as usual.
+#[test]
+fn a_client_that_disconnects_while_its_step_assembles_gets_nothing_recorded() {
+    use std::io::Write;
+    let folder = Folder::new().scripted("s").scripted("slow");
+    let (d, _s) = folder.serve(
+        "[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n\
+         [plugins.slow]\noptional = true\ntimeout_ms = 1500\n\
+         config = { \"loop_section.spin\" = \"1\" }\n",
+    );
+    let id = d.session("default");
+    let events = |d: &Served| d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    let before = events(&d);
+
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let body = json!({"messages": [{"role": "user", "content": "never recorded"}]}).to_string();
+    let mut client = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        client,
+        "POST /v1/sessions/{id}/steps HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Gone while the slow section spins.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client);
+    // Past the deadline: without cancellation the step would have been recorded by now.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(events(&d), before, "a cancelled step records nothing");
+
+    // The session stays usable: the next step records its message (and not the other).
+    let (status, v) = d.post(
+        &format!("/v1/sessions/{id}/steps"),
+        &json!({"messages": [{"role": "user", "content": "recorded"}]}).to_string(),
+    );
+    assert_eq!(status, 200, "{v}");
+    let after = events(&d).to_string();
+    assert!(after.contains("recorded"), "{after}");
+    assert!(!after.contains("never recorded"), "{after}");
+}

@@ -63,6 +63,10 @@ pub enum DaemonError {
     #[error("cannot start the watcher thread: {0}")]
     WatchThread(#[source] std::io::Error),
 
+    /// The client went away before its step was recorded: nothing was (issue 32).
+    #[error("the client disconnected before the step was recorded; nothing was recorded")]
+    Cancelled,
+
     /// A step came before the first load of the plugin folder finished.
     #[error(
         "the daemon is still loading its plugins ({loaded} of {total} files); try again shortly"
@@ -138,6 +142,7 @@ impl DaemonError {
             DaemonError::ConfigRead { .. } => "config_read",
             DaemonError::Watch { .. } | DaemonError::WatchThread(_) => "watch",
             DaemonError::Loading { .. } => "loading",
+            DaemonError::Cancelled => "cancelled",
             DaemonError::ReplayCandidate { .. } => "replay_candidate",
             DaemonError::ToolCallNotFound(_) => "unknown_tool_call",
             DaemonError::ToolCallClosed(_) => "tool_call_answered",

@@ -198,6 +198,8 @@ fn status(e: &DaemonError) -> StatusCode {
         DaemonError::Loading { .. } | DaemonError::PluginSetBehind { .. } => {
             StatusCode::SERVICE_UNAVAILABLE
         }
+        // Nobody reads it: the client is gone (nginx's "client closed request").
+        DaemonError::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
         DaemonError::PluginSetFiles { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         DaemonError::ToolCallNotFound(_) => StatusCode::NOT_FOUND,
         DaemonError::ToolCallClosed(_) | DaemonError::ToolNotRunnable { .. } => {
@@ -569,13 +571,17 @@ async fn step(
     // An `api::StepReply` built by hand around the body, so the `request` bytes are exactly
     // what GET …/request returns (Q4), and the session's kept fragments (megabytes in a long
     // session) are written to the socket as they are, not copied into one buffer.
+    // Set when this handler is dropped before the step finished (the client disconnected):
+    // the step then records nothing (issue 32, cancellation).
+    let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut guard = CancelOnDrop(Some(cancelled.clone()));
     let response = blocking(move || {
         let mut out = Pieces::default();
         out.text(match since {
             Some(_) => "{\"parts\":",
             None => "{\"request\":",
         });
-        let (n, usage) = daemon.step_into(&id, input, format, since, &mut out)?;
+        let (n, usage) = daemon.step_into(&id, input, format, since, &cancelled, &mut out)?;
         let usage = serde_json::to_string(&usage).map_err(|e| {
             promptd_core::Error::Store(promptd_core::store::StoreError::backend(
                 "writing a step's usage",
@@ -590,12 +596,25 @@ async fn step(
         Ok(out)
     })
     .await?;
+    guard.0 = None; // finished: nothing to cancel
     Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
         axum::body::Body::new(crate::reply_body::PiecesBody::from(response)),
     )
         .into_response())
+}
+
+/// Sets its flag when dropped, unless disarmed: a handler dropped mid-await (hyper drops it
+/// when the client disconnects) tells its blocking work to stop.
+struct CancelOnDrop(Option<Arc<std::sync::atomic::AtomicBool>>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0.take() {
+            flag.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 /// Per step, the budget's estimate against the usage the provider reported; totals.

@@ -2,6 +2,7 @@
 //! ([`promptd_core::step::plan`]) and records what it plans (Q1–Q6, Q14, Q18).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -180,26 +181,31 @@ impl Daemon {
     /// log renders (Q4), spliced from the session's cached fragments.
     pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
         let mut body = Pieces::default();
-        let (n, _) = self.step_into(id, input.clone(), format, None, &mut body)?;
+        let never = AtomicBool::new(false);
+        let (n, _) = self.step_into(id, input.clone(), format, None, &never, &mut body)?;
         Ok((n, body.into_string()))
     }
 
     /// [`Daemon::step`], with the body appended to `out` (the HTTP layer writes its envelope
     /// around it, and hands the session's kept fragments to the socket as they are, issue 31);
     /// with `since`, the body's parts relative to that step instead
-    /// (`SessionState::render_parts_into`).
+    /// (`SessionState::render_parts_into`). Once `cancelled` is set (the client went away),
+    /// the step stops before its append and records nothing: `DaemonError::Cancelled`.
     pub fn step_into(
         &self,
         id: &str,
         input: StepInput,
         format: Format,
         since: Option<u64>,
+        cancelled: &AtomicBool,
         out: &mut Pieces,
     ) -> Result<(u64, Usage)> {
         let started = Instant::now();
-        let result = self.step_inner(id, input, format, since, out);
+        let result = self.step_inner(id, input, format, since, cancelled, out);
         let error = match &result {
             Err(DaemonError::Core(e)) => Some(e),
+            // Neither served nor failed: nobody asked any more.
+            Err(DaemonError::Cancelled) => return result,
             _ => None,
         };
         self.metrics.step(started.elapsed(), error);
@@ -213,9 +219,18 @@ impl Daemon {
         input: StepInput,
         format: Format,
         since: Option<u64>,
+        cancelled: &AtomicBool,
         out: &mut Pieces,
     ) -> Result<(u64, Usage)> {
+        let gone = || {
+            if cancelled.load(Ordering::Acquire) {
+                Err(DaemonError::Cancelled)
+            } else {
+                Ok(())
+            }
+        };
         self.wait_ready(STEP_WAITS_FOR_LOADING)?;
+        gone()?;
         let _held = self.locks.hold(id);
         let mut taken = self.session(id)?;
         // One snapshot of the registry and the plan for the whole step (H2).
@@ -251,6 +266,9 @@ impl Daemon {
             format,
         )?;
         let events = planned.encode()?;
+        // The last point before anything is recorded: plugin calls made for a client that went
+        // away (they ran to their deadline) are dropped here.
+        gone()?;
         let usage = planned.take_usage().unwrap_or_default();
         let n = planned.step;
         let held = planned.held().to_vec();
