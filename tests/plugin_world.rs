@@ -454,6 +454,42 @@ fn q18_a_redacting_review_changes_what_is_recorded_returned_and_rebuilt() {
     );
 }
 
+/// Q18 covers what is recorded between steps too: a model's reply or a tool's output sent to
+/// `POST …/messages` goes through the same hooks. A reply a hook rejects is refused with
+/// nothing recorded (a reply is never redacted: the provider sent it); a tool's output is
+/// redacted before it is recorded.
+#[test]
+fn q18_messages_recorded_between_steps_are_reviewed_too() {
+    let folder = Folder::new().scripted("guard");
+    let (d, _state) = folder.serve(GUARD);
+    let id = d.session("default");
+    let (status, body) = step_with(&d, &id, json!([{"role": "user", "content": "hello"}]));
+    assert_eq!(status, 200, "{body}");
+    let before = events(&d, &id);
+    let reply = json!({"role": "assistant", "content": "here is the forbidden word"});
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/messages"), &reply.to_string());
+    assert_eq!(status, 422, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["code"], "review_rejected", "{text}");
+    assert_eq!(events(&d, &id), before, "nothing is recorded");
+
+    let call = json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "read", "arguments": {}}]});
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/messages"), &call.to_string());
+    assert_eq!(status, 201, "{text}");
+    let output = json!({"role": "tool", "tool_call_id": "c1", "content": "PASS=hunter2"});
+    let (status, text) = d.post(&format!("/v1/sessions/{id}/messages"), &output.to_string());
+    assert_eq!(status, 201, "{text}");
+    let log = serde_json::to_string(&events(&d, &id)).unwrap();
+    assert!(!log.contains("hunter2"), "the log holds no secret: {log}");
+    assert!(log.contains("PASS=[redacted]"), "{log}");
+    let (status, body) = step_with(&d, &id, json!([]));
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["request"].to_string().contains("PASS=[redacted]"),
+        "{body}"
+    );
+}
+
 #[test]
 fn q18_hooks_run_by_order_then_id_and_a_failing_hook_fails_closed() {
     let folder = Folder::new()

@@ -223,7 +223,8 @@ pub fn plan_assembled(
     }
     // Q18: hooks may reject the step or redact its new messages; redacted ones are checked
     // again (a redaction may lengthen a text).
-    let messages = match review(registry, step, &messages, assembled)? {
+    let shown = |current: &[Message]| crate::assembly::review::input(current, assembled);
+    let messages = match review(registry, step, &messages, shown)? {
         Some(redacted) => {
             for (i, m) in redacted.iter().enumerate() {
                 content_of(m).check(limits).map_err(|e| e.at_message(i))?;
@@ -506,7 +507,7 @@ fn review(
     registry: &Registry,
     step: &Step,
     messages: &[Message],
-    assembled: &Assembly,
+    shown: impl Fn(&[Message]) -> crate::plugin::provider::ReviewInput,
 ) -> Result<Option<Vec<Message>>> {
     if !registry
         .plugins()
@@ -528,7 +529,7 @@ fn review(
             cause,
             trapped,
         };
-        let input = crate::assembly::review::input(current, assembled);
+        let input = shown(current);
         let verdict = hook.provider.review(step, &input).map_err(|e| {
             let trapped = matches!(e, crate::plugin::provider::CallError::Trapped(_));
             failed(e.cause().to_string(), trapped)
@@ -549,6 +550,40 @@ fn review(
         }
     }
     Ok(redacted)
+}
+
+/// Q18 for a message recorded between steps (the model's reply, or a tool's output sent to
+/// `POST …/messages`): the same hooks, in the same order and within the same bounds as a
+/// step's, shown `message` with what the session's last step was assembled with (its system
+/// prompt, runtime context and tools shown) and that step's number. A rejection or a failed
+/// hook refuses the message; a redaction applies to a tool's output (a reply is shown, never
+/// changed: the provider sent it) and is checked against the content limits again.
+pub fn review_recorded(
+    registry: &Registry,
+    agent: &AgentPlan,
+    state: &SessionState,
+    message: Message,
+) -> Result<Message> {
+    let step = step_for(agent, state.session_id(), state.steps(), BTreeMap::new());
+    let header = state.header();
+    let shown = |current: &[Message]| crate::plugin::provider::ReviewInput {
+        messages: crate::assembly::review::shown_messages(current),
+        system: header.map(|h| h.system.clone()).unwrap_or_default(),
+        runtime_context: state.snapshot_text().map(str::to_string),
+        tools: match (state.shown_tools(), header) {
+            (Some(shown), _) => shown.to_vec(),
+            (None, Some(h)) => h.tools.iter().map(|t| t.name.clone()).collect(),
+            (None, None) => Vec::new(),
+        },
+    };
+    match review(registry, &step, std::slice::from_ref(&message), shown)? {
+        Some(mut redacted) if redacted.len() == 1 => {
+            let message = redacted.remove(0);
+            content_of(&message).check(&agent.content_limits)?;
+            Ok(message)
+        }
+        _ => Ok(message),
+    }
 }
 
 /// The blocks a user message or tool result carries (none for a reply).

@@ -334,7 +334,10 @@ impl Daemon {
         let mut taken = self.session(id)?;
         let plan = self.agent_plan(&taken.get().agent)?;
         let shown = &plan.tool_results;
-        let mut message = message.clone();
+        // Q18: the review hooks see what is recorded between steps too, in the same order.
+        let registry = self.registry();
+        let mut message =
+            step::review_recorded(&registry, &plan, &taken.get().state, message.clone())?;
         session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
         taken.get().state.check_message(&message)?;
         let mut blocks = None;

@@ -43,7 +43,21 @@ fn texts(content: &Content) -> Vec<String> {
 
 /// What a hook is shown for `messages` (the step's new ones) and `assembly`.
 pub fn input(messages: &[Message], assembly: &Assembly) -> ReviewInput {
-    let messages = messages
+    let tools = match &assembly.shown_tools {
+        Some(shown) => shown.clone(),
+        None => assembly.tools.iter().map(|t| t.name.clone()).collect(),
+    };
+    ReviewInput {
+        messages: shown_messages(messages),
+        system: assembly.system.clone(),
+        runtime_context: assembly.runtime_context.clone(),
+        tools,
+    }
+}
+
+/// `messages` as a hook is shown them.
+pub fn shown_messages(messages: &[Message]) -> Vec<ReviewMessage> {
+    messages
         .iter()
         .map(|m| match m {
             Message::User { content, .. } => ReviewMessage {
@@ -66,17 +80,7 @@ pub fn input(messages: &[Message], assembly: &Assembly) -> ReviewInput {
                 tool_call_id: tool_call_id.clone(),
             },
         })
-        .collect();
-    let tools = match &assembly.shown_tools {
-        Some(shown) => shown.clone(),
-        None => assembly.tools.iter().map(|t| t.name.clone()).collect(),
-    };
-    ReviewInput {
-        messages,
-        system: assembly.system.clone(),
-        runtime_context: assembly.runtime_context.clone(),
-        tools,
-    }
+        .collect()
 }
 
 fn redact_text(text: &mut String, rules: &[Redaction]) -> Result<(), String> {

@@ -339,6 +339,11 @@ impl SessionState {
         Ok(())
     }
 
+    /// The session's id.
+    pub fn session_id(&self) -> &str {
+        &self.session
+    }
+
     /// The secret this session's data blocks are keyed with (T8). Sessions created before
     /// the secret was recorded use their id: stable, but weaker, since a plugin sees the id.
     pub fn data_secret(&self) -> &std::sync::Arc<str> {
