@@ -14,7 +14,11 @@
 //! (one `stat` each) after every commit, before acknowledging anything, and before every read:
 //! when a path no longer leads to the file the store has open, the store is lost for good —
 //! every later call fails with a `store` error saying which file and why, one error line is
-//! logged, and [`SessionStore::health`] reports it.
+//! logged, and [`SessionStore::health`] reports it. A database overwritten *in place* (`cp
+//! other.db s.db` keeps the inode) is caught by its content instead: the writer remembers the
+//! database file's SQLite header (its first 100 bytes: change counter, page count, schema
+//! cookie…) and size as its own last commit left them, and before writing a batch and before
+//! acknowledging one, a file that is no longer so was written by someone else: lost too.
 //!
 //! Each event row carries its body's format version (`body_version`). Databases written by
 //! 0.1.0 had no such column: opening one adds it with the default 1, which is what those rows
@@ -157,6 +161,7 @@ impl SqliteStore {
         // long as the writer's connection is open: SQLite removes them only when the last
         // connection closes.
         let files = Arc::new(Files::open(path)?);
+        files.settled(lock(&files.left))?;
         let fail_commits = Arc::new(AtomicU32::new(0));
         let (jobs, rx) = mpsc::channel();
         let failing = fail_commits.clone();
@@ -248,6 +253,33 @@ struct Files {
     open: Vec<(PathBuf, FileId)>,
     /// Why the store is lost, once it is: set once, never cleared (a restart reopens).
     lost: OnceLock<String>,
+    /// The database file, read-only, to see its content as it is on disk.
+    main: std::fs::File,
+    /// Its header and size as this store's writes last left them. Held from a write's check
+    /// to its settling, so one of our own writes is never taken for a stranger's (the
+    /// writer's batches and `publish_set`'s own transaction both write the file).
+    left: Mutex<Option<Content>>,
+}
+
+/// What the store checks of the database file's content: SQLite's 100-byte header and the
+/// file's size.
+#[derive(Clone, PartialEq, Eq)]
+struct Content {
+    header: Vec<u8>,
+    size: u64,
+}
+
+fn content(file: &std::fs::File) -> std::io::Result<Content> {
+    let mut header = vec![0u8; 100];
+    #[cfg(unix)]
+    let read = std::os::unix::fs::FileExt::read_at(file, &mut header, 0)?;
+    #[cfg(not(unix))]
+    let read = 0;
+    header.truncate(read);
+    Ok(Content {
+        header,
+        size: file.metadata()?.len(),
+    })
 }
 
 impl Files {
@@ -267,10 +299,61 @@ impl Files {
                 .map_err(|e| StoreError::backend(format!("reading {}", file.display()), e))?;
             open.push((file, id));
         }
+        let main = std::fs::File::open(&real)
+            .map_err(|e| StoreError::backend(format!("opening {}", real.display()), e))?;
         Ok(Files {
             open,
             lost: OnceLock::new(),
+            main,
+            left: Mutex::new(None),
         })
+    }
+
+    /// A write's check before it writes: the inodes ([`Files::check`]), then that the
+    /// database file holds what the last write left. The guard returned is given back to
+    /// [`Files::settled`] once the write committed.
+    fn check_written(&self) -> Result<std::sync::MutexGuard<'_, Option<Content>>, StoreError> {
+        self.check()?;
+        let left = lock(&self.left);
+        let now = content(&self.main)
+            .map_err(|e| StoreError::backend("reading the database header", e))?;
+        match &*left {
+            Some(was) if *was != now => {
+                let path = &self.open[0].0;
+                let why = format!(
+                    "{} was overwritten in place while open (its SQLite header or size changed                      from what this store last wrote: {} → {} bytes)",
+                    path.display(),
+                    was.size,
+                    now.size
+                );
+                drop(left);
+                Err(self.lose(path, why))
+            }
+            _ => Ok(left),
+        }
+    }
+
+    /// Records the database file's content as our write (holding `left`) left it.
+    fn settled(
+        &self,
+        mut left: std::sync::MutexGuard<'_, Option<Content>>,
+    ) -> Result<(), StoreError> {
+        let now = content(&self.main)
+            .map_err(|e| StoreError::backend("reading the database header", e))?;
+        *left = Some(now);
+        Ok(())
+    }
+
+    /// Marks the store lost for `why` (logged once) and returns the error every call gets.
+    fn lose(&self, path: &Path, why: String) -> StoreError {
+        if self.lost.set(why.clone()).is_ok() {
+            tracing::error!(
+                path = %path.display(),
+                "session store lost: {why}; nothing written since is on disk, so nothing \
+                 is acknowledged any more: restart promptd to reopen the database"
+            );
+        }
+        lost(self.lost.get().unwrap_or(&why))
     }
 
     /// Fails when any path no longer leads to the file the store has open: one `stat` per
@@ -297,14 +380,7 @@ impl Files {
                     ))
                 }
             };
-            if self.lost.set(why.clone()).is_ok() {
-                tracing::error!(
-                    path = %path.display(),
-                    "session store lost: {why}; nothing written since is on disk, so nothing \
-                     is acknowledged any more: restart promptd to reopen the database"
-                );
-            }
-            return Err(lost(self.lost.get().unwrap_or(&why)));
+            return Err(self.lose(path, why));
         }
         Ok(())
     }
@@ -348,10 +424,15 @@ fn write_loop(mut conn: Connection, rx: Receiver<Job>, fail_commits: &AtomicU32,
             conn.commit_hook(Some(|| true));
         }
         // Once lost, nothing more is written: it would go to a file no one will read.
-        let outcome = files.check().and_then(|()| write_batch(&mut conn, &batch));
+        let outcome = files.check_written().and_then(|left| {
+            let results = write_batch(&mut conn, &batch);
+            // Committed to a deleted or replaced file is not on disk: acknowledge nothing.
+            // What the commit (and its checkpoint) left is what the next write expects.
+            files.check()?;
+            files.settled(left)?;
+            results
+        });
         conn.commit_hook(None::<fn() -> bool>);
-        // Committed to a deleted or replaced file is not on disk: acknowledge nothing.
-        let outcome = outcome.and_then(|results| files.check().map(|()| results));
         match outcome {
             Ok(results) => {
                 for (job, result) in batch.into_iter().zip(results) {
@@ -592,38 +673,11 @@ impl SessionStore for SqliteStore {
     }
 
     fn publish_set(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
-        self.files.check()?;
-        // Rare and large: a connection of its own, one immediate transaction.
-        let mut conn = connect(&self.path, false)?;
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(db("beginning the plugin set's transaction"))?;
-        let listed = PluginSet::files_of(files);
-        if let Some(latest) = latest_set(&tx)? {
-            if latest.files == listed {
-                return Ok(latest);
-            }
-        }
-        for (_, bytes) in files {
-            tx.execute(
-                "INSERT OR IGNORE INTO plugin_files (sha256, bytes) VALUES (?1, ?2)",
-                params![promptd_core::store::sha256_hex(bytes), bytes],
-            )
-            .map_err(db("storing a plugin file"))?;
-        }
-        let json = serde_json::to_string(&listed)
-            .map_err(|e| StoreError::backend("encoding the plugin set", e))?;
-        tx.execute(
-            "INSERT INTO plugin_sets (created_ms, files) VALUES (?1, ?2)",
-            params![now_ms() as i64, json],
-        )
-        .map_err(db("storing the plugin set"))?;
-        let version = tx.last_insert_rowid() as u64;
-        tx.commit().map_err(db("committing the plugin set"))?;
-        Ok(PluginSet {
-            version,
-            files: listed,
-        })
+        // Its commit may checkpoint into the database file: checked and settled as a write.
+        let left = self.files.check_written()?;
+        let published = self.publish_set_in(files)?;
+        self.files.settled(left)?;
+        Ok(published)
     }
 
     fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
@@ -710,6 +764,43 @@ fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, St
         });
     }
     Ok(events)
+}
+
+impl SqliteStore {
+    /// [`SessionStore::publish_set`]'s transaction.
+    fn publish_set_in(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
+        // Rare and large: a connection of its own, one immediate transaction.
+        let mut conn = connect(&self.path, false)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("beginning the plugin set's transaction"))?;
+        let listed = PluginSet::files_of(files);
+        if let Some(latest) = latest_set(&tx)? {
+            if latest.files == listed {
+                return Ok(latest);
+            }
+        }
+        for (_, bytes) in files {
+            tx.execute(
+                "INSERT OR IGNORE INTO plugin_files (sha256, bytes) VALUES (?1, ?2)",
+                params![promptd_core::store::sha256_hex(bytes), bytes],
+            )
+            .map_err(db("storing a plugin file"))?;
+        }
+        let json = serde_json::to_string(&listed)
+            .map_err(|e| StoreError::backend("encoding the plugin set", e))?;
+        tx.execute(
+            "INSERT INTO plugin_sets (created_ms, files) VALUES (?1, ?2)",
+            params![now_ms() as i64, json],
+        )
+        .map_err(db("storing the plugin set"))?;
+        let version = tx.last_insert_rowid() as u64;
+        tx.commit().map_err(db("committing the plugin set"))?;
+        Ok(PluginSet {
+            version,
+            files: listed,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -935,6 +1026,39 @@ mod tests {
         assert_lost(&store, &id, "s.db was replaced while open");
         // (Not reopened here: SQLite does not checkpoint into a moved database on close, so
         // the old s.db-wal stays beside the new file and would be replayed onto it.)
+    }
+
+    #[test]
+    fn q12_a_database_overwritten_in_place_is_noticed_before_anything_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let other = dir.path().join("other.db");
+        {
+            let other = SqliteStore::open(&other).unwrap();
+            for _ in 0..50 {
+                new_session(&other);
+            }
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let id = new_session(&store);
+        store.append(&id, 2, &step(1)).unwrap();
+        #[cfg(unix)]
+        let inode = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(&path).unwrap().ino()
+        };
+        // `cp other.db s.db`: the same file (its inode kept), another database's bytes.
+        std::fs::write(&path, std::fs::read(&other).unwrap()).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().ino(),
+                inode,
+                "overwritten in place"
+            );
+        }
+        assert_lost(&store, &id, "s.db was overwritten in place while open");
     }
 
     #[test]
