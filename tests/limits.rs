@@ -432,3 +432,71 @@ fn a_client_that_disconnects_while_its_step_assembles_gets_nothing_recorded() {
     assert!(after.contains("recorded"), "{after}");
     assert!(!after.contains("never recorded"), "{after}");
 }
+
+/// The compiler children of `pid` running now (`promptd compile …`).
+fn compiling(pid: u32) -> usize {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    procs
+        .filter_map(|p| p.ok())
+        .filter(|p| {
+            p.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|p| {
+            let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+            // pid (comm) state ppid …: the comm may hold spaces, so read after its `)`.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            ppid == Some(pid) && String::from_utf8_lossy(&cmdline).contains("compile")
+        })
+        .count()
+}
+
+/// L7: `[limits] compile_memory_total_mb` bounds what compiles reserve together: with it
+/// equal to one compile's `compile_memory_mb`, four plugins loading in parallel (nothing
+/// cached) compile one at a time, and all of them load.
+#[test]
+fn l7_compiles_together_stay_within_compile_memory_total_mb() {
+    let folder = Folder::new()
+        .bundled("identity")
+        .bundled("persona")
+        .bundled("tools")
+        .bundled("workspace");
+    let config = folder.config(
+        "[limits]\ncompile_memory_mb = 1024\ncompile_memory_total_mb = 1024\n\
+         [agents.default]\n",
+    );
+    let (_tmp, state) = state_dir();
+    let d = Served::start_unready(folder.path(), &config, &state);
+    let pid = d.child.id();
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_secs(60);
+    while d.health()["status"] != "ok" {
+        assert!(Instant::now() < until, "the plugins did not load in 60 s");
+        most = most.max(compiling(pid));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        most >= 1,
+        "no compile was seen: the plugins must not come from a cache"
+    );
+    assert!(
+        most <= 1,
+        "{most} compiles ran at once within 1024 MiB of 1024 each"
+    );
+    let plugins = d.ok("GET", "/v1/plugins", None);
+    let loaded = plugins["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["state"] == "loaded")
+        .count();
+    assert_eq!(loaded, 4, "{plugins}");
+}

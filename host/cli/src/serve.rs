@@ -87,7 +87,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let store = open_store(&config, state)?;
     let engine = WasmEngine::new()?
         .with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?
-        .with_compiler(crate::compiler()?);
+        .with_compiler(crate::compiler()?.with_memory_total(config.compile_memory_total()));
     if follow {
         std::fs::create_dir_all(&dir).map_err(|source| CliError::Folder {
             path: dir.clone(),

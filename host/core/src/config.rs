@@ -267,6 +267,9 @@ pub struct LimitsConfig {
     /// Time a request's body has to arrive whole, from the end of its head, in milliseconds
     /// (default 60000; H6): a body sent slowly cannot hold a connection.
     pub body_timeout_ms: Option<u64>,
+    /// Address space of all plugin compiles running at once, in MiB (default 4096; L7): a
+    /// compile waits until its `compile_memory_mb` fits (one larger than this runs alone).
+    pub compile_memory_total_mb: Option<u64>,
     /// Most connections the daemon keeps open; more wait to be accepted (default 512; H6).
     pub max_connections: Option<u64>,
     /// Most sections one plugin may declare (default 1000).

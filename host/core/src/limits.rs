@@ -27,6 +27,8 @@ pub mod defaults {
     pub const COMPILE_TIMEOUT_MS: u64 = 120_000;
     /// `compile_memory_mb`: address space of the process compiling one plugin.
     pub const COMPILE_MEMORY_MB: u64 = 2048;
+    /// `compile_memory_total_mb`: address space of all compiling processes at once.
+    pub const COMPILE_MEMORY_TOTAL_MB: u64 = 4096;
     /// `max_output_kb`: largest text one call may return.
     pub const MAX_OUTPUT_KB: u64 = 1024;
     /// `quarantine_after`: consecutive failed calls before a plugin is quarantined.
@@ -66,7 +68,7 @@ pub mod defaults {
     pub const LOG_LINES_PER_S: u64 = 100;
 
     /// Every `[limits]` key and its default, in docs/configuration.md's order.
-    pub const ALL: [(&str, u64); 22] = [
+    pub const ALL: [(&str, u64); 23] = [
         ("timeout_ms", TIMEOUT_MS),
         ("memory_mb", MEMORY_MB),
         ("max_output_kb", MAX_OUTPUT_KB),
@@ -82,6 +84,7 @@ pub mod defaults {
         ("log_lines_per_s", LOG_LINES_PER_S),
         ("compile_timeout_ms", COMPILE_TIMEOUT_MS),
         ("compile_memory_mb", COMPILE_MEMORY_MB),
+        ("compile_memory_total_mb", COMPILE_MEMORY_TOTAL_MB),
         ("max_body_mb", MAX_BODY_MB),
         ("max_block_kb", MAX_BLOCK_KB),
         ("session_cache_mb", SESSION_CACHE_MB),
@@ -112,6 +115,8 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Time a request's body has to arrive whole, from the end of its head (H6).
     pub body_timeout: Duration,
+    /// Address space of all compiling processes at once, in bytes (L7).
+    pub compile_memory_total_bytes: u64,
     /// Most connections kept open at once (H6).
     pub max_connections: usize,
     /// Consecutive failed calls after which a plugin is quarantined; `None`: never (L3).
@@ -127,6 +132,7 @@ impl Default for Limits {
             header_timeout: Duration::from_millis(defaults::HEADER_TIMEOUT_MS),
             idle_timeout: Duration::from_millis(defaults::IDLE_TIMEOUT_MS),
             body_timeout: Duration::from_millis(defaults::BODY_TIMEOUT_MS),
+            compile_memory_total_bytes: defaults::COMPILE_MEMORY_TOTAL_MB << 20,
             max_connections: defaults::MAX_CONNECTIONS as usize,
             quarantine_after: Some(defaults::QUARANTINE_AFTER),
         }

@@ -13,10 +13,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use promptd_core::load::CacheLookup;
 use promptd_core::plugin::sandbox::Sandbox;
+use promptd_core::sync::lock;
 use promptd_core::Error;
 use wasmtime::component::Component;
 use wasmtime::Engine;
@@ -40,12 +42,72 @@ const STDERR_KEPT: u64 = 16 << 10;
 #[derive(Clone, Debug)]
 pub struct Compiler {
     exe: PathBuf,
+    /// Shared by every compile this compiler (and its clones) runs.
+    budget: Arc<Budget>,
+}
+
+/// The address space all compiling children may reserve at once (`compile_memory_total_mb`):
+/// each takes its own cap (`compile_memory_mb`) from it before it starts and gives it back when
+/// it ends, so parallel loads cannot reserve more together.
+#[derive(Debug)]
+struct Budget {
+    total: u64,
+    used: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl Budget {
+    /// Waits until `bytes` fit (a compile wanting more than the whole budget waits for all of
+    /// it and runs alone); the reservation ends with the guard.
+    fn reserve(&self, bytes: u64) -> Reserved<'_> {
+        let bytes = bytes.min(self.total);
+        let mut used = lock(&self.used);
+        while *used + bytes > self.total {
+            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+        }
+        *used += bytes;
+        Reserved {
+            budget: self,
+            bytes,
+        }
+    }
+}
+
+struct Reserved<'a> {
+    budget: &'a Budget,
+    bytes: u64,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        *lock(&self.budget.used) -= self.bytes;
+        self.budget.freed.notify_all();
+    }
 }
 
 impl Compiler {
-    /// A compiler that runs `exe` (a `promptd` executable).
+    /// A compiler that runs `exe` (a `promptd` executable), its compiles together within the
+    /// default `compile_memory_total_mb`.
     pub fn new(exe: impl Into<PathBuf>) -> Self {
-        Self { exe: exe.into() }
+        Self {
+            exe: exe.into(),
+            budget: Arc::new(Budget {
+                total: promptd_core::limits::defaults::COMPILE_MEMORY_TOTAL_MB << 20,
+                used: Mutex::new(0),
+                freed: Condvar::new(),
+            }),
+        }
+    }
+
+    /// The same compiler, its compiles together within `bytes` of address space
+    /// (`[limits] compile_memory_total_mb`).
+    pub fn with_memory_total(mut self, bytes: u64) -> Self {
+        self.budget = Arc::new(Budget {
+            total: bytes.max(1),
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        });
+        self
     }
 
     /// The running executable. On Linux `/proc/self/exe`, which stays the binary this process
@@ -128,6 +190,16 @@ impl Compiler {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         limit(&mut command, sandbox.compile_memory_bytes);
+        let waiting = Instant::now();
+        let _reserved = self.budget.reserve(sandbox.compile_memory_bytes);
+        if waiting.elapsed() > Duration::from_millis(10) {
+            tracing::debug!(
+                plugin,
+                ms = waiting.elapsed().as_millis() as u64,
+                "compile waited for compile_memory_total_mb"
+            );
+        }
+        // The deadline counts from here: waiting for the budget is not the plugin's time.
         let started = Instant::now();
         let mut child = command
             .spawn()
@@ -397,6 +469,37 @@ mod tests {
     }
 
     #[cfg(unix)]
+    #[test]
+    fn l7_parallel_compiles_reserve_at_most_the_total_together() {
+        let budget = Budget {
+            total: 4 << 30,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        };
+        let (now, most) = (AtomicU64::new(0), AtomicU64::new(0));
+        std::thread::scope(|scope| {
+            for _ in 0..6 {
+                scope.spawn(|| {
+                    let _held = budget.reserve(2 << 30);
+                    let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(running, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(30));
+                    now.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            2,
+            "two 2 GiB compiles fit in 4 GiB"
+        );
+        assert_eq!(*lock(&budget.used), 0, "every reservation was given back");
+        // One larger than the whole budget runs, alone.
+        let held = budget.reserve(8 << 30);
+        assert_eq!(*lock(&budget.used), 4 << 30);
+        drop(held);
+    }
+
     #[test]
     fn l7_exit_statuses_say_what_happened() {
         use std::os::unix::process::ExitStatusExt;

@@ -195,6 +195,11 @@ impl Config {
             body_timeout: l
                 .body_timeout_ms
                 .map_or(d.body_timeout, std::time::Duration::from_millis),
+            compile_memory_total_bytes: l
+                .compile_memory_total_mb
+                .map_or(d.compile_memory_total_bytes, |mb| {
+                    mb.saturating_mul(1 << 20)
+                }),
             max_connections: l.max_connections.map_or(d.max_connections, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             }),
@@ -231,6 +236,11 @@ impl Config {
     /// How long a daemon connection with no request in flight may wait for the next (H6).
     pub fn idle_timeout(&self) -> std::time::Duration {
         self.limits().idle_timeout
+    }
+
+    /// The address space all plugin compiles may take at once, in bytes (L7).
+    pub fn compile_memory_total(&self) -> u64 {
+        self.limits().compile_memory_total_bytes
     }
 
     /// How long a request's body has to arrive whole, from the end of its head (H6).

@@ -62,6 +62,10 @@ impl Config {
         positive("limits.header_timeout_ms", self.limits.header_timeout_ms)?;
         positive("limits.idle_timeout_ms", self.limits.idle_timeout_ms)?;
         positive("limits.body_timeout_ms", self.limits.body_timeout_ms)?;
+        positive(
+            "limits.compile_memory_total_mb",
+            self.limits.compile_memory_total_mb,
+        )?;
         positive("limits.max_connections", self.limits.max_connections)?;
         positive("limits.log_kb_per_call", self.limits.log_kb_per_call)?;
         positive("limits.max_body_mb", self.limits.max_body_mb)?;
