@@ -740,3 +740,109 @@ fn an_optional_server_whose_resource_fails_keeps_its_tools() {
         omitted[0]
     );
 }
+
+/// The kinds of the registry events about `plugin` the daemon holds now (`GET /v1/events`
+/// replays its history; read until the stream goes quiet).
+fn event_kinds(d: &Served, plugin: &str) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let addr = d.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /v1/events?since=0 HTTP/1.1\r\nHost: promptd\r\nAccept: text/event-stream\r\n\r\n"
+    )
+    .unwrap();
+    let mut kinds = Vec::new();
+    let mut kind = String::new();
+    for line in BufReader::new(stream).lines() {
+        let Ok(line) = line else { break };
+        if let Some(k) = line.strip_prefix("event: ") {
+            kind = k.to_string();
+        } else if let Some(data) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+            if v["plugin"] == plugin {
+                kinds.push(kind.clone());
+            }
+        }
+    }
+    kinds
+}
+
+/// A server that fails `max_failures` times in a row is given up on: state `failed` with a
+/// `failed` event naming the count and the last cause, no more restarts (the daemon serves on
+/// without it), until `POST /v1/plugins/mcp:NAME/enable` tries it again.
+#[test]
+fn m5_a_server_that_keeps_failing_is_given_up_after_max_failures() {
+    let folder = plugin_tools(Folder::new());
+    let config = format!(
+        "{LOCAL}{}",
+        fixture_config("exits", "exit", "max_failures = 3")
+    );
+    let (d, _state) = folder.serve(&config);
+    let status = wait_state(&d, "mcp:exits", "failed");
+    let message = status["last_error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("gave up after 3 failures in a row (max_failures)")
+            && message.contains("POST /v1/plugins/mcp:exits/enable"),
+        "{status}"
+    );
+    let kinds = event_kinds(&d, "mcp:exits");
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "failed").count(),
+        1,
+        "{kinds:?}"
+    );
+    // Given up: no more attempts, so no more events.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(
+        event_kinds(&d, "mcp:exits"),
+        kinds,
+        "no restart after failed"
+    );
+    let id = d.session("default");
+    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    assert_eq!(tool_names(&request), ["alpha_tool", "zeta_tool"]);
+
+    // Enabled: tried again, and given up again after three more.
+    d.ok("POST", "/v1/plugins/mcp:exits/enable", None);
+    eventually_within(60, "a second failed event", || {
+        event_kinds(&d, "mcp:exits")
+            .iter()
+            .filter(|k| *k == "failed")
+            .count()
+            == 2
+    });
+}
+
+/// `[mcp.*]` changes apply on a config reload, as plugins' settings do: a server added starts
+/// and serves, a server removed leaves (an `unload` event), without a restart.
+#[test]
+fn m5_mcp_config_changes_apply_on_a_reload() {
+    let folder = plugin_tools(Folder::new());
+    let (d, _state) = folder.serve(&format!("{LOCAL}{}", time_config("time")));
+    wait_state(&d, "mcp:time", "loaded");
+    let id = d.session("default");
+    let first = step(&d, &id, json!([{"role": "user", "content": "one"}]));
+    assert!(tool_names(&first).contains(&"time_get_current_time".to_string()));
+
+    folder.config(&format!("{LOCAL}{}", fixture_config("s", "same", "")));
+    wait_state(&d, "mcp:s", "loaded");
+    eventually_within(60, "mcp:time to leave", || {
+        d.ok("GET", "/v1/plugins", None)["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["id"] != "mcp:time")
+    });
+    assert!(event_kinds(&d, "mcp:time").contains(&"unload".to_string()));
+    let second = step(&d, &id, json!([{"role": "user", "content": "two"}]));
+    let names = tool_names(&second);
+    assert!(
+        !names.iter().any(|n| n.starts_with("time_")),
+        "the removed server's tools are gone: {names:?}"
+    );
+    assert!(names.len() > 2, "the added server's tools serve: {names:?}");
+}

@@ -222,6 +222,10 @@ pub struct McpConfig {
     pub keep_tools: Option<bool>,
     /// K9: `true` defers every tool of the server (found through the provider's tool search).
     pub defer: Option<toml::Value>,
+    /// Failures in a row (connecting, listing, or a connection lost before it lasted 30 s)
+    /// after which the server is given up on: state `failed`, a `failed` event, no more
+    /// restarts until its config changes or `POST /v1/plugins/mcp:NAME/enable` (default 10).
+    pub max_failures: Option<u32>,
 }
 
 impl McpConfig {

@@ -35,6 +35,14 @@ pub trait ToolRunner: Send + Sync {
     fn run(&self, name: &str, arguments: &Value) -> ToolOutcome;
 }
 
+/// Starts, stops and restarts external contributors (the MCP crate's supervisors).
+pub trait ExternalControl: Send + Sync {
+    /// The config changed: start the contributors it adds or changes, stop those it drops.
+    fn config_changed(&self, config: &promptd_core::config::Config);
+    /// `POST /v1/plugins/{id}/enable` for a contributor in state `failed`: try it again.
+    fn restart(&self, id: &str);
+}
+
 /// One external contributor as the daemon keeps it.
 pub(crate) struct External {
     pub(crate) status: PluginStatus,
@@ -143,6 +151,53 @@ impl Daemon {
         }
     }
 
+    /// Registers what starts and stops the external contributors.
+    pub fn set_external_control(&self, control: Arc<dyn ExternalControl>) {
+        *lock(&self.external_control) = Some(control);
+    }
+
+    /// Gives up on the external contributor `id` after it failed too often: it leaves the
+    /// registry as a refused one does (K8: kept slots until a cold point), its state is
+    /// `failed` and a `failed` event says why, until its config changes or it is enabled.
+    pub fn fail_external(&self, id: &str, file: &str, body: ErrorBody) -> RegistryEvent {
+        let _changing = lock(&self.changes);
+        let mut externals = write(&self.externals);
+        let serving = self.registry().get(id).is_some();
+        self.refuse_as(&mut externals, id, file, serving, body, true)
+    }
+
+    /// Drops the external contributor `id` (its config is gone): it leaves the registry and
+    /// the status list, with an `unload` event when it was serving.
+    pub fn remove_external(&self, id: &str) -> Option<RegistryEvent> {
+        let _changing = lock(&self.changes);
+        let known = write(&self.externals).remove(id)?;
+        let registry = self.registry();
+        let serving = registry.get(id).is_some() || registry.kept(id).is_some();
+        if serving {
+            if let Ok(next) = registry.without(id) {
+                self.publish(next);
+            }
+        }
+        tracing::info!(plugin = %id, "unloaded: its config is gone");
+        let sha = known.status.serving_sha256.unwrap_or_default();
+        serving.then(|| {
+            self.events
+                .push(ChangeKind::Unload, id, &known.status.file, &sha, None)
+        })
+    }
+
+    /// `enable` for an external contributor: one in state `failed` is tried again.
+    pub(crate) fn enable_external(&self, id: &str) -> Option<Result<Vec<RegistryEvent>>> {
+        let state = read(&self.externals).get(id).map(|e| e.status.state)?;
+        if state == PluginState::Failed {
+            let control = lock(&self.external_control).clone();
+            if let Some(control) = control {
+                control.restart(id);
+            }
+        }
+        Some(Ok(Vec::new()))
+    }
+
     fn refuse(
         &self,
         externals: &mut std::collections::BTreeMap<String, External>,
@@ -150,6 +205,18 @@ impl Daemon {
         file: &str,
         serving: bool,
         body: ErrorBody,
+    ) -> RegistryEvent {
+        self.refuse_as(externals, id, file, serving, body, false)
+    }
+
+    fn refuse_as(
+        &self,
+        externals: &mut std::collections::BTreeMap<String, External>,
+        id: &str,
+        file: &str,
+        serving: bool,
+        body: ErrorBody,
+        failed: bool,
     ) -> RegistryEvent {
         tracing::warn!(plugin = %id, "refused: {}", body.message);
         self.metrics.plugin_error();
@@ -168,7 +235,9 @@ impl Daemon {
             runner: None,
         });
         let kept = self.registry().kept(id).is_some();
-        known.status.state = if serving || kept {
+        known.status.state = if failed {
+            PluginState::Failed
+        } else if serving || kept {
             PluginState::Stale
         } else {
             PluginState::Refused
@@ -194,8 +263,12 @@ impl Daemon {
         }
         known.status.last_error = Some(body.clone());
         let sha = known.status.serving_sha256.clone().unwrap_or_default();
-        self.events
-            .push(ChangeKind::Refused, id, file, &sha, Some(body))
+        let kind = if failed {
+            ChangeKind::Failed
+        } else {
+            ChangeKind::Refused
+        };
+        self.events.push(kind, id, file, &sha, Some(body))
     }
 
     /// The external contributors' statuses, by id.

@@ -491,7 +491,8 @@ async fn unload(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> A
     }))
 }
 
-/// Brings a quarantined plugin back (loads its file again).
+/// Brings a quarantined plugin back (loads its file again), or tries a `failed` MCP server
+/// again.
 #[utoipa::path(post, path = "/v1/plugins/{id}/enable", tag = "plugins",
     params(("id" = String, Path, description = "The plugin's id")),
     responses((status = 200, description = "The changes applied", body = api::Applied), api::Errors))]
@@ -919,7 +920,7 @@ async fn replay(
         ("since" = Option<String>, Query, pattern = "^([0-9]{1,19}|now)$", description = "Replay the events after this seq (or send `Last-Event-ID`); `now`: only events from now on, nothing replayed; anything else: 400"),
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event (before `since`); not a seq: 400"),
     ),
-    responses((status = 200, description = "A server-sent event stream (the schema describes each event): a registry change's `id` is its seq, its `event` the change kind (`load`, `reload`, `unload`, `refused`, `quarantine`) and its `data` the change as JSON (`RegistryEvent`); a `lagged` event, whose `data` is `{\"missed\": N}` (`Lagged`), ends the stream", content_type = "text/event-stream", body = api::RegistryStreamEvent), api::Errors))]
+    responses((status = 200, description = "A server-sent event stream (the schema describes each event): a registry change's `id` is its seq, its `event` the change kind (`load`, `reload`, `unload`, `refused`, `quarantine`, `failed`) and its `data` the change as JSON (`RegistryEvent`); a `lagged` event, whose `data` is `{\"missed\": N}` (`Lagged`), ends the stream", content_type = "text/event-stream", body = api::RegistryStreamEvent), api::Errors))]
 async fn registry_events(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,

@@ -67,7 +67,7 @@ use serde_json::Value;
 
 pub use error::{DaemonError, Result};
 use events::{RegistryEvent, RegistryEvents};
-pub use external::{ToolOutcome, ToolRun, ToolRunner};
+pub use external::{ExternalControl, ToolOutcome, ToolRun, ToolRunner};
 use locks::SessionLocks;
 use metrics::Metrics;
 use promptd_core::budget::Counter;
@@ -131,6 +131,9 @@ pub struct Daemon {
     plugins: RwLock<BTreeMap<String, PluginStatus>>,
     /// Contributors that are not files (MCP servers), by plugin id.
     externals: RwLock<BTreeMap<String, external::External>>,
+    /// What starts, stops and restarts the external contributors (the MCP supervisors), once
+    /// one registered: told of config changes and of `enable` calls.
+    external_control: Mutex<Option<Arc<dyn external::ExternalControl>>>,
     store: Arc<dyn SessionStore>,
     /// This process's run id, recorded with every header it writes: a header that changed
     /// since another run (another daemon, an earlier process) wrote the last one is recorded
@@ -226,6 +229,7 @@ impl Daemon {
             registry: RwLock::new(Arc::new(Registry::new())),
             plugins: RwLock::new(BTreeMap::new()),
             externals: RwLock::new(BTreeMap::new()),
+            external_control: Mutex::new(None),
             store,
             run: run_id(),
             changes: Mutex::new(()),
@@ -255,11 +259,19 @@ impl Daemon {
     /// version serving (H3).
     pub fn set_config(&self, config: Config) -> Result<Vec<RegistryEvent>> {
         self.sessions.set_budget(config.session_cache_bytes());
-        *write(&self.config) = Arc::new(config);
+        let config = Arc::new(config);
+        *write(&self.config) = config.clone();
         for status in write(&self.plugins).values_mut() {
             status.sha256.clear(); // forces a reload on the rescan below
         }
-        self.reload()
+        let events = self.reload();
+        // `[mcp.*]` applies as plugins' settings do: servers added, removed or changed are
+        // started, stopped or restarted.
+        let control = lock(&self.external_control).clone();
+        if let Some(control) = control {
+            control.config_changed(&config);
+        }
+        events
     }
 
     /// Prometheus text, including the compile cache's counters.

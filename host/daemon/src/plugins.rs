@@ -327,6 +327,9 @@ impl Daemon {
 
     /// Brings a quarantined plugin back: its file is loaded again (a fresh instance).
     pub fn enable(&self, id: &str) -> Result<Vec<RegistryEvent>> {
+        if let Some(done) = self.enable_external(id) {
+            return done;
+        }
         {
             let mut plugins = write(&self.plugins);
             let status = plugins

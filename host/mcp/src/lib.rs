@@ -8,7 +8,9 @@
 //! re-lists on `notifications/tools/list_changed`, and restarts a lost server with backoff;
 //! each list goes to [`Daemon::set_external`], which publishes nothing when the canonical
 //! declaration is unchanged (M3). The daemon runs the server's tool calls through
-//! [`McpRunner`] (M4).
+//! [`McpRunner`] (M4). A server that fails `max_failures` times in a row is given up on
+//! ([`Daemon::fail_external`]: state `failed`) until its config changes or it is enabled;
+//! a config reload starts, stops and restarts servers as their `[mcp.NAME]` tables change.
 
 pub mod names;
 
@@ -40,8 +42,10 @@ pub const ERROR_CODE: &str = "mcp_server";
 /// First wait before restarting a failed server; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// A connection that lasted this long resets the backoff.
+/// A connection that lasted this long resets the backoff and the failure count.
 const STABLE: Duration = Duration::from_secs(30);
+/// `[mcp.NAME] max_failures` when not set.
+pub const DEFAULT_MAX_FAILURES: u32 = 10;
 
 /// The registry id of server `name`.
 pub fn plugin_id(name: &str) -> String {
@@ -310,14 +314,93 @@ async fn connect(cfg: &McpConfig, handler: Notified) -> Result<Connection, Strin
     }
 }
 
-/// Starts one supervisor task per `[mcp.NAME]` server of the daemon's config on `handle`.
+/// Starts one supervisor task per `[mcp.NAME]` server of the daemon's config on `handle`, and
+/// registers with the daemon to follow config reloads and `enable` calls.
 pub fn start(daemon: Arc<Daemon>, handle: &Handle) {
-    let config = daemon.config();
-    for (name, cfg) in &config.mcp {
-        let daemon = daemon.clone();
-        let (name, cfg) = (name.clone(), cfg.clone());
-        let inner = handle.clone();
-        handle.spawn(supervise(daemon, name, cfg, inner));
+    let supervisors = Arc::new(Supervisors {
+        daemon: Arc::downgrade(&daemon),
+        handle: handle.clone(),
+        running: std::sync::Mutex::new(BTreeMap::new()),
+    });
+    supervisors.apply(&daemon.config());
+    daemon.set_external_control(supervisors);
+}
+
+/// The supervisor task of each configured server, with the config it runs.
+struct Supervisors {
+    daemon: std::sync::Weak<Daemon>,
+    handle: Handle,
+    running: std::sync::Mutex<BTreeMap<String, Supervisor>>,
+}
+
+struct Supervisor {
+    cfg: McpConfig,
+    task: tokio::task::AbortHandle,
+    restart: Arc<tokio::sync::Notify>,
+}
+
+impl Supervisors {
+    /// Starts a supervisor for each server `config` adds or changes (stopping the old one)
+    /// and stops those of servers it no longer has.
+    fn apply(&self, config: &Config) {
+        let Some(daemon) = self.daemon.upgrade() else {
+            return;
+        };
+        let mut running = promptd_core::sync::lock(&self.running);
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|name| !config.mcp.contains_key(*name))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(old) = running.remove(&name) {
+                old.task.abort();
+            }
+            daemon.remove_external(&plugin_id(&name));
+        }
+        for (name, cfg) in &config.mcp {
+            if running.get(name).is_some_and(|s| s.cfg == *cfg) {
+                continue;
+            }
+            if let Some(old) = running.remove(name) {
+                old.task.abort();
+            }
+            let restart = Arc::new(tokio::sync::Notify::new());
+            let task = self
+                .handle
+                .spawn(supervise(
+                    daemon.clone(),
+                    name.clone(),
+                    cfg.clone(),
+                    self.handle.clone(),
+                    restart.clone(),
+                ))
+                .abort_handle();
+            running.insert(
+                name.clone(),
+                Supervisor {
+                    cfg: cfg.clone(),
+                    task,
+                    restart,
+                },
+            );
+        }
+    }
+}
+
+impl promptd_daemon::ExternalControl for Supervisors {
+    fn config_changed(&self, config: &Config) {
+        self.apply(config);
+    }
+
+    fn restart(&self, id: &str) {
+        let running = promptd_core::sync::lock(&self.running);
+        if let Some(s) = running
+            .iter()
+            .find_map(|(name, s)| (plugin_id(name) == id).then_some(s))
+        {
+            s.restart.notify_one();
+        }
     }
 }
 
@@ -335,11 +418,19 @@ async fn report(
 
 /// Connects, lists, re-lists on change, and restarts with backoff, for as long as the
 /// daemon runs.
-async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Handle) {
+async fn supervise(
+    daemon: Arc<Daemon>,
+    name: String,
+    cfg: McpConfig,
+    handle: Handle,
+    restart: Arc<tokio::sync::Notify>,
+) {
     let timeout = timeout_of(&cfg);
     let current: Current = Arc::default();
     let down: Down = Arc::default();
     let mut backoff = FIRST_BACKOFF;
+    let most = cfg.max_failures.unwrap_or(DEFAULT_MAX_FAILURES).max(1);
+    let mut failures = 0;
     loop {
         let started = Instant::now();
         let (tx, mut changed) = mpsc::unbounded_channel();
@@ -378,10 +469,29 @@ async fn supervise(daemon: Arc<Daemon>, name: String, cfg: McpConfig, handle: Ha
             }
         };
         promptd_core::sync::lock(&down).get_or_insert_with(|| (now_ms(), cause.message.clone()));
-        report(&daemon, &name, &cfg, Err(cause)).await;
         if started.elapsed() >= STABLE {
             backoff = FIRST_BACKOFF;
+            failures = 0;
         }
+        failures += 1;
+        if failures >= most {
+            let body = failure(
+                &name,
+                format!(
+                    "gave up after {failures} failures in a row (max_failures); the last: {}. \
+                     It is tried again when its config changes or on \
+                     POST /v1/plugins/{}/enable",
+                    cause.message,
+                    plugin_id(&name)
+                ),
+            );
+            let (d, id, file) = (daemon.clone(), plugin_id(&name), label(&cfg));
+            let _ = tokio::task::spawn_blocking(move || d.fail_external(&id, &file, body)).await;
+            restart.notified().await;
+            (failures, backoff) = (0, FIRST_BACKOFF);
+            continue;
+        }
+        report(&daemon, &name, &cfg, Err(cause)).await;
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }

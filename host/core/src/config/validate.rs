@@ -99,6 +99,10 @@ impl Config {
                 )));
             }
             positive(&format!("{what}.timeout_ms"), server.timeout_ms)?;
+            positive(
+                &format!("{what}.max_failures"),
+                server.max_failures.map(u64::from),
+            )?;
             if let Some(uri) = server.resources.iter().find(|u| !is_item_name(u)) {
                 return Err(Error::ConfigInvalid(format!(
                     "{what}.resources: `{uri}` must be a URI without whitespace"

@@ -21,16 +21,20 @@ pub enum PluginState {
     Stale,
     /// It failed too often and left the registry until its file changes or it is enabled (L3).
     Quarantined,
+    /// An MCP server that failed `max_failures` times in a row: no longer retried until its
+    /// config changes or it is enabled.
+    Failed,
 }
 
 impl PluginState {
-    /// The state's name in the API: `loaded`, `refused`, `stale` or `quarantined`.
+    /// The state's name in the API: `loaded`, `refused`, `stale`, `quarantined` or `failed`.
     pub fn as_str(self) -> &'static str {
         match self {
             PluginState::Loaded => "loaded",
             PluginState::Refused => "refused",
             PluginState::Stale => "stale",
             PluginState::Quarantined => "quarantined",
+            PluginState::Failed => "failed",
         }
     }
 }
@@ -53,10 +57,13 @@ pub enum ChangeKind {
     Refused,
     /// A plugin left the registry after failing too often (L3).
     Quarantine,
+    /// An MCP server was given up on after failing `max_failures` times in a row.
+    Failed,
 }
 
 impl ChangeKind {
-    /// The change's name in the API: `load`, `reload`, `unload`, `refused` or `quarantine`.
+    /// The change's name in the API: `load`, `reload`, `unload`, `refused`, `quarantine` or
+    /// `failed`.
     pub fn as_str(self) -> &'static str {
         match self {
             ChangeKind::Load => "load",
@@ -64,6 +71,7 @@ impl ChangeKind {
             ChangeKind::Unload => "unload",
             ChangeKind::Refused => "refused",
             ChangeKind::Quarantine => "quarantine",
+            ChangeKind::Failed => "failed",
         }
     }
 }

@@ -255,7 +255,8 @@ export class Client {
     return (await this.#transport.json<{ applied: RegistryEvent[] }>("DELETE", `/v1/plugins/${segment(id)}`)).applied;
   }
 
-  /** Brings a quarantined plugin back (nothing to do for one that is not). */
+  /** Brings a quarantined plugin back, or tries a `failed` MCP server again (nothing to do
+   * for one that is neither). */
   async enable(id: string): Promise<RegistryEvent[]> {
     return (await this.#transport.json<{ applied: RegistryEvent[] }>("POST", `/v1/plugins/${segment(id)}/enable`)).applied;
   }

@@ -228,14 +228,14 @@ export interface PluginStatus {
   file: string;
   sha256: string;
   serving_sha256: string | null;
-  state: "loaded" | "refused" | "stale" | "quarantined" | string;
+  state: "loaded" | "refused" | "stale" | "quarantined" | "failed" | string;
   last_error: ErrorBody | null;
   /** What the serving version declares (sections, contexts, variables, tools), or null. */
     declares: any;
 }
 
 /** The kinds of registry changes. */
-export type ChangeKind = "load" | "reload" | "unload" | "refused" | "quarantine";
+export type ChangeKind = "load" | "reload" | "unload" | "refused" | "quarantine" | "failed";
 
 /** One applied registry change (`POST /v1/plugins/reload`, the event stream). */
 export interface RegistryEvent {

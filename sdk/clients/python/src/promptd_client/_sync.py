@@ -119,8 +119,8 @@ class Client:
         return self._applied("DELETE", f"/v1/plugins/{_core.segment(plugin_id)}")
 
     def enable(self, plugin_id: str) -> List[RegistryEvent]:
-        """``POST /v1/plugins/{id}/enable``: load a quarantined plugin again (nothing to do,
-        an empty list, for one that is not quarantined)."""
+        """``POST /v1/plugins/{id}/enable``: load a quarantined plugin again, or try a
+        ``failed`` MCP server again (nothing to do, an empty list, for one that is neither)."""
         return self._applied("POST", f"/v1/plugins/{_core.segment(plugin_id)}/enable")
 
     def _applied(self, method: str, path: str) -> List[RegistryEvent]:

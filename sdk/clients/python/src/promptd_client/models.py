@@ -65,7 +65,8 @@ class Health:
 @dataclass(frozen=True)
 class Plugin:
     """One plugin file of ``GET /v1/plugins``. ``state`` is ``loaded``, ``refused``,
-    ``stale`` (an older version serves, ``serving_sha256``) or ``quarantined``."""
+    ``stale`` (an older version serves, ``serving_sha256``), ``quarantined`` or ``failed`` (an
+    MCP server given up on after ``max_failures``)."""
 
     id: str
     file: str
@@ -90,7 +91,8 @@ class RegistryEvent:
     """A change of the plugin registry: an entry of ``applied`` (reload, unload, enable) or
     one server-sent event of ``GET /v1/events``.
 
-    ``kind`` is ``load``, ``reload``, ``unload``, ``refused``, ``quarantine``, or ``lagged``:
+    ``kind`` is ``load``, ``reload``, ``unload``, ``refused``, ``quarantine``, ``failed``, or
+    ``lagged``:
     the stream lost ``missed`` events and ends; resync from ``plugins()`` and reconnect.
     """
 
