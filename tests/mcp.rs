@@ -846,3 +846,23 @@ fn m5_mcp_config_changes_apply_on_a_reload() {
     );
     assert!(names.len() > 2, "the added server's tools serve: {names:?}");
 }
+
+/// A step taken before a slow server's first list waits for it (within the step's bound for
+/// the first load) instead of going without the server's tools.
+#[test]
+fn m5_a_step_waits_for_a_slow_servers_first_list() {
+    let folder = plugin_tools(Folder::new());
+    let (d, _state) = folder.serve(&format!(
+        "{LOCAL}{}",
+        fixture_config("slow", "slow_list", "")
+    ));
+    let id = d.session("default");
+    let started = std::time::Instant::now();
+    let request = step(&d, &id, json!([{"role": "user", "content": "now"}]));
+    assert_eq!(
+        tool_names(&request),
+        ["alpha_tool", "slow_tool", "zeta_tool"],
+        "waited {:?}",
+        started.elapsed()
+    );
+}

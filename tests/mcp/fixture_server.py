@@ -8,6 +8,7 @@ Usage: fixture_server.py MODE
   grow        lists `grow`; calling it adds the tool `grown` and announces list_changed
   same        lists `same` and `crash`; calling `same` announces list_changed with an
               unchanged list; calling `crash` exits (the daemon restarts it)
+  slow_list   lists `slow_tool`, 2 s after it is asked
 Each start appends a line to the file named by $FIXTURE_STARTS, when set; while the file
 named by $FIXTURE_DOWN exists, a start exits at once (the server stays down).
 """
@@ -35,6 +36,7 @@ tools = {
     ],
     "bad_schema": [{"name": "bad", "description": "Broken.", "inputSchema": 42}],
     "hang_list": [],
+    "slow_list": [{"name": "slow_tool", "description": "Listed late.", "inputSchema": SCHEMA}],
     "collide": [{"name": n, "description": "", "inputSchema": SCHEMA} for n in ("a.b", "a_b")],
 }[mode]
 
@@ -57,6 +59,9 @@ for line in sys.stdin:
             "instructions": f"Fixture server in mode {mode}.",
         }})
     elif method == "tools/list":
+        if mode == "slow_list":
+            import time
+            time.sleep(2)
         if mode != "hang_list":
             send({"jsonrpc": "2.0", "id": id_, "result": {"tools": tools}})
     elif method == "tools/call":

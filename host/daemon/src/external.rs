@@ -74,6 +74,18 @@ impl Daemon {
         file: &str,
         result: std::result::Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody>,
     ) -> Option<RegistryEvent> {
+        let event = self.set_external_now(id, file, result);
+        // After the registry holds the outcome: a waiting step then sees it.
+        self.listed(id);
+        event
+    }
+
+    fn set_external_now(
+        &self,
+        id: &str,
+        file: &str,
+        result: std::result::Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody>,
+    ) -> Option<RegistryEvent> {
         let _changing = lock(&self.changes);
         let mut externals = write(&self.externals);
         let serving = self.registry().get(id).is_some();
@@ -163,12 +175,16 @@ impl Daemon {
         let _changing = lock(&self.changes);
         let mut externals = write(&self.externals);
         let serving = self.registry().get(id).is_some();
-        self.refuse_as(&mut externals, id, file, serving, body, true)
+        let event = self.refuse_as(&mut externals, id, file, serving, body, true);
+        drop(externals);
+        self.listed(id);
+        event
     }
 
     /// Drops the external contributor `id` (its config is gone): it leaves the registry and
     /// the status list, with an `unload` event when it was serving.
     pub fn remove_external(&self, id: &str) -> Option<RegistryEvent> {
+        self.listed(id);
         let _changing = lock(&self.changes);
         let known = write(&self.externals).remove(id)?;
         let registry = self.registry();

@@ -134,6 +134,10 @@ pub struct Daemon {
     /// What starts, stops and restarts the external contributors (the MCP supervisors), once
     /// one registered: told of config changes and of `enable` calls.
     external_control: Mutex<Option<Arc<dyn external::ExternalControl>>>,
+    /// External contributors whose first outcome (a list or a failure) has not come yet:
+    /// steps wait for them as for the first load (`first_listed` is told when one comes).
+    first_lists: Mutex<std::collections::BTreeSet<String>>,
+    first_listed: Condvar,
     store: Arc<dyn SessionStore>,
     /// This process's run id, recorded with every header it writes: a header that changed
     /// since another run (another daemon, an earlier process) wrote the last one is recorded
@@ -230,6 +234,8 @@ impl Daemon {
             plugins: RwLock::new(BTreeMap::new()),
             externals: RwLock::new(BTreeMap::new()),
             external_control: Mutex::new(None),
+            first_lists: Mutex::new(std::collections::BTreeSet::new()),
+            first_listed: Condvar::new(),
             store,
             run: run_id(),
             changes: Mutex::new(()),

@@ -49,8 +49,46 @@ impl Daemon {
         }
     }
 
-    /// Waits up to `bound` for the first load to finish.
+    /// Notes that the external contributors `ids` (MCP servers just started) have not given
+    /// their first outcome yet: steps wait for it, within their bound.
+    pub fn expect_first_lists(&self, ids: impl IntoIterator<Item = String>) {
+        lock(&self.first_lists).extend(ids);
+    }
+
+    /// External contributor `id` gave its first outcome (or left).
+    pub(crate) fn listed(&self, id: &str) {
+        let mut pending = lock(&self.first_lists);
+        if pending.remove(id) {
+            self.first_listed.notify_all();
+        }
+    }
+
+    /// Waits up to `bound` for the first load to finish, then, within the same bound, for
+    /// each external contributor's first list (a step taken before a slow MCP server listed
+    /// would go without its tools). Past the bound a step goes on without the servers still
+    /// silent; the plugins' load alone is a 503 `loading`.
     pub(crate) fn wait_ready(&self, bound: Duration) -> Result<()> {
+        let started = std::time::Instant::now();
+        self.wait_loaded(bound)?;
+        let pending = lock(&self.first_lists);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let left = bound.saturating_sub(started.elapsed());
+        let (pending, _) = recover(
+            self.first_listed
+                .wait_timeout_while(pending, left, |p| !p.is_empty()),
+        );
+        if !pending.is_empty() {
+            tracing::warn!(
+                servers = ?*pending,
+                "a step goes on without servers that have not listed their tools yet"
+            );
+        }
+        Ok(())
+    }
+
+    fn wait_loaded(&self, bound: Duration) -> Result<()> {
         let readiness = lock(&self.readiness);
         let (readiness, _) = recover(
             self.ready

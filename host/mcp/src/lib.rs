@@ -365,6 +365,8 @@ impl Supervisors {
             if let Some(old) = running.remove(name) {
                 old.task.abort();
             }
+            // Steps wait for its first list (within their bound), as for the first load.
+            daemon.expect_first_lists([plugin_id(name)]);
             let restart = Arc::new(tokio::sync::Notify::new());
             let task = self
                 .handle
