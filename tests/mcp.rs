@@ -866,3 +866,33 @@ fn m5_a_step_waits_for_a_slow_servers_first_list() {
         started.elapsed()
     );
 }
+
+/// R7/T8 for a server: `trust = "data"` makes its instructions (and resources) contexts fenced
+/// as data, never part of the system prompt; its tools serve as before.
+#[test]
+fn r7_a_data_server_s_instructions_are_fenced_as_data() {
+    let folder = Folder::new();
+    let (d, _state) = folder.serve(&fixture_config("g", "grow", "trust = \"data\""));
+    wait_state(&d, "mcp:g", "loaded");
+    let id = d.session("default");
+    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    assert_eq!(tool_names(&request), ["grow"]);
+    let system = request["system"].to_string();
+    assert!(!system.contains("Fixture server in mode grow."), "{system}");
+    let text = request.to_string();
+    assert!(
+        text.contains("<data plugin=\\\"mcp:g\\\" key=")
+            && text.contains("Fixture server in mode grow."),
+        "{text}"
+    );
+    // Without it, the instructions are a section of the system prompt.
+    let folder = Folder::new();
+    let (d, _state) = folder.serve(&fixture_config("g", "grow", ""));
+    wait_state(&d, "mcp:g", "loaded");
+    let id = d.session("default");
+    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    assert!(request["system"]
+        .to_string()
+        .contains("Fixture server in mode grow."));
+    assert!(!request.to_string().contains("<data plugin"), "{request}");
+}

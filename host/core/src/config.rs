@@ -226,6 +226,10 @@ pub struct McpConfig {
     /// after which the server is given up on: state `failed`, a `failed` event, no more
     /// restarts until its config changes or `POST /v1/plugins/mcp:NAME/enable` (default 10).
     pub max_failures: Option<u32>,
+    /// R7 for a server: `instructions` (the config's `default_trust` when absent) or `data`:
+    /// then its instructions and resources are contexts fenced as data (T8), never sections,
+    /// and their text is never exported as instructions.
+    pub trust: Option<Trust>,
 }
 
 impl McpConfig {

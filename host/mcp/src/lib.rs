@@ -24,6 +24,7 @@ use promptd_core::config::{
 use promptd_core::plugin::model::Scope;
 use promptd_core::plugin::provider::{CallError, CallResult, NativePlugin};
 use promptd_core::plugin::registry::PluginEntry;
+use promptd_core::plugin::trust::Trust;
 use promptd_core::sync::{read, write};
 use promptd_core::ErrorBody;
 use promptd_daemon::{Daemon, ToolOutcome, ToolRunner};
@@ -105,15 +106,19 @@ pub fn entry(
         let description = tool.description.as_deref().unwrap_or("");
         plugin = plugin.tool(mapped_name, description, &parameters);
     }
+    let trust = cfg.trust.unwrap_or(config.default_trust);
     // The server wrote these, not the operator: a verbatim section (T7), so `{{` in them is
-    // text, never a reference to a variable.
+    // text, never a reference to a variable. A `data` server's are a context, fenced as data
+    // (T8), as a data plugin's contexts are.
     if let Some(text) = instructions.filter(|t| !t.trim().is_empty()) {
         let order = cfg
             .instructions_order
             .unwrap_or(DEFAULT_MCP_INSTRUCTIONS_ORDER);
-        plugin = plugin
-            .section(&format!("{id}:instructions"), order, text)
-            .verbatim();
+        let name = format!("{id}:instructions");
+        plugin = match trust {
+            Trust::Data => plugin.context(&name, order, text),
+            Trust::Instructions => plugin.section(&name, order, text).verbatim(),
+        };
     }
     for uri in &cfg.resources {
         let (read, uri_owned) = (read.clone(), uri.clone());
@@ -123,6 +128,7 @@ pub fn entry(
     }
     let (declaration, provider) = plugin.build();
     let mut options = config.plugin_options(&id);
+    options.trust = trust;
     options.scope_override = cfg.scope.clone().map(Scope::Agent);
     options.optional = cfg.optional;
     // A resource that fails to read leaves out its context alone: the tools stay (no cache
