@@ -1307,3 +1307,44 @@ fn h6_a_body_sent_slowly_is_answered_408_at_the_body_timeout() {
     let sessions = d.ok("GET", "/v1/sessions", None);
     assert_eq!(sessions["sessions"], json!([]), "nothing was recorded");
 }
+
+/// H6: `bodies_in_flight_mb` bounds the bytes of request bodies in flight across connections:
+/// while one client holds the whole budget with a slow 1 MiB body, another request with a body
+/// waits for it (and is then served), and a request without a body is served at once.
+#[test]
+fn h6_bodies_in_flight_are_bounded_across_connections() {
+    use std::io::{Read, Write};
+    let folder = bundled();
+    let config = folder.config(&format!(
+        "{CONFIG}[limits]\nmax_body_mb = 1\nbodies_in_flight_mb = 1\nbody_timeout_ms = 1500\n"
+    ));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        slow,
+        "POST /v1/sessions HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"agent\"",
+        1 << 20
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    assert_eq!(d.get("/v1/health").0, 200);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a request without a body does not wait"
+    );
+    let started = Instant::now();
+    let (status, body) = d.post("/v1/sessions", r#"{"agent":"default"}"#);
+    let waited = started.elapsed();
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        waited >= Duration::from_millis(900),
+        "served after {waited:?}: it should have waited for the slow body's share"
+    );
+    let mut answer = String::new();
+    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}

@@ -278,6 +278,9 @@ pub struct LimitsConfig {
     /// Address space of all plugin compiles running at once, in MiB (default 4096; L7): a
     /// compile waits until its `compile_memory_mb` fits (one larger than this runs alone).
     pub compile_memory_total_mb: Option<u64>,
+    /// Bytes of request bodies being read or served at once across connections, in MiB
+    /// (default 128; H6): a request whose body does not fit waits (read at start).
+    pub bodies_in_flight_mb: Option<u64>,
     /// Most connections the daemon keeps open; more wait to be accepted (default 512; H6).
     pub max_connections: Option<u64>,
     /// Most sections one plugin may declare (default 1000).

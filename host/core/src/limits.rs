@@ -43,6 +43,8 @@ pub mod defaults {
     pub const IDLE_TIMEOUT_MS: u64 = 60_000;
     /// `body_timeout_ms`: time a request's body has to arrive whole, from its head (H6).
     pub const BODY_TIMEOUT_MS: u64 = 60_000;
+    /// `bodies_in_flight_mb`: bytes of request bodies being read or served at once (H6).
+    pub const BODIES_IN_FLIGHT_MB: u64 = 128;
     /// `max_connections`: connections kept open at once (H6).
     pub const MAX_CONNECTIONS: u64 = 512;
     /// `max_sections`: sections one plugin may declare.
@@ -68,7 +70,7 @@ pub mod defaults {
     pub const LOG_LINES_PER_S: u64 = 100;
 
     /// Every `[limits]` key and its default, in docs/configuration.md's order.
-    pub const ALL: [(&str, u64); 23] = [
+    pub const ALL: [(&str, u64); 24] = [
         ("timeout_ms", TIMEOUT_MS),
         ("memory_mb", MEMORY_MB),
         ("max_output_kb", MAX_OUTPUT_KB),
@@ -91,6 +93,7 @@ pub mod defaults {
         ("header_timeout_ms", HEADER_TIMEOUT_MS),
         ("idle_timeout_ms", IDLE_TIMEOUT_MS),
         ("body_timeout_ms", BODY_TIMEOUT_MS),
+        ("bodies_in_flight_mb", BODIES_IN_FLIGHT_MB),
         ("max_connections", MAX_CONNECTIONS),
     ];
 }
@@ -117,6 +120,8 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Address space of all compiling processes at once, in bytes (L7).
     pub compile_memory_total_bytes: u64,
+    /// Bytes of request bodies being read or served at once (H6).
+    pub bodies_in_flight_bytes: u64,
     /// Most connections kept open at once (H6).
     pub max_connections: usize,
     /// Consecutive failed calls after which a plugin is quarantined; `None`: never (L3).
@@ -133,6 +138,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_millis(defaults::IDLE_TIMEOUT_MS),
             body_timeout: Duration::from_millis(defaults::BODY_TIMEOUT_MS),
             compile_memory_total_bytes: defaults::COMPILE_MEMORY_TOTAL_MB << 20,
+            bodies_in_flight_bytes: defaults::BODIES_IN_FLIGHT_MB << 20,
             max_connections: defaults::MAX_CONNECTIONS as usize,
             quarantine_after: Some(defaults::QUARANTINE_AFTER),
         }

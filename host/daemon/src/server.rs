@@ -83,6 +83,11 @@ pub struct Limits {
     pub max_connections: usize,
     /// Called for each new connection.
     pub timeouts: Arc<dyn Fn() -> Timeouts + Send + Sync>,
+    /// Bytes of request bodies read or served at once across connections; a request whose
+    /// body (its `Content-Length`, or `max_body` when it has none) does not fit waits.
+    pub bodies_in_flight: u64,
+    /// The largest body a request may have: what a body of unknown length counts as.
+    pub max_body: u64,
 }
 
 impl Limits {
@@ -91,8 +96,11 @@ impl Limits {
     /// reload applies to later connections.
     pub fn of(daemon: &Arc<Daemon>) -> Limits {
         let daemon = daemon.clone();
+        let config = daemon.config();
         Limits {
-            max_connections: daemon.config().max_connections(),
+            max_connections: config.max_connections(),
+            bodies_in_flight: config.bodies_in_flight(),
+            max_body: config.max_body_bytes() as u64,
             timeouts: Arc::new(move || Timeouts::of(&daemon.config())),
         }
     }
@@ -132,7 +140,10 @@ pub async fn serve<L: Listener>(
     let Limits {
         max_connections: max,
         timeouts,
+        bodies_in_flight,
+        max_body,
     } = limits;
+    let bodies = Arc::new(Bodies::new(bodies_in_flight, max_body));
     let max = max.clamp(1, (u32::MAX as usize).min(Semaphore::MAX_PERMITS));
     let slots = Arc::new(Semaphore::new(max));
     let (stop, stopping) = watch::channel(());
@@ -149,8 +160,9 @@ pub async fn serve<L: Listener>(
             () = &mut shutdown => break,
         };
         let (app, stopping, timeouts) = (app.clone(), stopping.clone(), timeouts());
+        let bodies = bodies.clone();
         tokio::spawn(async move {
-            connection(io, app, timeouts, stopping).await;
+            connection(io, app, timeouts, bodies, stopping).await;
             drop(slot);
         });
     }
@@ -162,8 +174,13 @@ pub async fn serve<L: Listener>(
 }
 
 /// Serves one connection until it closes, times out (H6) or has finished after `stopping`.
-async fn connection<I>(io: I, app: Router, timeouts: Timeouts, mut stopping: watch::Receiver<()>)
-where
+async fn connection<I>(
+    io: I,
+    app: Router,
+    timeouts: Timeouts,
+    bodies: Arc<Bodies>,
+    mut stopping: watch::Receiver<()>,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new());
@@ -176,9 +193,13 @@ where
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         // In flight from here until hyper drops the response body, i.e. has sent all of it.
         let busy = Busy::begin(&tracked);
+        let weight = bodies.weight(&request);
+        let bodies = bodies.clone();
         // The body's own deadline: a request in flight is not the watchdog's to close.
         let response = app.call(request.map(|body| TimedBody::new(body, timeouts.body)));
         async move {
+            // Its body's share of the bytes in flight, held until the answer is made.
+            let _share = bodies.take(weight).await;
             let response = response.await?;
             Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy }))
         }
@@ -322,6 +343,50 @@ impl HttpBody for Tracked {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// The bytes of request bodies in flight across connections (`[limits] bodies_in_flight_mb`),
+/// counted in KiB: a request takes its body's share before its handler runs (a `GET` none)
+/// and gives it back once its answer is made.
+struct Bodies {
+    kib: Arc<Semaphore>,
+    total_kib: u32,
+    max_body_kib: u32,
+}
+
+impl Bodies {
+    fn new(total: u64, max_body: u64) -> Self {
+        let total_kib = u32::try_from(total.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        let total_kib = total_kib.min(Semaphore::MAX_PERMITS as u32);
+        Bodies {
+            kib: Arc::new(Semaphore::new(total_kib as usize)),
+            total_kib,
+            max_body_kib: u32::try_from(max_body.div_ceil(1024)).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// A request's share, in KiB: its `Content-Length`, or the largest body when it streams
+    /// one of unknown length; at most the whole budget (such a request runs alone).
+    fn weight<B>(&self, request: &hyper::Request<B>) -> u32 {
+        let headers = request.headers();
+        let length = headers
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let kib = match length {
+            Some(n) => u32::try_from(n.div_ceil(1024)).unwrap_or(u32::MAX),
+            None if headers.contains_key(hyper::header::TRANSFER_ENCODING) => self.max_body_kib,
+            None => 0,
+        };
+        kib.min(self.total_kib)
+    }
+
+    async fn take(&self, kib: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if kib == 0 {
+            return None;
+        }
+        self.kib.clone().acquire_many_owned(kib).await.ok()
     }
 }
 

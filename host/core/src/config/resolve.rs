@@ -200,6 +200,9 @@ impl Config {
                 .map_or(d.compile_memory_total_bytes, |mb| {
                     mb.saturating_mul(1 << 20)
                 }),
+            bodies_in_flight_bytes: l
+                .bodies_in_flight_mb
+                .map_or(d.bodies_in_flight_bytes, |mb| mb.saturating_mul(1 << 20)),
             max_connections: l.max_connections.map_or(d.max_connections, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             }),
@@ -236,6 +239,11 @@ impl Config {
     /// How long a daemon connection with no request in flight may wait for the next (H6).
     pub fn idle_timeout(&self) -> std::time::Duration {
         self.limits().idle_timeout
+    }
+
+    /// The bytes of request bodies read or served at once across connections (H6).
+    pub fn bodies_in_flight(&self) -> u64 {
+        self.limits().bodies_in_flight_bytes
     }
 
     /// The address space all plugin compiles may take at once, in bytes (L7).

@@ -63,6 +63,10 @@ impl Config {
         positive("limits.idle_timeout_ms", self.limits.idle_timeout_ms)?;
         positive("limits.body_timeout_ms", self.limits.body_timeout_ms)?;
         positive(
+            "limits.bodies_in_flight_mb",
+            self.limits.bodies_in_flight_mb,
+        )?;
+        positive(
             "limits.compile_memory_total_mb",
             self.limits.compile_memory_total_mb,
         )?;
