@@ -62,6 +62,7 @@ fn agent_name() -> Schema {
 /// - serde's `deny_unknown_fields` on the internally tagged `Message` and `Block` holds for
 ///   each variant: no other keys (utoipa leaves it out of the variants).
 pub fn complete(doc: &mut Value) {
+    links(doc);
     // A parameter is left out by not sending it; a header or a query cannot be JSON null.
     let paths = doc.get_mut("paths").and_then(Value::as_object_mut);
     let operations = paths
@@ -720,6 +721,72 @@ pub enum HealthStatus {
 pub struct ErrorReply {
     /// The code and message.
     pub error: ErrorBody,
+}
+
+/// OpenAPI links between the session routes (issue 32): what a response gives the next call
+/// of a session's life — create → step → record → run a tool call; request, explain, diff,
+/// events, usage, compact — so a client generator or a stateful fuzzer (schemathesis) walks
+/// real sessions instead of guessed ids.
+fn links(doc: &mut Value) {
+    let session = |op: &str| serde_json::json!({"operationId": op, "parameters": {"id": "$response.body#/id"}});
+    let same =
+        |op: &str| serde_json::json!({"operationId": op, "parameters": {"id": "$request.path.id"}});
+    let step = |op: &str| {
+        serde_json::json!({"operationId": op, "parameters": {
+            "id": "$request.path.id", "n": "$response.body#/step"}})
+    };
+    let table = [
+        (
+            "/v1/sessions",
+            "post",
+            "201",
+            serde_json::json!({
+                "StepTheSession": session("step"),
+                "RecordAMessage": session("record_message"),
+                "CompactTheSession": session("compact"),
+                "TheSessionsEvents": session("session_events"),
+                "TheSessionsUsage": session("usage_report"),
+            }),
+        ),
+        (
+            "/v1/sessions/{id}/steps",
+            "post",
+            "200",
+            serde_json::json!({
+                "NextStep": same("step"),
+                "RecordTheReply": same("record_message"),
+                "TheStepsRequest": step("step_request"),
+                "ExplainTheStep": step("step_explain"),
+                "DiffTheStep": step("step_diff"),
+            }),
+        ),
+        (
+            "/v1/sessions/{id}/messages",
+            "post",
+            "201",
+            serde_json::json!({
+                "RunTheToolCall": {"operationId": "run_tool_call", "parameters": {
+                    "id": "$request.path.id", "call_id": "$request.body#/tool_calls/0/id"}},
+                "NextStep": same("step"),
+                "TheSessionsEvents": same("session_events"),
+            }),
+        ),
+        (
+            "/v1/sessions/{id}/compact",
+            "post",
+            "201",
+            serde_json::json!({"NextStep": same("step"), "TheSessionsEvents": same("session_events")}),
+        ),
+    ];
+    for (path, method, status, links) in table {
+        let pointer = format!(
+            "/paths/{}/{method}/responses/{status}",
+            path.replace('~', "~0").replace('/', "~1")
+        );
+        if let Some(Value::Object(response)) = doc.pointer_mut(&pointer) {
+            response.insert("links".into(), links);
+        }
+    }
 }
 
 /// The error answers any route may give, each `{"error": {"code", "message"}}` with a stable
