@@ -12,6 +12,9 @@
 //!   tools), then check formatting, lint, and run every test.
 //! - `plugins`: only build and collect the bundled plugins.
 //! - `sdks`: only install the JavaScript, Python and C SDK toolchains (each `sdk/LANG/install.sh`).
+//! - `soak-fuzz`: the long schemathesis run of issue 32 (not part of `test`: hours on 2
+//!   cores): every operation fuzzed from the document, stateful phase and negative data on,
+//!   `SCHEMATHESIS_SEEDS` (default three) × `SCHEMATHESIS_EXAMPLES` per operation (1,000).
 //!
 //! Both `run` and `test` install the SDK toolchains first: the bundled plugins are written in
 //! Rust, JavaScript, Python and C. A toolchain that cannot be installed stops with the
@@ -33,8 +36,9 @@ fn main() -> Result<()> {
         Some("test") => test(&root),
         Some("plugins") => plugins(&root).map(|dir| println!("{}", dir.display())),
         Some("sdks") => install_sdks(&root),
+        Some("soak-fuzz") => soak_fuzz(&root),
         _ => bail!(
-            "usage: cargo xtask run [-- PROMPTD ARGS] | cargo xtask test | cargo xtask plugins | cargo xtask sdks"
+            "usage: cargo xtask run [-- PROMPTD ARGS] | cargo xtask test | cargo xtask plugins | cargo xtask sdks | cargo xtask soak-fuzz"
         ),
     }
 }
@@ -378,6 +382,29 @@ fn check_core_is_pure(root: &Path) -> Result<()> {
         tree.lines().count()
     );
     Ok(())
+}
+
+/// `cargo xtask soak-fuzz`: installs the OpenAPI tools and what the daemon serves, then runs
+/// the ignored long schemathesis test.
+fn soak_fuzz(root: &Path) -> Result<()> {
+    install_toolchain_parts()?;
+    sh(Command::new("bash")
+        .current_dir(root)
+        .arg("tests/openapi/install.sh"))?;
+    plugins(root)?;
+    build_wasm(root, "tests/fixtures")?;
+    sh(cargo().current_dir(root).args([
+        "test",
+        "-p",
+        "promptd",
+        "--test",
+        "e2e",
+        "--",
+        "--ignored",
+        "--exact",
+        "openapi::schemathesis_long_run",
+        "--nocapture",
+    ]))
 }
 
 fn test(root: &Path) -> Result<()> {
