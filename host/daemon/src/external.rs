@@ -116,6 +116,7 @@ impl Daemon {
                                         file,
                                         false,
                                         (&error).into(),
+                                        false,
                                     ))
                                 }
                             }
@@ -155,11 +156,11 @@ impl Daemon {
                         Some(self.events.push(kind, id, file, &sha256, None))
                     }
                     Err(error) => {
-                        Some(self.refuse(&mut externals, id, file, serving, (&error).into()))
+                        Some(self.refuse(&mut externals, id, file, serving, (&error).into(), false))
                     }
                 }
             }
-            Err(body) => Some(self.refuse(&mut externals, id, file, serving, body)),
+            Err(body) => Some(self.refuse(&mut externals, id, file, serving, body, false)),
         }
     }
 
@@ -175,7 +176,7 @@ impl Daemon {
         let _changing = lock(&self.changes);
         let mut externals = write(&self.externals);
         let serving = self.registry().get(id).is_some();
-        let event = self.refuse_as(&mut externals, id, file, serving, body, true);
+        let event = self.refuse(&mut externals, id, file, serving, body, true);
         drop(externals);
         self.listed(id);
         event
@@ -214,18 +215,8 @@ impl Daemon {
         Some(Ok(Vec::new()))
     }
 
+    /// Records a failed contributor: `refused` or `stale` (as H3), or `failed` when `failed`.
     fn refuse(
-        &self,
-        externals: &mut std::collections::BTreeMap<String, External>,
-        id: &str,
-        file: &str,
-        serving: bool,
-        body: ErrorBody,
-    ) -> RegistryEvent {
-        self.refuse_as(externals, id, file, serving, body, false)
-    }
-
-    fn refuse_as(
         &self,
         externals: &mut std::collections::BTreeMap<String, External>,
         id: &str,
