@@ -676,6 +676,8 @@ impl SessionStore for SqliteStore {
         // Its commit may checkpoint into the database file: checked and settled as a write.
         let left = self.files.check_written()?;
         let published = self.publish_set_in(files)?;
+        // Committed to a deleted or replaced file is not on disk: not published.
+        self.files.check()?;
         self.files.settled(left)?;
         Ok(published)
     }
