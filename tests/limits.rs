@@ -421,6 +421,11 @@ fn a_client_that_disconnects_while_its_step_assembles_gets_nothing_recorded() {
     // Past the deadline: without cancellation the step would have been recorded by now.
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(events(&d), before, "a cancelled step records nothing");
+    let (_, metrics) = d.get("/metrics");
+    assert!(
+        metrics.contains("promptd_steps_total{outcome=\"cancelled\"} 1"),
+        "{metrics}"
+    );
 
     // The session stays usable: the next step records its message (and not the other).
     let (status, v) = d.post(

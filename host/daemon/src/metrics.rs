@@ -15,6 +15,8 @@ const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 pub struct Metrics {
     steps_ok: AtomicU64,
     steps_failed: AtomicU64,
+    /// Steps whose client went away before they were recorded (nothing recorded).
+    steps_cancelled: AtomicU64,
     plugin_errors: AtomicU64,
     plugins_loaded: AtomicU64,
     buckets: [AtomicU64; BUCKETS.len()],
@@ -60,6 +62,11 @@ impl Metrics {
         self.latency_count.fetch_add(1, Ordering::Relaxed);
         self.latency_micros
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a step stopped before its append because its client disconnected.
+    pub fn step_cancelled(&self) {
+        self.steps_cancelled.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A step of `agent` after the session's first: whether it kept the previous prefix.
@@ -119,6 +126,11 @@ impl Metrics {
             out,
             "promptd_steps_total{{outcome=\"error\"}} {}",
             get(&self.steps_failed)
+        );
+        let _ = writeln!(
+            out,
+            "promptd_steps_total{{outcome=\"cancelled\"}} {}",
+            get(&self.steps_cancelled)
         );
         let _ = writeln!(
             out,

@@ -205,7 +205,10 @@ impl Daemon {
         let error = match &result {
             Err(DaemonError::Core(e)) => Some(e),
             // Neither served nor failed: nobody asked any more.
-            Err(DaemonError::Cancelled) => return result,
+            Err(DaemonError::Cancelled) => {
+                self.metrics.step_cancelled();
+                return result;
+            }
             _ => None,
         };
         self.metrics.step(started.elapsed(), error);
