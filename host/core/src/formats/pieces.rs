@@ -113,11 +113,6 @@ impl Pieces {
         self.len == 0
     }
 
-    /// Room for `bytes` more of small text.
-    pub fn reserve_small(&mut self, bytes: usize) {
-        self.small.reserve(bytes);
-    }
-
     /// Appends what `write` appends to a `String` (text made for this body, written in
     /// place), and returns what it returns.
     pub fn text_with<R>(&mut self, write: impl FnOnce(&mut String) -> R) -> R {
@@ -139,10 +134,15 @@ impl Pieces {
         (self.small, self.pieces)
     }
 
+    /// Whether any piece is shared (else the small-text buffer is the whole body).
+    pub fn shares(&self) -> bool {
+        self.pieces.iter().any(|p| matches!(p, Piece::Shared(_)))
+    }
+
     /// The body in one string (for callers that want it whole, and tests); without a copy
     /// when nothing was shared.
     pub fn into_string(self) -> String {
-        if !self.pieces.iter().any(|p| matches!(p, Piece::Shared(_))) {
+        if !self.shares() {
             return self.small;
         }
         let mut out = String::with_capacity(self.len);
