@@ -845,6 +845,21 @@ fn m5_mcp_config_changes_apply_on_a_reload() {
         "the removed server's tools are gone: {names:?}"
     );
     assert!(names.len() > 2, "the added server's tools serve: {names:?}");
+
+    // A changed table restarts the server under it: here, its tools get a prefix.
+    folder.config(&format!(
+        "{LOCAL}{}",
+        fixture_config("s", "same", "tool_prefix = \"p_\"")
+    ));
+    eventually_within(60, "mcp:s to serve under its new prefix", || {
+        d.plugin("mcp:s").to_string().contains("p_same")
+    });
+    let third = step(&d, &id, json!([{"role": "user", "content": "three"}]));
+    let names = tool_names(&third);
+    assert!(
+        names.contains(&"p_same".to_string()) && !names.contains(&"same".to_string()),
+        "the changed server's tools: {names:?}"
+    );
 }
 
 /// A step taken before a slow server's first list waits for it (within the step's bound for
