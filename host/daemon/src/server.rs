@@ -395,7 +395,10 @@ impl Bodies {
 struct TimedBody {
     body: Incoming,
     limit: Duration,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    started: Instant,
+    /// Made the first time the body is not ready: most bodies arrive with their head, and
+    /// need no timer (nor its allocation).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl TimedBody {
@@ -403,7 +406,8 @@ impl TimedBody {
         TimedBody {
             body,
             limit,
-            deadline: Box::pin(tokio::time::sleep(limit)),
+            started: Instant::now(),
+            deadline: None,
         }
     }
 }
@@ -425,7 +429,11 @@ impl HttpBody for TimedBody {
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        match this.deadline.as_mut().poll(cx) {
+        let (started, limit) = (this.started, this.limit);
+        let deadline = this
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(started + limit)));
+        match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout(this.limit))))),
             Poll::Pending => Poll::Pending,
         }
