@@ -13,7 +13,8 @@ use promptd_core::{load, request};
 use promptd_daemon::plugin_dir;
 use promptd_engine::{cache, Compiler, WasmEngine};
 
-// Measured against glibc's in BENCHMARKS.md ("Allocator and the blocking pool").
+// Measured against glibc's in BENCHMARKS.md (issue 31, second part: "Allocators with a
+// bounded blocking pool"); not kept.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
