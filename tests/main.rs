@@ -29,4 +29,5 @@ mod postgres;
 mod provider_sdks;
 mod replay;
 mod sandbox;
+mod soak;
 mod step_parts;
