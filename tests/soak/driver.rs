@@ -285,8 +285,13 @@ impl Daemon {
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", plan.bin.display()));
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        // The listen line is the daemon's first; a wrapper (a profiler) may print before it.
         let mut line = String::new();
-        stdout.read_line(&mut line).expect("read the listen line");
+        while stdout.read_line(&mut line).is_ok_and(|n| n > 0)
+            && !line.starts_with("promptd listening on ")
+        {
+            line.clear();
+        }
         let Some(url) = line.trim().strip_prefix("promptd listening on ") else {
             let _ = child.kill();
             let _ = child.wait();

@@ -9,7 +9,8 @@
 //! `SOAK_SECS` (3600), `SOAK_RATE` (2000 steps/s offered), `SOAK_THREADS` (32),
 //! `SOAK_STEPS_PER_SESSION` (20), `SOAK_KILL_EVERY` (600), `SOAK_SWAP_EVERY` (1),
 //! `SOAK_MCP_KILL_EVERY` (60), `SOAK_WARMUP` (180: the 256 MiB session cache fills first), `SOAK_WINDOW` (60), `SOAK_OUT` (a new
-//! folder under target/soak), `PROMPTD_BIN` (the binary to soak).
+//! folder under target/soak), `SOAK_CONFIG_EXTRA` (TOML appended to the config, e.g.
+//! `[limits]` keys), `PROMPTD_BIN` (the binary to soak).
 //!
 //! `SOAK_VERIFY_ONLY=OUT` checks an earlier run's out folder again (acknowledgements against
 //! its state), without running anything.
@@ -60,7 +61,14 @@ fn main() {
         assert!(status.success(), "tests/mcp/install.sh failed");
     }
     let config = out.join("promptd.toml");
-    std::fs::write(&config, driver::config_text(&mcp, "")).expect("write the config");
+    std::fs::write(
+        &config,
+        driver::config_text(
+            &mcp,
+            &std::env::var("SOAK_CONFIG_EXTRA").unwrap_or_default(),
+        ),
+    )
+    .expect("write the config");
     let fixtures = build_wasm_workspace("tests/fixtures");
     let read = |name: &str| std::fs::read(fixtures.join(format!("{name}.wasm"))).expect(name);
     let plan = driver::Plan {

@@ -81,6 +81,44 @@ pub fn decode(session: &str, event: &Event) -> Result<Body> {
     Body::decode(event.kind, event.version, &event.body).map_err(|e| corrupt(session, event, e))
 }
 
+/// Roughly the heap a JSON value holds in memory: its strings, and per node the `Value` and
+/// the map entry around it, which its JSON text does not show (a tool's schema takes three to
+/// five times its JSON length as a `Value`).
+pub(super) fn value_heap_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    // A `Value` (32 bytes), and an allocation's header with its rounding.
+    const NODE: usize = 32;
+    const ALLOCATION: usize = 16;
+    // A map entry beyond its key and value: the B-tree's share of a node per entry.
+    const ENTRY: usize = 48;
+    match value {
+        Value::String(s) => s.len() + ALLOCATION,
+        Value::Array(a) => ALLOCATION + a.iter().map(|v| NODE + value_heap_bytes(v)).sum::<usize>(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| ENTRY + k.len() + ALLOCATION + NODE + value_heap_bytes(v))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// Roughly the heap a header holds (for the session cache's budget).
+pub(super) fn header_heap_bytes(header: &Header) -> usize {
+    let model: usize = (header.model.iter())
+        .map(|(k, v)| 96 + k.len() + value_heap_bytes(v))
+        .sum();
+    let tools: usize = (header.tools.iter())
+        .map(|t| {
+            // The spec itself and its two strings' allocations.
+            128 + t.name.len()
+                + t.description.len()
+                + value_heap_bytes(&t.parameters)
+                + t.defer.as_ref().map_or(0, |d| d.len() + 16)
+        })
+        .sum();
+    header.system.len() + model + tools + header.cache_key.as_ref().map_or(0, |k| k.len() + 16)
+}
+
 /// The length of `value` as JSON, without building the text.
 pub(super) fn json_bytes(value: &impl Serialize) -> usize {
     struct Count(usize);

@@ -241,7 +241,11 @@ impl SessionState {
                 None
             }
             Body::RequestHeader(record) => {
-                self.header_bytes = json_bytes(&record);
+                // The record as JSON is what its strings hold; the header's `Value` trees
+                // hold more in memory, and the provenance is kept twice (below).
+                self.header_bytes = json_bytes(&record)
+                    + header_heap_bytes(&record.header)
+                    + record.provenance.as_ref().map_or(0, |p| json_bytes(p));
                 let HeaderRecord {
                     header,
                     provenance,
