@@ -72,6 +72,42 @@ pub enum Message {
 }
 
 impl Message {
+    /// The bytes of text the message carries (its content, blocks' data, tool arguments):
+    /// what its JSON is at least, to size a buffer once instead of regrowing it.
+    pub fn text_bytes(&self) -> usize {
+        let content = |c: &Content| match c {
+            Content::Text(t) => t.len(),
+            Content::Blocks(blocks) => blocks
+                .iter()
+                .map(|b| match b {
+                    Block::Text { text } => text.len(),
+                    Block::Image { data, url, .. } | Block::Document { data, url, .. } => {
+                        data.as_ref().or(url.as_ref()).map_or(0, String::len)
+                    }
+                })
+                .sum(),
+        };
+        match self {
+            Message::User { content: c, .. } | Message::Tool { content: c, .. } => content(c),
+            Message::Assistant {
+                content,
+                tool_calls,
+                blocks,
+            } => {
+                content.len()
+                    + tool_calls
+                        .iter()
+                        .map(|c| {
+                            c.id.len()
+                                + c.name.len()
+                                + c.arguments_text.as_ref().map_or(64, String::len)
+                        })
+                        .sum::<usize>()
+                    + blocks.len() * 64
+            }
+        }
+    }
+
     /// A user message of plain text.
     pub fn user(content: impl Into<String>) -> Self {
         Message::User {

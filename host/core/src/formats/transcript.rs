@@ -399,15 +399,34 @@ impl Transcript {
             ),
             Format::Anthropic => Box::new(self.anthropic.iter().map(Item::Kept).chain(
                 self.open_turn.iter().map(move |(role, blocks)| {
-                    Item::Made(
-                        formats::anthropic::anthropic_last_turn(header, role, blocks.clone())
-                            .to_string(),
-                    )
+                    let turn =
+                        formats::anthropic::anthropic_last_turn(header, role, blocks.clone());
+                    Item::Made(to_json_sized(&turn, blocks.iter().map(text_bytes).sum()))
                 }),
             )),
             Format::OpenaiResponses => Box::new(self.responses.iter().map(Item::Kept)),
         }
     }
+}
+
+/// The strings' bytes in a JSON value: what its text is at least.
+fn text_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(text_bytes).sum(),
+        Value::Object(m) => m.iter().map(|(k, v)| k.len() + text_bytes(v)).sum(),
+        _ => 0,
+    }
+}
+
+/// `value` as JSON text in a buffer sized once for `text` bytes of strings and the markup
+/// around them: a turn holding a 20 MiB message is not grown by doubling (issue 32).
+fn to_json_sized(value: &Value, text: usize) -> String {
+    let mut out = Vec::with_capacity(256 + text + text / 16);
+    // Writing a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut out, value);
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// One item of a body's message list: a fragment kept as messages arrived, or one made for

@@ -234,8 +234,16 @@ impl Body {
 
     /// The event a store appends: the kind and the body's JSON text, at [`BODY_VERSION`].
     pub fn encode(&self) -> Result<NewEvent, serde_json::Error> {
-        // Sized for a marker with its usage, so most bodies are written without regrowing.
-        let mut out = Vec::with_capacity(512);
+        // Sized for a marker with its usage, so most bodies are written without regrowing, and
+        // for a message's text: a 20 MiB message is written into one buffer of its size, not
+        // grown by doubling to 32 MiB through every size below (issue 32).
+        let text = match self {
+            Body::UserMessage(m) | Body::AssistantMessage(m) | Body::ToolResult(m) => {
+                m.message.text_bytes()
+            }
+            _ => 0,
+        };
+        let mut out = Vec::with_capacity(512 + text + text / 16);
         match self {
             Body::SessionCreated(b) => serde_json::to_writer(&mut out, b),
             Body::UserMessage(b) | Body::AssistantMessage(b) | Body::ToolResult(b) => {
