@@ -505,3 +505,42 @@ fn l7_compiles_together_stay_within_compile_memory_total_mb() {
         .count();
     assert_eq!(loaded, 4, "{plugins}");
 }
+
+/// VmHWM (peak RSS) of a process in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 32: the memory a step may cost is a small multiple of its body. One step with a
+/// 20 MiB user message (under the 32 MiB body limit) raised the daemon's peak RSS by about
+/// eleven times the body; it may raise it by at most five (the body as read, its message, the
+/// event as written and SQLite's copy of it, with room for the allocator).
+#[test]
+fn a_step_with_a_20_mib_message_raises_peak_memory_by_a_small_multiple_of_its_body() {
+    let folder = Folder::new().bundled("persona").bundled("workspace");
+    let (d, _state) =
+        folder.serve("[model.anthropic]\nmodel = \"claude-sonnet-4-5\"\nmax_tokens = 1024\n");
+    let id = d.session("default");
+    let (status, v) = d.step(&id);
+    assert_eq!(status, 200, "{v}");
+    let pid = d.child.id();
+    let before = peak_rss_kib(pid);
+    let text = "word ".repeat(4 << 20); // 20 MiB
+    let body =
+        json!({"messages": [{"role": "user", "content": text}], "format": "anthropic"}).to_string();
+    let (status, reply) = d.post(&format!("/v1/sessions/{id}/steps"), &body);
+    assert_eq!(status, 200, "{reply:.300}");
+    let grew = peak_rss_kib(pid).saturating_sub(before) as f64 / 1024.0;
+    let body_mib = body.len() as f64 / (1 << 20) as f64;
+    eprintln!("a {body_mib:.1} MiB step raised peak RSS by {grew:.0} MiB");
+    assert!(
+        grew <= 5.0 * body_mib,
+        "a {body_mib:.1} MiB step raised the daemon's peak RSS by {grew:.0} MiB (more than 5x)"
+    );
+}

@@ -276,6 +276,9 @@ impl Daemon {
         let n = planned.step;
         let held = planned.held().to_vec();
         self.append(&mut taken, &events, planned.bodies)?;
+        // Written: the encoded events (a copy of each message) are not kept while the reply
+        // is rendered (issue 32: a step's memory a small multiple of its body).
+        drop(events);
         if !held.is_empty() || self.holding(id) {
             self.note_held(id, &held);
         }
