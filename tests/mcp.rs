@@ -862,6 +862,48 @@ fn m5_mcp_config_changes_apply_on_a_reload() {
     );
 }
 
+/// docs/mcp.md, "Config reloads" and "The first list": on a reload, unchanged servers keep
+/// their connection (started once), and a server the reload added is waited for the same way
+/// as at start: the next step carries its tools although it lists them 2 s after it is asked.
+#[test]
+fn m5_a_reload_keeps_unchanged_servers_and_a_step_waits_for_an_added_one() {
+    let folder = plugin_tools(Folder::new());
+    let starts = folder.path().join("starts");
+    let kept = fixture_config(
+        "s",
+        "same",
+        &format!(
+            "env = {{ FIXTURE_STARTS = {:?} }}",
+            starts.display().to_string()
+        ),
+    );
+    let (d, _state) = folder.serve(&format!("{LOCAL}{kept}"));
+    wait_state(&d, "mcp:s", "loaded");
+    let id = d.session("default");
+    step(&d, &id, json!([{"role": "user", "content": "one"}]));
+
+    folder.config(&format!(
+        "{LOCAL}{kept}{}",
+        fixture_config("slow", "slow_list", "")
+    ));
+    // The reload has been read once the added server shows; it has not listed yet.
+    eventually_within(60, "the reload to add mcp:slow", || {
+        !d.plugin("mcp:slow").is_null()
+    });
+    let request = step(&d, &id, json!([{"role": "user", "content": "two"}]));
+    let names = tool_names(&request);
+    assert!(
+        names.contains(&"slow_tool".to_string()) && names.contains(&"same".to_string()),
+        "the step waited for the added server's first list: {names:?}"
+    );
+    let started = std::fs::read_to_string(&starts).unwrap_or_default();
+    assert_eq!(
+        started.lines().count(),
+        1,
+        "the unchanged server kept its connection across the reload: {started:?}"
+    );
+}
+
 /// A step taken before a slow server's first list waits for it (within the step's bound for
 /// the first load) instead of going without the server's tools.
 #[test]
