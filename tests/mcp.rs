@@ -862,6 +862,27 @@ fn m5_mcp_config_changes_apply_on_a_reload() {
     );
 }
 
+/// docs/mcp.md, "The first list": past the 30 s a step waits for the first load, it goes on
+/// without a server still silent (one that never answers `tools/list`, with a `timeout_ms`
+/// longer than that bound), and the plugins' tools serve.
+#[test]
+fn m5_a_step_goes_on_without_a_server_silent_past_the_bound() {
+    let folder = plugin_tools(Folder::new());
+    let (d, _state) = folder.serve(&format!(
+        "{LOCAL}{}",
+        fixture_config("mute", "hang_list", "timeout_ms = 120000")
+    ));
+    let id = d.session("default");
+    let started = std::time::Instant::now();
+    let request = step(&d, &id, json!([{"role": "user", "content": "now"}]));
+    let waited = started.elapsed();
+    assert_eq!(tool_names(&request), ["alpha_tool", "zeta_tool"]);
+    assert!(
+        (std::time::Duration::from_secs(25)..std::time::Duration::from_secs(60)).contains(&waited),
+        "the step waited {waited:?} for the silent server (the bound is 30 s)"
+    );
+}
+
 /// docs/mcp.md, "Config reloads" and "The first list": on a reload, unchanged servers keep
 /// their connection (started once), and a server the reload added is waited for the same way
 /// as at start: the next step carries its tools although it lists them 2 s after it is asked.
