@@ -1348,3 +1348,37 @@ fn h6_bodies_in_flight_are_bounded_across_connections() {
     let _ = slow.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 }
+
+/// H6, configuration.md's limits table: a body of unknown length (chunked) counts as
+/// `max_body_mb` against `bodies_in_flight_mb`, so with both at 1 MiB a slow chunked body
+/// holds the whole budget: another body waits until it ends (at its body timeout).
+#[test]
+fn h6_a_chunked_body_counts_as_max_body_mb_in_flight() {
+    use std::io::{Read, Write};
+    let folder = bundled();
+    let config = folder.config(&format!(
+        "{CONFIG}[limits]\nmax_body_mb = 1\nbodies_in_flight_mb = 1\nbody_timeout_ms = 1500\n"
+    ));
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        slow,
+        "POST /v1/sessions HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n{{\"agent\"\r\n"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let (status, body) = d.post("/v1/sessions", r#"{"agent":"default"}"#);
+    let waited = started.elapsed();
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        waited >= Duration::from_millis(900),
+        "served after {waited:?}: a 19-byte body waited for the chunked body's max_body_mb"
+    );
+    let mut answer = String::new();
+    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
