@@ -576,7 +576,7 @@ fn client(plan: &Plan, shared: &Shared, k: usize, t0: Instant, acks: &Path) {
             (false, true) => shared.version[1].fetch_add(1, Ordering::Relaxed),
             _ => shared.mixed.fetch_add(1, Ordering::Relaxed),
         };
-        writeln!(acks, "{id}\t{n}\t{format}\t{}", sha256_hex(&request)).expect("write acks");
+        writeln!(acks, "{id}\t{n}\t{format}\t{}", sha256_hex(request)).expect("write acks");
         shared.steps.fetch_add(1, Ordering::Relaxed);
         shared.window.lock().unwrap().push(latency);
         turn += 1;
@@ -865,13 +865,15 @@ fn run_reports(samples: &[Sample], plan: &Plan) -> Vec<RunReport> {
     out
 }
 
+/// A session's format and its acknowledged steps (number, SHA-256 of the request's bytes).
+type SessionAcks = (Format, Vec<(u64, String)>);
+
 /// Every acknowledged step, rebuilt from the log the daemons left (Q4) and rendered in the
 /// session's format, must hash to what the client was answered. Sessions are checked on as
 /// many threads as there are cores.
 pub fn verify(plan: &Plan, ack_files: &[PathBuf], report: &mut Report) {
     let started = Instant::now();
-    type Acks = BTreeMap<String, (Format, Vec<(u64, String)>)>;
-    let mut by_session: Acks = BTreeMap::new();
+    let mut by_session: BTreeMap<String, SessionAcks> = BTreeMap::new();
     for file in ack_files {
         let text = std::fs::read_to_string(file).expect("read acks");
         for line in text.lines() {
@@ -891,7 +893,7 @@ pub fn verify(plan: &Plan, ack_files: &[PathBuf], report: &mut Report) {
     }
     let store = promptd_store::SqliteStore::open(&plan.state.join("sessions.db"))
         .expect("open the soak's session log");
-    let sessions: Vec<(&String, &(Format, Vec<(u64, String)>))> = by_session.iter().collect();
+    let sessions: Vec<(&String, &SessionAcks)> = by_session.iter().collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = sessions.len().div_ceil(threads).max(1);
     let parts: Vec<Report> = std::thread::scope(|scope| {

@@ -245,7 +245,7 @@ impl SessionState {
                 // hold more in memory, and the provenance is kept twice (below).
                 self.header_bytes = json_bytes(&record)
                     + header_heap_bytes(&record.header)
-                    + record.provenance.as_ref().map_or(0, |p| json_bytes(p));
+                    + record.provenance.as_ref().map_or(0, json_bytes);
                 let HeaderRecord {
                     header,
                     provenance,
