@@ -338,7 +338,7 @@ impl Daemon {
     }
 
     fn stop(mut self) {
-        // SAFETY-free: `kill` the command, not libc, so this file needs no unsafe.
+        // SIGTERM through kill(1): std only sends SIGKILL, and this file stays free of unsafe.
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -819,7 +819,7 @@ pub fn run(plan: &Plan) -> Report {
         ..Report::default()
     };
     if plan.verify {
-        verify(plan, &ack_files, &mut report);
+        verify(&plan.state, &ack_files, &mut report);
     }
     report
 }
@@ -869,9 +869,9 @@ fn run_reports(samples: &[Sample], plan: &Plan) -> Vec<RunReport> {
 type SessionAcks = (Format, Vec<(u64, String)>);
 
 /// Every acknowledged step, rebuilt from the log the daemons left (Q4) and rendered in the
-/// session's format, must hash to what the client was answered. Sessions are checked on as
-/// many threads as there are cores.
-pub fn verify(plan: &Plan, ack_files: &[PathBuf], report: &mut Report) {
+/// session's format, must hash to what the client was answered. `state` is the daemons' state
+/// folder. Sessions are checked on as many threads as there are cores.
+pub fn verify(state: &Path, ack_files: &[PathBuf], report: &mut Report) {
     let started = Instant::now();
     let mut by_session: BTreeMap<String, SessionAcks> = BTreeMap::new();
     for file in ack_files {
@@ -891,7 +891,7 @@ pub fn verify(plan: &Plan, ack_files: &[PathBuf], report: &mut Report) {
                 .push((n.parse().unwrap_or(0), sha.to_string()));
         }
     }
-    let store = promptd_store::SqliteStore::open(&plan.state.join("sessions.db"))
+    let store = promptd_store::SqliteStore::open(&state.join("sessions.db"))
         .expect("open the soak's session log");
     let sessions: Vec<(&String, &SessionAcks)> = by_session.iter().collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -252,27 +252,8 @@ fn verify_only(out: &std::path::Path) {
                 .is_some_and(|n| n.to_string_lossy().starts_with("acks-"))
         })
         .collect();
-    let plan = driver::Plan {
-        bin: Default::default(),
-        plugins: Default::default(),
-        config: Default::default(),
-        state: out.join("state"),
-        out: out.to_path_buf(),
-        versions: [Vec::new(), Vec::new()],
-        mcp_marker: String::new(),
-        duration: Duration::ZERO,
-        rate: 0.0,
-        threads: 0,
-        steps_per_session: 0,
-        kill_every: Duration::ZERO,
-        swap_every: Duration::ZERO,
-        mcp_kill_every: Duration::ZERO,
-        warmup: Duration::ZERO,
-        window: Duration::ZERO,
-        verify: true,
-    };
     let mut report = driver::Report::default();
-    driver::verify(&plan, &acks, &mut report);
+    driver::verify(&out.join("state"), &acks, &mut report);
     println!(
         "{} steps rebuilt byte-identically, {} missing, {} differing, {} in the log unacknowledged; {:.1} s; {:?}",
         report.verified_steps,
