@@ -1308,40 +1308,35 @@ fn h6_a_body_sent_slowly_is_answered_408_at_the_body_timeout() {
     assert_eq!(sessions["sessions"], json!([]), "nothing was recorded");
 }
 
-/// H6: `bodies_in_flight_mb` bounds the bytes of request bodies in flight across connections:
-/// while one client holds the whole budget with a slow 1 MiB body, another request with a body
-/// waits for it (and is then served), and a request without a body is served at once.
-#[test]
-fn h6_bodies_in_flight_are_bounded_across_connections() {
-    use std::io::{Read, Write};
+/// A daemon whose `bodies_in_flight_mb` and `max_body_mb` are 1 MiB, and a connection that
+/// sent `head` (a request head and the start of its body) and stalls, holding its share of
+/// the budget until its 1.5 s body timeout.
+fn stalled_body(head: &str) -> (Served, tempfile::TempDir, std::net::TcpStream) {
+    use std::io::Write;
     let folder = bundled();
     let config = folder.config(&format!(
         "{CONFIG}[limits]\nmax_body_mb = 1\nbodies_in_flight_mb = 1\nbody_timeout_ms = 1500\n"
     ));
-    let (_tmp, state) = state_dir();
+    let (tmp, state) = state_dir();
     let d = Served::start(folder.path(), &config, &state);
     let addr = d.url.trim_start_matches("http://").to_string();
     let mut slow = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        slow,
-        "POST /v1/sessions HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"agent\"",
-        1 << 20
-    )
-    .unwrap();
+    slow.write_all(head.as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let started = Instant::now();
-    assert_eq!(d.get("/v1/health").0, 200);
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "a request without a body does not wait"
-    );
+    (d, tmp, slow)
+}
+
+/// Creating a session (a 19-byte body) waits for the stalled body's share, and is then
+/// served; the stalled body is answered 408.
+fn waits_for_the_stalled_body(d: &Served, mut slow: std::net::TcpStream, why: &str) {
+    use std::io::Read;
     let started = Instant::now();
     let (status, body) = d.post("/v1/sessions", r#"{"agent":"default"}"#);
     let waited = started.elapsed();
     assert_eq!(status, 201, "{body}");
     assert!(
         waited >= Duration::from_millis(900),
-        "served after {waited:?}: it should have waited for the slow body's share"
+        "served after {waited:?}: {why}"
     );
     let mut answer = String::new();
     slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -1349,36 +1344,35 @@ fn h6_bodies_in_flight_are_bounded_across_connections() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 }
 
+/// H6: `bodies_in_flight_mb` bounds the bytes of request bodies in flight across connections:
+/// while one client holds the whole budget with a slow 1 MiB body, another request with a body
+/// waits for it (and is then served), and a request without a body is served at once.
+#[test]
+fn h6_bodies_in_flight_are_bounded_across_connections() {
+    let (d, _tmp, slow) = stalled_body(&format!(
+        "POST /v1/sessions HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"agent\"",
+        1 << 20
+    ));
+    let started = Instant::now();
+    assert_eq!(d.get("/v1/health").0, 200);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a request without a body does not wait"
+    );
+    waits_for_the_stalled_body(&d, slow, "it should have waited for the slow body's share");
+}
+
 /// H6, configuration.md's limits table: a body of unknown length (chunked) counts as
 /// `max_body_mb` against `bodies_in_flight_mb`, so with both at 1 MiB a slow chunked body
 /// holds the whole budget: another body waits until it ends (at its body timeout).
 #[test]
 fn h6_a_chunked_body_counts_as_max_body_mb_in_flight() {
-    use std::io::{Read, Write};
-    let folder = bundled();
-    let config = folder.config(&format!(
-        "{CONFIG}[limits]\nmax_body_mb = 1\nbodies_in_flight_mb = 1\nbody_timeout_ms = 1500\n"
-    ));
-    let (_tmp, state) = state_dir();
-    let d = Served::start(folder.path(), &config, &state);
-    let addr = d.url.trim_start_matches("http://").to_string();
-    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        slow,
-        "POST /v1/sessions HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n{{\"agent\"\r\n"
-    )
-    .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let started = Instant::now();
-    let (status, body) = d.post("/v1/sessions", r#"{"agent":"default"}"#);
-    let waited = started.elapsed();
-    assert_eq!(status, 201, "{body}");
-    assert!(
-        waited >= Duration::from_millis(900),
-        "served after {waited:?}: a 19-byte body waited for the chunked body's max_body_mb"
+    let (d, _tmp, slow) = stalled_body(
+        "POST /v1/sessions HTTP/1.1\r\nHost: promptd\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n{\"agent\"\r\n",
     );
-    let mut answer = String::new();
-    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let _ = slow.read_to_string(&mut answer);
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    waits_for_the_stalled_body(
+        &d,
+        slow,
+        "a 19-byte body waited for the chunked body's max_body_mb",
+    );
 }
