@@ -161,6 +161,7 @@ fn record(registry: &Registry, plan: &AgentPlan, steps: usize) -> Vec<Event> {
                     arguments_text: None,
                 }],
                 blocks: Vec::new(),
+                native: None,
             }
         } else {
             Message::Assistant {
@@ -169,6 +170,7 @@ fn record(registry: &Registry, plan: &AgentPlan, steps: usize) -> Vec<Event> {
                 ),
                 tool_calls: Vec::new(),
                 blocks: Vec::new(),
+                native: None,
             }
         };
         let reply = Body::AssistantMessage(Recorded {

@@ -58,6 +58,11 @@ pub fn marked_stream(request: &FrozenRequest, format: Format) -> Vec<(Part, Opti
 
 /// [`marked_stream`] of a request body already rendered in `format`.
 pub fn marked_parts(body: &Value, format: Format) -> Vec<(Part, Option<Ttl>)> {
+    match format {
+        Format::Gemini => return gemini_parts(body),
+        Format::Bedrock => return bedrock_parts(body),
+        _ => {}
+    }
     let mut parts = Vec::new();
     let mut push = |label: String, v: &Value| {
         let mark = breakpoint(v);
@@ -100,6 +105,108 @@ pub fn marked_parts(body: &Value, format: Format) -> Vec<(Part, Option<Ttl>)> {
         .and_then(Value::as_array);
     for (i, m) in list.into_iter().flatten().enumerate() {
         push(format!("message {}", i + 1), m);
+    }
+    parts
+}
+
+/// A Gemini body's stream: model, each function declaration, the system instruction, each
+/// content. Gemini caches implicitly: no part carries a breakpoint.
+fn gemini_parts(body: &Value) -> Vec<(Part, Option<Ttl>)> {
+    let mut parts = Vec::new();
+    let mut push = |label: String, v: &Value| {
+        parts.push((
+            Part {
+                label,
+                text: v.to_string(),
+            },
+            None,
+        ))
+    };
+    if let Some(model) = body.get("model") {
+        push("model".into(), model);
+    }
+    let config = body.get("config");
+    let tools = config
+        .and_then(|c| c.get("tools"))
+        .and_then(Value::as_array);
+    for tool in tools.into_iter().flatten() {
+        let declarations = tool.get("functionDeclarations").and_then(Value::as_array);
+        for declaration in declarations.into_iter().flatten() {
+            push(format!("tool `{}`", tool_name(declaration)), declaration);
+        }
+    }
+    if let Some(system) = config.and_then(|c| c.get("systemInstruction")) {
+        push("system".into(), system);
+    }
+    let contents = body.get("contents").and_then(Value::as_array);
+    for (i, content) in contents.into_iter().flatten().enumerate() {
+        push(format!("message {}", i + 1), content);
+    }
+    parts
+}
+
+/// The TTL of a Converse `cachePoint` block, if `v` is one.
+fn cache_point(v: &Value) -> Option<Ttl> {
+    let point = v.get("cachePoint")?;
+    Some(match point.get("ttl").and_then(Value::as_str) {
+        Some("1h") => Ttl::Hour1,
+        _ => Ttl::Minutes5,
+    })
+}
+
+/// `blocks` without their `cachePoint` blocks, and the longest TTL those asked for.
+fn without_cache_points(blocks: &[Value]) -> (Value, Option<Ttl>) {
+    let mark = blocks.iter().filter_map(cache_point).max();
+    let kept = blocks
+        .iter()
+        .filter(|b| cache_point(b).is_none())
+        .cloned()
+        .collect();
+    (Value::Array(kept), mark)
+}
+
+/// A Converse body's stream: model, each tool, the system blocks, each message. A
+/// `cachePoint` block marks the end of what comes before it: the tool before it in
+/// `toolConfig.tools`, the system, or its message.
+fn bedrock_parts(body: &Value) -> Vec<(Part, Option<Ttl>)> {
+    let mut parts: Vec<(Part, Option<Ttl>)> = Vec::new();
+    let part = |label: String, v: &Value| Part {
+        label,
+        text: v.to_string(),
+    };
+    if let Some(model) = body.get("modelId") {
+        parts.push((part("model".into(), model), None));
+    }
+    let tools = body
+        .get("toolConfig")
+        .and_then(|c| c.get("tools"))
+        .and_then(Value::as_array);
+    for tool in tools.into_iter().flatten() {
+        match (cache_point(tool), parts.last_mut()) {
+            (Some(ttl), Some(last)) => last.1 = last.1.max(Some(ttl)),
+            (Some(_), None) => {}
+            (None, _) => {
+                let name = tool.get("toolSpec").map_or("?", tool_name);
+                parts.push((part(format!("tool `{name}`"), tool), None));
+            }
+        }
+    }
+    if let Some(Value::Array(system)) = body.get("system") {
+        let (kept, mark) = without_cache_points(system);
+        parts.push((part("system".into(), &kept), mark));
+    }
+    let messages = body.get("messages").and_then(Value::as_array);
+    for (i, message) in messages.into_iter().flatten().enumerate() {
+        let mut message = message.clone();
+        let mut mark = None;
+        if let Some(Value::Array(content)) = message.get("content") {
+            let (kept, m) = without_cache_points(content);
+            mark = m;
+            if let Value::Object(map) = &mut message {
+                map.insert("content".into(), kept);
+            }
+        }
+        parts.push((part(format!("message {}", i + 1), &message), mark));
     }
     parts
 }
@@ -289,7 +396,8 @@ fn common_prefix(a: &str, b: &str) -> usize {
 
 fn message_cause(old: &[Part], new: &[Part], i: usize, format: Format) -> String {
     let label = &new[i].label;
-    if i + 1 == old.len() && format == Format::Anthropic {
+    if i + 1 == old.len() && matches!(format, Format::Anthropic | Format::Gemini | Format::Bedrock)
+    {
         return format!("{label} grew: a new message joined the previous turn");
     }
     if i >= old.len() {

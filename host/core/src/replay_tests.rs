@@ -183,6 +183,7 @@ fn calling(id: &str) -> Message {
             arguments_text: None,
         }],
         blocks: Vec::new(),
+        native: None,
     }
 }
 
@@ -199,6 +200,7 @@ fn said(text: &str) -> Message {
         content: text.into(),
         tool_calls: Vec::new(),
         blocks: Vec::new(),
+        native: None,
     }
 }
 

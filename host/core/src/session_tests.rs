@@ -52,6 +52,7 @@ fn assistant_calling(id: &str) -> Message {
             arguments_text: None,
         }],
         blocks: Vec::new(),
+        native: None,
     }
 }
 
@@ -364,6 +365,7 @@ fn assistant_calling_all(ids: &[&str]) -> Message {
             })
             .collect(),
         blocks: Vec::new(),
+        native: None,
     }
 }
 
@@ -381,7 +383,8 @@ fn q5_the_conversation_stays_valid_for_every_provider() {
         refused(&Message::Assistant {
             content: " ".into(),
             tool_calls: vec![],
-            blocks: vec![]
+            blocks: vec![],
+            native: None,
         }),
         "empty_message"
     );
@@ -631,6 +634,7 @@ proptest::proptest! {
                     content: format!("reply {i}"),
                     tool_calls: Vec::new(),
                     blocks: Vec::new(),
+                    native: None,
                 });
                 state.apply(&log.events()[before..]).unwrap();
             }

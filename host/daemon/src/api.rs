@@ -571,6 +571,17 @@ pub struct Recorded {
     pub seq: u64,
 }
 
+/// `POST /v1/sessions/{id}/messages`: the seq of the recorded event, and the tool calls a
+/// recorded reply opened, with the ids the daemon gave calls that came without (Gemini's).
+#[derive(Serialize, ToSchema)]
+pub struct RecordedMessage {
+    /// The event's seq in the session's log.
+    pub seq: u64,
+    /// The calls the reply made, as recorded (none for a final answer or a tool result).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<promptd_core::conversation::ToolCall>,
+}
+
 /// One event of a session's log.
 #[derive(Serialize, ToSchema)]
 pub struct EventView {

@@ -685,7 +685,7 @@ async fn compact(
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
     params(("id" = String, Path, description = "The session's id"), SentQuery),
     request_body(content = api::ReplyBody, description = "A reply in any provider's own shape, or a neutral message such as `{\"role\": \"tool\", \"tool_call_id\", \"content\"}`"),
-    responses((status = 201, description = "The recorded event's seq", body = api::Recorded), api::Errors))]
+    responses((status = 201, description = "The recorded event's seq, and the tool calls a reply opened", body = api::RecordedMessage), api::Errors))]
 async fn record_message(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -708,9 +708,19 @@ async fn record_message(
         promptd_core::formats::replies::reply_with_usage(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
     let sent = format.map(|f| (f, query.sent_at));
+    let mut calls = message.clone();
     let seq =
         blocking(move || daemon.record_sent_reply(&id, &message, usage.as_ref(), sent)).await?;
-    Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
+    // The daemon named calls that came without ids by the seq: the same names, for the client.
+    promptd_core::formats::replies::name_calls(&mut calls, seq);
+    let tool_calls = match calls {
+        promptd_core::conversation::Message::Assistant { tool_calls, .. } => tool_calls,
+        _ => Vec::new(),
+    };
+    Ok(json_reply(
+        StatusCode::CREATED,
+        &api::RecordedMessage { seq, tool_calls },
+    ))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -342,8 +342,10 @@ impl Daemon {
         let shown = &plan.tool_results;
         // Q18: the review hooks see what is recorded between steps too, in the same order.
         let registry = self.registry();
-        let mut message =
-            step::review_recorded(&registry, &plan, &taken.get().state, message.clone())?;
+        let mut message = message.clone();
+        // Calls that came without ids (Gemini may leave them out) are named by where they land.
+        promptd_core::formats::replies::name_calls(&mut message, taken.get().state.last_seq() + 1);
+        let mut message = step::review_recorded(&registry, &plan, &taken.get().state, message)?;
         session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
         taken.get().state.check_message(&message)?;
         let mut blocks = None;

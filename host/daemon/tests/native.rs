@@ -88,6 +88,7 @@ fn calling(id: &str) -> Message {
             arguments_text: None,
         }],
         blocks: Vec::new(),
+        native: None,
     }
 }
 
@@ -273,6 +274,7 @@ fn q1_to_q5_a_session_through_a_tool_call_rebuilds_identically() {
                 arguments_text: None,
             }],
             blocks: Vec::new(),
+            native: None,
         },
     )
     .unwrap();

@@ -148,6 +148,7 @@ mod tests {
                 content: "I saw sk-1".into(),
                 tool_calls: vec![],
                 blocks: vec![],
+                native: None,
             },
             Message::Tool {
                 tool_call_id: "c1".into(),

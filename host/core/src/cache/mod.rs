@@ -52,9 +52,10 @@ use crate::formats::Format;
 /// Which kind of cache a provider runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
-    /// Explicit breakpoints (Anthropic Messages).
+    /// Explicit breakpoints (Anthropic Messages, Bedrock Converse's `cachePoint` blocks).
     Breakpoints,
-    /// Automatic prefix caching with routing (OpenAI Chat Completions and Responses).
+    /// Automatic prefix caching (OpenAI Chat Completions and Responses, with routing; Gemini's
+    /// implicit caching).
     Automatic,
 }
 
@@ -109,6 +110,10 @@ impl Rules {
                 rules.extended = retention::served(model, None, default) == Retention::Hours24;
                 (rules, &overrides.openai)
             }
+            Format::Gemini => (Rules::gemini(model), &overrides.gemini),
+            // Converse's cache points work as Anthropic's breakpoints do, for the models that
+            // cache (Claude's limits and prices on Bedrock are Anthropic's).
+            Format::Bedrock => (Rules::anthropic(model), &overrides.bedrock),
             Format::Neutral => return None,
         };
         o.apply(&mut rules);
@@ -170,6 +175,33 @@ impl Rules {
         }
     }
 
+    /// Gemini's implicit caching (its context-caching guide): automatic, from 4,096 tokens on
+    /// Pro models and 1,024 on the others, reads at a tenth of input (Gemini 2.5 and later),
+    /// no charge for writing. The life of an implicit entry is not documented: 5 minutes is
+    /// assumed (`[cache.gemini] ttl_ms` changes it).
+    pub fn gemini(model: &str) -> Rules {
+        let min_tokens = if model.to_ascii_lowercase().contains("pro") {
+            4096
+        } else {
+            1024
+        };
+        Rules {
+            family: Family::Automatic,
+            max_breakpoints: 0,
+            lookback_blocks: 0,
+            min_tokens,
+            step_tokens: 1,
+            ttl_ms: 5 * 60_000,
+            ttl_1h_ms: 5 * 60_000,
+            extended: false,
+            routing_tokens: 0,
+            per_key_per_minute: 0,
+            read: 0.1,
+            write_5m: 1.0,
+            write_1h: 1.0,
+        }
+    }
+
     /// OpenAI's rules (Chat Completions and Responses): cached reads cost `read` of input
     /// (0.5 for the GPT-4o family, 0.25 for GPT-4.1, 0.1 for GPT-5 — check the model's page);
     /// writes cost nothing extra. In-memory retention (5 minutes idle); [`Rules::of`] sets
@@ -217,6 +249,12 @@ pub struct RulesConfig {
     /// OpenAI Chat Completions and Responses.
     #[serde(default)]
     pub openai: RulesOverride,
+    /// Gemini `generateContent`.
+    #[serde(default)]
+    pub gemini: RulesOverride,
+    /// Bedrock Converse.
+    #[serde(default)]
+    pub bedrock: RulesOverride,
 }
 
 /// The fields of [`Rules`] a config may set.

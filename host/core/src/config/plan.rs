@@ -166,8 +166,8 @@ impl AgentPlan {
     pub fn idle_ttl_ms(&self, format: Format, ttl: Option<Ttl>) -> u64 {
         let [five, hour, openai] = self.idle_ttl_ms;
         match format {
-            Format::Anthropic if ttl == Some(Ttl::Hour1) => hour,
-            Format::Anthropic => five,
+            Format::Anthropic | Format::Bedrock if ttl == Some(Ttl::Hour1) => hour,
+            Format::Anthropic | Format::Bedrock | Format::Gemini => five,
             Format::Openai | Format::OpenaiResponses => openai,
             Format::Neutral => five.min(openai),
         }

@@ -58,6 +58,10 @@ pub enum Message {
         /// derived from them for the other formats.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         blocks: Vec<Value>,
+        /// The reply as Gemini or Bedrock wrote it, when it was recorded in their shape: those
+        /// formats send it back as it came (Gemini's thought signatures, Bedrock's reasoning).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<Box<Native>>,
     },
     /// A tool's output, answering the call `tool_call_id`.
     Tool {
@@ -69,6 +73,22 @@ pub enum Message {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
     },
+}
+
+impl Native {
+    /// Roughly the bytes of its JSON (strings counted, 64 a part or block).
+    fn value_bytes(&self) -> usize {
+        fn strings(v: &Value) -> usize {
+            match v {
+                Value::String(s) => s.len(),
+                Value::Array(a) => a.iter().map(strings).sum(),
+                Value::Object(m) => m.iter().map(|(k, v)| k.len() + strings(v)).sum(),
+                _ => 8,
+            }
+        }
+        let (Native::Gemini { parts: items, .. } | Native::Bedrock { content: items }) = self;
+        items.iter().map(|v| 64 + strings(v)).sum()
+    }
 }
 
 impl Message {
@@ -93,6 +113,7 @@ impl Message {
                 content,
                 tool_calls,
                 blocks,
+                native,
             } => {
                 content.len()
                     + tool_calls
@@ -104,6 +125,7 @@ impl Message {
                         })
                         .sum::<usize>()
                     + blocks.len() * 64
+                    + native.as_ref().map_or(0, |n| n.value_bytes())
             }
         }
     }
@@ -128,6 +150,30 @@ impl Message {
     pub fn is_snapshot(&self) -> bool {
         matches!(self, Message::User { snapshot: true, .. })
     }
+}
+
+/// A reply's own content in the shape of the provider that wrote it, kept for that provider's
+/// format (the others derive theirs from the message's `content` and `tool_calls`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "format", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Native {
+    /// A Gemini `Content`'s parts in order (text, thought, functionCall…, each with its
+    /// `thoughtSignature` as written), and the model that wrote them (`modelVersion`):
+    /// signatures go back only to that model.
+    Gemini {
+        /// The model that wrote the reply, when the response said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+        /// The parts, keys in Gemini's JSON (camelCase) spelling.
+        parts: Vec<Value>,
+    },
+    /// A Bedrock Converse message's content blocks in order (text, toolUse,
+    /// reasoningContent…).
+    Bedrock {
+        /// The content blocks.
+        content: Vec<Value>,
+    },
 }
 
 /// A tool as the model sees it.

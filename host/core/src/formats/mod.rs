@@ -5,12 +5,14 @@
 //! request also gives the same bytes. Nothing here panics on any input.
 //!
 //! One module per body shape: `neutral`, `openai` (Chat Completions), `responses` (OpenAI
-//! Responses) and `anthropic` (Messages). This module holds [`Format`], the model settings a
+//! Responses), `anthropic` (Messages), `gemini` (`generateContent`) and `bedrock` (Converse). This module holds [`Format`], the model settings a
 //! body carries, the dispatch ([`render`]) and the helpers both OpenAI shapes share.
 //! [`replies`] reads a model's reply in any of these shapes; [`transcript`] renders a
 //! session's messages once per format as they are appended.
 
 mod anthropic;
+pub mod bedrock;
+pub mod gemini;
 mod neutral;
 mod openai;
 pub mod pieces;
@@ -40,6 +42,10 @@ pub enum Format {
     /// OpenAI Responses.
     #[serde(rename = "openai-responses")]
     OpenaiResponses,
+    /// Google Gemini `generateContent`, as the SDKs' `generate_content` takes it.
+    Gemini,
+    /// AWS Bedrock Converse, as `bedrock-runtime`'s `converse` takes it.
+    Bedrock,
 }
 
 /// A name that is no [`Format`]'s: its message names the value and every format.
@@ -67,15 +73,19 @@ impl Format {
             Format::Openai => "openai",
             Format::Anthropic => "anthropic",
             Format::OpenaiResponses => "openai-responses",
+            Format::Gemini => "gemini",
+            Format::Bedrock => "bedrock",
         }
     }
 
     /// Every format, in a fixed order.
-    pub const ALL: [Format; 4] = [
+    pub const ALL: [Format; 6] = [
         Format::Neutral,
         Format::Openai,
         Format::Anthropic,
         Format::OpenaiResponses,
+        Format::Gemini,
+        Format::Bedrock,
     ];
 
     /// The model settings a body in this format cannot do without (the official SDKs refuse
@@ -83,14 +93,22 @@ impl Format {
     pub fn required_settings(self) -> &'static [&'static str] {
         match self {
             Format::Neutral => &[],
-            Format::Openai | Format::OpenaiResponses => &["model"],
+            Format::Openai | Format::OpenaiResponses | Format::Gemini | Format::Bedrock => {
+                &["model"]
+            }
             Format::Anthropic => &["model", "max_tokens"],
         }
     }
 }
 
 /// Tables inside `model` that hold one provider format's own settings.
-pub const PROVIDER_TABLES: [&str; 3] = ["openai", "anthropic", "openai-responses"];
+pub const PROVIDER_TABLES: [&str; 5] = [
+    "openai",
+    "anthropic",
+    "openai-responses",
+    "gemini",
+    "bedrock",
+];
 
 /// What a body in `format` carries of the merged model settings: every key that is not a
 /// provider table, overridden by the keys of the format's own table (`model.anthropic`, …).
@@ -164,15 +182,19 @@ pub fn render(request: &FrozenRequest, format: Format) -> Value {
         Format::Openai => openai::messages(request),
         Format::Anthropic => anthropic::messages(request),
         Format::OpenaiResponses => responses::messages(request),
+        Format::Gemini => gemini::messages(request),
+        Format::Bedrock => bedrock::messages(request),
     };
     body.insert(list_key(format).into(), Value::Array(messages));
     Value::Object(body)
 }
 
-/// The key of the conversation in a body: `input` for Responses, else `messages`.
+/// The key of the conversation in a body: `input` for Responses, `contents` for Gemini, else
+/// `messages`.
 pub(crate) fn list_key(format: Format) -> &'static str {
     match format {
         Format::OpenaiResponses => "input",
+        Format::Gemini => "contents",
         _ => "messages",
     }
 }
@@ -201,9 +223,13 @@ pub(crate) fn tools_value(
         match format {
             Format::Anthropic => return Some(anthropic::deferring(header, &arrayed)),
             Format::OpenaiResponses => return Some(responses::deferring(&arrayed)),
-            // Chat Completions has no tool search, and the neutral shape shows `defer`.
-            Format::Openai | Format::Neutral => {}
+            // Chat Completions, Gemini and Converse have no tool search (every tool is sent),
+            // and the neutral shape shows `defer`.
+            Format::Openai | Format::Neutral | Format::Gemini | Format::Bedrock => {}
         }
+    }
+    if format == Format::Gemini {
+        return Some(gemini::tools(&arrayed));
     }
     let count = arrayed.len();
     let tools = arrayed.iter().enumerate().map(|(i, tool)| match format {
@@ -211,6 +237,7 @@ pub(crate) fn tools_value(
         Format::Openai => openai::tool(tool),
         Format::OpenaiResponses => responses::tool(tool),
         Format::Anthropic => anthropic::anthropic_tool(header, tool, i + 1 == count),
+        Format::Gemini | Format::Bedrock => bedrock::tool(tool),
     });
     Some(Value::Array(tools.collect()))
 }
@@ -227,6 +254,8 @@ pub(crate) fn head(
         Format::Openai => openai::head(header, tools, shown),
         Format::OpenaiResponses => responses::head(header, tools, shown),
         Format::Anthropic => anthropic::head(header, tools),
+        Format::Gemini => gemini::head(header, tools),
+        Format::Bedrock => bedrock::head(header, tools),
     }
 }
 
@@ -242,8 +271,9 @@ fn allowed_tools(shown: &[String], mut fields: Value) -> Value {
     fields
 }
 
-/// Why `format` cannot carry `message`, if it cannot: the only such block today is a PDF by
-/// URL in Chat Completions, which takes files as base64 data only.
+/// Why `format` cannot carry `message`, if it cannot: a PDF by URL in Chat Completions, which
+/// takes files as base64 data only; an image or document by URL in Converse, which takes bytes
+/// (or an S3 location, with a format a URL does not say).
 pub fn unsupported(format: Format, message: &Message) -> Option<&'static str> {
     let (Message::User { content, .. } | Message::Tool { content, .. }) = message else {
         return None;
@@ -254,6 +284,12 @@ pub fn unsupported(format: Format, message: &Message) -> Option<&'static str> {
         .find_map(|block| match (format, block) {
             (Format::Openai, Block::Document { url: Some(_), .. }) => {
                 Some("a document by URL (Chat Completions takes PDFs as base64 data only)")
+            }
+            (Format::Bedrock, Block::Image { url: Some(_), .. }) => {
+                Some("an image by URL (Converse takes images as bytes)")
+            }
+            (Format::Bedrock, Block::Document { url: Some(_), .. }) => {
+                Some("a document by URL (Converse takes documents as bytes)")
             }
             _ => None,
         })
@@ -313,6 +349,7 @@ mod tests {
                         arguments_text: None,
                     }],
                     blocks: Vec::new(),
+                    native: None,
                 },
                 Message::Tool {
                     tool_call_id: "call_1".into(),
@@ -348,6 +385,7 @@ mod tests {
                     },
                 ],
                 blocks: Vec::new(),
+                native: None,
             },
             Message::Tool {
                 tool_call_id: "a".into(),
@@ -363,11 +401,13 @@ mod tests {
                 content: String::new(),
                 tool_calls: vec![],
                 blocks: Vec::new(),
+                native: None,
             },
             Message::Assistant {
                 content: "Done.".into(),
                 tool_calls: vec![],
                 blocks: Vec::new(),
+                native: None,
             },
             Message::snapshot("cwd: /work"),
         ];
@@ -401,7 +441,7 @@ mod tests {
         }
         assert_eq!(
             "OpenAI".parse::<Format>().unwrap_err().to_string(),
-            "unknown format `OpenAI`; use neutral, openai, anthropic, openai-responses"
+            "unknown format `OpenAI`; use neutral, openai, anthropic, openai-responses, gemini, bedrock"
         );
         assert_eq!("".parse::<Format>(), Err(UnknownFormat(String::new())));
         assert_eq!(Format::default(), Format::Neutral);
@@ -588,6 +628,299 @@ mod tests {
         ]);
         let body = render(&edge_fixture(), Format::Anthropic);
         assert_eq!(body["messages"], expected_messages);
+    }
+
+    #[test]
+    fn q8_gemini_exact() {
+        let expected = json!({
+            "model": "test-model",
+            "config": {
+                "maxOutputTokens": 1024,
+                "systemInstruction": { "parts": [{ "text": "You are Ada." }] },
+                "tools": [{ "functionDeclarations": [
+                    {
+                        "name": "read_file",
+                        "description": "Read a file.",
+                        "parametersJsonSchema": {
+                            "type": "object",
+                            "properties": { "path": { "type": "string" } },
+                            "required": ["path"],
+                        },
+                    },
+                    {
+                        "name": "list-dir",
+                        "description": "List a directory.",
+                        "parametersJsonSchema": { "type": "object", "properties": {} },
+                    },
+                ]}],
+            },
+            "contents": [
+                { "role": "user", "parts": [{ "text": "Show me main.rs" }] },
+                { "role": "model", "parts": [
+                    { "text": "Reading it." },
+                    // A call Gemini did not write carries the documented dummy signature.
+                    { "functionCall": { "id": "call_1", "name": "read_file", "args": { "path": "src/main.rs" } },
+                      "thoughtSignature": "skip_thought_signature_validator" },
+                ]},
+                { "role": "user", "parts": [
+                    { "functionResponse": { "id": "call_1", "name": "read_file", "response": { "output": "fn main() {}" } } },
+                    { "text": "cwd: /work" },
+                ]},
+            ],
+        });
+        assert_eq!(render(&fixture(), Format::Gemini), expected);
+    }
+
+    #[test]
+    fn q8_bedrock_exact() {
+        let point = json!({ "cachePoint": { "type": "default" } });
+        let expected = json!({
+            "modelId": "test-model",
+            "inferenceConfig": { "maxTokens": 1024 },
+            "system": [{ "text": "You are Ada." }, point],
+            "toolConfig": { "tools": [
+                { "toolSpec": {
+                    "name": "read_file",
+                    "description": "Read a file.",
+                    "inputSchema": { "json": {
+                        "type": "object",
+                        "properties": { "path": { "type": "string" } },
+                        "required": ["path"],
+                    }},
+                }},
+                { "toolSpec": {
+                    "name": "list-dir",
+                    "description": "List a directory.",
+                    "inputSchema": { "json": { "type": "object", "properties": {} } },
+                }},
+                point,
+            ]},
+            "messages": [
+                { "role": "user", "content": [{ "text": "Show me main.rs" }] },
+                { "role": "assistant", "content": [
+                    { "text": "Reading it." },
+                    { "toolUse": { "toolUseId": "call_1", "name": "read_file", "input": { "path": "src/main.rs" } } },
+                ]},
+                { "role": "user", "content": [
+                    { "toolResult": { "toolUseId": "call_1", "content": [{ "text": "fn main() {}" }] } },
+                    { "text": "cwd: /work" },
+                ]},
+            ],
+        });
+        assert_eq!(render(&fixture(), Format::Bedrock), expected);
+        // Layout 1 adds the rolling cache point at the end of the last turn; an hour's TTL
+        // goes on every point.
+        let mut request = fixture();
+        request.header.layout = crate::conversation::LAYOUT;
+        request.header.cache_ttl = Some(crate::conversation::Ttl::Hour1);
+        let body = render(&request, Format::Bedrock);
+        let hour = json!({ "cachePoint": { "type": "default", "ttl": "1h" } });
+        assert_eq!(body["messages"][2]["content"][2], hour);
+        assert_eq!(body["system"][1], hour);
+        assert_eq!(body["toolConfig"]["tools"][2], hour);
+        assert_eq!(
+            body.to_string().matches("cachePoint").count(),
+            3,
+            "at most Bedrock's 4"
+        );
+    }
+
+    #[test]
+    fn q8_bedrock_errors_and_media() {
+        let mut request = edge_fixture();
+        request.messages.push(Message::User {
+            content: crate::conversation::Content::Blocks(vec![
+                Block::Image {
+                    media_type: Some("image/webp".into()),
+                    data: Some("UklGRg==".into()),
+                    url: None,
+                },
+                Block::Document {
+                    media_type: Some("application/pdf".into()),
+                    data: Some("JVBERi0=".into()),
+                    url: None,
+                    name: Some("Q3 report (final).v2.pdf".into()),
+                },
+            ]),
+            snapshot: false,
+        });
+        let body = render(&request, Format::Bedrock);
+        let messages = body["messages"].as_array().unwrap();
+        let result = &messages[2]["content"][0]["toolResult"];
+        assert_eq!(result["status"], "error");
+        assert_eq!(result["content"], json!([{ "text": "no such file" }]));
+        let last = messages.last().unwrap()["content"].as_array().unwrap();
+        assert_eq!(
+            last[last.len() - 1],
+            json!({ "document": { "format": "pdf", "name": "Q3 report (final)-v2", "source": { "bytes": "JVBERi0=" } } })
+        );
+        assert_eq!(
+            last[last.len() - 2],
+            json!({ "image": { "format": "webp", "source": { "bytes": "UklGRg==" } } })
+        );
+        // Roles alternate from user, as Converse wants.
+        for (i, m) in messages.iter().enumerate() {
+            assert_eq!(m["role"], if i % 2 == 0 { "user" } else { "assistant" });
+        }
+        assert_eq!(bedrock::document_name(None), "document");
+        assert_eq!(bedrock::document_name(Some("  a  b.pdf")), "a b");
+        assert_eq!(bedrock::document_name(Some("../..")), "----");
+        let url = Message::User {
+            content: crate::conversation::Content::Blocks(vec![Block::Image {
+                media_type: None,
+                data: None,
+                url: Some("https://x/a.png".into()),
+            }]),
+            snapshot: false,
+        };
+        assert!(unsupported(Format::Bedrock, &url).is_some());
+        assert!(unsupported(Format::Gemini, &url).is_none());
+    }
+
+    /// Gemini 3 refuses earlier function calls without the signature the model returned with
+    /// them, and a signature does not carry to another model: the recorded parts go back as
+    /// they came to the model that wrote them, and with the documented dummy to another.
+    #[test]
+    fn q8_gemini_signatures_go_back_exactly_to_their_model_only() {
+        let response = json!({
+            "candidates": [{ "content": { "role": "model", "parts": [
+                { "text": "thinking...", "thought": true, "thoughtSignature": "dGhvdWdodA==" },
+                { "function_call": { "name": "read_file", "args": { "path": "a" } }, "thought_signature": "c2lnLTE=" },
+                { "functionCall": { "name": "list-dir", "args": {} } },
+            ]}, "finishReason": "STOP" }],
+            "modelVersion": "gemini-3-pro-preview",
+            "usageMetadata": { "promptTokenCount": 5000, "cachedContentTokenCount": 4096,
+                "candidatesTokenCount": 20, "thoughtsTokenCount": 30 },
+        });
+        assert_eq!(replies::format_of(&response), Some(Format::Gemini));
+        let (mut reply, usage) = replies::reply_with_usage(response).unwrap();
+        let usage = usage.unwrap();
+        assert_eq!(
+            (usage.input_tokens, usage.cached_tokens, usage.output_tokens),
+            (Some(5000), Some(4096), Some(50))
+        );
+        replies::name_calls(&mut reply, 7);
+        let Message::Assistant {
+            content,
+            tool_calls,
+            ..
+        } = &reply
+        else {
+            panic!()
+        };
+        assert_eq!(content, "", "a thought is not the answer");
+        let ids: Vec<&str> = tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["call_7_0", "call_7_1"]);
+        let mut request = fixture();
+        request
+            .header
+            .model
+            .insert("model".into(), json!("gemini-3-pro-preview"));
+        request.messages = vec![
+            Message::user("go"),
+            reply,
+            Message::Tool {
+                tool_call_id: "call_7_0".into(),
+                content: "A".into(),
+                is_error: false,
+            },
+            Message::Tool {
+                tool_call_id: "call_7_1".into(),
+                content: "B".into(),
+                is_error: true,
+            },
+        ];
+        let body = render(&request, Format::Gemini);
+        assert_eq!(
+            body["contents"][1]["parts"],
+            json!([
+                { "text": "thinking...", "thought": true, "thoughtSignature": "dGhvdWdodA==" },
+                { "functionCall": { "name": "read_file", "args": { "path": "a" } }, "thoughtSignature": "c2lnLTE=" },
+                { "functionCall": { "name": "list-dir", "args": {} } },
+            ]),
+            "as recorded, keys in the JSON spelling"
+        );
+        // The calls had no ids: neither have their responses (Gemini matches them by name).
+        assert_eq!(
+            body["contents"][2]["parts"],
+            json!([
+                { "functionResponse": { "name": "read_file", "response": { "output": "A" } } },
+                { "functionResponse": { "name": "list-dir", "response": { "error": "B" } } },
+            ])
+        );
+        // Another model: no signature of the first, the dummy on the first call.
+        request
+            .header
+            .model
+            .insert("model".into(), json!("gemini-3-flash-preview"));
+        let other = render(&request, Format::Gemini);
+        assert_eq!(
+            other["contents"][1]["parts"],
+            json!([
+                { "text": "thinking...", "thought": true },
+                { "functionCall": { "name": "read_file", "args": { "path": "a" } }, "thoughtSignature": gemini::SKIP_SIGNATURE },
+                { "functionCall": { "name": "list-dir", "args": {} } },
+            ])
+        );
+    }
+
+    #[test]
+    fn q8_bedrock_replies_keep_their_blocks() {
+        let response = json!({
+            "ResponseMetadata": { "HTTPStatusCode": 200 },
+            "output": { "message": { "role": "assistant", "content": [
+                { "reasoningContent": { "reasoningText": { "text": "hm", "signature": "sig" } } },
+                { "text": "Reading." },
+                { "toolUse": { "toolUseId": "tu1", "name": "read_file", "input": { "path": "a" } } },
+            ]}},
+            "stopReason": "tool_use",
+            "usage": { "inputTokens": 10, "outputTokens": 5, "totalTokens": 3015,
+                "cacheReadInputTokens": 2000, "cacheWriteInputTokens": 1000,
+                "cacheDetails": [{ "ttl": "1h", "inputTokens": 1000 }] },
+            "metrics": { "latencyMs": 12 },
+        });
+        assert_eq!(replies::format_of(&response), Some(Format::Bedrock));
+        let (reply, usage) = replies::reply_with_usage(response).unwrap();
+        let usage = usage.unwrap();
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.cached_tokens,
+                usage.cache_write_tokens,
+                usage.cache_write_1h_tokens
+            ),
+            (Some(3010), Some(2000), Some(1000), Some(1000))
+        );
+        let Message::Assistant {
+            content,
+            tool_calls,
+            ..
+        } = &reply
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (content.as_str(), tool_calls[0].id.as_str()),
+            ("Reading.", "tu1")
+        );
+        let mut request = fixture();
+        request.messages = vec![Message::user("go"), reply.clone()];
+        let body = render(&request, Format::Bedrock);
+        assert_eq!(
+            body["messages"][1]["content"][0]["reasoningContent"]["reasoningText"]["signature"],
+            "sig"
+        );
+        // The other formats see the text and the call.
+        let anthropic = render(&request, Format::Anthropic);
+        assert_eq!(anthropic["messages"][1]["content"][1]["type"], "tool_use");
+        // Recorded in the log's neutral shape, it reads back the same.
+        let again = replies::reply(neutral_message(&reply)).unwrap();
+        assert_eq!(again, reply);
+        let server = json!({"role": "assistant", "content": [{"text": "a"}, {"image": {}}]});
+        assert!(replies::reply(server)
+            .unwrap_err()
+            .to_string()
+            .contains("image"));
     }
 
     // --- Shape checks, written from the providers' public API docs. ---
@@ -806,6 +1139,7 @@ mod tests {
                         arguments_text: None,
                     }],
                     blocks: Vec::new(),
+                    native: None,
                 },
                 Message::Tool {
                     tool_call_id: "missing".into(),

@@ -12,7 +12,13 @@
 //!   formats see their text and tool calls, not the thinking;
 //! - OpenAI Responses output (`{"output": [items]}`, or the whole response): message and
 //!   function_call items; reasoning items are left out (the other formats have no place for
-//!   them).
+//!   them);
+//! - a Gemini `GenerateContentResponse` (its first candidate) or model `Content`, keys in
+//!   either spelling: its parts are kept in order, thought signatures exactly as written, and
+//!   sent back in the Gemini format to the model that wrote them (`modelVersion`); a
+//!   `functionCall` without an `id` is named `call_{seq}_{n}` when recorded ([`name_calls`]);
+//! - a Bedrock `ConverseResponse` or its `output.message`: its content blocks (text, toolUse,
+//!   reasoningContent, citationsContent) are kept and sent back in the Bedrock format.
 //!
 //! ```
 //! use promptd_core::formats::replies::reply;
@@ -55,8 +61,15 @@ impl ProviderUsage {
     /// Reads OpenAI Chat (`prompt_tokens`, `prompt_tokens_details.cached_tokens`), Responses
     /// (`input_tokens`, `input_tokens_details.cached_tokens`), Anthropic (`input_tokens`
     /// without the cache, `cache_read_input_tokens`, `cache_creation_input_tokens` and its
-    /// `cache_creation.ephemeral_1h_input_tokens` part) or this shape itself.
+    /// `cache_creation.ephemeral_1h_input_tokens` part), Gemini's `usageMetadata`
+    /// (`promptTokenCount` with the cache, `cachedContentTokenCount`, output
+    /// `candidatesTokenCount` plus `thoughtsTokenCount`), Bedrock's (`inputTokens` without the
+    /// cache, `cacheReadInputTokens`, `cacheWriteInputTokens`, `cacheDetails` by TTL) or this
+    /// shape itself.
     pub fn from_value(v: &Value) -> Option<ProviderUsage> {
+        if let Some(usage) = Self::gemini_or_bedrock(v) {
+            return (usage != ProviderUsage::default()).then_some(usage);
+        }
         let n = |path: &[&str]| {
             let mut at = v;
             for k in path {
@@ -92,13 +105,58 @@ impl ProviderUsage {
     }
 }
 
+impl ProviderUsage {
+    /// Gemini's or Bedrock's usage (keys in either spelling), if `v` is one.
+    fn gemini_or_bedrock(raw: &Value) -> Option<ProviderUsage> {
+        let gemini = super::gemini::camel_keys(raw.clone());
+        let n = |k: &str| gemini.get(k).and_then(Value::as_u64);
+        if gemini.get("promptTokenCount").is_some() || gemini.get("candidatesTokenCount").is_some()
+        {
+            let output = match (n("candidatesTokenCount"), n("thoughtsTokenCount")) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            };
+            return Some(ProviderUsage {
+                input_tokens: n("promptTokenCount"),
+                output_tokens: output,
+                cached_tokens: Some(n("cachedContentTokenCount").unwrap_or(0)),
+                cache_write_tokens: None,
+                cache_write_1h_tokens: None,
+            });
+        }
+        // Bedrock's keys are camel-cased in boto3's dicts too (Anthropic's `input_tokens` are not).
+        let v = raw;
+        let n = |k: &str| v.get(k).and_then(Value::as_u64);
+        if v.get("inputTokens").is_some() || v.get("outputTokens").is_some() {
+            let read = n("cacheReadInputTokens").unwrap_or(0);
+            let write = n("cacheWriteInputTokens").unwrap_or(0);
+            let hour = v.get("cacheDetails").and_then(Value::as_array).map(|d| {
+                d.iter()
+                    .filter(|d| d.get("ttl").and_then(Value::as_str) == Some("1h"))
+                    .filter_map(|d| d.get("inputTokens").and_then(Value::as_u64))
+                    .sum()
+            });
+            return Some(ProviderUsage {
+                // Bedrock's inputTokens leave out what the cache read and wrote.
+                input_tokens: n("inputTokens").map(|i| i + read + write),
+                output_tokens: n("outputTokens"),
+                cached_tokens: Some(read),
+                cache_write_tokens: Some(write),
+                cache_write_1h_tokens: hour,
+            });
+        }
+        None
+    }
+}
+
 /// [`reply`], and the provider's usage when the body carries one (a whole completion,
 /// message or response, or a `usage` key beside the message).
 pub fn reply_with_usage(value: Value) -> Result<(Message, Option<ProviderUsage>)> {
     let mut value = value;
     let usage = match &mut value {
-        Value::Object(o) => o
-            .remove("usage")
+        Value::Object(o) => ["usage", "usageMetadata", "usage_metadata"]
+            .iter()
+            .find_map(|k| o.remove(*k))
             .and_then(|u| ProviderUsage::from_value(&u)),
         _ => None,
     };
@@ -112,7 +170,15 @@ pub fn format_of(value: &Value) -> Option<Format> {
     let anthropic_usage = value.get("usage").is_some_and(|u| {
         u.get("cache_read_input_tokens").is_some() || u.get("cache_creation_input_tokens").is_some()
     });
-    if value.get("choices").is_some() {
+    let object = value.as_object()?;
+    if super::gemini::is_reply(object)
+        || value.get("usageMetadata").is_some()
+        || value.get("usage_metadata").is_some()
+    {
+        Some(Format::Gemini)
+    } else if super::bedrock::is_reply(object) {
+        Some(Format::Bedrock)
+    } else if value.get("choices").is_some() {
         Some(Format::Openai)
     } else if value.get("output").is_some() {
         Some(Format::OpenaiResponses)
@@ -128,6 +194,12 @@ pub fn reply(value: Value) -> Result<Message> {
     let Value::Object(mut object) = value else {
         return Err(Error::BadRequest("a message must be a JSON object".into()));
     };
+    if super::gemini::is_reply(&object) {
+        return super::gemini::reply(object);
+    }
+    if super::bedrock::is_reply(&object) {
+        return super::bedrock::reply(object);
+    }
     if let Some(choices) = object.remove("choices") {
         let message = choices
             .get(0)
@@ -232,7 +304,33 @@ fn neutral(mut object: Map<String, Value>) -> Result<Message> {
         Message::Assistant {
             content,
             tool_calls,
+            native: Some(native),
+            ..
+        } => {
+            let from_native = match *native {
+                crate::conversation::Native::Gemini { model, parts } => {
+                    let mut object = Map::new();
+                    object.insert("role".into(), Value::String("model".into()));
+                    object.insert("parts".into(), Value::Array(parts));
+                    if let Some(model) = model {
+                        object.insert("modelVersion".into(), Value::String(model));
+                    }
+                    super::gemini::reply(object)?
+                }
+                crate::conversation::Native::Bedrock { content } => {
+                    let mut object = Map::new();
+                    object.insert("role".into(), Value::String("assistant".into()));
+                    object.insert("content".into(), Value::Array(content));
+                    super::bedrock::reply(object)?
+                }
+            };
+            agrees(from_native, &content, &tool_calls, "native")
+        }
+        Message::Assistant {
+            content,
+            tool_calls,
             blocks,
+            ..
         } if !blocks.is_empty() => {
             let from_blocks = anthropic(blocks)?;
             match &from_blocks {
@@ -251,6 +349,58 @@ fn neutral(mut object: Map<String, Value>) -> Result<Message> {
             }
         }
         message => Ok(message),
+    }
+}
+
+/// `derived` (a message read from its provider-shaped `field`) when the neutral `content` and
+/// `tool_calls` sent beside it say the same or nothing (ids the daemon gave count as the same).
+fn agrees(
+    derived: Message,
+    content: &str,
+    tool_calls: &[ToolCall],
+    field: &str,
+) -> Result<Message> {
+    let Message::Assistant {
+        content: c,
+        tool_calls: mut t,
+        blocks,
+        native,
+    } = derived
+    else {
+        unreachable!("readers of replies give assistant messages")
+    };
+    let same_calls = tool_calls.len() == t.len()
+        && tool_calls.iter().zip(&t).all(|(a, b)| {
+            a.name == b.name && a.arguments == b.arguments && (b.id.is_empty() || a.id == b.id)
+        });
+    if !(content.is_empty() || content == c) || !(tool_calls.is_empty() || same_calls) {
+        return Err(bad(format!(
+            "`{field}` disagrees with `content` and `tool_calls`; send one or the other"
+        )));
+    }
+    if !tool_calls.is_empty() {
+        for (ours, given) in t.iter_mut().zip(tool_calls) {
+            ours.id = given.id.clone();
+        }
+    }
+    Ok(Message::Assistant {
+        content: c,
+        tool_calls: t,
+        blocks,
+        native,
+    })
+}
+
+/// Names the tool calls of a reply that came without ids (Gemini may leave them out):
+/// `call_{seq}_{n}`, `seq` the log position the reply is recorded at, `n` the call's place in
+/// it, so a name is unique in its session and the same on every rebuild.
+pub fn name_calls(message: &mut Message, seq: u64) {
+    if let Message::Assistant { tool_calls, .. } = message {
+        for (n, call) in tool_calls.iter_mut().enumerate() {
+            if call.id.is_empty() {
+                call.id = format!("call_{seq}_{n}");
+            }
+        }
     }
 }
 
@@ -292,6 +442,7 @@ fn openai(object: Map<String, Value>) -> Result<Message> {
         content,
         tool_calls,
         blocks: Vec::new(),
+        native: None,
     })
 }
 
@@ -364,6 +515,7 @@ fn anthropic(blocks: Vec<Value>) -> Result<Message> {
         content,
         tool_calls,
         blocks: kept,
+        native: None,
     })
 }
 
@@ -426,6 +578,7 @@ fn responses(output: Value) -> Result<Message> {
         content,
         tool_calls,
         blocks: Vec::new(),
+        native: None,
     })
 }
 
@@ -440,6 +593,7 @@ mod tests {
                 content,
                 tool_calls,
                 blocks,
+                ..
             } => (content, tool_calls, blocks),
             other => panic!("not an assistant message: {other:?}"),
         }

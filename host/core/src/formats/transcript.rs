@@ -128,14 +128,26 @@ pub struct Transcript {
     /// Per format, why it cannot carry this session's history, if it cannot.
     unsupported: Vec<(Format, &'static str)>,
     open_turn: Option<(&'static str, Vec<Value>)>,
+    /// Gemini contents, closed; the open one and the call names are in `gemini_state`.
+    gemini: Vec<Arc<str>>,
+    gemini_state: formats::gemini::State,
+    /// The models that wrote the replies recorded in Gemini's shape. The fragments send their
+    /// signatures as written, right for a body asking for that model only; a body asking for
+    /// another is rendered whole (a session that changed models pays for it).
+    gemini_models: Vec<String>,
+    /// Converse messages, closed, and the open one.
+    bedrock: Vec<Arc<str>>,
+    bedrock_open: Option<(&'static str, Vec<Value>)>,
     bytes: usize,
     /// Bytes of the fragments per format (in [`Format::ALL`]'s order), to size a body's
     /// buffer once: a guess from the total either wastes or reallocates.
-    format_bytes: [usize; 4],
+    format_bytes: [usize; FORMATS],
     /// The formats rendered as messages are pushed (in [`Format::ALL`]'s order): neutral
     /// always, the others once asked for.
-    active: [bool; 4],
+    active: [bool; FORMATS],
 }
+
+const FORMATS: usize = Format::ALL.len();
 
 /// `values` as compact JSON, comma-separated, written into one string.
 fn comma_joined(values: &[Value]) -> String {
@@ -176,7 +188,7 @@ impl Transcript {
         self.bytes += neutral.len();
         self.format_bytes[slot(Format::Neutral)] += neutral.len() + 1;
         self.neutral.push(neutral.into());
-        for format in [Format::Openai, Format::OpenaiResponses, Format::Anthropic] {
+        for format in Format::ALL.into_iter().filter(|f| *f != Format::Neutral) {
             if self.active[slot(format)] {
                 self.render_message(format, message);
             }
@@ -215,7 +227,67 @@ impl Transcript {
                 }
                 self.open_turn = open;
             }
+            Format::Gemini => {
+                if let Message::Assistant { native, .. } = message {
+                    if let Some(crate::conversation::Native::Gemini { model: Some(m), .. }) =
+                        native.as_deref()
+                    {
+                        let m = m.trim_start_matches("models/");
+                        if !self.gemini_models.iter().any(|k| k == m) {
+                            self.gemini_models.push(m.to_string());
+                        }
+                    }
+                }
+                self.gemini_state.push(message, None);
+                let closed = self.gemini_state.turns.len().saturating_sub(1);
+                for (role, parts) in self.gemini_state.turns.drain(..closed) {
+                    let turn = formats::gemini::turn(role, parts).to_string();
+                    self.bytes += turn.len();
+                    self.format_bytes[slot(Format::Gemini)] += turn.len() + 1;
+                    self.gemini.push(turn.into());
+                }
+            }
+            Format::Bedrock => {
+                let mut turns: Vec<(&'static str, Vec<Value>)> =
+                    self.bedrock_open.take().into_iter().collect();
+                formats::bedrock::push(&mut turns, message);
+                let open = turns.pop();
+                for (role, content) in turns {
+                    let closed = formats::bedrock::turn(role, content).to_string();
+                    self.bytes += closed.len();
+                    self.format_bytes[slot(Format::Bedrock)] += closed.len() + 1;
+                    self.bedrock.push(closed.into());
+                }
+                self.bedrock_open = open;
+            }
         }
+    }
+
+    /// Whether a Gemini body for `header` needs other bytes than the fragments hold: it asks
+    /// for a model other than one that wrote a recorded reply.
+    fn gemini_rerender(&self, header: &Header) -> bool {
+        if self.gemini_models.is_empty() {
+            return false;
+        }
+        let model = formats::gemini::model_of(header);
+        model.is_some_and(|m| self.gemini_models.iter().any(|w| *w != m))
+    }
+
+    /// The Gemini contents for `header`, rendered from the neutral fragments.
+    fn gemini_whole(&self, header: &Header) -> Vec<Value> {
+        let model = formats::gemini::model_of(header);
+        let mut state = formats::gemini::State::default();
+        for text in &self.neutral {
+            // The fragments are this module's own output: they decode (the tests check it).
+            if let Ok(message) = serde_json::from_str::<Message>(text) {
+                state.push(&message, model.as_deref());
+            }
+        }
+        state
+            .turns
+            .into_iter()
+            .map(|(role, parts)| formats::gemini::turn(role, parts))
+            .collect()
     }
 
     /// Renders every message so far in `format` if it was not asked for before, and every
@@ -268,6 +340,27 @@ impl Transcript {
                 lead: None,
                 closed: &self.responses,
                 tail: None,
+            },
+            Format::Gemini if self.gemini_rerender(header) => Fragments {
+                lead: None,
+                closed: &[],
+                tail: Some(comma_joined(&self.gemini_whole(header))),
+            },
+            Format::Gemini => {
+                Fragments {
+                    lead: None,
+                    closed: &self.gemini,
+                    tail: self.gemini_state.turns.last().map(|(role, parts)| {
+                        formats::gemini::turn(role, parts.clone()).to_string()
+                    }),
+                }
+            }
+            Format::Bedrock => Fragments {
+                lead: None,
+                closed: &self.bedrock,
+                tail: self.bedrock_open.as_ref().map(|(role, content)| {
+                    formats::bedrock::last_turn(header, role, content.clone()).to_string()
+                }),
             },
         }
     }
@@ -352,8 +445,12 @@ impl Transcript {
     /// The bytes a whole body in `format` takes beyond its head, roughly (to size a buffer
     /// once: a guess from the total either wastes or reallocates).
     pub fn list_bytes(&self, format: Format) -> usize {
-        // The open Anthropic turn and OpenAI's pending attachments are not counted yet.
-        let open = if self.open_turn.is_some() || !self.openai_pending.is_empty() {
+        // The open turns and OpenAI's pending attachments are not counted yet.
+        let open = if self.open_turn.is_some()
+            || !self.openai_pending.is_empty()
+            || self.bedrock_open.is_some()
+            || !self.gemini_state.turns.is_empty()
+        {
             1024
         } else {
             64
@@ -405,6 +502,23 @@ impl Transcript {
                 }),
             )),
             Format::OpenaiResponses => Box::new(self.responses.iter().map(Item::Kept)),
+            Format::Gemini if self.gemini_rerender(header) => Box::new(
+                self.gemini_whole(header)
+                    .into_iter()
+                    .map(|turn| Item::Made(turn.to_string())),
+            ),
+            Format::Gemini => Box::new(self.gemini.iter().map(Item::Kept).chain(
+                self.gemini_state.turns.last().map(|(role, parts)| {
+                    let turn = formats::gemini::turn(role, parts.clone());
+                    Item::Made(to_json_sized(&turn, parts.iter().map(text_bytes).sum()))
+                }),
+            )),
+            Format::Bedrock => Box::new(self.bedrock.iter().map(Item::Kept).chain(
+                self.bedrock_open.iter().map(move |(role, content)| {
+                    let turn = formats::bedrock::last_turn(header, role, content.clone());
+                    Item::Made(to_json_sized(&turn, content.iter().map(text_bytes).sum()))
+                }),
+            )),
         }
     }
 }
@@ -523,13 +637,54 @@ mod tests {
                     })
                     .collect(),
                 blocks: Vec::new(),
+                native: None,
             }),
+            // Replies recorded in Gemini's shape (by this model, another, or one unsaid) and
+            // in Bedrock's.
+            (
+                text.clone(),
+                prop_oneof![Just(None), Just(Some("m")), Just(Some("models/other"))]
+            )
+                .prop_map(|(content, model)| native_reply(content, model)),
             (content(), any::<bool>()).prop_map(|(content, is_error)| Message::Tool {
                 tool_call_id: "c0".into(),
                 content,
                 is_error,
             }),
         ]
+    }
+
+    /// A reply with a call `c0`, in Gemini's shape (by `model`) or, without one, Bedrock's.
+    fn native_reply(content: String, model: Option<&str>) -> Message {
+        use crate::conversation::Native;
+        let call = ToolCall {
+            id: "c0".into(),
+            name: "read".into(),
+            arguments: json!({"path": "a"}),
+            arguments_text: None,
+        };
+        let native = match model {
+            Some(model) => Native::Gemini {
+                model: (model != "m" || content.is_empty()).then(|| model.to_string()),
+                parts: vec![
+                    json!({"text": content, "thoughtSignature": "c2ln"}),
+                    json!({"functionCall": {"name": "read", "args": {"path": "a"}},
+                        "thoughtSignature": "c2lnMg=="}),
+                ],
+            },
+            None => Native::Bedrock {
+                content: vec![
+                    json!({"reasoningContent": {"reasoningText": {"text": "hm", "signature": "s"}}}),
+                    json!({"toolUse": {"toolUseId": "c0", "name": "read", "input": {"path": "a"}}}),
+                ],
+            },
+        };
+        Message::Assistant {
+            content,
+            tool_calls: vec![call],
+            blocks: Vec::new(),
+            native: Some(Box::new(native)),
+        }
     }
 
     fn header(model: bool, system: &str, tools: usize) -> Header {
@@ -543,6 +698,8 @@ mod tests {
             m.insert("a".into(), json!(null));
             m.insert("input".into(), json!("collides with Responses"));
             m.insert("anthropic".into(), json!({"max_tokens": 9, "top_k": 3}));
+            m.insert("gemini".into(), json!({"contents": "collides", "top_k": 3}));
+            m.insert("bedrock".into(), json!({"inferenceConfig": {"topP": 0.9}}));
         }
         Header {
             layout: if model {
