@@ -444,7 +444,8 @@ export class Session {
 
   /** Records the model's reply as the provider SDK returned it — an OpenAI completion (or its
    * `choices[0].message`), an Anthropic message (or `{role, content}`), an OpenAI Responses
-   * response (or `{output}`) — unchanged; or promptd's neutral assistant or tool message.
+   * response (or `{output}`), a Gemini `GenerateContentResponse`, a Bedrock `ConverseResponse`
+   * — unchanged; or promptd's neutral assistant or tool message.
    * Resolves to the event's seq and the tool calls the reply made, in one shape. A reply with
    * its `usage` is recorded with its cache outcome, judged at `sentAt` (when the request was
    * sent, ms since the Unix epoch; default: now). */
@@ -459,10 +460,18 @@ export class Session {
       );
     }
     const path = options.sentAt === undefined ? "/messages" : `/messages?sent_at=${options.sentAt}`;
-    const { seq } = await this.#transport.json<{ seq: number }>("POST", this.#path(path), reply);
+    const answer = await this.#transport.json<{ seq: number; tool_calls?: ToolCall[] }>(
+      "POST",
+      this.#path(path),
+      reply,
+    );
+    // As recorded: with the names the daemon gave calls that came without ids (Gemini's).
+    const recorded = Array.isArray(answer.tool_calls)
+      ? answer.tool_calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments ?? {} }))
+      : toolCalls;
     if (answers !== undefined) this.#open.delete(answers);
-    for (const call of toolCalls) this.#open.set(call.id, call);
-    return { seq, toolCalls };
+    for (const call of recorded) this.#open.set(call.id, call);
+    return { seq: answer.seq, toolCalls: recorded };
   }
 
   /** Records the result of tool call `callId`: text, or blocks (text, images, documents); any

@@ -50,10 +50,37 @@ function chatCalls(message: Obj): ToolCall[] {
 
 /** The tool calls a reply makes, in any shape the daemon records: an OpenAI completion or its
  * `choices[0].message`, an Anthropic message or `{role, content: [blocks]}`, an OpenAI
- * Responses response or `{output: [items]}`, or the neutral `{role, content, tool_calls}`.
- * Throws `invalid_arguments` for arguments the daemon would refuse anyway. */
+ * Responses response or `{output: [items]}`, a Gemini response or model content, a Bedrock
+ * Converse response or its message, or the neutral `{role, content, tool_calls}`. Throws `invalid_arguments` for arguments the daemon would refuse anyway. */
 export function toolCallsOf(reply: unknown): ToolCall[] {
   if (!isObject(reply)) return [];
+  // Gemini: a response's first candidate, or a model content. Calls may come without ids; the
+  // daemon names them and says so in its answer to the record.
+  const candidates = reply["candidates"];
+  if (Array.isArray(candidates) || reply["role"] === "model") {
+    const content = Array.isArray(candidates) ? (candidates[0] as Obj | undefined)?.["content"] : reply;
+    const parts = isObject(content) ? list(content["parts"]) : [];
+    return parts
+      .filter(isObject)
+      .map((p) => p["functionCall"])
+      .filter(isObject)
+      .map((call) => {
+        const id = String(call["id"] ?? "");
+        return { id, name: String(call["name"] ?? ""), arguments: parseArguments(id, call["args"]) };
+      });
+  }
+  // Bedrock Converse: a response's output.message, or the message.
+  if (isObject(reply["output"])) return toolCallsOf(reply["output"]["message"]);
+  if (reply["role"] === "assistant" && list(reply["content"]).some((b) => isObject(b) && isObject(b["toolUse"]))) {
+    return list(reply["content"])
+      .filter(isObject)
+      .map((b) => b["toolUse"])
+      .filter(isObject)
+      .map((use) => {
+        const id = String(use["toolUseId"] ?? "");
+        return { id, name: String(use["name"] ?? ""), arguments: parseArguments(id, use["input"]) };
+      });
+  }
   if (Array.isArray(reply["choices"])) {
     const message = (reply["choices"][0] as Obj | undefined)?.["message"];
     return isObject(message) ? chatCalls(message) : [];

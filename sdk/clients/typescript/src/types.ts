@@ -3,7 +3,7 @@
 // the precise types.
 
 /** The body formats a step or a rebuild can return. */
-export type Format = "neutral" | "openai" | "anthropic" | "openai-responses";
+export type Format = "neutral" | "openai" | "anthropic" | "openai-responses" | "gemini" | "bedrock";
 
 /** A provider request body as promptd returned it: `any` by default so it can be handed to
  * `openai.chat.completions.create(body)` or `anthropic.messages.create(body)` as is; pass the

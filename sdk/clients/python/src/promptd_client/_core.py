@@ -4,6 +4,8 @@ two clients cannot drift apart."""
 
 from __future__ import annotations
 
+import base64
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -165,12 +167,30 @@ def tool_message(call_id: str, content: Any, is_error: bool) -> Dict[str, Any]:
     return message
 
 
+def _bytes_as_base64(value: Any) -> Any:
+    """``value`` with every ``bytes`` as standard base64 text, the JSON the APIs send."""
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Mapping):
+        return {k: _bytes_as_base64(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_bytes_as_base64(v) for v in value]
+    return value
+
+
 def reply_json(reply: Any) -> Any:
     """A reply as the daemon takes it: the official SDKs' objects (pydantic models in the
-    ``openai`` and ``anthropic`` packages) as their JSON, unchanged; dicts as they are."""
+    ``openai``, ``anthropic`` and ``google-genai`` packages) as their JSON; dicts (``boto3``'s
+    ``converse`` response) as they are. Bytes (a Gemini ``thoughtSignature``, a Bedrock
+    ``redactedContent``) go as standard base64, as the APIs write them: the daemon keeps that
+    text and sends it back unchanged."""
     if isinstance(reply, Mapping):
-        return dict(reply)
+        return _bytes_as_base64(dict(reply))
     dump = getattr(reply, "model_dump", None)
+    if callable(dump) and type(reply).__module__.startswith("google.genai"):
+        # google-genai's JSON dump writes bytes URL-safe; its fields in the API's spelling.
+        return _bytes_as_base64(dump(mode="python", by_alias=True, exclude_none=True,
+                                     exclude={"sdk_http_response", "automatic_function_calling_history"}))
     if callable(dump):
         return dump(mode="json")
     to_dict = getattr(reply, "to_dict", None)
@@ -192,12 +212,68 @@ def _arguments(value: Any) -> Dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def sdk_kwargs(fmt: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    """A copy of ``body`` as the format's official SDK call takes it (see
+    :meth:`StepResult.sdk_kwargs`)."""
+    out = copy.deepcopy(body)
+    if fmt != "bedrock":
+        return out
+
+    def raw(blocks: Any) -> None:
+        for block in blocks if isinstance(blocks, list) else []:
+            if not isinstance(block, dict):
+                continue
+            for kind in ("image", "document"):
+                source = (block.get(kind) or {}).get("source") if isinstance(block.get(kind), dict) else None
+                if isinstance(source, dict) and isinstance(source.get("bytes"), str):
+                    source["bytes"] = base64.b64decode(source["bytes"])
+            reasoning = block.get("reasoningContent")
+            if isinstance(reasoning, dict) and isinstance(reasoning.get("redactedContent"), str):
+                reasoning["redactedContent"] = base64.b64decode(reasoning["redactedContent"])
+            result = block.get("toolResult")
+            if isinstance(result, dict):
+                raw(result.get("content"))
+
+    for message in out.get("messages") or []:
+        if isinstance(message, dict):
+            raw(message.get("content"))
+    return out
+
+
+def recorded_calls(answer: Any, value: Any) -> List[ToolCall]:
+    """The calls a recorded reply opened: as the daemon recorded them (with the ids it gave
+    calls that came without), else read from the reply here (an older daemon)."""
+    calls = answer.get("tool_calls") if isinstance(answer, dict) else None
+    if isinstance(calls, list):
+        return [ToolCall(str(c.get("id", "")), str(c.get("name", "")), _arguments(c.get("arguments")))
+                for c in calls if isinstance(c, dict)]
+    return tool_calls_of(value)
+
+
 def tool_calls_of(value: Any) -> List[ToolCall]:
     """The tool calls a recorded reply made, in their order, from any shape the daemon
     accepts: OpenAI Chat (a completion or ``choices[0].message``), Responses (``output``
     items), Anthropic (``content`` blocks, a message object) or the neutral shape."""
     if not isinstance(value, dict):
         return []
+    # Gemini (a response's first candidate, or a model content): calls may come without ids;
+    # the daemon names them, and record() takes its names.
+    candidates = value.get("candidates")
+    if isinstance(candidates, list) or value.get("role") == "model":
+        content = (candidates[0] or {}).get("content") if candidates else value
+        parts = (content or {}).get("parts") or []
+        calls = [p.get("functionCall") or p.get("function_call") for p in parts if isinstance(p, dict)]
+        return [ToolCall(str(c.get("id") or ""), str(c.get("name", "")), _arguments(c.get("args")))
+                for c in calls if isinstance(c, dict)]
+    # Bedrock (a Converse response, or its output.message).
+    output = value.get("output")
+    if isinstance(output, dict):
+        return tool_calls_of(output.get("message"))
+    if value.get("role") == "assistant" and isinstance(value.get("content"), list) and any(
+            isinstance(b, dict) and "toolUse" in b for b in value["content"]):
+        uses = [b["toolUse"] for b in value["content"] if isinstance(b, dict) and "toolUse" in b]
+        return [ToolCall(str(u.get("toolUseId", "")), str(u.get("name", "")), _arguments(u.get("input")))
+                for u in uses if isinstance(u, dict)]
     if "choices" in value:
         choices = value.get("choices") or []
         message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None

@@ -288,7 +288,7 @@ class Session:
         path = f"{self._path}/messages"
         params = {"sent_at": sent_at} if sent_at is not None else None
         answer = self.client._json("POST", path, json=value, params=params)
-        calls = _core.tool_calls_of(value)
+        calls = _core.recorded_calls(answer, value)
         self._conversation.replied(calls)
         return Recorded(seq=_core.need(answer, "seq", "POST", path), tool_calls=calls)
 

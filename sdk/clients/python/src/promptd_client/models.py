@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: The body shapes a step can return (``"format"`` of a step, ``?format=`` of a rebuild).
-Format = Literal["neutral", "openai", "anthropic", "openai-responses"]
+Format = Literal["neutral", "openai", "anthropic", "openai-responses", "gemini", "bedrock"]
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,11 @@ class StepResult:
     """One step's answer.
 
     ``body`` is the provider request in the step's format, ready for the SDK unchanged:
-    ``client.chat.completions.create(**result.body)``, ``client.messages.create(**result.body)``
-    or ``client.responses.create(**result.body)``. ``step`` is its number (1-based);
-    ``usage`` the budget's measure of it (tokenizer, window, tools, system, sections,
-    contexts, messages, total, ...).
+    ``client.chat.completions.create(**result.body)``, ``client.messages.create(**result.body)``,
+    ``client.responses.create(**result.body)`` or ``client.models.generate_content(**result.body)``
+    (``google-genai``). For ``boto3``'s ``converse`` use :meth:`sdk_kwargs`: boto3 wants media as
+    raw bytes. ``step`` is its number (1-based); ``usage`` the budget's measure of it
+    (tokenizer, window, tools, system, sections, contexts, messages, total, ...).
     """
 
     body: Dict[str, Any]
@@ -132,6 +133,16 @@ class StepResult:
     #: The body's exact bytes (as text), kept by the session from the daemon's parts: what
     #: ``GET …/steps/{n}/request`` returns. ``None`` from a daemon that sends whole bodies.
     text: Optional[str] = None
+
+    def sdk_kwargs(self) -> Dict[str, Any]:
+        """The body as the official SDK's call takes it, a copy: for ``bedrock``
+        (``boto3``'s ``converse(**step.sdk_kwargs())``) each image's and document's
+        ``source.bytes`` and each ``redactedContent`` as raw bytes, which boto3 base64-encodes
+        itself (base64 text there would pass its validator and reach the model encoded
+        twice); for every other format the body as it is."""
+        from . import _core  # here: _core imports this module
+
+        return _core.sdk_kwargs(self.format, self.body)
 
 
 @dataclass(frozen=True)
