@@ -612,3 +612,260 @@ fn q13_images_and_documents_render_in_every_format() {
         ),
     );
 }
+
+const GEMINI: &str = "[model.gemini]\nmodel = \"gemini-3-pro-preview\"\n\
+                      [model.bedrock]\nmodel = \"anthropic.claude-sonnet-4-5-20250929-v1:0\"\n";
+
+/// A Gemini response as google-genai's `GenerateContentResponse` dumps it: two calls without
+/// ids, the first carrying a signature whose standard and URL-safe base64 differ.
+fn gemini_calls(model: &str) -> Value {
+    json!({
+        "candidates": [{"content": {"role": "model", "parts": [
+            {"text": "Looking.", "thoughtSignature": "+/8AdGV4dA=="},
+            {"functionCall": {"name": "read", "args": {"path": "a"}}, "thoughtSignature": "+/8Ac2lnLTE="},
+            {"functionCall": {"name": "write", "args": {}}},
+        ]}, "finishReason": "STOP", "index": 0}],
+        "modelVersion": model,
+        "usageMetadata": {"promptTokenCount": 5000, "cachedContentTokenCount": 4096,
+            "candidatesTokenCount": 20, "totalTokenCount": 5020},
+    })
+}
+
+/// Issue 33: the Gemini format sends a reply's parts back as recorded (thought signatures to
+/// the byte), names calls that came without ids, answers them by name, and rebuilds exactly.
+#[test]
+fn q5_q8_gemini_replies_go_back_exactly_and_calls_without_ids_are_named() {
+    let (d, _s, _f) = serve(&format!("{PLUGIN}{MODEL}{GEMINI}"));
+    let id = d.session("default");
+    let (status, body) = step(
+        &d,
+        &id,
+        "gemini",
+        json!([{"role": "user", "content": "go"}]),
+    );
+    assert_eq!(status, 200, "{body}");
+    let request = &body["request"];
+    assert_eq!(request["model"], "gemini-3-pro-preview");
+    assert_eq!(request["config"]["maxOutputTokens"], 512);
+    assert_eq!(
+        request["config"]["systemInstruction"]["parts"][0]["text"]
+            .as_str()
+            .map(|s| s.contains("You are a test.")),
+        Some(true),
+        "{request}"
+    );
+    let names: Vec<&str> = request["config"]["tools"][0]["functionDeclarations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["read", "write"]);
+    assert_eq!(request["contents"][0]["role"], "user");
+
+    let (status, recorded) = record(&d, &id, &gemini_calls("gemini-3-pro-preview"));
+    assert_eq!(status, 201, "{recorded}");
+    let seq = recorded["seq"].as_u64().unwrap();
+    let ids: Vec<String> = recorded["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, [format!("call_{seq}_0"), format!("call_{seq}_1")]);
+    let out = step(&d, &id, "gemini", json!([result(&ids[0])]));
+    refused(&d, &id, "open_tool_calls", out);
+    let (status, body) = step(&d, &id, "gemini", json!([result(&ids[0]), result(&ids[1])]));
+    assert_eq!(status, 200, "{body}");
+    let contents = body["request"]["contents"].as_array().unwrap();
+    assert_eq!(
+        contents[1],
+        json!({"role": "model", "parts": gemini_calls("x")["candidates"][0]["content"]["parts"]}),
+        "the parts as recorded, signatures to the byte"
+    );
+    assert_eq!(
+        contents[2]["parts"].as_array().unwrap()[..2],
+        [
+            json!({"functionResponse": {"name": "read", "response": {"output": format!("result of {}", ids[0])}}}),
+            json!({"functionResponse": {"name": "write", "response": {"output": format!("result of {}", ids[1])}}}),
+        ],
+        "answered by name, without ids the model never gave"
+    );
+    let (status, text) = d.get(&format!("/v1/sessions/{id}/steps/2/request?format=gemini"));
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        body["request"],
+        "step 2 rebuilds to what it returned"
+    );
+    // The usage went into the ledger in one shape.
+    let usage = d.ok("GET", &format!("/v1/sessions/{id}/usage"), None);
+    let reported = &usage["steps"][0]["actual"];
+    assert_eq!(
+        (&reported["input_tokens"], &reported["cached_tokens"]),
+        (&json!(5000), &json!(4096)),
+        "{usage}"
+    );
+
+    // The same history in Bedrock's shape: the calls by the names the daemon gave them.
+    let (status, body) = step(
+        &d,
+        &id,
+        "bedrock",
+        json!([{"role": "user", "content": "and?"}]),
+    );
+    assert_eq!(status, 200, "{body}");
+    let request = &body["request"];
+    assert_eq!(
+        request["modelId"],
+        "anthropic.claude-sonnet-4-5-20250929-v1:0"
+    );
+    assert_eq!(request["inferenceConfig"], json!({"maxTokens": 512}));
+    assert_eq!(
+        request["messages"][1]["content"][1]["toolUse"]["toolUseId"],
+        ids[0].as_str()
+    );
+    assert_eq!(
+        request.to_string().matches("\"cachePoint\"").count(),
+        3,
+        "after the system, the tools and the last turn: {request}"
+    );
+}
+
+/// Issue 33: a Gemini signature does not carry to another model. After the agent's model
+/// changes mid-session, the recorded calls go with the dummy signature Gemini documents for
+/// calls it did not write, and without the other model's signatures.
+#[test]
+fn q8_a_gemini_model_change_mid_session_sends_no_signature_of_the_other_model() {
+    let folder = Folder::new().scripted("s");
+    let config = format!("{PLUGIN}{MODEL}{GEMINI}");
+    let (d, _s) = folder.serve(&config);
+    let id = d.session("default");
+    assert_eq!(
+        step(
+            &d,
+            &id,
+            "gemini",
+            json!([{"role": "user", "content": "go"}])
+        )
+        .0,
+        200
+    );
+    let (_, recorded) = record(&d, &id, &gemini_calls("gemini-3-pro-preview"));
+    let ids: Vec<&str> = recorded["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    let results = json!([result(ids[0]), result(ids[1])]);
+    let (status, same) = step(&d, &id, "gemini", results);
+    assert_eq!(status, 200, "{same}");
+    assert!(same["request"].to_string().contains("+/8Ac2lnLTE="));
+    folder.config(&config.replace("gemini-3-pro-preview", "gemini-3-flash-preview"));
+    // The watcher applies the config: a probe session's step shows when it has.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let probe = d.session("default");
+        let go = json!([{"role": "user", "content": "probe"}]);
+        let (_, body) = step(&d, &probe, "gemini", go);
+        if body["request"]["model"] == "gemini-3-flash-preview" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the config was not reloaded"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (status, other) = step(
+        &d,
+        &id,
+        "gemini",
+        json!([{"role": "user", "content": "more"}]),
+    );
+    assert_eq!(status, 200, "{other}");
+    let request = &other["request"];
+    assert_eq!(
+        request["model"], "gemini-3-flash-preview",
+        "the config was reloaded"
+    );
+    assert_eq!(
+        request["contents"][1]["parts"],
+        json!([
+            {"text": "Looking."},
+            {"functionCall": {"name": "read", "args": {"path": "a"}},
+             "thoughtSignature": "skip_thought_signature_validator"},
+            {"functionCall": {"name": "write", "args": {}}},
+        ])
+    );
+    // And every step still rebuilds to the bytes it returned.
+    let (_, text) = d.get(&format!("/v1/sessions/{id}/steps/3/request?format=gemini"));
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        other["request"]
+    );
+    let (_, text) = d.get(&format!("/v1/sessions/{id}/steps/2/request?format=gemini"));
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        same["request"]
+    );
+}
+
+/// Issue 33: Bedrock takes media as bytes (or S3), so an image or document by URL is refused
+/// in its format before anything is recorded; a Converse reply keeps its reasoning block.
+#[test]
+fn q5_q8_bedrock_refuses_media_by_url_and_keeps_reasoning() {
+    let (d, _s, _f) = serve(&format!("{PLUGIN}{MODEL}{GEMINI}"));
+    let id = d.session("default");
+    let url = json!([{"role": "user", "content": [
+        {"type": "text", "text": "see"}, {"type": "image", "url": "https://x/a.png"}]}]);
+    let out = step(&d, &id, "bedrock", url.clone());
+    assert!(
+        out.1.to_string().contains("bedrock format cannot carry"),
+        "{}",
+        out.1
+    );
+    refused(&d, &id, "unsupported_block", out);
+    assert_eq!(
+        step(&d, &id, "gemini", url).0,
+        200,
+        "Gemini takes a file by URL"
+    );
+    // That session cannot go on in Bedrock's format now; a new one records a Converse reply.
+    let id = d.session("default");
+    let go = json!([{"role": "user", "content": "go"}]);
+    assert_eq!(step(&d, &id, "bedrock", go).0, 200);
+    let converse = json!({
+        "ResponseMetadata": {"HTTPStatusCode": 200},
+        "output": {"message": {"role": "assistant", "content": [
+            {"reasoningContent": {"reasoningText": {"text": "Let me read.", "signature": "c2ln"}}},
+            {"toolUse": {"toolUseId": "tooluse_1", "name": "read", "input": {"path": "a"}}},
+        ]}},
+        "stopReason": "tool_use",
+        "usage": {"inputTokens": 10, "outputTokens": 5, "totalTokens": 1015,
+            "cacheReadInputTokens": 1000, "cacheWriteInputTokens": 0},
+        "metrics": {"latencyMs": 9},
+    });
+    let (status, recorded) = record(&d, &id, &converse);
+    assert_eq!(status, 201, "{recorded}");
+    assert_eq!(recorded["tool_calls"][0]["id"], "tooluse_1");
+    let (status, body) = step(&d, &id, "bedrock", json!([result("tooluse_1")]));
+    assert_eq!(status, 200, "{body}");
+    let messages = body["request"]["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[1]["content"], converse["output"]["message"]["content"],
+        "the reply's blocks as they came"
+    );
+    assert_eq!(
+        messages[2]["content"][0],
+        json!({"toolResult": {"toolUseId": "tooluse_1", "content": [{"text": "result of tooluse_1"}]}})
+    );
+    let usage = d.ok("GET", &format!("/v1/sessions/{id}/usage"), None);
+    let reported = &usage["steps"][0]["actual"];
+    assert_eq!(
+        reported["input_tokens"], 1010,
+        "Bedrock's input leaves out the cache: {usage}"
+    );
+    assert_eq!(reported["cached_tokens"], 1000, "{usage}");
+}
