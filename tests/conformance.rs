@@ -869,3 +869,41 @@ fn q5_q8_bedrock_refuses_media_by_url_and_keeps_reasoning() {
     );
     assert_eq!(reported["cached_tokens"], 1000, "{usage}");
 }
+
+/// Issue 33: `[model.openai] dialect` adjusts the Chat Completions body to the server's docs:
+/// no `prompt_cache_key`, no `allowed_tools`; a PDF, which only OpenAI takes as a `file` part,
+/// is refused before anything is recorded; an unknown dialect does not load.
+#[test]
+fn q8_a_dialect_of_chat_completions_sends_what_its_server_takes() {
+    let config = format!(
+        "{PLUGIN}[model]\nmax_tokens = 64\n[model.openai]\nmodel = \"qwen\"\ndialect = \"ollama\"\n"
+    );
+    let (d, _s, _f) = serve(&config);
+    let id = d.session("default");
+    let (status, body) = step(
+        &d,
+        &id,
+        "openai",
+        json!([{"role": "user", "content": "go"}]),
+    );
+    assert_eq!(status, 200, "{body}");
+    let request = &body["request"];
+    assert_eq!(request["model"], "qwen");
+    assert!(request.get("dialect").is_none(), "{request}");
+    assert!(request.get("prompt_cache_key").is_none(), "{request}");
+    let pdf = json!([{"role": "user", "content": [
+        {"type": "document", "media_type": "application/pdf", "data": "JVBERi0xLjQK", "name": "a.pdf"}]}]);
+    let out = step(&d, &id, "openai", pdf.clone());
+    assert!(out.1.to_string().contains("`ollama` dialect"), "{}", out.1);
+    refused(&d, &id, "unsupported_block", out);
+    assert_eq!(
+        step(&d, &id, "anthropic", pdf).0,
+        422,
+        "no anthropic model configured"
+    );
+
+    let folder = Folder::new().scripted("s");
+    let path = folder.config(&config.replace("ollama", "tgi"));
+    let line = folder.assemble_fails(&path, &[], "config_invalid");
+    assert!(line.contains("unknown dialect `tgi`"), "{line}");
+}

@@ -236,6 +236,7 @@ pub fn plan_assembled(
     let shown = &agent.tool_results;
     let messages = session::tool_results_shown(messages, shown.template.as_deref(), &shown.empty);
     state.check_renders(format, &messages)?;
+    state.check_dialect(format, &agent.model, &messages)?;
 
     // The header only when it differs from the recorded one: an unchanged header is neither
     // built nor compared field by field twice.

@@ -12,6 +12,7 @@
 
 mod anthropic;
 pub mod bedrock;
+pub mod dialect;
 pub mod gemini;
 mod neutral;
 mod openai;
@@ -146,6 +147,15 @@ pub fn settings(model: &Map<String, Value>, format: Format) -> Map<String, Value
 /// own; `prompt_cache_key = false` in the config leaves it out.
 fn openai_settings(header: &Header, format: Format) -> Map<String, Value> {
     let mut body = settings(&header.model, format);
+    // The dialect is for Chat Completions; the Responses body takes the same table without it.
+    let dialect = match format {
+        Format::Openai => dialect::Dialect::of(&body),
+        _ => dialect::Dialect::Openai,
+    };
+    dialect.adjust(&mut body);
+    if dialect != dialect::Dialect::Openai {
+        return body;
+    }
     match (body.get("prompt_cache_key"), &header.cache_key) {
         (Some(Value::Bool(false)), _) => {
             body.remove("prompt_cache_key");
@@ -161,6 +171,9 @@ fn openai_settings(header: &Header, format: Format) -> Map<String, Value> {
 /// Refuses a format whose required settings are missing from `model` (`missing_model_setting`).
 pub fn check_settings(model: &Map<String, Value>, format: Format) -> Result<(), crate::Error> {
     let settings = settings(model, format);
+    if format == Format::Openai {
+        dialect::check(&settings).map_err(crate::Error::ConfigInvalid)?;
+    }
     match format
         .required_settings()
         .iter()
@@ -207,8 +220,14 @@ pub(crate) fn tools_value(
     format: Format,
     shown: Option<&[String]>,
 ) -> Option<Value> {
+    // A server that takes no `allowed_tools` gets the shown tools only, as the other formats.
+    let keeps_all = match format {
+        Format::Openai => dialect::Dialect::of(&settings(&header.model, format)).allowed_tools(),
+        Format::OpenaiResponses => true,
+        _ => false,
+    };
     let arrayed: Vec<&ToolSpec> = match shown {
-        Some(shown) if !matches!(format, Format::Openai | Format::OpenaiResponses) => header
+        Some(shown) if !keeps_all => header
             .tools
             .iter()
             .filter(|t| shown.contains(&t.name))
@@ -921,6 +940,62 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("image"));
+    }
+
+    /// Issue 33: a server that speaks Chat Completions gets what its docs say it takes.
+    #[test]
+    fn q8_openai_dialects_adjust_what_their_servers_refuse() {
+        let mut request = fixture();
+        request.header.cache_key = Some("promptd-coder".into());
+        request.shown_tools = Some(vec!["list-dir".into()]);
+        request
+            .header
+            .model
+            .insert("max_completion_tokens".into(), json!(99));
+        let openai = render(&request, Format::Openai);
+        assert_eq!(openai["prompt_cache_key"], "promptd-coder");
+        assert_eq!(openai["tool_choice"]["type"], "allowed_tools");
+        assert_eq!(openai["tools"].as_array().unwrap().len(), 2);
+        for (name, max) in [
+            ("vllm", "max_completion_tokens"),
+            ("llamacpp", "max_tokens"),
+            ("ollama", "max_tokens"),
+        ] {
+            let mut r = request.clone();
+            r.header.model.remove("max_tokens");
+            r.header
+                .model
+                .insert("openai".into(), json!({"dialect": name}));
+            let body = render(&r, Format::Openai);
+            assert!(
+                body.get("dialect").is_none() && body.get("prompt_cache_key").is_none(),
+                "{body}"
+            );
+            assert!(
+                body.get("tool_choice").is_none(),
+                "{name}: no allowed_tools: {body}"
+            );
+            let tools: Vec<&str> = body["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(tools, ["list-dir"], "{name}: the shown tools only");
+            assert_eq!(body[max], 99, "{name}: {body}");
+            // The Responses body never carries the key.
+            assert!(render(&r, Format::OpenaiResponses).get("dialect").is_none());
+        }
+        let mut model = Map::new();
+        model.insert("model".into(), json!("m"));
+        model.insert("openai".into(), json!({"dialect": "tgi"}));
+        let e = check_settings(&model, Format::Openai).unwrap_err();
+        assert_eq!(e.code(), "config_invalid");
+        assert!(
+            e.to_string()
+                .contains("unknown dialect `tgi`; use openai, vllm, llamacpp, ollama"),
+            "{e}"
+        );
     }
 
     // --- Shape checks, written from the providers' public API docs. ---

@@ -12,10 +12,11 @@ pub(super) fn head(
     tools: Option<Value>,
     shown: Option<&[String]>,
 ) -> Map<String, Value> {
+    let dialect = super::dialect::Dialect::of(&super::settings(&header.model, Format::Openai));
     let mut body = openai_settings(header, Format::Openai);
     if let Some(tools) = tools {
         body.insert("tools".into(), tools);
-        if let Some(shown) = shown {
+        if let Some(shown) = shown.filter(|_| dialect.allowed_tools()) {
             let allowed = shown
                 .iter()
                 .map(|name| json!({ "type": "function", "function": { "name": name } }))

@@ -127,6 +127,8 @@ pub struct Transcript {
     openai_pending: Vec<Value>,
     /// Per format, why it cannot carry this session's history, if it cannot.
     unsupported: Vec<(Format, &'static str)>,
+    /// Whether a message holds a document (servers of some dialects take none).
+    documents: bool,
     open_turn: Option<(&'static str, Vec<Value>)>,
     /// Gemini contents, closed; the open one and the call names are in `gemini_state`.
     gemini: Vec<Arc<str>>,
@@ -183,6 +185,12 @@ impl Transcript {
             if let (false, Some(what)) = (known, formats::unsupported(format, message)) {
                 self.unsupported.push((format, what));
             }
+        }
+        if let Message::User { content, .. } | Message::Tool { content, .. } = message {
+            self.documents |= content
+                .blocks()
+                .iter()
+                .any(|b| matches!(b, crate::conversation::content::Block::Document { .. }));
         }
         let neutral = formats::neutral_message(message).to_string();
         self.bytes += neutral.len();
@@ -381,6 +389,11 @@ impl Transcript {
             .iter()
             .find(|(f, _)| *f == format)
             .map(|(_, what)| *what)
+    }
+
+    /// Whether a message so far holds a document.
+    pub fn has_documents(&self) -> bool {
+        self.documents
     }
 
     /// Roughly how many bytes the fragments hold (for the session cache's budget).

@@ -78,6 +78,44 @@ impl SessionState {
         self.shown_tools.as_deref()
     }
 
+    /// Checks that the server a Chat Completions body is for ([`crate::formats::dialect`])
+    /// takes the session so far and `messages`: only OpenAI documents PDFs as `file` parts.
+    pub fn check_dialect(
+        &self,
+        format: crate::formats::Format,
+        model: &serde_json::Map<String, serde_json::Value>,
+        messages: &[Message],
+    ) -> Result<()> {
+        use crate::conversation::content::Block;
+        use crate::formats::{dialect::Dialect, settings, Format};
+        if format != Format::Openai {
+            return Ok(());
+        }
+        let dialect = Dialect::of(&settings(model, format));
+        let document = |m: &Message| match m {
+            Message::User { content, .. } | Message::Tool { content, .. } => content
+                .blocks()
+                .iter()
+                .any(|b| matches!(b, Block::Document { .. })),
+            Message::Assistant { .. } => false,
+        };
+        let at = messages.iter().position(document);
+        if dialect.takes_files() || (at.is_none() && !self.transcript.has_documents()) {
+            return Ok(());
+        }
+        let e = Error::UnsupportedBlock {
+            format: format.as_str(),
+            what: format!(
+                "a document for the `{}` dialect (its chat API takes no `file` parts)",
+                dialect.as_str()
+            ),
+        };
+        Err(match at {
+            Some(i) => e.at_message(i),
+            None => e,
+        })
+    }
+
     /// Checks that `format` can carry the session so far and `messages` (a step's input),
     /// before anything is appended (Q6).
     pub fn check_renders(
