@@ -156,7 +156,7 @@ enum Command {
         /// The candidate config file, on the daemon's machine (default: the daemon's).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// openai, anthropic or openai-responses (default: the format of the session's
+        /// openai, anthropic, openai-responses, gemini or bedrock (default: the format of the session's
         /// recorded replies, else anthropic).
         #[arg(long)]
         format: Option<String>,
@@ -207,7 +207,7 @@ enum SessionCommand {
         /// A step fact, KEY=VALUE; repeatable.
         #[arg(long = "fact", value_name = "KEY=VALUE")]
         facts: Vec<String>,
-        /// neutral, openai, anthropic or openai-responses.
+        /// neutral, openai, anthropic, openai-responses, gemini or bedrock.
         #[arg(long, default_value = "neutral")]
         format: String,
     },
@@ -218,7 +218,7 @@ enum SessionCommand {
     Diff {
         id: String,
         n: Option<u64>,
-        /// neutral, openai, anthropic or openai-responses.
+        /// neutral, openai, anthropic, openai-responses, gemini or bedrock.
         #[arg(long, default_value = "openai")]
         format: String,
     },
@@ -245,7 +245,7 @@ enum PluginCommand {
         /// Replay this session of a running daemon with the plugin swapped in.
         #[arg(long, value_name = "SESSION")]
         against: Option<String>,
-        /// With `--against`: openai, anthropic or openai-responses.
+        /// With `--against`: openai, anthropic, openai-responses, gemini or bedrock.
         #[arg(long, requires = "against")]
         format: Option<String>,
         /// With `--against`: print the report as JSON.

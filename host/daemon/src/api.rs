@@ -463,8 +463,8 @@ pub struct ReplayBody {
     /// The candidate config file (default: the daemon's config).
     #[serde(default)]
     pub config: Option<String>,
-    /// The provider format compared and priced: `openai`, `anthropic` or
-    /// `openai-responses` (default: the format of each session's recorded replies, else
+    /// The provider format compared and priced: `openai`, `anthropic`, `openai-responses`,
+    /// `gemini` or `bedrock` (default: the format of each session's recorded replies, else
     /// `anthropic`).
     #[serde(default)]
     #[schema(schema_with = provider_format)]
@@ -475,7 +475,7 @@ pub struct ReplayBody {
 fn provider_format() -> Schema {
     let Some(RefOr::T(schema)) = Some(raw_schema(serde_json::json!({
         "type": ["string", "null"],
-        "enum": ["openai", "anthropic", "openai-responses", null],
+        "enum": ["openai", "anthropic", "openai-responses", "gemini", "bedrock", null],
         "description": "The provider format compared and priced (default: the format of each \
                         session's recorded replies, else `anthropic`).",
     }))) else {
