@@ -1801,13 +1801,22 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
 /// The stub's cache follows the providers' documented rules on the time a test gives it
 /// (tests/sdk_loops/test_stub_cache.py: writes, hits, the 5-minute and 1-hour TTLs, the
 /// minimums, OpenAI's 128-token steps and per-key rate), so the cached-token figures the loops
-/// and the workload see are the ones a provider would report.
+/// and the workload see are the ones a provider would report; and its Gemini and Bedrock
+/// routes refuse what those APIs refuse, driven through google-genai and boto3
+/// (test_stub_gemini_bedrock.py: thought signatures missing or of another model, images passed
+/// to boto3 as base64 text, too many cache points, unanswered tool uses).
 #[test]
 fn the_stub_caches_by_the_documented_rules() {
     let mut cmd = Command::new(python());
     cmd.env("PYTHONDONTWRITEBYTECODE", "1")
         .current_dir(loops_dir())
-        .args(["-m", "unittest", "-v", "test_stub_cache"]);
+        .args([
+            "-m",
+            "unittest",
+            "-v",
+            "test_stub_cache",
+            "test_stub_gemini_bedrock",
+        ]);
     let (code, out, err) = run_bounded(cmd);
     assert_eq!(
         code,

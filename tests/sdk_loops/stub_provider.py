@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A local stand-in for the OpenAI and Anthropic APIs, strict about request bodies.
+"""A local stand-in for the OpenAI, Anthropic, Gemini and Bedrock APIs, strict about bodies.
 
     stub_provider.py [--max-seconds N] [--log FILE] [--ignore-stdin]
 
@@ -11,18 +11,24 @@ runs by hand from a shell that gives background jobs no stdin.
 Routes, each checking the body against the provider's documented rules (../shared/GUIDE.md,
 "Provider rules that bodies must respect", and the request types of the pinned SDKs):
 
-    POST /v1/chat/completions   OpenAI Chat Completions
-    POST /v1/responses          OpenAI Responses
-    POST /v1/messages           Anthropic Messages
+    POST /v1/chat/completions                     OpenAI Chat Completions
+    POST /v1/responses                            OpenAI Responses
+    POST /v1/messages                             Anthropic Messages
+    POST /v1beta/models/{model}:generateContent   Google Gemini (also /v1/..., which
+                                                  google-genai 3.6.1 calls by default)
+    POST /model/{modelId}/converse                Amazon Bedrock Converse (modelId
+                                                  URL-encoded; SigV4 not checked)
 
-A body that breaks a rule gets 400 with the provider's error shape; the message starts with the
-rule's name in brackets and says where, e.g.
-`[chat.tool_results_follow_calls] messages[3]: ...`, so the SDK raises with it and the test that
-drove the SDK fails showing it. A valid body gets a canned, deterministic reply in the
-provider's real response shape: a tool call (to the first tool by name that `tool_choice`
-allows; every second round two in parallel, after some text) while the conversation's newest
-turn holds no tool result, final text naming the answered call ids once it does. Anthropic
-tool-use replies start with a `thinking` block (and every second round also a
+A body that breaks a rule gets 400 with the provider's error shape (Gemini's
+`{"error": {"code": 400, "message", "status": "INVALID_ARGUMENT"}}`; Bedrock's `{"message"}`
+with `x-amzn-ErrorType: ValidationException`); the message starts with the rule's name in
+brackets and says where, e.g. `[chat.tool_results_follow_calls] messages[3]: ...`, so the SDK
+raises with it and the test that drove the SDK fails showing it. A valid body gets a canned,
+deterministic reply in the provider's real response shape: a tool call (to the first tool by
+name that `tool_choice` allows; every second round two in parallel, after some text) while the
+conversation's newest turn holds no tool result, final text naming the answered call ids (for
+Gemini, whose calls carry no id, the function names) once it does. Anthropic tool-use replies
+start with a `thinking` block (and every second round also a
 `redacted_thinking` block); the stub keeps what it returned, by tool_use id, and a body that
 sends such a block back changed, or drops it from the turn that is still waiting on its tool
 results, is refused.
@@ -37,12 +43,52 @@ list of such parts. Base64 must decode, and to a file of the media type it claim
 sniff the bytes). `tool_choice` must name only tools the body's `tools` holds, in the API's own
 shape (Chat's `allowed_tools` nests `{mode, tools}` under `allowed_tools`; Responses' is flat).
 
+Gemini (`gemini.*`; a field is taken by its JSON or its proto snake_case name, as the API's
+parser does, since google-genai sends nested messages such as inlineData snake_case): non-empty
+`contents`, each of role user or model with non-empty `parts`; a part holds exactly one of text,
+inlineData (base64 of a file of its mimeType), fileData (an https or `files/` URI),
+functionCall (model contents only), functionResponse (user contents only, `response` an
+object), beside `thought` and `thoughtSignature`; user text not empty. A model content with
+calls comes right after a user content, and the next content is a user content whose
+functionResponse parts answer exactly those calls (names in any order, ids when the calls carry
+them). Tools are `{functionDeclarations}`: unique names matching
+^[a-zA-Z_][a-zA-Z0-9_.:-]{0,127}$, each with `parameters` or `parametersJsonSchema`, not both;
+`toolConfig.functionCallingConfig` mode AUTO, ANY, NONE or VALIDATED, `allowedFunctionNames`
+(declared functions) only with ANY or VALIDATED; `systemInstruction` text parts;
+`generationConfig` documented keys. Thought signatures on models `gemini-3*`: in the current
+turn (from the last user content holding a part that is not a functionResponse) each model
+content with calls carries a thoughtSignature on its first functionCall part; any signature
+sent must decode (standard or URL-safe base64) to bytes the stub issued for this same model, or
+to those of the documented dummies `skip_thought_signature_validator` and
+`context_engineering_is_the_way_to_go` (the bytes the text decodes to, or its ASCII bytes as
+SDK users pass it). Replies: function calls without `id` (as the Developer
+API), the first carrying a signature; the final text part carries one too. Signatures are
+standard base64 with padding of bytes starting 0xfb 0xff, so their URL-safe form (which the SDK
+sends back) differs as text.
+
+Bedrock (`bedrock.*`; botocore checks shapes, enums and required members before sending):
+messages alternate from user, content non-empty, each block exactly one of text (not blank),
+image, document, toolUse (assistant only), toolResult (user only), cachePoint, reasoningContent
+(assistant only). Blobs are base64 on the wire, as boto3 encodes raw bytes: an image's
+`source.bytes` must decode to a file of its format, so base64 text handed to boto3 (encoded
+twice) is refused; the same for a document's (pdf, docx/xlsx, doc/xls by magic), whose `name`
+is 1-200 letters, digits, hyphens, parentheses, brackets and single whitespace. The user
+message after an assistant's toolUse blocks holds a toolResult for each toolUseId and no other
+(status success or error; content text, image, document or json); toolUse or toolResult blocks
+need `toolConfig`. toolConfig.tools: toolSpec (unique names, inputSchema.json an object) and
+cachePoint entries; `toolChoice.tool` names a declared tool. cachePoint `{type: "default",
+ttl?: "5m"|"1h"}`, never first in its list, at most 4 in system, tools and messages together.
+Tool-use replies on `anthropic.` modelIds start with a reasoningContent block, kept by toolUseId
+and checked on the way back like the Anthropic thinking blocks.
+
 Usage reports a model of the providers' prompt caches. The cache reads a request as blocks in
 the provider's order, every `cache_control` key removed: the model (0 tokens), each tool, then
 Responses' `instructions` or Messages' `system` (one block), then each message or input item.
 A block costs `len(canonical JSON) // 4` tokens; a prefix is identified by the hash chain of its
 blocks' sha256. Time is the integer in a POST's `X-Stub-Now-Ms` header (milliseconds, scripted
-by the test), else the monotonic clock.
+by the test), else the monotonic clock. Gemini's blocks: the model, each function declaration,
+`systemInstruction`, each content. Bedrock's: the model, each toolSpec, `system` (one block),
+each message, cachePoints left out.
 
     Anthropic (/v1/messages, one cache): a tool, `system` or message holding a cache_control is
     a breakpoint (TTL 1 h with "ttl": "1h", else 5 min; the first 4 count). The read is the
@@ -60,6 +106,17 @@ by the test), else the monotonic clock.
     not said on a model that offers both (an organisation without Zero Data Retention), or a
     model that offers only 24h (gpt-5.5 and later). A retention the model does not offer is a
     400. `cached_tokens` reports the read; writes cost as plain input.
+    Bedrock (Converse, one cache): explicit, as Anthropic's. A cachePoint makes the block before
+    it (the tool before it, the system, its message) a breakpoint with its TTL (5 min, or 1 h
+    with "ttl": "1h"); the read, writes, lookback and minimums (by the modelId's name, e.g.
+    `us.anthropic.claude-haiku-4-5-...`) as above. No cachePoint: nothing read or written.
+    Usage: `inputTokens` (neither read nor written), `cacheReadInputTokens`,
+    `cacheWriteInputTokens`, `cacheDetails` (per TTL written), `totalTokens` (all of it).
+    Gemini (generateContent, one cache): implicit. The read is the longest prefix, ending at a
+    block boundary, of at least 1024 tokens (4096 on models whose name holds `pro`) that an
+    earlier request to the same model wrote and that is still live; every such prefix of the
+    request is written for 5 minutes (a hit's refreshed). `promptTokenCount` is all the input,
+    `cachedContentTokenCount` the read (left out when 0); the ledger shows no writes.
 
     GET  /stub/ledger   {"requests": [...]}: per accepted request, in order (the last 100,000),
                         path, model, now_ms, input_tokens (all), read, written_5m, written_1h,
@@ -81,6 +138,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -289,6 +347,7 @@ def canned_arguments(schema):
     props = schema.get("properties", {}) if isinstance(schema, dict) else {}
     for name in schema.get("required", []) if isinstance(schema, dict) else []:
         kind_ = props.get(name, {}).get("type", "string")
+        kind_ = kind_.lower() if isinstance(kind_, str) else "string"  # Gemini's Schema: "STRING"
         args[name] = {"string": "stub", "integer": 1, "number": 1, "boolean": False,
                       "array": [], "object": {}}.get(kind_, "stub")
     return args
@@ -893,19 +952,18 @@ ASSISTANT_BLOCKS = {"text", "tool_use", "thinking", "redacted_thinking"}
 
 
 class Thinking:
-    """What the stub returned before each tool_use, so a body sending it back can be checked."""
+    """What the stub returned before each tool call (Anthropic's thinking blocks, Bedrock's
+    reasoningContent), so a body sending it back can be checked."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.by_tool_use = {}  # tool_use id -> the thinking blocks returned before it
         self.returned = set()  # canonical JSON of every thinking block returned
 
-    def remember(self, content):
-        blocks = [b for b in content if b["type"] in ("thinking", "redacted_thinking")]
+    def remember(self, tool_use_ids, blocks):
         with self.lock:
-            for b in content:
-                if b["type"] == "tool_use":
-                    self.by_tool_use[b["id"]] = blocks
+            for i in tool_use_ids:
+                self.by_tool_use[i] = blocks
             self.returned.update(canon(b) for b in blocks)
 
     def expected(self, tool_use_ids):
@@ -1255,7 +1313,8 @@ def reply_messages(body, served):
         content += [{"type": "tool_use", "id": f"toolu_{key[:20]}_{n}", "name": name,
                      "input": canned_arguments(schema)}
                     for n, (name, schema) in enumerate(picked)]
-        THINKING.remember(content)
+        THINKING.remember([b["id"] for b in content if b["type"] == "tool_use"],
+                          [b for b in content if b["type"] in ("thinking", "redacted_thinking")])
         stop = "tool_use"
     return {
         "id": f"msg_{key[:24]}",
@@ -1275,6 +1334,803 @@ def usage_messages(served):
             "cache_read_input_tokens": served["read"],
             "cache_creation": {"ephemeral_5m_input_tokens": served["written_5m"],
                                "ephemeral_1h_input_tokens": served["written_1h"]}}
+
+
+# --- Google Gemini (generateContent) -----------------------------------------------------------
+
+# The request is a protobuf message as JSON: the API's parser takes a field by its lowerCamelCase
+# JSON name or by its proto name (snake_case), and google-genai sends some nested messages
+# (inlineData, fileData, function declarations, thinkingConfig) with the snake_case names.
+GEMINI_PARAMS = {
+    "contents", "tools", "toolConfig", "safetySettings", "systemInstruction", "generationConfig",
+    "cachedContent", "labels", "serviceTier", "store", "continuationToken",
+}
+GEMINI_GENERATION = {
+    "temperature", "topP", "topK", "candidateCount", "maxOutputTokens", "stopSequences",
+    "presencePenalty", "frequencyPenalty", "seed", "responseMimeType", "responseSchema",
+    "responseJsonSchema", "responseModalities", "responseLogprobs", "logprobs", "thinkingConfig",
+    "speechConfig", "imageConfig", "mediaResolution", "enableEnhancedCivicAnswers",
+    "audioTranscriptionConfig",
+}
+GEMINI_THINKING = {"includeThoughts", "thinkingBudget", "thinkingLevel"}
+GEMINI_DATA = ("text", "inlineData", "fileData", "functionCall", "functionResponse")
+GEMINI_PART_EXTRA = {"thought", "thoughtSignature", "videoMetadata", "mediaResolution",
+                     "partMetadata"}
+GEMINI_DECLARATION = {"name", "description", "parameters", "parametersJsonSchema", "response",
+                      "responseJsonSchema", "behavior"}
+GEMINI_FUNCTION_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_.:-]{0,127}$")
+GEMINI_MODES = ("AUTO", "ANY", "NONE", "VALIDATED")
+GEMINI_FILE_URI = re.compile(r"^(https://[^\s/?#]+\S*|files/[a-zA-Z0-9_-]+)$")
+# The thought-signatures guide's dummy values, for a history the model did not produce. They are
+# valid URL-safe base64 themselves: sent as they are (REST), they stand for the bytes they decode
+# to; SDK users also pass their ASCII bytes (b"skip_thought_signature_validator"), which the SDK
+# sends base64-encoded. Both are taken, compared as bytes.
+SIGNATURE_DUMMIES = ("skip_thought_signature_validator", "context_engineering_is_the_way_to_go")
+
+
+def camel(name):
+    """A proto field's JSON name from its proto (snake_case) name; a JSON name is unchanged."""
+    return re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), name)
+
+
+def proto_fields(obj, allowed, rule, where, required=()):
+    """A protobuf message's fields by JSON name (a null field is unset). Refuses an unknown
+    field, a field given under both its names, and a missing required one."""
+    need_object(obj, rule, where)
+    fields = {}
+    for key, value in obj.items():
+        name = camel(key)
+        need(name in allowed, rule, f"{where}.{key}",
+             f"Invalid JSON payload received. Unknown name {key!r}: cannot find field (fields "
+             f"here: {', '.join(sorted(allowed))})")
+        need(name not in fields, rule, f"{where}.{key}",
+             f"field `{name}` is given twice (as `{name}` and as its proto name)")
+        if value is not None:
+            fields[name] = value
+    for name in required:
+        need(name in fields, rule, where, f"missing required field `{name}`")
+    return fields
+
+
+def proto_bytes(text):
+    """The bytes of a proto `bytes` field sent as JSON: base64, standard or URL-safe, padded or
+    not. None when `text` is not that."""
+    if not isinstance(text, str) or re.fullmatch(r"[A-Za-z0-9+/_-]*={0,2}", text) is None:
+        return None
+    body = text.rstrip("=").replace("-", "+").replace("_", "/")
+    if len(body) % 4 == 1:
+        return None
+    try:
+        return base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+DUMMY_SIGNATURES = {raw for d in SIGNATURE_DUMMIES for raw in (proto_bytes(d), d.encode())}
+
+
+class Signatures:
+    """The thought signatures the stub issued, each for one model (they do not carry across
+    models)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.model_of = {}  # signature bytes -> the model it was issued for
+
+    def issue(self, model, *seed):
+        """New signature bytes for `model`, as standard base64 with padding (the API's form). They
+        start 0xfb 0xff, so the standard and URL-safe encodings differ (`+/` against `-_`): a
+        client that compares signatures as text, not as bytes, fails."""
+        raw = b"\xfb\xff" + model.encode() + bytes.fromhex(digest("signature", model, *seed))
+        if len(raw) % 3 == 0:
+            raw += b"\x00"  # so the text has padding too
+        with self.lock:
+            self.model_of[raw] = model
+        return base64.b64encode(raw).decode()
+
+    def issued_for(self, raw):
+        with self.lock:
+            return self.model_of.get(raw)
+
+
+SIGNATURES = Signatures()
+
+
+def gemini_declarations(body):
+    """(name, schema) of each function declaration, in order."""
+    out = []
+    for tool in body.get("tools", []):
+        for decl in tool.get("functionDeclarations", tool.get("function_declarations", [])):
+            d = {camel(k): v for k, v in decl.items() if v is not None}
+            out.append((d["name"], d.get("parametersJsonSchema", d.get("parameters", {}))))
+    return out
+
+
+def check_gemini_tool_config(body, names):
+    """`toolConfig.functionCallingConfig`, when present: a mode of AUTO, ANY, NONE, VALIDATED;
+    `allowedFunctionNames` only with ANY or VALIDATED, naming declared functions. Returns the
+    names the model may call."""
+    config = {camel(k): v for k, v in body.items()}.get("toolConfig")
+    if config is None:
+        return list(names)
+    rule = "gemini.tool_config"
+    config = proto_fields(config, {"functionCallingConfig", "retrievalConfig",
+                                   "includeServerSideToolInvocations"}, rule, "toolConfig")
+    if "functionCallingConfig" not in config:
+        return list(names)
+    where = "toolConfig.functionCallingConfig"
+    fcc = proto_fields(config["functionCallingConfig"],
+                       {"mode", "allowedFunctionNames", "streamFunctionCallArguments"}, rule, where)
+    mode = fcc.get("mode", "AUTO")
+    need(mode in GEMINI_MODES, rule, f"{where}.mode",
+         f"must be one of {', '.join(GEMINI_MODES)}, got {mode!r}")
+    if "allowedFunctionNames" not in fcc:
+        return [] if mode == "NONE" else list(names)
+    allowed = fcc["allowedFunctionNames"]
+    need(mode in ("ANY", "VALIDATED"), rule, f"{where}.allowedFunctionNames",
+         f"allowed_function_names may be set only when the mode is ANY or VALIDATED, not {mode}")
+    need(isinstance(allowed, list), rule, f"{where}.allowedFunctionNames",
+         f"must be an array of function names, got {kind(allowed)}")
+    for i, name in enumerate(allowed):
+        need(name in names, rule, f"{where}.allowedFunctionNames[{i}]",
+             f"names {name!r}, which is not a declared function ({', '.join(names)})")
+    return list(allowed)
+
+
+def check_gemini_part(part, role, where):
+    """One part: exactly one data field (text, inlineData, fileData, functionCall,
+    functionResponse) beside `thought` and `thoughtSignature`. Returns it by JSON names."""
+    p = proto_fields(part, set(GEMINI_DATA) | GEMINI_PART_EXTRA, "gemini.part", where)
+    data = [k for k in GEMINI_DATA if k in p]
+    need(len(data) == 1, "gemini.part", where,
+         f"a part holds exactly one of {', '.join(GEMINI_DATA)}, this one "
+         + (f"holds {', '.join(data)}" if data else "none"))
+    field = data[0]
+    fw = f"{where}.{field}"
+    if field == "text":
+        need_string(p["text"], "gemini.part", fw)
+        need(role != "user" or p["text"] != "", "gemini.empty_text", fw,
+             "a user content's text part must not be empty")
+    elif field == "inlineData":
+        rule = "gemini.inline_data"
+        blob = proto_fields(p["inlineData"], {"mimeType", "data", "displayName"}, rule, fw,
+                            required=("mimeType", "data"))
+        need_string(blob["mimeType"], rule, f"{fw}.mimeType", nonempty=True)
+        raw = proto_bytes(blob["data"])
+        need(raw is not None and raw != b"", rule, f"{fw}.data",
+             f"must be non-empty base64 (standard or URL-safe), got {str(blob['data'])[:40]!r}")
+        need(magic_ok(raw, blob["mimeType"]), rule, f"{fw}.data",
+             f"the decoded bytes are not a file of type {blob['mimeType']} (they start "
+             f"{raw[:8]!r})")
+    elif field == "fileData":
+        rule = "gemini.file_data"
+        file = proto_fields(p["fileData"], {"fileUri", "mimeType", "displayName"}, rule, fw,
+                            required=("fileUri",))
+        need(isinstance(file["fileUri"], str) and GEMINI_FILE_URI.match(file["fileUri"]), rule,
+             f"{fw}.fileUri", f"must be an https URL or a `files/NAME` URI, got "
+             f"{str(file['fileUri'])[:60]!r}")
+        if "mimeType" in file:
+            need_string(file["mimeType"], rule, f"{fw}.mimeType", nonempty=True)
+    elif field == "functionCall":
+        need(role == "model", "gemini.function_call_role", fw,
+             f"a functionCall part belongs in a model content, not a {role} one")
+        rule = "gemini.function_call"
+        call = proto_fields(p["functionCall"], {"id", "name", "args", "partialArgs",
+                                                "willContinue"}, rule, fw, required=("name",))
+        need(isinstance(call["name"], str) and GEMINI_FUNCTION_NAME.match(call["name"]), rule,
+             f"{fw}.name", f"{call['name']!r} is not a function name")
+        if "args" in call:
+            need_object(call["args"], rule, f"{fw}.args")
+        p["functionCall"] = call
+    else:
+        need(role == "user", "gemini.function_response_role", fw,
+             f"a functionResponse part belongs in a user content, not a {role} one")
+        rule = "gemini.function_response"
+        answer = proto_fields(p["functionResponse"], {"id", "name", "response", "willContinue",
+                                                      "scheduling", "parts"}, rule, fw,
+                              required=("name", "response"))
+        need_string(answer["name"], rule, f"{fw}.name", nonempty=True)
+        need(isinstance(answer["response"], dict), rule, f"{fw}.response",
+             f"must be an object (a google.protobuf.Struct), got {kind(answer['response'])}")
+        p["functionResponse"] = answer
+    if "thought" in p:
+        need(isinstance(p["thought"], bool), "gemini.part", f"{where}.thought", "must be a boolean")
+    if "thoughtSignature" in p:
+        need(proto_bytes(p["thoughtSignature"]) is not None, "gemini.thought_signature_invalid",
+             f"{where}.thoughtSignature",
+             f"Invalid thought signature: not base64: {str(p['thoughtSignature'])[:40]!r}")
+    return p
+
+
+def check_gemini_calls(contents):
+    """Function calls and their responses: a model content with calls comes right after a user
+    content (a prompt or function responses); the very next content is a user content whose
+    functionResponse parts answer exactly those calls (by name, any order; by id when the calls
+    carry ids); no functionResponse answers anything else."""
+    answered = set()  # indexes of contents whose function responses answer the one before
+    for i, (role, parts) in enumerate(contents):
+        calls = [p["functionCall"] for p in parts if "functionCall" in p]
+        if role != "model" or not calls:
+            continue
+        where = f"contents[{i}]"
+        need(i > 0 and contents[i - 1][0] == "user", "gemini.function_call_position", where,
+             "a model content with function calls must come right after a user content or a "
+             "function-response content")
+        names = sorted(c["name"] for c in calls)
+        need(i + 1 < len(contents), "gemini.function_responses", "contents",
+             f"the conversation ends before the functionResponse parts answering the calls of "
+             f"{where} ({', '.join(names)})")
+        role_next, parts_next = contents[i + 1]
+        answers = [p["functionResponse"] for p in parts_next if "functionResponse" in p]
+        need(role_next == "user" and sorted(a["name"] for a in answers) == names,
+             "gemini.function_responses", f"contents[{i + 1}]",
+             f"must be a user content whose functionResponse parts answer exactly the calls of "
+             f"{where} ({', '.join(names)}), got a {role_next} content answering "
+             f"[{', '.join(sorted(a['name'] for a in answers))}]")
+        ids = sorted(str(c["id"]) for c in calls if "id" in c)
+        if ids:
+            need(sorted(str(a.get("id")) for a in answers) == ids, "gemini.function_responses",
+                 f"contents[{i + 1}]", f"the calls of {where} carry ids {', '.join(ids)}: each "
+                 f"functionResponse must carry its call's id, got "
+                 f"{', '.join(sorted(str(a.get('id')) for a in answers))}")
+        answered.add(i + 1)
+    for i, (role, parts) in enumerate(contents):
+        if any("functionResponse" in p for p in parts):
+            need(i in answered, "gemini.function_responses", f"contents[{i}]",
+                 "functionResponse parts answer no function calls of the model content right "
+                 "before them")
+
+
+def check_gemini_signatures(contents, model):
+    """Gemini 3's thought signatures. The current turn starts at the last user content holding a
+    part that is not a functionResponse; in it, each model content with function calls carries a
+    thoughtSignature on its first functionCall part. Every signature sent is one the stub issued
+    for this very model, or a documented dummy (compared as bytes)."""
+    if not model.startswith("gemini-3"):
+        return
+    start = max((i for i, (role, parts) in enumerate(contents)
+                 if role == "user" and any("functionResponse" not in p for p in parts)), default=0)
+    for i in range(start, len(contents)):
+        role, parts = contents[i]
+        first = next((j for j, p in enumerate(parts) if "functionCall" in p), None)
+        if role == "model" and first is not None:
+            need("thoughtSignature" in parts[first], "gemini.thought_signature_missing",
+                 f"contents[{i}].parts[{first}]",
+                 f"Function call `{parts[first]['functionCall']['name']}` (position {first}) is "
+                 "missing a thought_signature in functionCall parts. Gemini 3 models need, in "
+                 "the current turn, the thoughtSignature the model returned on the first "
+                 "functionCall part of each step sent back unchanged")
+    for i, (role, parts) in enumerate(contents):
+        for j, p in enumerate(parts):
+            if "thoughtSignature" not in p:
+                continue
+            where = f"contents[{i}].parts[{j}].thoughtSignature"
+            raw = proto_bytes(p["thoughtSignature"])
+            if raw in DUMMY_SIGNATURES:
+                continue
+            owner = SIGNATURES.issued_for(raw)
+            need(owner is None or owner == model, "gemini.thought_signature_model", where,
+                 f"the signature was issued by {owner}, and this request is to {model}: thought "
+                 "signatures do not carry across models")
+            need(owner is not None, "gemini.thought_signature_invalid", where,
+                 "Invalid thought signature: the stub never issued these bytes (changed, made "
+                 "up, or decoded/encoded as text?); send back the model's signature unchanged, "
+                 f"or a documented dummy ({', '.join(SIGNATURE_DUMMIES)})")
+
+
+def check_gemini(body, model):
+    need_object(body, "body.json", "body")
+    b = proto_fields(body, GEMINI_PARAMS, "gemini.param", "body")
+
+    names = []
+    tools = b.get("tools", [])
+    need(isinstance(tools, list), "gemini.tools", "tools", f"must be an array, got {kind(tools)}")
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        need_object(tool, "gemini.tools", where)
+        need([camel(k) for k in tool] == ["functionDeclarations"], "gemini.tools", where,
+             "each tool here is {functionDeclarations: [...]} (the stub serves function tools "
+             f"only), got keys {', '.join(tool) or 'none'}")
+        decls = next(iter(tool.values()))
+        need(isinstance(decls, list) and decls, "gemini.tools", f"{where}.functionDeclarations",
+             "must be a non-empty array of function declarations")
+        for j, decl in enumerate(decls):
+            dw = f"{where}.functionDeclarations[{j}]"
+            d = proto_fields(decl, GEMINI_DECLARATION, "gemini.function_declaration", dw,
+                             required=("name",))
+            need(isinstance(d["name"], str) and GEMINI_FUNCTION_NAME.match(d["name"]),
+                 "gemini.function_name", f"{dw}.name",
+                 f"{d['name']!r} must start with a letter or underscore and hold only letters, "
+                 "digits, underscores, dots, colons and dashes, 128 at most")
+            need(d["name"] not in names, "gemini.function_unique", f"{dw}.name",
+                 f"function name {d['name']!r} is declared twice")
+            names.append(d["name"])
+            given = [k for k in ("parameters", "parametersJsonSchema") if k in d]
+            need(len(given) == 1, "gemini.function_parameters", dw,
+                 "a declaration takes its parameters as `parameters` (OpenAPI Schema) or "
+                 "`parametersJsonSchema` (JSON Schema): one of the two, "
+                 + ("not both" if given else "none given"))
+            need_object(d[given[0]], "gemini.function_parameters", f"{dw}.{given[0]}")
+            if "description" in d:
+                need_string(d["description"], "gemini.function_declaration", f"{dw}.description")
+    check_gemini_tool_config(body, names)
+
+    if "systemInstruction" in b:
+        rule, where = "gemini.system_instruction", "systemInstruction"
+        si = proto_fields(b["systemInstruction"], {"parts", "role"}, rule, where,
+                          required=("parts",))
+        need(isinstance(si["parts"], list) and si["parts"], rule, f"{where}.parts",
+             "must be a non-empty array of text parts")
+        for j, part in enumerate(si["parts"]):
+            p = proto_fields(part, {"text"}, rule, f"{where}.parts[{j}]", required=("text",))
+            need_string(p["text"], rule, f"{where}.parts[{j}].text")
+
+    if "generationConfig" in b:
+        rule, where = "gemini.generation_config", "generationConfig"
+        gc = proto_fields(b["generationConfig"], GEMINI_GENERATION, rule, where)
+        if "thinkingConfig" in gc:
+            proto_fields(gc["thinkingConfig"], GEMINI_THINKING, rule, f"{where}.thinkingConfig")
+        if "stopSequences" in gc:
+            need(isinstance(gc["stopSequences"], list) and len(gc["stopSequences"]) <= 5, rule,
+                 f"{where}.stopSequences", "must be an array of at most 5 strings")
+
+    contents = b.get("contents")
+    need(isinstance(contents, list) and contents, "gemini.contents", "contents",
+         "required: a non-empty array of contents")
+    parsed = []  # (role, parts by JSON names)
+    for i, content in enumerate(contents):
+        where = f"contents[{i}]"
+        c = proto_fields(content, {"role", "parts"}, "gemini.content", where)
+        role = c.get("role")
+        need(role in ("user", "model"), "gemini.role", f"{where}.role",
+             f"must be \"user\" or \"model\", got {role!r}")
+        parts = c.get("parts")
+        need(isinstance(parts, list) and parts, "gemini.parts", f"{where}.parts",
+             "must be a non-empty array of parts")
+        parsed.append((role, [check_gemini_part(p, role, f"{where}.parts[{j}]")
+                              for j, p in enumerate(parts)]))
+    check_gemini_calls(parsed)
+    check_gemini_signatures(parsed, model)
+
+
+def gemini_contents(body):
+    """The contents as (role, parts by JSON names, their functionCall/functionResponse too)."""
+    out = []
+    for content in body["contents"]:
+        c = {camel(k): v for k, v in content.items()}
+        parts = []
+        for part in c["parts"]:
+            p = {camel(k): v for k, v in part.items() if v is not None}
+            for key in ("functionCall", "functionResponse"):
+                if key in p:
+                    p[key] = {camel(k): v for k, v in p[key].items() if v is not None}
+            parts.append(p)
+        out.append((c["role"], parts))
+    return out
+
+
+def reply_gemini(body, model, served):
+    contents = gemini_contents(body)
+    role, newest = contents[-1]
+    answered = [a["name"] + (f" (id {a['id']})" if "id" in a else "")
+                for a in (p["functionResponse"] for p in newest if "functionResponse" in p)]
+    declared = gemini_declarations(body)
+    callable_ = check_gemini_tool_config(body, [name for name, _ in declared])
+    tools = [(name, schema) for name, schema in declared if name in callable_]
+    rounds = sum(1 for r, parts in contents if r == "model"
+                 and any("functionCall" in p for p in parts))
+    key = digest(body["contents"], body.get("tools"), model)
+    if answered or not tools:
+        parts = [{"text": final_text(answered),
+                  "thoughtSignature": SIGNATURES.issue(model, key, "final")}]
+    else:
+        said = preamble(rounds)
+        parts = [] if said is None else [{"text": said}]
+        # As the Gemini Developer API: no `id` on the calls; the signature on the first.
+        calls = [{"functionCall": {"name": name, "args": canned_arguments(schema)}}
+                 for name, schema in pick_tools(tools, rounds)]
+        calls[0]["thoughtSignature"] = SIGNATURES.issue(model, key, "call")
+        parts += calls
+    return {
+        "candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP",
+                        "index": 0}],
+        "usageMetadata": usage_gemini(served),
+        "modelVersion": model,
+        "responseId": key[:22],
+    }
+
+
+def usage_gemini(served):
+    total, out = served["input_tokens"], served["output_tokens"]
+    usage = {"promptTokenCount": total, "candidatesTokenCount": out,
+             "totalTokenCount": total + out}
+    if served["read"]:
+        usage["cachedContentTokenCount"] = served["read"]
+    return usage
+
+
+# --- Amazon Bedrock (Converse) -----------------------------------------------------------------
+
+# botocore checks the request against the API's shapes (types, required members, enums) before
+# it sends; these are the rules it cannot check. On the wire blobs are base64 text.
+BEDROCK_PARAMS = {
+    "messages", "system", "inferenceConfig", "toolConfig", "guardrailConfig",
+    "additionalModelRequestFields", "promptVariables", "additionalModelResponseFieldPaths",
+    "requestMetadata", "performanceConfig", "serviceTier", "outputConfig",
+}
+BEDROCK_BLOCKS = ("text", "image", "document", "toolUse", "toolResult", "cachePoint",
+                  "reasoningContent")
+BEDROCK_RESULT_BLOCKS = ("text", "image", "document", "json")
+BEDROCK_IMAGE_FORMATS = ("png", "jpeg", "gif", "webp")
+BEDROCK_DOCUMENT_FORMATS = ("pdf", "csv", "doc", "docx", "xls", "xlsx", "html", "txt", "md")
+BEDROCK_DOCUMENT_NAME = re.compile(r"^(?!.*\s\s)[A-Za-z0-9\s()\[\]-]{1,200}$")
+BEDROCK_TOOL_USE_ID = re.compile(r"^[a-zA-Z0-9_.:-]{1,64}$")
+OLE = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # doc, xls
+ZIP = b"PK\x03\x04"  # docx, xlsx
+
+
+def bedrock_blob(value, rule, where):
+    """A blob member's bytes: base64 text on the wire (boto3 encodes the raw bytes it is given)."""
+    need(isinstance(value, str) and value != "", rule, where,
+         f"must be non-empty base64 text, got {kind(value)}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise Broken(rule, where, f"is not valid base64 ({e}): {value[:40]!r}") from None
+
+
+def double_encoded(raw, ok):
+    """Why bytes fail their check, when they are base64 text of bytes that pass it."""
+    inner = proto_bytes(raw.decode("ascii", "replace"))
+    if inner is not None and ok(inner):
+        return ("; they are base64 TEXT of such a file: the client base64-encoded the file and "
+                "boto3 encoded that text again. Pass the raw bytes to boto3")
+    return ""
+
+
+def check_bedrock_image(image, where):
+    rule = "bedrock.image"
+    need_object(image, rule, where)
+    check_keys(image, {"format", "source"}, ["format", "source"], rule, where)
+    fmt = image["format"]
+    need(fmt in BEDROCK_IMAGE_FORMATS, rule, f"{where}.format",
+         f"must be one of {', '.join(BEDROCK_IMAGE_FORMATS)}, got {fmt!r}")
+    need_object(image["source"], rule, f"{where}.source")
+    check_keys(image["source"], {"bytes"}, ["bytes"], rule, f"{where}.source")
+    raw = bedrock_blob(image["source"]["bytes"], "bedrock.image_bytes", f"{where}.source.bytes")
+    ok = lambda data: magic_ok(data, f"image/{fmt}")
+    need(ok(raw), "bedrock.image_bytes", f"{where}.source.bytes",
+         f"the bytes are not a {fmt} image (they start {raw[:8]!r}){double_encoded(raw, ok)}")
+
+
+def document_ok(raw, fmt):
+    if fmt == "pdf":
+        return raw.startswith(b"%PDF-")
+    if fmt in ("docx", "xlsx"):
+        return raw.startswith(ZIP)
+    if fmt in ("doc", "xls"):
+        return raw.startswith(OLE) or raw.startswith(ZIP)
+    return True
+
+
+def check_bedrock_document(doc, where):
+    rule = "bedrock.document"
+    need_object(doc, rule, where)
+    check_keys(doc, {"format", "name", "source", "context", "citations"}, ["name", "source"],
+               rule, where)
+    name = doc["name"]
+    need(isinstance(name, str) and BEDROCK_DOCUMENT_NAME.match(name) is not None,
+         "bedrock.document_name", f"{where}.name",
+         f"{name!r}: a document name is 1 to 200 characters: letters, digits, hyphens, "
+         "parentheses, square brackets and whitespace, never two whitespace characters in a row")
+    need_object(doc["source"], rule, f"{where}.source")
+    check_keys(doc["source"], {"bytes", "text"}, [], rule, f"{where}.source")
+    need(len(doc["source"]) == 1, rule, f"{where}.source", "needs exactly one of bytes, text")
+    if "text" in doc["source"]:
+        need_string(doc["source"]["text"], rule, f"{where}.source.text", nonempty=True)
+        return
+    need("format" in doc, rule, where, "a document sent as bytes needs its format")
+    fmt = doc["format"]
+    need(fmt in BEDROCK_DOCUMENT_FORMATS, rule, f"{where}.format",
+         f"must be one of {', '.join(BEDROCK_DOCUMENT_FORMATS)}, got {fmt!r}")
+    raw = bedrock_blob(doc["source"]["bytes"], "bedrock.document_bytes", f"{where}.source.bytes")
+    ok = lambda data: document_ok(data, fmt)
+    need(ok(raw), "bedrock.document_bytes", f"{where}.source.bytes",
+         f"the bytes are not a {fmt} file (they start {raw[:8]!r}){double_encoded(raw, ok)}")
+
+
+def check_cache_point(value, where, points):
+    rule = "bedrock.cache_point"
+    need_object(value, rule, where)
+    check_keys(value, {"type", "ttl"}, ["type"], rule, where)
+    need(value["type"] == "default", rule, f"{where}.type",
+         f"must be \"default\", got {value['type']!r}")
+    if "ttl" in value:
+        need(value["ttl"] in ("5m", "1h"), rule, f"{where}.ttl",
+             f"must be \"5m\" or \"1h\", got {value['ttl']!r}")
+    points.append(where)
+    need(len(points) <= MAX_BREAKPOINTS, "bedrock.cache_points", where,
+         f"more than {MAX_BREAKPOINTS} cachePoint blocks in system, toolConfig.tools and "
+         f"messages together: {', '.join(points)}")
+
+
+def one_member(block, allowed, rule, where):
+    """A union: exactly one member, one of `allowed`. Returns its name."""
+    need_object(block, rule, where)
+    members = list(block)
+    need(len(members) == 1 and members[0] in allowed, rule, where,
+         f"a block holds exactly one of {', '.join(allowed)}, got "
+         f"{', '.join(members) or 'none'}")
+    return members[0]
+
+
+def check_bedrock_text(text, where, what="ContentBlock"):
+    need_string(text, "bedrock.blank_text", f"{where}.text")
+    need(text.strip() != "", "bedrock.blank_text", where,
+         f"The text field in the {what} object at {where} is blank. Add text to the text "
+         "field, and try again.")
+
+
+def check_bedrock_block(block, role, where, points):
+    """One content block of a message. Returns its member name."""
+    member = one_member(block, BEDROCK_BLOCKS, "bedrock.block", where)
+    value = block[member]
+    mw = f"{where}.{member}"
+    if member == "text":
+        check_bedrock_text(value, where)
+    elif member == "image":
+        check_bedrock_image(value, mw)
+    elif member == "document":
+        check_bedrock_document(value, mw)
+    elif member == "cachePoint":
+        check_cache_point(value, mw, points)
+    elif member == "toolUse":
+        need(role == "assistant", "bedrock.block_role", mw,
+             "a toolUse block belongs in an assistant message")
+        rule = "bedrock.tool_use"
+        need_object(value, rule, mw)
+        check_keys(value, {"toolUseId", "name", "input", "type"}, ["toolUseId", "name", "input"],
+                   rule, mw)
+        need(isinstance(value["toolUseId"], str) and BEDROCK_TOOL_USE_ID.match(value["toolUseId"]),
+             rule, f"{mw}.toolUseId", f"{value['toolUseId']!r} must match [a-zA-Z0-9_.:-]{{1,64}}")
+        need(isinstance(value["name"], str) and TOOL_NAME.match(value["name"]), rule,
+             f"{mw}.name", f"{value['name']!r} must match ^[a-zA-Z0-9_-]{{1,64}}$")
+        need_object(value["input"], rule, f"{mw}.input")
+    elif member == "toolResult":
+        need(role == "user", "bedrock.block_role", mw,
+             "a toolResult block belongs in a user message")
+        rule = "bedrock.tool_result"
+        need_object(value, rule, mw)
+        check_keys(value, {"toolUseId", "content", "status", "type"}, ["toolUseId", "content"],
+                   rule, mw)
+        need_string(value["toolUseId"], rule, f"{mw}.toolUseId", nonempty=True)
+        if "status" in value:
+            need(value["status"] in ("success", "error"), rule, f"{mw}.status",
+                 f"must be success or error, got {value['status']!r}")
+        need(isinstance(value["content"], list), rule, f"{mw}.content",
+             f"must be an array of blocks, got {kind(value['content'])}")
+        for k, inner in enumerate(value["content"]):
+            iw = f"{mw}.content.{k}"
+            im = one_member(inner, BEDROCK_RESULT_BLOCKS, rule, iw)
+            if im == "text":
+                check_bedrock_text(inner["text"], iw, "ToolResultContentBlock")
+            elif im == "image":
+                check_bedrock_image(inner["image"], f"{iw}.image")
+            elif im == "document":
+                check_bedrock_document(inner["document"], f"{iw}.document")
+    else:
+        need(role == "assistant", "bedrock.block_role", mw,
+             "a reasoningContent block belongs in an assistant message")
+        rule = "bedrock.reasoning"
+        inner = one_member(value, ("reasoningText", "redactedContent"), rule, mw)
+        if inner == "reasoningText":
+            need_object(value["reasoningText"], rule, f"{mw}.reasoningText")
+            check_keys(value["reasoningText"], {"text", "signature"}, ["text"], rule,
+                       f"{mw}.reasoningText")
+        else:
+            bedrock_blob(value["redactedContent"], rule, f"{mw}.redactedContent")
+    return member
+
+
+def check_bedrock_tools(body, points):
+    """`toolConfig`: toolSpec and cachePoint entries; `toolChoice` naming a declared tool.
+    Returns the tools' names."""
+    if "toolConfig" not in body:
+        return []
+    rule = "bedrock.tool_config"
+    config = body["toolConfig"]
+    need_object(config, rule, "toolConfig")
+    check_keys(config, {"tools", "toolChoice"}, ["tools"], rule, "toolConfig")
+    tools = config["tools"]
+    need(isinstance(tools, list) and tools, rule, "toolConfig.tools",
+         "must be a non-empty array of tools")
+    names = []
+    for i, tool in enumerate(tools):
+        where = f"toolConfig.tools.{i}"
+        member = one_member(tool, ("toolSpec", "cachePoint"), rule, where)
+        if member == "cachePoint":
+            need(i > 0, "bedrock.cache_point_position", where,
+                 "a cachePoint marks the end of what comes before it: it cannot be the first tool")
+            check_cache_point(tool["cachePoint"], f"{where}.cachePoint", points)
+            continue
+        spec = tool["toolSpec"]
+        sw = f"{where}.toolSpec"
+        need_object(spec, "bedrock.tool_spec", sw)
+        check_keys(spec, {"name", "description", "inputSchema", "strict"},
+                   ["name", "inputSchema"], "bedrock.tool_spec", sw)
+        need(isinstance(spec["name"], str) and TOOL_NAME.match(spec["name"]), "bedrock.tool_spec",
+             f"{sw}.name", f"tool name {spec['name']!r} must match ^[a-zA-Z0-9_-]{{1,64}}$")
+        need(spec["name"] not in names, "bedrock.tool_unique", f"{sw}.name",
+             f"tool name {spec['name']!r} is used twice")
+        names.append(spec["name"])
+        schema = spec["inputSchema"]
+        need(isinstance(schema, dict) and list(schema) == ["json"] and isinstance(
+            schema["json"], dict), "bedrock.tool_spec", f"{sw}.inputSchema",
+             "must be {\"json\": {...}}, a JSON Schema object")
+    if "toolChoice" in config:
+        choice = config["toolChoice"]
+        member = one_member(choice, ("auto", "any", "tool"), "bedrock.tool_choice",
+                            "toolConfig.toolChoice")
+        if member == "tool":
+            need_object(choice["tool"], "bedrock.tool_choice", "toolConfig.toolChoice.tool")
+            need(choice["tool"].get("name") in names, "bedrock.tool_choice",
+                 "toolConfig.toolChoice.tool.name",
+                 f"names {choice['tool'].get('name')!r}, which is not a tool in "
+                 f"toolConfig.tools ({', '.join(names)})")
+    return names
+
+
+def check_bedrock_reasoning(messages):
+    """reasoningContent blocks sent back are the very ones returned; the assistant message still
+    waiting on its tool results keeps them, first, in order."""
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        blocks = msg["content"]
+        reasoning = [b for b in blocks if "reasoningContent" in b]
+        uses = [b["toolUse"]["toolUseId"] for b in blocks if "toolUse" in b]
+        expected = REASONING.expected(uses)
+        where = f"messages.{i}"
+        if expected is not None and (reasoning or i == len(messages) - 2):
+            need(canon(blocks[: len(expected)]) == canon(expected), "bedrock.reasoning", where,
+                 f"the reasoningContent returned with toolUse {', '.join(uses)} must come back "
+                 f"unchanged, first in the message: expected {canon(expected)}, got "
+                 f"{canon(reasoning)}")
+        for b in reasoning:
+            need(REASONING.known(b), "bedrock.reasoning", f"{where}.content",
+                 f"a reasoningContent block the stub never returned (changed?): {canon(b)}")
+
+
+REASONING = Thinking()
+
+
+def check_bedrock(body, model):
+    need_object(body, "body.json", "body")
+    for key in body:
+        need(key in BEDROCK_PARAMS, "bedrock.param", key, "not a Converse parameter")
+    need(model != "", "bedrock.param", "modelId", "required")
+    points = []  # where each cachePoint is, in request order
+
+    if "system" in body:
+        system = body["system"]
+        need(isinstance(system, list), "bedrock.system", "system",
+             f"must be an array of blocks, got {kind(system)}")
+        for i, block in enumerate(system):
+            where = f"system.{i}"
+            member = one_member(block, ("text", "cachePoint"), "bedrock.system", where)
+            if member == "text":
+                check_bedrock_text(block["text"], where, "SystemContentBlock")
+            else:
+                need(i > 0, "bedrock.cache_point_position", where,
+                     "a cachePoint marks the end of what comes before it: it cannot be the "
+                     "first system block")
+                check_cache_point(block["cachePoint"], f"{where}.cachePoint", points)
+    check_bedrock_tools(body, points)
+
+    messages = body.get("messages")
+    need(isinstance(messages, list) and messages, "bedrock.messages", "messages",
+         "required: a non-empty array of messages")
+    waiting = set()  # toolUseIds of the previous assistant message
+    uses_tools = False
+    for i, msg in enumerate(messages):
+        where = f"messages.{i}"
+        need_object(msg, "bedrock.roles", where)
+        check_keys(msg, {"role", "content"}, ["role", "content"], "bedrock.roles", where)
+        role = msg["role"]
+        need(role in ("user", "assistant"), "bedrock.roles", f"{where}.role",
+             f"must be user or assistant, got {role!r}")
+        need(i > 0 or role == "user", "bedrock.roles", where,
+             "A conversation must start with a user message. Try again with a conversation "
+             "that starts with a user message.")
+        need(i == 0 or messages[i - 1].get("role") != role, "bedrock.roles", where,
+             "A conversation must alternate between user and assistant roles: two "
+             f"{role} messages in a row")
+        content = msg["content"]
+        need(isinstance(content, list) and content, "bedrock.content", f"{where}.content",
+             "must be a non-empty array of content blocks")
+        members = []
+        for j, block in enumerate(content):
+            bw = f"{where}.content.{j}"
+            member = check_bedrock_block(block, role, bw, points)
+            need(member != "cachePoint" or j > 0, "bedrock.cache_point_position", bw,
+                 "a cachePoint marks the end of what comes before it: it cannot be the first "
+                 "block of a message")
+            members.append(member)
+        uses_tools = uses_tools or "toolUse" in members or "toolResult" in members
+        if role == "user":
+            results = [b["toolResult"]["toolUseId"] for b in content if "toolResult" in b]
+            for r in results:
+                need(r in waiting, "bedrock.tool_results", where,
+                     f"toolResult for {r!r} answers no toolUse of the assistant message right "
+                     "before it (or answers it twice)")
+                waiting.discard(r)
+            need(not waiting, "bedrock.tool_results", where,
+                 f"The number of toolResult blocks at {where}.content is less than the number "
+                 f"of toolUse blocks of the previous turn: no toolResult for "
+                 f"{', '.join(sorted(waiting))}")
+        else:
+            need(not waiting, "bedrock.tool_results", where,
+                 f"toolUse {', '.join(sorted(waiting))} got no toolResult before this message")
+            ids = [b["toolUse"]["toolUseId"] for b in content if "toolUse" in b]
+            need(len(set(ids)) == len(ids), "bedrock.tool_use", where, "a toolUseId is used twice")
+            waiting = set(ids)
+    need(not waiting, "bedrock.tool_results", "messages",
+         f"the conversation ends before the toolResult for {', '.join(sorted(waiting))}")
+    need(not uses_tools or "toolConfig" in body, "bedrock.tool_config", "toolConfig",
+         "The toolConfig field must be defined when using toolUse and toolResult content blocks.")
+    check_bedrock_reasoning(messages)
+
+
+def reply_bedrock(body, model, served):
+    messages = body["messages"]
+    last = messages[-1]
+    answered = [b["toolResult"]["toolUseId"] for b in last["content"]
+                if last["role"] == "user" and "toolResult" in b]
+    config = body.get("toolConfig", {})
+    specs = [t["toolSpec"] for t in config.get("tools", []) if "toolSpec" in t]
+    choice = config.get("toolChoice", {})
+    tools = [(s["name"], s["inputSchema"]["json"]) for s in specs
+             if "tool" not in choice or s["name"] == choice["tool"]["name"]]
+    rounds = sum(1 for m in messages if m["role"] == "assistant"
+                 and any("toolUse" in b for b in m["content"]))
+    key = digest(messages, body.get("toolConfig"), body.get("system"), model)
+    if answered or not tools:
+        content = [{"text": final_text(answered)}]
+        stop = "end_turn"
+    else:
+        picked = pick_tools(tools, rounds)
+        content = []
+        if "anthropic." in model:
+            content.append({"reasoningContent": {"reasoningText": {
+                "text": f"The user wants something done; {picked[0][0]} should help.",
+                "signature": "sig_" + digest("reasoning", key)}}})
+        if preamble(rounds) is not None:
+            content.append({"text": preamble(rounds)})
+        uses = [{"toolUse": {"toolUseId": f"tooluse_{key[:20]}_{n}", "name": name,
+                             "input": canned_arguments(schema)}}
+                for n, (name, schema) in enumerate(picked)]
+        content += uses
+        REASONING.remember([u["toolUse"]["toolUseId"] for u in uses],
+                           [b for b in content if "reasoningContent" in b])
+        stop = "tool_use"
+    return {
+        "output": {"message": {"role": "assistant", "content": content}},
+        "stopReason": stop,
+        "usage": usage_bedrock(served),
+        "metrics": {"latencyMs": 1},
+    }
+
+
+def usage_bedrock(served):
+    total, out = served["input_tokens"], served["output_tokens"]
+    usage = {"inputTokens": served["uncached"], "outputTokens": out,
+             "totalTokens": total + out, "cacheReadInputTokens": served["read"],
+             "cacheWriteInputTokens": served["written_5m"] + served["written_1h"]}
+    details = [{"ttl": ttl, "inputTokens": served[f"written_{ttl}"]} for ttl in ("5m", "1h")
+               if served[f"written_{ttl}"]]
+    if details:
+        usage["cacheDetails"] = details
+    return usage
 
 
 # --- Prompt caches -----------------------------------------------------------------------------
@@ -1373,13 +2229,18 @@ def prompt_tools(tools):
     return out
 
 
-def cache_blocks(path, body):
+def cache_blocks(api, body, model):
     """The request as its prompt cache reads it, in the provider's order: the model, then the
     tools, then the instructions or system prompt, then each message or input item."""
-    blocks = [body["model"], *prompt_tools(body.get("tools", []))]
-    if path == "/v1/chat/completions":
+    if api == "gemini":
+        blocks = [model, *(decl for tool in body.get("tools", []) for decl in next(iter(
+            tool.values())))]
+        si = {camel(k): v for k, v in body.items()}.get("systemInstruction")
+        return blocks + ([si] if si is not None else []) + body["contents"]
+    blocks = [model, *prompt_tools(body.get("tools", []))]
+    if api == "/v1/chat/completions":
         blocks += body["messages"]
-    elif path == "/v1/responses":
+    elif api == "/v1/responses":
         if "instructions" in body:
             blocks.append(body["instructions"])
         items = body["input"]
@@ -1391,26 +2252,57 @@ def cache_blocks(path, body):
     return blocks
 
 
+def bedrock_prompt(body, model):
+    """A Converse request as its cache reads it: the model, each toolSpec, `system` (one block),
+    each message, every cachePoint left out; a cachePoint marks the end of the block before it
+    (the tool before it, the system, its message) as a breakpoint with its TTL."""
+    blocks, marks = [model], {}
+
+    def mark(point):
+        ttl = ONE_HOUR_MS if point.get("ttl") == "1h" else FIVE_MINUTES_MS
+        marks[len(blocks) - 1] = max(marks.get(len(blocks) - 1, 0), ttl)
+
+    for tool in body.get("toolConfig", {}).get("tools", []):
+        if "cachePoint" in tool:
+            mark(tool["cachePoint"])
+        else:
+            blocks.append(tool)
+    system = [b for b in body.get("system", []) if "cachePoint" not in b]
+    if system:
+        blocks.append(system)
+    for point in (b["cachePoint"] for b in body.get("system", []) if "cachePoint" in b):
+        mark(point)
+    for msg in body["messages"]:
+        blocks.append({"role": msg["role"],
+                       "content": [b for b in msg["content"] if "cachePoint" not in b]})
+        for point in (b["cachePoint"] for b in msg["content"] if "cachePoint" in b):
+            mark(point)
+    return Prompt(blocks, sorted(marks.items()))
+
+
 class Prompt:
     """A request's blocks as the cache sees them: `ends[i]`, the tokens of the prefix through
     block i; `hashes[i]`, that prefix's identity (a hash chain of the blocks' sha256 over
     canonical JSON, cache_control removed); `breakpoints`, (block index, TTL ms) of the first
-    MAX_BREAKPOINTS blocks holding a cache_control (Anthropic's; the model is never one)."""
+    MAX_BREAKPOINTS blocks holding a cache_control (Anthropic's; the model is never one), or
+    as given (Bedrock's cachePoints, the blocks then taken as they are)."""
 
-    def __init__(self, blocks):
+    def __init__(self, blocks, breakpoints=None):
         self.ends, self.hashes, self.breakpoints = [], [], []
         total, chain = 0, ""
         for i, block in enumerate(blocks):
-            text = canon(strip_cache_control(block))
+            text = canon(strip_cache_control(block) if breakpoints is None else block)
             total += 0 if i == 0 else len(text) // 4
             identity = hashlib.sha256(text.encode()).hexdigest()
             chain = hashlib.sha256((chain + identity).encode()).hexdigest()
             self.ends.append(total)
             self.hashes.append(chain)
-            marks = cache_controls(block) if i > 0 else []
+            marks = cache_controls(block) if i > 0 and breakpoints is None else []
             if marks and len(self.breakpoints) < MAX_BREAKPOINTS:
                 long_ = any(m.get("ttl") == "1h" for m in marks)
                 self.breakpoints.append((i, ONE_HOUR_MS if long_ else FIVE_MINUTES_MS))
+        if breakpoints is not None:
+            self.breakpoints = list(breakpoints)
 
     @property
     def total(self):
@@ -1422,10 +2314,15 @@ class Prompt:
 
 
 def anthropic_minimum(model):
-    """The shortest prefix, in tokens, Anthropic caches for `model`."""
+    """The shortest prefix, in tokens, Anthropic caches for `model` (a Bedrock modelId too)."""
     if any(m in model for m in ("opus-4-5", "opus-4-6", "opus-4-7", "haiku-4-5")):
         return 4096
     return 2048 if "haiku" in model else 1024
+
+
+def gemini_minimum(model):
+    """The shortest prefix, in tokens, Gemini's implicit cache reads for `model`."""
+    return 4096 if "pro" in model else 1024
 
 
 class Caches:
@@ -1438,6 +2335,8 @@ class Caches:
 
     def clear(self):
         self.anthropic = {}  # (model, prefix hash) -> [expiry ms, ttl ms]
+        self.bedrock = {}  # the same, for Converse
+        self.gemini = {}  # (model, prefix hash) -> expiry ms
         self.openai = {path: {} for path in ("/v1/chat/completions", "/v1/responses")}
         # ^ per route: (route key, machine, model, prefix hash) -> expiry ms
         self.recent = {path: {} for path in self.openai}  # route key -> request times (ms)
@@ -1447,6 +2346,8 @@ class Caches:
     def prune(self, now):
         """Drops expired entries, and routes with no request in the last minute."""
         self.anthropic = {k: v for k, v in self.anthropic.items() if v[0] >= now}
+        self.bedrock = {k: v for k, v in self.bedrock.items() if v[0] >= now}
+        self.gemini = {k: v for k, v in self.gemini.items() if v >= now}
         for path in self.openai:
             self.openai[path] = {k: v for k, v in self.openai[path].items() if v >= now}
             self.recent[path] = {r: ts for r, ts in self.recent[path].items()
@@ -1460,19 +2361,26 @@ class Caches:
         with self.lock:
             return list(self.ledger)
 
-    def serve(self, path, body, now):
-        """Looks the request up in its route's cache, writes what it may, appends its ledger
-        entry and returns it (the reply's usage is built from it)."""
-        prompt = Prompt(cache_blocks(path, body))
-        model = body["model"]
+    def serve(self, api, path, body, model, now):
+        """Looks the request up in its API's cache, writes what it may, appends its ledger
+        entry and returns it (the reply's usage is built from it). `api` is the route's path,
+        or "gemini" or "bedrock" for the routes whose path names the model."""
+        if api == "bedrock":
+            prompt = bedrock_prompt(body, model)
+        else:
+            prompt = Prompt(cache_blocks(api, body, model))
         with self.lock:
-            if path == "/v1/messages":
-                read, w5, w1h = self.serve_anthropic(prompt, model, now)
-                key, machine = None, None
+            key, machine = None, None
+            if api == "/v1/messages":
+                read, w5, w1h = self.serve_explicit(self.anthropic, prompt, model, now)
+            elif api == "bedrock":
+                read, w5, w1h = self.serve_explicit(self.bedrock, prompt, model, now)
+            elif api == "gemini":
+                read, w5, w1h = self.serve_gemini(prompt, model, now), 0, 0
             else:
                 key = body.get("prompt_cache_key")
                 ttl = DAY_MS if check_retention(body) == "24h" else FIVE_MINUTES_MS
-                read, machine = self.serve_openai(path, prompt, model, key, now, ttl)
+                read, machine = self.serve_openai(api, prompt, model, key, now, ttl)
                 w5 = w1h = 0
             entry = {"path": path, "model": model, "now_ms": now, "input_tokens": prompt.total,
                      "read": read, "written_5m": w5, "written_1h": w1h,
@@ -1484,16 +2392,17 @@ class Caches:
                 self.prune(now)
             return entry
 
-    def serve_anthropic(self, prompt, model, now):
-        """Explicit breakpoints: the longest live entry at a breakpoint, or up to LOOKBACK
-        blocks before one, is read (and refreshed); then each breakpoint past it is written,
-        the tokens since the last covered one counted at its TTL. Returns (read, 5m, 1h)."""
+    def serve_explicit(self, cache, prompt, model, now):
+        """Explicit breakpoints (Anthropic's, and Bedrock's cachePoints): the longest live entry
+        at a breakpoint, or up to LOOKBACK blocks before one, is read (and refreshed); then each
+        breakpoint past it is written, the tokens since the last covered one counted at its
+        TTL. Returns (read, 5m, 1h)."""
         minimum = anthropic_minimum(model)
         candidates = sorted({j for p, _ in prompt.breakpoints
                              for j in range(max(0, p - LOOKBACK), p + 1)}, reverse=True)
         covered = -1
         for j in candidates:
-            entry = self.anthropic.get((model, prompt.hashes[j]))
+            entry = cache.get((model, prompt.hashes[j]))
             if prompt.ends[j] >= minimum and entry is not None and entry[0] >= now:
                 entry[0] = now + entry[1]
                 covered = j
@@ -1502,10 +2411,28 @@ class Caches:
         written = {FIVE_MINUTES_MS: 0, ONE_HOUR_MS: 0}
         for p, ttl in prompt.breakpoints:
             if prompt.ends[p] >= minimum and p > covered:
-                self.anthropic[(model, prompt.hashes[p])] = [now + ttl, ttl]
+                cache[(model, prompt.hashes[p])] = [now + ttl, ttl]
                 written[ttl] += prompt.ends[p] - prompt.through(covered)
                 covered = p
         return read, written[FIVE_MINUTES_MS], written[ONE_HOUR_MS]
+
+    def serve_gemini(self, prompt, model, now):
+        """Implicit caching: the longest prefix, ending at a block boundary, of at least the
+        model's minimum that an earlier request to the model wrote and that is still live is
+        read; every such prefix of the request is written (a hit's refreshed) for 5 minutes.
+        Returns the read."""
+        minimum = gemini_minimum(model)
+        read = 0
+        for i in reversed(range(len(prompt.ends))):
+            if prompt.ends[i] < minimum:
+                break
+            if self.gemini.get((model, prompt.hashes[i]), now - 1) >= now:
+                read = prompt.ends[i]
+                break
+        for i, end in enumerate(prompt.ends):
+            if end >= minimum:
+                self.gemini[(model, prompt.hashes[i])] = now + FIVE_MINUTES_MS
+        return read
 
     def serve_openai(self, path, prompt, model, key, now, ttl):
         """Automatic caching: the request is routed by its first OPENAI_ROUTE_TOKENS tokens and
@@ -1543,13 +2470,44 @@ ROUTES = {
     "/v1/responses": ("openai", check_responses, reply_responses),
     "/v1/messages": ("anthropic", check_messages, reply_messages),
 }
+# Routes whose path names the model: pattern -> (provider, check(body, model),
+# reply(body, model, served)). google-genai 3.6.1 calls /v1/ by default, the REST docs /v1beta/;
+# boto3 URL-encodes the modelId (`:` as %3A).
+MODEL_ROUTES = {
+    re.compile(r"^/v1(?:beta)?/models/([^/:]+):generateContent$"):
+        ("gemini", check_gemini, reply_gemini),
+    re.compile(r"^/model/([^/]+)/converse$"): ("bedrock", check_bedrock, reply_bedrock),
+}
 
 
-def error_body(provider, message, where, rule):
+def resolve(path):
+    """(provider, api, model or None, check(body), reply(body, served)) for a POST path, or
+    None. `api` names the cache: the path itself for the fixed routes."""
+    if path in ROUTES:
+        provider, check, reply = ROUTES[path]
+        return provider, path, None, check, reply
+    for pattern, (provider, check, reply) in MODEL_ROUTES.items():
+        m = pattern.match(path)
+        if m is not None:
+            model = urllib.parse.unquote(m.group(1))
+            return (provider, provider, model, lambda body: check(body, model),
+                    lambda body, served: reply(body, model, served))
+    return None
+
+
+def error_reply(provider, status, message, where, rule):
+    """The provider's error: (body, extra headers)."""
     if provider == "anthropic":
-        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}, {}
+    if provider == "gemini":
+        return {"error": {"code": status, "message": message,
+                          "status": "INVALID_ARGUMENT" if status == 400 else "INTERNAL"}}, {}
+    if provider == "bedrock":
+        # botocore raises the exception the header names, carrying `message`.
+        kind_ = "ValidationException" if status == 400 else "InternalServerException"
+        return {"message": message}, {"x-amzn-ErrorType": kind_}
     return {"error": {"message": message, "type": "invalid_request_error", "param": where,
-                      "code": rule}}
+                      "code": rule}}, {}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -1564,26 +2522,29 @@ class Handler(BaseHTTPRequestHandler):
             CACHES.reset()
             self.send(200, {})
             return
-        if path not in ROUTES:
+        route = resolve(path)
+        if route is None:
             self.send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
-        provider, check, reply = ROUTES[path]
+        provider, api, model, check, reply = route
         try:
             try:
                 body = json.loads(raw)
             except ValueError as e:
                 raise Broken("body.json", "body", f"not JSON: {e}") from None
             check(body)
-            served = CACHES.serve(path, body, now_ms(self.headers))
+            served = CACHES.serve(api, path, body, body["model"] if model is None else model,
+                                  now_ms(self.headers))
             answer = reply(body, served)
         except Broken as e:
             self.record(path, 400, str(e), raw)
-            self.send(400, error_body(provider, str(e), e.where, e.rule))
+            self.send(400, *error_reply(provider, 400, str(e), e.where, e.rule))
             return
         except Exception:  # a stub bug must fail the run, never pass a body unchecked
             detail = traceback.format_exc()
             self.record(path, 500, detail, raw)
-            self.send(500, error_body(provider, f"stub error: {detail}", None, "stub.error"))
+            self.send(500, *error_reply(provider, 500, f"stub error: {detail}", None,
+                                        "stub.error"))
             return
         self.record(path, 200, None, raw)
         self.send(200, answer)
@@ -1594,9 +2555,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
-    def send(self, status, value):
+    def send(self, status, value, headers=None):
         data = json.dumps(value).encode()
         self.send_response(status)
+        for name, header in (headers or {}).items():
+            self.send_header(name, header)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
