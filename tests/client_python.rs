@@ -251,7 +251,8 @@ fn check_loop(
             &format!("/v1/sessions/{session}/steps/{n}/request?format={format}"),
         );
         assert_eq!(
-            body, &rebuilt,
+            wire(format, body.clone()),
+            wire(format, rebuilt),
             "step {n}: the stub did not get the body promptd returned"
         );
     }
@@ -270,6 +271,123 @@ fn check_loop(
     let usage = get_json(daemon, &format!("/v1/sessions/{session}/usage"));
     assert_eq!(usage["totals"]["compared_steps"], steps, "{usage}");
     log
+}
+
+/// A body as the provider's endpoint reads it, whether promptd's (in `format`) or what the SDK
+/// sent of it. google-genai lays `config` out as the REST body does (an empty
+/// `generationConfig` included, the system instruction with role `user`), writes some keys
+/// snake_cased (the API reads both spellings) and re-encodes bytes (thought signatures, inline
+/// data) as URL-safe base64, so keys are compared camel-cased and bytes decoded; boto3 puts
+/// `modelId` in the URL. The other SDKs send promptd's body as it is.
+fn wire(format: &str, body: Value) -> Value {
+    /// Keys camel-cased, but not inside data (call arguments, responses, schemas).
+    fn camel_keys(value: Value) -> Value {
+        match value {
+            Value::Object(map) => Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| {
+                        let mut camel = String::new();
+                        let mut upper = false;
+                        for c in k.chars() {
+                            match c {
+                                '_' if !camel.is_empty() => upper = true,
+                                c if upper => {
+                                    camel.extend(c.to_uppercase());
+                                    upper = false;
+                                }
+                                c => camel.push(c),
+                            }
+                        }
+                        let data = ["args", "response", "parametersJsonSchema", "parameters"];
+                        let v = if data.contains(&camel.as_str()) {
+                            v
+                        } else {
+                            camel_keys(v)
+                        };
+                        (camel, v)
+                    })
+                    .collect(),
+            ),
+            Value::Array(items) => Value::Array(items.into_iter().map(camel_keys).collect()),
+            other => other,
+        }
+    }
+    fn decoded(text: &str) -> Value {
+        let standard: String = text
+            .chars()
+            .map(|c| match c {
+                '-' => '+',
+                '_' => '/',
+                c => c,
+            })
+            .collect();
+        let bytes = promptd_core::conversation::content::base64_decode(&standard)
+            .unwrap_or_else(|| panic!("not base64: {text}"));
+        Value::String(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    }
+    fn bytes_decoded(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    match (k.as_str(), &v) {
+                        ("thoughtSignature", Value::String(t)) => *v = decoded(t),
+                        ("inlineData", Value::Object(d)) => {
+                            let mut d = d.clone();
+                            if let Some(Value::String(t)) = d.get("data") {
+                                let data = decoded(t);
+                                d.insert("data".into(), data);
+                            }
+                            *v = Value::Object(d);
+                        }
+                        _ => bytes_decoded(v),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(bytes_decoded),
+            _ => {}
+        }
+    }
+    let Value::Object(mut map) = body else {
+        return body;
+    };
+    match format {
+        "gemini" if map.contains_key("config") || map.contains_key("model") => {
+            map.remove("model");
+            if let Some(Value::Object(config)) = map.remove("config") {
+                let mut generation = serde_json::Map::new();
+                for (k, v) in config {
+                    match k.as_str() {
+                        "systemInstruction" | "tools" | "toolConfig" | "cachedContent"
+                        | "safetySettings" => {
+                            map.insert(k, v);
+                        }
+                        _ => {
+                            generation.insert(k, v);
+                        }
+                    }
+                }
+                map.insert("generationConfig".into(), Value::Object(generation));
+            }
+        }
+        "gemini" => {}
+        "bedrock" => {
+            map.remove("modelId");
+        }
+        _ => {}
+    }
+    let mut out = Value::Object(map);
+    if format == "gemini" {
+        out = camel_keys(out);
+        if let Some(Value::Object(system)) = out.get_mut("systemInstruction") {
+            system.entry("role").or_insert(Value::String("user".into()));
+        }
+        if let Value::Object(map) = &mut out {
+            map.entry("generationConfig")
+                .or_insert(Value::Object(serde_json::Map::new()));
+        }
+        bytes_decoded(&mut out);
+    }
+    out
 }
 
 /// The tool results of a log, in order: (call id, content, is_error).
@@ -308,6 +426,18 @@ fn tool_calls(log: &[Value]) -> Vec<(String, String)> {
 
 /// Runs an example loop (two questions) and checks it end to end.
 fn example_loop(script: &str, format: &str, route: &str, base_url: (&str, &str)) {
+    example_loop_naming(script, format, route, base_url, true)
+}
+
+/// [`example_loop`]; `names_ids`: the provider's answers name the call ids it read (Gemini
+/// matches responses by name: its answers name the functions).
+fn example_loop_naming(
+    script: &str,
+    format: &str,
+    route: &str,
+    base_url: (&str, &str),
+    names_ids: bool,
+) {
     python();
     let folder = bundled_folder();
     let (_state_dir, state) = state_dir();
@@ -321,7 +451,12 @@ fn example_loop(script: &str, format: &str, route: &str, base_url: (&str, &str))
         .env("PROMPTD_URL", &daemon.url)
         .env(base_url.0, format!("{}{}", stub.url, base_url.1))
         .env("OPENAI_API_KEY", "sk-stub")
-        .env("ANTHROPIC_API_KEY", "sk-ant-stub");
+        .env("ANTHROPIC_API_KEY", "sk-ant-stub")
+        .env("GEMINI_API_KEY", "gemini-stub")
+        .env("AWS_ACCESS_KEY_ID", "stub")
+        .env("AWS_SECRET_ACCESS_KEY", "stub")
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
     let out = run_ok(cmd, script);
 
     let session = out
@@ -353,15 +488,22 @@ fn example_loop(script: &str, format: &str, route: &str, base_url: (&str, &str))
     // Each answer names the calls whose results the provider read, and the example prints it.
     let answers: Vec<&str> = out.lines().filter(|l| l.starts_with("step ")).collect();
     assert_eq!(answers.len(), 2, "{out}");
-    assert!(answers[0].starts_with("step 2: ") && answers[0].contains(call_ids[0]));
-    assert!(answers[1].starts_with("step 4: "));
+    let named: Vec<&str> = if names_ids {
+        call_ids.clone()
+    } else {
+        names.clone()
+    };
     assert!(
-        call_ids[1..].iter().all(|id| answers[1].contains(id)),
+        answers[0].starts_with("step 2: ") && answers[0].contains(named[0]),
         "{out}"
     );
+    assert!(answers[1].starts_with("step 4: "));
+    assert!(named[1..].iter().all(|id| answers[1].contains(id)), "{out}");
     // Every step was read-only: the model never saw write_file or bash.
     for (_, body) in stub.bodies() {
-        let text = body["tools"].to_string();
+        let text = [&body["tools"], &body["toolConfig"]]
+            .map(Value::to_string)
+            .concat();
         assert!(
             !text.contains("write_file") && !text.contains("\"bash\""),
             "{text}"
@@ -386,6 +528,33 @@ fn the_anthropic_example_loop() {
         "anthropic",
         "/v1/messages",
         ("ANTHROPIC_BASE_URL", ""),
+    );
+}
+
+/// Issue 33: the Gemini example through the official `google-genai` client: the body goes to
+/// `generate_content` unchanged, every thought signature comes back (the stub refuses a call
+/// without the signature it issued), and calls Gemini sent without ids are answered by the
+/// names the daemon gave them.
+#[test]
+fn the_gemini_example_loop() {
+    example_loop_naming(
+        "gemini_loop.py",
+        "gemini",
+        "/v1/models/gemini-3-pro-preview:generateContent",
+        ("GOOGLE_GEMINI_BASE_URL", ""),
+        false,
+    );
+}
+
+/// Issue 33: the Bedrock example through the official `boto3` client (`bedrock-runtime`,
+/// `converse(**step.sdk_kwargs())`), botocore validating every parameter before it sends.
+#[test]
+fn the_bedrock_example_loop() {
+    example_loop(
+        "bedrock_loop.py",
+        "bedrock",
+        "/model/anthropic.claude-sonnet-4-5-20250929-v1%3A0/converse",
+        ("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", ""),
     );
 }
 

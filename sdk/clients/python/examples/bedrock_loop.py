@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An agent loop with the official `boto3` client (Bedrock `Converse`) and promptd.
 
-    PROMPTD_URL=http://127.0.0.1:8417 AWS_REGION=us-east-1 python bedrock_loop.py [QUESTION...]
+    PROMPTD_URL=http://127.0.0.1:8417 AWS_DEFAULT_REGION=us-east-1 python bedrock_loop.py [QUESTION...]
 
 The same loop as openai_loop.py, in Bedrock's format: `converse(**step.sdk_kwargs())` — the
 body, with images and documents as the raw bytes boto3 wants (it base64-encodes them itself).
