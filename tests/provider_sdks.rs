@@ -1937,3 +1937,162 @@ fn k9_deferred_tools_official_sdks_accept_the_bodies_and_they_rebuild() {
         );
     }
 }
+
+// --- Gemini and Bedrock, through the Python client package (issue 33) -----------------------
+
+/// The Python of the client package's test venv (sdk/clients/python/install.sh): the
+/// promptd_client wheel with the official `google-genai` and `boto3`.
+fn client_python() -> PathBuf {
+    let python = repo_root().join("sdk/clients/python/.venv-test/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run `bash sdk/clients/python/install.sh` (cargo xtask test runs it)",
+        python.display()
+    );
+    python
+}
+
+/// Bytes of standard or URL-safe base64 text.
+fn base64_bytes(text: &str) -> Vec<u8> {
+    let standard: String = text
+        .chars()
+        .map(|c| match c {
+            '-' => '+',
+            '_' => '/',
+            c => c,
+        })
+        .collect();
+    promptd_core::conversation::content::base64_decode(&standard)
+        .unwrap_or_else(|| panic!("not base64: {text}"))
+}
+
+/// Every value of key `key` anywhere in `value`.
+fn all_of<'a>(value: &'a Value, key: &str, out: &mut Vec<&'a Value>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                if k == key {
+                    out.push(v);
+                }
+                all_of(v, key, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| all_of(v, key, out)),
+        _ => {}
+    }
+}
+
+/// Runs tests/sdk_loops/client_loop.py in `format` for every agent of the example config, with
+/// an image and a document in step 1 and a screenshot in every tool round: each body goes to
+/// the official SDK through the client package, each step rebuilds byte-identically from the
+/// log (the script checks it), and every body reached the stub, which applies the provider's
+/// rules. Returns the summaries and the bodies the stub got.
+fn client_package_loops(format: &str) -> (Vec<Value>, Vec<Value>) {
+    let rig = Rig::start("");
+    let mut summaries = Vec::new();
+    for agent in example_agents() {
+        let mut cmd = Command::new(client_python());
+        cmd.env("PYTHONDONTWRITEBYTECODE", "1")
+            .arg(loops_dir().join("client_loop.py"))
+            .arg(format)
+            .arg(&rig.daemon.url)
+            .arg(&rig.stub.url)
+            .arg(&agent)
+            .args(["--steps", "4", "--media", "first"]);
+        let (code, out, err) = run_bounded(cmd);
+        assert_eq!(code, Some(0), "{format}, agent {agent}: {}", err.trim());
+        let summary: Value = out
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no JSON summary line in {out:?}"));
+        assert!(
+            summary["steps"] == 4
+                && summary["rebuilt"] == 4
+                && summary["tool_calls"] == 3
+                && summary["tool_results"] == 3
+                && summary["agent"] == agent.as_str(),
+            "{format}, agent {agent}: four steps, two tool rounds (one call, then two), each \
+             answered, each rebuilt byte for byte: {summary}"
+        );
+        summaries.push(summary);
+    }
+    let bodies: Vec<Value> = rig
+        .stub_bodies()
+        .iter()
+        .map(|b| serde_json::from_str(b).expect("JSON"))
+        .collect();
+    assert_eq!(bodies.len(), 4 * summaries.len(), "one request per step");
+    (summaries, bodies)
+}
+
+/// Issue 33: every agent's Gemini loop through the client package and `google-genai`: the
+/// stub refuses a function call without the signature it issued for the model, so every
+/// signature went back; promptd's bodies carry them as recorded (standard base64, the API's
+/// text) while google-genai sent them URL-safe: the same bytes.
+#[test]
+fn gemini_python_client_loops_with_media_for_every_agent() {
+    let (summaries, bodies) = client_package_loops("gemini");
+    let sent: Vec<Vec<u8>> = {
+        let mut found = Vec::new();
+        bodies.iter().for_each(|b| all_of(b, "thoughtSignature", &mut found));
+        found.iter().map(|s| base64_bytes(s.as_str().unwrap())).collect()
+    };
+    for summary in &summaries {
+        let kept: Vec<&str> = summary["signatures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        assert!(kept.len() >= 2, "two model turns with calls: {summary}");
+        for text in kept {
+            assert!(
+                text.contains('+') || text.contains('/'),
+                "promptd keeps the standard base64 the API wrote: {text}"
+            );
+            assert!(
+                sent.contains(&base64_bytes(text)),
+                "the SDK sent this signature's bytes back: {text}"
+            );
+        }
+    }
+    // The photo and the PDF went as inline data, byte for byte.
+    let media = &summaries[0]["media"];
+    let mut inline = Vec::new();
+    bodies.iter().for_each(|b| all_of(b, "data", &mut inline));
+    let inline: Vec<Vec<u8>> = inline
+        .iter()
+        .filter_map(|d| d.as_str().map(base64_bytes))
+        .collect();
+    for name in ["photo", "screenshot", "pdf"] {
+        let want = base64_bytes(media[name].as_str().unwrap());
+        assert!(inline.contains(&want), "the {name} reached the stub as sent");
+    }
+}
+
+/// Issue 33: every agent's Bedrock loop through the client package and `boto3`
+/// (`converse(**step.sdk_kwargs())`, botocore validating every parameter): the image and the
+/// document reach the endpoint as the bytes sent — boto3 encoded the raw bytes the client
+/// handed it once, where base64 text would have been encoded twice (the stub refuses that).
+#[test]
+fn bedrock_python_client_loops_with_media_for_every_agent() {
+    let (summaries, bodies) = client_package_loops("bedrock");
+    let media = &summaries[0]["media"];
+    let mut sources = Vec::new();
+    bodies.iter().for_each(|b| all_of(b, "bytes", &mut sources));
+    let sources: Vec<&str> = sources.iter().filter_map(|s| s.as_str()).collect();
+    for name in ["photo", "screenshot", "pdf"] {
+        let want = media[name].as_str().unwrap();
+        assert!(sources.contains(&want), "the {name} reached the stub as sent: {sources:?}");
+    }
+    for body in &bodies {
+        let text = body.to_string();
+        assert_eq!(
+            text.matches("\"cachePoint\"").count(),
+            3,
+            "system, tools and the last turn carry a cache point: {text}"
+        );
+        assert!(body.get("modelId").is_none(), "boto3 puts the model in the URL");
+    }
+}
