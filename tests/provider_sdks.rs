@@ -2035,8 +2035,13 @@ fn gemini_python_client_loops_with_media_for_every_agent() {
     let (summaries, bodies) = client_package_loops("gemini");
     let sent: Vec<Vec<u8>> = {
         let mut found = Vec::new();
-        bodies.iter().for_each(|b| all_of(b, "thoughtSignature", &mut found));
-        found.iter().map(|s| base64_bytes(s.as_str().unwrap())).collect()
+        bodies
+            .iter()
+            .for_each(|b| all_of(b, "thoughtSignature", &mut found));
+        found
+            .iter()
+            .map(|s| base64_bytes(s.as_str().unwrap()))
+            .collect()
     };
     for summary in &summaries {
         let kept: Vec<&str> = summary["signatures"]
@@ -2067,7 +2072,10 @@ fn gemini_python_client_loops_with_media_for_every_agent() {
         .collect();
     for name in ["photo", "screenshot", "pdf"] {
         let want = base64_bytes(media[name].as_str().unwrap());
-        assert!(inline.contains(&want), "the {name} reached the stub as sent");
+        assert!(
+            inline.contains(&want),
+            "the {name} reached the stub as sent"
+        );
     }
 }
 
@@ -2084,7 +2092,10 @@ fn bedrock_python_client_loops_with_media_for_every_agent() {
     let sources: Vec<&str> = sources.iter().filter_map(|s| s.as_str()).collect();
     for name in ["photo", "screenshot", "pdf"] {
         let want = media[name].as_str().unwrap();
-        assert!(sources.contains(&want), "the {name} reached the stub as sent: {sources:?}");
+        assert!(
+            sources.contains(&want),
+            "the {name} reached the stub as sent: {sources:?}"
+        );
     }
     for body in &bodies {
         let text = body.to_string();
@@ -2093,6 +2104,64 @@ fn bedrock_python_client_loops_with_media_for_every_agent() {
             3,
             "system, tools and the last turn carry a cache point: {text}"
         );
-        assert!(body.get("modelId").is_none(), "boto3 puts the model in the URL");
+        assert!(
+            body.get("modelId").is_none(),
+            "boto3 puts the model in the URL"
+        );
     }
+}
+
+/// Issue 33: the agent's Gemini model changes in the middle of a turn (a call of the old model
+/// still waiting for its result): the stub, like Gemini, refuses a signature the old model
+/// issued and a call of the turn without one; promptd sends the recorded call with the dummy
+/// signature Gemini documents instead, and the loop goes on through google-genai.
+#[test]
+fn gemini_a_model_change_mid_turn_is_accepted_by_the_stub() {
+    let rig = Rig::start("");
+    let config = rig.work.path().join("promptd.toml");
+    let mut cmd = Command::new(client_python());
+    cmd.env("PYTHONDONTWRITEBYTECODE", "1")
+        .arg(loops_dir().join("client_loop.py"))
+        .args([
+            "gemini",
+            &rig.daemon.url,
+            &rig.stub.url,
+            "coder",
+            "--steps",
+            "4",
+        ])
+        .arg("--switch-model")
+        .arg(&config)
+        .args(["gemini-3-pro-preview", "gemini-3-flash-preview"]);
+    let (code, out, err) = run_bounded(cmd);
+    assert_eq!(code, Some(0), "{}", err.trim());
+    let summary: Value = serde_json::from_str(out.lines().last().unwrap_or("")).expect("summary");
+    assert_eq!(
+        (&summary["steps"], &summary["rebuilt"]),
+        (&json!(4), &json!(4)),
+        "{summary}"
+    );
+    let bodies: Vec<Value> = rig
+        .stub_bodies()
+        .iter()
+        .map(|b| serde_json::from_str(b).expect("JSON"))
+        .collect();
+    // Step 2 went to the new model with the old model's call: the dummy, no old signature.
+    let step2 = bodies
+        .iter()
+        .filter(|b| !b.to_string().contains("\"probe\""))
+        .nth(1)
+        .expect("step 2's body");
+    let mut found = Vec::new();
+    all_of(step2, "thoughtSignature", &mut found);
+    let dummy = base64_bytes("skip_thought_signature_validator");
+    let decoded: Vec<Vec<u8>> = found
+        .iter()
+        .map(|s| base64_bytes(s.as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        decoded,
+        [dummy],
+        "only the dummy on the old model's call: {step2}"
+    );
 }

@@ -4,6 +4,7 @@
 (sdk/clients/python/.venv-test), which holds the promptd_client wheel and both SDKs.
 
     client_loop.py gemini|bedrock PROMPTD_URL STUB_URL AGENT [--steps N] [--media none|first]
+                   [--switch-model CONFIG OLD NEW]
 
 For each step: `session.step(messages=..., facts=..., format=F)`, the body to the SDK
 (`client.models.generate_content(**step.body)`; `client.converse(**step.sdk_kwargs())`),
@@ -11,6 +12,10 @@ For each step: `session.step(messages=..., facts=..., format=F)`, the body to th
 `record(...).tool_calls` names (Gemini's calls come without ids: the daemon names them). After
 each step the body promptd returned is compared, byte for byte, with its rebuild from the log
 (`GET …/steps/N/request?format=F`).
+
+--switch-model: after step 1 (a tool call, whose results step 2 sends), the script rewrites
+the daemon's config file CONFIG with model OLD replaced by NEW and waits until the daemon's
+Gemini bodies ask for NEW: the model changes in the middle of a turn.
 
 --media first: step 1's user message carries text, a PNG photo and a PDF (and, for Gemini, an
 image by URL: Converse takes none), and the first result of every tool round a PNG screenshot.
@@ -37,6 +42,7 @@ def parse_args():
     parser.add_argument("agent")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--media", choices=["none", "first"], default="none")
+    parser.add_argument("--switch-model", nargs=3, metavar=("CONFIG", "OLD", "NEW"))
     parser.set_defaults(toggle_read_only=False)
     return parser.parse_args()
 
@@ -68,6 +74,23 @@ def user_message(fmt, n, media):
         # Converse takes no image by URL (promptd refuses it in this format).
         message["content"] = [b for b in message["content"] if "url" not in b]
     return message
+
+
+def switch_model(promptd, agent, config, old, new):
+    """Rewrites `config` with model `old` replaced by `new`; returns once the daemon's steps
+    ask for `new` (a probe session shows it)."""
+    import time
+    with open(config, encoding="utf-8") as f:
+        text = f.read()
+    with open(config, "w", encoding="utf-8") as f:
+        f.write(text.replace(old, new))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        probe = promptd.session(agent, format="gemini").step(user="probe")
+        if probe.body.get("model") == new:
+            return
+        time.sleep(0.1)
+    raise agent_loop.Failed(f"the daemon did not take the config's model {new}")
 
 
 def signatures(value):
@@ -108,6 +131,8 @@ def main():
                                             f"{type(e).__name__}: {e}") from None
                 calls = session.record(response).tool_calls
                 stats["steps"] = n
+                if n == 1 and args.switch_model:
+                    switch_model(promptd, args.agent, *args.switch_model)
                 if calls:
                     stats["tool_calls"] += len(calls)
                     pending = [agent_loop.tool_result(c.id, c.name, k, args.media)
