@@ -861,6 +861,17 @@ fn q5_q8_bedrock_refuses_media_by_url_and_keeps_reasoning() {
         messages[2]["content"][0],
         json!({"toolResult": {"toolUseId": "tooluse_1", "content": [{"text": "result of tooluse_1"}]}})
     );
+    // Explained, diffed and replayed in Bedrock's format like the others.
+    for what in ["explain", "diff"] {
+        let (status, text) = d.get(&format!("/v1/sessions/{id}/steps/2/{what}?format=bedrock"));
+        assert_eq!(status, 200, "{what}: {text}");
+    }
+    let replay = d.ok(
+        "POST",
+        "/v1/replay",
+        Some(&json!({"sessions": [id], "format": "bedrock"})),
+    );
+    assert!(replay.to_string().contains(&id), "{replay}");
     let usage = d.ok("GET", &format!("/v1/sessions/{id}/usage"), None);
     let reported = &usage["steps"][0]["actual"];
     assert_eq!(

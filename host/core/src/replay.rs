@@ -286,7 +286,7 @@ pub fn replay(session: &str, events: &[Event], candidate: &Candidate<'_>) -> Res
     if format == Format::Neutral {
         return Err(Error::BadRequest(
             "a replay compares requests as a provider reads and prices them: choose the \
-             format `openai`, `anthropic` or `openai-responses`, not `neutral`"
+             format `openai`, `anthropic`, `openai-responses`, `gemini` or `bedrock`, not `neutral`"
                 .into(),
         ));
     }
@@ -1468,8 +1468,12 @@ fn items_of(text: &str, fragment: usize, format: Format) -> Vec<Item> {
         .map(|(start, end)| {
             let value = &text[start..end];
             // Only a value holding a marker is read as JSON.
+            let marker = match format {
+                Format::Bedrock => "\"cachePoint\"",
+                _ => "\"cache_control\"",
+            };
             let marked = value
-                .contains("\"cache_control\"")
+                .contains(marker)
                 .then(|| marked_value(value, format))
                 .flatten();
             let hash = match &marked {
@@ -1487,11 +1491,23 @@ fn items_of(text: &str, fragment: usize, format: Format) -> Vec<Item> {
         .collect()
 }
 
-/// `body`'s settings: every key but those the provider's stream reads.
+/// `body`'s settings: every key but those the provider's stream reads (Gemini's `config`
+/// holds the system instruction and the tools beside the settings; Bedrock's `toolConfig` the
+/// tools).
 fn settings_of(body: &Map<String, Value>, format: Format) -> String {
     let mut rest = body.clone();
-    for key in ["tools", "system", "instructions", formats::list_key(format)] {
+    for key in [
+        "tools",
+        "system",
+        "instructions",
+        "toolConfig",
+        formats::list_key(format),
+    ] {
         rest.remove(key);
+    }
+    if let (Format::Gemini, Some(Value::Object(config))) = (format, rest.get_mut("config")) {
+        config.remove("systemInstruction");
+        config.remove("tools");
     }
     Value::Object(rest).to_string()
 }
@@ -1555,7 +1571,9 @@ impl Side {
                         parts,
                         blocks,
                         settings: settings_of(&map, format),
-                        model: string_at(&map, "model").unwrap_or_default(),
+                        model: string_at(&map, "model")
+                            .or_else(|| string_at(&map, "modelId"))
+                            .unwrap_or_default(),
                         key: string_at(&map, "prompt_cache_key"),
                         retention: string_at(&map, "prompt_cache_retention"),
                         lead,
@@ -1626,7 +1644,9 @@ impl Side {
                 let system_message = format == Format::Openai && !request.header.system.is_empty();
                 *kept = Some(Kept {
                     settings: settings_of(&map, format),
-                    model: string_at(&map, "model").unwrap_or_default(),
+                    model: string_at(&map, "model")
+                        .or_else(|| string_at(&map, "modelId"))
+                        .unwrap_or_default(),
                     key: string_at(&map, "prompt_cache_key"),
                     retention: string_at(&map, "prompt_cache_retention"),
                     head: (lead_from + usize::from(system_message)).min(parts.len()),

@@ -5,7 +5,7 @@
 //   #/sessions[?q=TEXT]   #/session/ID   #/session/ID/step/N[?format=F]   #/plugins
 'use strict';
 
-const FORMATS = ['neutral', 'openai', 'anthropic', 'openai-responses'];
+const FORMATS = ['neutral', 'openai', 'anthropic', 'openai-responses', 'gemini', 'bedrock'];
 const TOKEN_KEY = 'promptd.token';
 const FORMAT_KEY = 'promptd.format';
 const RUNTIME_CONTEXT_HEADER =

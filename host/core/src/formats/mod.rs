@@ -168,6 +168,14 @@ fn openai_settings(header: &Header, format: Format) -> Map<String, Value> {
     body
 }
 
+/// The model a provider body asks for (`model`, or Bedrock's `modelId`), empty when none.
+pub fn model_of_body(body: &Value) -> &str {
+    body.get("model")
+        .or_else(|| body.get("modelId"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
 /// Refuses a format whose required settings are missing from `model` (`missing_model_setting`).
 pub fn check_settings(model: &Map<String, Value>, format: Format) -> Result<(), crate::Error> {
     let settings = settings(model, format);

@@ -85,19 +85,12 @@ impl SessionState {
                         problem: format!("step {n}'s request does not render as JSON: {e}"),
                     })
                 })?;
-            let model = body
-                .get("model")
-                .and_then(|m| m.as_str())
-                .unwrap_or("")
-                .to_string();
+            let model = crate::formats::model_of_body(&body).to_string();
             (crate::cache::blocks_of_body(&body, format), model)
         } else {
             log_of(&mut log)?;
             let request = rebuild(&self.session, log.as_deref().unwrap_or(&[]), n)?;
-            let model = crate::formats::render(&request, format)
-                .get("model")
-                .and_then(|m| m.as_str())
-                .unwrap_or("")
+            let model = crate::formats::model_of_body(&crate::formats::render(&request, format))
                 .to_string();
             (crate::cache::blocks(&request, format), model)
         };
