@@ -918,3 +918,18 @@ fn q8_a_dialect_of_chat_completions_sends_what_its_server_takes() {
     let line = folder.assemble_fails(&path, &[], "config_invalid");
     assert!(line.contains("unknown dialect `tgi`"), "{line}");
 }
+
+/// Issue 33: Gemini's function names start with a letter or an underscore; promptd's may start
+/// with a digit, so such a tool is refused in the Gemini format (422 `unsupported_tool`, naming
+/// it and the rule), before anything is recorded, and taken by the others.
+#[test]
+fn q8_gemini_refuses_a_tool_whose_name_it_would_refuse() {
+    let plugin = "[plugins.s]\nconfig = { \"section.a\" = \"0|You are a test.\", \"tool.9lives\" = \"{\\\"type\\\":\\\"object\\\"}\" }\n";
+    let (d, _s, _f) = serve(&format!("{plugin}{MODEL}{GEMINI}"));
+    let id = d.session("default");
+    let go = json!([{"role": "user", "content": "go"}]);
+    let out = step(&d, &id, "gemini", go.clone());
+    assert!(out.1.to_string().contains("tool `9lives`"), "{}", out.1);
+    refused(&d, &id, "unsupported_tool", out);
+    assert_eq!(step(&d, &id, "bedrock", go).0, 200);
+}

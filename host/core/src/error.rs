@@ -406,6 +406,17 @@ pub enum Error {
         what: String,
     },
 
+    /// A tool's name breaks the format's rule for names (Gemini's start with a letter or `_`).
+    #[error("the {format} format cannot carry tool `{tool}`: {rule}")]
+    UnsupportedTool {
+        /// The format's name.
+        format: &'static str,
+        /// The tool.
+        tool: String,
+        /// The provider's rule it breaks.
+        rule: &'static str,
+    },
+
     /// The request cannot fit its budget; the message says what overflowed.
     #[error("context overflow: {0}")]
     ContextOverflow(String),
@@ -524,6 +535,7 @@ impl Error {
             Error::InvalidCompaction(_) => "invalid_compaction",
             Error::InvalidBlock { .. } => "invalid_block",
             Error::UnsupportedBlock { .. } => "unsupported_block",
+            Error::UnsupportedTool { .. } => "unsupported_tool",
             Error::InvalidArguments { .. } => "invalid_arguments",
             Error::ReplyBeforeStep => "reply_before_step",
             Error::AtMessage { source, .. } => source.code(),

@@ -237,6 +237,9 @@ pub fn plan_assembled(
     let messages = session::tool_results_shown(messages, shown.template.as_deref(), &shown.empty);
     state.check_renders(format, &messages)?;
     state.check_dialect(format, &agent.model, &messages)?;
+    for tool in assembled.tools.iter() {
+        crate::formats::check_tool_name(format, &tool.name)?;
+    }
 
     // The header only when it differs from the recorded one: an unchanged header is neither
     // built nor compared field by field twice.

@@ -172,6 +172,7 @@ fn core_status(e: &Error) -> StatusCode {
         | Error::InvalidCompaction(_)
         | Error::InvalidBlock { .. }
         | Error::UnsupportedBlock { .. }
+        | Error::UnsupportedTool { .. }
         | Error::InvalidArguments { .. }
         | Error::ReplyBeforeStep
         | Error::MissingModelSetting { .. }

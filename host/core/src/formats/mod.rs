@@ -322,6 +322,23 @@ pub fn unsupported(format: Format, message: &Message) -> Option<&'static str> {
         })
 }
 
+/// Refuses a tool `format` cannot carry by its name: promptd's names match
+/// `^[a-zA-Z0-9_-]{1,64}$`, and Gemini's function names must start with a letter or `_`.
+pub fn check_tool_name(format: Format, name: &str) -> Result<(), crate::Error> {
+    let starts = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if format == Format::Gemini && !starts {
+        return Err(crate::Error::UnsupportedTool {
+            format: format.as_str(),
+            tool: name.to_string(),
+            rule: "Gemini's function names start with a letter or an underscore",
+        });
+    }
+    Ok(())
+}
+
 /// A call's arguments as OpenAI's JSON string: as the model wrote them when known.
 fn openai_arguments(call: &crate::conversation::ToolCall) -> String {
     call.arguments_text.clone().unwrap_or_else(|| {
