@@ -12,13 +12,13 @@
 # tests/client_python.rs runs the examples, the client's tests and the README's loop with
 # .venv-test/bin/python. Does nothing when the stamp of the pins and of the package's sources
 # matches, so an unchanged tree costs no pip run; any change rebuilds and reinstalls. Needs
-# Python 3.10+ with venv (Debian: apt-get install python3 python3-venv).
+# Python 3.11+ with venv (Debian: apt-get install python3 python3-venv).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 die() { echo "sdk/clients/python/install.sh: $*" >&2; exit 1; }
 command -v python3 >/dev/null || die "python3 not found: apt-get install python3 python3-venv"
-python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-    || die "the client needs Python 3.10 or newer, found $(python3 --version)"
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "the client's tests need Python 3.11 or newer (google-genai's minimum; the client itself takes 3.10), found $(python3 --version)"
 python3 -c 'import venv, ensurepip' 2>/dev/null \
     || die "python3 has no venv/ensurepip: apt-get install python3-venv"
 
