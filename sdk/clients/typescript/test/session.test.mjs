@@ -168,6 +168,41 @@ test("every reply shape the SDKs return gives its tool calls; results in a step'
   assert.ok(summary.agents.default.replies >= usage.ledger.replies, JSON.stringify(summary));
 });
 
+test("a Gemini response's calls without ids come back named by the daemon; a Bedrock response's keep theirs", async () => {
+  const session = await client.session(undefined, { format: "anthropic" });
+  await session.step({ user: "Look.", facts: FACTS });
+  // google-genai's GenerateContentResponse: a call without an id, with its thought signature.
+  const gemini = {
+    candidates: [{
+      content: { role: "model", parts: [
+        { functionCall: { name: "read_file", args: { path: "a.txt" } }, thoughtSignature: "+/8Ac2ln" },
+      ] },
+      finishReason: "STOP",
+    }],
+    modelVersion: "gemini-3-pro-preview",
+    usageMetadata: { promptTokenCount: 40, candidatesTokenCount: 5, totalTokenCount: 45 },
+  };
+  let r = await session.record(gemini);
+  const named = `call_${r.seq}_0`;
+  assert.deepEqual(r.toolCalls, [{ id: named, name: "read_file", arguments: { path: "a.txt" } }]);
+  assert.deepEqual(session.openToolCalls.map((c) => c.id), [named]);
+  await session.toolResult(named, "alpha");
+  await session.step({ facts: FACTS });
+  // boto3's / the AWS SDK's ConverseResponse.
+  r = await session.record({
+    output: { message: { role: "assistant", content: [
+      { toolUse: { toolUseId: "tooluse_1", name: "read_file", input: { path: "b.txt" } } },
+    ] } },
+    stopReason: "tool_use",
+    usage: { inputTokens: 3, outputTokens: 2, totalTokens: 5 },
+    metrics: { latencyMs: 1 },
+  });
+  assert.deepEqual(r.toolCalls, [{ id: "tooluse_1", name: "read_file", arguments: { path: "b.txt" } }]);
+  await session.toolResult("tooluse_1", "beta");
+  await session.step({ facts: FACTS });
+  assert.deepEqual(session.openToolCalls, []);
+});
+
 test("toolResult sends text as it is, other values as their JSON text once, and isError", async () => {
   const session = await client.session("default");
   await session.step({ user: "Go.", facts: FACTS });
