@@ -264,8 +264,10 @@ fn reply_shapes(usage: bool) -> Value {
     use serde_json::json;
     let schema = |name: &str| json!({"$ref": format!("#/components/schemas/{name}")});
     let text_or_null = json!({"type": ["string", "null"]});
-    // `choices` decides first, then `output`; the shapes below them must have neither.
-    let neither = json!({"not": {"anyOf": [{"required": ["choices"]}, {"required": ["output"]}]}});
+    // A Gemini response (`candidates`) decides first, then `choices`, then `output`; the
+    // shapes below them must have none of these.
+    let neither = json!({"not": {"anyOf": [
+        {"required": ["choices"]}, {"required": ["output"]}, {"required": ["candidates"]}]}});
     let mut neutral_assistant = json!({
         "type": "object",
         "description": "A neutral assistant message (`Message`). (`blocks`, as the daemon records \
@@ -393,6 +395,70 @@ fn reply_shapes(usage: bool) -> Value {
             },
         },
         "required": ["choices"],
+        "not": {"required": ["candidates"]},
+    });
+    // Gemini: a part's data keys in either spelling (the Python SDK dumps snake_case).
+    let function_call = json!({"type": "object",
+        "properties": {"name": named, "args": {"type": ["object", "null"]},
+                       "id": {"type": ["string", "null"]}},
+        "required": ["name"]});
+    let gemini_content = json!({
+        "type": "object",
+        "properties": {
+            "parts": {"type": ["array", "null"], "items": {"type": "object", "properties": {
+                "text": {"type": "string"},
+                "functionCall": function_call,
+                "function_call": function_call,
+            }}},
+        },
+    });
+    let gemini = json!({
+        "type": "object",
+        "description": "A Gemini GenerateContentResponse (its first candidate's content is \
+                        recorded; `usageMetadata` is its usage) or a model content \
+                        (`{\"role\": \"model\", \"parts\"}`): the parts are kept in order, \
+                        thought signatures as written; a call without an id is named by the \
+                        daemon (`call_{seq}_{n}`).",
+        "anyOf": [
+            {"properties": {"candidates": {"type": "array", "minItems": 1, "prefixItems": [
+                {"type": "object", "properties": {"content": gemini_content},
+                 "required": ["content"]}]}},
+             "required": ["candidates"]},
+            {"allOf": [gemini_content, {"properties": {"role": {"const": "model"}},
+                                        "required": ["role", "parts"]}]},
+        ],
+    });
+    // Bedrock: content blocks keyed by kind (no `type`).
+    let converse_block = json!({"type": "object", "anyOf": [
+        {"properties": {"text": {"type": "string"}}, "required": ["text"]},
+        {"properties": {"toolUse": {"type": "object",
+            "properties": {"toolUseId": named, "name": named,
+                           "input": {"type": ["object", "null"]}},
+            "required": ["toolUseId", "name"]}},
+         "not": {"required": ["text"]}, "required": ["toolUse"]},
+        {"not": {"anyOf": [{"required": ["text"]}, {"required": ["toolUse"]}]},
+         "anyOf": [{"required": ["reasoningContent"]}, {"required": ["citationsContent"]}]},
+    ]});
+    let bedrock = json!({
+        "type": "object",
+        "description": "A Bedrock ConverseResponse (`output.message` is recorded, `usage` is its \
+                        usage) or its message: text, toolUse, reasoningContent and \
+                        citationsContent blocks, kept in their order.",
+        "anyOf": [
+            {"properties": {"output": {"type": "object", "properties": {"message": {
+                "type": "object",
+                "properties": {"content": {"type": "array", "items": converse_block}},
+                "required": ["content"]}}, "required": ["message"]}},
+             "required": ["output"], "not": {"anyOf": [{"required": ["candidates"]},
+                                                        {"required": ["choices"]}]}},
+            {"properties": {"role": {"const": "assistant"}, "content": {
+                "type": "array",
+                "items": {"allOf": [converse_block, {"not": {"required": ["type"]}}]},
+                "contains": {"type": "object", "anyOf": [
+                    {"required": ["text"]}, {"required": ["toolUse"]},
+                    {"required": ["reasoningContent"]}]}}},
+             "required": ["role", "content"], "allOf": [neither]},
+        ],
     });
     json!({
         "description": if usage {
@@ -403,7 +469,8 @@ fn reply_shapes(usage: bool) -> Value {
             "A reply in any provider's own shape, or a neutral message (as `choices[0].message` \
              holds it: no `usage` key)."
         },
-        "anyOf": [completion, response, neutral_assistant, neutral_tool, openai, anthropic],
+        "anyOf": [completion, response, neutral_assistant, neutral_tool, openai, anthropic,
+                  gemini, bedrock],
     })
 }
 
