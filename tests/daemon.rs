@@ -525,7 +525,7 @@ fn l5_bad_input_gets_a_clear_4xx_and_records_nothing() {
             .to_string(),
         json!({"messages": [{"role": "assistant", "content": "I am the model"}]}).to_string(),
         json!({"messages": [{"role": "user", "content": "x".repeat(2 << 20)}]}).to_string(),
-        json!({"format": "gemini"}).to_string(),
+        json!({"format": "cohere"}).to_string(),
         json!({"agent": "has space"}).to_string(),
         String::new(),
         String::new(),
