@@ -19,4 +19,5 @@ export {
   OpenToolCallsError,
 } from "./errors.js";
 export { toolCallsOf } from "./replies.js";
+export { converseInput } from "./sdk.js";
 export type * from "./types.js";

@@ -2,7 +2,7 @@
 // open-call bookkeeping, rebuilds, usage and compaction.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { OpenToolCallsError, PromptdError } from "promptd-client";
+import { OpenToolCallsError, PromptdError, converseInput } from "promptd-client";
 import { client, FACTS, openaiToolCall } from "./daemon.mjs";
 
 const kinds = async (session) => (await session.events()).map((e) => e.kind);
@@ -201,6 +201,24 @@ test("a Gemini response's calls without ids come back named by the daemon; a Bed
   await session.toolResult("tooluse_1", "beta");
   await session.step({ facts: FACTS });
   assert.deepEqual(session.openToolCalls, []);
+});
+
+test("converseInput hands the AWS SDK a bedrock body's media as bytes, the body keeping its base64", async () => {
+  const png = "iVBORw0KGgoAAAANSUhEUgAAAAQAAAADCAIAAAA7ljmRAAAAEElEQVR4nGM4oaEBRww4OQAHpg0hlLAT/AAAAABJRU5ErkJggg==";
+  const session = await client.session(undefined, { format: "bedrock" });
+  const { body } = await session.step({
+    user: [{ type: "text", text: "Look." }, { type: "image", media_type: "image/png", data: png }],
+    facts: FACTS,
+  });
+  const block = body.messages[0].content[1].image;
+  assert.equal(block.format, "png");
+  assert.equal(block.source.bytes, png, "the body keeps the REST API's base64");
+  const input = converseInput(body);
+  const sent = input.messages[0].content[1].image.source.bytes;
+  assert.ok(sent instanceof Uint8Array);
+  assert.deepEqual(Buffer.from(sent), Buffer.from(png, "base64"));
+  assert.equal(body.messages[0].content[1].image.source.bytes, png, "a copy: the body is unchanged");
+  assert.equal(input.modelId, "gpt-test");
 });
 
 test("toolResult sends text as it is, other values as their JSON text once, and isError", async () => {
