@@ -76,18 +76,20 @@ pub enum Message {
 }
 
 impl Native {
-    /// Roughly the bytes of its JSON (strings counted, 64 a part or block).
+    /// Roughly the bytes of its JSON (its strings, and 64 a part or block).
     fn value_bytes(&self) -> usize {
-        fn strings(v: &Value) -> usize {
-            match v {
-                Value::String(s) => s.len(),
-                Value::Array(a) => a.iter().map(strings).sum(),
-                Value::Object(m) => m.iter().map(|(k, v)| k.len() + strings(v)).sum(),
-                _ => 8,
-            }
-        }
         let (Native::Gemini { parts: items, .. } | Native::Bedrock { content: items }) = self;
-        items.iter().map(|v| 64 + strings(v)).sum()
+        items.iter().map(|v| 64 + text_bytes(v)).sum()
+    }
+}
+
+/// The strings' bytes in a JSON value, keys included: what its text is at least.
+pub(crate) fn text_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(text_bytes).sum(),
+        Value::Object(m) => m.iter().map(|(k, v)| k.len() + text_bytes(v)).sum(),
+        _ => 0,
     }
 }
 

@@ -139,17 +139,14 @@ fn blocks(message: &Message) -> (&'static str, Vec<Value>) {
             ..
         } => ("user", blocks.iter().filter_map(block).collect()),
         Message::Assistant {
-            native: Some(native),
-            ..
-        } if matches!(**native, Native::Bedrock { .. }) => match &**native {
-            Native::Bedrock { content } => ("assistant", content.clone()),
-            Native::Gemini { .. } => unreachable!("matched Bedrock"),
-        },
-        Message::Assistant {
             content,
             tool_calls,
+            native,
             ..
         } => {
+            if let Some(Native::Bedrock { content }) = native.as_deref() {
+                return ("assistant", content.clone());
+            }
             let mut out = Vec::with_capacity(tool_calls.len() + 1);
             if !content.is_empty() {
                 out.push(json!({ "text": content }));

@@ -44,11 +44,11 @@ impl Dialect {
         }
     }
 
-    /// The dialect merged model settings name (`dialect`), the OpenAI API when none is named
-    /// (an unknown name is refused when the config loads: [`check`]).
-    pub fn of(settings: &Map<String, Value>) -> Dialect {
-        settings
-            .get("dialect")
+    /// The dialect an agent's model settings name for Chat Completions (`dialect`, in
+    /// `[model.openai]` or `[model]`), the OpenAI API when none is named (an unknown name is
+    /// refused when the config loads: [`check`]).
+    pub fn of(model: &Map<String, Value>) -> Dialect {
+        super::setting(model, super::Format::Openai, "dialect")
             .and_then(Value::as_str)
             .and_then(|d| d.parse().ok())
             .unwrap_or_default()

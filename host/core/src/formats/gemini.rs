@@ -44,11 +44,10 @@ pub(crate) fn camel(key: &str) -> String {
 }
 
 /// The model the body asks for, without the `models/` prefix.
-pub(crate) fn model_of(header: &Header) -> Option<String> {
-    settings(&header.model, Format::Gemini)
-        .get("model")
+pub(crate) fn model_of(header: &Header) -> Option<&str> {
+    super::setting(&header.model, Format::Gemini, "model")
         .and_then(Value::as_str)
-        .map(|m| m.trim_start_matches("models/").to_string())
+        .map(|m| m.trim_start_matches("models/"))
 }
 
 /// A Gemini body but `contents`.
@@ -108,7 +107,7 @@ pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
     let model = model_of(&request.header);
     let mut state = State::default();
     for message in &request.messages {
-        state.push(message, model.as_deref());
+        state.push(message, model);
     }
     state.turns.into_iter().map(|(r, p)| turn(r, p)).collect()
 }

@@ -142,6 +142,23 @@ pub fn settings(model: &Map<String, Value>, format: Format) -> Map<String, Value
     out
 }
 
+/// One key of [`settings`]`(model, format)`, read in place: the format's own table (the
+/// `openai` one too for Responses) over the keys for every format, without copying the map.
+/// For a key the Responses format renames (`max_tokens`), use [`settings`].
+pub fn setting<'a>(model: &'a Map<String, Value>, format: Format, key: &str) -> Option<&'a Value> {
+    if format == Format::Neutral {
+        return model.get(key);
+    }
+    let tables: &[Format] = match format {
+        Format::OpenaiResponses => &[Format::OpenaiResponses, Format::Openai],
+        _ => &[format],
+    };
+    tables
+        .iter()
+        .find_map(|t| model.get(t.as_str()).and_then(|own| own.get(key)))
+        .or_else(|| model.get(key).filter(|_| !PROVIDER_TABLES.contains(&key)))
+}
+
 /// The settings of an OpenAI body, with the header's `prompt_cache_key` (one per session, so
 /// OpenAI routes a session's requests to the same prompt cache) unless the config sets its
 /// own; `prompt_cache_key = false` in the config leaves it out.
@@ -149,7 +166,7 @@ fn openai_settings(header: &Header, format: Format) -> Map<String, Value> {
     let mut body = settings(&header.model, format);
     // The dialect is for Chat Completions; the Responses body takes the same table without it.
     let dialect = match format {
-        Format::Openai => dialect::Dialect::of(&body),
+        Format::Openai => dialect::Dialect::of(&header.model),
         _ => dialect::Dialect::Openai,
     };
     dialect.adjust(&mut body);
@@ -230,7 +247,7 @@ pub(crate) fn tools_value(
 ) -> Option<Value> {
     // A server that takes no `allowed_tools` gets the shown tools only, as the other formats.
     let keeps_all = match format {
-        Format::Openai => dialect::Dialect::of(&settings(&header.model, format)).allowed_tools(),
+        Format::Openai => dialect::Dialect::of(&header.model).allowed_tools(),
         Format::OpenaiResponses => true,
         _ => false,
     };
@@ -965,6 +982,64 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("image"));
+    }
+
+    /// docs/formats.md, "Model settings": in a Gemini body every key but `model` goes into
+    /// `config`, camel-cased, `max_tokens` as `maxOutputTokens`, `stop` as `stopSequences`, a
+    /// key in Gemini's own spelling winning; in a Bedrock body the generic sampling keys go into
+    /// `inferenceConfig`, whose own table wins, and the rest at the top as written.
+    #[test]
+    fn q8_gemini_and_bedrock_settings_are_mapped_as_documented() {
+        let mut request = bare();
+        let model = &mut request.header.model;
+        for (k, v) in [
+            ("model", json!("m")),
+            ("max_tokens", json!(100)),
+            ("top_p", json!(0.5)),
+            ("stop", json!("END")),
+            ("temperature", json!(0.2)),
+        ] {
+            model.insert(k.into(), v);
+        }
+        model.insert(
+            "gemini".into(),
+            json!({"maxOutputTokens": 9, "thinkingConfig": {"thinkingLevel": "low"}}),
+        );
+        model.insert("bedrock".into(), json!({"inferenceConfig": {"maxTokens": 7}, "performanceConfig": {"latency": "optimized"}}));
+        let gemini = render(&request, Format::Gemini);
+        assert_eq!(gemini["model"], "m");
+        assert_eq!(
+            gemini["config"],
+            json!({"maxOutputTokens": 9, "topP": 0.5, "stopSequences": ["END"], "temperature": 0.2,
+                "thinkingConfig": {"thinkingLevel": "low"}})
+        );
+        let bedrock = render(&request, Format::Bedrock);
+        assert_eq!(bedrock["modelId"], "m");
+        assert_eq!(
+            bedrock["inferenceConfig"],
+            json!({"maxTokens": 7, "topP": 0.5, "stopSequences": ["END"], "temperature": 0.2})
+        );
+        assert_eq!(
+            bedrock["performanceConfig"],
+            json!({"latency": "optimized"})
+        );
+        // One key read in place is the key of the merged settings.
+        for format in Format::ALL {
+            for key in [
+                "model",
+                "top_p",
+                "maxOutputTokens",
+                "inferenceConfig",
+                "gemini",
+            ] {
+                assert_eq!(
+                    setting(&request.header.model, format, key),
+                    settings(&request.header.model, format).get(key),
+                    "{} {key}",
+                    format.as_str()
+                );
+            }
+        }
     }
 
     /// Issue 33: a server that speaks Chat Completions gets what its docs say it takes.

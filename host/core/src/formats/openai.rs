@@ -12,7 +12,7 @@ pub(super) fn head(
     tools: Option<Value>,
     shown: Option<&[String]>,
 ) -> Map<String, Value> {
-    let dialect = super::dialect::Dialect::of(&super::settings(&header.model, Format::Openai));
+    let dialect = super::dialect::Dialect::of(&header.model);
     let mut body = openai_settings(header, Format::Openai);
     if let Some(tools) = tools {
         body.insert("tools".into(), tools);

@@ -278,7 +278,7 @@ impl Transcript {
             return false;
         }
         let model = formats::gemini::model_of(header);
-        model.is_some_and(|m| self.gemini_models.iter().any(|w| *w != m))
+        model.is_some_and(|m| self.gemini_models.iter().any(|w| w != m))
     }
 
     /// The Gemini contents for `header`, rendered from the neutral fragments.
@@ -288,7 +288,7 @@ impl Transcript {
         for text in &self.neutral {
             // The fragments are this module's own output: they decode (the tests check it).
             if let Ok(message) = serde_json::from_str::<Message>(text) {
-                state.push(&message, model.as_deref());
+                state.push(&message, model);
             }
         }
         state
@@ -536,15 +536,7 @@ impl Transcript {
     }
 }
 
-/// The strings' bytes in a JSON value: what its text is at least.
-fn text_bytes(value: &Value) -> usize {
-    match value {
-        Value::String(s) => s.len(),
-        Value::Array(a) => a.iter().map(text_bytes).sum(),
-        Value::Object(m) => m.iter().map(|(k, v)| k.len() + text_bytes(v)).sum(),
-        _ => 0,
-    }
-}
+use crate::conversation::text_bytes;
 
 /// `value` as JSON text in a buffer sized once for `text` bytes of strings and the markup
 /// around them: a turn holding a 20 MiB message is not grown by doubling (issue 32).

@@ -87,11 +87,11 @@ impl SessionState {
         messages: &[Message],
     ) -> Result<()> {
         use crate::conversation::content::Block;
-        use crate::formats::{dialect::Dialect, settings, Format};
+        use crate::formats::{dialect::Dialect, Format};
         if format != Format::Openai {
             return Ok(());
         }
-        let dialect = Dialect::of(&settings(model, format));
+        let dialect = Dialect::of(model);
         let document = |m: &Message| match m {
             Message::User { content, .. } | Message::Tool { content, .. } => content
                 .blocks()
