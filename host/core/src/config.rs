@@ -40,6 +40,7 @@ use crate::plugin::trust::Trust;
 
 pub mod plan;
 mod resolve;
+pub mod telemetry;
 mod validate;
 
 use validate::check_agent_name;
@@ -77,6 +78,8 @@ struct RawConfig {
     cache: crate::cache::RulesConfig,
     #[serde(default)]
     fleet: FleetConfig,
+    #[serde(default)]
+    telemetry: telemetry::TelemetryConfig,
 }
 
 /// `[fleet]` (K10): a daemon that serves the plugin set published in its session store
@@ -677,6 +680,8 @@ pub struct Config {
     pub cache: crate::cache::RulesConfig,
     /// `[fleet]`: whether the daemon serves the store's published plugin set (K10).
     pub fleet: FleetConfig,
+    /// `[telemetry]`: OpenTelemetry export (read at start only).
+    pub telemetry: telemetry::TelemetryConfig,
 }
 
 impl Config {
@@ -729,7 +734,9 @@ impl Config {
             pricing: raw.pricing,
             cache: raw.cache,
             fleet: raw.fleet,
+            telemetry: raw.telemetry,
         };
+        config.telemetry.validate()?;
         config.validate()?;
         Ok(config)
     }

@@ -36,6 +36,7 @@ pub mod held;
 pub mod ledger;
 pub mod limits;
 pub mod load;
+pub mod observe;
 pub mod plugin;
 pub mod prefix;
 pub mod provenance;

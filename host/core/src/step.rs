@@ -30,6 +30,7 @@ use crate::conversation::{Header, Message, Ttl};
 use crate::error::{Error, Result};
 use crate::formats::{self, Format};
 use crate::held;
+use crate::observe::{observed, Activity, Observe};
 use crate::plugin::model::Step;
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::provenance::Provenance;
@@ -67,6 +68,9 @@ pub struct Serving<'a> {
     /// Now, in ms since the Unix epoch: when a held change (K7) passed the TTL or its
     /// `max_stale_s`. None in a replay, which has no clock: only the other cold points apply.
     pub now_ms: Option<u64>,
+    /// Told when each stage and plugin call starts and ends (telemetry); never changes what
+    /// is planned.
+    pub observe: Option<&'a dyn Observe>,
 }
 
 impl<'a> Serving<'a> {
@@ -148,7 +152,10 @@ pub fn plan(
     format: Format,
 ) -> Result<PlannedStep> {
     let step = step_for(agent, session, state.steps() + 1, input.facts);
-    let assembly = assemble(registry, agent, &step, state.data_secret())?;
+    let options = agent.options_for(state.data_secret().clone());
+    let assembly = observed(serving.observe, Activity::Assembly, || {
+        assembly::assemble_observed(registry, &step, &options, serving.observe)
+    })?;
     let mut assembled = Assembled { step, assembly };
     plan_assembled(
         state,
@@ -224,7 +231,7 @@ pub fn plan_assembled(
     // Q18: hooks may reject the step or redact its new messages; redacted ones are checked
     // again (a redaction may lengthen a text).
     let shown = |current: &[Message]| crate::assembly::review::input(current, assembled);
-    let messages = match review(registry, step, &messages, shown)? {
+    let messages = match review(registry, step, &messages, shown, serving.observe)? {
         Some(redacted) => {
             for (i, m) in redacted.iter().enumerate() {
                 content_of(m).check(limits).map_err(|e| e.at_message(i))?;
@@ -319,14 +326,16 @@ pub fn plan_assembled(
         Body::RequestHeader(h) => Some(&h.header),
         _ => None,
     });
-    let (usage, dropped) = state.fit(
-        &agent.budget,
-        &*agent.counter,
-        header,
-        assembled,
-        format,
-        &new,
-    );
+    let (usage, dropped) = observed::<_, Error>(serving.observe, Activity::Budget, || {
+        Ok(state.fit(
+            &agent.budget,
+            &*agent.counter,
+            header,
+            assembled,
+            format,
+            &new,
+        ))
+    })?;
     drop(new);
     let mut prefix_kept = plan.prefix_kept;
     if let Some(dropped) = dropped {
@@ -512,6 +521,7 @@ fn review(
     step: &Step,
     messages: &[Message],
     shown: impl Fn(&[Message]) -> crate::plugin::provider::ReviewInput,
+    observe: Option<&dyn Observe>,
 ) -> Result<Option<Vec<Message>>> {
     if !registry
         .plugins()
@@ -534,7 +544,12 @@ fn review(
             trapped,
         };
         let input = shown(current);
-        let verdict = hook.provider.review(step, &input).map_err(|e| {
+        let activity = Activity::Review {
+            plugin: &hook.id,
+            sha256: hook.sha256.as_deref(),
+        };
+        let verdict = observed(observe, activity, || hook.provider.review(step, &input));
+        let verdict = verdict.map_err(|e| {
             let trapped = matches!(e, crate::plugin::provider::CallError::Trapped(_));
             failed(e.cause().to_string(), trapped)
         })?;
@@ -567,6 +582,7 @@ pub fn review_recorded(
     agent: &AgentPlan,
     state: &SessionState,
     message: Message,
+    observe: Option<&dyn Observe>,
 ) -> Result<Message> {
     let step = step_for(agent, state.session_id(), state.steps(), BTreeMap::new());
     let header = state.header();
@@ -580,7 +596,13 @@ pub fn review_recorded(
             (None, None) => Vec::new(),
         },
     };
-    match review(registry, &step, std::slice::from_ref(&message), shown)? {
+    match review(
+        registry,
+        &step,
+        std::slice::from_ref(&message),
+        shown,
+        observe,
+    )? {
         Some(mut redacted) if redacted.len() == 1 => {
             let message = redacted.remove(0);
             content_of(&message).check(&agent.content_limits)?;

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::observe::{observed, Activity, Observe};
 use crate::plugin::interpolate::{render, Resolved};
 use crate::plugin::model::{Content, Kind, Scope, Step, Tool, Variable};
 use crate::plugin::names::UNLISTED_TOOLS;
@@ -125,6 +126,16 @@ pub struct Omission {
 /// so fully static plugins cost no assembly work per step. The result is shared (`Arc`) for
 /// the same reason: a remembered assembly is handed out, not copied.
 pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<Arc<Assembly>> {
+    assemble_observed(registry, step, options, None)
+}
+
+/// [`assemble`], with each plugin call told to `observe` ([`crate::observe`]).
+pub fn assemble_observed(
+    registry: &Registry,
+    step: &Step,
+    options: &Options,
+    observe: Option<&dyn Observe>,
+) -> Result<Arc<Assembly>> {
     let key = (
         step.scope_chain.clone(),
         options.tool_order.clone(),
@@ -133,7 +144,7 @@ pub fn assemble(registry: &Registry, step: &Step, options: &Options) -> Result<A
     );
     let assembly = match registry.memo.get::<Assembly>(&key) {
         Some(assembly) => assembly,
-        None => assemble_fresh(registry, step, options, key)?,
+        None => assemble_fresh(registry, step, options, key, observe)?,
     };
     Ok(fence_data(registry, assembly, &options.data_secret))
 }
@@ -178,8 +189,12 @@ fn assemble_fresh(
     step: &Step,
     options: &Options,
     key: crate::plugin::registry::MemoKey,
+    observe: Option<&dyn Observe>,
 ) -> Result<Arc<Assembly>> {
-    let mut calls = Calls::default();
+    let mut calls = Calls {
+        observe,
+        ..Calls::default()
+    };
     let mut excluded = BTreeSet::new();
     let mut omitted = Vec::new();
     loop {
@@ -554,7 +569,9 @@ fn call_key(entry: &Arc<PluginEntry>, kind: Kind, index: usize) -> CallKey {
 
 /// Memoised dynamic calls: each contribution is called at most once per assembly (A2).
 #[derive(Default)]
-struct Calls {
+struct Calls<'o> {
+    /// Told of each call, when telemetry watches the step.
+    observe: Option<&'o dyn Observe>,
     texts: HashMap<CallKey, CallResult<Arc<str>>>,
     values: HashMap<CallKey, CallResult<Option<Arc<str>>>>,
     tools: HashMap<usize, CallResult<Vec<String>>>,
@@ -562,7 +579,7 @@ struct Calls {
     omitted: Vec<Omission>,
 }
 
-impl Calls {
+impl Calls<'_> {
     /// W3: asks each batching plugin (world 0.2.0) once for every effective dynamic value it
     /// gives this step and has not given yet: its sections and contexts in use, its effective
     /// variables (referenced or not: which ones a dynamic text references is only known after
@@ -609,11 +626,11 @@ impl Calls {
                 owned = (t, v);
                 (&filtered, &owned.0, &owned.1)
             };
-            let answer = entry
-                .provider
-                .evaluate(step, wanted)
-                .and_then(|e| e.check(wanted).map(|()| e))
-                .unwrap_or_else(|e| Evaluation::failed(wanted, e));
+            let answer = observed(self.observe, Activity::call(entry, "evaluate"), || {
+                entry.provider.evaluate(step, wanted)
+            })
+            .and_then(|e| e.check(wanted).map(|()| e))
+            .unwrap_or_else(|e| Evaluation::failed(wanted, e));
             // The answers come back in the order of `wanted`, which is the keys' order.
             let answered = answer.sections.into_iter().chain(answer.contexts);
             for (&k, text) in texts.iter().zip(answered) {
@@ -654,10 +671,15 @@ impl Calls {
                 (&c.name, &c.scope)
             }
         };
+        let observe = self.observe;
         let result = (self.texts.entry(call_key(entry, kind, index))).or_insert_with(|| {
             match kind {
-                Kind::Section => entry.provider.section_text(name, scope, step),
-                _ => entry.provider.context_text(name, scope, step),
+                Kind::Section => observed(observe, Activity::call(entry, "section"), || {
+                    entry.provider.section_text(name, scope, step)
+                }),
+                _ => observed(observe, Activity::call(entry, "context"), || {
+                    entry.provider.context_text(name, scope, step)
+                }),
             }
             .map(Arc::from)
         });
@@ -695,9 +717,13 @@ impl Calls {
         step: &Step,
     ) -> Result<Option<Arc<str>>> {
         let v = &entry.declaration.variables[index];
+        let observe = self.observe;
         let result =
             (self.values.entry(call_key(entry, Kind::Variable, index))).or_insert_with(|| {
-                (entry.provider.variable_value(&v.name, &v.scope, step)).map(|v| v.map(Arc::from))
+                observed(observe, Activity::call(entry, "variable"), || {
+                    entry.provider.variable_value(&v.name, &v.scope, step)
+                })
+                .map(|v| v.map(Arc::from))
             });
         result
             .clone()
@@ -706,10 +732,15 @@ impl Calls {
 
     /// The tools `entry` shows this step (asked once).
     fn shown_tools(&mut self, entry: &Arc<PluginEntry>, step: &Step) -> Result<&Vec<String>> {
+        let observe = self.observe;
         let result = self
             .tools
             .entry(Arc::as_ptr(entry) as usize)
-            .or_insert_with(|| entry.provider.shown_tools(step));
+            .or_insert_with(|| {
+                observed(observe, Activity::call(entry, "shown-tools"), || {
+                    entry.provider.shown_tools(step)
+                })
+            });
         result
             .as_ref()
             .map_err(|e| call_error(entry, "shown-tools", e.clone()))

@@ -107,6 +107,12 @@ impl CallError {
     }
 }
 
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.cause())
+    }
+}
+
 /// The result of one plugin call.
 pub type CallResult<T> = Result<T, CallError>;
 
