@@ -96,7 +96,29 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     }
     // Fail early on a plugin folder that cannot be read; the files load after we listen.
     promptd_daemon::plugin_dir::plugin_files(&dir)?;
+    // [telemetry] (and OTEL_*): a bad setting stops the start, naming it.
+    let telemetry = promptd_telemetry::Settings::resolve(
+        &config.telemetry,
+        &|name| std::env::var(name).ok(),
+        listen,
+    )
+    .map_err(|e| anyhow::anyhow!("error[{}]: {e}", e.code()))?;
+    let public_url_set = config.telemetry.public_url.is_some();
     let daemon = Arc::new(Daemon::loading(store, Arc::new(engine), config, &dir));
+    if let Some(settings) = telemetry {
+        let (endpoint, protocol) = (settings.traces_endpoint.clone(), settings.protocol);
+        let counted = Arc::downgrade(&daemon);
+        let source: promptd_telemetry::Source = Arc::new(move || {
+            counted
+                .upgrade()
+                .map(|d| d.metric_samples())
+                .unwrap_or_default()
+        });
+        let t = promptd_telemetry::Telemetry::start(settings, Some(source))
+            .map_err(|e| anyhow::anyhow!("error[{}]: {e}", e.code()))?;
+        daemon.set_telemetry(Arc::new(t));
+        tracing::info!(%endpoint, protocol = protocol.as_str(), "telemetry: exporting traces over OTLP");
+    }
     // Listen first, load in the background: a slow (or hostile) plugin delays nothing but
     // the steps that wait for the first registry.
     let loader = daemon.clone();
@@ -146,6 +168,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     };
     // MCP servers connect on the runtime below; each publishes beside the plugins (M1).
     let mcp = daemon.clone();
+    let served = daemon.clone();
     let app = http::router(daemon, token);
 
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -174,7 +197,11 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("listen on {addr}"))?;
-                announce(&format!("http://{}", listener.local_addr()?));
+                let base = format!("http://{}", listener.local_addr()?);
+                if let Some(t) = served.telemetry() {
+                    t.set_listening(&base, public_url_set);
+                }
+                announce(&base);
                 server::serve(server::no_delay(listener), app, limits, shutdown()).await;
             }
             Listen::Unix(path) => {
@@ -186,6 +213,10 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 server::serve(listener, app, limits, shutdown()).await;
                 let _ = std::fs::remove_file(&path);
             }
+        }
+        // Spans waiting for a reply, and those queued, go out before the process ends.
+        if let Some(t) = served.telemetry() {
+            t.shutdown(std::time::Duration::from_secs(5));
         }
         tracing::info!("stopped");
         anyhow::Ok(())

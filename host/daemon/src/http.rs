@@ -538,17 +538,26 @@ struct ListQuery {
     responses((status = 201, description = "The new session", body = api::SessionCreated), api::Errors))]
 async fn create_session(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let req: api::NewSession = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let agent = req.agent.clone();
-    let id = blocking(move || daemon.create_session(&agent)).await?;
+    let parent = trace_parent(&headers);
+    let id = blocking(move || daemon.create_session_traced(&agent, parent)).await?;
     let body = api::SessionCreated {
         id,
         agent: req.agent,
     };
     Ok(json_reply(StatusCode::CREATED, &body))
+}
+
+/// The W3C trace context a client sent (`traceparent`, `tracestate`), when valid; a bad one is
+/// ignored, as W3C Trace Context asks.
+fn trace_parent(headers: &HeaderMap) -> Option<promptd_telemetry::Parent> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    promptd_telemetry::Parent::from_headers(get("traceparent"), get("tracestate"))
 }
 
 /// Runs a step: assembles, records the new messages, and returns the request body.
@@ -559,9 +568,11 @@ async fn create_session(
 async fn step(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let req: api::StepBody = parse_body(body, state.max_body)?;
+    let parent = trace_parent(&headers);
     let daemon = state.daemon.clone();
     let input = StepInput {
         messages: req.messages,
@@ -583,7 +594,8 @@ async fn step(
             Some(_) => "{\"parts\":",
             None => "{\"request\":",
         });
-        let (n, usage) = daemon.step_into(&id, input, format, since, &cancelled, &mut out)?;
+        let (n, usage) =
+            daemon.step_traced(&id, input, format, since, &cancelled, &mut out, parent)?;
         let usage = serde_json::to_string(&usage).map_err(|e| {
             promptd_core::Error::Store(promptd_core::store::StoreError::backend(
                 "writing a step's usage",
@@ -691,8 +703,10 @@ async fn record_message(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     query: Result<Query<SentQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
+    let parent = trace_parent(&headers);
     let Query(query) =
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let named =
@@ -705,13 +719,16 @@ async fn record_message(
     // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
     let value: Value = parse_body(body, state.max_body)?;
     let format = named.or_else(|| promptd_core::formats::replies::format_of(&value));
+    // What a span says of the reply (its model, id, stop reason), read before it is parsed.
+    let meta = (state.daemon.telemetry()).map(|_| promptd_telemetry::spans::ReplyMeta::of(&value));
     let (message, usage) =
         promptd_core::formats::replies::reply_with_usage(value).map_err(DaemonError::from)?;
     let daemon = state.daemon.clone();
     let sent = format.map(|f| (f, query.sent_at));
     let mut calls = message.clone();
     let seq =
-        blocking(move || daemon.record_sent_reply(&id, &message, usage.as_ref(), sent)).await?;
+        blocking(move || daemon.record_traced(&id, &message, usage.as_ref(), sent, parent, meta))
+            .await?;
     // The daemon named calls that came without ids by the seq: the same names, for the client.
     promptd_core::formats::replies::name_calls(&mut calls, seq);
     let tool_calls = match calls {

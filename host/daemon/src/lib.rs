@@ -49,6 +49,7 @@ mod reply_body;
 pub mod server;
 mod sessions;
 mod steps;
+mod telemetry;
 pub mod ui;
 pub mod watch;
 
@@ -174,6 +175,11 @@ pub struct Daemon {
     /// K7: what each session's last step held, by session (sessions holding nothing are
     /// absent, so it is bounded by the sessions that step).
     held: Mutex<BTreeMap<String, Vec<promptd_core::held::Held>>>,
+    /// OpenTelemetry export, when `[telemetry]` enables it (set once, at start).
+    telemetry: std::sync::OnceLock<Arc<promptd_telemetry::Telemetry>>,
+    /// The SHA-256 and size of each session's system prompt, as its last header recorded it
+    /// (for spans; bounded, refilled on a miss).
+    system_hashes: Mutex<std::collections::HashMap<String, (String, usize)>>,
 }
 
 /// Milliseconds since the Unix epoch, by the system clock.
@@ -224,6 +230,8 @@ impl Daemon {
             plans: Mutex::default(),
             replays: Mutex::new(()),
             held: Mutex::new(BTreeMap::new()),
+            telemetry: std::sync::OnceLock::new(),
+            system_hashes: Mutex::new(std::collections::HashMap::new()),
             fleet: Mutex::new(fleet::Fleet {
                 follow: config.fleet.follow,
                 ..fleet::Fleet::default()
@@ -283,6 +291,11 @@ impl Daemon {
     /// Prometheus text, including the compile cache's counters.
     pub fn metrics_text(&self) -> String {
         let mut out = self.metrics.render();
+        if let Some(t) = self.telemetry() {
+            for sample in promptd_telemetry::samples(t) {
+                metrics::write_sample(&mut out, &sample);
+            }
+        }
         if let Some((hits, misses)) = self.engine.cache_counts() {
             out.push_str("# HELP promptd_compile_cache_total Plugin loads served from or missing the compile cache.\n");
             out.push_str("# TYPE promptd_compile_cache_total counter\n");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use promptd_core::sync::lock;
 use promptd_core::Error;
+pub use promptd_telemetry::Sample;
 
 /// Upper bounds of the step latency histogram, in seconds.
 const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
@@ -111,27 +112,118 @@ impl Metrics {
         self.plugins_loaded.store(n as u64, Ordering::Relaxed);
     }
 
+    /// Every counter and gauge now (the step latency histogram aside): what `/metrics` shows
+    /// and what OTLP exports.
+    pub fn samples(&self) -> Vec<Sample> {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let agent = |a: &str| vec![("agent", a.to_string())];
+        let mut out = vec![Sample {
+            name: "promptd_steps_total",
+            help: "Steps handled, by outcome.",
+            counter: true,
+            points: vec![
+                (vec![("outcome", "ok".into())], get(&self.steps_ok)),
+                (vec![("outcome", "error".into())], get(&self.steps_failed)),
+                (
+                    vec![("outcome", "cancelled".into())],
+                    get(&self.steps_cancelled),
+                ),
+            ],
+        }];
+        out.push(Sample {
+            name: "promptd_plugin_errors_total",
+            help: "Failed plugin calls and refused loads.",
+            counter: true,
+            points: vec![(vec![], get(&self.plugin_errors))],
+        });
+        out.push(Sample {
+            name: "promptd_plugins_loaded",
+            help: "Plugins serving now.",
+            counter: false,
+            points: vec![(vec![], get(&self.plugins_loaded))],
+        });
+        let prefix = lock(&self.prefix);
+        out.push(Sample {
+            name: "promptd_prefix_kept_steps_total",
+            help: "Steps whose previous request was all a prefix of theirs (a provider can reuse its cache), by agent.",
+            counter: true,
+            points: prefix.iter().map(|(a, (kept, _))| (agent(a), *kept as f64)).collect(),
+        });
+        out.push(Sample {
+            name: "promptd_prefix_compared_steps_total",
+            help: "Steps that had a previous request in their session, by agent.",
+            counter: true,
+            points: prefix
+                .iter()
+                .map(|(a, (_, n))| (agent(a), *n as f64))
+                .collect(),
+        });
+        out.push(Sample {
+            name: "promptd_prefix_kept_share",
+            help: "Share of compared steps that kept the prefix, by agent.",
+            counter: false,
+            points: (prefix.iter())
+                .map(|(a, (kept, n))| (agent(a), *kept as f64 / (*n).max(1) as f64))
+                .collect(),
+        });
+        drop(prefix);
+        let cache = lock(&self.cache);
+        let by_outcome =
+            |a: &str, o: &str| vec![("agent", a.to_string()), ("outcome", o.to_string())];
+        out.push(Sample {
+            name: "promptd_cache_outcomes_total",
+            help: "Recorded replies by how the provider's cache served their request (hit, ttl_expired, prefix_changed, …), by agent.",
+            counter: true,
+            points: (cache.outcomes.iter())
+                .map(|((a, o), (n, _))| (by_outcome(a, o), *n as f64))
+                .collect(),
+        });
+        out.push(Sample {
+            name: "promptd_cache_lost_tokens_total",
+            help: "Input tokens the previous request left cached that a request did not read, by agent and outcome.",
+            counter: true,
+            points: (cache.outcomes.iter())
+                .map(|((a, o), (_, lost))| (by_outcome(a, o), *lost as f64))
+                .collect(),
+        });
+        out.push(Sample {
+            name: "promptd_cache_lost_tokens_by_plugin_total",
+            help: "Input tokens of cache lost to a plugin's changes (prefix_changed), by agent and plugin.",
+            counter: true,
+            points: (cache.lost_to_plugin.iter())
+                .map(|((a, p), lost)| (vec![("agent", a.clone()), ("plugin", p.clone())], *lost as f64))
+                .collect(),
+        });
+        out
+    }
+
+    /// The step latency histogram's sum (seconds) and count, as two counters (OTLP).
+    pub fn latency_samples(&self) -> Vec<Sample> {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        vec![
+            Sample {
+                name: "promptd_step_duration_seconds_sum",
+                help: "Time to assemble and record steps, summed.",
+                counter: false,
+                points: vec![(vec![], get(&self.latency_micros) / 1e6)],
+            },
+            Sample {
+                name: "promptd_step_duration_seconds_count",
+                help: "Steps timed.",
+                counter: true,
+                points: vec![(vec![], get(&self.latency_count))],
+            },
+        ]
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP promptd_steps_total Steps handled, by outcome.");
-        let _ = writeln!(out, "# TYPE promptd_steps_total counter");
-        let _ = writeln!(
-            out,
-            "promptd_steps_total{{outcome=\"ok\"}} {}",
-            get(&self.steps_ok)
-        );
-        let _ = writeln!(
-            out,
-            "promptd_steps_total{{outcome=\"error\"}} {}",
-            get(&self.steps_failed)
-        );
-        let _ = writeln!(
-            out,
-            "promptd_steps_total{{outcome=\"cancelled\"}} {}",
-            get(&self.steps_cancelled)
-        );
+        let mut samples = self.samples().into_iter();
+        if let Some(steps) = samples.next() {
+            write_sample(&mut out, &steps);
+        }
         let _ = writeln!(
             out,
             "# HELP promptd_step_duration_seconds Time to assemble and record a step."
@@ -155,92 +247,27 @@ impl Metrics {
             get(&self.latency_micros) as f64 / 1e6
         );
         let _ = writeln!(out, "promptd_step_duration_seconds_count {count}");
-        let _ = writeln!(
-            out,
-            "# HELP promptd_plugin_errors_total Failed plugin calls and refused loads."
-        );
-        let _ = writeln!(out, "# TYPE promptd_plugin_errors_total counter");
-        let _ = writeln!(
-            out,
-            "promptd_plugin_errors_total {}",
-            get(&self.plugin_errors)
-        );
-        let _ = writeln!(out, "# HELP promptd_plugins_loaded Plugins serving now.");
-        let _ = writeln!(out, "# TYPE promptd_plugins_loaded gauge");
-        let _ = writeln!(out, "promptd_plugins_loaded {}", get(&self.plugins_loaded));
-        let prefix = lock(&self.prefix);
-        let _ = writeln!(
-            out,
-            "# HELP promptd_prefix_kept_steps_total Steps whose previous request was all a prefix of theirs (a provider can reuse its cache), by agent."
-        );
-        let _ = writeln!(out, "# TYPE promptd_prefix_kept_steps_total counter");
-        for (agent, (kept, _)) in prefix.iter() {
-            let _ = writeln!(
-                out,
-                "promptd_prefix_kept_steps_total{{agent=\"{agent}\"}} {kept}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP promptd_prefix_compared_steps_total Steps that had a previous request in their session, by agent."
-        );
-        let _ = writeln!(out, "# TYPE promptd_prefix_compared_steps_total counter");
-        for (agent, (_, compared)) in prefix.iter() {
-            let _ = writeln!(
-                out,
-                "promptd_prefix_compared_steps_total{{agent=\"{agent}\"}} {compared}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP promptd_prefix_kept_share Share of compared steps that kept the prefix, by agent."
-        );
-        let _ = writeln!(out, "# TYPE promptd_prefix_kept_share gauge");
-        for (agent, (kept, compared)) in prefix.iter() {
-            let share = *kept as f64 / (*compared).max(1) as f64;
-            let _ = writeln!(
-                out,
-                "promptd_prefix_kept_share{{agent=\"{agent}\"}} {share}"
-            );
-        }
-        drop(prefix);
-        let cache = lock(&self.cache);
-        let _ = writeln!(
-            out,
-            "# HELP promptd_cache_outcomes_total Recorded replies by how the provider's cache served their request (hit, ttl_expired, prefix_changed, …), by agent."
-        );
-        let _ = writeln!(out, "# TYPE promptd_cache_outcomes_total counter");
-        for ((agent, outcome), (n, _)) in cache.outcomes.iter() {
-            let _ = writeln!(
-                out,
-                "promptd_cache_outcomes_total{{agent=\"{agent}\",outcome=\"{outcome}\"}} {n}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP promptd_cache_lost_tokens_total Input tokens the previous request left cached that a request did not read, by agent and outcome."
-        );
-        let _ = writeln!(out, "# TYPE promptd_cache_lost_tokens_total counter");
-        for ((agent, outcome), (_, lost)) in cache.outcomes.iter() {
-            let _ = writeln!(
-                out,
-                "promptd_cache_lost_tokens_total{{agent=\"{agent}\",outcome=\"{outcome}\"}} {lost}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP promptd_cache_lost_tokens_by_plugin_total Input tokens of cache lost to a plugin's changes (prefix_changed), by agent and plugin."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE promptd_cache_lost_tokens_by_plugin_total counter"
-        );
-        for ((agent, plugin), lost) in cache.lost_to_plugin.iter() {
-            let _ = writeln!(
-                out,
-                "promptd_cache_lost_tokens_by_plugin_total{{agent=\"{agent}\",plugin=\"{plugin}\"}} {lost}"
-            );
+        for sample in samples {
+            write_sample(&mut out, &sample);
         }
         out
+    }
+}
+
+/// `sample` in Prometheus' text format.
+pub fn write_sample(out: &mut String, sample: &Sample) {
+    let kind = if sample.counter { "counter" } else { "gauge" };
+    let _ = writeln!(out, "# HELP {} {}", sample.name, sample.help);
+    let _ = writeln!(out, "# TYPE {} {kind}", sample.name);
+    for (labels, value) in &sample.points {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        match labels.is_empty() {
+            true => {
+                let _ = writeln!(out, "{} {value}", sample.name);
+            }
+            false => {
+                let _ = writeln!(out, "{}{{{}}} {value}", sample.name, labels.join(","));
+            }
+        }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use promptd_core::budget::{self, Counter, Usage};
 use promptd_core::config::{AgentPlan, Config};
@@ -19,7 +19,9 @@ use promptd_core::store::{Event, NewEvent};
 use promptd_core::Error;
 
 use crate::sessions::{Cached, SessionCache};
+use crate::telemetry::Timeline;
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
+use promptd_telemetry::{RecordRecord, StepRecord};
 
 /// Most agents whose plans are kept: agent names come from clients, so never let them grow
 /// this (a cleared map is refilled one resolve per agent).
@@ -62,6 +64,24 @@ impl Drop for Taken<'_> {
 impl Daemon {
     /// Creates a session for `agent` (after checking its name): returns its id.
     pub fn create_session(&self, agent: &str) -> Result<String> {
+        self.create_session_traced(agent, None)
+    }
+
+    /// [`Daemon::create_session`] for a client that sent its trace context (`parent`: the
+    /// session's span links to it, with telemetry on).
+    pub fn create_session_traced(
+        &self,
+        agent: &str,
+        parent: Option<promptd_telemetry::Parent>,
+    ) -> Result<String> {
+        let id = self.new_session(agent)?;
+        if let Some(t) = self.telemetry() {
+            t.session_created(&id, agent, SystemTime::now(), parent.as_ref());
+        }
+        Ok(id)
+    }
+
+    fn new_session(&self, agent: &str) -> Result<String> {
         self.config().chain(agent)?; // validates the name
 
         // The key of the session's data blocks (T8): plugins never see the log, so they
@@ -200,8 +220,49 @@ impl Daemon {
         cancelled: &AtomicBool,
         out: &mut Pieces,
     ) -> Result<(u64, Usage)> {
+        self.step_traced(id, input, format, since, cancelled, out, None)
+    }
+
+    /// [`Daemon::step_into`] for a client that sent its trace context (`parent`): with
+    /// telemetry on, the step's spans join that trace (else the session's).
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_traced(
+        &self,
+        id: &str,
+        input: StepInput,
+        format: Format,
+        since: Option<u64>,
+        cancelled: &AtomicBool,
+        out: &mut Pieces,
+        parent: Option<promptd_telemetry::Parent>,
+    ) -> Result<(u64, Usage)> {
         let started = Instant::now();
-        let result = self.step_inner(id, input, format, since, cancelled, out);
+        let telemetry = self
+            .telemetry()
+            .filter(|t| t.sampled(id, parent.as_ref()))
+            .cloned();
+        let timeline = telemetry.as_ref().map(|_| Timeline::default());
+        let mut record = telemetry.as_ref().map(|_| StepRecord {
+            session: id.to_string(),
+            format: Some(format),
+            start: Some(SystemTime::now()),
+            parent,
+            ..StepRecord::default()
+        });
+        let traced = match (&timeline, &mut record) {
+            (Some(timeline), Some(record)) => Some((timeline, record)),
+            _ => None,
+        };
+        let result = self.step_inner(id, input, format, since, cancelled, out, traced);
+        if let (Some(t), Some(mut record), Some(timeline)) = (telemetry, record, timeline) {
+            record.end = Some(SystemTime::now());
+            record.timeline = timeline.take();
+            record.request_bytes = out.len();
+            if let Err(e) = &result {
+                record.error = Some((e.code().to_string(), e.to_string()));
+            }
+            t.step(record);
+        }
         let error = match &result {
             Err(DaemonError::Core(e)) => Some(e),
             // Neither served nor failed: nobody asked any more.
@@ -216,6 +277,7 @@ impl Daemon {
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn step_inner(
         &self,
         id: &str,
@@ -224,6 +286,7 @@ impl Daemon {
         since: Option<u64>,
         cancelled: &AtomicBool,
         out: &mut Pieces,
+        mut traced: Option<(&Timeline, &mut StepRecord)>,
     ) -> Result<(u64, Usage)> {
         let gone = || {
             if cancelled.load(Ordering::Acquire) {
@@ -239,6 +302,10 @@ impl Daemon {
         // One snapshot of the registry and the plan for the whole step (H2).
         let registry = self.registry();
         let plan = self.agent_plan(&taken.get().agent)?;
+        if let Some((_, record)) = &mut traced {
+            record.agent = plan.agent.clone();
+            request_settings(&plan.model, format, record);
+        }
         let cached = taken.get();
         self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
         let auto = matches!(
@@ -258,6 +325,9 @@ impl Daemon {
             agent_gaps: agent_gaps.as_ref(),
             key_shards: key_shards.as_deref(),
             now_ms: Some(input.sent_at.unwrap_or(now)),
+            observe: traced
+                .as_ref()
+                .map(|(t, _)| *t as &dyn promptd_core::observe::Observe),
         };
         let mut planned = step::plan(
             &mut cached.state,
@@ -275,7 +345,31 @@ impl Daemon {
         let usage = planned.take_usage().unwrap_or_default();
         let n = planned.step;
         let held = planned.held().to_vec();
-        self.append(&mut taken, &events, planned.bodies)?;
+        if let Some((_, record)) = &mut traced {
+            record.step = Some(n);
+            record.header_reason = planned.header_reason.map(|r| r.as_str());
+            record.usage = Some(usage.clone());
+            record.held = held.clone();
+            if let Some(t) = self.telemetry().filter(|t| t.captures_content()) {
+                let _ = t;
+                let input = planned.bodies.iter().filter_map(Body::as_message);
+                record.content = Some(promptd_telemetry::StepContent {
+                    system: None,
+                    input_messages: promptd_telemetry::spans::messages_json(input),
+                });
+            }
+        }
+        let append_started = SystemTime::now();
+        let appended = self.append(&mut taken, &events, planned.bodies);
+        if let Some((timeline, _)) = &traced {
+            let work = promptd_telemetry::Work::Append {
+                events: events.len(),
+                store: self.store_name(),
+            };
+            let failed = appended.as_ref().err().map(|e| e.to_string());
+            timeline.push(work, append_started, failed);
+        }
+        appended?;
         // Written: the encoded events (a copy of each message) are not kept while the reply
         // is rendered (issue 32: a step's memory a small multiple of its body).
         drop(events);
@@ -294,6 +388,17 @@ impl Daemon {
         }
         if let Some(kept) = planned.prefix_kept {
             self.metrics.prefix(&plan.agent, kept);
+        }
+        if let Some((_, record)) = traced {
+            self.step_facts(
+                id,
+                n,
+                format,
+                planned.prefix_kept,
+                &plan,
+                &taken.get().state,
+                record,
+            );
         }
         let state = &mut taken.get().state;
         match since {
@@ -328,6 +433,60 @@ impl Daemon {
         usage: Option<&promptd_core::formats::replies::ProviderUsage>,
         sent: Option<(Format, Option<u64>)>,
     ) -> Result<u64> {
+        self.record_traced(id, message, usage, sent, None, None)
+    }
+
+    /// [`Daemon::record_sent_reply`] for a client that sent its trace context (`parent`),
+    /// with the reply as the provider sent it (`reply`: its model, id and stop reason go on
+    /// the step's span, with telemetry on).
+    pub fn record_traced(
+        &self,
+        id: &str,
+        message: &Message,
+        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
+        sent: Option<(Format, Option<u64>)>,
+        parent: Option<promptd_telemetry::Parent>,
+        reply: Option<promptd_telemetry::spans::ReplyMeta>,
+    ) -> Result<u64> {
+        let Some(telemetry) = self.telemetry().cloned() else {
+            return self.record_inner(id, message, usage, sent, None);
+        };
+        let timeline = Timeline::default();
+        let reply = reply.unwrap_or_default();
+        let mut record = RecordRecord {
+            session: id.to_string(),
+            role: match message {
+                Message::Assistant { .. } => "assistant",
+                Message::Tool { .. } => "tool",
+                Message::User { .. } => "user",
+            },
+            start: Some(SystemTime::now()),
+            usage: usage.copied(),
+            response_model: reply.model,
+            response_id: reply.id,
+            finish_reasons: reply.finish_reasons,
+            parent,
+            ..RecordRecord::default()
+        };
+        let result = self.record_inner(id, message, usage, sent, Some((&timeline, &mut record)));
+        record.end = Some(SystemTime::now());
+        record.timeline = timeline.take();
+        match &result {
+            Ok(seq) => record.seq = Some(*seq),
+            Err(e) => record.error = Some((e.code().to_string(), e.to_string())),
+        }
+        telemetry.record(record);
+        result
+    }
+
+    fn record_inner(
+        &self,
+        id: &str,
+        message: &Message,
+        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
+        sent: Option<(Format, Option<u64>)>,
+        mut traced: Option<(&Timeline, &mut RecordRecord)>,
+    ) -> Result<u64> {
         if matches!(message, Message::User { .. }) {
             self.agent_of(id)?;
             return Err(Error::BadRequest(
@@ -339,13 +498,21 @@ impl Daemon {
         let _held = self.locks.hold(id);
         let mut taken = self.session(id)?;
         let plan = self.agent_plan(&taken.get().agent)?;
+        if let Some((_, record)) = &mut traced {
+            record.agent = plan.agent.clone();
+            record.step = taken.get().state.steps();
+        }
         let shown = &plan.tool_results;
         // Q18: the review hooks see what is recorded between steps too, in the same order.
         let registry = self.registry();
         let mut message = message.clone();
         // Calls that came without ids (Gemini may leave them out) are named by where they land.
         promptd_core::formats::replies::name_calls(&mut message, taken.get().state.last_seq() + 1);
-        let mut message = step::review_recorded(&registry, &plan, &taken.get().state, message)?;
+        let observe = traced
+            .as_ref()
+            .map(|(t, _)| *t as &dyn promptd_core::observe::Observe);
+        let mut message =
+            step::review_recorded(&registry, &plan, &taken.get().state, message, observe)?;
         session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
         taken.get().state.check_message(&message)?;
         let mut blocks = None;
@@ -385,7 +552,34 @@ impl Daemon {
             Body::AssistantMessage(r) => r.cache.clone(),
             _ => None,
         };
-        let seq = self.append(&mut taken, &[event], vec![body])?;
+        if let Some((_, record)) = &mut traced {
+            if self.telemetry().is_some_and(|t| t.captures_content()) {
+                if let Some(m) = body.as_message() {
+                    record.output_messages =
+                        Some(promptd_telemetry::spans::messages_json(std::iter::once(m)));
+                }
+            }
+            if let (Some(o), Some(usage)) = (&outcome, usage) {
+                let config = self.config();
+                let pricing = promptd_core::ledger::Pricing {
+                    prices: &config.pricing,
+                    rules: &config.cache,
+                };
+                record.cost = pricing.cost(usage, Some(o));
+            }
+            record.outcome = outcome.clone();
+        }
+        let append_started = SystemTime::now();
+        let appended = self.append(&mut taken, &[event], vec![body]);
+        if let Some((timeline, _)) = &traced {
+            let work = promptd_telemetry::Work::Append {
+                events: 1,
+                store: self.store_name(),
+            };
+            let failed = appended.as_ref().err().map(|e| e.to_string());
+            timeline.push(work, append_started, failed);
+        }
+        let seq = appended?;
         if let Some(blocks) = blocks {
             taken.get().state.remember_blocks(blocks);
         }
@@ -583,5 +777,129 @@ impl KeyRates {
             })
             .collect();
         (!busy.is_empty()).then(|| std::sync::Arc::new(busy))
+    }
+}
+
+/// The request settings of `model` in `format` (its model, and what `gen_ai.request.*` names)
+/// onto `record`.
+fn request_settings(
+    model: &serde_json::Map<String, serde_json::Value>,
+    format: Format,
+    record: &mut StepRecord,
+) {
+    use promptd_telemetry::spans::attr as kv;
+    use promptd_telemetry::spans::semconv as a;
+    let get = |key: &str| formats::setting(model, format, key);
+    record.model = get("model").and_then(|v| v.as_str()).map(str::to_string);
+    let max = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|k| get(k).and_then(|v| v.as_i64()));
+    if let Some(max) = max {
+        record
+            .params
+            .push(kv::int(a::GEN_AI_REQUEST_MAX_TOKENS, max));
+    }
+    for (key, name) in [
+        ("temperature", a::GEN_AI_REQUEST_TEMPERATURE),
+        ("top_p", a::GEN_AI_REQUEST_TOP_P),
+        ("frequency_penalty", a::GEN_AI_REQUEST_FREQUENCY_PENALTY),
+        ("presence_penalty", a::GEN_AI_REQUEST_PRESENCE_PENALTY),
+    ] {
+        if let Some(v) = get(key).and_then(|v| v.as_f64()) {
+            record.params.push(kv::float(name, v));
+        }
+    }
+    for (key, name) in [
+        ("top_k", a::GEN_AI_REQUEST_TOP_K),
+        ("seed", a::GEN_AI_REQUEST_SEED),
+    ] {
+        if let Some(v) = get(key).and_then(|v| v.as_i64()) {
+            record.params.push(kv::int(name, v));
+        }
+    }
+    let stop = get("stop_sequences").or_else(|| get("stop"));
+    let stop: Vec<String> = match stop {
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if !stop.is_empty() {
+        record
+            .params
+            .push(kv::strings(a::GEN_AI_REQUEST_STOP_SEQUENCES, stop));
+    }
+    if format == Format::Openai {
+        if let Some(d) = get("dialect").and_then(|v| v.as_str()) {
+            record.params.push(kv::string("promptd.dialect", d));
+        }
+    }
+}
+
+impl Daemon {
+    /// `sqlite` or `postgresql`: the store appended to, as `db.system.name` says it.
+    fn store_name(&self) -> &'static str {
+        if self.store.is_shared() {
+            "postgresql"
+        } else {
+            "sqlite"
+        }
+    }
+
+    /// What a served step's span says that the plan does not: the header's cache key, TTL and
+    /// system prompt hash, and why the prefix broke (the diff is rebuilt from the log, only
+    /// for a step that broke it).
+    #[allow(clippy::too_many_arguments)]
+    fn step_facts(
+        &self,
+        id: &str,
+        n: u64,
+        format: Format,
+        prefix_kept: Option<bool>,
+        plan: &AgentPlan,
+        state: &SessionState,
+        record: &mut StepRecord,
+    ) {
+        if let Some(h) = state.header() {
+            record.cache_key = h.cache_key.clone();
+            record.cache_ttl = h
+                .cache_ttl
+                .and_then(|t| serde_json::to_value(t).ok())
+                .and_then(|v| v.as_str().map(str::to_string));
+            record.system = Some(self.system_hash(id, &h.system, record.header_reason.is_some()));
+            if let Some(content) = &mut record.content {
+                content.system = Some(h.system.clone());
+            }
+        }
+        record.prefix = prefix_kept.map(|kept| {
+            let mut facts = promptd_telemetry::PrefixFacts {
+                kept,
+                ..Default::default()
+            };
+            if kept {
+                return facts;
+            }
+            let counter = plan.counts_tokens.then(|| plan.counter.clone());
+            let diff = self.store.events(id).map_err(DaemonError::from).and_then(|events| {
+                Ok(session::step_diff(id, &events, n, format, counter.as_deref())?)
+            });
+            match diff {
+                Ok(d) => {
+                    facts.bytes = Some(d.bytes);
+                    if let Some(p) = &d.previous {
+                        facts.shared_bytes = Some(p.shared_bytes);
+                        facts.first_difference =
+                            p.first_divergence.as_ref().map(|d| d.part.clone());
+                    }
+                    facts.causes = d.causes;
+                }
+                Err(e) => {
+                    tracing::debug!(session = id, step = n, error = %e, "no prefix diff for the step's span");
+                }
+            }
+            facts
+        });
     }
 }

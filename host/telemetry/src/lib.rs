@@ -90,6 +90,8 @@ struct Inner {
     ids: RandomIdGenerator,
     /// By session: its last step's span, until its reply is recorded.
     waiting: Mutex<HashMap<String, Waiting>>,
+    /// The daemon's base URL in links (`public_url`, else where it listens).
+    public_url: std::sync::RwLock<String>,
 }
 
 /// The exporter of one daemon (see the crate docs).
@@ -137,9 +139,9 @@ impl Telemetry {
             }
         };
         let headers: HashMap<String, String> = settings.headers.clone().into_iter().collect();
-        let metadata = || {
+        let metadata = |headers: &HashMap<String, String>| {
             let mut m = tonic::metadata::MetadataMap::new();
-            for (k, v) in &settings.headers {
+            for (k, v) in headers {
                 if let (Ok(k), Ok(v)) = (
                     tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
                     v.parse(),
@@ -162,39 +164,11 @@ impl Telemetry {
                 .with_tonic()
                 .with_endpoint(settings.traces_endpoint.clone())
                 .with_timeout(timeout)
-                .with_metadata(metadata())
+                .with_metadata(metadata(&headers))
                 .build(),
         }
         .map_err(exporter_error("traces", &settings.traces_endpoint))?;
         exporter.set_resource(&resource);
-        let meters = match (settings.metrics, source) {
-            (true, Some(source)) => {
-                let exporter = match settings.protocol {
-                    Protocol::HttpProtobuf => opentelemetry_otlp::MetricExporter::builder()
-                        .with_http()
-                        .with_endpoint(settings.metrics_endpoint.clone())
-                        .with_timeout(timeout)
-                        .with_headers(headers)
-                        .build(),
-                    Protocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
-                        .with_tonic()
-                        .with_endpoint(settings.metrics_endpoint.clone())
-                        .with_timeout(timeout)
-                        .with_metadata(metadata())
-                        .build(),
-                }
-                .map_err(exporter_error("metrics", &settings.metrics_endpoint))?;
-                Some(metrics::provider(
-                    exporter,
-                    runtime.handle().clone(),
-                    &settings,
-                    resource.clone(),
-                    source,
-                ))
-            }
-            _ => None,
-        };
-        drop(_entered);
         let counts = Arc::new(Counts::default());
         let (sender, rx) = export::Sender::new(settings.queue_size, counts.clone());
         let scope = InstrumentationScope::builder("promptd")
@@ -208,7 +182,38 @@ impl Telemetry {
             scope,
             ids: RandomIdGenerator::default(),
             waiting: Mutex::new(HashMap::new()),
+            public_url: std::sync::RwLock::new(String::new()),
         });
+        *inner.public_url.write().unwrap_or_else(|p| p.into_inner()) =
+            inner.settings.public_url.clone();
+        let meters = match (inner.settings.metrics, source) {
+            (true, Some(source)) => {
+                let exporter = match inner.settings.protocol {
+                    Protocol::HttpProtobuf => opentelemetry_otlp::MetricExporter::builder()
+                        .with_http()
+                        .with_endpoint(inner.settings.metrics_endpoint.clone())
+                        .with_timeout(timeout)
+                        .with_headers(headers.clone())
+                        .build(),
+                    Protocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
+                        .with_tonic()
+                        .with_endpoint(inner.settings.metrics_endpoint.clone())
+                        .with_timeout(timeout)
+                        .with_metadata(metadata(&headers))
+                        .build(),
+                }
+                .map_err(exporter_error("metrics", &inner.settings.metrics_endpoint))?;
+                Some(metrics::provider(
+                    exporter,
+                    runtime.handle().clone(),
+                    &inner.settings,
+                    resource.clone(),
+                    with_own(source, Arc::downgrade(&inner)),
+                ))
+            }
+            _ => None,
+        };
+        drop(_entered);
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         let worker = export::Worker {
             rx,
@@ -237,6 +242,18 @@ impl Telemetry {
             meters: Mutex::new(meters),
             runtime: Mutex::new(Some(runtime)),
         })
+    }
+
+    /// Where the daemon listens, once bound (`http://127.0.0.1:8417`): the base of links in
+    /// spans, unless the config's `public_url` says otherwise.
+    pub fn set_listening(&self, base: &str, configured: bool) {
+        if !configured {
+            *self
+                .inner
+                .public_url
+                .write()
+                .unwrap_or_else(|p| p.into_inner()) = base.trim_end_matches('/').to_string();
+        }
     }
 
     /// The resolved settings.
@@ -292,7 +309,7 @@ impl Telemetry {
             kv("promptd.agent", agent.to_string()),
             kv(
                 "promptd.session.url",
-                format!("{}/v1/sessions/{session}", self.inner.settings.public_url),
+                format!("{}/v1/sessions/{session}", self.inner.public_url()),
             ),
         ];
         let mut span = spans::span(
@@ -331,7 +348,7 @@ impl Telemetry {
         let url = match (r.step, r.format) {
             (Some(n), Some(f)) if served => Some(format!(
                 "{}/v1/sessions/{}/steps/{n}/request?format={}",
-                inner.settings.public_url,
+                inner.public_url(),
                 r.session,
                 f.as_str()
             )),
@@ -548,7 +565,15 @@ impl Inner {
             scope: InstrumentationScope::builder("promptd").build(),
             ids: RandomIdGenerator::default(),
             waiting: Mutex::new(HashMap::new()),
+            public_url: std::sync::RwLock::new(String::new()),
         }
+    }
+
+    fn public_url(&self) -> String {
+        self.public_url
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Where session `session`'s step spans go, or `None` when the trace is not sampled: in
@@ -627,9 +652,24 @@ impl Inner {
     }
 }
 
+/// `source`'s samples and telemetry's own.
+fn with_own(source: Source, inner: Weak<Inner>) -> Source {
+    Arc::new(move || {
+        let mut all = source();
+        if let Some(inner) = inner.upgrade() {
+            all.extend(own_samples(&inner));
+        }
+        all
+    })
+}
+
 /// The counters of [`Counts`] (and the spans waiting) as samples, for `/metrics` and OTLP.
 pub fn samples(t: &Telemetry) -> Vec<Sample> {
-    let c = t.counts();
+    own_samples(&t.inner)
+}
+
+fn own_samples(inner: &Inner) -> Vec<Sample> {
+    let c = &inner.counts;
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
     vec![
         Sample {
@@ -663,7 +703,7 @@ pub fn samples(t: &Telemetry) -> Vec<Sample> {
             name: "promptd_telemetry_spans_waiting",
             help: "Steps' spans waiting for their reply to be recorded.",
             counter: false,
-            points: vec![(vec![], t.waiting() as f64)],
+            points: vec![(vec![], lock(&inner.waiting).len() as f64)],
         },
     ]
 }

@@ -536,3 +536,130 @@ pub(crate) fn work_span(w: &Work) -> (Cow<'static, str>, Vec<KeyValue>) {
     };
     (name, a)
 }
+
+/// `messages` as `gen_ai.input.messages` / `gen_ai.output.messages` JSON (1.42.0's message
+/// schema: `role` and `parts` of `text`, `tool_call`, `tool_call_response`, and `blob` or
+/// `uri` for media, whose bytes are left out: only their type and size).
+pub fn messages_json<'m>(
+    messages: impl IntoIterator<Item = &'m promptd_core::conversation::Message>,
+) -> String {
+    use promptd_core::conversation::content::{Block, Content};
+    use promptd_core::conversation::Message;
+    use serde_json::{json, Value as Json};
+    let content = |c: &Content| -> Vec<Json> {
+        match c {
+            Content::Text(t) => vec![json!({"type": "text", "content": t})],
+            Content::Blocks(blocks) => blocks
+                .iter()
+                .map(|b| match b {
+                    Block::Text { text } => json!({"type": "text", "content": text}),
+                    Block::Image {
+                        media_type,
+                        data,
+                        url,
+                    } => match url {
+                        Some(url) => json!({"type": "uri", "modality": "image", "uri": url}),
+                        None => {
+                            json!({"type": "blob", "modality": "image", "mime_type": media_type,
+                            "bytes": data.as_ref().map_or(0, |d| d.len())})
+                        }
+                    },
+                    other => {
+                        let kind = serde_json::to_value(other)
+                            .ok()
+                            .and_then(|v| v.get("type").and_then(Json::as_str).map(str::to_string))
+                            .unwrap_or_default();
+                        json!({"type": "blob", "modality": kind})
+                    }
+                })
+                .collect(),
+        }
+    };
+    let out: Vec<Json> = messages
+        .into_iter()
+        .map(|m| match m {
+            Message::User { content: c, .. } => json!({"role": "user", "parts": content(c)}),
+            Message::Tool { tool_call_id, content: c, .. } => {
+                let text: Vec<Json> = content(c);
+                json!({"role": "tool", "parts": [{"type": "tool_call_response", "id": tool_call_id, "response": text}]})
+            }
+            Message::Assistant { content: text, tool_calls, .. } => {
+                let mut parts = Vec::new();
+                if !text.is_empty() {
+                    parts.push(json!({"type": "text", "content": text}));
+                }
+                for call in tool_calls {
+                    parts.push(json!({"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments}));
+                }
+                json!({"role": "assistant", "parts": parts})
+            }
+        })
+        .collect();
+    Json::Array(out).to_string()
+}
+
+/// What a reply says of itself, as each provider's reply spells it (OpenAI Chat and
+/// Responses, Anthropic, Gemini, Bedrock).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplyMeta {
+    /// The model that answered.
+    pub model: Option<String>,
+    /// The reply's id.
+    pub id: Option<String>,
+    /// Why the model stopped.
+    pub finish_reasons: Vec<String>,
+}
+
+impl ReplyMeta {
+    /// Read from `reply`; what it leaves out is `None` or empty.
+    pub fn of(reply: &serde_json::Value) -> ReplyMeta {
+        let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(str::to_string);
+        let mut finish_reasons: Vec<String> = Vec::new();
+        if let Some(choices) = reply.get("choices").and_then(|c| c.as_array()) {
+            finish_reasons.extend(choices.iter().filter_map(|c| text(c.get("finish_reason"))));
+        }
+        if let Some(candidates) = reply.get("candidates").and_then(|c| c.as_array()) {
+            finish_reasons.extend(
+                candidates
+                    .iter()
+                    .filter_map(|c| text(c.get("finishReason"))),
+            );
+        }
+        if let Some(r) = ["stop_reason", "stopReason", "status"]
+            .iter()
+            .find_map(|k| text(reply.get(*k)))
+        {
+            finish_reasons.push(r);
+        }
+        ReplyMeta {
+            model: text(reply.get("model")).or_else(|| text(reply.get("modelVersion"))),
+            id: text(reply.get("id")).or_else(|| text(reply.get("responseId"))),
+            finish_reasons,
+        }
+    }
+}
+
+/// Attributes of the kinds a request setting takes, for callers without the OpenTelemetry API.
+pub mod attr {
+    use opentelemetry::KeyValue;
+
+    /// An integer.
+    pub fn int(key: &'static str, v: i64) -> KeyValue {
+        KeyValue::new(key, v)
+    }
+
+    /// A float.
+    pub fn float(key: &'static str, v: f64) -> KeyValue {
+        KeyValue::new(key, v)
+    }
+
+    /// A string.
+    pub fn string(key: &'static str, v: &str) -> KeyValue {
+        KeyValue::new(key, v.to_string())
+    }
+
+    /// An array of strings.
+    pub fn strings(key: &'static str, v: Vec<String>) -> KeyValue {
+        KeyValue::new(key, super::strings(v))
+    }
+}

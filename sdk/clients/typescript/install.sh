@@ -8,7 +8,8 @@
 #      package.json and lock, so the very same `openai` and `@anthropic-ai/sdk` trees), then
 #      the tarball installed into it, then examples/ and test/ copied in, so their
 #      `import "promptd-client"` resolves to .test-install/node_modules/promptd-client — the
-#      packed artifact, not this source tree.
+#      packed artifact, not this source tree. (test/tracing.test.mjs loads the OpenTelemetry
+#      packages, devDependencies pinned in package-lock.json, from step 1's node_modules here.)
 #
 # Does nothing when its stamp (.test-install/.stamp: the sha256 of every input, listed below)
 # matches; any change to the sources, the pins or this script rebuilds it all. Needs Node.js 18+

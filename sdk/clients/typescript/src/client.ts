@@ -61,6 +61,43 @@ interface Call {
   accept?: string;
 }
 
+/** Where `@opentelemetry/api` 1.x keeps what the app registered (its `src/internal/global-utils.ts`:
+ * `Symbol.for("opentelemetry.js.api." + major)`), among them `propagation` (a TextMapPropagator)
+ * and `context` (a ContextManager). Read, never written: the package does not import the API. */
+const OTEL_API_KEY = Symbol.for("opentelemetry.js.api.1");
+
+interface OtelGlobal {
+  propagation?: { inject?: (context: unknown, carrier: Record<string, string>, setter: typeof headerSetter) => void };
+  context?: { active?: () => unknown };
+}
+
+const headerSetter = {
+  set(carrier: Record<string, string>, key: string, value: string): void {
+    carrier[key] = String(value);
+  },
+};
+
+/** Adds the caller's trace context (README, "Tracing") to `headers`: what the registered
+ * propagator writes for the active context (W3C `traceparent`, `tracestate` when set). Nothing
+ * when no propagator and context manager are registered; never replaces the client's own
+ * headers, and never fails the request. */
+function injectTraceContext(headers: Record<string, string>): void {
+  const api = (globalThis as unknown as Record<symbol, OtelGlobal | undefined>)[OTEL_API_KEY];
+  if (api == null || typeof api !== "object") return;
+  const { propagation, context } = api;
+  if (typeof propagation?.inject !== "function" || typeof context?.active !== "function") return;
+  const carrier: Record<string, string> = {};
+  try {
+    propagation.inject(context.active(), carrier, headerSetter);
+  } catch {
+    return; // tracing is best effort
+  }
+  const own = new Set(Object.keys(headers).map((k) => k.toLowerCase()));
+  for (const [key, value] of Object.entries(carrier)) {
+    if (!own.has(key.toLowerCase())) headers[key] = value;
+  }
+}
+
 /** @internal One daemon address with its token and timeout; every request goes through it.
  * Not part of the package's API (index.ts does not export it). */
 export class Transport {
@@ -86,6 +123,7 @@ export class Transport {
     const headers: Record<string, string> = { Accept: call.accept ?? "application/json" };
     if (call.body !== undefined) headers["Content-Type"] = "application/json";
     if (this.#token !== undefined) headers["Authorization"] = `Bearer ${this.#token}`;
+    injectTraceContext(headers); // per request: the context active at the call
     return headers;
   }
 

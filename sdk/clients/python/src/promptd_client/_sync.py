@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import httpx
 
-from . import _core
+from . import _core, _tracing
 from .errors import ConnectionLost, DaemonUnreachable, PromptdError, RequestTimeout
 from .models import (Compacted, Event, Format, Health, Plugin, Recorded, RegistryEvent,
                      SessionSummary, StepDiff, StepExplain, StepResult, ToolCall, ToolRun)
@@ -44,6 +44,8 @@ class _Settings:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         headers.update(extra or {})
+        # Per request, so the trace context is the caller's at the time of the call.
+        _tracing.inject(headers)
         return headers
 
 
