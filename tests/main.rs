@@ -31,3 +31,4 @@ mod replay;
 mod sandbox;
 mod soak;
 mod step_parts;
+mod telemetry;

@@ -130,7 +130,8 @@ fn install_sdks(root: &Path) -> Result<()> {
 /// What the end-to-end tests drive besides the provider SDKs (the official OpenAI and Anthropic
 /// clients, pinned, into tests/sdk_loops), each installed (pinned, idempotent) by its own
 /// script: the client libraries built as packages and installed from those artifacts, the
-/// headless browser for the inspector, PostgreSQL and HAProxy, the MCP servers.
+/// headless browser for the inspector, PostgreSQL and HAProxy, the MCP servers, the OpenAPI
+/// tools, and Arize Phoenix for the telemetry test.
 const TEST_INSTALLERS: &[(&str, &str)] = &[
     ("sdk/clients/python/install.sh", "the Python client"),
     ("sdk/clients/typescript/install.sh", "the TypeScript client"),
@@ -140,6 +141,10 @@ const TEST_INSTALLERS: &[(&str, &str)] = &[
     (
         "tests/openapi/install.sh",
         "openapi-spec-validator and schemathesis",
+    ),
+    (
+        "tests/telemetry/install.sh",
+        "Arize Phoenix (the trace backend)",
     ),
 ];
 

@@ -9,7 +9,11 @@
 //! - `LOAD_STORE=postgres`: each scenario also runs on PostgreSQL (a server of its own, started
 //!   by the bench as tests/postgres/harness.rs does) with 1 and with 2 daemons, beside SQLite;
 //!   with 2, each client sends its steps to the daemons in turn (every step moves), and the
-//!   daemon CPU is both daemons' (PostgreSQL's own is not counted).
+//!   daemon CPU is both daemons' (PostgreSQL's own is not counted);
+//! - `LOAD_TELEMETRY=1`: each scenario also runs with `[telemetry]` on, exporting over OTLP/HTTP
+//!   to a minimal sink in this process (it answers every export; its CPU counts as the
+//!   client's), with 10% of sessions sampled, and with telemetry on and the collector down
+//!   (connections refused).
 //!
 //! Method: per scenario and binary, a fresh `promptd serve --listen 127.0.0.1:0 --no-watch`
 //! with the four bundled Rust plugins (identity, persona, tools, workspace) and a fresh state
@@ -105,7 +109,17 @@ impl Measured {
 #[derive(Clone)]
 enum Store {
     Sqlite,
-    Postgres { url: String, daemons: usize },
+    Postgres {
+        url: String,
+        daemons: usize,
+    },
+    /// SQLite, with `[telemetry]` on, exporting to `endpoint` (`down`: nothing listens there),
+    /// tracing `ratio` of the sessions.
+    Telemetry {
+        endpoint: String,
+        down: bool,
+        ratio: f64,
+    },
 }
 
 impl Store {
@@ -113,8 +127,56 @@ impl Store {
         match self {
             Store::Sqlite => "sqlite".into(),
             Store::Postgres { daemons, .. } => format!("postgres x{daemons}"),
+            Store::Telemetry {
+                down: false, ratio, ..
+            } if *ratio < 1.0 => format!("telemetry on, {:.0}% sampled", ratio * 100.0),
+            Store::Telemetry { down: false, .. } => "telemetry on".into(),
+            Store::Telemetry { down: true, .. } => "telemetry on, collector down".into(),
         }
     }
+}
+
+/// A minimal OTLP/HTTP collector on loopback for `LOAD_TELEMETRY=1`: it reads each export and
+/// answers 200 with an empty (valid) protobuf response, so the daemon's own cost is measured,
+/// not a trace backend's. Returns its base URL; it lives as long as the process.
+fn otlp_sink() -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the OTLP sink");
+    let url = format!("http://{}", listener.local_addr().expect("sink address"));
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                let mut conn = conn;
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let reply = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if conn.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
 }
 
 /// One thread's steps: a new session every 100 steps, `send` decides when each step goes;
@@ -239,6 +301,20 @@ fn measure(
 ) -> Measured {
     let (config, count) = match store {
         Store::Sqlite => (plugins.join("promptd.toml"), 1),
+        Store::Telemetry {
+            endpoint,
+            down,
+            ratio,
+        } => {
+            let config = plugins.join(format!("promptd-telemetry-{down}-{ratio}.toml"));
+            let text = std::fs::read_to_string(plugins.join("promptd.toml")).unwrap();
+            std::fs::write(
+                &config,
+                format!("{text}\n[telemetry]\nenabled = true\nendpoint = \"{endpoint}\"\nmetrics = false\nsample_ratio = {ratio:?}\n"),
+            )
+            .unwrap();
+            (config, 1)
+        }
         Store::Postgres { url, daemons } => {
             let config = plugins.join("promptd-postgres.toml");
             let text = std::fs::read_to_string(plugins.join("promptd.toml")).unwrap();
@@ -333,6 +409,29 @@ fn main() {
                 daemons,
             });
         }
+    }
+    // `LOAD_TELEMETRY=1`: each scenario also with telemetry on, exporting to a sink, and with
+    // telemetry on and the collector down (a port nothing listens on).
+    if std::env::var("LOAD_TELEMETRY").as_deref() == Ok("1") {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let sink = otlp_sink();
+        stores.push(Store::Telemetry {
+            endpoint: sink.clone(),
+            down: false,
+            ratio: 1.0,
+        });
+        stores.push(Store::Telemetry {
+            endpoint: sink,
+            down: false,
+            ratio: 0.1,
+        });
+        stores.push(Store::Telemetry {
+            endpoint: format!("http://{closed}"),
+            down: true,
+            ratio: 1.0,
+        });
     }
     println!("load: {secs} s per scenario, 4 Rust plugins, agent coder, new session every {STEPS_PER_SESSION} steps");
 

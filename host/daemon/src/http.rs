@@ -534,6 +534,7 @@ struct ListQuery {
 
 /// Opens a session for an agent.
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    params(("traceparent" = Option<String>, Header, description = "W3C trace context: with telemetry on, the spans join this trace (a malformed value is ignored)")),
     request_body = api::NewSession,
     responses((status = 201, description = "The new session", body = api::SessionCreated), api::Errors))]
 async fn create_session(
@@ -562,7 +563,7 @@ fn trace_parent(headers: &HeaderMap) -> Option<promptd_telemetry::Parent> {
 
 /// Runs a step: assembles, records the new messages, and returns the request body.
 #[utoipa::path(post, path = "/v1/sessions/{id}/steps", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id")),
+    params(("id" = String, Path, description = "The session's id"), ("traceparent" = Option<String>, Header, description = "W3C trace context: with telemetry on, the spans join this trace (a malformed value is ignored)")),
     request_body = api::StepBody,
     responses((status = 200, description = "The request body to send to the provider, the step's number and its measured size", body = api::StepReply), api::Errors))]
 async fn step(
@@ -696,7 +697,7 @@ async fn compact(
 /// Records the model's reply as the provider SDK returned it (OpenAI Chat Completions,
 /// OpenAI Responses or Anthropic Messages, or a neutral message), or a tool's output.
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id"), SentQuery),
+    params(("id" = String, Path, description = "The session's id"), SentQuery, ("traceparent" = Option<String>, Header, description = "W3C trace context: with telemetry on, the spans join this trace (a malformed value is ignored)")),
     request_body(content = api::ReplyBody, description = "A reply in any provider's own shape, or a neutral message such as `{\"role\": \"tool\", \"tool_call_id\", \"content\"}`"),
     responses((status = 201, description = "The recorded event's seq, and the tool calls a reply opened", body = api::RecordedMessage), api::Errors))]
 async fn record_message(

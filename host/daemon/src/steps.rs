@@ -241,9 +241,9 @@ impl Daemon {
             .telemetry()
             .filter(|t| t.sampled(id, parent.as_ref()))
             .cloned();
-        let timeline = telemetry.as_ref().map(|_| Timeline::default());
+        let timeline = telemetry.as_deref().map(Timeline::new);
         let mut record = telemetry.as_ref().map(|_| StepRecord {
-            session: id.to_string(),
+            session: Arc::from(id),
             format: Some(format),
             start: Some(SystemTime::now()),
             parent,
@@ -254,14 +254,14 @@ impl Daemon {
             _ => None,
         };
         let result = self.step_inner(id, input, format, since, cancelled, out, traced);
-        if let (Some(t), Some(mut record), Some(timeline)) = (telemetry, record, timeline) {
+        if let (Some(t), Some(mut record), Some(timeline)) = (&telemetry, record, timeline) {
             record.end = Some(SystemTime::now());
             record.timeline = timeline.take();
             record.request_bytes = out.len();
             if let Err(e) = &result {
                 record.error = Some((e.code().to_string(), e.to_string()));
             }
-            t.step(record);
+            t.step(record, result.as_ref().ok().map(|(_, usage)| usage));
         }
         let error = match &result {
             Err(DaemonError::Core(e)) => Some(e),
@@ -286,7 +286,7 @@ impl Daemon {
         since: Option<u64>,
         cancelled: &AtomicBool,
         out: &mut Pieces,
-        mut traced: Option<(&Timeline, &mut StepRecord)>,
+        mut traced: Option<(&Timeline<'_>, &mut StepRecord)>,
     ) -> Result<(u64, Usage)> {
         let gone = || {
             if cancelled.load(Ordering::Acquire) {
@@ -303,7 +303,9 @@ impl Daemon {
         let registry = self.registry();
         let plan = self.agent_plan(&taken.get().agent)?;
         if let Some((_, record)) = &mut traced {
-            record.agent = plan.agent.clone();
+            record.agent = self
+                .telemetry()
+                .map_or_else(|| Arc::from(""), |t| t.shared(&plan.agent));
             request_settings(&plan.model, format, record);
         }
         let cached = taken.get();
@@ -348,7 +350,6 @@ impl Daemon {
         if let Some((_, record)) = &mut traced {
             record.step = Some(n);
             record.header_reason = planned.header_reason.map(|r| r.as_str());
-            record.usage = Some(usage.clone());
             record.held = held.clone();
             if let Some(t) = self.telemetry().filter(|t| t.captures_content()) {
                 let _ = t;
@@ -451,10 +452,10 @@ impl Daemon {
         let Some(telemetry) = self.telemetry().cloned() else {
             return self.record_inner(id, message, usage, sent, None);
         };
-        let timeline = Timeline::default();
+        let timeline = Timeline::new(&telemetry);
         let reply = reply.unwrap_or_default();
         let mut record = RecordRecord {
-            session: id.to_string(),
+            session: Arc::from(id),
             role: match message {
                 Message::Assistant { .. } => "assistant",
                 Message::Tool { .. } => "tool",
@@ -485,7 +486,7 @@ impl Daemon {
         message: &Message,
         usage: Option<&promptd_core::formats::replies::ProviderUsage>,
         sent: Option<(Format, Option<u64>)>,
-        mut traced: Option<(&Timeline, &mut RecordRecord)>,
+        mut traced: Option<(&Timeline<'_>, &mut RecordRecord)>,
     ) -> Result<u64> {
         if matches!(message, Message::User { .. }) {
             self.agent_of(id)?;
@@ -499,7 +500,9 @@ impl Daemon {
         let mut taken = self.session(id)?;
         let plan = self.agent_plan(&taken.get().agent)?;
         if let Some((_, record)) = &mut traced {
-            record.agent = plan.agent.clone();
+            record.agent = self
+                .telemetry()
+                .map_or_else(|| Arc::from(""), |t| t.shared(&plan.agent));
             record.step = taken.get().state.steps();
         }
         let shown = &plan.tool_results;

@@ -12,13 +12,22 @@ use crate::Daemon;
 
 /// A step's or a record's stages and plugin calls, timed as core announces them, in the order
 /// they started.
-#[derive(Debug, Default)]
-pub(crate) struct Timeline {
+#[derive(Debug)]
+pub(crate) struct Timeline<'t> {
     /// The entries, and the indices of those started and not yet ended.
     entries: Mutex<(Vec<Timed>, Vec<usize>)>,
+    /// Where plugin ids and hashes are shared from.
+    telemetry: &'t Telemetry,
 }
 
-impl Timeline {
+impl<'t> Timeline<'t> {
+    pub(crate) fn new(telemetry: &'t Telemetry) -> Timeline<'t> {
+        Timeline {
+            entries: Mutex::new((Vec::with_capacity(16), Vec::with_capacity(4))),
+            telemetry,
+        }
+    }
+
     /// Adds `work`, done from `start` to now.
     pub(crate) fn push(&self, work: Work, start: SystemTime, failed: Option<String>) {
         let end = SystemTime::now();
@@ -36,7 +45,7 @@ impl Timeline {
     }
 }
 
-impl Observe for Timeline {
+impl Observe for Timeline<'_> {
     fn begin(&self, activity: &Activity<'_>) {
         let now = SystemTime::now();
         let work = match *activity {
@@ -46,13 +55,13 @@ impl Observe for Timeline {
                 sha256,
                 what,
             } => Work::Call {
-                plugin: plugin.to_string(),
-                sha256: sha256.map(str::to_string),
+                plugin: self.telemetry.shared(plugin),
+                sha256: sha256.map(|s| self.telemetry.shared(s)),
                 what,
             },
             Activity::Review { plugin, sha256 } => Work::Review {
-                plugin: plugin.to_string(),
-                sha256: sha256.map(str::to_string),
+                plugin: self.telemetry.shared(plugin),
+                sha256: sha256.map(|s| self.telemetry.shared(s)),
             },
             Activity::Budget => Work::Budget,
         };

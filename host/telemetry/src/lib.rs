@@ -89,7 +89,9 @@ struct Inner {
     scope: InstrumentationScope,
     ids: RandomIdGenerator,
     /// By session: its last step's span, until its reply is recorded.
-    waiting: Mutex<HashMap<String, Waiting>>,
+    waiting: Mutex<HashMap<Arc<str>, Waiting>>,
+    /// Keys and texts spans share.
+    keys: spans::Keys,
     /// The daemon's base URL in links (`public_url`, else where it listens).
     public_url: std::sync::RwLock<String>,
 }
@@ -170,7 +172,8 @@ impl Telemetry {
         .map_err(exporter_error("traces", &settings.traces_endpoint))?;
         exporter.set_resource(&resource);
         let counts = Arc::new(Counts::default());
-        let (sender, rx) = export::Sender::new(settings.queue_size, counts.clone());
+        let (sender, queue) =
+            export::Sender::new(settings.queue_size, settings.batch_size, counts.clone());
         let scope = InstrumentationScope::builder("promptd")
             .with_version(env!("CARGO_PKG_VERSION"))
             .with_schema_url(spans::semconv::SCHEMA_URL)
@@ -182,6 +185,7 @@ impl Telemetry {
             scope,
             ids: RandomIdGenerator::default(),
             waiting: Mutex::new(HashMap::new()),
+            keys: spans::Keys::default(),
             public_url: std::sync::RwLock::new(String::new()),
         });
         *inner.public_url.write().unwrap_or_else(|p| p.into_inner()) =
@@ -216,11 +220,9 @@ impl Telemetry {
         drop(_entered);
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         let worker = export::Worker {
-            rx,
+            queue,
             exporter,
             runtime: runtime.handle().clone(),
-            counts,
-            batch_size: inner.settings.batch_size,
             batch_delay: inner.settings.batch_delay,
             timeout: inner.settings.timeout,
             endpoint: inner.settings.traces_endpoint.clone(),
@@ -330,9 +332,14 @@ impl Telemetry {
         self.inner.sender.push(span);
     }
 
+    /// `text` as spans share it (a plugin id, a hash, an agent): made once, then referenced.
+    pub fn shared(&self, text: &str) -> Arc<str> {
+        self.inner.keys.text(text)
+    }
+
     /// A step ended: its `chat` span (waiting for the reply when it was served) and a span
-    /// for each stage and plugin call.
-    pub fn step(&self, r: StepRecord) {
+    /// for each stage and plugin call; `usage` is the request's size by part.
+    pub fn step(&self, r: StepRecord, usage: Option<&promptd_core::budget::Usage>) {
         let inner = &self.inner;
         let Some(place) = inner.place(&r.session, r.parent.as_ref()) else {
             return;
@@ -340,11 +347,17 @@ impl Telemetry {
         let now = SystemTime::now();
         let (start, end) = (r.start.unwrap_or(now), r.end.unwrap_or(now));
         let served = r.error.is_none();
+        if inner.sender.full() {
+            // The collector is behind or down: the spans would only be dropped.
+            inner.sender.dropped(r.timeline.len() as u64 + 1);
+            return;
+        }
         let id = match r.step {
             Some(n) if served => step_span(&r.session, n),
             _ => inner.ids.new_span_id(),
         };
-        inner.children(place.trace, id, &r.timeline);
+        let mut out = Vec::with_capacity(r.timeline.len() + 2);
+        inner.children(place.trace, id, &r.timeline, &mut out);
         let url = match (r.step, r.format) {
             (Some(n), Some(f)) if served => Some(format!(
                 "{}/v1/sessions/{}/steps/{n}/request?format={}",
@@ -358,7 +371,7 @@ impl Telemetry {
             Some(m) => format!("chat {m}"),
             None => "chat".to_string(),
         };
-        let attributes = spans::step_attributes(&r, url);
+        let attributes = spans::step_attributes(&r, usage, &inner.keys, url);
         let span = spans::span(
             &inner.scope,
             name,
@@ -389,12 +402,11 @@ impl Telemetry {
                     .flatten();
                 drop(all);
                 // A session's next step came first: its last one had no reply recorded.
-                for w in earlier.into_iter().chain(oldest) {
-                    inner.sender.push(without_reply(w));
-                }
+                out.extend(earlier.into_iter().chain(oldest).map(without_reply));
             }
-            _ => inner.sender.push(span),
+            _ => out.push(span),
         }
+        inner.sender.push_all(out);
     }
 
     /// A message was recorded (or refused): a `promptd.record` span with its review hooks and
@@ -405,6 +417,13 @@ impl Telemetry {
         let now = SystemTime::now();
         let (start, end) = (r.start.unwrap_or(now), r.end.unwrap_or(now));
         let reply = r.role == "assistant" && r.error.is_none();
+        if inner.sender.full() {
+            let waited = lock(&inner.waiting).remove(&*r.session).is_some();
+            inner
+                .sender
+                .dropped(r.timeline.len() as u64 + 1 + u64::from(waited));
+            return;
+        }
         let waiting = {
             let mut all = lock(&inner.waiting);
             match all.get(&r.session) {
@@ -451,18 +470,19 @@ impl Telemetry {
         } else {
             Vec::new()
         };
+        let mut out = Vec::with_capacity(r.timeline.len() + 2);
         match waiting {
             Some(mut w) => {
                 w.span.attributes.extend(reply_attributes);
                 w.span.attributes.push(kv("promptd.reply.recorded", true));
                 w.span.end_time = end.max(w.span.start_time);
-                inner.sender.push(w.span);
+                out.push(w.span);
             }
             None => attributes.extend(reply_attributes),
         }
         if let Some(place) = place {
             let id = inner.ids.new_span_id();
-            inner.children(place.trace, id, &r.timeline);
+            inner.children(place.trace, id, &r.timeline, &mut out);
             let mut span = spans::span(
                 &inner.scope,
                 format!("promptd.record {}", r.role),
@@ -487,8 +507,9 @@ impl Telemetry {
                         .push(opentelemetry::trace::Link::with_context(cx));
                 }
             }
-            inner.sender.push(span);
+            out.push(span);
         }
+        inner.sender.push_all(out);
     }
 
     /// Exports what is queued now (spans waiting for a reply stay), waiting at most `wait`.
@@ -499,9 +520,9 @@ impl Telemetry {
     /// Ends every waiting span, exports everything (within `wait`) and stops.
     pub fn shutdown(&self, wait: Duration) {
         let waiting: Vec<Waiting> = lock(&self.inner.waiting).drain().map(|(_, w)| w).collect();
-        for w in waiting {
-            self.inner.sender.push(without_reply(w));
-        }
+        self.inner
+            .sender
+            .push_all(waiting.into_iter().map(without_reply));
         self.inner.sender.flush(wait);
         if let Some(meters) = lock(&self.meters).take() {
             let _ = meters.shutdown_with_timeout(wait);
@@ -512,16 +533,8 @@ impl Telemetry {
 impl Drop for Telemetry {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(2));
-        // The worker stops at its next tick, once `inner` is gone.
-        let worker = lock(&self.worker).take();
-        let Some(inner) = Arc::into_inner(std::mem::replace(
-            &mut self.inner,
-            Arc::new(Inner::detached()),
-        )) else {
-            return;
-        };
-        drop(inner);
-        if let Some(worker) = worker {
+        self.inner.sender.close();
+        if let Some(worker) = lock(&self.worker).take() {
             let _ = worker.join();
         }
         if let Some(runtime) = lock(&self.runtime).take() {
@@ -537,38 +550,6 @@ fn without_reply(mut w: Waiting) -> SpanData {
 }
 
 impl Inner {
-    /// A stand-in after shutdown (its queue goes nowhere).
-    fn detached() -> Inner {
-        let counts = Arc::new(Counts::default());
-        let (sender, _) = export::Sender::new(1, counts.clone());
-        Inner {
-            settings: Settings {
-                protocol: Protocol::HttpProtobuf,
-                traces_endpoint: String::new(),
-                metrics_endpoint: String::new(),
-                headers: Default::default(),
-                service_name: String::new(),
-                resource: Default::default(),
-                sample_ratio: 0.0,
-                batch_size: 1,
-                queue_size: 1,
-                batch_delay: Duration::ZERO,
-                timeout: Duration::ZERO,
-                capture_content: false,
-                metrics: false,
-                metrics_interval: Duration::ZERO,
-                reply_wait: Duration::ZERO,
-                public_url: String::new(),
-            },
-            sender,
-            counts,
-            scope: InstrumentationScope::builder("promptd").build(),
-            ids: RandomIdGenerator::default(),
-            waiting: Mutex::new(HashMap::new()),
-            public_url: std::sync::RwLock::new(String::new()),
-        }
-    }
-
     fn public_url(&self) -> String {
         self.public_url
             .read()
@@ -598,7 +579,13 @@ impl Inner {
 
     /// A span for each timed piece of work under `parent`; a plugin call under the assembly
     /// it happened in.
-    fn children(&self, trace: TraceId, parent: SpanId, timeline: &[Timed]) {
+    fn children(
+        &self,
+        trace: TraceId,
+        parent: SpanId,
+        timeline: &[Timed],
+        out: &mut Vec<SpanData>,
+    ) {
         let mut assembly: Option<(SpanId, SystemTime, SystemTime)> = None;
         for t in timeline {
             let id = self.ids.new_span_id();
@@ -619,7 +606,7 @@ impl Inner {
                 parent: under,
                 remote: false,
             };
-            self.sender.push(spans::span(
+            out.push(spans::span(
                 &self.scope,
                 name,
                 SpanKind::Internal,
@@ -639,16 +626,14 @@ impl Inner {
             if all.is_empty() || all.values().all(|w| w.deadline > now) {
                 return;
             }
-            let keys: Vec<String> = all
+            let keys: Vec<Arc<str>> = all
                 .iter()
                 .filter(|(_, w)| w.deadline <= now)
                 .map(|(k, _)| k.clone())
                 .collect();
             keys.iter().filter_map(|k| all.remove(k)).collect()
         };
-        for w in expired {
-            self.sender.push(without_reply(w));
-        }
+        self.sender.push_all(expired.into_iter().map(without_reply));
     }
 }
 

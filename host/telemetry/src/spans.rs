@@ -5,6 +5,7 @@
 //! `openinference.span.kind`, `llm.*`).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use opentelemetry::trace::{
@@ -59,18 +60,18 @@ pub enum Work {
     /// One call into a plugin during assembly.
     Call {
         /// The plugin's id.
-        plugin: String,
+        plugin: Arc<str>,
         /// The SHA-256 of its file.
-        sha256: Option<String>,
+        sha256: Option<Arc<str>>,
         /// What was asked (`evaluate`, `section`, …).
         what: &'static str,
     },
     /// One review hook.
     Review {
         /// The hook's plugin id.
-        plugin: String,
+        plugin: Arc<str>,
         /// The SHA-256 of its file.
-        sha256: Option<String>,
+        sha256: Option<Arc<str>>,
     },
     /// Measuring against the budget and trimming history.
     Budget,
@@ -124,9 +125,9 @@ pub struct StepContent {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepRecord {
     /// The session.
-    pub session: String,
+    pub session: Arc<str>,
     /// Its agent.
-    pub agent: String,
+    pub agent: Arc<str>,
     /// The step's number; `None` when it was refused before it had one.
     pub step: Option<u64>,
     /// The format the request was rendered in.
@@ -151,8 +152,6 @@ pub struct StepRecord {
     pub cache_ttl: Option<String>,
     /// Against the previous step; `None` on the first.
     pub prefix: Option<PrefixFacts>,
-    /// The request's size by part (tokens of the agent's counter).
-    pub usage: Option<Usage>,
     /// What the step held back for a cache-cold point (K7).
     pub held: Vec<Held>,
     /// Bytes of the request body.
@@ -170,9 +169,9 @@ pub struct StepRecord {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RecordRecord {
     /// The session.
-    pub session: String,
+    pub session: Arc<str>,
     /// Its agent.
-    pub agent: String,
+    pub agent: Arc<str>,
     /// The step the message follows (the session's last).
     pub step: u64,
     /// The event's sequence number, when recorded.
@@ -286,8 +285,62 @@ pub(crate) fn status(error: Option<&(String, String)>) -> Status {
     }
 }
 
+/// Attribute keys and texts made once and shared: a section's key, a plugin's id and hash are
+/// the same every step, so a span takes a reference, not a copy (bounded: past its size the
+/// table starts again).
+#[derive(Debug, Default)]
+pub struct Keys {
+    #[allow(clippy::type_complexity)]
+    keys: std::sync::Mutex<
+        std::collections::HashMap<
+            &'static str,
+            std::collections::HashMap<Box<str>, opentelemetry::Key>,
+        >,
+    >,
+    texts: std::sync::Mutex<std::collections::HashMap<Box<str>, Arc<str>>>,
+}
+
+/// Most keys or texts a [`Keys`] holds.
+const MAX_KEYS: usize = 8192;
+
+impl Keys {
+    /// The key `prefix` + `name`.
+    pub fn get(&self, prefix: &'static str, name: &str) -> opentelemetry::Key {
+        let mut all = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let keys = all.entry(prefix).or_default();
+        if let Some(k) = keys.get(name) {
+            return k.clone();
+        }
+        if keys.len() >= MAX_KEYS {
+            keys.clear();
+        }
+        let key = opentelemetry::Key::from(format!("{prefix}{name}"));
+        keys.insert(name.into(), key.clone());
+        key
+    }
+
+    /// `text`, shared.
+    pub fn text(&self, text: &str) -> Arc<str> {
+        let mut texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = texts.get(text) {
+            return t.clone();
+        }
+        if texts.len() >= MAX_KEYS {
+            texts.clear();
+        }
+        let shared: Arc<str> = Arc::from(text);
+        texts.insert(text.into(), shared.clone());
+        shared
+    }
+}
+
 /// The attributes of a step's `chat` span known when the step is answered.
-pub(crate) fn step_attributes(r: &StepRecord, rebuild_url: Option<String>) -> Vec<KeyValue> {
+pub(crate) fn step_attributes(
+    r: &StepRecord,
+    usage: Option<&Usage>,
+    keys: &Keys,
+    rebuild_url: Option<String>,
+) -> Vec<KeyValue> {
     let mut a = Vec::with_capacity(40);
     a.push(kv(semconv::GEN_AI_OPERATION_NAME, "chat"));
     if let Some(format) = r.format {
@@ -354,7 +407,7 @@ pub(crate) fn step_attributes(r: &StepRecord, rebuild_url: Option<String>) -> Ve
             ));
         }
     }
-    if let Some(u) = &r.usage {
+    if let Some(u) = usage {
         a.push(kv("promptd.tokens.tokenizer", u.tokenizer.clone()));
         a.push(kv("promptd.tokens.total", int(u.total.tokens)));
         a.push(kv("promptd.tokens.system", int(u.system.tokens)));
@@ -368,16 +421,12 @@ pub(crate) fn step_attributes(r: &StepRecord, rebuild_url: Option<String>) -> Ve
             ));
         }
         for s in &u.sections {
-            a.push(kv(
-                format!("promptd.tokens.section.{}", s.name),
-                int(s.size.tokens),
-            ));
+            let key = keys.get("promptd.tokens.section.", &s.name);
+            a.push(KeyValue::new(key, int(s.size.tokens)));
         }
         for c in &u.contexts {
-            a.push(kv(
-                format!("promptd.tokens.context.{}", c.name),
-                int(c.size.tokens),
-            ));
+            let key = keys.get("promptd.tokens.context.", &c.name);
+            a.push(KeyValue::new(key, int(c.size.tokens)));
         }
         a.push(kv("promptd.messages", int(u.message_count)));
         if let Some(w) = u.window {
@@ -391,7 +440,7 @@ pub(crate) fn step_attributes(r: &StepRecord, rebuild_url: Option<String>) -> Ve
     a.push(kv("promptd.held.count", int(r.held.len())));
     if !r.held.is_empty() {
         a.push(kv(
-            "promptd.held",
+            "promptd.held.parts",
             strings(r.held.iter().map(|h| {
                 format!(
                     "{} `{}` of plugin `{}` since step {}",
@@ -502,8 +551,8 @@ pub(crate) fn reply_attributes(r: &RecordRecord) -> Vec<KeyValue> {
 
 /// The name and attributes of a timed piece of work's span.
 pub(crate) fn work_span(w: &Work) -> (Cow<'static, str>, Vec<KeyValue>) {
-    let plugin = |id: &str, sha: &Option<String>, a: &mut Vec<KeyValue>| {
-        a.push(kv("promptd.plugin.id", id.to_string()));
+    let plugin = |id: &Arc<str>, sha: &Option<Arc<str>>, a: &mut Vec<KeyValue>| {
+        a.push(kv("promptd.plugin.id", id.clone()));
         if let Some(sha) = sha {
             a.push(kv("promptd.plugin.sha256", sha.clone()));
         }
