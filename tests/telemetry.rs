@@ -641,38 +641,62 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
     );
     assert_eq!(attr(&steps[&4], "promptd.cache.gap_ms"), 600_000);
 
-    // Children of each step: the assembly, with one span per plugin call (id, sha256), the
-    // budget and the store append; the record of each reply under its step.
+    // Under each step: the assembly span, with one event per plugin call (id, sha256,
+    // duration); the budget and the store append as the step's events; the record of its
+    // reply (with its own append).
     for (n, s) in &steps {
         let id = &s["context"]["span_id"];
         let children: Vec<&Value> = spans.iter().filter(|c| &c["parent_id"] == id).collect();
         let names: Vec<&str> = children.iter().filter_map(|c| c["name"].as_str()).collect();
-        for want in [
-            "promptd.assemble",
-            "promptd.budget",
-            "promptd.store.append",
-            "promptd.record assistant",
-        ] {
+        for want in ["promptd.assemble", "promptd.record assistant"] {
             assert!(names.contains(&want), "step {n}: no {want} among {names:?}");
         }
+        let events =
+            |span: &Value| -> Vec<Value> { span["events"].as_array().cloned().unwrap_or_default() };
+        let step_events: Vec<String> = events(s)
+            .iter()
+            .filter_map(|e| e["name"].as_str().map(str::to_string))
+            .collect();
+        for want in ["promptd.budget", "promptd.store.append"] {
+            assert!(
+                step_events.iter().any(|e| e == want),
+                "step {n}: no {want} event in {step_events:?}"
+            );
+        }
+        let append = events(s)
+            .into_iter()
+            .find(|e| e["name"] == "promptd.store.append")
+            .unwrap();
+        assert_eq!(append["attributes"]["db.system.name"], "sqlite", "{append}");
+        assert!(
+            append["attributes"]["promptd.duration_ms"]
+                .as_f64()
+                .is_some(),
+            "{append}"
+        );
         let assembly = children
             .iter()
             .find(|c| c["name"] == "promptd.assemble")
             .expect("assembly");
-        let calls: Vec<&Value> = spans
-            .iter()
-            .filter(|c| c["parent_id"] == assembly["context"]["span_id"])
-            .collect();
-        assert!(!calls.is_empty(), "step {n}: no plugin call spans");
+        let calls = events(assembly);
+        assert!(
+            !calls.is_empty(),
+            "step {n}: no plugin call events in {assembly}"
+        );
         for c in &calls {
-            let plugin = attr(c, "promptd.plugin.id").as_str().expect("plugin id");
+            let plugin = c["attributes"]["promptd.plugin.id"]
+                .as_str()
+                .expect("plugin id");
             assert_eq!(c["name"], format!("promptd.plugin {plugin}"));
             assert_eq!(
-                attr(c, "promptd.plugin.sha256"),
+                c["attributes"]["promptd.plugin.sha256"],
                 plugins[plugin].as_str(),
                 "{c}"
             );
-            assert!(c["start_time"].as_str() <= c["end_time"].as_str());
+            assert!(
+                c["attributes"]["promptd.duration_ms"].as_f64().is_some(),
+                "{c}"
+            );
         }
     }
 
@@ -736,10 +760,10 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
 }
 
 #[test]
-fn e4_captured_content_is_exported_but_never_a_data_plugins_and_grpc_delivers_too() {
+fn e4_captured_content_is_exported_but_never_a_data_plugins_and_grpc_and_call_spans_deliver_too() {
     let phoenix = Phoenix::start();
     let folder = folder();
-    let grpc = "protocol = \"grpc\"\ncapture_content = true\n";
+    let grpc = "protocol = \"grpc\"\ncapture_content = true\ncall_spans = true\n";
     // Over gRPC, to Phoenix's gRPC receiver, with content captured.
     let cfg = config(&phoenix, "promptd-content", grpc).replace(
         &format!("endpoint = \"http://127.0.0.1:{}\"", phoenix.http),
@@ -763,6 +787,31 @@ fn e4_captured_content_is_exported_but_never_a_data_plugins_and_grpc_delivers_to
             .is_some_and(|s| attr(s, "promptd.reply.recorded") == true)
     });
     let step = &chat_steps(&spans, &c.id)[&1];
+    // With `call_spans`, each plugin call is a span under the assembly, the append one under
+    // the step.
+    let under = |parent: &Value| -> Vec<Value> {
+        spans
+            .iter()
+            .filter(|s| s["parent_id"] == parent["context"]["span_id"])
+            .cloned()
+            .collect()
+    };
+    let children = under(step);
+    let named = |all: &[Value], name: &str| all.iter().find(|s| s["name"] == name).cloned();
+    assert!(
+        named(&children, "promptd.store.append").is_some(),
+        "{children:?}"
+    );
+    assert!(named(&children, "promptd.budget").is_some(), "{children:?}");
+    let assembly = named(&children, "promptd.assemble").expect("the assembly");
+    let calls = under(&assembly);
+    assert!(
+        calls.iter().any(|c| c["name"] == "promptd.plugin documents"
+            && attr(c, "promptd.plugin.sha256")
+                .as_str()
+                .is_some_and(|h| h.len() == 64)),
+        "{calls:?}"
+    );
     let input = attr(step, "gen_ai.input.messages")
         .as_str()
         .expect("input messages");

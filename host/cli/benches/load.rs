@@ -40,8 +40,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use support::{
-    binaries, cpu_seconds, env_or, fmt_duration, fmt_mib, percentile, ratio, rust_plugin_folder,
-    scratch, small_step, Binary, Client, Daemon, Table,
+    binaries, cpu_seconds, env_or, fmt_duration, fmt_mib, otlp_sink, percentile, ratio,
+    rust_plugin_folder, scratch, small_step, Binary, Client, Daemon, Table,
 };
 
 const STEPS_PER_SESSION: u64 = 100;
@@ -134,49 +134,6 @@ impl Store {
             Store::Telemetry { down: true, .. } => "telemetry on, collector down".into(),
         }
     }
-}
-
-/// A minimal OTLP/HTTP collector on loopback for `LOAD_TELEMETRY=1`: it reads each export and
-/// answers 200 with an empty (valid) protobuf response, so the daemon's own cost is measured,
-/// not a trace backend's. Returns its base URL; it lives as long as the process.
-fn otlp_sink() -> String {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the OTLP sink");
-    let url = format!("http://{}", listener.local_addr().expect("sink address"));
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-                let mut conn = conn;
-                loop {
-                    let mut length = 0usize;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        let lower = line.to_ascii_lowercase();
-                        if let Some(v) = lower.strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap_or(0);
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    let reply = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                    if conn.write_all(reply.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    url
 }
 
 /// One thread's steps: a new session every 100 steps, `send` decides when each step goes;

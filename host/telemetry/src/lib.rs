@@ -357,7 +357,7 @@ impl Telemetry {
             _ => inner.ids.new_span_id(),
         };
         let mut out = Vec::with_capacity(r.timeline.len() + 2);
-        inner.children(place.trace, id, &r.timeline, &mut out);
+        let events = inner.children(place.trace, id, &r.timeline, &mut out);
         let url = match (r.step, r.format) {
             (Some(n), Some(f)) if served => Some(format!(
                 "{}/v1/sessions/{}/steps/{n}/request?format={}",
@@ -372,7 +372,7 @@ impl Telemetry {
             None => "chat".to_string(),
         };
         let attributes = spans::step_attributes(&r, usage, &inner.keys, url);
-        let span = spans::span(
+        let mut span = spans::span(
             &inner.scope,
             name,
             SpanKind::Client,
@@ -382,6 +382,7 @@ impl Telemetry {
             attributes,
             spans::status(r.error.as_ref()),
         );
+        span.events.events = events;
         match r.step {
             Some(step) if served && !inner.settings.reply_wait.is_zero() => {
                 let waiting = Waiting {
@@ -482,7 +483,7 @@ impl Telemetry {
         }
         if let Some(place) = place {
             let id = inner.ids.new_span_id();
-            inner.children(place.trace, id, &r.timeline, &mut out);
+            let events = inner.children(place.trace, id, &r.timeline, &mut out);
             let mut span = spans::span(
                 &inner.scope,
                 format!("promptd.record {}", r.role),
@@ -493,6 +494,7 @@ impl Telemetry {
                 attributes,
                 spans::status(r.error.as_ref()),
             );
+            span.events.events = events;
             if r.parent.is_some() {
                 if let Some(step) = step_place {
                     let cx = opentelemetry::trace::SpanContext::new(
@@ -533,10 +535,10 @@ impl Telemetry {
 impl Drop for Telemetry {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(2));
+        // The worker exports what is left and stops; it is not waited for, so an export
+        // stuck on a collector that is down never holds up the process (it times out alone).
         self.inner.sender.close();
-        if let Some(worker) = lock(&self.worker).take() {
-            let _ = worker.join();
-        }
+        drop(lock(&self.worker).take());
         if let Some(runtime) = lock(&self.runtime).take() {
             runtime.shutdown_background();
         }
@@ -579,24 +581,42 @@ impl Inner {
 
     /// A span for each timed piece of work under `parent`; a plugin call under the assembly
     /// it happened in.
+    /// The timed work of a step or record under `parent`: with `call_spans`, a span for each
+    /// piece (a plugin call under the assembly it happened in); by default only the assembly
+    /// is a span, and each plugin call is an event on it, each other piece an event on the
+    /// parent (returned): a third of the spans to encode and send per step.
     fn children(
         &self,
         trace: TraceId,
         parent: SpanId,
         timeline: &[Timed],
         out: &mut Vec<SpanData>,
-    ) {
-        let mut assembly: Option<(SpanId, SystemTime, SystemTime)> = None;
+    ) -> Vec<opentelemetry::trace::Event> {
+        let mut assembly: Option<(usize, SystemTime, SystemTime)> = None;
+        let mut parent_events = Vec::new();
         for t in timeline {
+            let inside = |a: Option<(usize, SystemTime, SystemTime)>| {
+                a.filter(|(_, s, e)| t.start >= *s && t.end <= *e)
+                    .map(|(i, _, _)| i)
+            };
+            let (name, attributes) = spans::work_span(&t.work);
+            let is_assembly = t.work == Work::Assembly;
+            if !self.settings.call_spans && !is_assembly {
+                let event = spans::work_event(name, attributes, t);
+                match (&t.work, inside(assembly)) {
+                    (Work::Call { .. }, Some(i)) => out[i].events.events.push(event),
+                    _ => parent_events.push(event),
+                }
+                continue;
+            }
             let id = self.ids.new_span_id();
-            let under = match (&t.work, assembly) {
-                (Work::Call { .. }, Some((a, s, e))) if t.start >= s && t.end <= e => a,
+            let under = match (&t.work, inside(assembly)) {
+                (Work::Call { .. }, Some(i)) => out[i].span_context.span_id(),
                 _ => parent,
             };
-            if t.work == Work::Assembly {
-                assembly = Some((id, t.start, t.end));
+            if is_assembly {
+                assembly = Some((out.len(), t.start, t.end));
             }
-            let (name, attributes) = spans::work_span(&t.work);
             let status = match &t.failed {
                 Some(why) => Status::error(why.clone()),
                 None => Status::Unset,
@@ -617,6 +637,7 @@ impl Inner {
                 status,
             ));
         }
+        parent_events
     }
 
     /// Exports the waiting spans whose reply did not come in time.

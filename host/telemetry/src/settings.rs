@@ -45,6 +45,9 @@ pub struct Settings {
     pub reply_wait: Duration,
     /// The daemon's base URL, for the rebuild route's link.
     pub public_url: String,
+    /// Each plugin call, the budget and the store append as a span of its own (else an
+    /// event on its parent).
+    pub call_spans: bool,
 }
 
 impl Settings {
@@ -166,6 +169,7 @@ impl Settings {
                 config.reply_wait_ms.unwrap_or(DEFAULT_REPLY_WAIT_MS),
             ),
             public_url,
+            call_spans: config.call_spans.unwrap_or(false),
         }))
     }
 }

@@ -549,6 +549,26 @@ pub(crate) fn reply_attributes(r: &RecordRecord) -> Vec<KeyValue> {
     a
 }
 
+/// A timed piece of work as an event on its parent: at its start, with its duration
+/// (`promptd.duration_ms`) and its failure (`error.message`).
+pub(crate) fn work_event(
+    name: Cow<'static, str>,
+    mut attributes: Vec<KeyValue>,
+    t: &Timed,
+) -> opentelemetry::trace::Event {
+    let ms = t
+        .end
+        .duration_since(t.start)
+        .unwrap_or_default()
+        .as_secs_f64()
+        * 1e3;
+    attributes.push(kv("promptd.duration_ms", ms));
+    if let Some(why) = &t.failed {
+        attributes.push(kv("error.message", why.clone()));
+    }
+    opentelemetry::trace::Event::new(name, t.start, attributes, 0)
+}
+
 /// The name and attributes of a timed piece of work's span.
 pub(crate) fn work_span(w: &Work) -> (Cow<'static, str>, Vec<KeyValue>) {
     let plugin = |id: &Arc<str>, sha: &Option<Arc<str>>, a: &mut Vec<KeyValue>| {

@@ -529,3 +529,52 @@ pub fn print_machine() {
         repo_root().join("target/bench-tmp").display()
     );
 }
+
+/// A minimal OTLP/HTTP collector on loopback for the telemetry benches: it reads each export and
+/// answers 200 with an empty (valid) protobuf response, so the daemon's own cost is measured,
+/// not a trace backend's. Returns its base URL; it lives as long as the process.
+pub fn otlp_sink() -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the OTLP sink");
+    let url = format!("http://{}", listener.local_addr().expect("sink address"));
+    // Named, so a bench can take the sink's CPU off its own figure.
+    let thread = || std::thread::Builder::new().name("otlp-sink".into());
+    let accept = thread().spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let served = thread().spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                let mut conn = conn;
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let reply = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if conn.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+            if served.is_err() {
+                return;
+            }
+        }
+    });
+    accept.expect("start the OTLP sink");
+    url
+}

@@ -90,6 +90,9 @@ pub struct TelemetryConfig {
     /// The daemon's address as span readers reach it, for the link to a step's rebuild route
     /// (default: the address it listens on).
     pub public_url: Option<String>,
+    /// Each plugin call, review hook, budget and store append as a span of its own (default
+    /// false: an event on its parent, a third of the spans to export).
+    pub call_spans: Option<bool>,
 }
 
 /// Default of `[telemetry] reply_wait_ms`.
