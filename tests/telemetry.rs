@@ -267,7 +267,7 @@ fn session<'a>(d: &'a Served, agent: &str, traceparent: Option<&str>) -> Client<
     Client { d, id, headers }
 }
 
-const T0: u64 = 1_790_000_000_000;
+const SENT: u64 = 1_790_000_000_000;
 const SECRET: &str = "ZEBRA-WALRUS-7741";
 const DATA_TEXT: &str = "RETRIEVED-QUOKKA-5512";
 
@@ -280,24 +280,24 @@ fn facts() -> Value {
 fn run_session(c: &Client<'_>, folder: &Folder) {
     c.step(
         json!([{"role": "user", "content": format!("List the files. {SECRET}")}]),
-        T0,
+        SENT,
         facts(),
     );
     c.reply(
         json!([{"type": "text", "text": format!("Looking. {SECRET}")},
                {"type": "tool_use", "id": "toolu_1", "name": "list_dir", "input": {"path": "."}}]),
         json!({"input_tokens": 40, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5000, "output_tokens": 20}),
-        T0,
+        SENT,
     );
     c.step(
         json!([{"role": "tool", "tool_call_id": "toolu_1", "content": format!("Cargo.toml {SECRET}")}]),
-        T0 + 10_000,
+        SENT + 10_000,
         facts(),
     );
     c.reply(
         json!([{"type": "text", "text": "Two files."}]),
         json!({"input_tokens": 60, "cache_read_input_tokens": 5000, "cache_creation_input_tokens": 100, "output_tokens": 10}),
-        T0 + 10_000,
+        SENT + 10_000,
     );
     let before = c.d.plugin("versioned")["sha256"].clone();
     put(
@@ -311,16 +311,16 @@ fn run_session(c: &Client<'_>, folder: &Folder) {
     });
     c.step(
         json!([{"role": "user", "content": "Thanks."}]),
-        T0 + 20_000,
+        SENT + 20_000,
         facts(),
     );
     c.reply(
         json!([{"type": "text", "text": "You're welcome."}]),
         json!({"input_tokens": 5200, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5200, "output_tokens": 5}),
-        T0 + 20_000,
+        SENT + 20_000,
     );
     // Ten minutes idle: past the 5-minute TTL.
-    let late = T0 + 20_000 + 600_000;
+    let late = SENT + 20_000 + 600_000;
     c.step(
         json!([{"role": "user", "content": "Still there?"}]),
         late,
@@ -424,11 +424,11 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
         "coder",
         Some(&format!("00-{client_trace}-00f067aa0ba902b7-01")),
     );
-    b.step(json!([{"role": "user", "content": "Hi."}]), T0, facts());
+    b.step(json!([{"role": "user", "content": "Hi."}]), SENT, facts());
     b.reply(
         json!([{"type": "text", "text": "Hello."}]),
         json!({"input_tokens": 10, "output_tokens": 2}),
-        T0,
+        SENT,
     );
 
     let spans = wait_for(
@@ -735,13 +735,13 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
     for i in 0..20 {
         c.step(
             json!([{"role": "user", "content": format!("step {i}")}]),
-            T0 + i,
+            SENT + i,
             facts(),
         );
         c.reply(
             json!([{"type": "text", "text": "ok"}]),
             json!({"input_tokens": 10, "output_tokens": 1}),
-            T0 + i,
+            SENT + i,
         );
     }
     assert!(
@@ -773,13 +773,13 @@ fn e4_captured_content_is_exported_but_never_a_data_plugins_and_grpc_and_call_sp
     let c = session(&d, "coder", None);
     c.step(
         json!([{"role": "user", "content": format!("Read it. {SECRET}")}]),
-        T0,
+        SENT,
         facts(),
     );
     c.reply(
         json!([{"type": "text", "text": format!("Done {SECRET}-OUT")}]),
         json!({"input_tokens": 40, "output_tokens": 3}),
-        T0,
+        SENT,
     );
     let spans = wait_for(&phoenix, &d, "promptd-content", "the captured step", |s| {
         chat_steps(s, &c.id)
