@@ -290,14 +290,16 @@ pub(crate) fn status(error: Option<&(String, String)>) -> Status {
 /// table starts again).
 #[derive(Debug, Default)]
 pub struct Keys {
+    /// Read by every step at once, written only on a miss: a read lock never waits on
+    /// another reader.
     #[allow(clippy::type_complexity)]
-    keys: std::sync::Mutex<
+    keys: std::sync::RwLock<
         std::collections::HashMap<
             &'static str,
             std::collections::HashMap<Box<str>, opentelemetry::Key>,
         >,
     >,
-    texts: std::sync::Mutex<std::collections::HashMap<Box<str>, Arc<str>>>,
+    texts: std::sync::RwLock<std::collections::HashMap<Box<str>, Arc<str>>>,
 }
 
 /// Most keys or texts a [`Keys`] holds.
@@ -306,11 +308,13 @@ const MAX_KEYS: usize = 8192;
 impl Keys {
     /// The key `prefix` + `name`.
     pub fn get(&self, prefix: &'static str, name: &str) -> opentelemetry::Key {
-        let mut all = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let keys = all.entry(prefix).or_default();
-        if let Some(k) = keys.get(name) {
+        let known = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = known.get(prefix).and_then(|keys| keys.get(name)) {
             return k.clone();
         }
+        drop(known);
+        let mut all = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        let keys = all.entry(prefix).or_default();
         if keys.len() >= MAX_KEYS {
             keys.clear();
         }
@@ -321,10 +325,12 @@ impl Keys {
 
     /// `text`, shared.
     pub fn text(&self, text: &str) -> Arc<str> {
-        let mut texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = texts.get(text) {
+        let known = self.texts.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = known.get(text) {
             return t.clone();
         }
+        drop(known);
+        let mut texts = self.texts.write().unwrap_or_else(|p| p.into_inner());
         if texts.len() >= MAX_KEYS {
             texts.clear();
         }
