@@ -16,6 +16,8 @@ mod ids;
 mod metrics;
 mod settings;
 pub mod spans;
+mod transport;
+mod wire;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanExporter as _};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData};
 use opentelemetry_sdk::Resource;
 use promptd_core::config::telemetry::Protocol;
 
@@ -54,6 +56,15 @@ pub enum TelemetryError {
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },
+    /// The trace transport could not be built (a bad endpoint or header).
+    #[error("the OTLP trace export to {endpoint}: {source}")]
+    Transport {
+        /// Where it would export.
+        endpoint: String,
+        /// What was wrong.
+        #[source]
+        source: transport::BuildError,
+    },
     /// The export thread or its runtime could not start.
     #[error("starting the export thread: {0}")]
     Thread(#[source] std::io::Error),
@@ -64,7 +75,9 @@ impl TelemetryError {
     pub fn code(&self) -> &'static str {
         match self {
             TelemetryError::Config(_) => "telemetry_config",
-            TelemetryError::Exporter { .. } => "telemetry_exporter",
+            TelemetryError::Exporter { .. } | TelemetryError::Transport { .. } => {
+                "telemetry_exporter"
+            }
             TelemetryError::Thread(_) => "telemetry_thread",
         }
     }
@@ -155,22 +168,21 @@ impl Telemetry {
         };
         // The gRPC client needs the runtime's reactor when it is built.
         let _entered = runtime.enter();
-        let mut exporter = match settings.protocol {
-            Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_endpoint(settings.traces_endpoint.clone())
-                .with_timeout(timeout)
-                .with_headers(headers.clone())
-                .build(),
-            Protocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(settings.traces_endpoint.clone())
-                .with_timeout(timeout)
-                .with_metadata(metadata(&headers))
-                .build(),
-        }
-        .map_err(exporter_error("traces", &settings.traces_endpoint))?;
-        exporter.set_resource(&resource);
+        let headers_list: Vec<(String, String)> = settings
+            .trace_headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let transport = transport::Transport::new(
+            settings.protocol,
+            &settings.traces_endpoint,
+            &headers_list,
+            timeout,
+        )
+        .map_err(|source| TelemetryError::Transport {
+            endpoint: settings.traces_endpoint.clone(),
+            source,
+        })?;
         let counts = Arc::new(Counts::default());
         let (sender, queue) =
             export::Sender::new(settings.queue_size, settings.batch_size, counts.clone());
@@ -221,7 +233,8 @@ impl Telemetry {
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         let worker = export::Worker {
             queue,
-            exporter,
+            transport,
+            resource,
             runtime: runtime.handle().clone(),
             batch_delay: inner.settings.batch_delay,
             timeout: inner.settings.timeout,

@@ -19,8 +19,11 @@ pub struct Settings {
     pub traces_endpoint: String,
     /// Where metrics go (for OTLP/HTTP, with `/v1/metrics`).
     pub metrics_endpoint: String,
-    /// The config's headers (the exporter adds `OTEL_EXPORTER_OTLP_HEADERS` itself).
+    /// The config's headers (the metrics exporter adds `OTEL_EXPORTER_OTLP_HEADERS` itself).
     pub headers: BTreeMap<String, String>,
+    /// The headers on every trace export: `OTEL_EXPORTER_OTLP_HEADERS`, then
+    /// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, then the config's; a later one of a name wins.
+    pub trace_headers: BTreeMap<String, String>,
     /// `service.name`.
     pub service_name: String,
     /// More resource attributes from the config (the SDK adds `OTEL_RESOURCE_ATTRIBUTES`).
@@ -142,11 +145,22 @@ impl Settings {
             Some(url) => url.trim_end_matches('/').to_string(),
             None => format!("http://{listen}"),
         };
+        let mut trace_headers = BTreeMap::new();
+        for name in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        ] {
+            if let Some(v) = var(name) {
+                trace_headers.extend(parse_headers(&v).map_err(|why| bad(name, &v, &why))?);
+            }
+        }
+        trace_headers.extend(config.headers.clone());
         Ok(Some(Settings {
             protocol,
             traces_endpoint,
             metrics_endpoint,
             headers: config.headers.clone(),
+            trace_headers,
             service_name: config
                 .service_name
                 .clone()
@@ -172,6 +186,45 @@ impl Settings {
             call_spans: config.call_spans.unwrap_or(false),
         }))
     }
+}
+
+/// `OTEL_EXPORTER_OTLP_HEADERS`'s form: `name=value` pairs split by commas, each value
+/// percent-encoded (the OpenTelemetry environment specification).
+fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("`{pair}` is not name=value"))?;
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(format!("`{pair}` has no name"));
+            }
+            Ok((name.to_string(), percent_decoded(value.trim())?))
+        })
+        .collect()
+}
+
+fn percent_decoded(value: &str) -> Result<String, String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = value
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("`{value}` has a `%` not followed by two hex digits"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("`{value}` decodes to bytes that are not UTF-8"))
 }
 
 #[cfg(test)]
@@ -298,6 +351,50 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn trace_headers_come_from_the_environment_then_the_config() {
+        let s = resolve(
+            "[telemetry]\nenabled = true\nheaders = { tenant = \"from-config\" }\n",
+            &[
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    " api-key = a%20b%2Cc , tenant=env ,",
+                ),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "api-key=traces-only"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        let headers: Vec<(&str, &str)> = s
+            .trace_headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            headers,
+            [("api-key", "traces-only"), ("tenant", "from-config")]
+        );
+        let s = resolve(
+            "[telemetry]\nenabled = true\n",
+            &[("OTEL_EXPORTER_OTLP_HEADERS", "api-key=a%20b%2Cc")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s.trace_headers.get("api-key").map(String::as_str),
+            Some("a b,c")
+        );
+        for bad in ["novalue", "=x", "k=%zz", "k=%ff"] {
+            let e = resolve(
+                "[telemetry]\nenabled = true\n",
+                &[("OTEL_EXPORTER_OTLP_HEADERS", bad)],
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{bad}: {e}");
         }
     }
 }
