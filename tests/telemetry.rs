@@ -568,6 +568,17 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
             "{}",
             say("tool tokens")
         );
+        // A tool group: the tools one plugin gives (`tools` gives four, `versioned` one).
+        let group = |plugin: &str| {
+            attr(s, &format!("promptd.tokens.tool_group.{plugin}"))
+                .as_i64()
+                .unwrap_or(0)
+        };
+        assert!(
+            group("tools") > group("versioned") && group("versioned") > 0,
+            "{}",
+            say("tool group tokens")
+        );
         assert!(
             attr(s, "promptd.tokens.context.documents:retrieved")
                 .as_i64()

@@ -177,9 +177,9 @@ pub struct Daemon {
     held: Mutex<BTreeMap<String, Vec<promptd_core::held::Held>>>,
     /// OpenTelemetry export, when `[telemetry]` enables it (set once, at start).
     telemetry: std::sync::OnceLock<Arc<promptd_telemetry::Telemetry>>,
-    /// The SHA-256 and size of each session's system prompt, as its last header recorded it
-    /// (for spans; bounded, refilled on a miss).
-    system_hashes: Mutex<std::collections::HashMap<String, (String, usize)>>,
+    /// What spans say of each session's last header: its system prompt's SHA-256 and size,
+    /// its tool groups' tokens (bounded, refilled on a miss).
+    header_facts: Mutex<std::collections::HashMap<String, Arc<telemetry::HeaderFacts>>>,
 }
 
 /// Milliseconds since the Unix epoch, by the system clock.
@@ -231,7 +231,7 @@ impl Daemon {
             replays: Mutex::new(()),
             held: Mutex::new(BTreeMap::new()),
             telemetry: std::sync::OnceLock::new(),
-            system_hashes: Mutex::new(std::collections::HashMap::new()),
+            header_facts: Mutex::new(std::collections::HashMap::new()),
             fleet: Mutex::new(fleet::Fleet {
                 follow: config.fleet.follow,
                 ..fleet::Fleet::default()

@@ -871,7 +871,15 @@ impl Daemon {
                 .cache_ttl
                 .and_then(|t| serde_json::to_value(t).ok())
                 .and_then(|v| v.as_str().map(str::to_string));
-            record.system = Some(self.system_hash(id, &h.system, record.header_reason.is_some()));
+            let facts = self.header_facts(
+                id,
+                h,
+                state.provenance(),
+                plan.counter.as_ref(),
+                record.header_reason.is_some(),
+            );
+            record.system = Some(facts.system.clone());
+            record.tool_groups = facts.tool_groups.clone();
             if let Some(content) = &mut record.content {
                 content.system = Some(h.system.clone());
             }

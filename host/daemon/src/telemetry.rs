@@ -1,10 +1,14 @@
 //! What the daemon tells telemetry (`promptd-telemetry`): a step's and a record's stages as
 //! core announces them ([`Timeline`]), and the facts of each, as plain records.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use promptd_core::budget::{Counter, Size};
+use promptd_core::conversation::Header;
 use promptd_core::observe::{Activity, Observe};
+use promptd_core::provenance::Provenance;
 use promptd_core::sync::lock;
 use promptd_telemetry::{Sample, Telemetry, Timed, Work};
 
@@ -87,8 +91,8 @@ impl Observe for Timeline<'_> {
     }
 }
 
-/// Most sessions whose system prompt hash is kept (past it the map starts again).
-const MAX_SYSTEM_HASHES: usize = 4096;
+/// Most sessions whose header facts are kept (past it the map starts again).
+const MAX_HEADER_FACTS: usize = 4096;
 
 impl Daemon {
     /// Exports steps with `telemetry` from now on (once: a second call is ignored).
@@ -109,23 +113,65 @@ impl Daemon {
         samples
     }
 
-    /// The SHA-256 (hex) and size of `system`, session `id`'s system prompt; computed when its
-    /// header is new (`fresh`) or not known here.
-    pub(crate) fn system_hash(&self, id: &str, system: &str, fresh: bool) -> (String, usize) {
+    /// What spans say of session `id`'s header `header`: computed when it is new (`fresh`)
+    /// or not known here, else the last one's.
+    pub(crate) fn header_facts(
+        &self,
+        id: &str,
+        header: &Header,
+        provenance: Option<&Provenance>,
+        counter: &dyn Counter,
+        fresh: bool,
+    ) -> Arc<HeaderFacts> {
         if !fresh {
-            if let Some(known) = lock(&self.system_hashes).get(id) {
+            if let Some(known) = lock(&self.header_facts).get(id) {
                 return known.clone();
             }
         }
-        use sha2::Digest;
-        let digest = sha2::Sha256::digest(system.as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let known = (hex, system.len());
-        let mut all = lock(&self.system_hashes);
-        if all.len() >= MAX_SYSTEM_HASHES && !all.contains_key(id) {
+        let known = Arc::new(HeaderFacts::of(header, provenance, counter, |p| {
+            self.telemetry()
+                .map_or_else(|| Arc::from(p), |t| t.shared(p))
+        }));
+        let mut all = lock(&self.header_facts);
+        if all.len() >= MAX_HEADER_FACTS && !all.contains_key(id) {
             all.clear();
         }
         all.insert(id.to_string(), known.clone());
         known
+    }
+}
+
+/// What a step's span says of its header, computed once per header.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct HeaderFacts {
+    /// The system prompt's SHA-256 (hex) and bytes.
+    pub(crate) system: (String, usize),
+    /// Each plugin's tools (name, description, schema) in tokens, by plugin id, sorted.
+    pub(crate) tool_groups: Arc<Vec<(Arc<str>, u64)>>,
+}
+
+impl HeaderFacts {
+    fn of(
+        header: &Header,
+        provenance: Option<&Provenance>,
+        counter: &dyn Counter,
+        shared: impl Fn(&str) -> Arc<str>,
+    ) -> HeaderFacts {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(header.system.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
+        for tool in &header.tools {
+            let plugin = provenance
+                .and_then(|p| p.tools.iter().find(|g| g.name == tool.name))
+                .map_or("unknown", |g| g.plugin.as_str());
+            let schema = tool.parameters.to_string();
+            let text = [tool.name.as_str(), &tool.description, &schema].join("\n");
+            *groups.entry(plugin).or_default() += Size::of(&text, counter).tokens as u64;
+        }
+        HeaderFacts {
+            system: (hex, header.system.len()),
+            tool_groups: Arc::new(groups.into_iter().map(|(p, t)| (shared(p), t)).collect()),
+        }
     }
 }

@@ -158,6 +158,9 @@ pub struct StepRecord {
     pub request_bytes: usize,
     /// SHA-256 of the system prompt, and its bytes.
     pub system: Option<(String, usize)>,
+    /// Each tool group's tokens: the tools one plugin gives (name, description and schema),
+    /// by plugin id, in the agent's tokenizer.
+    pub tool_groups: Arc<Vec<(Arc<str>, u64)>>,
     /// The client's trace context.
     pub parent: Option<crate::Parent>,
     /// Texts, when captured.
@@ -433,6 +436,10 @@ pub(crate) fn step_attributes(
         for c in &u.contexts {
             let key = keys.get("promptd.tokens.context.", &c.name);
             a.push(KeyValue::new(key, int(c.size.tokens)));
+        }
+        for (plugin, tokens) in r.tool_groups.iter() {
+            let key = keys.get("promptd.tokens.tool_group.", plugin);
+            a.push(KeyValue::new(key, int(*tokens)));
         }
         a.push(kv("promptd.messages", int(u.message_count)));
         if let Some(w) = u.window {
