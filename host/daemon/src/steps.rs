@@ -237,13 +237,14 @@ impl Daemon {
         parent: Option<promptd_telemetry::Parent>,
     ) -> Result<(u64, Usage)> {
         let started = Instant::now();
-        let telemetry = self
+        let sampled = self
             .telemetry()
-            .filter(|t| t.sampled(id, parent.as_ref()))
-            .cloned();
+            .and_then(|t| Some((t.clone(), t.sample(id, parent.as_ref())?)));
+        let (telemetry, sampled) = sampled.unzip();
         let timeline = telemetry.as_deref().map(Timeline::new);
-        let mut record = telemetry.as_ref().map(|_| StepRecord {
+        let mut record = sampled.map(|sampled| StepRecord {
             session: Arc::from(id),
+            sampled: Some(sampled),
             format: Some(format),
             start: Some(SystemTime::now()),
             parent,

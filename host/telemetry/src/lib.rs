@@ -35,7 +35,7 @@ pub use export::Counts;
 pub use ids::{ratio_sampled, session_span, session_trace, step_span, Parent};
 pub use metrics::{Sample, Source};
 pub use settings::Settings;
-pub use spans::{PrefixFacts, RecordRecord, StepContent, StepRecord, Timed, Work};
+pub use spans::{PrefixFacts, RecordRecord, Sampled, StepContent, StepRecord, Timed, Work};
 
 use spans::{kv, Place};
 
@@ -296,6 +296,12 @@ impl Telemetry {
         self.inner.place(session, parent).is_some()
     }
 
+    /// Where session `session`'s spans (with the client's context `parent`) go, when they are
+    /// exported: hand it to [`Telemetry::step`] in [`StepRecord::sampled`].
+    pub fn sample(&self, session: &str, parent: Option<&Parent>) -> Option<Sampled> {
+        self.inner.place(session, parent).map(Sampled)
+    }
+
     /// A session was created: its `invoke_agent` span, the parent of its steps' spans (a
     /// client's trace context is linked, not followed: the session's trace is its own).
     pub fn session_created(
@@ -354,7 +360,11 @@ impl Telemetry {
     /// for each stage and plugin call; `usage` is the request's size by part.
     pub fn step(&self, r: StepRecord, usage: Option<&promptd_core::budget::Usage>) {
         let inner = &self.inner;
-        let Some(place) = inner.place(&r.session, r.parent.as_ref()) else {
+        let Some(place) = r
+            .sampled
+            .map(|s| s.0)
+            .or_else(|| inner.place(&r.session, r.parent.as_ref()))
+        else {
             return;
         };
         let now = SystemTime::now();

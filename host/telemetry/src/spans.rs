@@ -6,6 +6,8 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 use std::time::SystemTime;
 
 use opentelemetry::trace::{
@@ -158,6 +160,9 @@ pub struct StepRecord {
     pub request_bytes: usize,
     /// SHA-256 of the system prompt, and its bytes.
     pub system: Option<(String, usize)>,
+    /// Where the step's spans go, when the caller asked already ([`crate::Telemetry::sample`]):
+    /// the ids are hashes, not computed twice.
+    pub sampled: Option<Sampled>,
     /// Each tool group's tokens: the tools one plugin gives (name, description and schema),
     /// by plugin id, in the agent's tokenizer.
     pub tool_groups: Arc<Vec<(Arc<str>, u64)>>,
@@ -239,12 +244,16 @@ fn int(n: impl TryInto<i64>) -> Value {
 }
 
 /// Where a span sits: its trace, its parent and whether that parent is another process's.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Place {
     pub trace: TraceId,
     pub parent: SpanId,
     pub remote: bool,
 }
+
+/// A session (or a client's trace) that is sampled, and where its spans go.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampled(pub(crate) Place);
 
 /// Builds one finished span.
 #[allow(clippy::too_many_arguments)]
@@ -295,14 +304,10 @@ pub(crate) fn status(error: Option<&(String, String)>) -> Status {
 pub struct Keys {
     /// Read by every step at once, written only on a miss: a read lock never waits on
     /// another reader.
-    #[allow(clippy::type_complexity)]
-    keys: std::sync::RwLock<
-        std::collections::HashMap<
-            &'static str,
-            std::collections::HashMap<Box<str>, opentelemetry::Key>,
-        >,
-    >,
-    texts: std::sync::RwLock<std::collections::HashMap<Box<str>, Arc<str>>>,
+    /// (Fx hashing: a step looks up a dozen keys and texts, and SipHash was most of it; the
+    /// texts are plugin ids, hashes and part names, few and bounded by [`MAX_KEYS`].)
+    keys: std::sync::RwLock<FxHashMap<&'static str, FxHashMap<Box<str>, opentelemetry::Key>>>,
+    texts: std::sync::RwLock<FxHashMap<Box<str>, Arc<str>>>,
 }
 
 /// Most keys or texts a [`Keys`] holds.

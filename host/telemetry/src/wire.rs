@@ -3,7 +3,7 @@
 //!
 //! Why not opentelemetry-otlp's span exporter: it first copies every span into
 //! opentelemetry-proto's message structs (each attribute key and value allocated again) and
-//! then encodes those; measured, that copy was about half of what telemetry cost a step
+//! then encodes those; measured in process, that copy was about 40% of telemetry's CPU
 //! (BENCHMARKS.md, issue 34). Here each message's length is computed from the span as it is,
 //! then its fields are written once, with prost's wire primitives. The bytes decode to what the
 //! SDK's own conversion makes, field for field (tested below against it).
