@@ -358,8 +358,13 @@ mod tests {
             .expect("runtime");
         let transport = {
             let _in = runtime.enter();
-            Transport::new(Protocol::HttpProtobuf, &url, &[], Duration::from_secs(2))
-                .expect("transport")
+            Transport::new(
+                Protocol::HttpProtobuf,
+                &url,
+                &Default::default(),
+                Duration::from_secs(2),
+            )
+            .expect("transport")
         };
         let counts = Arc::new(Counts::default());
         let (sender, queue) = Sender::new(20, 5, counts.clone());

@@ -168,15 +168,10 @@ impl Telemetry {
         };
         // The gRPC client needs the runtime's reactor when it is built.
         let _entered = runtime.enter();
-        let headers_list: Vec<(String, String)> = settings
-            .trace_headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
         let transport = transport::Transport::new(
             settings.protocol,
             &settings.traces_endpoint,
-            &headers_list,
+            &settings.trace_headers,
             timeout,
         )
         .map_err(|source| TelemetryError::Transport {
@@ -291,13 +286,8 @@ impl Telemetry {
         lock(&self.inner.waiting).len()
     }
 
-    /// Whether session `session`'s spans (with the client's context `parent`) are exported.
-    pub fn sampled(&self, session: &str, parent: Option<&Parent>) -> bool {
-        self.inner.place(session, parent).is_some()
-    }
-
-    /// Where session `session`'s spans (with the client's context `parent`) go, when they are
-    /// exported: hand it to [`Telemetry::step`] in [`StepRecord::sampled`].
+    /// Where session `session`'s spans (with the client's context `parent`) go, `None` when
+    /// they are not exported: hand it to [`Telemetry::step`] in [`StepRecord::sampled`].
     pub fn sample(&self, session: &str, parent: Option<&Parent>) -> Option<Sampled> {
         self.inner.place(session, parent).map(Sampled)
     }

@@ -6,8 +6,6 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-
-use rustc_hash::FxHashMap;
 use std::time::SystemTime;
 
 use opentelemetry::trace::{
@@ -304,10 +302,14 @@ pub(crate) fn status(error: Option<&(String, String)>) -> Status {
 pub struct Keys {
     /// Read by every step at once, written only on a miss: a read lock never waits on
     /// another reader.
-    /// (Fx hashing: a step looks up a dozen keys and texts, and SipHash was most of it; the
-    /// texts are plugin ids, hashes and part names, few and bounded by [`MAX_KEYS`].)
-    keys: std::sync::RwLock<FxHashMap<&'static str, FxHashMap<Box<str>, opentelemetry::Key>>>,
-    texts: std::sync::RwLock<FxHashMap<Box<str>, Arc<str>>>,
+    #[allow(clippy::type_complexity)]
+    keys: std::sync::RwLock<
+        std::collections::HashMap<
+            &'static str,
+            std::collections::HashMap<Box<str>, opentelemetry::Key>,
+        >,
+    >,
+    texts: std::sync::RwLock<std::collections::HashMap<Box<str>, Arc<str>>>,
 }
 
 /// Most keys or texts a [`Keys`] holds.

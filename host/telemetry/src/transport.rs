@@ -2,6 +2,7 @@
 //! OTLP/HTTP (`application/x-protobuf`), or the `TraceService/Export` call over gRPC, with the
 //! configured headers, within the export timeout.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use promptd_core::config::telemetry::Protocol;
@@ -21,9 +22,9 @@ pub struct BuildError(String);
 /// One collector's trace endpoint, connected lazily.
 pub(crate) enum Transport {
     Http {
+        /// Sends the headers (the configured ones and the content type) on every request.
         client: reqwest::Client,
         url: String,
-        headers: reqwest::header::HeaderMap,
     },
     Grpc {
         channel: Channel,
@@ -37,7 +38,7 @@ impl Transport {
     pub(crate) fn new(
         protocol: Protocol,
         endpoint: &str,
-        headers: &[(String, String)],
+        headers: &BTreeMap<String, String>,
         timeout: Duration,
     ) -> Result<Transport, BuildError> {
         match protocol {
@@ -55,13 +56,13 @@ impl Transport {
                     reqwest::header::HeaderValue::from_static("application/x-protobuf"),
                 );
                 let client = reqwest::Client::builder()
+                    .default_headers(map)
                     .timeout(timeout)
                     .build()
                     .map_err(|e| BuildError(format!("the HTTP client: {e}")))?;
                 Ok(Transport::Http {
                     client,
                     url: endpoint.to_string(),
-                    headers: map,
                 })
             }
             Protocol::Grpc => {
@@ -88,14 +89,9 @@ impl Transport {
     /// Sends one encoded request; the error says what the collector or the connection said.
     pub(crate) async fn send(&self, body: Vec<u8>) -> Result<(), String> {
         match self {
-            Transport::Http {
-                client,
-                url,
-                headers,
-            } => {
+            Transport::Http { client, url } => {
                 let response = client
                     .post(url)
-                    .headers(headers.clone())
                     .body(body)
                     .send()
                     .await
@@ -226,7 +222,7 @@ mod tests {
         (url, served)
     }
 
-    fn send(url: &str, headers: &[(String, String)], body: &[u8]) -> Result<(), String> {
+    fn send(url: &str, headers: &BTreeMap<String, String>, body: &[u8]) -> Result<(), String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -240,7 +236,7 @@ mod tests {
     #[test]
     fn an_http_export_posts_protobuf_with_the_headers() {
         let (url, served) = collector("200 OK");
-        let headers = [("x-tenant".to_string(), "team a".to_string())];
+        let headers = BTreeMap::from([("x-tenant".to_string(), "team a".to_string())]);
         send(&url, &headers, b"\x0a\x00").expect("sent");
         let got = served.join().expect("collector").to_ascii_lowercase();
         assert!(got.starts_with("post /v1/traces http/1.1\r\n"), "{got}");
@@ -255,7 +251,7 @@ mod tests {
     #[test]
     fn a_refused_export_says_what_the_collector_answered() {
         let (url, served) = collector("401 Unauthorized");
-        let e = send(&url, &[], b"").unwrap_err();
+        let e = send(&url, &BTreeMap::new(), b"").unwrap_err();
         served.join().expect("collector");
         assert!(
             e.contains("401") && e.contains("rejected: no tenant"),
@@ -269,7 +265,7 @@ mod tests {
             let e = Transport::new(
                 protocol,
                 "http://127.0.0.1:4318",
-                &[("bad header".to_string(), "x".to_string())],
+                &BTreeMap::from([("bad header".to_string(), "x".to_string())]),
                 Duration::from_secs(1),
             )
             .err()
