@@ -690,3 +690,127 @@ fn k3_the_outcome_baseline_survives_a_restart() {
         "{last}"
     );
 }
+
+/// Issue 45: a changed plugin is named in a Chat Completions session as in an Anthropic one,
+/// whether it changed a tool (the `versioned` swap) or only a section (a dynamic section whose
+/// text is a step fact): the system prompt is the part `system` in both formats, so the
+/// ledger, `GET /v1/usage` and `/metrics` count the miss by plugin in both. And a compaction's
+/// `lost` is what the previous request left cached that this one did not read, by the
+/// provider's own counts.
+#[test]
+fn k2_k4_a_change_is_named_in_every_format_and_a_compaction_loses_what_was_cached() {
+    let mut rig = rig("[plugins.probe]\nconfig = { \"fact_section.variant\" = \"50\" }\n");
+    put(
+        rig.folder.path(),
+        "probe",
+        &std::fs::read(fixture("scripted")).unwrap(),
+    );
+    eventually_within(30, "the probe plugin to serve", || {
+        rig.d.plugin("probe")["state"] == "loaded"
+    });
+    let formats = ["openai", "anthropic"];
+    let mut sessions: Vec<Session> = formats
+        .iter()
+        .map(|_| Session {
+            id: rig.d.session("beta"),
+            agent: "beta",
+            version: rig.version,
+            ..Session::default()
+        })
+        .collect();
+    // One step of `s` with the fact `variant` (answering the last reply's tool calls, if it
+    // made any), answered by the stub and recorded.
+    let step = |rig: &Rig, s: &mut Session, now: u64, format: &str, variant: &str| {
+        let messages: Vec<Value> = if s.calls.is_empty() {
+            vec![json!({"role": "user", "content": format!("task {} of {}", s.steps + 1, s.id)})]
+        } else {
+            s.calls
+                .iter()
+                .map(|c| json!({"role": "tool", "tool_call_id": c, "content": "done"}))
+                .collect()
+        };
+        let body = json!({"format": format, "sent_at": now, "messages": messages,
+            "facts": {"cwd": "/src/app", "variant": variant}});
+        let step = rig
+            .d
+            .ok("POST", &format!("/v1/sessions/{}/steps", s.id), Some(&body));
+        let path = if format == "anthropic" {
+            "/v1/messages"
+        } else {
+            "/v1/chat/completions"
+        };
+        let reply = rig.stub.call(path, &step["request"], now);
+        rig.d.ok(
+            "POST",
+            &format!("/v1/sessions/{}/messages?sent_at={now}", s.id),
+            Some(&reply),
+        );
+        s.calls = tool_calls(&reply);
+        s.steps += 1;
+    };
+    // Three steps, a section's text changes (step 4), then the `versioned` swap (step 5).
+    for k in 0..4 {
+        for (s, format) in sessions.iter_mut().zip(formats) {
+            step(&rig, s, k * 10_000, format, if k < 3 { "a" } else { "b" });
+        }
+    }
+    rig.swap();
+    for (s, format) in sessions.iter_mut().zip(formats) {
+        step(&rig, s, 40_000, format, "b");
+    }
+    for (s, format) in sessions.iter().zip(formats) {
+        let usage = rig
+            .d
+            .ok("GET", &format!("/v1/sessions/{}/usage", s.id), None);
+        for (n, part, plugin) in [
+            (3, "system", "probe"),
+            (4, "tool `versioned_tool`", "versioned"),
+        ] {
+            let cache = &usage["steps"][n]["cache"];
+            assert_eq!(cache["outcome"], "prefix_changed", "{format}: {cache}");
+            assert_eq!(cache["part"], part, "{format}: {cache}");
+            assert_eq!(cache["plugin"], plugin, "{format}: {cache}");
+            assert!(cache["lost"].as_u64() > Some(0), "{format}: {cache}");
+            assert_eq!(
+                usage["ledger"]["plugins"][plugin]["replies"], 1,
+                "{format}: {usage}"
+            );
+        }
+    }
+    let summary = rig.d.ok("GET", "/v1/usage?agent=beta", None);
+    for plugin in ["probe", "versioned"] {
+        assert_eq!(
+            summary["agents"]["beta"]["plugins"][plugin]["replies"], 2,
+            "one miss per format: {summary}"
+        );
+    }
+    let (_, metrics) = rig.d.get("/metrics");
+    assert!(
+        metrics
+            .contains("promptd_cache_lost_tokens_by_plugin_total{agent=\"beta\",plugin=\"probe\"}"),
+        "{metrics}"
+    );
+
+    // Compact the Anthropic session's first message; its next reply loses what the previous
+    // request left cached (read + written, the stub's own counts) less what this one read.
+    let mut s = sessions.pop().unwrap();
+    rig.compact(&mut s);
+    step(&rig, &mut s, 67_000, "anthropic", "b");
+    let rows = rig.stub.get("/stub/ledger")["requests"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let (before, now) = (&rows[rows.len() - 2], &rows[rows.len() - 1]);
+    let n = |r: &Value, k: &str| r[k].as_u64().unwrap();
+    let held = n(before, "read") + n(before, "written_5m") + n(before, "written_1h");
+    let usage = rig
+        .d
+        .ok("GET", &format!("/v1/sessions/{}/usage", s.id), None);
+    let cache = &usage["steps"][5]["cache"];
+    assert_eq!(cache["outcome"], "compacted", "{cache}");
+    assert_eq!(
+        cache["lost"],
+        held - n(now, "read"),
+        "{cache}\n{before}\n{now}"
+    );
+}

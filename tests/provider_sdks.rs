@@ -1921,6 +1921,28 @@ fn k9_deferred_tools_official_sdks_accept_the_bodies_and_they_rebuild() {
                 sent.push((id.clone(), n, format, body));
             }
         }
+        // The neutral body and the explanation show every tool, each deferred one with
+        // `defer`: its plugin (K9).
+        for n in 1..=STEPS {
+            let neutral = daemon.ok(
+                "GET",
+                &format!("/v1/sessions/{id}/steps/{n}/request?format=neutral"),
+                None,
+            );
+            let explained = daemon.ok("GET", &format!("/v1/sessions/{id}/steps/{n}/explain"), None);
+            for tools in [&neutral["tools"], &explained["request"]["tools"]] {
+                let tools = tools.as_array().unwrap_or_else(|| panic!("{neutral}"));
+                let write = tools.iter().find(|t| t["name"] == "write_file").unwrap();
+                assert_eq!(write["defer"], "tools", "{write}");
+                assert!(
+                    tools
+                        .iter()
+                        .filter(|t| t["name"] != "write_file")
+                        .all(|t| t.get("defer").is_none()),
+                    "only the deferred tool says defer: {tools:?}"
+                );
+            }
+        }
     }
     daemon.stop();
     let daemon = Served::start(folder.path(), &config, &state);

@@ -94,7 +94,8 @@ each message, cachePoints left out.
     a breakpoint (TTL 1 h with "ttl": "1h", else 5 min; the first 4 count). The read is the
     longest prefix, ending at a breakpoint or up to 20 blocks before one, with a live entry and
     at least the model's minimum (4096 tokens for opus-4-5/4-6/4-7 and haiku-4-5, 2048 for
-    other haiku, 1024 else); a hit refreshes its TTL. Each later breakpoint of at least the
+    other haiku, 1024 else); a hit refreshes its TTL, and that of every live entry at a
+    shorter prefix it read through. Each later breakpoint of at least the
     minimum is written, the tokens since the previous covered end counted at its TTL.
     `input_tokens` is what is neither read nor written; `cache_creation` splits the writes.
     OpenAI (Chat and Responses, one cache each): automatic. A request is routed by its first
@@ -2394,9 +2395,9 @@ class Caches:
 
     def serve_explicit(self, cache, prompt, model, now):
         """Explicit breakpoints (Anthropic's, and Bedrock's cachePoints): the longest live entry
-        at a breakpoint, or up to LOOKBACK blocks before one, is read (and refreshed); then each
-        breakpoint past it is written, the tokens since the last covered one counted at its
-        TTL. Returns (read, 5m, 1h)."""
+        at a breakpoint, or up to LOOKBACK blocks before one, is read (and refreshed, with every
+        live entry at a shorter prefix of it); then each breakpoint past it is written, the
+        tokens since the last covered one counted at its TTL. Returns (read, 5m, 1h)."""
         minimum = anthropic_minimum(model)
         candidates = sorted({j for p, _ in prompt.breakpoints
                              for j in range(max(0, p - LOOKBACK), p + 1)}, reverse=True)
@@ -2404,9 +2405,14 @@ class Caches:
         for j in candidates:
             entry = cache.get((model, prompt.hashes[j]))
             if prompt.ends[j] >= minimum and entry is not None and entry[0] >= now:
-                entry[0] = now + entry[1]
                 covered = j
                 break
+        # A read uses every block up to it: each live entry at a shorter prefix (a breakpoint
+        # an earlier request wrote) is refreshed with the one read.
+        for k in range(covered + 1):
+            entry = cache.get((model, prompt.hashes[k]))
+            if entry is not None and entry[0] >= now:
+                entry[0] = now + entry[1]
         read = prompt.through(covered)
         written = {FIVE_MINUTES_MS: 0, ONE_HOUR_MS: 0}
         for p, ttl in prompt.breakpoints:

@@ -181,6 +181,33 @@ class StubCache(unittest.TestCase):
                          tokens(grown["messages"][1]) + tokens(
                              {"role": "user", "content": [{"type": "text", "text": "And then?"}]}))
 
+    def test_anthropic_a_read_through_a_longer_breakpoint_refreshes_the_shorter_entry(self):
+        # The system's entry is written at 0; at 4 minutes a grown conversation reads the longer
+        # entry, through the system's; at 7 minutes (3 after that read) another conversation on
+        # the same system still reads it: the read refreshed every entry it went through.
+        system = self.system(2000, seed="r")
+        prefix = tokens([{"type": "text", "text": system[0]["text"]}])
+
+        def turn(*texts):
+            messages = []
+            for i, text in enumerate(texts):
+                role = "user" if i % 2 == 0 else "assistant"
+                block = {"type": "text", "text": text}
+                if i + 1 == len(texts):
+                    block["cache_control"] = {"type": "ephemeral"}
+                messages.append({"role": role, "content": [block]})
+            return {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": system,
+                    "messages": messages}
+
+        first = self.call("POST", "/v1/messages", turn(text_of(300)), START_MS)["usage"]
+        self.assertEqual(first["cache_read_input_tokens"], 0)
+        grown = self.call("POST", "/v1/messages", turn(text_of(300), "Sure.", "Go on."),
+                          START_MS + 4 * MINUTE)["usage"]
+        self.assertEqual(grown["cache_read_input_tokens"], first["cache_creation_input_tokens"])
+        other = self.call("POST", "/v1/messages", turn(text_of(300, seed="z")),
+                          START_MS + 7 * MINUTE)["usage"]
+        self.assertEqual(other["cache_read_input_tokens"], prefix)
+
     # --- OpenAI --------------------------------------------------------------------------------
 
     def chat_body(self, n_tokens, key=None, seed="a", model="gpt-5", retention=None):

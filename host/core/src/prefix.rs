@@ -102,11 +102,26 @@ pub fn marked_parts(body: &Value, format: Format) -> Vec<(Part, Option<Ttl>)> {
     }
     let list = body
         .get(formats::list_key(format))
-        .and_then(Value::as_array);
-    for (i, m) in list.into_iter().flatten().enumerate() {
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    // Chat Completions carries the system prompt as the list's first item: it is the part
+    // `system` there as everywhere, and the conversation is numbered from 1 after it.
+    let lead = usize::from(format == Format::Openai && list.first().is_some_and(is_system));
+    for m in &list[..lead] {
+        push("system".into(), m);
+    }
+    for (i, m) in list[lead..].iter().enumerate() {
         push(format!("message {}", i + 1), m);
     }
     parts
+}
+
+/// Whether a Chat Completions list item is a system (or developer) message.
+fn is_system(item: &Value) -> bool {
+    matches!(
+        item.get("role").and_then(Value::as_str),
+        Some("system" | "developer")
+    )
 }
 
 /// A Gemini body's stream: model, each function declaration, the system instruction, each

@@ -813,13 +813,7 @@ impl Run<'_> {
                     match &self.header_cause {
                         Some((k, causes, plugin)) if *k == key => (causes.clone(), plugin.clone()),
                         _ => {
-                            let (causes, plugin) = header_causes(
-                                &rec,
-                                cand,
-                                &label,
-                                p >= rec.lead_from.min(cand.lead_from),
-                                format,
-                            );
+                            let (causes, plugin) = header_causes(&rec, cand, &label, format);
                             self.header_cause = Some((key, causes.clone(), plugin.clone()));
                             (causes, plugin)
                         }
@@ -1084,7 +1078,6 @@ fn header_causes(
     rec: &View<'_>,
     cand: &View<'_>,
     label: &str,
-    system_message: bool,
     format: Format,
 ) -> (Vec<String>, Option<String>) {
     let request = |v: &View<'_>| FrozenRequest {
@@ -1094,8 +1087,7 @@ fn header_causes(
     };
     let (rec_from, cand_from) = (rec.provenance, cand.provenance);
     let d = prefix::diff(&request(rec), rec_from, &request(cand), cand_from, format);
-    let part = if system_message { "system" } else { label };
-    let plugin = prefix::culprit(part, rec_from, cand_from);
+    let plugin = prefix::culprit(label, rec_from, cand_from);
     let mut causes = d.causes;
     if causes.is_empty() || causes.iter().all(|c| c.ends_with("prefix kept")) {
         causes = vec![format!("{label} differs")];
@@ -1376,6 +1368,8 @@ impl<'a> View<'a> {
     fn label(&self, i: usize) -> Option<String> {
         (i < self.len()).then(|| match self.part(i).label {
             Some(l) => l.to_string(),
+            // The lead is Chat Completions' system message: the part `system` (Q16).
+            None if i < self.lead_from => "system".to_string(),
             None => format!("message {}", i + 1 - self.lead_from),
         })
     }
@@ -1616,7 +1610,7 @@ impl Side {
                     closed_blocks,
                     spliced: true,
                     header_parts: head.parts.len() + head.lead_items.len(),
-                    lead_from: head.parts.len(),
+                    lead_from: head.parts.len() + head.lead_items.len(),
                     settings: &head.settings,
                     model: &head.model,
                     key: head.key.as_deref(),
@@ -1641,7 +1635,6 @@ impl Side {
                     .iter()
                     .position(|p| p.label.starts_with("message"))
                     .unwrap_or(parts.len());
-                let system_message = format == Format::Openai && !request.header.system.is_empty();
                 *kept = Some(Kept {
                     settings: settings_of(&map, format),
                     model: string_at(&map, "model")
@@ -1649,7 +1642,7 @@ impl Side {
                         .unwrap_or_default(),
                     key: string_at(&map, "prompt_cache_key"),
                     retention: string_at(&map, "prompt_cache_retention"),
-                    head: (lead_from + usize::from(system_message)).min(parts.len()),
+                    head: lead_from,
                     lead_from,
                     parts,
                     request,

@@ -629,10 +629,22 @@ impl Cache {
         let cause = self.cause(request, &prefix, &ends, &written_at, hit, machine);
         let read = hit.map_or(0, |i| rounded(ends[i]));
         if let Some(i) = hit {
-            let ttl = self.entries[&at(i)].ttl;
-            let expires_ms = now + self.ttl_ms(ttl);
-            self.entries.insert(at(i), Entry { expires_ms, ttl });
-            self.seen.insert(prefix[i], now);
+            // A read uses every byte up to `i`: each live entry at a shorter prefix of it (a
+            // breakpoint an earlier request wrote) is refreshed too, not only the one read.
+            for j in 0..=i {
+                let key = at(j);
+                let Some(ttl) = self
+                    .entries
+                    .get(&key)
+                    .filter(|e| e.expires_ms >= now)
+                    .map(|e| e.ttl)
+                else {
+                    continue;
+                };
+                let expires_ms = now + self.ttl_ms(ttl);
+                self.entries.insert(key, Entry { expires_ms, ttl });
+                self.seen.insert(prefix[j], now);
+            }
         }
         // Writes: every cacheable mark past what was read, each at its own TTL.
         let (mut written, mut written_1h, mut covered) = (0, 0, read);
@@ -854,6 +866,20 @@ mod tests {
             (idle.read, idle.written, idle.cause),
             (0, 2300, Cause::Expired)
         );
+    }
+
+    #[test]
+    fn anthropic_a_read_through_a_longer_breakpoint_refreshes_the_shorter_entries_it_covers() {
+        let mut c = anthropic();
+        c.serve(&turn(0, 1, &[(10, 300)]));
+        // Four minutes on, the conversation grows: the 2,300-token entry is read, and the
+        // 2,000-token head written at 0 was read through, so it lives on too.
+        let b = c.serve(&turn(4 * MIN, 1, &[(10, 300), (11, 200)]));
+        assert_eq!((b.read, b.cause), (2300, Cause::Hit));
+        // Seven minutes from the head's write, three from its last use: a changed message
+        // still reads the head.
+        let d = c.serve(&turn(7 * MIN, 1, &[(12, 300)]));
+        assert_eq!((d.read, d.written), (2000, 300));
     }
 
     #[test]

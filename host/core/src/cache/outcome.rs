@@ -7,11 +7,15 @@
 //! following the documented rules would have read, and why. Then:
 //!
 //! - the provider read about what the model expected (within 5% of the input, or one
-//!   [`Rules::step_tokens`]): the model's cause is the outcome (`hit`, `ttl_expired`,
-//!   `prefix_changed` with the part and the plugin, `model_changed`, `compacted`, `cold`, …);
+//!   [`Rules::step_tokens`]: the model's block sizes are estimates): the model's cause is the
+//!   outcome (`hit`, `ttl_expired`, `prefix_changed` with the part and the plugin,
+//!   `model_changed`, `compacted`, `cold`, …);
 //! - the provider read more, all the previous request left cached: `hit` (another session,
 //!   or a request the log does not hold, kept it warm); more, but not all of that: the
-//!   model's cause (another session kept the head warm, this session's own part was lost);
+//!   model's cause (another session kept the head warm, this session's own part was lost).
+//!   "All" is exact where the provider reported what it held (Anthropic and Bedrock report
+//!   reads and writes): a miss the rules explain is one, however small. Where what was held
+//!   is itself modelled (OpenAI, Gemini), the same tolerance applies;
 //! - the provider read less: `routing` for OpenAI's automatic cache (the prefix was stable
 //!   but the request went to a machine that did not hold it: the key, or the per-key rate),
 //!   `unexplained` for Anthropic's (an entry evicted before its TTL).
@@ -224,7 +228,13 @@ pub fn classify(
     let modelled = cache.serve(&Request::new(at_ms, scaled(&now.blocks, input(now))));
     let read = now.usage.cached_tokens.unwrap_or(0);
     let total = input(now);
+    // The tolerance covers the model's estimates: its expected read always, what the previous
+    // request held only when that too is modelled (automatic caches report no writes).
     let tolerance = (total / 20).max(rules.step_tokens);
+    let held_slack = match rules.family {
+        Family::Breakpoints => 0,
+        Family::Automatic => tolerance,
+    };
     let mut outcome = Outcome {
         outcome: Kind::Hit,
         format,
@@ -244,7 +254,7 @@ pub fn classify(
             Family::Breakpoints if held == 0 && prev.is_some() => Kind::Uncacheable,
             Family::Breakpoints => Kind::Unexplained,
         }
-    } else if read > modelled.read + tolerance && read + tolerance >= held {
+    } else if read > modelled.read + tolerance && read + held_slack >= held {
         // Kept warm by a request this session's log does not hold (another session).
         Kind::Hit
     } else {
@@ -288,7 +298,9 @@ pub fn classify(
     };
     outcome.outcome = kind;
     if kind.is_miss() {
-        outcome.lost = held.min(total).saturating_sub(read);
+        // What the previous request left cached and this one did not read, whatever this
+        // request's own size (a compacted request is shorter than what it lost).
+        outcome.lost = held.saturating_sub(read);
     }
     outcome
 }
@@ -446,6 +458,58 @@ mod tests {
         let b = seen(10 * MIN, blocks(2, 5), usage(2500, 2000, 500));
         let o = classify(&anthropic(), F, Some(&a), &b, false, || None);
         assert_eq!((o.outcome, o.lost), (Kind::TtlExpired, 400));
+    }
+
+    #[test]
+    fn compacted_lost_counts_what_the_previous_request_left_cached_not_this_ones_size() {
+        // The case: 3,763 left cached; the compacted request reads its 2,599-token
+        // head of 2,894: 1,164 lost, not the 295 uncached tokens of this request.
+        let mut before = vec![
+            Block::new(1, 0, None),
+            Block::new(2, 2599, Some(Ttl::Minutes5)),
+        ];
+        before.extend((0..4).map(|i| Block::new(100 + i, 291, (i == 3).then_some(Ttl::Minutes5))));
+        let a = seen(0, before, usage(3763, 3600, 163));
+        let after = vec![
+            Block::new(1, 0, None),
+            Block::new(2, 2599, Some(Ttl::Minutes5)),
+            Block::new(999, 295, Some(Ttl::Minutes5)),
+        ];
+        let b = seen(27_000, after, usage(2894, 2599, 295));
+        let change = || {
+            Some(Change {
+                part: "message 1".into(),
+                plugin: None,
+                cause: None,
+            })
+        };
+        let o = classify(&anthropic(), F, Some(&a), &b, true, change);
+        assert_eq!((o.outcome, o.lost), (Kind::Compacted, 1164));
+    }
+
+    #[test]
+    fn a_small_expired_tail_is_a_miss_however_small() {
+        // Another session kept the 3,000-token head warm; after 626 s this session's own
+        // 139-token tail is gone: within 5% of the input, yet a miss the rules explain.
+        let head = || {
+            vec![
+                Block::new(1, 0, None),
+                Block::new(2, 3000, Some(Ttl::Minutes5)),
+            ]
+        };
+        let mut before = head();
+        before.push(Block::new(3, 139, Some(Ttl::Minutes5)));
+        let a = seen(0, before, usage(3139, 0, 3139));
+        let mut after = head();
+        after.push(Block::new(3, 139, None));
+        after.push(Block::new(4, 50, Some(Ttl::Minutes5)));
+        let b = seen(626_000, after.clone(), usage(3189, 3000, 189));
+        let o = classify(&anthropic(), F, Some(&a), &b, false, || None);
+        assert_eq!((o.outcome, o.lost), (Kind::TtlExpired, 139));
+        // Everything it left cached read (another session kept it all warm): a hit.
+        let c = seen(626_000, after, usage(3189, 3139, 50));
+        let o = classify(&anthropic(), F, Some(&a), &c, false, || None);
+        assert_eq!((o.outcome, o.lost), (Kind::Hit, 0));
     }
 
     #[test]

@@ -14,12 +14,17 @@ pub(super) fn head(header: &Header, tools: Option<Value>) -> Map<String, Value> 
     body
 }
 
+/// A tool in the neutral shape; a deferred one (K9) says so with `defer`: its plugin's id.
 pub(super) fn tool(tool: &ToolSpec) -> Value {
-    json!({
+    let mut value = json!({
         "name": tool.name,
         "description": tool.description,
         "parameters": tool.parameters,
-    })
+    });
+    if let (Some(plugin), Value::Object(map)) = (&tool.defer, &mut value) {
+        map.insert("defer".into(), json!(plugin));
+    }
+    value
 }
 
 pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
@@ -30,4 +35,33 @@ pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
 pub fn neutral_message(message: &Message) -> Value {
     // Strings, lists and JSON values only: writing a message as a value cannot fail.
     serde_json::json!(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k9_a_deferred_tool_shows_defer_its_plugin_and_a_full_one_does_not() {
+        let spec = |defer: Option<&str>| ToolSpec {
+            name: "write_file".into(),
+            description: "Writes.".into(),
+            parameters: json!({"type": "object"}),
+            defer: defer.map(str::to_string),
+        };
+        let header = Header {
+            tools: vec![spec(Some("tools"))],
+            ..Header::default()
+        };
+        let body = crate::formats::render(
+            &FrozenRequest {
+                header,
+                messages: Vec::new(),
+                shown_tools: None,
+            },
+            crate::formats::Format::Neutral,
+        );
+        assert_eq!(body["tools"][0]["defer"], "tools", "{body}");
+        assert!(tool(&spec(None)).get("defer").is_none());
+    }
 }
