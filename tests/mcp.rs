@@ -364,6 +364,14 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
             && content.contains("keep their place"),
         "{content}"
     );
+    // Why, in words (the crash closed its stdio), never Rust's debug output (issue 45).
+    assert!(
+        content.contains("(MCP server `s`: the server closed its connection)"),
+        "{content}"
+    );
+    for debug in ["Ok(", "Err(", "Closed)"] {
+        assert!(!content.contains(debug), "{content}");
+    }
     let during = step(&d, &id, json!([]));
     assert_eq!(tool_names(&during), ["crash", "same"]);
     assert_eq!(header_reasons(&d, &id), ["initial"]);
@@ -383,9 +391,15 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
     // Its instructions (a section) and its two tools, and who gave them.
     assert_eq!(said.len(), 3, "{explain}");
     assert!(
-        said[1].starts_with("tool `crash` of plugin `mcp:s` kept (unavailable: MCP server `s`"),
+        said[1].starts_with(
+            "tool `crash` of plugin `mcp:s` kept (unavailable: MCP server `s`: the server closed \
+             its connection) since step"
+        ),
         "{said:?}"
     );
+    for debug in ["Ok(", "Err(", "Closed)"] {
+        assert!(!said[1].contains(debug), "{said:?}");
+    }
     assert_eq!(
         explain["provenance"]["tools"][0]["plugin"], "mcp:s",
         "{explain}"

@@ -29,10 +29,10 @@ use promptd_core::sync::{read, write};
 use promptd_core::ErrorBody;
 use promptd_daemon::{Daemon, ToolOutcome, ToolRunner};
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, SubscriptionFilter};
-use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
+use rmcp::service::{NotificationContext, Peer, QuitReason, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, ServiceExt};
+use rmcp::{ClientHandler, ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -204,7 +204,11 @@ impl ToolRunner for McpRunner {
                     self.name
                 )),
             },
-            Ok(Err(e)) => error(format!("MCP server `{}`: {e}", self.name)),
+            Ok(Err(e)) => error(format!(
+                "MCP server `{}`: {}",
+                self.name,
+                request_failed("tools/call", &e)
+            )),
             Err(_) => error(format!(
                 "MCP server `{}`: the call to `{original}` timed out after {} ms",
                 self.name,
@@ -550,7 +554,7 @@ async fn serve(
     loop {
         let listed = tokio::select! {
             listed = tokio::time::timeout(timeout, peer.list_all_tools()) => listed,
-            quit_reason = &mut quit => return failure(name, format!("the server closed the connection ({quit_reason:?})")),
+            quit_reason = &mut quit => return failure(name, lost(quit_reason)),
         };
         let tools = match listed {
             Err(_) => {
@@ -562,7 +566,7 @@ async fn serve(
             }
             Ok(Err(e)) => {
                 quit.abort();
-                return failure(name, format!("tools/list failed: {e}"));
+                return failure(name, request_failed("tools/list", &e));
             }
             Ok(Ok(tools)) => tools,
         };
@@ -594,13 +598,187 @@ async fn serve(
         report(daemon, name, cfg, result).await;
         tokio::select! {
             Some(()) = changed.recv() => {}
-            quit_reason = &mut quit => return failure(name, format!("the server closed the connection ({quit_reason:?})")),
+            quit_reason = &mut quit => return failure(name, lost(quit_reason)),
         }
     }
+}
+
+/// What ended a connection, as its waiting task reports it: the join of that task, around
+/// [`RunningService::waiting`]'s own join of the service loop, around rmcp's [`QuitReason`].
+type Quit = Result<Result<QuitReason, tokio::task::JoinError>, tokio::task::JoinError>;
+
+/// Why a server's connection ended, in words (K8: the CAUSE a model reads in "unavailable since
+/// … (CAUSE)" and the held parts' `kept (unavailable: CAUSE)`, and `last_error` in `GET
+/// /v1/plugins`).
+fn lost(quit: Quit) -> String {
+    let task = |e: tokio::task::JoinError| {
+        if e.is_panic() {
+            "the connection to the server failed inside promptd (its task panicked)"
+        } else {
+            "the connection to the server was stopped inside promptd (its task was cancelled)"
+        }
+    };
+    match quit {
+        // The server's side ended: a stdio server's output closed (it exited or crashed;
+        // rmcp's child-process transport reaps it without telling its exit status), an HTTP
+        // server's stream ended.
+        Ok(Ok(QuitReason::Closed)) => "the server closed its connection".to_string(),
+        Ok(Ok(QuitReason::Cancelled)) => "promptd cancelled the connection".to_string(),
+        Ok(Ok(QuitReason::JoinError(e))) | Ok(Err(e)) | Err(e) => task(e).to_string(),
+        Ok(Ok(_)) => "the connection to the server ended".to_string(),
+    }
+}
+
+/// Why a request (`tools/list`, `tools/call`) to a server failed, in words: the server's own
+/// JSON-RPC error by its message and code, rmcp's other failures by what happened.
+fn request_failed(method: &str, e: &ServiceError) -> String {
+    let what = match e {
+        ServiceError::McpError(error) => {
+            format!("{} (error {})", error.message, error.code.0)
+        }
+        ServiceError::TransportClosed => "the server closed its connection".to_string(),
+        ServiceError::TransportSend(e) => format!("it could not be sent: {e}"),
+        ServiceError::UnexpectedResponse => "the server answered something else".to_string(),
+        ServiceError::Timeout { timeout } => {
+            format!("no answer within {} ms", timeout.as_millis())
+        }
+        ServiceError::Cancelled { reason } => match reason {
+            Some(reason) => format!("it was cancelled: {reason}"),
+            None => "it was cancelled".to_string(),
+        },
+        // rmcp's other errors say what happened in their own words.
+        other => other.to_string(),
+    };
+    format!("{method} failed: {what}")
 }
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rust's debug output of a `Result` or of rmcp's enums, which a model must never read.
+    fn debug_free(text: &str) {
+        for debug in [
+            "Ok(",
+            "Err(",
+            "Closed)",
+            "Some(",
+            "JoinError",
+            "McpError",
+            "{ ",
+        ] {
+            assert!(!text.contains(debug), "{text:?} holds {debug:?}");
+        }
+        assert!(text.contains(' '), "{text:?} is not words");
+    }
+
+    /// A real [`tokio::task::JoinError`] of each kind: a task that panicked, one aborted.
+    fn join_errors() -> [tokio::task::JoinError; 2] {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let panicked = tokio::spawn(async { panic!("on purpose") })
+                .await
+                .unwrap_err();
+            let forever = tokio::spawn(std::future::pending::<()>());
+            forever.abort();
+            let aborted = forever.await.unwrap_err();
+            [panicked, aborted]
+        })
+    }
+
+    #[test]
+    fn every_way_a_connection_ends_is_said_in_words() {
+        let [p1, c1] = join_errors();
+        let [p2, c2] = join_errors();
+        let [p3, c3] = join_errors();
+        let cases: Vec<(Quit, &str)> = vec![
+            (
+                Ok(Ok(QuitReason::Closed)),
+                "the server closed its connection",
+            ),
+            (
+                Ok(Ok(QuitReason::Cancelled)),
+                "promptd cancelled the connection",
+            ),
+            (Ok(Ok(QuitReason::JoinError(p1))), "its task panicked"),
+            (Ok(Ok(QuitReason::JoinError(c1))), "its task was cancelled"),
+            (Ok(Err(p2)), "its task panicked"),
+            (Ok(Err(c2)), "its task was cancelled"),
+            (Err(p3), "its task panicked"),
+            (Err(c3), "its task was cancelled"),
+        ];
+        for (quit, expected) in cases {
+            let said = lost(quit);
+            debug_free(&said);
+            assert!(said.contains(expected), "{said:?}");
+        }
+    }
+
+    #[test]
+    fn every_way_a_request_fails_is_said_in_words() {
+        use rmcp::model::{ErrorCode, ErrorData};
+        let cases = [
+            (
+                ServiceError::McpError(ErrorData::new(
+                    ErrorCode(-32601),
+                    "no method tools/list",
+                    None,
+                )),
+                "tools/list failed: no method tools/list (error -32601)",
+            ),
+            (
+                ServiceError::TransportClosed,
+                "tools/list failed: the server closed its connection",
+            ),
+            (
+                ServiceError::UnexpectedResponse,
+                "tools/list failed: the server answered something else",
+            ),
+            (
+                ServiceError::Timeout {
+                    timeout: Duration::from_secs(5),
+                },
+                "tools/list failed: no answer within 5000 ms",
+            ),
+            (
+                ServiceError::Cancelled { reason: None },
+                "tools/list failed: it was cancelled",
+            ),
+            (
+                ServiceError::Cancelled {
+                    reason: Some("shutting down".into()),
+                },
+                "tools/list failed: it was cancelled: shutting down",
+            ),
+            (
+                ServiceError::SubscriptionLagged { capacity: 16 },
+                "tools/list failed: subscription consumer lagged behind its 16-message buffer",
+            ),
+        ];
+        for (error, expected) in cases {
+            let said = request_failed("tools/list", &error);
+            debug_free(&said);
+            assert_eq!(said, expected);
+        }
+    }
+
+    #[test]
+    fn a_model_reads_since_when_and_why_in_words() {
+        let said = unavailable("s", 1_790_000_000_000, &lost(Ok(Ok(QuitReason::Closed))));
+        debug_free(&said);
+        assert!(
+            said.starts_with("MCP server `s` is unavailable since 2026-")
+                && said.contains("(the server closed its connection)"),
+            "{said}"
+        );
+    }
 }
