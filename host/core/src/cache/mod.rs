@@ -631,7 +631,7 @@ impl Cache {
         if let Some(i) = hit {
             // A read uses every byte up to `i`: each live entry at a shorter prefix of it (a
             // breakpoint an earlier request wrote) is refreshed too, not only the one read.
-            for j in 0..=i {
+            for (j, &hash) in prefix[..=i].iter().enumerate() {
                 let key = at(j);
                 let Some(ttl) = self
                     .entries
@@ -643,7 +643,7 @@ impl Cache {
                 };
                 let expires_ms = now + self.ttl_ms(ttl);
                 self.entries.insert(key, Entry { expires_ms, ttl });
-                self.seen.insert(prefix[j], now);
+                self.seen.insert(hash, now);
             }
         }
         // Writes: every cacheable mark past what was read, each at its own TTL.
