@@ -910,20 +910,105 @@ mod tests {
             model("default"),
             serde_json::json!({"model": "m1", "max_tokens": 1024, "anthropic": {"model": "claude"}})
         );
+        // `big` sets `model` for every format: it takes it out of the global Anthropic table
+        // (issue 45: the more specific scope wins, then the more specific format).
         assert_eq!(
             model("small"),
             serde_json::json!({"model": "m2", "max_tokens": 64,
-                "anthropic": {"model": "claude", "temperature": 0.5}})
+                "anthropic": {"temperature": 0.5}})
         );
         let small = c.model("small");
         let pick = |f| serde_json::Value::Object(crate::formats::settings(&small, f));
         assert_eq!(
             pick(crate::formats::Format::Anthropic),
-            serde_json::json!({"model": "claude", "max_tokens": 64, "temperature": 0.5})
+            serde_json::json!({"model": "m2", "max_tokens": 64, "temperature": 0.5})
         );
         assert_eq!(
             pick(crate::formats::Format::Openai),
             serde_json::json!({"model": "m2", "max_tokens": 64})
+        );
+    }
+
+    /// Issue 45: along the chain the more specific scope wins, then the more specific format: an
+    /// agent's key for every format beats the same key in an outer level's provider table; in
+    /// one level the provider table beats the generic key.
+    #[test]
+    fn model_settings_the_nearer_scope_wins_then_the_provider_table() {
+        use crate::formats::{settings, Format};
+        let body = |toml: &str, agent: &str, format: Format| {
+            let c = Config::parse(toml, "t").unwrap();
+            serde_json::Value::Object(settings(&c.model(agent), format))
+        };
+        let global = "[model]\nmax_tokens = 64\n[model.anthropic]\nmodel = \"a\"\n";
+        // An agent's generic key over the global provider table.
+        let toml = format!("{global}[agents.x.model]\nmodel = \"b\"\n");
+        assert_eq!(
+            body(&toml, "x", Format::Anthropic),
+            serde_json::json!({"model": "b", "max_tokens": 64})
+        );
+        // The emptied table goes; an agent that sets nothing keeps the global table.
+        let c = Config::parse(&toml, "t").unwrap();
+        assert_eq!(
+            serde_json::Value::Object(c.model("x")),
+            serde_json::json!({"model": "b", "max_tokens": 64})
+        );
+        assert_eq!(
+            body(&toml, "y", Format::Anthropic),
+            serde_json::json!({"model": "a", "max_tokens": 64})
+        );
+        // In one level the provider table wins over the generic key.
+        let toml = format!(
+            "{global}[agents.x.model]\nmodel = \"b\"\n[agents.x.model.anthropic]\nmodel = \"c\"\n"
+        );
+        assert_eq!(
+            body(&toml, "x", Format::Anthropic),
+            serde_json::json!({"model": "c", "max_tokens": 64})
+        );
+        assert_eq!(
+            body(&toml, "x", Format::Openai),
+            serde_json::json!({"model": "b", "max_tokens": 64})
+        );
+        // A parent's provider table against its child's generic key: the child's wins, and
+        // the parent's other provider keys stay.
+        let toml = format!(
+            "{global}[agents.p.model.anthropic]\nmodel = \"p\"\ntemperature = 0.5\n\
+             [agents.x]\nparent = \"p\"\n[agents.x.model]\nmodel = \"b\"\n"
+        );
+        assert_eq!(
+            body(&toml, "p", Format::Anthropic),
+            serde_json::json!({"model": "p", "max_tokens": 64, "temperature": 0.5})
+        );
+        assert_eq!(
+            body(&toml, "x", Format::Anthropic),
+            serde_json::json!({"model": "b", "max_tokens": 64, "temperature": 0.5})
+        );
+        // A child's provider table still beats its parent's generic key.
+        let toml = format!(
+            "{global}[agents.p.model]\nmodel = \"p\"\n\
+             [agents.x]\nparent = \"p\"\n[agents.x.model.anthropic]\nmodel = \"c\"\n"
+        );
+        assert_eq!(
+            body(&toml, "x", Format::Anthropic),
+            serde_json::json!({"model": "c", "max_tokens": 64})
+        );
+        // Responses reads the `openai` table too: an agent's generic key beats both outer ones.
+        let toml = "[model]\nmodel = \"m\"\n[model.openai]\nmodel = \"o\"\n\
+                    [model.openai-responses]\nmodel = \"r\"\n[agents.x.model]\nmodel = \"b\"\n";
+        assert_eq!(
+            body(toml, "x", Format::OpenaiResponses),
+            serde_json::json!({"model": "b"})
+        );
+        assert_eq!(
+            body(toml, "y", Format::OpenaiResponses),
+            serde_json::json!({"model": "r"})
+        );
+        // Exact keys only: a generic `max_tokens` leaves an outer `max_output_tokens`, which
+        // the Responses body still takes over it.
+        let toml = "[model]\nmodel = \"m\"\n[model.openai-responses]\nmax_output_tokens = 100\n\
+                    [agents.x.model]\nmax_tokens = 50\n";
+        assert_eq!(
+            body(toml, "x", Format::OpenaiResponses),
+            serde_json::json!({"model": "m", "max_output_tokens": 100})
         );
     }
 

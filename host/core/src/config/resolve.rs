@@ -30,8 +30,14 @@ impl Config {
 
     /// The agent's model settings as JSON: the top-level `model` table, then each agent of its
     /// chain's own (farthest first), merged key by key; a provider table (`model.openai`, …)
-    /// merges key by key too. [`crate::formats::settings`] picks what one format sends.
+    /// merges key by key too. The more specific scope wins, then the more specific format: a
+    /// key a level sets for every format also takes that key out of the provider tables merged
+    /// from the levels before it (a table left empty goes), then the level's own provider
+    /// tables merge, so within one level the provider table wins. Exact keys only: a generic
+    /// `max_tokens` leaves an outer `max_output_tokens` or Gemini `maxOutputTokens` where it
+    /// is. [`crate::formats::settings`] picks what one format sends.
     pub fn model(&self, agent: &str) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::Value;
         let mut merged = serde_json::Map::new();
         let chain = self.chain(agent).unwrap_or_default();
         let tables = std::iter::once(self.model.as_ref()).chain(
@@ -40,16 +46,25 @@ impl Config {
                 .map(|name| self.agents.get(name).and_then(|a| a.model.as_ref())),
         );
         for table in tables.flatten() {
-            let Ok(serde_json::Value::Object(map)) = serde_json::to_value(table) else {
+            let Ok(Value::Object(map)) = serde_json::to_value(table) else {
                 continue;
             };
-            for (key, value) in map {
-                match (merged.get_mut(&key), value) {
-                    (Some(serde_json::Value::Object(old)), serde_json::Value::Object(new))
-                        if PROVIDER_TABLES.contains(&key.as_str()) =>
-                    {
-                        old.extend(new)
+            let (providers, generic): (Vec<_>, Vec<_>) = map
+                .into_iter()
+                .partition(|(key, _)| PROVIDER_TABLES.contains(&key.as_str()));
+            for (key, value) in generic {
+                for provider in PROVIDER_TABLES {
+                    if let Some(Value::Object(outer)) = merged.get_mut(provider) {
+                        if outer.remove(&key).is_some() && outer.is_empty() {
+                            merged.remove(provider);
+                        }
                     }
+                }
+                merged.insert(key, value);
+            }
+            for (key, value) in providers {
+                match (merged.get_mut(&key), value) {
+                    (Some(Value::Object(old)), Value::Object(new)) => old.extend(new),
                     (_, value) => {
                         merged.insert(key, value);
                     }
