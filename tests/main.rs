@@ -14,6 +14,7 @@ mod compile;
 mod conformance;
 mod contract;
 mod daemon;
+mod fleet;
 mod held_changes;
 mod hot_reload;
 mod inspect;

@@ -278,6 +278,12 @@ pub trait SessionStore: Send + Sync {
     fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
         Ok(None)
     }
+    /// K10: published plugin set `version`, if the store holds it (a following daemon whose
+    /// latest set does not load looks for an older one that does).
+    fn plugin_set(&self, version: u64) -> Result<Option<PluginSet>, StoreError> {
+        let _ = version;
+        Ok(None)
+    }
     /// K10: the bytes of a published plugin file, by its sha256 (hex).
     fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
         Err(StoreError::backend(
@@ -396,6 +402,14 @@ impl SessionStore for MemoryStore {
 
     fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
         Ok(lock(&self.sets).0.last().cloned())
+    }
+
+    fn plugin_set(&self, version: u64) -> Result<Option<PluginSet>, StoreError> {
+        Ok(lock(&self.sets)
+            .0
+            .iter()
+            .find(|s| s.version == version)
+            .cloned())
     }
 
     fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {

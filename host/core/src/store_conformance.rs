@@ -28,7 +28,8 @@ macro_rules! store_suite {
             racing_appends_at_one_seq_have_one_winner,
             sessions_are_listed_most_recent_first,
             appending_to_an_unknown_session_fails,
-            plugin_sets_are_numbered_content_addressed_and_shared);
+            plugin_sets_are_numbered_content_addressed_and_shared,
+            every_published_plugin_set_reads_back_by_version);
     };
     (@cases $open:expr; $($case:ident),*) => {
         $(
@@ -312,4 +313,24 @@ pub fn plugin_sets_are_numbered_content_addressed_and_shared(open: Open) {
         "an older set's files stay readable"
     );
     assert!(other.set_file(&"0".repeat(64)).is_err());
+}
+
+/// K10: every published set reads back by its version from any handle (a following daemon
+/// whose latest set does not load falls back on an older one); a version never published is
+/// none.
+pub fn every_published_plugin_set_reads_back_by_version(open: Open) {
+    let store = open();
+    assert_eq!(store.plugin_set(1).unwrap(), None);
+    let mut published = Vec::new();
+    for n in 1..=3u8 {
+        let files = vec![("persona".to_string(), vec![b'v', n])];
+        published.push(store.publish_set(&files).unwrap());
+    }
+    let other = open();
+    for set in &published {
+        assert_eq!(other.plugin_set(set.version).unwrap().as_ref(), Some(set));
+    }
+    assert_eq!(other.plugin_set(0).unwrap(), None);
+    assert_eq!(other.plugin_set(4).unwrap(), None);
+    assert_eq!(other.latest_set().unwrap().as_ref(), published.last());
 }

@@ -769,7 +769,8 @@ pub struct Health {
     /// While `loading`: plugin files to load.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total: Option<usize>,
-    /// With `error`: why the daemon cannot keep what it acknowledges.
+    /// With `error`: why the daemon cannot keep what it acknowledges; with `no_plugin_set`:
+    /// why no published plugin set serves (`plugin_set_unavailable`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
     /// Plugins serving now.
@@ -781,8 +782,9 @@ pub struct Health {
     pub version: String,
 }
 
-/// `ok`; `loading` until the first full registry is published; `error` when the session
-/// store lost its files (503).
+/// `ok`; `loading` until the first full registry is published; `no_plugin_set` when the
+/// daemon follows the store's plugin sets and none of those published loaded (steps are
+/// refused); `error` when the session store lost its files (503).
 #[derive(Clone, Copy, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HealthStatus {
@@ -790,6 +792,10 @@ pub enum HealthStatus {
     Ok,
     /// Loading the plugin folder for the first time.
     Loading,
+    /// Following the store's plugin sets, a set is published but none loaded (or the
+    /// store's sets could not be read): steps are refused with 503 `plugin_set_unavailable`.
+    #[serde(rename = "no_plugin_set")]
+    NoPluginSet,
     /// The session store cannot keep what it acknowledges.
     Error,
 }
@@ -901,8 +907,10 @@ pub enum Errors {
     /// A plugin call failed (`plugin_call`, `plugin_trap`, …).
     #[response(status = 502)]
     PluginFailed(ErrorReply),
-    /// Still loading the plugins after the wait (`loading`), or the store's database server
-    /// cannot be reached (`store_unavailable`: nothing was recorded, retry later).
+    /// Still loading the plugins after the wait (`loading`), a following daemon behind the
+    /// session's plugin set (`plugin_set_behind`) or serving none (`plugin_set_unavailable`),
+    /// or the store's database server cannot be reached (`store_unavailable`: nothing was
+    /// recorded, retry later).
     #[response(status = 503)]
     Unavailable(ErrorReply),
 }

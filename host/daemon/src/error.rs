@@ -111,6 +111,15 @@ pub enum DaemonError {
         recorded: u64,
     },
 
+    /// K10: this daemon follows the store's plugin sets and serves none, though a set is
+    /// published: no published set loaded (neither the latest nor an older one), or the
+    /// store's sets could not be read. It serves no empty registry in their place.
+    #[error("this daemon follows the store's plugin sets and serves none: {reason}; send the step to another daemon, or retry once a set loads (see /v1/health)")]
+    PluginSetUnavailable {
+        /// Why none serves: the latest set and its error, or the store's.
+        reason: String,
+    },
+
     /// Writing or checking a published plugin set's files failed (K10).
     #[error("{what}: {source}")]
     PluginSetFiles {
@@ -148,6 +157,7 @@ impl DaemonError {
             DaemonError::ToolCallClosed(_) => "tool_call_answered",
             DaemonError::ToolNotRunnable { .. } => "tool_not_runnable",
             DaemonError::PluginSetBehind { .. } => "plugin_set_behind",
+            DaemonError::PluginSetUnavailable { .. } => "plugin_set_unavailable",
             DaemonError::PluginSetFiles { .. } => "plugin_set_files",
         }
     }

@@ -10,6 +10,12 @@
 //! loads. Every provenance a following daemon records carries the set's version, so a step on
 //! a daemon still on an older set than the session's is refused (503 `plugin_set_behind`)
 //! rather than moving the session back: each session moves once.
+//!
+//! A daemon that serves no set yet (it just started) and whose latest set does not load
+//! serves the newest older set that loads whole (at most [`FALLBACK_SETS`] tried), as the
+//! daemons that kept running do. When none does, it serves none: steps are refused (503
+//! `plugin_set_unavailable`) and health says `no_plugin_set`, until a set loads. A set that
+//! never loads is never served as an empty registry; a store with no set published is.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +40,10 @@ use promptd_core::plugin::state::ChangeKind;
 /// Set folders kept on disk: the one serving and the one before (a reload rescans the first).
 const KEPT_SETS: usize = 2;
 
+/// Older sets a daemon serving none tries, newest first, when the latest does not load: a
+/// store with thousands of broken sets does not stall a start.
+pub const FALLBACK_SETS: u64 = 16;
+
 /// What a following daemon knows of the store's plugin sets.
 #[derive(Debug, Default)]
 pub(crate) struct Fleet {
@@ -47,6 +57,10 @@ pub(crate) struct Fleet {
     pub(crate) latest: Option<u64>,
     /// The newest set that failed to load, and why.
     pub(crate) failed: Option<(u64, ErrorBody)>,
+    /// Whether the store's sets were read once.
+    pub(crate) read: bool,
+    /// Why the store's sets could not be read, until they were once.
+    pub(crate) unread: Option<ErrorBody>,
 }
 
 /// A following daemon's plugin set, as `/v1/health` and `GET /v1/plugins` show it.
@@ -56,7 +70,8 @@ pub struct SetStatus {
     pub serving: Option<u64>,
     /// The latest set the store holds, as last seen.
     pub latest: Option<u64>,
-    /// Why the newest set that failed did not load (the older one keeps serving).
+    /// Why the newest set that failed did not load (the older one keeps serving, or none
+    /// does), or why the store's sets could not be read.
     pub error: Option<ErrorBody>,
 }
 
@@ -67,8 +82,31 @@ impl Daemon {
         fleet.follow.then(|| SetStatus {
             serving: fleet.serving,
             latest: fleet.latest,
-            error: fleet.failed.as_ref().map(|(_, e)| e.clone()),
+            error: fleet
+                .failed
+                .as_ref()
+                .map(|(_, e)| e.clone())
+                .or_else(|| fleet.unread.clone()),
         })
+    }
+
+    /// K10: refuses a step (503 `plugin_set_unavailable`) on a following daemon that serves
+    /// no set though one is published: none loaded, or the store's sets could not be read
+    /// yet. A store with no set published is served as an empty registry, as before.
+    pub fn check_serving(&self) -> Result<()> {
+        let fleet = lock(&self.fleet);
+        if !fleet.follow || fleet.serving.is_some() {
+            return Ok(());
+        }
+        let reason = match (&fleet.failed, &fleet.unread) {
+            (Some((_, failed)), _) => failed.message.clone(),
+            (None, Some(unread)) => format!(
+                "the store's plugin sets could not be read: {}",
+                unread.message
+            ),
+            (None, None) => return Ok(()),
+        };
+        Err(DaemonError::PluginSetUnavailable { reason })
     }
 
     /// The folder a reload scans: the serving set's when following, else the plugin folder.
@@ -104,11 +142,25 @@ impl Daemon {
     }
 
     /// Asks the store for its latest set and, when it is newer than the one serving (and not
-    /// one that already failed), writes it under `root` and switches to it. Returns the
-    /// version serving afterwards.
+    /// one that already failed), writes it under `root` and switches to it. A daemon serving
+    /// no set whose latest does not load serves the newest older one that loads whole (at most
+    /// [`FALLBACK_SETS`] tried). Returns the version serving afterwards.
     pub fn follow_once(&self, root: &Path) -> Result<Option<u64>> {
-        let latest = self.store.latest_set()?;
+        // One at a time: the loader's first call and the poll's never interleave.
+        let _turn = lock(&self.following);
+        let latest = match self.store.latest_set() {
+            Ok(latest) => latest,
+            Err(e) => {
+                let error = DaemonError::from(e);
+                let mut fleet = lock(&self.fleet);
+                if !fleet.read {
+                    fleet.unread = Some(ErrorBody::from(&error));
+                }
+                return Err(error);
+            }
+        };
         let mut fleet = lock(&self.fleet);
+        (fleet.read, fleet.unread) = (true, None);
         fleet.latest = latest.as_ref().map(|s| s.version);
         let Some(set) = latest else {
             return Ok(fleet.serving);
@@ -120,37 +172,111 @@ impl Daemon {
         if fleet.serving >= Some(set.version) || tried {
             return Ok(fleet.serving);
         }
+        let serving = fleet.serving;
         drop(fleet);
-        let outcome = self
-            .materialize(&set, root)
-            .and_then(|dir| self.switch_set(&set, &dir).map(|_| dir));
-        let mut fleet = lock(&self.fleet);
-        match outcome {
+        let error = match self.take(&set, root) {
             Ok(dir) => {
-                fleet.serving = Some(set.version);
-                fleet.dir = Some(dir);
-                fleet.failed = None;
-                drop(fleet);
-                prune(root, set.version);
-                tracing::info!(set = set.version, "serving plugin set");
+                self.served(root, &set, dir, None);
+                return Ok(Some(set.version));
             }
-            Err(error) => {
-                let body = ErrorBody::new(
-                    "plugin_set_refused",
-                    format!(
-                        "plugin set {} was not loaded, so set {} keeps serving: {error}",
-                        set.version,
-                        fleet
-                            .serving
-                            .map_or_else(|| "none".to_string(), |v| v.to_string())
-                    ),
+            Err(error) => error,
+        };
+        let refused =
+            |message: String| (set.version, ErrorBody::new("plugin_set_refused", message));
+        if let Some(serving) = serving {
+            let (version, body) = refused(format!(
+                "plugin set {} was not loaded, so set {serving} keeps serving: {error}",
+                set.version
+            ));
+            tracing::warn!(set = set.version, "{}", body.message);
+            lock(&self.fleet).failed = Some((version, body));
+            return Ok(Some(serving));
+        }
+        // Serving none (a start, or no set loaded since): the newest older set that loads.
+        let (older, tried) = self.fall_back(&set, root);
+        match older {
+            Some((older, dir)) => {
+                let failed = refused(format!(
+                    "plugin set {} was not loaded, so set {} serves: {error}",
+                    set.version, older.version
+                ));
+                tracing::warn!(
+                    set = older.version,
+                    latest = set.version,
+                    "{}",
+                    failed.1.message
                 );
+                self.served(root, &older, dir, Some(failed));
+                Ok(Some(older.version))
+            }
+            None => {
+                let nor = match tried.as_slice() {
+                    [] => String::new(),
+                    [one] => format!(", nor was set {one}"),
+                    [newest, .., oldest] => format!(", nor was any of sets {oldest} to {newest}"),
+                };
+                let (version, body) = refused(format!(
+                    "plugin set {} was not loaded{nor}, so no set serves: {error}",
+                    set.version
+                ));
                 tracing::warn!(set = set.version, "{}", body.message);
-                fleet.failed = Some((set.version, body));
-                return Ok(fleet.serving);
+                lock(&self.fleet).failed = Some((version, body));
+                Ok(None)
             }
         }
-        Ok(Some(set.version))
+    }
+
+    /// Writes `set` under `root` and switches to it whole; its folder.
+    fn take(&self, set: &PluginSet, root: &Path) -> Result<PathBuf> {
+        self.materialize(set, root)
+            .and_then(|dir| self.switch_set(set, &dir).map(|_| dir))
+    }
+
+    /// Records `set` (in `dir`) as serving, with the newer set that failed if any.
+    fn served(&self, root: &Path, set: &PluginSet, dir: PathBuf, failed: Option<(u64, ErrorBody)>) {
+        let mut fleet = lock(&self.fleet);
+        fleet.serving = Some(set.version);
+        fleet.dir = Some(dir);
+        fleet.failed = failed;
+        drop(fleet);
+        prune(root, set.version);
+        tracing::info!(set = set.version, "serving plugin set");
+    }
+
+    /// The newest set older than `latest` that loads whole, trying at most [`FALLBACK_SETS`]
+    /// (their folders are removed when they do not load); the versions tried that did not
+    /// load, newest first.
+    fn fall_back(
+        &self,
+        latest: &PluginSet,
+        root: &Path,
+    ) -> (Option<(PluginSet, PathBuf)>, Vec<u64>) {
+        let mut failed = Vec::new();
+        let oldest = latest.version.saturating_sub(FALLBACK_SETS).max(1);
+        for version in (oldest..latest.version).rev() {
+            let set = match self.store.plugin_set(version) {
+                Ok(Some(set)) => set,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(set = version, "reading plugin set {version} failed: {e}");
+                    break;
+                }
+            };
+            match self.take(&set, root) {
+                Ok(dir) => return (Some((set, dir)), failed),
+                Err(e) => {
+                    tracing::warn!(
+                        set = version,
+                        latest = latest.version,
+                        "plugin set {version} was not loaded either (falling back from set {}): {e}",
+                        latest.version
+                    );
+                    let _ = std::fs::remove_dir_all(root.join(format!("v{version}")));
+                    failed.push(version);
+                }
+            }
+        }
+        (None, failed)
     }
 
     /// Writes set `set`'s files to `root/vN/STEM.wasm` from the store (each checked against
@@ -321,4 +447,248 @@ pub fn follow(daemon: Arc<Daemon>, root: PathBuf, poll: Duration) -> std::io::Re
             }
         })
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use promptd_core::config::Config;
+    use promptd_core::formats::Format;
+    use promptd_core::load::{Engine, Instantiated, LoadRequest};
+    use promptd_core::plugin::provider::NativePlugin;
+    use promptd_core::store::{
+        Event, MemoryStore, NewEvent, SessionStore, SessionSummary, StoreError,
+    };
+    use std::sync::atomic::AtomicBool;
+
+    /// Builds `persona-vN` (a section saying `You are vN.`); anything else does not load.
+    /// Counts what it was asked to load.
+    #[derive(Default)]
+    struct Personas(AtomicUsize);
+
+    impl Engine for Personas {
+        fn instantiate(&self, r: LoadRequest<'_>) -> promptd_core::Result<Instantiated> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            let text = std::str::from_utf8(r.bytes).unwrap_or("");
+            let Some(v) = text.strip_prefix("persona-v") else {
+                return Err(promptd_core::Error::NotAComponent {
+                    plugin: r.id.to_string(),
+                    cause: format!("`{text}` is no plugin"),
+                    source: None,
+                });
+            };
+            let (declaration, provider) = NativePlugin::new()
+                .section("persona", 0, &format!("You are v{v}."))
+                .build();
+            Ok(Instantiated {
+                declaration,
+                provider,
+                cache: None,
+            })
+        }
+    }
+
+    /// A following daemon over `store`, started as `promptd serve` starts one: the store's
+    /// set first, then the first load. Its set folders go under `root`.
+    fn follower(store: Arc<dyn SessionStore>, root: &Path) -> (Daemon, Arc<Personas>) {
+        let engine = Arc::new(Personas::default());
+        let config = Config::parse("[fleet]\nfollow = true\n", "test").unwrap();
+        let daemon = Daemon::loading(store, engine.clone(), config, root);
+        let _ = daemon.follow_once(root);
+        daemon.load_initial().unwrap();
+        (daemon, engine)
+    }
+
+    fn publish(store: &dyn SessionStore, files: &[(&str, &str)]) -> u64 {
+        let files: Vec<(String, Vec<u8>)> = files
+            .iter()
+            .map(|(stem, body)| (stem.to_string(), body.as_bytes().to_vec()))
+            .collect();
+        store.publish_set(&files).unwrap().version
+    }
+
+    /// A step's system prompt, or the step's error code.
+    fn system(d: &Daemon, id: &str) -> std::result::Result<String, &'static str> {
+        let (_, body) = d
+            .step(id, &crate::StepInput::default(), Format::Neutral)
+            .map_err(|e| e.code())?;
+        let body: Value = serde_json::from_str(&body).unwrap();
+        Ok(body["system"].as_str().unwrap_or("").to_string())
+    }
+
+    fn error(d: &Daemon) -> String {
+        d.set_status()
+            .unwrap()
+            .error
+            .map(|e| e.message)
+            .unwrap_or_default()
+    }
+
+    /// K10: a start whose latest set does not load serves the newest older set that loads
+    /// whole, says so, and does not try the failed set again until a newer one is published.
+    #[test]
+    fn a_start_whose_latest_sets_do_not_load_serves_the_newest_older_one_that_does() {
+        let root = tempfile::tempdir().unwrap();
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+        publish(store.as_ref(), &[("persona", "persona-v1")]);
+        publish(store.as_ref(), &[("persona", "persona-v2")]);
+        publish(
+            store.as_ref(),
+            &[("persona", "persona-v3"), ("x", "broken")],
+        );
+        publish(store.as_ref(), &[("x", "broken 4")]);
+        let (d, engine) = follower(store.clone(), root.path());
+        let status = d.set_status().unwrap();
+        assert_eq!((status.serving, status.latest), (Some(2), Some(4)));
+        assert!(
+            error(&d).starts_with("plugin set 4 was not loaded, so set 2 serves: plugin `x`"),
+            "{}",
+            error(&d)
+        );
+        assert_eq!(d.registry().set(), Some(2));
+        assert!(d.check_serving().is_ok());
+        let id = d.create_session("default").unwrap();
+        assert_eq!(system(&d, &id).unwrap(), "You are v2.");
+        // Sets 4 and 3 failed, 2 loaded: the polls that follow try nothing again.
+        let loads = engine.0.load(Ordering::Relaxed);
+        assert_eq!(d.follow_once(root.path()).unwrap(), Some(2));
+        assert_eq!(engine.0.load(Ordering::Relaxed), loads);
+        assert!(
+            !root.path().join("v3").exists(),
+            "a failed older set's folder goes"
+        );
+        // A newer set that loads is taken as by any daemon.
+        publish(store.as_ref(), &[("persona", "persona-v5")]);
+        assert_eq!(d.follow_once(root.path()).unwrap(), Some(5));
+        assert_eq!(d.set_status().unwrap().error, None);
+        assert_eq!(system(&d, &id).unwrap(), "You are v5.");
+    }
+
+    /// K10: when no published set loads, a following daemon serves none: steps are refused
+    /// with `plugin_set_unavailable`, naming the latest set and its error, until a set loads.
+    #[test]
+    fn a_start_none_of_whose_sets_load_refuses_steps_until_one_does() {
+        let root = tempfile::tempdir().unwrap();
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+        publish(store.as_ref(), &[("x", "broken 1")]);
+        publish(store.as_ref(), &[("x", "broken 2")]);
+        let (d, _) = follower(store.clone(), root.path());
+        let status = d.set_status().unwrap();
+        assert_eq!((status.serving, status.latest), (None, Some(2)));
+        assert!(
+            error(&d).starts_with(
+                "plugin set 2 was not loaded, nor was set 1, so no set serves: plugin `x`"
+            ),
+            "{}",
+            error(&d)
+        );
+        let refused = d.check_serving().unwrap_err();
+        assert_eq!(refused.code(), "plugin_set_unavailable");
+        assert!(
+            refused
+                .to_string()
+                .contains("serves none: plugin set 2 was not loaded"),
+            "{refused}"
+        );
+        let id = d.create_session("default").unwrap();
+        assert_eq!(system(&d, &id), Err("plugin_set_unavailable"));
+        assert_eq!(d.session_events(&id).unwrap().len(), 1, "nothing recorded");
+        publish(store.as_ref(), &[("persona", "persona-v3")]);
+        assert_eq!(d.follow_once(root.path()).unwrap(), Some(3));
+        assert!(d.check_serving().is_ok());
+        assert_eq!(system(&d, &id).unwrap(), "You are v3.");
+    }
+
+    /// K10: at most [`FALLBACK_SETS`] older sets are tried: a good set 17 sets below the
+    /// latest is not reached, one 16 below is.
+    #[test]
+    fn the_fallback_tries_at_most_sixteen_older_sets() {
+        for (broken, serves) in [(17u64, None), (16, Some(1))] {
+            let root = tempfile::tempdir().unwrap();
+            let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+            publish(store.as_ref(), &[("persona", "persona-v1")]);
+            for n in 0..broken {
+                publish(store.as_ref(), &[("x", &format!("broken {n}"))]);
+            }
+            let (d, engine) = follower(store, root.path());
+            assert_eq!(d.set_status().unwrap().serving, serves);
+            // The latest, then the older ones tried.
+            assert_eq!(engine.0.load(Ordering::Relaxed), 1 + FALLBACK_SETS as usize);
+            if serves.is_none() {
+                assert!(
+                    error(&d).starts_with(
+                        "plugin set 18 was not loaded, nor was any of sets 2 to 17, so no set serves"
+                    ),
+                    "{}",
+                    error(&d)
+                );
+            }
+        }
+    }
+
+    /// A memory store whose plugin sets cannot be read while `down` is set.
+    #[derive(Default)]
+    struct Flaky {
+        store: MemoryStore,
+        down: AtomicBool,
+    }
+
+    impl SessionStore for Flaky {
+        fn create_session(&self, agent: &str, first: NewEvent) -> Result<String, StoreError> {
+            self.store.create_session(agent, first)
+        }
+        fn session_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
+            self.store.session_agent(id)
+        }
+        fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
+            self.store.events(id)
+        }
+        fn append(&self, id: &str, next: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+            self.store.append(id, next, events)
+        }
+        fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
+            self.store.sessions(filter, limit)
+        }
+        fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
+            if self.down.load(Ordering::Relaxed) {
+                return Err(StoreError::Unavailable {
+                    context: "reading the latest plugin set".into(),
+                    source: "connection refused".into(),
+                });
+            }
+            self.store.latest_set()
+        }
+    }
+
+    /// K10: a following daemon that could not read the store's sets yet serves none (it
+    /// cannot tell whether a set is published); once it reads that none is, it serves the
+    /// empty registry, as a store with no set published always was.
+    #[test]
+    fn a_start_that_cannot_read_the_stores_sets_refuses_steps_until_it_can() {
+        let root = tempfile::tempdir().unwrap();
+        let flaky = Arc::new(Flaky::default());
+        flaky.down.store(true, Ordering::Relaxed);
+        let (d, _) = follower(flaky.clone(), root.path());
+        let refused = d.check_serving().unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("the store's plugin sets could not be read"),
+            "{refused}"
+        );
+        assert_eq!(
+            d.set_status().unwrap().error.unwrap().code,
+            "store_unavailable"
+        );
+        let id = d.create_session("default").unwrap();
+        assert_eq!(system(&d, &id), Err("plugin_set_unavailable"));
+        flaky.down.store(false, Ordering::Relaxed);
+        assert_eq!(d.follow_once(root.path()).unwrap(), None);
+        assert_eq!(d.set_status().unwrap().error, None);
+        assert_eq!(system(&d, &id).unwrap(), "");
+        // Read once, a later outage no longer refuses steps (they need the store anyway).
+        flaky.down.store(true, Ordering::Relaxed);
+        assert!(d.follow_once(root.path()).is_err());
+        assert!(d.check_serving().is_ok());
+    }
 }

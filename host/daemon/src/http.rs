@@ -196,9 +196,9 @@ fn status(e: &DaemonError) -> StatusCode {
         DaemonError::PluginFileName { .. } | DaemonError::ReplayCandidate { .. } => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
-        DaemonError::Loading { .. } | DaemonError::PluginSetBehind { .. } => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        DaemonError::Loading { .. }
+        | DaemonError::PluginSetBehind { .. }
+        | DaemonError::PluginSetUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         // Nobody reads it: the client is gone (nginx's "client closed request").
         DaemonError::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
         DaemonError::PluginSetFiles { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -427,12 +427,15 @@ async fn method_not_allowed(request: Request) -> ApiError {
 }
 
 /// `{"status": "ok", "plugins": N, "version"}` once the first load is done; before,
-/// `{"status": "loading", "loaded": K, "total": N, …}` (steps wait for it). A store that can
-/// no longer keep what it acknowledges (Q12) makes it 503 `{"status": "error", "error":
-/// {"code", "message"}, …}`, whatever the loading: the daemon cannot do its job.
+/// `{"status": "loading", "loaded": K, "total": N, …}` (steps wait for it). A daemon following
+/// the store's plugin sets that serves none though one is published (none loaded) says
+/// `{"status": "no_plugin_set", "error": {"code": "plugin_set_unavailable", …}, …}`: its steps
+/// are refused. A store that can no longer keep what it acknowledges (Q12) makes it 503
+/// `{"status": "error", "error": {"code", "message"}, …}`, whatever the loading: the daemon
+/// cannot do its job.
 #[utoipa::path(get, path = "/v1/health", tag = "daemon", security(()),
     responses(
-        (status = 200, description = "Serving, or still loading its plugins", body = api::Health),
+        (status = 200, description = "Serving, still loading its plugins, or following a store none of whose published plugin sets loaded (`no_plugin_set`: steps are refused)", body = api::Health),
         (status = 503, description = "The session store lost its files", body = api::Health),
     ))]
 async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -445,9 +448,18 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         plugin_set: state.daemon.set_status(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
-    if let crate::Readiness::Loading { loaded, total } = state.daemon.readiness() {
-        (body.status, body.loaded, body.total) =
-            (api::HealthStatus::Loading, Some(loaded), Some(total));
+    match state.daemon.readiness() {
+        crate::Readiness::Loading { loaded, total } => {
+            (body.status, body.loaded, body.total) =
+                (api::HealthStatus::Loading, Some(loaded), Some(total));
+        }
+        // K10: loaded, but no published set serves: steps are refused, never planned on none.
+        crate::Readiness::Ok => {
+            if let Err(e) = state.daemon.check_serving() {
+                body.status = api::HealthStatus::NoPluginSet;
+                body.error = Some(ErrorBody::from(&e));
+            }
+        }
     }
     let mut status = StatusCode::OK;
     // One stat per file of the store, so it runs here rather than on the blocking pool.

@@ -172,6 +172,8 @@ pub struct Daemon {
     replays: Mutex<()>,
     /// K10: the store's plugin sets, when the daemon follows them.
     fleet: Mutex<fleet::Fleet>,
+    /// K10: held by the one reading the store's sets and switching (start or poll).
+    following: Mutex<()>,
     /// K7: what each session's last step held, by session (sessions holding nothing are
     /// absent, so it is bounded by the sessions that step).
     held: Mutex<BTreeMap<String, Vec<promptd_core::held::Held>>>,
@@ -236,6 +238,7 @@ impl Daemon {
                 follow: config.fleet.follow,
                 ..fleet::Fleet::default()
             }),
+            following: Mutex::new(()),
             config: RwLock::new(Arc::new(config)),
             plugin_dir: plugin_dir.to_path_buf(),
             registry: RwLock::new(Arc::new(Registry::new())),

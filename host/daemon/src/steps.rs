@@ -297,6 +297,9 @@ impl Daemon {
             }
         };
         self.wait_ready(STEP_WAITS_FOR_LOADING)?;
+        // K10: a following daemon none of whose published sets loads refuses, never plans on
+        // an empty registry.
+        self.check_serving()?;
         gone()?;
         let _held = self.locks.hold(id);
         let mut taken = self.session(id)?;

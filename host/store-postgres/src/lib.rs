@@ -557,6 +557,22 @@ impl SessionStore for PostgresStore {
         self.with(|conn| latest_set(&mut conn.client))
     }
 
+    fn plugin_set(&self, version: u64) -> Result<Option<PluginSet>, StoreError> {
+        let Ok(version) = i64::try_from(version) else {
+            return Ok(None);
+        };
+        self.with(|conn| {
+            conn.client
+                .query_opt(
+                    "SELECT version, files FROM plugin_sets WHERE version = $1",
+                    &[&version],
+                )
+                .map_err(pg("reading a plugin set"))?
+                .map(|row| decoded_set(&row))
+                .transpose()
+        })
+    }
+
     fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
         self.with(|conn| {
             conn.client
@@ -584,16 +600,19 @@ fn latest_set(client: &mut impl postgres::GenericClient) -> Result<Option<Plugin
             &[],
         )
         .map_err(pg("reading the latest plugin set"))?;
-    row.map(|row| {
-        let files: String = row.get(1);
-        let files = serde_json::from_str(&files)
-            .map_err(|e| StoreError::backend("decoding the latest plugin set", e))?;
-        Ok(PluginSet {
-            version: row.get::<_, i64>(0) as u64,
-            files,
-        })
+    row.map(|row| decoded_set(&row)).transpose()
+}
+
+/// A `plugin_sets` row (version, files as JSON) as its set.
+fn decoded_set(row: &postgres::Row) -> Result<PluginSet, StoreError> {
+    let version = row.get::<_, i64>(0);
+    let files: String = row.get(1);
+    let files = serde_json::from_str(&files)
+        .map_err(|e| StoreError::backend(format!("decoding plugin set {version}"), e))?;
+    Ok(PluginSet {
+        version: version as u64,
+        files,
     })
-    .transpose()
 }
 
 #[cfg(test)]

@@ -686,6 +686,23 @@ impl SessionStore for SqliteStore {
         self.read(latest_set)
     }
 
+    fn plugin_set(&self, version: u64) -> Result<Option<PluginSet>, StoreError> {
+        let Ok(version) = i64::try_from(version) else {
+            return Ok(None);
+        };
+        self.read(|conn| {
+            let row = conn
+                .query_row(
+                    "SELECT version, files FROM plugin_sets WHERE version = ?1",
+                    params![version],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+                )
+                .optional()
+                .map_err(db("reading a plugin set"))?;
+            row.map(decoded_set).transpose()
+        })
+    }
+
     fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
         self.read(|conn| {
             conn.query_row(
@@ -715,15 +732,17 @@ fn latest_set(conn: &Connection) -> Result<Option<PluginSet>, StoreError> {
         )
         .optional()
         .map_err(db("reading the latest plugin set"))?;
-    row.map(|(version, files)| {
-        let files = serde_json::from_str(&files)
-            .map_err(|e| StoreError::backend("decoding the latest plugin set", e))?;
-        Ok(PluginSet {
-            version: version as u64,
-            files,
-        })
+    row.map(decoded_set).transpose()
+}
+
+/// A `plugin_sets` row (version, files as JSON) as its set.
+fn decoded_set((version, files): (i64, String)) -> Result<PluginSet, StoreError> {
+    let files = serde_json::from_str(&files)
+        .map_err(|e| StoreError::backend(format!("decoding plugin set {version}"), e))?;
+    Ok(PluginSet {
+        version: version as u64,
+        files,
     })
-    .transpose()
 }
 
 fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, StoreError> {

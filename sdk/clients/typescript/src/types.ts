@@ -207,7 +207,7 @@ export interface UsageSummary {
 
 /** `GET /v1/health`. */
 export interface Health {
-  status: "ok" | "loading" | "error";
+  status: "ok" | "loading" | "no_plugin_set" | "error";
   plugins: number;
   version: string;
   loaded?: number;

@@ -121,8 +121,9 @@ class PluginFailed(PromptdError):
 
 
 class Unavailable(PromptdError):
-    """503: the daemon cannot serve now (``loading`` for 30 s, or ``store`` once its database
-    was deleted under it)."""
+    """503: the daemon cannot serve now (``loading`` for 30 s, ``plugin_set_behind`` or
+    ``plugin_set_unavailable`` on a daemon following its store's plugin sets, or ``store``
+    once its database was deleted under it)."""
 
 
 class DaemonUnreachable(PromptdError):

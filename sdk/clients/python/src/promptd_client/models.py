@@ -46,7 +46,8 @@ class ErrorInfo:
 @dataclass(frozen=True)
 class Health:
     """``GET /v1/health``: ``status`` is ``ok`` or ``loading`` (then ``loaded`` of ``total``
-    plugins are in; steps wait for the first full load)."""
+    plugins are in; steps wait for the first full load), or ``no_plugin_set`` on a daemon
+    following its store's plugin sets none of which loads (steps are refused)."""
 
     status: str
     plugins: int
