@@ -57,6 +57,9 @@ pub(crate) struct Fleet {
     pub(crate) latest: Option<u64>,
     /// The newest set that failed to load, and why.
     pub(crate) failed: Option<(u64, ErrorBody)>,
+    /// Whether that failure was the store's (a read that may succeed at the next poll), not
+    /// the set's own: such a set is tried again.
+    pub(crate) retry: bool,
     /// Whether the store's sets were read once.
     pub(crate) read: bool,
     /// Why the store's sets could not be read, until they were once.
@@ -165,10 +168,11 @@ impl Daemon {
         let Some(set) = latest else {
             return Ok(fleet.serving);
         };
-        let tried = fleet
-            .failed
-            .as_ref()
-            .is_some_and(|(v, _)| *v == set.version);
+        let tried = !fleet.retry
+            && fleet
+                .failed
+                .as_ref()
+                .is_some_and(|(v, _)| *v == set.version);
         if fleet.serving >= Some(set.version) || tried {
             return Ok(fleet.serving);
         }
@@ -181,6 +185,8 @@ impl Daemon {
             }
             Err(error) => error,
         };
+        // A store that could not be read is no fault of the set: the next poll tries it again.
+        let transient = matches!(error, DaemonError::Core(promptd_core::Error::Store(_)));
         let refused =
             |message: String| (set.version, ErrorBody::new("plugin_set_refused", message));
         if let Some(serving) = serving {
@@ -189,7 +195,8 @@ impl Daemon {
                 set.version
             ));
             tracing::warn!(set = set.version, "{}", body.message);
-            lock(&self.fleet).failed = Some((version, body));
+            let mut fleet = lock(&self.fleet);
+            (fleet.failed, fleet.retry) = (Some((version, body)), transient);
             return Ok(Some(serving));
         }
         // Serving none (a start, or no set loaded since): the newest older set that loads.
@@ -207,6 +214,7 @@ impl Daemon {
                     failed.1.message
                 );
                 self.served(root, &older, dir, Some(failed));
+                lock(&self.fleet).retry = transient;
                 Ok(Some(older.version))
             }
             None => {
@@ -220,7 +228,8 @@ impl Daemon {
                     set.version
                 ));
                 tracing::warn!(set = set.version, "{}", body.message);
-                lock(&self.fleet).failed = Some((version, body));
+                let mut fleet = lock(&self.fleet);
+                (fleet.failed, fleet.retry) = (Some((version, body)), transient);
                 Ok(None)
             }
         }
@@ -238,6 +247,7 @@ impl Daemon {
         fleet.serving = Some(set.version);
         fleet.dir = Some(dir);
         fleet.failed = failed;
+        fleet.retry = false;
         drop(fleet);
         prune(root, set.version);
         tracing::info!(set = set.version, "serving plugin set");
@@ -626,11 +636,13 @@ mod tests {
         }
     }
 
-    /// A memory store whose plugin sets cannot be read while `down` is set.
+    /// A memory store whose plugin sets cannot be read while `down` is set, nor their files
+    /// while `files_down` is.
     #[derive(Default)]
     struct Flaky {
         store: MemoryStore,
         down: AtomicBool,
+        files_down: AtomicBool,
     }
 
     impl SessionStore for Flaky {
@@ -658,6 +670,41 @@ mod tests {
             }
             self.store.latest_set()
         }
+        fn publish_set(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
+            self.store.publish_set(files)
+        }
+        fn plugin_set(&self, version: u64) -> Result<Option<PluginSet>, StoreError> {
+            self.store.plugin_set(version)
+        }
+        fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
+            if self.files_down.load(Ordering::Relaxed) {
+                return Err(StoreError::Unavailable {
+                    context: format!("reading plugin file {sha256}"),
+                    source: "connection refused".into(),
+                });
+            }
+            self.store.set_file(sha256)
+        }
+    }
+
+    /// K10: a set whose files the store could not give (an outage, not the set's fault) is
+    /// tried again at the next poll, where a set that did not load waits for a newer one.
+    #[test]
+    fn a_set_the_store_could_not_give_is_tried_again_at_the_next_poll() {
+        let root = tempfile::tempdir().unwrap();
+        let flaky = Arc::new(Flaky::default());
+        publish(flaky.as_ref(), &[("persona", "persona-v1")]);
+        flaky.files_down.store(true, Ordering::Relaxed);
+        let (d, _) = follower(flaky.clone(), root.path());
+        assert_eq!(d.set_status().unwrap().serving, None);
+        assert_eq!(
+            d.check_serving().unwrap_err().code(),
+            "plugin_set_unavailable"
+        );
+        flaky.files_down.store(false, Ordering::Relaxed);
+        assert_eq!(d.follow_once(root.path()).unwrap(), Some(1));
+        assert!(d.check_serving().is_ok());
+        assert_eq!(d.set_status().unwrap().error, None);
     }
 
     /// K10: a following daemon that could not read the store's sets yet serves none (it
