@@ -2,16 +2,23 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
+use super::scan::{marked_value, values_of};
 use super::*;
 use crate::cache::outcome::{Kind, Outcome};
-use crate::config::Config;
-use crate::conversation::{Message, ToolCall};
+use crate::config::{AgentPlan, Config};
+use crate::conversation::{FrozenRequest, Message, ToolCall};
+use crate::formats::replies::ProviderUsage;
+use crate::formats::{self, Format};
+use crate::ledger::Pricing;
 use crate::plugin::provider::{CallError, NativePlugin};
-use crate::plugin::registry::{PluginEntry, PluginOptions};
+use crate::plugin::registry::{PluginEntry, PluginOptions, Registry};
+use crate::prefix;
+use crate::session::log::{Body, Recorded};
+use crate::session::SessionState;
 use crate::step::StepInput;
-use crate::store::EventKind;
+use crate::store::{Event, EventKind};
 
 const SESSION: &str = "s1";
 const MODEL: &str = "claude-sonnet-4-5";
