@@ -504,7 +504,7 @@ pub struct PluginConfig {
     /// `{ sections = [...], tools = [...] }` (those wait). Read by [`PluginConfig::refresh`].
     pub refresh: Option<toml::Value>,
     /// K7: the longest a change of the plugin waits, in seconds (default
-    /// [`crate::held::DEFAULT_MAX_STALE_S`]).
+    /// [`crate::plugin::refresh::DEFAULT_MAX_STALE_S`]).
     pub max_stale_s: Option<u64>,
     /// K8: when the plugin is quarantined, its tools (and sections) keep their place in warm
     /// sessions until a cache-cold point (default false).
@@ -554,7 +554,10 @@ fn defer_of(
 impl PluginConfig {
     /// The plugin's `refresh` and `max_stale_s`, or a message naming what is wrong under
     /// `[plugins.STEM]`.
-    pub fn refresh(&self, stem: &str) -> std::result::Result<crate::held::Refresh, String> {
+    pub fn refresh(
+        &self,
+        stem: &str,
+    ) -> std::result::Result<crate::plugin::refresh::Refresh, String> {
         refresh_of(
             &format!("plugins.{stem}"),
             self.refresh.as_ref(),
@@ -567,7 +570,10 @@ impl PluginConfig {
 impl McpConfig {
     /// The server's `refresh` and `max_stale_s`, or a message naming what is wrong under
     /// `[mcp.NAME]`.
-    pub fn refresh(&self, name: &str) -> std::result::Result<crate::held::Refresh, String> {
+    pub fn refresh(
+        &self,
+        name: &str,
+    ) -> std::result::Result<crate::plugin::refresh::Refresh, String> {
         refresh_of(
             &format!("mcp.{name}"),
             self.refresh.as_ref(),
@@ -584,9 +590,9 @@ pub(crate) fn refresh_of(
     value: Option<&toml::Value>,
     max_stale_s: Option<u64>,
     parts: bool,
-) -> std::result::Result<crate::held::Refresh, String> {
-    let mut refresh = crate::held::Refresh {
-        max_stale_s: max_stale_s.unwrap_or(crate::held::DEFAULT_MAX_STALE_S),
+) -> std::result::Result<crate::plugin::refresh::Refresh, String> {
+    let mut refresh = crate::plugin::refresh::Refresh {
+        max_stale_s: max_stale_s.unwrap_or(crate::plugin::refresh::DEFAULT_MAX_STALE_S),
         ..Default::default()
     };
     if max_stale_s == Some(0) {

@@ -79,12 +79,23 @@ pub struct SessionState {
     /// The idle gaps and sizes of the session's replied requests (`ttl = "auto"`).
     gaps: crate::cache::ttl::Gaps,
     /// What the body parts written last in each format stand for (a client's copy, issue 31).
-    pub(super) marks: Vec<super::parts::Mark>,
+    pub(super) marks: Vec<Mark>,
     /// The provenance recorded with the header being sent: what a held change compares with
     /// (a marker's provenance says who serves now, which may be a held plugin's new version).
     header_provenance: Option<crate::provenance::Provenance>,
     /// What the last step held (K7).
     held: Vec<crate::held::Held>,
+}
+
+/// What the last parts written for a session in one format stand for (a client's copy, issue 31).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub(super) step: u64,
+    pub(super) format: Format,
+    pub(super) header_seq: u64,
+    pub(super) shown: Option<Vec<String>>,
+    /// The list's items made once (the transcript's closed fragments) the body held.
+    pub(super) closed: usize,
 }
 
 /// The last step's request as [`SessionState::request_view`] gives it.
