@@ -255,7 +255,21 @@ pub fn plan_assembled(
     let mut held = Vec::new();
     let mut released = None;
     let header: Option<Header> = match state.header() {
-        Some(h) if same_header(h, assembled, agent, ttl) => None,
+        Some(h)
+            if session::same_header(
+                h,
+                session::Proposed {
+                    model: &agent.model,
+                    system: &assembled.system,
+                    tools: session::ToolsOf::Assembled(&assembled.tools),
+                    layout: crate::conversation::LAYOUT,
+                    cache_ttl: ttl,
+                    key: session::KeyRule::Kept,
+                },
+            ) =>
+        {
+            None
+        }
         Some(h) if holds_any(registry, assembled) => {
             let now = Provenance::of(registry, assembled);
             let decision = decide_held(
@@ -482,29 +496,7 @@ fn decide_held(
     )
 }
 
-/// Whether `header` is what [`new_header`] would build. The cache key is not compared: a
-/// session keeps the one its header recorded until the header changes for another reason
-/// (a key change alone would route it away from the machine holding its messages); a header
-/// recorded before keys existed gets one.
-fn same_header(header: &Header, assembled: &Assembly, agent: &AgentPlan, ttl: Option<Ttl>) -> bool {
-    header.layout == crate::conversation::LAYOUT
-        && header.cache_key.is_some()
-        && header.cache_ttl == ttl
-        && header.system == assembled.system
-        && header.tools.len() == assembled.tools.len()
-        && header
-            .tools
-            .iter()
-            .zip(assembled.tools.iter())
-            .all(|(h, a)| {
-                h.name == a.name
-                    && h.description == a.description
-                    && h.parameters == *a.parameters
-                    && h.defer.as_deref() == a.defer.as_deref()
-            })
-        && header.model == agent.model
-}
-
+/// A new header for this step's assembly: built whole, its cache key and TTL set.
 fn new_header(assembled: &Assembly, agent: &AgentPlan, key: String, ttl: Option<Ttl>) -> Header {
     let mut header = session::header(assembled, agent.model.clone());
     header.cache_key = Some(key);

@@ -266,7 +266,11 @@ impl SessionState {
         // sessions move between daemons (and restarts) without a header event each time, and
         // the rebuild is the same since the bytes are.
         let header = match (&self.header, header) {
-            (Some((old, _)), Some(new)) if *old == new => None,
+            (Some((old, _)), Some(new))
+                if super::same_header(old, super::Proposed::built(&new)) =>
+            {
+                None
+            }
             (_, header) => header,
         };
         let header_reason = match (&self.header, &header) {

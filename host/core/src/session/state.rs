@@ -477,13 +477,9 @@ impl SessionState {
         if self.dropped.is_empty() {
             let session = &self.session;
             let roles = &self.roles;
-            self.transcript.activate(format).map_err(|(i, problem)| {
-                Error::Store(StoreError::Corrupt {
-                    session: session.clone(),
-                    seq: roles.get(i).map_or(0, |(s, _)| *s),
-                    problem: format!("a kept message does not decode: {problem}"),
-                })
-            })?;
+            self.transcript
+                .activate(format)
+                .map_err(|(i, problem)| undecodable(session, roles, i, problem))?;
             let at = self.memo.head(header, &self.shown_tools, format);
             self.transcript
                 .render_with(&self.memo.heads[at].2, header, format, out);
@@ -506,13 +502,8 @@ impl SessionState {
             if self.dropped.contains(&i) {
                 continue;
             }
-            let message = serde_json::from_str(fragment).map_err(|e| {
-                Error::Store(StoreError::Corrupt {
-                    session: self.session.clone(),
-                    seq: self.roles.get(i).map_or(0, |(s, _)| *s),
-                    problem: format!("a kept message does not decode: {e}"),
-                })
-            })?;
+            let message = serde_json::from_str(fragment)
+                .map_err(|e| undecodable(&self.session, &self.roles, i, e))?;
             messages.push(message);
         }
         Ok(FrozenRequest {
@@ -527,13 +518,9 @@ impl SessionState {
     /// [`SessionState::request_view`].
     pub fn activate(&mut self, format: crate::formats::Format) -> Result<()> {
         let (session, roles) = (&self.session, &self.roles);
-        self.transcript.activate(format).map_err(|(i, problem)| {
-            Error::Store(StoreError::Corrupt {
-                session: session.clone(),
-                seq: roles.get(i).map_or(0, |(s, _)| *s),
-                problem: format!("a kept message does not decode: {problem}"),
-            })
-        })
+        self.transcript
+            .activate(format)
+            .map_err(|(i, problem)| undecodable(session, roles, i, problem))
     }
 
     /// The last step's request in `format` without rendering it whole: while no message is
@@ -558,6 +545,17 @@ impl SessionState {
             fragments: self.transcript.fragments(header, format),
         })
     }
+}
+
+/// Kept message `i` does not decode: `store_corrupt`, naming the event that recorded it.
+fn undecodable(
+    session: &str,
+    roles: &[(u64, Role)],
+    i: usize,
+    problem: impl std::fmt::Display,
+) -> Error {
+    let seq = roles.get(i).map_or(0, |(s, _)| *s);
+    Error::Store(StoreError::undecodable_message(session, seq, problem))
 }
 
 /// The last step's header, if `format` can render what the transcript holds: what
