@@ -38,14 +38,14 @@ use crate::plugin::registry::PluginOptions;
 use crate::plugin::sandbox::{DeclarationLimits, Sandbox};
 use crate::plugin::trust::Trust;
 
-pub mod plan;
 mod resolve;
+pub mod settings;
 pub mod telemetry;
 mod validate;
 
 use validate::check_agent_name;
 
-pub use plan::AgentPlan;
+pub use settings::AgentSettings;
 
 pub use crate::formats::PROVIDER_TABLES;
 

@@ -2,7 +2,8 @@
 //! rebuilt from the log alone.
 //!
 //! Everything here is a pure function of the events; the daemon feeds it the log, the
-//! assembly and the step's input, and writes what [`plan_step`] returns in one transaction.
+//! assembly and the step's input, and writes what [`crate::step::plan`] returns (the events of
+//! [`SessionState::step_events`], budgeted) in one transaction.
 //! The frozen request a step returns is [`rebuild`] of the log *including* the step's events,
 //! the same function `GET …/steps/{n}/request` uses, so the two are byte-identical (Q4).
 
@@ -20,22 +21,21 @@ pub mod log;
 use log::Body;
 pub use log::HeaderReason;
 
+mod append;
 mod diff;
 mod fit;
 mod outcome;
 mod parts;
-mod plan;
 mod rebuild;
 mod report;
 mod state;
 
+pub use append::{
+    check_message, message_event, reply_event, tool_result_shown, tool_results_shown, StepEvents,
+};
 pub use diff::step_diff;
 pub use fit::message_size;
 use fit::Measured;
-pub use plan::{
-    check_message, message_event, plan_step, reply_event, tool_result_shown, tool_results_shown,
-    StepPlan,
-};
 pub use rebuild::{held_at, provenance_at, rebuild, step_count};
 pub use report::{priced_usage_report, usage_report, StepUsage, UsageReport, UsageTotals};
 use state::{remember, role, Role, SnapshotState};
@@ -75,7 +75,7 @@ pub enum KeyRule<'a> {
     /// until the header changes for another reason (a key change alone would route it away
     /// from the machine holding its messages); a header recorded before keys existed gets one.
     Kept,
-    /// A header built whole, key and all ([`SessionState::plan`] given one): its key must be
+    /// A header built whole, key and all ([`SessionState::step_events`] given one): its key must be
     /// `key`, as every other field must be equal, or it is a new header to record.
     Equal(Option<&'a str>),
 }
@@ -123,7 +123,7 @@ impl<'a> Proposed<'a> {
 
 /// The header rule (Q3): whether `recorded` is the header `new` says, so none is recorded
 /// again. Used where a step is planned ([`crate::step::plan`], [`KeyRule::Kept`]) and where
-/// the session takes the header it is given ([`SessionState::plan`], [`KeyRule::Equal`]).
+/// the session takes the header it is given ([`SessionState::step_events`], [`KeyRule::Equal`]).
 pub fn same_header(recorded: &Header, new: Proposed<'_>) -> bool {
     recorded.layout == new.layout
         && match new.key {

@@ -1,7 +1,7 @@
 //! One step, planned: the pipeline core owns and the daemon drives (Q1–Q6, Q14, Q18).
 //!
 //! [`plan`] takes a session's state, a registry snapshot, the agent's resolved
-//! [`AgentPlan`], the step's input and the format, and returns the [`PlannedStep`]: the typed
+//! [`AgentSettings`], the step's input and the format, and returns the [`PlannedStep`]: the typed
 //! bodies to append, in order, and what they mean. It builds them in this order, each stage
 //! refusing the step before anything is recorded:
 //!
@@ -12,7 +12,8 @@
 //! 4. tool-result shaping (`tool_result_template`, `empty_tool_result`);
 //! 5. whether `format` can carry the session and the new messages (Q6);
 //! 6. provenance, when the header or the plugin set may have changed;
-//! 7. the session plan: messages, snapshot, header, omissions and the marker (Q1–Q3, Q5);
+//! 7. the session's events ([`SessionState::step_events`]): messages, snapshot, header,
+//!    omissions and the marker (Q1–Q3, Q5);
 //! 8. the budget: measuring, trimming with the `history/dropped` event before the marker, and
 //!    refusing a request that still does not fit (Q14); the usage goes on the marker.
 //!
@@ -24,7 +25,7 @@ use std::collections::BTreeMap;
 use crate::assembly::review::Verdict;
 use crate::assembly::{self, Assembly};
 use crate::budget::Usage;
-use crate::config::{AgentPlan, KeyPolicy};
+use crate::config::{AgentSettings, KeyPolicy};
 use crate::conversation::content::Content;
 use crate::conversation::{Header, Message, Ttl};
 use crate::error::{Error, Result};
@@ -145,7 +146,7 @@ pub fn encode(body: &Body) -> Result<NewEvent> {
 pub fn plan(
     state: &mut SessionState,
     registry: &Registry,
-    agent: &AgentPlan,
+    agent: &AgentSettings,
     session: &str,
     serving: Serving<'_>,
     input: StepInput,
@@ -170,7 +171,7 @@ pub fn plan(
 
 /// What plugins are shown of step `number` of session `session` with `facts`.
 pub fn step_for(
-    agent: &AgentPlan,
+    agent: &AgentSettings,
     session: &str,
     number: u64,
     facts: BTreeMap<String, String>,
@@ -189,7 +190,7 @@ pub fn step_for(
 /// assembled ahead, on other threads (a counterfactual replay does: [`crate::replay`]).
 pub fn assemble(
     registry: &Registry,
-    agent: &AgentPlan,
+    agent: &AgentSettings,
     step: &Step,
     secret: &std::sync::Arc<str>,
 ) -> Result<std::sync::Arc<Assembly>> {
@@ -212,7 +213,7 @@ pub struct Assembled {
 pub fn plan_assembled(
     state: &mut SessionState,
     registry: &Registry,
-    agent: &AgentPlan,
+    agent: &AgentSettings,
     assembled: &mut Assembled,
     serving: Serving<'_>,
     messages: Vec<Message>,
@@ -314,7 +315,7 @@ pub fn plan_assembled(
     let provenance = (!known && held.is_empty())
         .then(|| current.unwrap_or_else(|| Provenance::of(registry, assembled)));
     let facts = std::mem::take(&mut step.facts);
-    let mut plan = state.plan(
+    let mut plan = state.step_events(
         messages,
         facts,
         assembled,
@@ -381,7 +382,7 @@ pub fn plan_assembled(
 /// last two with `~N` (the session's shard of `N`) when the daemon says requests with that
 /// key pass the per-key rate (`shards`).
 pub fn cache_key(
-    agent: &AgentPlan,
+    agent: &AgentSettings,
     session: &str,
     assembled: &Assembly,
     shards: Option<&BTreeMap<String, u32>>,
@@ -447,7 +448,7 @@ fn decide_held(
     header: &Header,
     now: &Provenance,
     (registry, assembled): (&Registry, &Assembly),
-    agent: &AgentPlan,
+    agent: &AgentSettings,
     ttl: Option<Ttl>,
     serving: Serving<'_>,
     format: Format,
@@ -497,7 +498,12 @@ fn decide_held(
 }
 
 /// A new header for this step's assembly: built whole, its cache key and TTL set.
-fn new_header(assembled: &Assembly, agent: &AgentPlan, key: String, ttl: Option<Ttl>) -> Header {
+fn new_header(
+    assembled: &Assembly,
+    agent: &AgentSettings,
+    key: String,
+    ttl: Option<Ttl>,
+) -> Header {
     let mut header = session::header(assembled, agent.model.clone());
     header.cache_key = Some(key);
     header.cache_ttl = ttl;
@@ -571,7 +577,7 @@ fn review(
 /// changed: the provider sent it) and is checked against the content limits again.
 pub fn review_recorded(
     registry: &Registry,
-    agent: &AgentPlan,
+    agent: &AgentSettings,
     state: &SessionState,
     message: Message,
     observe: Option<&dyn Observe>,

@@ -7,7 +7,7 @@
 //! iterates is ordered (`BTreeMap`, explicit sorts), so the result never depends on load
 //! order, registration order or hash seeds (A1).
 
-mod plan;
+mod layout;
 pub mod review;
 
 use std::borrow::Cow;
@@ -22,7 +22,7 @@ use crate::plugin::names::UNLISTED_TOOLS;
 use crate::plugin::provider::{CallError, CallResult, Evaluation, Wanted};
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::plugin::trust::{self, Trust};
-use plan::Plan;
+use layout::Layout;
 
 /// The fixed first line of the runtime context snapshot (T6).
 pub const RUNTIME_CONTEXT_HEADER: &str =
@@ -58,7 +58,7 @@ pub struct Assembly {
     pub shown_tools: Option<Vec<String>>,
     /// Each section's and context's interpolated text by name, in output order (empty ones
     /// included), so a budget can say what each one costs. Shared: a static text is the one
-    /// the plan rendered at load, not a copy per step.
+    /// the layout rendered at load, not a copy per step.
     pub sections: Vec<(Arc<str>, Arc<str>)>,
     /// Each context's interpolated text by name, in output order (empty ones included).
     pub contexts: Vec<(Arc<str>, Arc<str>)>,
@@ -90,7 +90,7 @@ pub struct Explain {
     /// Who gave each effective context, in output order; shared as `sections` is.
     pub contexts: Arc<[Origin]>,
     /// Who gave each variable the texts referenced; shared with other assemblies of the same
-    /// plan when only its fixed texts reference any.
+    /// layout when only its fixed texts reference any.
     pub variables: Arc<[Origin]>,
     /// Who gave each tool shown, in output order; shared as [`Assembly::tools`] is.
     pub tools: Arc<[Origin]>,
@@ -198,21 +198,21 @@ fn assemble_fresh(
     let mut excluded = BTreeSet::new();
     let mut omitted = Vec::new();
     loop {
-        // The plan of every step of this key is made once and shared; one that leaves
+        // The layout of every step of this key is made once and shared; one that leaves
         // plugins out (A9) is this assembly's alone.
         let planned = match excluded.is_empty() {
-            true => match registry.skeletons.get::<Plan>(&key) {
-                Some(plan) => Ok(plan),
-                None => plan::plan(registry, &step.scope_chain, options, &excluded).map(|p| {
+            true => match registry.skeletons.get::<Layout>(&key) {
+                Some(layout) => Ok(layout),
+                None => layout::layout(registry, &step.scope_chain, options, &excluded).map(|p| {
                     let p = Arc::new(p);
                     registry.skeletons.put(key.clone(), &p);
                     p
                 }),
             },
-            false => plan::plan(registry, &step.scope_chain, options, &excluded).map(Arc::new),
+            false => layout::layout(registry, &step.scope_chain, options, &excluded).map(Arc::new),
         };
-        let result =
-            planned.and_then(|plan| attempt(registry, &plan, step, options, &excluded, &mut calls));
+        let result = planned
+            .and_then(|layout| attempt(registry, &layout, step, options, &excluded, &mut calls));
         match result {
             Ok(mut assembly) => {
                 omitted.extend(calls.omitted.iter().cloned());
@@ -261,7 +261,7 @@ fn plugin_failure(err: &Error) -> Option<(&str, String, String)> {
     }
 }
 
-/// An effective contribution as [`plan::effective`] gives it: the plugin, the item's index in
+/// An effective contribution as [`layout::effective`] gives it: the plugin, the item's index in
 /// its declaration, the effective scope and that scope's rank in the chain.
 type Picked<'r> = (&'r Arc<PluginEntry>, usize, &'r Scope, usize);
 
@@ -294,20 +294,20 @@ fn finish<'v>(
 
 fn attempt(
     registry: &Registry,
-    plan: &Plan,
+    layout: &Layout,
     step: &Step,
     options: &Options,
     excluded: &BTreeSet<String>,
     calls: &mut Calls,
 ) -> Result<Assembly> {
-    calls.prefetch(step, plan);
+    calls.prefetch(step, layout);
     let mut resolver = Resolver {
-        plan,
+        layout,
         step,
-        used: plan.fixed_used.iter().map(|n| &**n).collect(),
+        used: layout.fixed_used.iter().map(|n| &**n).collect(),
     };
-    let mut section_texts = Vec::with_capacity(plan.sections.len());
-    for part in &plan.sections {
+    let mut section_texts = Vec::with_capacity(layout.sections.len());
+    for part in &layout.sections {
         let text = match &part.fixed {
             Some(text) => text.clone(),
             None => {
@@ -322,8 +322,8 @@ fn attempt(
         section_texts.push((part.name.clone(), text));
     }
     let system = joined(section_texts.iter().map(|(_, t)| &**t));
-    let mut context_texts = Vec::with_capacity(plan.contexts.len());
-    for part in &plan.contexts {
+    let mut context_texts = Vec::with_capacity(layout.contexts.len());
+    for part in &layout.contexts {
         let text = match &part.fixed {
             Some(text) => text.clone(),
             None => {
@@ -338,14 +338,14 @@ fn attempt(
         context_texts.push((part.name.clone(), text));
     }
     let runtime_context = snapshot(context_texts.iter().map(|(_, t)| &**t));
-    let variables = match resolver.used.len() == plan.fixed_used.len() {
-        // Only the fixed texts referenced variables: the plan's list.
-        true => plan.fixed_origins.clone(),
-        false => plan::origins(plan, resolver.used.iter().copied()),
+    let variables = match resolver.used.len() == layout.fixed_used.len() {
+        // Only the fixed texts referenced variables: the layout's list.
+        true => layout.fixed_origins.clone(),
+        false => layout::origins(layout, resolver.used.iter().copied()),
     };
-    let ordered = match &plan.tools {
+    let ordered = match &layout.tools {
         Some(known) => known.clone(),
-        None => filtered_tools(registry, plan, options, excluded, step, calls)?,
+        None => filtered_tools(registry, layout, options, excluded, step, calls)?,
     };
     Ok(Assembly {
         system,
@@ -355,8 +355,8 @@ fn attempt(
         sections: section_texts,
         contexts: context_texts,
         explain: Explain {
-            sections: plan.section_origins.clone(),
-            contexts: plan.context_origins.clone(),
+            sections: layout.section_origins.clone(),
+            contexts: layout.context_origins.clone(),
             variables,
             tools: ordered.origins.clone(),
         },
@@ -404,13 +404,13 @@ fn in_order<'n>(names: &BTreeSet<&'n str>, options: &Options) -> Vec<&'n str> {
 /// filters said the same, else made again (and remembered for the next).
 fn filtered_tools(
     registry: &Registry,
-    plan: &Plan,
+    layout: &Layout,
     options: &Options,
     excluded: &BTreeSet<String>,
     step: &Step,
     calls: &mut Calls,
 ) -> Result<Arc<OrderedTools>> {
-    for entry in &plan.filtering {
+    for entry in &layout.filtering {
         calls.shown_tools(entry, step)?;
     }
     let said = |calls: &Calls, e: &Arc<PluginEntry>| {
@@ -418,9 +418,9 @@ fn filtered_tools(
         let names = calls.tools.get(&ptr).and_then(|r| r.as_ref().ok()).cloned();
         (ptr, names)
     };
-    if let Some((key, ordered)) = lock(&plan.filtered).as_ref() {
-        let same = key.len() == plan.filtering.len()
-            && key.iter().zip(&plan.filtering).all(|((ptr, names), e)| {
+    if let Some((key, ordered)) = lock(&layout.filtered).as_ref() {
+        let same = key.len() == layout.filtering.len()
+            && key.iter().zip(&layout.filtering).all(|((ptr, names), e)| {
                 let p = Arc::as_ptr(e) as usize;
                 p == *ptr && calls.tools.get(&p).and_then(|r| r.as_ref().ok()) == Some(names)
             });
@@ -428,15 +428,15 @@ fn filtered_tools(
             return Ok(ordered.clone());
         }
     }
-    let tools = plan::effective::<Tool>(registry, excluded, &step.scope_chain);
+    let tools = layout::effective::<Tool>(registry, excluded, &step.scope_chain);
     let ordered = Arc::new(order_tools(&tools, options, Some(step), calls)?);
-    let key = (plan.filtering.iter())
+    let key = (layout.filtering.iter())
         .filter_map(|e| {
             let (ptr, names) = said(calls, e);
             Some((ptr, names?))
         })
         .collect();
-    *lock(&plan.filtered) = Some((key, ordered.clone()));
+    *lock(&layout.filtered) = Some((key, ordered.clone()));
     Ok(ordered)
 }
 
@@ -453,7 +453,7 @@ struct OrderedTools {
 
 /// A6, A7: shown tools, by name or by `tool_order` (all known tools, and the shown names
 /// apart, with [`Options::keep_all_tools`]). `step` is `None` when no plugin filters tools
-/// (a plan's ordering, which calls nothing).
+/// (a layout's ordering, which calls nothing).
 fn order_tools(
     tools: &BTreeMap<&str, Picked<'_>>,
     options: &Options,
@@ -528,9 +528,9 @@ fn order_tools(
     })
 }
 
-/// Resolves `{{name}}` against the plan's variables, calling dynamic ones lazily.
+/// Resolves `{{name}}` against the layout's variables, calling dynamic ones lazily.
 struct Resolver<'p> {
-    plan: &'p Plan,
+    layout: &'p Layout,
     step: &'p Step,
     /// Variables referenced this assembly (for `--explain`).
     used: BTreeSet<&'p str>,
@@ -538,8 +538,13 @@ struct Resolver<'p> {
 
 impl<'p> Resolver<'p> {
     fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved<'p>> {
-        let Some((key, v)) = self.plan.variables.get_key_value(name) else {
-            let known = self.plan.variables.keys().map(|k| k.to_string()).collect();
+        let Some((key, v)) = self.layout.variables.get_key_value(name) else {
+            let known = self
+                .layout
+                .variables
+                .keys()
+                .map(|k| k.to_string())
+                .collect();
             return Ok(Resolved::Unknown { known });
         };
         self.used.insert(key);
@@ -559,7 +564,7 @@ impl<'p> Resolver<'p> {
     }
 }
 
-/// A contribution: its plugin (by the address of its shared entry, the same in every plan of
+/// A contribution: its plugin (by the address of its shared entry, the same in every layout of
 /// one snapshot), kind and index in the declaration. Only ever looked up, never iterated.
 type CallKey = (usize, Kind, usize);
 
@@ -583,11 +588,11 @@ impl Calls<'_> {
     /// W3: asks each batching plugin (world 0.2.0) once for every effective dynamic value it
     /// gives this step and has not given yet: its sections and contexts in use, its effective
     /// variables (referenced or not: which ones a dynamic text references is only known after
-    /// the call), and its shown tools (the plan's [`plan::Ask`]s). Shadowed contributions are
+    /// the call), and its shown tools (the layout's [`layout::Ask`]s). Shadowed contributions are
     /// never asked for. The answers join the memo, so the lazy per-item path below finds
     /// them; an error stays with its item and fails the assembly only if the item is used.
-    fn prefetch(&mut self, step: &Step, plan: &Plan) {
-        for ask in &plan.asks {
+    fn prefetch(&mut self, step: &Step, layout: &Layout) {
+        for ask in &layout.asks {
             let entry = &ask.entry;
             let (texts, values) = (&ask.text_keys, &ask.value_keys);
             let ptr = Arc::as_ptr(entry) as usize;

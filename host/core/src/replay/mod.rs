@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::assembly::Assembly;
-use crate::config::plan::ToolResults;
-use crate::config::AgentPlan;
+use crate::config::settings::ToolResults;
+use crate::config::AgentSettings;
 use crate::error::{Error, Result};
 use crate::formats::Format;
 use crate::ledger::Pricing;
@@ -54,7 +54,7 @@ pub struct Candidate<'a> {
     /// The candidate plugin set (its own registry, never the one serving).
     pub registry: &'a Registry,
     /// The session's agent, resolved from the candidate config.
-    pub agent: &'a AgentPlan,
+    pub agent: &'a AgentSettings,
     /// The candidate config's prices and cache rules.
     pub pricing: Pricing<'a>,
     /// The provider format requests are compared and priced in; `None`: the format of the

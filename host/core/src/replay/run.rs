@@ -9,7 +9,7 @@ use super::view::Side;
 use super::Candidate;
 use crate::assembly::Assembly;
 use crate::cache::Block;
-use crate::config::AgentPlan;
+use crate::config::AgentSettings;
 use crate::error::{Error, Result};
 use crate::formats::Format;
 use crate::session::log::{Body, Compacted, Dropped, Recorded};
@@ -187,7 +187,7 @@ pub(super) struct Run<'a> {
     pub(super) session: &'a str,
     pub(super) log: &'a [Entry],
     pub(super) candidate: &'a Candidate<'a>,
-    pub(super) agent: &'a AgentPlan,
+    pub(super) agent: &'a AgentSettings,
     pub(super) format: Format,
     pub(super) recorded: Side,
     /// The candidate's side, once its log differs from the recorded one in anything a request

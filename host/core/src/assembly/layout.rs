@@ -1,10 +1,10 @@
-//! An assembly's plan: who gives each effective part for one registry snapshot, scope chain,
+//! An assembly's layout: who gives each effective part for one registry snapshot, scope chain,
 //! options and set of left-out plugins, in output order, with every static text already
 //! rendered and what each batching plugin will be asked.
 //!
 //! None of it depends on the step, so a snapshot makes it once per (chain, options) and every
 //! step of every session shares it: a step then only calls the plugins for their dynamic parts
-//! and splices the answers in (issue 31). A plan made with plugins left out (A9) is made for that
+//! and splices the answers in (issue 31). A layout made with plugins left out (A9) is made for that
 //! assembly alone.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,7 +56,7 @@ pub(super) struct Ask {
     pub value_keys: Vec<CallKey>,
 }
 
-pub(super) struct Plan {
+pub(super) struct Layout {
     pub sections: Vec<Part>,
     pub contexts: Vec<Part>,
     pub variables: BTreeMap<Arc<str>, VarPart>,
@@ -148,13 +148,13 @@ fn origin(name: &str, entry: &PluginEntry, scope: &Scope) -> Origin {
     }
 }
 
-/// The plan of `registry` for `chain` and `options`, leaving out the plugins in `excluded`.
-pub(super) fn plan(
+/// The layout of `registry` for `chain` and `options`, leaving out the plugins in `excluded`.
+pub(super) fn layout(
     registry: &Registry,
     chain: &[String],
     options: &Options,
     excluded: &BTreeSet<String>,
-) -> Result<Plan> {
+) -> Result<Layout> {
     let sections = effective::<Section>(registry, excluded, chain);
     let variables = effective::<Variable>(registry, excluded, chain);
     // A4: without a runtime context, contexts are neither called nor rendered.
@@ -320,7 +320,7 @@ pub(super) fn plan(
         .iter()
         .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
         .collect();
-    let mut plan = Plan {
+    let mut layout = Layout {
         sections: section_parts,
         contexts: context_parts,
         variables,
@@ -333,15 +333,15 @@ pub(super) fn plan(
         filtering,
         filtered: Mutex::new(None),
     };
-    plan.fixed_origins = origins(&plan, plan.fixed_used.iter().map(|n| &**n));
-    Ok(plan)
+    layout.fixed_origins = origins(&layout, layout.fixed_used.iter().map(|n| &**n));
+    Ok(layout)
 }
 
 /// Who gives each of the variables `names` (by name order, as given).
-pub(super) fn origins<'a>(plan: &Plan, names: impl Iterator<Item = &'a str>) -> Arc<[Origin]> {
+pub(super) fn origins<'a>(layout: &Layout, names: impl Iterator<Item = &'a str>) -> Arc<[Origin]> {
     names
         .filter_map(|n| {
-            let v = plan.variables.get(n)?;
+            let v = layout.variables.get(n)?;
             Some(Origin {
                 name: n.to_string(),
                 plugin: v.entry.id.clone(),
