@@ -98,12 +98,16 @@ struct Pick<'r> {
     rank: usize,
 }
 
+/// An effective contribution: its plugin, the item's index, its effective scope and that
+/// scope's rank in the chain.
+type Picked<'r> = (&'r Arc<PluginEntry>, usize, &'r Scope, usize);
+
 /// Merges one kind of contribution over the chain: the nearest scope wins (R3).
 pub(super) fn effective<'r, T: Contribution + 'r>(
     registry: &'r Registry,
     excluded: &BTreeSet<String>,
     chain: &[String],
-) -> BTreeMap<&'r str, (&'r Arc<PluginEntry>, usize, &'r Scope, usize)> {
+) -> BTreeMap<&'r str, Picked<'r>> {
     let mut best: BTreeMap<&str, Pick> = BTreeMap::new();
     for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
         for (index, item) in T::all(&entry.declaration).iter().enumerate() {
@@ -148,6 +152,14 @@ fn origin(name: &str, entry: &PluginEntry, scope: &Scope) -> Origin {
     }
 }
 
+/// Who gives each of `ordered`'s contributions, in its order.
+fn origins_in_order(ordered: &[(&str, Picked<'_>)]) -> Arc<[Origin]> {
+    ordered
+        .iter()
+        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
+        .collect()
+}
+
 /// The layout of `registry` for `chain` and `options`, leaving out the plugins in `excluded`.
 pub(super) fn layout(
     registry: &Registry,
@@ -167,21 +179,7 @@ pub(super) fn layout(
     if let Some(order) = &options.tool_order {
         super::check_tool_order(registry, order)?;
     }
-    let complete: Vec<&str> = sections
-        .iter()
-        .filter(|(_, p)| section(p).complete)
-        .map(|(n, _)| *n)
-        .collect();
-    if complete.len() > 1 {
-        let names = complete.iter().map(|n| n.to_string()).collect();
-        return Err(Error::MultipleComplete(names)); // already sorted: BTreeMap order
-    }
-    // A1, A3: a single complete section stands alone; otherwise sort by (order, name).
-    let mut ordered: Vec<(&str, _)> = match complete.first() {
-        Some(only) => vec![(*only, sections[only])],
-        None => sections.iter().map(|(n, p)| (*n, *p)).collect(),
-    };
-    ordered.sort_by(|a, b| (section(&a.1).order, a.0).cmp(&(section(&b.1).order, b.0)));
+    let ordered = ordered_sections(&sections)?;
     let mut ordered_contexts: Vec<(&str, _)> = contexts.iter().map(|(n, p)| (*n, *p)).collect();
     ordered_contexts.sort_by(|a, b| (context(&a.1).order, a.0).cmp(&(context(&b.1).order, b.0)));
 
@@ -252,9 +250,69 @@ pub(super) fn layout(
         })
         .collect();
 
-    // What each batching plugin is asked, in the order the per-item path would ask.
+    let mut asks = asks_of(&section_parts, &context_parts, &variables);
+    let tools = effective::<crate::plugin::model::Tool>(registry, excluded, chain);
+    let (filters, filtering) = filtering_plugins(&tools, &mut asks);
+    let tools = match filters {
+        true => None,
+        // No plugin filters: ordering makes no call, so the step plays no part.
+        false => Some(Arc::new(super::order_tools(
+            &tools,
+            options,
+            None,
+            &mut super::Calls::default(),
+        )?)),
+    };
+    let section_origins = origins_in_order(&ordered);
+    let context_origins = origins_in_order(&ordered_contexts);
+    let mut layout = Layout {
+        sections: section_parts,
+        contexts: context_parts,
+        variables,
+        asks: asks.into_values().collect(),
+        section_origins,
+        context_origins,
+        fixed_origins: Arc::from([]),
+        fixed_used: used.into_iter().collect(),
+        tools,
+        filtering,
+        filtered: Mutex::new(None),
+    };
+    layout.fixed_origins = origins(&layout, layout.fixed_used.iter().map(|n| &**n));
+    Ok(layout)
+}
+
+/// A1–A3: the sections in output order: a single complete section alone, else every
+/// section by (order, name); two complete sections are refused.
+fn ordered_sections<'r>(
+    sections: &BTreeMap<&'r str, Picked<'r>>,
+) -> Result<Vec<(&'r str, Picked<'r>)>> {
+    let complete: Vec<&str> = sections
+        .iter()
+        .filter(|(_, p)| section(p).complete)
+        .map(|(n, _)| *n)
+        .collect();
+    if complete.len() > 1 {
+        let names = complete.iter().map(|n| n.to_string()).collect();
+        return Err(Error::MultipleComplete(names)); // already sorted: BTreeMap order
+    }
+    // A1, A3: a single complete section stands alone; otherwise sort by (order, name).
+    let mut ordered: Vec<(&str, _)> = match complete.first() {
+        Some(only) => vec![(*only, sections[only])],
+        None => sections.iter().map(|(n, p)| (*n, *p)).collect(),
+    };
+    ordered.sort_by(|a, b| (section(&a.1).order, a.0).cmp(&(section(&b.1).order, b.0)));
+    Ok(ordered)
+}
+
+/// What each batching plugin is asked, in the order the per-item path would ask.
+fn asks_of(
+    section_parts: &[Part],
+    context_parts: &[Part],
+    variables: &BTreeMap<Arc<str>, VarPart>,
+) -> BTreeMap<String, Ask> {
     let mut asks: BTreeMap<String, Ask> = BTreeMap::new();
-    for part in &section_parts {
+    for part in section_parts {
         let s = part.section();
         if part.entry.provider.batches() && s.text == Content::Dynamic {
             let a = asks
@@ -265,7 +323,7 @@ pub(super) fn layout(
                 .push(call_key(&part.entry, Kind::Section, part.index));
         }
     }
-    for part in &context_parts {
+    for part in context_parts {
         let c = part.context();
         if part.entry.provider.batches() && c.text == Content::Dynamic {
             let a = asks
@@ -287,7 +345,15 @@ pub(super) fn layout(
                 .push(call_key(&v.entry, Kind::Variable, v.index));
         }
     }
-    let tools = effective::<crate::plugin::model::Tool>(registry, excluded, chain);
+    asks
+}
+
+/// The plugins that filter the tools (each once), and whether any does; a batching one is
+/// asked for the tools shown.
+fn filtering_plugins(
+    tools: &BTreeMap<&str, Picked<'_>>,
+    asks: &mut BTreeMap<String, Ask>,
+) -> (bool, Vec<Arc<PluginEntry>>) {
     let mut filters = false;
     let mut filtering: Vec<Arc<PluginEntry>> = Vec::new();
     for (entry, _, _, _) in tools.values() {
@@ -302,39 +368,7 @@ pub(super) fn layout(
             }
         }
     }
-    let tools = match filters {
-        true => None,
-        // No plugin filters: ordering makes no call, so the step plays no part.
-        false => Some(Arc::new(super::order_tools(
-            &tools,
-            options,
-            None,
-            &mut super::Calls::default(),
-        )?)),
-    };
-    let section_origins = ordered
-        .iter()
-        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
-        .collect();
-    let context_origins = ordered_contexts
-        .iter()
-        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
-        .collect();
-    let mut layout = Layout {
-        sections: section_parts,
-        contexts: context_parts,
-        variables,
-        asks: asks.into_values().collect(),
-        section_origins,
-        context_origins,
-        fixed_origins: Arc::from([]),
-        fixed_used: used.into_iter().collect(),
-        tools,
-        filtering,
-        filtered: Mutex::new(None),
-    };
-    layout.fixed_origins = origins(&layout, layout.fixed_used.iter().map(|n| &**n));
-    Ok(layout)
+    (filters, filtering)
 }
 
 /// Who gives each of the variables `names` (by name order, as given).
