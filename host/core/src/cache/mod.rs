@@ -561,6 +561,39 @@ impl Cache {
         }
     }
 
+    /// Where entries of a request of `blocks` may be written (each with its TTL) and looked up:
+    /// the marked blocks (at most `max_breakpoints`) and the blocks a lookback reaches from
+    /// them, or every block for the automatic kind.
+    fn marks(&self, blocks: &[Block]) -> (Vec<(usize, Ttl)>, Vec<usize>) {
+        match self.rules.family {
+            Family::Breakpoints => {
+                let marks: Vec<(usize, Ttl)> = blocks
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, b)| b.breakpoint.map(|ttl| (i, ttl)))
+                    .take(self.rules.max_breakpoints)
+                    .collect();
+                let mut candidates: Vec<usize> = marks
+                    .iter()
+                    .flat_map(|&(i, _)| i.saturating_sub(self.rules.lookback_blocks)..=i)
+                    .collect();
+                candidates.sort_unstable();
+                candidates.dedup();
+                (marks, candidates)
+            }
+            Family::Automatic => {
+                let ttl = if self.rules.extended {
+                    Ttl::Hour1
+                } else {
+                    Ttl::Minutes5
+                };
+                let all: Vec<(usize, Ttl)> = (0..blocks.len()).map(|i| (i, ttl)).collect();
+                let candidates = (0..blocks.len()).collect();
+                (all, candidates)
+            }
+        }
+    }
+
     /// Serves `request` and remembers what it leaves cached.
     pub fn serve(&mut self, request: &Request) -> Served {
         let now = request.at_ms;
@@ -587,34 +620,7 @@ impl Cache {
         let total = t;
         let machine = self.route(request, &prefix, &ends);
         let at = |i: usize| (machine.0, machine.1, prefix[i]);
-        // Where entries may be (written) and looked up.
-        let (written_at, candidates): (Vec<(usize, Ttl)>, Vec<usize>) = match self.rules.family {
-            Family::Breakpoints => {
-                let marks: Vec<(usize, Ttl)> = blocks
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, b)| b.breakpoint.map(|ttl| (i, ttl)))
-                    .take(self.rules.max_breakpoints)
-                    .collect();
-                let mut candidates: Vec<usize> = marks
-                    .iter()
-                    .flat_map(|&(i, _)| i.saturating_sub(self.rules.lookback_blocks)..=i)
-                    .collect();
-                candidates.sort_unstable();
-                candidates.dedup();
-                (marks, candidates)
-            }
-            Family::Automatic => {
-                let ttl = if self.rules.extended {
-                    Ttl::Hour1
-                } else {
-                    Ttl::Minutes5
-                };
-                let all: Vec<(usize, Ttl)> = (0..blocks.len()).map(|i| (i, ttl)).collect();
-                let candidates = (0..blocks.len()).collect();
-                (all, candidates)
-            }
-        };
+        let (written_at, candidates) = self.marks(blocks);
         let cacheable = |end: u64| end >= self.rules.min_tokens;
         let rounded = |end: u64| end - end % self.rules.step_tokens.max(1);
         // The longest live entry on this machine.

@@ -218,6 +218,7 @@ impl SessionState {
         Ok(())
     }
 
+    /// One recorded body applied at `seq` (the log's next).
     pub(super) fn apply_body(&mut self, seq: u64, body: Body) -> Result<()> {
         if seq != self.last_seq + 1 {
             return Err(Error::Store(StoreError::Corrupt {
@@ -333,25 +334,31 @@ impl SessionState {
             Body::PluginOmitted(_) => None,
         };
         if let Some(message) = message {
-            match &message {
-                Message::Assistant { tool_calls, .. } => {
-                    for call in tool_calls {
-                        if self.tool_calls.insert(call.id.clone()) {
-                            self.tool_call_bytes += 2 * (call.id.len() + 32);
-                        }
-                        self.open_calls.insert(call.id.clone());
-                    }
-                }
-                Message::Tool { tool_call_id, .. } => {
-                    self.open_calls.remove(tool_call_id);
-                }
-                Message::User { .. } => {}
-            }
-            self.roles.push((seq, role(&message)));
-            self.transcript.push(&message);
+            self.push_message(seq, &message);
         }
         self.last_seq = seq;
         Ok(())
+    }
+
+    /// A message the log recorded at `seq`: its tool calls opened or answered, its role, its
+    /// fragments in the transcript.
+    fn push_message(&mut self, seq: u64, message: &Message) {
+        match message {
+            Message::Assistant { tool_calls, .. } => {
+                for call in tool_calls {
+                    if self.tool_calls.insert(call.id.clone()) {
+                        self.tool_call_bytes += 2 * (call.id.len() + 32);
+                    }
+                    self.open_calls.insert(call.id.clone());
+                }
+            }
+            Message::Tool { tool_call_id, .. } => {
+                self.open_calls.remove(tool_call_id);
+            }
+            Message::User { .. } => {}
+        }
+        self.roles.push((seq, role(message)));
+        self.transcript.push(message);
     }
 
     /// The session's id.
