@@ -1,4 +1,5 @@
-//! Running a replay: the recorded steps of a log, each planned by the candidate and applied to both sides, on a pool of threads.
+//! Running a replay: the recorded steps of a log, each planned by the candidate and applied to
+//! both sides, on a pool of threads.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! The hand-written scanner of a message list's JSON text: its top-level values, and a value without its cache markers.
+//! The hand-written scanner of a message list's JSON text: its top-level values, and a value
+//! without its cache markers.
 
 use serde_json::Value;
 
