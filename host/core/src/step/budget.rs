@@ -13,7 +13,7 @@ use crate::observe::{observed, Activity};
 use crate::session::log::Body;
 use crate::session::{SessionState, StepEvents};
 
-/// The session's events for the step (`plan`), budgeted: the step ready to append, with what
+/// The session's events for the step, budgeted: the step ready to append, with what
 /// it holds and what its header releases (K7).
 pub(super) fn budgeted(
     state: &mut SessionState,
@@ -21,23 +21,23 @@ pub(super) fn budgeted(
     assembled: &Assembly,
     serving: Serving<'_>,
     format: Format,
-    mut plan: StepEvents,
+    mut appended: StepEvents,
     (held, released): (Vec<held::Held>, Option<held::Released>),
 ) -> Result<PlannedStep> {
     // Measure what this step's request will hold: the log so far, this step's input and its
     // snapshot.
-    let snapshot = plan.events.iter().find_map(|b| match b {
+    let snapshot = appended.events.iter().find_map(|b| match b {
         Body::ContextSnapshot(s) => Some(Message::snapshot(s.content.clone())),
         _ => None,
     });
-    let new: Vec<&Message> = plan
+    let new: Vec<&Message> = appended
         .events
         .iter()
         .filter_map(Body::as_message)
         .chain(snapshot.as_ref())
         .collect();
-    // The new header, when the plan records one; else the recorded one stands.
-    let header = plan.events.iter().find_map(|b| match b {
+    // The new header, when the step records one; else the recorded one stands.
+    let header = appended.events.iter().find_map(|b| match b {
         Body::RequestHeader(h) => Some(&h.header),
         _ => None,
     });
@@ -52,26 +52,26 @@ pub(super) fn budgeted(
         ))
     })?;
     drop(new);
-    let mut prefix_kept = plan.prefix_kept;
+    let mut prefix_kept = appended.prefix_kept;
     if let Some(dropped) = dropped {
-        plan.events.push(dropped);
+        appended.events.push(dropped);
         prefix_kept = prefix_kept.map(|_| false);
     }
     usage.check(&agent.budget)?;
-    plan.marker.usage = Some(usage);
-    plan.marker.held = held;
+    appended.marker.usage = Some(usage);
+    appended.marker.held = held;
     if let Some(released) = released {
-        for body in &mut plan.events {
+        for body in &mut appended.events {
             if let Body::RequestHeader(record) = body {
                 record.released = Some(released.clone());
             }
         }
     }
-    let step = plan.step;
-    let header_reason = plan.header_reason;
+    let step = appended.step;
+    let header_reason = appended.header_reason;
     Ok(PlannedStep {
         step,
-        bodies: plan.into_bodies(),
+        bodies: appended.into_bodies(),
         header_reason,
         prefix_kept,
     })
