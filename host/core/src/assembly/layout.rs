@@ -12,11 +12,14 @@ use std::sync::Arc;
 
 use std::sync::Mutex;
 
-use super::{call_key, CallKey, Options, OrderedTools, Origin};
+use super::calls::{call_key, Ask, Calls};
+use super::effective::{effective, Picked};
+use super::model::{Options, Origin};
+use super::tools::{check_tool_order, order_tools, OrderedTools};
 use crate::error::{Error, Result};
 use crate::plugin::interpolate::{render, Resolved};
 use crate::plugin::model::Kind;
-use crate::plugin::model::{Content, Context, Contribution, Scope, Section, Variable};
+use crate::plugin::model::{Content, Context, Scope, Section, Variable};
 use crate::plugin::provider::{Item, Wanted};
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::plugin::trust::Trust;
@@ -44,16 +47,6 @@ impl VarPart {
     pub fn item(&self) -> &Variable {
         &self.entry.declaration.variables[self.index]
     }
-}
-
-/// What one batching plugin (world 0.2.0) is asked each step: its effective dynamic sections
-/// and contexts in output order, its effective dynamic variables by name, its shown tools.
-pub(super) struct Ask {
-    pub entry: Arc<PluginEntry>,
-    pub wanted: Wanted,
-    /// The memo keys of `wanted`'s texts (sections, then contexts) and variables.
-    pub text_keys: Vec<CallKey>,
-    pub value_keys: Vec<CallKey>,
 }
 
 pub(super) struct Layout {
@@ -89,61 +82,6 @@ impl Part {
     }
 }
 
-/// One effective contribution while planning: the plugin, the item's index, its effective
-/// scope and that scope's rank in the chain.
-struct Pick<'r> {
-    entry: &'r Arc<PluginEntry>,
-    index: usize,
-    scope: &'r Scope,
-    rank: usize,
-}
-
-/// An effective contribution: its plugin, the item's index, its effective scope and that
-/// scope's rank in the chain.
-type Picked<'r> = (&'r Arc<PluginEntry>, usize, &'r Scope, usize);
-
-/// Merges one kind of contribution over the chain: the nearest scope wins (R3).
-pub(super) fn effective<'r, T: Contribution + 'r>(
-    registry: &'r Registry,
-    excluded: &BTreeSet<String>,
-    chain: &[String],
-) -> BTreeMap<&'r str, Picked<'r>> {
-    let mut best: BTreeMap<&str, Pick> = BTreeMap::new();
-    for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
-        for (index, item) in T::all(&entry.declaration).iter().enumerate() {
-            let declared = item.scope();
-            let scope = match (&entry.options.scope_override, declared) {
-                (Some(over), Scope::Global) => over,
-                _ => declared,
-            };
-            let Some(rank) = chain.iter().position(|k| k == scope.key()) else {
-                continue; // not visible to this agent
-            };
-            // Same name in the same scope from two plugins is refused at load (R2), so ranks
-            // never tie; on a tie the first plugin by id would win, still deterministically.
-            let pick = Pick {
-                entry,
-                index,
-                scope,
-                rank,
-            };
-            match best.entry(item.name()) {
-                std::collections::btree_map::Entry::Occupied(mut o) => {
-                    if rank > o.get().rank {
-                        o.insert(pick);
-                    }
-                }
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(pick);
-                }
-            }
-        }
-    }
-    best.into_iter()
-        .map(|(name, p)| (name, (p.entry, p.index, p.scope, p.rank)))
-        .collect()
-}
-
 fn origin(name: &str, entry: &PluginEntry, scope: &Scope) -> Origin {
     Origin {
         name: name.to_string(),
@@ -177,7 +115,7 @@ pub(super) fn layout(
 
     // Cheap checks first, before any plugin is called.
     if let Some(order) = &options.tool_order {
-        super::check_tool_order(registry, order)?;
+        check_tool_order(registry, order)?;
     }
     let ordered = ordered_sections(&sections)?;
     let mut ordered_contexts: Vec<(&str, _)> = contexts.iter().map(|(n, p)| (*n, *p)).collect();
@@ -256,11 +194,11 @@ pub(super) fn layout(
     let tools = match filters {
         true => None,
         // No plugin filters: ordering makes no call, so the step plays no part.
-        false => Some(Arc::new(super::order_tools(
+        false => Some(Arc::new(order_tools(
             &tools,
             options,
             None,
-            &mut super::Calls::default(),
+            &mut Calls::default(),
         )?)),
     };
     let section_origins = origins_in_order(&ordered);
