@@ -2,7 +2,7 @@
 //! rebuilt from the log alone.
 //!
 //! Everything here is a pure function of the events; the daemon feeds it the log, the
-//! assembly and the step's input, and writes what [`crate::step::plan`] returns (the events of
+//! assembly and the step's input, and writes what `step::plan` returns (the events of
 //! [`SessionState::step_events`], budgeted) in one transaction.
 //! The frozen request a step returns is [`rebuild`] of the log *including* the step's events,
 //! the same function `GET …/steps/{n}/request` uses, so the two are byte-identical (Q4).
@@ -70,7 +70,7 @@ pub fn header(assembly: &Assembly, model: serde_json::Map<String, serde_json::Va
 /// answers, so each says which.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyRule<'a> {
-    /// A step being planned ([`crate::step::plan`]), before any header is built: the recorded
+    /// A step being planned (`step::plan`), before any header is built: the recorded
     /// header must have a key, whatever its value. A session keeps the key its header recorded
     /// until the header changes for another reason (a key change alone would route it away
     /// from the machine holding its messages); a header recorded before keys existed gets one.
@@ -122,7 +122,7 @@ impl<'a> Proposed<'a> {
 }
 
 /// The header rule (Q3): whether `recorded` is the header `new` says, so none is recorded
-/// again. Used where a step is planned ([`crate::step::plan`], [`KeyRule::Kept`]) and where
+/// again. Used where a step is planned (`step::plan`, [`KeyRule::Kept`]) and where
 /// the session takes the header it is given ([`SessionState::step_events`], [`KeyRule::Equal`]).
 pub fn same_header(recorded: &Header, new: Proposed<'_>) -> bool {
     recorded.layout == new.layout

@@ -216,7 +216,7 @@ impl SessionState {
         Ok(())
     }
 
-    /// The events a step appends ([`StepEvents`]): stage 7 of [`crate::step::plan`]; linear in
+    /// The events a step appends ([`StepEvents`]): stage 7 of `step::plan`; linear in
     /// the step's input. Takes the step's messages (checked, and moved into their events).
     /// `header` is the header this step's request starts with; `None` says it is the one
     /// recorded last (the caller compared them), so nothing is built or compared again. `run`
