@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use promptd_core::assembly;
-use promptd_core::config::{AgentPlan, Config};
+use promptd_core::config::{AgentSettings, Config};
 use promptd_core::load;
 use promptd_core::plugin::model::Step;
 use promptd_core::plugin::provider::NativePlugin;
@@ -50,8 +50,8 @@ fn prefix(i: usize) -> String {
 }
 
 /// The default agent's plan, as the daemon resolves it (no config: chain `global → default`).
-fn plan() -> AgentPlan {
-    AgentPlan::resolve(&Config::default(), "default", |_| None).expect("the default agent")
+fn plan() -> AgentSettings {
+    AgentSettings::resolve(&Config::default(), "default", |_| None).expect("the default agent")
 }
 
 fn step() -> Step {

@@ -90,7 +90,7 @@ fn main() {
     for format in Format::ALL {
         // Every format active, as in a session that asked for it; and the same bytes both ways.
         assert_eq!(
-            transcript.render(&header, None, format),
+            transcript.render(&header, None, format).expect("render"),
             formats::render(&request, format).to_string(),
             "{}",
             format.as_str()

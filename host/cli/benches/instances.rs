@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use promptd_core::assembly;
-use promptd_core::config::{AgentPlan, Config};
+use promptd_core::config::{AgentSettings, Config};
 use promptd_core::load::{self, PluginFile};
 use promptd_core::plugin::model::{Scope, Step};
 use promptd_core::plugin::provider::Provider;
@@ -31,8 +31,8 @@ use promptd_engine::{cache, WasmEngine};
 use sha2::{Digest, Sha256};
 
 /// The default agent's plan, as the daemon resolves it (no config: chain `global → default`).
-fn plan() -> AgentPlan {
-    AgentPlan::resolve(&Config::default(), "default", |_| None).expect("the default agent")
+fn plan() -> AgentSettings {
+    AgentSettings::resolve(&Config::default(), "default", |_| None).expect("the default agent")
 }
 
 fn step() -> Step {

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use promptd_core::cache::outcome::{Kind, Outcome};
-use promptd_core::config::{AgentPlan, Config};
+use promptd_core::config::{AgentSettings, Config};
 use promptd_core::conversation::{Message, ToolCall};
 use promptd_core::formats::replies::ProviderUsage;
 use promptd_core::formats::Format;
@@ -90,7 +90,7 @@ fn tool_output(n: usize) -> String {
 }
 
 /// Records `steps` steps in memory as the daemon does; returns the log.
-fn record(registry: &Registry, plan: &AgentPlan, steps: usize) -> Vec<Event> {
+fn record(registry: &Registry, plan: &AgentSettings, steps: usize) -> Vec<Event> {
     let mut state = SessionState::new(SESSION);
     let mut events = Vec::new();
     let mut clock = 1_800_000_000_000u64;
@@ -225,8 +225,8 @@ fn main() {
         Config::parse(&config_text("terse, and blunt"), "promptd.toml").expect("candidate config");
     let recorded = load_registry(&engine, &dir, &recorded_config);
     let other = load_registry(&engine, &dir, &other_config);
-    let plan = AgentPlan::resolve(&recorded_config, "coder", |_| None).expect("plan");
-    let other_plan = AgentPlan::resolve(&other_config, "coder", |_| None).expect("plan");
+    let plan = AgentSettings::resolve(&recorded_config, "coder", |_| None).expect("plan");
+    let other_plan = AgentSettings::resolve(&other_config, "coder", |_| None).expect("plan");
 
     let started = Instant::now();
     let log = record(&recorded, &plan, steps);

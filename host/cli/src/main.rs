@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use promptd_core::assembly;
-use promptd_core::config::{AgentPlan, Config, DEFAULT_AGENT};
+use promptd_core::config::{AgentSettings, Config, DEFAULT_AGENT};
 use promptd_core::plugin::model::Step;
 use promptd_core::{load, request};
 use promptd_daemon::plugin_dir;
@@ -541,7 +541,7 @@ fn assemble(
     if let Some(refusal) = loaded.refused.into_iter().next() {
         return Err(refusal.error.into());
     }
-    let plan = AgentPlan::resolve(&config, agent, promptd_tokenize::counter)?;
+    let plan = AgentSettings::resolve(&config, agent, promptd_tokenize::counter)?;
     let step = Step {
         agent: plan.agent.clone(),
         scope_chain: plan.scope_chain.clone(),

@@ -494,66 +494,82 @@ fn explain(
         }
     }
     if a.system != b.system {
-        let mut named = false;
-        if let (Some(pa), Some(pb)) = (before_from, after_from) {
-            for s in &pb.sections {
-                match pa.sections.iter().find(|o| o.name == s.name) {
-                    None => causes.push(format!(
-                        "section `{}` added (plugin `{}`)",
-                        s.name, s.plugin
-                    )),
-                    Some(o) if o.text != s.text => causes.push(format!(
-                        "section `{}` text changed{}",
-                        s.name,
-                        by_plugin(before_from, after_from, |p| &p.sections, "section", &s.name)
-                    )),
-                    _ => continue,
-                }
-                named = true;
-            }
-            for o in &pa.sections {
-                if !pb.sections.iter().any(|s| s.name == o.name) {
-                    causes.push(format!(
-                        "section `{}` removed (plugin `{}`)",
-                        o.name, o.plugin
-                    ));
-                    named = true;
-                }
-            }
-        }
-        if !named {
-            causes.push("system prompt changed".into());
-        }
+        system_causes(before_from, after_from, causes);
     }
     // Plugins whose file changed: a cause when they gave a changed part, else a note.
     if let (Some(pa), Some(pb)) = (before_from, after_from) {
-        for (id, sha) in &pb.plugins {
-            match pa.plugins.get(id) {
-                Some(old) if old != sha => {
-                    let mentioned = causes.iter().any(|c| c.contains(&format!("plugin `{id}`")));
-                    if !mentioned {
-                        notes.push(format!(
-                            "plugin `{id}` changed (sha256 {}→{}) without changing the request's parts",
-                            short_sha(old),
-                            short_sha(sha)
-                        ));
-                    }
-                }
-                Some(_) if pa.config_of(id) != pb.config_of(id) => {
-                    let mentioned = causes.iter().any(|c| c.contains(&format!("plugin `{id}`")));
-                    if !mentioned {
-                        notes.push(format!(
-                            "plugin `{id}`'s config changed without changing the request's parts"
-                        ));
-                    }
-                }
-                None => notes.push(format!("plugin `{id}` joined")),
-                _ => {}
+        plugin_notes(pa, pb, causes, notes);
+    }
+}
+
+/// Why the system prompt changed: each section added, changed or removed, by the provenances;
+/// else the prompt as a whole.
+fn system_causes(
+    before_from: Option<&Provenance>,
+    after_from: Option<&Provenance>,
+    causes: &mut Vec<String>,
+) {
+    let mut named = false;
+    if let (Some(pa), Some(pb)) = (before_from, after_from) {
+        for s in &pb.sections {
+            match pa.sections.iter().find(|o| o.name == s.name) {
+                None => causes.push(format!(
+                    "section `{}` added (plugin `{}`)",
+                    s.name, s.plugin
+                )),
+                Some(o) if o.text != s.text => causes.push(format!(
+                    "section `{}` text changed{}",
+                    s.name,
+                    by_plugin(before_from, after_from, |p| &p.sections, "section", &s.name)
+                )),
+                _ => continue,
+            }
+            named = true;
+        }
+        for o in &pa.sections {
+            if !pb.sections.iter().any(|s| s.name == o.name) {
+                causes.push(format!(
+                    "section `{}` removed (plugin `{}`)",
+                    o.name, o.plugin
+                ));
+                named = true;
             }
         }
-        for id in pa.plugins.keys().filter(|id| !pb.plugins.contains_key(*id)) {
-            notes.push(format!("plugin `{id}` left"));
+    }
+    if !named {
+        causes.push("system prompt changed".into());
+    }
+}
+
+/// The plugins whose file or config changed, joined or left, as notes (a changed plugin that
+/// a cause already names is not noted again).
+fn plugin_notes(pa: &Provenance, pb: &Provenance, causes: &[String], notes: &mut Vec<String>) {
+    for (id, sha) in &pb.plugins {
+        match pa.plugins.get(id) {
+            Some(old) if old != sha => {
+                let mentioned = causes.iter().any(|c| c.contains(&format!("plugin `{id}`")));
+                if !mentioned {
+                    notes.push(format!(
+                        "plugin `{id}` changed (sha256 {}→{}) without changing the request's parts",
+                        short_sha(old),
+                        short_sha(sha)
+                    ));
+                }
+            }
+            Some(_) if pa.config_of(id) != pb.config_of(id) => {
+                let mentioned = causes.iter().any(|c| c.contains(&format!("plugin `{id}`")));
+                if !mentioned {
+                    notes.push(format!(
+                        "plugin `{id}`'s config changed without changing the request's parts"
+                    ));
+                }
+            }
+            None => notes.push(format!("plugin `{id}` joined")),
+            _ => {}
         }
+    }
+    for id in pa.plugins.keys().filter(|id| !pb.plugins.contains_key(*id)) {
+        notes.push(format!("plugin `{id}` left"));
     }
 }
 

@@ -2,7 +2,8 @@
 //! rebuilt from the log alone.
 //!
 //! Everything here is a pure function of the events; the daemon feeds it the log, the
-//! assembly and the step's input, and writes what [`plan_step`] returns in one transaction.
+//! assembly and the step's input, and writes what `step::plan` returns (the events of
+//! [`SessionState::step_events`], budgeted) in one transaction.
 //! The frozen request a step returns is [`rebuild`] of the log *including* the step's events,
 //! the same function `GET …/steps/{n}/request` uses, so the two are byte-identical (Q4).
 
@@ -20,22 +21,21 @@ pub mod log;
 use log::Body;
 pub use log::HeaderReason;
 
+mod append;
 mod diff;
 mod fit;
 mod outcome;
 mod parts;
-mod plan;
 mod rebuild;
 mod report;
 mod state;
 
+pub use append::{
+    check_message, message_event, reply_event, tool_result_shown, tool_results_shown, StepEvents,
+};
 pub use diff::step_diff;
 pub use fit::message_size;
 use fit::Measured;
-pub use plan::{
-    check_message, message_event, plan_step, reply_event, tool_result_shown, tool_results_shown,
-    StepPlan,
-};
 pub use rebuild::{held_at, provenance_at, rebuild, step_count};
 pub use report::{priced_usage_report, usage_report, StepUsage, UsageReport, UsageTotals};
 use state::{remember, role, Role, SnapshotState};
@@ -64,6 +64,87 @@ pub fn header(assembly: &Assembly, model: serde_json::Map<String, serde_json::Va
         cache_key: None,
         cache_ttl: None,
     }
+}
+
+/// How [`same_header`] compares the cache key: the one place the two callers need different
+/// answers, so each says which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyRule<'a> {
+    /// A step being planned (`step::plan`), before any header is built: the recorded
+    /// header must have a key, whatever its value. A session keeps the key its header recorded
+    /// until the header changes for another reason (a key change alone would route it away
+    /// from the machine holding its messages); a header recorded before keys existed gets one.
+    Kept,
+    /// A header built whole, key and all ([`SessionState::step_events`] given one): its key must be
+    /// `key`, as every other field must be equal, or it is a new header to record.
+    Equal(Option<&'a str>),
+}
+
+/// The tools of a header being compared: an assembly's, or a built header's.
+#[derive(Clone, Copy, Debug)]
+pub enum ToolsOf<'a> {
+    /// The assembly's, as [`header`] would copy them.
+    Assembled(&'a [crate::assembly::AssembledTool]),
+    /// A built header's.
+    Specs(&'a [ToolSpec]),
+}
+
+/// A header as a step would record it, borrowed: what [`same_header`] compares a recorded
+/// header with, so an unchanged header is never built.
+#[derive(Clone, Copy, Debug)]
+pub struct Proposed<'a> {
+    /// Model settings.
+    pub model: &'a serde_json::Map<String, serde_json::Value>,
+    /// The system prompt.
+    pub system: &'a str,
+    /// The tools, in request order.
+    pub tools: ToolsOf<'a>,
+    /// The body layout.
+    pub layout: u32,
+    /// The cache TTL.
+    pub cache_ttl: Option<crate::conversation::Ttl>,
+    /// How the cache key is compared.
+    pub key: KeyRule<'a>,
+}
+
+impl<'a> Proposed<'a> {
+    /// A header built whole: every field compared, the key too ([`KeyRule::Equal`]).
+    pub fn built(header: &'a Header) -> Proposed<'a> {
+        Proposed {
+            model: &header.model,
+            system: &header.system,
+            tools: ToolsOf::Specs(&header.tools),
+            layout: header.layout,
+            cache_ttl: header.cache_ttl,
+            key: KeyRule::Equal(header.cache_key.as_deref()),
+        }
+    }
+}
+
+/// The header rule (Q3): whether `recorded` is the header `new` says, so none is recorded
+/// again. Used where a step is planned (`step::plan`, [`KeyRule::Kept`]) and where
+/// the session takes the header it is given ([`SessionState::step_events`], [`KeyRule::Equal`]).
+pub fn same_header(recorded: &Header, new: Proposed<'_>) -> bool {
+    recorded.layout == new.layout
+        && match new.key {
+            KeyRule::Kept => recorded.cache_key.is_some(),
+            KeyRule::Equal(key) => recorded.cache_key.as_deref() == key,
+        }
+        && recorded.cache_ttl == new.cache_ttl
+        && recorded.system == new.system
+        && match new.tools {
+            ToolsOf::Assembled(tools) => {
+                recorded.tools.len() == tools.len()
+                    && recorded.tools.iter().zip(tools.iter()).all(|(h, a)| {
+                        h.name == a.name
+                            && h.description == a.description
+                            && h.parameters == *a.parameters
+                            && h.defer.as_deref() == a.defer.as_deref()
+                    })
+            }
+            ToolsOf::Specs(tools) => recorded.tools == tools,
+        }
+        && recorded.model == *new.model
 }
 
 /// An event whose body does not decode: an error naming the session and seq, never a silent

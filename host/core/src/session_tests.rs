@@ -57,7 +57,7 @@ fn assistant_calling(id: &str) -> Message {
 }
 
 /// The events a plan appends, encoded as a store takes them.
-fn encoded(plan: &StepPlan) -> Vec<NewEvent> {
+fn encoded(plan: &StepEvents) -> Vec<NewEvent> {
     plan.events
         .iter()
         .chain(std::iter::once(&Body::Step(Box::new(plan.marker.clone()))))
@@ -65,7 +65,7 @@ fn encoded(plan: &StepPlan) -> Vec<NewEvent> {
         .collect()
 }
 
-/// A session log driven through [`plan_step`] as the daemon drives it.
+/// A session log driven through [`SessionState::step_events`] as the daemon drives it.
 struct Log {
     store: MemoryStore,
     id: String,
@@ -87,10 +87,17 @@ impl Log {
         self.store.events(&self.id).unwrap()
     }
 
-    fn step(&self, messages: &[Message], a: &Assembly, run: &str) -> Result<StepPlan> {
+    fn step(&self, messages: &[Message], a: &Assembly, run: &str) -> Result<StepEvents> {
         let log = self.events();
         let header = header(a, Default::default());
-        let plan = plan_step(&self.id, &log, messages, &BTreeMap::new(), a, &header, run)?;
+        let plan = SessionState::from_log(&self.id, &log)?.step_events(
+            messages.to_vec(),
+            BTreeMap::new(),
+            a,
+            Some(header),
+            run,
+            None,
+        )?;
         self.store
             .append(&self.id, log.len() as u64 + 1, &encoded(&plan))
             .unwrap();

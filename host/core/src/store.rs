@@ -217,6 +217,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// A message kept from a session's log that does not decode (`store_corrupt`): `seq` is the
+    /// event that recorded it. The one error a session's state and a transcript both give.
+    pub fn undecodable_message(session: &str, seq: u64, problem: impl fmt::Display) -> StoreError {
+        StoreError::Corrupt {
+            session: session.to_string(),
+            seq,
+            problem: format!("a kept message does not decode: {problem}"),
+        }
+    }
+}
+
+impl StoreError {
     /// A [`StoreError::Backend`] doing `context`, failed with `source`.
     pub fn backend(
         context: impl Into<String>,

@@ -166,8 +166,8 @@ pub struct Daemon {
     /// OpenAI requests of the last minute per cache key (without its shard), so a key past
     /// the per-key rate is sharded in new headers.
     key_rates: Mutex<steps::KeyRates>,
-    /// Agents' resolved plans for the config serving now.
-    plans: Mutex<steps::AgentPlans>,
+    /// Agents' resolved settings for the config serving now.
+    agents: Mutex<steps::ResolvedAgents>,
     /// Held by the replay running (one at a time: each loads a plugin set of its own).
     replays: Mutex<()>,
     /// K10: the store's plugin sets, when the daemon follows them.
@@ -229,7 +229,7 @@ impl Daemon {
             counters: Mutex::new(BTreeMap::new()),
             agent_gaps: Mutex::new(BTreeMap::new()),
             key_rates: Mutex::default(),
-            plans: Mutex::default(),
+            agents: Mutex::default(),
             replays: Mutex::new(()),
             held: Mutex::new(BTreeMap::new()),
             telemetry: std::sync::OnceLock::new(),

@@ -20,7 +20,7 @@ use crate::events::RegistryEvent;
 
 /// `refresh` as `GET /v1/plugins` shows it: `mode` is `step`, `boundary` (every section and
 /// tool) or `parts` (the sections and tools listed).
-fn refresh_view(refresh: &promptd_core::held::Refresh) -> Value {
+fn refresh_view(refresh: &promptd_core::plugin::refresh::Refresh) -> Value {
     let mode = if refresh.whole {
         "boundary"
     } else if refresh.is_step() {

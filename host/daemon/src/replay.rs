@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use promptd_core::config::{AgentPlan, Config};
+use promptd_core::config::{AgentSettings, Config};
 use promptd_core::formats::Format;
 use promptd_core::ledger::Pricing;
 use promptd_core::load::{self, PluginFile};
@@ -139,7 +139,7 @@ impl Daemon {
         let mut sessions = Vec::with_capacity(ids.len());
         let mut totals = ReplayTotals::default();
         for (id, agent) in ids {
-            let plan = AgentPlan::resolve(&config, &agent, |name| Some(self.counter(name)))?;
+            let plan = AgentSettings::resolve(&config, &agent, |name| Some(self.counter(name)))?;
             let events = self.store.events(&id)?;
             let candidate = Candidate {
                 registry: &registry,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use promptd_core::budget::{self, Counter, Usage};
-use promptd_core::config::{AgentPlan, Config};
+use promptd_core::config::{AgentSettings, Config};
 use promptd_core::conversation::{FrozenRequest, Message};
 use promptd_core::formats::pieces::Pieces;
 use promptd_core::formats::{self, Format};
@@ -23,15 +23,15 @@ use crate::telemetry::Timeline;
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
 use promptd_telemetry::{RecordRecord, StepRecord};
 
-/// Most agents whose plans are kept: agent names come from clients, so never let them grow
+/// Most agents whose settings are kept: agent names come from clients, so never let them grow
 /// this (a cleared map is refilled one resolve per agent).
-const MAX_PLANS: usize = 1024;
+const MAX_AGENTS: usize = 1024;
 
-/// Agents' plans for one config version.
+/// Agents' settings resolved for one config version.
 #[derive(Default)]
-pub(crate) struct AgentPlans {
+pub(crate) struct ResolvedAgents {
     config: Option<Arc<Config>>,
-    by_agent: HashMap<String, Arc<AgentPlan>>,
+    by_agent: HashMap<String, Arc<AgentSettings>>,
 }
 
 /// A session's cached state, taken out of the session cache while the session's lock is
@@ -108,16 +108,16 @@ impl Daemon {
             .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
     }
 
-    /// `agent`'s plan for the config serving now, resolved once per agent and config version.
-    pub fn agent_plan(&self, agent: &str) -> Result<Arc<AgentPlan>> {
+    /// `agent`'s settings for the config serving now, resolved once per agent and config version.
+    pub fn agent_settings(&self, agent: &str) -> Result<Arc<AgentSettings>> {
         let config = self.config();
-        let mut plans = crate::lock(&self.plans);
+        let mut plans = crate::lock(&self.agents);
         if !plans
             .config
             .as_ref()
             .is_some_and(|c| Arc::ptr_eq(c, &config))
         {
-            *plans = AgentPlans {
+            *plans = ResolvedAgents {
                 config: Some(config.clone()),
                 by_agent: HashMap::new(),
             };
@@ -125,10 +125,10 @@ impl Daemon {
         if let Some(plan) = plans.by_agent.get(agent) {
             return Ok(plan.clone());
         }
-        let plan = Arc::new(AgentPlan::resolve(&config, agent, |name| {
+        let plan = Arc::new(AgentSettings::resolve(&config, agent, |name| {
             Some(self.counter(name))
         })?);
-        if plans.by_agent.len() >= MAX_PLANS {
+        if plans.by_agent.len() >= MAX_AGENTS {
             plans.by_agent.clear();
         }
         plans.by_agent.insert(agent.to_string(), plan.clone());
@@ -305,7 +305,7 @@ impl Daemon {
         let mut taken = self.session(id)?;
         // One snapshot of the registry and the plan for the whole step (H2).
         let registry = self.registry();
-        let plan = self.agent_plan(&taken.get().agent)?;
+        let plan = self.agent_settings(&taken.get().agent)?;
         if let Some((_, record)) = &mut traced {
             record.agent = self
                 .telemetry()
@@ -316,7 +316,7 @@ impl Daemon {
         self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
         let auto = matches!(
             plan.cache_ttl,
-            promptd_core::config::plan::TtlPolicy::Auto(_)
+            promptd_core::config::settings::TtlPolicy::Auto(_)
         );
         let agent_gaps = auto
             .then(|| crate::lock(&self.agent_gaps).get(&plan.agent).copied())
@@ -502,7 +502,7 @@ impl Daemon {
         step::content_of(message).check(&self.config().content_limits())?;
         let _held = self.locks.hold(id);
         let mut taken = self.session(id)?;
-        let plan = self.agent_plan(&taken.get().agent)?;
+        let plan = self.agent_settings(&taken.get().agent)?;
         if let Some((_, record)) = &mut traced {
             record.agent = self
                 .telemetry()
@@ -701,7 +701,7 @@ impl Daemon {
     pub fn diff(&self, id: &str, n: u64, format: Format) -> Result<promptd_core::prefix::StepDiff> {
         let agent = self.agent_of(id)?;
         let events = self.store.events(id)?;
-        let plan = self.agent_plan(&agent)?;
+        let plan = self.agent_settings(&agent)?;
         let counter = plan.counts_tokens.then(|| plan.counter.clone());
         Ok(promptd_core::session::step_diff(
             id,
@@ -865,7 +865,7 @@ impl Daemon {
         n: u64,
         format: Format,
         prefix_kept: Option<bool>,
-        plan: &AgentPlan,
+        plan: &AgentSettings,
         state: &SessionState,
         record: &mut StepRecord,
     ) {

@@ -16,7 +16,7 @@
 //! assert_eq!(redacted, vec![Message::user("my password is [redacted]")]);
 //! ```
 
-use crate::assembly::Assembly;
+use super::model::Assembly;
 use crate::conversation::content::{Block, Content};
 use crate::conversation::Message;
 // What a hook is shown and decides travels with the other calls into a plugin.

@@ -273,7 +273,7 @@ mod tests {
     fn k11_held_changes_wait_for_the_retention_the_agents_openai_model_gets() {
         let idle = |config: &str| {
             let config = crate::config::Config::parse(config, "t").unwrap();
-            let plan = crate::config::AgentPlan::resolve(&config, "default", |_| None).unwrap();
+            let plan = crate::config::AgentSettings::resolve(&config, "default", |_| None).unwrap();
             plan.idle_ttl_ms(Format::Openai, None)
         };
         let model = "[model.openai]\nmodel = \"gpt-4.1\"\n";

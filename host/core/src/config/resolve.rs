@@ -1,6 +1,6 @@
 //! Resolving the config for one agent or one plugin: scope chains, merged model settings and
 //! budgets, inherited agent settings, and every limit with its default
-//! ([`crate::limits::defaults`]). [`super::AgentPlan`] gathers an agent's in one value.
+//! ([`crate::limits::defaults`]). [`super::AgentSettings`] gathers an agent's in one value.
 
 use super::*;
 

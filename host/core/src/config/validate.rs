@@ -47,12 +47,14 @@ impl Config {
             }
             self.chain(name)?; // detects cycles
         }
-        let positive = |what: &str, v: Option<u64>| match v {
-            Some(0) => Err(Error::ConfigInvalid(format!(
-                "{what} must be greater than 0"
-            ))),
-            _ => Ok(()),
-        };
+        self.check_limits()?;
+        self.check_mcp_servers()?;
+        self.check_plugin_tables()?;
+        Ok(())
+    }
+
+    /// Every limit, daemon-wide and per declaration, is positive when set.
+    fn check_limits(&self) -> Result<()> {
         positive("limits.timeout_ms", self.limits.timeout_ms)?;
         positive("limits.memory_mb", self.limits.memory_mb)?;
         positive("limits.compile_timeout_ms", self.limits.compile_timeout_ms)?;
@@ -78,6 +80,12 @@ impl Config {
         for (key, value) in self.limits.declaration_keys() {
             positive(&format!("limits.{key}"), value)?;
         }
+        Ok(())
+    }
+
+    /// Each `[mcp.NAME]` server: its name, one transport and the keys that go with it, its
+    /// numbers, resources, scope and tool prefix.
+    fn check_mcp_servers(&self) -> Result<()> {
         for (name, server) in &self.mcp {
             let what = format!("mcp.{name}");
             server.refresh(name).map_err(Error::ConfigInvalid)?;
@@ -127,6 +135,12 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Each `[plugins.STEM]` table: its numbers, environment names, folders, scope, and an id
+    /// of its own.
+    fn check_plugin_tables(&self) -> Result<()> {
         let mut ids = BTreeMap::new();
         for (stem, plugin) in &self.plugins {
             positive(&format!("plugins.{stem}.timeout_ms"), plugin.timeout_ms)?;
@@ -303,5 +317,15 @@ fn check_retention(
             format.as_str()
         ))),
         None => Ok(()),
+    }
+}
+
+/// `what` must be greater than 0 when set.
+fn positive(what: &str, v: Option<u64>) -> Result<()> {
+    match v {
+        Some(0) => Err(Error::ConfigInvalid(format!(
+            "{what} must be greater than 0"
+        ))),
+        _ => Ok(()),
     }
 }

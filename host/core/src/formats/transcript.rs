@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::conversation::{Header, Message};
 use crate::formats::pieces::Sink;
 use crate::formats::{self, Format};
+use crate::store::StoreError;
 
 /// A body's fixed part in one format, serialized: the members before the message list
 /// (from the `{`) and after it (to the `}`), in the canonical key order.
@@ -402,27 +403,36 @@ impl Transcript {
     }
 
     /// The request body for `header` and every message pushed so far, in `format`: the bytes of
-    /// [`formats::render`]`(…).to_string()`, written in one pass into one buffer.
-    pub fn render(&mut self, header: &Header, shown: Option<&[String]>, format: Format) -> String {
+    /// [`formats::render`]`(…).to_string()`, written in one pass into one buffer. Fails as
+    /// [`Transcript::render_into`] does.
+    pub fn render(
+        &mut self,
+        header: &Header,
+        shown: Option<&[String]>,
+        format: Format,
+    ) -> crate::error::Result<String> {
         let mut out = String::new();
-        self.render_into(header, shown, format, &mut out);
-        out
+        self.render_into(header, shown, format, &mut out)?;
+        Ok(out)
     }
 
     /// [`Transcript::render`], appended to `out` (so a caller can put the body inside an
-    /// envelope without copying it).
+    /// envelope without copying it). A kept message that does not decode is `store_corrupt`
+    /// ([`StoreError::undecodable_message`]); a transcript knows no session, so the error names
+    /// none and the message by its place, from 1 (a session's state names both:
+    /// `SessionState::activate`).
     pub fn render_into(
         &mut self,
         header: &Header,
         shown: Option<&[String]>,
         format: Format,
         out: &mut String,
-    ) {
-        // The fragments are this module's own output: they decode (the tests check it).
-        if let Err((i, e)) = self.activate(format) {
-            unreachable!("neutral fragment {i} does not decode: {e}");
-        }
+    ) -> crate::error::Result<()> {
+        self.activate(format).map_err(|(i, problem)| {
+            crate::error::Error::Store(StoreError::undecodable_message("", i as u64 + 1, problem))
+        })?;
         self.render_with(&Head::new(header, shown, format), header, format, out);
+        Ok(())
     }
 
     /// [`Transcript::render_into`] around a [`Head`] made earlier for the same header, tools
@@ -736,7 +746,7 @@ mod tests {
         t.push(&Message::user("hello there"));
         let neutral_only = t.bytes();
         assert!(t.openai.is_empty() && t.anthropic.is_empty() && t.responses.is_empty());
-        t.render(&header, None, Format::Openai);
+        t.render(&header, None, Format::Openai).unwrap();
         assert_eq!(t.openai.len(), 1);
         assert!(t.anthropic.is_empty() && t.responses.is_empty());
         assert!(t.bytes() > neutral_only);
@@ -768,7 +778,7 @@ mod tests {
                 for format in Format::ALL {
                     let body = formats::render(&request, format);
                     prop_assert_eq!(
-                        transcript.render(&header, shown.as_deref(), format),
+                        transcript.render(&header, shown.as_deref(), format).unwrap(),
                         body.to_string()
                     );
                     // Written as pieces (kept fragments shared), the same bytes.
@@ -805,7 +815,7 @@ mod tests {
                     late.push(m);
                 }
                 prop_assert_eq!(
-                    late.render(&header, shown.as_deref(), format),
+                    late.render(&header, shown.as_deref(), format).unwrap(),
                     formats::render(&whole, format).to_string()
                 );
             }
@@ -816,7 +826,7 @@ mod tests {
             };
             for format in Format::ALL {
                 prop_assert_eq!(
-                    Transcript::new().render(&header, None, format),
+                    Transcript::new().render(&header, None, format).unwrap(),
                     formats::render(&empty, format).to_string()
                 );
             }

@@ -33,7 +33,7 @@ pub struct PluginOptions {
     /// What the config lets it contribute (R7).
     pub trust: Trust,
     /// Which of its sections and tools wait for a cache-cold point (K7).
-    pub refresh: crate::held::Refresh,
+    pub refresh: crate::plugin::refresh::Refresh,
     /// Which of its tools are deferred (K9): left out of the cached prefix, found by the
     /// provider's tool search.
     pub defer: Defer,
@@ -100,7 +100,11 @@ impl std::fmt::Debug for PluginEntry {
 
 /// K7: `refresh` names only what the plugin declares (a typo would otherwise hold nothing,
 /// silently).
-fn check_refresh(id: &str, d: &Declaration, refresh: &crate::held::Refresh) -> Result<()> {
+fn check_refresh(
+    id: &str,
+    d: &Declaration,
+    refresh: &crate::plugin::refresh::Refresh,
+) -> Result<()> {
     let unknown = |kind, name: &String| Error::RefreshUnknown {
         plugin: id.to_string(),
         kind,

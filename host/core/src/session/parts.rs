@@ -19,21 +19,11 @@
 
 use std::io::Write as _;
 
+use super::state::Mark;
 use super::SessionState;
 use crate::error::Result;
 use crate::formats::transcript::split_body;
 use crate::formats::Format;
-
-/// What the last parts written for a session in one format stand for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Mark {
-    step: u64,
-    format: Format,
-    header_seq: u64,
-    shown: Option<Vec<String>>,
-    /// The list's items made once (the transcript's closed fragments) the body held.
-    closed: usize,
-}
 
 /// Writes `text` as a JSON string into `out`.
 fn json_str(out: &mut String, text: &str) {

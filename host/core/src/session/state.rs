@@ -79,12 +79,23 @@ pub struct SessionState {
     /// The idle gaps and sizes of the session's replied requests (`ttl = "auto"`).
     gaps: crate::cache::ttl::Gaps,
     /// What the body parts written last in each format stand for (a client's copy, issue 31).
-    pub(super) marks: Vec<super::parts::Mark>,
+    pub(super) marks: Vec<Mark>,
     /// The provenance recorded with the header being sent: what a held change compares with
     /// (a marker's provenance says who serves now, which may be a held plugin's new version).
     header_provenance: Option<crate::provenance::Provenance>,
     /// What the last step held (K7).
     held: Vec<crate::held::Held>,
+}
+
+/// What the last parts written for a session in one format stand for (a client's copy, issue 31).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub(super) step: u64,
+    pub(super) format: Format,
+    pub(super) header_seq: u64,
+    pub(super) shown: Option<Vec<String>>,
+    /// The list's items made once (the transcript's closed fragments) the body held.
+    pub(super) closed: usize,
 }
 
 /// The last step's request as [`SessionState::request_view`] gives it.
@@ -207,6 +218,7 @@ impl SessionState {
         Ok(())
     }
 
+    /// One recorded body applied at `seq` (the log's next).
     pub(super) fn apply_body(&mut self, seq: u64, body: Body) -> Result<()> {
         if seq != self.last_seq + 1 {
             return Err(Error::Store(StoreError::Corrupt {
@@ -322,25 +334,31 @@ impl SessionState {
             Body::PluginOmitted(_) => None,
         };
         if let Some(message) = message {
-            match &message {
-                Message::Assistant { tool_calls, .. } => {
-                    for call in tool_calls {
-                        if self.tool_calls.insert(call.id.clone()) {
-                            self.tool_call_bytes += 2 * (call.id.len() + 32);
-                        }
-                        self.open_calls.insert(call.id.clone());
-                    }
-                }
-                Message::Tool { tool_call_id, .. } => {
-                    self.open_calls.remove(tool_call_id);
-                }
-                Message::User { .. } => {}
-            }
-            self.roles.push((seq, role(&message)));
-            self.transcript.push(&message);
+            self.push_message(seq, &message);
         }
         self.last_seq = seq;
         Ok(())
+    }
+
+    /// A message the log recorded at `seq`: its tool calls opened or answered, its role, its
+    /// fragments in the transcript.
+    fn push_message(&mut self, seq: u64, message: &Message) {
+        match message {
+            Message::Assistant { tool_calls, .. } => {
+                for call in tool_calls {
+                    if self.tool_calls.insert(call.id.clone()) {
+                        self.tool_call_bytes += 2 * (call.id.len() + 32);
+                    }
+                    self.open_calls.insert(call.id.clone());
+                }
+            }
+            Message::Tool { tool_call_id, .. } => {
+                self.open_calls.remove(tool_call_id);
+            }
+            Message::User { .. } => {}
+        }
+        self.roles.push((seq, role(message)));
+        self.transcript.push(message);
     }
 
     /// The session's id.
@@ -466,13 +484,9 @@ impl SessionState {
         if self.dropped.is_empty() {
             let session = &self.session;
             let roles = &self.roles;
-            self.transcript.activate(format).map_err(|(i, problem)| {
-                Error::Store(StoreError::Corrupt {
-                    session: session.clone(),
-                    seq: roles.get(i).map_or(0, |(s, _)| *s),
-                    problem: format!("a kept message does not decode: {problem}"),
-                })
-            })?;
+            self.transcript
+                .activate(format)
+                .map_err(|(i, problem)| undecodable(session, roles, i, problem))?;
             let at = self.memo.head(header, &self.shown_tools, format);
             self.transcript
                 .render_with(&self.memo.heads[at].2, header, format, out);
@@ -495,13 +509,8 @@ impl SessionState {
             if self.dropped.contains(&i) {
                 continue;
             }
-            let message = serde_json::from_str(fragment).map_err(|e| {
-                Error::Store(StoreError::Corrupt {
-                    session: self.session.clone(),
-                    seq: self.roles.get(i).map_or(0, |(s, _)| *s),
-                    problem: format!("a kept message does not decode: {e}"),
-                })
-            })?;
+            let message = serde_json::from_str(fragment)
+                .map_err(|e| undecodable(&self.session, &self.roles, i, e))?;
             messages.push(message);
         }
         Ok(FrozenRequest {
@@ -516,13 +525,9 @@ impl SessionState {
     /// [`SessionState::request_view`].
     pub fn activate(&mut self, format: crate::formats::Format) -> Result<()> {
         let (session, roles) = (&self.session, &self.roles);
-        self.transcript.activate(format).map_err(|(i, problem)| {
-            Error::Store(StoreError::Corrupt {
-                session: session.clone(),
-                seq: roles.get(i).map_or(0, |(s, _)| *s),
-                problem: format!("a kept message does not decode: {problem}"),
-            })
-        })
+        self.transcript
+            .activate(format)
+            .map_err(|(i, problem)| undecodable(session, roles, i, problem))
     }
 
     /// The last step's request in `format` without rendering it whole: while no message is
@@ -547,6 +552,17 @@ impl SessionState {
             fragments: self.transcript.fragments(header, format),
         })
     }
+}
+
+/// Kept message `i` does not decode: `store_corrupt`, naming the event that recorded it.
+fn undecodable(
+    session: &str,
+    roles: &[(u64, Role)],
+    i: usize,
+    problem: impl std::fmt::Display,
+) -> Error {
+    let seq = roles.get(i).map_or(0, |(s, _)| *s);
+    Error::Store(StoreError::undecodable_message(session, seq, problem))
 }
 
 /// The last step's header, if `format` can render what the transcript holds: what

@@ -1,6 +1,6 @@
-//! An agent's settings resolved once: [`AgentPlan`]. The config is read per agent and per
+//! An agent's settings resolved once: [`AgentSettings`]. The config is read per agent and per
 //! config version, not per step; the daemon, `promptd assemble` and the benches all take the
-//! plan, so every step of an agent runs on the same resolved values.
+//! settings, so every step of an agent runs on the same resolved values.
 
 use std::sync::Arc;
 
@@ -26,22 +26,22 @@ pub struct ToolResults {
 /// One agent's settings, resolved from one config version.
 ///
 /// ```
-/// use promptd_core::config::{plan::AgentPlan, Config};
+/// use promptd_core::config::{settings::AgentSettings, Config};
 ///
 /// let config = Config::parse("[agents.coder]\nruntime_context = false\n", "promptd.toml").unwrap();
-/// let plan = AgentPlan::resolve(&config, "coder", |_| None).unwrap();
+/// let plan = AgentSettings::resolve(&config, "coder", |_| None).unwrap();
 /// assert_eq!(&*plan.scope_chain, ["global".to_string(), "coder".to_string()]);
 /// assert!(plan.options.suppress_runtime_context);
 /// assert_eq!(plan.counter.name(), "chars");
 /// ```
 #[derive(Clone)]
-pub struct AgentPlan {
+pub struct AgentSettings {
     /// The agent's name.
     pub agent: String,
     /// Farthest first: `global`, ancestors…, the agent.
     pub scope_chain: Arc<[String]>,
     /// Assembly options; `data_secret` is empty here (it is the session's: see
-    /// [`AgentPlan::options_for`]).
+    /// [`AgentSettings::options_for`]).
     pub options: Options,
     /// Model settings (every provider table): [`crate::formats::settings`] picks a format's.
     pub model: serde_json::Map<String, serde_json::Value>,
@@ -89,9 +89,9 @@ impl TtlPolicy {
     }
 }
 
-impl std::fmt::Debug for AgentPlan {
+impl std::fmt::Debug for AgentSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentPlan")
+        f.debug_struct("AgentSettings")
             .field("agent", &self.agent)
             .field("scope_chain", &self.scope_chain)
             .field("budget", &self.budget)
@@ -100,7 +100,7 @@ impl std::fmt::Debug for AgentPlan {
     }
 }
 
-impl AgentPlan {
+impl AgentSettings {
     /// Resolves `agent`'s settings from `config`. `counter` gives the counter for a tokenizer
     /// name the config validated (tokenizers live outside core); `None` falls back to
     /// [`crate::budget::Chars`].
@@ -108,7 +108,7 @@ impl AgentPlan {
         config: &Config,
         agent: &str,
         counter: impl Fn(&str) -> Option<Arc<dyn Counter>>,
-    ) -> Result<AgentPlan> {
+    ) -> Result<AgentSettings> {
         let scope_chain: Arc<[String]> = config.chain(agent)?.into();
         let budget = config.budget(agent).unwrap_or_default();
         let counts_tokens = !budget.tokenizer.is_empty() && budget.tokenizer != "chars";
@@ -127,7 +127,7 @@ impl AgentPlan {
                 .map(|r| r.asked(name, asked))
                 .unwrap_or_else(|| Rules::anthropic(name))
         };
-        Ok(AgentPlan {
+        Ok(AgentSettings {
             agent: agent.to_string(),
             scope_chain,
             options: Options {
@@ -161,7 +161,7 @@ impl AgentPlan {
     }
 
     /// How long a request in `format` whose header records `ttl` stays cached while idle, in
-    /// ms ([`AgentPlan::idle_ttl_ms`]); the neutral format, which no provider reads, takes
+    /// ms ([`AgentSettings::idle_ttl_ms`]); the neutral format, which no provider reads, takes
     /// the shortest.
     pub fn idle_ttl_ms(&self, format: Format, ttl: Option<Ttl>) -> u64 {
         let [five, hour, openai] = self.idle_ttl_ms;

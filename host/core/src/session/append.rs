@@ -216,11 +216,15 @@ impl SessionState {
         Ok(())
     }
 
-    /// Plans a step (see [`plan_step`]); linear in the step's input. Takes the step's
-    /// messages (checked, and moved into their events).
+    /// The events a step appends ([`StepEvents`]): stage 7 of `step::plan`; linear in
+    /// the step's input. Takes the step's messages (checked, and moved into their events).
     /// `header` is the header this step's request starts with; `None` says it is the one
-    /// recorded last (the caller compared them), so nothing is built or compared again.
-    pub fn plan(
+    /// recorded last (the caller compared them), so nothing is built or compared again. `run`
+    /// identifies the daemon process: it is recorded with each header; a header that differs
+    /// from the last one is recorded with reason `change` when this run wrote the last one,
+    /// `resume` when another run (another daemon, an earlier process, or 0.1.0, whose headers
+    /// name no run) did (Q3). An equal header is not recorded again.
+    pub fn step_events(
         &self,
         messages: Vec<Message>,
         facts: BTreeMap<String, String>,
@@ -228,7 +232,7 @@ impl SessionState {
         header: Option<Header>,
         run: &str,
         provenance: Option<&crate::provenance::Provenance>,
-    ) -> Result<StepPlan> {
+    ) -> Result<StepEvents> {
         let mut answered = BTreeSet::new();
         let mut user_at = None;
         for (i, m) in messages.iter().enumerate() {
@@ -266,7 +270,11 @@ impl SessionState {
         // sessions move between daemons (and restarts) without a header event each time, and
         // the rebuild is the same since the bytes are.
         let header = match (&self.header, header) {
-            (Some((old, _)), Some(new)) if *old == new => None,
+            (Some((old, _)), Some(new))
+                if super::same_header(old, super::Proposed::built(&new)) =>
+            {
+                None
+            }
             (_, header) => header,
         };
         let header_reason = match (&self.header, &header) {
@@ -310,7 +318,7 @@ impl SessionState {
             usage: None,
             held: Vec::new(),
         };
-        Ok(StepPlan {
+        Ok(StepEvents {
             step,
             events,
             marker,
@@ -399,7 +407,7 @@ pub fn message_event(message: Message) -> Body {
 /// it changed (Q2), the header when it must be recorded (Q3), omissions (A9) — `events` —
 /// then, after any `history/dropped` the budget adds, the step `marker`.
 #[derive(Debug)]
-pub struct StepPlan {
+pub struct StepEvents {
     /// The step's number.
     pub step: u64,
     /// The events before the marker.
@@ -413,36 +421,11 @@ pub struct StepPlan {
     pub prefix_kept: Option<bool>,
 }
 
-impl StepPlan {
+impl StepEvents {
     /// Every body the step appends, the marker last.
     pub fn into_bodies(self) -> Vec<Body> {
         let mut bodies = self.events;
         bodies.push(Body::Step(Box::new(self.marker)));
         bodies
     }
-}
-
-/// Plans a step on the whole log. `run` identifies the daemon process: it is recorded with
-/// each header; a header that differs from the last one is recorded with reason `change` when
-/// this run wrote the last one, `resume` when another run (another daemon, an earlier process,
-/// or 0.1.0, whose headers name no run) did (Q3). An equal header is not recorded again. The
-/// daemon plans on a cached [`SessionState`] instead; this is the same function over a state
-/// built from `log`.
-pub fn plan_step(
-    session: &str,
-    log: &[Event],
-    messages: &[Message],
-    facts: &BTreeMap<String, String>,
-    assembly: &Assembly,
-    header: &Header,
-    run: &str,
-) -> Result<StepPlan> {
-    SessionState::from_log(session, log)?.plan(
-        messages.to_vec(),
-        facts.clone(),
-        assembly,
-        Some(header.clone()),
-        run,
-        None,
-    )
 }

@@ -2,16 +2,23 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
+use super::scan::{marked_value, values_of};
 use super::*;
 use crate::cache::outcome::{Kind, Outcome};
-use crate::config::Config;
-use crate::conversation::{Message, ToolCall};
+use crate::config::{AgentSettings, Config};
+use crate::conversation::{FrozenRequest, Message, ToolCall};
+use crate::formats::replies::ProviderUsage;
+use crate::formats::{self, Format};
+use crate::ledger::Pricing;
 use crate::plugin::provider::{CallError, NativePlugin};
-use crate::plugin::registry::{PluginEntry, PluginOptions};
+use crate::plugin::registry::{PluginEntry, PluginOptions, Registry};
+use crate::prefix;
+use crate::session::log::{Body, Recorded};
+use crate::session::SessionState;
 use crate::step::StepInput;
-use crate::store::EventKind;
+use crate::store::{Event, EventKind};
 
 const SESSION: &str = "s1";
 const MODEL: &str = "claude-sonnet-4-5";
@@ -26,8 +33,8 @@ fn config(extra: &str) -> Config {
     Config::parse(&text, "promptd.toml").unwrap()
 }
 
-fn agent(config: &Config) -> AgentPlan {
-    AgentPlan::resolve(config, "default", |_| None).unwrap()
+fn agent(config: &Config) -> AgentSettings {
+    AgentSettings::resolve(config, "default", |_| None).unwrap()
 }
 
 fn entry(id: &str, plugin: NativePlugin) -> PluginEntry {
@@ -112,7 +119,13 @@ impl Log {
         self.state.apply_planned(first, bodies).unwrap();
     }
 
-    fn step(&mut self, registry: &Registry, plan: &AgentPlan, messages: Vec<Message>, cwd: &str) {
+    fn step(
+        &mut self,
+        registry: &Registry,
+        plan: &AgentSettings,
+        messages: Vec<Message>,
+        cwd: &str,
+    ) {
         let facts: BTreeMap<String, String> = [("cwd".to_string(), cwd.to_string())].into();
         let planned = crate::step::plan(
             &mut self.state,
@@ -212,7 +225,7 @@ fn workload(
     first: &Registry,
     later: &Registry,
     switch: usize,
-    plan: &AgentPlan,
+    plan: &AgentSettings,
 ) -> Log {
     let mut log = Log::new();
     for t in 0..turns {

@@ -1,10 +1,10 @@
-//! An assembly's plan: who gives each effective part for one registry snapshot, scope chain,
+//! An assembly's layout: who gives each effective part for one registry snapshot, scope chain,
 //! options and set of left-out plugins, in output order, with every static text already
 //! rendered and what each batching plugin will be asked.
 //!
 //! None of it depends on the step, so a snapshot makes it once per (chain, options) and every
 //! step of every session shares it: a step then only calls the plugins for their dynamic parts
-//! and splices the answers in (issue 31). A plan made with plugins left out (A9) is made for that
+//! and splices the answers in (issue 31). A layout made with plugins left out (A9) is made for that
 //! assembly alone.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,11 +12,14 @@ use std::sync::Arc;
 
 use std::sync::Mutex;
 
-use super::{call_key, CallKey, Options, OrderedTools, Origin};
+use super::calls::{call_key, Ask, Calls};
+use super::effective::{effective, Picked};
+use super::model::{Options, Origin};
+use super::tools::{check_tool_order, order_tools, OrderedTools};
 use crate::error::{Error, Result};
 use crate::plugin::interpolate::{render, Resolved};
 use crate::plugin::model::Kind;
-use crate::plugin::model::{Content, Context, Contribution, Scope, Section, Variable};
+use crate::plugin::model::{Content, Context, Scope, Section, Variable};
 use crate::plugin::provider::{Item, Wanted};
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::plugin::trust::Trust;
@@ -46,17 +49,7 @@ impl VarPart {
     }
 }
 
-/// What one batching plugin (world 0.2.0) is asked each step: its effective dynamic sections
-/// and contexts in output order, its effective dynamic variables by name, its shown tools.
-pub(super) struct Ask {
-    pub entry: Arc<PluginEntry>,
-    pub wanted: Wanted,
-    /// The memo keys of `wanted`'s texts (sections, then contexts) and variables.
-    pub text_keys: Vec<CallKey>,
-    pub value_keys: Vec<CallKey>,
-}
-
-pub(super) struct Plan {
+pub(super) struct Layout {
     pub sections: Vec<Part>,
     pub contexts: Vec<Part>,
     pub variables: BTreeMap<Arc<str>, VarPart>,
@@ -89,57 +82,6 @@ impl Part {
     }
 }
 
-/// One effective contribution while planning: the plugin, the item's index, its effective
-/// scope and that scope's rank in the chain.
-struct Pick<'r> {
-    entry: &'r Arc<PluginEntry>,
-    index: usize,
-    scope: &'r Scope,
-    rank: usize,
-}
-
-/// Merges one kind of contribution over the chain: the nearest scope wins (R3).
-pub(super) fn effective<'r, T: Contribution + 'r>(
-    registry: &'r Registry,
-    excluded: &BTreeSet<String>,
-    chain: &[String],
-) -> BTreeMap<&'r str, (&'r Arc<PluginEntry>, usize, &'r Scope, usize)> {
-    let mut best: BTreeMap<&str, Pick> = BTreeMap::new();
-    for entry in registry.plugins().filter(|p| !excluded.contains(&p.id)) {
-        for (index, item) in T::all(&entry.declaration).iter().enumerate() {
-            let declared = item.scope();
-            let scope = match (&entry.options.scope_override, declared) {
-                (Some(over), Scope::Global) => over,
-                _ => declared,
-            };
-            let Some(rank) = chain.iter().position(|k| k == scope.key()) else {
-                continue; // not visible to this agent
-            };
-            // Same name in the same scope from two plugins is refused at load (R2), so ranks
-            // never tie; on a tie the first plugin by id would win, still deterministically.
-            let pick = Pick {
-                entry,
-                index,
-                scope,
-                rank,
-            };
-            match best.entry(item.name()) {
-                std::collections::btree_map::Entry::Occupied(mut o) => {
-                    if rank > o.get().rank {
-                        o.insert(pick);
-                    }
-                }
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(pick);
-                }
-            }
-        }
-    }
-    best.into_iter()
-        .map(|(name, p)| (name, (p.entry, p.index, p.scope, p.rank)))
-        .collect()
-}
-
 fn origin(name: &str, entry: &PluginEntry, scope: &Scope) -> Origin {
     Origin {
         name: name.to_string(),
@@ -148,13 +90,21 @@ fn origin(name: &str, entry: &PluginEntry, scope: &Scope) -> Origin {
     }
 }
 
-/// The plan of `registry` for `chain` and `options`, leaving out the plugins in `excluded`.
-pub(super) fn plan(
+/// Who gives each of `ordered`'s contributions, in its order.
+fn origins_in_order(ordered: &[(&str, Picked<'_>)]) -> Arc<[Origin]> {
+    ordered
+        .iter()
+        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
+        .collect()
+}
+
+/// The layout of `registry` for `chain` and `options`, leaving out the plugins in `excluded`.
+pub(super) fn layout(
     registry: &Registry,
     chain: &[String],
     options: &Options,
     excluded: &BTreeSet<String>,
-) -> Result<Plan> {
+) -> Result<Layout> {
     let sections = effective::<Section>(registry, excluded, chain);
     let variables = effective::<Variable>(registry, excluded, chain);
     // A4: without a runtime context, contexts are neither called nor rendered.
@@ -165,23 +115,9 @@ pub(super) fn plan(
 
     // Cheap checks first, before any plugin is called.
     if let Some(order) = &options.tool_order {
-        super::check_tool_order(registry, order)?;
+        check_tool_order(registry, order)?;
     }
-    let complete: Vec<&str> = sections
-        .iter()
-        .filter(|(_, p)| section(p).complete)
-        .map(|(n, _)| *n)
-        .collect();
-    if complete.len() > 1 {
-        let names = complete.iter().map(|n| n.to_string()).collect();
-        return Err(Error::MultipleComplete(names)); // already sorted: BTreeMap order
-    }
-    // A1, A3: a single complete section stands alone; otherwise sort by (order, name).
-    let mut ordered: Vec<(&str, _)> = match complete.first() {
-        Some(only) => vec![(*only, sections[only])],
-        None => sections.iter().map(|(n, p)| (*n, *p)).collect(),
-    };
-    ordered.sort_by(|a, b| (section(&a.1).order, a.0).cmp(&(section(&b.1).order, b.0)));
+    let ordered = ordered_sections(&sections)?;
     let mut ordered_contexts: Vec<(&str, _)> = contexts.iter().map(|(n, p)| (*n, *p)).collect();
     ordered_contexts.sort_by(|a, b| (context(&a.1).order, a.0).cmp(&(context(&b.1).order, b.0)));
 
@@ -252,9 +188,69 @@ pub(super) fn plan(
         })
         .collect();
 
-    // What each batching plugin is asked, in the order the per-item path would ask.
+    let mut asks = asks_of(&section_parts, &context_parts, &variables);
+    let tools = effective::<crate::plugin::model::Tool>(registry, excluded, chain);
+    let (filters, filtering) = filtering_plugins(&tools, &mut asks);
+    let tools = match filters {
+        true => None,
+        // No plugin filters: ordering makes no call, so the step plays no part.
+        false => Some(Arc::new(order_tools(
+            &tools,
+            options,
+            None,
+            &mut Calls::default(),
+        )?)),
+    };
+    let section_origins = origins_in_order(&ordered);
+    let context_origins = origins_in_order(&ordered_contexts);
+    let mut layout = Layout {
+        sections: section_parts,
+        contexts: context_parts,
+        variables,
+        asks: asks.into_values().collect(),
+        section_origins,
+        context_origins,
+        fixed_origins: Arc::from([]),
+        fixed_used: used.into_iter().collect(),
+        tools,
+        filtering,
+        filtered: Mutex::new(None),
+    };
+    layout.fixed_origins = origins(&layout, layout.fixed_used.iter().map(|n| &**n));
+    Ok(layout)
+}
+
+/// A1–A3: the sections in output order: a single complete section alone, else every
+/// section by (order, name); two complete sections are refused.
+fn ordered_sections<'r>(
+    sections: &BTreeMap<&'r str, Picked<'r>>,
+) -> Result<Vec<(&'r str, Picked<'r>)>> {
+    let complete: Vec<&str> = sections
+        .iter()
+        .filter(|(_, p)| section(p).complete)
+        .map(|(n, _)| *n)
+        .collect();
+    if complete.len() > 1 {
+        let names = complete.iter().map(|n| n.to_string()).collect();
+        return Err(Error::MultipleComplete(names)); // already sorted: BTreeMap order
+    }
+    // A1, A3: a single complete section stands alone; otherwise sort by (order, name).
+    let mut ordered: Vec<(&str, _)> = match complete.first() {
+        Some(only) => vec![(*only, sections[only])],
+        None => sections.iter().map(|(n, p)| (*n, *p)).collect(),
+    };
+    ordered.sort_by(|a, b| (section(&a.1).order, a.0).cmp(&(section(&b.1).order, b.0)));
+    Ok(ordered)
+}
+
+/// What each batching plugin is asked, in the order the per-item path would ask.
+fn asks_of(
+    section_parts: &[Part],
+    context_parts: &[Part],
+    variables: &BTreeMap<Arc<str>, VarPart>,
+) -> BTreeMap<String, Ask> {
     let mut asks: BTreeMap<String, Ask> = BTreeMap::new();
-    for part in &section_parts {
+    for part in section_parts {
         let s = part.section();
         if part.entry.provider.batches() && s.text == Content::Dynamic {
             let a = asks
@@ -265,7 +261,7 @@ pub(super) fn plan(
                 .push(call_key(&part.entry, Kind::Section, part.index));
         }
     }
-    for part in &context_parts {
+    for part in context_parts {
         let c = part.context();
         if part.entry.provider.batches() && c.text == Content::Dynamic {
             let a = asks
@@ -287,7 +283,15 @@ pub(super) fn plan(
                 .push(call_key(&v.entry, Kind::Variable, v.index));
         }
     }
-    let tools = effective::<crate::plugin::model::Tool>(registry, excluded, chain);
+    asks
+}
+
+/// The plugins that filter the tools (each once), and whether any does; a batching one is
+/// asked for the tools shown.
+fn filtering_plugins(
+    tools: &BTreeMap<&str, Picked<'_>>,
+    asks: &mut BTreeMap<String, Ask>,
+) -> (bool, Vec<Arc<PluginEntry>>) {
     let mut filters = false;
     let mut filtering: Vec<Arc<PluginEntry>> = Vec::new();
     for (entry, _, _, _) in tools.values() {
@@ -302,46 +306,14 @@ pub(super) fn plan(
             }
         }
     }
-    let tools = match filters {
-        true => None,
-        // No plugin filters: ordering makes no call, so the step plays no part.
-        false => Some(Arc::new(super::order_tools(
-            &tools,
-            options,
-            None,
-            &mut super::Calls::default(),
-        )?)),
-    };
-    let section_origins = ordered
-        .iter()
-        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
-        .collect();
-    let context_origins = ordered_contexts
-        .iter()
-        .map(|&(n, (e, _, scope, _))| origin(n, e, scope))
-        .collect();
-    let mut plan = Plan {
-        sections: section_parts,
-        contexts: context_parts,
-        variables,
-        asks: asks.into_values().collect(),
-        section_origins,
-        context_origins,
-        fixed_origins: Arc::from([]),
-        fixed_used: used.into_iter().collect(),
-        tools,
-        filtering,
-        filtered: Mutex::new(None),
-    };
-    plan.fixed_origins = origins(&plan, plan.fixed_used.iter().map(|n| &**n));
-    Ok(plan)
+    (filters, filtering)
 }
 
 /// Who gives each of the variables `names` (by name order, as given).
-pub(super) fn origins<'a>(plan: &Plan, names: impl Iterator<Item = &'a str>) -> Arc<[Origin]> {
+pub(super) fn origins<'a>(layout: &Layout, names: impl Iterator<Item = &'a str>) -> Arc<[Origin]> {
     names
         .filter_map(|n| {
-            let v = plan.variables.get(n)?;
+            let v = layout.variables.get(n)?;
             Some(Origin {
                 name: n.to_string(),
                 plugin: v.entry.id.clone(),

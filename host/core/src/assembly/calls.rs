@@ -1,0 +1,230 @@
+//! Plugin calls of one assembly: each dynamic contribution called at most once (A2), what a
+//! batching plugin is asked in one call (W3), a failed call as an error or an omission (A9).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::model::Omission;
+use crate::error::{Error, Result};
+use crate::observe::{observed, Activity, Observe};
+use crate::plugin::model::{Content, Kind, Step};
+use crate::plugin::provider::{CallError, CallResult, Evaluation, Wanted};
+use crate::plugin::registry::PluginEntry;
+
+/// What one batching plugin (world 0.2.0) is asked each step: its effective dynamic sections
+/// and contexts in output order, its effective dynamic variables by name, its shown tools.
+pub(super) struct Ask {
+    pub entry: Arc<PluginEntry>,
+    pub wanted: Wanted,
+    /// The memo keys of `wanted`'s texts (sections, then contexts) and variables.
+    pub text_keys: Vec<CallKey>,
+    pub value_keys: Vec<CallKey>,
+}
+
+/// A contribution: its plugin (by the address of its shared entry, the same in every layout of
+/// one snapshot), kind and index in the declaration. Only ever looked up, never iterated.
+pub(super) type CallKey = (usize, Kind, usize);
+
+pub(super) fn call_key(entry: &Arc<PluginEntry>, kind: Kind, index: usize) -> CallKey {
+    (Arc::as_ptr(entry) as usize, kind, index)
+}
+
+/// A text as a step renders it: a static one borrowed from the declaration, or one a plugin
+/// gave this step.
+pub(super) enum Source<'p> {
+    Static(&'p str),
+    Called(Arc<str>),
+}
+
+/// Memoised dynamic calls: each contribution is called at most once per assembly (A2).
+#[derive(Default)]
+pub(super) struct Calls<'o> {
+    /// Told of each call, when telemetry watches the step.
+    pub(super) observe: Option<&'o dyn Observe>,
+    pub(super) texts: HashMap<CallKey, CallResult<Arc<str>>>,
+    pub(super) values: HashMap<CallKey, CallResult<Option<Arc<str>>>>,
+    pub(super) tools: HashMap<usize, CallResult<Vec<String>>>,
+    /// Contexts left out alone (`contexts_fail_alone`), in the order they were asked for.
+    pub(super) omitted: Vec<Omission>,
+}
+
+impl Calls<'_> {
+    /// W3: asks each batching plugin (world 0.2.0) once for every effective dynamic value it
+    /// gives this step and has not given yet: its sections and contexts in use, its effective
+    /// variables (referenced or not: which ones a dynamic text references is only known after
+    /// the call), and its shown tools ([`Ask`]s, made once per layout). Shadowed contributions are
+    /// never asked for. The answers join the memo, so the lazy per-item path below finds
+    /// them; an error stays with its item and fails the assembly only if the item is used.
+    pub(super) fn prefetch(&mut self, step: &Step, asks: &[Ask]) {
+        for ask in asks {
+            let entry = &ask.entry;
+            let (texts, values) = (&ask.text_keys, &ask.value_keys);
+            let ptr = Arc::as_ptr(entry) as usize;
+            let fresh = !texts.iter().any(|k| self.texts.contains_key(k))
+                && !values.iter().any(|k| self.values.contains_key(k))
+                && (!ask.wanted.shown_tools || !self.tools.contains_key(&ptr));
+            // A second attempt (A9) asks only for what the first did not get.
+            let filtered;
+            let owned: (Vec<CallKey>, Vec<CallKey>);
+            let (wanted, texts, values): (&Wanted, &[CallKey], &[CallKey]) = if fresh {
+                (&ask.wanted, texts, values)
+            } else {
+                let (mut w, mut t, mut v) = (Wanted::default(), Vec::new(), Vec::new());
+                let n_sections = ask.wanted.sections.len();
+                for (i, &k) in texts.iter().enumerate() {
+                    if self.texts.contains_key(&k) {
+                        continue;
+                    }
+                    match i < n_sections {
+                        true => w.sections.push(ask.wanted.sections[i].clone()),
+                        false => w.contexts.push(ask.wanted.contexts[i - n_sections].clone()),
+                    }
+                    t.push(k);
+                }
+                for (i, &k) in values.iter().enumerate() {
+                    if !self.values.contains_key(&k) {
+                        w.variables.push(ask.wanted.variables[i].clone());
+                        v.push(k);
+                    }
+                }
+                w.shown_tools = ask.wanted.shown_tools && !self.tools.contains_key(&ptr);
+                if w.is_empty() {
+                    continue;
+                }
+                filtered = w;
+                owned = (t, v);
+                (&filtered, &owned.0, &owned.1)
+            };
+            let answer = observed(self.observe, Activity::call(entry, "evaluate"), || {
+                entry.provider.evaluate(step, wanted)
+            })
+            .and_then(|e| e.check(wanted).map(|()| e))
+            .unwrap_or_else(|e| Evaluation::failed(wanted, e));
+            // The answers come back in the order of `wanted`, which is the keys' order.
+            let answered = answer.sections.into_iter().chain(answer.contexts);
+            for (&k, text) in texts.iter().zip(answered) {
+                self.texts.insert(k, text.map(Arc::from));
+            }
+            for (&k, value) in values.iter().zip(answer.variables) {
+                self.values.insert(k, value.map(|v| v.map(Arc::from)));
+            }
+            if let Some(shown) = answer.shown_tools {
+                self.tools.insert(ptr, shown);
+            }
+        }
+    }
+
+    /// Whether no plugin was called.
+    pub(super) fn is_empty(&self) -> bool {
+        self.texts.is_empty() && self.values.is_empty() && self.tools.is_empty()
+    }
+
+    pub(super) fn text<'p>(
+        &mut self,
+        entry: &Arc<PluginEntry>,
+        kind: Kind,
+        index: usize,
+        content: &'p Content,
+        step: &Step,
+    ) -> Result<Source<'p>> {
+        if let Content::Static(s) = content {
+            return Ok(Source::Static(s)); // static text costs no call
+        }
+        let (name, scope) = match kind {
+            Kind::Section => {
+                let s = &entry.declaration.sections[index];
+                (&s.name, &s.scope)
+            }
+            _ => {
+                let c = &entry.declaration.contexts[index];
+                (&c.name, &c.scope)
+            }
+        };
+        let observe = self.observe;
+        let result = (self.texts.entry(call_key(entry, kind, index))).or_insert_with(|| {
+            match kind {
+                Kind::Section => observed(observe, Activity::call(entry, "section"), || {
+                    entry.provider.section_text(name, scope, step)
+                }),
+                _ => observed(observe, Activity::call(entry, "context"), || {
+                    entry.provider.context_text(name, scope, step)
+                }),
+            }
+            .map(Arc::from)
+        });
+        match result {
+            Ok(text) => Ok(Source::Called(text.clone())),
+            Err(e)
+                if kind == Kind::Context
+                    && entry.options.optional
+                    && entry.options.contexts_fail_alone =>
+            {
+                // Left out as an empty context; the omission is recorded once.
+                let contribution = format!("{kind} `{name}`");
+                let cause = e.cause().to_string();
+                if !self
+                    .omitted
+                    .iter()
+                    .any(|o| o.plugin == entry.id && o.contribution == contribution)
+                {
+                    self.omitted.push(Omission {
+                        plugin: entry.id.clone(),
+                        contribution,
+                        cause,
+                    });
+                }
+                Ok(Source::Static(""))
+            }
+            Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), e.clone())),
+        }
+    }
+
+    pub(super) fn value(
+        &mut self,
+        entry: &Arc<PluginEntry>,
+        index: usize,
+        step: &Step,
+    ) -> Result<Option<Arc<str>>> {
+        let v = &entry.declaration.variables[index];
+        let observe = self.observe;
+        let result =
+            (self.values.entry(call_key(entry, Kind::Variable, index))).or_insert_with(|| {
+                observed(observe, Activity::call(entry, "variable"), || {
+                    entry.provider.variable_value(&v.name, &v.scope, step)
+                })
+                .map(|v| v.map(Arc::from))
+            });
+        result
+            .clone()
+            .map_err(|e| call_error(entry, &format!("variable `{}`", v.name), e))
+    }
+
+    /// The tools `entry` shows this step (asked once).
+    pub(super) fn shown_tools(
+        &mut self,
+        entry: &Arc<PluginEntry>,
+        step: &Step,
+    ) -> Result<&Vec<String>> {
+        let observe = self.observe;
+        let result = self
+            .tools
+            .entry(Arc::as_ptr(entry) as usize)
+            .or_insert_with(|| {
+                observed(observe, Activity::call(entry, "shown-tools"), || {
+                    entry.provider.shown_tools(step)
+                })
+            });
+        result
+            .as_ref()
+            .map_err(|e| call_error(entry, "shown-tools", e.clone()))
+    }
+}
+
+pub(super) fn call_error(entry: &PluginEntry, contribution: &str, e: CallError) -> Error {
+    Error::PluginCall {
+        plugin: entry.id.clone(),
+        contribution: contribution.to_string(),
+        cause: e.cause().to_string(),
+        trapped: matches!(e, CallError::Trapped(_)),
+    }
+}
