@@ -1,7 +1,7 @@
 //! End-to-end: the bundled plugins, built from source to wasm32-wasip2, loaded by the real
 //! `promptd` binary. SPEC rules cited per test.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::{fails, ok, Folder};
 use serde_json::{json, Value};

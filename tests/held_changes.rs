@@ -5,7 +5,7 @@
 
 use crate::cache_policy::{headers, rebuilt_as_sent, turn};
 use crate::cache_workload::{persona, Stub};
-use crate::common;
+use promptd_testkit as common;
 
 use common::daemon::Served;
 use common::{eventually, fixture, put, Folder};

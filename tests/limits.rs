@@ -2,7 +2,7 @@
 //! Hostile components (the `scripted` fixture, built from Rust source, and WAT) in the real
 //! daemon; each test names the limit it checks.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! `@modelcontextprotocol/server-everything`, both installed (pinned) by tests/mcp/install.sh.
 //! The misbehaving servers (tests/mcp/*.py) are small fixtures speaking JSON-RPC over stdio.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::PathBuf;
 

@@ -12,12 +12,12 @@
 //! The count is read from the shared counter before and after the window; nothing else talks
 //! to the daemon (`--no-watch`).
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::path::Path;
 
-use support::{binaries, env_or, rust_plugin_folder, scratch, small_step, Client, Daemon, Table};
+use promptd_testkit::bench::{
+    self as support, binaries, env_or, rust_plugin_folder, scratch, small_step, Client, Daemon,
+    Table,
+};
 
 fn count(file: &Path) -> u64 {
     let bytes = std::fs::read(file).expect("the counter file");

@@ -30,19 +30,14 @@
 //! creation included: one per 100 steps), divided by the steps. Client CPU per step likewise
 //! for this process (the client shares the two cores). RSS: VmRSS after the window.
 
-#[path = "support/mod.rs"]
-mod support;
-
-#[path = "../../../tests/postgres/harness.rs"]
-mod harness;
-
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use support::{
-    binaries, cpu_seconds, env_or, fmt_duration, fmt_mib, otlp_sink, percentile, ratio,
-    rust_plugin_folder, scratch, small_step, Binary, Client, Daemon, Table,
+use promptd_testkit::bench::{
+    self as support, binaries, cpu_seconds, env_or, fmt_duration, fmt_mib, otlp_sink, percentile,
+    ratio, rust_plugin_folder, scratch, small_step, Binary, Client, Daemon, Table,
 };
+use promptd_testkit::postgres as harness;
 
 const STEPS_PER_SESSION: u64 = 100;
 

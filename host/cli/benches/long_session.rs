@@ -18,14 +18,11 @@
 //! (nanoseconds; /proc/PID/stat's 10 ms ticks are too coarse for 10 steps). RSS from VmRSS
 //! after start and after the last step; the reply size of the last step.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::{
-    binaries, env_or, fmt_duration, fmt_mib, ratio, rust_plugin_folder, scratch, thread_cpu_delta,
-    Binary, Client, Daemon, Table,
+use promptd_testkit::bench::{
+    self as support, binaries, env_or, fmt_duration, fmt_mib, ratio, rust_plugin_folder, scratch,
+    thread_cpu_delta, Binary, Client, Daemon, Table,
 };
 
 const WINDOW: u64 = 10;

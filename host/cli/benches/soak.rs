@@ -20,16 +20,12 @@
 //! `soak.png` (drawn by benches/soak/plot.sh, matplotlib in a pinned venv), the daemon logs
 //! and the clients' acknowledgements. The process exits 1 when a check failed.
 
-#[path = "support/mod.rs"]
-mod support;
-
-#[path = "../../../tests/soak/driver.rs"]
-mod driver;
-
 use std::process::Command;
 use std::time::Duration;
 
-use support::{build_wasm_workspace, env_or, repo_root, rust_plugin_folder, Table};
+use promptd_testkit::bench::{self as support, env_or, rust_plugin_folder, Table};
+use promptd_testkit::soak as driver;
+use promptd_testkit::{build_wasm_workspace, repo_root};
 
 fn main() {
     support::print_machine();

@@ -18,17 +18,15 @@
 //! (plus skills in JavaScript, documents in Python, datetime in C) from target/plugins with
 //! the repository's promptd.toml, as `cargo xtask run` serves them, when they are built.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-use support::{
-    binaries, env_or, fmt_duration, percentile, ratio, repo_root, rust_plugin_folder, scratch,
-    small_step, Binary, Client, Daemon, Table,
+use promptd_testkit::bench::{
+    self as support, binaries, env_or, fmt_duration, percentile, ratio, rust_plugin_folder,
+    scratch, small_step, Binary, Client, Daemon, Table,
 };
+use promptd_testkit::repo_root;
+use sha2::{Digest, Sha256};
 
 struct Case {
     label: &'static str,
