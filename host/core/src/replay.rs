@@ -1756,5 +1756,4 @@ fn string_at(body: &Map<String, Value>, key: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-#[path = "replay_tests.rs"]
 mod tests;
