@@ -12,9 +12,9 @@
 //! copied under N file names (b00.wasm, b01.wasm, …) and loaded with `WasmEngine` through
 //! `promptd_core::load::load_all`, each copy with its own prefix. `wasm 0.2.0` is the fixture
 //! built now; `wasm 0.1.0` is the same source built against 0.1.0 before the world moved
-//! (tests/fixtures/plugin-0.1.0/bench.wasm.gz). The native side builds the same declarations
-//! with `NativePlugin` from the same shape.rs, and the bench first checks that all three
-//! assemble to the same system prompt, runtime context and tools. One
+//! (tests/fixtures/plugin-0.1.0/bench.wasm.gz). The native side builds the same declarations with
+//! `NativePlugin` from the same shape (tests/fixtures/bench-shape), and the bench first checks that
+//! all three assemble to the same system prompt, runtime context and tools. One
 //! `promptd_core::assembly::assemble` per iteration, for agent `default` at step 7 with the
 //! facts `cwd` and `git_branch` (and `ASSEMBLY_EXTRA_FACTS` more, 0 by default: what lowering
 //! facts no plugin reads costs). The table is criterion's median time per assembly.

@@ -2,10 +2,10 @@
 //! the session holds? Latency and daemon CPU per step around steps 10, 100, 500 and 1,000.
 //!
 //! Run: `cargo bench -p promptd --bench long_session`. Environment: `LONG_STEPS` (1000),
-//! `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE` (see support/mod.rs), `LONG_PARTS`: `current` makes
-//! the current binary's client ask each step for its parts since the step before (contract
-//! Q21: only what is new is sent) while the baseline's asks for whole bodies, so a run with
-//! `PROMPTD_BIN_BASELINE` set to the same binary compares the two answers.
+//! `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE` (see the test kit's `bench` module), `LONG_PARTS`:
+//! `current` makes the current binary's client ask each step for its parts since the step before
+//! (contract Q21: only what is new is sent) while the baseline's asks for whole bodies, so a run
+//! with `PROMPTD_BIN_BASELINE` set to the same binary compares the two answers.
 //!
 //! Method: one daemon per binary (four bundled Rust plugins, durable SQLite in a fresh state
 //! folder under target/bench-tmp, `--no-watch`), all started first; the binaries then take

@@ -3,7 +3,8 @@
 //! mcp-server-time) killed every minute and the daemon killed with SIGKILL and restarted on the
 //! same state every ten minutes. At the end every acknowledged step is read back from the log
 //! and rebuilt, and each daemon run's RSS, descriptors and threads are judged flat.
-//! tests/soak/driver.rs does the work; the e2e test `soak::` runs it for three minutes in CI.
+//! The test kit's `soak` module (host/testkit/src/soak.rs) does the work; the e2e test `soak::`
+//! runs it for three minutes in CI.
 //!
 //! Run: `cargo bench -p promptd --bench soak`. Environment (seconds unless said):
 //! `SOAK_SECS` (3600), `SOAK_RATE` (2000 steps/s offered), `SOAK_THREADS` (32),

@@ -4,7 +4,7 @@
 //! Run: `cargo bench -p promptd --bench startup`. Environment: `STARTUP_RUNS` (5) starts per
 //! case and binary; `STARTUP_COLD_ALL=1` adds the seven plugins with an empty cache (the
 //! JavaScript and Python components compile for 10–30 s each); `PROMPTD_BIN` /
-//! `PROMPTD_BIN_BASELINE` (see support/mod.rs).
+//! `PROMPTD_BIN_BASELINE` (see the test kit's `bench` module).
 //!
 //! Method: every start gets a fresh state folder under target/bench-tmp (so a fresh SQLite
 //! database), `--listen 127.0.0.1:0 --no-watch`. "Empty cache": `STATE/cache/` does not exist.
