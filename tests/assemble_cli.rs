@@ -1,7 +1,7 @@
 //! End-to-end: the bundled plugins, built from source to wasm32-wasip2, loaded by the real
 //! `promptd` binary. SPEC rules cited per test.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::{fails, ok, Folder};
 use serde_json::{json, Value};
@@ -189,12 +189,26 @@ fn a1_output_is_byte_identical_whatever_the_file_order_timing_or_process() {
     ];
     let forward = all_bundled();
     let config_a = forward.config(CONFIG);
-    // The same plugins copied in reverse order, with different modification times.
-    let backward = Folder::new().bundled("workspace");
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    let backward = backward.bundled("tools").bundled("persona");
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    let backward = backward.bundled("identity");
+    // The same plugins copied in reverse order, with different modification times (set, not
+    // waited for: workspace the oldest, then tools and persona, then identity).
+    let backward = Folder::new()
+        .bundled("workspace")
+        .bundled("tools")
+        .bundled("persona")
+        .bundled("identity");
+    let now = std::time::SystemTime::now();
+    for (name, age_ms) in [
+        ("workspace", 40),
+        ("tools", 20),
+        ("persona", 20),
+        ("identity", 0),
+    ] {
+        std::fs::File::options()
+            .write(true)
+            .open(backward.path().join(format!("{name}.wasm")))
+            .and_then(|f| f.set_modified(now - std::time::Duration::from_millis(age_ms)))
+            .unwrap();
+    }
     let config_b = backward.config(CONFIG);
 
     let reference = forward.assemble(&config_a, &facts);

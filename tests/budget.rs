@@ -3,7 +3,7 @@
 //! agent's window is `context_overflow`, recording nothing; tool results follow the agent's
 //! template. The real daemon over HTTP with the `scripted` fixture.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::daemon::Served;
 use common::Folder;

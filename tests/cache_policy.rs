@@ -2,7 +2,7 @@
 //! provider, whose cache follows Anthropic's documented rules on the time the test gives it.
 
 use crate::cache_workload::{persona, tool_calls, Stub};
-use crate::common;
+use promptd_testkit as common;
 
 use common::daemon::Served;
 use common::Folder;

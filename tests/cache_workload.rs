@@ -19,7 +19,7 @@
 //! naming `versioned` after a swap, `compacted` after a compaction, `ttl_expired` after a gap
 //! past the TTL (any of them when several happened), else `hit`.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;

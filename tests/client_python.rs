@@ -18,7 +18,7 @@
 //!   deleted under it; then `tests/openapi_coverage.py` checks that those tests had every
 //!   operation of `docs/openapi.json` answer 2xx and saw every top-level field of its answers.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

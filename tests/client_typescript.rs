@@ -17,7 +17,7 @@
 //! - the TypeScript loop of `docs/clients.md`, extracted from it and run as written, with its
 //!   count of promptd lines checked.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! deadline and an address-space cap, and refuses what goes over them. The other plugins keep
 //! loading and serving, and the daemon never holds the compiler's memory.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! breakpoints sit where they pay. The real daemon over HTTP, the `scripted` fixture built from
 //! Rust source.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::daemon::{state_dir, Served};
 use common::Folder;

@@ -1,6 +1,6 @@
 //! End-to-end: the real daemon over real HTTP with a real SQLite file (SPEC Q1–Q8, R4, R5, L5).
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! set does not load (issue 45). Several daemons on one PostgreSQL database are
 //! tests/postgres.rs's.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@
 
 use crate::cache_policy::{headers, rebuilt_as_sent, turn};
 use crate::cache_workload::{persona, Stub};
-use crate::common;
+use promptd_testkit as common;
 
 use common::daemon::Served;
 use common::{eventually, fixture, put, Folder};
@@ -271,8 +271,12 @@ fn k7_max_stale_and_an_unmarked_part_apply_the_change() {
     swap_to(&d, &folder, 2);
     let (_, request) = step(&d, &id, "second");
     assert_eq!(version_sent(&request), "version 1", "held");
-    std::thread::sleep(std::time::Duration::from_millis(1_100));
-    let (_, request) = step(&d, &id, "third");
+    // The next step says it is sent 1.1 s from now (`sent_at`), rather than the test waiting:
+    // the change has been held since the step above, so more than max_stale_s by then.
+    let body = json!({"format": "anthropic", "sent_at": now_ms() + 1_100,
+                      "messages": [{"role": "user", "content": "third"}]});
+    let v = d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body));
+    let request = v["request"].clone();
     assert_eq!(version_sent(&request), "version 2", "past max_stale_s");
     let h = headers(&d, &id);
     let cause = h[1]["released"]["cause"].as_str().unwrap();

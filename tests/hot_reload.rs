@@ -1,7 +1,7 @@
 //! End-to-end: plugins swapped while sessions run (SPEC H1–H4, R4, R5), against the real daemon
 //! watching a real folder.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

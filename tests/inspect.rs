@@ -4,7 +4,7 @@
 //! byte-different file with an equal declaration; the test computes each shared prefix itself
 //! from the rebuilt requests and checks the daemon's figure and cause against it.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::{eventually, fixture, put, Folder};
 use serde_json::{json, Value};

@@ -16,7 +16,7 @@
 //!
 //! Needs `tests/inspector/install.sh` (chromium, chromium-driver and the pinned selenium venv).
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -1,7 +1,7 @@
 //! End-to-end: a looping plugin visible to agent A does not slow agent B (SPEC L4). Alone in
 //! its own test binary, so no sibling test competes for the two cores while it measures.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::time::{Duration, Instant};
 

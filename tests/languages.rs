@@ -5,7 +5,7 @@
 //! JavaScript and Python components are 12-18 MB; one-shot `promptd` runs here share a compile
 //! cache (`common::compile_cache`), so each is compiled once per build, not once per test.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

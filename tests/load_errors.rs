@@ -2,7 +2,7 @@
 //! A9, A10). Real components: the `scripted` fixture (Rust, built from source) configured to
 //! misbehave, hand-written WAT components, and raw bytes.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::{fails, ok, Folder};
 use promptd_core::load;

@@ -1,8 +1,7 @@
-//! promptd's end-to-end tests, one binary: each file of `tests/` is a module, all sharing
-//! [`common`] (the real daemon over HTTP, fixtures, processes). Run one file's tests with a
-//! filter: `cargo test -p promptd --test e2e budget::`.
-
-mod common;
+//! promptd's end-to-end tests, one binary: each file of `tests/` is a module, all sharing the
+//! test kit (`promptd_testkit`, host/testkit: the real daemon over HTTP, fixtures, processes),
+//! which each module imports as `common`. Run one file's tests with a filter:
+//! `cargo test -p promptd --test e2e budget::`.
 
 mod assemble_cli;
 mod budget;

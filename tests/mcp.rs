@@ -3,7 +3,7 @@
 //! `@modelcontextprotocol/server-everything`, both installed (pinned) by tests/mcp/install.sh.
 //! The misbehaving servers (tests/mcp/*.py) are small fixtures speaking JSON-RPC over stdio.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::PathBuf;
 
@@ -809,7 +809,9 @@ fn m5_a_server_that_keeps_failing_is_given_up_after_max_failures() {
         1,
         "{kinds:?}"
     );
-    // Given up: no more attempts, so no more events.
+    // Given up: no more attempts, so no more events. An absence, so a window to watch rather
+    // than a fact to wait for: without the give-up the next attempt would start 800 ms after
+    // the third failure (backoff 200, 400, 800 ms).
     std::thread::sleep(std::time::Duration::from_secs(2));
     assert_eq!(
         event_kinds(&d, "mcp:exits"),

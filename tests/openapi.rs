@@ -10,7 +10,7 @@
 //!
 //! Each daemon serves the bundled Rust plugins with the repository's `promptd.toml`.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! 0.2.0 asks each plugin once per step, never for a shadowed item; `data` plugins are fenced;
 //! review hooks reject and redact what a session records.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::daemon::Served;
 use common::{old_world, Folder};

@@ -1,11 +1,11 @@
 //! Several real `promptd serve` daemons on one real PostgreSQL database (Q17, Q3, Q4, Q7):
 //! steps alternating between daemons, racing on one session, a daemon killed under load, the
 //! database stopped under load, and a real HAProxy in front. The servers are started here
-//! (tests/postgres/harness.rs) and stopped at the end; `bash tests/postgres/install.sh` installs
+//! (the test kit's `postgres` module, host/testkit/src/postgres.rs) and stopped at the end; `bash tests/postgres/install.sh` installs
 //! what they need.
 
-use crate::common;
-mod harness;
+use promptd_testkit as common;
+use promptd_testkit::postgres as harness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -17,7 +17,7 @@
 //! read-only mode toggles (the subset goes into `tool_choice`; Anthropic gets it as `tools`);
 //! and one image sent in 50 steps stored once in the session database.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! library only) at scripted times, so the stub's cache and its charges are the truth a
 //! replay's projection is checked against.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! End-to-end: misbehaving plugins cost their own contributions at most (SPEC L1–L5, A9, A10).
 //! Real components (the `scripted` fixture, built from Rust source) in the real daemon.
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::time::{Duration, Instant};
 

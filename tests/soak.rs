@@ -1,15 +1,14 @@
 //! Issue 32's soak, three minutes long (the hour is `cargo bench -p promptd --bench soak`,
-//! tests/soak/driver.rs has both): a real daemon under paced tool-calling steps, a plugin
+//! the test kit's `soak` module has both): a real daemon under paced tool-calling steps, a plugin
 //! swapped every second, the MCP server killed every 20 s and the daemon killed with SIGKILL
 //! every minute, on one state folder. Every acknowledged step is in the log and rebuilds
 //! byte-identically, no request mixes the plugin's versions, nothing failed but what the kills
 //! cut, and each daemon run's RSS, descriptors and threads stay flat.
 
-mod driver;
-
 use std::time::Duration;
 
-use crate::common::{fixture, repo_root};
+use promptd_testkit::soak as driver;
+use promptd_testkit::{bundled, fixture, repo_root};
 
 /// The same checks as the hour, at the scale of a CI run on a debug build.
 #[test]
@@ -19,7 +18,7 @@ fn soak_three_minutes_of_swaps_and_kills_lose_nothing() {
     std::fs::create_dir_all(&plugins).unwrap();
     for p in ["identity", "persona", "tools", "workspace"] {
         std::fs::copy(
-            crate::common::bundled().join(format!("{p}.wasm")),
+            bundled().join(format!("{p}.wasm")),
             plugins.join(format!("{p}.wasm")),
         )
         .unwrap();

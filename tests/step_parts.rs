@@ -3,7 +3,7 @@
 //! long session's step sends what it added, not its history. The real daemon over HTTP, the
 //! bundled Rust plugins.
 
-use crate::common;
+use promptd_testkit as common;
 
 use common::daemon::{state_dir, Served};
 use common::Folder;

@@ -13,7 +13,7 @@
 //! headless Chromium (`target/test-artifacts/telemetry-phoenix.png`, and
 //! `docs/telemetry-phoenix.png` with `PROMPTD_SCREENSHOT=1`).
 
-use crate::common;
+use promptd_testkit as common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -3,8 +3,9 @@
 //! `malloc`, `calloc` and `realloc` call of the real `promptd serve` process, as uprobes on
 //! libc's would, so a baseline binary built before this bench existed is counted alike.
 //!
-//! Run: `cargo bench -p promptd --bench allocs`; `PROMPTD_BIN_BASELINE` adds a binary to
-//! compare (see support/mod.rs). `ALLOCS_STEPS` (1000): measured steps, after 200 of warm-up.
+//! Run: `cargo bench -p promptd --bench allocs`; `PROMPTD_BIN_BASELINE` adds a binary to compare
+//! (see the test kit's `bench` module). `ALLOCS_STEPS` (1000): measured steps, after 200 of
+//! warm-up.
 //!
 //! Method: one client on one keep-alive connection, the four bundled Rust plugins, durable
 //! SQLite; each step is the load bench's short step (one user message, the facts `cwd` and
@@ -12,12 +13,12 @@
 //! The count is read from the shared counter before and after the window; nothing else talks
 //! to the daemon (`--no-watch`).
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::path::Path;
 
-use support::{binaries, env_or, rust_plugin_folder, scratch, small_step, Client, Daemon, Table};
+use promptd_testkit::bench::{
+    self as support, binaries, env_or, rust_plugin_folder, scratch, small_step, Client, Daemon,
+    Table,
+};
 
 fn count(file: &Path) -> u64 {
     let bytes = std::fs::read(file).expect("the counter file");

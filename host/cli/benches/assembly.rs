@@ -12,18 +12,12 @@
 //! copied under N file names (b00.wasm, b01.wasm, …) and loaded with `WasmEngine` through
 //! `promptd_core::load::load_all`, each copy with its own prefix. `wasm 0.2.0` is the fixture
 //! built now; `wasm 0.1.0` is the same source built against 0.1.0 before the world moved
-//! (tests/fixtures/plugin-0.1.0/bench.wasm.gz). The native side builds the same declarations
-//! with `NativePlugin` from the same shape.rs, and the bench first checks that all three
-//! assemble to the same system prompt, runtime context and tools. One
+//! (tests/fixtures/plugin-0.1.0/bench.wasm.gz). The native side builds the same declarations with
+//! `NativePlugin` from the same shape (tests/fixtures/bench-shape), and the bench first checks that
+//! all three assemble to the same system prompt, runtime context and tools. One
 //! `promptd_core::assembly::assemble` per iteration, for agent `default` at step 7 with the
 //! facts `cwd` and `git_branch` (and `ASSEMBLY_EXTRA_FACTS` more, 0 by default: what lowering
 //! facts no plugin reads costs). The table is criterion's median time per assembly.
-
-#[allow(dead_code)]
-#[path = "../../../tests/fixtures/bench/src/shape.rs"]
-mod shape;
-#[path = "support/mod.rs"]
-mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,7 +32,8 @@ use promptd_core::plugin::provider::NativePlugin;
 use promptd_core::plugin::registry::{PluginEntry, PluginOptions, Registry};
 use promptd_daemon::plugin_dir;
 use promptd_engine::{cache, WasmEngine};
-use shape::{dynamic_text, Item, ItemKind, Shape, TOOL_PARAMETERS};
+use promptd_testkit::bench as support;
+use promptd_testkit::shape::{dynamic_text, Item, ItemKind, Shape, TOOL_PARAMETERS};
 
 const COUNTS: [usize; 3] = [1, 10, 50];
 /// (criterion group, label, dynamic_every)
@@ -154,7 +149,7 @@ fn wasm_registry(
 
 /// The 0.1.0 build of the fixture, unpacked into `dir`.
 fn old_world_bench(dir: &Path) -> std::path::PathBuf {
-    let packed = support::repo_root().join("tests/fixtures/plugin-0.1.0/bench.wasm.gz");
+    let packed = promptd_testkit::repo_root().join("tests/fixtures/plugin-0.1.0/bench.wasm.gz");
     let out = std::process::Command::new("gzip")
         .arg("-dc")
         .arg(&packed)
@@ -235,7 +230,7 @@ fn interleaved(
 fn main() {
     let started = std::time::SystemTime::now();
     support::print_machine();
-    let wasm = support::build_wasm_workspace("tests/fixtures").join("bench.wasm");
+    let wasm = promptd_testkit::build_wasm_workspace("tests/fixtures").join("bench.wasm");
     let work = support::scratch("assembly");
     let old = old_world_bench(work.path());
     let worlds = [("wasm-0.2.0", &wasm), ("wasm-0.1.0", &old)];
@@ -243,7 +238,7 @@ fn main() {
         .expect("engine")
         .with_cache(&work.path().join("cache"), cache::DEFAULT_MAX_BYTES)
         .expect("compile cache");
-    let out = support::repo_root().join("target/criterion");
+    let out = promptd_testkit::repo_root().join("target/criterion");
     let mut c = Criterion::default()
         .sample_size(50)
         .warm_up_time(Duration::from_secs(1))

@@ -15,14 +15,11 @@
 //! threads from /proc/PID/task/*/schedstat around each call (one client, calls in sequence);
 //! the table gives medians, the outcome's cost as the difference of the two records' medians.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
-use support::{
-    binaries, env_or, fmt_duration, rust_plugin_folder, scratch, thread_cpu_delta, Client, Daemon,
-    Table,
+use promptd_testkit::bench::{
+    self as support, binaries, env_or, fmt_duration, rust_plugin_folder, scratch, thread_cpu_delta,
+    Client, Daemon, Table,
 };
 
 fn main() {

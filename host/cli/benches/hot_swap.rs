@@ -11,7 +11,7 @@
 //! place and polls steps until the version marker flips. Uncached swaps append a unique custom
 //! section to the component, so its SHA-256 (the cache key) is new while behaviour is the same.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,36 +19,9 @@ use std::time::{Duration, Instant};
 
 use promptd_core::config::Config;
 use promptd_core::formats::Format;
-use promptd_engine::{cache, WasmEngine};
-
-#[path = "../../../tests/support/custom_section.rs"]
-mod custom_section;
-use custom_section::with_custom_section;
 use promptd_daemon::{Daemon, StepInput};
-
-fn fixtures() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .unwrap()
-        .to_path_buf();
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--manifest-path",
-        ])
-        .arg(root.join("tests/fixtures/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(root.join("tests/fixtures/target"))
-        .status()
-        .expect("cargo");
-    assert!(status.success(), "building the fixtures failed");
-    root.join("tests/fixtures/target/wasm32-wasip2/release")
-}
+use promptd_engine::{cache, WasmEngine};
+use promptd_testkit::with_custom_section;
 
 /// Versions 1 and 2 of a one-section plugin ("version N") in `lang`, built with its SDK.
 fn sdk_versions(root: &Path, lang: &str) -> (Vec<u8>, Vec<u8>) {
@@ -183,8 +156,8 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let wanted = |lang: &str| args.is_empty() || args.iter().any(|a| a == lang);
-    let dir = fixtures();
-    let root = dir.ancestors().nth(5).unwrap().to_path_buf();
+    let dir = promptd_testkit::build_wasm_workspace("tests/fixtures");
+    let root = promptd_testkit::repo_root();
     println!(
         "hot-swap latency: rename into the folder -> first assembly that sees the new version"
     );

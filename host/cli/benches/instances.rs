@@ -13,9 +13,6 @@
 //! - `assembly`: one assembly over 10 copies of the `bench` fixture, 30% dynamic (warm
 //!   instances), what every step pays.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -28,6 +25,7 @@ use promptd_core::plugin::model::{Scope, Step};
 use promptd_core::plugin::provider::Provider;
 use promptd_core::plugin::sandbox::Sandbox;
 use promptd_engine::{cache, WasmEngine};
+use promptd_testkit::bench as support;
 use sha2::{Digest, Sha256};
 
 /// The default agent's plan, as the daemon resolves it (no config: chain `global → default`).
@@ -99,7 +97,7 @@ fn registry(engine: &WasmEngine, bytes: &[u8]) -> promptd_core::plugin::registry
 
 fn main() {
     support::print_machine();
-    let out = support::build_wasm_workspace("tests/fixtures");
+    let out = promptd_testkit::build_wasm_workspace("tests/fixtures");
     let bench = std::fs::read(out.join("bench.wasm")).expect("bench.wasm");
     let scripted = std::fs::read(out.join("scripted.wasm")).expect("scripted.wasm");
     let (bench_sha, scripted_sha) = (sha(&bench), sha(&scripted));
@@ -117,7 +115,7 @@ fn main() {
         .sample_size(30)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
-        .output_directory(&support::repo_root().join("target/criterion"))
+        .output_directory(&promptd_testkit::repo_root().join("target/criterion"))
         .configure_from_args();
     let mut g = c.benchmark_group("load");
     for (name, engine) in &engines {

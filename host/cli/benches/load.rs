@@ -5,11 +5,12 @@
 //! - `LOAD_SECS` (10): measured seconds per scenario, after `LOAD_WARMUP_SECS` (1) of warm-up;
 //! - `LOAD_RATE` (4000): the open loop's offered steps per second, over `LOAD_OPEN_THREADS` (64);
 //! - `LOAD_SCENARIOS` (all): which scenarios to run, 1-based and comma-separated (`2` = 16 threads);
-//! - `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE`: see support/mod.rs (before/after side by side);
-//! - `LOAD_STORE=postgres`: each scenario also runs on PostgreSQL (a server of its own, started
-//!   by the bench as tests/postgres/harness.rs does) with 1 and with 2 daemons, beside SQLite;
-//!   with 2, each client sends its steps to the daemons in turn (every step moves), and the
-//!   daemon CPU is both daemons' (PostgreSQL's own is not counted);
+//! - `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE`: see the test kit's `bench` module (before/after
+//!   side by side);
+//! - `LOAD_STORE=postgres`: each scenario also runs on PostgreSQL (a server of its own, started by
+//!   the bench with the test kit's `postgres` module, as the e2e tests do) with 1 and with 2
+//!   daemons, beside SQLite; with 2, each client sends its steps to the daemons in turn (every step
+//!   moves), and the daemon CPU is both daemons' (PostgreSQL's own is not counted);
 //! - `LOAD_TELEMETRY=1`: each scenario also runs with `[telemetry]` on, exporting over OTLP/HTTP
 //!   to a minimal sink in this process (it answers every export; its CPU counts as the
 //!   client's), with 10% of sessions sampled, and with telemetry on and the collector down
@@ -30,19 +31,14 @@
 //! creation included: one per 100 steps), divided by the steps. Client CPU per step likewise
 //! for this process (the client shares the two cores). RSS: VmRSS after the window.
 
-#[path = "support/mod.rs"]
-mod support;
-
-#[path = "../../../tests/postgres/harness.rs"]
-mod harness;
-
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use support::{
-    binaries, cpu_seconds, env_or, fmt_duration, fmt_mib, otlp_sink, percentile, ratio,
-    rust_plugin_folder, scratch, small_step, Binary, Client, Daemon, Table,
+use promptd_testkit::bench::{
+    self as support, binaries, cpu_seconds, env_or, fmt_duration, fmt_mib, otlp_sink, percentile,
+    ratio, rust_plugin_folder, scratch, small_step, Binary, Client, Daemon, Table,
 };
+use promptd_testkit::postgres as harness;
 
 const STEPS_PER_SESSION: u64 = 100;
 

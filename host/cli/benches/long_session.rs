@@ -2,10 +2,10 @@
 //! the session holds? Latency and daemon CPU per step around steps 10, 100, 500 and 1,000.
 //!
 //! Run: `cargo bench -p promptd --bench long_session`. Environment: `LONG_STEPS` (1000),
-//! `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE` (see support/mod.rs), `LONG_PARTS`: `current` makes
-//! the current binary's client ask each step for its parts since the step before (contract
-//! Q21: only what is new is sent) while the baseline's asks for whole bodies, so a run with
-//! `PROMPTD_BIN_BASELINE` set to the same binary compares the two answers.
+//! `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE` (see the test kit's `bench` module), `LONG_PARTS`:
+//! `current` makes the current binary's client ask each step for its parts since the step before
+//! (contract Q21: only what is new is sent) while the baseline's asks for whole bodies, so a run
+//! with `PROMPTD_BIN_BASELINE` set to the same binary compares the two answers.
 //!
 //! Method: one daemon per binary (four bundled Rust plugins, durable SQLite in a fresh state
 //! folder under target/bench-tmp, `--no-watch`), all started first; the binaries then take
@@ -18,14 +18,11 @@
 //! (nanoseconds; /proc/PID/stat's 10 ms ticks are too coarse for 10 steps). RSS from VmRSS
 //! after start and after the last step; the reply size of the last step.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::{
-    binaries, env_or, fmt_duration, fmt_mib, ratio, rust_plugin_folder, scratch, thread_cpu_delta,
-    Binary, Client, Daemon, Table,
+use promptd_testkit::bench::{
+    self as support, binaries, env_or, fmt_duration, fmt_mib, ratio, rust_plugin_folder, scratch,
+    thread_cpu_delta, Binary, Client, Daemon, Table,
 };
 
 const WINDOW: u64 = 10;

@@ -17,9 +17,6 @@
 //! differs (every step differs at the system prompt), each with 1 and 2 assembling threads.
 //! The table gives the best and the median of `REPLAY_RUNS` runs, as steps per second.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -38,7 +35,7 @@ use promptd_core::step::{self, StepInput};
 use promptd_core::store::Event;
 use promptd_daemon::plugin_dir;
 use promptd_engine::{cache, WasmEngine};
-use support::{env_or, rust_plugin_folder, scratch, Table};
+use promptd_testkit::bench::{self as support, env_or, rust_plugin_folder, scratch, Table};
 
 const SESSION: &str = "bench-session";
 const MODEL: &str = "claude-sonnet-4-5";

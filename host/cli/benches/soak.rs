@@ -3,7 +3,8 @@
 //! mcp-server-time) killed every minute and the daemon killed with SIGKILL and restarted on the
 //! same state every ten minutes. At the end every acknowledged step is read back from the log
 //! and rebuilt, and each daemon run's RSS, descriptors and threads are judged flat.
-//! tests/soak/driver.rs does the work; the e2e test `soak::` runs it for three minutes in CI.
+//! The test kit's `soak` module (host/testkit/src/soak.rs) does the work; the e2e test `soak::`
+//! runs it for three minutes in CI.
 //!
 //! Run: `cargo bench -p promptd --bench soak`. Environment (seconds unless said):
 //! `SOAK_SECS` (3600), `SOAK_RATE` (2000 steps/s offered), `SOAK_THREADS` (32),
@@ -20,16 +21,12 @@
 //! `soak.png` (drawn by benches/soak/plot.sh, matplotlib in a pinned venv), the daemon logs
 //! and the clients' acknowledgements. The process exits 1 when a check failed.
 
-#[path = "support/mod.rs"]
-mod support;
-
-#[path = "../../../tests/soak/driver.rs"]
-mod driver;
-
 use std::process::Command;
 use std::time::Duration;
 
-use support::{build_wasm_workspace, env_or, repo_root, rust_plugin_folder, Table};
+use promptd_testkit::bench::{self as support, env_or, rust_plugin_folder, Table};
+use promptd_testkit::soak as driver;
+use promptd_testkit::{build_wasm_workspace, repo_root};
 
 fn main() {
     support::print_machine();

@@ -4,7 +4,7 @@
 //! Run: `cargo bench -p promptd --bench startup`. Environment: `STARTUP_RUNS` (5) starts per
 //! case and binary; `STARTUP_COLD_ALL=1` adds the seven plugins with an empty cache (the
 //! JavaScript and Python components compile for 10–30 s each); `PROMPTD_BIN` /
-//! `PROMPTD_BIN_BASELINE` (see support/mod.rs).
+//! `PROMPTD_BIN_BASELINE` (see the test kit's `bench` module).
 //!
 //! Method: every start gets a fresh state folder under target/bench-tmp (so a fresh SQLite
 //! database), `--listen 127.0.0.1:0 --no-watch`. "Empty cache": `STATE/cache/` does not exist.
@@ -18,17 +18,15 @@
 //! (plus skills in JavaScript, documents in Python, datetime in C) from target/plugins with
 //! the repository's promptd.toml, as `cargo xtask run` serves them, when they are built.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-use support::{
-    binaries, env_or, fmt_duration, percentile, ratio, repo_root, rust_plugin_folder, scratch,
-    small_step, Binary, Client, Daemon, Table,
+use promptd_testkit::bench::{
+    self as support, binaries, env_or, fmt_duration, percentile, ratio, rust_plugin_folder,
+    scratch, small_step, Binary, Client, Daemon, Table,
 };
+use promptd_testkit::repo_root;
+use sha2::{Digest, Sha256};
 
 struct Case {
     label: &'static str,

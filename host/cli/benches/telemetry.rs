@@ -16,9 +16,6 @@
 //! per short step without telemetry comes from the load bench (`cargo bench -p promptd --bench
 //! load`, BENCHMARKS.md): the ratio of the two is telemetry's share.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -28,7 +25,7 @@ use promptd_core::config::Config;
 use promptd_core::formats::replies::ProviderUsage;
 use promptd_core::formats::Format;
 use promptd_telemetry::{RecordRecord, Settings, StepRecord, Telemetry, Timed, Work};
-use support::{cpu_split, env_or, otlp_sink, Table};
+use promptd_testkit::bench::{self as support, cpu_split, env_or, otlp_sink, Table};
 
 fn telemetry(endpoint: &str, ratio: f64) -> Telemetry {
     let text = format!(

@@ -219,5 +219,4 @@ pub(super) fn json_bytes(value: &impl Serialize) -> usize {
 }
 
 #[cfg(test)]
-#[path = "session_tests.rs"]
 mod tests;

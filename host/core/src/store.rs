@@ -352,7 +352,6 @@ impl PluginSet {
 /// The cases every store must pass, run by each store's tests through [`store_suite!`]
 /// (the same cases for SQLite and PostgreSQL).
 #[cfg(feature = "test-suite")]
-#[path = "store_conformance.rs"]
 pub mod conformance;
 
 /// One session as a list shows it.

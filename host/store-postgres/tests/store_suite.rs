@@ -1,5 +1,5 @@
 //! The store conformance cases (promptd_core::store::conformance) on a real PostgreSQL server
-//! this test starts (tests/postgres/harness.rs); SQLite runs the same ones
+//! this test starts (the test kit's `postgres` module, host/testkit/src/postgres.rs); SQLite runs the same ones
 //! (host/store/tests/store_suite.rs). Plus what only this store has: migrations, and a server
 //! that goes away.
 
@@ -7,10 +7,8 @@ use std::sync::{Arc, OnceLock};
 
 use promptd_core::store::{EventKind, NewEvent, SessionStore};
 use promptd_store_postgres::{PostgresStore, SCHEMA_VERSION};
+use promptd_testkit::postgres as harness;
 use serde_json::json;
-
-#[path = "../../../tests/postgres/harness.rs"]
-mod harness;
 
 /// One server for the whole binary (stopped when the process exits), one database per case.
 fn server() -> &'static harness::Server {

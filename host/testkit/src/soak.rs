@@ -9,7 +9,6 @@
 //! being killed and restarted, and 503s in that window. Everything else that is not a 2xx is a
 //! failure. A client whose request was cut abandons its session (what it had acknowledged
 //! stays checked) and starts a new one: it cannot know whether the cut request was recorded.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -31,6 +30,7 @@ pub struct Plan {
     pub bin: PathBuf,
     /// The plugin folder the daemon watches; `versioned.wasm` in it is swapped.
     pub plugins: PathBuf,
+    /// The daemon's promptd.toml (see [`config_text`]).
     pub config: PathBuf,
     /// The daemon's state folder, kept across its restarts.
     pub state: PathBuf,
@@ -41,13 +41,19 @@ pub struct Plan {
     /// A piece of the MCP server's command line, to find its process among the daemon's
     /// children.
     pub mcp_marker: String,
+    /// How long the clients step.
     pub duration: Duration,
     /// Steps offered per second, over `threads` client threads on a fixed schedule.
     pub rate: f64,
+    /// Client threads.
     pub threads: usize,
+    /// Steps a client takes in one session before it starts the next.
     pub steps_per_session: u64,
+    /// How often the daemon is killed with SIGKILL and restarted on the same state.
     pub kill_every: Duration,
+    /// How often `versioned.wasm` is swapped for the other version.
     pub swap_every: Duration,
+    /// How often the MCP server is killed.
     pub mcp_kill_every: Duration,
     /// Per daemon run: samples left out before the first RSS window.
     pub warmup: Duration,
@@ -61,35 +67,55 @@ pub struct Plan {
 /// One second of what the clients and /proc saw.
 #[derive(Clone, Debug, Default)]
 pub struct Sample {
+    /// Seconds since the start.
     pub t: f64,
+    /// Which daemon run (0, then one more at each restart).
     pub run: u64,
+    /// Steps acknowledged in this second.
     pub steps: u64,
+    /// Median latency from the scheduled send, in ms.
     pub p50_ms: f64,
+    /// 99th percentile latency from the scheduled send, in ms.
     pub p99_ms: f64,
+    /// The daemon's resident memory.
     pub rss_kib: u64,
+    /// The daemon's open file descriptors.
     pub fds: u64,
+    /// The daemon's threads.
     pub threads: u64,
+    /// Requests refused, cut or answered 503 while the daemon was being restarted.
     pub restart_errors: u64,
+    /// Failures (anything else that was not a 2xx).
     pub failures: u64,
 }
 
 /// One daemon run's flatness: the first window after warm-up against the last.
 #[derive(Clone, Debug)]
 pub struct RunReport {
+    /// Which daemon run.
     pub run: u64,
+    /// How long it ran.
     pub seconds: f64,
+    /// Steps acknowledged during it.
     pub steps: u64,
+    /// RSS over the first window after warm-up.
     pub rss_first_kib: u64,
+    /// RSS over the last window.
     pub rss_last_kib: u64,
+    /// Open descriptors over the first window.
     pub fds_first: u64,
+    /// Open descriptors over the last window.
     pub fds_last: u64,
+    /// Threads over the first window.
     pub threads_first: u64,
+    /// Threads over the last window.
     pub threads_last: u64,
     /// False when the run was too short for two windows after warm-up (not judged).
     pub judged: bool,
 }
 
 impl RunReport {
+    /// The last window's RSS over the first's.
     pub fn rss_ratio(&self) -> f64 {
         self.rss_last_kib as f64 / self.rss_first_kib.max(1) as f64
     }
@@ -98,34 +124,57 @@ impl RunReport {
 /// Everything the soak measured and checked.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// How long the clients ran.
     pub elapsed: Duration,
+    /// One a second.
     pub samples: Vec<Sample>,
+    /// One per daemon run.
     pub runs: Vec<RunReport>,
+    /// Steps the daemon acknowledged (2xx).
     pub acked_steps: u64,
+    /// Messages in the acknowledged steps.
     pub messages: u64,
+    /// Sessions the clients created.
     pub sessions: u64,
+    /// Sessions a client gave up because a request was cut (what they acknowledged is checked).
     pub abandoned_sessions: u64,
+    /// Scheduled steps never sent because a client was a second or more behind (a restart).
     pub unsent: u64,
+    /// Connections refused or cut while the daemon was being restarted.
     pub restart_refused: u64,
+    /// 503s while the daemon was being restarted.
     pub restart_503: u64,
+    /// Everything else that was not a 2xx.
     pub failures: u64,
+    /// The first few failures, in words.
     pub failure_examples: Vec<String>,
+    /// Acknowledged steps that saw version 1 and version 2 of the swapped plugin.
     pub version_steps: [u64; 2],
+    /// Requests that held both versions' text, or neither.
     pub mixed_requests: u64,
+    /// Swaps of the plugin file.
     pub swaps: u64,
+    /// SIGKILLs of the daemon.
     pub daemon_kills: u64,
+    /// Kills of the MCP server.
     pub mcp_kills: u64,
     /// Distinct MCP server processes seen under the daemons (restarts show as new ones).
     pub mcp_processes_seen: u64,
     /// MCP server processes still alive after the last daemon stopped.
     pub mcp_leaked: u64,
+    /// Acknowledged steps found in the log and rebuilt byte-identically.
     pub verified_steps: u64,
+    /// Acknowledged steps not in the log.
     pub missing_steps: u64,
+    /// Acknowledged steps whose rebuilt request differs from the one the client received.
     pub differing_steps: u64,
+    /// The first few missing or differing steps, in words.
     pub verify_examples: Vec<String>,
     /// Steps in the log that no client acknowledged (cut by a kill after they were written).
     pub unacked_in_log: u64,
+    /// How long reading back and rebuilding took.
     pub verify_seconds: f64,
+    /// 99th percentile latency over the whole soak, in ms.
     pub p99_all_ms: f64,
 }
 

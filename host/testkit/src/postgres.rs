@@ -1,12 +1,9 @@
 //! A real PostgreSQL server for tests: `initdb` into a temporary folder and `pg_ctl start` on a
 //! free loopback port, run as the unprivileged user tests/postgres/install.sh creates (tests run
-//! as root, and PostgreSQL refuses root). Included by path (`#[path]`) from every test that
-//! needs one.
+//! as root, and PostgreSQL refuses root), for the e2e tests `postgres::` and the `load` bench.
 //!
 //! A watcher process stops the server and removes its folder when the test process exits,
 //! however it exits: a static server (shared by a test binary's cases) is never dropped.
-
-#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -14,7 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// The unprivileged user PostgreSQL runs as.
 pub const USER: &str = "promptd-pg";
+/// What installs PostgreSQL and HAProxy and creates [`USER`] (run as root).
 pub const INSTALL: &str = "tests/postgres/install.sh";
 
 /// PostgreSQL's binaries (the newest Debian installed), or a panic saying how to get them.
@@ -81,6 +80,7 @@ fn run_as(bin: &Path, args: &[&str]) {
 
 /// A PostgreSQL server of its own, in a temporary folder.
 pub struct Server {
+    /// Its loopback port.
     pub port: u16,
     bin: PathBuf,
     dir: PathBuf,
@@ -89,6 +89,8 @@ pub struct Server {
 static DATABASES: AtomicU32 = AtomicU32::new(0);
 
 impl Server {
+    /// `initdb` and `pg_ctl start` on a free port, as [`USER`]; returns once it accepts
+    /// connections. A watcher stops it when this process exits.
     pub fn start() -> Server {
         let bin = bin_dir();
         let dir = std::env::temp_dir().join(format!(

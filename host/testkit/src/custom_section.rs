@@ -1,4 +1,4 @@
-//! Shared by the end-to-end tests and the hot-swap benchmark.
+//! Shared by the end-to-end tests and the `hot_swap` bench.
 
 /// The same component with a custom section appended: a new file hash, the same behaviour.
 pub fn with_custom_section(bytes: &[u8], n: u64) -> Vec<u8> {

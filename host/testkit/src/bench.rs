@@ -1,11 +1,10 @@
-//! Shared by the `load`, `long_session` and `startup` benches: which binaries to measure, the
-//! plugins and config they serve, a real `promptd serve` process with its CPU time and memory
-//! read from /proc, a blocking HTTP client, percentiles and markdown tables.
+//! Shared by the benches that run the real daemon (host/cli/benches): which binaries to
+//! measure, the plugins and config they serve, a real `promptd serve` process with its CPU time
+//! and memory read from /proc, a blocking HTTP client, percentiles and markdown tables.
 //!
 //! Binaries: `PROMPTD_BIN` (default: the `promptd` this bench was built with) and, when set,
 //! `PROMPTD_BIN_BASELINE`. With both, every scenario runs against both, alternately, in the
 //! same run, and the tables print both rows and the ratio `current / baseline`.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -14,20 +13,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The repository root (this crate is host/cli).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("host/cli is two folders below the root")
-        .to_path_buf()
-}
+use crate::{build_wasm_workspace, repo_root};
 
 /// A `promptd` binary under test.
 #[derive(Clone, Debug)]
 pub struct Binary {
     /// `current` or `baseline`.
     pub label: &'static str,
+    /// The executable.
     pub path: PathBuf,
 }
 
@@ -35,7 +28,7 @@ pub struct Binary {
 pub fn binaries() -> Vec<Binary> {
     let current = std::env::var_os("PROMPTD_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_promptd")));
+        .unwrap_or_else(crate::promptd_bin);
     let mut out = vec![Binary {
         label: "current",
         path: current,
@@ -97,25 +90,6 @@ fn built_rust_plugins() -> &'static Path {
         println!("target/plugins lacks the Rust plugins: building plugins/ for wasm32-wasip2");
         build_wasm_workspace("plugins")
     })
-}
-
-/// Builds a wasm32-wasip2 workspace (release) and returns its output folder.
-pub fn build_wasm_workspace(dir: &str) -> PathBuf {
-    let root = repo_root();
-    let target_dir = root.join(dir).join("target");
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2"])
-        .arg("--manifest-path")
-        .arg(root.join(dir).join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .status()
-        .expect("run cargo");
-    assert!(
-        status.success(),
-        "building {dir} for wasm32-wasip2 failed (rustup target add wasm32-wasip2)"
-    );
-    target_dir.join("wasm32-wasip2").join("release")
 }
 
 /// Copies the four Rust plugins into `dir` and writes `dir/promptd.toml` for them (agents
@@ -230,14 +204,19 @@ pub fn rss_kib(pid: u32) -> u64 {
 /// A running `promptd serve` (durable SQLite in `state`, `--no-watch`, a free loopback port).
 pub struct Daemon {
     child: Child,
+    /// Its process id.
     pub pid: u32,
+    /// `http://127.0.0.1:PORT`.
     pub url: String,
     /// From spawn to the "promptd listening on" line.
     pub listening: Duration,
+    /// When it was spawned.
     pub spawned: Instant,
 }
 
 impl Daemon {
+    /// Starts `bin` on `plugins` with `config` and the state folder `state` (its log goes to
+    /// `state/daemon.log`); returns once it listens.
     pub fn start(bin: &Binary, plugins: &Path, config: &Path, state: &Path) -> Daemon {
         Daemon::start_with_env(bin, plugins, config, state, &[])
     }
@@ -295,18 +274,22 @@ impl Daemon {
         }
     }
 
+    /// Its CPU time so far (see [`cpu_seconds`]).
     pub fn cpu_seconds(&self) -> f64 {
         cpu_seconds(&self.pid.to_string())
     }
 
+    /// Its user and system CPU time so far (see [`cpu_split`]).
     pub fn cpu_split(&self) -> (f64, f64) {
         cpu_split(&self.pid.to_string())
     }
 
+    /// Its threads' CPU time so far (see [`thread_cpu_ns`]).
     pub fn thread_cpu_ns(&self) -> BTreeMap<u32, u64> {
         thread_cpu_ns(self.pid)
     }
 
+    /// Its resident memory now (see [`rss_kib`]).
     pub fn rss_kib(&self) -> u64 {
         rss_kib(self.pid)
     }
@@ -377,6 +360,7 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of the daemon at `url` (a 120 s timeout per request).
     pub fn new(url: &str) -> Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -399,6 +383,7 @@ impl Client {
         read(response, path)
     }
 
+    /// GET; returns (status, body).
     pub fn get(&self, path: &str) -> (u16, String) {
         read(self.agent.get(format!("{}{path}", self.url)).call(), path)
     }
@@ -460,6 +445,7 @@ pub fn fmt_duration(d: Duration) -> String {
     }
 }
 
+/// KiB as MiB, one decimal.
 pub fn fmt_mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
@@ -484,6 +470,7 @@ pub struct Table {
 }
 
 impl Table {
+    /// A table with these column headers.
     pub fn new(header: &[&str]) -> Table {
         Table {
             header: header.iter().map(|s| s.to_string()).collect(),
@@ -491,11 +478,13 @@ impl Table {
         }
     }
 
+    /// Adds a row (one cell per column).
     pub fn row(&mut self, cells: Vec<String>) {
         assert_eq!(cells.len(), self.header.len(), "row width");
         self.rows.push(cells);
     }
 
+    /// Prints it to stdout.
     pub fn print(&self) {
         let line = |cells: &[String]| println!("| {} |", cells.join(" | "));
         line(&self.header);

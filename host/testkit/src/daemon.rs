@@ -6,8 +6,11 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
+/// A running `promptd serve`, killed when dropped.
 pub struct Served {
+    /// The daemon's process.
     pub child: Child,
+    /// Where it listens: `http://127.0.0.1:PORT`, or `unix:PATH`.
     pub url: String,
 }
 
@@ -22,6 +25,7 @@ impl Served {
         Self::launch(plugins, config, state, &[], &[], Stdio::null())
     }
 
+    /// [`Served::start`] with `extra` arguments and `env` variables.
     pub fn start_with(
         plugins: &Path,
         config: &Path,
@@ -78,7 +82,7 @@ impl Served {
         env: &[(&str, &str)],
         stderr: Stdio,
     ) -> Served {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptd"));
+        let mut cmd = Command::new(super::promptd_bin());
         cmd.arg("serve")
             .arg("--plugins")
             .arg(plugins)
@@ -158,14 +162,17 @@ impl Served {
         let _ = self.child.wait();
     }
 
+    /// GET; returns (status, body).
     pub fn get(&self, path: &str) -> (u16, String) {
         request(&self.url, "GET", path, None, None)
     }
 
+    /// POST a JSON body; returns (status, body).
     pub fn post(&self, path: &str, body: &str) -> (u16, String) {
         request(&self.url, "POST", path, Some(body), None)
     }
 
+    /// DELETE; returns (status, body).
     pub fn delete(&self, path: &str) -> (u16, String) {
         request(&self.url, "DELETE", path, None, None)
     }
@@ -281,6 +288,8 @@ pub fn request(
     (status, text)
 }
 
+/// A fresh state folder (not yet created) inside a temporary folder, which the caller keeps
+/// alive.
 pub fn state_dir() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("state");

@@ -1,29 +1,65 @@
-//! Shared helpers for the end-to-end tests: build real plugins, run the real binary.
-#![allow(dead_code)]
+//! promptd's test kit: what the end-to-end tests (tests/, the `e2e` binary of package
+//! `promptd`) and the benches (host/cli/benches) share, as one crate they both depend on.
+//!
+//! - This module: the repository, the plugins and fixtures built for wasm32-wasip2, temporary
+//!   plugin folders ([`Folder`]), the real `promptd` binary run once ([`ok`], [`fails`]), and
+//!   [`eventually`] (waiting for a fact instead of sleeping).
+//! - [`daemon`]: a real `promptd serve` for a test ([`daemon::Served`]) and an HTTP client.
+//! - [`process`]: child processes killed when dropped, and runs within a bound.
+//! - [`postgres`]: a real PostgreSQL server (tests/postgres/install.sh installs it).
+//! - [`soak`]: issue 32's soak, for the hour-long bench and the three-minute test.
+//! - [`bench`]: what the benches measure with: binaries, a daemon with its CPU and memory, tables.
+//! - [`shape`]: what the `bench` fixture plugin declares (tests/fixtures/bench-shape, shared with
+//!   the plugin itself).
 
-#[path = "../support/custom_section.rs"]
+pub mod bench;
 mod custom_section;
 pub mod daemon;
+pub mod postgres;
 pub mod process;
-// Not every test binary uses it.
-#[allow(unused_imports)]
+pub mod soak;
+
+pub use bench_shape as shape;
 pub use custom_section::with_custom_section;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// The repository root (this crate is host/testkit).
 pub fn repo_root() -> PathBuf {
-    // The binary's crate is host/cli.
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
-        .expect("host/cli is two folders below the root")
+        .expect("host/testkit is two folders below the root")
         .to_path_buf()
 }
 
+/// The `promptd` binary under test: the one Cargo built for the test or bench running
+/// (`CARGO_BIN_EXE_promptd`, which Cargo also sets when it runs them), else the `promptd` beside
+/// the `deps` folder that holds this test binary (Cargo's layout, for a test binary run by hand).
+pub fn promptd_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let bin = std::env::var_os("CARGO_BIN_EXE_promptd")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let exe = std::env::current_exe().ok()?;
+                Some(exe.parent()?.parent()?.join("promptd"))
+            })
+            .expect("CARGO_BIN_EXE_promptd is not set and the test binary has no path");
+        assert!(
+            bin.is_file(),
+            "no promptd binary at {}: run this through `cargo test -p promptd` or `cargo bench -p promptd`",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
 /// Builds a wasm32-wasip2 workspace (release) and returns its output folder.
-fn build_wasm_workspace(dir: &str) -> PathBuf {
+pub fn build_wasm_workspace(dir: &str) -> PathBuf {
     let root = repo_root();
     let manifest = root.join(dir).join("Cargo.toml");
     let target_dir = root.join(dir).join("target");
@@ -168,16 +204,25 @@ pub fn eventually_within(secs: u64, what: &str, mut check: impl FnMut() -> bool)
 
 /// A temporary plugins folder.
 pub struct Folder {
+    /// Removed with the folder.
     pub dir: tempfile::TempDir,
 }
 
+impl Default for Folder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Folder {
+    /// An empty folder.
     pub fn new() -> Self {
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
         }
     }
 
+    /// Where it is.
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -245,7 +290,7 @@ impl Folder {
 
 /// The real `promptd` binary, quiet, with the tests' shared compile cache.
 pub fn promptd_command() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptd"));
+    let mut cmd = Command::new(promptd_bin());
     cmd.env_remove("PROMPTD_LOG")
         .env("PROMPTD_CACHE", compile_cache());
     cmd
@@ -256,10 +301,12 @@ pub fn promptd(args: &[&str]) -> Output {
     promptd_command().args(args).output().expect("run promptd")
 }
 
+/// A run's stdout, as UTF-8.
 pub fn stdout(o: &Output) -> String {
     String::from_utf8(o.stdout.clone()).expect("utf-8 stdout")
 }
 
+/// A run's stderr, as UTF-8.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8(o.stderr.clone()).expect("utf-8 stderr")
 }
