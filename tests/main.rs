@@ -23,6 +23,7 @@ mod languages;
 mod limits;
 mod load_errors;
 mod mcp;
+mod module_map;
 mod openapi;
 mod plugin_world;
 mod postgres;

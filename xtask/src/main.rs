@@ -10,6 +10,8 @@
 //!   OpenAI and Anthropic clients of tests/provider_sdks.rs and each of `TEST_INSTALLERS`: the
 //!   client libraries, the browser, the database and proxy, the MCP servers, the OpenAPI
 //!   tools), then check formatting, lint, and run every test.
+//! - `imports`: print the import loops among each host crate's modules (`imports.rs`); `test`
+//!   fails on any.
 //! - `plugins`: only build and collect the bundled plugins.
 //! - `sdks`: only install the JavaScript, Python and C SDK toolchains (each `sdk/LANG/install.sh`).
 //! - `soak-fuzz`: the long schemathesis run of issue 32 (not part of `test`: hours on 2
@@ -26,6 +28,8 @@ use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
 
+mod imports;
+
 const WASM_TARGET: &str = "wasm32-wasip2";
 
 fn main() -> Result<()> {
@@ -34,11 +38,12 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("run") => run(&root, &args[1..]),
         Some("test") => test(&root),
+        Some("imports") => print_imports(&root),
         Some("plugins") => plugins(&root).map(|dir| println!("{}", dir.display())),
         Some("sdks") => install_sdks(&root),
         Some("soak-fuzz") => soak_fuzz(&root),
         _ => bail!(
-            "usage: cargo xtask run [-- PROMPTD ARGS] | cargo xtask test | cargo xtask plugins | cargo xtask sdks | cargo xtask soak-fuzz"
+            "usage: cargo xtask run [-- PROMPTD ARGS] | cargo xtask test | cargo xtask imports | cargo xtask plugins | cargo xtask sdks | cargo xtask soak-fuzz"
         ),
     }
 }
@@ -389,6 +394,32 @@ fn check_core_is_pure(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask imports`: prints every import loop, or that there is none.
+fn print_imports(root: &Path) -> Result<()> {
+    let cycles = imports::cycles(root)?;
+    for cycle in &cycles {
+        println!("{cycle}");
+    }
+    println!("{} import loops in the host crates", cycles.len());
+    Ok(())
+}
+
+/// Fails when a module of a host crate imports one that imports it back (issue 46), naming
+/// each loop as a chain of files.
+fn check_no_import_loops(root: &Path) -> Result<()> {
+    let cycles = imports::cycles(root)?;
+    if !cycles.is_empty() {
+        bail!(
+            "{} import loops in the host crates (a module imports one that imports it back; \
+             `cargo xtask imports` lists them):\n{}",
+            cycles.len(),
+            cycles.join("\n")
+        );
+    }
+    println!("no import loops in the host crates");
+    Ok(())
+}
+
 /// `cargo xtask soak-fuzz`: installs the OpenAPI tools and what the daemon serves, then runs
 /// the ignored long schemathesis test.
 fn soak_fuzz(root: &Path) -> Result<()> {
@@ -414,6 +445,7 @@ fn soak_fuzz(root: &Path) -> Result<()> {
 
 fn test(root: &Path) -> Result<()> {
     check_core_is_pure(root)?;
+    check_no_import_loops(root)?;
     install_toolchain_parts()?;
     install_sdks(root)?;
     let installs = install_in_background(root);

@@ -93,7 +93,7 @@ impl CompileCache {
             return Ok((component, Lookup::Hit));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let tmp = crate::compile::scratch_path(&path);
+        let tmp = scratch_path(&path);
         // A placeholder the compiler replaces: proof the folder takes new files.
         if let Err(e) = std::fs::File::create_new(&tmp) {
             tracing::warn!(entry = %path.display(), "could not write the compile cache: {e}");
@@ -145,7 +145,7 @@ impl CompileCache {
         let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
         // Written beside, then renamed: a crash never leaves a half entry under the real name.
         // One name per write: parallel loads of the same bytes must not share a file.
-        let tmp = crate::compile::scratch_path(path);
+        let tmp = scratch_path(path);
         std::fs::write(&tmp, bytes).map_err(|e| e.to_string())?;
         std::fs::rename(&tmp, path).map_err(|e| e.to_string())?;
         self.evict();
@@ -195,4 +195,16 @@ fn touch(path: &Path) {
     if let Ok(file) = std::fs::File::options().append(true).open(path) {
         let _ = file.set_modified(SystemTime::now());
     }
+}
+
+/// A fresh path beside `near` (a file name in the same folder, so a rename is atomic) for one
+/// compile's output.
+pub(crate) fn scratch_path(near: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = near
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    near.with_file_name(format!(".{name}.{}-{n}.tmp", std::process::id()))
 }

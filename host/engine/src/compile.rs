@@ -12,7 +12,6 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,7 +22,8 @@ use promptd_core::Error;
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
-use crate::cache::CompileCache;
+use crate::cache::{scratch_path, CompileCache};
+use crate::EngineError;
 
 /// The hidden subcommand the child runs.
 pub const SUBCOMMAND: &str = "compile";
@@ -377,18 +377,6 @@ fn one_line(text: &str) -> String {
     }
 }
 
-/// A fresh path beside `near` (a file name in the same folder, so a rename is atomic) for one
-/// compile's output.
-pub(crate) fn scratch_path(near: &Path) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let name = near
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    near.with_file_name(format!(".{name}.{}-{n}.tmp", std::process::id()))
-}
-
 /// A new folder only this user may enter, in the system's temporary folder.
 fn private_dir() -> std::io::Result<PathBuf> {
     let dir = scratch_path(&std::env::temp_dir().join("promptd-compile"));
@@ -398,6 +386,17 @@ fn private_dir() -> std::io::Result<PathBuf> {
     // `create` fails on an existing name, so a planted folder or link is never used.
     builder.create(&dir)?;
     Ok(dir)
+}
+
+/// The settings of every promptd engine. The compiler child (L7) uses them too, so its
+/// artifacts load in the parent.
+pub(crate) fn settings(config: &mut wasmtime::Config) -> &mut wasmtime::Config {
+    config.wasm_component_model(true).epoch_interruption(true)
+}
+
+/// An engine with [`crate::WasmEngine::new`]'s settings that only compiles (the compiler child).
+fn compiling_engine() -> Result<Engine, EngineError> {
+    Engine::new(settings(&mut wasmtime::Config::new())).map_err(EngineError::Init)
 }
 
 /// The child's side, `promptd compile --out FILE [INPUT]`: reads the component from INPUT or
@@ -419,7 +418,7 @@ pub fn child_main(input: Option<&Path>, out: &Path) -> ExitCode {
             return ExitCode::from(EXIT_IO);
         }
     };
-    let engine = match crate::wasm::compiling_engine() {
+    let engine = match compiling_engine() {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("{e}");
@@ -461,6 +460,7 @@ fn out_of_memory(e: &wasmtime::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     #[cfg(unix)]
     fn status(code: i32) -> ExitStatus {

@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod compile;
 mod log;
+mod state;
 mod wasm;
 mod worlds;
 
