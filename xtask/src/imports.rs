@@ -8,6 +8,8 @@
 //! is the file's own ancestor or descendant. An edge counts between the two modules' distinct
 //! ancestors under their common parent: `a::x → b::y` is `a → b`, `a::x → a::y` is `x → y`
 //! within `a`. Comments and string literals are stripped first; `use` groups are expanded.
+//! Test modules (`tests`, a file or inline) are left out: tests sit above what they test, and
+//! are no part of the graph the crate's code is built on.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -73,6 +75,10 @@ fn crate_cycles(src: &Path) -> Result<Vec<Vec<Edge>>> {
         let text =
             std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
         for (inline, path) in paths(&strip(&text)) {
+            // Tests sit above what they test: a `tests` module (a file or inline) is no edge.
+            if module.iter().chain(&inline).any(|m| m == "tests") {
+                continue;
+            }
             let Some(target) = resolve(module, &inline, &path, &modules) else {
                 continue;
             };

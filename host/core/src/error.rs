@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::plugin::model::Kind;
+use crate::kind::Kind;
 use crate::store::StoreError;
 
 /// `a`, `b` for messages.

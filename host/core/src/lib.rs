@@ -33,6 +33,7 @@ pub mod formats;
 #[cfg(test)]
 mod fuzz;
 pub mod held;
+pub mod kind;
 pub mod ledger;
 pub mod limits;
 pub mod load;
