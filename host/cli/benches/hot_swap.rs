@@ -24,7 +24,7 @@ use promptd_engine::{cache, WasmEngine};
 #[path = "../../../tests/support/custom_section.rs"]
 mod custom_section;
 use custom_section::with_custom_section;
-use promptd_daemon::{Daemon, StepInput};
+use promptd_daemon::{Daemon, StepInput, StepRequest};
 
 fn fixtures() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -96,9 +96,8 @@ fn put(dir: &Path, bytes: &[u8]) {
 }
 
 fn marker(daemon: &Daemon, session: &str) -> String {
-    let (_, body) = daemon
-        .step(session, &StepInput::default(), Format::Neutral)
-        .expect("step");
+    let step = StepRequest::new(session, StepInput::default(), Format::Neutral);
+    let body = daemon.step(step).expect("step").body.into_string();
     let body: serde_json::Value = serde_json::from_str(&body).expect("JSON body");
     body["system"].as_str().unwrap_or_default().to_string()
 }
@@ -134,7 +133,11 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 daemon
-                    .step(&session, &StepInput::default(), Format::Neutral)
+                    .step(StepRequest::new(
+                        &*session,
+                        StepInput::default(),
+                        Format::Neutral,
+                    ))
                     .unwrap();
                 slowest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(1));

@@ -226,7 +226,7 @@ impl Daemon {
         failed: bool,
     ) -> RegistryEvent {
         tracing::warn!(plugin = %id, "refused: {}", body.message);
-        self.metrics.plugin_error();
+        self.observers.metrics.plugin_error();
         let known = externals.entry(id.to_string()).or_insert_with(|| External {
             status: PluginStatus {
                 id: id.to_string(),
@@ -347,7 +347,9 @@ impl Daemon {
             content: Content::Text(outcome.content),
             is_error: outcome.is_error,
         };
-        let seq = self.record_message(id, &message)?;
+        let seq = self
+            .record(crate::RecordRequest::message(id, message.clone()))?
+            .seq;
         Ok(ToolRun {
             seq,
             plugin,

@@ -519,9 +519,8 @@ mod tests {
 
     /// A step's system prompt, or the step's error code.
     fn system(d: &Daemon, id: &str) -> std::result::Result<String, &'static str> {
-        let (_, body) = d
-            .step(id, &crate::StepInput::default(), Format::Neutral)
-            .map_err(|e| e.code())?;
+        let step = crate::StepRequest::new(id, crate::StepInput::default(), Format::Neutral);
+        let body = d.step(step).map_err(|e| e.code())?.body.into_string();
         let body: Value = serde_json::from_str(&body).unwrap();
         Ok(body["system"].as_str().unwrap_or("").to_string())
     }

@@ -558,7 +558,7 @@ async fn create_session(
     let daemon = state.daemon.clone();
     let agent = req.agent.clone();
     let parent = trace_parent(&headers);
-    let id = blocking(move || daemon.create_session_traced(&agent, parent)).await?;
+    let id = blocking(move || daemon.create_session_traced(&agent, parent.as_ref())).await?;
     let body = api::SessionCreated {
         id,
         agent: req.agent,
@@ -566,11 +566,11 @@ async fn create_session(
     Ok(json_reply(StatusCode::CREATED, &body))
 }
 
-/// The W3C trace context a client sent (`traceparent`, `tracestate`), when valid; a bad one is
-/// ignored, as W3C Trace Context asks.
-fn trace_parent(headers: &HeaderMap) -> Option<promptd_telemetry::Parent> {
+/// The W3C trace context a client sent (`traceparent`, `tracestate`), as sent: an observer
+/// that follows traces ignores a bad one, as W3C Trace Context asks.
+fn trace_parent(headers: &HeaderMap) -> Option<crate::TraceContext> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    promptd_telemetry::Parent::from_headers(get("traceparent"), get("tracestate"))
+    crate::TraceContext::from_headers(get("traceparent"), get("tracestate"))
 }
 
 /// Runs a step: assembles, records the new messages, and returns the request body.
@@ -607,8 +607,21 @@ async fn step(
             Some(_) => "{\"parts\":",
             None => "{\"request\":",
         });
-        let (n, usage) =
-            daemon.step_traced(&id, input, format, since, &cancelled, &mut out, parent)?;
+        let request = crate::StepRequest {
+            session: id,
+            input,
+            format,
+            since,
+            out,
+            cancelled: Some(cancelled),
+            trace: parent,
+        };
+        let crate::StepOutcome {
+            step: n,
+            usage,
+            body: mut out,
+            ..
+        } = daemon.step(request)?;
         let usage = serde_json::to_string(&usage).map_err(|e| {
             promptd_core::Error::Store(promptd_core::store::StoreError::backend(
                 "writing a step's usage",
@@ -731,23 +744,11 @@ async fn record_message(
         };
     // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
     let value: Value = parse_body(body, state.max_body)?;
-    let format = named.or_else(|| promptd_core::formats::replies::format_of(&value));
-    // What a span says of the reply (its model, id, stop reason), read before it is parsed.
-    let meta = (state.daemon.telemetry()).map(|_| promptd_telemetry::spans::ReplyMeta::of(&value));
-    let (message, usage) =
-        promptd_core::formats::replies::reply_with_usage(value).map_err(DaemonError::from)?;
+    let mut request = crate::RecordRequest::reply(id, value, named, query.sent_at)?;
+    request.trace = parent;
     let daemon = state.daemon.clone();
-    let sent = format.map(|f| (f, query.sent_at));
-    let mut calls = message.clone();
-    let seq =
-        blocking(move || daemon.record_traced(&id, &message, usage.as_ref(), sent, parent, meta))
-            .await?;
-    // The daemon named calls that came without ids by the seq: the same names, for the client.
-    promptd_core::formats::replies::name_calls(&mut calls, seq);
-    let tool_calls = match calls {
-        promptd_core::conversation::Message::Assistant { tool_calls, .. } => tool_calls,
-        _ => Vec::new(),
-    };
+    let recorded = blocking(move || daemon.record(request)).await?;
+    let (seq, tool_calls) = (recorded.seq, recorded.tool_calls);
     Ok(json_reply(
         StatusCode::CREATED,
         &api::RecordedMessage { seq, tool_calls },

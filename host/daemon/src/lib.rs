@@ -13,7 +13,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use promptd_core::{config::Config, load::*, plugin::provider::NativePlugin, store::MemoryStore};
-//! use promptd_daemon::{Daemon, StepInput};
+//! use promptd_daemon::{Daemon, StepInput, StepRequest};
 //!
 //! /// An engine whose "components" are native plugins, chosen by file name.
 //! struct Native;
@@ -28,9 +28,9 @@
 //! std::fs::write(dir.path().join("persona.wasm"), b"native").unwrap();
 //! let daemon = Daemon::new(Arc::new(MemoryStore::new()), Arc::new(Native), Config::default(), dir.path()).unwrap();
 //! let id = daemon.create_session("default").unwrap();
-//! let (step, body) = daemon.step(&id, &StepInput::default(), promptd_core::formats::Format::Neutral).unwrap();
-//! assert_eq!(step, 1);
-//! assert_eq!(body, r#"{"messages":[],"model":{},"system":"Be brief.","tools":[]}"#);
+//! let step = daemon.step(StepRequest::new(id, StepInput::default(), promptd_core::formats::Format::Neutral)).unwrap();
+//! assert_eq!(step.step, 1);
+//! assert_eq!(step.body.into_string(), r#"{"messages":[],"model":{},"system":"Be brief.","tools":[]}"#);
 //! ```
 
 pub mod api;
@@ -41,6 +41,8 @@ pub mod fleet;
 pub mod http;
 mod locks;
 pub mod metrics;
+pub mod observe;
+pub mod outcome;
 pub mod plugin_dir;
 mod plugins;
 mod readiness;
@@ -49,7 +51,6 @@ mod reply_body;
 pub mod server;
 mod sessions;
 mod steps;
-mod telemetry;
 pub mod ui;
 pub mod watch;
 
@@ -70,7 +71,8 @@ pub use error::{DaemonError, Result};
 use events::{RegistryEvent, RegistryEvents};
 pub use external::{ExternalControl, ToolOutcome, ToolRun, ToolRunner};
 use locks::SessionLocks;
-use metrics::Metrics;
+pub use observe::{StepObserver, TraceContext};
+pub use outcome::{RecordOutcome, RecordRequest, StepOutcome, StepRequest};
 use promptd_core::budget::Counter;
 use sessions::SessionCache;
 
@@ -156,8 +158,9 @@ pub struct Daemon {
     ready: Condvar,
     /// Every registry change, for `GET /v1/events` and its replay.
     pub events: RegistryEvents,
-    /// The counters `GET /metrics` shows.
-    pub metrics: Metrics,
+    /// Who watches steps and records: the counters `GET /metrics` shows, and those the
+    /// binary adds (telemetry).
+    pub observers: observe::Observers,
     /// Token counters by tokenizer name, kept so their memo of repeated texts lasts.
     counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
     /// Each agent's idle gaps over the replies this process recorded (`ttl = "auto"` for a
@@ -177,11 +180,6 @@ pub struct Daemon {
     /// K7: what each session's last step held, by session (sessions holding nothing are
     /// absent, so it is bounded by the sessions that step).
     held: Mutex<BTreeMap<String, Vec<promptd_core::held::Held>>>,
-    /// OpenTelemetry export, when `[telemetry]` enables it (set once, at start).
-    telemetry: std::sync::OnceLock<Arc<promptd_telemetry::Telemetry>>,
-    /// What spans say of each session's last header: its system prompt's SHA-256 and size,
-    /// its tool groups' tokens (bounded, refilled on a miss).
-    header_facts: Mutex<std::collections::HashMap<String, Arc<telemetry::HeaderFacts>>>,
 }
 
 /// Milliseconds since the Unix epoch, by the system clock.
@@ -232,8 +230,6 @@ impl Daemon {
             plans: Mutex::default(),
             replays: Mutex::new(()),
             held: Mutex::new(BTreeMap::new()),
-            telemetry: std::sync::OnceLock::new(),
-            header_facts: Mutex::new(std::collections::HashMap::new()),
             fleet: Mutex::new(fleet::Fleet {
                 follow: config.fleet.follow,
                 ..fleet::Fleet::default()
@@ -252,7 +248,7 @@ impl Daemon {
             changes: Mutex::new(()),
             locks: SessionLocks::default(),
             events: RegistryEvents::default(),
-            metrics: Metrics::default(),
+            observers: observe::Observers::default(),
             readiness: Mutex::new(Readiness::Loading {
                 loaded: 0,
                 total: 0,
@@ -293,11 +289,9 @@ impl Daemon {
 
     /// Prometheus text, including the compile cache's counters.
     pub fn metrics_text(&self) -> String {
-        let mut out = self.metrics.render();
-        if let Some(t) = self.telemetry() {
-            for sample in promptd_telemetry::samples(t) {
-                metrics::write_sample(&mut out, &sample);
-            }
+        let mut out = self.observers.metrics.render();
+        for sample in self.observers.samples() {
+            metrics::write_sample(&mut out, &sample);
         }
         if let Some((hits, misses)) = self.engine.cache_counts() {
             out.push_str("# HELP promptd_compile_cache_total Plugin loads served from or missing the compile cache.\n");
@@ -315,6 +309,14 @@ impl Daemon {
     /// The registry snapshot serving now.
     pub fn registry(&self) -> Arc<Registry> {
         read(&self.registry).clone()
+    }
+
+    /// What `/metrics` counts, for OTLP export: the counters and the step latency's sum and
+    /// count (an observer adds its own).
+    pub fn metric_samples(&self) -> Vec<metrics::Sample> {
+        let mut samples = self.observers.metrics.samples();
+        samples.extend(self.observers.metrics.latency_samples());
+        samples
     }
 
     /// How many sessions and bytes the session cache holds.

@@ -217,7 +217,7 @@ impl Daemon {
             }
             Err(error) => {
                 tracing::warn!(plugin = %id, "refused: {error}");
-                self.metrics.plugin_error();
+                self.observers.metrics.plugin_error();
                 let status = plugins
                     .entry(file.stem.clone())
                     .or_insert_with(|| PluginStatus {
@@ -345,7 +345,7 @@ impl Daemon {
     }
 
     pub(crate) fn publish(&self, registry: Registry) {
-        self.metrics.set_plugins_loaded(registry.len());
+        self.observers.metrics.set_plugins_loaded(registry.len());
         *write(&self.registry) = Arc::new(registry);
     }
 }

@@ -9,7 +9,6 @@ use std::time::{Instant, SystemTime};
 use promptd_core::budget::{self, Counter, Usage};
 use promptd_core::config::{AgentPlan, Config};
 use promptd_core::conversation::{FrozenRequest, Message};
-use promptd_core::formats::pieces::Pieces;
 use promptd_core::formats::{self, Format};
 use promptd_core::provenance::Provenance;
 use promptd_core::session::log::{Body, SessionCreated};
@@ -18,10 +17,10 @@ use promptd_core::step::{self, StepInput};
 use promptd_core::store::{Event, NewEvent};
 use promptd_core::Error;
 
+use crate::observe::{Detail, PrefixFacts, StepFacts, Timeline, TraceContext, Work};
+use crate::outcome::{RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings};
 use crate::sessions::{Cached, SessionCache};
-use crate::telemetry::Timeline;
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
-use promptd_telemetry::{RecordRecord, StepRecord};
 
 /// Most agents whose plans are kept: agent names come from clients, so never let them grow
 /// this (a cleared map is refilled one resolve per agent).
@@ -67,17 +66,15 @@ impl Daemon {
         self.create_session_traced(agent, None)
     }
 
-    /// [`Daemon::create_session`] for a client that sent its trace context (`parent`: the
-    /// session's span links to it, with telemetry on).
+    /// [`Daemon::create_session`] for a client that sent its trace context (`trace`: the
+    /// observers are told of it).
     pub fn create_session_traced(
         &self,
         agent: &str,
-        parent: Option<promptd_telemetry::Parent>,
+        trace: Option<&TraceContext>,
     ) -> Result<String> {
         let id = self.new_session(agent)?;
-        if let Some(t) = self.telemetry() {
-            t.session_created(&id, agent, SystemTime::now(), parent.as_ref());
-        }
+        self.observers.session_created(&id, agent, trace);
         Ok(id)
     }
 
@@ -196,106 +193,77 @@ impl Daemon {
         Ok(next)
     }
 
-    /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return the
-    /// step number and the request body in `format` — the bytes a rebuild of the step from the
-    /// log renders (Q4), spliced from the session's cached fragments.
-    pub fn step(&self, id: &str, input: &StepInput, format: Format) -> Result<(u64, String)> {
-        let mut body = Pieces::default();
-        let never = AtomicBool::new(false);
-        let (n, _) = self.step_into(id, input.clone(), format, None, &never, &mut body)?;
-        Ok((n, body.into_string()))
-    }
-
-    /// [`Daemon::step`], with the body appended to `out` (the HTTP layer writes its envelope
-    /// around it, and hands the session's kept fragments to the socket as they are, issue 31);
-    /// with `since`, the body's parts relative to that step instead
-    /// (`SessionState::render_parts_into`). Once `cancelled` is set (the client went away),
-    /// the step stops before its append and records nothing: `DaemonError::Cancelled`.
-    pub fn step_into(
-        &self,
-        id: &str,
-        input: StepInput,
-        format: Format,
-        since: Option<u64>,
-        cancelled: &AtomicBool,
-        out: &mut Pieces,
-    ) -> Result<(u64, Usage)> {
-        self.step_traced(id, input, format, since, cancelled, out, None)
-    }
-
-    /// [`Daemon::step_into`] for a client that sent its trace context (`parent`): with
-    /// telemetry on, the step's spans join that trace (else the session's).
-    #[allow(clippy::too_many_arguments)]
-    pub fn step_traced(
-        &self,
-        id: &str,
-        input: StepInput,
-        format: Format,
-        since: Option<u64>,
-        cancelled: &AtomicBool,
-        out: &mut Pieces,
-        parent: Option<promptd_telemetry::Parent>,
-    ) -> Result<(u64, Usage)> {
+    /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return what
+    /// it did, with the request body in the request's format — the bytes a rebuild of the step
+    /// from the log renders (Q4), spliced from the session's cached fragments. The one step
+    /// boundary: every front door calls it, and the observers see its outcome.
+    pub fn step(&self, request: StepRequest) -> Result<StepOutcome> {
         let started = Instant::now();
-        let sampled = self
-            .telemetry()
-            .and_then(|t| Some((t.clone(), t.sample(id, parent.as_ref())?)));
-        let (telemetry, sampled) = sampled.unzip();
-        let timeline = telemetry.as_deref().map(Timeline::new);
-        let mut record = sampled.map(|sampled| StepRecord {
-            session: Arc::from(id),
-            sampled: Some(sampled),
-            format: Some(format),
-            start: Some(SystemTime::now()),
-            parent,
-            ..StepRecord::default()
-        });
-        let traced = match (&timeline, &mut record) {
-            (Some(timeline), Some(record)) => Some((timeline, record)),
-            _ => None,
+        let StepRequest {
+            session,
+            input,
+            format,
+            since,
+            out,
+            cancelled,
+            trace,
+        } = request;
+        let detail = self.observers.step_detail(&session, trace.as_ref());
+        let timeline = detail.traced.then(Timeline::new);
+        let mut outcome = StepOutcome {
+            session: Arc::from(session.as_str()),
+            trace,
+            format,
+            plan: None,
+            step: 0,
+            appended: 0,
+            body: out,
+            usage: Usage::default(),
+            header_reason: None,
+            held: Vec::new(),
+            prefix_kept: None,
+            facts: None,
+            content: None,
+            timings: Timings::started(),
         };
-        let result = self.step_inner(id, input, format, since, cancelled, out, traced);
-        if let (Some(t), Some(mut record), Some(timeline)) = (&telemetry, record, timeline) {
-            record.end = Some(SystemTime::now());
-            record.timeline = timeline.take();
-            record.request_bytes = out.len();
-            if let Err(e) = &result {
-                record.error = Some((e.code().to_string(), e.to_string()));
-            }
-            t.step(record, result.as_ref().ok().map(|(_, usage)| usage));
+        let run = StepRun {
+            id: &session,
+            since,
+            cancelled: cancelled.as_deref(),
+            detail,
+            timeline: timeline.as_ref(),
+        };
+        let result = self.run_step(&run, input, &mut outcome);
+        outcome.timings.end = SystemTime::now();
+        outcome.timings.elapsed = started.elapsed();
+        if let Some(timeline) = timeline {
+            outcome.timings.stages = timeline.take();
         }
-        let error = match &result {
-            Err(DaemonError::Core(e)) => Some(e),
+        self.observers.step(&outcome, result.as_ref().err());
+        match result {
+            Ok(()) => Ok(outcome),
             // Neither served nor failed: nobody asked any more.
-            Err(DaemonError::Cancelled) => {
-                self.metrics.step_cancelled();
-                return result;
+            Err(DaemonError::Cancelled) => Err(DaemonError::Cancelled),
+            Err(e) => {
+                if let DaemonError::Core(core) = &e {
+                    self.quarantine_failing(Some(core));
+                }
+                Err(e)
             }
-            _ => None,
-        };
-        self.metrics.step(started.elapsed(), error);
-        self.quarantine_failing(error);
-        result
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn step_inner(
+    fn run_step(
         &self,
-        id: &str,
+        run: &StepRun<'_>,
         input: StepInput,
-        format: Format,
-        since: Option<u64>,
-        cancelled: &AtomicBool,
-        out: &mut Pieces,
-        mut traced: Option<(&Timeline<'_>, &mut StepRecord)>,
-    ) -> Result<(u64, Usage)> {
-        let gone = || {
-            if cancelled.load(Ordering::Acquire) {
-                Err(DaemonError::Cancelled)
-            } else {
-                Ok(())
-            }
+        outcome: &mut StepOutcome,
+    ) -> Result<()> {
+        let gone = || match run.cancelled {
+            Some(c) if c.load(Ordering::Acquire) => Err(DaemonError::Cancelled),
+            _ => Ok(()),
         };
+        let (id, format) = (run.id, outcome.format);
         self.wait_ready(STEP_WAITS_FOR_LOADING)?;
         // K10: a following daemon none of whose published sets loads refuses, never plans on
         // an empty registry.
@@ -306,12 +274,7 @@ impl Daemon {
         // One snapshot of the registry and the plan for the whole step (H2).
         let registry = self.registry();
         let plan = self.agent_plan(&taken.get().agent)?;
-        if let Some((_, record)) = &mut traced {
-            record.agent = self
-                .telemetry()
-                .map_or_else(|| Arc::from(""), |t| t.shared(&plan.agent));
-            request_settings(&plan.model, format, record);
-        }
+        outcome.plan = Some(plan.clone());
         let cached = taken.get();
         self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
         let auto = matches!(
@@ -331,9 +294,9 @@ impl Daemon {
             agent_gaps: agent_gaps.as_ref(),
             key_shards: key_shards.as_deref(),
             now_ms: Some(input.sent_at.unwrap_or(now)),
-            observe: traced
-                .as_ref()
-                .map(|(t, _)| *t as &dyn promptd_core::observe::Observe),
+            observe: run
+                .timeline
+                .map(|t| t as &dyn promptd_core::observe::Observe),
         };
         let mut planned = step::plan(
             &mut cached.state,
@@ -348,38 +311,31 @@ impl Daemon {
         // The last point before anything is recorded: plugin calls made for a client that went
         // away (they ran to their deadline) are dropped here.
         gone()?;
-        let usage = planned.take_usage().unwrap_or_default();
+        outcome.usage = planned.take_usage().unwrap_or_default();
         let n = planned.step;
-        let held = planned.held().to_vec();
-        if let Some((_, record)) = &mut traced {
-            record.step = Some(n);
-            record.header_reason = planned.header_reason.map(|r| r.as_str());
-            record.held = held.clone();
-            if let Some(t) = self.telemetry().filter(|t| t.captures_content()) {
-                let _ = t;
-                let input = planned.bodies.iter().filter_map(Body::as_message);
-                record.content = Some(promptd_telemetry::StepContent {
-                    system: None,
-                    input_messages: promptd_telemetry::spans::messages_json(input),
-                });
-            }
+        outcome.step = n;
+        outcome.header_reason = planned.header_reason.map(|r| r.as_str());
+        outcome.held = planned.held().to_vec();
+        if run.detail.content {
+            let input = planned.bodies.iter().filter_map(Body::as_message);
+            outcome.content = Some(input.cloned().collect());
         }
         let append_started = SystemTime::now();
         let appended = self.append(&mut taken, &events, planned.bodies);
-        if let Some((timeline, _)) = &traced {
-            let work = promptd_telemetry::Work::Append {
+        if let Some(timeline) = run.timeline {
+            let work = Work::Append {
                 events: events.len(),
-                store: self.store_name(),
             };
             let failed = appended.as_ref().err().map(|e| e.to_string());
             timeline.push(work, append_started, failed);
         }
         appended?;
+        outcome.appended = events.len();
         // Written: the encoded events (a copy of each message) are not kept while the reply
         // is rendered (issue 32: a step's memory a small multiple of its body).
         drop(events);
-        if !held.is_empty() || self.holding(id) {
-            self.note_held(id, &held);
+        if !outcome.held.is_empty() || self.holding(id) {
+            self.note_held(id, &outcome.held);
         }
         if let Some(key) = taken
             .get()
@@ -391,107 +347,78 @@ impl Daemon {
                 crate::lock(&self.key_rates).count(step::key_base(key), now);
             }
         }
-        if let Some(kept) = planned.prefix_kept {
-            self.metrics.prefix(&plan.agent, kept);
-        }
-        if let Some((_, record)) = traced {
-            self.step_facts(
-                id,
-                n,
-                format,
-                planned.prefix_kept,
-                &plan,
-                &taken.get().state,
-                record,
-            );
+        outcome.prefix_kept = planned.prefix_kept;
+        if run.detail.traced {
+            let facts = self.step_facts(run, n, outcome, &plan, &taken.get().state);
+            outcome.facts = Some(facts);
         }
         let state = &mut taken.get().state;
-        match since {
+        let out = &mut outcome.body;
+        match run.since {
             Some(since) => out.text_with(|out| state.render_parts_into(format, since, out))?,
             None => state.render_into(format, out)?,
         }
-        Ok((n, usage))
+        Ok(())
     }
 
-    /// Records the model's reply or a tool's output (Q5); returns the event's sequence number.
-    pub fn record_message(&self, id: &str, message: &Message) -> Result<u64> {
-        self.record_reply(id, message, None)
-    }
-
-    /// [`Daemon::record_message`], with the usage the provider reported for a reply (Q14).
-    pub fn record_reply(
-        &self,
-        id: &str,
-        message: &Message,
-        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
-    ) -> Result<u64> {
-        self.record_sent_reply(id, message, usage, None)
-    }
-
-    /// [`Daemon::record_reply`] of a reply to a request `sent` in a provider's format (the
-    /// reply's shape says which) at a time (ms since the Unix epoch; default now): the
-    /// cache outcome of that request is recorded with it (issue 29).
-    pub fn record_sent_reply(
-        &self,
-        id: &str,
-        message: &Message,
-        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
-        sent: Option<(Format, Option<u64>)>,
-    ) -> Result<u64> {
-        self.record_traced(id, message, usage, sent, None, None)
-    }
-
-    /// [`Daemon::record_sent_reply`] for a client that sent its trace context (`parent`),
-    /// with the reply as the provider sent it (`reply`: its model, id and stop reason go on
-    /// the step's span, with telemetry on).
-    pub fn record_traced(
-        &self,
-        id: &str,
-        message: &Message,
-        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
-        sent: Option<(Format, Option<u64>)>,
-        parent: Option<promptd_telemetry::Parent>,
-        reply: Option<promptd_telemetry::spans::ReplyMeta>,
-    ) -> Result<u64> {
-        let Some(telemetry) = self.telemetry().cloned() else {
-            return self.record_inner(id, message, usage, sent, None);
-        };
-        let timeline = Timeline::new(&telemetry);
-        let reply = reply.unwrap_or_default();
-        let mut record = RecordRecord {
-            session: Arc::from(id),
+    /// Records the model's reply or a tool's output (Q5), with what came with it (the
+    /// provider's usage, the format and time its request was sent: the cache outcome of that
+    /// request is recorded with it, issue 29). The one record boundary: every front door
+    /// calls it, and the observers see its outcome.
+    pub fn record(&self, request: RecordRequest) -> Result<RecordOutcome> {
+        let started = Instant::now();
+        let RecordRequest {
+            session,
+            message,
+            usage,
+            sent,
+            reply,
+            trace,
+        } = request;
+        let detail = self.observers.record_detail(&session, trace.as_ref());
+        let timeline = detail.traced.then(Timeline::new);
+        let mut outcome = RecordOutcome {
+            session: Arc::from(session.as_str()),
+            trace,
+            plan: None,
+            step: 0,
+            seq: 0,
             role: match message {
                 Message::Assistant { .. } => "assistant",
                 Message::Tool { .. } => "tool",
                 Message::User { .. } => "user",
             },
-            start: Some(SystemTime::now()),
-            usage: usage.copied(),
-            response_model: reply.model,
-            response_id: reply.id,
-            finish_reasons: reply.finish_reasons,
-            parent,
-            ..RecordRecord::default()
+            usage,
+            cache: None,
+            cost: None,
+            reply,
+            tool_calls: Vec::new(),
+            content: None,
+            timings: Timings::started(),
         };
-        let result = self.record_inner(id, message, usage, sent, Some((&timeline, &mut record)));
-        record.end = Some(SystemTime::now());
-        record.timeline = timeline.take();
-        match &result {
-            Ok(seq) => record.seq = Some(*seq),
-            Err(e) => record.error = Some((e.code().to_string(), e.to_string())),
+        let run = RecordRun {
+            id: &session,
+            sent,
+            detail,
+            timeline: timeline.as_ref(),
+        };
+        let result = self.run_record(&run, message, &mut outcome);
+        outcome.timings.end = SystemTime::now();
+        outcome.timings.elapsed = started.elapsed();
+        if let Some(timeline) = timeline {
+            outcome.timings.stages = timeline.take();
         }
-        telemetry.record(record);
-        result
+        self.observers.record(&outcome, result.as_ref().err());
+        result.map(|()| outcome)
     }
 
-    fn record_inner(
+    fn run_record(
         &self,
-        id: &str,
-        message: &Message,
-        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
-        sent: Option<(Format, Option<u64>)>,
-        mut traced: Option<(&Timeline<'_>, &mut RecordRecord)>,
-    ) -> Result<u64> {
+        run: &RecordRun<'_>,
+        message: Message,
+        outcome: &mut RecordOutcome,
+    ) -> Result<()> {
+        let id = run.id;
         if matches!(message, Message::User { .. }) {
             self.agent_of(id)?;
             return Err(Error::BadRequest(
@@ -499,114 +426,121 @@ impl Daemon {
             )
             .into());
         }
-        step::content_of(message).check(&self.config().content_limits())?;
+        step::content_of(&message).check(&self.config().content_limits())?;
+        // The calls as the client will be told them (named below, by the seq).
+        let mut calls =
+            matches!(&message, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
+                .then(|| message.clone());
         let _held = self.locks.hold(id);
         let mut taken = self.session(id)?;
         let plan = self.agent_plan(&taken.get().agent)?;
-        if let Some((_, record)) = &mut traced {
-            record.agent = self
-                .telemetry()
-                .map_or_else(|| Arc::from(""), |t| t.shared(&plan.agent));
-            record.step = taken.get().state.steps();
-        }
+        outcome.plan = Some(plan.clone());
+        outcome.step = taken.get().state.steps();
         let shown = &plan.tool_results;
         // Q18: the review hooks see what is recorded between steps too, in the same order.
         let registry = self.registry();
-        let mut message = message.clone();
+        let mut message = message;
         // Calls that came without ids (Gemini may leave them out) are named by where they land.
         promptd_core::formats::replies::name_calls(&mut message, taken.get().state.last_seq() + 1);
-        let observe = traced
-            .as_ref()
-            .map(|(t, _)| *t as &dyn promptd_core::observe::Observe);
+        let observe = run
+            .timeline
+            .map(|t| t as &dyn promptd_core::observe::Observe);
         let mut message =
             step::review_recorded(&registry, &plan, &taken.get().state, message, observe)?;
         session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
         taken.get().state.check_message(&message)?;
-        let mut blocks = None;
-        let body = match message {
-            Message::Assistant { .. } => {
-                let mut body = session::reply_event(message, usage.cloned());
-                if let (Some(usage), Some((format, at))) = (usage, sent) {
-                    let at = at.unwrap_or_else(crate::now_ms);
-                    let config = self.config();
-                    let store = &self.store;
-                    // An outcome that cannot be said never costs the reply its record.
-                    let outcome = taken
-                        .get()
-                        .state
-                        .cache_outcome(
-                            format,
-                            at,
-                            usage,
-                            &config.cache,
-                            &mut || Ok(store.events(id)?),
-                        )
-                        .unwrap_or_else(|e| {
-                            tracing::warn!(session = id, error = %e, "no cache outcome for a reply");
-                            None
-                        });
-                    if let (Some((o, b)), Body::AssistantMessage(r)) = (outcome, &mut body) {
-                        r.cache = Some(o);
-                        blocks = Some(b);
-                    }
-                }
-                body
-            }
-            _ => session::message_event(message),
-        };
+        let (body, blocks) = self.reply_body(&mut taken, message, outcome.usage.as_ref(), run.sent);
         let event = step::encode(&body)?;
-        let outcome = match &body {
+        outcome.cache = match &body {
             Body::AssistantMessage(r) => r.cache.clone(),
             _ => None,
         };
-        if let Some((_, record)) = &mut traced {
-            if self.telemetry().is_some_and(|t| t.captures_content()) {
-                if let Some(m) = body.as_message() {
-                    record.output_messages =
-                        Some(promptd_telemetry::spans::messages_json(std::iter::once(m)));
-                }
-            }
-            if let (Some(o), Some(usage)) = (&outcome, usage) {
+        if run.detail.content {
+            outcome.content = body.as_message().cloned();
+        }
+        if run.detail.traced {
+            if let (Some(o), Some(usage)) = (&outcome.cache, &outcome.usage) {
                 let config = self.config();
                 let pricing = promptd_core::ledger::Pricing {
                     prices: &config.pricing,
                     rules: &config.cache,
                 };
-                record.cost = pricing.cost(usage, Some(o));
+                outcome.cost = pricing.cost(usage, Some(o));
             }
-            record.outcome = outcome.clone();
         }
         let append_started = SystemTime::now();
         let appended = self.append(&mut taken, &[event], vec![body]);
-        if let Some((timeline, _)) = &traced {
-            let work = promptd_telemetry::Work::Append {
-                events: 1,
-                store: self.store_name(),
-            };
+        if let Some(timeline) = run.timeline {
             let failed = appended.as_ref().err().map(|e| e.to_string());
-            timeline.push(work, append_started, failed);
+            timeline.push(Work::Append { events: 1 }, append_started, failed);
         }
         let seq = appended?;
+        outcome.seq = seq;
         if let Some(blocks) = blocks {
             taken.get().state.remember_blocks(blocks);
         }
-        if let Some(o) = outcome {
+        if let (Some(o), Some(input)) = (
+            &outcome.cache,
+            outcome.usage.as_ref().and_then(|u| u.input_tokens),
+        ) {
             let cached = taken.get();
             let (agent, hour) = (&cached.agent, cached.state.hour_ttl());
-            self.metrics.cache_outcome(agent, &o);
-            if let Some(input) = usage.and_then(|u| u.input_tokens) {
-                let mut gaps = crate::lock(&self.agent_gaps);
-                // Agents are the config's (a session's agent is checked when it is created).
-                if gaps.len() < 1024 || gaps.contains_key(agent) {
-                    gaps.entry(agent.clone())
-                        .or_default()
-                        .add_outcome(&o, input, hour);
-                }
+            let mut gaps = crate::lock(&self.agent_gaps);
+            // Agents are the config's (a session's agent is checked when it is created).
+            if gaps.len() < 1024 || gaps.contains_key(agent) {
+                gaps.entry(agent.clone())
+                    .or_default()
+                    .add_outcome(o, input, hour);
             }
         }
-        Ok(seq)
+        if let Some(calls) = &mut calls {
+            // The daemon named calls that came without ids by the seq: the same names, for the
+            // client.
+            promptd_core::formats::replies::name_calls(calls, seq);
+            if let Message::Assistant { tool_calls, .. } = calls {
+                outcome.tool_calls = std::mem::take(tool_calls);
+            }
+        }
+        Ok(())
     }
 
+    /// The event recording `message`: a reply with its usage and, when its request's format
+    /// and time are known, that request's cache outcome (and the blocks it leaves cached).
+    fn reply_body(
+        &self,
+        taken: &mut Taken<'_>,
+        message: Message,
+        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
+        sent: Option<(Format, Option<u64>)>,
+    ) -> (Body, Option<Arc<[promptd_core::cache::Block]>>) {
+        let Message::Assistant { .. } = message else {
+            return (session::message_event(message), None);
+        };
+        let id = taken.id;
+        let mut body = session::reply_event(message, usage.cloned());
+        let mut blocks = None;
+        if let (Some(usage), Some((format, at))) = (usage, sent) {
+            let at = at.unwrap_or_else(crate::now_ms);
+            let config = self.config();
+            let store = &self.store;
+            // An outcome that cannot be said never costs the reply its record.
+            let outcome = taken
+                .get()
+                .state
+                .cache_outcome(format, at, usage, &config.cache, &mut || {
+                    Ok(store.events(id)?)
+                })
+                .unwrap_or_else(|e| {
+                    tracing::warn!(session = id, error = %e, "no cache outcome for a reply");
+                    None
+                });
+            if let (Some((o, b)), Body::AssistantMessage(r)) = (outcome, &mut body) {
+                r.cache = Some(o);
+                blocks = Some(b);
+            }
+        }
+        (body, blocks)
+    }
     /// Compacts the message events `from..=to` (seqs) into `summary` (Q14): later requests
     /// show the summary in their place; the events stay, and past steps rebuild unchanged.
     /// Returns the seq of the `history/compacted` event.
@@ -787,109 +721,56 @@ impl KeyRates {
     }
 }
 
-/// The request settings of `model` in `format` (its model, and what `gen_ai.request.*` names)
-/// onto `record`.
-fn request_settings(
-    model: &serde_json::Map<String, serde_json::Value>,
-    format: Format,
-    record: &mut StepRecord,
-) {
-    use promptd_telemetry::spans::attr as kv;
-    use promptd_telemetry::spans::semconv as a;
-    let get = |key: &str| formats::setting(model, format, key);
-    record.model = get("model").and_then(|v| v.as_str()).map(str::to_string);
-    let max = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|k| get(k).and_then(|v| v.as_i64()));
-    if let Some(max) = max {
-        record
-            .params
-            .push(kv::int(a::GEN_AI_REQUEST_MAX_TOKENS, max));
-    }
-    for (key, name) in [
-        ("temperature", a::GEN_AI_REQUEST_TEMPERATURE),
-        ("top_p", a::GEN_AI_REQUEST_TOP_P),
-        ("frequency_penalty", a::GEN_AI_REQUEST_FREQUENCY_PENALTY),
-        ("presence_penalty", a::GEN_AI_REQUEST_PRESENCE_PENALTY),
-    ] {
-        if let Some(v) = get(key).and_then(|v| v.as_f64()) {
-            record.params.push(kv::float(name, v));
-        }
-    }
-    for (key, name) in [
-        ("top_k", a::GEN_AI_REQUEST_TOP_K),
-        ("seed", a::GEN_AI_REQUEST_SEED),
-    ] {
-        if let Some(v) = get(key).and_then(|v| v.as_i64()) {
-            record.params.push(kv::int(name, v));
-        }
-    }
-    let stop = get("stop_sequences").or_else(|| get("stop"));
-    let stop: Vec<String> = match stop {
-        Some(serde_json::Value::String(s)) => vec![s.clone()],
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
-    };
-    if !stop.is_empty() {
-        record
-            .params
-            .push(kv::strings(a::GEN_AI_REQUEST_STOP_SEQUENCES, stop));
-    }
-    if format == Format::Openai {
-        if let Some(d) = get("dialect").and_then(|v| v.as_str()) {
-            record.params.push(kv::string("promptd.dialect", d));
-        }
-    }
+/// What one step runs with, besides its session's state.
+struct StepRun<'a> {
+    id: &'a str,
+    since: Option<u64>,
+    cancelled: Option<&'a AtomicBool>,
+    detail: Detail,
+    timeline: Option<&'a Timeline>,
+}
+
+/// What one record runs with.
+struct RecordRun<'a> {
+    id: &'a str,
+    sent: Option<(Format, Option<u64>)>,
+    detail: Detail,
+    timeline: Option<&'a Timeline>,
 }
 
 impl Daemon {
-    /// `sqlite` or `postgresql`: the store appended to, as `db.system.name` says it.
-    fn store_name(&self) -> &'static str {
-        if self.store.is_shared() {
-            "postgresql"
-        } else {
-            "sqlite"
-        }
-    }
-
-    /// What a served step's span says that the plan does not: the header's cache key, TTL and
+    /// What a traced step says that the plan does not: the header's cache key, TTL and
     /// system prompt hash, and why the prefix broke (the diff is rebuilt from the log, only
     /// for a step that broke it).
-    #[allow(clippy::too_many_arguments)]
     fn step_facts(
         &self,
-        id: &str,
+        run: &StepRun<'_>,
         n: u64,
-        format: Format,
-        prefix_kept: Option<bool>,
+        outcome: &StepOutcome,
         plan: &AgentPlan,
         state: &SessionState,
-        record: &mut StepRecord,
-    ) {
+    ) -> StepFacts {
+        let id = run.id;
+        let mut facts = StepFacts::default();
         if let Some(h) = state.header() {
-            record.cache_key = h.cache_key.clone();
-            record.cache_ttl = h
+            facts.cache_key = h.cache_key.clone();
+            facts.cache_ttl = h
                 .cache_ttl
                 .and_then(|t| serde_json::to_value(t).ok())
                 .and_then(|v| v.as_str().map(str::to_string));
-            let facts = self.header_facts(
+            facts.header = Some(self.observers.header_facts.get(
                 id,
                 h,
                 state.provenance(),
                 plan.counter.as_ref(),
-                record.header_reason.is_some(),
-            );
-            record.system = Some(facts.system.clone());
-            record.tool_groups = facts.tool_groups.clone();
-            if let Some(content) = &mut record.content {
-                content.system = Some(h.system.clone());
+                outcome.header_reason.is_some(),
+            ));
+            if run.detail.content {
+                facts.system = Some(h.system.clone());
             }
         }
-        record.prefix = prefix_kept.map(|kept| {
-            let mut facts = promptd_telemetry::PrefixFacts {
+        facts.prefix = outcome.prefix_kept.map(|kept| {
+            let mut facts = PrefixFacts {
                 kept,
                 ..Default::default()
             };
@@ -897,6 +778,7 @@ impl Daemon {
                 return facts;
             }
             let counter = plan.counts_tokens.then(|| plan.counter.clone());
+            let format = outcome.format;
             let diff = self.store.events(id).map_err(DaemonError::from).and_then(|events| {
                 Ok(session::step_diff(id, &events, n, format, counter.as_deref())?)
             });
@@ -916,5 +798,6 @@ impl Daemon {
             }
             facts
         });
+        facts
     }
 }
