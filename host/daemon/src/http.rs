@@ -463,7 +463,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
     let mut status = StatusCode::OK;
     // One stat per file of the store, so it runs here rather than on the blocking pool.
-    if let Err(e) = state.daemon.store.health() {
+    if let Err(e) = state.daemon.sessions.store.health() {
         status = StatusCode::SERVICE_UNAVAILABLE;
         (body.status, body.loaded, body.total) = (api::HealthStatus::Error, None, None);
         body.error = Some(ErrorBody::new(e.code(), e.to_string()));
@@ -994,7 +994,7 @@ async fn registry_events(
         given => Some(seq("since", given)?.unwrap_or(0)),
     };
     let since = header.map(Some).unwrap_or(since);
-    let subscription = state.daemon.events.subscribe(since);
+    let subscription = state.daemon.plugins.events.subscribe(since);
     let to_sse = |e: RegistryEvent| {
         // Strings and numbers only: writing an event cannot fail.
         let data = serde_json::json!(e).to_string();

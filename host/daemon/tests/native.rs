@@ -592,7 +592,8 @@ fn r5_a_client_resuming_from_before_the_kept_history_is_told_it_lagged() {
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(Arc::new(MemoryStore::new()), dir.path());
     for i in 0..HISTORY + 5 {
-        d.events
+        d.plugins
+            .events
             .push(ChangeKind::Load, &format!("p{i}"), "f.wasm", "00", None);
     }
     let addr = serve(d);

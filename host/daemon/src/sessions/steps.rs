@@ -17,9 +17,9 @@ use promptd_core::step::{self, StepInput};
 use promptd_core::store::{Event, NewEvent};
 use promptd_core::Error;
 
+use super::{Cached, SessionCache};
 use crate::observe::{Detail, PrefixFacts, StepFacts, Timeline, TraceContext, Work};
 use crate::outcome::{RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings};
-use crate::sessions::{Cached, SessionCache};
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
 
 /// Most agents whose plans are kept: agent names come from clients, so never let them grow
@@ -94,13 +94,15 @@ impl Daemon {
             data_secret: Some(secret),
         });
         let id = self
+            .sessions
             .store
             .create_session(agent, promptd_core::step::encode(&created)?)?;
         Ok(id)
     }
 
     pub(crate) fn agent_of(&self, id: &str) -> Result<String> {
-        self.store
+        self.sessions
+            .store
             .session_agent(id)?
             .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
     }
@@ -108,7 +110,7 @@ impl Daemon {
     /// `agent`'s plan for the config serving now, resolved once per agent and config version.
     pub fn agent_plan(&self, agent: &str) -> Result<Arc<AgentPlan>> {
         let config = self.config();
-        let mut plans = crate::lock(&self.plans);
+        let mut plans = crate::lock(&self.sessions.plans);
         if !plans
             .config
             .as_ref()
@@ -134,7 +136,7 @@ impl Daemon {
 
     /// The counter for a tokenizer the config validated (`chars` for anything else).
     pub(crate) fn counter(&self, name: &str) -> Arc<dyn Counter> {
-        let mut counters = crate::lock(&self.counters);
+        let mut counters = crate::lock(&self.sessions.counters);
         if let Some(counter) = counters.get(name) {
             return counter.clone();
         }
@@ -147,18 +149,22 @@ impl Daemon {
     /// Call with the session's lock held; the guard puts it back.
     fn session<'a>(&'a self, id: &'a str) -> Result<Taken<'a>> {
         let taken = |cached| Taken {
-            cache: &self.sessions,
+            cache: &self.sessions.cache,
             id,
             cached: Some(cached),
             stale: false,
         };
-        if let Some(mut cached) = self.sessions.take(id) {
-            if !self.store.is_shared() {
+        if let Some(mut cached) = self.sessions.cache.take(id) {
+            if !self.sessions.store.is_shared() {
                 return Ok(taken(cached));
             }
             // Other daemons may have appended since (Q17): catch up before using the state,
             // so alternating daemons plan on the whole log instead of meeting a conflict.
-            let missing = match self.store.events_after(id, cached.state.last_seq()) {
+            let missing = match self
+                .sessions
+                .store
+                .events_after(id, cached.state.last_seq())
+            {
                 Ok(missing) => missing,
                 Err(e) => {
                     drop(taken(cached)); // kept: nothing changed
@@ -171,7 +177,7 @@ impl Daemon {
             // The log no longer continues the state (e.g. restored from a backup): rebuild.
         }
         let agent = self.agent_of(id)?;
-        let state = SessionState::from_log(id, &self.store.events(id)?)?;
+        let state = SessionState::from_log(id, &self.sessions.store.events(id)?)?;
         Ok(taken(Cached { agent, state }))
     }
 
@@ -182,6 +188,7 @@ impl Daemon {
     fn append(&self, taken: &mut Taken<'_>, events: &[NewEvent], bodies: Vec<Body>) -> Result<u64> {
         let next = taken.get().state.last_seq() + 1;
         let applied = self
+            .sessions
             .store
             .append(taken.id, next, events)
             .map_err(DaemonError::from)
@@ -269,7 +276,7 @@ impl Daemon {
         // an empty registry.
         self.check_serving()?;
         gone()?;
-        let _held = self.locks.hold(id);
+        let _held = self.sessions.locks.hold(id);
         let mut taken = self.session(id)?;
         // One snapshot of the registry and the plan for the whole step (H2).
         let registry = self.registry();
@@ -282,15 +289,19 @@ impl Daemon {
             promptd_core::config::plan::TtlPolicy::Auto(_)
         );
         let agent_gaps = auto
-            .then(|| crate::lock(&self.agent_gaps).get(&plan.agent).copied())
+            .then(|| {
+                crate::lock(&self.cache.agent_gaps)
+                    .get(&plan.agent)
+                    .copied()
+            })
             .flatten();
         let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
         let now = crate::now_ms();
         let key_shards = openai
-            .then(|| crate::lock(&self.key_rates).shards(now, plan.key_rate))
+            .then(|| crate::lock(&self.cache.key_rates).shards(now, plan.key_rate))
             .flatten();
         let serving = step::Serving {
-            run: &self.run,
+            run: &self.sessions.run,
             agent_gaps: agent_gaps.as_ref(),
             key_shards: key_shards.as_deref(),
             now_ms: Some(input.sent_at.unwrap_or(now)),
@@ -344,7 +355,7 @@ impl Daemon {
             .and_then(|h| h.cache_key.as_deref())
         {
             if openai {
-                crate::lock(&self.key_rates).count(step::key_base(key), now);
+                crate::lock(&self.cache.key_rates).count(step::key_base(key), now);
             }
         }
         outcome.prefix_kept = planned.prefix_kept;
@@ -431,7 +442,7 @@ impl Daemon {
         let mut calls =
             matches!(&message, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
                 .then(|| message.clone());
-        let _held = self.locks.hold(id);
+        let _held = self.sessions.locks.hold(id);
         let mut taken = self.session(id)?;
         let plan = self.agent_plan(&taken.get().agent)?;
         outcome.plan = Some(plan.clone());
@@ -485,7 +496,7 @@ impl Daemon {
         ) {
             let cached = taken.get();
             let (agent, hour) = (&cached.agent, cached.state.hour_ttl());
-            let mut gaps = crate::lock(&self.agent_gaps);
+            let mut gaps = crate::lock(&self.cache.agent_gaps);
             // Agents are the config's (a session's agent is checked when it is created).
             if gaps.len() < 1024 || gaps.contains_key(agent) {
                 gaps.entry(agent.clone())
@@ -522,7 +533,7 @@ impl Daemon {
         if let (Some(usage), Some((format, at))) = (usage, sent) {
             let at = at.unwrap_or_else(crate::now_ms);
             let config = self.config();
-            let store = &self.store;
+            let store = &self.sessions.store;
             // An outcome that cannot be said never costs the reply its record.
             let outcome = taken
                 .get()
@@ -545,7 +556,7 @@ impl Daemon {
     /// show the summary in their place; the events stay, and past steps rebuild unchanged.
     /// Returns the seq of the `history/compacted` event.
     pub fn compact(&self, id: &str, from: u64, to: u64, summary: &str) -> Result<u64> {
-        let _held = self.locks.hold(id);
+        let _held = self.sessions.locks.hold(id);
         let mut taken = self.session(id)?;
         let body = taken.get().state.compaction(from, to, summary)?;
         let event = step::encode(&body)?;
@@ -583,12 +594,12 @@ impl Daemon {
             ..Default::default()
         };
         // The store filters by substring; the exact agent is checked here.
-        let listed = self.store.sessions(agent.unwrap_or(""), limit)?;
+        let listed = self.sessions.store.sessions(agent.unwrap_or(""), limit)?;
         for s in listed {
             if agent.is_some_and(|a| a != s.agent) || since_ms.is_some_and(|t| s.last_ms < t) {
                 continue;
             }
-            let events = self.store.events(&s.id)?;
+            let events = self.sessions.store.events(&s.id)?;
             let report = session::priced_usage_report(&s.id, &events, pricing, since_ms)?;
             summary.add_session(&s.agent, &report.ledger);
         }
@@ -598,7 +609,7 @@ impl Daemon {
     /// The session's log, in order.
     pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
         self.agent_of(id)?;
-        Ok(self.store.events(id)?)
+        Ok(self.sessions.store.events(id)?)
     }
 
     /// Sessions whose id or agent contains `filter`, most recent activity first.
@@ -607,7 +618,7 @@ impl Daemon {
         filter: &str,
         limit: usize,
     ) -> Result<Vec<promptd_core::store::SessionSummary>> {
-        Ok(self.store.sessions(filter, limit)?)
+        Ok(self.sessions.store.sessions(filter, limit)?)
     }
 
     /// Step `n`'s request in `format` (as the step returned it) and who gave each part.
@@ -626,7 +637,7 @@ impl Daemon {
 
     /// Whether session `id`'s last step held a change (K7).
     fn holding(&self, id: &str) -> bool {
-        crate::lock(&self.held).contains_key(id)
+        crate::lock(&self.cache.held).contains_key(id)
     }
 
     /// Step `n` against the step before and the last one with the same header: the shared
@@ -634,7 +645,7 @@ impl Daemon {
     /// tokenizer other than `chars`.
     pub fn diff(&self, id: &str, n: u64, format: Format) -> Result<promptd_core::prefix::StepDiff> {
         let agent = self.agent_of(id)?;
-        let events = self.store.events(id)?;
+        let events = self.sessions.store.events(id)?;
         let plan = self.agent_plan(&agent)?;
         let counter = plan.counts_tokens.then(|| plan.counter.clone());
         Ok(promptd_core::session::step_diff(
@@ -663,62 +674,6 @@ pub struct Explained {
     pub held: Vec<promptd_core::held::Held>,
     /// What a header of the step applied of what was held.
     pub released: Option<promptd_core::held::Released>,
-}
-
-/// OpenAI requests of the last minute per cache key (without its shard).
-#[derive(Default)]
-pub(crate) struct KeyRates {
-    recent: std::collections::HashMap<String, std::collections::VecDeque<u64>>,
-}
-
-impl KeyRates {
-    const MINUTE_MS: u64 = 60_000;
-    /// Keys counted at once; past it, keys idle for a minute are forgotten first.
-    const MAX_KEYS: usize = 4096;
-    /// Requests kept per key: enough to say 64 shards at OpenAI's documented rate.
-    const MAX_PER_KEY: usize = 64 * 15;
-
-    /// Counts a request with key `base` at `now_ms`.
-    pub(crate) fn count(&mut self, base: &str, now_ms: u64) {
-        if self.recent.len() >= Self::MAX_KEYS && !self.recent.contains_key(base) {
-            self.recent
-                .retain(|_, times| times.back().is_some_and(|t| t + Self::MINUTE_MS > now_ms));
-            if self.recent.len() >= Self::MAX_KEYS {
-                return; // every key busy: this one is not sharded
-            }
-        }
-        let times = self.recent.entry(base.to_string()).or_default();
-        times.push_back(now_ms);
-        while times.len() > Self::MAX_PER_KEY
-            || times.front().is_some_and(|t| t + Self::MINUTE_MS <= now_ms)
-        {
-            times.pop_front();
-        }
-    }
-
-    /// The keys past `rate` requests a minute, each with the shards that keep every shard
-    /// within it; `None` when there are none (or no rate).
-    pub(crate) fn shards(
-        &self,
-        now_ms: u64,
-        rate: u32,
-    ) -> Option<std::sync::Arc<std::collections::BTreeMap<String, u32>>> {
-        if rate == 0 {
-            return None;
-        }
-        let busy: std::collections::BTreeMap<String, u32> = self
-            .recent
-            .iter()
-            .filter_map(|(key, times)| {
-                let n = times
-                    .iter()
-                    .filter(|t| **t + Self::MINUTE_MS > now_ms)
-                    .count() as u32;
-                (n > rate).then(|| (key.clone(), n.div_ceil(rate)))
-            })
-            .collect();
-        (!busy.is_empty()).then(|| std::sync::Arc::new(busy))
-    }
 }
 
 /// What one step runs with, besides its session's state.
@@ -779,7 +734,7 @@ impl Daemon {
             }
             let counter = plan.counts_tokens.then(|| plan.counter.clone());
             let format = outcome.format;
-            let diff = self.store.events(id).map_err(DaemonError::from).and_then(|events| {
+            let diff = self.sessions.store.events(id).map_err(DaemonError::from).and_then(|events| {
                 Ok(session::step_diff(id, &events, n, format, counter.as_deref())?)
             });
             match diff {
