@@ -1,9 +1,11 @@
-//! Sessions: the store they are logged in, the per-session locks and cached states, the
+//! Sessions: the store they are logged in, the per-session locks and cached states (a step
+//! checks a session out as one [`slot`]: lock, state and the guard that puts it back), the
 //! agents' plans, and the step and record boundaries ([`crate::Daemon::step`],
 //! [`crate::Daemon::record`]) with the reads of the log (`steps.rs`).
 
 mod cache;
 mod locks;
+mod slot;
 mod steps;
 
 use std::collections::BTreeMap;

@@ -17,7 +17,8 @@ use promptd_core::step::{self, StepInput};
 use promptd_core::store::{Event, NewEvent};
 use promptd_core::Error;
 
-use super::{Cached, SessionCache};
+use super::slot::SessionSlot;
+use super::Cached;
 use crate::observe::{Detail, PrefixFacts, StepFacts, Timeline, TraceContext, Work};
 use crate::outcome::{RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings};
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
@@ -31,33 +32,6 @@ const MAX_PLANS: usize = 1024;
 pub(crate) struct AgentPlans {
     config: Option<Arc<Config>>,
     by_agent: HashMap<String, Arc<AgentPlan>>,
-}
-
-/// A session's cached state, taken out of the session cache while the session's lock is
-/// held, and put back when dropped — on every path, errors included — unless marked stale.
-struct Taken<'a> {
-    cache: &'a SessionCache,
-    id: &'a str,
-    /// Always `Some` until the guard drops (only `drop` takes it).
-    cached: Option<Cached>,
-    stale: bool,
-}
-
-impl Taken<'_> {
-    fn get(&mut self) -> &mut Cached {
-        match &mut self.cached {
-            Some(cached) => cached,
-            None => unreachable!("the state is taken only when the guard drops"),
-        }
-    }
-}
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        if let (Some(cached), false) = (self.cached.take(), self.stale) {
-            self.cache.put(self.id, cached);
-        }
-    }
 }
 
 impl Daemon {
@@ -145,18 +119,19 @@ impl Daemon {
         counter
     }
 
-    /// Session `id`'s cached state, or one built from its log (once, for a cold session).
-    /// Call with the session's lock held; the guard puts it back.
-    fn session<'a>(&'a self, id: &'a str) -> Result<Taken<'a>> {
-        let taken = |cached| Taken {
-            cache: &self.sessions.cache,
-            id,
-            cached: Some(cached),
-            stale: false,
-        };
+    /// Checks session `id` out: waits for its lock, then takes its cached state, or builds
+    /// one from its log (once, for a cold session). The slot puts it back.
+    fn checkout<'a>(&'a self, id: &'a str) -> Result<SessionSlot<'a>> {
+        let lock = self.sessions.locks.hold(id);
+        let cached = self.cached_state(id)?;
+        Ok(SessionSlot::new(&self.sessions.cache, id, cached, lock))
+    }
+
+    /// Session `id`'s cached state, caught up with the log; call with its lock held.
+    fn cached_state(&self, id: &str) -> Result<Cached> {
         if let Some(mut cached) = self.sessions.cache.take(id) {
             if !self.sessions.store.is_shared() {
-                return Ok(taken(cached));
+                return Ok(cached);
             }
             // Other daemons may have appended since (Q17): catch up before using the state,
             // so alternating daemons plan on the whole log instead of meeting a conflict.
@@ -167,34 +142,39 @@ impl Daemon {
             {
                 Ok(missing) => missing,
                 Err(e) => {
-                    drop(taken(cached)); // kept: nothing changed
+                    self.sessions.cache.put(id, cached); // kept: nothing changed
                     return Err(e.into());
                 }
             };
             if missing.is_empty() || cached.state.apply(&missing).is_ok() {
-                return Ok(taken(cached));
+                return Ok(cached);
             }
             // The log no longer continues the state (e.g. restored from a backup): rebuild.
         }
         let agent = self.agent_of(id)?;
         let state = SessionState::from_log(id, &self.sessions.store.events(id)?)?;
-        Ok(taken(Cached { agent, state }))
+        Ok(Cached { agent, state })
     }
 
     /// Appends `bodies` (encoded as `events`) at the state's next seq and extends the state
     /// by them as they are. When another writer appended in the meantime the append is
     /// refused (`store_conflict`) and the stale state is dropped, so the next call rebuilds
     /// it from the log.
-    fn append(&self, taken: &mut Taken<'_>, events: &[NewEvent], bodies: Vec<Body>) -> Result<u64> {
-        let next = taken.get().state.last_seq() + 1;
+    fn append(
+        &self,
+        slot: &mut SessionSlot<'_>,
+        events: &[NewEvent],
+        bodies: Vec<Body>,
+    ) -> Result<u64> {
+        let next = slot.get().state.last_seq() + 1;
         let applied = self
             .sessions
             .store
-            .append(taken.id, next, events)
+            .append(slot.id, next, events)
             .map_err(DaemonError::from)
-            .and_then(|()| Ok(taken.get().state.apply_planned(next, bodies)?));
+            .and_then(|()| Ok(slot.get().state.apply_planned(next, bodies)?));
         if let Err(e) = applied {
-            taken.stale = true;
+            slot.mark_stale();
             return Err(e);
         }
         Ok(next)
@@ -276,13 +256,12 @@ impl Daemon {
         // an empty registry.
         self.check_serving()?;
         gone()?;
-        let _held = self.sessions.locks.hold(id);
-        let mut taken = self.session(id)?;
+        let mut slot = self.checkout(id)?;
         // One snapshot of the registry and the plan for the whole step (H2).
         let registry = self.registry();
-        let plan = self.agent_plan(&taken.get().agent)?;
+        let plan = self.agent_plan(&slot.get().agent)?;
         outcome.plan = Some(plan.clone());
-        let cached = taken.get();
+        let cached = slot.get();
         self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
         let auto = matches!(
             plan.cache_ttl,
@@ -332,7 +311,7 @@ impl Daemon {
             outcome.content = Some(input.cloned().collect());
         }
         let append_started = SystemTime::now();
-        let appended = self.append(&mut taken, &events, planned.bodies);
+        let appended = self.append(&mut slot, &events, planned.bodies);
         if let Some(timeline) = run.timeline {
             let work = Work::Append {
                 events: events.len(),
@@ -348,7 +327,7 @@ impl Daemon {
         if !outcome.held.is_empty() || self.holding(id) {
             self.note_held(id, &outcome.held);
         }
-        if let Some(key) = taken
+        if let Some(key) = slot
             .get()
             .state
             .header()
@@ -360,10 +339,10 @@ impl Daemon {
         }
         outcome.prefix_kept = planned.prefix_kept;
         if run.detail.traced {
-            let facts = self.step_facts(run, n, outcome, &plan, &taken.get().state);
+            let facts = self.step_facts(run, n, outcome, &plan, &slot.get().state);
             outcome.facts = Some(facts);
         }
-        let state = &mut taken.get().state;
+        let state = &mut slot.get().state;
         let out = &mut outcome.body;
         match run.since {
             Some(since) => out.text_with(|out| state.render_parts_into(format, since, out))?,
@@ -442,25 +421,24 @@ impl Daemon {
         let mut calls =
             matches!(&message, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
                 .then(|| message.clone());
-        let _held = self.sessions.locks.hold(id);
-        let mut taken = self.session(id)?;
-        let plan = self.agent_plan(&taken.get().agent)?;
+        let mut slot = self.checkout(id)?;
+        let plan = self.agent_plan(&slot.get().agent)?;
         outcome.plan = Some(plan.clone());
-        outcome.step = taken.get().state.steps();
+        outcome.step = slot.get().state.steps();
         let shown = &plan.tool_results;
         // Q18: the review hooks see what is recorded between steps too, in the same order.
         let registry = self.registry();
         let mut message = message;
         // Calls that came without ids (Gemini may leave them out) are named by where they land.
-        promptd_core::formats::replies::name_calls(&mut message, taken.get().state.last_seq() + 1);
+        promptd_core::formats::replies::name_calls(&mut message, slot.get().state.last_seq() + 1);
         let observe = run
             .timeline
             .map(|t| t as &dyn promptd_core::observe::Observe);
         let mut message =
-            step::review_recorded(&registry, &plan, &taken.get().state, message, observe)?;
+            step::review_recorded(&registry, &plan, &slot.get().state, message, observe)?;
         session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
-        taken.get().state.check_message(&message)?;
-        let (body, blocks) = self.reply_body(&mut taken, message, outcome.usage.as_ref(), run.sent);
+        slot.get().state.check_message(&message)?;
+        let (body, blocks) = self.reply_body(&mut slot, message, outcome.usage.as_ref(), run.sent);
         let event = step::encode(&body)?;
         outcome.cache = match &body {
             Body::AssistantMessage(r) => r.cache.clone(),
@@ -480,7 +458,7 @@ impl Daemon {
             }
         }
         let append_started = SystemTime::now();
-        let appended = self.append(&mut taken, &[event], vec![body]);
+        let appended = self.append(&mut slot, &[event], vec![body]);
         if let Some(timeline) = run.timeline {
             let failed = appended.as_ref().err().map(|e| e.to_string());
             timeline.push(Work::Append { events: 1 }, append_started, failed);
@@ -488,13 +466,13 @@ impl Daemon {
         let seq = appended?;
         outcome.seq = seq;
         if let Some(blocks) = blocks {
-            taken.get().state.remember_blocks(blocks);
+            slot.get().state.remember_blocks(blocks);
         }
         if let (Some(o), Some(input)) = (
             &outcome.cache,
             outcome.usage.as_ref().and_then(|u| u.input_tokens),
         ) {
-            let cached = taken.get();
+            let cached = slot.get();
             let (agent, hour) = (&cached.agent, cached.state.hour_ttl());
             let mut gaps = crate::lock(&self.cache.agent_gaps);
             // Agents are the config's (a session's agent is checked when it is created).
@@ -519,7 +497,7 @@ impl Daemon {
     /// and time are known, that request's cache outcome (and the blocks it leaves cached).
     fn reply_body(
         &self,
-        taken: &mut Taken<'_>,
+        slot: &mut SessionSlot<'_>,
         message: Message,
         usage: Option<&promptd_core::formats::replies::ProviderUsage>,
         sent: Option<(Format, Option<u64>)>,
@@ -527,7 +505,7 @@ impl Daemon {
         let Message::Assistant { .. } = message else {
             return (session::message_event(message), None);
         };
-        let id = taken.id;
+        let id = slot.id;
         let mut body = session::reply_event(message, usage.cloned());
         let mut blocks = None;
         if let (Some(usage), Some((format, at))) = (usage, sent) {
@@ -535,7 +513,7 @@ impl Daemon {
             let config = self.config();
             let store = &self.sessions.store;
             // An outcome that cannot be said never costs the reply its record.
-            let outcome = taken
+            let outcome = slot
                 .get()
                 .state
                 .cache_outcome(format, at, usage, &config.cache, &mut || {
@@ -556,11 +534,10 @@ impl Daemon {
     /// show the summary in their place; the events stay, and past steps rebuild unchanged.
     /// Returns the seq of the `history/compacted` event.
     pub fn compact(&self, id: &str, from: u64, to: u64, summary: &str) -> Result<u64> {
-        let _held = self.sessions.locks.hold(id);
-        let mut taken = self.session(id)?;
-        let body = taken.get().state.compaction(from, to, summary)?;
+        let mut slot = self.checkout(id)?;
+        let body = slot.get().state.compaction(from, to, summary)?;
         let event = step::encode(&body)?;
-        self.append(&mut taken, &[event], vec![body])
+        self.append(&mut slot, &[event], vec![body])
     }
 
     /// Estimate against provider-reported usage, per step and in total (Q14), with each
