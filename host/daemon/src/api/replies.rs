@@ -262,3 +262,140 @@ pub(super) fn reply_shapes(usage: bool) -> Value {
                   anthropic(), gemini(), bedrock()],
     })
 }
+
+/// The parser checked against the one schema: a reply of each shape the schema describes is
+/// one the parser records, and what the parser refuses the schema refuses too.
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    /// The JSON Schema keywords the reply shapes use (others are not checked).
+    fn valid(v: &Value, s: &Value, doc: &Value) -> bool {
+        let Some(s) = s.as_object() else {
+            return true;
+        };
+        if let Some(r) = s.get("$ref").and_then(Value::as_str) {
+            let name = r.trim_start_matches("#/components/schemas/");
+            return valid(v, &doc["components"]["schemas"][name], doc);
+        }
+        let kind = |t: &str| match t {
+            "object" => v.is_object(),
+            "array" => v.is_array(),
+            "string" => v.is_string(),
+            "null" => v.is_null(),
+            "boolean" => v.is_boolean(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "number" => v.is_number(),
+            _ => true,
+        };
+        let every = |key: &str, f: &dyn Fn(&Value) -> bool| {
+            s.get(key)
+                .and_then(Value::as_array)
+                .is_none_or(|all| all.iter().all(f))
+        };
+        let typed = match s.get("type") {
+            Some(Value::String(t)) => kind(t),
+            Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).any(kind),
+            _ => true,
+        };
+        let object = v.as_object();
+        let required = every("required", &|k| {
+            object.is_none_or(|o| k.as_str().is_some_and(|k| o.contains_key(k)))
+        });
+        let props = s.get("properties").and_then(Value::as_object);
+        let properties = match (object, props) {
+            (Some(o), Some(p)) => o
+                .iter()
+                .all(|(k, x)| p.get(k).is_none_or(|ps| valid(x, ps, doc))),
+            _ => true,
+        };
+        let closed = s.get("additionalProperties") == Some(&Value::Bool(false));
+        let additional = !closed
+            || object.is_none_or(|o| o.keys().all(|k| props.is_some_and(|p| p.contains_key(k))));
+        let array = v.as_array();
+        let items = match (array, s.get("items")) {
+            (Some(a), Some(i)) => a.iter().all(|x| valid(x, i, doc)),
+            _ => true,
+        };
+        let prefix = match (array, s.get("prefixItems").and_then(Value::as_array)) {
+            (Some(a), Some(p)) => a.iter().zip(p).all(|(x, ps)| valid(x, ps, doc)),
+            _ => true,
+        };
+        let contains = match (array, s.get("contains")) {
+            (Some(a), Some(c)) => a.iter().any(|x| valid(x, c, doc)),
+            _ => true,
+        };
+        let min_items = match (array, s.get("minItems").and_then(Value::as_u64)) {
+            (Some(a), Some(n)) => a.len() as u64 >= n,
+            _ => true,
+        };
+        let min_length = match (v.as_str(), s.get("minLength").and_then(Value::as_u64)) {
+            (Some(t), Some(n)) => t.chars().count() as u64 >= n,
+            _ => true,
+        };
+        let constant = s.get("const").is_none_or(|c| c == v);
+        let any_of = s
+            .get("anyOf")
+            .and_then(Value::as_array)
+            .is_none_or(|all| all.iter().any(|x| valid(v, x, doc)));
+        let one_of = s
+            .get("oneOf")
+            .and_then(Value::as_array)
+            .is_none_or(|all| all.iter().filter(|x| valid(v, x, doc)).count() == 1);
+        let all_of = every("allOf", &|x| valid(v, x, doc));
+        let not = s.get("not").is_none_or(|x| !valid(v, x, doc));
+        typed
+            && required
+            && properties
+            && additional
+            && items
+            && prefix
+            && contains
+            && min_items
+            && min_length
+            && constant
+            && any_of
+            && one_of
+            && all_of
+            && not
+    }
+
+    #[test]
+    fn the_parser_records_what_the_schema_describes_and_refuses_what_it_refuses() {
+        let doc = serde_json::to_value(crate::http::openapi()).unwrap();
+        let shapes = super::reply_shapes(true);
+        let described = [
+            json!({"choices": [{"message": {"role": "assistant", "content": "Hi."}}],
+                   "usage": {"prompt_tokens": 10, "completion_tokens": 2}}),
+            json!({"output": [{"type": "message", "content": [{"type": "output_text", "text": "Hi."}]},
+                              {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]}),
+            json!({"role": "assistant", "content": "Hi."}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "Hi."},
+                   {"type": "tool_use", "id": "c1", "name": "f", "input": {}}]}),
+            json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "Hi."}]}}]}),
+            json!({"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]}),
+            json!({"output": {"message": {"role": "assistant", "content": [{"text": "Hi."}]}},
+                   "usage": {"inputTokens": 3, "outputTokens": 1}}),
+            json!({"role": "assistant", "content": [{"toolUse": {"toolUseId": "c1", "name": "f", "input": {}}}]}),
+        ];
+        for reply in described {
+            assert!(valid(&reply, &shapes, &doc), "the schema refuses {reply}");
+            let parsed = promptd_core::formats::replies::reply_with_usage(reply.clone());
+            assert!(parsed.is_ok(), "the parser refuses {reply}: {parsed:?}");
+        }
+        let refused = [
+            json!({"foo": 1}),
+            json!({"choices": []}),
+            json!({"role": "tool", "content": "no call id"}),
+            json!({"output": [{"type": "function_call", "call_id": "", "name": "f"}]}),
+        ];
+        for reply in refused {
+            let parsed = promptd_core::formats::replies::reply_with_usage(reply.clone());
+            assert!(parsed.is_err(), "the parser records {reply}");
+            assert!(!valid(&reply, &shapes, &doc), "the schema takes {reply}");
+        }
+    }
+}
