@@ -107,3 +107,63 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     })
 }
+
+/// A JSON body read strictly ([`parse_body`]), within `[limits] max_body_mb`; the handler's
+/// last argument.
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<T: for<'de> Deserialize<'de>> axum::extract::FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let body = Bytes::from_request(request, state).await;
+        parse_body(body, state.max_body).map(JsonBody)
+    }
+}
+
+/// A query string, its errors a `400 bad_request` naming the problem.
+pub(crate) struct QueryOf<T>(pub(crate) T);
+
+impl<T: for<'de> Deserialize<'de>, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for QueryOf<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(query)) => Ok(QueryOf(query)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                e.body_text(),
+            )),
+        }
+    }
+}
+
+/// A step of a session (`/v1/sessions/{id}/steps/{n}/…`) and the format asked for
+/// (`?format=`, default `neutral`), checked as [`step_and_format`] says.
+pub(crate) struct StepRef {
+    pub(crate) session: String,
+    pub(crate) n: u64,
+    pub(crate) format: Format,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for StepRef {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Response> {
+        let Path((session, n)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let query = Query::<FormatQuery>::from_request_parts(parts, state).await;
+        let (n, format) = step_and_format(&n, query).map_err(IntoResponse::into_response)?;
+        Ok(StepRef { session, n, format })
+    }
+}

@@ -13,9 +13,8 @@ use super::*;
     responses((status = 200, description = "Each session replayed, and the sums", body = crate::replay::ReplayReport), api::Errors))]
 pub(crate) async fn replay(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(req): JsonBody<api::ReplayBody>,
 ) -> ApiResult {
-    let req: api::ReplayBody = parse_body(body, state.max_body)?;
     let request = req.into_request();
     let daemon = state.daemon.clone();
     let report = blocking(move || daemon.replay(&request)).await?;

@@ -12,10 +12,8 @@ use super::*;
     responses((status = 200, description = "The sessions, most recent activity first", body = api::SessionList), api::Errors))]
 pub(crate) async fn list_sessions(
     State(state): State<Arc<AppState>>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    QueryOf(query): QueryOf<ListQuery>,
 ) -> ApiResult {
-    let Query(query) =
-        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let limit = query.limit.unwrap_or(100).min(1000) as usize;
     let daemon = state.daemon.clone();
     let filter = query.q.unwrap_or_default();
@@ -40,9 +38,8 @@ pub(crate) struct ListQuery {
 pub(crate) async fn create_session(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(req): JsonBody<api::NewSession>,
 ) -> ApiResult {
-    let req: api::NewSession = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let agent = req.agent.clone();
     let parent = trace_parent(&headers);
@@ -81,10 +78,8 @@ pub(crate) async fn usage_report(
     responses((status = 200, description = "`{\"since_ms\", \"sessions\", \"total\", \"agents\"}`", body = Object), api::Errors))]
 pub(crate) async fn usage_summary(
     State(state): State<Arc<AppState>>,
-    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+    QueryOf(query): QueryOf<UsageQuery>,
 ) -> ApiResult {
-    let Query(query) =
-        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let limit = query.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
     let daemon = state.daemon.clone();
     let summary =
@@ -118,9 +113,8 @@ pub(crate) struct UsageQuery {
 pub(crate) async fn compact(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(req): JsonBody<api::CompactBody>,
 ) -> ApiResult {
-    let req: api::CompactBody = parse_body(body, state.max_body)?;
     let daemon = state.daemon.clone();
     let seq = blocking(move || daemon.compact(&id, req.from, req.to, &req.summary)).await?;
     Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))

@@ -13,9 +13,8 @@ pub(crate) async fn step(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(req): JsonBody<api::StepBody>,
 ) -> ApiResult {
-    let req: api::StepBody = parse_body(body, state.max_body)?;
     let parent = trace_parent(&headers);
     let daemon = state.daemon.clone();
     let input = StepInput {
@@ -97,23 +96,13 @@ impl Drop for CancelOnDrop {
 pub(crate) async fn record_message(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    query: Result<Query<SentQuery>, axum::extract::rejection::QueryRejection>,
+    sent: Sent,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(value): JsonBody<Value>,
 ) -> ApiResult {
     let parent = trace_parent(&headers);
-    let Query(query) =
-        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    let named =
-        match query.format.as_deref() {
-            None => None,
-            Some(f) => Some(f.parse::<Format>().map_err(|e| {
-                ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
-            })?),
-        };
     // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
-    let value: Value = parse_body(body, state.max_body)?;
-    let mut request = crate::RecordRequest::reply(id, value, named, query.sent_at)?;
+    let mut request = crate::RecordRequest::reply(id, value, sent.format, sent.at)?;
     request.trace = parent;
     let daemon = state.daemon.clone();
     let recorded = blocking(move || daemon.record(request)).await?;
@@ -122,6 +111,33 @@ pub(crate) async fn record_message(
         StatusCode::CREATED,
         &api::RecordedMessage { seq, tool_calls },
     ))
+}
+
+/// A recorded reply's `?format=&sent_at=`, the format checked.
+pub(crate) struct Sent {
+    format: Option<Format>,
+    at: Option<u64>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Sent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let QueryOf(query) = QueryOf::<SentQuery>::from_request_parts(parts, state).await?;
+        let format = match query.format.as_deref() {
+            None => None,
+            Some(f) => Some(f.parse::<Format>().map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+            })?),
+        };
+        Ok(Sent {
+            format,
+            at: query.sent_at,
+        })
+    }
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -184,10 +200,12 @@ pub(crate) struct StepPath {
     responses((status = 200, description = "The request body", body = Object), api::Errors))]
 pub(crate) async fn step_request(
     State(state): State<Arc<AppState>>,
-    Path((id, n)): Path<(String, String)>,
-    query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+    StepRef {
+        session: id,
+        n,
+        format,
+    }: StepRef,
 ) -> ApiResult {
-    let (n, format) = step_and_format(&n, query)?;
     let daemon = state.daemon.clone();
     let frozen = blocking(move || daemon.request(&id, n)).await?;
     Ok(json_bytes(
@@ -226,10 +244,12 @@ pub(crate) fn step_and_format(
     responses((status = 200, description = "The request and who gave each part", body = api::StepExplain), api::Errors))]
 pub(crate) async fn step_explain(
     State(state): State<Arc<AppState>>,
-    Path((id, n)): Path<(String, String)>,
-    query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+    StepRef {
+        session: id,
+        n,
+        format,
+    }: StepRef,
 ) -> ApiResult {
-    let (n, format) = step_and_format(&n, query)?;
     let daemon = state.daemon.clone();
     let explained = blocking(move || daemon.explain(&id, n, format)).await?;
     let mut said: Vec<String> = explained.held.iter().map(ToString::to_string).collect();
@@ -259,10 +279,12 @@ pub(crate) async fn step_explain(
     responses((status = 200, description = "How much of the request a prompt cache could reuse, and why not more", body = promptd_core::prefix::StepDiff), api::Errors))]
 pub(crate) async fn step_diff(
     State(state): State<Arc<AppState>>,
-    Path((id, n)): Path<(String, String)>,
-    query: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+    StepRef {
+        session: id,
+        n,
+        format,
+    }: StepRef,
 ) -> ApiResult {
-    let (n, format) = step_and_format(&n, query)?;
     let daemon = state.daemon.clone();
     let diff = blocking(move || daemon.diff(&id, n, format)).await?;
     Ok(json_body(&diff))
