@@ -227,17 +227,15 @@ impl Daemon {
             outcome.timings.stages = timeline.take();
         }
         self.observers.step(&outcome, result.as_ref().err());
-        match result {
-            Ok(()) => Ok(outcome),
+        match &result {
             // Neither served nor failed: nobody asked any more.
-            Err(DaemonError::Cancelled) => Err(DaemonError::Cancelled),
-            Err(e) => {
-                if let DaemonError::Core(core) = &e {
-                    self.quarantine_failing(Some(core));
-                }
-                Err(e)
-            }
+            Err(DaemonError::Cancelled) => {}
+            // A plugin past its consecutive failures is quarantined, whether or not the step
+            // was served (a failing optional plugin does not fail it).
+            Err(DaemonError::Core(e)) => self.quarantine_failing(Some(e)),
+            _ => self.quarantine_failing(None),
         }
+        result.map(|()| outcome)
     }
 
     fn run_step(
