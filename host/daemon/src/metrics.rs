@@ -54,10 +54,11 @@ struct CacheCounts {
     lost_to_plugin: std::collections::BTreeMap<(String, String), u64>,
 }
 
-impl Metrics {
+/// The metrics are one of the daemon's observers: they count what the outcomes say.
+impl crate::StepObserver for Metrics {
     /// Counts a step that ended with `outcome` (and `error`, when refused): its latency, and
     /// whether it kept its previous prefix; a cancelled step only as cancelled.
-    pub fn step(&self, outcome: &crate::StepOutcome, error: Option<&crate::DaemonError>) {
+    fn step(&self, outcome: &crate::StepOutcome, error: Option<&crate::DaemonError>) {
         let error = match error {
             // Neither served nor failed: nobody asked any more.
             Some(crate::DaemonError::Cancelled) => return self.step_cancelled(),
@@ -72,12 +73,14 @@ impl Metrics {
     }
 
     /// Counts a recorded reply's cache outcome.
-    pub fn record(&self, outcome: &crate::RecordOutcome, error: Option<&crate::DaemonError>) {
+    fn record(&self, outcome: &crate::RecordOutcome, error: Option<&crate::DaemonError>) {
         if let (None, Some(o), Some(plan)) = (error, &outcome.cache, &outcome.plan) {
             self.cache_outcome(&plan.agent, o);
         }
     }
+}
 
+impl Metrics {
     /// Counts a step that took `took`, failed with `error` if it did.
     pub fn count_step(&self, took: Duration, error: Option<&Error>) {
         match error {

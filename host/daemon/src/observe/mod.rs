@@ -97,7 +97,8 @@ pub trait StepObserver: Send + Sync {
     }
 }
 
-/// The daemon's observers: its metrics (always) and those the binary adds.
+/// The daemon's observers: its metrics (always, a [`StepObserver`] too) and those the binary
+/// adds.
 #[derive(Default)]
 pub struct Observers {
     /// The counters `GET /metrics` shows.
@@ -145,14 +146,14 @@ impl Observers {
     }
 
     pub(crate) fn step(&self, outcome: &StepOutcome, error: Option<&DaemonError>) {
-        self.metrics.step(outcome, error);
+        StepObserver::step(&self.metrics, outcome, error);
         for o in self.added().iter() {
             o.step(outcome, error);
         }
     }
 
     pub(crate) fn record(&self, outcome: &RecordOutcome, error: Option<&DaemonError>) {
-        self.metrics.record(outcome, error);
+        StepObserver::record(&self.metrics, outcome, error);
         for o in self.added().iter() {
             o.record(outcome, error);
         }
