@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use promptd_core::config::Config;
 use promptd_core::formats::Format;
-use promptd_daemon::{Daemon, StepInput};
+use promptd_daemon::{Daemon, StepInput, StepRequest};
 use promptd_engine::{cache, WasmEngine};
 use promptd_testkit::with_custom_section;
 
@@ -69,9 +69,8 @@ fn put(dir: &Path, bytes: &[u8]) {
 }
 
 fn marker(daemon: &Daemon, session: &str) -> String {
-    let (_, body) = daemon
-        .step(session, &StepInput::default(), Format::Neutral)
-        .expect("step");
+    let step = StepRequest::new(session, StepInput::default(), Format::Neutral);
+    let body = daemon.step(step).expect("step").body.into_string();
     let body: serde_json::Value = serde_json::from_str(&body).expect("JSON body");
     body["system"].as_str().unwrap_or_default().to_string()
 }
@@ -107,7 +106,11 @@ fn run(label: &str, iterations: usize, cached: bool, v1: &[u8], v2: &[u8]) {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 daemon
-                    .step(&session, &StepInput::default(), Format::Neutral)
+                    .step(StepRequest::new(
+                        &*session,
+                        StepInput::default(),
+                        Format::Neutral,
+                    ))
                     .unwrap();
                 slowest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(1));

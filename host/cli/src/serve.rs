@@ -85,6 +85,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     // Read at start; the timeouts are read again for each new connection (H6).
     let max_connections = config.max_connections();
     let store = open_store(&config, state)?;
+    let store_name = store_name(&config)?;
     let engine = WasmEngine::new()?
         .with_cache(&state.join("cache"), cache::DEFAULT_MAX_BYTES)?
         .with_compiler(crate::compiler()?.with_memory_total(config.compile_memory_total()));
@@ -105,6 +106,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("error[{}]: {e}", e.code()))?;
     let public_url_set = config.telemetry.public_url.is_some();
     let daemon = Arc::new(Daemon::loading(store, Arc::new(engine), config, &dir));
+    let mut exporting = None;
     if let Some(settings) = telemetry {
         let (endpoint, protocol) = (settings.traces_endpoint.clone(), settings.protocol);
         let counted = Arc::downgrade(&daemon);
@@ -116,7 +118,14 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         });
         let t = promptd_telemetry::Telemetry::start(settings, Some(source))
             .map_err(|e| anyhow::anyhow!("error[{}]: {e}", e.code()))?;
-        daemon.set_telemetry(Arc::new(t));
+        let t = Arc::new(t);
+        daemon
+            .observers
+            .add(Arc::new(promptd_telemetry::Observer::new(
+                t.clone(),
+                store_name,
+            )));
+        exporting = Some(t);
         tracing::info!(%endpoint, protocol = protocol.as_str(), "telemetry: exporting traces over OTLP");
     }
     // Listen first, load in the background: a slow (or hostile) plugin delays nothing but
@@ -168,7 +177,6 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     };
     // MCP servers connect on the runtime below; each publishes beside the plugins (M1).
     let mcp = daemon.clone();
-    let served = daemon.clone();
     let app = http::router(daemon, token);
 
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -198,7 +206,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("listen on {addr}"))?;
                 let base = format!("http://{}", listener.local_addr()?);
-                if let Some(t) = served.telemetry() {
+                if let Some(t) = &exporting {
                     t.set_listening(&base, public_url_set);
                 }
                 announce(&base);
@@ -215,7 +223,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
             }
         }
         // Spans waiting for a reply, and those queued, go out before the process ends.
-        if let Some(t) = served.telemetry() {
+        if let Some(t) = &exporting {
             t.shutdown(std::time::Duration::from_secs(5));
         }
         tracing::info!("stopped");
@@ -276,6 +284,14 @@ pub fn open_store(
             Ok(Arc::new(store))
         }
     }
+}
+
+/// The config's store as `db.system.name` says it: `sqlite` or `postgresql`.
+fn store_name(config: &Config) -> anyhow::Result<&'static str> {
+    Ok(match config.store.url(&|name| std::env::var(name).ok())? {
+        None => "sqlite",
+        Some(_) => "postgresql",
+    })
 }
 
 /// `promptd migrate`: brings the configured store's schema up to this binary's and says what

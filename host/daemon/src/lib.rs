@@ -13,7 +13,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use promptd_core::{config::Config, load::*, plugin::provider::NativePlugin, store::MemoryStore};
-//! use promptd_daemon::{Daemon, StepInput};
+//! use promptd_daemon::{Daemon, StepInput, StepRequest};
 //!
 //! /// An engine whose "components" are native plugins, chosen by file name.
 //! struct Native;
@@ -28,34 +28,30 @@
 //! std::fs::write(dir.path().join("persona.wasm"), b"native").unwrap();
 //! let daemon = Daemon::new(Arc::new(MemoryStore::new()), Arc::new(Native), Config::default(), dir.path()).unwrap();
 //! let id = daemon.create_session("default").unwrap();
-//! let (step, body) = daemon.step(&id, &StepInput::default(), promptd_core::formats::Format::Neutral).unwrap();
-//! assert_eq!(step, 1);
-//! assert_eq!(body, r#"{"messages":[],"model":{},"system":"Be brief.","tools":[]}"#);
+//! let step = daemon.step(StepRequest::new(id, StepInput::default(), promptd_core::formats::Format::Neutral)).unwrap();
+//! assert_eq!(step.step, 1);
+//! assert_eq!(step.body.into_string(), r#"{"messages":[],"model":{},"system":"Be brief.","tools":[]}"#);
 //! ```
 
 pub mod api;
+pub mod cache_policy;
 pub mod error;
-pub mod events;
-pub mod external;
-pub mod fleet;
 pub mod http;
-mod locks;
 pub mod metrics;
-pub mod plugin_dir;
-mod plugins;
-mod readiness;
+pub mod observe;
+pub mod outcome;
+pub mod plugin_host;
 pub mod replay;
 mod reply_body;
 pub mod server;
-mod sessions;
-mod steps;
-mod telemetry;
+pub mod sessions;
 pub mod ui;
-pub mod watch;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use plugin_host::readiness;
+pub use plugin_host::{events, external, fleet, plugin_dir, watch};
+
+use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use promptd_core::config::Config;
 use promptd_core::load::Engine;
@@ -66,13 +62,14 @@ use promptd_core::ErrorBody;
 use serde::Serialize;
 use serde_json::Value;
 
+pub use cache_policy::CachePolicy;
 pub use error::{DaemonError, Result};
-use events::{RegistryEvent, RegistryEvents};
+use events::RegistryEvent;
 pub use external::{ExternalControl, ToolOutcome, ToolRun, ToolRunner};
-use locks::SessionLocks;
-use metrics::Metrics;
-use promptd_core::budget::Counter;
-use sessions::SessionCache;
+pub use observe::{StepObserver, TraceContext};
+pub use outcome::{RecordOutcome, RecordRequest, StepOutcome, StepRequest};
+pub use plugin_host::PluginHost;
+pub use sessions::Sessions;
 
 /// What `GET /v1/plugins` shows for each plugin file.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -122,66 +119,22 @@ pub(crate) use promptd_core::sync::lock;
 use promptd_core::sync::{read, write};
 pub use readiness::{Readiness, STEP_WAITS_FOR_LOADING};
 
-/// The daemon's state: config, plugin registry, session store and caches, shared by the HTTP API, the watcher and the MCP servers.
+/// The daemon: its config, and the services it is made of, each owning its state — the
+/// plugin host (plugins, fleet, watcher, readiness, events), the sessions (store, locks,
+/// cached states, plans; the step and record boundaries), the cache policy (agents' gaps,
+/// key rates, held changes) and the observers (metrics, and what the binary adds). Shared by
+/// the HTTP API, the watcher and the MCP servers.
 pub struct Daemon {
-    engine: Arc<dyn Engine>,
     config: RwLock<Arc<Config>>,
-    plugin_dir: PathBuf,
-    registry: RwLock<Arc<Registry>>,
-    /// By file stem.
-    plugins: RwLock<BTreeMap<String, PluginStatus>>,
-    /// Contributors that are not files (MCP servers), by plugin id.
-    externals: RwLock<BTreeMap<String, external::External>>,
-    /// What starts, stops and restarts the external contributors (the MCP supervisors), once
-    /// one registered: told of config changes and of `enable` calls.
-    external_control: Mutex<Option<Arc<dyn external::ExternalControl>>>,
-    /// External contributors whose first outcome (a list or a failure) has not come yet:
-    /// steps wait for them as for the first load (`first_listed` is told when one comes).
-    first_lists: Mutex<std::collections::BTreeSet<String>>,
-    first_listed: Condvar,
-    store: Arc<dyn SessionStore>,
-    /// This process's run id, recorded with every header it writes: a header that changed
-    /// since another run (another daemon, an earlier process) wrote the last one is recorded
-    /// as `resume`, one this run wrote as `change` (Q3). Kept in the log, so the daemon needs
-    /// no per-session memory for it.
-    run: String,
-    /// Serialises registry changes (watcher, API calls), so none is lost to a race.
-    changes: Mutex<()>,
-    /// One lock per session being worked on, so two steps of one session never interleave.
-    locks: SessionLocks,
-    /// What steps need of recently used sessions (the log stays the truth).
-    sessions: SessionCache,
-    /// Whether the first load of the plugin folder has finished (steps wait for it).
-    readiness: Mutex<Readiness>,
-    ready: Condvar,
-    /// Every registry change, for `GET /v1/events` and its replay.
-    pub events: RegistryEvents,
-    /// The counters `GET /metrics` shows.
-    pub metrics: Metrics,
-    /// Token counters by tokenizer name, kept so their memo of repeated texts lasts.
-    counters: Mutex<BTreeMap<String, Arc<dyn Counter>>>,
-    /// Each agent's idle gaps over the replies this process recorded (`ttl = "auto"` for a
-    /// session with too few of its own); one entry per agent that has sessions.
-    agent_gaps: Mutex<BTreeMap<String, promptd_core::cache::ttl::Gaps>>,
-    /// OpenAI requests of the last minute per cache key (without its shard), so a key past
-    /// the per-key rate is sharded in new headers.
-    key_rates: Mutex<steps::KeyRates>,
-    /// Agents' resolved settings for the config serving now.
-    agents: Mutex<steps::ResolvedAgents>,
-    /// Held by the replay running (one at a time: each loads a plugin set of its own).
-    replays: Mutex<()>,
-    /// K10: the store's plugin sets, when the daemon follows them.
-    fleet: Mutex<fleet::Fleet>,
-    /// K10: held by the one reading the store's sets and switching (start or poll).
-    following: Mutex<()>,
-    /// K7: what each session's last step held, by session (sessions holding nothing are
-    /// absent, so it is bounded by the sessions that step).
-    held: Mutex<BTreeMap<String, Vec<promptd_core::held::Held>>>,
-    /// OpenTelemetry export, when `[telemetry]` enables it (set once, at start).
-    telemetry: std::sync::OnceLock<Arc<promptd_telemetry::Telemetry>>,
-    /// What spans say of each session's last header: its system prompt's SHA-256 and size,
-    /// its tool groups' tokens (bounded, refilled on a miss).
-    header_facts: Mutex<std::collections::HashMap<String, Arc<telemetry::HeaderFacts>>>,
+    /// The plugin host.
+    pub plugins: PluginHost,
+    /// The sessions.
+    pub sessions: Sessions,
+    /// The cache policy's state across sessions.
+    pub cache: CachePolicy,
+    /// Who watches steps and records: the counters `GET /metrics` shows, and those the
+    /// binary adds (telemetry).
+    pub observers: observe::Observers,
 }
 
 /// Milliseconds since the Unix epoch, by the system clock.
@@ -189,15 +142,6 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A run id unique enough to tell this process from earlier ones: the pid and the start time.
-fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{:x}-{nanos:x}", std::process::id())
 }
 
 impl Daemon {
@@ -224,40 +168,11 @@ impl Daemon {
         plugin_dir: &Path,
     ) -> Daemon {
         Daemon {
-            engine,
-            sessions: SessionCache::new(config.session_cache_bytes()),
-            counters: Mutex::new(BTreeMap::new()),
-            agent_gaps: Mutex::new(BTreeMap::new()),
-            key_rates: Mutex::default(),
-            agents: Mutex::default(),
-            replays: Mutex::new(()),
-            held: Mutex::new(BTreeMap::new()),
-            telemetry: std::sync::OnceLock::new(),
-            header_facts: Mutex::new(std::collections::HashMap::new()),
-            fleet: Mutex::new(fleet::Fleet {
-                follow: config.fleet.follow,
-                ..fleet::Fleet::default()
-            }),
-            following: Mutex::new(()),
+            plugins: PluginHost::new(engine, &config, plugin_dir),
+            sessions: Sessions::new(store, &config),
+            cache: CachePolicy::default(),
+            observers: observe::Observers::default(),
             config: RwLock::new(Arc::new(config)),
-            plugin_dir: plugin_dir.to_path_buf(),
-            registry: RwLock::new(Arc::new(Registry::new())),
-            plugins: RwLock::new(BTreeMap::new()),
-            externals: RwLock::new(BTreeMap::new()),
-            external_control: Mutex::new(None),
-            first_lists: Mutex::new(std::collections::BTreeSet::new()),
-            first_listed: Condvar::new(),
-            store,
-            run: run_id(),
-            changes: Mutex::new(()),
-            locks: SessionLocks::default(),
-            events: RegistryEvents::default(),
-            metrics: Metrics::default(),
-            readiness: Mutex::new(Readiness::Loading {
-                loaded: 0,
-                total: 0,
-            }),
-            ready: Condvar::new(),
         }
     }
 
@@ -268,23 +183,23 @@ impl Daemon {
 
     /// The plugin folder it watches.
     pub fn plugin_dir(&self) -> &Path {
-        &self.plugin_dir
+        &self.plugins.dir
     }
 
     /// Replaces the config (already validated) and reloads every plugin under it, since plugin
     /// settings may have changed. A plugin that fails under the new config keeps its old
     /// version serving (H3).
     pub fn set_config(&self, config: Config) -> Result<Vec<RegistryEvent>> {
-        self.sessions.set_budget(config.session_cache_bytes());
+        self.sessions.cache.set_budget(config.session_cache_bytes());
         let config = Arc::new(config);
         *write(&self.config) = config.clone();
-        for status in write(&self.plugins).values_mut() {
+        for status in write(&self.plugins.files).values_mut() {
             status.sha256.clear(); // forces a reload on the rescan below
         }
         let events = self.reload();
         // `[mcp.*]` applies as plugins' settings do: servers added, removed or changed are
         // started, stopped or restarted.
-        let control = lock(&self.external_control).clone();
+        let control = lock(&self.plugins.external_control).clone();
         if let Some(control) = control {
             control.config_changed(&config);
         }
@@ -293,13 +208,11 @@ impl Daemon {
 
     /// Prometheus text, including the compile cache's counters.
     pub fn metrics_text(&self) -> String {
-        let mut out = self.metrics.render();
-        if let Some(t) = self.telemetry() {
-            for sample in promptd_telemetry::samples(t) {
-                metrics::write_sample(&mut out, &sample);
-            }
+        let mut out = self.observers.metrics.render();
+        for sample in self.observers.samples() {
+            metrics::write_sample(&mut out, &sample);
         }
-        if let Some((hits, misses)) = self.engine.cache_counts() {
+        if let Some((hits, misses)) = self.plugins.engine.cache_counts() {
             out.push_str("# HELP promptd_compile_cache_total Plugin loads served from or missing the compile cache.\n");
             out.push_str("# TYPE promptd_compile_cache_total counter\n");
             out.push_str(&format!(
@@ -314,11 +227,19 @@ impl Daemon {
 
     /// The registry snapshot serving now.
     pub fn registry(&self) -> Arc<Registry> {
-        read(&self.registry).clone()
+        read(&self.plugins.registry).clone()
+    }
+
+    /// What `/metrics` counts, for OTLP export: the counters and the step latency's sum and
+    /// count (an observer adds its own).
+    pub fn metric_samples(&self) -> Vec<metrics::Sample> {
+        let mut samples = self.observers.metrics.samples();
+        samples.extend(self.observers.metrics.latency_samples());
+        samples
     }
 
     /// How many sessions and bytes the session cache holds.
     pub fn session_cache_usage(&self) -> (usize, usize) {
-        self.sessions.usage()
+        self.sessions.cache.usage()
     }
 }

@@ -6,7 +6,19 @@ use std::time::Duration;
 
 use promptd_core::sync::lock;
 use promptd_core::Error;
-pub use promptd_telemetry::Sample;
+
+/// One metric's points now (as `/metrics` shows it, and OTLP exports it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Its name (as `/metrics` spells it).
+    pub name: &'static str,
+    /// What it counts.
+    pub help: &'static str,
+    /// A monotonic counter, or a gauge.
+    pub counter: bool,
+    /// Each series: its labels and value.
+    pub points: Vec<(Vec<(&'static str, String)>, f64)>,
+}
 
 /// Upper bounds of the step latency histogram, in seconds.
 const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
@@ -42,9 +54,35 @@ struct CacheCounts {
     lost_to_plugin: std::collections::BTreeMap<(String, String), u64>,
 }
 
+/// The metrics are one of the daemon's observers: they count what the outcomes say.
+impl crate::StepObserver for Metrics {
+    /// Counts a step that ended with `outcome` (and `error`, when refused): its latency, and
+    /// whether it kept its previous prefix; a cancelled step only as cancelled.
+    fn step(&self, outcome: &crate::StepOutcome, error: Option<&crate::DaemonError>) {
+        let error = match error {
+            // Neither served nor failed: nobody asked any more.
+            Some(crate::DaemonError::Cancelled) => return self.step_cancelled(),
+            Some(crate::DaemonError::Core(e)) => Some(e),
+            _ => None,
+        };
+        // Set once the step was appended.
+        if let (Some(kept), Some(plan)) = (outcome.prefix_kept, &outcome.plan) {
+            self.prefix(&plan.agent, kept);
+        }
+        self.count_step(outcome.timings.elapsed, error);
+    }
+
+    /// Counts a recorded reply's cache outcome.
+    fn record(&self, outcome: &crate::RecordOutcome, error: Option<&crate::DaemonError>) {
+        if let (None, Some(o), Some(plan)) = (error, &outcome.cache, &outcome.plan) {
+            self.cache_outcome(&plan.agent, o);
+        }
+    }
+}
+
 impl Metrics {
     /// Counts a step that took `took`, failed with `error` if it did.
-    pub fn step(&self, took: Duration, error: Option<&Error>) {
+    pub fn count_step(&self, took: Duration, error: Option<&Error>) {
         match error {
             None => self.steps_ok.fetch_add(1, Ordering::Relaxed),
             Some(e) => {

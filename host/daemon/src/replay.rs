@@ -120,7 +120,7 @@ impl Daemon {
     /// daemon's MCP servers as they list their tools today. Never writes (Q20); one replay
     /// runs at a time, so a replay's plugin set is the only one loaded beside the serving one.
     pub fn replay(&self, request: &ReplayRequest) -> Result<ReplayReport> {
-        let _one_at_a_time = lock(&self.replays);
+        let _one_at_a_time = lock(&self.plugins.replays);
         let ids = self.replay_sessions(request)?;
         let config = match &request.config {
             Some(path) => Arc::new(candidate_config(absolute("config", path)?)?),
@@ -128,7 +128,7 @@ impl Daemon {
         };
         let dir = match &request.plugins {
             Some(dir) => absolute("plugin folder", dir)?.to_path_buf(),
-            None => self.plugin_dir.clone(),
+            None => self.plugins.dir.clone(),
         };
         let (registry, loaded) = self.candidate_registry(&dir, &request.swap, &config)?;
         let pricing = Pricing {
@@ -140,7 +140,7 @@ impl Daemon {
         let mut totals = ReplayTotals::default();
         for (id, agent) in ids {
             let plan = AgentSettings::resolve(&config, &agent, |name| Some(self.counter(name)))?;
-            let events = self.store.events(&id)?;
+            let events = self.sessions.store.events(&id)?;
             let candidate = Candidate {
                 registry: &registry,
                 agent: &plan,
@@ -176,7 +176,12 @@ impl Daemon {
             for id in request.sessions.iter().take(MAX_SESSIONS) {
                 let session_agent = self.agent_of(id)?;
                 let last_ms = match request.since_ms {
-                    Some(_) => self.store.events(id)?.last().map_or(0, |e| e.at_ms),
+                    Some(_) => self
+                        .sessions
+                        .store
+                        .events(id)?
+                        .last()
+                        .map_or(0, |e| e.at_ms),
                     None => 0,
                 };
                 if wanted(&session_agent, last_ms) {
@@ -187,7 +192,7 @@ impl Daemon {
         }
         let limit = request.limit.clamp(1, MAX_SESSIONS);
         // The store filters by substring; the exact agent is checked here.
-        let listed = self.store.sessions(agent.unwrap_or(""), limit)?;
+        let listed = self.sessions.store.sessions(agent.unwrap_or(""), limit)?;
         Ok(listed
             .into_iter()
             .filter(|s| wanted(&s.agent, s.last_ms))
@@ -235,9 +240,11 @@ impl Daemon {
             files.push(file);
         }
         files.sort_by(|a, b| a.stem.cmp(&b.stem));
-        let outcomes = crate::plugins::parallel_map(&files, crate::plugins::LOAD_WORKERS, |f| {
-            load::load(self.engine.as_ref(), f, config)
-        });
+        let outcomes = crate::plugin_host::plugins::parallel_map(
+            &files,
+            crate::plugin_host::plugins::LOAD_WORKERS,
+            |f| load::load(self.plugins.engine.as_ref(), f, config),
+        );
         let mut registry = Registry::new();
         let mut loaded = Vec::with_capacity(files.len());
         for (file, outcome) in files.iter().zip(outcomes) {
@@ -251,7 +258,7 @@ impl Daemon {
         }
         // MCP servers: as they list their tools today (a replay does not start them again).
         let serving = self.registry();
-        for id in read(&self.externals).keys() {
+        for id in read(&self.plugins.externals).keys() {
             if let Some(entry) = serving.get(id) {
                 loaded.push(CandidatePlugin {
                     id: id.clone(),

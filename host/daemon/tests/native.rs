@@ -17,7 +17,7 @@ use promptd_core::plugin::state::{ChangeKind, PluginState};
 use promptd_core::store::{MemoryStore, SessionStore};
 use promptd_core::Error;
 use promptd_daemon::events::HISTORY;
-use promptd_daemon::{Daemon, StepInput};
+use promptd_daemon::{Daemon, RecordRequest, StepInput, StepRequest};
 use serde_json::{json, Value};
 
 /// Builds the native plugin a file names.
@@ -56,6 +56,36 @@ impl Engine for NativeEngine {
 
 /// The OpenAI and Anthropic formats need model settings (`missing_model_setting` otherwise).
 const MODEL: &str = "[model]\nmodel = \"test-model\"\nmax_tokens = 256\n";
+
+/// The daemon's step and record boundaries, as the step number and body (and the seq) these
+/// tests compare.
+trait Boundaries {
+    fn step_body(
+        &self,
+        id: &str,
+        input: &StepInput,
+        format: Format,
+    ) -> promptd_daemon::Result<(u64, String)>;
+    fn record_message(&self, id: &str, message: &Message) -> promptd_daemon::Result<u64>;
+}
+
+impl Boundaries for Daemon {
+    fn step_body(
+        &self,
+        id: &str,
+        input: &StepInput,
+        format: Format,
+    ) -> promptd_daemon::Result<(u64, String)> {
+        let step = self.step(StepRequest::new(id, input.clone(), format))?;
+        Ok((step.step, step.body.into_string()))
+    }
+
+    fn record_message(&self, id: &str, message: &Message) -> promptd_daemon::Result<u64> {
+        Ok(self
+            .record(RecordRequest::message(id, message.clone()))?
+            .seq)
+    }
+}
 
 fn put(dir: &Path, name: &str, body: &str) {
     std::fs::write(dir.join(format!("{name}.wasm")), body).unwrap();
@@ -116,7 +146,7 @@ fn conversation(d: &Daemon, format: Format) -> Vec<String> {
             d.record_message(&id, &calling(&format!("c{i}"))).unwrap();
         }
         let (n, body) = d
-            .step(&id, &input(messages, &[("cwd", &cwd)]), format)
+            .step_body(&id, &input(messages, &[("cwd", &cwd)]), format)
             .unwrap();
         let rebuilt = formats::render(&d.request(&id, n).unwrap(), format).to_string();
         assert_eq!(body, rebuilt, "{format:?} step {n}");
@@ -152,7 +182,7 @@ fn q10_an_evicted_session_is_rebuilt_from_the_log_identically() {
     let first = d.create_session("coder").unwrap();
     let big = "x".repeat(4096);
     let (_, before) = d
-        .step(
+        .step_body(
             &first,
             &input(vec![Message::user(&big)], &[("cwd", "/a")]),
             Format::Anthropic,
@@ -160,7 +190,7 @@ fn q10_an_evicted_session_is_rebuilt_from_the_log_identically() {
         .unwrap();
     for _ in 0..400 {
         let other = d.create_session("coder").unwrap();
-        d.step(
+        d.step_body(
             &other,
             &input(vec![Message::user(&big)], &[]),
             Format::Neutral,
@@ -171,7 +201,7 @@ fn q10_an_evicted_session_is_rebuilt_from_the_log_identically() {
     assert!(bytes <= 1 << 20, "{sessions} sessions, {bytes} bytes");
     assert!(sessions < 400, "{sessions} sessions kept");
     let (n, after) = d
-        .step(
+        .step_body(
             &first,
             &input(vec![Message::user("again")], &[("cwd", "/a")]),
             Format::Anthropic,
@@ -198,7 +228,7 @@ fn q10_a_second_writer_is_detected_and_the_stale_state_dropped() {
     step(&two, &id, &input(vec![Message::user("b")], &[]));
     // `one` still holds the state from before `two` wrote.
     let err = one
-        .step(&id, &input(vec![Message::user("c")], &[]), Format::Neutral)
+        .step_body(&id, &input(vec![Message::user("c")], &[]), Format::Neutral)
         .unwrap_err();
     assert_eq!(err.code(), "store_conflict", "{err}");
     // The stale state is gone: the next step rebuilds from the log and continues it.
@@ -229,7 +259,7 @@ fn input(messages: Vec<Message>, facts: &[(&str, &str)]) -> StepInput {
 /// One step in every format; asserts each body is what a rebuild of the step from the log
 /// renders, and returns the step number and the neutral body.
 fn step(d: &Daemon, id: &str, input: &StepInput) -> (u64, Value) {
-    let (n, neutral) = d.step(id, input, Format::Neutral).unwrap();
+    let (n, neutral) = d.step_body(id, input, Format::Neutral).unwrap();
     let rebuilt = d.request(id, n).unwrap();
     assert_eq!(
         neutral,
@@ -435,7 +465,7 @@ fn q17_a_store_that_is_not_shared_is_not_checked_before_a_step() {
     step(&a, &id, &StepInput::default());
     step(&b, &id, &StepInput::default());
     let err = a
-        .step(&id, &StepInput::default(), Format::Neutral)
+        .step_body(&id, &StepInput::default(), Format::Neutral)
         .unwrap_err();
     assert_eq!(err.code(), "store_conflict", "{err}");
     // The stale state was dropped: the next step rebuilds it and goes through.
@@ -562,7 +592,8 @@ fn r5_a_client_resuming_from_before_the_kept_history_is_told_it_lagged() {
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(Arc::new(MemoryStore::new()), dir.path());
     for i in 0..HISTORY + 5 {
-        d.events
+        d.plugins
+            .events
             .push(ChangeKind::Load, &format!("p{i}"), "f.wasm", "00", None);
     }
     let addr = serve(d);

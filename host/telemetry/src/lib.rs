@@ -14,6 +14,7 @@
 mod export;
 mod ids;
 mod metrics;
+mod observer;
 mod settings;
 pub mod spans;
 mod transport;
@@ -34,6 +35,7 @@ use promptd_core::config::telemetry::Protocol;
 pub use export::Counts;
 pub use ids::{ratio_sampled, session_span, session_trace, step_span, Parent};
 pub use metrics::{Sample, Source};
+pub use observer::Observer;
 pub use settings::Settings;
 pub use spans::{PrefixFacts, RecordRecord, Sampled, StepContent, StepRecord, Timed, Work};
 

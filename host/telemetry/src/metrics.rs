@@ -11,18 +11,7 @@ use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 
-/// One metric's points now.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    /// Its name (as `/metrics` spells it).
-    pub name: &'static str,
-    /// What it counts.
-    pub help: &'static str,
-    /// A monotonic counter, or a gauge.
-    pub counter: bool,
-    /// Each series: its labels and value.
-    pub points: Vec<(Vec<(&'static str, String)>, f64)>,
-}
+pub use promptd_daemon::metrics::Sample;
 
 /// Reads every sample now.
 pub type Source = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;

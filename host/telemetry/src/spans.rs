@@ -687,47 +687,6 @@ pub fn messages_json<'m>(
     Json::Array(out).to_string()
 }
 
-/// What a reply says of itself, as each provider's reply spells it (OpenAI Chat and
-/// Responses, Anthropic, Gemini, Bedrock).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ReplyMeta {
-    /// The model that answered.
-    pub model: Option<String>,
-    /// The reply's id.
-    pub id: Option<String>,
-    /// Why the model stopped.
-    pub finish_reasons: Vec<String>,
-}
-
-impl ReplyMeta {
-    /// Read from `reply`; what it leaves out is `None` or empty.
-    pub fn of(reply: &serde_json::Value) -> ReplyMeta {
-        let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(str::to_string);
-        let mut finish_reasons: Vec<String> = Vec::new();
-        if let Some(choices) = reply.get("choices").and_then(|c| c.as_array()) {
-            finish_reasons.extend(choices.iter().filter_map(|c| text(c.get("finish_reason"))));
-        }
-        if let Some(candidates) = reply.get("candidates").and_then(|c| c.as_array()) {
-            finish_reasons.extend(
-                candidates
-                    .iter()
-                    .filter_map(|c| text(c.get("finishReason"))),
-            );
-        }
-        if let Some(r) = ["stop_reason", "stopReason", "status"]
-            .iter()
-            .find_map(|k| text(reply.get(*k)))
-        {
-            finish_reasons.push(r);
-        }
-        ReplyMeta {
-            model: text(reply.get("model")).or_else(|| text(reply.get("modelVersion"))),
-            id: text(reply.get("id")).or_else(|| text(reply.get("responseId"))),
-            finish_reasons,
-        }
-    }
-}
-
 /// Attributes of the kinds a request setting takes, for callers without the OpenTelemetry API.
 pub mod attr {
     use opentelemetry::KeyValue;

@@ -32,18 +32,18 @@ impl Daemon {
     /// the folder cannot be read: the error is returned, and the daemon serves what it has).
     pub fn load_initial(&self) -> Result<Vec<RegistryEvent>> {
         let result = self.reload();
-        *lock(&self.readiness) = Readiness::Ok;
-        self.ready.notify_all();
+        *lock(&self.plugins.readiness) = Readiness::Ok;
+        self.plugins.ready.notify_all();
         result
     }
 
     /// Whether the first load has finished, and how far it is.
     pub fn readiness(&self) -> Readiness {
-        *lock(&self.readiness)
+        *lock(&self.plugins.readiness)
     }
 
     pub(crate) fn progress(&self, loaded: usize, total: usize) {
-        let mut readiness = lock(&self.readiness);
+        let mut readiness = lock(&self.plugins.readiness);
         if let Readiness::Loading { .. } = *readiness {
             *readiness = Readiness::Loading { loaded, total };
         }
@@ -52,14 +52,14 @@ impl Daemon {
     /// Notes that the external contributors `ids` (MCP servers just started) have not given
     /// their first outcome yet: steps wait for it, within their bound.
     pub fn expect_first_lists(&self, ids: impl IntoIterator<Item = String>) {
-        lock(&self.first_lists).extend(ids);
+        lock(&self.plugins.first_lists).extend(ids);
     }
 
     /// External contributor `id` gave its first outcome (or left).
     pub(crate) fn listed(&self, id: &str) {
-        let mut pending = lock(&self.first_lists);
+        let mut pending = lock(&self.plugins.first_lists);
         if pending.remove(id) {
-            self.first_listed.notify_all();
+            self.plugins.first_listed.notify_all();
         }
     }
 
@@ -70,15 +70,16 @@ impl Daemon {
     pub(crate) fn wait_ready(&self, bound: Duration) -> Result<()> {
         let started = std::time::Instant::now();
         self.wait_loaded(bound)?;
-        let pending = lock(&self.first_lists);
+        let pending = lock(&self.plugins.first_lists);
         if pending.is_empty() {
             return Ok(());
         }
         let left = bound.saturating_sub(started.elapsed());
-        let (pending, _) = recover(
-            self.first_listed
-                .wait_timeout_while(pending, left, |p| !p.is_empty()),
-        );
+        let (pending, _) = recover(self.plugins.first_listed.wait_timeout_while(
+            pending,
+            left,
+            |p| !p.is_empty(),
+        ));
         if !pending.is_empty() {
             tracing::warn!(
                 servers = ?*pending,
@@ -89,11 +90,12 @@ impl Daemon {
     }
 
     fn wait_loaded(&self, bound: Duration) -> Result<()> {
-        let readiness = lock(&self.readiness);
-        let (readiness, _) = recover(
-            self.ready
-                .wait_timeout_while(readiness, bound, |r| *r != Readiness::Ok),
-        );
+        let readiness = lock(&self.plugins.readiness);
+        let (readiness, _) = recover(self.plugins.ready.wait_timeout_while(
+            readiness,
+            bound,
+            |r| *r != Readiness::Ok,
+        ));
         match *readiness {
             Readiness::Ok => Ok(()),
             Readiness::Loading { loaded, total } => Err(DaemonError::Loading { loaded, total }),

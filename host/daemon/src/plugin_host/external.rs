@@ -86,8 +86,8 @@ impl Daemon {
         file: &str,
         result: std::result::Result<(PluginEntry, Arc<dyn ToolRunner>), ErrorBody>,
     ) -> Option<RegistryEvent> {
-        let _changing = lock(&self.changes);
-        let mut externals = write(&self.externals);
+        let _changing = lock(&self.plugins.changes);
+        let mut externals = write(&self.plugins.externals);
         let serving = self.registry().get(id).is_some();
         let outcome = result.map(|(mut entry, runner)| {
             let declares = declaration_json(&entry.declaration);
@@ -153,7 +153,7 @@ impl Daemon {
                         } else {
                             ChangeKind::Load
                         };
-                        Some(self.events.push(kind, id, file, &sha256, None))
+                        Some(self.plugins.events.push(kind, id, file, &sha256, None))
                     }
                     Err(error) => {
                         Some(self.refuse(&mut externals, id, file, serving, (&error).into(), false))
@@ -166,15 +166,15 @@ impl Daemon {
 
     /// Registers what starts and stops the external contributors.
     pub fn set_external_control(&self, control: Arc<dyn ExternalControl>) {
-        *lock(&self.external_control) = Some(control);
+        *lock(&self.plugins.external_control) = Some(control);
     }
 
     /// Gives up on the external contributor `id` after it failed too often: it leaves the
     /// registry as a refused one does (K8: kept slots until a cold point), its state is
     /// `failed` and a `failed` event says why, until its config changes or it is enabled.
     pub fn fail_external(&self, id: &str, file: &str, body: ErrorBody) -> RegistryEvent {
-        let _changing = lock(&self.changes);
-        let mut externals = write(&self.externals);
+        let _changing = lock(&self.plugins.changes);
+        let mut externals = write(&self.plugins.externals);
         let serving = self.registry().get(id).is_some();
         let event = self.refuse(&mut externals, id, file, serving, body, true);
         drop(externals);
@@ -186,8 +186,8 @@ impl Daemon {
     /// the status list, with an `unload` event when it was serving.
     pub fn remove_external(&self, id: &str) -> Option<RegistryEvent> {
         self.listed(id);
-        let _changing = lock(&self.changes);
-        let known = write(&self.externals).remove(id)?;
+        let _changing = lock(&self.plugins.changes);
+        let known = write(&self.plugins.externals).remove(id)?;
         let registry = self.registry();
         let serving = registry.get(id).is_some() || registry.kept(id).is_some();
         if serving {
@@ -198,16 +198,19 @@ impl Daemon {
         tracing::info!(plugin = %id, "unloaded: its config is gone");
         let sha = known.status.serving_sha256.unwrap_or_default();
         serving.then(|| {
-            self.events
+            self.plugins
+                .events
                 .push(ChangeKind::Unload, id, &known.status.file, &sha, None)
         })
     }
 
     /// `enable` for an external contributor: one in state `failed` is tried again.
     pub(crate) fn enable_external(&self, id: &str) -> Option<Result<Vec<RegistryEvent>>> {
-        let state = read(&self.externals).get(id).map(|e| e.status.state)?;
+        let state = read(&self.plugins.externals)
+            .get(id)
+            .map(|e| e.status.state)?;
         if state == PluginState::Failed {
-            let control = lock(&self.external_control).clone();
+            let control = lock(&self.plugins.external_control).clone();
             if let Some(control) = control {
                 control.restart(id);
             }
@@ -226,7 +229,7 @@ impl Daemon {
         failed: bool,
     ) -> RegistryEvent {
         tracing::warn!(plugin = %id, "refused: {}", body.message);
-        self.metrics.plugin_error();
+        self.observers.metrics.plugin_error();
         let known = externals.entry(id.to_string()).or_insert_with(|| External {
             status: PluginStatus {
                 id: id.to_string(),
@@ -275,12 +278,12 @@ impl Daemon {
         } else {
             ChangeKind::Refused
         };
-        self.events.push(kind, id, file, &sha, Some(body))
+        self.plugins.events.push(kind, id, file, &sha, Some(body))
     }
 
     /// The external contributors' statuses, by id.
     pub(crate) fn external_statuses(&self) -> Vec<PluginStatus> {
-        let externals = read(&self.externals);
+        let externals = read(&self.plugins.externals);
         externals.values().map(|e| e.status.clone()).collect()
     }
 
@@ -315,7 +318,7 @@ impl Daemon {
         // and an external contributor's tool names are its own.
         let registry = self.registry();
         let (plugin, runner) = {
-            let externals = read(&self.externals);
+            let externals = read(&self.plugins.externals);
             let declares = |declares: &Value| {
                 declares["tools"]
                     .as_array()
@@ -347,7 +350,9 @@ impl Daemon {
             content: Content::Text(outcome.content),
             is_error: outcome.is_error,
         };
-        let seq = self.record_message(id, &message)?;
+        let seq = self
+            .record(crate::RecordRequest::message(id, message.clone()))?
+            .seq;
         Ok(ToolRun {
             seq,
             plugin,

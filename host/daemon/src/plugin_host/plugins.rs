@@ -40,12 +40,12 @@ use crate::{plugin_dir, Daemon, PluginStatus, Result};
 impl Daemon {
     /// Every plugin file's status, and every external contributor's (MCP servers).
     pub fn plugins(&self) -> Vec<PluginStatus> {
-        let plugins = read(&self.plugins);
+        let plugins = read(&self.plugins.files);
         let mut all: Vec<PluginStatus> = plugins.values().cloned().collect();
         drop(plugins);
         all.extend(self.external_statuses());
         let registry = self.registry();
-        let held = lock(&self.held);
+        let held = lock(&self.cache.held);
         for status in &mut all {
             if let Some(entry) = registry.get(&status.id) {
                 status.refresh = refresh_view(&entry.options.refresh);
@@ -77,7 +77,7 @@ impl Daemon {
     pub(crate) fn note_held(&self, id: &str, held: &[promptd_core::held::Held]) {
         /// Sessions remembered at most; past it, a new one is not listed (its log says it).
         const MOST: usize = 65_536;
-        let mut map = lock(&self.held);
+        let mut map = lock(&self.cache.held);
         if held.is_empty() {
             map.remove(id);
         } else if map.len() < MOST || map.contains_key(id) {
@@ -88,7 +88,7 @@ impl Daemon {
     /// Rescans the plugin folder: loads new files, reloads changed ones (the old version keeps
     /// serving if the new one fails), unloads removed ones. Each change is an event (R5).
     pub fn reload(&self) -> Result<Vec<RegistryEvent>> {
-        let _changing = lock(&self.changes);
+        let _changing = lock(&self.plugins.changes);
         let files = plugin_dir::plugin_files(&self.scan_dir())?;
         let total = files.len();
         let mut applied = Vec::new();
@@ -102,15 +102,18 @@ impl Daemon {
                     let path = path.display().to_string();
                     tracing::warn!(file = %path, "refused: {error}");
                     let body = ErrorBody::from(&error);
-                    applied.push(
-                        self.events
-                            .push(ChangeKind::Refused, "", &path, "", Some(body)),
-                    );
+                    applied.push(self.plugins.events.push(
+                        ChangeKind::Refused,
+                        "",
+                        &path,
+                        "",
+                        Some(body),
+                    ));
                     continue;
                 }
             };
             present.insert(file.stem.clone());
-            let unchanged = read(&self.plugins)
+            let unchanged = read(&self.plugins.files)
                 .get(&file.stem)
                 .is_some_and(|s| s.sha256 == file.sha256);
             if !unchanged {
@@ -124,25 +127,25 @@ impl Daemon {
         self.progress(done.load(Ordering::Relaxed), total);
         let outcomes = parallel_map(&changed, LOAD_WORKERS, |file| {
             let started = Instant::now();
-            let result = load::load(self.engine.as_ref(), file, &config);
+            let result = load::load(self.plugins.engine.as_ref(), file, &config);
             self.progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
             (started.elapsed(), result)
         });
         for (file, (took, result)) in changed.iter().zip(outcomes) {
             applied.push(self.apply(file, &config, took, result));
         }
-        let gone: Vec<String> = read(&self.plugins)
+        let gone: Vec<String> = read(&self.plugins.files)
             .keys()
             .filter(|stem| !present.contains(*stem))
             .cloned()
             .collect();
         for stem in gone {
-            let status = write(&self.plugins).remove(&stem);
+            let status = write(&self.plugins.files).remove(&stem);
             if let Some(status) = status {
                 if let Ok(next) = self.registry().without(&status.id) {
                     self.publish(next);
                 }
-                applied.push(self.events.push(
+                applied.push(self.plugins.events.push(
                     ChangeKind::Unload,
                     &status.id,
                     &status.file,
@@ -166,7 +169,7 @@ impl Daemon {
         let path = file.path.display().to_string();
         let mut current = self.registry();
         // A config change can give the file another id: the old id leaves with the new load.
-        let old_id = read(&self.plugins)
+        let old_id = read(&self.plugins.files)
             .get(&file.stem)
             .map(|s| s.id.clone())
             .filter(|old| *old != id);
@@ -182,7 +185,7 @@ impl Daemon {
                 .with_replaced(entry)
                 .map(|next| (next, declares, lookup))
         });
-        let mut plugins = write(&self.plugins);
+        let mut plugins = write(&self.plugins.files);
         match result {
             Ok((next, declares, lookup)) => {
                 self.publish(next);
@@ -203,7 +206,7 @@ impl Daemon {
                 let cache = lookup.map_or("off", |l| l.as_str());
                 let ms = took.as_secs_f64() * 1000.0;
                 tracing::info!(plugin = %id, sha256 = %file.sha256, cache, ms = format!("{ms:.1}"), "loaded");
-                self.events.push(
+                self.plugins.events.push(
                     if existed {
                         ChangeKind::Reload
                     } else {
@@ -217,7 +220,7 @@ impl Daemon {
             }
             Err(error) => {
                 tracing::warn!(plugin = %id, "refused: {error}");
-                self.metrics.plugin_error();
+                self.observers.metrics.plugin_error();
                 let status = plugins
                     .entry(file.stem.clone())
                     .or_insert_with(|| PluginStatus {
@@ -240,7 +243,7 @@ impl Daemon {
                 };
                 status.sha256 = file.sha256.clone();
                 status.last_error = Some(ErrorBody::from(&error));
-                self.events.push(
+                self.plugins.events.push(
                     ChangeKind::Refused,
                     &id,
                     &path,
@@ -253,17 +256,20 @@ impl Daemon {
 
     /// Unloads plugin `id` (R4): all its contributions leave the next assembly.
     pub fn unload(&self, id: &str) -> Result<RegistryEvent> {
-        let _changing = lock(&self.changes);
+        let _changing = lock(&self.plugins.changes);
         let next = self.registry().without(id)?;
         self.publish(next);
-        let mut plugins = write(&self.plugins);
+        let mut plugins = write(&self.plugins.files);
         let stem = plugins
             .iter()
             .find(|(_, s)| s.id == id)
             .map(|(k, _)| k.clone());
         let status = stem.and_then(|s| plugins.remove(&s));
         let (file, sha) = status.map(|s| (s.file, s.sha256)).unwrap_or_default();
-        Ok(self.events.push(ChangeKind::Unload, id, &file, &sha, None))
+        Ok(self
+            .plugins
+            .events
+            .push(ChangeKind::Unload, id, &file, &sha, None))
     }
 
     /// L3: a plugin whose calls failed `quarantine_after` times in a row leaves the registry
@@ -279,7 +285,7 @@ impl Daemon {
             .map(|p| p.id.clone())
             .collect();
         for id in failing {
-            let _changing = lock(&self.changes);
+            let _changing = lock(&self.plugins.changes);
             let cause = match error {
                 Some(e @ Error::PluginCall { plugin, .. }) if *plugin == id => e.to_string(),
                 _ => format!("{limit} consecutive calls failed"),
@@ -302,7 +308,7 @@ impl Daemon {
             };
             self.publish(next);
             tracing::warn!(plugin = %id, "{message}");
-            let mut plugins = write(&self.plugins);
+            let mut plugins = write(&self.plugins.files);
             let (mut file, mut sha) = (String::new(), String::new());
             if let Some(status) = plugins.values_mut().find(|s| s.id == id) {
                 status.state = PluginState::Quarantined;
@@ -315,7 +321,7 @@ impl Daemon {
                 plugin: id.clone(),
                 message,
             };
-            self.events.push(
+            self.plugins.events.push(
                 ChangeKind::Quarantine,
                 &id,
                 &file,
@@ -331,7 +337,7 @@ impl Daemon {
             return done;
         }
         {
-            let mut plugins = write(&self.plugins);
+            let mut plugins = write(&self.plugins.files);
             let status = plugins
                 .values_mut()
                 .find(|s| s.id == id)
@@ -345,8 +351,8 @@ impl Daemon {
     }
 
     pub(crate) fn publish(&self, registry: Registry) {
-        self.metrics.set_plugins_loaded(registry.len());
-        *write(&self.registry) = Arc::new(registry);
+        self.observers.metrics.set_plugins_loaded(registry.len());
+        *write(&self.plugins.registry) = Arc::new(registry);
     }
 }
 

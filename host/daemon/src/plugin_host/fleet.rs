@@ -31,8 +31,8 @@ use promptd_core::ErrorBody;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::plugins::{parallel_map, LOAD_WORKERS};
 use crate::events::RegistryEvent;
-use crate::plugins::{parallel_map, LOAD_WORKERS};
 use crate::{plugin_dir, Daemon, DaemonError, PluginStatus, Result};
 use promptd_core::load::PluginFile;
 use promptd_core::plugin::state::ChangeKind;
@@ -81,7 +81,7 @@ pub struct SetStatus {
 impl Daemon {
     /// The plugin set this daemon serves, when it follows a store (K10).
     pub fn set_status(&self) -> Option<SetStatus> {
-        let fleet = lock(&self.fleet);
+        let fleet = lock(&self.plugins.fleet);
         fleet.follow.then(|| SetStatus {
             serving: fleet.serving,
             latest: fleet.latest,
@@ -97,7 +97,7 @@ impl Daemon {
     /// no set though one is published: none loaded, or the store's sets could not be read
     /// yet. A store with no set published is served as an empty registry, as before.
     pub fn check_serving(&self) -> Result<()> {
-        let fleet = lock(&self.fleet);
+        let fleet = lock(&self.plugins.fleet);
         if !fleet.follow || fleet.serving.is_some() {
             return Ok(());
         }
@@ -114,10 +114,10 @@ impl Daemon {
 
     /// The folder a reload scans: the serving set's when following, else the plugin folder.
     pub(crate) fn scan_dir(&self) -> PathBuf {
-        let fleet = lock(&self.fleet);
+        let fleet = lock(&self.plugins.fleet);
         match (&fleet.dir, fleet.follow) {
             (Some(dir), true) => dir.clone(),
-            _ => self.plugin_dir.clone(),
+            _ => self.plugins.dir.clone(),
         }
     }
 
@@ -133,7 +133,7 @@ impl Daemon {
                     recorded,
                 })
             }
-            (Some(recorded), None) if lock(&self.fleet).follow => {
+            (Some(recorded), None) if lock(&self.plugins.fleet).follow => {
                 Err(DaemonError::PluginSetBehind {
                     session: session.to_string(),
                     serving: 0,
@@ -150,19 +150,19 @@ impl Daemon {
     /// [`FALLBACK_SETS`] tried). Returns the version serving afterwards.
     pub fn follow_once(&self, root: &Path) -> Result<Option<u64>> {
         // One at a time: the loader's first call and the poll's never interleave.
-        let _turn = lock(&self.following);
-        let latest = match self.store.latest_set() {
+        let _turn = lock(&self.plugins.following);
+        let latest = match self.sessions.store.latest_set() {
             Ok(latest) => latest,
             Err(e) => {
                 let error = DaemonError::from(e);
-                let mut fleet = lock(&self.fleet);
+                let mut fleet = lock(&self.plugins.fleet);
                 if !fleet.read {
                     fleet.unread = Some(ErrorBody::from(&error));
                 }
                 return Err(error);
             }
         };
-        let mut fleet = lock(&self.fleet);
+        let mut fleet = lock(&self.plugins.fleet);
         (fleet.read, fleet.unread) = (true, None);
         fleet.latest = latest.as_ref().map(|s| s.version);
         let Some(set) = latest else {
@@ -195,7 +195,7 @@ impl Daemon {
                 set.version
             ));
             tracing::warn!(set = set.version, "{}", body.message);
-            let mut fleet = lock(&self.fleet);
+            let mut fleet = lock(&self.plugins.fleet);
             (fleet.failed, fleet.retry) = (Some((version, body)), transient);
             return Ok(Some(serving));
         }
@@ -214,7 +214,7 @@ impl Daemon {
                     failed.1.message
                 );
                 self.served(root, &older, dir, Some(failed));
-                lock(&self.fleet).retry = transient;
+                lock(&self.plugins.fleet).retry = transient;
                 Ok(Some(older.version))
             }
             None => {
@@ -228,7 +228,7 @@ impl Daemon {
                     set.version
                 ));
                 tracing::warn!(set = set.version, "{}", body.message);
-                let mut fleet = lock(&self.fleet);
+                let mut fleet = lock(&self.plugins.fleet);
                 (fleet.failed, fleet.retry) = (Some((version, body)), transient);
                 Ok(None)
             }
@@ -243,7 +243,7 @@ impl Daemon {
 
     /// Records `set` (in `dir`) as serving, with the newer set that failed if any.
     fn served(&self, root: &Path, set: &PluginSet, dir: PathBuf, failed: Option<(u64, ErrorBody)>) {
-        let mut fleet = lock(&self.fleet);
+        let mut fleet = lock(&self.plugins.fleet);
         fleet.serving = Some(set.version);
         fleet.dir = Some(dir);
         fleet.failed = failed;
@@ -264,7 +264,7 @@ impl Daemon {
         let mut failed = Vec::new();
         let oldest = latest.version.saturating_sub(FALLBACK_SETS).max(1);
         for version in (oldest..latest.version).rev() {
-            let set = match self.store.plugin_set(version) {
+            let set = match self.sessions.store.plugin_set(version) {
                 Ok(Some(set)) => set,
                 Ok(None) => continue,
                 Err(e) => {
@@ -306,7 +306,7 @@ impl Daemon {
             if fresh {
                 continue;
             }
-            let bytes = self.store.set_file(&file.sha256)?;
+            let bytes = self.sessions.store.set_file(&file.sha256)?;
             if promptd_core::store::sha256_hex(&bytes) != file.sha256 {
                 return Err(DaemonError::PluginSetFiles {
                     what: format!("plugin file {} of set {}", file.stem, set.version),
@@ -325,13 +325,13 @@ impl Daemon {
     /// replaces the registry in one publication (files gone from the set leave with it);
     /// when any fails, nothing changes.
     pub fn switch_set(&self, set: &PluginSet, dir: &Path) -> Result<Vec<RegistryEvent>> {
-        let _changing = lock(&self.changes);
+        let _changing = lock(&self.plugins.changes);
         let config = self.config();
         let mut files = Vec::with_capacity(set.files.len());
         for f in &set.files {
             files.push(plugin_dir::read(&dir.join(format!("{}.wasm", f.stem)))?);
         }
-        let serving = read(&self.plugins).clone();
+        let serving = read(&self.plugins.files).clone();
         let changed: Vec<&PluginFile> = files
             .iter()
             .filter(|f| {
@@ -345,7 +345,7 @@ impl Daemon {
         let done = AtomicUsize::new(0);
         let started = Instant::now();
         let outcomes = parallel_map(&changed, LOAD_WORKERS, |file| {
-            let result = load::load(self.engine.as_ref(), file, &config);
+            let result = load::load(self.plugins.engine.as_ref(), file, &config);
             done.fetch_add(1, Ordering::Relaxed);
             result
         });
@@ -393,7 +393,7 @@ impl Daemon {
             statuses.push((file.stem.clone(), id, path, file.sha256.clone(), declares));
         }
         self.publish(next.with_set(set.version));
-        let mut plugins = write(&self.plugins);
+        let mut plugins = write(&self.plugins.files);
         plugins.retain(|stem, _| in_set.contains(stem.as_str()));
         for (stem, id, file, sha256, declares) in statuses {
             plugins.insert(
@@ -420,7 +420,7 @@ impl Daemon {
         );
         Ok(events
             .into_iter()
-            .map(|(kind, id, file, sha)| self.events.push(kind, &id, &file, &sha, None))
+            .map(|(kind, id, file, sha)| self.plugins.events.push(kind, &id, &file, &sha, None))
             .collect())
     }
 }
@@ -519,9 +519,8 @@ mod tests {
 
     /// A step's system prompt, or the step's error code.
     fn system(d: &Daemon, id: &str) -> std::result::Result<String, &'static str> {
-        let (_, body) = d
-            .step(id, &crate::StepInput::default(), Format::Neutral)
-            .map_err(|e| e.code())?;
+        let step = crate::StepRequest::new(id, crate::StepInput::default(), Format::Neutral);
+        let body = d.step(step).map_err(|e| e.code())?.body.into_string();
         let body: Value = serde_json::from_str(&body).unwrap();
         Ok(body["system"].as_str().unwrap_or("").to_string())
     }

@@ -142,7 +142,7 @@ fn apply_config(daemon: &Daemon, path: &Path) {
         }
         Err(e) => {
             tracing::warn!(config = %path.display(), "config refused, the old one stays: error[{}]: {e}", e.code());
-            daemon.events.push(
+            daemon.plugins.events.push(
                 ChangeKind::Refused,
                 "",
                 &path.display().to_string(),

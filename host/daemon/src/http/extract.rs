@@ -1,0 +1,169 @@
+//! What handlers share: reading a body strictly, the client's trace context, running the
+//! daemon's blocking work, and writing JSON replies.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// A JSON response from pre-serialized bytes (sorted keys: stable).
+pub(crate) fn json_bytes(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// `v` as JSON with its keys sorted (through a `Value`), so a body's bytes never depend on a
+/// struct's field order. A value that cannot be written (a map with non-string keys: a bug)
+/// is an `internal` error, never an empty body.
+pub(crate) fn to_json(v: &impl serde::Serialize) -> Result<String, ApiError> {
+    serde_json::to_value(v).map(|v| v.to_string()).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("writing the reply: {e}"),
+        )
+    })
+}
+
+/// `v` as a 200 JSON reply, or the error writing it.
+pub(crate) fn json_body(v: &impl serde::Serialize) -> Response {
+    json_reply(StatusCode::OK, v)
+}
+
+/// `v` as a JSON reply with `status`, or the error writing it.
+pub(crate) fn json_reply(status: StatusCode, v: &impl serde::Serialize) -> Response {
+    match to_json(v) {
+        Ok(text) => json_bytes(status, text),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Runs blocking daemon work (plugin calls, SQLite) off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("worker failed: {e}"),
+        )),
+    }
+}
+
+/// Parses a JSON body strictly, with errors that name the problem. Every body is a JSON object:
+/// serde would also read a struct from a list of its fields' values (`[]` for a session).
+/// The [`crate::server::BodyTimeout`] behind a body that could not be read, if that was why.
+pub(crate) fn body_timeout(rejection: &BytesRejection) -> Option<&crate::server::BodyTimeout> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(e) = cause {
+        if let Some(late) = e.downcast_ref::<crate::server::BodyTimeout>() {
+            return Some(late);
+        }
+        cause = e.source();
+    }
+    None
+}
+
+pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| {
+        if let Some(late) = body_timeout(&r) {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                late.to_string(),
+            );
+        }
+        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "body_too_large"
+        } else {
+            "bad_request"
+        };
+        ApiError::new(
+            r.status(),
+            code,
+            format!(
+                "{} (limit {limit} bytes: limits.max_body_mb)",
+                r.body_text()
+            ),
+        )
+    })?;
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "invalid JSON body: the body must be a JSON object",
+        ));
+    }
+    let mut json = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        // Name the field the error is in (`.` is the body itself).
+        let at = e.path().to_string();
+        let message = match at.as_str() {
+            "." | "" => format!("invalid JSON body: {}", e.inner()),
+            _ => format!("invalid JSON body: `{at}`: {}", e.inner()),
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    })
+}
+
+/// A JSON body read strictly ([`parse_body`]), within `[limits] max_body_mb`; the handler's
+/// last argument.
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<T: for<'de> Deserialize<'de>> axum::extract::FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let body = Bytes::from_request(request, state).await;
+        parse_body(body, state.max_body).map(JsonBody)
+    }
+}
+
+/// A query string, its errors a `400 bad_request` naming the problem.
+pub(crate) struct QueryOf<T>(pub(crate) T);
+
+impl<T: for<'de> Deserialize<'de>, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for QueryOf<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(query)) => Ok(QueryOf(query)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                e.body_text(),
+            )),
+        }
+    }
+}
+
+/// A step of a session (`/v1/sessions/{id}/steps/{n}/…`) and the format asked for
+/// (`?format=`, default `neutral`), checked as [`step_and_format`] says.
+pub(crate) struct StepRef {
+    pub(crate) session: String,
+    pub(crate) n: u64,
+    pub(crate) format: Format,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for StepRef {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Response> {
+        let Path((session, n)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let query = Query::<FormatQuery>::from_request_parts(parts, state).await;
+        let (n, format) = step_and_format(&n, query).map_err(IntoResponse::into_response)?;
+        Ok(StepRef { session, n, format })
+    }
+}

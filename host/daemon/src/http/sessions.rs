@@ -1,0 +1,159 @@
+//! The session routes: create, list, read the log, usage, compaction.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Sessions, most recent activity first; `q` keeps those whose id or agent contains it.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    params(
+        ("q" = Option<String>, Query, description = "Text the id or the agent must contain"),
+        ("limit" = Option<u64>, Query, maximum = 18446744073709551615_u64, description = "At most this many (default 100; more than 1000 lists 1000)"),
+    ),
+    responses((status = 200, description = "The sessions, most recent activity first", body = api::SessionList), api::Errors))]
+pub(crate) async fn list_sessions(
+    State(state): State<Arc<AppState>>,
+    QueryOf(query): QueryOf<ListQuery>,
+) -> ApiResult {
+    let limit = query.limit.unwrap_or(100).min(1000) as usize;
+    let daemon = state.daemon.clone();
+    let filter = query.q.unwrap_or_default();
+    let sessions = blocking(move || daemon.sessions(&filter, limit)).await?;
+    Ok(json_body(&api::SessionList { sessions }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    #[serde(default)]
+    q: Option<String>,
+    #[serde(default)]
+    limit: Option<u64>,
+}
+
+/// Opens a session for an agent.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    params(("traceparent" = Option<String>, Header, description = "W3C trace context: with telemetry on, the spans join this trace (a malformed value is ignored)")),
+    request_body = api::NewSession,
+    responses((status = 201, description = "The new session", body = api::SessionCreated), api::Errors))]
+pub(crate) async fn create_session(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<api::NewSession>,
+) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let agent = req.agent.clone();
+    let parent = trace_parent(&headers);
+    let id = blocking(move || daemon.create_session_traced(&agent, parent.as_ref())).await?;
+    let body = api::SessionCreated {
+        id,
+        agent: req.agent,
+    };
+    Ok(json_reply(StatusCode::CREATED, &body))
+}
+
+/// The W3C trace context a client sent (`traceparent`, `tracestate`), as sent: an observer
+/// that follows traces ignores a bad one, as W3C Trace Context asks.
+pub(crate) fn trace_parent(headers: &HeaderMap) -> Option<crate::TraceContext> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    crate::TraceContext::from_headers(get("traceparent"), get("tracestate"))
+}
+
+/// Per step, the budget's estimate against the usage the provider reported; totals.
+#[utoipa::path(get, path = "/v1/sessions/{id}/usage", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "`{\"session\", \"steps\": [...], \"totals\"}`", body = Object), api::Errors))]
+pub(crate) async fn usage_report(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let report = blocking(move || daemon.usage_report(&id)).await?;
+    Ok(json_body(&report))
+}
+
+/// The cost ledger across sessions: replies, tokens, cache outcomes, misses by cause and by
+/// plugin, and cost by the config's `[pricing]`, in total and per agent.
+#[utoipa::path(get, path = "/v1/usage", tag = "sessions",
+    params(UsageQuery),
+    responses((status = 200, description = "`{\"since_ms\", \"sessions\", \"total\", \"agents\"}`", body = Object), api::Errors))]
+pub(crate) async fn usage_summary(
+    State(state): State<Arc<AppState>>,
+    QueryOf(query): QueryOf<UsageQuery>,
+) -> ApiResult {
+    let limit = query.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
+    let daemon = state.daemon.clone();
+    let summary =
+        blocking(move || daemon.usage_summary(query.agent.as_deref(), query.since, limit)).await?;
+    Ok(json_body(&summary))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct UsageQuery {
+    /// Only this agent's sessions.
+    #[serde(default)]
+    agent: Option<String>,
+    /// Only replies to requests sent at or after this time, in milliseconds since the Unix
+    /// epoch.
+    #[serde(default)]
+    #[param(maximum = 18446744073709551615_u64)]
+    since: Option<u64>,
+    /// At most this many sessions, most recent activity first (default 1000, at most 10000).
+    #[serde(default)]
+    #[param(maximum = 18446744073709551615_u64)]
+    limit: Option<u64>,
+}
+
+/// Later requests show `summary` in place of the message events `from..=to`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/compact", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = api::CompactBody,
+    responses((status = 201, description = "The `history/compacted` event's seq", body = api::Recorded), api::Errors))]
+pub(crate) async fn compact(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<api::CompactBody>,
+) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let seq = blocking(move || daemon.compact(&id, req.from, req.to, &req.summary)).await?;
+    Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
+}
+
+/// An event as the API shows it: its body as a JSON value (keys sorted). A body that is not
+/// JSON is `store_corrupt`, as every reader of the log says.
+pub(crate) fn event_view(session: &str, e: Event) -> Result<api::EventView, DaemonError> {
+    let body = serde_json::from_str(&e.body).map_err(|problem| {
+        promptd_core::Error::Store(promptd_core::store::StoreError::Corrupt {
+            session: session.to_string(),
+            seq: e.seq,
+            problem: format!("{} event: the body is not JSON: {problem}", e.kind),
+        })
+    })?;
+    Ok(api::EventView {
+        seq: e.seq,
+        kind: e.kind.as_str().to_string(),
+        body,
+        at_ms: e.at_ms,
+    })
+}
+
+/// The session's log, in order.
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The session's events, in order", body = api::EventList), api::Errors))]
+pub(crate) async fn session_events(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let daemon = state.daemon.clone();
+    let events = blocking(move || {
+        let events = daemon.session_events(&id)?;
+        events
+            .into_iter()
+            .map(|e| event_view(&id, e))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await?;
+    Ok(json_body(&api::EventList { events }))
+}

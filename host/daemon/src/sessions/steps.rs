@@ -1,0 +1,733 @@
+//! Steps and the session log: the daemon drives core's step pipeline
+//! ([`promptd_core::step::plan`]) and records what it plans (Q1–Q6, Q14, Q18).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use promptd_core::budget::{self, Counter, Usage};
+use promptd_core::config::{AgentSettings, Config};
+use promptd_core::conversation::{FrozenRequest, Message};
+use promptd_core::formats::{self, Format};
+use promptd_core::provenance::Provenance;
+use promptd_core::session::log::{Body, SessionCreated};
+use promptd_core::session::{self, SessionState};
+use promptd_core::step::{self, StepInput};
+use promptd_core::store::{Event, NewEvent};
+use promptd_core::Error;
+
+use super::slot::SessionSlot;
+use super::Cached;
+use crate::observe::{Detail, PrefixFacts, StepFacts, Timeline, TraceContext, Work};
+use crate::outcome::{RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings};
+use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
+
+/// Most agents whose settings are kept: agent names come from clients, so never let them grow
+/// this (a cleared map is refilled one resolve per agent).
+const MAX_AGENTS: usize = 1024;
+
+/// Agents' settings resolved for one config version.
+#[derive(Default)]
+pub(crate) struct ResolvedAgents {
+    config: Option<Arc<Config>>,
+    by_agent: HashMap<String, Arc<AgentSettings>>,
+}
+
+impl Daemon {
+    /// Creates a session for `agent` (after checking its name): returns its id.
+    pub fn create_session(&self, agent: &str) -> Result<String> {
+        self.create_session_traced(agent, None)
+    }
+
+    /// [`Daemon::create_session`] for a client that sent its trace context (`trace`: the
+    /// observers are told of it).
+    pub fn create_session_traced(
+        &self,
+        agent: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<String> {
+        let id = self.new_session(agent)?;
+        self.observers.session_created(&id, agent, trace);
+        Ok(id)
+    }
+
+    fn new_session(&self, agent: &str) -> Result<String> {
+        self.config().chain(agent)?; // validates the name
+
+        // The key of the session's data blocks (T8): plugins never see the log, so they
+        // cannot learn it; every daemon reading the log fences alike.
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).map_err(|e| Error::Engine {
+            context: "drawing a session secret".into(),
+            source: Box::new(std::io::Error::other(e.to_string())),
+        })?;
+        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let created = Body::SessionCreated(SessionCreated {
+            agent: agent.to_string(),
+            data_secret: Some(secret),
+        });
+        let id = self
+            .sessions
+            .store
+            .create_session(agent, promptd_core::step::encode(&created)?)?;
+        Ok(id)
+    }
+
+    pub(crate) fn agent_of(&self, id: &str) -> Result<String> {
+        self.sessions
+            .store
+            .session_agent(id)?
+            .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
+    }
+
+    /// `agent`'s plan for the config serving now, resolved once per agent and config version.
+    pub fn agent_settings(&self, agent: &str) -> Result<Arc<AgentSettings>> {
+        let config = self.config();
+        let mut plans = crate::lock(&self.sessions.agents);
+        if !plans
+            .config
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &config))
+        {
+            *plans = ResolvedAgents {
+                config: Some(config.clone()),
+                by_agent: HashMap::new(),
+            };
+        }
+        if let Some(plan) = plans.by_agent.get(agent) {
+            return Ok(plan.clone());
+        }
+        let plan = Arc::new(AgentSettings::resolve(&config, agent, |name| {
+            Some(self.counter(name))
+        })?);
+        if plans.by_agent.len() >= MAX_AGENTS {
+            plans.by_agent.clear();
+        }
+        plans.by_agent.insert(agent.to_string(), plan.clone());
+        Ok(plan)
+    }
+
+    /// The counter for a tokenizer the config validated (`chars` for anything else).
+    pub(crate) fn counter(&self, name: &str) -> Arc<dyn Counter> {
+        let mut counters = crate::lock(&self.sessions.counters);
+        if let Some(counter) = counters.get(name) {
+            return counter.clone();
+        }
+        let counter = promptd_tokenize::counter(name).unwrap_or_else(|| Arc::new(budget::Chars));
+        counters.insert(name.to_string(), counter.clone());
+        counter
+    }
+
+    /// Checks session `id` out: waits for its lock, then takes its cached state, or builds
+    /// one from its log (once, for a cold session). The slot puts it back.
+    fn checkout<'a>(&'a self, id: &'a str) -> Result<SessionSlot<'a>> {
+        let lock = self.sessions.locks.hold(id);
+        let cached = self.cached_state(id)?;
+        Ok(SessionSlot::new(&self.sessions.cache, id, cached, lock))
+    }
+
+    /// Session `id`'s cached state, caught up with the log; call with its lock held.
+    fn cached_state(&self, id: &str) -> Result<Cached> {
+        if let Some(mut cached) = self.sessions.cache.take(id) {
+            if !self.sessions.store.is_shared() {
+                return Ok(cached);
+            }
+            // Other daemons may have appended since (Q17): catch up before using the state,
+            // so alternating daemons plan on the whole log instead of meeting a conflict.
+            let missing = match self
+                .sessions
+                .store
+                .events_after(id, cached.state.last_seq())
+            {
+                Ok(missing) => missing,
+                Err(e) => {
+                    self.sessions.cache.put(id, cached); // kept: nothing changed
+                    return Err(e.into());
+                }
+            };
+            if missing.is_empty() || cached.state.apply(&missing).is_ok() {
+                return Ok(cached);
+            }
+            // The log no longer continues the state (e.g. restored from a backup): rebuild.
+        }
+        let agent = self.agent_of(id)?;
+        let state = SessionState::from_log(id, &self.sessions.store.events(id)?)?;
+        Ok(Cached { agent, state })
+    }
+
+    /// Appends `bodies` (encoded as `events`) at the state's next seq and extends the state
+    /// by them as they are. When another writer appended in the meantime the append is
+    /// refused (`store_conflict`) and the stale state is dropped, so the next call rebuilds
+    /// it from the log.
+    fn append(
+        &self,
+        slot: &mut SessionSlot<'_>,
+        events: &[NewEvent],
+        bodies: Vec<Body>,
+    ) -> Result<u64> {
+        let next = slot.get().state.last_seq() + 1;
+        let applied = self
+            .sessions
+            .store
+            .append(slot.id, next, events)
+            .map_err(DaemonError::from)
+            .and_then(|()| Ok(slot.get().state.apply_planned(next, bodies)?));
+        if let Err(e) = applied {
+            slot.mark_stale();
+            return Err(e);
+        }
+        Ok(next)
+    }
+
+    /// Runs one step (Q1–Q3, Q6): assemble, plan, append in one transaction, and return what
+    /// it did, with the request body in the request's format — the bytes a rebuild of the step
+    /// from the log renders (Q4), spliced from the session's cached fragments. The one step
+    /// boundary: every front door calls it, and the observers see its outcome.
+    pub fn step(&self, request: StepRequest) -> Result<StepOutcome> {
+        let started = Instant::now();
+        let StepRequest {
+            session,
+            input,
+            format,
+            since,
+            out,
+            cancelled,
+            trace,
+        } = request;
+        let detail = self.observers.step_detail(&session, trace.as_ref());
+        let timeline = detail.traced.then(Timeline::new);
+        let mut outcome = StepOutcome {
+            session: Arc::from(session.as_str()),
+            trace,
+            format,
+            plan: None,
+            step: 0,
+            appended: 0,
+            body: out,
+            usage: Usage::default(),
+            header_reason: None,
+            held: Vec::new(),
+            prefix_kept: None,
+            facts: None,
+            content: None,
+            timings: Timings::started(),
+        };
+        let run = StepRun {
+            id: &session,
+            since,
+            cancelled: cancelled.as_deref(),
+            detail,
+            timeline: timeline.as_ref(),
+        };
+        let result = self.run_step(&run, input, &mut outcome);
+        outcome.timings.end = SystemTime::now();
+        outcome.timings.elapsed = started.elapsed();
+        if let Some(timeline) = timeline {
+            outcome.timings.stages = timeline.take();
+        }
+        self.observers.step(&outcome, result.as_ref().err());
+        match &result {
+            // Neither served nor failed: nobody asked any more.
+            Err(DaemonError::Cancelled) => {}
+            // A plugin past its consecutive failures is quarantined, whether or not the step
+            // was served (a failing optional plugin does not fail it).
+            Err(DaemonError::Core(e)) => self.quarantine_failing(Some(e)),
+            _ => self.quarantine_failing(None),
+        }
+        result.map(|()| outcome)
+    }
+
+    fn run_step(
+        &self,
+        run: &StepRun<'_>,
+        input: StepInput,
+        outcome: &mut StepOutcome,
+    ) -> Result<()> {
+        let gone = || match run.cancelled {
+            Some(c) if c.load(Ordering::Acquire) => Err(DaemonError::Cancelled),
+            _ => Ok(()),
+        };
+        let (id, format) = (run.id, outcome.format);
+        self.wait_ready(STEP_WAITS_FOR_LOADING)?;
+        // K10: a following daemon none of whose published sets loads refuses, never plans on
+        // an empty registry.
+        self.check_serving()?;
+        gone()?;
+        let mut slot = self.checkout(id)?;
+        // One snapshot of the registry and the plan for the whole step (H2).
+        let registry = self.registry();
+        let plan = self.agent_settings(&slot.get().agent)?;
+        outcome.plan = Some(plan.clone());
+        let cached = slot.get();
+        self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
+        let auto = matches!(
+            plan.cache_ttl,
+            promptd_core::config::settings::TtlPolicy::Auto(_)
+        );
+        let agent_gaps = auto
+            .then(|| {
+                crate::lock(&self.cache.agent_gaps)
+                    .get(&plan.agent)
+                    .copied()
+            })
+            .flatten();
+        let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
+        let now = crate::now_ms();
+        let key_shards = openai
+            .then(|| crate::lock(&self.cache.key_rates).shards(now, plan.key_rate))
+            .flatten();
+        let serving = step::Serving {
+            run: &self.sessions.run,
+            agent_gaps: agent_gaps.as_ref(),
+            key_shards: key_shards.as_deref(),
+            now_ms: Some(input.sent_at.unwrap_or(now)),
+            observe: run
+                .timeline
+                .map(|t| t as &dyn promptd_core::observe::Observe),
+        };
+        let mut planned = step::plan(
+            &mut cached.state,
+            &registry,
+            &plan,
+            id,
+            serving,
+            input,
+            format,
+        )?;
+        let events = planned.encode()?;
+        // The last point before anything is recorded: plugin calls made for a client that went
+        // away (they ran to their deadline) are dropped here.
+        gone()?;
+        outcome.usage = planned.take_usage().unwrap_or_default();
+        let n = planned.step;
+        outcome.step = n;
+        outcome.header_reason = planned.header_reason.map(|r| r.as_str());
+        outcome.held = planned.held().to_vec();
+        if run.detail.content {
+            let input = planned.bodies.iter().filter_map(Body::as_message);
+            outcome.content = Some(input.cloned().collect());
+        }
+        let append_started = SystemTime::now();
+        let appended = self.append(&mut slot, &events, planned.bodies);
+        if let Some(timeline) = run.timeline {
+            let work = Work::Append {
+                events: events.len(),
+            };
+            let failed = appended.as_ref().err().map(|e| e.to_string());
+            timeline.push(work, append_started, failed);
+        }
+        appended?;
+        outcome.appended = events.len();
+        // Written: the encoded events (a copy of each message) are not kept while the reply
+        // is rendered (issue 32: a step's memory a small multiple of its body).
+        drop(events);
+        if !outcome.held.is_empty() || self.holding(id) {
+            self.note_held(id, &outcome.held);
+        }
+        if let Some(key) = slot
+            .get()
+            .state
+            .header()
+            .and_then(|h| h.cache_key.as_deref())
+        {
+            if openai {
+                crate::lock(&self.cache.key_rates).count(step::key_base(key), now);
+            }
+        }
+        outcome.prefix_kept = planned.prefix_kept;
+        if run.detail.traced {
+            let facts = self.step_facts(run, n, outcome, &plan, &slot.get().state);
+            outcome.facts = Some(facts);
+        }
+        let state = &mut slot.get().state;
+        let out = &mut outcome.body;
+        match run.since {
+            Some(since) => out.text_with(|out| state.render_parts_into(format, since, out))?,
+            None => state.render_into(format, out)?,
+        }
+        Ok(())
+    }
+
+    /// Records the model's reply or a tool's output (Q5), with what came with it (the
+    /// provider's usage, the format and time its request was sent: the cache outcome of that
+    /// request is recorded with it, issue 29). The one record boundary: every front door
+    /// calls it, and the observers see its outcome.
+    pub fn record(&self, request: RecordRequest) -> Result<RecordOutcome> {
+        let started = Instant::now();
+        let RecordRequest {
+            session,
+            message,
+            usage,
+            sent,
+            reply,
+            trace,
+        } = request;
+        let detail = self.observers.record_detail(&session, trace.as_ref());
+        let timeline = detail.traced.then(Timeline::new);
+        let mut outcome = RecordOutcome {
+            session: Arc::from(session.as_str()),
+            trace,
+            plan: None,
+            step: 0,
+            seq: 0,
+            role: match message {
+                Message::Assistant { .. } => "assistant",
+                Message::Tool { .. } => "tool",
+                Message::User { .. } => "user",
+            },
+            usage,
+            cache: None,
+            cost: None,
+            reply,
+            tool_calls: Vec::new(),
+            content: None,
+            timings: Timings::started(),
+        };
+        let run = RecordRun {
+            id: &session,
+            sent,
+            detail,
+            timeline: timeline.as_ref(),
+        };
+        let result = self.run_record(&run, message, &mut outcome);
+        outcome.timings.end = SystemTime::now();
+        outcome.timings.elapsed = started.elapsed();
+        if let Some(timeline) = timeline {
+            outcome.timings.stages = timeline.take();
+        }
+        self.observers.record(&outcome, result.as_ref().err());
+        result.map(|()| outcome)
+    }
+
+    fn run_record(
+        &self,
+        run: &RecordRun<'_>,
+        message: Message,
+        outcome: &mut RecordOutcome,
+    ) -> Result<()> {
+        let id = run.id;
+        if matches!(message, Message::User { .. }) {
+            self.agent_of(id)?;
+            return Err(Error::BadRequest(
+                "user input is sent with a step (POST /v1/sessions/{id}/steps)".into(),
+            )
+            .into());
+        }
+        step::content_of(&message).check(&self.config().content_limits())?;
+        // The calls as the client will be told them (named below, by the seq).
+        let mut calls =
+            matches!(&message, Message::Assistant { tool_calls, .. } if !tool_calls.is_empty())
+                .then(|| message.clone());
+        let mut slot = self.checkout(id)?;
+        let plan = self.agent_settings(&slot.get().agent)?;
+        outcome.plan = Some(plan.clone());
+        outcome.step = slot.get().state.steps();
+        let shown = &plan.tool_results;
+        // Q18: the review hooks see what is recorded between steps too, in the same order.
+        let registry = self.registry();
+        let mut message = message;
+        // Calls that came without ids (Gemini may leave them out) are named by where they land.
+        promptd_core::formats::replies::name_calls(&mut message, slot.get().state.last_seq() + 1);
+        let observe = run
+            .timeline
+            .map(|t| t as &dyn promptd_core::observe::Observe);
+        let mut message =
+            step::review_recorded(&registry, &plan, &slot.get().state, message, observe)?;
+        session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
+        slot.get().state.check_message(&message)?;
+        let (body, blocks) = self.reply_body(&mut slot, message, outcome.usage.as_ref(), run.sent);
+        let event = step::encode(&body)?;
+        outcome.cache = match &body {
+            Body::AssistantMessage(r) => r.cache.clone(),
+            _ => None,
+        };
+        if run.detail.content {
+            outcome.content = body.as_message().cloned();
+        }
+        if run.detail.traced {
+            if let (Some(o), Some(usage)) = (&outcome.cache, &outcome.usage) {
+                let config = self.config();
+                let pricing = promptd_core::ledger::Pricing {
+                    prices: &config.pricing,
+                    rules: &config.cache,
+                };
+                outcome.cost = pricing.cost(usage, Some(o));
+            }
+        }
+        let append_started = SystemTime::now();
+        let appended = self.append(&mut slot, &[event], vec![body]);
+        if let Some(timeline) = run.timeline {
+            let failed = appended.as_ref().err().map(|e| e.to_string());
+            timeline.push(Work::Append { events: 1 }, append_started, failed);
+        }
+        let seq = appended?;
+        outcome.seq = seq;
+        if let Some(blocks) = blocks {
+            slot.get().state.remember_blocks(blocks);
+        }
+        if let (Some(o), Some(input)) = (
+            &outcome.cache,
+            outcome.usage.as_ref().and_then(|u| u.input_tokens),
+        ) {
+            let cached = slot.get();
+            let (agent, hour) = (&cached.agent, cached.state.hour_ttl());
+            let mut gaps = crate::lock(&self.cache.agent_gaps);
+            // Agents are the config's (a session's agent is checked when it is created).
+            if gaps.len() < 1024 || gaps.contains_key(agent) {
+                gaps.entry(agent.clone())
+                    .or_default()
+                    .add_outcome(o, input, hour);
+            }
+        }
+        if let Some(calls) = &mut calls {
+            // The daemon named calls that came without ids by the seq: the same names, for the
+            // client.
+            promptd_core::formats::replies::name_calls(calls, seq);
+            if let Message::Assistant { tool_calls, .. } = calls {
+                outcome.tool_calls = std::mem::take(tool_calls);
+            }
+        }
+        Ok(())
+    }
+
+    /// The event recording `message`: a reply with its usage and, when its request's format
+    /// and time are known, that request's cache outcome (and the blocks it leaves cached).
+    fn reply_body(
+        &self,
+        slot: &mut SessionSlot<'_>,
+        message: Message,
+        usage: Option<&promptd_core::formats::replies::ProviderUsage>,
+        sent: Option<(Format, Option<u64>)>,
+    ) -> (Body, Option<Arc<[promptd_core::cache::Block]>>) {
+        let Message::Assistant { .. } = message else {
+            return (session::message_event(message), None);
+        };
+        let id = slot.id;
+        let mut body = session::reply_event(message, usage.cloned());
+        let mut blocks = None;
+        if let (Some(usage), Some((format, at))) = (usage, sent) {
+            let at = at.unwrap_or_else(crate::now_ms);
+            let config = self.config();
+            let store = &self.sessions.store;
+            // An outcome that cannot be said never costs the reply its record.
+            let outcome = slot
+                .get()
+                .state
+                .cache_outcome(format, at, usage, &config.cache, &mut || {
+                    Ok(store.events(id)?)
+                })
+                .unwrap_or_else(|e| {
+                    tracing::warn!(session = id, error = %e, "no cache outcome for a reply");
+                    None
+                });
+            if let (Some((o, b)), Body::AssistantMessage(r)) = (outcome, &mut body) {
+                r.cache = Some(o);
+                blocks = Some(b);
+            }
+        }
+        (body, blocks)
+    }
+    /// Compacts the message events `from..=to` (seqs) into `summary` (Q14): later requests
+    /// show the summary in their place; the events stay, and past steps rebuild unchanged.
+    /// Returns the seq of the `history/compacted` event.
+    pub fn compact(&self, id: &str, from: u64, to: u64, summary: &str) -> Result<u64> {
+        let mut slot = self.checkout(id)?;
+        let body = slot.get().state.compaction(from, to, summary)?;
+        let event = step::encode(&body)?;
+        self.append(&mut slot, &[event], vec![body])
+    }
+
+    /// Estimate against provider-reported usage, per step and in total (Q14), with each
+    /// reply's cache outcome and cost by the config's `[pricing]` (issue 29).
+    pub fn usage_report(&self, id: &str) -> Result<session::UsageReport> {
+        let events = self.session_events(id)?;
+        let config = self.config();
+        let pricing = promptd_core::ledger::Pricing {
+            prices: &config.pricing,
+            rules: &config.cache,
+        };
+        Ok(session::priced_usage_report(id, &events, pricing, None)?)
+    }
+
+    /// The cost ledger across sessions (`GET /v1/usage`): of `agent`'s sessions (all when
+    /// `None`) with activity at or after `since_ms`, the replies to requests sent since then;
+    /// at most `limit` sessions, most recent first.
+    pub fn usage_summary(
+        &self,
+        agent: Option<&str>,
+        since_ms: Option<u64>,
+        limit: usize,
+    ) -> Result<promptd_core::ledger::Summary> {
+        let config = self.config();
+        let pricing = promptd_core::ledger::Pricing {
+            prices: &config.pricing,
+            rules: &config.cache,
+        };
+        let mut summary = promptd_core::ledger::Summary {
+            since_ms,
+            ..Default::default()
+        };
+        // The store filters by substring; the exact agent is checked here.
+        let listed = self.sessions.store.sessions(agent.unwrap_or(""), limit)?;
+        for s in listed {
+            if agent.is_some_and(|a| a != s.agent) || since_ms.is_some_and(|t| s.last_ms < t) {
+                continue;
+            }
+            let events = self.sessions.store.events(&s.id)?;
+            let report = session::priced_usage_report(&s.id, &events, pricing, since_ms)?;
+            summary.add_session(&s.agent, &report.ledger);
+        }
+        Ok(summary)
+    }
+
+    /// The session's log, in order.
+    pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
+        self.agent_of(id)?;
+        Ok(self.sessions.store.events(id)?)
+    }
+
+    /// Sessions whose id or agent contains `filter`, most recent activity first.
+    pub fn sessions(
+        &self,
+        filter: &str,
+        limit: usize,
+    ) -> Result<Vec<promptd_core::store::SessionSummary>> {
+        Ok(self.sessions.store.sessions(filter, limit)?)
+    }
+
+    /// Step `n`'s request in `format` (as the step returned it) and who gave each part.
+    pub fn explain(&self, id: &str, n: u64, format: Format) -> Result<Explained> {
+        let events = self.session_events(id)?;
+        let request = session::rebuild(id, &events, n)?;
+        let provenance = session::provenance_at(id, &events, n)?;
+        let (held, released) = session::held_at(id, &events, n)?;
+        Ok(Explained {
+            request: formats::render(&request, format),
+            provenance,
+            held,
+            released,
+        })
+    }
+
+    /// Whether session `id`'s last step held a change (K7).
+    fn holding(&self, id: &str) -> bool {
+        crate::lock(&self.cache.held).contains_key(id)
+    }
+
+    /// Step `n` against the step before and the last one with the same header: the shared
+    /// prefix, where it broke and why. Tokens are counted when the session's agent has a
+    /// tokenizer other than `chars`.
+    pub fn diff(&self, id: &str, n: u64, format: Format) -> Result<promptd_core::prefix::StepDiff> {
+        let agent = self.agent_of(id)?;
+        let events = self.sessions.store.events(id)?;
+        let plan = self.agent_settings(&agent)?;
+        let counter = plan.counts_tokens.then(|| plan.counter.clone());
+        Ok(promptd_core::session::step_diff(
+            id,
+            &events,
+            n,
+            format,
+            counter.as_deref(),
+        )?)
+    }
+
+    /// The frozen request of step `n`, rebuilt from the log alone (Q4).
+    pub fn request(&self, id: &str, n: u64) -> Result<FrozenRequest> {
+        let events = self.session_events(id)?;
+        Ok(session::rebuild(id, &events, n)?)
+    }
+}
+
+/// Step `n`'s request and what explains it ([`Daemon::explain`]).
+pub struct Explained {
+    /// The request in the format asked for.
+    pub request: serde_json::Value,
+    /// Who gave each part.
+    pub provenance: Option<Provenance>,
+    /// What the step held (K7).
+    pub held: Vec<promptd_core::held::Held>,
+    /// What a header of the step applied of what was held.
+    pub released: Option<promptd_core::held::Released>,
+}
+
+/// What one step runs with, besides its session's state.
+struct StepRun<'a> {
+    id: &'a str,
+    since: Option<u64>,
+    cancelled: Option<&'a AtomicBool>,
+    detail: Detail,
+    timeline: Option<&'a Timeline>,
+}
+
+/// What one record runs with.
+struct RecordRun<'a> {
+    id: &'a str,
+    sent: Option<(Format, Option<u64>)>,
+    detail: Detail,
+    timeline: Option<&'a Timeline>,
+}
+
+impl Daemon {
+    /// What a traced step says that the plan does not: the header's cache key, TTL and
+    /// system prompt hash, and why the prefix broke (the diff is rebuilt from the log, only
+    /// for a step that broke it).
+    fn step_facts(
+        &self,
+        run: &StepRun<'_>,
+        n: u64,
+        outcome: &StepOutcome,
+        plan: &AgentSettings,
+        state: &SessionState,
+    ) -> StepFacts {
+        let id = run.id;
+        let mut facts = StepFacts::default();
+        if let Some(h) = state.header() {
+            facts.cache_key = h.cache_key.clone();
+            facts.cache_ttl = h
+                .cache_ttl
+                .and_then(|t| serde_json::to_value(t).ok())
+                .and_then(|v| v.as_str().map(str::to_string));
+            facts.header = Some(self.observers.header_facts.get(
+                id,
+                h,
+                state.provenance(),
+                plan.counter.as_ref(),
+                outcome.header_reason.is_some(),
+            ));
+            if run.detail.content {
+                facts.system = Some(h.system.clone());
+            }
+        }
+        facts.prefix = outcome.prefix_kept.map(|kept| {
+            let mut facts = PrefixFacts {
+                kept,
+                ..Default::default()
+            };
+            if kept {
+                return facts;
+            }
+            let counter = plan.counts_tokens.then(|| plan.counter.clone());
+            let format = outcome.format;
+            let diff = self.sessions.store.events(id).map_err(DaemonError::from).and_then(|events| {
+                Ok(session::step_diff(id, &events, n, format, counter.as_deref())?)
+            });
+            match diff {
+                Ok(d) => {
+                    facts.bytes = Some(d.bytes);
+                    if let Some(p) = &d.previous {
+                        facts.shared_bytes = Some(p.shared_bytes);
+                        facts.first_difference =
+                            p.first_divergence.as_ref().map(|d| d.part.clone());
+                    }
+                    facts.causes = d.causes;
+                }
+                Err(e) => {
+                    tracing::debug!(session = id, step = n, error = %e, "no prefix diff for the step's span");
+                }
+            }
+            facts
+        });
+        facts
+    }
+}
