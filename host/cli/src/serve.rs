@@ -41,42 +41,9 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         .ok()
         .filter(|t| !t.is_empty())
         .or_else(|| config.token.clone());
-    // K10: a daemon that follows its store's plugin sets serves them from the state folder,
-    // not from a plugin folder.
-    let follow = config.fleet.follow;
-    let dir = if follow {
-        state.join("fleet")
-    } else {
-        plugins
-            .or_else(|| config.plugin_dir.clone())
-            .unwrap_or_else(|| PathBuf::from("plugins"))
-    };
-    let poll = std::time::Duration::from_millis(
-        config
-            .fleet
-            .poll_ms
-            .unwrap_or(promptd_core::config::DEFAULT_FLEET_POLL_MS),
-    );
+    let (follow, dir, poll) = plugin_source(&config, plugins, state);
 
-    enum Listen {
-        Tcp(SocketAddr),
-        Unix(PathBuf),
-    }
-    let target = match listen.strip_prefix("unix:") {
-        Some(path) => Listen::Unix(PathBuf::from(path)),
-        None => {
-            let addr: SocketAddr = listen.parse().map_err(|e| CliError::BadArgument {
-                flag: "--listen",
-                value: listen.to_string(),
-                expected: format!("{e}; use HOST:PORT or unix:/path"),
-            })?;
-            // L5: anything but loopback needs a token.
-            if !addr.ip().is_loopback() && token.is_none() {
-                return Err(CliError::TokenRequired { addr }.into());
-            }
-            Listen::Tcp(addr)
-        }
-    };
+    let target = listen_target(listen, token.is_some())?;
 
     std::fs::create_dir_all(state).map_err(|source| CliError::Folder {
         path: state.to_path_buf(),
@@ -106,57 +73,13 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("error[{}]: {e}", e.code()))?;
     let public_url_set = config.telemetry.public_url.is_some();
     let daemon = Arc::new(Daemon::loading(store, Arc::new(engine), config, &dir));
-    let mut exporting = None;
-    if let Some(settings) = telemetry {
-        let (endpoint, protocol) = (settings.traces_endpoint.clone(), settings.protocol);
-        let counted = Arc::downgrade(&daemon);
-        let source: promptd_telemetry::Source = Arc::new(move || {
-            counted
-                .upgrade()
-                .map(|d| d.metric_samples())
-                .unwrap_or_default()
-        });
-        let t = promptd_telemetry::Telemetry::start(settings, Some(source))
-            .map_err(|e| anyhow::anyhow!("error[{}]: {e}", e.code()))?;
-        let t = Arc::new(t);
-        daemon
-            .observers
-            .add(Arc::new(promptd_telemetry::Observer::new(
-                t.clone(),
-                store_name,
-            )));
-        exporting = Some(t);
-        tracing::info!(%endpoint, protocol = protocol.as_str(), "telemetry: exporting traces over OTLP");
-    }
+    let exporting = match telemetry {
+        Some(settings) => Some(start_telemetry(&daemon, settings, store_name)?),
+        None => None,
+    };
     // Listen first, load in the background: a slow (or hostile) plugin delays nothing but
     // the steps that wait for the first registry.
-    let loader = daemon.clone();
-    std::thread::Builder::new()
-        .name("promptd-load".into())
-        .spawn(move || {
-            let started = std::time::Instant::now();
-            if follow {
-                if let Err(e) = loader.follow_once(loader.plugin_dir()) {
-                    tracing::error!("reading the store's plugin set failed: error[{}]: {e}", e.code());
-                }
-            }
-            if let Err(e) = loader.load_initial() {
-                tracing::error!("loading the plugin folder failed: error[{}]: {e}", e.code());
-            }
-            for p in loader.plugins() {
-                match &p.last_error {
-                    None => tracing::info!(plugin = %p.id, sha256 = %p.sha256, "serving"),
-                    Some(e) => {
-                        tracing::warn!(plugin = %p.id, "not serving: error[{}]: {}", e.code, e.message)
-                    }
-                }
-            }
-            tracing::info!(
-                ms = started.elapsed().as_millis() as u64,
-                "plugins loaded; ready"
-            );
-        })
-        .context("start the loader thread")?;
+    spawn_loader(daemon.clone(), follow)?;
     // Kept alive until the server stops.
     let _watch = if watch {
         Some(promptd_daemon::watch::watch(daemon.clone(), config_path)?)
@@ -179,26 +102,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let mcp = daemon.clone();
     let app = http::router(daemon, token);
 
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    // Steps, appends and reads run on tokio's blocking pool: this bounds its threads (tokio's
-    // default is 512, one per concurrent step). Measured in BENCHMARKS.md (issue 31).
-    if let Some(n) = std::env::var_os("PROMPTD_BLOCKING_THREADS") {
-        let n = n
-            .to_str()
-            .and_then(|n| n.parse::<usize>().ok())
-            .filter(|n| *n > 0)
-            .ok_or_else(|| CliError::BadArgument {
-                flag: "PROMPTD_BLOCKING_THREADS",
-                value: n.to_string_lossy().into_owned(),
-                expected: "expected a positive integer".into(),
-            })?;
-        runtime.max_blocking_threads(n);
-    }
-    let runtime = runtime
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
-    runtime.block_on(async move {
+    runtime()?.block_on(async move {
         promptd_mcp::start(mcp, &tokio::runtime::Handle::current());
         match target {
             Listen::Tcp(addr) => {
@@ -229,6 +133,136 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
         tracing::info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// Where the plugins come from: K10, a daemon that follows its store's plugin sets serves them
+/// from the state folder (polled every `poll`), else the plugin folder.
+fn plugin_source(
+    config: &Config,
+    plugins: Option<PathBuf>,
+    state: &std::path::Path,
+) -> (bool, PathBuf, std::time::Duration) {
+    let follow = config.fleet.follow;
+    let dir = if follow {
+        state.join("fleet")
+    } else {
+        plugins
+            .or_else(|| config.plugin_dir.clone())
+            .unwrap_or_else(|| PathBuf::from("plugins"))
+    };
+    let poll = std::time::Duration::from_millis(
+        config
+            .fleet
+            .poll_ms
+            .unwrap_or(promptd_core::config::DEFAULT_FLEET_POLL_MS),
+    );
+    (follow, dir, poll)
+}
+
+/// Where `promptd serve` listens.
+enum Listen {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// `--listen` read: `unix:/path` or `HOST:PORT`; anything but loopback needs a token (L5).
+fn listen_target(listen: &str, has_token: bool) -> anyhow::Result<Listen> {
+    Ok(match listen.strip_prefix("unix:") {
+        Some(path) => Listen::Unix(PathBuf::from(path)),
+        None => {
+            let addr: SocketAddr = listen.parse().map_err(|e| CliError::BadArgument {
+                flag: "--listen",
+                value: listen.to_string(),
+                expected: format!("{e}; use HOST:PORT or unix:/path"),
+            })?;
+            if !addr.ip().is_loopback() && !has_token {
+                return Err(CliError::TokenRequired { addr }.into());
+            }
+            Listen::Tcp(addr)
+        }
+    })
+}
+
+/// Starts the OTLP export and adds telemetry to the daemon's observers.
+fn start_telemetry(
+    daemon: &Arc<Daemon>,
+    settings: promptd_telemetry::Settings,
+    store_name: &'static str,
+) -> anyhow::Result<Arc<promptd_telemetry::Telemetry>> {
+    let (endpoint, protocol) = (settings.traces_endpoint.clone(), settings.protocol);
+    let counted = Arc::downgrade(daemon);
+    let source: promptd_telemetry::Source = Arc::new(move || {
+        counted
+            .upgrade()
+            .map(|d| d.metric_samples())
+            .unwrap_or_default()
+    });
+    let t = promptd_telemetry::Telemetry::start(settings, Some(source))
+        .map_err(|e| anyhow::anyhow!("error[{}]: {e}", e.code()))?;
+    let t = Arc::new(t);
+    daemon
+        .observers
+        .add(Arc::new(promptd_telemetry::Observer::new(
+            t.clone(),
+            store_name,
+        )));
+    tracing::info!(%endpoint, protocol = protocol.as_str(), "telemetry: exporting traces over OTLP");
+    Ok(t)
+}
+
+/// Loads the plugins (the store's set first, when following) on a thread of their own, and
+/// says what serves.
+fn spawn_loader(loader: Arc<Daemon>, follow: bool) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("promptd-load".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            if follow {
+                if let Err(e) = loader.follow_once(loader.plugin_dir()) {
+                    tracing::error!("reading the store's plugin set failed: error[{}]: {e}", e.code());
+                }
+            }
+            if let Err(e) = loader.load_initial() {
+                tracing::error!("loading the plugin folder failed: error[{}]: {e}", e.code());
+            }
+            for p in loader.plugins() {
+                match &p.last_error {
+                    None => tracing::info!(plugin = %p.id, sha256 = %p.sha256, "serving"),
+                    Some(e) => {
+                        tracing::warn!(plugin = %p.id, "not serving: error[{}]: {}", e.code, e.message)
+                    }
+                }
+            }
+            tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "plugins loaded; ready"
+            );
+        })
+        .context("start the loader thread")?;
+    Ok(())
+}
+
+/// The async runtime. Steps, appends and reads run on tokio's blocking pool:
+/// `PROMPTD_BLOCKING_THREADS` bounds its threads (tokio's default is 512, one per concurrent
+/// step). Measured in BENCHMARKS.md (issue 31).
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = std::env::var_os("PROMPTD_BLOCKING_THREADS") {
+        let n = n
+            .to_str()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| CliError::BadArgument {
+                flag: "PROMPTD_BLOCKING_THREADS",
+                value: n.to_string_lossy().into_owned(),
+                expected: "expected a positive integer".into(),
+            })?;
+        runtime.max_blocking_threads(n);
+    }
+    runtime
+        .enable_all()
+        .build()
+        .context("start the async runtime")
 }
 
 /// `promptd plugins publish DIR`: stores every plugin file of `dir` in the config's session
