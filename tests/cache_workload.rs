@@ -198,6 +198,23 @@ struct Session {
     expected: Vec<BTreeSet<&'static str>>,
 }
 
+impl Session {
+    /// The next step's messages: a new task, or a result for each tool call the last reply
+    /// made.
+    fn next_messages(&self) -> Vec<Value> {
+        if self.calls.is_empty() {
+            vec![
+                json!({"role": "user", "content": format!("task {} of {}", self.steps + 1, self.id)}),
+            ]
+        } else {
+            self.calls
+                .iter()
+                .map(|c| json!({"role": "tool", "tool_call_id": c, "content": "done"}))
+                .collect()
+        }
+    }
+}
+
 struct Rig {
     d: Served,
     stub: Stub,
@@ -214,16 +231,8 @@ struct Rig {
 impl Rig {
     /// One step of `s` at `now`, in `format`: promptd's step, the stub's reply, recorded.
     fn step(&mut self, s: &mut Session, now: u64, format: &str) {
-        let messages: Vec<Value> = if s.calls.is_empty() {
-            vec![json!({"role": "user", "content": format!("task {} of {}", s.steps + 1, s.id)})]
-        } else {
-            s.calls
-                .iter()
-                .map(|c| json!({"role": "tool", "tool_call_id": c, "content": "done"}))
-                .collect()
-        };
-        let body = json!({"format": format, "messages": messages, "facts": {"cwd": "/src/app"},
-                          "sent_at": now});
+        let body = json!({"format": format, "messages": s.next_messages(),
+                          "facts": {"cwd": "/src/app"}, "sent_at": now});
         let step = self
             .d
             .ok("POST", &format!("/v1/sessions/{}/steps", s.id), Some(&body));
@@ -721,15 +730,7 @@ fn k2_k4_a_change_is_named_in_every_format_and_a_compaction_loses_what_was_cache
     // One step of `s` with the fact `variant` (answering the last reply's tool calls, if it
     // made any), answered by the stub and recorded.
     let step = |rig: &Rig, s: &mut Session, now: u64, format: &str, variant: &str| {
-        let messages: Vec<Value> = if s.calls.is_empty() {
-            vec![json!({"role": "user", "content": format!("task {} of {}", s.steps + 1, s.id)})]
-        } else {
-            s.calls
-                .iter()
-                .map(|c| json!({"role": "tool", "tool_call_id": c, "content": "done"}))
-                .collect()
-        };
-        let body = json!({"format": format, "sent_at": now, "messages": messages,
+        let body = json!({"format": format, "sent_at": now, "messages": s.next_messages(),
             "facts": {"cwd": "/src/app", "variant": variant}});
         let step = rig
             .d
