@@ -405,57 +405,10 @@ pub(crate) fn step_attributes(
         a.push(kv("promptd.cache.ttl", ttl.clone()));
     }
     if let Some(p) = &r.prefix {
-        a.push(kv("promptd.prefix.kept", p.kept));
-        if let Some(b) = p.bytes {
-            a.push(kv("promptd.prefix.bytes", int(b)));
-        }
-        if let Some(b) = p.shared_bytes {
-            a.push(kv("promptd.prefix.shared_bytes", int(b)));
-        }
-        if let Some(d) = &p.first_difference {
-            a.push(kv("promptd.prefix.first_difference", d.clone()));
-        }
-        if let Some(c) = p.causes.first() {
-            a.push(kv("promptd.prefix.cause", c.clone()));
-            a.push(kv(
-                "promptd.prefix.causes",
-                strings(p.causes.iter().cloned()),
-            ));
-        }
+        prefix_attributes(&mut a, p);
     }
     if let Some(u) = usage {
-        a.push(kv("promptd.tokens.tokenizer", u.tokenizer.clone()));
-        a.push(kv("promptd.tokens.total", int(u.total.tokens)));
-        a.push(kv("promptd.tokens.system", int(u.system.tokens)));
-        a.push(kv("promptd.tokens.tools", int(u.tools.tokens)));
-        a.push(kv("promptd.tokens.messages", int(u.messages.tokens)));
-        a.push(kv("promptd.tokens.snapshot", int(u.snapshot.tokens)));
-        if u.deferred_tools.tokens > 0 {
-            a.push(kv(
-                "promptd.tokens.deferred_tools",
-                int(u.deferred_tools.tokens),
-            ));
-        }
-        for s in &u.sections {
-            let key = keys.get("promptd.tokens.section.", &s.name);
-            a.push(KeyValue::new(key, int(s.size.tokens)));
-        }
-        for c in &u.contexts {
-            let key = keys.get("promptd.tokens.context.", &c.name);
-            a.push(KeyValue::new(key, int(c.size.tokens)));
-        }
-        for (plugin, tokens) in r.tool_groups.iter() {
-            let key = keys.get("promptd.tokens.tool_group.", plugin);
-            a.push(KeyValue::new(key, int(*tokens)));
-        }
-        a.push(kv("promptd.messages", int(u.message_count)));
-        if let Some(w) = u.window {
-            a.push(kv("promptd.budget.window", int(w)));
-        }
-        if let Some(d) = &u.dropped {
-            a.push(kv("promptd.budget.dropped_messages", int(d.messages)));
-            a.push(kv("promptd.budget.dropped_tokens", int(d.size.tokens)));
-        }
+        token_attributes(&mut a, r, u, keys);
     }
     a.push(kv("promptd.held.count", int(r.held.len())));
     if !r.held.is_empty() {
@@ -495,6 +448,65 @@ pub(crate) fn step_attributes(
         a.push(kv("error.type", code.clone()));
     }
     a
+}
+
+/// A step's prefix facts as attributes: whether it kept the cached prefix and, when it broke,
+/// where and why.
+fn prefix_attributes(a: &mut Vec<KeyValue>, p: &PrefixFacts) {
+    a.push(kv("promptd.prefix.kept", p.kept));
+    if let Some(b) = p.bytes {
+        a.push(kv("promptd.prefix.bytes", int(b)));
+    }
+    if let Some(b) = p.shared_bytes {
+        a.push(kv("promptd.prefix.shared_bytes", int(b)));
+    }
+    if let Some(d) = &p.first_difference {
+        a.push(kv("promptd.prefix.first_difference", d.clone()));
+    }
+    if let Some(c) = p.causes.first() {
+        a.push(kv("promptd.prefix.cause", c.clone()));
+        a.push(kv(
+            "promptd.prefix.causes",
+            strings(p.causes.iter().cloned()),
+        ));
+    }
+}
+
+/// A step's tokens as attributes: in total, per part, per section, context and tool group, and
+/// what the budget dropped.
+fn token_attributes(a: &mut Vec<KeyValue>, r: &StepRecord, u: &Usage, keys: &Keys) {
+    a.push(kv("promptd.tokens.tokenizer", u.tokenizer.clone()));
+    a.push(kv("promptd.tokens.total", int(u.total.tokens)));
+    a.push(kv("promptd.tokens.system", int(u.system.tokens)));
+    a.push(kv("promptd.tokens.tools", int(u.tools.tokens)));
+    a.push(kv("promptd.tokens.messages", int(u.messages.tokens)));
+    a.push(kv("promptd.tokens.snapshot", int(u.snapshot.tokens)));
+    if u.deferred_tools.tokens > 0 {
+        a.push(kv(
+            "promptd.tokens.deferred_tools",
+            int(u.deferred_tools.tokens),
+        ));
+    }
+    for s in &u.sections {
+        let key = keys.get("promptd.tokens.section.", &s.name);
+        a.push(KeyValue::new(key, int(s.size.tokens)));
+    }
+    for c in &u.contexts {
+        let key = keys.get("promptd.tokens.context.", &c.name);
+        a.push(KeyValue::new(key, int(c.size.tokens)));
+    }
+    for (plugin, tokens) in r.tool_groups.iter() {
+        let key = keys.get("promptd.tokens.tool_group.", plugin);
+        a.push(KeyValue::new(key, int(*tokens)));
+    }
+    a.push(kv("promptd.messages", int(u.message_count)));
+    if let Some(w) = u.window {
+        a.push(kv("promptd.budget.window", int(w)));
+    }
+    if let Some(d) = &u.dropped {
+        a.push(kv("promptd.budget.dropped_messages", int(d.messages)));
+        a.push(kv("promptd.budget.dropped_tokens", int(d.size.tokens)));
+    }
 }
 
 /// What a reply adds to its step's `chat` span.
