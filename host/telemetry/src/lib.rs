@@ -131,6 +131,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The export headers as gRPC metadata (lower-case keys; a header gRPC cannot carry is left
+/// out).
+fn grpc_metadata(headers: &HashMap<String, String>) -> tonic::metadata::MetadataMap {
+    let mut m = tonic::metadata::MetadataMap::new();
+    for (k, v) in headers {
+        if let (Ok(k), Ok(v)) = (
+            tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
+            v.parse(),
+        ) {
+            m.insert(k, v);
+        }
+    }
+    m
+}
+
 impl Telemetry {
     /// Starts exporting as `settings` say; `source` gives the counters to export as metrics.
     pub fn start(settings: Settings, source: Option<Source>) -> Result<Telemetry, TelemetryError> {
@@ -156,18 +171,6 @@ impl Telemetry {
             }
         };
         let headers: HashMap<String, String> = settings.headers.clone().into_iter().collect();
-        let metadata = |headers: &HashMap<String, String>| {
-            let mut m = tonic::metadata::MetadataMap::new();
-            for (k, v) in headers {
-                if let (Ok(k), Ok(v)) = (
-                    tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
-                    v.parse(),
-                ) {
-                    m.insert(k, v);
-                }
-            }
-            m
-        };
         // The gRPC client needs the runtime's reactor when it is built.
         let _entered = runtime.enter();
         let transport = transport::Transport::new(
@@ -212,7 +215,7 @@ impl Telemetry {
                         .with_tonic()
                         .with_endpoint(inner.settings.metrics_endpoint.clone())
                         .with_timeout(timeout)
-                        .with_metadata(metadata(&headers))
+                        .with_metadata(grpc_metadata(&headers))
                         .build(),
                 }
                 .map_err(exporter_error("metrics", &inner.settings.metrics_endpoint))?;

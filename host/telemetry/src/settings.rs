@@ -75,21 +75,7 @@ impl Settings {
         let bad = |name: &str, value: &str, why: &str| {
             TelemetryError::Config(format!("{name}=`{value}`: {why}"))
         };
-        let protocol = match config.protocol {
-            Some(p) => p,
-            None => match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
-            {
-                None => Protocol::HttpProtobuf,
-                Some(v) => Protocol::parse(&v).ok_or_else(|| {
-                    bad(
-                        "OTEL_EXPORTER_OTLP_PROTOCOL",
-                        &v,
-                        "promptd exports `http/protobuf` or `grpc`",
-                    )
-                })?,
-            },
-        };
+        let protocol = protocol(config, &var)?;
         let signal = |path: &str, specific: &str| -> Result<String, TelemetryError> {
             let base = |e: &str| match protocol {
                 Protocol::HttpProtobuf => format!("{}{path}", e.trim_end_matches('/')),
@@ -145,16 +131,7 @@ impl Settings {
             Some(url) => url.trim_end_matches('/').to_string(),
             None => format!("http://{listen}"),
         };
-        let mut trace_headers = BTreeMap::new();
-        for name in [
-            "OTEL_EXPORTER_OTLP_HEADERS",
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-        ] {
-            if let Some(v) = var(name) {
-                trace_headers.extend(parse_headers(&v).map_err(|why| bad(name, &v, &why))?);
-            }
-        }
-        trace_headers.extend(config.headers.clone());
+        let trace_headers = trace_headers(config, &var)?;
         Ok(Some(Settings {
             protocol,
             traces_endpoint,
@@ -186,6 +163,49 @@ impl Settings {
             call_spans: config.call_spans.unwrap_or(false),
         }))
     }
+}
+
+/// The export protocol: `[telemetry] protocol`, else `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else
+/// `OTEL_EXPORTER_OTLP_PROTOCOL`, else OTLP/HTTP with protobuf.
+fn protocol(
+    config: &TelemetryConfig,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<Protocol, TelemetryError> {
+    Ok(match config.protocol {
+        Some(p) => p,
+        None => match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        {
+            None => Protocol::HttpProtobuf,
+            Some(v) => Protocol::parse(&v).ok_or_else(|| {
+                TelemetryError::Config(format!(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL=`{v}`: promptd exports `http/protobuf` or `grpc`"
+                ))
+            })?,
+        },
+    })
+}
+
+/// The headers trace exports carry: `OTEL_EXPORTER_OTLP_HEADERS`, then
+/// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, then `[telemetry] headers`, each later one winning.
+fn trace_headers(
+    config: &TelemetryConfig,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, String>, TelemetryError> {
+    let mut headers = BTreeMap::new();
+    for name in [
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    ] {
+        if let Some(v) = var(name) {
+            headers.extend(
+                parse_headers(&v)
+                    .map_err(|why| TelemetryError::Config(format!("{name}=`{v}`: {why}")))?,
+            );
+        }
+    }
+    headers.extend(config.headers.clone());
+    Ok(headers)
 }
 
 /// `OTEL_EXPORTER_OTLP_HEADERS`'s form: `name=value` pairs split by commas, each value
