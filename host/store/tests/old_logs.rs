@@ -332,18 +332,20 @@ fn parts_named_alike(stored: &str) -> String {
             n => format!("message {}{rest}", n - 1),
         }
     }
-    // Edited as text: the stored floats are kept byte for byte.
+    // Edited as text: the stored floats are kept byte for byte. Each `"part":"…"` is renamed
+    // where it stands, in one pass (renaming by search and replace could rename a part twice).
     let diff: serde_json::Value = serde_json::from_str(stored).unwrap();
-    let mut out = stored.to_string();
-    for side in ["previous", "same_header"] {
-        if let Some(part) = diff[side]["first_divergence"]["part"].as_str() {
-            let (old, new) = (
-                serde_json::json!({ "part": part }).to_string(),
-                serde_json::json!({ "part": renamed(part) }).to_string(),
-            );
-            out = out.replace(&old[1..old.len() - 1], &new[1..new.len() - 1]);
-        }
+    const PART: &str = "\"part\":\"";
+    let mut out = String::with_capacity(stored.len());
+    let mut rest = stored;
+    while let Some(at) = rest.find(PART) {
+        let (before, after) = rest.split_at(at + PART.len());
+        let end = after.find('"').expect("a part's closing quote");
+        out.push_str(before);
+        out.push_str(&renamed(&after[..end]));
+        rest = &after[end..];
     }
+    out.push_str(rest);
     if let Some(causes) = diff["causes"].as_array() {
         let renamed: Vec<String> = causes
             .iter()
