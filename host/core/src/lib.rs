@@ -32,6 +32,7 @@ pub mod error;
 pub mod formats;
 #[cfg(test)]
 mod fuzz;
+pub mod gateway;
 pub mod held;
 pub mod kind;
 pub mod ledger;

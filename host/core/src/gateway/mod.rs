@@ -1,0 +1,123 @@
+//! The gateway's pure side (docs/gateway.md): what a client sent in a provider's own shape
+//! ([`body`]), where promptd's contributions go into it ([`splice`]), and how a streamed reply
+//! is read back into the one reply it stands for ([`stream`]).
+//!
+//! ```
+//! use promptd_core::gateway::{body::ClientBody, splice, Ingress};
+//!
+//! let client = br#"{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#;
+//! let body = ClientBody::parse(client).unwrap();
+//! let added = splice::Contributions { system: "You are Ada.".into(), runtime_context: None };
+//! let plan = splice::plan(Ingress::Messages, &body, &added, Default::default()).unwrap();
+//! let upstream = String::from_utf8(plan.apply(client)).unwrap();
+//! assert!(upstream.starts_with(r#"{"system":[{"type":"text","text":"You are Ada.","#));
+//! assert!(upstream.ends_with(r#""model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#));
+//! ```
+
+pub mod body;
+pub mod splice;
+pub mod stream;
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+use crate::formats::Format;
+
+/// A provider endpoint the gateway serves (G1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ingress {
+    /// OpenAI `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// OpenAI `POST /v1/responses`.
+    Responses,
+    /// Anthropic `POST /v1/messages`.
+    Messages,
+    /// Anthropic `POST /v1/messages/count_tokens`.
+    CountTokens,
+}
+
+impl Ingress {
+    /// Every endpoint, in a fixed order.
+    pub const ALL: [Ingress; 4] = [
+        Ingress::ChatCompletions,
+        Ingress::Responses,
+        Ingress::Messages,
+        Ingress::CountTokens,
+    ];
+
+    /// The endpoint's path, after the gateway's prefix.
+    pub fn path(self) -> &'static str {
+        match self {
+            Ingress::ChatCompletions => "/v1/chat/completions",
+            Ingress::Responses => "/v1/responses",
+            Ingress::Messages => "/v1/messages",
+            Ingress::CountTokens => "/v1/messages/count_tokens",
+        }
+    }
+
+    /// The endpoint of `path` (after the gateway's prefix).
+    pub fn of_path(path: &str) -> Option<Ingress> {
+        Ingress::ALL.into_iter().find(|i| i.path() == path)
+    }
+
+    /// The body format promptd renders and reads for it.
+    pub fn format(self) -> Format {
+        match self {
+            Ingress::ChatCompletions => Format::Openai,
+            Ingress::Responses => Format::OpenaiResponses,
+            Ingress::Messages | Ingress::CountTokens => Format::Anthropic,
+        }
+    }
+
+    /// The provider whose API it is.
+    pub fn provider(self) -> Provider {
+        match self {
+            Ingress::ChatCompletions | Ingress::Responses => Provider::Openai,
+            Ingress::Messages | Ingress::CountTokens => Provider::Anthropic,
+        }
+    }
+}
+
+/// A provider an upstream speaks for (`[gateway.upstream.NAME] provider`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    /// OpenAI (Chat Completions and Responses).
+    Openai,
+    /// Anthropic (Messages).
+    Anthropic,
+}
+
+impl Provider {
+    /// The provider's name as the config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// Why the gateway's pure side refused a client's body or an upstream's stream; the daemon
+/// answers it in the provider's own error shape.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GatewayError {
+    /// The client's body is not what the endpoint takes.
+    #[error("invalid request body: {0}")]
+    InvalidBody(String),
+    /// The upstream's stream broke the provider's framing.
+    #[error("invalid stream from the upstream: {0}")]
+    InvalidStream(String),
+}
+
+impl GatewayError {
+    /// The stable code of the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GatewayError::InvalidBody(_) => "invalid_body",
+            GatewayError::InvalidStream(_) => "invalid_stream",
+        }
+    }
+}

@@ -1,0 +1,566 @@
+//! The splice: where promptd's contributions go into a client's body, as byte edits the log
+//! records (G4). Every byte of the client's body outside an edit reaches the upstream as the
+//! client sent it, so the upstream body rebuilds from the client's body and the recorded edits
+//! byte for byte ([`Splice::apply`]).
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::body::{elements, first_byte, members, ClientBody};
+use super::{GatewayError, Ingress};
+
+/// Anthropic's limit on `cache_control` breakpoints in one request.
+pub const MAX_BREAKPOINTS: usize = 4;
+
+/// What promptd adds to a client's request: the agent's assembled sections (its system
+/// text) and its runtime context snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Contributions {
+    /// The sections' text, in canonical order (empty: none).
+    pub system: String,
+    /// The runtime context snapshot, when the agent has one.
+    pub runtime_context: Option<String>,
+}
+
+/// Where the client's own system text sits among the agent's sections
+/// (`[agents.NAME.gateway] client_system`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientSystem {
+    /// After the sections (the default): the sections, stable, start the prompt, before any
+    /// breakpoint the client put in its own system text.
+    #[default]
+    Last,
+    /// Before the sections.
+    First,
+}
+
+/// How an agent's splice is made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpliceSettings {
+    /// Where the client's system text sits among the sections.
+    pub client_system: ClientSystem,
+}
+
+/// The part of promptd's contribution an edit carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Part {
+    /// The agent's sections, joined to the client's system text.
+    Sections,
+    /// The runtime context snapshot, after the client's last message.
+    RuntimeContext,
+    /// The JSON that wraps a client's value so a part can join it (a string system prompt
+    /// made a list of blocks, …): the client's value itself is inside, unchanged.
+    Wrap,
+    /// `stream_options.include_usage`, asked for so a streamed reply can be costed (G5).
+    IncludeUsage,
+}
+
+/// One edit of the client's body: `remove` bytes at `at` replaced by `insert`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Edit {
+    /// Where, in the client's bytes.
+    pub at: usize,
+    /// How many of the client's bytes it replaces (0: an insertion; only a `null`, `false`
+    /// or empty string the part stands in for is ever replaced).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub remove: usize,
+    /// What goes there.
+    pub insert: String,
+    /// What it carries.
+    pub part: Part,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The edits that make the upstream body of a client's body, and what they say of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Splice {
+    /// The edits in the order of their position.
+    pub edits: Vec<Edit>,
+    /// Whether promptd asked for a streamed reply's usage the client did not ask for: the
+    /// client is not shown it (G5).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub usage_added: bool,
+    /// The breakpoints the client set.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub client_breakpoints: usize,
+    /// Whether promptd added a breakpoint of its own (never past the provider's limit).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub breakpoint_added: bool,
+    /// A part that had no place in this body, and why (e.g. the runtime context when the
+    /// client's last message is the model's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+impl Splice {
+    /// The upstream body: `client` with the edits applied.
+    pub fn apply(&self, client: &[u8]) -> Vec<u8> {
+        let added: usize = self.edits.iter().map(|e| e.insert.len()).sum();
+        let mut out = Vec::with_capacity(client.len() + added);
+        let mut at = 0;
+        for edit in &self.edits {
+            let start = edit.at.min(client.len()).max(at);
+            out.extend_from_slice(&client[at..start]);
+            out.extend_from_slice(edit.insert.as_bytes());
+            at = (start + edit.remove).min(client.len());
+        }
+        out.extend_from_slice(&client[at..]);
+        out
+    }
+
+    /// The bytes promptd added.
+    pub fn added_bytes(&self) -> usize {
+        self.edits.iter().map(|e| e.insert.len()).sum()
+    }
+
+    fn push(&mut self, at: usize, insert: String, part: Part) {
+        self.replace(at..at, insert, part);
+    }
+
+    fn replace(&mut self, range: Range<usize>, insert: String, part: Part) {
+        self.edits.push(Edit {
+            at: range.start,
+            remove: range.len(),
+            insert,
+            part,
+        });
+    }
+}
+
+/// A JSON string literal of `text`.
+fn quoted(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
+
+/// `text` escaped as the inside of a JSON string literal.
+fn escaped(text: &str) -> String {
+    let q = quoted(text);
+    q[1..q.len() - 1].to_string()
+}
+
+/// Plans the splice of `contributions` into `body` for `ingress` (G4). Pure: the same body,
+/// contributions and settings give the same edits.
+pub fn plan(
+    ingress: Ingress,
+    body: &ClientBody<'_>,
+    contributions: &Contributions,
+    settings: SpliceSettings,
+) -> Result<Splice, GatewayError> {
+    body.check(ingress)?;
+    let mut splice = Splice::default();
+    match ingress {
+        Ingress::Messages | Ingress::CountTokens => {
+            messages(body, contributions, settings, &mut splice)?
+        }
+        Ingress::ChatCompletions => chat(body, contributions, settings, &mut splice)?,
+        Ingress::Responses => responses(body, contributions, settings, &mut splice)?,
+    }
+    splice.edits.sort_by_key(|e| e.at); // stable: edits at one place keep their order
+    Ok(splice)
+}
+
+/// Inserts member `"key":value` as the body's first member.
+fn first_member(body: &ClientBody<'_>, splice: &mut Splice, key: &str, value: String, part: Part) {
+    let comma = if body.members.is_empty() { "" } else { "," };
+    splice.push(
+        body.open + 1,
+        format!("{}:{value}{comma}", quoted(key)),
+        part,
+    );
+}
+
+/// Anthropic Messages: the sections as a text block of `system`, the runtime context as a
+/// text block closing the last user turn; a breakpoint of promptd's own after the sections
+/// when the client left room for one and set none in its system text.
+fn messages(
+    body: &ClientBody<'_>,
+    contributions: &Contributions,
+    settings: SpliceSettings,
+    splice: &mut Splice,
+) -> Result<(), GatewayError> {
+    let marks = breakpoints(body)?;
+    splice.client_breakpoints = marks.total;
+    if !contributions.system.is_empty() {
+        let own = marks.total < MAX_BREAKPOINTS && !marks.in_system;
+        let mut block = format!(
+            "{{\"type\":\"text\",\"text\":{}",
+            quoted(&contributions.system)
+        );
+        if own {
+            // A breakpoint's TTL may not be shorter than a later one's (Anthropic refuses
+            // the order): ours takes the longest TTL the client set after it.
+            let ttl = if marks.hour_after_tools {
+                ",\"ttl\":\"1h\""
+            } else {
+                ""
+            };
+            block.push_str(&format!(
+                ",\"cache_control\":{{\"type\":\"ephemeral\"{ttl}}}"
+            ));
+            splice.breakpoint_added = true;
+        }
+        block.push('}');
+        system_blocks(body, settings, splice, block)?;
+    }
+    if let Some(context) = &contributions.runtime_context {
+        let block = format!("{{\"type\":\"text\",\"text\":{}}}", quoted(context));
+        last_user_block(body, splice, block)?;
+    }
+    Ok(())
+}
+
+/// Joins `block` to the client's `system` (absent, a string, or a list of blocks).
+fn system_blocks(
+    body: &ClientBody<'_>,
+    settings: SpliceSettings,
+    splice: &mut Splice,
+    block: String,
+) -> Result<(), GatewayError> {
+    let text = body.text;
+    let Some(system) = body.member("system") else {
+        first_member(body, splice, "system", format!("[{block}]"), Part::Sections);
+        return Ok(());
+    };
+    let range = system.value.clone();
+    let raw = &text[range.clone()];
+    match first_byte(raw) {
+        b'"' if raw == "\"\"" => splice.replace(range, format!("[{block}]"), Part::Sections),
+        b'"' => {
+            let (before, after) = match settings.client_system {
+                ClientSystem::Last => (format!("[{block},"), "}]".to_string()),
+                ClientSystem::First => ("[".to_string(), format!("}},{block}]")),
+            };
+            let (open, close) = match settings.client_system {
+                ClientSystem::Last => (Part::Sections, Part::Wrap),
+                ClientSystem::First => (Part::Wrap, Part::Sections),
+            };
+            splice.push(range.start, before, open);
+            splice.push(
+                range.start,
+                "{\"type\":\"text\",\"text\":".into(),
+                Part::Wrap,
+            );
+            splice.push(range.end, after, close);
+        }
+        b'[' => {
+            let items = elements(text, range.clone()).unwrap_or_default();
+            match (items.first(), items.last(), settings.client_system) {
+                (Some(first), _, ClientSystem::Last) => {
+                    splice.push(first.start, format!("{block},"), Part::Sections)
+                }
+                (_, Some(last), ClientSystem::First) => {
+                    splice.push(last.end, format!(",{block}"), Part::Sections)
+                }
+                _ => splice.push(range.start + 1, block, Part::Sections),
+            }
+        }
+        b'n' => splice.replace(range, format!("[{block}]"), Part::Sections),
+        _ => {
+            return Err(GatewayError::InvalidBody(
+                "`system` must be a string or an array of blocks".into(),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Adds `block` at the end of the last message's content when that message is the user's;
+/// otherwise (a prefill of the model's reply) the runtime context is left out, said in
+/// `skipped`.
+fn last_user_block(
+    body: &ClientBody<'_>,
+    splice: &mut Splice,
+    block: String,
+) -> Result<(), GatewayError> {
+    let text = body.text;
+    let Some(messages) = body.member("messages") else {
+        return Ok(());
+    };
+    let items = elements(text, messages.value.clone()).unwrap_or_default();
+    let Some(last) = items.last() else {
+        splice
+            .skipped
+            .push("runtime context: the request has no messages".into());
+        return Ok(());
+    };
+    let fields = members(text, last.clone()).unwrap_or_default();
+    let role = fields
+        .iter()
+        .find(|m| m.key == "role")
+        .map(|m| &text[m.value.clone()]);
+    if role != Some("\"user\"") {
+        splice
+            .skipped
+            .push("runtime context: the last message is not the user's".into());
+        return Ok(());
+    }
+    let Some(content) = fields.iter().find(|m| m.key == "content") else {
+        return Err(GatewayError::InvalidBody(
+            "the last message has no `content`".into(),
+        ));
+    };
+    let range = content.value.clone();
+    let raw = &text[range.clone()];
+    match first_byte(raw) {
+        b'"' if raw == "\"\"" => splice.replace(range, format!("[{block}]"), Part::RuntimeContext),
+        b'"' => {
+            splice.push(
+                range.start,
+                "[{\"type\":\"text\",\"text\":".into(),
+                Part::Wrap,
+            );
+            splice.push(range.end, "}".into(), Part::Wrap);
+            splice.push(range.end, format!(",{block}]"), Part::RuntimeContext);
+        }
+        b'[' => match elements(text, range.clone()).unwrap_or_default().last() {
+            Some(item) => splice.push(item.end, format!(",{block}"), Part::RuntimeContext),
+            None => splice.push(range.start + 1, block, Part::RuntimeContext),
+        },
+        _ => {
+            return Err(GatewayError::InvalidBody(
+                "the last message's `content` must be a string or an array".into(),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// The client's `cache_control` breakpoints, as the splice needs to know them.
+#[derive(Debug, Default)]
+struct Breakpoints {
+    total: usize,
+    /// One is in the client's system text.
+    in_system: bool,
+    /// One after the tools asks for a 1-hour TTL.
+    hour_after_tools: bool,
+}
+
+fn breakpoints(body: &ClientBody<'_>) -> Result<Breakpoints, GatewayError> {
+    let mut out = Breakpoints::default();
+    for key in ["tools", "system", "messages"] {
+        let Some(member) = body.member(key) else {
+            continue;
+        };
+        let mut marks = Vec::new();
+        collect_marks(body.text, member.value.clone(), &mut marks);
+        out.total += marks.len();
+        if key == "system" && !marks.is_empty() {
+            out.in_system = true;
+        }
+        if key != "tools" && marks.iter().any(|ttl| ttl.as_deref() == Some("1h")) {
+            out.hour_after_tools = true;
+        }
+    }
+    Ok(out)
+}
+
+/// Every `cache_control` breakpoint in the value at `range` of `text`, with its TTL. Walks
+/// the client's bytes, so a number no float holds is never decoded.
+fn collect_marks(text: &str, range: Range<usize>, out: &mut Vec<Option<String>>) {
+    match first_byte(&text[range.clone()]) {
+        b'{' => {
+            for member in members(text, range).unwrap_or_default() {
+                let raw = &text[member.value.clone()];
+                if member.key == "cache_control" {
+                    if raw != "null" {
+                        let ttl = serde_json::from_str::<Value>(raw)
+                            .ok()
+                            .and_then(|m| m.get("ttl").and_then(Value::as_str).map(str::to_string));
+                        out.push(ttl);
+                    }
+                } else {
+                    collect_marks(text, member.value, out);
+                }
+            }
+        }
+        b'[' => {
+            for item in elements(text, range).unwrap_or_default() {
+                collect_marks(text, item, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A chat message of `role` holding `text`.
+fn chat_message(role: &str, text: &str) -> String {
+    format!("{{\"role\":{},\"content\":{}}}", quoted(role), quoted(text))
+}
+
+/// OpenAI Chat Completions: the sections as a system message before the client's messages
+/// (or after its leading system and developer messages), the runtime context as a user
+/// message after its last; `stream_options.include_usage` asked for a streamed reply.
+fn chat(
+    body: &ClientBody<'_>,
+    contributions: &Contributions,
+    settings: SpliceSettings,
+    splice: &mut Splice,
+) -> Result<(), GatewayError> {
+    let text = body.text;
+    let Some(messages) = body.member("messages") else {
+        return Ok(());
+    };
+    let range = messages.value.clone();
+    let items = elements(text, range.clone()).unwrap_or_default();
+    if !contributions.system.is_empty() {
+        let message = chat_message("system", &contributions.system);
+        let leading = match settings.client_system {
+            ClientSystem::Last => 0,
+            ClientSystem::First => items
+                .iter()
+                .take_while(|item| {
+                    members(text, (*item).clone())
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|m| {
+                            m.key == "role"
+                                && matches!(&text[m.value.clone()], "\"system\"" | "\"developer\"")
+                        })
+                })
+                .count(),
+        };
+        match (leading, items.first()) {
+            (0, Some(first)) => splice.push(first.start, format!("{message},"), Part::Sections),
+            (0, None) => splice.push(range.start + 1, message, Part::Sections),
+            (n, _) => splice.push(items[n - 1].end, format!(",{message}"), Part::Sections),
+        }
+    }
+    if let Some(context) = &contributions.runtime_context {
+        let message = chat_message("user", context);
+        match items.last() {
+            Some(last) => splice.push(last.end, format!(",{message}"), Part::RuntimeContext),
+            None if contributions.system.is_empty() => {
+                splice.push(range.start + 1, message, Part::RuntimeContext)
+            }
+            None => splice.push(range.start + 1, format!(",{message}"), Part::RuntimeContext),
+        }
+    }
+    if body.streamed() {
+        include_usage(body, splice)?;
+    }
+    Ok(())
+}
+
+/// Asks a streamed Chat Completions reply for its usage when the client did not.
+fn include_usage(body: &ClientBody<'_>, splice: &mut Splice) -> Result<(), GatewayError> {
+    let text = body.text;
+    let Some(options) = body.member("stream_options") else {
+        let end = body.members.last().map_or(body.open + 1, |m| m.value.end);
+        let comma = if body.members.is_empty() { "" } else { "," };
+        splice.push(
+            end,
+            format!("{comma}\"stream_options\":{{\"include_usage\":true}}"),
+            Part::IncludeUsage,
+        );
+        splice.usage_added = true;
+        return Ok(());
+    };
+    let range = options.value.clone();
+    if first_byte(&text[range.clone()]) == b'n' {
+        splice.replace(range, "{\"include_usage\":true}".into(), Part::IncludeUsage);
+        splice.usage_added = true;
+        return Ok(());
+    }
+    let Some(fields) = members(text, range.clone()) else {
+        return Err(GatewayError::InvalidBody(
+            "`stream_options` must be an object".into(),
+        ));
+    };
+    match fields.iter().find(|m| m.key == "include_usage") {
+        Some(m) if &text[m.value.clone()] == "true" => {}
+        Some(m) => {
+            splice.replace(m.value.clone(), "true".into(), Part::IncludeUsage);
+            splice.usage_added = true;
+        }
+        None => {
+            let comma = if fields.is_empty() { "" } else { "," };
+            splice.push(
+                range.start + 1,
+                format!("\"include_usage\":true{comma}"),
+                Part::IncludeUsage,
+            );
+            splice.usage_added = true;
+        }
+    }
+    Ok(())
+}
+
+/// OpenAI Responses: the sections join `instructions` (which a `previous_response_id` does
+/// not carry over, so every request says them again), the runtime context is an input
+/// message after the client's last item.
+fn responses(
+    body: &ClientBody<'_>,
+    contributions: &Contributions,
+    settings: SpliceSettings,
+    splice: &mut Splice,
+) -> Result<(), GatewayError> {
+    let text = body.text;
+    let system = &contributions.system;
+    if !system.is_empty() {
+        match body.member("instructions") {
+            None => first_member(body, splice, "instructions", quoted(system), Part::Sections),
+            Some(m) => {
+                let range = m.value.clone();
+                let raw = &text[range.clone()];
+                match first_byte(raw) {
+                    b'n' => splice.replace(range, quoted(system), Part::Sections),
+                    b'"' if raw == "\"\"" => {
+                        splice.push(range.start + 1, escaped(system), Part::Sections)
+                    }
+                    b'"' => match settings.client_system {
+                        ClientSystem::Last => splice.push(
+                            range.start + 1,
+                            escaped(&format!("{system}\n\n")),
+                            Part::Sections,
+                        ),
+                        ClientSystem::First => splice.push(
+                            range.end - 1,
+                            escaped(&format!("\n\n{system}")),
+                            Part::Sections,
+                        ),
+                    },
+                    _ => {
+                        return Err(GatewayError::InvalidBody(
+                            "`instructions` must be a string".into(),
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    if let Some(context) = &contributions.runtime_context {
+        let message = chat_message("user", context);
+        match body.member("input") {
+            None => splice
+                .skipped
+                .push("runtime context: the request has no `input`".into()),
+            Some(m) => {
+                let range = m.value.clone();
+                if first_byte(&text[range.clone()]) == b'"' {
+                    splice.push(
+                        range.start,
+                        "[{\"role\":\"user\",\"content\":".into(),
+                        Part::Wrap,
+                    );
+                    splice.push(range.end, "}".into(), Part::Wrap);
+                    splice.push(range.end, format!(",{message}]"), Part::RuntimeContext);
+                } else {
+                    match elements(text, range.clone()).unwrap_or_default().last() {
+                        Some(last) => {
+                            splice.push(last.end, format!(",{message}"), Part::RuntimeContext)
+                        }
+                        None => splice.push(range.start + 1, message, Part::RuntimeContext),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
