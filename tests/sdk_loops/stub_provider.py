@@ -122,7 +122,12 @@ each message, cachePoints left out.
     GET  /stub/ledger   {"requests": [...]}: per accepted request, in order (the last 100,000),
                         path, model, now_ms, input_tokens (all), read, written_5m, written_1h,
                         uncached, output_tokens, prompt_cache_key and (OpenAI) machine
-    POST /stub/reset    empties the caches and the ledger
+    GET  /stub/requests {"requests": [{"method", "path", "headers": [[name, value], ...],
+                        "body_b64"}, ...]}: the last 1,000 requests (every POST and GET but those
+                        to /stub/), oldest first, as received: the request target with its query,
+                        each header in the order sent with its name as spelt, the body bytes
+                        in base64 (a chunked request body decoded)
+    POST /stub/reset    empties the caches, the ledger and the captured requests
 
 Standard library only.
 """
@@ -2516,18 +2521,64 @@ def error_reply(provider, status, message, where, rule):
                       "code": rule}}, {}
 
 
+CAPTURE_MAX = 1000
+
+
+class Capture:
+    """The last CAPTURE_MAX requests as they came (the stub's own /stub/ routes left out):
+    method, request target, every header in order with its name as sent, and the body."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.kept = collections.deque(maxlen=CAPTURE_MAX)
+
+    def add(self, handler, raw):
+        entry = {"method": handler.command, "path": handler.path,
+                 "headers": [[name, value] for name, value in handler.headers.raw_items()],
+                 "body_b64": base64.b64encode(raw).decode("ascii")}
+        with self.lock:
+            self.kept.append(entry)
+
+    def reset(self):
+        with self.lock:
+            self.kept.clear()
+
+    def requests(self):
+        with self.lock:
+            return list(self.kept)
+
+
+CAPTURE = Capture()
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     log_file = None
 
+    def read_body(self):
+        """The request body: Content-Length bytes, or a chunked body decoded."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
     def do_POST(self):
         path = self.path.split("?", 1)[0]
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
+        raw = self.read_body()
         if path == "/stub/reset":
             CACHES.reset()
+            CAPTURE.reset()
             self.send(200, {})
             return
+        if not path.startswith("/stub/"):
+            CAPTURE.add(self, raw)
         route = resolve(path)
         if route is None:
             self.send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
@@ -2556,9 +2607,15 @@ class Handler(BaseHTTPRequestHandler):
         self.send(200, answer)
 
     def do_GET(self):
-        if self.path.split("?", 1)[0] == "/stub/ledger":
+        path = self.path.split("?", 1)[0]
+        if path == "/stub/ledger":
             self.send(200, {"requests": CACHES.requests()})
             return
+        if path == "/stub/requests":
+            self.send(200, {"requests": CAPTURE.requests()})
+            return
+        if not path.startswith("/stub/"):
+            CAPTURE.add(self, b"")
         self.send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
     def send(self, status, value, headers=None):

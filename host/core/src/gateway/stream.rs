@@ -528,7 +528,7 @@ pub fn unasked_usage(frame: &Frame) -> Option<Vec<u8>> {
         return Some(raw.clone());
     };
     let end = text.rfind('}').map_or(text.len(), |e| e + 1);
-    let Ok(chunk) = super::body::ClientBody::parse(text[start..end].as_bytes()) else {
+    let Ok(chunk) = super::body::ClientBody::parse(&text.as_bytes()[start..end]) else {
         return Some(raw.clone());
     };
     let Some(usage) = chunk.member("usage") else {
@@ -539,11 +539,10 @@ pub fn unasked_usage(frame: &Frame) -> Option<Vec<u8>> {
         .raw("choices")
         .map(|c| c.trim_start_matches('[').trim())
         == Some("]");
-    if &json[usage.value.clone()] != "null" {
-        if no_choices {
-            return None;
-        }
-        // Usage on a chunk that also has choices (some servers): the client did not ask.
+    // Usage on a chunk that also has choices (some servers) is cut out like a null: the
+    // client did not ask for it.
+    if &json[usage.value.clone()] != "null" && no_choices {
+        return None;
     }
     // The member's bytes: its key back to the comma before it, or on to the comma after.
     let key = json[..usage.value.start]
