@@ -38,6 +38,7 @@ use crate::plugin::registry::PluginOptions;
 use crate::plugin::sandbox::{DeclarationLimits, Sandbox};
 use crate::plugin::trust::Trust;
 
+pub mod gateway;
 mod resolve;
 pub mod settings;
 pub mod telemetry;
@@ -80,6 +81,8 @@ struct RawConfig {
     fleet: FleetConfig,
     #[serde(default)]
     telemetry: telemetry::TelemetryConfig,
+    #[serde(default)]
+    gateway: gateway::GatewayConfig,
 }
 
 /// `[fleet]` (K10): a daemon that serves the plugin set published in its session store
@@ -359,6 +362,9 @@ pub struct AgentConfig {
     pub empty_tool_result: Option<String>,
     /// How this agent's requests use the provider's prompt cache (inherited key by key).
     pub cache: Option<AgentCacheConfig>,
+    /// How the gateway serves this agent (inherited key by key); none along the chain: the
+    /// gateway does not serve it.
+    pub gateway: Option<gateway::AgentGatewayConfig>,
 }
 
 /// `[agents.NAME.cache]`.
@@ -688,6 +694,8 @@ pub struct Config {
     pub fleet: FleetConfig,
     /// `[telemetry]`: OpenTelemetry export (read at start only).
     pub telemetry: telemetry::TelemetryConfig,
+    /// `[gateway]`: the providers' own endpoints, served per agent (docs/gateway.md).
+    pub gateway: gateway::GatewayConfig,
 }
 
 impl Config {
@@ -741,9 +749,11 @@ impl Config {
             cache: raw.cache,
             fleet: raw.fleet,
             telemetry: raw.telemetry,
+            gateway: raw.gateway,
         };
         config.telemetry.validate()?;
         config.validate()?;
+        config.gateway.check(&config)?;
         Ok(config)
     }
 }

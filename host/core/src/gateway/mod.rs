@@ -81,7 +81,7 @@ impl Ingress {
 }
 
 /// A provider an upstream speaks for (`[gateway.upstream.NAME] provider`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Provider {
     /// OpenAI (Chat Completions and Responses).

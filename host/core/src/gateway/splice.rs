@@ -271,7 +271,8 @@ fn system_blocks(
     Ok(())
 }
 
-/// Adds `block` at the end of the last message's content when that message is the user's;
+/// Adds `block` at the end of the last message's content when that message is the user's (or a
+/// system message a client put last, as Claude Code does);
 /// otherwise (a prefill of the model's reply) the runtime context is left out, said in
 /// `skipped`.
 fn last_user_block(
@@ -295,7 +296,7 @@ fn last_user_block(
         .iter()
         .find(|m| m.key == "role")
         .map(|m| &text[m.value.clone()]);
-    if role != Some("\"user\"") {
+    if !matches!(role, Some("\"user\"" | "\"system\"")) {
         splice
             .skipped
             .push("runtime context: the last message is not the user's".into());

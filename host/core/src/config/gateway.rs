@@ -1,0 +1,211 @@
+//! `[gateway]`, `[gateway.upstream.NAME]` and `[agents.NAME.gateway]` (docs/gateway.md):
+//! where the gateway forwards a client's request, and how an agent's splice is made.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::Config;
+use crate::error::{Error, Result};
+use crate::gateway::splice::{ClientSystem, SpliceSettings};
+use crate::gateway::Provider;
+
+/// Default of `[gateway] max_body_bytes`: a client's body past it is refused with 413.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 << 20;
+/// Default of `[gateway] connect_timeout_ms`.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// Default of `[gateway] response_timeout_ms`: from the request sent to the upstream's
+/// status line (a model may think a long time before its first byte).
+pub const DEFAULT_RESPONSE_TIMEOUT_MS: u64 = 600_000;
+/// Default of `[gateway] idle_timeout_ms`: the longest gap between two reads of a reply.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 300_000;
+/// Default of `[gateway] client_stall_ms`: how long a client that stopped reading a stream is
+/// waited for before it is cut.
+pub const DEFAULT_CLIENT_STALL_MS: u64 = 30_000;
+
+/// `[gateway]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Serve the providers' endpoints under `/gateway/{agent}` (read at start only).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The largest client body taken (default 32 MiB).
+    pub max_body_bytes: Option<u64>,
+    /// Connecting to an upstream, in ms (default 5 000); a refused or failed connection is
+    /// tried once more.
+    pub connect_timeout_ms: Option<u64>,
+    /// From the request sent to the upstream's status line, in ms (default 600 000).
+    pub response_timeout_ms: Option<u64>,
+    /// The longest gap between two reads of a reply, in ms (default 300 000).
+    pub idle_timeout_ms: Option<u64>,
+    /// How long a client that stopped reading a stream is waited for, in ms (default 30 000).
+    pub client_stall_ms: Option<u64>,
+    /// `[gateway.upstream.NAME]`, by name.
+    #[serde(default)]
+    pub upstream: BTreeMap<String, UpstreamConfig>,
+}
+
+/// `[gateway.upstream.NAME]`: a provider's API the gateway forwards to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Whose API it is: `openai` or `anthropic`.
+    pub provider: Provider,
+    /// Where it is: `https://api.anthropic.com`, or a local stub's `http://127.0.0.1:PORT`.
+    pub base_url: String,
+    /// The environment variable holding its key; none: the client's own credential is passed
+    /// through.
+    pub api_key_env: Option<String>,
+}
+
+/// `[agents.NAME.gateway]`: the agent is served by the gateway (inherited key by key along its
+/// chain, like the agent's other tables).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentGatewayConfig {
+    /// The upstream for OpenAI requests (default: the one upstream whose provider is
+    /// `openai`, when there is one).
+    pub openai: Option<String>,
+    /// The upstream for Anthropic requests (default: the one `anthropic` upstream).
+    pub anthropic: Option<String>,
+    /// Where the client's own system text sits among the sections: `last` (the default)
+    /// or `first`.
+    pub client_system: Option<ClientSystem>,
+    /// What a step whose plugins failed does: `forward` (the default) or `refuse`.
+    pub on_plugin_failure: Option<OnPluginFailure>,
+    /// Client tools taken out of the request before it goes upstream (recorded).
+    pub deny_tools: Option<Vec<String>>,
+}
+
+/// `[agents.NAME.gateway] on_plugin_failure`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPluginFailure {
+    /// The client's body goes upstream as it came, the step recorded as degraded.
+    #[default]
+    Forward,
+    /// The client gets a provider-shaped 500 naming the plugin.
+    Refuse,
+}
+
+/// An agent's gateway settings, resolved along its chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentGateway {
+    /// The upstream by provider, by name.
+    pub upstreams: BTreeMap<Provider, String>,
+    /// How its splice is made.
+    pub splice: SpliceSettings,
+    /// On a plugin failure.
+    pub on_plugin_failure: OnPluginFailure,
+    /// Client tools taken out.
+    pub deny_tools: Vec<String>,
+}
+
+impl GatewayConfig {
+    /// The limits, with defaults.
+    pub fn max_body_bytes(&self) -> u64 {
+        self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES)
+    }
+
+    pub(super) fn check(&self, config: &Config) -> Result<()> {
+        let bad = |m: String| Err(Error::ConfigInvalid(m));
+        for (key, value) in [
+            ("max_body_bytes", self.max_body_bytes),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("response_timeout_ms", self.response_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("client_stall_ms", self.client_stall_ms),
+        ] {
+            if value == Some(0) {
+                return bad(format!("gateway.{key} must be greater than 0"));
+            }
+        }
+        for (name, upstream) in &self.upstream {
+            let url = upstream.base_url.as_str();
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return bad(format!(
+                    "gateway.upstream.{name}.base_url `{url}` must start with http:// or https://"
+                ));
+            }
+            if let Some(var) = &upstream.api_key_env {
+                if var.is_empty() || var.contains('=') {
+                    return bad(format!(
+                        "gateway.upstream.{name}.api_key_env `{var}` is not an environment variable name"
+                    ));
+                }
+            }
+        }
+        for agent in config.agents.keys() {
+            if let Some(gateway) = self.agent(config, agent)? {
+                for provider in [Provider::Openai, Provider::Anthropic] {
+                    if let Some(name) = gateway.upstreams.get(&provider) {
+                        match self.upstream.get(name) {
+                            None => {
+                                return bad(format!(
+                                    "agents.{agent}.gateway.{} names the upstream `{name}`, which no [gateway.upstream.{name}] table defines",
+                                    provider.as_str()
+                                ))
+                            }
+                            Some(u) if u.provider != provider => {
+                                return bad(format!(
+                                    "agents.{agent}.gateway.{} names the upstream `{name}`, whose provider is {}",
+                                    provider.as_str(),
+                                    u.provider.as_str()
+                                ))
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `agent`'s gateway settings, when it or an agent of its chain has a `gateway` table.
+    pub fn agent(&self, config: &Config, agent: &str) -> Result<Option<AgentGateway>> {
+        let chain = config.chain(agent)?;
+        let tables: Vec<&AgentGatewayConfig> = chain
+            .iter()
+            .filter_map(|a| config.agents.get(a)?.gateway.as_ref())
+            .collect();
+        if tables.is_empty() {
+            return Ok(None);
+        }
+        // The chain runs farthest first: the more specific agent's key wins.
+        fn pick<T>(
+            tables: &[&AgentGatewayConfig],
+            f: impl Fn(&AgentGatewayConfig) -> Option<T>,
+        ) -> Option<T> {
+            tables.iter().rev().find_map(|t| f(t))
+        }
+        let mut upstreams = BTreeMap::new();
+        for provider in [Provider::Openai, Provider::Anthropic] {
+            let named = match provider {
+                Provider::Openai => pick(&tables, |t| t.openai.clone()),
+                Provider::Anthropic => pick(&tables, |t| t.anthropic.clone()),
+            };
+            let name = named.or_else(|| {
+                let mut of: Vec<&String> = self
+                    .upstream
+                    .iter()
+                    .filter(|(_, u)| u.provider == provider)
+                    .map(|(n, _)| n)
+                    .collect();
+                (of.len() == 1).then(|| of.remove(0).clone())
+            });
+            if let Some(name) = name {
+                upstreams.insert(provider, name);
+            }
+        }
+        Ok(Some(AgentGateway {
+            upstreams,
+            splice: SpliceSettings {
+                client_system: pick(&tables, |t| t.client_system).unwrap_or_default(),
+            },
+            on_plugin_failure: pick(&tables, |t| t.on_plugin_failure).unwrap_or_default(),
+            deny_tools: pick(&tables, |t| t.deny_tools.clone()).unwrap_or_default(),
+        }))
+    }
+}
