@@ -15,6 +15,7 @@
 //! ```
 
 pub mod body;
+pub mod messages;
 pub mod splice;
 pub mod stream;
 #[cfg(test)]

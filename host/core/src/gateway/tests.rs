@@ -438,3 +438,32 @@ proptest! {
         prop_assert_eq!(without_insertions(&plan, &out), client);
     }
 }
+
+#[test]
+fn g3_a_moved_breakpoint_or_a_block_resent_as_a_string_is_the_same_message() {
+    let first = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"fix a.txt","cache_control":{"type":"ephemeral"}}]}]}"#;
+    let second = br#"{"messages":[{"role":"user","content":"fix a.txt"},{"role":"assistant","content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"tu_1","name":"Read","input":{"p":"a"},"cache_control":{"type":"ephemeral"}}]},{"role":"user","content":[{"tool_use_id":"tu_1","type":"tool_result","content":"A","cache_control":{"type":"ephemeral"}}]}]}"#;
+    let read =
+        |b: &[u8]| super::messages::conversation(Ingress::Messages, &ClientBody::parse(b).unwrap());
+    let (a, b) = (read(first), read(second));
+    assert_eq!(a.messages.len(), 1);
+    assert_eq!(b.messages.len(), 3);
+    assert_eq!(a.digest(1), b.digest(1));
+    assert_ne!(b.digest(2), b.digest(3));
+    assert!(
+        matches!(&b.messages[2], crate::conversation::Message::Tool { tool_call_id, .. } if tool_call_id == "tu_1")
+    );
+
+    let chat = br#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}]},{"role":"tool","tool_call_id":"c1","content":"r"}]}"#;
+    let c =
+        super::messages::conversation(Ingress::ChatCompletions, &ClientBody::parse(chat).unwrap());
+    assert_eq!(
+        c.messages.len(),
+        3,
+        "the system message is the client's system text"
+    );
+    let responses = br#"{"input":[{"role":"user","content":"q"},{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call","call_id":"c2","name":"g","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"r"}]}"#;
+    let r =
+        super::messages::conversation(Ingress::Responses, &ClientBody::parse(responses).unwrap());
+    assert_eq!(r.messages.len(), 3, "parallel calls are one reply");
+}
