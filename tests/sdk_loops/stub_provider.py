@@ -33,6 +33,39 @@ start with a `thinking` block (and every second round also a
 sends such a block back changed, or drops it from the turn that is still waiting on its tool
 results, is refused.
 
+Streaming (Chat Completions, Responses, Messages): a body with `"stream": true` gets 200
+`Content-Type: text/event-stream`, chunked (over HTTP/1.0 unchunked, ended by the close), each
+frame in a chunk of its own sent at once: the reply the same body gets unstreamed, split as the
+provider streams it, and accounted in the caches and the ledger exactly like the unstreamed
+call. Texts come word by word (each word with the whitespace before it), JSON arguments in
+pieces of 8 characters. `stream` is a boolean (Chat and Responses also take null, as unset);
+Chat's `stream_options` takes `include_usage` and `include_obfuscation` (booleans), only with
+`stream` true; Responses' takes `include_obfuscation`; obfuscation is never sent.
+    Chat: `data: {chunk}` frames, `chat.completion.chunk`s with the reply's id, created and
+    model: a role chunk (`content` "" before text, null for a reply of tool calls alone), the
+    text, each tool call's first fragment `{index, id, type, function: {name, arguments: ""}}`
+    and then `{index, function: {arguments}}` pieces, parallel calls interleaved by index (the
+    first fragments of all, then the first pieces of all, ...); a chunk with `delta: {}` and the
+    finish_reason; with `stream_options.include_usage` true a chunk with `choices: []` and the
+    reply's usage, every earlier chunk then carrying `"usage": null`; `data: [DONE]`.
+    Responses: `event: TYPE` and `data: {type, sequence_number (0, 1, ...), ...}` frames:
+    response.created and response.in_progress (the response with status in_progress, output
+    [], usage null); per output item response.output_item.added (status in_progress, a message
+    without content, a function call with arguments ""), for a message's text
+    response.content_part.added (text ""), response.output_text.delta pieces (logprobs []),
+    response.output_text.done, response.content_part.done, for a function call
+    response.function_call_arguments.delta pieces and .done, then response.output_item.done
+    with the whole item; response.completed with the unstreamed reply, usage included.
+    Messages: `event: TYPE` frames: message_start (the message with content [], stop_reason
+    null, usage input_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+    cache_creation and output_tokens 1); per block content_block_start (text "", thinking "" and
+    signature "", tool_use input {}, redacted_thinking whole), its content_block_deltas
+    (text_delta; thinking_delta then one signature_delta; input_json_delta with partial_json
+    pieces) and content_block_stop; one `ping` after the first content_block_start;
+    message_delta with delta {stop_reason, stop_sequence} and the cumulative usage
+    (input_tokens, cache_creation_input_tokens, cache_read_input_tokens as in message_start,
+    output_tokens the final total); message_stop.
+
 Images and documents are checked as the APIs take them: Chat Completions `image_url` parts (an
 https URL or a `data:image/(png|jpeg|gif|webp);base64,` URL) and `file` parts (a PDF data URL
 with its filename) in user messages only, tool messages text only; Messages `image` and
@@ -140,6 +173,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -506,6 +540,20 @@ def check_chat_tool_choice(body, tool_names):
     return names
 
 
+def check_stream(body, rule, options, nullable):
+    """`stream` a boolean (or null where `nullable`: unset) and `stream_options`, when given
+    and not null, an object of boolean `options`."""
+    stream = body.get("stream")
+    need(isinstance(stream, bool) or (stream is None and nullable), rule, "stream",
+         f"must be a boolean, got {kind(stream)}")
+    if body.get("stream_options") is not None:
+        need_object(body["stream_options"], rule, "stream_options")
+        check_keys(body["stream_options"], options, [], rule, "stream_options")
+        for key, value in body["stream_options"].items():
+            need(isinstance(value, bool), rule, f"stream_options.{key}",
+                 f"must be a boolean, got {kind(value)}")
+
+
 def check_chat(body):
     need_object(body, "body.json", "body")
     for key in body:
@@ -513,6 +561,10 @@ def check_chat(body):
     need("model" in body, "param.model", "model", "required")
     need_string(body["model"], "param.model", "model", nonempty=True)
     check_retention(body)
+    check_stream(body, "chat.stream", {"include_usage", "include_obfuscation"}, nullable=True)
+    need(body.get("stream_options") is None or body.get("stream") is True, "chat.stream",
+         "stream_options", "The 'stream_options' parameter is only allowed when 'stream' is "
+         "enabled.")
 
     tool_names = []
     for i, tool in enumerate(tools_of(body)):
@@ -764,6 +816,7 @@ def check_responses(body):
     need("model" in body, "param.model", "model", "required")
     need_string(body["model"], "param.model", "model", nonempty=True)
     check_retention(body)
+    check_stream(body, "responses.stream", {"include_obfuscation"}, nullable=True)
     if "instructions" in body:
         need_string(body["instructions"], "responses.instructions", "instructions")
 
@@ -1177,6 +1230,15 @@ def check_messages(body):
     mt = body["max_tokens"]
     need(isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1, "param.max_tokens",
          "max_tokens", f"must be a positive integer, got {mt!r}")
+    if "stream" in body:
+        need(isinstance(body["stream"], bool), "messages.stream", "stream",
+             f"must be a boolean, got {kind(body['stream'])}")
+    if "metadata" in body:
+        need_object(body["metadata"], "messages.metadata", "metadata")
+        check_keys(body["metadata"], {"user_id"}, [], "messages.metadata", "metadata",
+                   nullable={"user_id"})
+        if body["metadata"].get("user_id") is not None:
+            need_string(body["metadata"]["user_id"], "messages.metadata", "metadata.user_id")
     breakpoints = []
 
     tool_names = []
@@ -2139,6 +2201,169 @@ def usage_bedrock(served):
     return usage
 
 
+# --- Streamed replies --------------------------------------------------------------------------
+
+ARGUMENT_PIECE = 8  # characters of a tool call's JSON arguments per streamed fragment
+
+
+def text_pieces(text):
+    """`text` as a model streams it: word by word, each word with the whitespace before it."""
+    return re.findall(r"\s*\S+|\s+$", text)
+
+
+def json_pieces(text):
+    """A tool call's JSON arguments in fragments that are not JSON on their own."""
+    return [text[i:i + ARGUMENT_PIECE] for i in range(0, len(text), ARGUMENT_PIECE)]
+
+
+def sse_data(value):
+    """One Chat Completions frame: `data: {json}`, then the blank line."""
+    return b"data: " + json.dumps(value).encode() + b"\n\n"
+
+
+def sse_event(name, value):
+    """One named frame, as Responses and Messages send them."""
+    return f"event: {name}\ndata: ".encode() + json.dumps(value).encode() + b"\n\n"
+
+
+def stream_chat(body, answer):
+    """The frames of `answer` (reply_chat's) streamed as Chat Completions does: a role chunk;
+    the text word by word; each tool call's first fragment with index, id, type, name and empty
+    arguments, the arguments after it in fragments holding only index and the piece, parallel
+    calls interleaved by index; a chunk with finish_reason; the usage chunk (`choices: []`) only
+    with `stream_options.include_usage`, when every other chunk carries `usage: null`;
+    `data: [DONE]`."""
+    with_usage = (body.get("stream_options") or {}).get("include_usage") is True
+    choice = answer["choices"][0]
+    message = choice["message"]
+    head = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
+            "model": answer["model"], "service_tier": answer["service_tier"],
+            "system_fingerprint": answer["system_fingerprint"]}
+
+    def chunk(delta, finish=None):
+        value = dict(head, choices=[{"index": 0, "delta": delta, "logprobs": None,
+                                     "finish_reason": finish}])
+        if with_usage:
+            value["usage"] = None
+        return sse_data(value)
+
+    # A reply of tool calls alone has content null from its first chunk on, as the API's does.
+    frames = [chunk({"role": "assistant",
+                     "content": None if message["content"] is None else "", "refusal": None})]
+    frames += [chunk({"content": piece}) for piece in text_pieces(message["content"] or "")]
+    calls = message.get("tool_calls") or []
+    fragments = [
+        [{"index": n, "id": c["id"], "type": "function",
+          "function": {"name": c["function"]["name"], "arguments": ""}}]
+        + [{"index": n, "function": {"arguments": piece}}
+           for piece in json_pieces(c["function"]["arguments"])]
+        for n, c in enumerate(calls)]
+    for step in range(max((len(f) for f in fragments), default=0)):
+        frames += [chunk({"tool_calls": [f[step]]}) for f in fragments if step < len(f)]
+    frames.append(chunk({}, choice["finish_reason"]))
+    if with_usage:
+        frames.append(sse_data(dict(head, choices=[], usage=answer["usage"])))
+    frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
+def stream_responses(body, answer):
+    """The frames of `answer` (reply_responses') as Responses streams it, each with its
+    sequence_number: response.created and response.in_progress (the response in progress, no
+    output, no usage); per output item its added event, a message's content part added, its
+    text in output_text.delta pieces, output_text.done, content_part.done, a function call's
+    arguments in function_call_arguments.delta pieces and .done, the item's done event;
+    response.completed with the whole response, as the unstreamed reply has it."""
+    frames = []
+
+    def emit(name, **fields):
+        frames.append(sse_event(name, {"type": name, "sequence_number": len(frames), **fields}))
+
+    started = dict(answer, status="in_progress", output=[], usage=None)
+    emit("response.created", response=started)
+    emit("response.in_progress", response=started)
+    for i, item in enumerate(answer["output"]):
+        if item["type"] == "message":
+            emit("response.output_item.added", output_index=i,
+                 item=dict(item, status="in_progress", content=[]))
+            for j, part in enumerate(item["content"]):
+                at = {"item_id": item["id"], "output_index": i, "content_index": j}
+                emit("response.content_part.added", **at, part=dict(part, text=""))
+                for piece in text_pieces(part["text"]):
+                    emit("response.output_text.delta", **at, delta=piece, logprobs=[])
+                emit("response.output_text.done", **at, text=part["text"], logprobs=[])
+                emit("response.content_part.done", **at, part=part)
+        else:
+            emit("response.output_item.added", output_index=i,
+                 item=dict(item, arguments="", status="in_progress"))
+            for piece in json_pieces(item["arguments"]):
+                emit("response.function_call_arguments.delta", item_id=item["id"],
+                     output_index=i, delta=piece)
+            emit("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                 arguments=item["arguments"])
+        emit("response.output_item.done", output_index=i, item=item)
+    emit("response.completed", response=answer)
+    return frames
+
+
+def stream_messages(body, answer):
+    """The frames of `answer` (reply_messages') as Messages streams it: message_start (no
+    content, the input and cache usage, output_tokens 1); per block content_block_start (empty;
+    redacted_thinking whole), its deltas (text_delta, thinking_delta then one signature_delta,
+    input_json_delta with partial_json pieces) and content_block_stop, a ping after the first
+    start; message_delta with the stop reason and the cumulative usage; message_stop."""
+    usage = answer["usage"]
+    started = dict(answer, content=[], stop_reason=None, stop_sequence=None,
+                   usage={"input_tokens": usage["input_tokens"],
+                          "cache_creation_input_tokens": usage["cache_creation_input_tokens"],
+                          "cache_read_input_tokens": usage["cache_read_input_tokens"],
+                          "cache_creation": usage["cache_creation"], "output_tokens": 1})
+    frames = [sse_event("message_start", {"type": "message_start", "message": started})]
+
+    def delta(i, value):
+        frames.append(sse_event("content_block_delta",
+                                {"type": "content_block_delta", "index": i, "delta": value}))
+
+    for i, block in enumerate(answer["content"]):
+        empty = {"text": {"type": "text", "text": ""},
+                 "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                 "tool_use": {"type": "tool_use", "id": block.get("id"),
+                              "name": block.get("name"), "input": {}},
+                 }.get(block["type"], block)
+        frames.append(sse_event("content_block_start", {"type": "content_block_start",
+                                                        "index": i, "content_block": empty}))
+        if i == 0:
+            frames.append(sse_event("ping", {"type": "ping"}))
+        if block["type"] == "text":
+            for piece in text_pieces(block["text"]):
+                delta(i, {"type": "text_delta", "text": piece})
+        elif block["type"] == "thinking":
+            for piece in text_pieces(block["thinking"]):
+                delta(i, {"type": "thinking_delta", "thinking": piece})
+            delta(i, {"type": "signature_delta", "signature": block["signature"]})
+        elif block["type"] == "tool_use":
+            for piece in json_pieces(json.dumps(block["input"])):
+                delta(i, {"type": "input_json_delta", "partial_json": piece})
+        frames.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": i}))
+    frames.append(sse_event("message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": answer["stop_reason"], "stop_sequence": answer["stop_sequence"]},
+        "usage": {"input_tokens": usage["input_tokens"],
+                  "cache_creation_input_tokens": usage["cache_creation_input_tokens"],
+                  "cache_read_input_tokens": usage["cache_read_input_tokens"],
+                  "output_tokens": usage["output_tokens"]}}))
+    frames.append(sse_event("message_stop", {"type": "message_stop"}))
+    return frames
+
+
+# Per route: the frames of its reply to a body with `"stream": true`.
+STREAMS = {
+    "/v1/chat/completions": stream_chat,
+    "/v1/responses": stream_responses,
+    "/v1/messages": stream_messages,
+}
+
+
 # --- Prompt caches -----------------------------------------------------------------------------
 
 OUTPUT_TOKENS = 12
@@ -2604,7 +2829,10 @@ class Handler(BaseHTTPRequestHandler):
                                         "stub.error"))
             return
         self.record(path, 200, None, raw)
-        self.send(200, answer)
+        if api in STREAMS and body.get("stream") is True:
+            self.stream(STREAMS[api](body, answer))
+        else:
+            self.send(200, answer)
 
     def do_GET(self):
         path = self.path.split("?", 1)[0]
@@ -2627,6 +2855,27 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def stream(self, frames):
+        """A 200 event stream of `frames`, each written (and sent: no Nagle delay) in a chunk
+        of its own; over HTTP/1.0, unchunked and ended by closing the connection."""
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        chunked = self.request_version != "HTTP/1.0"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            for frame in frames:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame) if chunked else frame)
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client went away
+            self.close_connection = True
 
     def record(self, path, status, error, raw):
         if Handler.log_file is None:
