@@ -38,11 +38,14 @@ pub enum EventKind {
     HistoryCompacted,
     /// The marker that closes a step: step `n`'s request is the log up to its marker.
     Step,
+    /// What a gateway client sent and what promptd spliced in: the upstream body rebuilds
+    /// from it byte for byte (G4).
+    GatewayRequest,
 }
 
 impl EventKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::SessionCreated,
         EventKind::UserMessage,
         EventKind::AssistantMessage,
@@ -53,6 +56,7 @@ impl EventKind {
         EventKind::HistoryDropped,
         EventKind::HistoryCompacted,
         EventKind::Step,
+        EventKind::GatewayRequest,
     ];
 
     /// The kind's stored string, e.g. `user/message`.
@@ -68,6 +72,7 @@ impl EventKind {
             EventKind::HistoryDropped => "history/dropped",
             EventKind::HistoryCompacted => "history/compacted",
             EventKind::Step => "step",
+            EventKind::GatewayRequest => "gateway/request",
         }
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod body;
 pub mod messages;
+pub mod record;
 pub mod splice;
 pub mod stream;
 #[cfg(test)]

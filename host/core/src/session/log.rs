@@ -189,6 +189,8 @@ pub enum Body {
     HistoryCompacted(Compacted),
     /// `step`.
     Step(Box<Marker>),
+    /// `gateway/request`.
+    GatewayRequest(Box<crate::gateway::record::GatewayRecord>),
 }
 
 impl Body {
@@ -219,6 +221,7 @@ impl Body {
             Body::HistoryDropped(_) => EventKind::HistoryDropped,
             Body::HistoryCompacted(_) => EventKind::HistoryCompacted,
             Body::Step(_) => EventKind::Step,
+            Body::GatewayRequest(_) => EventKind::GatewayRequest,
         }
     }
 
@@ -255,6 +258,7 @@ impl Body {
             Body::HistoryDropped(b) => serde_json::to_writer(&mut out, b),
             Body::HistoryCompacted(b) => serde_json::to_writer(&mut out, b),
             Body::Step(b) => serde_json::to_writer(&mut out, b),
+            Body::GatewayRequest(b) => serde_json::to_writer(&mut out, b),
         }?;
         // serde_json writes UTF-8 only.
         let text = String::from_utf8(out).map_err(serde::ser::Error::custom)?;
@@ -283,6 +287,7 @@ impl Body {
             EventKind::HistoryDropped => Body::HistoryDropped(de(text)?),
             EventKind::HistoryCompacted => Body::HistoryCompacted(de(text)?),
             EventKind::Step => Body::Step(Box::new(de(text)?)),
+            EventKind::GatewayRequest => Body::GatewayRequest(Box::new(de(text)?)),
         };
         Ok(body)
     }

@@ -85,6 +85,9 @@ pub struct SessionState {
     header_provenance: Option<crate::provenance::Provenance>,
     /// What the last step held (K7).
     held: Vec<crate::held::Held>,
+    /// The client conversation the last `gateway/request` held: how many messages, and their
+    /// chained digest (G3).
+    gateway: Option<(usize, String)>,
 }
 
 /// What the last parts written for a session in one format stand for (a client's copy, issue 31).
@@ -171,6 +174,7 @@ impl SessionState {
             header_seq: 0,
             header_bytes: 0,
             snapshot_bytes: 0,
+            gateway: None,
             snapshot: SnapshotState::Never,
             tool_calls: BTreeSet::new(),
             open_calls: BTreeSet::new(),
@@ -284,6 +288,10 @@ impl SessionState {
                     _ => 0,
                 };
                 Some(message)
+            }
+            Body::GatewayRequest(record) => {
+                self.gateway = Some((record.messages, record.digest));
+                None
             }
             Body::HistoryDropped(d) => {
                 self.history_changed = true;
@@ -439,6 +447,12 @@ impl SessionState {
     /// The bytes of the session's messages as the transcript holds them.
     pub fn message_bytes(&self) -> usize {
         self.transcript.bytes()
+    }
+
+    /// The client conversation the session's last gateway request held (G3): its messages
+    /// and their chained digest.
+    pub fn gateway_conversation(&self) -> Option<(usize, &str)> {
+        self.gateway.as_ref().map(|(n, d)| (*n, d.as_str()))
     }
 
     /// The runtime context snapshot in force, if one is (Q2).

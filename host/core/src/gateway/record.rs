@@ -1,0 +1,57 @@
+//! The `gateway/request` event (docs/log-format.md): what a gateway client sent, how its
+//! request joined its session, and what promptd spliced in. The upstream body is
+//! [`GatewayRecord::upstream_body`]: the client's bytes with the recorded edits, byte for byte.
+
+use serde::{Deserialize, Serialize};
+
+use super::splice::Splice;
+use super::Ingress;
+
+/// How a gateway request found its session (G3), in the order they are tried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JoinedBy {
+    /// The client's `x-promptd-session` header.
+    Header,
+    /// Responses' `previous_response_id`: a reply recorded in this session.
+    PreviousResponse,
+    /// The session whose recorded messages the request's messages start with.
+    Prefix,
+    /// None matched: the request started the session.
+    New,
+}
+
+/// One `gateway/request` event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayRecord {
+    /// The endpoint the client called.
+    pub ingress: Ingress,
+    /// The upstream it went to (`[gateway.upstream.NAME]`).
+    pub upstream: String,
+    /// How the request joined the session.
+    pub joined_by: JoinedBy,
+    /// The client's body as it sent it.
+    pub client_body: String,
+    /// What promptd changed in it.
+    pub splice: Splice,
+    /// The client's messages promptd read (system messages aside).
+    pub messages: usize,
+    /// The chained digest over them (gateway::messages).
+    pub digest: String,
+    /// The first of them new to the log: the ones before were recorded earlier.
+    pub new_from: usize,
+    /// When the client's messages do not continue what the log holds, the first message
+    /// where they part: the client rewrote its history (compacted, edited, dropped a turn).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrote_at: Option<usize>,
+    /// Why promptd's contributions were left out (`on_plugin_failure = "forward"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+}
+
+impl GatewayRecord {
+    /// The body that went upstream.
+    pub fn upstream_body(&self) -> Vec<u8> {
+        self.splice.apply(self.client_body.as_bytes())
+    }
+}
