@@ -66,6 +66,36 @@ Chat's `stream_options` takes `include_usage` and `include_obfuscation` (boolean
     (input_tokens, cache_creation_input_tokens, cache_read_input_tokens as in message_start,
     output_tokens the final total); message_stop.
 
+Faults: a request header `x-stub-fault: NAME` (a test sets it on its client; a gateway passes it
+on unchanged) makes a provider route misbehave as below; the request is captured (GET
+/stub/requests) all the same. A name not listed gets a 400 `[stub.fault]` in the provider's
+error shape. A faulted stream's headers carry `Connection: close`.
+    status-500       500 with the provider's own error body (OpenAI `server_error`, Anthropic
+                     `api_error`, Gemini INTERNAL, Bedrock InternalServerException); the body is
+                     not checked, nothing cached, nothing in the ledger
+    status-429       429 the same way (OpenAI `rate_limit_exceeded`, Anthropic
+                     `rate_limit_error`, Gemini RESOURCE_EXHAUSTED, Bedrock ThrottlingException)
+                     with `retry-after: 1`
+    hang             no reply: not a byte is sent, the connection held until the client closes
+                     it (or --max-seconds ends the stub); not checked, nothing cached
+    reset            the connection closed at once by a TCP reset (SO_LINGER 0), no byte of
+                     reply; not checked, nothing cached
+    midstream-error  the body checked and accounted as usual, then a stream's first 4 frames;
+                     Messages then sends `event: error` with {"type": "error", "error":
+                     {"type": "overloaded_error", "message": ...}} and ends the stream properly
+                     (the terminating chunk, then the close); Chat and Responses send nothing
+                     more and close the connection with the chunked body unfinished (no
+                     terminating chunk, no [DONE], no response.completed). A reply not streamed
+                     (and Gemini's, Bedrock's): its headers, half its body, the close, short of
+                     the Content-Length announced
+    invalid-sse      checked and accounted as usual; a stream's first 4 frames, then the line
+                     `<html>stub invalid-sse garbage, not an event stream</html>` (no field,
+                     no colon, not JSON), in a chunk of its own, then the terminating chunk and
+                     the close; a reply not streamed: 200 application/json with that line as
+                     its whole body
+    slow             2 s of sleep before anything else (no status line meanwhile), then the
+                     usual reply
+
 Images and documents are checked as the APIs take them: Chat Completions `image_url` parts (an
 https URL or a `data:image/(png|jpeg|gif|webp);base64,` URL) and `file` parts (a PDF data URL
 with its filename) in user messages only, tool messages text only; Messages `image` and
@@ -173,7 +203,9 @@ import hashlib
 import json
 import os
 import re
+import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -2356,6 +2388,41 @@ def stream_messages(body, answer):
     return frames
 
 
+FAULTS = ("status-500", "status-429", "hang", "reset", "midstream-error", "invalid-sse", "slow")
+FAULT_FRAMES = 4  # frames a midstream-error or invalid-sse stream sends before it fails
+SLOW_S = 2
+GARBAGE = b"<html>stub invalid-sse garbage, not an event stream</html>\n"
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error",
+                                         "message": "Overloaded (x-stub-fault: midstream-error)"}}
+
+
+def fault_reply(provider, status):
+    """The provider's own 500 or 429 error: (body, extra headers)."""
+    busy = status == 429
+    headers = {"retry-after": "1"} if busy else {}
+    note = f" (x-stub-fault: status-{status})"
+    if provider == "anthropic":
+        kind_, message = (("rate_limit_error", "This request would exceed your rate limit.")
+                          if busy else ("api_error", "Internal server error"))
+        return {"type": "error", "error": {"type": kind_, "message": message + note}}, headers
+    if provider == "gemini":
+        return {"error": {"code": status, "message": (
+            "Resource has been exhausted (e.g. check quota)." if busy
+            else "Internal error encountered.") + note,
+            "status": "RESOURCE_EXHAUSTED" if busy else "INTERNAL"}}, headers
+    if provider == "bedrock":
+        kind_, message = (("ThrottlingException", "Too many requests, please wait before trying "
+                           "again.") if busy else ("InternalServerException",
+                                                   "The server encountered an internal error."))
+        return {"message": message + note}, dict(headers, **{"x-amzn-ErrorType": kind_})
+    if busy:
+        return {"error": {"message": "Rate limit reached for requests." + note,
+                          "type": "requests", "param": None, "code": "rate_limit_exceeded"}}, headers
+    return {"error": {"message": "The server had an error while processing your request. Sorry "
+                                 "about that!" + note,
+                      "type": "server_error", "param": None, "code": None}}, headers
+
+
 # Per route: the frames of its reply to a body with `"stream": true`.
 STREAMS = {
     "/v1/chat/completions": stream_chat,
@@ -2809,6 +2876,11 @@ class Handler(BaseHTTPRequestHandler):
             self.send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
         provider, api, model, check, reply = route
+        fault = self.headers.get("x-stub-fault")
+        if fault is not None:
+            fault = fault.strip()
+            if self.early_fault(provider, path, fault, raw):
+                return
         try:
             try:
                 body = json.loads(raw)
@@ -2830,9 +2902,44 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.record(path, 200, None, raw)
         if api in STREAMS and body.get("stream") is True:
-            self.stream(STREAMS[api](body, answer))
+            self.stream(STREAMS[api](body, answer), provider, fault)
         else:
-            self.send(200, answer)
+            self.send(200, answer, fault=fault)
+
+    def early_fault(self, provider, path, fault, raw):
+        """Acts on the faults that come before the body is checked; True when the request is
+        done with (answered, held until the client left, or reset)."""
+        if fault not in FAULTS:
+            message = (f"[stub.fault] x-stub-fault: {fault!r} is not one of "
+                       f"{', '.join(FAULTS)}")
+            self.record(path, 400, message, raw)
+            self.send(400, *error_reply(provider, 400, message, "x-stub-fault", "stub.fault"))
+            return True
+        if fault == "slow":
+            time.sleep(SLOW_S)
+            return False
+        if fault in ("status-500", "status-429"):
+            status = int(fault[-3:])
+            self.record(path, status, f"x-stub-fault: {fault}", raw)
+            self.send(status, *fault_reply(provider, status))
+            return True
+        if fault not in ("hang", "reset"):
+            return False
+        self.record(path, None, f"x-stub-fault: {fault}", raw)
+        self.close_connection = True
+        if fault == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            self.rfile.close()  # its reference would keep the socket open past close()
+            self.connection.close()  # with linger 0: a reset, not a FIN
+            return True
+        while True:  # hang: read and drop whatever comes until the client closes
+            readable, _, _ = select.select([self.connection], [], [], 1.0)
+            try:
+                if readable and not self.connection.recv(65536):
+                    return True
+            except OSError:
+                return True
 
     def do_GET(self):
         path = self.path.split("?", 1)[0]
@@ -2846,33 +2953,48 @@ class Handler(BaseHTTPRequestHandler):
             CAPTURE.add(self, b"")
         self.send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
-    def send(self, status, value, headers=None):
-        data = json.dumps(value).encode()
+    def send(self, status, value, headers=None, fault=None):
+        """A JSON reply; a midstream-error `fault` stops it halfway through the body and
+        closes the connection, an invalid-sse one sends GARBAGE for the body."""
+        data = GARBAGE if fault == "invalid-sse" else json.dumps(value).encode()
         self.send_response(status)
         for name, header in (headers or {}).items():
             self.send_header(name, header)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if fault == "midstream-error":
+            self.send_header("Connection", "close")
+            data = data[:len(data) // 2]
         self.end_headers()
         self.wfile.write(data)
 
-    def stream(self, frames):
+    def stream(self, frames, provider, fault=None):
         """A 200 event stream of `frames`, each written (and sent: no Nagle delay) in a chunk
-        of its own; over HTTP/1.0, unchunked and ended by closing the connection."""
+        of its own; over HTTP/1.0, unchunked and ended by closing the connection. A
+        midstream-error or invalid-sse `fault` cuts it as the docstring says."""
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         chunked = self.request_version != "HTTP/1.0"
+        cut = False
+        if fault in ("midstream-error", "invalid-sse"):
+            frames = frames[:FAULT_FRAMES]
+            if fault == "invalid-sse":
+                frames.append(GARBAGE)
+            elif provider == "anthropic":
+                frames.append(sse_event("error", OVERLOADED))
+            else:
+                cut = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
-        else:
+        if fault is not None or not chunked:
             self.send_header("Connection", "close")
         self.end_headers()
         try:
             for frame in frames:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame) if chunked else frame)
-            if chunked:
+            if chunked and not cut:
                 self.wfile.write(b"0\r\n\r\n")
         except OSError:  # the client went away
             self.close_connection = True
@@ -2889,6 +3011,15 @@ class Handler(BaseHTTPRequestHandler):
         pass  # the test shows what matters through the SDK's error; --log keeps the bodies
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client that went away (or was reset) is no stub error
+        super().handle_error(request, client_address)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-seconds", type=float, default=120.0)
@@ -2896,8 +3027,7 @@ def main():
     parser.add_argument("--ignore-stdin", action="store_true")
     args = parser.parse_args()
     Handler.log_file = args.log
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", 0), Handler)
     print(server.server_address[1], flush=True)
 
     def stop_at_eof():

@@ -650,5 +650,247 @@ class SdkStreams(StubServer):
         self.assertEqual(kinds, {"thinking", "redacted_thinking", "text", "tool_use"})
 
 
+
+GARBAGE = b"<html>stub invalid-sse garbage, not an event stream</html>\n"
+GEMINI_BODY = {"contents": [{"role": "user", "parts": [{"text": "Hello."}]}]}
+BEDROCK_BODY = {"messages": [{"role": "user", "content": [{"text": "Hello."}]}]}
+ROUTES = {  # name -> (path, a valid body)
+    "chat": ("/v1/chat/completions", chat_body(stream=True)),
+    "responses": ("/v1/responses", responses_body(stream=True)),
+    "messages": ("/v1/messages", messages_body(stream=True)),
+    "gemini": ("/v1beta/models/gemini-2.5-flash:generateContent", GEMINI_BODY),
+    "bedrock": ("/model/anthropic.claude-sonnet-4-5-20250929-v1%3A0/converse", BEDROCK_BODY),
+}
+
+
+def raw_exchange(port, path, body, fault, timeout=10):
+    """Sends one POST with `x-stub-fault` on a bare socket; returns everything received until
+    the stub closed the connection (or a reset, recorded as the exception)."""
+    data = json.dumps(body).encode()
+    got, error = b"", None
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: stub\r\nContent-Type: application/json\r\n"
+                     f"x-stub-fault: {fault}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+                     + data)
+        try:
+            while True:
+                more = sock.recv(65536)
+                if not more:
+                    break
+                got += more
+        except ConnectionResetError as e:
+            error = e
+    return got, error
+
+
+def dechunk(raw):
+    """(head, [chunk bytes], finished): a chunked reply split, `finished` when its
+    terminating chunk came."""
+    head, rest = raw.split(b"\r\n\r\n", 1)
+    chunks = []
+    while rest:
+        size, rest = rest.split(b"\r\n", 1)
+        n = int(size, 16)
+        if n == 0:
+            return head, chunks, rest == b"\r\n"
+        chunks.append(rest[:n])
+        rest = rest[n + 2:]
+    return head, chunks, False
+
+
+class Faults(StubServer):
+    """Each `x-stub-fault`, over HTTP."""
+
+    def test_status_500_and_429_in_each_providers_shape(self):
+        for name, (path, body) in ROUTES.items():
+            for fault in ("status-500", "status-429"):
+                status, headers, data = self.post(path, body, headers=[("x-stub-fault", fault)])
+                self.assertEqual(status, int(fault[-3:]), (name, data))
+                error = json.loads(data)
+                self.assertEqual(headers.get("retry-after"), "1" if fault == "status-429" else None)
+                if name in ("chat", "responses"):
+                    self.assertEqual(error["error"]["type"], {"status-500": "server_error",
+                                                              "status-429": "requests"}[fault])
+                elif name == "messages":
+                    self.assertEqual(error["type"], "error")
+                    self.assertEqual(error["error"]["type"], {"status-500": "api_error",
+                                                              "status-429": "rate_limit_error"}[fault])
+                elif name == "gemini":
+                    self.assertEqual(error["error"]["status"], {"status-500": "INTERNAL",
+                                                                "status-429": "RESOURCE_EXHAUSTED"}[fault])
+                else:
+                    self.assertEqual(headers["x-amzn-errortype"], {
+                        "status-500": "InternalServerException",
+                        "status-429": "ThrottlingException"}[fault])
+        # Neither checked nor served: an invalid body gets the fault, the ledger stays empty.
+        status, _, _ = self.post("/v1/messages", {"nonsense": True},
+                                 headers=[("x-stub-fault", "status-500")])
+        self.assertEqual(status, 500)
+        self.assertEqual(self.ledger(), [])
+        self.assertEqual(len(self.captured()), 2 * len(ROUTES) + 1)
+
+    def test_unknown_fault_is_refused(self):
+        status, _, data = self.post("/v1/chat/completions", chat_body(),
+                                    headers=[("x-stub-fault", "explode")])
+        self.assertEqual(status, 400)
+        self.assertEqual(json.loads(data)["error"]["code"], "stub.fault")
+
+    def test_hang_sends_nothing_until_the_client_leaves(self):
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=1.5)
+        data = json.dumps(chat_body()).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: stub\r\nx-stub-fault: hang\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        started = time.monotonic()
+        with self.assertRaises(socket.timeout):
+            sock.recv(1)
+        self.assertGreaterEqual(time.monotonic() - started, 1.4)
+        sock.close()
+        self.assertEqual(self.ledger(), [])
+        self.assertEqual(self.plain("/v1/chat/completions", chat_body())["object"],
+                         "chat.completion")
+
+    def test_reset_closes_without_a_byte(self):
+        for path, body in (ROUTES["chat"], ROUTES["messages"], ROUTES["gemini"]):
+            got, error = raw_exchange(self.port, path, body, "reset")
+            self.assertEqual(got, b"")
+            self.assertIsInstance(error, ConnectionResetError)
+        self.assertEqual(self.ledger(), [])
+
+    def test_midstream_error(self):
+        for name in ("chat", "responses", "messages"):
+            path, body = ROUTES[name]
+            raw, error = raw_exchange(self.port, path, body, "midstream-error")
+            self.assertIsNone(error)
+            head, chunks, finished = dechunk(raw)
+            self.assertTrue(head.startswith(b"HTTP/1.1 200 "), head)
+            self.assertIn(b"Connection: close", head)
+            frames = parse_sse(b"".join(chunks))
+            if name == "messages":
+                self.assertTrue(finished)
+                self.assertEqual(len(frames), 5)
+                self.assertEqual(frames[-1][0], "error")
+                self.assertEqual(json.loads(frames[-1][1])["error"]["type"], "overloaded_error")
+            else:
+                self.assertFalse(finished, "the chunked body is left unfinished")
+                self.assertEqual(len(frames), 4)
+                self.assertNotIn("[DONE]", [d for _, d in frames])
+                self.assertNotIn("response.completed", [e for e, _ in frames])
+            # Reading it with http.client: the truncated chunked body is an error.
+            if name != "messages":
+                with self.assertRaises(http.client.IncompleteRead):
+                    self.post(path, body, headers=[("x-stub-fault", "midstream-error")])
+        self.assertEqual(len(self.ledger()), 5)  # each body was served (then cut)
+        # A reply not streamed: half the body, short of its Content-Length.
+        for name in ("chat", "gemini", "bedrock"):
+            path, body = ROUTES[name]
+            body = {k: v for k, v in body.items() if k != "stream"}
+            with self.assertRaises(http.client.IncompleteRead):
+                self.post(path, body, headers=[("x-stub-fault", "midstream-error")])
+
+    def test_invalid_sse(self):
+        for name in ("chat", "responses", "messages"):
+            path, body = ROUTES[name]
+            raw, error = raw_exchange(self.port, path, body, "invalid-sse")
+            self.assertIsNone(error)
+            head, chunks, finished = dechunk(raw)
+            self.assertTrue(finished)
+            self.assertEqual(len(chunks), 5)
+            self.assertEqual(chunks[-1], GARBAGE)
+            self.assertTrue(all(c.endswith(b"\n\n") for c in chunks[:4]))
+        status, _, data = self.post("/v1/chat/completions", chat_body(),
+                                    headers=[("x-stub-fault", "invalid-sse")])
+        self.assertEqual((status, data), (200, GARBAGE))
+
+    def test_slow(self):
+        started = time.monotonic()
+        frames = self.streamed("/v1/messages", messages_body(stream=True),
+                               headers=[("x-stub-fault", "slow")])
+        self.assertGreaterEqual(time.monotonic() - started, 2.0)
+        self.assertEqual(frames[-1][0], "message_stop")
+        self.assertEqual(len(self.ledger()), 1)
+
+
+
+@SDKS
+class SdkFaults(StubServer):
+    """What the official SDKs make of each fault (what a gateway in front of the stub should
+    give its own clients instead, or pass on)."""
+
+    def openai(self, fault, **options):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="sk-stub",
+                             default_headers={"x-stub-fault": fault},
+                             **dict({"max_retries": 0, "timeout": 10}, **options))
+
+    def anthropic(self, fault, **options):
+        return anthropic.Anthropic(base_url=self.base, api_key="sk-ant-stub",
+                                   default_headers={"x-stub-fault": fault},
+                                   **dict({"max_retries": 0, "timeout": 10}, **options))
+
+    def test_status_errors(self):
+        for fault, oa, an in (("status-500", openai.InternalServerError,
+                               anthropic.InternalServerError),
+                              ("status-429", openai.RateLimitError, anthropic.RateLimitError)):
+            with self.assertRaises(oa):
+                list(self.openai(fault).chat.completions.create(**chat_body(), stream=True))
+            with self.assertRaises(oa):
+                self.openai(fault).responses.create(**responses_body())
+            with self.assertRaises(an) as raised:
+                with self.anthropic(fault).messages.stream(**messages_body()) as stream:
+                    stream.get_final_message()
+            self.assertEqual(raised.exception.body["error"]["type"],
+                             {"status-500": "api_error", "status-429": "rate_limit_error"}[fault])
+        # The SDK retries a 429 after its retry-after, sending the same header again.
+        self.request("POST", "/stub/reset", {})
+        started = time.monotonic()
+        with self.assertRaises(openai.RateLimitError):
+            self.openai("status-429", max_retries=1).chat.completions.create(**chat_body())
+        self.assertGreaterEqual(time.monotonic() - started, 0.9)
+        sent = [dict((k.lower(), v) for k, v in r["headers"]) for r in self.captured()]
+        self.assertEqual([h["x-stub-fault"] for h in sent], ["status-429"] * 2)
+        self.assertEqual([h.get("x-stainless-retry-count") for h in sent], ["0", "1"])
+
+    def test_hang_times_out(self):
+        with self.assertRaises(openai.APITimeoutError):
+            self.openai("hang", timeout=1).chat.completions.create(**chat_body())
+        with self.assertRaises(anthropic.APITimeoutError):
+            self.anthropic("hang", timeout=1).messages.create(**messages_body())
+
+    def test_reset_is_a_connection_error(self):
+        with self.assertRaises(openai.APIConnectionError):
+            self.openai("reset").responses.create(**responses_body(), stream=True)
+        with self.assertRaises(anthropic.APIConnectionError):
+            self.anthropic("reset").messages.create(**messages_body())
+
+    def test_midstream_error(self):
+        seen = []
+        with self.assertRaises(openai.APIConnectionError):
+            for chunk in self.openai("midstream-error").chat.completions.create(
+                    **chat_body(), stream=True):
+                seen.append(chunk)
+        self.assertEqual(len(seen), 4)
+        with self.assertRaises(openai.APIConnectionError):
+            with self.openai("midstream-error").responses.stream(**responses_body()) as stream:
+                stream.get_final_response()
+        with self.assertRaises(anthropic.APIStatusError) as raised:
+            with self.anthropic("midstream-error").messages.stream(**messages_body()) as stream:
+                stream.get_final_message()
+        self.assertEqual(raised.exception.body["error"]["type"], "overloaded_error")
+
+    def test_invalid_sse(self):
+        # The garbage line is no SSE field, so these SDKs skip it and see a stream that ends
+        # early: the Responses helper raises, the others return an unfinished reply.
+        with self.assertRaises(RuntimeError):
+            with self.openai("invalid-sse").responses.stream(**responses_body()) as stream:
+                stream.get_final_response()
+        chunks = list(self.openai("invalid-sse").chat.completions.create(
+            **chat_body(), stream=True))
+        self.assertEqual(len(chunks), 4)
+        self.assertIsNone(chunks[-1].choices[0].finish_reason)
+        with self.anthropic("invalid-sse").messages.stream(**messages_body()) as stream:
+            self.assertIsNone(stream.get_final_message().stop_reason)
+        with self.assertRaises(ValueError):  # not streamed: the body is not JSON
+            self.anthropic("invalid-sse").messages.create(**messages_body())
+
+
 if __name__ == "__main__":
     unittest.main()
