@@ -138,6 +138,20 @@ pub enum DaemonError {
         /// The tool it names.
         tool: String,
     },
+
+    /// G4: a gateway agent whose scope gives it plugin tools: the client cannot run them, so
+    /// they must not reach the model (until promptd runs them itself).
+    #[error("agent `{agent}` is served by the gateway, and its scope gives it plugin tools ({}) that the client cannot run; take them out of its scope (plugin scopes or the agent's chain)", tools.join(", "))]
+    GatewayPluginTools {
+        /// The agent.
+        agent: String,
+        /// The tools.
+        tools: Vec<String>,
+    },
+
+    /// A gateway client's body the splice cannot read.
+    #[error(transparent)]
+    Gateway(#[from] promptd_core::gateway::GatewayError),
 }
 
 impl DaemonError {
@@ -159,6 +173,8 @@ impl DaemonError {
             DaemonError::PluginSetBehind { .. } => "plugin_set_behind",
             DaemonError::PluginSetUnavailable { .. } => "plugin_set_unavailable",
             DaemonError::PluginSetFiles { .. } => "plugin_set_files",
+            DaemonError::GatewayPluginTools { .. } => "gateway_plugin_tools",
+            DaemonError::Gateway(e) => e.code(),
         }
     }
 }

@@ -339,3 +339,48 @@ fn responses(items: Vec<Value>) -> Vec<Message> {
     }
     out
 }
+
+/// What a gateway request adds to its session's log (G3).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepMessages {
+    /// The first of the client's messages new to the log.
+    pub new_from: usize,
+    /// Whether the client's messages do not continue what the log holds.
+    pub rewrote: bool,
+    /// The step's input: the user messages and tool results after the conversation's last
+    /// reply, past what the log holds; a result of a call the log does not hold open is left
+    /// out (its bytes are in the recorded body).
+    pub messages: Vec<Message>,
+}
+
+/// Which of `conversation`'s messages a step of `state`'s session appends. A conversation
+/// that continues the last recorded one adds what follows it (the model's reply the client
+/// sends back was recorded when it came); one that does not (the first request of a client
+/// with history, or a rewrite) adds its newest turn, and says it rewrote when the session had
+/// a conversation before.
+pub fn step_messages(state: &crate::session::SessionState, conversation: &Conversation) -> StepMessages {
+    let all = &conversation.messages;
+    let last_reply = all
+        .iter()
+        .rposition(|m| matches!(m, Message::Assistant { .. }))
+        .map_or(0, |i| i + 1);
+    let (new_from, rewrote) = match state.gateway_conversation() {
+        Some((n, digest)) if n <= all.len() && conversation.digest(n) == digest => (n, false),
+        Some(_) => (last_reply, true),
+        None => (last_reply, false),
+    };
+    let messages = all[new_from.max(last_reply)..]
+        .iter()
+        .filter(|m| match m {
+            Message::Tool { tool_call_id, .. } => state.call_open(tool_call_id),
+            Message::User { content, .. } => !content.is_blank(),
+            Message::Assistant { .. } => true,
+        })
+        .cloned()
+        .collect();
+    StepMessages {
+        new_from,
+        rewrote,
+        messages,
+    }
+}

@@ -449,6 +449,11 @@ impl SessionState {
         self.transcript.bytes()
     }
 
+    /// Whether the model's call `id` waits for its result.
+    pub fn call_open(&self, id: &str) -> bool {
+        self.open_calls.contains(id)
+    }
+
     /// The client conversation the session's last gateway request held (G3): its messages
     /// and their chained digest.
     pub fn gateway_conversation(&self) -> Option<(usize, &str)> {

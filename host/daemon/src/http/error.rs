@@ -92,7 +92,10 @@ pub(crate) fn status(e: &DaemonError) -> StatusCode {
         | DaemonError::PluginSetUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         // Nobody reads it: the client is gone (nginx's "client closed request").
         DaemonError::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        DaemonError::PluginSetFiles { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        DaemonError::PluginSetFiles { .. } | DaemonError::GatewayPluginTools { .. } => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        DaemonError::Gateway(_) => StatusCode::BAD_REQUEST,
         DaemonError::ToolCallNotFound(_) => StatusCode::NOT_FOUND,
         DaemonError::ToolCallClosed(_) | DaemonError::ToolNotRunnable { .. } => {
             StatusCode::CONFLICT

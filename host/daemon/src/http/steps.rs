@@ -45,6 +45,7 @@ pub(crate) async fn step(
             out,
             cancelled: Some(cancelled),
             trace: parent,
+            gateway: None,
         };
         let crate::StepOutcome {
             step: n,

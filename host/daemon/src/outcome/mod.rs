@@ -15,6 +15,10 @@ use promptd_core::formats::pieces::Pieces;
 use promptd_core::formats::replies::ProviderUsage;
 use promptd_core::formats::Format;
 use promptd_core::held::Held;
+use promptd_core::gateway::messages::Conversation;
+use promptd_core::gateway::record::{GatewayRecord, JoinedBy};
+use promptd_core::gateway::splice::SpliceSettings;
+use promptd_core::gateway::Ingress;
 use promptd_core::step::StepInput;
 
 pub(crate) mod facts;
@@ -43,6 +47,26 @@ pub struct StepRequest {
     pub cancelled: Option<Arc<AtomicBool>>,
     /// The client's trace context.
     pub trace: Option<TraceContext>,
+    /// A gateway client's request (G3, G4): the step's messages are its conversation's new
+    /// ones, and the body is the client's with the step's contributions spliced in.
+    pub gateway: Option<Box<GatewayStep>>,
+}
+
+/// What a gateway step needs of the client's request.
+#[derive(Debug)]
+pub struct GatewayStep {
+    /// The endpoint the client called.
+    pub ingress: Ingress,
+    /// The upstream it goes to.
+    pub upstream: String,
+    /// How it joined the session.
+    pub joined_by: JoinedBy,
+    /// The client's body.
+    pub client_body: String,
+    /// Its conversation, read.
+    pub conversation: Conversation,
+    /// The agent's splice settings.
+    pub splice: SpliceSettings,
 }
 
 impl StepRequest {
@@ -114,6 +138,8 @@ pub struct StepOutcome {
     pub content: Option<Vec<Message>>,
     /// When it ran, and its stages.
     pub timings: Timings,
+    /// A gateway step's record (the body is its upstream body).
+    pub gateway: Option<Box<GatewayRecord>>,
 }
 
 /// The message a record records, and what came with it ([`crate::Daemon::record`]).

@@ -20,7 +20,14 @@ use promptd_core::Error;
 use super::slot::SessionSlot;
 use super::Cached;
 use crate::observe::{Detail, PrefixFacts, StepFacts, Timeline, TraceContext, Work};
-use crate::outcome::{RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings};
+use crate::outcome::{
+    GatewayStep, RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings,
+};
+use promptd_core::gateway::body::ClientBody;
+use promptd_core::gateway::messages::{step_messages, StepMessages};
+use promptd_core::gateway::record::GatewayRecord;
+use promptd_core::gateway::splice::Contributions;
+use promptd_core::gateway::GatewayError;
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
 
 /// Most agents whose settings are kept: agent names come from clients, so never let them grow
@@ -194,6 +201,7 @@ impl Daemon {
             out,
             cancelled,
             trace,
+            gateway,
         } = request;
         let detail = self.observers.step_detail(&session, trace.as_ref());
         let timeline = detail.traced.then(Timeline::new);
@@ -212,6 +220,7 @@ impl Daemon {
             facts: None,
             content: None,
             timings: Timings::started(),
+            gateway: None,
         };
         let run = StepRun {
             id: &session,
@@ -220,7 +229,7 @@ impl Daemon {
             detail,
             timeline: timeline.as_ref(),
         };
-        let result = self.run_step(&run, input, &mut outcome);
+        let result = self.run_step(&run, input, gateway, &mut outcome);
         outcome.timings.end = SystemTime::now();
         outcome.timings.elapsed = started.elapsed();
         if let Some(timeline) = timeline {
@@ -241,7 +250,8 @@ impl Daemon {
     fn run_step(
         &self,
         run: &StepRun<'_>,
-        input: StepInput,
+        mut input: StepInput,
+        gateway: Option<Box<GatewayStep>>,
         outcome: &mut StepOutcome,
     ) -> Result<()> {
         let gone = || match run.cancelled {
@@ -261,6 +271,12 @@ impl Daemon {
         outcome.plan = Some(plan.clone());
         let cached = slot.get();
         self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
+        // G3: a gateway step's messages are its conversation's new ones.
+        let joined = gateway.as_ref().map(|g| {
+            let joined = step_messages(&cached.state, &g.conversation);
+            input.messages.clone_from(&joined.messages);
+            joined
+        });
         let auto = matches!(
             plan.cache_ttl,
             promptd_core::config::settings::TtlPolicy::Auto(_)
@@ -340,6 +356,12 @@ impl Daemon {
             let facts = self.step_facts(run, n, outcome, &plan, &slot.get().state);
             outcome.facts = Some(facts);
         }
+        if let (Some(gateway), Some(joined)) = (gateway, joined) {
+            let (upstream, record) = self.gateway_record(&mut slot, &plan.agent, *gateway, joined)?;
+            outcome.body.text_with(|out| out.push_str(&upstream));
+            outcome.gateway = Some(Box::new(record));
+            return Ok(());
+        }
         let state = &mut slot.get().state;
         let out = &mut outcome.body;
         match run.since {
@@ -347,6 +369,62 @@ impl Daemon {
             None => state.render_into(format, out)?,
         }
         Ok(())
+    }
+
+    /// G4: splices the step's contributions into the gateway client's body and appends the
+    /// `gateway/request` event that rebuilds the upstream body. Returns the upstream body, and
+    /// the record without the client's body (the caller has it).
+    fn gateway_record(
+        &self,
+        slot: &mut SessionSlot<'_>,
+        agent: &str,
+        gateway: GatewayStep,
+        joined: StepMessages,
+    ) -> Result<(String, GatewayRecord)> {
+        let state = &slot.get().state;
+        let header = state.header();
+        if let Some(h) = header.filter(|h| !h.tools.is_empty()) {
+            return Err(DaemonError::GatewayPluginTools {
+                agent: agent.to_string(),
+                tools: h.tools.iter().map(|t| t.name.clone()).collect(),
+            });
+        }
+        let contributions = Contributions {
+            system: header.map(|h| h.system.clone()).unwrap_or_default(),
+            runtime_context: state.snapshot_text().map(str::to_string),
+        };
+        let body = ClientBody::parse(gateway.client_body.as_bytes())?;
+        let splice = promptd_core::gateway::splice::plan(
+            gateway.ingress,
+            &body,
+            &contributions,
+            gateway.splice,
+        )?;
+        let conversation = &gateway.conversation;
+        let record = GatewayRecord {
+            ingress: gateway.ingress,
+            upstream: gateway.upstream,
+            joined_by: gateway.joined_by,
+            splice,
+            messages: conversation.messages.len(),
+            digest: conversation.digest(conversation.messages.len()).to_string(),
+            new_from: joined.new_from,
+            rewrote_at: joined.rewrote.then_some(joined.new_from),
+            degraded: None,
+            client_body: gateway.client_body,
+        };
+        // Edits join whole JSON values at value boundaries: the result is UTF-8.
+        let upstream = String::from_utf8(record.upstream_body()).map_err(|_| {
+            GatewayError::InvalidBody("the spliced body is not UTF-8".into())
+        })?;
+        let mut record = record;
+        let client_body = std::mem::take(&mut record.client_body);
+        let summary = record.clone();
+        record.client_body = client_body;
+        let body = Body::GatewayRequest(Box::new(record));
+        let event = step::encode(&body)?;
+        self.append(slot, &[event], vec![body])?;
+        Ok((upstream, summary))
     }
 
     /// Records the model's reply or a tool's output (Q5), with what came with it (the
