@@ -40,7 +40,8 @@ provider streams it, and accounted in the caches and the ledger exactly like the
 call. Texts come word by word (each word with the whitespace before it), JSON arguments in
 pieces of 8 characters. `stream` is a boolean (Chat and Responses also take null, as unset);
 Chat's `stream_options` takes `include_usage` and `include_obfuscation` (booleans), only with
-`stream` true; Responses' takes `include_obfuscation`; obfuscation is never sent.
+`stream` true; Responses' takes `include_obfuscation`; obfuscation is never sent. Messages'
+`metadata` holds `user_id` alone (a string or null).
     Chat: `data: {chunk}` frames, `chat.completion.chunk`s with the reply's id, created and
     model: a role chunk (`content` "" before text, null for a reply of tool calls alone), the
     text, each tool call's first fragment `{index, id, type, function: {name, arguments: ""}}`
