@@ -44,6 +44,11 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let (follow, dir, poll) = plugin_source(&config, plugins, state);
 
     let target = listen_target(listen, token.is_some())?;
+    if let Listen::Tcp(addr) = &target {
+        if config.gateway.enabled && !addr.ip().is_loopback() {
+            return Err(CliError::GatewayNotLoopback { addr: *addr }.into());
+        }
+    }
 
     std::fs::create_dir_all(state).map_err(|source| CliError::Folder {
         path: state.to_path_buf(),

@@ -36,6 +36,7 @@
 pub mod api;
 pub mod cache_policy;
 pub mod error;
+pub mod gateway;
 pub mod http;
 pub mod metrics;
 pub mod observe;

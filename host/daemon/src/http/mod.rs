@@ -64,6 +64,9 @@ struct AppState {
 /// every route but `/v1/health`.
 pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
     let max_body = daemon.config().max_body_bytes();
+    // The gateway's routes: promptd's token and body limit are not theirs (the client's
+    // Authorization is the provider's credential; [gateway] max_body_bytes bounds bodies).
+    let gateway = crate::gateway::router(daemon.clone());
     let state = Arc::new(AppState {
         daemon,
         token,
@@ -83,6 +86,7 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
             refuse_oversized,
         ))
         .with_state(state)
+        .merge(gateway)
 }
 
 /// Every route, each with its part of the OpenAPI document.

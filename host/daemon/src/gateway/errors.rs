@@ -1,0 +1,116 @@
+//! Errors the gateway answers itself, in the shape of the provider the client speaks to (G1):
+//! an SDK's typed error parses them, and `x-promptd-error` names promptd's code.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use promptd_core::gateway::Provider;
+
+/// A refusal of the gateway's own: the status, promptd's stable code and the message.
+#[derive(Debug)]
+pub struct GatewayRefusal {
+    /// The provider whose error shape it takes.
+    pub provider: Provider,
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// promptd's stable code (`x-promptd-error`).
+    pub code: &'static str,
+    /// What went wrong, naming the thing and the cause.
+    pub message: String,
+}
+
+impl GatewayRefusal {
+    /// A refusal.
+    pub fn new(
+        provider: Provider,
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> GatewayRefusal {
+        GatewayRefusal {
+            provider,
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The provider's error `type` for the status (Anthropic's and OpenAI's names).
+    fn kind(&self) -> &'static str {
+        let anthropic = self.provider == Provider::Anthropic;
+        match self.status.as_u16() {
+            400 | 422 => "invalid_request_error",
+            401 => {
+                if anthropic {
+                    "authentication_error"
+                } else {
+                    "invalid_request_error"
+                }
+            }
+            404 => {
+                if anthropic {
+                    "not_found_error"
+                } else {
+                    "invalid_request_error"
+                }
+            }
+            413 => {
+                if anthropic {
+                    "request_too_large"
+                } else {
+                    "invalid_request_error"
+                }
+            }
+            503 | 529 => {
+                if anthropic {
+                    "overloaded_error"
+                } else {
+                    "server_error"
+                }
+            }
+            504 => {
+                if anthropic {
+                    "timeout_error"
+                } else {
+                    "server_error"
+                }
+            }
+            _ => {
+                if anthropic {
+                    "api_error"
+                } else {
+                    "server_error"
+                }
+            }
+        }
+    }
+}
+
+impl IntoResponse for GatewayRefusal {
+    fn into_response(self) -> Response {
+        let message = format!("promptd gateway: {}", self.message);
+        let body = match self.provider {
+            Provider::Anthropic => json!({
+                "type": "error",
+                "error": { "type": self.kind(), "message": message },
+            }),
+            Provider::Openai => json!({
+                "error": {
+                    "message": message,
+                    "type": self.kind(),
+                    "param": null,
+                    "code": format!("promptd_{}", self.code),
+                },
+            }),
+        };
+        let mut response = (self.status, body.to_string()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert("x-promptd-error", HeaderValue::from_static(self.code));
+        response
+    }
+}

@@ -1,0 +1,54 @@
+//! Which session a gateway request joins when it does not say (G3): the daemon remembers,
+//! per agent, the conversation digest each session's last request reached and the replies'
+//! ids (Responses' `previous_response_id`). In memory and bounded: a daemon that restarted
+//! starts a new session for a conversation it has not seen since, unless the client names it.
+
+use std::collections::HashMap;
+
+/// Entries kept before the index starts over (a cleared index costs new sessions, never a
+/// wrong one).
+const MAX_ENTRIES: usize = 100_000;
+
+/// The index.
+#[derive(Default)]
+pub(crate) struct Index {
+    by_digest: HashMap<(String, String), String>,
+    by_response: HashMap<String, String>,
+}
+
+impl Index {
+    /// The session of `agent` whose recorded conversation is the longest prefix of the one
+    /// whose chain is `digests`, and how many messages it holds.
+    pub(crate) fn prefix(&self, agent: &str, digests: &[String]) -> Option<String> {
+        digests.iter().rev().find_map(|d| {
+            self.by_digest
+                .get(&(agent.to_string(), d.clone()))
+                .cloned()
+        })
+    }
+
+    /// Notes that `session` of `agent` reached `digest`.
+    pub(crate) fn reached(&mut self, agent: &str, digest: &str, session: &str) {
+        if digest.is_empty() {
+            return;
+        }
+        if self.by_digest.len() >= MAX_ENTRIES {
+            self.by_digest.clear();
+        }
+        self.by_digest
+            .insert((agent.to_string(), digest.to_string()), session.to_string());
+    }
+
+    /// The session that recorded the reply `id`.
+    pub(crate) fn response(&self, id: &str) -> Option<String> {
+        self.by_response.get(id).cloned()
+    }
+
+    /// Notes that `session` recorded the reply `id`.
+    pub(crate) fn replied(&mut self, id: &str, session: &str) {
+        if self.by_response.len() >= MAX_ENTRIES {
+            self.by_response.clear();
+        }
+        self.by_response.insert(id.to_string(), session.to_string());
+    }
+}

@@ -1,0 +1,651 @@
+//! The gateway (docs/gateway.md): the providers' own endpoints, served per agent under
+//! `/gateway/{agent}`, so an agent written against an official SDK reaches promptd by its base
+//! URL alone. A request is read ([`promptd_core::gateway::body`]), joins a session (G3), runs
+//! one step through [`Daemon::step`] with the client's body (G4: the plugins' contributions
+//! spliced in), goes upstream ([`upstream`]), and its reply — whole or teed frame by frame
+//! ([`tee`]) — goes back to the client and is recorded through [`Daemon::record`].
+//!
+//! The gateway is a front door beside the HTTP API: it calls the same two boundaries and owns
+//! nothing but its upstream client and the index of conversations it has seen.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, post};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use promptd_core::config::gateway::{
+    AgentGateway, OnPluginFailure, UpstreamConfig, DEFAULT_CLIENT_STALL_MS,
+    DEFAULT_IDLE_TIMEOUT_MS,
+};
+use promptd_core::gateway::body::ClientBody;
+use promptd_core::gateway::messages::{conversation, Conversation};
+use promptd_core::gateway::record::JoinedBy;
+use promptd_core::gateway::{Ingress, Provider};
+use promptd_core::step::StepInput;
+use promptd_core::Error;
+
+use crate::outcome::{GatewayStep, RecordRequest, StepRequest};
+use crate::{Daemon, DaemonError};
+
+mod errors;
+mod index;
+mod tee;
+mod upstream;
+
+pub use errors::GatewayRefusal;
+use index::Index;
+use tee::{mark_partial, Tee};
+use upstream::{hop_by_hop, Upstreams};
+
+/// The header naming the session a request joins.
+pub const SESSION_HEADER: &str = "x-promptd-session";
+/// The prefix of headers carrying a step's facts: `x-promptd-fact-cwd: /repo`.
+pub const FACT_HEADER_PREFIX: &str = "x-promptd-fact-";
+/// The largest reply body read whole (a non-streamed reply).
+const MAX_REPLY_BYTES: usize = 64 << 20;
+
+/// The gateway's state: the daemon it steps, its upstream client, and the index.
+struct Gateway {
+    daemon: Arc<Daemon>,
+    upstreams: Upstreams,
+    index: Mutex<Index>,
+    idle: Duration,
+    stall: Duration,
+}
+
+/// The gateway's routes for `daemon`: none when `[gateway] enabled` is not set.
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    let config = daemon.config();
+    if !config.gateway.enabled {
+        return Router::new();
+    }
+    let gateway = Arc::new(Gateway {
+        upstreams: Upstreams::new(&config.gateway),
+        index: Mutex::new(Index::default()),
+        idle: Duration::from_millis(
+            config
+                .gateway
+                .idle_timeout_ms
+                .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
+        ),
+        stall: Duration::from_millis(
+            config
+                .gateway
+                .client_stall_ms
+                .unwrap_or(DEFAULT_CLIENT_STALL_MS),
+        ),
+        daemon,
+    });
+    let mut router = Router::new();
+    for ingress in Ingress::ALL {
+        let path = format!("/gateway/{{agent}}{}", ingress.path());
+        router = router.route(
+            &path,
+            post(
+                move |state: State<Arc<Gateway>>,
+                      Path(agent): Path<String>,
+                      uri: Uri,
+                      headers: HeaderMap,
+                      body: Body| async move {
+                    serve(state.0, ingress, agent, uri, headers, body).await
+                },
+            ),
+        );
+    }
+    router
+        .route("/gateway/{agent}/{*rest}", any(unknown_path))
+        .with_state(gateway)
+}
+
+/// A path under `/gateway/{agent}` the gateway does not serve: a provider-shaped 404.
+async fn unknown_path(uri: Uri) -> Response {
+    let provider = if uri.path().contains("/messages") {
+        Provider::Anthropic
+    } else {
+        Provider::Openai
+    };
+    let served: Vec<&str> = Ingress::ALL.iter().map(|i| i.path()).collect();
+    GatewayRefusal::new(
+        provider,
+        StatusCode::NOT_FOUND,
+        "gateway_path",
+        format!(
+            "`{}` is not served; the gateway serves POST {} under /gateway/{{agent}}",
+            uri.path(),
+            served.join(", ")
+        ),
+    )
+    .into_response()
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    crate::now_ms()
+}
+
+/// What promptd added to the request's latency, as a `server-timing` header.
+struct Timing {
+    parse: Duration,
+    step: Duration,
+    record: Duration,
+}
+
+impl Timing {
+    fn header(&self) -> HeaderValue {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let total = self.parse + self.step + self.record;
+        let text = format!(
+            "parse;dur={:.3}, step;dur={:.3}, record;dur={:.3}, promptd;dur={:.3}",
+            ms(self.parse),
+            ms(self.step),
+            ms(self.record),
+            ms(total)
+        );
+        HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("promptd"))
+    }
+}
+
+/// A request read and checked, ready for its step.
+struct Read {
+    agent: String,
+    settings: AgentGateway,
+    upstream_name: String,
+    upstream: UpstreamConfig,
+    client_body: String,
+    conversation: Conversation,
+    streamed: bool,
+    previous_response: Option<String>,
+    model: Option<String>,
+}
+
+async fn serve(
+    gateway: Arc<Gateway>,
+    ingress: Ingress,
+    agent: String,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let provider = ingress.provider();
+    let started = Instant::now();
+    let read = match read(&gateway, ingress, agent, body).await {
+        Ok(read) => read,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let parse = started.elapsed();
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{}?{q}", ingress.path()),
+        None => ingress.path().to_string(),
+    };
+    let step_started = Instant::now();
+    let stepped = {
+        let gateway = gateway.clone();
+        let headers = headers.clone();
+        let read = Read {
+            client_body: read.client_body.clone(),
+            conversation: read.conversation.clone(),
+            settings: read.settings.clone(),
+            upstream: read.upstream.clone(),
+            agent: read.agent.clone(),
+            upstream_name: read.upstream_name.clone(),
+            previous_response: read.previous_response.clone(),
+            model: read.model.clone(),
+            streamed: read.streamed,
+        };
+        tokio::task::spawn_blocking(move || gateway.step(ingress, &headers, read)).await
+    };
+    let stepped = match stepped {
+        Ok(stepped) => stepped,
+        Err(e) => {
+            return GatewayRefusal::new(
+                provider,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("the step did not finish: {e}"),
+            )
+            .into_response()
+        }
+    };
+    let (session, upstream_body, usage_added, degraded) = match stepped {
+        Ok(Stepped::Spliced {
+            session,
+            body,
+            usage_added,
+        }) => (Some(session), body, usage_added, None),
+        Ok(Stepped::Degraded(code)) => (None, read.client_body.clone(), false, Some(code)),
+        Err(refusal) => return refusal.into_response(),
+    };
+    let step = step_started.elapsed();
+    let sent_at = now_ms();
+    let response = match gateway
+        .upstreams
+        .send(
+            &read.upstream,
+            &path_and_query,
+            &headers,
+            Bytes::from(upstream_body),
+        )
+        .await
+    {
+        Ok(response) => response,
+        Err(failure) => {
+            tracing::warn!(agent = %read.agent, upstream = %read.upstream_name, "gateway: upstream gave no reply");
+            return failure.refusal(provider, &read.upstream_name).into_response();
+        }
+    };
+    let reply = Reply {
+        gateway,
+        ingress,
+        session,
+        sent_at,
+        degraded,
+        timing: Timing {
+            parse,
+            step,
+            record: Duration::ZERO,
+        },
+    };
+    reply.answer(response, usage_added).await
+}
+
+/// Reads the client's body and what the step needs of it.
+async fn read(
+    gateway: &Gateway,
+    ingress: Ingress,
+    agent: String,
+    body: Body,
+) -> Result<Read, GatewayRefusal> {
+    let provider = ingress.provider();
+    let config = gateway.daemon.config();
+    let refuse = |status, code, message: String| GatewayRefusal::new(provider, status, code, message);
+    let settings = match config.gateway.agent(&config, &agent) {
+        Ok(Some(settings)) => settings,
+        Ok(None) | Err(_) => {
+            let served: Vec<&str> = config
+                .agents
+                .keys()
+                .filter(|a| matches!(config.gateway.agent(&config, a), Ok(Some(_))))
+                .map(String::as_str)
+                .collect();
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "unknown_agent",
+                format!(
+                    "no agent `{agent}` is served by the gateway (served: {}); an agent is served when it or its chain has an [agents.NAME.gateway] table",
+                    if served.is_empty() { "none".to_string() } else { served.join(", ") }
+                ),
+            ));
+        }
+    };
+    let Some(upstream_name) = settings.upstreams.get(&provider).cloned() else {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            "no_upstream",
+            format!(
+                "agent `{agent}` has no {} upstream: set [agents.{agent}.gateway] {} = \"NAME\" for a [gateway.upstream.NAME] whose provider is {}",
+                provider.as_str(),
+                provider.as_str(),
+                provider.as_str()
+            ),
+        ));
+    };
+    let Some(upstream) = config.gateway.upstream.get(&upstream_name).cloned() else {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            "no_upstream",
+            format!("no [gateway.upstream.{upstream_name}] table"),
+        ));
+    };
+    let limit = config.gateway.max_body_bytes();
+    let bytes = match http_body_util::Limited::new(body, limit as usize).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let too_large = e.downcast_ref::<http_body_util::LengthLimitError>().is_some();
+            return Err(if too_large {
+                refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!("the request body is over {limit} bytes ([gateway] max_body_bytes)"),
+                )
+            } else {
+                refuse(
+                    StatusCode::BAD_REQUEST,
+                    "body_unreadable",
+                    format!("the request body could not be read: {e}"),
+                )
+            });
+        }
+    };
+    let invalid = |e: promptd_core::gateway::GatewayError| {
+        refuse(StatusCode::BAD_REQUEST, e.code(), e.to_string())
+    };
+    let parsed = ClientBody::parse(&bytes).map_err(invalid)?;
+    parsed.check(ingress).map_err(invalid)?;
+    let streamed = parsed.streamed();
+    let conversation = conversation(ingress, &parsed);
+    let previous_response = parsed
+        .decode::<String>("previous_response_id")
+        .ok()
+        .flatten();
+    let model = parsed.model();
+    drop(parsed);
+    // UTF-8, checked by the parse.
+    let client_body = String::from_utf8(bytes.to_vec()).map_err(|_| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "the body is not UTF-8".into(),
+        )
+    })?;
+    Ok(Read {
+        agent,
+        settings,
+        upstream_name,
+        upstream,
+        client_body,
+        conversation,
+        streamed,
+        previous_response,
+        model,
+    })
+}
+
+/// What a step made of a gateway request.
+enum Stepped {
+    /// The session, the upstream body, and whether usage was asked for.
+    Spliced {
+        session: String,
+        body: String,
+        usage_added: bool,
+    },
+    /// The step failed and the agent forwards: the client's body goes as it came.
+    Degraded(&'static str),
+}
+
+impl Gateway {
+    /// Joins the request's session and runs its step (blocking).
+    fn step(&self, ingress: Ingress, headers: &HeaderMap, read: Read) -> Result<Stepped, GatewayRefusal> {
+        let provider = ingress.provider();
+        let refuse = |status, code, message: String| GatewayRefusal::new(provider, status, code, message);
+        let daemon = &self.daemon;
+        let Read {
+            agent,
+            settings,
+            upstream_name,
+            client_body,
+            conversation,
+            previous_response,
+            model,
+            ..
+        } = read;
+        let named = headers
+            .get(SESSION_HEADER)
+            .map(|v| v.to_str().unwrap_or("").to_string());
+        let (session, joined_by) = match named {
+            Some(id) => match daemon.agent_of(&id) {
+                Ok(a) if a == agent => (id, JoinedBy::Header),
+                Ok(a) => {
+                    return Err(refuse(
+                        StatusCode::NOT_FOUND,
+                        "unknown_session",
+                        format!("session `{id}` ({SESSION_HEADER}) is agent `{a}`'s, not `{agent}`'s"),
+                    ))
+                }
+                Err(_) => {
+                    return Err(refuse(
+                        StatusCode::NOT_FOUND,
+                        "unknown_session",
+                        format!("no session `{id}` ({SESSION_HEADER})"),
+                    ))
+                }
+            },
+            None => {
+                let index = crate::lock(&self.index);
+                let by_response = previous_response.as_deref().and_then(|id| index.response(id));
+                let by_prefix = || index.prefix(&agent, &conversation.digests);
+                match (by_response, by_prefix()) {
+                    (Some(s), _) => (s, JoinedBy::PreviousResponse),
+                    (None, Some(s)) => (s, JoinedBy::Prefix),
+                    (None, None) => {
+                        drop(index);
+                        let id = daemon.create_session(&agent).map_err(|e| {
+                            refuse(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                e.code(),
+                                format!("no session could be created: {e}"),
+                            )
+                        })?;
+                        (id, JoinedBy::New)
+                    }
+                }
+            }
+        };
+        let mut facts = std::collections::BTreeMap::new();
+        if let Some(model) = model {
+            facts.insert("model".to_string(), model);
+        }
+        for (name, value) in headers {
+            if let Some(fact) = name.as_str().strip_prefix(FACT_HEADER_PREFIX) {
+                if let Ok(value) = value.to_str() {
+                    facts.insert(fact.to_string(), value.to_string());
+                }
+            }
+        }
+        let digest = conversation.digest(conversation.messages.len()).to_string();
+        let request = StepRequest {
+            gateway: Some(Box::new(GatewayStep {
+                ingress,
+                upstream: upstream_name,
+                joined_by,
+                client_body,
+                conversation,
+                splice: settings.splice,
+            })),
+            ..StepRequest::new(
+                session.clone(),
+                StepInput {
+                    facts,
+                    ..StepInput::default()
+                },
+                ingress.format(),
+            )
+        };
+        match daemon.step(request) {
+            Ok(outcome) => {
+                crate::lock(&self.index).reached(&agent, &digest, &session);
+                let usage_added = outcome.gateway.as_ref().is_some_and(|g| g.splice.usage_added);
+                Ok(Stepped::Spliced {
+                    session,
+                    body: outcome.body.into_string(),
+                    usage_added,
+                })
+            }
+            Err(e) => self.failed(provider, &agent, &settings, e),
+        }
+    }
+
+    /// What a failed step does: refuse what the client must hear of (an overflowing budget,
+    /// a config error, a store that cannot record), else forward by the agent's
+    /// `on_plugin_failure`.
+    fn failed(
+        &self,
+        provider: Provider,
+        agent: &str,
+        settings: &AgentGateway,
+        e: DaemonError,
+    ) -> Result<Stepped, GatewayRefusal> {
+        let code = e.code();
+        let refuse = |status| Err(GatewayRefusal::new(provider, status, code, e.to_string()));
+        match &e {
+            DaemonError::Core(Error::ContextOverflow(_)) | DaemonError::Gateway(_) => {
+                refuse(StatusCode::BAD_REQUEST)
+            }
+            DaemonError::GatewayPluginTools { .. } => refuse(StatusCode::INTERNAL_SERVER_ERROR),
+            DaemonError::Core(Error::Store(_)) => refuse(StatusCode::SERVICE_UNAVAILABLE),
+            DaemonError::Core(Error::PluginCall { .. } | Error::ReviewRejected { .. })
+            | DaemonError::Loading { .. }
+            | DaemonError::PluginSetUnavailable { .. }
+                if settings.on_plugin_failure == OnPluginFailure::Refuse =>
+            {
+                refuse(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+            _ => {
+                tracing::warn!(agent, code, "gateway: the step failed; forwarding the client's body as it came: {e}");
+                Ok(Stepped::Degraded(code))
+            }
+        }
+    }
+}
+
+/// An upstream's reply on its way back to the client.
+struct Reply {
+    gateway: Arc<Gateway>,
+    ingress: Ingress,
+    session: Option<String>,
+    sent_at: u64,
+    degraded: Option<&'static str>,
+    timing: Timing,
+}
+
+impl Reply {
+    async fn answer(mut self, response: hyper::Response<hyper::body::Incoming>, usage_added: bool) -> Response {
+        let (parts, body) = response.into_parts();
+        let event_stream = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut headers = HeaderMap::with_capacity(parts.headers.len() + 3);
+        for (name, value) in &parts.headers {
+            if !hop_by_hop(name, &parts.headers) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        if let Some(session) = &self.session {
+            if let Ok(v) = HeaderValue::from_str(session) {
+                headers.insert(SESSION_HEADER, v);
+            }
+        }
+        if let Some(code) = self.degraded {
+            headers.insert("x-promptd-degraded", HeaderValue::from_static(code));
+        }
+        if event_stream && parts.status.is_success() {
+            headers.insert("server-timing", self.timing.header());
+            return self.stream(parts.status, headers, body, usage_added);
+        }
+        let bytes = match tokio::time::timeout(
+            self.gateway.idle,
+            http_body_util::Limited::new(body, MAX_REPLY_BYTES).collect(),
+        )
+        .await
+        {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(e)) => {
+                return GatewayRefusal::new(
+                    self.ingress.provider(),
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_reply",
+                    format!("the upstream's reply could not be read: {e}"),
+                )
+                .into_response()
+            }
+            Err(_) => {
+                return GatewayRefusal::new(
+                    self.ingress.provider(),
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    "the upstream's reply stalled ([gateway] idle_timeout_ms)",
+                )
+                .into_response()
+            }
+        };
+        if parts.status.is_success() && self.ingress != Ingress::CountTokens {
+            if let Ok(reply) = serde_json::from_slice::<Value>(&bytes) {
+                let started = Instant::now();
+                self.record(reply, None).await;
+                self.timing.record = started.elapsed();
+            }
+        }
+        headers.insert("server-timing", self.timing.header());
+        let mut response = Response::new(Body::from(bytes));
+        *response.status_mut() = parts.status;
+        *response.headers_mut() = headers;
+        response
+    }
+
+    /// Tees an event stream: frames to the client as they come, the folded reply recorded
+    /// before the terminal frame goes.
+    fn stream(
+        self,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: hyper::body::Incoming,
+        usage_added: bool,
+    ) -> Response {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+        let tee = Tee {
+            ingress: self.ingress,
+            usage_added,
+            idle: self.gateway.idle,
+            stall: self.gateway.stall,
+        };
+        tokio::spawn(async move {
+            let (ended, held) = tee.run(body, &tx).await;
+            let mut reply = ended.reply;
+            if let Some(reason) = &ended.partial {
+                mark_partial(self.ingress, &mut reply, reason);
+            }
+            self.record(reply, ended.partial.as_deref()).await;
+            for frame in held {
+                if tx.send(frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let stream = futures_util::stream::poll_fn(move |cx| {
+            rx.poll_recv(cx).map(|b| b.map(Ok::<Bytes, std::convert::Infallible>))
+        });
+        let mut response = Response::new(Body::from_stream(stream));
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response
+    }
+
+    /// Records the reply in the request's session (not for a degraded request: its step
+    /// was not recorded).
+    async fn record(&self, reply: Value, partial: Option<&str>) {
+        let Some(session) = self.session.clone() else {
+            return;
+        };
+        let id = reply.get("id").and_then(Value::as_str).map(str::to_string);
+        let (format, sent_at) = (self.ingress.format(), self.sent_at);
+        let gateway = self.gateway.clone();
+        let partial = partial.map(str::to_string);
+        let recorded = tokio::task::spawn_blocking(move || {
+            let request = RecordRequest::reply(session.clone(), reply, Some(format), Some(sent_at))?;
+            gateway.daemon.record(request)?;
+            if let Some(id) = id {
+                crate::lock(&gateway.index).replied(&id, &session);
+            }
+            Ok::<(), DaemonError>(())
+        })
+        .await;
+        match recorded {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(
+                code = e.code(),
+                partial = partial.as_deref().unwrap_or(""),
+                "gateway: the reply was not recorded: {e}"
+            ),
+            Err(e) => tracing::warn!("gateway: recording the reply did not finish: {e}"),
+        }
+    }
+}

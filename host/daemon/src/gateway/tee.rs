@@ -1,0 +1,159 @@
+//! The streaming tee (G5): an upstream's server-sent events go to the client frame by frame
+//! as they arrive, and the same frames fold into the one reply that is recorded. Only the
+//! stream's last frame waits for the record, so the client's next request finds its session
+//! up to date; the first byte never waits. Memory per stream: one frame, and the reply being
+//! folded.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use promptd_core::gateway::stream::{unasked_usage, Frame, Frames, Reassembly};
+use promptd_core::gateway::Ingress;
+
+/// What a stream ended as, for the record.
+pub(crate) struct Ended {
+    /// The reply, as far as it came.
+    pub reply: Value,
+    /// Why it is partial, when it is.
+    pub partial: Option<String>,
+}
+
+/// How one stream is teed.
+pub(crate) struct Tee {
+    pub ingress: Ingress,
+    /// promptd asked for usage the client did not: the client is not shown it.
+    pub usage_added: bool,
+    /// The longest wait for the upstream's next bytes.
+    pub idle: Duration,
+    /// The longest wait for a client to take the next frame.
+    pub stall: Duration,
+}
+
+/// Whether `frame` ends the stream: OpenAI's `[DONE]`, Anthropic's `message_stop`,
+/// Responses' terminal events.
+fn terminal(ingress: Ingress, frame: &Frame) -> bool {
+    let data = frame.data.as_deref().unwrap_or("");
+    match ingress {
+        Ingress::ChatCompletions => data == "[DONE]",
+        Ingress::Messages | Ingress::CountTokens => {
+            frame.event.as_deref() == Some("message_stop")
+        }
+        Ingress::Responses => matches!(
+            frame.event.as_deref(),
+            Some("response.completed" | "response.incomplete" | "response.failed")
+        ),
+    }
+}
+
+impl Tee {
+    /// Forwards `body`'s frames to `client`; returns what the stream amounted to and the frames
+    /// held back for after the record (the terminal one and any after it).
+    pub(crate) async fn run(
+        &self,
+        mut body: Incoming,
+        client: &mpsc::Sender<Bytes>,
+    ) -> (Ended, Vec<Bytes>) {
+        let mut frames = Frames::default();
+        let mut folded = Reassembly::new(self.ingress);
+        let mut held: Vec<Bytes> = Vec::new();
+        let mut partial = None;
+        'read: loop {
+            let next = match tokio::time::timeout(self.idle, body.frame()).await {
+                Err(_) => {
+                    partial = Some(format!(
+                        "the upstream sent nothing for {} ms ([gateway] idle_timeout_ms)",
+                        self.idle.as_millis()
+                    ));
+                    break;
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    partial = Some(format!("the upstream's stream broke: {e}"));
+                    break;
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = next.into_data() else {
+                continue; // trailers
+            };
+            let complete = match frames.push(&data) {
+                Ok(complete) => complete,
+                Err(e) => {
+                    partial = Some(e.to_string());
+                    break;
+                }
+            };
+            for frame in complete {
+                folded.push(&frame);
+                let shown = if self.usage_added && self.ingress == Ingress::ChatCompletions {
+                    unasked_usage(&frame)
+                } else {
+                    Some(frame.raw.clone())
+                };
+                let Some(shown) = shown else { continue };
+                if !held.is_empty() || terminal(self.ingress, &frame) {
+                    held.push(Bytes::from(shown));
+                    continue;
+                }
+                match tokio::time::timeout(self.stall, client.send(Bytes::from(shown))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => {
+                        partial = Some("the client disconnected".into());
+                        break 'read;
+                    }
+                    Err(_) => {
+                        partial = Some(format!(
+                            "the client read nothing for {} ms ([gateway] client_stall_ms)",
+                            self.stall.as_millis()
+                        ));
+                        break 'read;
+                    }
+                }
+            }
+        }
+        let out = folded.finish();
+        if partial.is_none() && !out.complete {
+            partial = Some(match &out.error {
+                Some(e) => format!("the upstream sent an error: {e}"),
+                None => "the stream ended before its last event".into(),
+            });
+        }
+        if !frames.rest().is_empty() && partial.is_none() {
+            partial = Some("the stream ended inside a frame".into());
+        }
+        (
+            Ended {
+                reply: out.reply,
+                partial,
+            },
+            held,
+        )
+    }
+}
+
+/// Marks a partial reply with its reason where the provider's shape keeps a stop reason, so
+/// the record says why it ended.
+pub(crate) fn mark_partial(ingress: Ingress, reply: &mut Value, reason: &str) {
+    let why = Value::String(format!("promptd: partial: {reason}"));
+    match ingress {
+        Ingress::Messages | Ingress::CountTokens => {
+            reply["stop_reason"] = why;
+        }
+        Ingress::ChatCompletions => {
+            if let Some(Value::Array(choices)) = reply.get_mut("choices") {
+                for choice in choices {
+                    choice["finish_reason"] = why.clone();
+                }
+            }
+        }
+        Ingress::Responses => {
+            reply["status"] = Value::from("incomplete");
+            reply["incomplete_details"] = serde_json::json!({ "reason": why });
+        }
+    }
+}
