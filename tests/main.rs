@@ -14,6 +14,7 @@ mod conformance;
 mod contract;
 mod daemon;
 mod fleet;
+mod gateway;
 mod held_changes;
 mod hot_reload;
 mod inspect;

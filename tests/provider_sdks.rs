@@ -1816,6 +1816,7 @@ fn the_stub_caches_by_the_documented_rules() {
             "-v",
             "test_stub_cache",
             "test_stub_gemini_bedrock",
+            "test_stub_stream",
         ]);
     let (code, out, err) = run_bounded(cmd);
     assert_eq!(

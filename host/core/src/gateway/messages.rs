@@ -358,7 +358,10 @@ pub struct StepMessages {
 /// sends back was recorded when it came); one that does not (the first request of a client
 /// with history, or a rewrite) adds its newest turn, and says it rewrote when the session had
 /// a conversation before.
-pub fn step_messages(state: &crate::session::SessionState, conversation: &Conversation) -> StepMessages {
+pub fn step_messages(
+    state: &crate::session::SessionState,
+    conversation: &Conversation,
+) -> StepMessages {
     let all = &conversation.messages;
     let last_reply = all
         .iter()

@@ -17,14 +17,15 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// The session of `agent` whose recorded conversation is the longest prefix of the one
-    /// whose chain is `digests`, and how many messages it holds.
+    /// The session of `agent` whose recorded conversation the one whose chain is `digests`
+    /// extends: the longest strict prefix, so a conversation that starts again the way
+    /// another did is a new one. Of sessions that reached the same digest, the latest wins.
     pub(crate) fn prefix(&self, agent: &str, digests: &[String]) -> Option<String> {
-        digests.iter().rev().find_map(|d| {
-            self.by_digest
-                .get(&(agent.to_string(), d.clone()))
-                .cloned()
-        })
+        let shorter = digests.len().saturating_sub(1);
+        digests[..shorter]
+            .iter()
+            .rev()
+            .find_map(|d| self.by_digest.get(&(agent.to_string(), d.clone())).cloned())
     }
 
     /// Notes that `session` of `agent` reached `digest`.

@@ -22,8 +22,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use promptd_core::config::gateway::{
-    AgentGateway, OnPluginFailure, UpstreamConfig, DEFAULT_CLIENT_STALL_MS,
-    DEFAULT_IDLE_TIMEOUT_MS,
+    AgentGateway, OnPluginFailure, UpstreamConfig, DEFAULT_CLIENT_STALL_MS, DEFAULT_IDLE_TIMEOUT_MS,
 };
 use promptd_core::gateway::body::ClientBody;
 use promptd_core::gateway::messages::{conversation, Conversation};
@@ -238,7 +237,9 @@ async fn serve(
         Ok(response) => response,
         Err(failure) => {
             tracing::warn!(agent = %read.agent, upstream = %read.upstream_name, "gateway: upstream gave no reply");
-            return failure.refusal(provider, &read.upstream_name).into_response();
+            return failure
+                .refusal(provider, &read.upstream_name)
+                .into_response();
         }
     };
     let reply = Reply {
@@ -265,7 +266,8 @@ async fn read(
 ) -> Result<Read, GatewayRefusal> {
     let provider = ingress.provider();
     let config = gateway.daemon.config();
-    let refuse = |status, code, message: String| GatewayRefusal::new(provider, status, code, message);
+    let refuse =
+        |status, code, message: String| GatewayRefusal::new(provider, status, code, message);
     let settings = match config.gateway.agent(&config, &agent) {
         Ok(Some(settings)) => settings,
         Ok(None) | Err(_) => {
@@ -305,10 +307,15 @@ async fn read(
         ));
     };
     let limit = config.gateway.max_body_bytes();
-    let bytes = match http_body_util::Limited::new(body, limit as usize).collect().await {
+    let bytes = match http_body_util::Limited::new(body, limit as usize)
+        .collect()
+        .await
+    {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
-            let too_large = e.downcast_ref::<http_body_util::LengthLimitError>().is_some();
+            let too_large = e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
             return Err(if too_large {
                 refuse(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -372,9 +379,15 @@ enum Stepped {
 
 impl Gateway {
     /// Joins the request's session and runs its step (blocking).
-    fn step(&self, ingress: Ingress, headers: &HeaderMap, read: Read) -> Result<Stepped, GatewayRefusal> {
+    fn step(
+        &self,
+        ingress: Ingress,
+        headers: &HeaderMap,
+        read: Read,
+    ) -> Result<Stepped, GatewayRefusal> {
         let provider = ingress.provider();
-        let refuse = |status, code, message: String| GatewayRefusal::new(provider, status, code, message);
+        let refuse =
+            |status, code, message: String| GatewayRefusal::new(provider, status, code, message);
         let daemon = &self.daemon;
         let Read {
             agent,
@@ -389,45 +402,48 @@ impl Gateway {
         let named = headers
             .get(SESSION_HEADER)
             .map(|v| v.to_str().unwrap_or("").to_string());
-        let (session, joined_by) = match named {
-            Some(id) => match daemon.agent_of(&id) {
-                Ok(a) if a == agent => (id, JoinedBy::Header),
-                Ok(a) => {
-                    return Err(refuse(
+        let (session, joined_by) =
+            match named {
+                Some(id) => match daemon.agent_of(&id) {
+                    Ok(a) if a == agent => (id, JoinedBy::Header),
+                    Ok(a) => return Err(refuse(
                         StatusCode::NOT_FOUND,
                         "unknown_session",
-                        format!("session `{id}` ({SESSION_HEADER}) is agent `{a}`'s, not `{agent}`'s"),
-                    ))
-                }
-                Err(_) => {
-                    return Err(refuse(
-                        StatusCode::NOT_FOUND,
-                        "unknown_session",
-                        format!("no session `{id}` ({SESSION_HEADER})"),
-                    ))
-                }
-            },
-            None => {
-                let index = crate::lock(&self.index);
-                let by_response = previous_response.as_deref().and_then(|id| index.response(id));
-                let by_prefix = || index.prefix(&agent, &conversation.digests);
-                match (by_response, by_prefix()) {
-                    (Some(s), _) => (s, JoinedBy::PreviousResponse),
-                    (None, Some(s)) => (s, JoinedBy::Prefix),
-                    (None, None) => {
-                        drop(index);
-                        let id = daemon.create_session(&agent).map_err(|e| {
-                            refuse(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                e.code(),
-                                format!("no session could be created: {e}"),
-                            )
-                        })?;
-                        (id, JoinedBy::New)
+                        format!(
+                            "session `{id}` ({SESSION_HEADER}) is agent `{a}`'s, not `{agent}`'s"
+                        ),
+                    )),
+                    Err(_) => {
+                        return Err(refuse(
+                            StatusCode::NOT_FOUND,
+                            "unknown_session",
+                            format!("no session `{id}` ({SESSION_HEADER})"),
+                        ))
+                    }
+                },
+                None => {
+                    let index = crate::lock(&self.index);
+                    let by_response = previous_response
+                        .as_deref()
+                        .and_then(|id| index.response(id));
+                    let by_prefix = || index.prefix(&agent, &conversation.digests);
+                    match (by_response, by_prefix()) {
+                        (Some(s), _) => (s, JoinedBy::PreviousResponse),
+                        (None, Some(s)) => (s, JoinedBy::Prefix),
+                        (None, None) => {
+                            drop(index);
+                            let id = daemon.create_session(&agent).map_err(|e| {
+                                refuse(
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    e.code(),
+                                    format!("no session could be created: {e}"),
+                                )
+                            })?;
+                            (id, JoinedBy::New)
+                        }
                     }
                 }
-            }
-        };
+            };
         let mut facts = std::collections::BTreeMap::new();
         if let Some(model) = model {
             facts.insert("model".to_string(), model);
@@ -455,13 +471,18 @@ impl Gateway {
                     facts,
                     ..StepInput::default()
                 },
-                ingress.format(),
+                // The client's body carries its own model settings: promptd's step
+                // checks none of a provider's (it renders nothing of its own for it).
+                promptd_core::formats::Format::Neutral,
             )
         };
         match daemon.step(request) {
             Ok(outcome) => {
                 crate::lock(&self.index).reached(&agent, &digest, &session);
-                let usage_added = outcome.gateway.as_ref().is_some_and(|g| g.splice.usage_added);
+                let usage_added = outcome
+                    .gateway
+                    .as_ref()
+                    .is_some_and(|g| g.splice.usage_added);
                 Ok(Stepped::Spliced {
                     session,
                     body: outcome.body.into_string(),
@@ -498,7 +519,11 @@ impl Gateway {
                 refuse(StatusCode::INTERNAL_SERVER_ERROR)
             }
             _ => {
-                tracing::warn!(agent, code, "gateway: the step failed; forwarding the client's body as it came: {e}");
+                tracing::warn!(
+                    agent,
+                    code,
+                    "gateway: the step failed; forwarding the client's body as it came: {e}"
+                );
                 Ok(Stepped::Degraded(code))
             }
         }
@@ -516,7 +541,11 @@ struct Reply {
 }
 
 impl Reply {
-    async fn answer(mut self, response: hyper::Response<hyper::body::Incoming>, usage_added: bool) -> Response {
+    async fn answer(
+        mut self,
+        response: hyper::Response<hyper::body::Incoming>,
+        usage_added: bool,
+    ) -> Response {
         let (parts, body) = response.into_parts();
         let event_stream = parts
             .headers
@@ -611,7 +640,8 @@ impl Reply {
             }
         });
         let stream = futures_util::stream::poll_fn(move |cx| {
-            rx.poll_recv(cx).map(|b| b.map(Ok::<Bytes, std::convert::Infallible>))
+            rx.poll_recv(cx)
+                .map(|b| b.map(Ok::<Bytes, std::convert::Infallible>))
         });
         let mut response = Response::new(Body::from_stream(stream));
         *response.status_mut() = status;
@@ -630,7 +660,8 @@ impl Reply {
         let gateway = self.gateway.clone();
         let partial = partial.map(str::to_string);
         let recorded = tokio::task::spawn_blocking(move || {
-            let request = RecordRequest::reply(session.clone(), reply, Some(format), Some(sent_at))?;
+            let request =
+                RecordRequest::reply(session.clone(), reply, Some(format), Some(sent_at))?;
             gateway.daemon.record(request)?;
             if let Some(id) = id {
                 crate::lock(&gateway.index).replied(&id, &session);

@@ -40,9 +40,7 @@ fn terminal(ingress: Ingress, frame: &Frame) -> bool {
     let data = frame.data.as_deref().unwrap_or("");
     match ingress {
         Ingress::ChatCompletions => data == "[DONE]",
-        Ingress::Messages | Ingress::CountTokens => {
-            frame.event.as_deref() == Some("message_stop")
-        }
+        Ingress::Messages | Ingress::CountTokens => frame.event.as_deref() == Some("message_stop"),
         Ingress::Responses => matches!(
             frame.event.as_deref(),
             Some("response.completed" | "response.incomplete" | "response.failed")

@@ -14,11 +14,11 @@ use promptd_core::conversation::{Message, ToolCall};
 use promptd_core::formats::pieces::Pieces;
 use promptd_core::formats::replies::ProviderUsage;
 use promptd_core::formats::Format;
-use promptd_core::held::Held;
 use promptd_core::gateway::messages::Conversation;
 use promptd_core::gateway::record::{GatewayRecord, JoinedBy};
 use promptd_core::gateway::splice::SpliceSettings;
 use promptd_core::gateway::Ingress;
+use promptd_core::held::Held;
 use promptd_core::step::StepInput;
 
 pub(crate) mod facts;

@@ -23,12 +23,12 @@ use crate::observe::{Detail, PrefixFacts, StepFacts, Timeline, TraceContext, Wor
 use crate::outcome::{
     GatewayStep, RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings,
 };
+use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
 use promptd_core::gateway::body::ClientBody;
 use promptd_core::gateway::messages::{step_messages, StepMessages};
 use promptd_core::gateway::record::GatewayRecord;
 use promptd_core::gateway::splice::Contributions;
 use promptd_core::gateway::GatewayError;
-use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
 
 /// Most agents whose settings are kept: agent names come from clients, so never let them grow
 /// this (a cleared map is refilled one resolve per agent).
@@ -357,7 +357,8 @@ impl Daemon {
             outcome.facts = Some(facts);
         }
         if let (Some(gateway), Some(joined)) = (gateway, joined) {
-            let (upstream, record) = self.gateway_record(&mut slot, &plan.agent, *gateway, joined)?;
+            let (upstream, record) =
+                self.gateway_record(&mut slot, &plan.agent, *gateway, joined)?;
             outcome.body.text_with(|out| out.push_str(&upstream));
             outcome.gateway = Some(Box::new(record));
             return Ok(());
@@ -414,9 +415,8 @@ impl Daemon {
             client_body: gateway.client_body,
         };
         // Edits join whole JSON values at value boundaries: the result is UTF-8.
-        let upstream = String::from_utf8(record.upstream_body()).map_err(|_| {
-            GatewayError::InvalidBody("the spliced body is not UTF-8".into())
-        })?;
+        let upstream = String::from_utf8(record.upstream_body())
+            .map_err(|_| GatewayError::InvalidBody("the spliced body is not UTF-8".into()))?;
         let mut record = record;
         let client_body = std::mem::take(&mut record.client_body);
         let summary = record.clone();

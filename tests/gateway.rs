@@ -1,0 +1,412 @@
+//! The gateway (docs/gateway.md): the official SDKs reach promptd by their base URL alone, in
+//! tool-calling loops, streamed and not, against the local stub upstream
+//! (`tests/sdk_loops/stub_provider.py`), and everything promptd knows applies to what they sent.
+//! Each check compares bytes: what the stub received against the client's body plus the
+//! recorded splice, what the client received against what the stub sent.
+
+use promptd_testkit as common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::daemon::{request, Served};
+use common::process::Bounded;
+use common::{repo_root, Folder};
+use promptd_core::gateway::record::{GatewayRecord, JoinedBy};
+use serde_json::Value;
+
+const LOOP_BOUND: Duration = Duration::from_secs(120);
+const PERSONA: &str = "You are Ada's engineering side";
+
+fn python() -> PathBuf {
+    let python = repo_root().join("tests/sdk_loops/.venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: `cargo xtask test` installs the provider SDKs (tests/sdk_loops/install.sh)",
+        python.display()
+    );
+    python
+}
+
+/// The stub upstream on a free loopback port.
+struct Stub {
+    _child: Bounded,
+    url: String,
+}
+
+impl Stub {
+    fn start() -> Stub {
+        let (child, url) = common::process::start_stub_provider(&python(), "900", None);
+        Stub { _child: child, url }
+    }
+
+    /// The requests it received, in order: (path, headers, body bytes).
+    fn requests(&self) -> Vec<(String, Vec<(String, String)>, Vec<u8>)> {
+        let (status, text) = request(&self.url, "GET", "/stub/requests", None, None);
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let headers = r["headers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| {
+                        (
+                            h[0].as_str().unwrap().to_string(),
+                            h[1].as_str().unwrap().to_string(),
+                        )
+                    })
+                    .collect();
+                (
+                    r["path"].as_str().unwrap().to_string(),
+                    headers,
+                    base64(r["body_b64"].as_str().unwrap()),
+                )
+            })
+            .collect()
+    }
+}
+
+fn base64(text: &str) -> Vec<u8> {
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import base64,sys; sys.stdout.buffer.write(base64.b64decode(sys.argv[1]))",
+            text,
+        ])
+        .output()
+        .expect("python");
+    out.stdout
+}
+
+/// A daemon whose agent `coder` is served by the gateway, with sections (identity, persona)
+/// and a runtime context (workspace, from the `cwd` fact), forwarding to `stub`.
+fn gateway(stub: &Stub, extra: &str) -> (Served, tempfile::TempDir, Folder) {
+    let folder = Folder::new()
+        .bundled("identity")
+        .bundled("persona")
+        .bundled("workspace");
+    let config = format!(
+        r#"
+[plugins.identity]
+config = {{ name = "Ada", model = "example-model" }}
+[plugins.persona]
+config = {{ text = "You are {{{{agent_name}}}}'s {{{{role}}}} side.", role = "engineering" }}
+
+[gateway]
+enabled = true
+[gateway.upstream.openai]
+provider = "openai"
+base_url = "{url}"
+[gateway.upstream.anthropic]
+provider = "anthropic"
+base_url = "{url}"
+
+[agents.coder.gateway]
+{extra}
+"#,
+        url = stub.url
+    );
+    let config = folder.config(&config);
+    let (tmp, state) = common::daemon::state_dir();
+    let log = tmp.path().join("daemon.log");
+    let served = Served::start_logged(folder.path(), &config, &state, &log);
+    (served, tmp, folder)
+}
+
+/// Runs tests/sdk_loops/gateway_loop.py; returns its JSON line.
+fn sdk_loop(served: &Served, sdk: &str, stream: bool, extra: &[&str]) -> Value {
+    let mut cmd = Command::new(python());
+    cmd.arg(repo_root().join("tests/sdk_loops/gateway_loop.py"))
+        .arg(sdk)
+        .arg(format!("{}/gateway/coder", served.url))
+        .args(extra);
+    if stream {
+        cmd.arg("--stream");
+    }
+    let (code, out, err) = common::process::run_bounded(cmd, LOOP_BOUND);
+    assert_eq!(
+        code,
+        Some(0),
+        "{sdk} (stream {stream}) failed:\n{err}\n{out}"
+    );
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// Every session's events, by session.
+fn sessions(served: &Served) -> Vec<Vec<Value>> {
+    let list = served.ok("GET", "/v1/sessions", None);
+    list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let id = s["id"].as_str().unwrap();
+            served.ok("GET", &format!("/v1/sessions/{id}/events"), None)["events"]
+                .as_array()
+                .unwrap()
+                .clone()
+        })
+        .collect()
+}
+
+fn records(events: &[Value]) -> Vec<GatewayRecord> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "gateway/request")
+        .map(|e| serde_json::from_value(e["body"].clone()).expect("a gateway/request body"))
+        .collect()
+}
+
+/// The client's bytes back from an upstream body by taking out each insertion.
+fn without_insertions(record: &GatewayRecord, upstream: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let (mut at, mut client_at) = (0, 0);
+    for edit in &record.splice.edits {
+        assert_eq!(edit.remove, 0, "only insertions in these bodies: {edit:?}");
+        let len = edit.at - client_at;
+        out.extend_from_slice(&upstream[at..at + len]);
+        at += len + edit.insert.len();
+        client_at = edit.at;
+    }
+    out.extend_from_slice(&upstream[at..]);
+    out
+}
+
+/// G1–G5 with each official Python SDK, streamed and not: the loop finishes; all its requests
+/// are one session; the stub received exactly the client's body plus the recorded splice,
+/// with the sections in it and every other byte the client's; the client's headers reached
+/// it and promptd's did not; every reply is recorded with its usage.
+#[test]
+fn g1_the_official_sdks_reach_the_gateway_by_base_url_alone_and_each_body_rebuilds_from_the_log() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, "");
+    let mut seen = 0;
+    for sdk in ["openai-chat", "openai-responses", "anthropic"] {
+        for stream in [false, true] {
+            let what = format!("{sdk} (stream {stream})");
+            let out = sdk_loop(
+                &served,
+                sdk,
+                stream,
+                &[
+                    "--header",
+                    "x-promptd-fact-cwd=/repo",
+                    "--header",
+                    "x-client-extra=kept",
+                ],
+            );
+            assert_eq!(out["turns"], 2, "{what}: {out}");
+            let requests = out["requests"].as_u64().unwrap() as usize;
+            assert!(requests >= 4, "{what}: a tool round per turn: {out}");
+            for usage in out["usage"].as_array().unwrap() {
+                // G5: promptd asks a streamed chat reply for its usage; a client that did not
+                // ask is not shown it.
+                if sdk == "openai-chat" && stream {
+                    assert!(
+                        usage.is_null(),
+                        "{what}: usage the client did not ask for: {out}"
+                    );
+                } else {
+                    assert!(usage.is_object(), "{what}: the client sees usage: {out}");
+                }
+            }
+
+            let all = sessions(&served);
+            let newest = &all[0];
+            let records = records(newest);
+            assert_eq!(
+                records.len(),
+                requests,
+                "{what}: one session holds every request"
+            );
+            assert_eq!(records[0].joined_by, JoinedBy::New, "{what}");
+            for r in &records[1..] {
+                assert!(
+                    matches!(r.joined_by, JoinedBy::Prefix | JoinedBy::PreviousResponse),
+                    "{what}: {:?}",
+                    r.joined_by
+                );
+            }
+            let replies: Vec<&Value> = newest
+                .iter()
+                .filter(|e| e["kind"] == "assistant/message")
+                .collect();
+            assert_eq!(replies.len(), requests, "{what}: every reply recorded");
+            for reply in &replies {
+                assert!(
+                    reply["body"]["usage"].is_object(),
+                    "{what}: a reply without usage: {reply}"
+                );
+            }
+
+            let received = stub.requests();
+            let mine = &received[seen..];
+            assert_eq!(
+                mine.len(),
+                requests,
+                "{what}: the stub got each request once"
+            );
+            seen = received.len();
+            for (record, (path, headers, body)) in records.iter().zip(mine) {
+                assert_eq!(
+                    &record.upstream_body(),
+                    body,
+                    "{what}: the stub's body rebuilds from the log"
+                );
+                assert_eq!(
+                    without_insertions(record, body),
+                    record.client_body.as_bytes(),
+                    "{what}"
+                );
+                let text = String::from_utf8_lossy(body);
+                assert!(
+                    text.contains(PERSONA),
+                    "{what}: the sections went upstream: {text}"
+                );
+                assert!(
+                    text.contains("/repo"),
+                    "{what}: the runtime context went upstream"
+                );
+                assert!(path.ends_with(record.ingress_path()), "{what}: {path}");
+                let has = |n: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(n));
+                assert!(
+                    has("x-client-extra"),
+                    "{what}: a client's own header reached the upstream"
+                );
+                assert!(
+                    !headers
+                        .iter()
+                        .any(|(k, _)| k.to_ascii_lowercase().starts_with("x-promptd-")),
+                    "{what}: {headers:?}"
+                );
+                let key = headers.iter().find(|(k, _)| {
+                    k.eq_ignore_ascii_case("x-api-key") || k.eq_ignore_ascii_case("authorization")
+                });
+                assert!(
+                    key.is_some_and(|(_, v)| v.contains("client-key")),
+                    "{what}: the client's credential passed through: {headers:?}"
+                );
+            }
+        }
+    }
+}
+
+trait IngressPath {
+    fn ingress_path(&self) -> &'static str;
+}
+
+impl IngressPath for GatewayRecord {
+    fn ingress_path(&self) -> &'static str {
+        self.ingress.path()
+    }
+}
+
+/// One raw HTTP/1.1 exchange: the status line and headers, and the body as it came.
+fn raw_post(base: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (String, Vec<u8>) {
+    let addr = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&out[..split]).to_string();
+    (head, out[split + 4..].to_vec())
+}
+
+/// Bad input gets a provider-shaped error naming the cause, and the daemon keeps serving: an
+/// unknown agent, a path the gateway does not serve, malformed JSON, a body over the limit, an
+/// upstream that refuses, resets, or hangs past the timeout.
+#[test]
+fn g1_bad_input_is_refused_in_the_providers_shape_naming_the_cause() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, "");
+    let post = |path: &str, body: &str, headers: &[(&str, &str)]| {
+        let (head, body) = raw_post(&served.url, path, headers, body.as_bytes());
+        (head, String::from_utf8_lossy(&body).to_string())
+    };
+    let ok_anthropic = r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+
+    let (head, body) = post("/gateway/nobody/v1/messages", ok_anthropic, &[]);
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "not_found_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no agent `nobody`"),
+        "{body}"
+    );
+
+    let (head, body) = post("/gateway/coder/v1/embeddings", "{}", &[]);
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert!(
+        body.contains("/v1/embeddings") && body.contains("is not served"),
+        "{body}"
+    );
+
+    let (head, body) = post(
+        "/gateway/coder/v1/chat/completions",
+        "{\"messages\": [",
+        &[],
+    );
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{body}");
+    assert_eq!(v["error"]["code"], "promptd_invalid_body", "{body}");
+
+    let big = format!("{{\"pad\":\"{}\",\"messages\":[]}}", "x".repeat(33 << 20));
+    let (head, body) = post("/gateway/coder/v1/messages", &big, &[]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert!(body.contains("max_body_bytes"), "{body}");
+
+    // The upstream's own refusal is passed through as it came.
+    let (head, body) = post(
+        "/gateway/coder/v1/messages",
+        ok_anthropic,
+        &[("x-stub-fault", "status-429")],
+    );
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after"), "{head}");
+    assert!(body.contains("rate_limit_error"), "{body}");
+
+    let (head, body) = post(
+        "/gateway/coder/v1/messages",
+        ok_anthropic,
+        &[("x-stub-fault", "reset")],
+    );
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    assert!(
+        body.contains("upstream `anthropic` gave no reply"),
+        "{body}"
+    );
+
+    // Still serving.
+    let (head, _) = post("/gateway/coder/v1/messages", ok_anthropic, &[]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(served.health()["status"], "ok");
+}

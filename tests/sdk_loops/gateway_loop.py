@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""An agent loop on an official SDK whose only change is its base URL: promptd's gateway.
+
+    gateway_loop.py SDK BASE_URL [--stream] [--turns N] [--header NAME=VALUE ...]
+                    [--tool-error]
+
+SDK is `openai-chat`, `openai-responses` or `anthropic`. The loop is what an agent written
+against the SDK does, with nothing of promptd in it: it keeps its own history, offers one tool
+(`read_file`), answers each tool call with a result, and after each final answer sends the next
+user message, for N user turns. Streamed (--stream), it folds the stream as an SDK user does
+(text and tool-call fragments by index; Responses' `response.completed`; the anthropic
+client's own stream helper). --header adds a header to every request (e.g.
+`x-promptd-fact-cwd=/repo`).
+
+Prints one line of JSON: {"requests", "turns", "texts": [final text of each turn],
+"calls": [tool call ids], "usage": [the usage each reply reported]}; exits 1 with the SDK's
+error on any failure.
+"""
+
+import argparse
+import json
+import sys
+
+TIMEOUT_S = 60
+TOOL_SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}},
+    "required": ["path"],
+}
+
+
+def args_of():
+    p = argparse.ArgumentParser()
+    p.add_argument("sdk", choices=["openai-chat", "openai-responses", "anthropic"])
+    p.add_argument("base")
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--header", action="append", default=[])
+    return p.parse_args()
+
+
+def headers_of(args):
+    out = {}
+    for h in args.header:
+        name, _, value = h.partition("=")
+        out[name] = value
+    return out
+
+
+def dump(obj):
+    return obj.model_dump(exclude_none=True) if hasattr(obj, "model_dump") else obj
+
+
+class Log:
+    def __init__(self):
+        self.requests = 0
+        self.texts = []
+        self.calls = []
+        self.usage = []
+
+
+def chat(args, log):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=args.base + "/v1", api_key="sk-client-key-chat",
+                    max_retries=0, timeout=TIMEOUT_S, default_headers=headers_of(args))
+    tools = [{"type": "function", "function": {"name": "read_file",
+                                                "description": "Read a file.",
+                                                "parameters": TOOL_SCHEMA}}]
+    messages = [{"role": "system", "content": "You are the client's own agent."}]
+    for turn in range(1, args.turns + 1):
+        messages.append({"role": "user", "content": f"Turn {turn}: read a file, then answer."})
+        while True:
+            log.requests += 1
+            body = dict(model="gpt-4.1", messages=messages, tools=tools)
+            if args.stream:
+                text, calls, usage = "", {}, None
+                for chunk in client.chat.completions.create(stream=True, **body):
+                    if chunk.usage is not None:
+                        usage = dump(chunk.usage)
+                    for choice in chunk.choices:
+                        d = choice.delta
+                        text += d.content or ""
+                        for frag in d.tool_calls or []:
+                            c = calls.setdefault(frag.index, {"id": None, "name": "", "args": ""})
+                            if frag.id:
+                                c["id"] = frag.id
+                            if frag.function and frag.function.name:
+                                c["name"] = frag.function.name
+                            if frag.function and frag.function.arguments:
+                                c["args"] += frag.function.arguments
+                calls = [calls[i] for i in sorted(calls)]
+            else:
+                reply = client.chat.completions.create(**body)
+                m = reply.choices[0].message
+                text, usage = m.content or "", dump(reply.usage)
+                calls = [{"id": c.id, "name": c.function.name, "args": c.function.arguments}
+                         for c in m.tool_calls or []]
+            log.usage.append(usage)
+            assistant = {"role": "assistant", "content": text or None}
+            if calls:
+                assistant["tool_calls"] = [
+                    {"id": c["id"], "type": "function",
+                     "function": {"name": c["name"], "arguments": c["args"]}} for c in calls]
+            messages.append(assistant)
+            if not calls:
+                log.texts.append(text)
+                break
+            for c in calls:
+                log.calls.append(c["id"])
+                messages.append({"role": "tool", "tool_call_id": c["id"],
+                                 "content": f"contents of {c['id']}"})
+
+
+def responses(args, log):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=args.base + "/v1", api_key="sk-client-key-resp",
+                    max_retries=0, timeout=TIMEOUT_S, default_headers=headers_of(args))
+    tools = [{"type": "function", "name": "read_file", "description": "Read a file.",
+              "parameters": TOOL_SCHEMA, "strict": False}]
+    items = []
+    for turn in range(1, args.turns + 1):
+        items.append({"role": "user", "content": f"Turn {turn}: read a file, then answer."})
+        while True:
+            log.requests += 1
+            body = dict(model="gpt-4.1", instructions="You are the client's own agent.",
+                        input=items, tools=tools)
+            if args.stream:
+                response = None
+                for event in client.responses.create(stream=True, **body):
+                    if event.type == "response.completed":
+                        response = event.response
+                if response is None:
+                    raise RuntimeError("the stream had no response.completed")
+            else:
+                response = client.responses.create(**body)
+            log.usage.append(dump(response.usage))
+            calls = [o for o in response.output if o.type == "function_call"]
+            for o in response.output:
+                if o.type in ("message", "function_call"):
+                    items.append(dump(o))
+            if not calls:
+                log.texts.append(response.output_text)
+                break
+            for c in calls:
+                log.calls.append(c.call_id)
+                items.append({"type": "function_call_output", "call_id": c.call_id,
+                              "output": f"contents of {c.call_id}"})
+
+
+def anthropic(args, log):
+    from anthropic import Anthropic
+
+    client = Anthropic(base_url=args.base, api_key="sk-ant-client-key",
+                       max_retries=0, timeout=TIMEOUT_S, default_headers=headers_of(args))
+    tools = [{"name": "read_file", "description": "Read a file.", "input_schema": TOOL_SCHEMA}]
+    system = [{"type": "text", "text": "You are the client's own agent.",
+               "cache_control": {"type": "ephemeral"}}]
+    messages = []
+    for turn in range(1, args.turns + 1):
+        messages.append({"role": "user", "content": f"Turn {turn}: read a file, then answer."})
+        while True:
+            log.requests += 1
+            body = dict(model="claude-sonnet-4-5", max_tokens=1024, system=system,
+                        messages=messages, tools=tools)
+            if args.stream:
+                with client.messages.stream(**body) as stream:
+                    message = stream.get_final_message()
+            else:
+                message = client.messages.create(**body)
+            log.usage.append(dump(message.usage))
+            messages.append({"role": "assistant",
+                             "content": [dump(b) for b in message.content]})
+            calls = [b for b in message.content if b.type == "tool_use"]
+            if not calls:
+                log.texts.append("".join(b.text for b in message.content if b.type == "text"))
+                break
+            results = []
+            for c in calls:
+                log.calls.append(c.id)
+                results.append({"type": "tool_result", "tool_use_id": c.id,
+                                "content": f"contents of {c.id}"})
+            messages.append({"role": "user", "content": results})
+
+
+def main():
+    args = args_of()
+    log = Log()
+    try:
+        {"openai-chat": chat, "openai-responses": responses, "anthropic": anthropic}[args.sdk](
+            args, log)
+    except Exception as e:  # the SDK's typed error, printed for the test to show
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps({"requests": log.requests, "turns": len(log.texts), "texts": log.texts,
+                      "calls": log.calls, "usage": log.usage}))
+
+
+if __name__ == "__main__":
+    main()
