@@ -191,6 +191,7 @@ fn record(registry: &Registry, plan: &AgentSettings, steps: usize) -> Vec<Event>
                 plugin: None,
                 cause: None,
             }),
+            partial: None,
         });
         append(&mut state, vec![reply], &mut clock);
     }

@@ -170,6 +170,7 @@ impl Log {
             message,
             usage: Some(usage),
             cache: Some(cache),
+            partial: None,
         })]);
     }
 

@@ -79,6 +79,9 @@ pub struct Recorded {
     /// (issue 29; absent in earlier logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::outcome::Outcome>,
+    /// Why the reply is partial, when it is: a gateway stream that ended early (G5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<String>,
 }
 
 /// `context/snapshot`: the runtime context as of this step (Q2).
@@ -200,6 +203,7 @@ impl Body {
             message,
             usage,
             cache: None,
+            partial: None,
         };
         match recorded.message {
             Message::User { .. } => Body::UserMessage(recorded),

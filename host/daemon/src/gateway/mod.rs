@@ -185,6 +185,10 @@ async fn serve(
         None => ingress.path().to_string(),
     };
     let step_started = Instant::now();
+    // A token count is no step: it goes as the client sent it and records nothing.
+    if ingress == Ingress::CountTokens {
+        return forward_unrecorded(gateway, ingress, read, &path_and_query, &headers, parse).await;
+    }
     let stepped = {
         let gateway = gateway.clone();
         let headers = headers.clone();
@@ -255,6 +259,40 @@ async fn serve(
         },
     };
     reply.answer(response, usage_added).await
+}
+
+/// Forwards the client's body as it came, recording nothing (a token count).
+async fn forward_unrecorded(
+    gateway: Arc<Gateway>,
+    ingress: Ingress,
+    read: Read,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    parse: Duration,
+) -> Response {
+    let provider = ingress.provider();
+    let sent = gateway
+        .upstreams
+        .send(&read.upstream, path_and_query, headers, Bytes::from(read.client_body))
+        .await;
+    match sent {
+        Ok(response) => {
+            let reply = Reply {
+                gateway,
+                ingress,
+                session: None,
+                sent_at: now_ms(),
+                degraded: None,
+                timing: Timing {
+                    parse,
+                    step: Duration::ZERO,
+                    record: Duration::ZERO,
+                },
+            };
+            reply.answer(response, false).await
+        }
+        Err(failure) => failure.refusal(provider, &read.upstream_name).into_response(),
+    }
 }
 
 /// Reads the client's body and what the step needs of it.
@@ -658,10 +696,11 @@ impl Reply {
         let id = reply.get("id").and_then(Value::as_str).map(str::to_string);
         let (format, sent_at) = (self.ingress.format(), self.sent_at);
         let gateway = self.gateway.clone();
-        let partial = partial.map(str::to_string);
+        let reason = partial.map(str::to_string);
         let recorded = tokio::task::spawn_blocking(move || {
-            let request =
+            let mut request =
                 RecordRequest::reply(session.clone(), reply, Some(format), Some(sent_at))?;
+            request.partial = reason;
             gateway.daemon.record(request)?;
             if let Some(id) = id {
                 crate::lock(&gateway.index).replied(&id, &session);
@@ -673,7 +712,7 @@ impl Reply {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(
                 code = e.code(),
-                partial = partial.as_deref().unwrap_or(""),
+                partial = partial.unwrap_or(""),
                 "gateway: the reply was not recorded: {e}"
             ),
             Err(e) => tracing::warn!("gateway: recording the reply did not finish: {e}"),

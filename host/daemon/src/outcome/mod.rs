@@ -158,6 +158,9 @@ pub struct RecordRequest {
     pub reply: Option<ReplyFacts>,
     /// The client's trace context.
     pub trace: Option<TraceContext>,
+    /// Why the reply is partial, when it is (a gateway stream that ended early, G5): it is
+    /// recorded with its reason, even when nothing of it came.
+    pub partial: Option<String>,
 }
 
 impl RecordRequest {
@@ -170,6 +173,7 @@ impl RecordRequest {
             sent: None,
             reply: None,
             trace: None,
+            partial: None,
         }
     }
 
@@ -193,6 +197,7 @@ impl RecordRequest {
             sent: format.map(|f| (f, sent_at)),
             reply: Some(facts),
             trace: None,
+            partial: None,
         })
     }
 }

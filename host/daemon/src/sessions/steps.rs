@@ -440,6 +440,7 @@ impl Daemon {
             sent,
             reply,
             trace,
+            partial,
         } = request;
         let detail = self.observers.record_detail(&session, trace.as_ref());
         let timeline = detail.traced.then(Timeline::new);
@@ -465,6 +466,7 @@ impl Daemon {
         let run = RecordRun {
             id: &session,
             sent,
+            partial,
             detail,
             timeline: timeline.as_ref(),
         };
@@ -513,8 +515,17 @@ impl Daemon {
         let mut message =
             step::review_recorded(&registry, &plan, &slot.get().state, message, observe)?;
         session::tool_result_shown(&mut message, shown.template.as_deref(), &shown.empty);
-        slot.get().state.check_message(&message)?;
-        let (body, blocks) = self.reply_body(&mut slot, message, outcome.usage.as_ref(), run.sent);
+        // A partial reply (G5) is recorded with its reason even when nothing of it came.
+        let empty = matches!(&message, Message::Assistant { content, tool_calls, .. }
+            if content.trim().is_empty() && tool_calls.is_empty());
+        if !(run.partial.is_some() && empty) {
+            slot.get().state.check_message(&message)?;
+        }
+        let (mut body, blocks) =
+            self.reply_body(&mut slot, message, outcome.usage.as_ref(), run.sent);
+        if let Body::AssistantMessage(recorded) = &mut body {
+            recorded.partial.clone_from(&run.partial);
+        }
         let event = step::encode(&body)?;
         outcome.cache = match &body {
             Body::AssistantMessage(r) => r.cache.clone(),
@@ -742,6 +753,7 @@ struct StepRun<'a> {
 struct RecordRun<'a> {
     id: &'a str,
     sent: Option<(Format, Option<u64>)>,
+    partial: Option<String>,
     detail: Detail,
     timeline: Option<&'a Timeline>,
 }
