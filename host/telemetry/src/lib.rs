@@ -224,7 +224,7 @@ impl Telemetry {
                     runtime.handle().clone(),
                     &inner.settings,
                     resource.clone(),
-                    with_own(source, Arc::downgrade(&inner)),
+                    &with_own(source, Arc::downgrade(&inner)),
                 ))
             }
             _ => None,
@@ -353,7 +353,7 @@ impl Telemetry {
 
     /// A step ended: its `chat` span (waiting for the reply when it was served) and a span
     /// for each stage and plugin call; `usage` is the request's size by part.
-    pub fn step(&self, r: StepRecord, usage: Option<&promptd_core::budget::Usage>) {
+    pub fn step(&self, r: &StepRecord, usage: Option<&promptd_core::budget::Usage>) {
         let inner = &self.inner;
         let Some(place) = r
             .sampled
@@ -389,7 +389,7 @@ impl Telemetry {
             Some(m) => format!("chat {m}"),
             None => "chat".to_string(),
         };
-        let attributes = spans::step_attributes(&r, usage, &inner.keys, url);
+        let attributes = spans::step_attributes(r, usage, &inner.keys, url);
         let mut span = spans::span(
             &inner.scope,
             name,
@@ -431,7 +431,7 @@ impl Telemetry {
     /// A message was recorded (or refused): a `promptd.record` span with its review hooks and
     /// append; a reply's usage, cache outcome and cost go on its step's `chat` span, which is
     /// then exported (or on the record's own span, when that one was exported already).
-    pub fn record(&self, r: RecordRecord) {
+    pub fn record(&self, r: &RecordRecord) {
         let inner = &self.inner;
         let now = SystemTime::now();
         let (start, end) = (r.start.unwrap_or(now), r.end.unwrap_or(now));
@@ -485,7 +485,7 @@ impl Telemetry {
             attributes.push(kv("error.type", code.clone()));
         }
         let reply_attributes = if reply {
-            spans::reply_attributes(&r)
+            spans::reply_attributes(r)
         } else {
             Vec::new()
         };

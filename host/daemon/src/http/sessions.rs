@@ -122,7 +122,7 @@ pub(crate) async fn compact(
 
 /// An event as the API shows it: its body as a JSON value (keys sorted). A body that is not
 /// JSON is `store_corrupt`, as every reader of the log says.
-pub(crate) fn event_view(session: &str, e: Event) -> Result<api::EventView, DaemonError> {
+pub(crate) fn event_view(session: &str, e: &Event) -> Result<api::EventView, DaemonError> {
     let body = serde_json::from_str(&e.body).map_err(|problem| {
         promptd_core::Error::Store(promptd_core::store::StoreError::Corrupt {
             session: session.to_string(),
@@ -150,7 +150,7 @@ pub(crate) async fn session_events(
     let events = blocking(move || {
         let events = daemon.session_events(&id)?;
         events
-            .into_iter()
+            .iter()
             .map(|e| event_view(&id, e))
             .collect::<Result<Vec<_>, _>>()
     })
