@@ -39,7 +39,7 @@ pub use observer::Observer;
 pub use settings::Settings;
 pub use spans::{PrefixFacts, RecordRecord, Sampled, StepContent, StepRecord, Timed, Work};
 
-use spans::{kv, Place};
+use spans::{kv, Place, SpanParts};
 
 /// Why telemetry could not start.
 #[derive(Debug, thiserror::Error)]
@@ -330,13 +330,15 @@ impl Telemetry {
         ];
         let mut span = spans::span(
             &self.inner.scope,
-            format!("invoke_agent {agent}"),
-            SpanKind::Internal,
-            place,
-            session_span(session),
-            (at, at),
-            attributes,
-            Status::Unset,
+            SpanParts {
+                name: format!("invoke_agent {agent}").into(),
+                kind: SpanKind::Internal,
+                place,
+                id: session_span(session),
+                time: (at, at),
+                attributes,
+                status: Status::Unset,
+            },
         );
         if let Some(p) = parent {
             span.links
@@ -392,13 +394,15 @@ impl Telemetry {
         let attributes = spans::step_attributes(r, usage, &inner.keys, url);
         let mut span = spans::span(
             &inner.scope,
-            name,
-            SpanKind::Client,
-            place,
-            id,
-            (start, end),
-            attributes,
-            spans::status(r.error.as_ref()),
+            SpanParts {
+                name: name.into(),
+                kind: SpanKind::Client,
+                place,
+                id,
+                time: (start, end),
+                attributes,
+                status: spans::status(r.error.as_ref()),
+            },
         );
         span.events.events = events;
         match r.step {
@@ -504,13 +508,15 @@ impl Telemetry {
             let events = inner.children(place.trace, id, &r.timeline, &mut out);
             let mut span = spans::span(
                 &inner.scope,
-                format!("promptd.record {}", r.role),
-                SpanKind::Server,
-                place,
-                id,
-                (start, end),
-                attributes,
-                spans::status(r.error.as_ref()),
+                SpanParts {
+                    name: format!("promptd.record {}", r.role).into(),
+                    kind: SpanKind::Server,
+                    place,
+                    id,
+                    time: (start, end),
+                    attributes,
+                    status: spans::status(r.error.as_ref()),
+                },
             );
             span.events.events = events;
             if r.parent.is_some() {
@@ -646,13 +652,15 @@ impl Inner {
             };
             out.push(spans::span(
                 &self.scope,
-                name,
-                SpanKind::Internal,
-                place,
-                id,
-                (t.start, t.end),
-                attributes,
-                status,
+                SpanParts {
+                    name,
+                    kind: SpanKind::Internal,
+                    place,
+                    id,
+                    time: (t.start, t.end),
+                    attributes,
+                    status,
+                },
             ));
         }
         parent_events
