@@ -35,11 +35,15 @@ pub(crate) fn json_reply(status: StatusCode, v: &impl serde::Serialize) -> Respo
     }
 }
 
-/// Runs blocking daemon work (plugin calls, SQLite) off the async threads.
+/// The shell of every handler that calls the daemon: `work` runs on the blocking pool (plugin
+/// calls, SQLite) with the daemon of `state`, off the async threads; its error is answered as
+/// [`status`] and [`ErrorBody`] say, a worker that panicked as `500 internal`.
 pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
+    state: &AppState,
+    work: impl FnOnce(&Daemon) -> Result<T, DaemonError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
+    let daemon = state.daemon.clone();
+    match tokio::task::spawn_blocking(move || work(&daemon)).await {
         Ok(result) => result.map_err(ApiError::from),
         Err(e) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

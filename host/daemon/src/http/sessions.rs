@@ -15,9 +15,8 @@ pub(crate) async fn list_sessions(
     QueryOf(query): QueryOf<ListQuery>,
 ) -> ApiResult {
     let limit = query.limit.unwrap_or(100).min(1000) as usize;
-    let daemon = state.daemon.clone();
     let filter = query.q.unwrap_or_default();
-    let sessions = blocking(move || daemon.sessions(&filter, limit)).await?;
+    let sessions = blocking(&state, move |daemon| daemon.sessions(&filter, limit)).await?;
     Ok(json_body(&api::SessionList { sessions }))
 }
 
@@ -40,10 +39,12 @@ pub(crate) async fn create_session(
     headers: HeaderMap,
     JsonBody(req): JsonBody<api::NewSession>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
     let agent = req.agent.clone();
     let parent = trace_parent(&headers);
-    let id = blocking(move || daemon.create_session_traced(&agent, parent.as_ref())).await?;
+    let id = blocking(&state, move |daemon| {
+        daemon.create_session_traced(&agent, parent.as_ref())
+    })
+    .await?;
     let body = api::SessionCreated {
         id,
         agent: req.agent,
@@ -66,8 +67,7 @@ pub(crate) async fn usage_report(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let report = blocking(move || daemon.usage_report(&id)).await?;
+    let report = blocking(&state, move |daemon| daemon.usage_report(&id)).await?;
     Ok(json_body(&report))
 }
 
@@ -81,9 +81,10 @@ pub(crate) async fn usage_summary(
     QueryOf(query): QueryOf<UsageQuery>,
 ) -> ApiResult {
     let limit = query.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
-    let daemon = state.daemon.clone();
-    let summary =
-        blocking(move || daemon.usage_summary(query.agent.as_deref(), query.since, limit)).await?;
+    let summary = blocking(&state, move |daemon| {
+        daemon.usage_summary(query.agent.as_deref(), query.since, limit)
+    })
+    .await?;
     Ok(json_body(&summary))
 }
 
@@ -115,8 +116,10 @@ pub(crate) async fn compact(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<api::CompactBody>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let seq = blocking(move || daemon.compact(&id, req.from, req.to, &req.summary)).await?;
+    let seq = blocking(&state, move |daemon| {
+        daemon.compact(&id, req.from, req.to, &req.summary)
+    })
+    .await?;
     Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
 }
 
@@ -146,8 +149,7 @@ pub(crate) async fn session_events(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let events = blocking(move || {
+    let events = blocking(&state, move |daemon| {
         let events = daemon.session_events(&id)?;
         events
             .iter()

@@ -16,7 +16,6 @@ pub(crate) async fn step(
     JsonBody(req): JsonBody<api::StepBody>,
 ) -> ApiResult {
     let parent = trace_parent(&headers);
-    let daemon = state.daemon.clone();
     let input = StepInput {
         messages: req.messages,
         facts: req.facts,
@@ -31,7 +30,7 @@ pub(crate) async fn step(
     // the step then records nothing (issue 32, cancellation).
     let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut guard = CancelOnDrop(Some(cancelled.clone()));
-    let response = blocking(move || {
+    let response = blocking(&state, move |daemon| {
         let mut out = Pieces::default();
         out.text(match since {
             Some(_) => "{\"parts\":",
@@ -104,8 +103,7 @@ pub(crate) async fn record_message(
     // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
     let mut request = crate::RecordRequest::reply(id, value, sent.format, sent.at)?;
     request.trace = parent;
-    let daemon = state.daemon.clone();
-    let recorded = blocking(move || daemon.record(request)).await?;
+    let recorded = blocking(&state, move |daemon| daemon.record(request)).await?;
     let (seq, tool_calls) = (recorded.seq, recorded.tool_calls);
     Ok(json_reply(
         StatusCode::CREATED,
@@ -168,8 +166,7 @@ pub(crate) async fn run_tool_call(
     State(state): State<Arc<AppState>>,
     Path((id, call_id)): Path<(String, String)>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let run = blocking(move || daemon.run_tool_call(&id, &call_id)).await?;
+    let run = blocking(&state, move |daemon| daemon.run_tool_call(&id, &call_id)).await?;
     Ok(json_reply(StatusCode::CREATED, &run))
 }
 
@@ -206,8 +203,7 @@ pub(crate) async fn step_request(
         format,
     }: StepRef,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let frozen = blocking(move || daemon.request(&id, n)).await?;
+    let frozen = blocking(&state, move |daemon| daemon.request(&id, n)).await?;
     Ok(json_bytes(
         StatusCode::OK,
         formats::render(&frozen, format).to_string(),
@@ -250,8 +246,7 @@ pub(crate) async fn step_explain(
         format,
     }: StepRef,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let explained = blocking(move || daemon.explain(&id, n, format)).await?;
+    let explained = blocking(&state, move |daemon| daemon.explain(&id, n, format)).await?;
     let mut said: Vec<String> = explained.held.iter().map(ToString::to_string).collect();
     if let Some(r) = &explained.released {
         said.push(format!(
@@ -285,7 +280,6 @@ pub(crate) async fn step_diff(
         format,
     }: StepRef,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let diff = blocking(move || daemon.diff(&id, n, format)).await?;
+    let diff = blocking(&state, move |daemon| daemon.diff(&id, n, format)).await?;
     Ok(json_body(&diff))
 }
