@@ -65,7 +65,7 @@ pub(crate) fn trace_parent(headers: &HeaderMap) -> Option<crate::TraceContext> {
     responses((status = 200, description = "`{\"session\", \"steps\": [...], \"totals\"}`", body = Object), api::Errors))]
 pub(crate) async fn usage_report(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> ApiResult {
     let report = blocking(&state, move |daemon| daemon.usage_report(&id)).await?;
     Ok(json_body(&report))
@@ -113,7 +113,7 @@ pub(crate) struct UsageQuery {
     responses((status = 201, description = "The `history/compacted` event's seq", body = api::Recorded), api::Errors))]
 pub(crate) async fn compact(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     JsonBody(req): JsonBody<api::CompactBody>,
 ) -> ApiResult {
     let seq = blocking(&state, move |daemon| {
@@ -147,7 +147,7 @@ pub(crate) fn event_view(session: &str, e: &Event) -> Result<api::EventView, Dae
     responses((status = 200, description = "The session's events, in order", body = api::EventList), api::Errors))]
 pub(crate) async fn session_events(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> ApiResult {
     let events = blocking(&state, move |daemon| {
         let events = daemon.session_events(&id)?;

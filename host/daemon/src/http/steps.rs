@@ -11,7 +11,7 @@ use super::*;
     responses((status = 200, description = "The request body to send to the provider, the step's number and its measured size", body = api::StepReply), api::Errors))]
 pub(crate) async fn step(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     headers: HeaderMap,
     JsonBody(req): JsonBody<api::StepBody>,
 ) -> ApiResult {
@@ -94,7 +94,7 @@ impl Drop for CancelOnDrop {
     responses((status = 201, description = "The recorded event's seq, and the tool calls a reply opened", body = api::RecordedMessage), api::Errors))]
 pub(crate) async fn record_message(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     sent: Sent,
     headers: HeaderMap,
     JsonBody(value): JsonBody<Value>,
@@ -164,9 +164,12 @@ pub(crate) struct SentQuery {
               api::Errors))]
 pub(crate) async fn run_tool_call(
     State(state): State<Arc<AppState>>,
-    Path((id, call_id)): Path<(String, String)>,
+    ToolCallRef { session, call_id }: ToolCallRef,
 ) -> ApiResult {
-    let run = blocking(&state, move |daemon| daemon.run_tool_call(&id, &call_id)).await?;
+    let run = blocking(&state, move |daemon| {
+        daemon.run_tool_call(&session, &call_id)
+    })
+    .await?;
     Ok(json_reply(StatusCode::CREATED, &run))
 }
 
