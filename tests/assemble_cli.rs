@@ -32,7 +32,7 @@ const GUIDANCE: &str =
 write_file, giving the whole new content. Use list_dir to look around. Use bash for builds and \
 tests, not for reading or writing files.";
 
-fn tool(name: &str, description: &str, parameters: Value) -> Value {
+fn tool(name: &str, description: &str, parameters: &Value) -> Value {
     json!({"name": name, "description": description, "parameters": parameters})
 }
 
@@ -44,7 +44,7 @@ fn expected_tools(read_only: bool) -> Vec<Value> {
         tools.push(tool(
             "bash",
             "Run a shell command in the working directory.",
-            json!({"type": "object", "properties": {
+            &json!({"type": "object", "properties": {
                 "command": {"type": "string", "description": "The shell command to run"},
                 "timeout_ms": {"type": "integer", "minimum": 1, "maximum": 600000,
                                "description": "Kill the command after this many milliseconds"}},
@@ -54,14 +54,14 @@ fn expected_tools(read_only: bool) -> Vec<Value> {
     tools.push(tool(
         "list_dir",
         "List the entries of a directory.",
-        json!({"type": "object", "properties": {
+        &json!({"type": "object", "properties": {
             "path": path("Directory path; defaults to the working directory")},
             "additionalProperties": false}),
     ));
     tools.push(tool(
         "read_file",
         "Read a text file.",
-        json!({"type": "object", "properties": {
+        &json!({"type": "object", "properties": {
             "path": path(rel),
             "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
             "limit": {"type": "integer", "minimum": 1, "description": "Most lines to read"}},
@@ -71,7 +71,7 @@ fn expected_tools(read_only: bool) -> Vec<Value> {
         tools.push(tool(
             "write_file",
             "Create or overwrite a text file.",
-            json!({"type": "object", "properties": {
+            &json!({"type": "object", "properties": {
                 "path": path(rel),
                 "content": {"type": "string", "description": "The whole new content of the file"}},
                 "required": ["path", "content"], "additionalProperties": false}),

@@ -16,7 +16,7 @@ fn serve(folder: &Folder, config: &str) -> (Served, tempfile::TempDir) {
     folder.serve(&format!("{MODEL}{config}"))
 }
 
-fn step(d: &Served, id: &str, body: Value) -> (u16, Value) {
+fn step(d: &Served, id: &str, body: &Value) -> (u16, Value) {
     let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), &body.to_string());
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
@@ -41,7 +41,7 @@ fn q14_every_step_is_measured_beside_the_request_and_in_the_log() {
     let (status, body) = step(
         &d,
         &id,
-        json!({"format": "openai", "messages": [{"role": "user", "content": "日本語で答えて 🙂"}]}),
+        &json!({"format": "openai", "messages": [{"role": "user", "content": "日本語で答えて 🙂"}]}),
     );
     assert_eq!(status, 200, "{body}");
     let usage = &body["usage"];
@@ -75,7 +75,7 @@ fn q14_every_step_is_measured_beside_the_request_and_in_the_log() {
     let (_, body) = step(
         &d,
         &other,
-        json!({"messages": [{"role": "user", "content": "hi"}]}),
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
     );
     assert_eq!(body["usage"]["tokenizer"], "chars");
     assert!(body["usage"].get("window").is_none(), "{}", body["usage"]);
@@ -98,7 +98,7 @@ fn q14_a_request_over_the_window_is_context_overflow_and_records_nothing() {
     let (status, body) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "go"}]}),
+        &json!({"messages": [{"role": "user", "content": "go"}]}),
     );
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "context_overflow");
@@ -113,13 +113,13 @@ fn q14_a_request_over_the_window_is_context_overflow_and_records_nothing() {
     let (status, body) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "go"}]}),
+        &json!({"messages": [{"role": "user", "content": "go"}]}),
     );
     assert_eq!(status, 200, "{body}");
     let (status, body) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "x".repeat(200)}]}),
+        &json!({"messages": [{"role": "user", "content": "x".repeat(200)}]}),
     );
     assert_eq!(status, 422, "{body}");
     assert!(body["error"]["message"]
@@ -129,7 +129,7 @@ fn q14_a_request_over_the_window_is_context_overflow_and_records_nothing() {
     let (status, _) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "ok"}]}),
+        &json!({"messages": [{"role": "user", "content": "ok"}]}),
     );
     assert_eq!(status, 200, "the next valid step works");
 }
@@ -147,7 +147,7 @@ fn q14_tool_results_follow_the_agents_template_and_empty_ones_say_so() {
     step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "go"}]}),
+        &json!({"messages": [{"role": "user", "content": "go"}]}),
     );
     let reply = json!({"role": "assistant", "content": "", "tool_calls": [
         {"id": "a", "name": "t", "arguments": {}}, {"id": "b", "name": "t", "arguments": {}}]});
@@ -156,7 +156,7 @@ fn q14_tool_results_follow_the_agents_template_and_empty_ones_say_so() {
     let (status, body) = step(
         &d,
         &id,
-        json!({"messages": [
+        &json!({"messages": [
             {"role": "tool", "tool_call_id": "a", "content": "file list"},
             {"role": "tool", "tool_call_id": "b", "content": ""}]}),
     );
@@ -174,7 +174,7 @@ fn q14_tool_results_follow_the_agents_template_and_empty_ones_say_so() {
     step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "go"}]}),
+        &json!({"messages": [{"role": "user", "content": "go"}]}),
     );
     let reply =
         json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": "t"}]});
@@ -182,7 +182,7 @@ fn q14_tool_results_follow_the_agents_template_and_empty_ones_say_so() {
     let (_, body) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "tool", "tool_call_id": "c", "content": ""}]}),
+        &json!({"messages": [{"role": "tool", "tool_call_id": "c", "content": ""}]}),
     );
     let last = body["request"]["messages"]
         .as_array()
@@ -212,7 +212,7 @@ fn q14_an_empty_plugin_is_the_same_as_no_plugin() {
             let (status, body) = step(
                 &d,
                 &id,
-                json!({"format": "anthropic", "messages": [{"role": "user", "content": "go"}]}),
+                &json!({"format": "anthropic", "messages": [{"role": "user", "content": "go"}]}),
             );
             assert_eq!(status, 200, "{body}");
             body["request"].to_string()
@@ -393,14 +393,14 @@ fn q14_a_summary_replaces_a_range_and_never_splits_a_tool_pair() {
     let (_, first) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "first question"}]}),
+        &json!({"messages": [{"role": "user", "content": "first question"}]}),
     );
     let call = json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "t", "arguments": {}}]});
     d.post(&format!("/v1/sessions/{id}/messages"), &call.to_string());
     step(
         &d,
         &id,
-        json!({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "long output"}]}),
+        &json!({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "long output"}]}),
     );
     d.post(
         &format!("/v1/sessions/{id}/messages"),
@@ -409,7 +409,7 @@ fn q14_a_summary_replaces_a_range_and_never_splits_a_tool_pair() {
     let (_, before) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "second question"}]}),
+        &json!({"messages": [{"role": "user", "content": "second question"}]}),
     );
     let compact = |from: u64, to: u64| {
         let (status, text) = d.post(
@@ -444,7 +444,7 @@ fn q14_a_summary_replaces_a_range_and_never_splits_a_tool_pair() {
     let (_, after) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "third"}]}),
+        &json!({"messages": [{"role": "user", "content": "third"}]}),
     );
     let texts: Vec<String> = after["request"]["messages"]
         .as_array()
@@ -492,9 +492,9 @@ fn q14_a_compaction_keeps_the_active_snapshot() {
         );
         assert_eq!(status, 201, "{body}");
     };
-    step(&d, &id, user("first"));
+    step(&d, &id, &user("first"));
     reply("ok");
-    step(&d, &id, user("second"));
+    step(&d, &id, &user("second"));
     reply("ok 2");
     let log = events(&d, &id);
     let seq_of = |kind: &str, nth: usize| -> u64 {
@@ -534,7 +534,7 @@ fn q14_a_compaction_keeps_the_active_snapshot() {
         .unwrap();
     assert_eq!(compacted["body"]["kept"], json!([snapshot]), "{compacted}");
 
-    let (status, after) = step(&d, &id, user("third"));
+    let (status, after) = step(&d, &id, &user("third"));
     assert_eq!(status, 200, "{after}");
     let messages = after["request"]["messages"].as_array().unwrap();
     let texts: Vec<&str> = messages
@@ -573,7 +573,7 @@ fn q14_provider_usage_is_compared_with_the_estimate() {
     let (_, first) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "hello"}]}),
+        &json!({"messages": [{"role": "user", "content": "hello"}]}),
     );
     let estimate = first["usage"]["total"]["tokens"].as_u64().unwrap();
     // A whole Chat Completion, as the OpenAI SDK returns it.
@@ -590,7 +590,7 @@ fn q14_provider_usage_is_compared_with_the_estimate() {
     step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "again"}]}),
+        &json!({"messages": [{"role": "user", "content": "again"}]}),
     );
     // An Anthropic message: its input_tokens leave out the cache.
     let message = json!({"type": "message", "role": "assistant",
@@ -619,7 +619,7 @@ fn q14_provider_usage_is_compared_with_the_estimate() {
     let (_, third) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "3"}]}),
+        &json!({"messages": [{"role": "user", "content": "3"}]}),
     );
     assert!(!third["request"].to_string().contains("cached_tokens"));
 }
@@ -640,7 +640,7 @@ fn q14_history_and_context_caps_hold() {
         let (status, body) = step(
             &d,
             &id,
-            json!({"messages": [{"role": "user", "content": text}]}),
+            &json!({"messages": [{"role": "user", "content": text}]}),
         );
         assert_eq!(status, 200, "{body}");
         let tokens = body["usage"]["messages"]["tokens"].as_u64().unwrap();
@@ -664,7 +664,7 @@ fn q14_history_and_context_caps_hold() {
     let (status, body) = step(
         &d,
         &id,
-        json!({"messages": [{"role": "user", "content": "go"}]}),
+        &json!({"messages": [{"role": "user", "content": "go"}]}),
     );
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "context_overflow");
@@ -676,7 +676,7 @@ fn q14_history_and_context_caps_hold() {
     assert_eq!(events(&d, &id), before);
     let other = d.session("default");
     assert_eq!(
-        step(&d, &other, json!({})).0,
+        step(&d, &other, &json!({})).0,
         200,
         "agents without the cap are served"
     );

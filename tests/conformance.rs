@@ -20,7 +20,7 @@ fn serve(config: &str) -> (Served, tempfile::TempDir, Folder) {
     (d, tmp, folder)
 }
 
-fn step(d: &Served, id: &str, format: &str, messages: Value) -> (u16, Value) {
+fn step(d: &Served, id: &str, format: &str, messages: &Value) -> (u16, Value) {
     let (status, text) = d.post(
         &format!("/v1/sessions/{id}/steps"),
         &json!({"format": format, "messages": messages, "facts": {"cwd": "/w"}}).to_string(),
@@ -78,7 +78,7 @@ fn q5_inputs_that_break_a_providers_rules_are_refused_and_record_nothing() {
         &d,
         &id,
         "openai",
-        json!([{"role": "user", "content": "  "}]),
+        &json!([{"role": "user", "content": "  "}]),
     );
     refused(&d, &id, "empty_message", out);
     assert_eq!(
@@ -86,7 +86,7 @@ fn q5_inputs_that_break_a_providers_rules_are_refused_and_record_nothing() {
             &d,
             &id,
             "openai",
-            json!([{"role": "user", "content": "go"}])
+            &json!([{"role": "user", "content": "go"}])
         )
         .0,
         200
@@ -108,22 +108,22 @@ fn q5_inputs_that_break_a_providers_rules_are_refused_and_record_nothing() {
         &d,
         &id,
         "openai",
-        json!([{"role": "user", "content": "and?"}]),
+        &json!([{"role": "user", "content": "and?"}]),
     );
     // The error body names the open calls in a field, not only in its message.
     assert_eq!(out.1["error"]["call_ids"], json!(["c1", "c2"]), "{}", out.1);
     refused(&d, &id, "open_tool_calls", out);
-    let out = step(&d, &id, "openai", json!([result("c1")]));
+    let out = step(&d, &id, "openai", &json!([result("c1")]));
     assert_eq!(out.1["error"]["call_ids"], json!(["c2"]), "{}", out.1);
     refused(&d, &id, "open_tool_calls", out);
     let out = step(
         &d,
         &id,
         "anthropic",
-        json!([result("c1"), {"role": "user", "content": "also"}, result("c2")]),
+        &json!([result("c1"), {"role": "user", "content": "also"}, result("c2")]),
     );
     refused(&d, &id, "tool_results_first", out);
-    let out = step(&d, &id, "openai", json!([result("c1"), result("c1")]));
+    let out = step(&d, &id, "openai", &json!([result("c1"), result("c1")]));
     refused(&d, &id, "tool_call_answered", out);
     let out = record(&d, &id, &json!({"role": "assistant", "content": "done"}));
     refused(&d, &id, "open_tool_calls", out);
@@ -132,7 +132,7 @@ fn q5_inputs_that_break_a_providers_rules_are_refused_and_record_nothing() {
         &d,
         &id,
         "anthropic",
-        json!([result("c2"), result("c1"), {"role": "user", "content": "thanks"}]),
+        &json!([result("c2"), result("c1"), {"role": "user", "content": "thanks"}]),
     );
     assert_eq!(status, 200, "{body}");
     let turns = body["request"]["messages"].as_array().unwrap();
@@ -144,7 +144,7 @@ fn q5_inputs_that_break_a_providers_rules_are_refused_and_record_nothing() {
         .map(|b| b["type"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["tool_result", "tool_result", "text"], "{last}");
-    let out = step(&d, &id, "openai", json!([result("c1")]));
+    let out = step(&d, &id, "openai", &json!([result("c1")]));
     refused(&d, &id, "tool_call_answered", out);
 }
 
@@ -156,14 +156,14 @@ fn q5_a_string_of_arguments_is_kept_for_openai_and_an_object_for_anthropic() {
         &d,
         &id,
         "openai",
-        json!([{"role": "user", "content": "go"}]),
+        &json!([{"role": "user", "content": "go"}]),
     );
     // As the OpenAI SDK returns it (model_dump).
     let reply = json!({"role": "assistant", "content": null, "refusal": null, "annotations": [],
         "tool_calls": [{"id": "call_1", "type": "function",
             "function": {"name": "read", "arguments": "{\"path\": \"a.txt\"}"}}]});
     assert_eq!(record(&d, &id, &reply).0, 201);
-    let (status, openai) = step(&d, &id, "openai", json!([result("call_1")]));
+    let (status, openai) = step(&d, &id, "openai", &json!([result("call_1")]));
     assert_eq!(status, 200, "{openai}");
     let assistant = first(&openai["request"], "assistant");
     assert_eq!(
@@ -191,7 +191,7 @@ fn q4_thinking_blocks_round_trip_byte_exact() {
         &d,
         &id,
         "anthropic",
-        json!([{"role": "user", "content": "go"}]),
+        &json!([{"role": "user", "content": "go"}]),
     );
     let blocks = json!([
         {"type": "thinking", "thinking": "The user wants \"a\"…\nLet me read it.", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxQ+/Sig=="},
@@ -207,14 +207,14 @@ fn q4_thinking_blocks_round_trip_byte_exact() {
     let expected = json!([
         blocks[0], blocks[1], {"type": "text", "text": "Reading a."}, blocks[3]
     ]);
-    let (status, body) = step(&d, &id, "anthropic", json!([result("toolu_1")]));
+    let (status, body) = step(&d, &id, "anthropic", &json!([result("toolu_1")]));
     assert_eq!(status, 200, "{body}");
     assert_eq!(first(&body["request"], "assistant")["content"], expected);
     let (_, later) = step(
         &d,
         &id,
         "anthropic",
-        json!([{"role": "user", "content": "ok"}]),
+        &json!([{"role": "user", "content": "ok"}]),
     );
     assert_eq!(first(&later["request"], "assistant")["content"], expected);
     for n in [2, 3] {
@@ -246,7 +246,7 @@ fn q4_thinking_blocks_round_trip_byte_exact() {
         &d,
         &id,
         "openai",
-        json!([{"role": "user", "content": "more"}]),
+        &json!([{"role": "user", "content": "more"}]),
     );
     let assistant = first(&openai["request"], "assistant");
     assert_eq!(assistant["content"], "Reading a.", "{assistant}");
@@ -266,7 +266,7 @@ fn q8_model_settings_are_merged_per_provider_and_required_keys_checked() {
         &d,
         &id,
         "anthropic",
-        json!([{"role": "user", "content": "go"}]),
+        &json!([{"role": "user", "content": "go"}]),
     );
     refused(&d, &id, "missing_model_setting", out.clone());
     assert!(
@@ -281,7 +281,7 @@ fn q8_model_settings_are_merged_per_provider_and_required_keys_checked() {
         &d,
         &id,
         "openai",
-        json!([{"role": "user", "content": "go"}]),
+        &json!([{"role": "user", "content": "go"}]),
     );
     assert_eq!(status, 200, "{body}");
     let request = &body["request"];
@@ -297,7 +297,7 @@ fn q8_model_settings_are_merged_per_provider_and_required_keys_checked() {
         &d,
         &id,
         "openai-responses",
-        json!([{"role": "user", "content": "again"}]),
+        &json!([{"role": "user", "content": "again"}]),
     );
     assert_eq!(status, 200, "{body}");
     let r = &body["request"];
@@ -332,7 +332,7 @@ fn q8_anthropic_breakpoints_sit_after_the_stable_prefix_and_on_the_last_message(
         &d,
         &id,
         "anthropic",
-        json!([{"role": "user", "content": "go"}]),
+        &json!([{"role": "user", "content": "go"}]),
     );
     let r = &body["request"];
     let count = r.to_string().matches("cache_control").count();
@@ -359,7 +359,7 @@ fn q8_anthropic_breakpoints_sit_after_the_stable_prefix_and_on_the_last_message(
         &d,
         &id,
         "anthropic",
-        json!([{"role": "user", "content": [
+        &json!([{"role": "user", "content": [
             {"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}]}]),
     );
     assert!(
@@ -474,7 +474,7 @@ fn q13_images_and_documents_render_in_every_format() {
         {"type": "image", "media_type": "image/png", "data": PNG},
         {"type": "image", "url": "https://example.com/a.jpg"},
         {"type": "document", "media_type": "application/pdf", "data": "JVBERi0xLjQK", "name": "spec.pdf"}]});
-    let (status, body) = step(&d, &id, "anthropic", json!([user]));
+    let (status, body) = step(&d, &id, "anthropic", &json!([user]));
     assert_eq!(status, 200, "{body}");
     let blocks = &first(&body["request"], "user")["content"];
     assert_eq!(
@@ -500,7 +500,7 @@ fn q13_images_and_documents_render_in_every_format() {
     let shot = json!({"role": "tool", "tool_call_id": "s1", "content": [
         {"type": "text", "text": "the screen:"},
         {"type": "image", "media_type": "image/png", "data": PNG}]});
-    let (status, body) = step(&d, &id, "openai", json!([shot]));
+    let (status, body) = step(&d, &id, "openai", &json!([shot]));
     assert_eq!(status, 200, "{body}");
     let messages = body["request"]["messages"].as_array().unwrap();
     let user_parts = &first(&body["request"], "user")["content"];
@@ -570,10 +570,10 @@ fn q13_images_and_documents_render_in_every_format() {
         &d,
         &id,
         "invalid_block",
-        step(&d, &id, "anthropic", image("image/bmp", PNG)),
+        step(&d, &id, "anthropic", &image("image/bmp", PNG)),
     );
     let big = "A".repeat(70 << 10);
-    let out = step(&d, &id, "anthropic", image("image/png", &big));
+    let out = step(&d, &id, "anthropic", &image("image/png", &big));
     assert!(
         out.1.to_string().contains("limits.max_block_kb"),
         "{}",
@@ -584,11 +584,11 @@ fn q13_images_and_documents_render_in_every_format() {
         &d,
         &id,
         "invalid_block",
-        step(&d, &id, "anthropic", image("image/png", "!!!")),
+        step(&d, &id, "anthropic", &image("image/png", "!!!")),
     );
     let url_doc =
         json!([{"role": "user", "content": [{"type": "document", "url": "https://x/s.pdf"}]}]);
-    let out = step(&d, &id, "openai", url_doc.clone());
+    let out = step(&d, &id, "openai", &url_doc);
     assert!(
         out.1.to_string().contains("openai format cannot carry"),
         "{}",
@@ -596,7 +596,7 @@ fn q13_images_and_documents_render_in_every_format() {
     );
     refused(&d, &id, "unsupported_block", out);
     assert_eq!(
-        step(&d, &id, "anthropic", url_doc).0,
+        step(&d, &id, "anthropic", &url_doc).0,
         200,
         "Anthropic takes PDFs by URL"
     );
@@ -608,7 +608,7 @@ fn q13_images_and_documents_render_in_every_format() {
             &d,
             &id,
             "openai",
-            json!([{"role": "user", "content": "more"}]),
+            &json!([{"role": "user", "content": "more"}]),
         ),
     );
 }
@@ -641,7 +641,7 @@ fn q5_q8_gemini_replies_go_back_exactly_and_calls_without_ids_are_named() {
         &d,
         &id,
         "gemini",
-        json!([{"role": "user", "content": "go"}]),
+        &json!([{"role": "user", "content": "go"}]),
     );
     assert_eq!(status, 200, "{body}");
     let request = &body["request"];
@@ -673,9 +673,14 @@ fn q5_q8_gemini_replies_go_back_exactly_and_calls_without_ids_are_named() {
         .map(|c| c["id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(ids, [format!("call_{seq}_0"), format!("call_{seq}_1")]);
-    let out = step(&d, &id, "gemini", json!([result(&ids[0])]));
+    let out = step(&d, &id, "gemini", &json!([result(&ids[0])]));
     refused(&d, &id, "open_tool_calls", out);
-    let (status, body) = step(&d, &id, "gemini", json!([result(&ids[0]), result(&ids[1])]));
+    let (status, body) = step(
+        &d,
+        &id,
+        "gemini",
+        &json!([result(&ids[0]), result(&ids[1])]),
+    );
     assert_eq!(status, 200, "{body}");
     let contents = body["request"]["contents"].as_array().unwrap();
     assert_eq!(
@@ -712,7 +717,7 @@ fn q5_q8_gemini_replies_go_back_exactly_and_calls_without_ids_are_named() {
         &d,
         &id,
         "bedrock",
-        json!([{"role": "user", "content": "and?"}]),
+        &json!([{"role": "user", "content": "and?"}]),
     );
     assert_eq!(status, 200, "{body}");
     let request = &body["request"];
@@ -746,7 +751,7 @@ fn q8_a_gemini_model_change_mid_session_sends_no_signature_of_the_other_model() 
             &d,
             &id,
             "gemini",
-            json!([{"role": "user", "content": "go"}])
+            &json!([{"role": "user", "content": "go"}])
         )
         .0,
         200
@@ -759,7 +764,7 @@ fn q8_a_gemini_model_change_mid_session_sends_no_signature_of_the_other_model() 
         .map(|c| c["id"].as_str().unwrap())
         .collect();
     let results = json!([result(ids[0]), result(ids[1])]);
-    let (status, same) = step(&d, &id, "gemini", results);
+    let (status, same) = step(&d, &id, "gemini", &results);
     assert_eq!(status, 200, "{same}");
     assert!(same["request"].to_string().contains("+/8Ac2lnLTE="));
     folder.config(&config.replace("gemini-3-pro-preview", "gemini-3-flash-preview"));
@@ -768,7 +773,7 @@ fn q8_a_gemini_model_change_mid_session_sends_no_signature_of_the_other_model() 
     loop {
         let probe = d.session("default");
         let go = json!([{"role": "user", "content": "probe"}]);
-        let (_, body) = step(&d, &probe, "gemini", go);
+        let (_, body) = step(&d, &probe, "gemini", &go);
         if body["request"]["model"] == "gemini-3-flash-preview" {
             break;
         }
@@ -782,7 +787,7 @@ fn q8_a_gemini_model_change_mid_session_sends_no_signature_of_the_other_model() 
         &d,
         &id,
         "gemini",
-        json!([{"role": "user", "content": "more"}]),
+        &json!([{"role": "user", "content": "more"}]),
     );
     assert_eq!(status, 200, "{other}");
     let request = &other["request"];
@@ -820,7 +825,7 @@ fn q5_q8_bedrock_refuses_media_by_url_and_keeps_reasoning() {
     let id = d.session("default");
     let url = json!([{"role": "user", "content": [
         {"type": "text", "text": "see"}, {"type": "image", "url": "https://x/a.png"}]}]);
-    let out = step(&d, &id, "bedrock", url.clone());
+    let out = step(&d, &id, "bedrock", &url);
     assert!(
         out.1.to_string().contains("bedrock format cannot carry"),
         "{}",
@@ -828,14 +833,14 @@ fn q5_q8_bedrock_refuses_media_by_url_and_keeps_reasoning() {
     );
     refused(&d, &id, "unsupported_block", out);
     assert_eq!(
-        step(&d, &id, "gemini", url).0,
+        step(&d, &id, "gemini", &url).0,
         200,
         "Gemini takes a file by URL"
     );
     // That session cannot go on in Bedrock's format now; a new one records a Converse reply.
     let id = d.session("default");
     let go = json!([{"role": "user", "content": "go"}]);
-    assert_eq!(step(&d, &id, "bedrock", go).0, 200);
+    assert_eq!(step(&d, &id, "bedrock", &go).0, 200);
     let converse = json!({
         "ResponseMetadata": {"HTTPStatusCode": 200},
         "output": {"message": {"role": "assistant", "content": [
@@ -850,7 +855,7 @@ fn q5_q8_bedrock_refuses_media_by_url_and_keeps_reasoning() {
     let (status, recorded) = record(&d, &id, &converse);
     assert_eq!(status, 201, "{recorded}");
     assert_eq!(recorded["tool_calls"][0]["id"], "tooluse_1");
-    let (status, body) = step(&d, &id, "bedrock", json!([result("tooluse_1")]));
+    let (status, body) = step(&d, &id, "bedrock", &json!([result("tooluse_1")]));
     assert_eq!(status, 200, "{body}");
     let messages = body["request"]["messages"].as_array().unwrap();
     assert_eq!(
@@ -895,7 +900,7 @@ fn q8_a_dialect_of_chat_completions_sends_what_its_server_takes() {
         &d,
         &id,
         "openai",
-        json!([{"role": "user", "content": "go"}]),
+        &json!([{"role": "user", "content": "go"}]),
     );
     assert_eq!(status, 200, "{body}");
     let request = &body["request"];
@@ -904,11 +909,11 @@ fn q8_a_dialect_of_chat_completions_sends_what_its_server_takes() {
     assert!(request.get("prompt_cache_key").is_none(), "{request}");
     let pdf = json!([{"role": "user", "content": [
         {"type": "document", "media_type": "application/pdf", "data": "JVBERi0xLjQK", "name": "a.pdf"}]}]);
-    let out = step(&d, &id, "openai", pdf.clone());
+    let out = step(&d, &id, "openai", &pdf);
     assert!(out.1.to_string().contains("`ollama` dialect"), "{}", out.1);
     refused(&d, &id, "unsupported_block", out);
     assert_eq!(
-        step(&d, &id, "anthropic", pdf).0,
+        step(&d, &id, "anthropic", &pdf).0,
         422,
         "no anthropic model configured"
     );
@@ -928,8 +933,8 @@ fn q8_gemini_refuses_a_tool_whose_name_it_would_refuse() {
     let (d, _s, _f) = serve(&format!("{plugin}{MODEL}{GEMINI}"));
     let id = d.session("default");
     let go = json!([{"role": "user", "content": "go"}]);
-    let out = step(&d, &id, "gemini", go.clone());
+    let out = step(&d, &id, "gemini", &go);
     assert!(out.1.to_string().contains("tool `9lives`"), "{}", out.1);
     refused(&d, &id, "unsupported_tool", out);
-    assert_eq!(step(&d, &id, "bedrock", go).0, 200);
+    assert_eq!(step(&d, &id, "bedrock", &go).0, 200);
 }

@@ -34,7 +34,7 @@ fn new_session(d: &Served, agent: &str) -> String {
 }
 
 /// POSTs a step; returns (step number, the exact bytes of `request`).
-fn step(d: &Served, id: &str, messages: Value, facts: Value, format: &str) -> (u64, String) {
+fn step(d: &Served, id: &str, messages: &Value, facts: &Value, format: &str) -> (u64, String) {
     let body = json!({"messages": messages, "facts": facts, "format": format}).to_string();
     let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), &body);
     assert_eq!(status, 200, "{text}");
@@ -92,8 +92,8 @@ fn q1_to_q5_a_scripted_session_through_a_tool_call() {
     let (n1, r1) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "What is here?"}]),
-        cwd.clone(),
+        &json!([{"role": "user", "content": "What is here?"}]),
+        &cwd,
         "neutral",
     );
     assert_eq!(n1, 1);
@@ -121,7 +121,7 @@ fn q1_to_q5_a_scripted_session_through_a_tool_call() {
 
     // Step 2: the tool result; same context, so no new snapshot and no new header.
     let result = json!([{"role": "tool", "tool_call_id": "call_1", "content": "a.txt\nb.txt"}]);
-    let (n2, r2) = step(&d, &id, result, cwd.clone(), "openai");
+    let (n2, r2) = step(&d, &id, &result, &cwd, "openai");
     assert_eq!(n2, 2);
     let v2: Value = serde_json::from_str(&r2).unwrap();
     let roles: Vec<&str> = v2["messages"]
@@ -142,8 +142,8 @@ fn q1_to_q5_a_scripted_session_through_a_tool_call() {
     let (_, r3) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "And in /other?"}]),
-        json!({"cwd": "/other"}),
+        &json!([{"role": "user", "content": "And in /other?"}]),
+        &json!({"cwd": "/other"}),
         "neutral",
     );
     let v3: Value = serde_json::from_str(&r3).unwrap();
@@ -157,8 +157,8 @@ fn q1_to_q5_a_scripted_session_through_a_tool_call() {
     let (_, r4) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "Forget it."}]),
-        json!({}),
+        &json!([{"role": "user", "content": "Forget it."}]),
+        &json!({}),
         "neutral",
     );
     let v4: Value = serde_json::from_str(&r4).unwrap();
@@ -171,8 +171,8 @@ fn q1_to_q5_a_scripted_session_through_a_tool_call() {
     let (_, r5) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "Bye."}]),
-        json!({}),
+        &json!([{"role": "user", "content": "Bye."}]),
+        &json!({}),
         "anthropic",
     );
     let v5: Value = serde_json::from_str(&r5).unwrap();
@@ -219,8 +219,8 @@ fn q1_to_q5_a_scripted_session_through_a_tool_call() {
     let (_, r6) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "Tools?"}]),
-        json!({}),
+        &json!([{"role": "user", "content": "Tools?"}]),
+        &json!({}),
         "neutral",
     );
     let v6: Value = serde_json::from_str(&r6).unwrap();
@@ -241,7 +241,7 @@ fn q3_q4_a_restart_records_no_header_when_unchanged_and_past_steps_rebuild_byte_
     let mut returned = Vec::new();
     for (i, cwd) in ["/a", "/b"].iter().enumerate() {
         let msg = json!([{"role": "user", "content": format!("step {i}")}]);
-        returned.push(step(&d, &id, msg, json!({"cwd": cwd}), "neutral"));
+        returned.push(step(&d, &id, &msg, &json!({"cwd": cwd}), "neutral"));
     }
     let before: Vec<String> = ["openai", "anthropic"]
         .iter()
@@ -253,8 +253,8 @@ fn q3_q4_a_restart_records_no_header_when_unchanged_and_past_steps_rebuild_byte_
     let (n, _) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "after restart"}]),
-        json!({"cwd": "/b"}),
+        &json!([{"role": "user", "content": "after restart"}]),
+        &json!({"cwd": "/b"}),
         "neutral",
     );
     assert_eq!(n, 3, "the conversation continues");
@@ -389,8 +389,8 @@ fn q6_an_assembly_error_records_nothing_and_the_session_goes_on() {
     let (n, r) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "hi"}]),
-        json!({"text": "Hi {{name}}"}),
+        &json!([{"role": "user", "content": "hi"}]),
+        &json!({"text": "Hi {{name}}"}),
         "neutral",
     );
     assert_eq!(n, 1);
@@ -568,8 +568,8 @@ fn q8_provider_bodies_from_the_daemon_have_the_documented_shapes() {
     let (_, openai) = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "hi"}]),
-        json!({"cwd": "/r"}),
+        &json!([{"role": "user", "content": "hi"}]),
+        &json!({"cwd": "/r"}),
         "openai",
     );
     let o: Value = serde_json::from_str(&openai).unwrap();
@@ -681,7 +681,7 @@ fn r5_plugins_events_and_metrics_are_visible() {
     );
 
     let id = new_session(&d, "default");
-    step(&d, &id, json!([]), json!({}), "neutral");
+    step(&d, &id, &json!([]), &json!({}), "neutral");
     let (status, text) = d.get("/metrics");
     assert_eq!(status, 200);
     assert!(
@@ -943,7 +943,7 @@ fn assemble_and_a_first_step_give_the_same_neutral_request() {
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
-    let (_, request) = step(&d, &id, json!([]), Value::Object(facts), "neutral");
+    let (_, request) = step(&d, &id, &json!([]), &Value::Object(facts), "neutral");
     let stepped: Value = serde_json::from_str(&request).unwrap();
     assert_eq!(stepped, one_shot);
     assert_eq!(
@@ -977,7 +977,7 @@ fn h5_it_listens_first_and_loads_in_the_background() {
         "listened after {listening:?}, before the looping declare's 3 s deadline"
     );
     let id = new_session(&d, "default");
-    let (n, request) = step(&d, &id, json!([]), json!({}), "neutral");
+    let (n, request) = step(&d, &id, &json!([]), &json!({}), "neutral");
     assert_eq!(n, 1);
     assert!(
         started.elapsed() >= Duration::from_millis(2900),
@@ -1001,7 +1001,7 @@ fn q12_a_database_deleted_under_the_daemon_is_refused_loudly() {
     let log = tmp.path().join("daemon.log");
     let d = Served::start_logged(folder.path(), &config, &state, &log);
     let id = new_session(&d, "default");
-    step(&d, &id, json!([]), json!({}), "neutral");
+    step(&d, &id, &json!([]), &json!({}), "neutral");
     for suffix in ["", "-wal", "-shm"] {
         std::fs::remove_file(state.join(format!("sessions.db{suffix}"))).unwrap();
     }
@@ -1145,7 +1145,7 @@ fn h6_slow_request_heads_are_closed_and_others_are_served() {
     let started = Instant::now();
     let mut served = 0;
     while started.elapsed() < Duration::from_millis(400) {
-        step(&d, &id, json!([]), json!({}), "neutral");
+        step(&d, &id, &json!([]), &json!({}), "neutral");
         assert_eq!(d.get("/v1/health").0, 200);
         served += 1;
     }

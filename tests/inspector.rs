@@ -82,7 +82,7 @@ fn prerequisites() -> PathBuf {
     python
 }
 
-fn step(d: &Served, id: &str, messages: Value) -> Value {
+fn step(d: &Served, id: &str, messages: &Value) -> Value {
     let body = json!({"messages": messages, "facts": {"cwd": "/src/app", "git_branch": "main"}});
     d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body))
 }
@@ -105,7 +105,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     step(
         &d,
         &coder,
-        json!([{"role": "user", "content": "List the files."}]),
+        &json!([{"role": "user", "content": "List the files."}]),
     );
     // Recorded with the usage an Anthropic reply reports: the step gets a cache outcome.
     let reply = json!({"role": "assistant", "content": "Looking.",
@@ -120,7 +120,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     step(
         &d,
         &coder,
-        json!([{"role": "tool", "tool_call_id": "call_1", "content": "Cargo.toml\nsrc"}]),
+        &json!([{"role": "tool", "tool_call_id": "call_1", "content": "Cargo.toml\nsrc"}]),
     );
     let before = d.plugin("versioned")["sha256"].clone();
     put(folder.path(), "versioned", &v2);
@@ -128,7 +128,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         let p = d.plugin("versioned");
         p["sha256"] != before && p["state"] == "loaded"
     });
-    step(&d, &coder, json!([{"role": "user", "content": "Thanks."}]));
+    step(&d, &coder, &json!([{"role": "user", "content": "Thanks."}]));
     // And back: step 4 has step 2's header again, which a provider may still have cached.
     let v2_sha = d.plugin("versioned")["sha256"].clone();
     put(folder.path(), "versioned", &v1);
@@ -139,10 +139,10 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     step(
         &d,
         &coder,
-        json!([{"role": "user", "content": "Undo that."}]),
+        &json!([{"role": "user", "content": "Undo that."}]),
     );
     let other = d.session("default");
-    step(&d, &other, json!([{"role": "user", "content": "Hello."}]));
+    step(&d, &other, &json!([{"role": "user", "content": "Hello."}]));
 
     // What the page must show, from the setup (plugins) and the API (scopes, hashes).
     let explain = d.ok(
@@ -193,7 +193,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     step(
         &hd,
         &held_session,
-        json!([{"role": "user", "content": "Hi."}]),
+        &json!([{"role": "user", "content": "Hi."}]),
     );
     let v1_sha = hd.plugin("versioned")["sha256"].clone();
     put(holding.path(), "versioned", &v2);
@@ -204,7 +204,7 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     step(
         &hd,
         &held_session,
-        json!([{"role": "user", "content": "Again."}]),
+        &json!([{"role": "user", "content": "Again."}]),
     );
     let held_said = hd.ok(
         "GET",

@@ -49,7 +49,7 @@ fn wait_state(d: &Served, id: &str, state: &str) -> Value {
 }
 
 /// One step's request body (neutral format).
-fn step(d: &Served, id: &str, messages: Value) -> Value {
+fn step(d: &Served, id: &str, messages: &Value) -> Value {
     d.ok(
         "POST",
         &format!("/v1/sessions/{id}/steps"),
@@ -103,7 +103,7 @@ fn stdio_server_tools_join_the_plugin_tools_in_canonical_order() {
     let request = step(
         &d,
         &id,
-        json!([{"role": "user", "content": "what time is it?"}]),
+        &json!([{"role": "user", "content": "what time is it?"}]),
     );
     assert_eq!(
         tool_names(&request),
@@ -147,7 +147,7 @@ fn a_tool_call_runs_through_promptd_and_is_recorded() {
     step(
         &d,
         &id,
-        json!([{"role": "user", "content": "time in Tokyo at 12:00 UTC?"}]),
+        &json!([{"role": "user", "content": "time in Tokyo at 12:00 UTC?"}]),
     );
     let reply = json!({"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "name": "time_convert_time",
@@ -198,7 +198,7 @@ fn a_tool_call_runs_through_promptd_and_is_recorded() {
         &format!("/v1/sessions/{id}/messages"),
         Some(&answer),
     );
-    let next = step(&d, &id, json!([]));
+    let next = step(&d, &id, &json!([]));
     let tool_messages: Vec<&Value> = next["messages"]
         .as_array()
         .unwrap()
@@ -262,7 +262,7 @@ fn fixture_session(folder: &Folder, extra: &str) -> (Served, tempfile::TempDir, 
     let (d, state) = folder.serve(&fixture_config("s", "same", extra));
     wait_state(&d, "mcp:s", "loaded");
     let id = d.session("default");
-    step(&d, &id, json!([{"role": "user", "content": "go"}]));
+    step(&d, &id, &json!([{"role": "user", "content": "go"}]));
     (d, state, id)
 }
 
@@ -296,7 +296,7 @@ fn an_announced_list_change_reaches_the_next_header() {
     let (d, _state) = folder.serve(&fixture_config("g", "grow", ""));
     wait_state(&d, "mcp:g", "loaded");
     let id = d.session("default");
-    let first = step(&d, &id, json!([{"role": "user", "content": "grow"}]));
+    let first = step(&d, &id, &json!([{"role": "user", "content": "grow"}]));
     assert_eq!(tool_names(&first), ["grow"]);
     assert_eq!(first["system"], "Fixture server in mode grow.");
     assert_eq!(
@@ -306,7 +306,7 @@ fn an_announced_list_change_reaches_the_next_header() {
     eventually_within(30, "the re-listed tools to be published", || {
         d.plugin("mcp:g")["declares"].to_string().contains("grown")
     });
-    let second = step(&d, &id, json!([]));
+    let second = step(&d, &id, &json!([]));
     assert_eq!(tool_names(&second), ["grow", "grown"]);
     assert_eq!(header_reasons(&d, &id), ["initial", "change"]);
 }
@@ -333,7 +333,7 @@ fn an_unchanged_list_and_a_restart_record_no_header() {
             started.lines().count() >= 2 && d.plugin("mcp:s")["state"] == "loaded"
         },
     );
-    let after = step(&d, &id, json!([]));
+    let after = step(&d, &id, &json!([]));
     assert_eq!(tool_names(&after), ["crash", "same"]);
     assert_eq!(header_reasons(&d, &id), ["initial"]);
 }
@@ -372,7 +372,7 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
     for debug in ["Ok(", "Err(", "Closed)"] {
         assert!(!content.contains(debug), "{content}");
     }
-    let during = step(&d, &id, json!([]));
+    let during = step(&d, &id, &json!([]));
     assert_eq!(tool_names(&during), ["crash", "same"]);
     assert_eq!(header_reasons(&d, &id), ["initial"]);
     let n = d.ok("GET", &format!("/v1/sessions/{id}/events"), None)["events"]
@@ -406,7 +406,7 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
     );
     // A session that starts while the server is down goes without its tools.
     let cold = d.session("default");
-    let without = step(&d, &cold, json!([{"role": "user", "content": "go"}]));
+    let without = step(&d, &cold, &json!([{"role": "user", "content": "go"}]));
     assert!(
         without["tools"].as_array().is_none_or(Vec::is_empty),
         "{without}"
@@ -415,7 +415,7 @@ fn k8_a_lost_servers_tools_keep_their_place_and_a_call_says_since_when() {
     wait_state(&d, "mcp:s", "loaded");
     let back = call(&d, &id, "c3", "same");
     assert_eq!(back["message"]["is_error"], false, "{back}");
-    let after = step(&d, &id, json!([]));
+    let after = step(&d, &id, &json!([]));
     assert_eq!(tool_names(&after), ["crash", "same"]);
     assert_eq!(
         header_reasons(&d, &id),
@@ -458,7 +458,7 @@ fn k8_a_down_servers_tools_go_at_a_cold_point_or_at_once_without_keep_tools() {
         assert_eq!(call(&d, &id, "c1", "crash")["message"]["is_error"], true);
         wait_state(&d, "mcp:s", "stale");
         if keep {
-            let during = step(&d, &id, json!([]));
+            let during = step(&d, &id, &json!([]));
             assert_eq!(tool_names(&during), ["crash", "same"]);
             // A reply sent ten minutes ago: the cache is cold now.
             let long_ago = std::time::SystemTime::now()
@@ -474,7 +474,7 @@ fn k8_a_down_servers_tools_go_at_a_cold_point_or_at_once_without_keep_tools() {
                 Some(&reply),
             );
         }
-        let request = step(&d, &id, json!([{"role": "user", "content": "again"}]));
+        let request = step(&d, &id, &json!([{"role": "user", "content": "again"}]));
         assert!(
             request["tools"].as_array().is_none_or(Vec::is_empty),
             "keep_tools = {keep}: {request}"
@@ -528,7 +528,7 @@ fn misbehaving_servers_are_refused_and_the_rest_serve() {
         assert!(message.contains(cause), "{id}: {message}");
     }
     let id = d.session("default");
-    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "hi"}]));
     assert_eq!(
         tool_names(&request),
         [
@@ -665,7 +665,7 @@ fn the_docs_example_config_serves() {
     let (d, _state) = Folder::new().serve(&config);
     wait_state(&d, "mcp:time", "loaded");
     let id = d.session("default");
-    let request = step(&d, &id, json!([{"role": "user", "content": "time?"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "time?"}]));
     assert_eq!(
         tool_names(&request),
         ["time_convert_time", "time_get_current_time"]
@@ -692,7 +692,7 @@ fn a_configured_resource_is_a_runtime_context() {
     let (d, _state) = Folder::new().serve(&config);
     wait_state(&d, "mcp:everything", "loaded");
     let id = d.session("default");
-    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "hi"}]));
     let messages = request["messages"].to_string();
     assert!(
         messages.contains(first),
@@ -717,12 +717,12 @@ fn an_optional_server_whose_resource_fails_keeps_its_tools() {
     let (healthy, _a) = Folder::new().serve(&config(&format!("{good:?}")));
     wait_state(&healthy, "mcp:everything", "loaded");
     let id = healthy.session("default");
-    let expected = step(&healthy, &id, json!([{"role": "user", "content": "hi"}]));
+    let expected = step(&healthy, &id, &json!([{"role": "user", "content": "hi"}]));
 
     let (d, _b) = Folder::new().serve(&config(&format!("{good:?}, {bad:?}")));
     wait_state(&d, "mcp:everything", "loaded");
     let id = d.session("default");
-    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "hi"}]));
     assert!(!tool_names(&request).is_empty());
     assert_eq!(
         request["tools"], expected["tools"],
@@ -819,7 +819,7 @@ fn m5_a_server_that_keeps_failing_is_given_up_after_max_failures() {
         "no restart after failed"
     );
     let id = d.session("default");
-    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "hi"}]));
     assert_eq!(tool_names(&request), ["alpha_tool", "zeta_tool"]);
 
     // Enabled: tried again, and given up again after three more.
@@ -841,7 +841,7 @@ fn m5_mcp_config_changes_apply_on_a_reload() {
     let (d, _state) = folder.serve(&format!("{LOCAL}{}", time_config("time")));
     wait_state(&d, "mcp:time", "loaded");
     let id = d.session("default");
-    let first = step(&d, &id, json!([{"role": "user", "content": "one"}]));
+    let first = step(&d, &id, &json!([{"role": "user", "content": "one"}]));
     assert!(tool_names(&first).contains(&"time_get_current_time".to_string()));
 
     folder.config(&format!("{LOCAL}{}", fixture_config("s", "same", "")));
@@ -854,7 +854,7 @@ fn m5_mcp_config_changes_apply_on_a_reload() {
             .all(|p| p["id"] != "mcp:time")
     });
     assert!(event_kinds(&d, "mcp:time").contains(&"unload".to_string()));
-    let second = step(&d, &id, json!([{"role": "user", "content": "two"}]));
+    let second = step(&d, &id, &json!([{"role": "user", "content": "two"}]));
     let names = tool_names(&second);
     assert!(
         !names.iter().any(|n| n.starts_with("time_")),
@@ -870,7 +870,7 @@ fn m5_mcp_config_changes_apply_on_a_reload() {
     eventually_within(60, "mcp:s to serve under its new prefix", || {
         d.plugin("mcp:s").to_string().contains("p_same")
     });
-    let third = step(&d, &id, json!([{"role": "user", "content": "three"}]));
+    let third = step(&d, &id, &json!([{"role": "user", "content": "three"}]));
     let names = tool_names(&third);
     assert!(
         names.contains(&"p_same".to_string()) && !names.contains(&"same".to_string()),
@@ -890,7 +890,7 @@ fn m5_a_step_goes_on_without_a_server_silent_past_the_bound() {
     ));
     let id = d.session("default");
     let started = std::time::Instant::now();
-    let request = step(&d, &id, json!([{"role": "user", "content": "now"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "now"}]));
     let waited = started.elapsed();
     assert_eq!(tool_names(&request), ["alpha_tool", "zeta_tool"]);
     assert!(
@@ -917,7 +917,7 @@ fn m5_a_reload_keeps_unchanged_servers_and_a_step_waits_for_an_added_one() {
     let (d, _state) = folder.serve(&format!("{LOCAL}{kept}"));
     wait_state(&d, "mcp:s", "loaded");
     let id = d.session("default");
-    step(&d, &id, json!([{"role": "user", "content": "one"}]));
+    step(&d, &id, &json!([{"role": "user", "content": "one"}]));
 
     folder.config(&format!(
         "{LOCAL}{kept}{}",
@@ -927,7 +927,7 @@ fn m5_a_reload_keeps_unchanged_servers_and_a_step_waits_for_an_added_one() {
     eventually_within(60, "the reload to add mcp:slow", || {
         !d.plugin("mcp:slow").is_null()
     });
-    let request = step(&d, &id, json!([{"role": "user", "content": "two"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "two"}]));
     let names = tool_names(&request);
     assert!(
         names.contains(&"slow_tool".to_string()) && names.contains(&"same".to_string()),
@@ -952,7 +952,7 @@ fn m5_a_step_waits_for_a_slow_servers_first_list() {
     ));
     let id = d.session("default");
     let started = std::time::Instant::now();
-    let request = step(&d, &id, json!([{"role": "user", "content": "now"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "now"}]));
     assert_eq!(
         tool_names(&request),
         ["alpha_tool", "slow_tool", "zeta_tool"],
@@ -969,7 +969,7 @@ fn r7_a_data_server_s_instructions_are_fenced_as_data() {
     let (d, _state) = folder.serve(&fixture_config("g", "grow", "trust = \"data\""));
     wait_state(&d, "mcp:g", "loaded");
     let id = d.session("default");
-    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "hi"}]));
     assert_eq!(tool_names(&request), ["grow"]);
     let system = request["system"].to_string();
     assert!(!system.contains("Fixture server in mode grow."), "{system}");
@@ -984,7 +984,7 @@ fn r7_a_data_server_s_instructions_are_fenced_as_data() {
     let (d, _state) = folder.serve(&fixture_config("g", "grow", ""));
     wait_state(&d, "mcp:g", "loaded");
     let id = d.session("default");
-    let request = step(&d, &id, json!([{"role": "user", "content": "hi"}]));
+    let request = step(&d, &id, &json!([{"role": "user", "content": "hi"}]));
     assert!(request["system"]
         .to_string()
         .contains("Fixture server in mode grow."));

@@ -111,12 +111,14 @@ fn example_agents() -> Vec<String> {
     agents
 }
 
+#[derive(Clone, Copy)]
 enum Runtime {
     Python,
     Node,
 }
 
 /// One SDK loop: which script, with which arguments, asking promptd for which format.
+#[derive(Clone, Copy)]
 struct Client {
     runtime: Runtime,
     script: &'static str,
@@ -1022,21 +1024,21 @@ fn tool_responses(name: &str) -> Value {
                        "required": ["path"]}})
 }
 
-fn call_chat(id: &str, arguments: Value) -> Value {
+fn call_chat(id: &str, arguments: &Value) -> Value {
     json!({"role": "assistant", "content": null, "tool_calls": [
         {"id": id, "type": "function", "function": {"name": "read_file", "arguments": arguments}}]})
 }
 
-fn chat(messages: Value) -> Value {
+fn chat(messages: &Value) -> Value {
     json!({"model": "m", "tools": [tool_chat("read_file")], "messages": messages})
 }
 
-fn anthropic(messages: Value) -> Value {
+fn anthropic(messages: &Value) -> Value {
     json!({"model": "m", "max_tokens": 64, "tools": [tool_anthropic("read_file")],
            "messages": messages})
 }
 
-fn responses(input: Value) -> Value {
+fn responses(input: &Value) -> Value {
     json!({"model": "m", "tools": [tool_responses("read_file")], "input": input})
 }
 
@@ -1093,7 +1095,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
 
     // Controls first: valid conversations pass, so the refusals below are the rules' doing.
     let ok_chat = chat(
-        json!([user("hi"), call_chat("a", json!("{\"path\":\"x\"}")),
+        &json!([user("hi"), call_chat("a", &json!("{\"path\":\"x\"}")),
         {"role": "tool", "tool_call_id": "a", "content": "r"}]),
     );
     let reply = accepted(&stub, chat_path, &ok_chat);
@@ -1104,7 +1106,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
             .is_some_and(|t| t.contains('a')),
         "after the tool result the stub answers with text naming the call: {reply}"
     );
-    let reply = accepted(&stub, chat_path, &chat(json!([user("hi")])));
+    let reply = accepted(&stub, chat_path, &chat(&json!([user("hi")])));
     assert_eq!(
         reply["choices"][0]["finish_reason"], "tool_calls",
         "{reply}"
@@ -1112,7 +1114,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     accepted(
         &stub,
         resp_path,
-        &responses(json!([
+        &responses(&json!([
             user("hi"),
             function_call("c"),
             function_output("c")
@@ -1121,7 +1123,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     accepted(
         &stub,
         msg_path,
-        &anthropic(json!([user("hi"), tool_use("t"), tool_result("t")])),
+        &anthropic(&json!([user("hi"), tool_use("t"), tool_result("t")])),
     );
 
     let mut wrong = String::new();
@@ -1135,41 +1137,41 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         chat_path,
         "chat.tool_results_follow_calls",
         chat(
-            json!([user("hi"), call_chat("a", json!("{}")), user("wait"),
+            &json!([user("hi"), call_chat("a", &json!("{}")), user("wait"),
             {"role": "tool", "tool_call_id": "a", "content": "r"}]),
         ),
     );
     check(
         chat_path,
         "chat.tool_results_follow_calls",
-        chat(json!([user("hi"), call_chat("a", json!("{}"))])),
+        chat(&json!([user("hi"), call_chat("a", &json!("{}"))])),
     );
     check(
         chat_path,
         "chat.tool_result_orphan",
-        chat(json!([user("hi"), {"role": "tool", "tool_call_id": "nobody", "content": "r"}])),
+        chat(&json!([user("hi"), {"role": "tool", "tool_call_id": "nobody", "content": "r"}])),
     );
     check(
         chat_path,
         "chat.arguments_json",
-        chat(json!([user("hi"), call_chat("a", json!({"path": "x"})),
+        chat(&json!([user("hi"), call_chat("a", &json!({"path": "x"})),
             {"role": "tool", "tool_call_id": "a", "content": "r"}])),
     );
     check(
         chat_path,
         "chat.arguments_json",
-        chat(json!([user("hi"), call_chat("a", json!("[1]")),
+        chat(&json!([user("hi"), call_chat("a", &json!("[1]")),
             {"role": "tool", "tool_call_id": "a", "content": "r"}])),
     );
     check(
         chat_path,
         "chat.assistant_empty",
-        chat(json!([user("hi"), {"role": "assistant", "content": ""}, user("and?")])),
+        chat(&json!([user("hi"), {"role": "assistant", "content": ""}, user("and?")])),
     );
     check(
         chat_path,
         "chat.role",
-        chat(json!([{"role": "model", "content": "hi"}])),
+        chat(&json!([{"role": "model", "content": "hi"}])),
     );
     check(
         chat_path,
@@ -1196,29 +1198,29 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     check(
         msg_path,
         "messages.roles",
-        anthropic(json!([{"role": "assistant", "content": "hi"}, user("hi")])),
+        anthropic(&json!([{"role": "assistant", "content": "hi"}, user("hi")])),
     );
     check(
         msg_path,
         "messages.roles",
-        anthropic(json!([user("a"), user("b")])),
+        anthropic(&json!([user("a"), user("b")])),
     );
     check(
         msg_path,
         "messages.roles",
-        anthropic(json!([{"role": "system", "content": "s"}, user("hi")])),
+        anthropic(&json!([{"role": "system", "content": "s"}, user("hi")])),
     );
     check(
         msg_path,
         "messages.tool_result_next_turn",
-        anthropic(json!([user("hi"), tool_use("t"), user("wait"),
+        anthropic(&json!([user("hi"), tool_use("t"), user("wait"),
             {"role": "assistant", "content": "ok"}, tool_result("t")])),
     );
     check(
         msg_path,
         "messages.tool_result_orphan",
         anthropic(
-            json!([user("hi"), {"role": "assistant", "content": "no tools"},
+            &json!([user("hi"), {"role": "assistant", "content": "no tools"},
             tool_result("t")]),
         ),
     );
@@ -1226,7 +1228,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         msg_path,
         "messages.tool_results_first",
         anthropic(
-            json!([user("hi"), tool_use("t"), {"role": "user", "content": [
+            &json!([user("hi"), tool_use("t"), {"role": "user", "content": [
             {"type": "text", "text": "here:"},
             {"type": "tool_result", "tool_use_id": "t", "content": "r"}]}]),
         ),
@@ -1234,19 +1236,19 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     check(
         msg_path,
         "messages.empty_text",
-        anthropic(json!([{"role": "user", "content": [{"type": "text", "text": ""}]}])),
+        anthropic(&json!([{"role": "user", "content": [{"type": "text", "text": ""}]}])),
     );
     check(
         msg_path,
         "messages.tool_use_input",
-        anthropic(json!([user("hi"), {"role": "assistant", "content": [
+        anthropic(&json!([user("hi"), {"role": "assistant", "content": [
             {"type": "tool_use", "id": "t", "name": "read_file", "input": "{\"path\":\"x\"}"}]},
             tool_result("t")])),
     );
     check(
         msg_path,
         "messages.block_keys",
-        anthropic(json!([{"role": "user", "content": [
+        anthropic(&json!([{"role": "user", "content": [
             {"type": "text", "text": "hi", "id": "extra"}]}])),
     );
     check(
@@ -1285,7 +1287,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
 
     // Thinking blocks must come back exactly as returned, and stay in the turn awaiting results.
     let two_tools = |messages: Value| {
-        let mut body = anthropic(messages);
+        let mut body = anthropic(&messages);
         body["tools"] = json!([tool_anthropic("list_dir"), tool_anthropic("read_file")]);
         body
     };
@@ -1364,12 +1366,12 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     check(
         resp_path,
         "responses.output_orphan",
-        responses(json!([user("hi"), function_output("nobody")])),
+        responses(&json!([user("hi"), function_output("nobody")])),
     );
     check(
         resp_path,
         "responses.output_orphan",
-        responses(json!([
+        responses(&json!([
             user("hi"),
             function_output("c"),
             function_call("c")
@@ -1378,23 +1380,23 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     check(
         resp_path,
         "responses.call_unanswered",
-        responses(json!([user("hi"), function_call("c"), user("and?")])),
+        responses(&json!([user("hi"), function_call("c"), user("and?")])),
     );
     check(
         resp_path,
         "responses.item_type",
-        responses(json!([user("hi"), {"type": "tool_result", "call_id": "c", "output": "r"}])),
+        responses(&json!([user("hi"), {"type": "tool_result", "call_id": "c", "output": "r"}])),
     );
     check(
         resp_path,
         "responses.message",
-        responses(json!([user("hi"), function_call("c"),
+        responses(&json!([user("hi"), function_call("c"),
             {"role": "tool", "tool_call_id": "c", "content": "r"}])),
     );
     check(
         resp_path,
         "responses.arguments_json",
-        responses(json!([user("hi"),
+        responses(&json!([user("hi"),
             {"type": "function_call", "call_id": "c", "name": "read_file", "arguments": {}},
             function_output("c")])),
     );
@@ -1434,15 +1436,15 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     let png = format!("data:image/png;base64,{PNG_B64}");
     let pdf = format!("data:application/pdf;base64,{PDF_B64}");
     let image_url = |url: &str| json!({"type": "image_url", "image_url": {"url": url}});
-    let chat_user = |parts: Value| chat(json!([{"role": "user", "content": parts}]));
+    let chat_user = |parts: Value| chat(&json!([{"role": "user", "content": parts}]));
     accepted(
         &stub,
         chat_path,
-        &chat(json!([
+        &chat(&json!([
             {"role": "user", "content": [{"type": "text", "text": "look"}, image_url(&png),
                 image_url("https://example.com/a.png"),
                 {"type": "file", "file": {"filename": "spec.pdf", "file_data": pdf}}]},
-            call_chat("a", json!("{}")),
+            call_chat("a", &json!("{}")),
             {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "r"}]},
             {"role": "user", "content": [{"type": "text",
                 "text": "Attachments of the result of tool call a:"},
@@ -1507,12 +1509,12 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     check(
         chat_path,
         "chat.content",
-        chat(json!([{"role": "system", "content": [image_url(&png)]}, user("hi")])),
+        chat(&json!([{"role": "system", "content": [image_url(&png)]}, user("hi")])),
     );
     check(
         chat_path,
         "chat.tool_content_text",
-        chat(json!([user("hi"), call_chat("a", json!("{}")),
+        chat(&json!([user("hi"), call_chat("a", &json!("{}")),
             {"role": "tool", "tool_call_id": "a", "content": [
                 {"type": "text", "text": "r"}, image_url(&png)]}])),
     );
@@ -1521,11 +1523,11 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     let image = |source: Value| json!({"type": "image", "source": source});
     let document = json!({"type": "document", "title": "spec.pdf",
         "source": {"type": "base64", "media_type": "application/pdf", "data": PDF_B64}});
-    let msg_user = |blocks: Value| anthropic(json!([{"role": "user", "content": blocks}]));
+    let msg_user = |blocks: Value| anthropic(&json!([{"role": "user", "content": blocks}]));
     accepted(
         &stub,
         msg_path,
-        &anthropic(json!([
+        &anthropic(&json!([
             {"role": "user", "content": [{"type": "text", "text": "look"}, image(png_source.clone()),
                 image(json!({"type": "url", "url": "https://example.com/a.png"})), document]},
             tool_use("t"),
@@ -1595,7 +1597,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         msg_path,
         "messages.block_type",
         anthropic(
-            json!([user("hi"), {"role": "assistant", "content": [image(png_source.clone())]},
+            &json!([user("hi"), {"role": "assistant", "content": [image(png_source.clone())]},
             user("and?")]),
         ),
     );
@@ -1603,7 +1605,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         msg_path,
         "messages.image_source",
         anthropic(
-            json!([user("hi"), tool_use("t"), {"role": "user", "content": [
+            &json!([user("hi"), tool_use("t"), {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "t", "content": [image(
                 json!({"type": "base64", "media_type": "image/png", "data": "%%%"}))]}]}]),
         ),
@@ -1612,7 +1614,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         msg_path,
         "messages.block_type",
         anthropic(
-            json!([user("hi"), tool_use("t"), {"role": "user", "content": [
+            &json!([user("hi"), tool_use("t"), {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "t", "content": [
                 {"type": "tool_use", "id": "u", "name": "read_file", "input": {}}]}]}]),
         ),
@@ -1621,17 +1623,17 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     let input_image =
         |url: &str| json!({"type": "input_image", "image_url": url, "detail": "auto"});
     let resp_user = |parts: Value| {
-        responses(json!([{"type": "message", "role": "user",
+        responses(&json!([{"type": "message", "role": "user",
         "content": parts}]))
     };
     let output = |parts: Value| {
-        responses(json!([user("hi"), function_call("c"),
+        responses(&json!([user("hi"), function_call("c"),
             {"type": "function_call_output", "call_id": "c", "output": parts}]))
     };
     accepted(
         &stub,
         resp_path,
-        &responses(json!([
+        &responses(&json!([
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look"},
                 input_image(&png), input_image("https://example.com/a.png"),
                 {"type": "input_file", "filename": "spec.pdf", "file_data": pdf}]},
@@ -1674,7 +1676,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
     check(
         resp_path,
         "responses.message",
-        responses(json!([user("hi"), {"type": "message", "role": "assistant",
+        responses(&json!([user("hi"), {"type": "message", "role": "assistant",
             "content": [input_image(&png)]}])),
     );
     check(
@@ -1776,7 +1778,7 @@ fn the_stub_refuses_bodies_that_break_provider_rules() {
         resp_choice(json!({"type": "function", "function": {"name": "read_file"}})),
     );
     let msg_choice = |choice: Value| {
-        let mut body = anthropic(json!([user("hi")]));
+        let mut body = anthropic(&json!([user("hi")]));
         body["tool_choice"] = choice;
         body
     };

@@ -168,8 +168,8 @@ fn events(d: &Served, id: &str) -> Value {
     d.ok("GET", &format!("/v1/sessions/{id}/events"), None)
 }
 
-fn replay(d: &Served, body: Value) -> Value {
-    d.ok("POST", "/v1/replay", Some(&body))
+fn replay(d: &Served, body: &Value) -> Value {
+    d.ok("POST", "/v1/replay", Some(body))
 }
 
 fn differing(session: &Value) -> Vec<u64> {
@@ -200,7 +200,7 @@ fn q19_replay_differs_exactly_where_the_candidate_does_and_projects_what_it_cost
     // Session 1: version 1 throughout; replayed with the folder it was recorded with.
     stub.reset();
     let s1 = drive(&da, &stub, usize::MAX, &mut || {});
-    let same = replay(&da, json!({"sessions": [s1], "plugins": path(a.path())}));
+    let same = replay(&da, &json!({"sessions": [s1], "plugins": path(a.path())}));
     let r1 = &same["sessions"][0];
     assert_eq!(r1["totals"]["steps"], 2 * TURNS as u64);
     assert_eq!(differing(r1), Vec::<u64>::new(), "{r1:#}");
@@ -244,7 +244,7 @@ fn q19_replay_differs_exactly_where_the_candidate_does_and_projects_what_it_cost
     // Replayed with version 2 throughout: steps 1–4 differ (they carried version 1), at the
     // first part version 2 changes (its tool, read before the system prompt), by `versioned`.
     let b = folder(2);
-    let swapped = replay(&da, json!({"sessions": [s2], "plugins": path(b.path())}));
+    let swapped = replay(&da, &json!({"sessions": [s2], "plugins": path(b.path())}));
     let r2 = &swapped["sessions"][0];
     assert_eq!(differing(r2), vec![1, 2, 3, 4], "{r2:#}");
     for s in &r2["steps"].as_array().unwrap()[..4] {
@@ -381,12 +381,12 @@ fn q20_replay_never_writes_and_refuses_a_candidate_it_cannot_read() {
     let b = folder(2);
     let v = replay(
         &d,
-        json!({"agent": "default", "since": 0, "plugins": path(b.path())}),
+        &json!({"agent": "default", "since": 0, "plugins": path(b.path())}),
     );
     assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
     assert_eq!(differing(&v["sessions"][0]), vec![1, 2]);
     assert_eq!(
-        replay(&d, json!({"agent": "reviewer"}))["sessions"],
+        replay(&d, &json!({"agent": "reviewer"}))["sessions"],
         json!([]),
         "no session of that agent"
     );

@@ -42,7 +42,7 @@ impl Kept {
     }
 }
 
-fn step(d: &Served, id: &str, format: &str, since: u64, messages: Value) -> (Value, usize) {
+fn step(d: &Served, id: &str, format: &str, since: u64, messages: &Value) -> (Value, usize) {
     let body = json!({"format": format, "since": since, "messages": messages,
                       "facts": {"cwd": "/src/app"}});
     let (status, text) = d.post(&format!("/v1/sessions/{id}/steps"), &body.to_string());
@@ -98,7 +98,7 @@ fn q21_parts_since_the_held_step_join_to_the_bodys_bytes_and_stay_small() {
                 &id,
                 format,
                 kept.step,
-                json!([{"role": "user", "content": format!("turn {turn}: read \"é\"")}]),
+                &json!([{"role": "user", "content": format!("turn {turn}: read \"é\"")}]),
             );
             let n = answer["step"].as_u64().unwrap();
             let parts = &answer["parts"];
@@ -121,7 +121,7 @@ fn q21_parts_since_the_held_step_join_to_the_bodys_bytes_and_stay_small() {
                 &id,
                 format,
                 kept.step,
-                json!([{"role": "tool", "tool_call_id": call, "content": big}]),
+                &json!([{"role": "tool", "tool_call_id": call, "content": big}]),
             );
             let n = answer["step"].as_u64().unwrap();
             kept.apply(&answer["parts"], n);
@@ -162,7 +162,7 @@ fn q21_parts_since_the_held_step_join_to_the_bodys_bytes_and_stay_small() {
             &id,
             format,
             kept.step,
-            json!([{"role": "user", "content": "on"}]),
+            &json!([{"role": "user", "content": "on"}]),
         );
         let n = answer["step"].as_u64().unwrap();
         assert_eq!(answer["parts"]["since"], 0, "{format}");

@@ -227,7 +227,7 @@ impl Client<'_> {
         self.headers.iter().map(|(k, v)| (*k, v.as_str())).collect()
     }
 
-    fn step(&self, messages: Value, sent_at: u64, facts: Value) -> Value {
+    fn step(&self, messages: &Value, sent_at: u64, facts: &Value) -> Value {
         let body = json!({"messages": messages, "format": "anthropic", "sent_at": sent_at, "facts": facts});
         let url = format!("{}/v1/sessions/{}/steps", self.d.url, self.id);
         let (status, text) = call(&url, "POST", Some(&body), &self.headers());
@@ -236,7 +236,7 @@ impl Client<'_> {
     }
 
     /// Records an Anthropic reply to the request sent at `sent_at`.
-    fn reply(&self, content: Value, usage: Value, sent_at: u64) {
+    fn reply(&self, content: &Value, usage: &Value, sent_at: u64) {
         let reply = json!({"id": format!("msg_{sent_at}"), "type": "message", "role": "assistant",
             "model": "claude-sonnet-4-5", "content": content, "stop_reason": "end_turn", "usage": usage});
         let url = format!(
@@ -279,24 +279,24 @@ fn facts() -> Value {
 /// The coder's session of the issue: a tool call, a swap that breaks the prefix, an idle gap.
 fn run_session(c: &Client<'_>, folder: &Folder) {
     c.step(
-        json!([{"role": "user", "content": format!("List the files. {SECRET}")}]),
+        &json!([{"role": "user", "content": format!("List the files. {SECRET}")}]),
         SENT,
-        facts(),
+        &facts(),
     );
     c.reply(
-        json!([{"type": "text", "text": format!("Looking. {SECRET}")},
+        &json!([{"type": "text", "text": format!("Looking. {SECRET}")},
                {"type": "tool_use", "id": "toolu_1", "name": "list_dir", "input": {"path": "."}}]),
-        json!({"input_tokens": 40, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5000, "output_tokens": 20}),
+        &json!({"input_tokens": 40, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5000, "output_tokens": 20}),
         SENT,
     );
     c.step(
-        json!([{"role": "tool", "tool_call_id": "toolu_1", "content": format!("Cargo.toml {SECRET}")}]),
+        &json!([{"role": "tool", "tool_call_id": "toolu_1", "content": format!("Cargo.toml {SECRET}")}]),
         SENT + 10_000,
-        facts(),
+        &facts(),
     );
     c.reply(
-        json!([{"type": "text", "text": "Two files."}]),
-        json!({"input_tokens": 60, "cache_read_input_tokens": 5000, "cache_creation_input_tokens": 100, "output_tokens": 10}),
+        &json!([{"type": "text", "text": "Two files."}]),
+        &json!({"input_tokens": 60, "cache_read_input_tokens": 5000, "cache_creation_input_tokens": 100, "output_tokens": 10}),
         SENT + 10_000,
     );
     let before = c.d.plugin("versioned")["sha256"].clone();
@@ -310,25 +310,25 @@ fn run_session(c: &Client<'_>, folder: &Folder) {
         p["sha256"] != before && p["state"] == "loaded"
     });
     c.step(
-        json!([{"role": "user", "content": "Thanks."}]),
+        &json!([{"role": "user", "content": "Thanks."}]),
         SENT + 20_000,
-        facts(),
+        &facts(),
     );
     c.reply(
-        json!([{"type": "text", "text": "You're welcome."}]),
-        json!({"input_tokens": 5200, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5200, "output_tokens": 5}),
+        &json!([{"type": "text", "text": "You're welcome."}]),
+        &json!({"input_tokens": 5200, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5200, "output_tokens": 5}),
         SENT + 20_000,
     );
     // Ten minutes idle: past the 5-minute TTL.
     let late = SENT + 20_000 + 600_000;
     c.step(
-        json!([{"role": "user", "content": "Still there?"}]),
+        &json!([{"role": "user", "content": "Still there?"}]),
         late,
-        facts(),
+        &facts(),
     );
     c.reply(
-        json!([{"type": "text", "text": "Yes."}]),
-        json!({"input_tokens": 5300, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5300, "output_tokens": 2}),
+        &json!([{"type": "text", "text": "Yes."}]),
+        &json!({"input_tokens": 5300, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 5300, "output_tokens": 2}),
         late,
     );
 }
@@ -424,10 +424,10 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
         "coder",
         Some(&format!("00-{client_trace}-00f067aa0ba902b7-01")),
     );
-    b.step(json!([{"role": "user", "content": "Hi."}]), SENT, facts());
+    b.step(&json!([{"role": "user", "content": "Hi."}]), SENT, &facts());
     b.reply(
-        json!([{"type": "text", "text": "Hello."}]),
-        json!({"input_tokens": 10, "output_tokens": 2}),
+        &json!([{"type": "text", "text": "Hello."}]),
+        &json!({"input_tokens": 10, "output_tokens": 2}),
         SENT,
     );
 
@@ -745,13 +745,13 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
     let started = Instant::now();
     for i in 0..20 {
         c.step(
-            json!([{"role": "user", "content": format!("step {i}")}]),
+            &json!([{"role": "user", "content": format!("step {i}")}]),
             SENT + i,
-            facts(),
+            &facts(),
         );
         c.reply(
-            json!([{"type": "text", "text": "ok"}]),
-            json!({"input_tokens": 10, "output_tokens": 1}),
+            &json!([{"type": "text", "text": "ok"}]),
+            &json!({"input_tokens": 10, "output_tokens": 1}),
             SENT + i,
         );
     }
@@ -783,13 +783,13 @@ fn e4_captured_content_is_exported_but_never_a_data_plugins_and_grpc_and_call_sp
     let (d, _state) = folder.serve(&cfg);
     let c = session(&d, "coder", None);
     c.step(
-        json!([{"role": "user", "content": format!("Read it. {SECRET}")}]),
+        &json!([{"role": "user", "content": format!("Read it. {SECRET}")}]),
         SENT,
-        facts(),
+        &facts(),
     );
     c.reply(
-        json!([{"type": "text", "text": format!("Done {SECRET}-OUT")}]),
-        json!({"input_tokens": 40, "output_tokens": 3}),
+        &json!([{"type": "text", "text": format!("Done {SECRET}-OUT")}]),
+        &json!({"input_tokens": 40, "output_tokens": 3}),
         SENT,
     );
     let spans = wait_for(&phoenix, &d, "promptd-content", "the captured step", |s| {

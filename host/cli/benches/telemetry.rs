@@ -185,8 +185,8 @@ fn run(t: &Telemetry, steps: u64, rate: f64, round: u64) -> Duration {
             session = Arc::from(format!("bench-{round}-{i:08}").as_str());
             t.session_created(&session, "coder", SystemTime::now(), None);
         }
-        t.step(step(t, &session, n, &shas), Some(&usage));
-        t.record(reply(t, &session, n));
+        t.step(&step(t, &session, n, &shas), Some(&usage));
+        t.record(&reply(t, &session, n));
     }
     t.flush(Duration::from_secs(30));
     let (u1, s1) = cpu_split("self");

@@ -26,8 +26,8 @@ enum Project {
     Folder,
 }
 
-pub fn spawn(workspace: PathBuf, plugin_dir: PathBuf) -> anyhow::Result<()> {
-    let workspace = std::fs::canonicalize(&workspace).map_err(|e| CliError::BadArgument {
+pub fn spawn(workspace: &Path, plugin_dir: PathBuf) -> anyhow::Result<()> {
+    let workspace = std::fs::canonicalize(workspace).map_err(|e| CliError::BadArgument {
         flag: "--dev",
         value: workspace.display().to_string(),
         expected: e.to_string(),

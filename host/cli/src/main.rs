@@ -577,8 +577,10 @@ fn assemble(
             &assembled,
             promptd_core::formats::Format::Neutral,
             assembled.shown_tools.as_deref(),
-            messages,
-            snapshot.len(),
+            promptd_core::budget::Measured {
+                size: messages,
+                count: snapshot.len(),
+            },
         );
         json["usage"] = serde_json::to_value(&usage)?;
     }

@@ -96,7 +96,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
             .context("start the fleet thread")?;
     }
     if let Some(workspace) = dev {
-        crate::dev::spawn(workspace, daemon.plugin_dir().to_path_buf())?;
+        crate::dev::spawn(&workspace, daemon.plugin_dir().to_path_buf())?;
     }
     // The timeouts from the config in force at each connection; max_connections as at start.
     let limits = server::Limits {
@@ -108,7 +108,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let app = http::router(daemon, token);
 
     runtime()?.block_on(async move {
-        promptd_mcp::start(mcp, &tokio::runtime::Handle::current());
+        promptd_mcp::start(&mcp, &tokio::runtime::Handle::current());
         match target {
             Listen::Tcp(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)

@@ -287,6 +287,16 @@ pub struct Fixed {
     pub deferred_tools: Size,
 }
 
+/// A request's messages as the caller measured them (the session keeps them summed as they
+/// are appended): their size, and how many they are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Measured {
+    /// The messages' size, summed.
+    pub size: Size,
+    /// How many messages.
+    pub count: usize,
+}
+
 impl Fixed {
     /// Measures the fixed parts of a request with `header` in `format`; `shown` is the subset of its tools shown this step, if one is.
     pub fn measure(
@@ -331,8 +341,7 @@ impl Fixed {
 }
 
 /// Measures one request: the fixed parts from the header and assembly, the messages as
-/// measured by the caller (the session keeps them summed as they are appended).
-#[allow(clippy::too_many_arguments)]
+/// measured by the caller ([`Measured`]).
 pub fn usage(
     budget: &Budget,
     counter: &dyn Counter,
@@ -340,11 +349,10 @@ pub fn usage(
     assembly: &crate::assembly::Assembly,
     format: crate::formats::Format,
     shown: Option<&[String]>,
-    messages: Size,
-    message_count: usize,
+    messages: Measured,
 ) -> Usage {
     let fixed = Fixed::measure(counter, header, format, shown);
-    usage_with(budget, counter, fixed, assembly, messages, message_count)
+    usage_with(budget, counter, fixed, assembly, messages)
 }
 
 /// [`usage`] with the fixed parts measured earlier ([`Fixed::measure`]).
@@ -353,14 +361,17 @@ pub fn usage_with(
     counter: &dyn Counter,
     fixed: Fixed,
     assembly: &crate::assembly::Assembly,
-    messages: Size,
-    message_count: usize,
+    messages: Measured,
 ) -> Usage {
     let Fixed {
         tools,
         system,
         deferred_tools,
     } = fixed;
+    let Measured {
+        size: messages,
+        count: message_count,
+    } = messages;
     let parts = |list: &[(std::sync::Arc<str>, std::sync::Arc<str>)]| {
         list.iter()
             .map(|(name, text)| Part {

@@ -117,11 +117,11 @@ pub(crate) fn new_store(
 }
 
 /// Describes a trap, with the plugin's last error log line (e.g. its panic message).
-pub(crate) fn trap(e: wasmtime::Error, store: &mut Store<State>) -> CallError {
+pub(crate) fn trap(e: &wasmtime::Error, store: &mut Store<State>) -> CallError {
     let mut message = match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => "deadline exceeded (the call was interrupted)".into(),
         Some(t) => t.to_string(),
-        None => root_cause(&e),
+        None => root_cause(e),
     };
     // Said first, in the config's words; the engine's backtrace follows.
     if let Some(wanted) = store.data_mut().limits.exceeded.take() {

@@ -360,7 +360,7 @@ impl<W: World> Plugin<W> {
             Ok((declared, plugin))
         });
         log.end("declare");
-        let (declared, plugin) = declared.map_err(|e| trap(e, &mut store))?;
+        let (declared, plugin) = declared.map_err(|e| trap(&e, &mut store))?;
         let declaration = declared.map_err(CallError::Failed)?;
         for (what, text) in declared_texts(&declaration) {
             self.bounded(&what, text)?;
@@ -438,7 +438,7 @@ impl<W: World> Calls<W> for Plugin<W> {
                 result.map_err(CallError::Failed)
             }
             Err(e) => {
-                let err = trap(e, &mut instance.store);
+                let err = trap(&e, &mut instance.store);
                 self.checkin(None); // never re-enter a trapped instance (L3)
                 Err(err)
             }

@@ -88,7 +88,7 @@ pub fn entry(
     config: &Config,
     tools: &[rmcp::model::Tool],
     instructions: Option<&str>,
-    read: ResourceReader,
+    read: &ResourceReader,
 ) -> Result<(PluginEntry, BTreeMap<String, String>), ErrorBody> {
     let id = plugin_id(name);
     let originals: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
@@ -326,9 +326,9 @@ async fn connect(cfg: &McpConfig, handler: Notified) -> Result<Connection, Strin
 
 /// Starts one supervisor task per `[mcp.NAME]` server of the daemon's config on `handle`, and
 /// registers with the daemon to follow config reloads and `enable` calls.
-pub fn start(daemon: Arc<Daemon>, handle: &Handle) {
+pub fn start(daemon: &Arc<Daemon>, handle: &Handle) {
     let supervisors = Arc::new(Supervisors {
-        daemon: Arc::downgrade(&daemon),
+        daemon: Arc::downgrade(daemon),
         handle: handle.clone(),
         running: std::sync::Mutex::new(BTreeMap::new()),
     });
@@ -571,25 +571,19 @@ async fn serve(
             Ok(Ok(tools)) => tools,
         };
         let config = daemon.config();
-        let result = entry(
-            name,
-            cfg,
-            &config,
-            &tools,
-            instructions.as_deref(),
-            read.clone(),
-        )
-        .map(|(entry, names)| {
-            let runner: Arc<dyn ToolRunner> = Arc::new(McpRunner {
-                name: name.to_string(),
-                peer: peer.clone(),
-                names,
-                timeout,
-                handle: handle.clone(),
-                down: down.clone(),
-            });
-            (entry, runner)
-        });
+        let result = entry(name, cfg, &config, &tools, instructions.as_deref(), &read).map(
+            |(entry, names)| {
+                let runner: Arc<dyn ToolRunner> = Arc::new(McpRunner {
+                    name: name.to_string(),
+                    peer: peer.clone(),
+                    names,
+                    timeout,
+                    handle: handle.clone(),
+                    down: down.clone(),
+                });
+                (entry, runner)
+            },
+        );
         if let Err(body) = result {
             quit.abort();
             return body;

@@ -168,7 +168,7 @@ impl SqliteStore {
         let checked = files.clone();
         let writer = std::thread::Builder::new()
             .name("promptd-store-writer".into())
-            .spawn(move || write_loop(conn, rx, &failing, &checked))
+            .spawn(move || write_loop(conn, &rx, &failing, &checked))
             .map_err(|e| StoreError::backend("starting the writer thread", e))?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -327,7 +327,7 @@ impl Files {
                     now.size
                 );
                 drop(left);
-                Err(self.lose(path, why))
+                Err(self.lose(path, &why))
             }
             _ => Ok(left),
         }
@@ -345,15 +345,15 @@ impl Files {
     }
 
     /// Marks the store lost for `why` (logged once) and returns the error every call gets.
-    fn lose(&self, path: &Path, why: String) -> StoreError {
-        if self.lost.set(why.clone()).is_ok() {
+    fn lose(&self, path: &Path, why: &str) -> StoreError {
+        if self.lost.set(why.to_owned()).is_ok() {
             tracing::error!(
                 path = %path.display(),
                 "session store lost: {why}; nothing written since is on disk, so nothing \
                  is acknowledged any more: restart promptd to reopen the database"
             );
         }
-        lost(self.lost.get().unwrap_or(&why))
+        lost(self.lost.get().map_or(why, String::as_str))
     }
 
     /// Fails when any path no longer leads to the file the store has open: one `stat` per
@@ -380,7 +380,7 @@ impl Files {
                     ))
                 }
             };
-            return Err(self.lose(path, why));
+            return Err(self.lose(path, &why));
         }
         Ok(())
     }
@@ -410,7 +410,7 @@ impl Drop for SqliteStore {
 
 /// The writer: one transaction per batch of queued jobs, one sync, a check that the files are
 /// still the ones on disk (Q12), then the replies.
-fn write_loop(mut conn: Connection, rx: Receiver<Job>, fail_commits: &AtomicU32, files: &Files) {
+fn write_loop(mut conn: Connection, rx: &Receiver<Job>, fail_commits: &AtomicU32, files: &Files) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {

@@ -39,7 +39,7 @@ pub use observer::Observer;
 pub use settings::Settings;
 pub use spans::{PrefixFacts, RecordRecord, Sampled, StepContent, StepRecord, Timed, Work};
 
-use spans::{kv, Place};
+use spans::{kv, Place, SpanParts};
 
 /// Why telemetry could not start.
 #[derive(Debug, thiserror::Error)]
@@ -224,7 +224,7 @@ impl Telemetry {
                     runtime.handle().clone(),
                     &inner.settings,
                     resource.clone(),
-                    with_own(source, Arc::downgrade(&inner)),
+                    &with_own(source, Arc::downgrade(&inner)),
                 ))
             }
             _ => None,
@@ -330,13 +330,15 @@ impl Telemetry {
         ];
         let mut span = spans::span(
             &self.inner.scope,
-            format!("invoke_agent {agent}"),
-            SpanKind::Internal,
-            place,
-            session_span(session),
-            (at, at),
-            attributes,
-            Status::Unset,
+            SpanParts {
+                name: format!("invoke_agent {agent}").into(),
+                kind: SpanKind::Internal,
+                place,
+                id: session_span(session),
+                time: (at, at),
+                attributes,
+                status: Status::Unset,
+            },
         );
         if let Some(p) = parent {
             span.links
@@ -353,7 +355,7 @@ impl Telemetry {
 
     /// A step ended: its `chat` span (waiting for the reply when it was served) and a span
     /// for each stage and plugin call; `usage` is the request's size by part.
-    pub fn step(&self, r: StepRecord, usage: Option<&promptd_core::budget::Usage>) {
+    pub fn step(&self, r: &StepRecord, usage: Option<&promptd_core::budget::Usage>) {
         let inner = &self.inner;
         let Some(place) = r
             .sampled
@@ -389,16 +391,18 @@ impl Telemetry {
             Some(m) => format!("chat {m}"),
             None => "chat".to_string(),
         };
-        let attributes = spans::step_attributes(&r, usage, &inner.keys, url);
+        let attributes = spans::step_attributes(r, usage, &inner.keys, url);
         let mut span = spans::span(
             &inner.scope,
-            name,
-            SpanKind::Client,
-            place,
-            id,
-            (start, end),
-            attributes,
-            spans::status(r.error.as_ref()),
+            SpanParts {
+                name: name.into(),
+                kind: SpanKind::Client,
+                place,
+                id,
+                time: (start, end),
+                attributes,
+                status: spans::status(r.error.as_ref()),
+            },
         );
         span.events.events = events;
         match r.step {
@@ -431,7 +435,7 @@ impl Telemetry {
     /// A message was recorded (or refused): a `promptd.record` span with its review hooks and
     /// append; a reply's usage, cache outcome and cost go on its step's `chat` span, which is
     /// then exported (or on the record's own span, when that one was exported already).
-    pub fn record(&self, r: RecordRecord) {
+    pub fn record(&self, r: &RecordRecord) {
         let inner = &self.inner;
         let now = SystemTime::now();
         let (start, end) = (r.start.unwrap_or(now), r.end.unwrap_or(now));
@@ -485,7 +489,7 @@ impl Telemetry {
             attributes.push(kv("error.type", code.clone()));
         }
         let reply_attributes = if reply {
-            spans::reply_attributes(&r)
+            spans::reply_attributes(r)
         } else {
             Vec::new()
         };
@@ -504,13 +508,15 @@ impl Telemetry {
             let events = inner.children(place.trace, id, &r.timeline, &mut out);
             let mut span = spans::span(
                 &inner.scope,
-                format!("promptd.record {}", r.role),
-                SpanKind::Server,
-                place,
-                id,
-                (start, end),
-                attributes,
-                spans::status(r.error.as_ref()),
+                SpanParts {
+                    name: format!("promptd.record {}", r.role).into(),
+                    kind: SpanKind::Server,
+                    place,
+                    id,
+                    time: (start, end),
+                    attributes,
+                    status: spans::status(r.error.as_ref()),
+                },
             );
             span.events.events = events;
             if r.parent.is_some() {
@@ -646,13 +652,15 @@ impl Inner {
             };
             out.push(spans::span(
                 &self.scope,
-                name,
-                SpanKind::Internal,
-                place,
-                id,
-                (t.start, t.end),
-                attributes,
-                status,
+                SpanParts {
+                    name,
+                    kind: SpanKind::Internal,
+                    place,
+                    id,
+                    time: (t.start, t.end),
+                    attributes,
+                    status,
+                },
             ));
         }
         parent_events

@@ -58,7 +58,7 @@ pub(crate) fn provider(
     runtime: tokio::runtime::Handle,
     settings: &crate::Settings,
     resource: opentelemetry_sdk::Resource,
-    source: Source,
+    source: &Source,
 ) -> SdkMeterProvider {
     let exporter = OnRuntime {
         inner: exporter,

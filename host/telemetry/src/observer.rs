@@ -146,7 +146,8 @@ impl StepObserver for Observer {
                 causes: p.causes.clone(),
             });
         }
-        self.telemetry.step(record, e.is_none().then_some(&o.usage));
+        self.telemetry
+            .step(&record, e.is_none().then_some(&o.usage));
     }
 
     fn record(&self, o: &RecordOutcome, e: Option<&DaemonError>) {
@@ -173,7 +174,7 @@ impl StepObserver for Observer {
                 .map(|m| messages_json(std::iter::once(m))),
             parent: parent(o.trace.as_ref()),
         };
-        self.telemetry.record(record);
+        self.telemetry.record(&record);
     }
 
     fn samples(&self) -> Vec<Sample> {

@@ -253,18 +253,30 @@ pub(crate) struct Place {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampled(pub(crate) Place);
 
+/// What one finished span is made of, besides its instrumentation scope.
+pub(crate) struct SpanParts {
+    pub name: Cow<'static, str>,
+    pub kind: SpanKind,
+    /// Its trace and parent.
+    pub place: Place,
+    pub id: SpanId,
+    /// When it started and ended (an end before the start is taken as the start).
+    pub time: (SystemTime, SystemTime),
+    pub attributes: Vec<KeyValue>,
+    pub status: Status,
+}
+
 /// Builds one finished span.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn span(
-    scope: &opentelemetry::InstrumentationScope,
-    name: impl Into<Cow<'static, str>>,
-    kind: SpanKind,
-    place: Place,
-    id: SpanId,
-    (start, end): (SystemTime, SystemTime),
-    attributes: Vec<KeyValue>,
-    status: Status,
-) -> SpanData {
+pub(crate) fn span(scope: &opentelemetry::InstrumentationScope, parts: SpanParts) -> SpanData {
+    let SpanParts {
+        name,
+        kind,
+        place,
+        id,
+        time: (start, end),
+        attributes,
+        status,
+    } = parts;
     SpanData {
         span_context: SpanContext::new(
             place.trace,
@@ -276,7 +288,7 @@ pub(crate) fn span(
         parent_span_id: place.parent,
         parent_span_is_remote: place.remote,
         span_kind: kind,
-        name: name.into(),
+        name,
         start_time: start,
         end_time: end.max(start),
         attributes,

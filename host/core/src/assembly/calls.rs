@@ -175,7 +175,7 @@ impl Calls<'_> {
                 }
                 Ok(Source::Static(""))
             }
-            Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), e.clone())),
+            Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), e)),
         }
     }
 
@@ -195,8 +195,9 @@ impl Calls<'_> {
                 .map(|v| v.map(Arc::from))
             });
         result
-            .clone()
+            .as_ref()
             .map_err(|e| call_error(entry, &format!("variable `{}`", v.name), e))
+            .cloned()
     }
 
     /// The tools `entry` shows this step (asked once).
@@ -216,11 +217,11 @@ impl Calls<'_> {
             });
         result
             .as_ref()
-            .map_err(|e| call_error(entry, "shown-tools", e.clone()))
+            .map_err(|e| call_error(entry, "shown-tools", e))
     }
 }
 
-pub(super) fn call_error(entry: &PluginEntry, contribution: &str, e: CallError) -> Error {
+pub(super) fn call_error(entry: &PluginEntry, contribution: &str, e: &CallError) -> Error {
     Error::PluginCall {
         plugin: entry.id.clone(),
         contribution: contribution.to_string(),

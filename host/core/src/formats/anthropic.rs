@@ -187,7 +187,11 @@ pub(crate) fn push_anthropic(turns: &mut Vec<(&'static str, Vec<Value>)>, messag
 }
 
 pub(crate) fn anthropic_turn(role: &'static str, blocks: Vec<Value>) -> Value {
-    json!({ "role": role, "content": blocks })
+    // `json!` would copy the blocks; they are moved in (the same keys in the same order).
+    let mut turn = Map::new();
+    turn.insert("role".into(), Value::from(role));
+    turn.insert("content".into(), Value::Array(blocks));
+    Value::Object(turn)
 }
 
 /// Anthropic's regex tool search tool: what finds a deferred tool (K9).

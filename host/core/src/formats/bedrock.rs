@@ -100,7 +100,11 @@ pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
 
 /// A message of the Converse body.
 pub(crate) fn turn(role: &'static str, content: Vec<Value>) -> Value {
-    json!({ "role": role, "content": content })
+    // `json!` would copy the content; it is moved in (the same keys in the same order).
+    let mut turn = Map::new();
+    turn.insert("role".into(), Value::from(role));
+    turn.insert("content".into(), Value::Array(content));
+    Value::Object(turn)
 }
 
 /// The last turn, with the rolling cache point at its end when the header's layout has it.

@@ -114,7 +114,11 @@ pub(super) fn messages(request: &FrozenRequest) -> Vec<Value> {
 
 /// A `Content`.
 pub(crate) fn turn(role: &'static str, parts: Vec<Value>) -> Value {
-    json!({ "role": role, "parts": parts })
+    // `json!` would copy the parts; they are moved in (the same keys in the same order).
+    let mut turn = Map::new();
+    turn.insert("role".into(), Value::from(role));
+    turn.insert("parts".into(), Value::Array(parts));
+    Value::Object(turn)
 }
 
 /// What rendering messages one by one needs to remember: the turns so far (consecutive

@@ -219,7 +219,7 @@ pub fn reply(value: Value) -> Result<Message> {
             };
             anthropic(blocks)
         }
-        (Some("assistant"), _) if is_openai(&object) => openai(object),
+        (Some("assistant"), _) if is_openai(&object) => openai(&object),
         _ => neutral(object),
     }
 }
@@ -404,7 +404,7 @@ pub fn name_calls(message: &mut Message, seq: u64) {
     }
 }
 
-fn openai(object: Map<String, Value>) -> Result<Message> {
+fn openai(object: &Map<String, Value>) -> Result<Message> {
     let mut content = text_of(object.get("content"), "content")?;
     if content.is_empty() {
         // A refusal is what the model said instead of an answer.

@@ -3,7 +3,7 @@
 use super::difference::{common_prefix, differing_settings, first_differing_part};
 use super::report::{signed, Counted, Difference, Figures, StepReplay, Tokens};
 use super::run::{Entry, Group, Run};
-use super::view::View;
+use super::view::{Sent, View};
 use crate::assembly::Assembly;
 use crate::cache::{Block, Rules};
 use crate::error::Result;
@@ -88,25 +88,17 @@ impl Run<'_> {
         // The views borrow the sides: no longer used from here on.
         let output = usage.and_then(|u| u.output_tokens).unwrap_or(0);
         let pricing = self.candidate.pricing;
-        let recorded = self.recorded.serve(
-            &rec_model,
-            rec_key,
+        let sent = Sent {
             at_ms,
-            &mut rec_blocks,
             output,
             pricing,
             format,
-        );
+        };
+        let recorded = self
+            .recorded
+            .serve(&rec_model, rec_key, &mut rec_blocks, sent);
         let candidate = match &mut self.replayed {
-            Some(side) => side.serve(
-                &cand_model,
-                cand_key,
-                at_ms,
-                &mut cand_blocks,
-                output,
-                pricing,
-                format,
-            ),
+            Some(side) => side.serve(&cand_model, cand_key, &mut cand_blocks, sent),
             None => recorded.clone(),
         };
         self.buffers = (rec_blocks, cand_blocks);

@@ -386,17 +386,19 @@ impl Side {
     /// Feeds this side's cache model one request (blocks already scaled to tokens; the
     /// buffer is handed back for the next one) and says what it read, wrote and missed, and
     /// what that costs.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn serve(
         &mut self,
         model: &str,
         (key, retention): (Option<String>, Option<String>),
-        at_ms: u64,
         blocks: &mut Vec<Block>,
-        output: u64,
-        pricing: Pricing<'_>,
-        format: Format,
+        sent: Sent<'_>,
     ) -> Figures {
+        let Sent {
+            at_ms,
+            output,
+            pricing,
+            format,
+        } = sent;
         // One cache per model and retention: entries kept under one retention are not
         // lengthened by requests under another (a header that changes it is rare).
         let at = match self
@@ -446,6 +448,16 @@ impl Side {
             cost,
         }
     }
+}
+
+/// What a step's two requests share when each side's cache model serves its own: when it
+/// was sent, the reply's output tokens, the prices and the format.
+#[derive(Clone, Copy)]
+pub(super) struct Sent<'a> {
+    pub at_ms: u64,
+    pub output: u64,
+    pub pricing: Pricing<'a>,
+    pub format: Format,
 }
 
 /// A part as the cache model's block.

@@ -139,7 +139,6 @@ impl SessionState {
     /// trims the history by [`SessionState::trim`]: returns the usage (less what was dropped)
     /// and the `history/dropped` event to append. Whether it then fits is
     /// [`crate::budget::Usage::check`]'s to say.
-    #[allow(clippy::too_many_arguments)]
     pub fn fit(
         &mut self,
         budget: &crate::budget::Budget,
@@ -151,8 +150,16 @@ impl SessionState {
     ) -> (crate::budget::Usage, Option<Body>) {
         let (measured, count) = self.measure_messages(counter, new);
         let fixed = self.fixed(counter, header, format, assembly.shown_tools.as_deref());
-        let mut usage =
-            crate::budget::usage_with(budget, counter, fixed, assembly, measured, count);
+        let mut usage = crate::budget::usage_with(
+            budget,
+            counter,
+            fixed,
+            assembly,
+            crate::budget::Measured {
+                size: measured,
+                count,
+            },
+        );
         let fixed = usage.tools.tokens + usage.system.tokens + budget.reserve as usize;
         let room = match (budget.window.map(|w| w as usize), budget.history_max) {
             (Some(w), cap) if fixed <= w => {

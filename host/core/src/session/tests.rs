@@ -290,7 +290,7 @@ fn q4_any_step_rebuilds_to_what_it_returned() {
 }
 
 /// A log whose `seq`-th event has `body` instead of what was written.
-fn damaged(seq: u64, body: Value, version: u32) -> (String, Vec<Event>) {
+fn damaged(seq: u64, body: &Value, version: u32) -> (String, Vec<Event>) {
     let log = Log::new();
     log.step(&[user("hello")], &assembly("S", Some("ctx")), RUN)
         .unwrap();
@@ -309,7 +309,7 @@ fn q9_an_event_that_no_longer_decodes_is_an_error_naming_session_and_seq() {
         (3, json!({"cleared": false})),
         (4, json!({"reason": "initial", "header": {"system": 1}})),
     ] {
-        let (id, events) = damaged(seq, body, BODY_VERSION);
+        let (id, events) = damaged(seq, &body, BODY_VERSION);
         let err = rebuild(&id, &events, 1).unwrap_err();
         assert_eq!(err.code(), "store_corrupt", "{err}");
         let message = err.to_string();
@@ -322,7 +322,7 @@ fn q9_an_event_that_no_longer_decodes_is_an_error_naming_session_and_seq() {
 
 #[test]
 fn q9_a_body_version_this_binary_does_not_know_is_refused() {
-    let (id, events) = damaged(2, json!({"role": "user", "content": "hello"}), 2);
+    let (id, events) = damaged(2, &json!({"role": "user", "content": "hello"}), 2);
     let err = rebuild(&id, &events, 1).unwrap_err();
     assert_eq!(err.code(), "store_corrupt");
     assert!(err.to_string().contains("body version 2"), "{err}");

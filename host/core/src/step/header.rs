@@ -63,16 +63,13 @@ pub(super) fn choose(
         }
         Some(h) if holds_any(registry, assembled) => {
             let now = Provenance::of(registry, assembled);
-            let decision = decide_held(
-                state,
-                h,
-                &now,
-                (registry, assembled),
-                agent,
+            let change = Change {
+                recorded: h,
+                now: &now,
                 ttl,
-                serving,
-                format,
-            );
+            };
+            let decision =
+                decide_held(state, change, (registry, assembled), agent, serving, format);
             current = Some(now);
             match decision {
                 held::Decision::Hold(parts) => {
@@ -186,19 +183,29 @@ fn failed_keeping(registry: &Registry, assembled: &Assembly, id: &str) -> Option
         .map(|o| format!("{} failed: {}", o.contribution, o.cause))
 }
 
-/// K7: whether a header that would change from `header` to this step's assembly (whose
-/// provenance is `now`) waits for a cache-cold point.
-#[allow(clippy::too_many_arguments)]
+/// A header change a plugin may hold (K7): from the recorded header to this step's assembly,
+/// whose provenance is `now`, under the TTL the new header would have.
+#[derive(Clone, Copy)]
+struct Change<'a> {
+    recorded: &'a Header,
+    now: &'a Provenance,
+    ttl: Option<Ttl>,
+}
+
+/// K7: whether `change` waits for a cache-cold point.
 fn decide_held(
     state: &SessionState,
-    header: &Header,
-    now: &Provenance,
+    change: Change<'_>,
     (registry, assembled): (&Registry, &Assembly),
     agent: &AgentSettings,
-    ttl: Option<Ttl>,
     serving: Serving<'_>,
     format: Format,
 ) -> held::Decision {
+    let Change {
+        recorded: header,
+        now,
+        ttl,
+    } = change;
     let rest_changed = if header.layout != crate::conversation::LAYOUT {
         Some("the body layout changed")
     } else if header.cache_key.is_none() {

@@ -1,5 +1,5 @@
-//! What handlers share: reading a body strictly, the client's trace context, running the
-//! daemon's blocking work, and writing JSON replies.
+//! What handlers share: reading a body strictly, the session, tool call or step a path names,
+//! running the daemon's blocking work, and writing JSON replies.
 
 #[allow(unused_imports)]
 use super::*;
@@ -35,11 +35,15 @@ pub(crate) fn json_reply(status: StatusCode, v: &impl serde::Serialize) -> Respo
     }
 }
 
-/// Runs blocking daemon work (plugin calls, SQLite) off the async threads.
+/// The shell of every handler that calls the daemon: `work` runs on the blocking pool (plugin
+/// calls, SQLite) with the daemon of `state`, off the async threads; its error is answered as
+/// [`status`] and [`ErrorBody`] say, a worker that panicked as `500 internal`.
 pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
+    state: &AppState,
+    work: impl FnOnce(&Daemon) -> Result<T, DaemonError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
+    let daemon = state.daemon.clone();
+    match tokio::task::spawn_blocking(move || work(&daemon)).await {
         Ok(result) => result.map_err(ApiError::from),
         Err(e) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -141,6 +145,50 @@ impl<T: for<'de> Deserialize<'de>, S: Send + Sync> axum::extract::FromRequestPar
                 e.body_text(),
             )),
         }
+    }
+}
+
+/// The session a route names (`/v1/sessions/{id}/…`), as its path gives it; a path that
+/// cannot be read is answered as axum's `Path` answers it. Whether the session exists is the
+/// daemon's to say (`unknown_session`).
+pub(crate) struct SessionId(pub(crate) String);
+
+/// The path parameter [`SessionId`] reads (a route's other parameters are left to others).
+#[derive(Deserialize)]
+struct SessionParam {
+    id: String,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SessionId {
+    type Rejection = axum::extract::rejection::PathRejection;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let Path(SessionParam { id }) = Path::from_request_parts(parts, state).await?;
+        Ok(SessionId(id))
+    }
+}
+
+/// An open tool call of a session (`/v1/sessions/{id}/tool-calls/{call_id}/…`), as the path
+/// gives them; a path that cannot be read is answered as axum's `Path` answers it.
+#[derive(Deserialize)]
+pub(crate) struct ToolCallRef {
+    #[serde(rename = "id")]
+    pub(crate) session: String,
+    pub(crate) call_id: String,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ToolCallRef {
+    type Rejection = axum::extract::rejection::PathRejection;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let Path(call) = Path::from_request_parts(parts, state).await?;
+        Ok(call)
     }
 }
 

@@ -299,6 +299,58 @@ mod tests {
         assert!(schemas.get("Message").is_some() && schemas.get("Usage").is_some());
     }
 
+    /// `SessionId` and `ToolCallRef` read a path as `Path<String>` and `Path<(String, String)>`
+    /// did, and refuse one that cannot be read (not UTF-8) with the same answer.
+    #[tokio::test]
+    async fn session_and_tool_call_paths_read_as_axum_path_reads_them() {
+        use axum::routing::get;
+        use hyper::service::Service;
+        let app = Router::new()
+            .route("/a/{id}", get(|SessionId(id): SessionId| async move { id }))
+            .route("/b/{id}", get(|Path(id): Path<String>| async move { id }))
+            .route(
+                "/a/{id}/c/{call_id}",
+                get(|ToolCallRef { session, call_id }: ToolCallRef| async move {
+                    format!("{session} {call_id}")
+                }),
+            )
+            .route(
+                "/b/{id}/c/{call_id}",
+                get(|Path((id, call_id)): Path<(String, String)>| async move {
+                    format!("{id} {call_id}")
+                }),
+            );
+        let service = hyper_util::service::TowerToHyperService::new(app);
+        let answer = |uri: String| {
+            let request = axum::http::Request::builder()
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let response = service.call(request);
+            async move {
+                let response = response.await.unwrap();
+                let status = response.status();
+                let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+                    .await
+                    .unwrap();
+                (status, body)
+            }
+        };
+        for path in [
+            "s1",
+            "%E2%9C%93",
+            "%FF",
+            "s1/c/call_1",
+            "%FF/c/x",
+            "s/c/%FF",
+        ] {
+            let ours = answer(format!("/a/{path}")).await;
+            assert_eq!(ours, answer(format!("/b/{path}")).await, "{path}");
+            let readable = !path.contains("%FF");
+            assert_eq!(ours.0.is_success(), readable, "{path}: {ours:?}");
+        }
+    }
+
     #[test]
     fn tokens_compare_equal_only_when_equal() {
         assert!(same_secret(b"s3cret", b"s3cret"));

@@ -17,8 +17,7 @@ pub(crate) async fn plugins(State(state): State<Arc<AppState>>) -> Response {
 #[utoipa::path(post, path = "/v1/plugins/reload", tag = "plugins",
     responses((status = 200, description = "The changes applied", body = api::Applied), api::Errors))]
 pub(crate) async fn reload(State(state): State<Arc<AppState>>) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let applied = blocking(move || daemon.reload()).await?;
+    let applied = blocking(&state, Daemon::reload).await?;
     Ok(json_body(&api::Applied { applied }))
 }
 
@@ -30,8 +29,7 @@ pub(crate) async fn unload(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let event = blocking(move || daemon.unload(&id)).await?;
+    let event = blocking(&state, move |daemon| daemon.unload(&id)).await?;
     Ok(json_body(&api::Applied {
         applied: vec![event],
     }))
@@ -46,8 +44,7 @@ pub(crate) async fn enable(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let applied = blocking(move || daemon.enable(&id)).await?;
+    let applied = blocking(&state, move |daemon| daemon.enable(&id)).await?;
     Ok(json_body(&api::Applied { applied }))
 }
 

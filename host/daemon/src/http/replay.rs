@@ -16,7 +16,6 @@ pub(crate) async fn replay(
     JsonBody(req): JsonBody<api::ReplayBody>,
 ) -> ApiResult {
     let request = req.into_request();
-    let daemon = state.daemon.clone();
-    let report = blocking(move || daemon.replay(&request)).await?;
+    let report = blocking(&state, move |daemon| daemon.replay(&request)).await?;
     Ok(json_body(&report))
 }

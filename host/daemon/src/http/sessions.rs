@@ -15,9 +15,8 @@ pub(crate) async fn list_sessions(
     QueryOf(query): QueryOf<ListQuery>,
 ) -> ApiResult {
     let limit = query.limit.unwrap_or(100).min(1000) as usize;
-    let daemon = state.daemon.clone();
     let filter = query.q.unwrap_or_default();
-    let sessions = blocking(move || daemon.sessions(&filter, limit)).await?;
+    let sessions = blocking(&state, move |daemon| daemon.sessions(&filter, limit)).await?;
     Ok(json_body(&api::SessionList { sessions }))
 }
 
@@ -40,10 +39,12 @@ pub(crate) async fn create_session(
     headers: HeaderMap,
     JsonBody(req): JsonBody<api::NewSession>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
     let agent = req.agent.clone();
     let parent = trace_parent(&headers);
-    let id = blocking(move || daemon.create_session_traced(&agent, parent.as_ref())).await?;
+    let id = blocking(&state, move |daemon| {
+        daemon.create_session_traced(&agent, parent.as_ref())
+    })
+    .await?;
     let body = api::SessionCreated {
         id,
         agent: req.agent,
@@ -64,10 +65,9 @@ pub(crate) fn trace_parent(headers: &HeaderMap) -> Option<crate::TraceContext> {
     responses((status = 200, description = "`{\"session\", \"steps\": [...], \"totals\"}`", body = Object), api::Errors))]
 pub(crate) async fn usage_report(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let report = blocking(move || daemon.usage_report(&id)).await?;
+    let report = blocking(&state, move |daemon| daemon.usage_report(&id)).await?;
     Ok(json_body(&report))
 }
 
@@ -81,9 +81,10 @@ pub(crate) async fn usage_summary(
     QueryOf(query): QueryOf<UsageQuery>,
 ) -> ApiResult {
     let limit = query.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
-    let daemon = state.daemon.clone();
-    let summary =
-        blocking(move || daemon.usage_summary(query.agent.as_deref(), query.since, limit)).await?;
+    let summary = blocking(&state, move |daemon| {
+        daemon.usage_summary(query.agent.as_deref(), query.since, limit)
+    })
+    .await?;
     Ok(json_body(&summary))
 }
 
@@ -112,17 +113,19 @@ pub(crate) struct UsageQuery {
     responses((status = 201, description = "The `history/compacted` event's seq", body = api::Recorded), api::Errors))]
 pub(crate) async fn compact(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     JsonBody(req): JsonBody<api::CompactBody>,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let seq = blocking(move || daemon.compact(&id, req.from, req.to, &req.summary)).await?;
+    let seq = blocking(&state, move |daemon| {
+        daemon.compact(&id, req.from, req.to, &req.summary)
+    })
+    .await?;
     Ok(json_reply(StatusCode::CREATED, &api::Recorded { seq }))
 }
 
 /// An event as the API shows it: its body as a JSON value (keys sorted). A body that is not
 /// JSON is `store_corrupt`, as every reader of the log says.
-pub(crate) fn event_view(session: &str, e: Event) -> Result<api::EventView, DaemonError> {
+pub(crate) fn event_view(session: &str, e: &Event) -> Result<api::EventView, DaemonError> {
     let body = serde_json::from_str(&e.body).map_err(|problem| {
         promptd_core::Error::Store(promptd_core::store::StoreError::Corrupt {
             session: session.to_string(),
@@ -144,13 +147,12 @@ pub(crate) fn event_view(session: &str, e: Event) -> Result<api::EventView, Daem
     responses((status = 200, description = "The session's events, in order", body = api::EventList), api::Errors))]
 pub(crate) async fn session_events(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let events = blocking(move || {
+    let events = blocking(&state, move |daemon| {
         let events = daemon.session_events(&id)?;
         events
-            .into_iter()
+            .iter()
             .map(|e| event_view(&id, e))
             .collect::<Result<Vec<_>, _>>()
     })

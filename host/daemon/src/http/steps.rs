@@ -11,12 +11,11 @@ use super::*;
     responses((status = 200, description = "The request body to send to the provider, the step's number and its measured size", body = api::StepReply), api::Errors))]
 pub(crate) async fn step(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     headers: HeaderMap,
     JsonBody(req): JsonBody<api::StepBody>,
 ) -> ApiResult {
     let parent = trace_parent(&headers);
-    let daemon = state.daemon.clone();
     let input = StepInput {
         messages: req.messages,
         facts: req.facts,
@@ -31,7 +30,7 @@ pub(crate) async fn step(
     // the step then records nothing (issue 32, cancellation).
     let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut guard = CancelOnDrop(Some(cancelled.clone()));
-    let response = blocking(move || {
+    let response = blocking(&state, move |daemon| {
         let mut out = Pieces::default();
         out.text(match since {
             Some(_) => "{\"parts\":",
@@ -96,7 +95,7 @@ impl Drop for CancelOnDrop {
     responses((status = 201, description = "The recorded event's seq, and the tool calls a reply opened", body = api::RecordedMessage), api::Errors))]
 pub(crate) async fn record_message(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     sent: Sent,
     headers: HeaderMap,
     JsonBody(value): JsonBody<Value>,
@@ -105,8 +104,7 @@ pub(crate) async fn record_message(
     // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
     let mut request = crate::RecordRequest::reply(id, value, sent.format, sent.at)?;
     request.trace = parent;
-    let daemon = state.daemon.clone();
-    let recorded = blocking(move || daemon.record(request)).await?;
+    let recorded = blocking(&state, move |daemon| daemon.record(request)).await?;
     let (seq, tool_calls) = (recorded.seq, recorded.tool_calls);
     Ok(json_reply(
         StatusCode::CREATED,
@@ -167,10 +165,12 @@ pub(crate) struct SentQuery {
               api::Errors))]
 pub(crate) async fn run_tool_call(
     State(state): State<Arc<AppState>>,
-    Path((id, call_id)): Path<(String, String)>,
+    ToolCallRef { session, call_id }: ToolCallRef,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let run = blocking(move || daemon.run_tool_call(&id, &call_id)).await?;
+    let run = blocking(&state, move |daemon| {
+        daemon.run_tool_call(&session, &call_id)
+    })
+    .await?;
     Ok(json_reply(StatusCode::CREATED, &run))
 }
 
@@ -207,8 +207,7 @@ pub(crate) async fn step_request(
         format,
     }: StepRef,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let frozen = blocking(move || daemon.request(&id, n)).await?;
+    let frozen = blocking(&state, move |daemon| daemon.request(&id, n)).await?;
     Ok(json_bytes(
         StatusCode::OK,
         formats::render(&frozen, format).to_string(),
@@ -251,8 +250,7 @@ pub(crate) async fn step_explain(
         format,
     }: StepRef,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let explained = blocking(move || daemon.explain(&id, n, format)).await?;
+    let explained = blocking(&state, move |daemon| daemon.explain(&id, n, format)).await?;
     let mut said: Vec<String> = explained.held.iter().map(ToString::to_string).collect();
     if let Some(r) = &explained.released {
         said.push(format!(
@@ -286,7 +284,6 @@ pub(crate) async fn step_diff(
         format,
     }: StepRef,
 ) -> ApiResult {
-    let daemon = state.daemon.clone();
-    let diff = blocking(move || daemon.diff(&id, n, format)).await?;
+    let diff = blocking(&state, move |daemon| daemon.diff(&id, n, format)).await?;
     Ok(json_body(&diff))
 }

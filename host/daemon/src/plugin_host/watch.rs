@@ -50,7 +50,7 @@ pub fn watch(daemon: Arc<Daemon>, config_path: Option<PathBuf>) -> Result<WatchH
     }
     std::thread::Builder::new()
         .name("promptd-watch".into())
-        .spawn(move || apply_loop(&daemon, rx, config_path.as_deref()))
+        .spawn(move || apply_loop(&daemon, &rx, config_path.as_deref()))
         .map_err(DaemonError::WatchThread)?;
     Ok(WatchHandle { _watcher: watcher })
 }
@@ -98,7 +98,7 @@ impl Touched {
 
 fn apply_loop(
     daemon: &Daemon,
-    rx: mpsc::Receiver<notify::Result<notify::Event>>,
+    rx: &mpsc::Receiver<notify::Result<notify::Event>>,
     config: Option<&Path>,
 ) {
     while let Ok(first) = rx.recv() {

@@ -135,10 +135,10 @@ pub(crate) struct Memo {
 fn one<T>(
     p: &impl Calls<V0_2>,
     step: &Step,
-    wanted: Wanted,
+    wanted: &Wanted,
     pick: impl FnOnce(Evaluation) -> Option<CallResult<T>>,
 ) -> CallResult<T> {
-    let answer = V0_2::evaluate(p, step, &wanted)?;
+    let answer = V0_2::evaluate(p, step, wanted)?;
     pick(answer).unwrap_or_else(|| Err(CallError::Failed("no answer".into())))
 }
 
@@ -194,7 +194,7 @@ impl World for V0_2 {
             sections: vec![(name.to_string(), scope.clone())],
             ..Wanted::default()
         };
-        one(p, step, wanted, |e| e.sections.into_iter().next())
+        one(p, step, &wanted, |e| e.sections.into_iter().next())
     }
 
     fn context_text(
@@ -207,7 +207,7 @@ impl World for V0_2 {
             contexts: vec![(name.to_string(), scope.clone())],
             ..Wanted::default()
         };
-        one(p, step, wanted, |e| e.contexts.into_iter().next())
+        one(p, step, &wanted, |e| e.contexts.into_iter().next())
     }
 
     fn variable_value(
@@ -220,7 +220,7 @@ impl World for V0_2 {
             variables: vec![(name.to_string(), scope.clone())],
             ..Wanted::default()
         };
-        one(p, step, wanted, |e| e.variables.into_iter().next())
+        one(p, step, &wanted, |e| e.variables.into_iter().next())
     }
 
     fn shown_tools(p: &impl Calls<Self>, step: &Step) -> CallResult<Vec<String>> {
@@ -228,7 +228,7 @@ impl World for V0_2 {
             shown_tools: true,
             ..Wanted::default()
         };
-        one(p, step, wanted, |e| e.shown_tools)
+        one(p, step, &wanted, |e| e.shown_tools)
     }
 
     /// One call for every wanted item; each returned text is checked against the output
