@@ -3,6 +3,7 @@
 //! which each module imports as `common`. Run one file's tests with a filter:
 //! `cargo test -p promptd --test e2e budget::`.
 
+mod agent_cli;
 mod assemble_cli;
 mod budget;
 mod cache_policy;

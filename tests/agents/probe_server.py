@@ -2,9 +2,10 @@
 """A logging stand-in for the Anthropic API, to learn what a coding agent CLI sends.
 
 Listens on loopback (an OS-chosen port unless --port), prints the port on the first line of
-stdout, and appends one JSON line per request to --log: method, path, the headers in the order
-they came (name case kept), the body as text (so two requests can be compared byte for byte)
-and the body parsed when it is JSON.
+stdout, and appends one JSON line per request to --log: method, path (with its query string), the
+headers in the order they came (name case kept, repeats kept), the body as text (so two requests
+can be compared by eye), the raw body bytes in base64 (`body_b64`, for byte-for-byte checks) and
+the body parsed when it is JSON. A request is logged before it is answered.
 
 POST /v1/messages gets a minimal valid Messages reply, as one JSON object or, when the body has
 "stream": true, as an SSE stream (message_start, content_block_start, content_block_delta,
@@ -24,6 +25,7 @@ their cache_control breakpoints; then, for each next Messages request, which ear
 repeats byte for byte, and which only up to a moved breakpoint.
 """
 import argparse
+import base64
 import copy
 import itertools
 import json
@@ -91,7 +93,7 @@ class Handler(BaseHTTPRequestHandler):
             parsed = None
         log({"method": self.command, "path": self.path,
              "headers": [[k, v] for k, v in self.headers.items()],
-             "body": text, "json": parsed})
+             "body": text, "body_b64": base64.b64encode(raw).decode("ascii"), "json": parsed})
         return parsed
 
     def send_json(self, obj, status=200, head=False):
