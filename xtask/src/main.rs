@@ -7,7 +7,8 @@
 //!   arguments, e.g. `cargo xtask run -- assemble --plugins target/plugins`.
 //! - `test`: install what the tests need (rustup target, rustfmt, clippy, the JavaScript,
 //!   Python and C SDK toolchains, then — on a thread of their own, overlapping the builds — the
-//!   OpenAI and Anthropic clients of tests/provider_sdks.rs and each of `TEST_INSTALLERS`: the
+//!   OpenAI and Anthropic clients of tests/provider_sdks.rs, Claude Code for tests/agent_cli.rs
+//!   (tests/agents/install.sh) and each of `TEST_INSTALLERS`: the
 //!   client libraries, the browser, the database and proxy, the MCP servers, the OpenAPI
 //!   tools), then check formatting, lint, and run every test.
 //! - `imports`: print the import loops among each host crate's modules (`imports.rs`); `test`
@@ -153,9 +154,11 @@ const TEST_INSTALLERS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Runs the provider SDKs' installer and each of [`TEST_INSTALLERS`], in turn, on a thread of
-/// their own: they wait on the network and apt, so they overlap with the compiling that follows
-/// instead of preceding it (issue 27). Each one's output goes to `target/xtask-logs/NAME.log`
+/// Runs the provider SDKs' installer, Claude Code's (the coding agent CLI that
+/// tests/agent_cli.rs drives through the gateway, pinned in tests/agents; a no-op once
+/// installed, issue 47) and each of [`TEST_INSTALLERS`], in turn, on a thread of their own:
+/// they wait on the network and apt, so they overlap with the compiling that follows instead
+/// of preceding it (issue 27). Each one's output goes to `target/xtask-logs/NAME.log`
 /// (shown when it fails). Called after the SDK toolchains are installed, so no two apt-get
 /// runs overlap.
 fn install_in_background(root: &Path) -> std::thread::JoinHandle<Result<()>> {
@@ -163,8 +166,12 @@ fn install_in_background(root: &Path) -> std::thread::JoinHandle<Result<()>> {
     std::thread::spawn(move || {
         let logs = root.join("target/xtask-logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
-        let scripts = std::iter::once(("tests/sdk_loops/install.sh", "the provider SDKs"))
-            .chain(TEST_INSTALLERS.iter().copied());
+        let scripts = [
+            ("tests/sdk_loops/install.sh", "the provider SDKs"),
+            ("tests/agents/install.sh", "Claude Code (the agent CLI)"),
+        ]
+        .into_iter()
+        .chain(TEST_INSTALLERS.iter().copied());
         for (script, what) in scripts {
             let path = root.join(script);
             let log = logs.join(format!("{}.log", script.replace('/', "_")));
