@@ -31,6 +31,9 @@ fn python() -> PathBuf {
     python
 }
 
+/// A request the stub received: its path, headers and body bytes.
+type Received = (String, Vec<(String, String)>, Vec<u8>);
+
 /// The stub upstream on a free loopback port.
 struct Stub {
     _child: Bounded,
@@ -43,8 +46,8 @@ impl Stub {
         Stub { _child: child, url }
     }
 
-    /// The requests it received, in order: (path, headers, body bytes).
-    fn requests(&self) -> Vec<(String, Vec<(String, String)>, Vec<u8>)> {
+    /// The requests it received, in order.
+    fn requests(&self) -> Vec<Received> {
         let (status, text) = request(&self.url, "GET", "/stub/requests", None, None);
         assert_eq!(status, 200, "{text}");
         let v: Value = serde_json::from_str(&text).unwrap();
@@ -409,4 +412,292 @@ fn g1_bad_input_is_refused_in_the_providers_shape_naming_the_cause() {
     let (head, _) = post("/gateway/coder/v1/messages", ok_anthropic, &[]);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(served.health()["status"], "ok");
+}
+
+/// The frames of an event stream's body, split at blank lines.
+fn frames(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(&dechunk(body)).to_string();
+    text.split_inclusive("\n\n").map(str::to_string).collect()
+}
+
+/// An HTTP/1.1 chunked body, decoded.
+fn dechunk(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&rest[..end]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = end + 2;
+        out.extend_from_slice(&rest[start..(start + size).min(rest.len())]);
+        rest = &rest[(start + size + 2).min(rest.len())..];
+    }
+    out
+}
+
+fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+fn newest_session(served: &Served) -> Vec<Value> {
+    sessions(served).remove(0)
+}
+
+/// G5, G7: a streamed reply reaches the client as the upstream sent it — the frames a direct
+/// call with the same upstream body gets, less only the usage promptd asked a chat stream for —
+/// and the recorded reply is the one the unstreamed call of the same turn gives; every reply
+/// carries promptd's `server-timing`.
+#[test]
+fn g5_a_stream_reaches_the_client_as_sent_and_is_recorded_as_the_unstreamed_reply() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, "");
+    let cases = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}]}"#,
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"name":"read_file","input_schema":{"type":"object","properties":{"path":{"type":"string"}}}}]}"#,
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"gpt-4.1","stream":true,"input":"hi","tools":[{"type":"function","name":"read_file","strict":false,"parameters":{"type":"object","properties":{"path":{"type":"string"}}}}]}"#,
+        ),
+    ];
+    for (path, body) in cases {
+        request(&stub.url, "POST", "/stub/reset", Some("{}"), None);
+        let (head, got) = raw_post(
+            &served.url,
+            &format!("/gateway/coder{path}"),
+            &[("x-api-key", "sk-ant-stream-key")],
+            body.as_bytes(),
+        );
+        assert!(head.starts_with("HTTP/1.1 200"), "{path}: {head}");
+        let timing = header_of(&head, "server-timing")
+            .unwrap_or_else(|| panic!("{path}: no server-timing: {head}"));
+        for part in ["parse;dur=", "step;dur=", "record;dur=", "promptd;dur="] {
+            assert!(timing.contains(part), "{path}: {timing}");
+        }
+        let got = frames(&got);
+        let events = newest_session(&served);
+        let record = records(&events).pop().expect("a gateway/request");
+        let reply = events
+            .iter()
+            .rev()
+            .find(|e| e["kind"] == "assistant/message")
+            .expect("a recorded reply")
+            .clone();
+        assert!(reply["body"]["partial"].is_null(), "{path}: {reply}");
+
+        // What the upstream sends for the same bytes, less what promptd asked for and the
+        // client did not.
+        let mut asked = record.clone();
+        asked
+            .splice
+            .edits
+            .retain(|e| e.part != promptd_core::gateway::splice::Part::IncludeUsage);
+        let direct_body = asked.splice.apply(record.client_body.as_bytes());
+        request(&stub.url, "POST", "/stub/reset", Some("{}"), None);
+        let (head, direct) = raw_post(
+            &stub.url,
+            path,
+            &[("x-api-key", "sk-ant-stream-key")],
+            &direct_body,
+        );
+        assert!(head.starts_with("HTTP/1.1 200"), "{path}: {head}");
+        assert_eq!(
+            got,
+            frames(&direct),
+            "{path}: the client got the upstream's frames"
+        );
+
+        // The unstreamed reply of the same turn, read as promptd reads replies.
+        let mut unstreamed: Value = serde_json::from_slice(&record.upstream_body()).unwrap();
+        unstreamed.as_object_mut().unwrap().remove("stream");
+        unstreamed.as_object_mut().unwrap().remove("stream_options");
+        request(&stub.url, "POST", "/stub/reset", Some("{}"), None);
+        let (status, text) = request(&stub.url, "POST", path, Some(&unstreamed.to_string()), None);
+        assert_eq!(status, 200, "{text}");
+        let whole: Value = serde_json::from_str(&text).unwrap();
+        let (message, usage) = promptd_core::formats::replies::reply_with_usage(whole).unwrap();
+        let mut recorded = reply["body"].clone();
+        for key in ["usage", "cache", "partial"] {
+            recorded.as_object_mut().unwrap().remove(key);
+        }
+        assert_eq!(
+            recorded,
+            serde_json::to_value(&message).unwrap(),
+            "{path}: the recorded reply is the unstreamed one"
+        );
+        assert_eq!(
+            reply["body"]["usage"],
+            serde_json::to_value(usage).unwrap(),
+            "{path}: its usage too"
+        );
+    }
+}
+
+/// G5: a stream that breaks midway reaches the client as far as it came, and the reply is
+/// recorded as far as it came, with why it ended.
+#[test]
+fn g5_a_stream_that_breaks_midway_is_recorded_partial_with_its_reason() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, "");
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    for (fault, says) in [
+        ("midstream-error", "the upstream sent an error"),
+        ("invalid-sse", "no server-sent event field"),
+    ] {
+        let (head, got) = raw_post(
+            &served.url,
+            "/gateway/coder/v1/messages",
+            &[("x-stub-fault", fault)],
+            body.as_bytes(),
+        );
+        assert!(head.starts_with("HTTP/1.1 200"), "{fault}: {head}");
+        let got = frames(&got);
+        assert!(
+            got.iter().any(|f| f.contains("message_start")),
+            "{fault}: {got:?}"
+        );
+        let events = newest_session(&served);
+        let reply = events
+            .iter()
+            .rev()
+            .find(|e| e["kind"] == "assistant/message")
+            .unwrap_or_else(|| panic!("{fault}: no reply recorded: {events:?}"));
+        let partial = reply["body"]["partial"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{fault}: {reply}"));
+        assert!(partial.contains(says), "{fault}: {partial}");
+    }
+    // A chat stream the upstream cuts.
+    let chat = r#"{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (_, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[("x-stub-fault", "midstream-error")],
+        chat.as_bytes(),
+    );
+    let events = newest_session(&served);
+    let reply = events
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "assistant/message")
+        .expect("a reply");
+    assert!(
+        reply["body"]["partial"]
+            .as_str()
+            .is_some_and(|p| p.contains("stream")),
+        "{reply}"
+    );
+    assert_eq!(served.health()["status"], "ok");
+}
+
+/// G6: the budget refuses an overflowing request before anything is sent, in the provider's
+/// shape; G2/G8: a configured key replaces the client's on the way upstream, and neither key
+/// reaches the log, the events, the inspector's reads or /metrics.
+#[test]
+fn g6_g8_the_budget_refuses_before_sending_and_no_key_is_kept_anywhere() {
+    let stub = Stub::start();
+    let (served, tmp, _folder) = gateway(&stub, "");
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages",
+        &[("x-api-key", "sk-ant-client-secret-1")],
+        body.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(served);
+
+    // A configured key, and a budget too small for any request.
+    let folder = Folder::new().bundled("identity").bundled("persona");
+    let config = folder.config(&format!(
+        r#"
+[gateway]
+enabled = true
+[gateway.upstream.anthropic]
+provider = "anthropic"
+base_url = "{url}"
+api_key_env = "PROMPTD_TEST_UPSTREAM_KEY"
+[agents.coder.gateway]
+[agents.tight.gateway]
+[agents.tight.budget]
+window = 20
+"#,
+        url = stub.url
+    ));
+    let (tmp2, state) = common::daemon::state_dir();
+    let log2 = tmp2.path().join("daemon.log");
+    let env = [("PROMPTD_TEST_UPSTREAM_KEY", "sk-ant-configured-secret-2")];
+    let served = Served::start_logged_with_env(folder.path(), &config, &state, &env, &log2);
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages",
+        &[("x-api-key", "sk-ant-client-secret-1")],
+        body.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let last = stub.requests().pop().unwrap();
+    let key: Vec<&String> = last
+        .1
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("x-api-key"))
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(
+        key,
+        ["sk-ant-configured-secret-2"],
+        "the configured key replaced the client's"
+    );
+
+    let long = format!(
+        r#"{{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "word ".repeat(50)
+    );
+    let before = stub.requests().len();
+    let (head, text) = raw_post(
+        &served.url,
+        "/gateway/tight/v1/messages",
+        &[],
+        long.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    let v: Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("context overflow"),
+        "{v}"
+    );
+    assert_eq!(stub.requests().len(), before, "nothing went upstream");
+
+    // Nowhere: the events of every session, the usage report, /metrics, the daemon's logs.
+    let mut seen = String::new();
+    for events in sessions(&served) {
+        seen.push_str(&serde_json::to_string(&events).unwrap());
+    }
+    seen.push_str(&served.get("/metrics").1);
+    seen.push_str(&served.get("/v1/usage").1);
+    for log in [tmp.path().join("daemon.log"), log2] {
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.contains("loaded"),
+            "the log is read: {}",
+            log.display()
+        );
+        seen.push_str(&text);
+    }
+    for secret in ["sk-ant-client-secret-1", "sk-ant-configured-secret-2"] {
+        assert!(!seen.contains(secret), "{secret} leaked");
+    }
 }

@@ -61,6 +61,20 @@ impl Served {
         )
     }
 
+    /// [`Served::start_logged`] with `env` variables too.
+    pub fn start_logged_with_env(
+        plugins: &Path,
+        config: &Path,
+        state: &Path,
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Served {
+        let file = std::fs::File::create(log).expect("log file");
+        let mut env = env.to_vec();
+        env.push(("PROMPTD_LOG", "debug"));
+        Self::spawn(plugins, config, state, &[], &env, file.into())
+    }
+
     fn spawn(
         plugins: &Path,
         config: &Path,

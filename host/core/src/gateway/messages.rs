@@ -38,11 +38,10 @@ impl Conversation {
 /// Reads the conversation of `body` for `ingress`.
 pub fn conversation(ingress: Ingress, body: &ClientBody<'_>) -> Conversation {
     let messages = match ingress {
-        Ingress::Messages | Ingress::CountTokens => list(body, "messages")
-            .into_iter()
-            .flat_map(anthropic)
-            .collect(),
-        Ingress::ChatCompletions => list(body, "messages").into_iter().flat_map(chat).collect(),
+        Ingress::Messages | Ingress::CountTokens => {
+            list(body, "messages").iter().flat_map(anthropic).collect()
+        }
+        Ingress::ChatCompletions => list(body, "messages").iter().flat_map(chat).collect(),
         Ingress::Responses => match body.decode::<Value>("input").ok().flatten() {
             Some(Value::String(text)) => vec![user(Content::Text(text))],
             Some(Value::Array(items)) => responses(items),
@@ -165,7 +164,7 @@ fn unmarked(blocks: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-fn anthropic(message: Value) -> Vec<Message> {
+fn anthropic(message: &Value) -> Vec<Message> {
     let role = message.get("role").and_then(Value::as_str).unwrap_or("");
     let Some(body) = message.get("content") else {
         return Vec::new();
@@ -258,7 +257,7 @@ fn call(id: &str, name: &str, arguments: Option<&Value>) -> ToolCall {
     }
 }
 
-fn chat(message: Value) -> Vec<Message> {
+fn chat(message: &Value) -> Vec<Message> {
     let role = message.get("role").and_then(Value::as_str).unwrap_or("");
     let body = message.get("content").unwrap_or(&Value::Null);
     match role {

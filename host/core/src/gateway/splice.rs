@@ -167,7 +167,7 @@ pub fn plan(
 }
 
 /// Inserts member `"key":value` as the body's first member.
-fn first_member(body: &ClientBody<'_>, splice: &mut Splice, key: &str, value: String, part: Part) {
+fn first_member(body: &ClientBody<'_>, splice: &mut Splice, key: &str, value: &str, part: Part) {
     let comma = if body.members.is_empty() { "" } else { "," };
     splice.push(
         body.open + 1,
@@ -225,7 +225,13 @@ fn system_blocks(
 ) -> Result<(), GatewayError> {
     let text = body.text;
     let Some(system) = body.member("system") else {
-        first_member(body, splice, "system", format!("[{block}]"), Part::Sections);
+        first_member(
+            body,
+            splice,
+            "system",
+            &format!("[{block}]"),
+            Part::Sections,
+        );
         return Ok(());
     };
     let range = system.value.clone();
@@ -506,7 +512,13 @@ fn responses(
     let system = &contributions.system;
     if !system.is_empty() {
         match body.member("instructions") {
-            None => first_member(body, splice, "instructions", quoted(system), Part::Sections),
+            None => first_member(
+                body,
+                splice,
+                "instructions",
+                &quoted(system),
+                Part::Sections,
+            ),
             Some(m) => {
                 let range = m.value.clone();
                 let raw = &text[range.clone()];

@@ -51,6 +51,12 @@ impl Frames {
     pub fn rest(&self) -> &[u8] {
         &self.buf
     }
+
+    /// Checks what is left when the stream ended: an error naming the line that is no
+    /// server-sent event field, if one is there.
+    pub fn finish(&self) -> Result<(), GatewayError> {
+        Frame::parse(self.buf.clone()).map(|_| ())
+    }
 }
 
 /// Where the first frame of `buf` ends (after its blank line), if it is whole.

@@ -273,7 +273,12 @@ async fn forward_unrecorded(
     let provider = ingress.provider();
     let sent = gateway
         .upstreams
-        .send(&read.upstream, path_and_query, headers, Bytes::from(read.client_body))
+        .send(
+            &read.upstream,
+            path_and_query,
+            headers,
+            Bytes::from(read.client_body),
+        )
         .await;
     match sent {
         Ok(response) => {
@@ -291,7 +296,9 @@ async fn forward_unrecorded(
             };
             reply.answer(response, false).await
         }
-        Err(failure) => failure.refusal(provider, &read.upstream_name).into_response(),
+        Err(failure) => failure
+            .refusal(provider, &read.upstream_name)
+            .into_response(),
     }
 }
 
@@ -440,48 +447,49 @@ impl Gateway {
         let named = headers
             .get(SESSION_HEADER)
             .map(|v| v.to_str().unwrap_or("").to_string());
-        let (session, joined_by) =
-            match named {
-                Some(id) => match daemon.agent_of(&id) {
-                    Ok(a) if a == agent => (id, JoinedBy::Header),
-                    Ok(a) => return Err(refuse(
+        let (session, joined_by) = match named {
+            Some(id) => match daemon.agent_of(&id) {
+                Ok(a) if a == agent => (id, JoinedBy::Header),
+                Ok(a) => {
+                    return Err(refuse(
                         StatusCode::NOT_FOUND,
                         "unknown_session",
                         format!(
                             "session `{id}` ({SESSION_HEADER}) is agent `{a}`'s, not `{agent}`'s"
                         ),
-                    )),
-                    Err(_) => {
-                        return Err(refuse(
-                            StatusCode::NOT_FOUND,
-                            "unknown_session",
-                            format!("no session `{id}` ({SESSION_HEADER})"),
-                        ))
-                    }
-                },
-                None => {
-                    let index = crate::lock(&self.index);
-                    let by_response = previous_response
-                        .as_deref()
-                        .and_then(|id| index.response(id));
-                    let by_prefix = || index.prefix(&agent, &conversation.digests);
-                    match (by_response, by_prefix()) {
-                        (Some(s), _) => (s, JoinedBy::PreviousResponse),
-                        (None, Some(s)) => (s, JoinedBy::Prefix),
-                        (None, None) => {
-                            drop(index);
-                            let id = daemon.create_session(&agent).map_err(|e| {
-                                refuse(
-                                    StatusCode::SERVICE_UNAVAILABLE,
-                                    e.code(),
-                                    format!("no session could be created: {e}"),
-                                )
-                            })?;
-                            (id, JoinedBy::New)
-                        }
+                    ))
+                }
+                Err(_) => {
+                    return Err(refuse(
+                        StatusCode::NOT_FOUND,
+                        "unknown_session",
+                        format!("no session `{id}` ({SESSION_HEADER})"),
+                    ))
+                }
+            },
+            None => {
+                let index = crate::lock(&self.index);
+                let by_response = previous_response
+                    .as_deref()
+                    .and_then(|id| index.response(id));
+                let by_prefix = || index.prefix(&agent, &conversation.digests);
+                match (by_response, by_prefix()) {
+                    (Some(s), _) => (s, JoinedBy::PreviousResponse),
+                    (None, Some(s)) => (s, JoinedBy::Prefix),
+                    (None, None) => {
+                        drop(index);
+                        let id = daemon.create_session(&agent).map_err(|e| {
+                            refuse(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                e.code(),
+                                format!("no session could be created: {e}"),
+                            )
+                        })?;
+                        (id, JoinedBy::New)
                     }
                 }
-            };
+            }
+        };
         let mut facts = std::collections::BTreeMap::new();
         if let Some(model) = model {
             facts.insert("model".to_string(), model);
@@ -527,7 +535,7 @@ impl Gateway {
                     usage_added,
                 })
             }
-            Err(e) => self.failed(provider, &agent, &settings, e),
+            Err(e) => self.failed(provider, &agent, &settings, &e),
         }
     }
 
@@ -539,11 +547,11 @@ impl Gateway {
         provider: Provider,
         agent: &str,
         settings: &AgentGateway,
-        e: DaemonError,
+        e: &DaemonError,
     ) -> Result<Stepped, GatewayRefusal> {
         let code = e.code();
         let refuse = |status| Err(GatewayRefusal::new(provider, status, code, e.to_string()));
-        match &e {
+        match e {
             DaemonError::Core(Error::ContextOverflow(_)) | DaemonError::Gateway(_) => {
                 refuse(StatusCode::BAD_REQUEST)
             }

@@ -115,14 +115,18 @@ impl Tee {
             }
         }
         let out = folded.finish();
+        if partial.is_none() && !frames.rest().is_empty() {
+            // What is left names the line that broke the framing, when one did.
+            partial = Some(match frames.finish() {
+                Err(e) => e.to_string(),
+                Ok(()) => "the stream ended inside a frame".into(),
+            });
+        }
         if partial.is_none() && !out.complete {
             partial = Some(match &out.error {
                 Some(e) => format!("the upstream sent an error: {e}"),
                 None => "the stream ended before its last event".into(),
             });
-        }
-        if !frames.rest().is_empty() && partial.is_none() {
-            partial = Some("the stream ended inside a frame".into());
         }
         (
             Ended {

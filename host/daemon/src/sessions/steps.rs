@@ -358,7 +358,7 @@ impl Daemon {
         }
         if let (Some(gateway), Some(joined)) = (gateway, joined) {
             let (upstream, record) =
-                self.gateway_record(&mut slot, &plan.agent, *gateway, joined)?;
+                self.gateway_record(&mut slot, &plan.agent, *gateway, &joined)?;
             outcome.body.text_with(|out| out.push_str(&upstream));
             outcome.gateway = Some(Box::new(record));
             return Ok(());
@@ -380,7 +380,7 @@ impl Daemon {
         slot: &mut SessionSlot<'_>,
         agent: &str,
         gateway: GatewayStep,
-        joined: StepMessages,
+        joined: &StepMessages,
     ) -> Result<(String, GatewayRecord)> {
         let state = &slot.get().state;
         let header = state.header();
