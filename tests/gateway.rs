@@ -258,6 +258,17 @@ fn g1_the_official_sdks_reach_the_gateway_by_base_url_alone_and_each_body_rebuil
                 "{what}: the stub got each request once"
             );
             seen = received.len();
+            let id = served.ok("GET", "/v1/sessions", None)["sessions"][0]["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            for (n, (_, _, body)) in mine.iter().enumerate() {
+                // Both paths, the same bytes: the body API's view of a gateway step is what
+                // went upstream.
+                let (status, text) = served.get(&format!("/v1/sessions/{id}/steps/{}/upstream", n + 1));
+                assert_eq!(status, 200, "{what}: {text}");
+                assert_eq!(text.as_bytes(), &body[..], "{what}: step {}", n + 1);
+            }
             for (record, (path, headers, body)) in records.iter().zip(mine) {
                 assert_eq!(
                     &record.upstream_body(),

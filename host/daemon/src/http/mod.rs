@@ -106,6 +106,7 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(usage_summary))
         .routes(routes!(session_events))
         .routes(routes!(step_request))
+        .routes(routes!(step_upstream))
         .routes(routes!(step_explain))
         .routes(routes!(step_diff))
         .routes(routes!(replay))

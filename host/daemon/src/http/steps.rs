@@ -214,6 +214,30 @@ pub(crate) async fn step_request(
     ))
 }
 
+/// The bytes a gateway step sent upstream (G4), rebuilt from the log: the client's body with
+/// what promptd spliced in. 404 `not_a_gateway_step` for a step that did not come through
+/// the gateway.
+#[utoipa::path(get, path = "/v1/sessions/{id}/steps/{n}/upstream", tag = "sessions",
+    params(StepPath),
+    responses((status = 200, description = "The body that went upstream, byte for byte", body = Object), api::Errors))]
+pub(crate) async fn step_upstream(
+    State(state): State<Arc<AppState>>,
+    StepRef { session: id, n, .. }: StepRef,
+) -> ApiResult {
+    let found = blocking(&state, move |daemon| daemon.gateway_request(&id, n)).await?;
+    match found {
+        Some(record) => Ok(json_bytes(
+            StatusCode::OK,
+            String::from_utf8_lossy(&record.upstream_body()).into_owned(),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_a_gateway_step",
+            format!("step {n} did not come through the gateway: its request is at .../steps/{n}/request"),
+        )),
+    }
+}
+
 /// A step's number from its path and the `format` query (default `neutral`).
 pub(crate) fn step_and_format(
     n: &str,

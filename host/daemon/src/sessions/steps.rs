@@ -726,6 +726,43 @@ impl Daemon {
         let events = self.session_events(id)?;
         Ok(session::rebuild(id, &events, n)?)
     }
+
+    /// Step `n`'s gateway request (G4), rebuilt from the log: the client's body and what was
+    /// spliced in; its [`GatewayRecord::upstream_body`] is the bytes that went upstream.
+    /// `None` for a step that did not come through the gateway.
+    pub fn gateway_request(&self, id: &str, n: u64) -> Result<Option<GatewayRecord>> {
+        let events = self.session_events(id)?;
+        let mut step = 0;
+        for event in &events {
+            match event.kind {
+                promptd_core::store::EventKind::Step => step += 1,
+                promptd_core::store::EventKind::GatewayRequest if step == n => {
+                    let body = Body::decode(event.kind, event.version, &event.body)
+                        .map_err(|problem| promptd_core::store::StoreError::Corrupt {
+                            session: id.to_string(),
+                            seq: event.seq,
+                            problem,
+                        })?;
+                    if let Body::GatewayRequest(record) = body {
+                        return Ok(Some(*record));
+                    }
+                }
+                _ => {}
+            }
+            if step > n {
+                break;
+            }
+        }
+        if step < n || n == 0 {
+            return Err(Error::UnknownStep {
+                session: id.to_string(),
+                step: n,
+                steps: step,
+            }
+            .into());
+        }
+        Ok(None)
+    }
 }
 
 /// Step `n`'s request and what explains it ([`Daemon::explain`]).
