@@ -4,6 +4,7 @@
 //! [`crate::Daemon::record`]) with the reads of the log (`steps.rs`).
 
 mod cache;
+mod gateway;
 mod locks;
 mod slot;
 mod steps;

@@ -24,11 +24,8 @@ use crate::outcome::{
     GatewayStep, RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings,
 };
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
-use promptd_core::gateway::body::ClientBody;
-use promptd_core::gateway::messages::{step_messages, StepMessages};
+use promptd_core::gateway::messages::step_messages;
 use promptd_core::gateway::record::GatewayRecord;
-use promptd_core::gateway::splice::Contributions;
-use promptd_core::gateway::GatewayError;
 
 /// Most agents whose settings are kept: agent names come from clients, so never let them grow
 /// this (a cleared map is refilled one resolve per agent).
@@ -311,7 +308,7 @@ impl Daemon {
             input,
             format,
         )?;
-        let events = planned.encode()?;
+        let mut events = planned.encode()?;
         // The last point before anything is recorded: plugin calls made for a client that went
         // away (they ran to their deadline) are dropped here.
         gone()?;
@@ -324,8 +321,21 @@ impl Daemon {
             let input = planned.bodies.iter().filter_map(Body::as_message);
             outcome.content = Some(input.cloned().collect());
         }
+        let mut bodies = planned.bodies;
+        // G4: the gateway's request is appended with the step, in the same transaction.
+        let spliced = match (gateway, &joined) {
+            (Some(gateway), Some(joined)) => {
+                let state = &slot.get().state;
+                let (upstream, record, body) =
+                    super::gateway::splice(state, &bodies, &plan.agent, *gateway, joined)?;
+                events.push(step::encode(&body)?);
+                bodies.push(body);
+                Some((upstream, record))
+            }
+            _ => None,
+        };
         let append_started = SystemTime::now();
-        let appended = self.append(&mut slot, &events, planned.bodies);
+        let appended = self.append(&mut slot, &events, bodies);
         if let Some(timeline) = run.timeline {
             let work = Work::Append {
                 events: events.len(),
@@ -356,9 +366,7 @@ impl Daemon {
             let facts = self.step_facts(run, n, outcome, &plan, &slot.get().state);
             outcome.facts = Some(facts);
         }
-        if let (Some(gateway), Some(joined)) = (gateway, joined) {
-            let (upstream, record) =
-                self.gateway_record(&mut slot, &plan.agent, *gateway, &joined)?;
+        if let Some((upstream, record)) = spliced {
             outcome.body.text_with(|out| out.push_str(&upstream));
             outcome.gateway = Some(Box::new(record));
             return Ok(());
@@ -370,61 +378,6 @@ impl Daemon {
             None => state.render_into(format, out)?,
         }
         Ok(())
-    }
-
-    /// G4: splices the step's contributions into the gateway client's body and appends the
-    /// `gateway/request` event that rebuilds the upstream body. Returns the upstream body, and
-    /// the record without the client's body (the caller has it).
-    fn gateway_record(
-        &self,
-        slot: &mut SessionSlot<'_>,
-        agent: &str,
-        gateway: GatewayStep,
-        joined: &StepMessages,
-    ) -> Result<(String, GatewayRecord)> {
-        let state = &slot.get().state;
-        let header = state.header();
-        if let Some(h) = header.filter(|h| !h.tools.is_empty()) {
-            return Err(DaemonError::GatewayPluginTools {
-                agent: agent.to_string(),
-                tools: h.tools.iter().map(|t| t.name.clone()).collect(),
-            });
-        }
-        let contributions = Contributions {
-            system: header.map(|h| h.system.clone()).unwrap_or_default(),
-            runtime_context: state.snapshot_text().map(str::to_string),
-        };
-        let body = ClientBody::parse(gateway.client_body.as_bytes())?;
-        let splice = promptd_core::gateway::splice::plan(
-            gateway.ingress,
-            &body,
-            &contributions,
-            gateway.splice,
-        )?;
-        let conversation = &gateway.conversation;
-        let record = GatewayRecord {
-            ingress: gateway.ingress,
-            upstream: gateway.upstream,
-            joined_by: gateway.joined_by,
-            splice,
-            messages: conversation.messages.len(),
-            digest: conversation.digest(conversation.messages.len()).to_string(),
-            new_from: joined.new_from,
-            rewrote_at: joined.rewrote.then_some(joined.new_from),
-            degraded: None,
-            client_body: gateway.client_body,
-        };
-        // Edits join whole JSON values at value boundaries: the result is UTF-8.
-        let upstream = String::from_utf8(record.upstream_body())
-            .map_err(|_| GatewayError::InvalidBody("the spliced body is not UTF-8".into()))?;
-        let mut record = record;
-        let client_body = std::mem::take(&mut record.client_body);
-        let summary = record.clone();
-        record.client_body = client_body;
-        let body = Body::GatewayRequest(Box::new(record));
-        let event = step::encode(&body)?;
-        self.append(slot, &[event], vec![body])?;
-        Ok((upstream, summary))
     }
 
     /// Records the model's reply or a tool's output (Q5), with what came with it (the
@@ -737,12 +690,13 @@ impl Daemon {
             match event.kind {
                 promptd_core::store::EventKind::Step => step += 1,
                 promptd_core::store::EventKind::GatewayRequest if step == n => {
-                    let body = Body::decode(event.kind, event.version, &event.body)
-                        .map_err(|problem| promptd_core::store::StoreError::Corrupt {
+                    let body = Body::decode(event.kind, event.version, &event.body).map_err(
+                        |problem| promptd_core::store::StoreError::Corrupt {
                             session: id.to_string(),
                             seq: event.seq,
                             problem,
-                        })?;
+                        },
+                    )?;
                     if let Body::GatewayRequest(record) = body {
                         return Ok(Some(*record));
                     }
