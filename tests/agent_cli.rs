@@ -503,14 +503,21 @@ fn claude_code_runs_a_tool_using_task_through_the_gateway_with_its_bytes_and_hea
     let sessions = sessions["sessions"].as_array().unwrap();
     assert_eq!(sessions.len(), 1, "one session: {sessions:?}");
     let id = sessions[0]["id"].as_str().unwrap();
-    let (status, events_text) = request(
-        &served.url,
-        "GET",
-        &format!("/v1/sessions/{id}/events"),
-        None,
-        None,
-    );
-    assert_eq!(status, 200, "{events_text}");
+    // A reply is recorded after it is answered (before the session's next step): the last
+    // one may still be on its way when the CLI exits.
+    let mut events_text = String::new();
+    common::eventually("the last reply recorded", || {
+        let (status, text) = request(
+            &served.url,
+            "GET",
+            &format!("/v1/sessions/{id}/events"),
+            None,
+            None,
+        );
+        assert_eq!(status, 200, "{text}");
+        events_text = text;
+        events_text.matches("\"assistant/message\"").count() == received.len()
+    });
     let events: Value = serde_json::from_str(&events_text).unwrap();
     let events = events["events"].as_array().unwrap();
     let records: Vec<GatewayRecord> = events

@@ -222,8 +222,7 @@ fn g1_the_official_sdks_reach_the_gateway_by_base_url_alone_and_each_body_rebuil
                 }
             }
 
-            let all = sessions(&served);
-            let newest = &all[0];
+            let newest = &newest_session(&served);
             let records = records(newest);
             assert_eq!(
                 records.len(),
@@ -265,7 +264,8 @@ fn g1_the_official_sdks_reach_the_gateway_by_base_url_alone_and_each_body_rebuil
             for (n, (_, _, body)) in mine.iter().enumerate() {
                 // Both paths, the same bytes: the body API's view of a gateway step is what
                 // went upstream.
-                let (status, text) = served.get(&format!("/v1/sessions/{id}/steps/{}/upstream", n + 1));
+                let (status, text) =
+                    served.get(&format!("/v1/sessions/{id}/steps/{}/upstream", n + 1));
                 assert_eq!(status, 200, "{what}: {text}");
                 assert_eq!(text.as_bytes(), &body[..], "{what}: step {}", n + 1);
             }
@@ -455,8 +455,16 @@ fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// The newest session's events once each of its gateway requests has its reply recorded (a
+/// reply is recorded after it is answered, before the session's next step).
 fn newest_session(served: &Served) -> Vec<Value> {
-    sessions(served).remove(0)
+    let mut events = Vec::new();
+    common::eventually("every gateway request's reply recorded", || {
+        events = sessions(served).remove(0);
+        let count = |kind: &str| events.iter().filter(|e| e["kind"] == kind).count();
+        count("gateway/request") == count("assistant/message")
+    });
+    events
 }
 
 /// G5, G7: a streamed reply reaches the client as the upstream sent it — the frames a direct

@@ -8,7 +8,8 @@
 //! The gateway is a front door beside the HTTP API: it calls the same two boundaries and owns
 //! nothing but its upstream client and the index of conversations it has seen.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -58,6 +59,41 @@ struct Gateway {
     index: Mutex<Index>,
     idle: Duration,
     stall: Duration,
+    /// Replies not recorded yet, by session: a session's next step waits for them (G5), so
+    /// a reply's record is off the path of its answer, never out of order.
+    pending: Mutex<HashMap<String, usize>>,
+    settled: Condvar,
+}
+
+/// The longest a step waits for its session's earlier replies to be recorded.
+const SETTLE_WAIT: Duration = Duration::from_secs(30);
+
+/// A reply of `session` that is not recorded yet; dropped once it is (or cannot be).
+struct Pending {
+    gateway: Arc<Gateway>,
+    session: String,
+}
+
+impl Pending {
+    fn new(gateway: Arc<Gateway>, session: String) -> Pending {
+        *crate::lock(&gateway.pending)
+            .entry(session.clone())
+            .or_default() += 1;
+        Pending { gateway, session }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut pending = crate::lock(&self.gateway.pending);
+        if let Some(n) = pending.get_mut(&self.session) {
+            *n -= 1;
+            if *n == 0 {
+                pending.remove(&self.session);
+            }
+        }
+        self.gateway.settled.notify_all();
+    }
 }
 
 /// The gateway's routes for `daemon`: none when `[gateway] enabled` is not set.
@@ -69,6 +105,8 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     let gateway = Arc::new(Gateway {
         upstreams: Upstreams::new(&config.gateway),
         index: Mutex::new(Index::default()),
+        pending: Mutex::new(HashMap::new()),
+        settled: Condvar::new(),
         idle: Duration::from_millis(
             config
                 .gateway
@@ -130,7 +168,8 @@ fn now_ms() -> u64 {
     crate::now_ms()
 }
 
-/// What promptd added to the request's latency, as a `server-timing` header.
+/// What promptd added to the request's latency, as a `server-timing` header: reading the
+/// body, the step's plugins and assembly, and the durable record of the request.
 struct Timing {
     parse: Duration,
     step: Duration,
@@ -217,16 +256,27 @@ async fn serve(
             .into_response()
         }
     };
-    let (session, upstream_body, usage_added, degraded) = match stepped {
+    let (session, upstream_body, usage_added, degraded, append) = match stepped {
         Ok(Stepped::Spliced {
             session,
             body,
             usage_added,
-        }) => (Some(session), body, usage_added, None),
-        Ok(Stepped::Degraded(code)) => (None, read.client_body.clone(), false, Some(code)),
+            append,
+        }) => (Some(session), body, usage_added, None, append),
+        Ok(Stepped::Degraded(code)) => (
+            None,
+            read.client_body.clone(),
+            false,
+            Some(code),
+            Duration::ZERO,
+        ),
         Err(refusal) => return refusal.into_response(),
     };
-    let step = step_started.elapsed();
+    let step = step_started.elapsed().saturating_sub(append);
+    // From here until its reply is recorded, the session's next step waits.
+    let pending = session
+        .as_ref()
+        .map(|s| Pending::new(gateway.clone(), s.clone()));
     let sent_at = now_ms();
     let response = match gateway
         .upstreams
@@ -252,10 +302,11 @@ async fn serve(
         session,
         sent_at,
         degraded,
+        _pending: pending,
         timing: Timing {
             parse,
             step,
-            record: Duration::ZERO,
+            record: append,
         },
     };
     reply.answer(response, usage_added).await
@@ -288,6 +339,7 @@ async fn forward_unrecorded(
                 session: None,
                 sent_at: now_ms(),
                 degraded: None,
+                _pending: None,
                 timing: Timing {
                     parse,
                     step: Duration::ZERO,
@@ -417,12 +469,23 @@ enum Stepped {
         session: String,
         body: String,
         usage_added: bool,
+        /// How long the request's record took, within the step.
+        append: Duration,
     },
     /// The step failed and the agent forwards: the client's body goes as it came.
     Degraded(&'static str),
 }
 
 impl Gateway {
+    /// Waits until `session`'s earlier replies are recorded (at most [`SETTLE_WAIT`]).
+    fn settle(&self, session: &str) {
+        let pending = crate::lock(&self.pending);
+        let waited = self
+            .settled
+            .wait_timeout_while(pending, SETTLE_WAIT, |p| p.contains_key(session));
+        drop(waited);
+    }
+
     /// Joins the request's session and runs its step (blocking).
     fn step(
         &self,
@@ -490,6 +553,7 @@ impl Gateway {
                 }
             }
         };
+        self.settle(&session);
         let mut facts = std::collections::BTreeMap::new();
         if let Some(model) = model {
             facts.insert("model".to_string(), model);
@@ -531,8 +595,9 @@ impl Gateway {
                     .is_some_and(|g| g.splice.usage_added);
                 Ok(Stepped::Spliced {
                     session,
-                    body: outcome.body.into_string(),
                     usage_added,
+                    append: outcome.append,
+                    body: outcome.body.into_string(),
                 })
             }
             Err(e) => self.failed(provider, &agent, &settings, &e),
@@ -583,12 +648,14 @@ struct Reply {
     session: Option<String>,
     sent_at: u64,
     degraded: Option<&'static str>,
+    /// Held until the reply is recorded.
+    _pending: Option<Pending>,
     timing: Timing,
 }
 
 impl Reply {
     async fn answer(
-        mut self,
+        self,
         response: hyper::Response<hyper::body::Incoming>,
         usage_added: bool,
     ) -> Response {
@@ -642,14 +709,13 @@ impl Reply {
                 .into_response()
             }
         };
+        headers.insert("server-timing", self.timing.header());
         if parts.status.is_success() && self.ingress != Ingress::CountTokens {
             if let Ok(reply) = serde_json::from_slice::<Value>(&bytes) {
-                let started = Instant::now();
-                self.record(reply, None).await;
-                self.timing.record = started.elapsed();
+                // Recorded after the answer; the session's next step waits for it.
+                tokio::spawn(async move { self.record(reply, None).await });
             }
         }
-        headers.insert("server-timing", self.timing.header());
         let mut response = Response::new(Body::from(bytes));
         *response.status_mut() = parts.status;
         *response.headers_mut() = headers;
@@ -673,17 +739,13 @@ impl Reply {
             stall: self.gateway.stall,
         };
         tokio::spawn(async move {
-            let (ended, held) = tee.run(body, &tx).await;
+            let ended = tee.run(body, &tx).await;
+            drop(tx); // the client's stream ends here; the record follows
             let mut reply = ended.reply;
             if let Some(reason) = &ended.partial {
                 mark_partial(self.ingress, &mut reply, reason);
             }
             self.record(reply, ended.partial.as_deref()).await;
-            for frame in held {
-                if tx.send(frame).await.is_err() {
-                    break;
-                }
-            }
         });
         let stream = futures_util::stream::poll_fn(move |cx| {
             rx.poll_recv(cx)

@@ -1,8 +1,7 @@
 //! The streaming tee (G5): an upstream's server-sent events go to the client frame by frame
-//! as they arrive, and the same frames fold into the one reply that is recorded. Only the
-//! stream's last frame waits for the record, so the client's next request finds its session
-//! up to date; the first byte never waits. Memory per stream: one frame, and the reply being
-//! folded.
+//! as they arrive, and the same frames fold into the one reply that is recorded once the
+//! stream ends (the session's next step waits for it). Memory per stream: one frame, and the
+//! reply being folded.
 
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use promptd_core::gateway::stream::{unasked_usage, Frame, Frames, Reassembly};
+use promptd_core::gateway::stream::{unasked_usage, Frames, Reassembly};
 use promptd_core::gateway::Ingress;
 
 /// What a stream ended as, for the record.
@@ -34,31 +33,11 @@ pub(crate) struct Tee {
     pub stall: Duration,
 }
 
-/// Whether `frame` ends the stream: OpenAI's `[DONE]`, Anthropic's `message_stop`,
-/// Responses' terminal events.
-fn terminal(ingress: Ingress, frame: &Frame) -> bool {
-    let data = frame.data.as_deref().unwrap_or("");
-    match ingress {
-        Ingress::ChatCompletions => data == "[DONE]",
-        Ingress::Messages | Ingress::CountTokens => frame.event.as_deref() == Some("message_stop"),
-        Ingress::Responses => matches!(
-            frame.event.as_deref(),
-            Some("response.completed" | "response.incomplete" | "response.failed")
-        ),
-    }
-}
-
 impl Tee {
-    /// Forwards `body`'s frames to `client`; returns what the stream amounted to and the frames
-    /// held back for after the record (the terminal one and any after it).
-    pub(crate) async fn run(
-        &self,
-        mut body: Incoming,
-        client: &mpsc::Sender<Bytes>,
-    ) -> (Ended, Vec<Bytes>) {
+    /// Forwards `body`'s frames to `client`; returns what the stream amounted to.
+    pub(crate) async fn run(&self, mut body: Incoming, client: &mpsc::Sender<Bytes>) -> Ended {
         let mut frames = Frames::default();
         let mut folded = Reassembly::new(self.ingress);
-        let mut held: Vec<Bytes> = Vec::new();
         let mut partial = None;
         'read: loop {
             let next = match tokio::time::timeout(self.idle, body.frame()).await {
@@ -94,10 +73,6 @@ impl Tee {
                     Some(frame.raw.clone())
                 };
                 let Some(shown) = shown else { continue };
-                if !held.is_empty() || terminal(self.ingress, &frame) {
-                    held.push(Bytes::from(shown));
-                    continue;
-                }
                 match tokio::time::timeout(self.stall, client.send(Bytes::from(shown))).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => {
@@ -128,13 +103,10 @@ impl Tee {
                 None => "the stream ended before its last event".into(),
             });
         }
-        (
-            Ended {
-                reply: out.reply,
-                partial,
-            },
-            held,
-        )
+        Ended {
+            reply: out.reply,
+            partial,
+        }
     }
 }
 

@@ -140,6 +140,8 @@ pub struct StepOutcome {
     pub timings: Timings,
     /// A gateway step's record (the body is its upstream body).
     pub gateway: Option<Box<GatewayRecord>>,
+    /// How long the step's append to the log took (its durable write).
+    pub append: std::time::Duration,
 }
 
 /// The message a record records, and what came with it ([`crate::Daemon::record`]).

@@ -218,6 +218,7 @@ impl Daemon {
             content: None,
             timings: Timings::started(),
             gateway: None,
+            append: std::time::Duration::ZERO,
         };
         let run = StepRun {
             id: &session,
@@ -335,7 +336,9 @@ impl Daemon {
             _ => None,
         };
         let append_started = SystemTime::now();
+        let append_clock = Instant::now();
         let appended = self.append(&mut slot, &events, bodies);
+        outcome.append = append_clock.elapsed();
         if let Some(timeline) = run.timeline {
             let work = Work::Append {
                 events: events.len(),
