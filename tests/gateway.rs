@@ -356,7 +356,12 @@ fn raw_post(base: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (S
 #[test]
 fn g1_bad_input_is_refused_in_the_providers_shape_naming_the_cause() {
     let stub = Stub::start();
-    let (served, _tmp, _folder) = gateway(&stub, "");
+    // An https:// upstream that speaks plain HTTP: the TLS handshake fails, named.
+    let tls = format!(
+        "anthropic = \"anthropic\"\nopenai = \"openai\"\n[gateway.upstream.tls]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.secure.gateway]\nanthropic = \"tls\"\n",
+        stub.url.replace("http://", "https://")
+    );
+    let (served, _tmp, _folder) = gateway(&stub, &tls);
     let post = |path: &str, body: &str, headers: &[(&str, &str)]| {
         let (head, body) = raw_post(&served.url, path, headers, body.as_bytes());
         (head, String::from_utf8_lossy(&body).to_string())
@@ -418,6 +423,12 @@ fn g1_bad_input_is_refused_in_the_providers_shape_naming_the_cause() {
         body.contains("upstream `anthropic` gave no reply"),
         "{body}"
     );
+
+    let (head, body) = post("/gateway/secure/v1/messages", ok_anthropic, &[]);
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    assert!(body.contains("upstream `tls` gave no reply"), "{body}");
+    // rustls's own words: the handshake met a server that does not speak TLS.
+    assert!(body.contains("received corrupt message"), "{body}");
 
     // Still serving.
     let (head, _) = post("/gateway/coder/v1/messages", ok_anthropic, &[]);

@@ -8,6 +8,7 @@ use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -49,7 +50,7 @@ pub(crate) fn hop_by_hop(name: &HeaderName, connection: &HeaderMap) -> bool {
 
 /// The pooled client the gateway forwards with.
 pub(crate) struct Upstreams {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     response_timeout: Duration,
 }
 
@@ -65,12 +66,19 @@ impl Upstreams {
     /// A client with `config`'s timeouts (read at start).
     pub(crate) fn new(config: &GatewayConfig) -> Upstreams {
         let mut connector = HttpConnector::new();
+        connector.enforce_http(false); // https:// goes through the TLS layer below
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_millis(
             config
                 .connect_timeout_ms
                 .unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS),
         )));
+        // https:// upstreams over TLS (rustls, the Mozilla roots compiled in); http:// as is.
+        let connector = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(64)
