@@ -731,3 +731,48 @@ window = 20
         assert!(!seen.contains(secret), "{secret} leaked");
     }
 }
+
+/// The README's gateway section, run as written: its config (the upstream's URL pointed at the
+/// stub) and its Python loop (the daemon's address in place of 127.0.0.1:8417).
+#[test]
+fn g1_the_readme_gateway_section_runs_as_written() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let section = readme
+        .split("<!-- gateway: ")
+        .nth(1)
+        .expect("the README's gateway marker");
+    let block = |lang: &str| {
+        let start = section.find(&format!("```{lang}\n")).unwrap() + lang.len() + 4;
+        section[start..start + section[start..].find("```").unwrap()].to_string()
+    };
+    let (toml, loop_code) = (block("toml"), block("python"));
+    let stub = Stub::start();
+    let folder = Folder::new()
+        .bundled("identity")
+        .bundled("persona")
+        .bundled("workspace");
+    let config = folder.config(&format!(
+        "[agents.coder]\n[plugins.identity]\nconfig = {{ name = \"Ada\", model = \"example-model\" }}\n{}",
+        toml.replace("https://api.anthropic.com", &stub.url)
+    ));
+    let (_tmp, state) = common::daemon::state_dir();
+    let served = Served::start(folder.path(), &config, &state);
+    let script = loop_code.replace("http://127.0.0.1:8417", &served.url);
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", &script])
+        .env("ANTHROPIC_API_KEY", "sk-ant-readme");
+    let (code, out, err) = common::process::run_bounded(cmd, LOOP_BOUND);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.trim().is_empty(), "the reply's text is printed");
+    let events = newest_session(&served);
+    let record = records(&events).pop().expect("the request is recorded");
+    let upstream = String::from_utf8(record.upstream_body()).unwrap();
+    assert!(
+        upstream.contains("Ada"),
+        "the plugins' sections went upstream: {upstream}"
+    );
+    assert!(
+        upstream.contains("/src/app"),
+        "the fact reached the runtime context"
+    );
+}
