@@ -98,8 +98,6 @@ pub struct AgentGateway {
     pub splice: SpliceSettings,
     /// On a plugin failure.
     pub on_plugin_failure: OnPluginFailure,
-    /// Client tools taken out.
-    pub deny_tools: Vec<String>,
 }
 
 impl GatewayConfig {
@@ -203,9 +201,9 @@ impl GatewayConfig {
             upstreams,
             splice: SpliceSettings {
                 client_system: pick(&tables, |t| t.client_system).unwrap_or_default(),
+                deny_tools: pick(&tables, |t| t.deny_tools.clone()).unwrap_or_default(),
             },
             on_plugin_failure: pick(&tables, |t| t.on_plugin_failure).unwrap_or_default(),
-            deny_tools: pick(&tables, |t| t.deny_tools.clone()).unwrap_or_default(),
         }))
     }
 }

@@ -38,10 +38,12 @@ pub enum ClientSystem {
 }
 
 /// How an agent's splice is made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SpliceSettings {
     /// Where the client's system text sits among the sections.
     pub client_system: ClientSystem,
+    /// Client tools taken out of the request (`[agents.NAME.gateway] deny_tools`).
+    pub deny_tools: Vec<String>,
 }
 
 /// The part of promptd's contribution an edit carries.
@@ -57,6 +59,8 @@ pub enum Part {
     Wrap,
     /// `stream_options.include_usage`, asked for so a streamed reply can be costed (G5).
     IncludeUsage,
+    /// A client tool the agent's `deny_tools` takes out: the edit removes its bytes.
+    DenyTool,
 }
 
 /// One edit of the client's body: `remove` bytes at `at` replaced by `insert`.
@@ -93,6 +97,9 @@ pub struct Splice {
     /// Whether promptd added a breakpoint of its own (never past the provider's limit).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub breakpoint_added: bool,
+    /// The client tools taken out (`deny_tools`), in the client's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
     /// A part that had no place in this body, and why (e.g. the runtime context when the
     /// client's last message is the model's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -151,16 +158,17 @@ pub fn plan(
     ingress: Ingress,
     body: &ClientBody<'_>,
     contributions: &Contributions,
-    settings: SpliceSettings,
+    settings: &SpliceSettings,
 ) -> Result<Splice, GatewayError> {
     body.check(ingress)?;
     let mut splice = Splice::default();
+    deny_tools(ingress, body, &settings.deny_tools, &mut splice);
     match ingress {
         Ingress::Messages | Ingress::CountTokens => {
-            messages(body, contributions, settings, &mut splice)?
+            messages(body, contributions, &settings, &mut splice)?
         }
-        Ingress::ChatCompletions => chat(body, contributions, settings, &mut splice)?,
-        Ingress::Responses => responses(body, contributions, settings, &mut splice)?,
+        Ingress::ChatCompletions => chat(body, contributions, &settings, &mut splice)?,
+        Ingress::Responses => responses(body, contributions, &settings, &mut splice)?,
     }
     splice.edits.sort_by_key(|e| e.at); // stable: edits at one place keep their order
     Ok(splice)
@@ -176,13 +184,56 @@ fn first_member(body: &ClientBody<'_>, splice: &mut Splice, key: &str, value: &s
     );
 }
 
+/// Takes the client tools `deny` names out of `tools`: each denied element's bytes with the
+/// comma that joins it to the list.
+fn deny_tools(ingress: Ingress, body: &ClientBody<'_>, deny: &[String], splice: &mut Splice) {
+    if deny.is_empty() {
+        return;
+    }
+    let text = body.text;
+    let Some(tools) = body.member("tools") else {
+        return;
+    };
+    let items = elements(text, tools.value.clone()).unwrap_or_default();
+    let name_of = |item: &Range<usize>| -> Option<String> {
+        let tool: Value = serde_json::from_str(&text[item.clone()]).ok()?;
+        let name = match ingress {
+            Ingress::ChatCompletions => tool.get("function")?.get("name"),
+            _ => tool.get("name"),
+        };
+        name.and_then(Value::as_str).map(str::to_string)
+    };
+    let names: Vec<Option<String>> = items.iter().map(name_of).collect();
+    let is_denied = |i: usize| names[i].as_ref().is_some_and(|n| deny.contains(n));
+    // Each run of denied elements goes with the commas that join it: up to the next kept
+    // element, or, for a run at the end, from the end of the kept element before it.
+    let mut i = 0;
+    while i < items.len() {
+        if !is_denied(i) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < items.len() && is_denied(i) {
+            splice.denied.extend(names[i].clone());
+            i += 1;
+        }
+        let range = match (items.get(i), start.checked_sub(1)) {
+            (Some(next), _) => items[start].start..next.start,
+            (None, Some(kept)) => items[kept].end..items[i - 1].end,
+            (None, None) => items[start].start..items[i - 1].end,
+        };
+        splice.replace(range, String::new(), Part::DenyTool);
+    }
+}
+
 /// Anthropic Messages: the sections as a text block of `system`, the runtime context as a
 /// text block closing the last user turn; a breakpoint of promptd's own after the sections
 /// when the client left room for one and set none in its system text.
 fn messages(
     body: &ClientBody<'_>,
     contributions: &Contributions,
-    settings: SpliceSettings,
+    settings: &SpliceSettings,
     splice: &mut Splice,
 ) -> Result<(), GatewayError> {
     let marks = breakpoints(body)?;
@@ -219,7 +270,7 @@ fn messages(
 /// Joins `block` to the client's `system` (absent, a string, or a list of blocks).
 fn system_blocks(
     body: &ClientBody<'_>,
-    settings: SpliceSettings,
+    settings: &SpliceSettings,
     splice: &mut Splice,
     block: String,
 ) -> Result<(), GatewayError> {
@@ -407,7 +458,7 @@ fn chat_message(role: &str, text: &str) -> String {
 fn chat(
     body: &ClientBody<'_>,
     contributions: &Contributions,
-    settings: SpliceSettings,
+    settings: &SpliceSettings,
     splice: &mut Splice,
 ) -> Result<(), GatewayError> {
     let text = body.text;
@@ -505,7 +556,7 @@ fn include_usage(body: &ClientBody<'_>, splice: &mut Splice) -> Result<(), Gatew
 fn responses(
     body: &ClientBody<'_>,
     contributions: &Contributions,
-    settings: SpliceSettings,
+    settings: &SpliceSettings,
     splice: &mut Splice,
 ) -> Result<(), GatewayError> {
     let text = body.text;

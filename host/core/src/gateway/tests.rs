@@ -20,7 +20,7 @@ fn spliced(
     s: SpliceSettings,
 ) -> (Splice, String) {
     let body = ClientBody::parse(client.as_bytes()).unwrap();
-    let plan = splice::plan(ingress, &body, c, s).unwrap();
+    let plan = splice::plan(ingress, &body, c, &s).unwrap();
     let out = String::from_utf8(plan.apply(client.as_bytes())).unwrap();
     serde_json::from_str::<serde::de::IgnoredAny>(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     (plan, out)
@@ -77,6 +77,7 @@ fn g4_messages_client_system_first_puts_the_sections_after_its_blocks() {
     let client = r#"{"system":[{"type":"text","text":"A"},{"type":"text","text":"B","cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}}]}]}"#;
     let settings = SpliceSettings {
         client_system: ClientSystem::First,
+        ..SpliceSettings::default()
     };
     let (plan, out) = spliced(Ingress::Messages, client, &added("S", Some("C")), settings);
     assert_eq!(without_insertions(&plan, &out), client);
@@ -161,6 +162,7 @@ fn g4_chat_sections_first_context_last_and_usage_asked_for_a_stream() {
 
     let first = SpliceSettings {
         client_system: ClientSystem::First,
+        ..SpliceSettings::default()
     };
     let (_, out) = spliced(Ingress::ChatCompletions, &client, &added("S", None), first);
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -239,7 +241,7 @@ fn g2_a_body_that_is_no_object_or_repeats_a_key_is_refused_by_name() {
         Ingress::Messages,
         &body,
         &added("S", None),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     )
     .unwrap_err();
     assert!(e.to_string().contains("`messages` must be an array"), "{e}");
@@ -466,4 +468,54 @@ fn g3_a_moved_breakpoint_or_a_block_resent_as_a_string_is_the_same_message() {
     let r =
         super::messages::conversation(Ingress::Responses, &ClientBody::parse(responses).unwrap());
     assert_eq!(r.messages.len(), 3, "parallel calls are one reply");
+}
+
+#[test]
+fn g4_deny_tools_takes_the_named_client_tools_out_with_their_commas() {
+    let tool = |n: &str| format!(r#"{{"name":"{n}","input_schema":{{}}}}"#);
+    let all = ["a", "b", "c", "d"];
+    for deny in [
+        vec!["a"],
+        vec!["b"],
+        vec!["d"],
+        vec!["c", "d"],
+        vec!["a", "b"],
+        vec!["a", "b", "c", "d"],
+        vec!["b", "d"],
+    ] {
+        let client = format!(
+            r#"{{"tools":[ {} ],"messages":[{{"role":"user","content":"q"}}]}}"#,
+            all.map(tool).join(" , ")
+        );
+        let settings = SpliceSettings {
+            deny_tools: deny.iter().map(|d| d.to_string()).collect(),
+            ..SpliceSettings::default()
+        };
+        let (plan, out) = spliced(Ingress::Messages, &client, &added("", None), settings);
+        let v: Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{deny:?}: {e}: {out}"));
+        let kept: Vec<&str> = v["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        let expected: Vec<&str> = all.into_iter().filter(|n| !deny.contains(n)).collect();
+        assert_eq!(kept, expected, "{deny:?}: {out}");
+        assert_eq!(plan.denied, deny, "the record says which");
+        assert!(plan
+            .edits
+            .iter()
+            .all(|e| e.part == Part::DenyTool && e.insert.is_empty()));
+    }
+    let chat = r#"{"tools":[{"type":"function","function":{"name":"keep"}},{"type":"function","function":{"name":"drop"}}],"messages":[]}"#;
+    let settings = SpliceSettings {
+        deny_tools: vec!["drop".into()],
+        ..SpliceSettings::default()
+    };
+    let (_, out) = spliced(Ingress::ChatCompletions, chat, &added("", None), settings);
+    assert_eq!(
+        out,
+        r#"{"tools":[{"type":"function","function":{"name":"keep"}}],"messages":[]}"#
+    );
 }

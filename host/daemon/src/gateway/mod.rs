@@ -573,7 +573,7 @@ impl Gateway {
                 joined_by,
                 client_body,
                 conversation,
-                splice: settings.splice,
+                splice: settings.splice.clone(),
             })),
             ..StepRequest::new(
                 session.clone(),
@@ -617,12 +617,13 @@ impl Gateway {
         let code = e.code();
         let refuse = |status| Err(GatewayRefusal::new(provider, status, code, e.to_string()));
         match e {
-            DaemonError::Core(Error::ContextOverflow(_)) | DaemonError::Gateway(_) => {
-                refuse(StatusCode::BAD_REQUEST)
-            }
+            // A review hook's rejection stands whatever the policy: forwarding would send
+            // what it rejected.
+            DaemonError::Core(Error::ContextOverflow(_) | Error::ReviewRejected { .. })
+            | DaemonError::Gateway(_) => refuse(StatusCode::BAD_REQUEST),
             DaemonError::GatewayPluginTools { .. } => refuse(StatusCode::INTERNAL_SERVER_ERROR),
             DaemonError::Core(Error::Store(_)) => refuse(StatusCode::SERVICE_UNAVAILABLE),
-            DaemonError::Core(Error::PluginCall { .. } | Error::ReviewRejected { .. })
+            DaemonError::Core(Error::PluginCall { .. })
             | DaemonError::Loading { .. }
             | DaemonError::PluginSetUnavailable { .. }
                 if settings.on_plugin_failure == OnPluginFailure::Refuse =>

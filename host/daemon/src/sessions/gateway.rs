@@ -45,7 +45,7 @@ pub(super) fn splice(
         runtime_context: snapshot.unwrap_or_else(|| state.snapshot_text().map(str::to_string)),
     };
     let body = ClientBody::parse(gateway.client_body.as_bytes())?;
-    let edits = splice::plan(gateway.ingress, &body, &contributions, gateway.splice)?;
+    let edits = splice::plan(gateway.ingress, &body, &contributions, &gateway.splice)?;
     let conversation = &gateway.conversation;
     let mut record = GatewayRecord {
         ingress: gateway.ingress,
