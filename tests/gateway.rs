@@ -124,11 +124,53 @@ base_url = "{url}"
     (served, tmp, folder)
 }
 
-/// Runs tests/sdk_loops/gateway_loop.py; returns its JSON line.
-fn sdk_loop(served: &Served, sdk: &str, stream: bool, extra: &[&str]) -> Value {
-    let mut cmd = Command::new(python());
-    cmd.arg(repo_root().join("tests/sdk_loops/gateway_loop.py"))
-        .arg(sdk)
+/// `node`, with the pinned `openai` and `@anthropic-ai/sdk` npm packages next to the scripts.
+fn node() -> Command {
+    for package in ["openai", "@anthropic-ai/sdk"] {
+        let dir = repo_root()
+            .join("tests/sdk_loops/js/node_modules")
+            .join(package);
+        assert!(
+            dir.join("package.json").is_file(),
+            "{} is missing: `cargo xtask test` installs the provider SDKs (tests/sdk_loops/install.sh)",
+            dir.display()
+        );
+    }
+    Command::new("node")
+}
+
+/// Which official SDKs a gateway loop runs on: the Python packages or the npm ones.
+#[derive(Clone, Copy, Debug)]
+enum Runtime {
+    /// tests/sdk_loops/gateway_loop.py
+    Python,
+    /// tests/sdk_loops/js/gateway_loop.mjs
+    Node,
+}
+
+impl Runtime {
+    /// The command running this runtime's gateway loop (its arguments follow).
+    fn command(self) -> Command {
+        match self {
+            Runtime::Python => {
+                let mut cmd = Command::new(python());
+                cmd.arg(repo_root().join("tests/sdk_loops/gateway_loop.py"));
+                cmd
+            }
+            Runtime::Node => {
+                let mut cmd = node();
+                cmd.arg(repo_root().join("tests/sdk_loops/js/gateway_loop.mjs"));
+                cmd
+            }
+        }
+    }
+}
+
+/// Runs `runtime`'s gateway loop (tests/sdk_loops/gateway_loop.py or js/gateway_loop.mjs);
+/// returns its JSON line.
+fn sdk_loop(served: &Served, runtime: Runtime, sdk: &str, stream: bool, extra: &[&str]) -> Value {
+    let mut cmd = runtime.command();
+    cmd.arg(sdk)
         .arg(format!("{}/gateway/coder", served.url))
         .args(extra);
     if stream {
@@ -138,7 +180,7 @@ fn sdk_loop(served: &Served, sdk: &str, stream: bool, extra: &[&str]) -> Value {
     assert_eq!(
         code,
         Some(0),
-        "{sdk} (stream {stream}) failed:\n{err}\n{out}"
+        "{runtime:?} {sdk} (stream {stream}) failed:\n{err}\n{out}"
     );
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
@@ -183,20 +225,36 @@ fn without_insertions(record: &GatewayRecord, upstream: &[u8]) -> Vec<u8> {
     out
 }
 
-/// G1–G5 with each official Python SDK, streamed and not: the loop finishes; all its requests
-/// are one session; the stub received exactly the client's body plus the recorded splice,
-/// with the sections in it and every other byte the client's; the client's headers reached
-/// it and promptd's did not; every reply is recorded with its usage.
+/// G1–G5 with each official Python SDK, streamed and not: see [`every_sdk_reaches_the_gateway`].
 #[test]
 fn g1_the_official_sdks_reach_the_gateway_by_base_url_alone_and_each_body_rebuilds_from_the_log() {
+    every_sdk_reaches_the_gateway(Runtime::Python);
+}
+
+/// G1–G5 with each official npm SDK (`openai`, `@anthropic-ai/sdk`), streamed and not: the
+/// same loop and the same checks as the Python SDKs'.
+#[test]
+fn g1_the_typescript_sdks_reach_the_gateway_too() {
+    // Missing clients fail here, before a daemon is started for nothing.
+    node();
+    every_sdk_reaches_the_gateway(Runtime::Node);
+}
+
+/// G1–G5 with each official SDK of `runtime`, streamed and not, against one daemon and one
+/// stub: the loop finishes; all its requests are one session; the stub received exactly the
+/// client's body plus the recorded splice, with the sections in it and every other byte the
+/// client's; the client's headers reached it and promptd's did not; every reply is recorded
+/// with its usage.
+fn every_sdk_reaches_the_gateway(runtime: Runtime) {
     let stub = Stub::start();
     let (served, _tmp, _folder) = gateway(&stub, "");
     let mut seen = 0;
     for sdk in ["openai-chat", "openai-responses", "anthropic"] {
         for stream in [false, true] {
-            let what = format!("{sdk} (stream {stream})");
+            let what = format!("{runtime:?} {sdk} (stream {stream})");
             let out = sdk_loop(
                 &served,
+                runtime,
                 sdk,
                 stream,
                 &[
