@@ -222,6 +222,27 @@ impl SessionState {
         Ok(())
     }
 
+    /// Takes a `request/header` event: the header every later request starts with.
+    fn apply_header(&mut self, seq: u64, record: HeaderRecord) {
+        // The record as JSON is what its strings hold; the header's `Value` trees hold more
+        // in memory, and the provenance is kept twice (below).
+        self.header_bytes = json_bytes(&record)
+            + header_heap_bytes(&record.header)
+            + record.provenance.as_ref().map_or(0, json_bytes);
+        let HeaderRecord {
+            header,
+            provenance,
+            run,
+            ..
+        } = record;
+        self.header_provenance.clone_from(&provenance);
+        self.provenance = provenance;
+        self.header = Some((header, run));
+        self.header_seq = seq;
+        self.memo = HeadMemo::default();
+        self.cache.memo.head = None;
+    }
+
     /// One recorded body applied at `seq` (the log's next).
     pub(super) fn apply_body(&mut self, seq: u64, body: Body) -> Result<()> {
         if seq != self.last_seq + 1 {
@@ -257,23 +278,7 @@ impl SessionState {
                 None
             }
             Body::RequestHeader(record) => {
-                // The record as JSON is what its strings hold; the header's `Value` trees
-                // hold more in memory, and the provenance is kept twice (below).
-                self.header_bytes = json_bytes(&record)
-                    + header_heap_bytes(&record.header)
-                    + record.provenance.as_ref().map_or(0, json_bytes);
-                let HeaderRecord {
-                    header,
-                    provenance,
-                    run,
-                    ..
-                } = *record;
-                self.header_provenance.clone_from(&provenance);
-                self.provenance = provenance;
-                self.header = Some((header, run));
-                self.header_seq = seq;
-                self.memo = HeadMemo::default();
-                self.cache.memo.head = None;
+                self.apply_header(seq, *record);
                 None
             }
             Body::ContextSnapshot(Snapshot { cleared, content }) => {

@@ -275,22 +275,9 @@ impl Daemon {
             input.messages.clone_from(&joined.messages);
             joined
         });
-        let auto = matches!(
-            plan.cache_ttl,
-            promptd_core::config::settings::TtlPolicy::Auto(_)
-        );
-        let agent_gaps = auto
-            .then(|| {
-                crate::lock(&self.cache.agent_gaps)
-                    .get(&plan.agent)
-                    .copied()
-            })
-            .flatten();
         let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
         let now = crate::now_ms();
-        let key_shards = openai
-            .then(|| crate::lock(&self.cache.key_rates).shards(now, plan.key_rate))
-            .flatten();
+        let (agent_gaps, key_shards) = self.cache_counts(&plan, openai, now);
         let serving = step::Serving {
             run: &self.sessions.run,
             agent_gaps: agent_gaps.as_ref(),
@@ -335,18 +322,7 @@ impl Daemon {
             }
             _ => None,
         };
-        let append_started = SystemTime::now();
-        let append_clock = Instant::now();
-        let appended = self.append(&mut slot, &events, bodies);
-        outcome.append = append_clock.elapsed();
-        if let Some(timeline) = run.timeline {
-            let work = Work::Append {
-                events: events.len(),
-            };
-            let failed = appended.as_ref().err().map(|e| e.to_string());
-            timeline.push(work, append_started, failed);
-        }
-        appended?;
+        outcome.append = self.append_timed(&mut slot, &events, bodies, run.timeline)?;
         outcome.appended = events.len();
         // Written: the encoded events (a copy of each message) are not kept while the reply
         // is rendered (issue 32: a step's memory a small multiple of its body).
@@ -381,6 +357,56 @@ impl Daemon {
             None => state.render_into(format, out)?,
         }
         Ok(())
+    }
+
+    /// What the cache policies count across sessions for a step of `plan`'s agent: its idle
+    /// gaps (`ttl = "auto"`) and, for the OpenAI formats, the keys past the per-key rate.
+    fn cache_counts(
+        &self,
+        plan: &AgentSettings,
+        openai: bool,
+        now: u64,
+    ) -> (
+        Option<promptd_core::cache::ttl::Gaps>,
+        Option<Arc<std::collections::BTreeMap<String, u32>>>,
+    ) {
+        let auto = matches!(
+            plan.cache_ttl,
+            promptd_core::config::settings::TtlPolicy::Auto(_)
+        );
+        let agent_gaps = auto
+            .then(|| {
+                crate::lock(&self.cache.agent_gaps)
+                    .get(&plan.agent)
+                    .copied()
+            })
+            .flatten();
+        let key_shards = openai
+            .then(|| crate::lock(&self.cache.key_rates).shards(now, plan.key_rate))
+            .flatten();
+        (agent_gaps, key_shards)
+    }
+
+    /// [`Daemon::append`], timed, and told to the step's timeline; returns how long it took.
+    fn append_timed(
+        &self,
+        slot: &mut SessionSlot<'_>,
+        events: &[NewEvent],
+        bodies: Vec<Body>,
+        timeline: Option<&Timeline>,
+    ) -> Result<std::time::Duration> {
+        let append_started = SystemTime::now();
+        let clock = Instant::now();
+        let appended = self.append(slot, events, bodies);
+        let took = clock.elapsed();
+        if let Some(timeline) = timeline {
+            let work = Work::Append {
+                events: events.len(),
+            };
+            let failed = appended.as_ref().err().map(|e| e.to_string());
+            timeline.push(work, append_started, failed);
+        }
+        appended.map(|_| took)
     }
 
     /// Records the model's reply or a tool's output (Q5), with what came with it (the
