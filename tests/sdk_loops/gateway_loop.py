@@ -2,7 +2,6 @@
 """An agent loop on an official SDK whose only change is its base URL: promptd's gateway.
 
     gateway_loop.py SDK BASE_URL [--stream] [--turns N] [--header NAME=VALUE ...]
-                    [--tool-error]
 
 SDK is `openai-chat`, `openai-responses` or `anthropic`. The loop is what an agent written
 against the SDK does, with nothing of promptd in it: it keeps its own history, offers one tool

@@ -165,10 +165,10 @@ pub fn plan(
     deny_tools(ingress, body, &settings.deny_tools, &mut splice);
     match ingress {
         Ingress::Messages | Ingress::CountTokens => {
-            messages(body, contributions, &settings, &mut splice)?
+            messages(body, contributions, settings, &mut splice)?
         }
-        Ingress::ChatCompletions => chat(body, contributions, &settings, &mut splice)?,
-        Ingress::Responses => responses(body, contributions, &settings, &mut splice)?,
+        Ingress::ChatCompletions => chat(body, contributions, settings, &mut splice)?,
+        Ingress::Responses => responses(body, contributions, settings, &mut splice)?,
     }
     splice.edits.sort_by_key(|e| e.at); // stable: edits at one place keep their order
     Ok(splice)
