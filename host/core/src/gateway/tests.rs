@@ -17,10 +17,10 @@ fn spliced(
     ingress: Ingress,
     client: &str,
     c: &Contributions,
-    s: SpliceSettings,
+    s: &SpliceSettings,
 ) -> (Splice, String) {
     let body = ClientBody::parse(client.as_bytes()).unwrap();
-    let plan = splice::plan(ingress, &body, c, &s).unwrap();
+    let plan = splice::plan(ingress, &body, c, s).unwrap();
     let out = String::from_utf8(plan.apply(client.as_bytes())).unwrap();
     serde_json::from_str::<serde::de::IgnoredAny>(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     (plan, out)
@@ -54,7 +54,7 @@ fn g4_messages_sections_join_a_string_system_and_every_other_byte_is_the_clients
         Ingress::Messages,
         &client,
         &added("SECTIONS", Some("CTX")),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert_eq!(without_insertions(&plan, &out), client);
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -79,7 +79,7 @@ fn g4_messages_client_system_first_puts_the_sections_after_its_blocks() {
         client_system: ClientSystem::First,
         ..SpliceSettings::default()
     };
-    let (plan, out) = spliced(Ingress::Messages, client, &added("S", Some("C")), settings);
+    let (plan, out) = spliced(Ingress::Messages, client, &added("S", Some("C")), &settings);
     assert_eq!(without_insertions(&plan, &out), client);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
@@ -111,7 +111,7 @@ fn g4_messages_never_passes_four_breakpoints_and_matches_a_later_hour_ttl() {
         Ingress::Messages,
         &four,
         &added("S", None),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert_eq!(plan.client_breakpoints, 4);
     assert!(!plan.breakpoint_added);
@@ -121,7 +121,7 @@ fn g4_messages_never_passes_four_breakpoints_and_matches_a_later_hour_ttl() {
         Ingress::Messages,
         &three,
         &added("S", None),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert!(plan.breakpoint_added);
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -136,7 +136,7 @@ fn g4_messages_leaves_a_prefill_alone_and_says_so() {
         Ingress::Messages,
         client,
         &added("", Some("C")),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert_eq!(out, client);
     assert_eq!(plan.skipped.len(), 1);
@@ -151,7 +151,7 @@ fn g4_chat_sections_first_context_last_and_usage_asked_for_a_stream() {
         Ingress::ChatCompletions,
         &client,
         &added("S", Some("C")),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert_eq!(without_insertions(&plan, &out), client);
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -164,7 +164,7 @@ fn g4_chat_sections_first_context_last_and_usage_asked_for_a_stream() {
         client_system: ClientSystem::First,
         ..SpliceSettings::default()
     };
-    let (_, out) = spliced(Ingress::ChatCompletions, &client, &added("S", None), first);
+    let (_, out) = spliced(Ingress::ChatCompletions, &client, &added("S", None), &first);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["messages"][1], json!({"role":"system","content":"S"}));
 }
@@ -177,7 +177,7 @@ fn g5_a_client_that_asked_for_usage_keeps_its_stream_options_extras() {
         Ingress::ChatCompletions,
         client,
         &added("", None),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert_eq!(out, client);
     assert!(!plan.usage_added);
@@ -186,7 +186,7 @@ fn g5_a_client_that_asked_for_usage_keeps_its_stream_options_extras() {
         Ingress::ChatCompletions,
         client,
         &added("", None),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert!(plan.usage_added);
     assert_eq!(without_insertions(&plan, &out), client);
@@ -204,7 +204,7 @@ fn g4_responses_sections_join_instructions_and_context_follows_the_input() {
         Ingress::Responses,
         client,
         &added("S\n1", Some("C")),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     assert_eq!(without_insertions(&plan, &out), client);
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -218,7 +218,7 @@ fn g4_responses_sections_join_instructions_and_context_follows_the_input() {
         Ingress::Responses,
         client,
         &added("S", Some("C")),
-        SpliceSettings::default(),
+        &SpliceSettings::default(),
     );
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["instructions"], "S");
@@ -436,7 +436,7 @@ proptest! {
         }
         let client = format!("{{{space}{}{space}}}", members.join(&format!(",{space}")));
         let c = added("SECTIONS \u{e9}", context.as_deref());
-        let (plan, out) = spliced(ingress, &client, &c, SpliceSettings::default());
+        let (plan, out) = spliced(ingress, &client, &c, &SpliceSettings::default());
         prop_assert_eq!(without_insertions(&plan, &out), client);
     }
 }
@@ -491,7 +491,7 @@ fn g4_deny_tools_takes_the_named_client_tools_out_with_their_commas() {
             deny_tools: deny.iter().map(|d| d.to_string()).collect(),
             ..SpliceSettings::default()
         };
-        let (plan, out) = spliced(Ingress::Messages, &client, &added("", None), settings);
+        let (plan, out) = spliced(Ingress::Messages, &client, &added("", None), &settings);
         let v: Value =
             serde_json::from_str(&out).unwrap_or_else(|e| panic!("{deny:?}: {e}: {out}"));
         let kept: Vec<&str> = v["tools"]
@@ -513,7 +513,7 @@ fn g4_deny_tools_takes_the_named_client_tools_out_with_their_commas() {
         deny_tools: vec!["drop".into()],
         ..SpliceSettings::default()
     };
-    let (_, out) = spliced(Ingress::ChatCompletions, chat, &added("", None), settings);
+    let (_, out) = spliced(Ingress::ChatCompletions, chat, &added("", None), &settings);
     assert_eq!(
         out,
         r#"{"tools":[{"type":"function","function":{"name":"keep"}}],"messages":[]}"#
