@@ -21,7 +21,7 @@ use serde_json::Value;
 const LOOP_BOUND: Duration = Duration::from_secs(120);
 const PERSONA: &str = "You are Ada's engineering side";
 
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     let python = repo_root().join("tests/sdk_loops/.venv/bin/python");
     assert!(
         python.is_file(),
@@ -32,22 +32,22 @@ fn python() -> PathBuf {
 }
 
 /// A request the stub received: its path, headers and body bytes.
-type Received = (String, Vec<(String, String)>, Vec<u8>);
+pub(crate) type Received = (String, Vec<(String, String)>, Vec<u8>);
 
 /// The stub upstream on a free loopback port.
-struct Stub {
+pub(crate) struct Stub {
     _child: Bounded,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Stub {
-    fn start() -> Stub {
+    pub(crate) fn start() -> Stub {
         let (child, url) = common::process::start_stub_provider(&python(), "900", None);
         Stub { _child: child, url }
     }
 
     /// The requests it received, in order.
-    fn requests(&self) -> Vec<Received> {
+    pub(crate) fn requests(&self) -> Vec<Received> {
         let (status, text) = request(&self.url, "GET", "/stub/requests", None, None);
         assert_eq!(status, 200, "{text}");
         let v: Value = serde_json::from_str(&text).unwrap();
@@ -186,7 +186,7 @@ fn sdk_loop(served: &Served, runtime: Runtime, sdk: &str, stream: bool, extra: &
 }
 
 /// Every session's events, by session.
-fn sessions(served: &Served) -> Vec<Vec<Value>> {
+pub(crate) fn sessions(served: &Served) -> Vec<Vec<Value>> {
     let list = served.ok("GET", "/v1/sessions", None);
     list["sessions"]
         .as_array()
@@ -202,7 +202,7 @@ fn sessions(served: &Served) -> Vec<Vec<Value>> {
         .collect()
 }
 
-fn records(events: &[Value]) -> Vec<GatewayRecord> {
+pub(crate) fn records(events: &[Value]) -> Vec<GatewayRecord> {
     events
         .iter()
         .filter(|e| e["kind"] == "gateway/request")
@@ -211,7 +211,7 @@ fn records(events: &[Value]) -> Vec<GatewayRecord> {
 }
 
 /// The client's bytes back from an upstream body by taking out each insertion.
-fn without_insertions(record: &GatewayRecord, upstream: &[u8]) -> Vec<u8> {
+pub(crate) fn without_insertions(record: &GatewayRecord, upstream: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     let (mut at, mut client_at) = (0, 0);
     for edit in &record.splice.edits {
@@ -382,7 +382,12 @@ impl IngressPath for GatewayRecord {
 }
 
 /// One raw HTTP/1.1 exchange: the status line and headers, and the body as it came.
-fn raw_post(base: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (String, Vec<u8>) {
+pub(crate) fn raw_post(
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (String, Vec<u8>) {
     let addr = base.trim_start_matches("http://");
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream
@@ -501,7 +506,7 @@ fn frames(body: &[u8]) -> Vec<String> {
 }
 
 /// An HTTP/1.1 chunked body, decoded.
-fn dechunk(body: &[u8]) -> Vec<u8> {
+pub(crate) fn dechunk(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut rest = body;
     while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
@@ -517,7 +522,7 @@ fn dechunk(body: &[u8]) -> Vec<u8> {
     out
 }
 
-fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
@@ -526,7 +531,7 @@ fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 
 /// The newest session's events once each of its gateway requests has its reply recorded (a
 /// reply is recorded after it is answered, before the session's next step).
-fn newest_session(served: &Served) -> Vec<Value> {
+pub(crate) fn newest_session(served: &Served) -> Vec<Value> {
     let mut events = Vec::new();
     common::eventually("every gateway request's reply recorded", || {
         events = sessions(served).remove(0);

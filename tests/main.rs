@@ -16,6 +16,7 @@ mod contract;
 mod daemon;
 mod fleet;
 mod gateway;
+mod gateway_edges;
 mod held_changes;
 mod hot_reload;
 mod inspect;

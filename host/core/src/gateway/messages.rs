@@ -352,21 +352,27 @@ pub struct StepMessages {
     pub messages: Vec<Message>,
 }
 
-/// Which of `conversation`'s messages a step of `state`'s session appends. A conversation
-/// that continues the last recorded one adds what follows it (the model's reply the client
-/// sends back was recorded when it came); one that does not (the first request of a client
-/// with history, or a rewrite) adds its newest turn, and says it rewrote when the session had
-/// a conversation before.
-pub fn step_messages(
-    state: &crate::session::SessionState,
-    conversation: &Conversation,
-) -> StepMessages {
+/// What a session holds that decides which messages a gateway step appends: the conversation
+/// its last gateway request held (messages and digest), and which calls wait for results.
+pub struct Held<'a> {
+    /// The last gateway request's conversation, when the session has one.
+    pub last: Option<(usize, &'a str)>,
+    /// Whether the call with this id waits for its result.
+    pub call_open: &'a dyn Fn(&str) -> bool,
+}
+
+/// Which of `conversation`'s messages a step of the session appends. A conversation that
+/// continues the last recorded one adds what follows it (the model's reply the client sends
+/// back was recorded when it came); one that does not (the first request of a client with
+/// history, or a rewrite) adds its newest turn, and says it rewrote when the session had a
+/// conversation before.
+pub fn step_messages(held: &Held<'_>, conversation: &Conversation) -> StepMessages {
     let all = &conversation.messages;
     let last_reply = all
         .iter()
         .rposition(|m| matches!(m, Message::Assistant { .. }))
         .map_or(0, |i| i + 1);
-    let (new_from, rewrote) = match state.gateway_conversation() {
+    let (new_from, rewrote) = match held.last {
         Some((n, digest)) if n <= all.len() && conversation.digest(n) == digest => (n, false),
         Some(_) => (last_reply, true),
         None => (last_reply, false),
@@ -374,7 +380,7 @@ pub fn step_messages(
     let messages = all[new_from.max(last_reply)..]
         .iter()
         .filter(|m| match m {
-            Message::Tool { tool_call_id, .. } => state.call_open(tool_call_id),
+            Message::Tool { tool_call_id, .. } => (held.call_open)(tool_call_id),
             Message::User { content, .. } => !content.is_blank(),
             Message::Assistant { .. } => true,
         })

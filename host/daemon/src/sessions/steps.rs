@@ -24,7 +24,7 @@ use crate::outcome::{
     GatewayStep, RecordOutcome, RecordRequest, StepOutcome, StepRequest, Timings,
 };
 use crate::{Daemon, DaemonError, Result, STEP_WAITS_FOR_LOADING};
-use promptd_core::gateway::messages::step_messages;
+use promptd_core::gateway::messages::{step_messages, Held};
 use promptd_core::gateway::record::GatewayRecord;
 
 /// Most agents whose settings are kept: agent names come from clients, so never let them grow
@@ -271,7 +271,12 @@ impl Daemon {
         self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
         // G3: a gateway step's messages are its conversation's new ones.
         let joined = gateway.as_ref().map(|g| {
-            let joined = step_messages(&cached.state, &g.conversation);
+            let state = &cached.state;
+            let held = Held {
+                last: state.gateway_conversation(),
+                call_open: &|id| state.call_open(id),
+            };
+            let joined = step_messages(&held, &g.conversation);
             input.messages.clone_from(&joined.messages);
             joined
         });

@@ -1,0 +1,452 @@
+//! The gateway's edges (docs/gateway.md): how requests join sessions, what a failing plugin
+//! does under each `on_plugin_failure`, an upstream that hangs, and a golden corpus of odd
+//! bodies whose bytes must reach the upstream as the client sent them. Shares the harness of
+//! `tests/gateway.rs`.
+
+use promptd_testkit as common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::daemon::Served;
+use common::Folder;
+use promptd_core::gateway::record::JoinedBy;
+use serde_json::Value;
+
+use crate::gateway::{header_of, newest_session, raw_post, records, without_insertions, Stub};
+
+/// A daemon on `folder` whose config is `body`, with the gateway on and both upstreams at
+/// `url`: `gateway_keys` go into `[gateway]`, `rest` after the upstreams.
+fn serve(
+    folder: &Folder,
+    url: &str,
+    gateway_keys: &str,
+    rest: &str,
+) -> (Served, tempfile::TempDir) {
+    let config = folder.config(&format!(
+        "[gateway]\nenabled = true\n{gateway_keys}\n[gateway.upstream.openai]\nprovider = \"openai\"\nbase_url = \"{url}\"\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{url}\"\n{rest}\n"
+    ));
+    let (tmp, state) = common::daemon::state_dir();
+    let log = tmp.path().join("daemon.log");
+    (
+        Served::start_logged(folder.path(), &config, &state, &log),
+        tmp,
+    )
+}
+
+fn json(body: &[u8]) -> Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
+}
+
+const CHAT: &str = r#"{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}"#;
+const MESSAGES: &str =
+    r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// G3: a request joins the session its `x-promptd-session` names (404 for one that does not
+/// exist), a Responses request the session of its `previous_response_id`; a client that
+/// rewrote its history is recorded as such in the session it names, never refused.
+#[test]
+fn g3_requests_join_by_header_and_previous_response_and_a_rewrite_is_recorded() {
+    let stub = Stub::start();
+    let folder = Folder::new().bundled("identity");
+    let (served, _tmp) = serve(&folder, &stub.url, "", "[agents.coder.gateway]");
+
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[],
+        CHAT.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let session = header_of(&head, "x-promptd-session")
+        .expect("the session is named")
+        .to_string();
+
+    // The same session, named, with a history that does not continue what it holds.
+    let rewritten = r#"{"model":"gpt-4.1","messages":[{"role":"user","content":"a different start"},{"role":"assistant","content":"ok"},{"role":"user","content":"go on"}]}"#;
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[("x-promptd-session", &session)],
+        rewritten.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(
+        header_of(&head, "x-promptd-session"),
+        Some(session.as_str())
+    );
+    let events = newest_session(&served);
+    let last = records(&events).pop().unwrap();
+    assert_eq!(last.joined_by, JoinedBy::Header);
+    assert!(
+        last.rewrote_at.is_some(),
+        "the rewrite is recorded: {last:?}"
+    );
+
+    let (head, body) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[("x-promptd-session", "no-such-session")],
+        CHAT.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert!(String::from_utf8_lossy(&body).contains("no session `no-such-session`"));
+
+    // Responses: the reply's id joins the next request that continues from it.
+    let first = r#"{"model":"gpt-4.1","input":"hello there"}"#;
+    let (head, body) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/responses",
+        &[],
+        first.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let resumed_session = header_of(&head, "x-promptd-session").unwrap().to_string();
+    let id = json(&body)["id"]
+        .as_str()
+        .expect("a response id")
+        .to_string();
+    let next =
+        format!(r#"{{"model":"gpt-4.1","previous_response_id":"{id}","input":"and then?"}}"#);
+    let started = Instant::now();
+    let (head, _) = loop {
+        // The reply is recorded just after it is answered.
+        let (head, body) = raw_post(
+            &served.url,
+            "/gateway/coder/v1/responses",
+            &[],
+            next.as_bytes(),
+        );
+        if header_of(&head, "x-promptd-session") == Some(resumed_session.as_str())
+            || started.elapsed() > Duration::from_secs(10)
+        {
+            break (head, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        header_of(&head, "x-promptd-session"),
+        Some(resumed_session.as_str()),
+        "{head}"
+    );
+    let events = newest_session(&served);
+    assert_eq!(
+        records(&events).pop().unwrap().joined_by,
+        JoinedBy::PreviousResponse
+    );
+}
+
+/// G6: a plugin that fails follows the agent's `on_plugin_failure` — `forward` sends the
+/// client's body as it came, marked degraded; `refuse` answers a provider-shaped 500 naming
+/// the plugin — while a review hook's rejection and plugin tools are refused whatever it says.
+#[test]
+fn g6_a_failing_plugin_follows_on_plugin_failure_and_a_rejection_is_never_forwarded() {
+    let stub = Stub::start();
+    let folder = Folder::new().scripted("flaky");
+    let rest = r#"
+[plugins.flaky.config]
+"trap_section.broken" = "1"
+[agents.fwd.gateway]
+[agents.strict.gateway]
+on_plugin_failure = "refuse"
+"#;
+    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
+    let before = stub.requests().len();
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/fwd/v1/messages",
+        &[],
+        MESSAGES.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(
+        header_of(&head, "x-promptd-degraded"),
+        Some("plugin_trap"),
+        "{head}"
+    );
+    let sent = stub.requests();
+    assert_eq!(sent.len(), before + 1);
+    assert_eq!(
+        sent.last().unwrap().2,
+        MESSAGES.as_bytes(),
+        "the client's body, as it came"
+    );
+
+    let (head, body) = raw_post(
+        &served.url,
+        "/gateway/strict/v1/messages",
+        &[],
+        MESSAGES.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 500"), "{head}");
+    let v = json(&body);
+    assert_eq!(v["type"], "error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("plugin `flaky`"),
+        "{v}"
+    );
+    assert_eq!(
+        stub.requests().len(),
+        before + 1,
+        "nothing more went upstream"
+    );
+    drop(served);
+
+    let folder = Folder::new().scripted("guard");
+    let rest = r#"
+[plugins.guard.config]
+review_order = "1"
+review_reject_if = "secret|no secrets upstream"
+"tool.run_tests" = '{"type":"object"}'
+[agents.fwd.gateway]
+"#;
+    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
+    let (head, body) = raw_post(
+        &served.url,
+        "/gateway/fwd/v1/messages",
+        &[],
+        MESSAGES.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 500"), "{head}");
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("gateway_plugin_tools") || text.contains("run_tests"),
+        "{text}"
+    );
+    assert!(
+        text.contains("run_tests"),
+        "the plugin tools are named: {text}"
+    );
+    drop(served);
+
+    let folder = Folder::new().scripted("guard");
+    let rest = r#"
+[plugins.guard.config]
+review_order = "1"
+review_reject_if = "secret|no secrets upstream"
+[agents.fwd.gateway]
+"#;
+    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
+    let before = stub.requests().len();
+    let secret = MESSAGES.replace("\"hi\"", "\"the secret is 42\"");
+    let (head, body) = raw_post(
+        &served.url,
+        "/gateway/fwd/v1/messages",
+        &[],
+        secret.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert!(String::from_utf8_lossy(&body).contains("no secrets upstream"));
+    assert_eq!(
+        stub.requests().len(),
+        before,
+        "a rejected request never goes upstream"
+    );
+}
+
+/// G2: an upstream that sends no status line within `response_timeout_ms` is a 504 naming
+/// the setting, and the daemon keeps serving.
+#[test]
+fn g2_an_upstream_that_hangs_is_a_504_after_the_response_timeout() {
+    let stub = Stub::start();
+    let folder = Folder::new().bundled("identity");
+    let (served, _tmp) = serve(
+        &folder,
+        &stub.url,
+        "response_timeout_ms = 1000",
+        "[agents.coder.gateway]",
+    );
+    let started = Instant::now();
+    let (head, body) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[("x-stub-fault", "hang")],
+        CHAT.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 504"), "{head}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let v = json(&body);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("response_timeout_ms"),
+        "{v}"
+    );
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[],
+        CHAT.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+/// An upstream that takes any body and answers a fixed reply, keeping what it got.
+struct Echo {
+    url: String,
+    got: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+fn echo(reply: &'static str) -> Echo {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let kept = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let kept = kept.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut out = conn;
+                loop {
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    kept.lock().unwrap().push(body);
+                    let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", reply.len());
+                    if out
+                        .write_all(head.as_bytes())
+                        .and_then(|()| out.write_all(reply.as_bytes()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Echo { url, got }
+}
+
+const ANTHROPIC_REPLY: &str = r#"{"id":"msg_echo","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
+
+/// G4, the golden corpus: odd bodies — unknown fields, numbers no float holds, escapes,
+/// `cache_control` with a TTL and unknown keys on every kind of block, an image, a 20 MiB
+/// message — reach the upstream as the client's bytes plus the recorded insertions, nothing
+/// else; the client's breakpoints and TTLs come through as they were.
+#[test]
+fn g4_a_golden_corpus_of_odd_bodies_reaches_the_upstream_as_the_clients_bytes_plus_the_splice() {
+    let upstream = echo(ANTHROPIC_REPLY);
+    let folder = Folder::new()
+        .bundled("identity")
+        .bundled("persona")
+        .bundled("workspace");
+    let rest = r#"
+[plugins.identity]
+config = { name = "Ada", model = "example-model" }
+[plugins.persona]
+config = { text = "You are {{agent_name}}'s {{role}} side.", role = "engineering" }
+[agents.coder.gateway]
+"#;
+    let (served, _tmp) = serve(&folder, &upstream.url, "", rest);
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+    let mark = r#"{"type":"ephemeral","ttl":"1h","x-future":{"n":1e400}}"#;
+    let big = "z".repeat(20 << 20);
+    let corpus = [
+        format!(
+            r#"{{ "model" : "claude" , "max_tokens" : 10 , "x-unknown": [1.0, -0.0, 123456789012345678901234567890, 1e400], "metadata": {{"user_id": "u\u00e9\ud83d\ude00"}}, "messages" : [ {{ "role" : "user" , "content" : "q" }} ] }}"#
+        ),
+        format!(
+            r#"{{"model":"claude","max_tokens":10,"tools":[{{"name":"t","input_schema":{{"type":"object"}},"cache_control":{mark}}}],"system":[{{"type":"text","text":"S","cache_control":{mark}}}],"messages":[{{"role":"user","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{png}"}},"cache_control":{mark}}},{{"type":"text","text":"what is this?"}}]}},{{"role":"assistant","content":[{{"type":"tool_use","id":"tu_1","name":"t","input":{{}}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"tu_1","content":[{{"type":"text","text":"r","cache_control":{mark}}}]}}]}}]}}"#
+        ),
+        format!(
+            r#"{{"model":"claude","max_tokens":10,"system":"plain \"quoted\" \\ system","messages":[{{"role":"user","content":"{big}"}}]}}"#
+        ),
+    ];
+    for (i, body) in corpus.iter().enumerate() {
+        let (head, _) = raw_post(
+            &served.url,
+            "/gateway/coder/v1/messages",
+            &[("x-promptd-fact-cwd", "/corpus")],
+            body.as_bytes(),
+        );
+        assert!(head.starts_with("HTTP/1.1 200"), "body {i}: {head}");
+        let got = upstream
+            .got
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("the upstream got it");
+        // Read over a raw connection: a 20 MiB body's log is past the test client's limit.
+        let id = header_of(&head, "x-promptd-session").unwrap().to_string();
+        let events = events_of(&served, &id);
+        let record = records(&events).pop().unwrap();
+        assert_eq!(
+            record.client_body.as_bytes(),
+            body.as_bytes(),
+            "body {i}: recorded as sent"
+        );
+        assert_eq!(
+            record.upstream_body(),
+            got,
+            "body {i}: rebuilds byte for byte"
+        );
+        assert_eq!(
+            without_insertions(&record, &got),
+            body.as_bytes(),
+            "body {i}: only insertions"
+        );
+        let sent = String::from_utf8_lossy(&got);
+        assert!(sent.contains("You are Ada's engineering side"), "body {i}");
+        // Every breakpoint the client set, TTL and unknown keys included, is there as it was.
+        assert_eq!(
+            sent.matches(mark).count(),
+            body.matches(mark).count(),
+            "body {i}"
+        );
+        assert!(
+            sent.matches("cache_control").count() <= 4,
+            "body {i}: at most four breakpoints"
+        );
+    }
+    let list = served.ok("GET", "/v1/sessions", None);
+    assert_eq!(
+        list["sessions"].as_array().unwrap().len(),
+        corpus.len(),
+        "a session each"
+    );
+}
+
+/// A session's events, read over a raw connection (no body limit).
+fn events_of(served: &Served, id: &str) -> Vec<Value> {
+    let addr = served.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET /v1/sessions/{id}/events HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..split]).to_ascii_lowercase();
+    let body = &out[split + 4..];
+    let body = if head.contains("transfer-encoding: chunked") {
+        crate::gateway::dechunk(body)
+    } else {
+        body.to_vec()
+    };
+    json(&body)["events"].as_array().unwrap().clone()
+}
