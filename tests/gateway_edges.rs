@@ -364,9 +364,7 @@ config = { text = "You are {{agent_name}}'s {{role}} side.", role = "engineering
     let mark = r#"{"type":"ephemeral","ttl":"1h","x-future":{"n":1e400}}"#;
     let big = "z".repeat(20 << 20);
     let corpus = [
-        format!(
-            r#"{{ "model" : "claude" , "max_tokens" : 10 , "x-unknown": [1.0, -0.0, 123456789012345678901234567890, 1e400], "metadata": {{"user_id": "u\u00e9\ud83d\ude00"}}, "messages" : [ {{ "role" : "user" , "content" : "q" }} ] }}"#
-        ),
+        r#"{ "model" : "claude" , "max_tokens" : 10 , "x-unknown": [1.0, -0.0, 123456789012345678901234567890, 1e400], "metadata": {"user_id": "u\u00e9\ud83d\ude00"}, "messages" : [ { "role" : "user" , "content" : "q" } ] }"#.to_string(),
         format!(
             r#"{{"model":"claude","max_tokens":10,"tools":[{{"name":"t","input_schema":{{"type":"object"}},"cache_control":{mark}}}],"system":[{{"type":"text","text":"S","cache_control":{mark}}}],"messages":[{{"role":"user","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{png}"}},"cache_control":{mark}}},{{"type":"text","text":"what is this?"}}]}},{{"role":"assistant","content":[{{"type":"tool_use","id":"tu_1","name":"t","input":{{}}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"tu_1","content":[{{"type":"text","text":"r","cache_control":{mark}}}]}}]}}]}}"#
         ),
