@@ -705,6 +705,15 @@ fn the_client_tests_cover_every_operation_of_the_openapi_document() {
         &doomed_state,
     );
     let stub = Stub::start(&scratch.path().join("stub.jsonl"));
+    // A daemon with the gateway on (no plugin tools: the gateway serves no agent that has
+    // them), for the gateway's route of the API.
+    let gateway_folder = Folder::new().bundled("identity").bundled("persona");
+    let gateway_config = gateway_folder.config(&format!(
+        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.gw.gateway]\n",
+        stub.url
+    ));
+    let (_gateway_dir, gateway_state) = state_dir();
+    let gateway = Served::start(gateway_folder.path(), &gateway_config, &gateway_state);
     let calls = scratch.path().join("calls.jsonl");
     // A replay candidate that loads: the bundled plugins, without `slow` (which the main
     // daemon refused; a replay refuses a candidate with a plugin that does not load).
@@ -721,6 +730,7 @@ fn the_client_tests_cover_every_operation_of_the_openapi_document() {
             .env("PROMPTD_DOOMED_URL", &doomed.url)
             .env("PROMPTD_DOOMED_STATE", &doomed_state)
             .env("STUB_URL", &stub.url)
+            .env("PROMPTD_GATEWAY_URL", &gateway.url)
             .env("PROMPTD_REPLAY_PLUGINS", candidate.path())
             .env("PROMPTD_CALLS_LOG", &calls);
         let out = run_ok(cmd, &format!("pytest {}", target.display()));

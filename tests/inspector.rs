@@ -214,6 +214,28 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         .clone();
     assert_eq!(held_said.as_array().map(Vec::len), Some(2), "{held_said}");
 
+    // A gateway step (G4): the step page shows what the client sent, what promptd added and
+    // what went upstream.
+    let stub = crate::gateway::Stub::start();
+    let gw_folder = Folder::new().bundled("identity").bundled("persona");
+    let (gd, _gw_state) = gw_folder.serve(&format!(
+        "[plugins.identity]\nconfig = {{ name = \"Ada\", model = \"example-model\" }}\n[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.coder.gateway]\n",
+        stub.url
+    ));
+    let gateway_body = r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"Inspect me."}]}"#;
+    let (head, _) = crate::gateway::raw_post(
+        &gd.url,
+        "/gateway/coder/v1/messages",
+        &[],
+        gateway_body.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let gateway_session = crate::gateway::header_of(&head, "x-promptd-session")
+        .unwrap()
+        .to_string();
+    let gateway_upstream = String::from_utf8(stub.requests().pop().unwrap().2).unwrap();
+    crate::gateway::newest_session(&gd); // its reply recorded
+
     let artifacts = repo_root().join("target/test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
     let screenshot = artifacts.join("inspector.png");
@@ -255,6 +277,10 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "token": TOKEN,
         "token_session": locked_session,
         "screenshot": screenshot,
+        "gateway_url": gd.url,
+        "gateway_session": gateway_session,
+        "gateway_client": gateway_body,
+        "gateway_upstream": gateway_upstream,
     });
     let spec_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(spec_file.path(), spec.to_string()).unwrap();
@@ -305,6 +331,10 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "diff view: step 4 names step 2 as sending the same header".into(),
         "plugins: a live unload arrives over SSE and updates the table".into(),
         "no script errors or policy violations".into(),
+        "gateway: the step page shows what the client sent, byte for byte".into(),
+        "gateway: the sections promptd added are listed".into(),
+        "gateway: what went upstream is what the upstream received".into(),
+        "gateway: the upstream's reply is shown".into(),
         "token: with the token the page reads the API".into(),
         "screenshot saved".into(),
     ] {

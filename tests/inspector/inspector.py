@@ -240,6 +240,20 @@ def held_view(driver):
     check("held changes: the step page says what waits for a cold point", lines == said, repr(lines))
 
 
+def gateway_view(driver):
+    url, sid = spec["gateway_url"], spec["gateway_session"]
+    driver.get(f"{url}/ui/#/session/{sid}/step/1")
+    wait_for(driver, "the gateway panel", lambda d: css(d, "[data-testid=gateway-panel] [data-testid=gateway-upstream-body]"))
+    client = text(css(driver, "[data-testid=gateway-client] pre")[0])
+    check("gateway: the step page shows what the client sent, byte for byte", client == spec["gateway_client"], repr(client))
+    parts = [e.get_attribute("data-part") for e in css(driver, "[data-testid=gateway-edit]")]
+    check("gateway: the sections promptd added are listed", "sections" in parts, repr(parts))
+    upstream = text(css(driver, "[data-testid=gateway-upstream-body]")[0])
+    check("gateway: what went upstream is what the upstream received", upstream == spec["gateway_upstream"], repr(upstream[:200]))
+    check("gateway: the upstream's reply is shown", bool(css(driver, "[data-testid=gateway-reply]")), "no reply panel")
+    no_script_errors(driver)
+
+
 def token(driver):
     url, secret = spec["token_url"], spec["token"]
     driver.execute_script("sessionStorage.clear()")
@@ -274,6 +288,8 @@ def main():
         no_script_errors(driver)
         if spec.get("held_url"):
             held_view(driver)
+        if spec.get("gateway_url"):
+            gateway_view(driver)
         if spec.get("token_url"):
             token(driver)
     except Exception as e:

@@ -437,6 +437,12 @@ function eventSummary(e, sessionId) {
       return [`${(b.messages || b.seqs || []).length || b.count || ''} messages dropped to fit the budget`];
     case 'history/compacted':
       return [`events ${b.from}–${b.to} shown as a summary: `, preview(b.summary || '')];
+    case 'gateway/request': {
+      const added = ((b.splice && b.splice.edits) || []).reduce((n, e) => n + e.insert.length, 0);
+      return [h('code', {}, b.ingress), ' → upstream ', h('code', {}, b.upstream), ', joined by ',
+        badge(b.joined_by, 'muted-badge'), `, ${added} bytes added`,
+        b.rewrote_at != null ? [' ', badge('client rewrote its history', 'bad')] : null];
+    }
     default:
       return [];
   }
@@ -630,7 +636,58 @@ async function stepView(page, id, n, query) {
   if (held) add(page, held);
   add(page, partsPanel(step, provenance, plugins, usageOf(step), changed));
   add(page, requestPanel(raw, format, provenance, plugins, changed, n));
+  const gateway = gatewayOf(log.events || [], n);
+  if (gateway) add(page, await gatewayPanel(gateway, base));
   add(page, provenanceTable(provenance, plugins, explain));
+}
+
+/** Step `n`'s `gateway/request` (it follows the step's marker) and the reply after it. */
+function gatewayOf(events, n) {
+  let step = 0;
+  let request = null;
+  for (const e of events) {
+    if (e.kind === 'step') {
+      if (request) break;
+      step = e.body.step;
+    } else if (step === n && e.kind === 'gateway/request') {
+      request = e;
+    } else if (request && e.kind === 'assistant/message') {
+      return { request, reply: e };
+    }
+  }
+  return request ? { request, reply: null } : null;
+}
+
+// G4: a gateway step, side by side: what the client sent, what promptd added where, what went
+// upstream (rebuilt from the log) and what the upstream answered.
+async function gatewayPanel({ request, reply }, base) {
+  const b = request.body;
+  const splice = b.splice || {};
+  const upstream = await api(`${base}/upstream`, { text: true }).catch((e) => `(${e.message})`);
+  const edits = (splice.edits || []).map((e) => h('li', { 'data-testid': 'gateway-edit', 'data-part': e.part },
+    badge(e.part, 'muted-badge'), ` at byte ${e.at}`, e.remove ? `, replacing ${e.remove} bytes` : '',
+    ': ', h('code', {}, preview(e.insert, 120))));
+  return h('section', { class: 'panel', id: 'gateway', 'data-testid': 'gateway-panel' },
+    h('h2', {}, 'Through the gateway'),
+    h('p', {}, h('code', {}, b.ingress), ' to upstream ', h('code', {}, b.upstream), ', joined by ',
+      badge(b.joined_by, 'muted-badge'), `; the client's messages ${b.new_from}–${b.messages} were new`,
+      b.rewrote_at != null ? [' ', badge(`the client rewrote its history at message ${b.rewrote_at}`, 'bad')] : null,
+      b.degraded ? [' ', badge(`degraded: ${b.degraded}`, 'bad')] : null),
+    h('h3', {}, 'What promptd added'),
+    edits.length ? h('ol', { class: 'edits' }, edits) : h('p', { class: 'muted' }, 'nothing'),
+    splice.denied && splice.denied.length
+      ? h('p', {}, 'client tools taken out: ', splice.denied.map((t) => h('code', {}, t))) : null,
+    (splice.skipped || []).map((s) => h('p', { class: 'muted' }, s)),
+    h('p', {}, `client breakpoints: ${splice.client_breakpoints || 0}`,
+      splice.breakpoint_added ? '; promptd added one after its sections' : ''),
+    h('details', { class: 'json-details', 'data-testid': 'gateway-client' },
+      h('summary', {}, `What the client sent (${bytes(b.client_body.length)})`),
+      h('pre', { class: 'json' }, b.client_body)),
+    h('details', { class: 'json-details', 'data-testid': 'gateway-upstream' },
+      h('summary', {}, `What went upstream (${bytes(upstream.length)})`),
+      h('pre', { class: 'json', 'data-testid': 'gateway-upstream-body' }, upstream)),
+    reply ? jsonDetails('What the upstream answered (as recorded)', reply.body, { 'data-testid': 'gateway-reply' })
+      : h('p', { class: 'muted' }, 'no reply recorded'));
 }
 
 // K7: what the step held for a cache-cold point, and what its header applied of what was held.

@@ -13,6 +13,8 @@ describes in the environment:
     PROMPTD_DOOMED_STATE its --state folder
     STUB_URL             tests/sdk_loops/stub_provider.py, the local OpenAI and Anthropic stand-in
     PROMPTD_REPLAY_PLUGINS a folder of the bundled plugins (without `slow`), a replay candidate
+    PROMPTD_GATEWAY_URL  a third daemon with the gateway on ([gateway] enabled, agent `gw`
+                         forwarding to STUB_URL; no token), for the gateway's route of the API
     PROMPTD_CALLS_LOG    where every call the tests make through the `client` fixtures is
                          written (one JSON line each), for openapi_coverage.py
 

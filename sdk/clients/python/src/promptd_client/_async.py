@@ -221,6 +221,10 @@ class AsyncSession:
     async def request(self, n: int, format: Optional[Format] = None) -> Dict[str, Any]:
         return await self._step_json(n, "request", format)
 
+    async def upstream(self, n: int) -> bytes:
+        response = await self.client._send("GET", f"{self._path}/steps/{int(n)}/upstream")
+        return response.content
+
     async def explain(self, n: int, format: Optional[Format] = None) -> StepExplain:
         return StepExplain.of(await self._step_json(n, "explain", format))
 

@@ -328,6 +328,13 @@ class Session:
         ``neutral``)."""
         return self._step_json(n, "request", format)
 
+    def upstream(self, n: int) -> bytes:
+        """``GET /v1/sessions/{id}/steps/{n}/upstream``: the bytes a gateway step sent to the
+        provider, rebuilt from the log (the client's body with what promptd spliced in);
+        :class:`NotFound` (``not_a_gateway_step``) for a step that did not come through the
+        gateway."""
+        return self.client._send("GET", f"{self._path}/steps/{int(n)}/upstream").content
+
     def explain(self, n: int, format: Optional[Format] = None) -> StepExplain:
         """``GET /v1/sessions/{id}/steps/{n}/explain``: step ``n``'s request (in
         ``format``, else the session's, else ``neutral``) and which plugin, version and scope
