@@ -2,8 +2,9 @@
 //! `tests/fixtures/logs/v0.1.0/` (written by the 0.1.0 binary) and
 //! `tests/fixtures/logs/v0.2.0-dev/` (written at commit 89d9014, before the typed event
 //! bodies) rebuilds to the exact bytes that binary returned, in every format it was fetched
-//! in; and the newer log also replays, explains, diffs and reports usage as it did. See each
-//! fixture's README for how it was written.
+//! in; and the newer log also replays, explains, diffs and reports usage as it did; every
+//! gateway step of `tests/fixtures/logs/v0.3.0-dev/` (written through the gateway, issue 47)
+//! rebuilds the bytes it sent upstream. See each fixture's README for how it was written.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -143,15 +144,56 @@ fn q4_q9_a_0_2_0_dev_log_rebuilds_byte_identically_in_all_four_formats() {
     fixture.reopens();
 }
 
+/// Every kind this binary writes is in a fixture: those of 89d9014 in `v0.2.0-dev`, the
+/// gateway's (`gateway/request`, issue 47) in `v0.3.0-dev`, written by the first binary that
+/// wrote it.
 #[test]
-fn the_0_2_0_dev_log_holds_every_event_kind_this_binary_writes() {
-    let fixture = Fixture::open("v0.2.0-dev");
-    let kinds: BTreeSet<EventKind> = fixture
+fn the_fixture_logs_hold_every_event_kind_this_binary_writes() {
+    let mut kinds = BTreeSet::new();
+    for name in ["v0.2.0-dev", "v0.3.0-dev"] {
+        let fixture = Fixture::open(name);
+        kinds.extend(
+            fixture
+                .sessions()
+                .iter()
+                .flat_map(|s| s.events.iter().map(|e| e.kind)),
+        );
+    }
+    assert_eq!(kinds, BTreeSet::from(EventKind::ALL));
+    let gateway: BTreeSet<EventKind> = Fixture::open("v0.3.0-dev")
         .sessions()
         .iter()
         .flat_map(|s| s.events.iter().map(|e| e.kind))
         .collect();
-    assert_eq!(kinds, BTreeSet::from(EventKind::ALL));
+    assert!(gateway.contains(&EventKind::GatewayRequest));
+}
+
+/// G4: every gateway step of the v0.3.0-dev log rebuilds, from its `gateway/request` event,
+/// the bytes that binary sent upstream.
+#[test]
+fn every_0_3_0_dev_gateway_step_rebuilds_its_upstream_bytes() {
+    let fixture = Fixture::open("v0.3.0-dev");
+    let mut checked = 0;
+    for s in fixture.sessions() {
+        let mut step = 0;
+        for e in &s.events {
+            match session::decode(&s.id, e).unwrap() {
+                session::log::Body::Step(_) => step += 1,
+                session::log::Body::GatewayRequest(record) => {
+                    let (path, stored) = s.stored(&format!("step-{step}.upstream.json"));
+                    let rebuilt = String::from_utf8(record.upstream_body()).unwrap();
+                    assert!(
+                        rebuilt == stored,
+                        "{} differs from the rebuild",
+                        path.display()
+                    );
+                    checked += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(checked, 6, "3 sessions of 2 gateway steps");
 }
 
 #[test]
@@ -282,7 +324,7 @@ fn every_field_the_fixtures_hold_is_documented_under_its_kind() {
     };
     let mut checked = BTreeSet::new();
     let mut missing = Vec::new();
-    for name in ["v0.1.0", "v0.2.0-dev"] {
+    for name in ["v0.1.0", "v0.2.0-dev", "v0.3.0-dev"] {
         let fixture = Fixture::open(name);
         for s in fixture.sessions() {
             for e in &s.events {
