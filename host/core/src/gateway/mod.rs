@@ -8,7 +8,7 @@
 //! let client = br#"{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#;
 //! let body = ClientBody::parse(client).unwrap();
 //! let added = splice::Contributions { system: "You are Ada.".into(), runtime_context: None };
-//! let plan = splice::plan(Ingress::Messages, &body, &added, Default::default()).unwrap();
+//! let plan = splice::plan(Ingress::Messages, &body, &added, &Default::default()).unwrap();
 //! let upstream = String::from_utf8(plan.apply(client)).unwrap();
 //! assert!(upstream.starts_with(r#"{"system":[{"type":"text","text":"You are Ada.","#));
 //! assert!(upstream.ends_with(r#""model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#));
