@@ -215,24 +215,16 @@ review_reject_if = "secret|no secrets upstream"
     );
     assert!(head.starts_with("HTTP/1.1 500"), "{head}");
     let text = String::from_utf8_lossy(&body);
-    assert!(
-        text.contains("gateway_plugin_tools") || text.contains("run_tests"),
-        "{text}"
+    assert_eq!(
+        header_of(&head, "x-promptd-error"),
+        Some("gateway_plugin_tools"),
+        "{head}"
     );
     assert!(
         text.contains("run_tests"),
         "the plugin tools are named: {text}"
     );
-    drop(served);
-
-    let folder = Folder::new().scripted("guard");
-    let rest = r#"
-[plugins.guard.config]
-review_order = "1"
-review_reject_if = "secret|no secrets upstream"
-[agents.fwd.gateway]
-"#;
-    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
+    // The same daemon: a review hook's rejection comes first, and stands.
     let before = stub.requests().len();
     let secret = MESSAGES.replace("\"hi\"", "\"the secret is 42\"");
     let (head, body) = raw_post(

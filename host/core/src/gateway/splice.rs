@@ -368,15 +368,7 @@ fn last_user_block(
     let raw = &text[range.clone()];
     match first_byte(raw) {
         b'"' if raw == "\"\"" => splice.replace(range, format!("[{block}]"), Part::RuntimeContext),
-        b'"' => {
-            splice.push(
-                range.start,
-                "[{\"type\":\"text\",\"text\":".into(),
-                Part::Wrap,
-            );
-            splice.push(range.end, "}".into(), Part::Wrap);
-            splice.push(range.end, format!(",{block}]"), Part::RuntimeContext);
-        }
+        b'"' => list_after_string(splice, range, TEXT_BLOCK, &block, Part::RuntimeContext),
         b'[' => match elements(text, range.clone()).unwrap_or_default().last() {
             Some(item) => splice.push(item.end, format!(",{block}"), Part::RuntimeContext),
             None => splice.push(range.start + 1, block, Part::RuntimeContext),
@@ -388,6 +380,23 @@ fn last_user_block(
         }
     }
     Ok(())
+}
+
+/// How a text block opens, before its JSON string.
+const TEXT_BLOCK: &str = "{\"type\":\"text\",\"text\":";
+
+/// Makes the client's string value at `range` the first element of a list, inside an object
+/// that `open` starts (its bytes untouched), with `added` after it: `[open"…"}, added]`.
+fn list_after_string(
+    splice: &mut Splice,
+    range: Range<usize>,
+    open: &str,
+    added: &str,
+    part: Part,
+) {
+    splice.push(range.start, format!("[{open}"), Part::Wrap);
+    splice.push(range.end, "}".into(), Part::Wrap);
+    splice.push(range.end, format!(",{added}]"), part);
 }
 
 /// The client's `cache_control` breakpoints, as the splice needs to know them.
@@ -608,13 +617,8 @@ fn responses(
             Some(m) => {
                 let range = m.value.clone();
                 if first_byte(&text[range.clone()]) == b'"' {
-                    splice.push(
-                        range.start,
-                        "[{\"role\":\"user\",\"content\":".into(),
-                        Part::Wrap,
-                    );
-                    splice.push(range.end, "}".into(), Part::Wrap);
-                    splice.push(range.end, format!(",{message}]"), Part::RuntimeContext);
+                    let open = "{\"role\":\"user\",\"content\":";
+                    list_after_string(splice, range, open, &message, Part::RuntimeContext);
                 } else {
                     match elements(text, range.clone()).unwrap_or_default().last() {
                         Some(last) => {
