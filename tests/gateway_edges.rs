@@ -440,3 +440,118 @@ fn events_of(served: &Served, id: &str) -> Vec<Value> {
     };
     json(&body)["events"].as_array().unwrap().clone()
 }
+
+/// An Anthropic upstream that streams `message_start`, then one text delta every 300 ms for
+/// 20 s: long enough for a client to leave in the middle.
+fn slow_stream() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut out = conn;
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                if out.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let mut send = |event: &str, data: &str| {
+                    let frame = format!("event: {event}\ndata: {data}\n\n");
+                    let chunk = format!("{:x}\r\n{frame}\r\n", frame.len());
+                    out.write_all(chunk.as_bytes()).and_then(|()| out.flush())
+                };
+                let start = r#"{"type":"message_start","message":{"id":"msg_slow","type":"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":7,"output_tokens":1}}}"#;
+                let block = r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#;
+                if send("message_start", start)
+                    .and_then(|()| send("content_block_start", block))
+                    .is_err()
+                {
+                    return;
+                }
+                for _ in 0..66 {
+                    std::thread::sleep(Duration::from_millis(300));
+                    let delta = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"more "}}"#;
+                    if send("content_block_delta", delta).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// G5: a client that goes away in the middle of a stream leaves the reply recorded as far as
+/// it came, with why it ended; the daemon keeps serving.
+#[test]
+fn g5_a_client_that_leaves_mid_stream_leaves_a_partial_reply_recorded() {
+    let upstream = slow_stream();
+    let folder = Folder::new().bundled("identity");
+    let (served, _tmp) = serve(&folder, &upstream, "", "[agents.coder.gateway]");
+    let body = r#"{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let addr = served.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /gateway/coder/v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Read until a text delta has come, then leave.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("content_block_delta") {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&seen).to_string();
+    let session = header_of(&head, "x-promptd-session").unwrap().to_string();
+    drop(stream);
+    let started = Instant::now();
+    let mut reply = Value::Null;
+    common::eventually("the partial reply recorded", || {
+        let events = served.ok("GET", &format!("/v1/sessions/{session}/events"), None);
+        match events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "assistant/message")
+        {
+            Some(e) => {
+                reply = e["body"].clone();
+                true
+            }
+            None => false,
+        }
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "recorded once the client was gone"
+    );
+    assert_eq!(reply["partial"], "the client disconnected", "{reply}");
+    assert!(
+        reply["content"].as_str().unwrap().starts_with("more"),
+        "as far as it came: {reply}"
+    );
+    assert_eq!(served.health()["status"], "ok");
+}
