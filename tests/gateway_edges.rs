@@ -441,9 +441,9 @@ fn events_of(served: &Served, id: &str) -> Vec<Value> {
     json(&body)["events"].as_array().unwrap().clone()
 }
 
-/// An Anthropic upstream that streams `message_start`, then one text delta every 300 ms for
-/// 20 s: long enough for a client to leave in the middle.
-fn slow_stream() -> String {
+/// An Anthropic upstream that streams `message_start`, then `count` text deltas of `text`,
+/// one every `every`.
+fn slow_stream(every: Duration, text: &'static str, count: usize) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -483,10 +483,12 @@ fn slow_stream() -> String {
                 {
                     return;
                 }
-                for _ in 0..66 {
-                    std::thread::sleep(Duration::from_millis(300));
-                    let delta = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"more "}}"#;
-                    if send("content_block_delta", delta).is_err() {
+                let delta = format!(
+                    r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{text}"}}}}"#
+                );
+                for _ in 0..count {
+                    std::thread::sleep(every);
+                    if send("content_block_delta", &delta).is_err() {
                         return;
                     }
                 }
@@ -500,7 +502,8 @@ fn slow_stream() -> String {
 /// it came, with why it ended; the daemon keeps serving.
 #[test]
 fn g5_a_client_that_leaves_mid_stream_leaves_a_partial_reply_recorded() {
-    let upstream = slow_stream();
+    // A delta every 300 ms for 20 s: long enough to leave in the middle.
+    let upstream = slow_stream(Duration::from_millis(300), "more ", 66);
     let folder = Folder::new().bundled("identity");
     let (served, _tmp) = serve(&folder, &upstream, "", "[agents.coder.gateway]");
     let body = r#"{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -553,5 +556,58 @@ fn g5_a_client_that_leaves_mid_stream_leaves_a_partial_reply_recorded() {
         reply["content"].as_str().unwrap().starts_with("more"),
         "as far as it came: {reply}"
     );
+    assert_eq!(served.health()["status"], "ok");
+}
+
+/// G5: a client that keeps its connection but stops reading is cut after `client_stall_ms`,
+/// and the reply is recorded as far as it came, with why.
+#[test]
+fn g5_a_client_that_stops_reading_is_cut_after_the_stall_bound() {
+    // 64 KiB deltas as fast as they go: the socket buffers fill soon after the client stops.
+    let text: &'static str = Box::leak("x".repeat(64 << 10).into_boxed_str());
+    let upstream = slow_stream(Duration::ZERO, text, 2000);
+    let folder = Folder::new().bundled("identity");
+    let (served, _tmp) = serve(
+        &folder,
+        &upstream,
+        "client_stall_ms = 500",
+        "[agents.coder.gateway]",
+    );
+    let body = r#"{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let addr = served.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /gateway/coder/v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0);
+        head.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let session = header_of(&head, "x-promptd-session").unwrap().to_string();
+    // Read nothing more, keep the connection open.
+    let mut reply = Value::Null;
+    common::eventually_within(60, "the stalled stream cut and its reply recorded", || {
+        let events = events_of(&served, &session);
+        match events.iter().find(|e| e["kind"] == "assistant/message") {
+            Some(e) => {
+                reply = e["body"].clone();
+                true
+            }
+            None => false,
+        }
+    });
+    let partial = reply["partial"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", &reply.to_string()[..200]));
+    assert!(partial.contains("read nothing for 500 ms"), "{partial}");
+    assert!(partial.contains("client_stall_ms"), "{partial}");
+    drop(stream);
     assert_eq!(served.health()["status"], "ok");
 }
