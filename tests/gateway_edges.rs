@@ -243,7 +243,8 @@ review_reject_if = "secret|no secrets upstream"
 }
 
 /// G2: an upstream that sends no status line within `response_timeout_ms` is a 504 naming
-/// the setting, and the daemon keeps serving.
+/// the setting, and the daemon keeps serving; the request's missing reply is recorded with why,
+/// as is an upstream's own refusal.
 #[test]
 fn g2_an_upstream_that_hangs_is_a_504_after_the_response_timeout() {
     let stub = Stub::start();
@@ -271,6 +272,30 @@ fn g2_an_upstream_that_hangs_is_a_504_after_the_response_timeout() {
             .contains("response_timeout_ms"),
         "{v}"
     );
+    // The request is in the log; its missing reply is recorded with why.
+    let events = newest_session(&served);
+    let reply = events
+        .iter()
+        .find(|e| e["kind"] == "assistant/message")
+        .expect("the missing reply is recorded");
+    let partial = reply["body"]["partial"].as_str().unwrap_or_default();
+    assert!(partial.contains("response_timeout_ms"), "{reply}");
+
+    // So is an upstream's own refusal.
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[("x-stub-fault", "status-429")],
+        CHAT.replace("hi", "again").as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    let events = newest_session(&served);
+    let reply = events
+        .iter()
+        .find(|e| e["kind"] == "assistant/message")
+        .expect("the refused reply is recorded");
+    let partial = reply["body"]["partial"].as_str().unwrap_or_default();
+    assert!(partial.starts_with("the upstream answered 429"), "{reply}");
     let (head, _) = raw_post(
         &served.url,
         "/gateway/coder/v1/chat/completions",

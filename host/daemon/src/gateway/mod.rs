@@ -291,9 +291,24 @@ async fn serve(
         Ok(response) => response,
         Err(failure) => {
             tracing::warn!(agent = %read.agent, upstream = %read.upstream_name, "gateway: upstream gave no reply");
-            return failure
-                .refusal(provider, &read.upstream_name)
-                .into_response();
+            let refusal = failure.refusal(provider, &read.upstream_name);
+            // The request is in the log: its missing reply is recorded with why (G2).
+            let reason = refusal.message.clone();
+            let failed = Reply {
+                gateway,
+                ingress,
+                session,
+                sent_at,
+                degraded,
+                _pending: pending,
+                timing: Timing {
+                    parse,
+                    step,
+                    record: append,
+                },
+            };
+            tokio::spawn(async move { failed.record(Value::Null, Some(&reason)).await });
+            return refusal.into_response();
         }
     };
     let reply = Reply {
@@ -716,6 +731,24 @@ impl Reply {
                 // Recorded after the answer; the session's next step waits for it.
                 tokio::spawn(async move { self.record(reply, None).await });
             }
+        } else if self.ingress != Ingress::CountTokens {
+            // The upstream's own refusal: the request's reply is recorded as missing, with it.
+            let said = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| {
+                    let error = v.get("error")?;
+                    error
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            let mut reason = format!("the upstream answered {}", parts.status.as_u16());
+            if !said.is_empty() {
+                reason.push_str(": ");
+                reason.extend(said.chars().take(200));
+            }
+            tokio::spawn(async move { self.record(Value::Null, Some(&reason)).await });
         }
         let mut response = Response::new(Body::from(bytes));
         *response.status_mut() = parts.status;
@@ -770,7 +803,21 @@ impl Reply {
         let reason = partial.map(str::to_string);
         let recorded = tokio::task::spawn_blocking(move || {
             let mut request =
-                RecordRequest::reply(session.clone(), reply, Some(format), Some(sent_at))?;
+                match RecordRequest::reply(session.clone(), reply, Some(format), Some(sent_at)) {
+                    Ok(request) => request,
+                    // Nothing of a reply came (the upstream refused, or gave none): an empty reply
+                    // stands for it, with why.
+                    Err(_) if reason.is_some() => RecordRequest::message(
+                        session.clone(),
+                        promptd_core::conversation::Message::Assistant {
+                            content: String::new(),
+                            tool_calls: Vec::new(),
+                            blocks: Vec::new(),
+                            native: None,
+                        },
+                    ),
+                    Err(e) => return Err(e),
+                };
             request.partial = reason;
             gateway.daemon.record(request)?;
             if let Some(id) = id {
