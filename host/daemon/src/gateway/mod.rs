@@ -277,45 +277,11 @@ async fn serve(
     let pending = session
         .as_ref()
         .map(|s| Pending::new(gateway.clone(), s.clone()));
-    let sent_at = now_ms();
-    let response = match gateway
-        .upstreams
-        .send(
-            &read.upstream,
-            &path_and_query,
-            &headers,
-            Bytes::from(upstream_body),
-        )
-        .await
-    {
-        Ok(response) => response,
-        Err(failure) => {
-            tracing::warn!(agent = %read.agent, upstream = %read.upstream_name, "gateway: upstream gave no reply");
-            let refusal = failure.refusal(provider, &read.upstream_name);
-            // The request is in the log: its missing reply is recorded with why (G2).
-            let reason = refusal.message.clone();
-            let failed = Reply {
-                gateway,
-                ingress,
-                session,
-                sent_at,
-                degraded,
-                _pending: pending,
-                timing: Timing {
-                    parse,
-                    step,
-                    record: append,
-                },
-            };
-            tokio::spawn(async move { failed.record(Value::Null, Some(&reason)).await });
-            return refusal.into_response();
-        }
-    };
     let reply = Reply {
         gateway,
         ingress,
         session,
-        sent_at,
+        sent_at: now_ms(),
         degraded,
         _pending: pending,
         timing: Timing {
@@ -324,7 +290,27 @@ async fn serve(
             record: append,
         },
     };
-    reply.answer(response, usage_added).await
+    let sent = reply
+        .gateway
+        .upstreams
+        .send(
+            &read.upstream,
+            &path_and_query,
+            &headers,
+            Bytes::from(upstream_body),
+        )
+        .await;
+    match sent {
+        Ok(response) => reply.answer(response, usage_added).await,
+        Err(failure) => {
+            tracing::warn!(agent = %read.agent, upstream = %read.upstream_name, "gateway: upstream gave no reply");
+            let refusal = failure.refusal(provider, &read.upstream_name);
+            // The request is in the log: its missing reply is recorded with why (G2).
+            let reason = refusal.message.clone();
+            tokio::spawn(async move { reply.record(Value::Null, Some(&reason)).await });
+            refusal.into_response()
+        }
+    }
 }
 
 /// Forwards the client's body as it came, recording nothing (a token count).
