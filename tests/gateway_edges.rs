@@ -305,6 +305,27 @@ fn g2_an_upstream_that_hangs_is_a_504_after_the_response_timeout() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
 
+/// The body of the next request on a connection (by its content-length); `None` once the
+/// connection ends.
+fn read_body(reader: &mut BufReader<std::net::TcpStream>) -> Option<Vec<u8>> {
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
 /// An upstream that takes any body and answers a fixed reply, keeping what it got.
 struct Echo {
     url: String,
@@ -322,24 +343,7 @@ fn echo(reply: &'static str) -> Echo {
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(conn.try_clone().unwrap());
                 let mut out = conn;
-                loop {
-                    let mut length = 0;
-                    loop {
-                        let mut line = String::new();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap_or(0);
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
+                while let Some(body) = read_body(&mut reader) {
                     kept.lock().unwrap().push(body);
                     let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", reply.len());
                     if out
@@ -476,21 +480,9 @@ fn slow_stream(every: Duration, text: &'static str, count: usize) -> String {
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(conn.try_clone().unwrap());
                 let mut out = conn;
-                let mut length = 0;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = v.trim().parse().unwrap_or(0);
-                    }
+                if read_body(&mut reader).is_none() {
+                    return;
                 }
-                let mut body = vec![0; length];
-                let _ = reader.read_exact(&mut body);
                 let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
                 if out.write_all(head.as_bytes()).is_err() {
                     return;
