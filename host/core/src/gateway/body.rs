@@ -38,7 +38,34 @@ fn span(text: &str, raw: &RawValue) -> Range<usize> {
     start..start + raw.get().len()
 }
 
+/// Where a body's top-level members sit, kept apart from its text: a body read once is read
+/// again from them without a second parse ([`ClientBody::with_spans`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Spans {
+    /// Where the top-level object's `{` is.
+    pub open: usize,
+    /// Its members, in the client's order.
+    pub members: Vec<Member>,
+}
+
 impl<'a> ClientBody<'a> {
+    /// Where its members sit.
+    pub fn spans(&self) -> Spans {
+        Spans {
+            open: self.open,
+            members: self.members.clone(),
+        }
+    }
+
+    /// The body `text` whose spans [`ClientBody::spans`] gave when it was parsed.
+    pub fn with_spans(text: &'a str, spans: Spans) -> ClientBody<'a> {
+        ClientBody {
+            text,
+            open: spans.open,
+            members: spans.members,
+        }
+    }
+
     /// Reads `bytes` as a JSON object: refused (`invalid_body`) when it is not UTF-8 JSON, not
     /// an object, or repeats a key (which one a provider would take is not defined).
     pub fn parse(bytes: &'a [u8]) -> Result<ClientBody<'a>, GatewayError> {

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use promptd_core::config::gateway::{
     AgentGateway, OnPluginFailure, UpstreamConfig, DEFAULT_CLIENT_STALL_MS, DEFAULT_IDLE_TIMEOUT_MS,
 };
-use promptd_core::gateway::body::ClientBody;
+use promptd_core::gateway::body::{ClientBody, Spans};
 use promptd_core::gateway::messages::{conversation, Conversation};
 use promptd_core::gateway::record::JoinedBy;
 use promptd_core::gateway::{Ingress, Provider};
@@ -198,6 +198,7 @@ struct Read {
     upstream_name: String,
     upstream: UpstreamConfig,
     client_body: String,
+    spans: Spans,
     conversation: Conversation,
     streamed: bool,
     previous_response: Option<String>,
@@ -233,6 +234,7 @@ async fn serve(
         let headers = headers.clone();
         let read = Read {
             client_body: read.client_body.clone(),
+            spans: read.spans.clone(),
             conversation: read.conversation.clone(),
             settings: read.settings.clone(),
             upstream: read.upstream.clone(),
@@ -441,6 +443,7 @@ async fn read(
         .ok()
         .flatten();
     let model = parsed.model();
+    let spans = parsed.spans();
     drop(parsed);
     // UTF-8, checked by the parse.
     let client_body = String::from_utf8(bytes.to_vec()).map_err(|_| {
@@ -456,6 +459,7 @@ async fn read(
         upstream_name,
         upstream,
         client_body,
+        spans,
         conversation,
         streamed,
         previous_response,
@@ -503,6 +507,7 @@ impl Gateway {
             settings,
             upstream_name,
             client_body,
+            spans,
             conversation,
             previous_response,
             model,
@@ -573,6 +578,7 @@ impl Gateway {
                 upstream: upstream_name,
                 joined_by,
                 client_body,
+                spans,
                 conversation,
                 splice: settings.splice.clone(),
             })),

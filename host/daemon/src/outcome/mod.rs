@@ -14,6 +14,7 @@ use promptd_core::conversation::{Message, ToolCall};
 use promptd_core::formats::pieces::Pieces;
 use promptd_core::formats::replies::ProviderUsage;
 use promptd_core::formats::Format;
+use promptd_core::gateway::body::Spans;
 use promptd_core::gateway::messages::Conversation;
 use promptd_core::gateway::record::{GatewayRecord, JoinedBy};
 use promptd_core::gateway::splice::SpliceSettings;
@@ -63,6 +64,8 @@ pub struct GatewayStep {
     pub joined_by: JoinedBy,
     /// The client's body.
     pub client_body: String,
+    /// Where its members sit, as the gateway parsed it.
+    pub spans: Spans,
     /// Its conversation, read.
     pub conversation: Conversation,
     /// The agent's splice settings.

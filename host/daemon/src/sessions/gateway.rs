@@ -44,7 +44,8 @@ pub(super) fn splice(
         system: header.map(|h| h.system.clone()).unwrap_or_default(),
         runtime_context: snapshot.unwrap_or_else(|| state.snapshot_text().map(str::to_string)),
     };
-    let body = ClientBody::parse(gateway.client_body.as_bytes())?;
+    // Parsed once, when the request was read.
+    let body = ClientBody::with_spans(&gateway.client_body, gateway.spans);
     let edits = splice::plan(gateway.ingress, &body, &contributions, &gateway.splice)?;
     let conversation = &gateway.conversation;
     let mut record = GatewayRecord {
