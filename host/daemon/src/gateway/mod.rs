@@ -724,21 +724,18 @@ impl Reply {
                 tokio::spawn(async move { self.record(reply, None).await });
             }
         } else if self.ingress != Ingress::CountTokens {
-            // The upstream's own refusal: the request's reply is recorded as missing, with it.
-            let said = serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|v| {
-                    let error = v.get("error")?;
-                    error
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
-                .unwrap_or_default();
+            // The upstream's own refusal: the request's reply is recorded as missing, with its
+            // status and error type — not its message, which may quote the client's key (an
+            // OpenAI 401 shows part of it).
+            let kind = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| {
+                let error = v.get("error")?;
+                let kind = error.get("type").or_else(|| error.get("code"))?;
+                kind.as_str()
+                    .map(|k| k.chars().take(64).collect::<String>())
+            });
             let mut reason = format!("the upstream answered {}", parts.status.as_u16());
-            if !said.is_empty() {
-                reason.push_str(": ");
-                reason.extend(said.chars().take(200));
+            if let Some(kind) = kind {
+                reason.push_str(&format!(" ({kind})"));
             }
             tokio::spawn(async move { self.record(Value::Null, Some(&reason)).await });
         }
