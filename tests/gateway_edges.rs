@@ -174,6 +174,30 @@ on_plugin_failure = "refuse"
         MESSAGES.as_bytes(),
         "the client's body, as it came"
     );
+    // Recorded as degraded: the step with the client's messages, no edit, the reason, and
+    // the reply.
+    let session = header_of(&head, "x-promptd-session")
+        .expect("a session")
+        .to_string();
+    let mut events = Vec::new();
+    common::eventually("the degraded exchange's reply recorded", || {
+        events = events_of(&served, &session);
+        events.iter().any(|e| e["kind"] == "assistant/message")
+    });
+    let record = records(&events).pop().expect("a gateway/request");
+    assert_eq!(record.degraded.as_deref(), Some("plugin_trap"));
+    assert!(record.splice.edits.is_empty(), "{record:?}");
+    assert_eq!(record.client_body, MESSAGES);
+    assert_eq!(record.upstream_body(), MESSAGES.as_bytes());
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    for kind in [
+        "user/message",
+        "step",
+        "gateway/request",
+        "assistant/message",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} in {kinds:?}");
+    }
 
     let (head, body) = raw_post(
         &served.url,

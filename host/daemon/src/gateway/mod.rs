@@ -263,13 +263,14 @@ async fn serve(
             session,
             body,
             usage_added,
+            degraded,
             append,
-        }) => (Some(session), body, usage_added, None, append),
+        }) => (Some(session), body, usage_added, degraded, append),
         Ok(Stepped::Degraded(code)) => (
             None,
             read.client_body.clone(),
             false,
-            Some(code),
+            Some(code.to_string()),
             Duration::ZERO,
         ),
         Err(refusal) => return refusal.into_response(),
@@ -474,6 +475,9 @@ enum Stepped {
         session: String,
         body: String,
         usage_added: bool,
+        /// Why the plugins' contributions were left out (G6: they failed, and the agent
+        /// forwards), when they were.
+        degraded: Option<String>,
         /// How long the request's record took, within the step.
         append: Duration,
     },
@@ -581,6 +585,8 @@ impl Gateway {
                 spans,
                 conversation,
                 splice: settings.splice.clone(),
+                on_plugin_failure: settings.on_plugin_failure,
+                degraded: None,
             })),
             ..StepRequest::new(
                 session.clone(),
@@ -596,13 +602,13 @@ impl Gateway {
         match daemon.step(request) {
             Ok(outcome) => {
                 crate::lock(&self.index).reached(&agent, &digest, &session);
-                let usage_added = outcome
-                    .gateway
-                    .as_ref()
-                    .is_some_and(|g| g.splice.usage_added);
+                let record = outcome.gateway.as_deref();
+                let usage_added = record.is_some_and(|g| g.splice.usage_added);
+                let degraded = record.and_then(|g| g.degraded.clone());
                 Ok(Stepped::Spliced {
                     session,
                     usage_added,
+                    degraded,
                     append: outcome.append,
                     body: outcome.body.into_string(),
                 })
@@ -655,7 +661,7 @@ struct Reply {
     ingress: Ingress,
     session: Option<String>,
     sent_at: u64,
-    degraded: Option<&'static str>,
+    degraded: Option<String>,
     /// Held until the reply is recorded.
     _pending: Option<Pending>,
     timing: Timing,
@@ -684,8 +690,10 @@ impl Reply {
                 headers.insert(SESSION_HEADER, v);
             }
         }
-        if let Some(code) = self.degraded {
-            headers.insert("x-promptd-degraded", HeaderValue::from_static(code));
+        if let Some(code) = &self.degraded {
+            if let Ok(code) = HeaderValue::from_str(code) {
+                headers.insert("x-promptd-degraded", code);
+            }
         }
         if event_stream && parts.status.is_success() {
             headers.insert("server-timing", self.timing.header());

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use promptd_core::budget::Usage;
 use promptd_core::cache::outcome::Outcome;
 use promptd_core::cache::price::Cost;
+use promptd_core::config::gateway::OnPluginFailure;
 use promptd_core::config::AgentSettings;
 use promptd_core::conversation::{Message, ToolCall};
 use promptd_core::formats::pieces::Pieces;
@@ -70,6 +71,11 @@ pub struct GatewayStep {
     pub conversation: Conversation,
     /// The agent's splice settings.
     pub splice: SpliceSettings,
+    /// What the step does when its plugins fail (`on_plugin_failure`).
+    pub on_plugin_failure: OnPluginFailure,
+    /// Why the step goes without its plugins, once they failed and the agent forwards: the
+    /// client's body goes upstream as it came.
+    pub degraded: Option<&'static str>,
 }
 
 impl StepRequest {

@@ -227,7 +227,27 @@ impl Daemon {
             detail,
             timeline: timeline.as_ref(),
         };
-        let result = self.run_step(&run, input, gateway, &mut outcome);
+        // A gateway step that may be forwarded without its plugins keeps what a second try
+        // needs (its facts; its messages come from the client's body again).
+        let again = gateway.as_ref().map(|_| StepInput {
+            facts: input.facts.clone(),
+            sent_at: input.sent_at,
+            messages: Vec::new(),
+        });
+        let mut gateway = gateway;
+        let mut result = self.run_step(&run, input, &mut gateway, &mut outcome);
+        if let (Err(e), Some(g), Some(input)) = (&result, gateway.as_mut(), again) {
+            if let Some(code) = super::gateway::forwards(e, g) {
+                // G6: the plugins failed and the agent forwards; the failure counts towards
+                // quarantine as any step's does, and the step is recorded without them.
+                if let DaemonError::Core(e) = e {
+                    self.quarantine_failing(Some(e));
+                }
+                tracing::warn!(session = %session, code, "gateway: the step failed; forwarding the client's body as it came: {e}");
+                g.degraded = Some(code);
+                result = self.run_step(&run, input, &mut gateway, &mut outcome);
+            }
+        }
         outcome.timings.end = SystemTime::now();
         outcome.timings.elapsed = started.elapsed();
         if let Some(timeline) = timeline {
@@ -249,7 +269,7 @@ impl Daemon {
         &self,
         run: &StepRun<'_>,
         mut input: StepInput,
-        gateway: Option<Box<GatewayStep>>,
+        gateway: &mut Option<Box<GatewayStep>>,
         outcome: &mut StepOutcome,
     ) -> Result<()> {
         let gone = || match run.cancelled {
@@ -257,18 +277,27 @@ impl Daemon {
             _ => Ok(()),
         };
         let (id, format) = (run.id, outcome.format);
-        self.wait_ready(STEP_WAITS_FOR_LOADING)?;
-        // K10: a following daemon none of whose published sets loads refuses, never plans on
-        // an empty registry.
-        self.check_serving()?;
+        // G6: a gateway step forwarded without its plugins plans on none.
+        let degraded = gateway.as_ref().is_some_and(|g| g.degraded.is_some());
+        if !degraded {
+            self.wait_ready(STEP_WAITS_FOR_LOADING)?;
+            // K10: a following daemon none of whose published sets loads refuses, never plans
+            // on an empty registry.
+            self.check_serving()?;
+        }
         gone()?;
         let mut slot = self.checkout(id)?;
         // One snapshot of the registry and the plan for the whole step (H2).
-        let registry = self.registry();
+        let registry = match degraded {
+            true => Arc::new(promptd_core::plugin::registry::Registry::default()),
+            false => self.registry(),
+        };
         let plan = self.agent_settings(&slot.get().agent)?;
         outcome.plan = Some(plan.clone());
         let cached = slot.get();
-        self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
+        if !degraded {
+            self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
+        }
         // G3: a gateway step's messages are its conversation's new ones.
         let joined = gateway.as_ref().map(|g| {
             let state = &cached.state;
@@ -316,7 +345,7 @@ impl Daemon {
         }
         let mut bodies = planned.bodies;
         // G4: the gateway's request is appended with the step, in the same transaction.
-        let spliced = match (gateway, &joined) {
+        let spliced = match (gateway.take(), &joined) {
             (Some(gateway), Some(joined)) => {
                 let state = &slot.get().state;
                 let (upstream, record, body) =
