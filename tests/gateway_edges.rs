@@ -653,3 +653,83 @@ fn g5_a_client_that_stops_reading_is_cut_after_the_stall_bound() {
     drop(stream);
     assert_eq!(served.health()["status"], "ok");
 }
+
+/// G6: a review hook's redaction reaches the bytes that go upstream, not only the log: the
+/// hook's rule is applied to the client's user and tool texts in every request of the session
+/// (the client resends its history unredacted), the log holds the redacted body
+/// (`redacted`), the upstream body still rebuilds from it byte for byte, and a redacted turn
+/// is the same bytes in the next request, so the cached prefix holds.
+#[test]
+fn g6_a_review_redaction_reaches_the_upstream_bytes_and_the_log_never_holds_the_secret() {
+    let stub = Stub::start();
+    let folder = Folder::new().scripted("guard");
+    let rest = r#"
+[plugins.guard.config]
+review_order = "1"
+review_redact = "hunter2|[redacted]"
+"section.persona" = "10|be brief"
+[agents.coder.gateway]
+"#;
+    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
+    let first =
+        r#"{"model":"gpt-4.1","messages":[{"role":"user","content":"my password is hunter2"}]}"#;
+    let (head, reply) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[],
+        first.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let session = header_of(&head, "x-promptd-session").unwrap().to_string();
+    let answer = json(&reply)["choices"][0]["message"].clone();
+    let second = format!(
+        r#"{{"model":"gpt-4.1","messages":[{{"role":"user","content":"my password is hunter2"}},{},{{"role":"user","content":"and \u0068unter2 again"}}]}}"#,
+        answer
+    );
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/chat/completions",
+        &[("x-promptd-session", session.as_str())],
+        second.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let sent: Vec<String> = stub.requests()[..]
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .map(|r| String::from_utf8(r.2.clone()).unwrap())
+        .collect();
+    for body in &sent {
+        assert!(!body.contains("hunter2"), "no secret upstream: {body}");
+        assert!(body.contains("[redacted]"), "{body}");
+    }
+    // The first turn is the same bytes in both requests: the prefix holds.
+    let turn = r#"{"role":"user","content":"my password is [redacted]"}"#;
+    let at = |body: &str| body.find(turn).expect("the redacted turn");
+    assert_eq!(sent[0][..at(&sent[0])], sent[1][..at(&sent[1])]);
+
+    let mut events = Vec::new();
+    common::eventually("both replies recorded", || {
+        events = events_of(&served, &session);
+        events
+            .iter()
+            .filter(|e| e["kind"] == "assistant/message")
+            .count()
+            == 2
+    });
+    let log = serde_json::to_string(&events).unwrap();
+    assert!(!log.contains("hunter2"), "the log never holds the secret");
+    let recorded = records(&events);
+    assert_eq!(
+        recorded.iter().map(|r| r.redacted).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    for (n, (record, body)) in recorded.iter().zip(&sent).enumerate() {
+        assert_eq!(record.upstream_body(), body.as_bytes());
+        let (status, rebuilt) =
+            served.get(&format!("/v1/sessions/{session}/steps/{}/upstream", n + 1));
+        assert_eq!(status, 200, "{rebuilt}");
+        assert_eq!(&rebuilt, body, "step {} rebuilds from the log", n + 1);
+    }
+}

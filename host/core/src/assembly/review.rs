@@ -83,7 +83,7 @@ pub fn shown_messages(messages: &[Message]) -> Vec<ReviewMessage> {
         .collect()
 }
 
-fn redact_text(text: &mut String, rules: &[Redaction]) -> Result<(), String> {
+pub(crate) fn redact_text(text: &mut String, rules: &[Redaction]) -> Result<(), String> {
     let limit = text.len() + MAX_REDACTION_GROWTH;
     for (i, r) in rules.iter().enumerate() {
         let hits = text.matches(r.find.as_str()).count();

@@ -57,6 +57,14 @@ impl<'a> ClientBody<'a> {
         }
     }
 
+    /// Its spans, the body let go.
+    pub fn into_spans(self) -> Spans {
+        Spans {
+            open: self.open,
+            members: self.members,
+        }
+    }
+
     /// The body `text` whose spans [`ClientBody::spans`] gave when it was parsed.
     pub fn with_spans(text: &'a str, spans: Spans) -> ClientBody<'a> {
         ClientBody {

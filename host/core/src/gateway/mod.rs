@@ -17,6 +17,7 @@
 pub mod body;
 pub mod messages;
 pub mod record;
+pub mod redact;
 pub mod splice;
 pub mod stream;
 #[cfg(test)]
@@ -112,6 +113,9 @@ pub enum GatewayError {
     /// The upstream's stream broke the provider's framing.
     #[error("invalid stream from the upstream: {0}")]
     InvalidStream(String),
+    /// A review hook's redaction cannot be applied to the client's body.
+    #[error("a review hook's redaction cannot be applied to the client's body: {0}")]
+    Redaction(String),
 }
 
 impl GatewayError {
@@ -120,6 +124,7 @@ impl GatewayError {
         match self {
             GatewayError::InvalidBody(_) => "invalid_body",
             GatewayError::InvalidStream(_) => "invalid_stream",
+            GatewayError::Redaction(_) => "redaction",
         }
     }
 }

@@ -30,7 +30,7 @@ pub struct GatewayRecord {
     pub upstream: String,
     /// How the request joined the session.
     pub joined_by: JoinedBy,
-    /// The client's body as it sent it.
+    /// The client's body as it sent it (with a review's redactions applied: `redacted`).
     pub client_body: String,
     /// What promptd changed in it.
     pub splice: Splice,
@@ -47,6 +47,20 @@ pub struct GatewayRecord {
     /// Why promptd's contributions were left out (`on_plugin_failure = "forward"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// How many strings of the client's texts a review hook's redaction replaced (G6): when
+    /// not 0, `client_body` is the client's body with them replaced, so text a hook redacted
+    /// is in neither the log nor the upstream body.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redacted: usize,
+    /// The redactions behind them: every one the session's hooks made so far, in order, so a
+    /// secret redacted once stays out of every later request that resends it. Held in memory
+    /// only, never written: each rule's `find` is the text it hides.
+    #[serde(skip)]
+    pub redactions: Vec<crate::assembly::review::Redaction>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl GatewayRecord {

@@ -142,7 +142,7 @@ impl Splice {
 }
 
 /// A JSON string literal of `text`.
-fn quoted(text: &str) -> String {
+pub(super) fn quoted(text: &str) -> String {
     Value::String(text.to_string()).to_string()
 }
 

@@ -42,7 +42,7 @@ pub struct ReviewInput {
 }
 
 /// Replace every occurrence of `find` by `replace`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Redaction {
     /// The text to find; never empty.
     pub find: String,

@@ -88,6 +88,8 @@ pub struct SessionState {
     /// The client conversation the last `gateway/request` held: how many messages, and their
     /// chained digest (G3).
     gateway: Option<(usize, String)>,
+    /// The redactions the session's last `gateway/request` applied to the client's texts.
+    gateway_redactions: Vec<crate::assembly::review::Redaction>,
 }
 
 /// What the last parts written for a session in one format stand for (a client's copy, issue 31).
@@ -175,6 +177,7 @@ impl SessionState {
             header_bytes: 0,
             snapshot_bytes: 0,
             gateway: None,
+            gateway_redactions: Vec::new(),
             snapshot: SnapshotState::Never,
             tool_calls: BTreeSet::new(),
             open_calls: BTreeSet::new(),
@@ -296,6 +299,7 @@ impl SessionState {
             }
             Body::GatewayRequest(record) => {
                 self.gateway = Some((record.messages, record.digest));
+                self.gateway_redactions = record.redactions;
                 None
             }
             Body::HistoryDropped(d) => {
@@ -457,6 +461,12 @@ impl SessionState {
     /// Whether the model's call `id` waits for its result.
     pub fn call_open(&self, id: &str) -> bool {
         self.open_calls.contains(id)
+    }
+
+    /// The redactions the session's last gateway request applied to the client's texts
+    /// (G6): every one its review hooks made so far.
+    pub fn gateway_redactions(&self) -> &[crate::assembly::review::Redaction] {
+        &self.gateway_redactions
     }
 
     /// The client conversation the session's last gateway request held (G3): its messages

@@ -74,5 +74,6 @@ pub(super) fn budgeted(
         bodies: appended.into_bodies(),
         header_reason,
         prefix_kept,
+        redactions: Vec::new(),
     })
 }

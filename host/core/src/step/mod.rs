@@ -101,6 +101,9 @@ pub struct PlannedStep {
     /// Whether the previous step's whole request is a prefix of this one's (after trimming);
     /// `None` on a session's first step.
     pub prefix_kept: Option<bool>,
+    /// The redactions review hooks applied to the step's new messages (Q18), in order: a
+    /// front door that forwards the client's own bytes applies them there too (G6).
+    pub redactions: Vec<crate::assembly::review::Redaction>,
 }
 
 impl PlannedStep {
@@ -231,7 +234,8 @@ pub fn plan_assembled(
     let assembled: &Assembly = assembled;
     // 2–5: content checks, review hooks, tool-result shaping, whether the format carries it.
     check_content(agent, format, &messages)?;
-    let messages = review::reviewed(registry, step, assembled, agent, messages, serving.observe)?;
+    let (messages, redactions) =
+        review::reviewed(registry, step, assembled, agent, messages, serving.observe)?;
     let messages = shaped(agent, messages);
     check_format(state, agent, assembled, format, &messages)?;
     // The header (same, held or new), 6: provenance, 7: the session's events, 8: the budget.
@@ -246,7 +250,7 @@ pub fn plan_assembled(
         serving.run,
         provenance.as_ref(),
     )?;
-    budget::budgeted(
+    let mut planned = budget::budgeted(
         state,
         agent,
         assembled,
@@ -254,7 +258,9 @@ pub fn plan_assembled(
         format,
         events,
         (header.held, header.released),
-    )
+    )?;
+    planned.redactions = redactions;
+    Ok(planned)
 }
 
 /// Stage 2: the model settings in `format`, then each new message's content (block sizes and

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{content_of, step_for};
-use crate::assembly::review::Verdict;
+use crate::assembly::review::{Redaction, Verdict};
 use crate::assembly::Assembly;
 use crate::config::AgentSettings;
 use crate::conversation::Message;
@@ -14,8 +14,9 @@ use crate::plugin::model::Step;
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::session::SessionState;
 
-/// Stage 3: the new messages as the hooks leave them; redacted ones are checked against the
-/// content limits again (a redaction may lengthen a text).
+/// Stage 3: the new messages as the hooks leave them, and the redactions that made them;
+/// redacted ones are checked against the content limits again (a redaction may lengthen a
+/// text).
 pub(super) fn reviewed(
     registry: &Registry,
     step: &Step,
@@ -23,23 +24,23 @@ pub(super) fn reviewed(
     agent: &AgentSettings,
     messages: Vec<Message>,
     observe: Option<&dyn Observe>,
-) -> Result<Vec<Message>> {
+) -> Result<(Vec<Message>, Vec<Redaction>)> {
     let limits = &agent.content_limits;
     let shown = |current: &[Message]| crate::assembly::review::input(current, assembled);
     match review(registry, step, &messages, shown, observe)? {
-        Some(redacted) => {
+        Some((redacted, rules)) => {
             for (i, m) in redacted.iter().enumerate() {
                 content_of(m).check(limits).map_err(|e| e.at_message(i))?;
             }
-            Ok(redacted)
+            Ok((redacted, rules))
         }
-        None => Ok(messages),
+        None => Ok((messages, Vec::new())),
     }
 }
 
 /// Q18: every review hook, by (order, plugin id), each shown the messages as the hooks before
-/// it left them; the messages as redacted, or none when no hook redacted (the common case,
-/// so a step without hooks copies nothing). A rejection, a failed hook or a bad verdict fails
+/// it left them; the messages as redacted and the rules applied, in order, or none when no hook
+/// redacted (the common case, so a step without hooks copies nothing). A rejection, a failed hook or a bad verdict fails
 /// the step: a hook guards what is recorded, so it fails closed, `optional` or not.
 fn review(
     registry: &Registry,
@@ -47,7 +48,7 @@ fn review(
     messages: &[Message],
     shown: impl Fn(&[Message]) -> crate::plugin::provider::ReviewInput,
     observe: Option<&dyn Observe>,
-) -> Result<Option<Vec<Message>>> {
+) -> Result<Option<(Vec<Message>, Vec<Redaction>)>> {
     if !registry
         .plugins()
         .any(|p| p.declaration.review_order.is_some())
@@ -59,9 +60,9 @@ fn review(
         .filter_map(|p| p.declaration.review_order.map(|o| (o, &**p)))
         .collect();
     hooks.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
-    let mut redacted: Option<Vec<Message>> = None;
+    let mut redacted: Option<(Vec<Message>, Vec<Redaction>)> = None;
     for (_, hook) in hooks {
-        let current = redacted.as_deref().unwrap_or(messages);
+        let current = redacted.as_ref().map_or(messages, |(m, _)| m.as_slice());
         let failed = |cause: String, trapped: bool| Error::PluginCall {
             plugin: hook.id.clone(),
             contribution: "review".into(),
@@ -89,7 +90,9 @@ fn review(
             Verdict::Redact(rules) => {
                 let next = crate::assembly::review::redact(current, &rules)
                     .map_err(|cause| failed(cause, false))?;
-                redacted = Some(next);
+                let mut applied = redacted.map(|(_, applied)| applied).unwrap_or_default();
+                applied.extend(rules);
+                redacted = Some((next, applied));
             }
         }
     }
@@ -128,7 +131,7 @@ pub fn review_recorded(
         shown,
         observe,
     )? {
-        Some(mut redacted) if redacted.len() == 1 => {
+        Some((mut redacted, _)) if redacted.len() == 1 => {
             let message = redacted.remove(0);
             content_of(&message).check(&agent.content_limits)?;
             Ok(message)

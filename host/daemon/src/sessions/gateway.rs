@@ -1,9 +1,11 @@
 //! A gateway step's splice (G4): the step's contributions, as the step leaves them, joined to
 //! the client's body, and the `gateway/request` event that records it.
 
+use promptd_core::assembly::review::Redaction;
 use promptd_core::gateway::body::ClientBody;
 use promptd_core::gateway::messages::StepMessages;
 use promptd_core::gateway::record::GatewayRecord;
+use promptd_core::gateway::redact::redacted;
 use promptd_core::gateway::splice::{self, Contributions};
 use promptd_core::gateway::GatewayError;
 use promptd_core::session::log::Body;
@@ -32,18 +34,58 @@ pub(super) fn forwards(e: &DaemonError, gateway: &GatewayStep) -> Option<&'stati
     (plugins && forward && gateway.degraded.is_none()).then(|| e.code())
 }
 
+/// Most distinct redactions a gateway session applies to its client's texts: the rules every
+/// request of it carries, and records.
+pub const MAX_SESSION_REDACTIONS: usize = 1024;
+
+/// What the step planned that its splice reads.
+pub(super) struct Step<'a> {
+    /// The session as the step found it.
+    pub state: &'a SessionState,
+    /// The step's events, not yet applied to `state`: the header and snapshot they record win
+    /// over the state's.
+    pub bodies: &'a [Body],
+    /// The agent.
+    pub agent: &'a str,
+    /// The client's messages the step appends.
+    pub joined: &'a StepMessages,
+    /// The redactions the step's review hooks made.
+    pub redactions: &'a [Redaction],
+}
+
 /// The upstream body, the record without the client's body (the caller has it), and the
-/// event's body. `bodies` are the step's events, not yet applied to `state`: the header and
-/// snapshot they record win over the state's.
+/// event's body.
 pub(super) fn splice(
-    state: &SessionState,
-    bodies: &[Body],
-    agent: &str,
+    step: &Step<'_>,
     mut gateway: GatewayStep,
-    joined: &StepMessages,
 ) -> Result<(String, GatewayRecord, Body)> {
+    let Step {
+        state,
+        bodies,
+        agent,
+        joined,
+        ..
+    } = *step;
+    let redactions = redactions(state.gateway_redactions(), step.redactions)?;
+    // Parsed once, when the request was read (again only when a redaction changed it).
+    let spans = std::mem::take(&mut gateway.spans);
+    let body = ClientBody::with_spans(&gateway.client_body, spans);
+    let strings = match redacted(gateway.ingress, &body, &redactions)? {
+        Some((text, strings)) => {
+            drop(body);
+            gateway.spans = ClientBody::parse(text.as_bytes())?.spans();
+            gateway.client_body = text;
+            strings
+        }
+        None => {
+            gateway.spans = body.into_spans();
+            0
+        }
+    };
     if let Some(code) = gateway.degraded {
-        return Ok(degraded(gateway, joined, code));
+        let mut record = recorded(&gateway, joined, Splice::default(), Some(code), redactions);
+        record.redacted = strings;
+        return finish(record, gateway.client_body);
     }
     let header = bodies
         .iter()
@@ -67,31 +109,42 @@ pub(super) fn splice(
         system: header.map(|h| h.system.clone()).unwrap_or_default(),
         runtime_context: snapshot.unwrap_or_else(|| state.snapshot_text().map(str::to_string)),
     };
-    // Parsed once, when the request was read.
     let spans = std::mem::take(&mut gateway.spans);
     let body = ClientBody::with_spans(&gateway.client_body, spans);
     let edits = splice::plan(gateway.ingress, &body, &contributions, &gateway.splice)?;
-    let mut record = recorded(&gateway, joined, edits, None);
+    drop(body);
+    let mut record = recorded(&gateway, joined, edits, None, redactions);
+    record.redacted = strings;
+    finish(record, gateway.client_body)
+}
+
+/// The upstream body `record`'s edits make of `client_body`, the record without it, and the
+/// event's body with it.
+fn finish(mut record: GatewayRecord, client_body: String) -> Result<(String, GatewayRecord, Body)> {
     // Edits join whole JSON values at value boundaries: the result is UTF-8.
-    let upstream = String::from_utf8(record.splice.apply(gateway.client_body.as_bytes()))
+    let upstream = String::from_utf8(record.splice.apply(client_body.as_bytes()))
         .map_err(|_| GatewayError::InvalidBody("the spliced body is not UTF-8".into()))?;
     let summary = record.clone();
-    record.client_body = gateway.client_body;
+    record.client_body = client_body;
     Ok((upstream, summary, Body::GatewayRequest(Box::new(record))))
 }
 
-/// A step forwarded without its plugins (G6): the client's body goes upstream as it came, and
-/// the record says why.
-fn degraded(
-    gateway: GatewayStep,
-    joined: &StepMessages,
-    code: &'static str,
-) -> (String, GatewayRecord, Body) {
-    let mut record = recorded(&gateway, joined, Splice::default(), Some(code));
-    let summary = record.clone();
-    let upstream = gateway.client_body;
-    record.client_body = upstream.clone();
-    (upstream, summary, Body::GatewayRequest(Box::new(record)))
+/// The session's redactions so far and the step's new ones, each once, in order.
+fn redactions(held: &[Redaction], new: &[Redaction]) -> Result<Vec<Redaction>> {
+    let mut all = held.to_vec();
+    for rule in new {
+        if !all.contains(rule) {
+            all.push(rule.clone());
+        }
+    }
+    if all.len() > MAX_SESSION_REDACTIONS {
+        return Err(GatewayError::Redaction(format!(
+            "the session's review hooks made {} distinct redactions, more than {MAX_SESSION_REDACTIONS}",
+            all.len()
+        ))
+        .into());
+    }
+    Ok(all)
 }
 
 /// The record of a gateway step, but for the client's body (moved in last).
@@ -100,6 +153,7 @@ fn recorded(
     joined: &StepMessages,
     splice: Splice,
     degraded: Option<&str>,
+    redactions: Vec<Redaction>,
 ) -> GatewayRecord {
     let conversation = &gateway.conversation;
     GatewayRecord {
@@ -112,6 +166,8 @@ fn recorded(
         new_from: joined.new_from,
         rewrote_at: joined.rewrote.then_some(joined.new_from),
         degraded: degraded.map(str::to_string),
+        redacted: 0,
+        redactions,
         client_body: String::new(),
     }
 }

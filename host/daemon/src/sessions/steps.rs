@@ -348,8 +348,14 @@ impl Daemon {
         let spliced = match (gateway.take(), &joined) {
             (Some(gateway), Some(joined)) => {
                 let state = &slot.get().state;
-                let (upstream, record, body) =
-                    super::gateway::splice(state, &bodies, &plan.agent, *gateway, joined)?;
+                let step = super::gateway::Step {
+                    state,
+                    bodies: &bodies,
+                    agent: &plan.agent,
+                    joined,
+                    redactions: &planned.redactions,
+                };
+                let (upstream, record, body) = super::gateway::splice(&step, *gateway)?;
                 events.push(step::encode(&body)?);
                 bodies.push(body);
                 Some((upstream, record))
