@@ -733,3 +733,78 @@ review_redact = "hunter2|[redacted]"
         assert_eq!(&rebuilt, body, "step {} rebuilds from the log", n + 1);
     }
 }
+
+/// G6: a gateway session replays like any other: with its own config no step differs; with a
+/// candidate config whose section text changed, every step differs at the system prompt, by
+/// the plugin that gives it.
+#[test]
+fn g6_a_gateway_session_replays_and_names_the_plugin_a_candidate_changes() {
+    let stub = Stub::start();
+    let folder = Folder::new().scripted("persona");
+    let plugin = |text: &str| {
+        format!("[plugins.persona.config]\n\"section.persona\" = \"10|{text}\"\n[agents.coder.gateway]\n")
+    };
+    let (served, tmp) = serve(&folder, &stub.url, "", &plugin("be brief"));
+    let mut body = r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#.to_string();
+    let mut session: Option<String> = None;
+    for turn in 0..2 {
+        let mut headers = Vec::new();
+        if let Some(id) = &session {
+            headers.push(("x-promptd-session", id));
+        }
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (head, reply) = raw_post(
+            &served.url,
+            "/gateway/coder/v1/messages",
+            &headers,
+            body.as_bytes(),
+        );
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        session = header_of(&head, "x-promptd-session").map(str::to_string);
+        let content = json(&reply)["content"].clone();
+        body = body.replace(
+            "]}",
+            &format!(r#",{{"role":"assistant","content":{content}}},{{"role":"user","content":"turn {turn}"}}]}}"#),
+        );
+    }
+    let session = session.unwrap();
+    common::eventually("both replies recorded", || {
+        events_of(&served, &session)
+            .iter()
+            .filter(|e| e["kind"] == "assistant/message")
+            .count()
+            == 2
+    });
+    let differing = |config: Option<&std::path::Path>| {
+        let mut request = serde_json::json!({"sessions": [session]});
+        if let Some(config) = config {
+            request["config"] = config.display().to_string().into();
+        }
+        let report = served.ok("POST", "/v1/replay", Some(&request));
+        let steps = report["sessions"][0]["steps"].as_array().unwrap().clone();
+        assert_eq!(steps.len(), 2, "{report:#}");
+        steps
+            .into_iter()
+            .filter(|s| s["differs"] == true)
+            .map(|s| s["first_difference"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        differing(None),
+        Vec::<Value>::new(),
+        "its own config: no difference"
+    );
+    let candidate = tmp.path().join("candidate.toml");
+    let config = std::fs::read_to_string(folder.config(&format!(
+        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n{}",
+        stub.url,
+        plugin("be very brief")
+    )))
+    .unwrap();
+    std::fs::write(&candidate, config).unwrap();
+    let changed = differing(Some(&candidate));
+    assert_eq!(changed.len(), 2, "{changed:#?}");
+    for d in changed {
+        assert_eq!(d["plugin"], "persona", "{d}");
+    }
+}

@@ -231,6 +231,13 @@ impl Run<'_> {
             .collect();
         let mut error = None;
         let mut assembled = None;
+        // A gateway step was planned in the neutral format (G6: the client's body carries its
+        // own model settings), so the candidate's is too; it is compared in `format` all the
+        // same.
+        let gateway = log
+            .get(g.marker + 1)
+            .is_some_and(|e| matches!(e.body, Body::GatewayRequest(_)));
+        let planned_in = if gateway { Format::Neutral } else { format };
         let planned = assembly.and_then(|assembly| {
             let mut a = Assembled {
                 step: step::step_for(agent, self.session, i as u64 + 1, BTreeMap::new()),
@@ -247,7 +254,7 @@ impl Run<'_> {
                 &mut a,
                 step::Serving::run("replay"),
                 messages,
-                format,
+                planned_in,
             );
             assembled = Some(a.assembly);
             planned
