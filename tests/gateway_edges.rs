@@ -808,3 +808,60 @@ fn g6_a_gateway_session_replays_and_names_the_plugin_a_candidate_changes() {
         assert_eq!(d["plugin"], "persona", "{d}");
     }
 }
+
+/// G3: a daemon that restarted reads back the conversation each recent gateway session
+/// reached, so a client that goes on after the restart, naming nothing, joins its session by
+/// prefix.
+#[test]
+fn g3_after_a_restart_a_conversation_joins_its_session_by_prefix() {
+    let stub = Stub::start();
+    let folder = Folder::new();
+    let config = folder.config(&format!(
+        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.coder.gateway]\n",
+        stub.url
+    ));
+    let (tmp, state) = common::daemon::state_dir();
+    let log = tmp.path().join("daemon.log");
+    let served = Served::start_logged(folder.path(), &config, &state, &log);
+    let (head, reply) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages",
+        &[],
+        MESSAGES.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let session = header_of(&head, "x-promptd-session").unwrap().to_string();
+    common::eventually("the reply recorded", || {
+        events_of(&served, &session)
+            .iter()
+            .any(|e| e["kind"] == "assistant/message")
+    });
+    served.stop();
+
+    let log = tmp.path().join("daemon-2.log");
+    let served = Served::start_logged(folder.path(), &config, &state, &log);
+    common::eventually("the index read back", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("index read back"))
+    });
+    let content = json(&reply)["content"].clone();
+    let next = MESSAGES.replace(
+        "]}",
+        &format!(
+            r#",{{"role":"assistant","content":{content}}},{{"role":"user","content":"go on"}}]}}"#
+        ),
+    );
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages",
+        &[],
+        next.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(
+        header_of(&head, "x-promptd-session"),
+        Some(session.as_str()),
+        "{head}"
+    );
+    let events = events_of(&served, &session);
+    assert_eq!(records(&events).pop().unwrap().joined_by, JoinedBy::Prefix);
+}

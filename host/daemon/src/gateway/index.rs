@@ -1,13 +1,17 @@
 //! Which session a gateway request joins when it does not say (G3): the daemon remembers,
 //! per agent, the conversation digest each session's last request reached and the replies'
-//! ids (Responses' `previous_response_id`). In memory and bounded: a daemon that restarted
-//! starts a new session for a conversation it has not seen since, unless the client names it.
+//! ids (Responses' `previous_response_id`). In memory and bounded; a daemon that starts reads
+//! back, in the background, the conversation each of the [`RECOVERED`] most recent gateway
+//! sessions reached, so a client that goes on after a restart joins its session by prefix.
 
 use std::collections::HashMap;
 
 /// Entries kept before the index starts over (a cleared index costs new sessions, never a
 /// wrong one).
 const MAX_ENTRIES: usize = 100_000;
+
+/// The most recent sessions whose conversation a starting daemon reads back.
+pub(crate) const RECOVERED: usize = 1000;
 
 /// The index.
 #[derive(Default)]
@@ -38,6 +42,17 @@ impl Index {
         }
         self.by_digest
             .insert((agent.to_string(), digest.to_string()), session.to_string());
+    }
+
+    /// Notes that `session` of `agent` reached `digest`, unless a request since said where it
+    /// went (what a starting daemon reads back never overrides live traffic).
+    pub(crate) fn recovered(&mut self, agent: &str, digest: &str, session: &str) {
+        if digest.is_empty() || self.by_digest.len() >= MAX_ENTRIES {
+            return;
+        }
+        self.by_digest
+            .entry((agent.to_string(), digest.to_string()))
+            .or_insert_with(|| session.to_string());
     }
 
     /// The session that recorded the reply `id`.

@@ -121,6 +121,13 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         ),
         daemon,
     });
+    let recovering = gateway.clone();
+    let spawned = std::thread::Builder::new()
+        .name("gateway-index".into())
+        .spawn(move || recovering.recover());
+    if let Err(e) = spawned {
+        tracing::warn!("gateway: the index is not read back from the log: {e}");
+    }
     let mut router = Router::new();
     for ingress in Ingress::ALL {
         let path = format!("/gateway/{{agent}}{}", ingress.path());
@@ -486,6 +493,40 @@ enum Stepped {
 }
 
 impl Gateway {
+    /// Reads back the conversation each recent gateway session reached (G3), so a daemon that
+    /// restarted joins a client's next request to its session by prefix.
+    fn recover(&self) {
+        let daemon = &self.daemon;
+        let config = daemon.config();
+        let sessions = match daemon.sessions("", index::RECOVERED) {
+            Ok(sessions) => sessions,
+            Err(e) => {
+                tracing::warn!(code = e.code(), "gateway: the index is not read back: {e}");
+                return;
+            }
+        };
+        let mut read = 0;
+        for summary in sessions {
+            if !matches!(config.gateway.agent(&config, &summary.agent), Ok(Some(_))) {
+                continue;
+            }
+            let Ok(events) = daemon.session_events(&summary.id) else {
+                continue;
+            };
+            let last = events
+                .iter()
+                .rev()
+                .find(|e| e.kind == promptd_core::store::EventKind::GatewayRequest);
+            let decoded = last.and_then(|e| promptd_core::session::decode(&summary.id, e).ok());
+            let Some(promptd_core::session::log::Body::GatewayRequest(record)) = decoded else {
+                continue;
+            };
+            crate::lock(&self.index).recovered(&summary.agent, &record.digest, &summary.id);
+            read += 1;
+        }
+        tracing::info!(sessions = read, "gateway: index read back from the log");
+    }
+
     /// Waits until `session`'s earlier replies are recorded (at most [`SETTLE_WAIT`]).
     fn settle(&self, session: &str) {
         let pending = crate::lock(&self.pending);
