@@ -19,7 +19,7 @@ use crate::gateway::{header_of, newest_session, raw_post, records, without_inser
 
 /// A daemon on `folder` whose config is `body`, with the gateway on and both upstreams at
 /// `url`: `gateway_keys` go into `[gateway]`, `rest` after the upstreams.
-fn serve(
+pub(crate) fn serve(
     folder: &Folder,
     url: &str,
     gateway_keys: &str,
@@ -36,13 +36,13 @@ fn serve(
     )
 }
 
-fn json(body: &[u8]) -> Value {
+pub(crate) fn json(body: &[u8]) -> Value {
     serde_json::from_slice(body)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
 }
 
 const CHAT: &str = r#"{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}"#;
-const MESSAGES: &str =
+pub(crate) const MESSAGES: &str =
     r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
 
 /// G3: a request joins the session its `x-promptd-session` names (404 for one that does not
@@ -474,7 +474,7 @@ config = { text = "You are {{agent_name}}'s {{role}} side.", role = "engineering
 }
 
 /// A session's events, read over a raw connection (no body limit).
-fn events_of(served: &Served, id: &str) -> Vec<Value> {
+pub(crate) fn events_of(served: &Served, id: &str) -> Vec<Value> {
     let addr = served.url.trim_start_matches("http://");
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     write!(
@@ -652,216 +652,4 @@ fn g5_a_client_that_stops_reading_is_cut_after_the_stall_bound() {
     assert!(partial.contains("client_stall_ms"), "{partial}");
     drop(stream);
     assert_eq!(served.health()["status"], "ok");
-}
-
-/// G6: a review hook's redaction reaches the bytes that go upstream, not only the log: the
-/// hook's rule is applied to the client's user and tool texts in every request of the session
-/// (the client resends its history unredacted), the log holds the redacted body
-/// (`redacted`), the upstream body still rebuilds from it byte for byte, and a redacted turn
-/// is the same bytes in the next request, so the cached prefix holds.
-#[test]
-fn g6_a_review_redaction_reaches_the_upstream_bytes_and_the_log_never_holds_the_secret() {
-    let stub = Stub::start();
-    let folder = Folder::new().scripted("guard");
-    let rest = r#"
-[plugins.guard.config]
-review_order = "1"
-review_redact = "hunter2|[redacted]"
-"section.persona" = "10|be brief"
-[agents.coder.gateway]
-"#;
-    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
-    let first =
-        r#"{"model":"gpt-4.1","messages":[{"role":"user","content":"my password is hunter2"}]}"#;
-    let (head, reply) = raw_post(
-        &served.url,
-        "/gateway/coder/v1/chat/completions",
-        &[],
-        first.as_bytes(),
-    );
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let session = header_of(&head, "x-promptd-session").unwrap().to_string();
-    let answer = json(&reply)["choices"][0]["message"].clone();
-    let second = format!(
-        r#"{{"model":"gpt-4.1","messages":[{{"role":"user","content":"my password is hunter2"}},{},{{"role":"user","content":"and \u0068unter2 again"}}]}}"#,
-        answer
-    );
-    let (head, _) = raw_post(
-        &served.url,
-        "/gateway/coder/v1/chat/completions",
-        &[("x-promptd-session", session.as_str())],
-        second.as_bytes(),
-    );
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let sent: Vec<String> = stub.requests()[..]
-        .iter()
-        .rev()
-        .take(2)
-        .rev()
-        .map(|r| String::from_utf8(r.2.clone()).unwrap())
-        .collect();
-    for body in &sent {
-        assert!(!body.contains("hunter2"), "no secret upstream: {body}");
-        assert!(body.contains("[redacted]"), "{body}");
-    }
-    // The first turn is the same bytes in both requests: the prefix holds.
-    let turn = r#"{"role":"user","content":"my password is [redacted]"}"#;
-    let at = |body: &str| body.find(turn).expect("the redacted turn");
-    assert_eq!(sent[0][..at(&sent[0])], sent[1][..at(&sent[1])]);
-
-    let mut events = Vec::new();
-    common::eventually("both replies recorded", || {
-        events = events_of(&served, &session);
-        events
-            .iter()
-            .filter(|e| e["kind"] == "assistant/message")
-            .count()
-            == 2
-    });
-    let log = serde_json::to_string(&events).unwrap();
-    assert!(!log.contains("hunter2"), "the log never holds the secret");
-    let recorded = records(&events);
-    assert_eq!(
-        recorded.iter().map(|r| r.redacted).collect::<Vec<_>>(),
-        [1, 2]
-    );
-    for (n, (record, body)) in recorded.iter().zip(&sent).enumerate() {
-        assert_eq!(record.upstream_body(), body.as_bytes());
-        let (status, rebuilt) =
-            served.get(&format!("/v1/sessions/{session}/steps/{}/upstream", n + 1));
-        assert_eq!(status, 200, "{rebuilt}");
-        assert_eq!(&rebuilt, body, "step {} rebuilds from the log", n + 1);
-    }
-}
-
-/// G6: a gateway session replays like any other: with its own config no step differs; with a
-/// candidate config whose section text changed, every step differs at the system prompt, by
-/// the plugin that gives it.
-#[test]
-fn g6_a_gateway_session_replays_and_names_the_plugin_a_candidate_changes() {
-    let stub = Stub::start();
-    let folder = Folder::new().scripted("persona");
-    let plugin = |text: &str| {
-        format!("[plugins.persona.config]\n\"section.persona\" = \"10|{text}\"\n[agents.coder.gateway]\n")
-    };
-    let (served, tmp) = serve(&folder, &stub.url, "", &plugin("be brief"));
-    let mut body = r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#.to_string();
-    let mut session: Option<String> = None;
-    for turn in 0..2 {
-        let mut headers = Vec::new();
-        if let Some(id) = &session {
-            headers.push(("x-promptd-session", id));
-        }
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let (head, reply) = raw_post(
-            &served.url,
-            "/gateway/coder/v1/messages",
-            &headers,
-            body.as_bytes(),
-        );
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        session = header_of(&head, "x-promptd-session").map(str::to_string);
-        let content = json(&reply)["content"].clone();
-        body = body.replace(
-            "]}",
-            &format!(r#",{{"role":"assistant","content":{content}}},{{"role":"user","content":"turn {turn}"}}]}}"#),
-        );
-    }
-    let session = session.unwrap();
-    common::eventually("both replies recorded", || {
-        events_of(&served, &session)
-            .iter()
-            .filter(|e| e["kind"] == "assistant/message")
-            .count()
-            == 2
-    });
-    let differing = |config: Option<&std::path::Path>| {
-        let mut request = serde_json::json!({"sessions": [session]});
-        if let Some(config) = config {
-            request["config"] = config.display().to_string().into();
-        }
-        let report = served.ok("POST", "/v1/replay", Some(&request));
-        let steps = report["sessions"][0]["steps"].as_array().unwrap().clone();
-        assert_eq!(steps.len(), 2, "{report:#}");
-        steps
-            .into_iter()
-            .filter(|s| s["differs"] == true)
-            .map(|s| s["first_difference"].clone())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        differing(None),
-        Vec::<Value>::new(),
-        "its own config: no difference"
-    );
-    let candidate = tmp.path().join("candidate.toml");
-    let config = std::fs::read_to_string(folder.config(&format!(
-        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n{}",
-        stub.url,
-        plugin("be very brief")
-    )))
-    .unwrap();
-    std::fs::write(&candidate, config).unwrap();
-    let changed = differing(Some(&candidate));
-    assert_eq!(changed.len(), 2, "{changed:#?}");
-    for d in changed {
-        assert_eq!(d["plugin"], "persona", "{d}");
-    }
-}
-
-/// G3: a daemon that restarted reads back the conversation each recent gateway session
-/// reached, so a client that goes on after the restart, naming nothing, joins its session by
-/// prefix.
-#[test]
-fn g3_after_a_restart_a_conversation_joins_its_session_by_prefix() {
-    let stub = Stub::start();
-    let folder = Folder::new();
-    let config = folder.config(&format!(
-        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.coder.gateway]\n",
-        stub.url
-    ));
-    let (tmp, state) = common::daemon::state_dir();
-    let log = tmp.path().join("daemon.log");
-    let served = Served::start_logged(folder.path(), &config, &state, &log);
-    let (head, reply) = raw_post(
-        &served.url,
-        "/gateway/coder/v1/messages",
-        &[],
-        MESSAGES.as_bytes(),
-    );
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let session = header_of(&head, "x-promptd-session").unwrap().to_string();
-    common::eventually("the reply recorded", || {
-        events_of(&served, &session)
-            .iter()
-            .any(|e| e["kind"] == "assistant/message")
-    });
-    served.stop();
-
-    let log = tmp.path().join("daemon-2.log");
-    let served = Served::start_logged(folder.path(), &config, &state, &log);
-    common::eventually("the index read back", || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("index read back"))
-    });
-    let content = json(&reply)["content"].clone();
-    let next = MESSAGES.replace(
-        "]}",
-        &format!(
-            r#",{{"role":"assistant","content":{content}}},{{"role":"user","content":"go on"}}]}}"#
-        ),
-    );
-    let (head, _) = raw_post(
-        &served.url,
-        "/gateway/coder/v1/messages",
-        &[],
-        next.as_bytes(),
-    );
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert_eq!(
-        header_of(&head, "x-promptd-session"),
-        Some(session.as_str()),
-        "{head}"
-    );
-    let events = events_of(&served, &session);
-    assert_eq!(records(&events).pop().unwrap().joined_by, JoinedBy::Prefix);
 }

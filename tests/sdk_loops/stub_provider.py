@@ -14,6 +14,7 @@ Routes, each checking the body against the provider's documented rules (../share
     POST /v1/chat/completions                     OpenAI Chat Completions
     POST /v1/responses                            OpenAI Responses
     POST /v1/messages                             Anthropic Messages
+    POST /v1/messages/count_tokens                Anthropic token count ({"input_tokens": N}; no cache)
     POST /v1beta/models/{model}:generateContent   Google Gemini (also /v1/..., which
                                                   google-genai 3.6.1 calls by default)
     POST /model/{modelId}/converse                Amazon Bedrock Converse (modelId
@@ -2872,6 +2873,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         if not path.startswith("/stub/"):
             CAPTURE.add(self, raw)
+        if path == "/v1/messages/count_tokens":
+            self.count_tokens(path, raw)
+            return
         route = resolve(path)
         if route is None:
             self.send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
@@ -2906,6 +2910,24 @@ class Handler(BaseHTTPRequestHandler):
             self.stream(STREAMS[api](body, answer), provider, fault)
         else:
             self.send(200, answer, fault=fault)
+
+    def count_tokens(self, path, raw):
+        """Anthropic's token count: the body a Messages request would be (`max_tokens` not
+        required), checked by the same rules, answered with its input tokens as that request
+        would count them; no cache is read or written."""
+        try:
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                raise Broken("body.json", "body", f"not JSON: {e}") from None
+            check_messages(dict(body, max_tokens=1) if isinstance(body, dict) else body)
+            total = Prompt(cache_blocks("/v1/messages", body, body["model"])).total
+        except Broken as e:
+            self.record(path, 400, str(e), raw)
+            self.send(400, *error_reply("anthropic", 400, str(e), e.where, e.rule))
+            return
+        self.record(path, 200, None, raw)
+        self.send(200, {"input_tokens": total})
 
     def early_fault(self, provider, path, fault, raw):
         """Acts on the faults that come before the body is checked; True when the request is

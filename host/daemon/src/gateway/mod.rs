@@ -8,7 +8,7 @@
 //! The gateway is a front door beside the HTTP API: it calls the same two boundaries and owns
 //! nothing but its upstream client and the index of conversations it has seen.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -232,9 +232,9 @@ async fn serve(
         None => ingress.path().to_string(),
     };
     let step_started = Instant::now();
-    // A token count is no step: it goes as the client sent it and records nothing.
+    // A token count is no step: it counts what a step would send, and records nothing.
     if ingress == Ingress::CountTokens {
-        return forward_unrecorded(gateway, ingress, read, &path_and_query, &headers, parse).await;
+        return count_tokens(gateway, read, &path_and_query, &headers, parse).await;
     }
     let stepped = {
         let gateway = gateway.clone();
@@ -323,37 +323,57 @@ async fn serve(
     }
 }
 
-/// Forwards the client's body as it came, recording nothing (a token count).
-async fn forward_unrecorded(
+/// A token count (G6): the client's body with what the agent's plugins would add now spliced
+/// in as a step's would be, so the count includes it; forwarded, recorded nowhere. When the
+/// plugins cannot say, the body goes as it came, marked degraded.
+async fn count_tokens(
     gateway: Arc<Gateway>,
-    ingress: Ingress,
     read: Read,
     path_and_query: &str,
     headers: &HeaderMap,
     parse: Duration,
 ) -> Response {
-    let provider = ingress.provider();
+    let provider = Provider::Anthropic;
+    let started = Instant::now();
+    let counted = {
+        let gateway = gateway.clone();
+        let headers = headers.clone();
+        tokio::task::spawn_blocking(move || {
+            let body = gateway.count_body(&headers, &read);
+            (read, body)
+        })
+        .await
+    };
+    let Ok((read, body)) = counted else {
+        return GatewayRefusal::new(
+            provider,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the token count's splice did not finish",
+        )
+        .into_response();
+    };
+    let (body, degraded) = match body {
+        Ok(body) => (body, None),
+        Err(code) => (read.client_body.clone(), Some(code.to_string())),
+    };
+    let step = started.elapsed();
     let sent = gateway
         .upstreams
-        .send(
-            &read.upstream,
-            path_and_query,
-            headers,
-            Bytes::from(read.client_body),
-        )
+        .send(&read.upstream, path_and_query, headers, Bytes::from(body))
         .await;
     match sent {
         Ok(response) => {
             let reply = Reply {
                 gateway,
-                ingress,
+                ingress: Ingress::CountTokens,
                 session: None,
                 sent_at: now_ms(),
-                degraded: None,
+                degraded,
                 _pending: None,
                 timing: Timing {
                     parse,
-                    step: Duration::ZERO,
+                    step,
                     record: Duration::ZERO,
                 },
             };
@@ -363,6 +383,23 @@ async fn forward_unrecorded(
             .refusal(provider, &read.upstream_name)
             .into_response(),
     }
+}
+
+/// The step's facts: `model`, the model the client named, and each `x-promptd-fact-NAME`
+/// header's value.
+fn facts(headers: &HeaderMap, model: Option<String>) -> BTreeMap<String, String> {
+    let mut facts = BTreeMap::new();
+    if let Some(model) = model {
+        facts.insert("model".to_string(), model);
+    }
+    for (name, value) in headers {
+        if let Some(fact) = name.as_str().strip_prefix(FACT_HEADER_PREFIX) {
+            if let Ok(value) = value.to_str() {
+                facts.insert(fact.to_string(), value.to_string());
+            }
+        }
+    }
+    facts
 }
 
 /// Reads the client's body and what the step needs of it.
@@ -493,6 +530,41 @@ enum Stepped {
 }
 
 impl Gateway {
+    /// A token count's body (G6): the agent's sections and runtime context as its plugins give
+    /// them now, for a first step with the request's facts, spliced in; the code of why not
+    /// when they cannot be had (the body then goes as it came).
+    fn count_body(&self, headers: &HeaderMap, read: &Read) -> Result<String, &'static str> {
+        let daemon = &self.daemon;
+        let plan = daemon.agent_settings(&read.agent).map_err(|e| e.code())?;
+        let step = promptd_core::step::step_for(
+            &plan,
+            "count_tokens",
+            1,
+            facts(headers, read.model.clone()),
+        );
+        // Data blocks are keyed per session (T8); a count has none, and a key's length is
+        // the same whatever it is.
+        let secret: Arc<str> = Arc::from("count_tokens");
+        let assembly = promptd_core::step::assemble(&daemon.registry(), &plan, &step, &secret)
+            .map_err(|e| e.code())?;
+        if !assembly.tools.is_empty() {
+            return Err("gateway_plugin_tools");
+        }
+        let contributions = promptd_core::gateway::splice::Contributions {
+            system: assembly.system.clone(),
+            runtime_context: assembly.runtime_context.clone(),
+        };
+        let body = ClientBody::with_spans(&read.client_body, read.spans.clone());
+        let splice = promptd_core::gateway::splice::plan(
+            Ingress::CountTokens,
+            &body,
+            &contributions,
+            &read.settings.splice,
+        )
+        .map_err(|e| e.code())?;
+        String::from_utf8(splice.apply(read.client_body.as_bytes())).map_err(|_| "invalid_body")
+    }
+
     /// Reads back the conversation each recent gateway session reached (G3), so a daemon that
     /// restarted joins a client's next request to its session by prefix.
     fn recover(&self) {
@@ -605,17 +677,7 @@ impl Gateway {
             }
         };
         self.settle(&session);
-        let mut facts = std::collections::BTreeMap::new();
-        if let Some(model) = model {
-            facts.insert("model".to_string(), model);
-        }
-        for (name, value) in headers {
-            if let Some(fact) = name.as_str().strip_prefix(FACT_HEADER_PREFIX) {
-                if let Ok(value) = value.to_str() {
-                    facts.insert(fact.to_string(), value.to_string());
-                }
-            }
-        }
+        let facts = facts(headers, model);
         let digest = conversation.digest(conversation.messages.len()).to_string();
         let request = StepRequest {
             gateway: Some(Box::new(GatewayStep {
