@@ -145,16 +145,23 @@ pub fn fixture(name: &str) -> PathBuf {
 }
 
 /// A component built against `promptd:plugin@0.1.0` before the world moved
-/// (tests/fixtures/plugin-0.1.0/NAME.wasm.gz), unpacked once per test binary (by an atomic
-/// rename, so test binaries running side by side never see half a file).
+/// (tests/fixtures/plugin-0.1.0/NAME.wasm.gz): [`archived`] for 0.1.0.
 pub fn old_world(name: &str) -> PathBuf {
+    archived("0.1.0", name)
+}
+
+/// A component built against `promptd:plugin@WORLD` with that world's SDKs, before the world
+/// moved (tests/fixtures/plugin-WORLD/NAME.wasm.gz), unpacked once per test binary (by an
+/// atomic rename, so test binaries running side by side never see half a file).
+pub fn archived(world: &str, name: &str) -> PathBuf {
     static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let dir = repo_root().join("target/test-artifacts/plugin-0.1.0");
+    let dir = repo_root().join(format!("target/test-artifacts/plugin-{world}"));
     let out = dir.join(format!("{name}.wasm"));
+    let key = format!("{world}/{name}");
     let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
-    if !done.iter().any(|n| n == name) {
+    if !done.iter().any(|n| *n == key) {
         std::fs::create_dir_all(&dir).expect("create the unpack folder");
-        let packed = repo_root().join(format!("tests/fixtures/plugin-0.1.0/{name}.wasm.gz"));
+        let packed = repo_root().join(format!("tests/fixtures/plugin-{world}/{name}.wasm.gz"));
         let o = Command::new("gzip")
             .arg("-dc")
             .arg(&packed)
@@ -167,7 +174,7 @@ pub fn old_world(name: &str) -> PathBuf {
             String::from_utf8_lossy(&o.stderr)
         );
         put(&dir, name, &o.stdout);
-        done.push(name.to_string());
+        done.push(key);
     }
     out
 }
