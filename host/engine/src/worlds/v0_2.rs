@@ -16,7 +16,7 @@ use crate::state::State;
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "../../wit/0.2.0",
         world: "plugin",
     });
 }
