@@ -6,10 +6,13 @@
 #
 # The entry module imports the SDK as "promptd-sdk" (or by a relative path to promptd.js) and may
 # import other local modules or npm packages: esbuild bundles them into one ES module, then
-# componentize-js (SpiderMonkey) turns it into a component of world promptd:plugin/plugin.
+# componentize-js (SpiderMonkey) turns it into a component of world promptd:plugin/plugin@0.3.0
+# (wit/plugin.wit; the archived worlds in wit/0.1.0 and wit/0.2.0 are not built against, but
+# plugins written for them build unchanged, see 1. below).
 # The plugin's id is OUT's file name without `.wasm`. Installs nothing: run sdk/js/install.sh first.
 #
-# Environment: PROMPTD_WIT overrides the WIT folder (default: the repository's wit/).
+# Environment: PROMPTD_WIT overrides the WIT folder (default: the repository's wit/); its
+# plugin.wit must be promptd:plugin@0.3.0, the version promptd.js imports the host at.
 # PROMPTD_PURE=1 builds a component that imports no WASI at all (componentize-js
 # --disable stdio random clocks: console output is dropped, Math.random and Date are fixed).
 set -euo pipefail
@@ -36,11 +39,11 @@ done
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-# 1. The bundle's entry: the three exports of the world promptd:plugin@0.2.0, taken from the
-#    plugin's entry module (aliased below). A plugin written for 0.1.0 with the SDK exports
-#    `declare, sectionText, contextText, variableValue, shownTools` from exportPlugin; 0.2.0
-#    has no per-item exports, and its `evaluate` and `review` are not among the names such a
-#    plugin exports. exportPlugin puts all three on the `declare` it returns (promptd.js,
+# 1. The bundle's entry: the three exports of the world promptd:plugin@0.3.0 (the same three
+#    names as 0.2.0's), taken from the plugin's entry module (aliased below). A plugin written
+#    for 0.1.0 with the SDK exports `declare, sectionText, contextText, variableValue,
+#    shownTools` from exportPlugin; 0.2.0 and 0.3.0 have no per-item exports, and their
+#    `evaluate` and `review` are not among the names such a plugin exports. exportPlugin puts all three on the `declare` it returns (promptd.js,
 #    WORLD), so such a plugin builds unchanged.
 cat >"$TMP/world.js" <<'EOF'
 import * as plugin from "promptd-plugin-entry";

@@ -2,8 +2,11 @@
 //
 // A plugin is a function from its config to a `Plugin`: a builder of sections, contexts,
 // variables and tools. Static text is sent to the host once, at load; dynamic parts are
-// functions the host calls at each assembly with the `Step`. A plugin may also review each
-// session step's new messages (`review`). You never touch the WIT bindings.
+// functions the host calls at each assembly with the `Step`. A dynamic part may say what it
+// reads of the step (`reads`), so that in a session the host asks again only when that changed;
+// sections and tools may say when a change reaches the model (`refresh`), tools that they are
+// found through the provider's tool search (`defer`). A plugin may also review each session
+// step's new messages (`review`). You never touch the WIT bindings.
 //
 //   import { Plugin, Verdict, exportPlugin } from "./promptd.js";
 //
@@ -12,6 +15,7 @@
 //       .section("deployment:persona", 0, "You are {{name}}.")
 //       .variable("name", config.getOr("name", "a helpful assistant"))
 //       .dynamicContext("clock", 50, (step) => `Today is ${step.fact("date") ?? "unknown"}.`)
+//       .reads({ facts: ["date"] })
 //       .dynamicContext("docs:found", 60, (step) => step.fact("document") ?? "")
 //       .verbatim()
 //       .review(0, (step, input) =>
@@ -22,18 +26,22 @@
 // Build with `sdk/js/build.sh DIR OUT.wasm` (componentize-js against wit/). The plugin's id is
 // the file name without `.wasm`.
 //
-// The mapping to the WIT world (promptd:plugin@0.2.0, world `plugin`) lives in this file (and in
+// The mapping to the WIT world (promptd:plugin@0.3.0, world `plugin`) lives in this file (and in
 // the small bundle entry build.sh writes):
 // componentize-js calls the three named exports that `exportPlugin` returns (`declare`,
 // `evaluate`, `review`), with WIT values in their JS shapes (records as camelCase objects,
-// variants as `{ tag, val }`, `option` as the value or undefined, u64 as BigInt, tuples as
+// variants as `{ tag, val }`, enums as their WIT names (strings), flags as an object of
+// booleans under camelCase names, `option` as the value or undefined, u64 as BigInt, tuples as
 // arrays, a returned `result` as a value or a thrown error, a `result` inside a value as
-// `{ tag: "ok" | "err", val }`). Plugins written for 0.1.0 export the old five names
-// (`declare, sectionText, contextText, variableValue, shownTools`); build.sh then takes
-// `evaluate` and `review` from the exported `declare` (see `WORLD` below), so they build
-// unchanged.
+// `{ tag: "ok" | "err", val }`).
+//
+// A plugin written for 0.2.0 builds unchanged and declares what it did: no `reads` (its calls
+// are shown the whole step, at every step), no `refresh` (`step`), no `defer`. Plugins written
+// for 0.1.0 export the old five names (`declare, sectionText, contextText, variableValue,
+// shownTools`); build.sh then takes `evaluate` and `review` from the exported `declare` (see
+// `WORLD` below), so they build unchanged.
 
-import { log as hostLog } from "promptd:plugin/host@0.2.0";
+import { log as hostLog } from "promptd:plugin/host@0.3.0";
 
 /** Plugin config: the key/value strings of the plugin's `[plugins.NAME] config` table. */
 export class Config {
@@ -56,7 +64,11 @@ export class Config {
   }
 }
 
-/** What the host knows about the step being assembled. */
+/**
+ * What the host knows about the step being assembled, as far as the call reads it: with
+ * `reads`, a call is shown only the facts and inputs its wanted items read (a review is shown
+ * everything).
+ */
 export class Step {
   constructor(wit) {
     /** The agent the request is for. */
@@ -65,17 +77,37 @@ export class Step {
     this.scopeChain = wit.scopeChain;
     /** The session id; empty outside a session. */
     this.sessionId = wit.sessionId;
-    /** The step number in the session (from 1); 0 outside a session. A Number (WIT u64). */
+    /**
+     * The step number in the session (from 1); 0 outside a session, and 0 when no wanted item
+     * reads `step-number`. A Number (WIT u64).
+     */
     this.stepNumber = Number(wit.stepNumber);
-    /** Step facts from the client (cwd, git branch...), as a plain object. */
+    /** Step facts from the client (cwd, git branch...) that the wanted items read, as an object. */
     this.facts = Object.fromEntries(wit.facts);
     /**
      * The same facts as `[key, value]` pairs in the host's order (sorted by key bytes, as in
      * every SDK). Iterate these rather than `facts`: a JS object lists integer-like keys first.
      */
     this.factEntries = wit.facts.map(([key, value]) => [key, value]);
+    /**
+     * The text of the session's last user message (its text blocks joined by a blank line);
+     * undefined unless read (`last-user-message`) and there is one.
+     */
+    this.lastUserMessage = wit.lastUserMessage ?? undefined;
+    /** The model the request is for; undefined unless read (`model`) and known. */
+    this.model = wit.model ?? undefined;
+    /**
+     * The names of the tools the client sent, in its order (empty when it sent none);
+     * undefined unless read (`client-tools`).
+     */
+    this.clientTools = wit.clientTools == null ? undefined : [...wit.clientTools];
+    /**
+     * How many user messages the session holds, this step's included; undefined unless read
+     * (`turn-count`). A Number (WIT u64).
+     */
+    this.turnCount = wit.turnCount == null ? undefined : Number(wit.turnCount);
   }
-  /** One step fact, or undefined if the client did not send it. */
+  /** One step fact, or undefined if the client did not send it (or no wanted item reads it). */
   fact(key) {
     return Object.prototype.hasOwnProperty.call(this.facts, key) ? this.facts[key] : undefined;
   }
@@ -156,9 +188,62 @@ function checkFn(what, f) {
   return f;
 }
 
+/** The request inputs `reads` may name (the WIT flags `inputs`), and their camelCase keys. */
+const INPUTS = new Map([
+  ["last-user-message", "lastUserMessage"],
+  ["model", "model"],
+  ["client-tools", "clientTools"],
+  ["step-number", "stepNumber"],
+  ["turn-count", "turnCount"],
+]);
+const INPUT_NAMES = "last-user-message, model, client-tools, step-number or turn-count";
+/** The words `refresh` takes (the WIT enum `refresh`). */
+const REFRESH = ["step", "boundary", "session"];
+
+/**
+ * Checks what `reads(spec)` or `readsByDefault(spec)` was given: `{ facts, inputs, volatile }`,
+ * each optional (no facts, no inputs, not volatile). Returns `{ reads }` or `{ misuse }`.
+ */
+function checkReads(what, spec) {
+  if (spec === null || typeof spec !== "object" || Array.isArray(spec)) {
+    return { misuse: `${what}: expected { facts: [...], inputs: [...], volatile: true | false }` };
+  }
+  for (const key of Object.keys(spec)) {
+    if (key !== "facts" && key !== "inputs" && key !== "volatile") {
+      return { misuse: `${what}: unknown key \`${key}\` (expected facts, inputs, volatile)` };
+    }
+  }
+  const { facts = [], inputs = [], volatile = false } = spec;
+  if (!Array.isArray(facts) || !facts.every((f) => typeof f === "string")) {
+    return { misuse: `${what}: \`facts\` must be an array of fact names (strings)` };
+  }
+  if (!Array.isArray(inputs)) {
+    return { misuse: `${what}: \`inputs\` must be an array of input names (${INPUT_NAMES})` };
+  }
+  for (const input of inputs) {
+    if (!INPUTS.has(input)) {
+      return { misuse: `${what}: unknown input \`${input}\` (expected ${INPUT_NAMES})` };
+    }
+  }
+  if (typeof volatile !== "boolean") {
+    return { misuse: `${what}: \`volatile\` must be true or false, not \`${volatile}\`` };
+  }
+  return { reads: { facts: [...facts], inputs: [...inputs], volatile } };
+}
+
+/** A checked `reads` as the WIT `option<reads>`: undefined (none) when not given. */
+function lowerReads(reads) {
+  if (!reads) return undefined;
+  const inputs = {};
+  for (const [name, key] of INPUTS) inputs[key] = reads.inputs.includes(name);
+  return { facts: [...reads.facts], inputs, volatile: reads.volatile };
+}
+
 /**
  * Everything a plugin contributes. Methods add one item each and return `this`;
- * `scope(agent)`, `complete()` and `verbatim()` change the item added last.
+ * `scope(agent)`, `complete()`, `verbatim()`, `reads(spec)`, `refresh(word)` and `defer()`
+ * change the item added last. Misuse (e.g. `defer()` after a section, an unknown input name)
+ * refuses the plugin at declare with a message saying what was wrong.
  */
 export class Plugin {
   constructor() {
@@ -169,6 +254,7 @@ export class Plugin {
     this.shownToolsFn = null;
     this.reviewOrder = undefined;
     this.reviewFn = null;
+    this.defaultReads = undefined;
     this.last = null;
     this.misuse = null;
   }
@@ -215,9 +301,12 @@ export class Plugin {
    */
   tool(name, description, parameters) {
     const params = typeof parameters === "string" ? parameters : JSON.stringify(parameters);
-    return this.#push(this.tools, { name, description, parameters: params });
+    return this.#push(this.tools, { name, description, parameters: params, defer: false });
   }
-  /** Chooses, per assembly, which known tools are shown: `f(step)` returns their names. */
+  /**
+   * Chooses, per assembly, which known tools are shown: `f(step)` returns their names. It is
+   * shown what `readsByDefault` says (without it, the whole step).
+   */
   showTools(f) {
     this.shownToolsFn = checkFn("showTools", f);
     return this;
@@ -244,6 +333,60 @@ export class Plugin {
     if (!this.last || (this.last.kind !== this.sections && this.last.kind !== this.contexts)) {
       this.misuse ??= "verbatim() applies to a section or context only";
     } else this.last.verbatim = true;
+    return this;
+  }
+  /**
+   * Says what the dynamic section, context or variable added last reads of the step:
+   * `{ facts: ["task"], inputs: ["last-user-message"], volatile: false }`. Every key is
+   * optional (no facts, no inputs, not volatile). Its function is then shown only those facts
+   * and inputs (with the others its wanted neighbours read), and in a session the host calls
+   * it again only when one of them changed, unless `volatile` (its answer depends on
+   * something else too: the clock, a file). Inputs: `last-user-message`, `model`,
+   * `client-tools`, `step-number`, `turn-count`. Without it, the item reads what
+   * `readsByDefault` says.
+   */
+  reads(spec) {
+    if (!this.last || !this.last.fn) {
+      this.misuse ??= "reads() applies to a dynamic section, context or variable only";
+      return this;
+    }
+    const { reads, misuse } = checkReads("reads()", spec);
+    if (misuse) this.misuse ??= misuse;
+    else this.last.reads = reads;
+    return this;
+  }
+  /**
+   * What the plugin's dynamic items read unless one says (`reads`), and what `showTools`
+   * reads; same shape as `reads`. Without it: the whole step, at every step.
+   */
+  readsByDefault(spec) {
+    const { reads, misuse } = checkReads("readsByDefault()", spec);
+    if (misuse) this.misuse ??= misuse;
+    else this.defaultReads = reads;
+    return this;
+  }
+  /**
+   * When a change to the section or tool added last reaches the model: `"step"` (the
+   * default: the session's next step), `"boundary"` (the session's next cache-cold point, or
+   * after the operator's `max_stale_s`) or `"session"` (never within a session; a new session
+   * starts with the current text). The operator's config overrides it.
+   */
+  refresh(word) {
+    if (!this.last || (this.last.kind !== this.sections && this.last.kind !== this.tools)) {
+      this.misuse ??= "refresh() applies to a section or tool only";
+    } else if (!REFRESH.includes(word)) {
+      this.misuse ??= `refresh(): unknown refresh \`${word}\` (expected step, boundary or session)`;
+    } else this.last.refresh = word;
+    return this;
+  }
+  /**
+   * Defers the tool added last: it is sent for the provider's tool search to find, not in
+   * every request's cached prefix. The operator's config overrides it.
+   */
+  defer() {
+    if (!this.last || this.last.kind !== this.tools) {
+      this.misuse ??= "defer() applies to a tool only";
+    } else this.last.defer = true;
     return this;
   }
   /**
@@ -318,8 +461,9 @@ function checkVerdict(v) {
 
 /**
  * Where build.sh finds `evaluate` and `review` when the entry module does not export them: a
- * plugin written for 0.1.0 exports `declare` and the four per-item names, which 0.2.0 no longer
- * has. exportPlugin puts the three world functions on its `declare` under this key.
+ * plugin written for 0.1.0 exports `declare` and the four per-item names, which 0.2.0 and
+ * later no longer have. exportPlugin puts the three world functions on its `declare` under
+ * this key.
  */
 export const WORLD = Symbol.for("promptd-sdk.world");
 
@@ -374,6 +518,8 @@ export function exportPlugin(declareFn) {
             complete: s.complete,
             scope: s.scope,
             verbatim: s.verbatim,
+            reads: lowerReads(s.reads),
+            refresh: s.refresh,
           })),
           contexts: p.contexts.map((c) => ({
             name: c.name,
@@ -381,16 +527,25 @@ export function exportPlugin(declareFn) {
             text: content(c),
             scope: c.scope,
             verbatim: c.verbatim,
+            reads: lowerReads(c.reads),
           })),
-          variables: p.variables.map((v) => ({ name: v.name, value: content(v), scope: v.scope })),
+          variables: p.variables.map((v) => ({
+            name: v.name,
+            value: content(v),
+            scope: v.scope,
+            reads: lowerReads(v.reads),
+          })),
           tools: p.tools.map((t) => ({
             name: t.name,
             description: t.description,
             parameters: t.parameters,
             scope: t.scope,
+            refresh: t.refresh,
+            defer: t.defer,
           })),
           filtersTools: p.shownToolsFn !== null,
           reviewOrder: p.reviewFn ? p.reviewOrder : undefined,
+          reads: lowerReads(p.defaultReads),
         };
         plugin = p;
         return declaration;

@@ -10,6 +10,6 @@ trap 'rm -rf "$TMP"' EXIT
 "$SDK/node_modules/.bin/esbuild" "$SDK/test/sdk.test.js" --bundle --format=esm --platform=node \
   --log-level=warning \
   --alias:promptd-sdk="$SDK/promptd.js" \
-  --alias:promptd:plugin/host@0.2.0="$SDK/test/host-stub.js" \
+  --alias:promptd:plugin/host@0.3.0="$SDK/test/host-stub.js" \
   --outfile="$TMP/sdk.test.mjs"
 node --test "$TMP/sdk.test.mjs"

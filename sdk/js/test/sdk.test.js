@@ -1,6 +1,6 @@
 // Unit tests of promptd.js under Node, with WIT values in the shapes componentize-js gives and
-// takes (records as camelCase objects, variants as { tag, val }, option as value or undefined,
-// u64 as BigInt). Run: sdk/js/test.sh
+// takes (records as camelCase objects, variants as { tag, val }, enums as strings, flags as an
+// object of camelCase booleans, option as value or undefined, u64 as BigInt). Run: sdk/js/test.sh
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
@@ -288,6 +288,221 @@ test("a plugin written for 0.1.0 still finds the world on its declare", () => {
     { tag: "ok", val: "D" },
   ]);
   assert.deepEqual(world.review(STEP, INPUT), { tag: "accept" });
+});
+
+test("a plugin written for 0.2.0 declares no reads, no refresh and no defer", () => {
+  const w = exportPlugin(() =>
+    new Plugin()
+      .section("s", 1, "S")
+      .dynamicSection("d", 2, () => "")
+      .context("c", 3, "C")
+      .dynamicContext("dc", 4, () => "")
+      .variable("v", "x")
+      .dynamicVariable("dv", () => undefined)
+      .tool("t", "T", "{}")
+      .showTools(() => ["t"]),
+  );
+  const none = { reads: undefined };
+  assert.deepEqual(w.declare([]), {
+    sections: [
+      { name: "s", order: 1, text: { tag: "static-text", val: "S" }, complete: false, scope: G,
+        verbatim: false, ...none, refresh: undefined },
+      { name: "d", order: 2, text: { tag: "dynamic" }, complete: false, scope: G,
+        verbatim: false, ...none, refresh: undefined },
+    ],
+    contexts: [
+      { name: "c", order: 3, text: { tag: "static-text", val: "C" }, scope: G, verbatim: false,
+        ...none },
+      { name: "dc", order: 4, text: { tag: "dynamic" }, scope: G, verbatim: false, ...none },
+    ],
+    variables: [
+      { name: "v", value: { tag: "static-text", val: "x" }, scope: G, ...none },
+      { name: "dv", value: { tag: "dynamic" }, scope: G, ...none },
+    ],
+    tools: [
+      { name: "t", description: "T", parameters: "{}", scope: G, refresh: undefined, defer: false },
+    ],
+    filtersTools: true,
+    reviewOrder: undefined,
+    ...none,
+  });
+});
+
+test("reads, readsByDefault, refresh and defer change what is declared", () => {
+  // The WIT flags `inputs`, as componentize-js takes them: an object of camelCase booleans.
+  const NONE = {
+    lastUserMessage: false,
+    model: false,
+    clientTools: false,
+    stepNumber: false,
+    turnCount: false,
+  };
+  const w = exportPlugin(() =>
+    new Plugin()
+      .readsByDefault({ facts: ["cwd"], inputs: ["model"], volatile: false })
+      .section("catalogue", 1, "C")
+      .refresh("session")
+      .dynamicSection("task", 2, () => "")
+      .scope("coder")
+      .reads({ facts: ["task"], inputs: [], volatile: false })
+      .refresh("boundary")
+      .dynamicContext("found", 3, () => "")
+      .verbatim()
+      .reads({ inputs: ["last-user-message", "turn-count"] })
+      .dynamicVariable("now", () => "12:00")
+      .reads({ volatile: true })
+      .dynamicVariable("plain", () => "p")
+      .tool("rare", "R", {})
+      .defer()
+      .refresh("step")
+      .tool("common", "C", {}),
+  );
+  const d = w.declare([]);
+  assert.deepEqual(d.reads, { facts: ["cwd"], inputs: { ...NONE, model: true }, volatile: false });
+  assert.deepEqual(
+    d.sections.map((s) => [s.name, s.reads, s.refresh, s.scope]),
+    [
+      ["catalogue", undefined, "session", G],
+      ["task", { facts: ["task"], inputs: NONE, volatile: false }, "boundary", agent("coder")],
+    ],
+  );
+  assert.deepEqual(d.contexts[0].reads, {
+    facts: [],
+    inputs: { ...NONE, lastUserMessage: true, turnCount: true },
+    volatile: false,
+  });
+  assert.equal(d.contexts[0].verbatim, true);
+  assert.deepEqual(
+    d.variables.map((v) => [v.name, v.reads]),
+    [
+      ["now", { facts: [], inputs: NONE, volatile: true }],
+      ["plain", undefined],
+    ],
+  );
+  assert.deepEqual(
+    d.tools.map((t) => [t.name, t.refresh, t.defer]),
+    [
+      ["rare", "step", true],
+      ["common", undefined, false],
+    ],
+  );
+  const every = exportPlugin(() =>
+    new Plugin().readsByDefault({
+      inputs: ["last-user-message", "model", "client-tools", "step-number", "turn-count"],
+    }),
+  );
+  assert.deepEqual(every.declare([]).reads, {
+    facts: [],
+    inputs: {
+      lastUserMessage: true,
+      model: true,
+      clientTools: true,
+      stepNumber: true,
+      turnCount: true,
+    },
+    volatile: false,
+  });
+});
+
+test("misuse of reads, refresh and defer refuses the plugin, naming the bad value", () => {
+  const refused = (build) => thrown(() => exportPlugin(() => build(new Plugin())).declare([]));
+  const reads = { facts: [] };
+  const onlyDynamic = "reads() applies to a dynamic section, context or variable only";
+  const INPUT_NAMES = "last-user-message, model, client-tools, step-number or turn-count";
+  assert.equal(refused((p) => p.reads(reads)), onlyDynamic);
+  assert.equal(refused((p) => p.section("s", 0, "S").reads(reads)), onlyDynamic);
+  assert.equal(refused((p) => p.context("c", 0, "C").reads(reads)), onlyDynamic);
+  assert.equal(refused((p) => p.variable("v", "x").reads(reads)), onlyDynamic);
+  assert.equal(refused((p) => p.tool("t", "T", {}).reads(reads)), onlyDynamic);
+  const dynamic = (p) => p.dynamicSection("d", 0, () => "");
+  assert.equal(
+    refused((p) => dynamic(p).reads({ inputs: ["model", "last_user_message"] })),
+    `reads(): unknown input \`last_user_message\` (expected ${INPUT_NAMES})`,
+  );
+  assert.equal(
+    refused((p) => p.readsByDefault({ inputs: ["clock"] })),
+    `readsByDefault(): unknown input \`clock\` (expected ${INPUT_NAMES})`,
+  );
+  assert.equal(
+    refused((p) => dynamic(p).reads({ fact: ["task"] })),
+    "reads(): unknown key `fact` (expected facts, inputs, volatile)",
+  );
+  assert.equal(
+    refused((p) => dynamic(p).reads({ facts: "task" })),
+    "reads(): `facts` must be an array of fact names (strings)",
+  );
+  assert.match(
+    refused((p) => dynamic(p).reads({ inputs: "model" })),
+    /^reads\(\): `inputs` must be an array/,
+  );
+  assert.equal(
+    refused((p) => dynamic(p).reads({ volatile: "yes" })),
+    "reads(): `volatile` must be true or false, not `yes`",
+  );
+  assert.match(refused((p) => dynamic(p).reads()), /^reads\(\): expected \{ facts/);
+  assert.match(
+    refused((p) => p.readsByDefault(["task"])),
+    /^readsByDefault\(\): expected \{ facts/,
+  );
+
+  assert.equal(refused((p) => p.refresh("step")), "refresh() applies to a section or tool only");
+  assert.equal(
+    refused((p) => p.context("c", 0, "C").refresh("step")),
+    "refresh() applies to a section or tool only",
+  );
+  assert.equal(
+    refused((p) => p.section("s", 0, "S").refresh("turn")),
+    "refresh(): unknown refresh `turn` (expected step, boundary or session)",
+  );
+  assert.equal(
+    refused((p) => p.tool("t", "T", {}).refresh("Session")),
+    "refresh(): unknown refresh `Session` (expected step, boundary or session)",
+  );
+  assert.equal(refused((p) => p.defer()), "defer() applies to a tool only");
+  assert.equal(refused((p) => p.section("s", 0, "S").defer()), "defer() applies to a tool only");
+  // The first misuse is the one reported.
+  assert.equal(
+    refused((p) => p.section("s", 0, "S").defer().refresh("never")),
+    "defer() applies to a tool only",
+  );
+});
+
+test("the Step shows the 0.3.0 inputs when the host gives them", () => {
+  const seen = [];
+  const w = exportPlugin(() =>
+    new Plugin().dynamicSection("d", 0, (step) => {
+      seen.push(step);
+      return "";
+    }),
+  );
+  w.declare([]);
+  const full = {
+    ...STEP,
+    lastUserMessage: "find the bug",
+    model: "claude-x",
+    clientTools: ["read", "write"],
+    turnCount: 3n,
+  };
+  w.evaluate(full, { ...NOTHING, sections: [item("d")] });
+  const got = seen.at(-1);
+  assert.equal(got.lastUserMessage, "find the bug");
+  assert.equal(got.model, "claude-x");
+  assert.deepEqual(got.clientTools, ["read", "write"]);
+  assert.equal(got.turnCount, 3);
+  assert.equal(typeof got.turnCount, "number");
+  assert.equal(got.fact("echo"), "{{x}}");
+
+  // Read but empty: the client sent no tools.
+  w.evaluate({ ...STEP, clientTools: [] }, { ...NOTHING, sections: [item("d")] });
+  assert.deepEqual(seen.at(-1).clientTools, []);
+
+  // Not given (not read, or unknown): undefined, as in a 0.2.0 step.
+  w.evaluate(STEP, { ...NOTHING, sections: [item("d")] });
+  const bare = seen.at(-1);
+  for (const key of ["lastUserMessage", "model", "clientTools", "turnCount"]) {
+    assert.equal(bare[key], undefined, key);
+  }
+  assert.equal(bare.stepNumber, 7);
 });
 
 test("log writes through the host", () => {
