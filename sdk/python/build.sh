@@ -5,12 +5,16 @@
 #
 # componentize-py generates the bindings from wit/ (module `wit_world`), pre-initialises the app
 # (imports it, finds its `WitWorld`) and snapshots CPython into a component of world
-# promptd:plugin/plugin. PLUGIN_DIR and sdk/python/src (the `promptd_sdk` package) are on the
+# promptd:plugin/plugin@0.3.0 (wit/plugin.wit; the archived worlds in wit/0.1.0 and wit/0.2.0
+# are not read). There is no build for an older world: the SDK's glue is written for 0.3.0, and
+# a plugin written for the 0.2.0 (or 0.1.0) SDK builds unchanged into a 0.3.0 component that
+# declares what it did. PLUGIN_DIR and sdk/python/src (the `promptd_sdk` package) are on the
 # Python path; pure-Python dependencies can come from the venv in VIRTUAL_ENV or from the
 # folders in PROMPTD_PYTHON_PATH (colon-separated). The plugin's id is OUT's file name without
 # `.wasm`. Installs nothing: run sdk/python/install.sh first.
 #
-# Environment: PROMPTD_WIT overrides the WIT folder (default: the repository's wit/);
+# Environment: PROMPTD_WIT overrides the WIT folder (default: the repository's wit/; it must
+# hold world promptd:plugin@0.3.0, which the glue is written for);
 # PROMPTD_APP overrides the entry module name (default: app); PROMPTD_PURE=1 builds a component
 # that imports no WASI at all (componentize-py --stub-wasi: WASI calls such as print() trap, and
 # the random seed is fixed at build time).

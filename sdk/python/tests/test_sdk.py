@@ -33,6 +33,7 @@ from promptd_sdk import (  # noqa: E402
     Redaction,
     Reject,
     ReviewInput,
+    Step,
     export_plugin,
 )
 
@@ -41,7 +42,11 @@ CODER = wit.Scope_Agent("coder")
 
 
 def step(**facts):
-    return wit.Step("coder", ["global", "coder"], "", 3, sorted(facts.items()))
+    return wit.Step("coder", ["global", "coder"], "", 3, sorted(facts.items()), None, None, None, None)
+
+
+def reads(facts=(), inputs=wit.Inputs(0), volatile=False):
+    return wit.Reads(list(facts), inputs, volatile)
 
 
 def wanted(sections=(), contexts=(), variables=(), shown_tools=False):
@@ -81,13 +86,15 @@ class SdkTest(unittest.TestCase):
         )
         d = w.declare([("who", "Ada")])
         self.assertEqual(
-            d.sections, [wit.Section("hello", 10, wit.Content_StaticText("Hi {{who}}"), True, GLOBAL, False)]
+            d.sections,
+            [wit.Section("hello", 10, wit.Content_StaticText("Hi {{who}}"), True, GLOBAL, False, None, None)],
         )
-        self.assertEqual(d.variables, [wit.Variable("who", wit.Content_StaticText("Ada"), CODER)])
-        self.assertEqual(d.contexts, [wit.Context("ctx", 5, wit.Content_Dynamic(), GLOBAL, False)])
-        self.assertEqual(d.tools, [wit.Tool("t", "d", '{"type":"object"}', GLOBAL)])
+        self.assertEqual(d.variables, [wit.Variable("who", wit.Content_StaticText("Ada"), CODER, None)])
+        self.assertEqual(d.contexts, [wit.Context("ctx", 5, wit.Content_Dynamic(), GLOBAL, False, None)])
+        self.assertEqual(d.tools, [wit.Tool("t", "d", '{"type":"object"}', GLOBAL, None, False)])
         self.assertFalse(d.filters_tools)
         self.assertIsNone(d.review_order)
+        self.assertIsNone(d.reads)
         self.assertEqual(w.evaluate(step(), wanted(contexts=["ctx"])), wit.Evaluation([], [Ok("step 3")], [], None))
 
     def test_verbatim(self):
@@ -104,12 +111,146 @@ class SdkTest(unittest.TestCase):
         self.assertEqual(
             d.sections,
             [
-                wit.Section("echo", 30, wit.Content_Dynamic(), False, CODER, True),
-                wit.Section("plain", 0, wit.Content_StaticText("{{x}}"), False, GLOBAL, False),
+                wit.Section("echo", 30, wit.Content_Dynamic(), False, CODER, True, None, None),
+                wit.Section("plain", 0, wit.Content_StaticText("{{x}}"), False, GLOBAL, False, None, None),
             ],
         )
-        self.assertEqual(d.contexts, [wit.Context("raw", 35, wit.Content_StaticText("Raw {{x}}."), GLOBAL, True)])
+        self.assertEqual(
+            d.contexts, [wit.Context("raw", 35, wit.Content_StaticText("Raw {{x}}."), GLOBAL, True, None)]
+        )
         self.assertEqual(w.evaluate(step(), wanted(sections=[("echo", CODER)])).sections, [Ok("Echo: {{x}}")])
+
+    def test_reads(self):
+        w = self.world(
+            lambda c: Plugin()
+            .reads_by_default(facts=["cwd"], inputs=["step-number"])
+            .dynamic_section("task", 20, lambda s: "T")
+            .reads(facts=["task"])
+            .verbatim()
+            .dynamic_section("rag", 30, lambda s: "R")
+            .reads(inputs=["last-user-message", "model"], facts=("q", "lang"))
+            .scope("coder")
+            .dynamic_context("clock", 40, lambda s: "C")
+            .reads(volatile=True)
+            .dynamic_context("plain", 50, lambda s: "P")
+            .dynamic_variable("v", lambda s: None)
+            .reads(
+                ["a"],
+                ["last-user-message", "model", "client-tools", "step-number", "turn-count", "model"],
+                False,
+            )
+        )
+        d = w.declare([])
+        self.assertEqual(d.reads, reads(["cwd"], wit.Inputs.STEP_NUMBER))
+        self.assertEqual(
+            d.sections,
+            [
+                wit.Section("task", 20, wit.Content_Dynamic(), False, GLOBAL, True, reads(["task"]), None),
+                wit.Section(
+                    "rag",
+                    30,
+                    wit.Content_Dynamic(),
+                    False,
+                    CODER,
+                    False,
+                    reads(["q", "lang"], wit.Inputs.LAST_USER_MESSAGE | wit.Inputs.MODEL),
+                    None,
+                ),
+            ],
+        )
+        self.assertEqual(
+            d.contexts,
+            [
+                wit.Context("clock", 40, wit.Content_Dynamic(), GLOBAL, False, reads(volatile=True)),
+                wit.Context("plain", 50, wit.Content_Dynamic(), GLOBAL, False, None),
+            ],
+        )
+        every = (
+            wit.Inputs.LAST_USER_MESSAGE
+            | wit.Inputs.MODEL
+            | wit.Inputs.CLIENT_TOOLS
+            | wit.Inputs.STEP_NUMBER
+            | wit.Inputs.TURN_COUNT
+        )
+        self.assertEqual(d.variables, [wit.Variable("v", wit.Content_Dynamic(), GLOBAL, reads(["a"], every))])
+        # What the host declares does not change how items are answered.
+        e = w.evaluate(step(), wanted(sections=["task", ("rag", CODER)], contexts=["clock"], variables=["v"]))
+        self.assertEqual(e, wit.Evaluation([Ok("T"), Ok("R")], [Ok("C")], [Ok(None)], None))
+
+    def test_refresh_and_defer(self):
+        w = self.world(
+            lambda c: Plugin()
+            .section("s", 0, "S")
+            .refresh("session")
+            .dynamic_section("d", 1, lambda s: "D")
+            .refresh("step")
+            .reads(facts=["x"])
+            .section("plain", 2, "P")
+            .tool("t", "d", "{}")
+            .refresh("boundary")
+            .defer()
+            .scope("coder")
+            .tool("u", "d", "{}")
+            .defer()
+            .tool("v", "d", "{}")
+        )
+        d = w.declare([])
+        self.assertEqual(
+            d.sections,
+            [
+                wit.Section("s", 0, wit.Content_StaticText("S"), False, GLOBAL, False, None, wit.Refresh.SESSION),
+                wit.Section("d", 1, wit.Content_Dynamic(), False, GLOBAL, False, reads(["x"]), wit.Refresh.STEP),
+                wit.Section("plain", 2, wit.Content_StaticText("P"), False, GLOBAL, False, None, None),
+            ],
+        )
+        self.assertEqual(
+            d.tools,
+            [
+                wit.Tool("t", "d", "{}", CODER, wit.Refresh.BOUNDARY, True),
+                wit.Tool("u", "d", "{}", GLOBAL, None, True),
+                wit.Tool("v", "d", "{}", GLOBAL, None, False),
+            ],
+        )
+        self.assertIsNone(d.reads)
+
+    def test_step_inputs(self):
+        seen = []
+
+        def look(s):
+            seen.append(s)
+            return ""
+
+        w = self.world(lambda c: Plugin().dynamic_context("c", 0, look).show_tools(lambda s: seen.append(s) or []))
+        w.declare([])
+        full = wit.Step("coder", ["global", "coder"], "s1", 4, [("a", "1")], "Hello?", "gpt-x", ["read", "bash"], 2)
+        w.evaluate(full, wanted(contexts=["c"], shown_tools=True))
+        w.evaluate(step(), wanted(contexts=["c"]))
+        empty = wit.Step("coder", ["global", "coder"], "s1", 0, [], None, None, [], None)
+        w.evaluate(empty, wanted(contexts=["c"]))
+        self.assertEqual(
+            seen,
+            [
+                Step("coder", ["global", "coder"], "s1", 4, {"a": "1"}, "Hello?", "gpt-x", ["read", "bash"], 2),
+                Step("coder", ["global", "coder"], "s1", 4, {"a": "1"}, "Hello?", "gpt-x", ["read", "bash"], 2),
+                Step("coder", ["global", "coder"], "", 3),
+                Step("coder", ["global", "coder"], "s1", 0, client_tools=[]),
+            ],
+        )
+        self.assertEqual(seen[0].last_user_message, "Hello?")
+        self.assertEqual(seen[0].model, "gpt-x")
+        self.assertEqual(seen[0].client_tools, ["read", "bash"])
+        self.assertEqual(seen[0].turn_count, 2)
+        self.assertEqual(seen[0].fact("a"), "1")
+        for missing in ("last_user_message", "model", "client_tools", "turn_count"):
+            self.assertIsNone(getattr(seen[2], missing), missing)
+
+        # A review's step carries them too.
+        reviewed = []
+        w = self.world(lambda c: Plugin().review(0, lambda s, i: reviewed.append(s) or Accept()))
+        w.declare([])
+        w.review(full, review_input("x"))
+        self.assertEqual(reviewed[0].client_tools, ["read", "bash"])
+        self.assertEqual(reviewed[0].turn_count, 2)
 
     def test_evaluate_answers_item_by_item(self):
         w = self.world(
@@ -233,6 +374,45 @@ class SdkTest(unittest.TestCase):
             (lambda c: Plugin().verbatim(), "verbatim() applies to a section or context only"),
             (lambda c: Plugin().variable("v", "x").verbatim(), "verbatim() applies to a section or context only"),
             (lambda c: Plugin().tool("t", "d", "{}").verbatim(), "verbatim() applies to a section or context only"),
+            (lambda c: Plugin().reads(facts=["x"]), "reads() applies to a dynamic section, context or variable only"),
+            (lambda c: Plugin().section("s", 0, "S").reads(),
+             "reads() applies to a dynamic section, context or variable only"),
+            (lambda c: Plugin().context("c", 0, "C").reads(),
+             "reads() applies to a dynamic section, context or variable only"),
+            (lambda c: Plugin().variable("v", "x").reads(),
+             "reads() applies to a dynamic section, context or variable only"),
+            (lambda c: Plugin().tool("t", "d", "{}").reads(),
+             "reads() applies to a dynamic section, context or variable only"),
+            (lambda c: Plugin().dynamic_section("d", 0, len).reads().reads(), "reads() called twice for section `d`"),
+            (lambda c: Plugin().dynamic_context("d", 0, len).reads(inputs=["model", "last_user_message"]),
+             "reads(): unknown input 'last_user_message' "
+             "(known: last-user-message, model, client-tools, step-number, turn-count)"),
+            (lambda c: Plugin().dynamic_variable("v", len).reads(facts="task"),
+             "reads(): facts must be a list of str, got str"),
+            (lambda c: Plugin().dynamic_variable("v", len).reads(inputs="model"),
+             "reads(): inputs must be a list of str, got str"),
+            (lambda c: Plugin().dynamic_variable("v", len).reads(facts=None),
+             "reads(): facts must be a list of str, got NoneType"),
+            (lambda c: Plugin().dynamic_variable("v", len).reads(facts=["a", 1]),
+             "reads(): facts must be a list of str, got an item of type int"),
+            (lambda c: Plugin().dynamic_variable("v", len).reads(volatile="yes"),
+             "reads(): volatile must be True or False, got 'yes'"),
+            (lambda c: Plugin().reads_by_default(inputs=["turns"]),
+             "reads_by_default(): unknown input 'turns' "
+             "(known: last-user-message, model, client-tools, step-number, turn-count)"),
+            (lambda c: Plugin().reads_by_default(volatile=1),
+             "reads_by_default(): volatile must be True or False, got 1"),
+            (lambda c: Plugin().reads_by_default().reads_by_default(), "reads_by_default() called twice"),
+            (lambda c: Plugin().refresh("step"), "refresh() applies to a section or tool only"),
+            (lambda c: Plugin().context("c", 0, "C").refresh("step"), "refresh() applies to a section or tool only"),
+            (lambda c: Plugin().dynamic_variable("v", len).refresh("step"),
+             "refresh() applies to a section or tool only"),
+            (lambda c: Plugin().section("s", 0, "S").refresh("often"),
+             "refresh(): unknown value 'often' (expected step, boundary or session)"),
+            (lambda c: Plugin().tool("t", "d", "{}").refresh("Boundary"),
+             "refresh(): unknown value 'Boundary' (expected step, boundary or session)"),
+            (lambda c: Plugin().defer(), "defer() applies to a tool only"),
+            (lambda c: Plugin().section("s", 0, "S").defer(), "defer() applies to a tool only"),
             (lambda c: Plugin().review(0, "x"), "expected a function, got str"),
             (lambda c: Plugin().review(0, len).review(1, len), "review() called twice (a plugin has one review hook)"),
             (lambda c: Plugin().review(2**31, len),

@@ -39,12 +39,36 @@ per session step with the step's new messages (a :class:`ReviewInput`); it retur
         return Accept()
 
     Plugin().review(0, review)
+
+World 0.3.0 lets a plugin say what each dynamic part reads, so the host shows a call only that
+and, in a session, asks again only when it changed: :meth:`Plugin.reads` on a dynamic section,
+context or variable, :meth:`Plugin.reads_by_default` for the whole plugin (and its tool filter).
+The :class:`Step` then carries only what is read: the facts named, and ``last_user_message``,
+``model``, ``client_tools``, ``turn_count`` (None when not read or not known). Cache intent:
+:meth:`Plugin.refresh` on a section or tool, :meth:`Plugin.defer` on a tool.
+
+.. code-block:: python
+
+    (
+        Plugin()
+        .dynamic_section("todo:task", 20, lambda step: f"Task: {step.fact('task')}")
+        .reads(facts=["task"])
+        .dynamic_context("rag:hits", 60, lambda step: search(step.last_user_message or ""))
+        .reads(inputs=["last-user-message"])
+        .verbatim()
+        .tool("search_wiki", "Searches the wiki.", {"type": "object"})
+        .refresh("boundary")
+        .defer()
+    )
+
+A plugin that calls none of them declares exactly what it did under 0.2.0: every dynamic part
+reads the whole step at every step, and sections and tools refresh at the next step.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
@@ -52,9 +76,11 @@ __all__ = [
     "Accept",
     "CallError",
     "Config",
+    "INPUTS",
     "Message",
     "Plugin",
     "Redact",
+    "REFRESH",
     "Redaction",
     "Reject",
     "ReviewInput",
@@ -92,9 +118,18 @@ class Config(Mapping):
         return f"Config({dict(self.items())!r})"
 
 
+INPUTS = ("last-user-message", "model", "client-tools", "step-number", "turn-count")
+"""The request inputs :meth:`Plugin.reads` may name, besides facts."""
+
+REFRESH = ("step", "boundary", "session")
+"""The words :meth:`Plugin.refresh` takes: when a change to a section's or tool's text may reach
+the model."""
+
+
 @dataclass(frozen=True)
 class Step:
-    """What the host knows about the step being assembled."""
+    """What the host knows about the step being assembled, as far as the call reads it (see
+    :meth:`Plugin.reads`): a plugin that declares no reads is shown everything."""
 
     agent: str
     """The agent the request is for."""
@@ -103,9 +138,21 @@ class Step:
     session_id: str = ""
     """The session id; empty outside a session."""
     step_number: int = 0
-    """The step number in the session (from 1); 0 outside a session."""
+    """The step number in the session (from 1); 0 outside a session, and 0 when the call does not
+    read ``step-number``."""
     facts: dict[str, str] = field(default_factory=dict)
-    """Step facts from the client (cwd, git branch...), by key."""
+    """Step facts from the client (cwd, git branch...), by key: those the call reads."""
+    last_user_message: Optional[str] = None
+    """The text of the session's last user message (its text blocks joined by a blank line);
+    None when not read (``last-user-message``) or when there is none."""
+    model: Optional[str] = None
+    """The model the request is for; None when not read (``model``) or not known."""
+    client_tools: Optional[list[str]] = None
+    """The names of the tools the client sent, in its order (empty when it sent none); None when
+    not read (``client-tools``)."""
+    turn_count: Optional[int] = None
+    """How many user messages the session holds, this step's included; None when not read
+    (``turn-count``)."""
 
     def fact(self, key: str) -> Optional[str]:
         """One step fact, or None if the client did not send it."""
@@ -186,6 +233,32 @@ ReviewFn = Callable[[Step, ReviewInput], Verdict]
 _S32 = (-(2**31), 2**31 - 1)
 
 
+@dataclass(frozen=True)
+class _Reads:
+    facts: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()  # names from INPUTS
+    volatile: bool = False
+
+
+def _reads(method: str, facts: Any, inputs: Any, volatile: Any) -> Union[_Reads, str]:
+    """The checked arguments of reads()/reads_by_default(), or the misuse message."""
+    lists = {}
+    for what, value in (("facts", facts), ("inputs", inputs)):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            return f"{method}: {what} must be a list of str, got {type(value).__name__}"
+        value = tuple(value)
+        for v in value:
+            if not isinstance(v, str):
+                return f"{method}: {what} must be a list of str, got an item of type {type(v).__name__}"
+        lists[what] = value
+    for name in lists["inputs"]:
+        if name not in INPUTS:
+            return f"{method}: unknown input {name!r} (known: {', '.join(INPUTS)})"
+    if not isinstance(volatile, bool):
+        return f"{method}: volatile must be True or False, got {volatile!r}"
+    return _Reads(lists["facts"], lists["inputs"], volatile)
+
+
 @dataclass
 class _Item:
     kind: str  # "section", "context", "variable", "tool"
@@ -198,19 +271,25 @@ class _Item:
     complete: bool = False
     verbatim: bool = False
     agent: Optional[str] = None  # None: global scope
+    reads: Optional[_Reads] = None  # None: the plugin's default
+    refresh: Optional[str] = None  # a word from REFRESH; None: the host's default (step)
+    defer: bool = False
 
 
 class Plugin:
     """Everything a plugin contributes.
 
     Methods add one item each and return the plugin, so calls chain; :meth:`scope`,
-    :meth:`complete` and :meth:`verbatim` change the item added last.
+    :meth:`complete`, :meth:`verbatim`, :meth:`reads`, :meth:`refresh` and :meth:`defer` change
+    the item added last. Misuse (a modifier on the wrong kind of item, a bad value) refuses the
+    plugin at load with a message naming it.
     """
 
     def __init__(self) -> None:
         self._items: list[_Item] = []
         self._shown_tools: Optional[ToolsFn] = None
         self._review: Optional[tuple[int, ReviewFn]] = None
+        self._reads: Optional[_Reads] = None
         self._misuse: Optional[str] = None
 
     # -- sections --
@@ -298,6 +377,65 @@ class Plugin:
             self._misuse = self._misuse or "verbatim() applies to a section or context only"
         else:
             self._items[-1].verbatim = True
+        return self
+
+    def reads(self, facts: "Iterable[str]" = (), inputs: "Iterable[str]" = (), volatile: bool = False) -> "Plugin":
+        """Says what the dynamic section, context or variable added last reads of a step: the
+        facts named in ``facts`` and the request inputs named in ``inputs`` (from
+        ``"last-user-message"``, ``"model"``, ``"client-tools"``, ``"step-number"``,
+        ``"turn-count"``). Its function is then shown only those (the :class:`Step` holds no
+        other fact, and None, or 0 for ``step_number``, for an input not read), and in a session
+        it is asked again only when one of them changed, unless ``volatile`` is True (its text
+        depends on something else too: the clock, a file). Without it, the item reads what
+        :meth:`reads_by_default` says, or the whole step at every step."""
+        item = self._items[-1] if self._items else None
+        if item is None or item.kind not in ("section", "context", "variable") or item.fn is None:
+            return self._misused("reads() applies to a dynamic section, context or variable only")
+        if item.reads is not None:
+            return self._misused(f"reads() called twice for {item.kind} `{item.name}`")
+        checked = _reads("reads()", facts, inputs, volatile)
+        if isinstance(checked, str):
+            return self._misused(checked)
+        item.reads = checked
+        return self
+
+    def reads_by_default(
+        self, facts: "Iterable[str]" = (), inputs: "Iterable[str]" = (), volatile: bool = False
+    ) -> "Plugin":
+        """What every dynamic section, context and variable without its own :meth:`reads` reads,
+        and what the tool filter (:meth:`show_tools`) reads; same arguments as :meth:`reads`.
+        Without it, they read the whole step at every step."""
+        if self._reads is not None:
+            return self._misused("reads_by_default() called twice")
+        checked = _reads("reads_by_default()", facts, inputs, volatile)
+        if isinstance(checked, str):
+            return self._misused(checked)
+        self._reads = checked
+        return self
+
+    def refresh(self, when: str) -> "Plugin":
+        """When a change to the text of the section or tool added last may reach the model in a
+        session: ``"step"`` (at the next step, the default), ``"boundary"`` (at the session's
+        next cache-cold point, or after the operator's ``max_stale_s``) or ``"session"`` (never
+        within a session: a new session gets the current text). The operator's config
+        (``[plugins.ID] refresh``) overrides it."""
+        if not self._items or self._items[-1].kind not in ("section", "tool"):
+            return self._misused("refresh() applies to a section or tool only")
+        if when not in REFRESH:
+            return self._misused(f"refresh(): unknown value {when!r} (expected step, boundary or session)")
+        self._items[-1].refresh = when
+        return self
+
+    def defer(self) -> "Plugin":
+        """Marks the tool added last as deferred: sent for the provider's tool search to find,
+        not in every request's cached prefix. The operator's config overrides it."""
+        if not self._items or self._items[-1].kind != "tool":
+            return self._misused("defer() applies to a tool only")
+        self._items[-1].defer = True
+        return self
+
+    def _misused(self, message: str) -> "Plugin":
+        self._misuse = self._misuse or message
         return self
 
     def _push(self, item: _Item) -> "Plugin":

@@ -2,20 +2,27 @@
 :class:`promptd_sdk.Plugin`. Only this module knows the generated types.
 
 Binding shapes (componentize-py 0.25): records are dataclasses, variants are one dataclass per
-case (``Scope_Global()``, ``Scope_Agent(value)``, ``Verdict_Reject(value)``), ``option<string>``
-is ``Optional[str]``, tuples are tuples, a ``result`` inside a value is
+case (``Scope_Global()``, ``Scope_Agent(value)``, ``Verdict_Reject(value)``), an ``enum`` is an
+``enum.Enum`` (``Refresh.BOUNDARY``, ``Level.INFO``), ``flags`` is an ``enum.Flag`` whose members
+are or-ed (``Inputs.MODEL | Inputs.TURN_COUNT``; none set: ``Inputs(0)``), ``option<T>`` is
+``Optional[T]``, tuples are tuples, a ``result`` inside a value is
 ``componentize_py_types.Ok(value)`` or ``Err(value)``, and an export's ``result`` error is
 raised as ``Err(value)``. Any other exception escaping an export traps the instance, so every
 export catches all.
 
-World promptd:plugin@0.2.0: the host calls ``evaluate`` once per step with every wanted dynamic
+World promptd:plugin@0.3.0: the host calls ``evaluate`` once per step with every wanted dynamic
 item; the glue answers each one by calling the function the author registered for its (kind,
 name, scope), exactly as the 0.1.0 per-item exports did (same values, same error texts), and an
-error fails only its own item.
+error fails only its own item. What 0.3.0 adds is declared only when the author asks for it
+(``reads`` none, ``refresh`` none, ``defer`` false otherwise), so a plugin written for the 0.2.0
+SDK declares what it did; the step's new inputs reach the author's ``Step`` as they come (none
+when not read).
 """
 
 from __future__ import annotations
 
+from functools import reduce
+from operator import or_
 from typing import Any, Callable, Optional
 
 import wit_world
@@ -23,7 +30,7 @@ from componentize_py_types import Err, Ok
 from wit_world.imports import host
 from wit_world.imports import types as wit
 
-from . import Accept, Config, Message, Plugin, Redact, Reject, ReviewInput, Step, _Item
+from . import Accept, Config, Message, Plugin, Redact, Reject, ReviewInput, Step, _Item, _Reads
 
 
 def _message(e: BaseException) -> str:
@@ -48,6 +55,18 @@ def _content(item: _Item) -> Any:
     return wit.Content_Dynamic() if item.fn is not None else wit.Content_StaticText(item.text or "")
 
 
+def _reads_to_wit(r: Optional[_Reads]) -> Any:
+    if r is None:
+        return None
+    # "last-user-message" -> Inputs.LAST_USER_MESSAGE; the names were checked by the builder.
+    flags = [getattr(wit.Inputs, name.upper().replace("-", "_")) for name in r.inputs]
+    return wit.Reads(list(r.facts), reduce(or_, flags, wit.Inputs(0)), r.volatile)
+
+
+def _refresh_to_wit(word: Optional[str]) -> Any:
+    return None if word is None else getattr(wit.Refresh, word.upper())
+
+
 def _step(s: Any) -> Step:
     return Step(
         agent=s.agent,
@@ -55,6 +74,10 @@ def _step(s: Any) -> Step:
         session_id=s.session_id,
         step_number=s.step_number,
         facts=dict(s.facts),
+        last_user_message=s.last_user_message,
+        model=s.model,
+        client_tools=None if s.client_tools is None else list(s.client_tools),
+        turn_count=s.turn_count,
     )
 
 
@@ -71,27 +94,39 @@ def _declaration(p: Plugin) -> Any:
     items = p._items
     return wit.Declaration(
         sections=[
-            wit.Section(i.name, i.order, _content(i), i.complete, _scope_to_wit(i.agent), i.verbatim)
+            wit.Section(
+                i.name,
+                i.order,
+                _content(i),
+                i.complete,
+                _scope_to_wit(i.agent),
+                i.verbatim,
+                _reads_to_wit(i.reads),
+                _refresh_to_wit(i.refresh),
+            )
             for i in items
             if i.kind == "section"
         ],
         contexts=[
-            wit.Context(i.name, i.order, _content(i), _scope_to_wit(i.agent), i.verbatim)
+            wit.Context(i.name, i.order, _content(i), _scope_to_wit(i.agent), i.verbatim, _reads_to_wit(i.reads))
             for i in items
             if i.kind == "context"
         ],
         variables=[
-            wit.Variable(i.name, _content(i), _scope_to_wit(i.agent))
+            wit.Variable(i.name, _content(i), _scope_to_wit(i.agent), _reads_to_wit(i.reads))
             for i in items
             if i.kind == "variable"
         ],
         tools=[
-            wit.Tool(i.name, i.description, i.parameters, _scope_to_wit(i.agent))
+            wit.Tool(
+                i.name, i.description, i.parameters, _scope_to_wit(i.agent), _refresh_to_wit(i.refresh), i.defer
+            )
             for i in items
             if i.kind == "tool"
         ],
         filters_tools=p._shown_tools is not None,
         review_order=None if p._review is None else p._review[0],
+        reads=_reads_to_wit(p._reads),
     )
 
 
