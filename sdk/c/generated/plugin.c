@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `promptd:plugin/host@0.2.0`
+// Imported Functions from `promptd:plugin/host@0.3.0`
 
-__attribute__((__import_module__("promptd:plugin/host@0.2.0"), __import_name__("log")))
+__attribute__((__import_module__("promptd:plugin/host@0.3.0"), __import_name__("log")))
 extern void __wasm_import_promptd_plugin_host_log(int32_t, uint8_t *, size_t);
 
 // Exported Functions from `plugin`
@@ -14,11 +14,11 @@ __attribute__((__weak__, __export_name__("cabi_post_declare")))
 void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
   switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + 0))) {
     case 0: {
-      size_t len = *((size_t*) (arg0 + (2*sizeof(void*))));
-      if (len > 0) {
-        uint8_t *ptr = *((uint8_t **) (arg0 + sizeof(void*)));
-        for (size_t i = 0; i < len; i++) {
-          uint8_t *base = ptr + i * (11*sizeof(void*));
+      size_t len0 = *((size_t*) (arg0 + (2*sizeof(void*))));
+      if (len0 > 0) {
+        uint8_t *ptr1 = *((uint8_t **) (arg0 + sizeof(void*)));
+        for (size_t i2 = 0; i2 < len0; i2++) {
+          uint8_t *base = ptr1 + i2 * (16*sizeof(void*));
           (void) base;
           if ((*((size_t*) (base + sizeof(void*)))) > 0) {
             free(*((uint8_t **) (base + 0)));
@@ -45,14 +45,34 @@ void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
               break;
             }
           }
+          switch ((int32_t) (int32_t) *((uint8_t*) (base + (11*sizeof(void*))))) {
+            case 0: {
+              break;
+            }
+            case 1: {
+              size_t len = *((size_t*) (base + (13*sizeof(void*))));
+              if (len > 0) {
+                uint8_t *ptr = *((uint8_t **) (base + (12*sizeof(void*))));
+                for (size_t i = 0; i < len; i++) {
+                  uint8_t *base = ptr + i * (2*sizeof(void*));
+                  (void) base;
+                  if ((*((size_t*) (base + sizeof(void*)))) > 0) {
+                    free(*((uint8_t **) (base + 0)));
+                  }
+                }
+                free(ptr);
+              }
+              break;
+            }
+          }
         }
-        free(ptr);
+        free(ptr1);
       }
-      size_t len0 = *((size_t*) (arg0 + (4*sizeof(void*))));
-      if (len0 > 0) {
-        uint8_t *ptr1 = *((uint8_t **) (arg0 + (3*sizeof(void*))));
-        for (size_t i2 = 0; i2 < len0; i2++) {
-          uint8_t *base = ptr1 + i2 * (10*sizeof(void*));
+      size_t len6 = *((size_t*) (arg0 + (4*sizeof(void*))));
+      if (len6 > 0) {
+        uint8_t *ptr7 = *((uint8_t **) (arg0 + (3*sizeof(void*))));
+        for (size_t i8 = 0; i8 < len6; i8++) {
+          uint8_t *base = ptr7 + i8 * (14*sizeof(void*));
           (void) base;
           if ((*((size_t*) (base + sizeof(void*)))) > 0) {
             free(*((uint8_t **) (base + 0)));
@@ -79,14 +99,34 @@ void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
               break;
             }
           }
+          switch ((int32_t) (int32_t) *((uint8_t*) (base + (10*sizeof(void*))))) {
+            case 0: {
+              break;
+            }
+            case 1: {
+              size_t len3 = *((size_t*) (base + (12*sizeof(void*))));
+              if (len3 > 0) {
+                uint8_t *ptr4 = *((uint8_t **) (base + (11*sizeof(void*))));
+                for (size_t i5 = 0; i5 < len3; i5++) {
+                  uint8_t *base = ptr4 + i5 * (2*sizeof(void*));
+                  (void) base;
+                  if ((*((size_t*) (base + sizeof(void*)))) > 0) {
+                    free(*((uint8_t **) (base + 0)));
+                  }
+                }
+                free(ptr4);
+              }
+              break;
+            }
+          }
         }
-        free(ptr1);
+        free(ptr7);
       }
-      size_t len3 = *((size_t*) (arg0 + (6*sizeof(void*))));
-      if (len3 > 0) {
-        uint8_t *ptr4 = *((uint8_t **) (arg0 + (5*sizeof(void*))));
-        for (size_t i5 = 0; i5 < len3; i5++) {
-          uint8_t *base = ptr4 + i5 * (8*sizeof(void*));
+      size_t len12 = *((size_t*) (arg0 + (6*sizeof(void*))));
+      if (len12 > 0) {
+        uint8_t *ptr13 = *((uint8_t **) (arg0 + (5*sizeof(void*))));
+        for (size_t i14 = 0; i14 < len12; i14++) {
+          uint8_t *base = ptr13 + i14 * (12*sizeof(void*));
           (void) base;
           if ((*((size_t*) (base + sizeof(void*)))) > 0) {
             free(*((uint8_t **) (base + 0)));
@@ -113,14 +153,34 @@ void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
               break;
             }
           }
+          switch ((int32_t) (int32_t) *((uint8_t*) (base + (8*sizeof(void*))))) {
+            case 0: {
+              break;
+            }
+            case 1: {
+              size_t len9 = *((size_t*) (base + (10*sizeof(void*))));
+              if (len9 > 0) {
+                uint8_t *ptr10 = *((uint8_t **) (base + (9*sizeof(void*))));
+                for (size_t i11 = 0; i11 < len9; i11++) {
+                  uint8_t *base = ptr10 + i11 * (2*sizeof(void*));
+                  (void) base;
+                  if ((*((size_t*) (base + sizeof(void*)))) > 0) {
+                    free(*((uint8_t **) (base + 0)));
+                  }
+                }
+                free(ptr10);
+              }
+              break;
+            }
+          }
         }
-        free(ptr4);
+        free(ptr13);
       }
-      size_t len6 = *((size_t*) (arg0 + (8*sizeof(void*))));
-      if (len6 > 0) {
-        uint8_t *ptr7 = *((uint8_t **) (arg0 + (7*sizeof(void*))));
-        for (size_t i8 = 0; i8 < len6; i8++) {
-          uint8_t *base = ptr7 + i8 * (9*sizeof(void*));
+      size_t len15 = *((size_t*) (arg0 + (8*sizeof(void*))));
+      if (len15 > 0) {
+        uint8_t *ptr16 = *((uint8_t **) (arg0 + (7*sizeof(void*))));
+        for (size_t i17 = 0; i17 < len15; i17++) {
+          uint8_t *base = ptr16 + i17 * (10*sizeof(void*));
           (void) base;
           if ((*((size_t*) (base + sizeof(void*)))) > 0) {
             free(*((uint8_t **) (base + 0)));
@@ -143,7 +203,27 @@ void __wasm_export_exports_plugin_declare_post_return(uint8_t * arg0) {
             }
           }
         }
-        free(ptr7);
+        free(ptr16);
+      }
+      switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + (8+10*sizeof(void*))))) {
+        case 0: {
+          break;
+        }
+        case 1: {
+          size_t len18 = *((size_t*) (arg0 + (8+12*sizeof(void*))));
+          if (len18 > 0) {
+            uint8_t *ptr19 = *((uint8_t **) (arg0 + (8+11*sizeof(void*))));
+            for (size_t i20 = 0; i20 < len18; i20++) {
+              uint8_t *base = ptr19 + i20 * (2*sizeof(void*));
+              (void) base;
+              if ((*((size_t*) (base + sizeof(void*)))) > 0) {
+                free(*((uint8_t **) (base + 0)));
+              }
+            }
+            free(ptr19);
+          }
+          break;
+        }
       }
       break;
     }
@@ -335,7 +415,7 @@ void *cabi_realloc(void *ptr, size_t old_size, size_t align, size_t new_size) {
 }
 
 __attribute__((__aligned__(sizeof(void*))))
-static uint8_t RET_AREA[(8+10*sizeof(void*))];
+static uint8_t RET_AREA[(8+14*sizeof(void*))];
 
 // Helper Functions
 
@@ -357,22 +437,52 @@ void promptd_plugin_types_content_free(promptd_plugin_types_content_t *ptr) {
   }
 }
 
+void plugin_list_string_free(plugin_list_string_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    plugin_string_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      plugin_string_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void promptd_plugin_types_reads_free(promptd_plugin_types_reads_t *ptr) {
+  plugin_list_string_free(&ptr->facts);
+}
+
+void promptd_plugin_types_option_reads_free(promptd_plugin_types_option_reads_t *ptr) {
+  if (ptr->is_some) {
+    promptd_plugin_types_reads_free(&ptr->val);
+  }
+}
+
+void promptd_plugin_types_option_refresh_free(promptd_plugin_types_option_refresh_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
 void promptd_plugin_types_section_free(promptd_plugin_types_section_t *ptr) {
   plugin_string_free(&ptr->name);
   promptd_plugin_types_content_free(&ptr->text);
   promptd_plugin_types_scope_free(&ptr->scope);
+  promptd_plugin_types_option_reads_free(&ptr->reads);
+  promptd_plugin_types_option_refresh_free(&ptr->refresh);
 }
 
 void promptd_plugin_types_context_free(promptd_plugin_types_context_t *ptr) {
   plugin_string_free(&ptr->name);
   promptd_plugin_types_content_free(&ptr->text);
   promptd_plugin_types_scope_free(&ptr->scope);
+  promptd_plugin_types_option_reads_free(&ptr->reads);
 }
 
 void promptd_plugin_types_variable_free(promptd_plugin_types_variable_t *ptr) {
   plugin_string_free(&ptr->name);
   promptd_plugin_types_content_free(&ptr->value);
   promptd_plugin_types_scope_free(&ptr->scope);
+  promptd_plugin_types_option_reads_free(&ptr->reads);
 }
 
 void promptd_plugin_types_tool_free(promptd_plugin_types_tool_t *ptr) {
@@ -380,6 +490,7 @@ void promptd_plugin_types_tool_free(promptd_plugin_types_tool_t *ptr) {
   plugin_string_free(&ptr->description);
   plugin_string_free(&ptr->parameters);
   promptd_plugin_types_scope_free(&ptr->scope);
+  promptd_plugin_types_option_refresh_free(&ptr->refresh);
 }
 
 void promptd_plugin_types_list_section_free(promptd_plugin_types_list_section_t *ptr) {
@@ -437,17 +548,7 @@ void promptd_plugin_types_declaration_free(promptd_plugin_types_declaration_t *p
   promptd_plugin_types_list_variable_free(&ptr->variables);
   promptd_plugin_types_list_tool_free(&ptr->tools);
   plugin_option_s32_free(&ptr->review_order);
-}
-
-void plugin_list_string_free(plugin_list_string_t *ptr) {
-  size_t list_len = ptr->len;
-  if (list_len > 0) {
-    plugin_string_t *list_ptr = ptr->ptr;
-    for (size_t i = 0; i < list_len; i++) {
-      plugin_string_free(&list_ptr[i]);
-    }
-    free(list_ptr);
-  }
+  promptd_plugin_types_option_reads_free(&ptr->reads);
 }
 
 void plugin_tuple2_string_string_free(plugin_tuple2_string_string_t *ptr) {
@@ -466,11 +567,32 @@ void plugin_list_tuple2_string_string_free(plugin_list_tuple2_string_string_t *p
   }
 }
 
+void plugin_option_string_free(plugin_option_string_t *ptr) {
+  if (ptr->is_some) {
+    plugin_string_free(&ptr->val);
+  }
+}
+
+void plugin_option_list_string_free(plugin_option_list_string_t *ptr) {
+  if (ptr->is_some) {
+    plugin_list_string_free(&ptr->val);
+  }
+}
+
+void plugin_option_u64_free(plugin_option_u64_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
 void promptd_plugin_types_step_free(promptd_plugin_types_step_t *ptr) {
   plugin_string_free(&ptr->agent);
   plugin_list_string_free(&ptr->scope_chain);
   plugin_string_free(&ptr->session_id);
   plugin_list_tuple2_string_string_free(&ptr->facts);
+  plugin_option_string_free(&ptr->last_user_message);
+  plugin_option_string_free(&ptr->model);
+  plugin_option_list_string_free(&ptr->client_tools);
+  plugin_option_u64_free(&ptr->turn_count);
 }
 
 void promptd_plugin_types_item_free(promptd_plugin_types_item_t *ptr) {
@@ -511,12 +633,6 @@ void promptd_plugin_types_list_result_string_string_free(promptd_plugin_types_li
       promptd_plugin_types_result_string_string_free(&list_ptr[i]);
     }
     free(list_ptr);
-  }
-}
-
-void plugin_option_string_free(plugin_option_string_t *ptr) {
-  if (ptr->is_some) {
-    plugin_string_free(&ptr->val);
   }
 }
 
@@ -707,9 +823,9 @@ uint8_t * __wasm_export_exports_plugin_declare(uint8_t * arg, size_t arg0) {
   }
   uint8_t *ptr = (uint8_t *) &RET_AREA;
   if ((ret).is_err) {
-    const plugin_string_t *payload18 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload18).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload18).ptr;
+    const plugin_string_t *payload30 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload30).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload30).ptr;
   } else {
     const plugin_declaration_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
     *((size_t*)(ptr + (2*sizeof(void*)))) = ((*payload).sections).len;
@@ -722,46 +838,109 @@ uint8_t * __wasm_export_exports_plugin_declare(uint8_t * arg, size_t arg0) {
     *((uint8_t **)(ptr + (7*sizeof(void*)))) = (uint8_t *) ((*payload).tools).ptr;
     *((int8_t*)(ptr + (9*sizeof(void*)))) = (*payload).filters_tools;
     if (((*payload).review_order).is_some) {
-      const int32_t *payload17 = &((*payload).review_order).val;
+      const int32_t *payload27 = &((*payload).review_order).val;
       *((int8_t*)(ptr + (4+9*sizeof(void*)))) = 1;
-      *((int32_t*)(ptr + (8+9*sizeof(void*)))) = *payload17;
+      *((int32_t*)(ptr + (8+9*sizeof(void*)))) = *payload27;
     } else {
       *((int8_t*)(ptr + (4+9*sizeof(void*)))) = 0;
+    }
+    if (((*payload).reads).is_some) {
+      const promptd_plugin_types_reads_t *payload29 = &((*payload).reads).val;
+      *((int8_t*)(ptr + (8+10*sizeof(void*)))) = 1;
+      *((size_t*)(ptr + (8+12*sizeof(void*)))) = ((*payload29).facts).len;
+      *((uint8_t **)(ptr + (8+11*sizeof(void*)))) = (uint8_t *) ((*payload29).facts).ptr;
+      *((int8_t*)(ptr + (8+13*sizeof(void*)))) = (*payload29).inputs;
+      *((int8_t*)(ptr + (9+13*sizeof(void*)))) = (*payload29).volatile_;
+    } else {
+      *((int8_t*)(ptr + (8+10*sizeof(void*)))) = 0;
     }
   }
   return ptr;
 }
 
 __attribute__((__export_name__("evaluate")))
-uint8_t * __wasm_export_exports_plugin_evaluate(uint8_t * arg, size_t arg0, uint8_t * arg1, size_t arg2, uint8_t * arg3, size_t arg4, int64_t arg5, uint8_t * arg6, size_t arg7, uint8_t * arg8, size_t arg9, uint8_t * arg10, size_t arg11, uint8_t * arg12, size_t arg13, int32_t arg14) {
-  plugin_step_t arg17 = (promptd_plugin_types_step_t) {
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg), (arg0) },
-    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(arg1), (arg2) },
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(arg3), (arg4) },
-    (uint64_t) (uint64_t) (arg5),
-    (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(arg6), (arg7) },
+uint8_t * __wasm_export_exports_plugin_evaluate(uint8_t * arg) {
+  plugin_option_string_t option;
+  switch ((int32_t) *((uint8_t*) (arg + (8+8*sizeof(void*))))) {
+    case 0: {
+      option.is_some = false;
+      break;
+    }
+    case 1: {
+      option.is_some = true;
+      option.val = (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+9*sizeof(void*))))), (*((size_t*) (arg + (8+10*sizeof(void*))))) };
+      break;
+    }
+  }
+  plugin_option_string_t option0;
+  switch ((int32_t) *((uint8_t*) (arg + (8+11*sizeof(void*))))) {
+    case 0: {
+      option0.is_some = false;
+      break;
+    }
+    case 1: {
+      option0.is_some = true;
+      option0.val = (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+12*sizeof(void*))))), (*((size_t*) (arg + (8+13*sizeof(void*))))) };
+      break;
+    }
+  }
+  plugin_option_list_string_t option1;
+  switch ((int32_t) *((uint8_t*) (arg + (8+14*sizeof(void*))))) {
+    case 0: {
+      option1.is_some = false;
+      break;
+    }
+    case 1: {
+      option1.is_some = true;
+      option1.val = (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (8+15*sizeof(void*))))), (*((size_t*) (arg + (8+16*sizeof(void*))))) };
+      break;
+    }
+  }
+  plugin_option_u64_t option2;
+  switch ((int32_t) *((uint8_t*) (arg + (16+16*sizeof(void*))))) {
+    case 0: {
+      option2.is_some = false;
+      break;
+    }
+    case 1: {
+      option2.is_some = true;
+      option2.val = (uint64_t) (*((int64_t*) (arg + (24+16*sizeof(void*)))));
+      break;
+    }
+  }
+  plugin_step_t arg5 = (promptd_plugin_types_step_t) {
+    (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + 0))), (*((size_t*) (arg + sizeof(void*)))) },
+    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (2*sizeof(void*))))), (*((size_t*) (arg + (3*sizeof(void*))))) },
+    (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (4*sizeof(void*))))), (*((size_t*) (arg + (5*sizeof(void*))))) },
+    (uint64_t) (uint64_t) (*((int64_t*) (arg + (6*sizeof(void*))))),
+    (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(*((uint8_t **) (arg + (8+6*sizeof(void*))))), (*((size_t*) (arg + (8+7*sizeof(void*))))) },
+    (plugin_option_string_t) option,
+    (plugin_option_string_t) option0,
+    (plugin_option_list_string_t) option1,
+    (plugin_option_u64_t) option2,
   };
-  plugin_wanted_t arg18 = (promptd_plugin_types_wanted_t) {
-    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(arg8), (arg9) },
-    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(arg10), (arg11) },
-    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(arg12), (arg13) },
-    (bool) arg14,
+  plugin_wanted_t arg6 = (promptd_plugin_types_wanted_t) {
+    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(*((uint8_t **) (arg + (32+16*sizeof(void*))))), (*((size_t*) (arg + (32+17*sizeof(void*))))) },
+    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(*((uint8_t **) (arg + (32+18*sizeof(void*))))), (*((size_t*) (arg + (32+19*sizeof(void*))))) },
+    (promptd_plugin_types_list_item_t) (promptd_plugin_types_list_item_t) { (promptd_plugin_types_item_t*)(*((uint8_t **) (arg + (32+20*sizeof(void*))))), (*((size_t*) (arg + (32+21*sizeof(void*))))) },
+    (bool) (int32_t) *((uint8_t*) (arg + (32+22*sizeof(void*)))),
   };
   plugin_result_evaluation_string_t ret;
   plugin_evaluation_t ok;
   plugin_string_t err;
-  ret.is_err = !exports_plugin_evaluate(&arg17, &arg18, &ok, &err);
+  ret.is_err = !exports_plugin_evaluate(&arg5, &arg6, &ok, &err);
   if (ret.is_err) {
     ret.val.err = err;
   }
   if (!ret.is_err) {
     ret.val.ok = ok;
   }
+  free(arg);
   uint8_t *ptr = (uint8_t *) &RET_AREA;
   if ((ret).is_err) {
-    const plugin_string_t *payload31 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload31).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload31).ptr;
+    const plugin_string_t *payload19 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload19).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload19).ptr;
   } else {
     const plugin_evaluation_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
     *((size_t*)(ptr + (2*sizeof(void*)))) = ((*payload).sections).len;
@@ -771,16 +950,16 @@ uint8_t * __wasm_export_exports_plugin_evaluate(uint8_t * arg, size_t arg0, uint
     *((size_t*)(ptr + (6*sizeof(void*)))) = ((*payload).variables).len;
     *((uint8_t **)(ptr + (5*sizeof(void*)))) = (uint8_t *) ((*payload).variables).ptr;
     if (((*payload).shown_tools).is_some) {
-      const promptd_plugin_types_result_list_string_string_t *payload28 = &((*payload).shown_tools).val;
+      const promptd_plugin_types_result_list_string_string_t *payload16 = &((*payload).shown_tools).val;
       *((int8_t*)(ptr + (7*sizeof(void*)))) = 1;
-      if ((*payload28).is_err) {
-        const plugin_string_t *payload30 = &(*payload28).val.err;*((int8_t*)(ptr + (8*sizeof(void*)))) = 1;
-        *((size_t*)(ptr + (10*sizeof(void*)))) = (*payload30).len;
-        *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) (*payload30).ptr;
+      if ((*payload16).is_err) {
+        const plugin_string_t *payload18 = &(*payload16).val.err;*((int8_t*)(ptr + (8*sizeof(void*)))) = 1;
+        *((size_t*)(ptr + (10*sizeof(void*)))) = (*payload18).len;
+        *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) (*payload18).ptr;
       } else {
-        const plugin_list_string_t *payload29 = &(*payload28).val.ok;*((int8_t*)(ptr + (8*sizeof(void*)))) = 0;
-        *((size_t*)(ptr + (10*sizeof(void*)))) = (*payload29).len;
-        *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) (*payload29).ptr;
+        const plugin_list_string_t *payload17 = &(*payload16).val.ok;*((int8_t*)(ptr + (8*sizeof(void*)))) = 0;
+        *((size_t*)(ptr + (10*sizeof(void*)))) = (*payload17).len;
+        *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) (*payload17).ptr;
       }
     } else {
       *((int8_t*)(ptr + (7*sizeof(void*)))) = 0;
@@ -792,34 +971,86 @@ uint8_t * __wasm_export_exports_plugin_evaluate(uint8_t * arg, size_t arg0, uint
 __attribute__((__export_name__("review")))
 uint8_t * __wasm_export_exports_plugin_review(uint8_t * arg) {
   plugin_option_string_t option;
-  switch ((int32_t) *((uint8_t*) (arg + (8+12*sizeof(void*))))) {
+  switch ((int32_t) *((uint8_t*) (arg + (8+8*sizeof(void*))))) {
     case 0: {
       option.is_some = false;
       break;
     }
     case 1: {
       option.is_some = true;
-      option.val = (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+13*sizeof(void*))))), (*((size_t*) (arg + (8+14*sizeof(void*))))) };
+      option.val = (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+9*sizeof(void*))))), (*((size_t*) (arg + (8+10*sizeof(void*))))) };
       break;
     }
   }
-  plugin_step_t arg0 = (promptd_plugin_types_step_t) {
+  plugin_option_string_t option0;
+  switch ((int32_t) *((uint8_t*) (arg + (8+11*sizeof(void*))))) {
+    case 0: {
+      option0.is_some = false;
+      break;
+    }
+    case 1: {
+      option0.is_some = true;
+      option0.val = (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+12*sizeof(void*))))), (*((size_t*) (arg + (8+13*sizeof(void*))))) };
+      break;
+    }
+  }
+  plugin_option_list_string_t option1;
+  switch ((int32_t) *((uint8_t*) (arg + (8+14*sizeof(void*))))) {
+    case 0: {
+      option1.is_some = false;
+      break;
+    }
+    case 1: {
+      option1.is_some = true;
+      option1.val = (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (8+15*sizeof(void*))))), (*((size_t*) (arg + (8+16*sizeof(void*))))) };
+      break;
+    }
+  }
+  plugin_option_u64_t option2;
+  switch ((int32_t) *((uint8_t*) (arg + (16+16*sizeof(void*))))) {
+    case 0: {
+      option2.is_some = false;
+      break;
+    }
+    case 1: {
+      option2.is_some = true;
+      option2.val = (uint64_t) (*((int64_t*) (arg + (24+16*sizeof(void*)))));
+      break;
+    }
+  }
+  plugin_option_string_t option3;
+  switch ((int32_t) *((uint8_t*) (arg + (32+20*sizeof(void*))))) {
+    case 0: {
+      option3.is_some = false;
+      break;
+    }
+    case 1: {
+      option3.is_some = true;
+      option3.val = (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (32+21*sizeof(void*))))), (*((size_t*) (arg + (32+22*sizeof(void*))))) };
+      break;
+    }
+  }
+  plugin_step_t arg4 = (promptd_plugin_types_step_t) {
     (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + 0))), (*((size_t*) (arg + sizeof(void*)))) },
     (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (2*sizeof(void*))))), (*((size_t*) (arg + (3*sizeof(void*))))) },
     (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (4*sizeof(void*))))), (*((size_t*) (arg + (5*sizeof(void*))))) },
     (uint64_t) (uint64_t) (*((int64_t*) (arg + (6*sizeof(void*))))),
     (plugin_list_tuple2_string_string_t) (plugin_list_tuple2_string_string_t) { (plugin_tuple2_string_string_t*)(*((uint8_t **) (arg + (8+6*sizeof(void*))))), (*((size_t*) (arg + (8+7*sizeof(void*))))) },
-  };
-  plugin_review_input_t arg1 = (promptd_plugin_types_review_input_t) {
-    (promptd_plugin_types_list_message_t) (promptd_plugin_types_list_message_t) { (promptd_plugin_types_message_t*)(*((uint8_t **) (arg + (8+8*sizeof(void*))))), (*((size_t*) (arg + (8+9*sizeof(void*))))) },
-    (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+10*sizeof(void*))))), (*((size_t*) (arg + (8+11*sizeof(void*))))) },
     (plugin_option_string_t) option,
-    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (8+15*sizeof(void*))))), (*((size_t*) (arg + (8+16*sizeof(void*))))) },
+    (plugin_option_string_t) option0,
+    (plugin_option_list_string_t) option1,
+    (plugin_option_u64_t) option2,
+  };
+  plugin_review_input_t arg5 = (promptd_plugin_types_review_input_t) {
+    (promptd_plugin_types_list_message_t) (promptd_plugin_types_list_message_t) { (promptd_plugin_types_message_t*)(*((uint8_t **) (arg + (32+16*sizeof(void*))))), (*((size_t*) (arg + (32+17*sizeof(void*))))) },
+    (plugin_string_t) (plugin_string_t) { (uint8_t*)(*((uint8_t **) (arg + (32+18*sizeof(void*))))), (*((size_t*) (arg + (32+19*sizeof(void*))))) },
+    (plugin_option_string_t) option3,
+    (plugin_list_string_t) (plugin_list_string_t) { (plugin_string_t*)(*((uint8_t **) (arg + (32+23*sizeof(void*))))), (*((size_t*) (arg + (32+24*sizeof(void*))))) },
   };
   plugin_result_verdict_string_t ret;
   plugin_verdict_t ok;
   plugin_string_t err;
-  ret.is_err = !exports_plugin_review(&arg0, &arg1, &ok, &err);
+  ret.is_err = !exports_plugin_review(&arg4, &arg5, &ok, &err);
   if (ret.is_err) {
     ret.val.err = err;
   }
@@ -829,9 +1060,9 @@ uint8_t * __wasm_export_exports_plugin_review(uint8_t * arg) {
   free(arg);
   uint8_t *ptr = (uint8_t *) &RET_AREA;
   if ((ret).is_err) {
-    const plugin_string_t *payload5 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload5).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload5).ptr;
+    const plugin_string_t *payload9 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload9).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload9).ptr;
   } else {
     const plugin_verdict_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
     switch ((int32_t) (*payload).tag) {
@@ -840,17 +1071,17 @@ uint8_t * __wasm_export_exports_plugin_review(uint8_t * arg) {
         break;
       }
       case 1: {
-        const plugin_string_t *payload3 = &(*payload).val.reject;
+        const plugin_string_t *payload7 = &(*payload).val.reject;
         *((int8_t*)(ptr + sizeof(void*))) = 1;
-        *((size_t*)(ptr + (3*sizeof(void*)))) = (*payload3).len;
-        *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) (*payload3).ptr;
+        *((size_t*)(ptr + (3*sizeof(void*)))) = (*payload7).len;
+        *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) (*payload7).ptr;
         break;
       }
       case 2: {
-        const promptd_plugin_types_list_redaction_t *payload4 = &(*payload).val.redact;
+        const promptd_plugin_types_list_redaction_t *payload8 = &(*payload).val.redact;
         *((int8_t*)(ptr + sizeof(void*))) = 2;
-        *((size_t*)(ptr + (3*sizeof(void*)))) = (*payload4).len;
-        *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) (*payload4).ptr;
+        *((size_t*)(ptr + (3*sizeof(void*)))) = (*payload8).len;
+        *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) (*payload8).ptr;
         break;
       }
     }

@@ -41,6 +41,63 @@ typedef struct promptd_plugin_types_content_t {
 // Computed per step by `evaluate`.
 #define PROMPTD_PLUGIN_TYPES_CONTENT_DYNAMIC 1
 
+// The request inputs a step may show a plugin, besides its facts. A call is shown only
+// those its wanted contributions read.
+typedef uint8_t promptd_plugin_types_inputs_t;
+
+// The text of the session's last user message (its text blocks joined by a blank
+// line): what a retrieval plugin searches with when no fact names a query.
+#define PROMPTD_PLUGIN_TYPES_INPUTS_LAST_USER_MESSAGE (1 << 0)
+// The model the request is for (through the gateway: the client's `model`).
+#define PROMPTD_PLUGIN_TYPES_INPUTS_MODEL (1 << 1)
+// The names of the tools the client sent with its request (through the gateway), in
+// its order: a plugin can give guidance for the tools the agent really has.
+#define PROMPTD_PLUGIN_TYPES_INPUTS_CLIENT_TOOLS (1 << 2)
+// The step's number in the session.
+#define PROMPTD_PLUGIN_TYPES_INPUTS_STEP_NUMBER (1 << 3)
+// How many user messages the session holds, this step's included.
+#define PROMPTD_PLUGIN_TYPES_INPUTS_TURN_COUNT (1 << 4)
+
+typedef struct {
+  plugin_string_t *ptr;
+  size_t len;
+} plugin_list_string_t;
+
+// What a dynamic contribution reads of a step.
+typedef struct promptd_plugin_types_reads_t {
+  // The facts it reads, by name; it is never shown the others.
+  plugin_list_string_t   facts;
+  // The request inputs it reads.
+  promptd_plugin_types_inputs_t   inputs;
+  // True: asked at every step even when nothing it reads changed (its answer depends
+  // on something else too: the clock, a file). False: in a session, its last answer is
+  // kept until something it reads changes.
+  bool   volatile_;
+} promptd_plugin_types_reads_t;
+
+// When a change to a section's or tool's text may reach the model (the operator's
+// `[plugins.ID] refresh` overrides it).
+typedef uint8_t promptd_plugin_types_refresh_t;
+
+// At the session's next step (the default): for text the model must see current.
+#define PROMPTD_PLUGIN_TYPES_REFRESH_STEP 0
+// At the session's next cache-cold point, or after `max_stale_s`: catalogues,
+// references, descriptions the model can do without for a while.
+#define PROMPTD_PLUGIN_TYPES_REFRESH_BOUNDARY 1
+// Never within a session: a session keeps what it was first sent, and a new session
+// starts with the current text.
+#define PROMPTD_PLUGIN_TYPES_REFRESH_SESSION 2
+
+typedef struct {
+  bool is_some;
+  promptd_plugin_types_reads_t val;
+} promptd_plugin_types_option_reads_t;
+
+typedef struct {
+  bool is_some;
+  promptd_plugin_types_refresh_t val;
+} promptd_plugin_types_option_refresh_t;
+
 // A part of the system prompt.
 typedef struct promptd_plugin_types_section_t {
   // Non-empty printable ASCII without whitespace, e.g. `deployment:persona`.
@@ -56,9 +113,14 @@ typedef struct promptd_plugin_types_section_t {
   // True: the text is used exactly as given, `{{` and all, and can never pull a
   // variable (a secret) into the prompt. For text the plugin did not write itself.
   bool   verbatim;
+  // What a dynamic section reads; none: the declaration's `reads`.
+  promptd_plugin_types_option_reads_t   reads;
+  // When a change reaches the model; none: `step`.
+  promptd_plugin_types_option_refresh_t   refresh;
 } promptd_plugin_types_section_t;
 
 // A part of the runtime context snapshot (a user-role message, never the system prompt).
+// A context is never held: a changed one is a new snapshot at the end of the request.
 typedef struct promptd_plugin_types_context_t {
   // Same rules as a section name.
   plugin_string_t   name;
@@ -69,6 +131,8 @@ typedef struct promptd_plugin_types_context_t {
   // As for sections: the text is never interpolated. Retrieved documents, tool output
   // summaries and web pages belong in verbatim contexts.
   bool   verbatim;
+  // What a dynamic context reads; none: the declaration's `reads`.
+  promptd_plugin_types_option_reads_t   reads;
 } promptd_plugin_types_context_t;
 
 // A value for `{{name}}` interpolation.
@@ -78,6 +142,8 @@ typedef struct promptd_plugin_types_variable_t {
   // A dynamic value may be absent for one step (`evaluate` gives none).
   promptd_plugin_types_content_t   value;
   promptd_plugin_types_scope_t   scope;
+  // What a dynamic variable reads; none: the declaration's `reads`.
+  promptd_plugin_types_option_reads_t   reads;
 } promptd_plugin_types_variable_t;
 
 // A tool schema the plugin may show to the model.
@@ -88,6 +154,11 @@ typedef struct promptd_plugin_types_tool_t {
   // A JSON Schema as JSON text; it must parse and be an object.
   plugin_string_t   parameters;
   promptd_plugin_types_scope_t   scope;
+  // When a change to it reaches the model; none: `step`.
+  promptd_plugin_types_option_refresh_t   refresh;
+  // True: deferred — sent for the provider's tool search to find, not in every
+  // request's cached prefix.
+  bool   defer;
 } promptd_plugin_types_tool_t;
 
 typedef struct {
@@ -128,12 +199,10 @@ typedef struct promptd_plugin_types_declaration_t {
   // Some: the host calls `review` at every session step; hooks run one after another,
   // sorted by (this order, plugin id). None: `review` is never called.
   plugin_option_s32_t   review_order;
+  // What the plugin's dynamic contributions read unless one says, and what the tool
+  // filter (`filters-tools`) reads. None: the whole step, at every step (as in 0.2.0).
+  promptd_plugin_types_option_reads_t   reads;
 } promptd_plugin_types_declaration_t;
-
-typedef struct {
-  plugin_string_t *ptr;
-  size_t len;
-} plugin_list_string_t;
 
 typedef struct {
   plugin_string_t f0;
@@ -145,7 +214,22 @@ typedef struct {
   size_t len;
 } plugin_list_tuple2_string_string_t;
 
-// What the host knows about the step being assembled.
+typedef struct {
+  bool is_some;
+  plugin_string_t val;
+} plugin_option_string_t;
+
+typedef struct {
+  bool is_some;
+  plugin_list_string_t val;
+} plugin_option_list_string_t;
+
+typedef struct {
+  bool is_some;
+  uint64_t val;
+} plugin_option_u64_t;
+
+// What the host knows about the step being assembled, as far as the call reads it.
 typedef struct promptd_plugin_types_step_t {
   // The agent the request is for.
   plugin_string_t   agent;
@@ -153,10 +237,19 @@ typedef struct promptd_plugin_types_step_t {
   plugin_list_string_t   scope_chain;
   // The session id, or empty outside a session (e.g. `promptd assemble`).
   plugin_string_t   session_id;
-  // The step number in the session, from 1; 0 outside a session.
+  // The step number in the session, from 1; 0 outside a session, and 0 when no wanted
+  // contribution reads `step-number`.
   uint64_t   step_number;
-  // Step facts given by the client (cwd, git branch, read-only mode...), sorted by key.
+  // The step's facts the wanted contributions read, sorted by key.
   plugin_list_tuple2_string_string_t   facts;
+  // The session's last user message's text, when read and there is one.
+  plugin_option_string_t   last_user_message;
+  // The model, when read and known.
+  plugin_option_string_t   model;
+  // The client's tool names, when read (empty when the client sent none).
+  plugin_option_list_string_t   client_tools;
+  // The session's user messages so far, this step's included, when read.
+  plugin_option_u64_t   turn_count;
 } promptd_plugin_types_step_t;
 
 // A dynamic contribution, by the name and the scope it was declared with.
@@ -192,11 +285,6 @@ typedef struct {
   promptd_plugin_types_result_string_string_t *ptr;
   size_t len;
 } promptd_plugin_types_list_result_string_string_t;
-
-typedef struct {
-  bool is_some;
-  plugin_string_t val;
-} plugin_option_string_t;
 
 typedef struct {
   bool is_err;
@@ -291,8 +379,9 @@ typedef struct promptd_plugin_types_verdict_t {
 // The step fails (HTTP 422 naming the plugin and this reason); nothing is recorded.
 #define PROMPTD_PLUGIN_TYPES_VERDICT_REJECT 1
 // The step goes on with these replacements made, in order, in the texts of its new
-// `user` and `tool` messages before they are recorded and sent. The model's own
-// replies are not changed.
+// `user` and `tool` messages before they are recorded and sent (through the
+// gateway, in every later request that resends them too). The model's own replies
+// are not changed.
 #define PROMPTD_PLUGIN_TYPES_VERDICT_REDACT 2
 
 // Severity of a log line.
@@ -342,7 +431,7 @@ typedef struct {
   } val;
 } plugin_result_verdict_string_t;
 
-// Imported Functions from `promptd:plugin/host@0.2.0`
+// Imported Functions from `promptd:plugin/host@0.3.0`
 // Writes one line to the host's log, tagged with the plugin id.
 extern void promptd_plugin_host_log(promptd_plugin_host_level_t level, plugin_string_t *message);
 
@@ -356,6 +445,14 @@ bool exports_plugin_review(plugin_step_t *step, plugin_review_input_t *input, pl
 void promptd_plugin_types_scope_free(promptd_plugin_types_scope_t *ptr);
 
 void promptd_plugin_types_content_free(promptd_plugin_types_content_t *ptr);
+
+void plugin_list_string_free(plugin_list_string_t *ptr);
+
+void promptd_plugin_types_reads_free(promptd_plugin_types_reads_t *ptr);
+
+void promptd_plugin_types_option_reads_free(promptd_plugin_types_option_reads_t *ptr);
+
+void promptd_plugin_types_option_refresh_free(promptd_plugin_types_option_refresh_t *ptr);
 
 void promptd_plugin_types_section_free(promptd_plugin_types_section_t *ptr);
 
@@ -377,11 +474,15 @@ void plugin_option_s32_free(plugin_option_s32_t *ptr);
 
 void promptd_plugin_types_declaration_free(promptd_plugin_types_declaration_t *ptr);
 
-void plugin_list_string_free(plugin_list_string_t *ptr);
-
 void plugin_tuple2_string_string_free(plugin_tuple2_string_string_t *ptr);
 
 void plugin_list_tuple2_string_string_free(plugin_list_tuple2_string_string_t *ptr);
+
+void plugin_option_string_free(plugin_option_string_t *ptr);
+
+void plugin_option_list_string_free(plugin_option_list_string_t *ptr);
+
+void plugin_option_u64_free(plugin_option_u64_t *ptr);
 
 void promptd_plugin_types_step_free(promptd_plugin_types_step_t *ptr);
 
@@ -394,8 +495,6 @@ void promptd_plugin_types_wanted_free(promptd_plugin_types_wanted_t *ptr);
 void promptd_plugin_types_result_string_string_free(promptd_plugin_types_result_string_string_t *ptr);
 
 void promptd_plugin_types_list_result_string_string_free(promptd_plugin_types_list_result_string_string_t *ptr);
-
-void plugin_option_string_free(plugin_option_string_t *ptr);
 
 void promptd_plugin_types_result_option_string_string_free(promptd_plugin_types_result_option_string_string_t *ptr);
 

@@ -6,7 +6,7 @@
  * calls at each assembly with the step (all those it needs in one call of the world's
  * `evaluate`, which the SDK dispatches to your callbacks). An optional review hook sees each
  * session step's new messages and accepts, rejects or redacts them. You never touch the
- * generated WIT bindings (sdk/c/generated/, from wit/plugin.wit, world promptd:plugin@0.2.0,
+ * generated WIT bindings (sdk/c/generated/, from wit/plugin.wit, world promptd:plugin@0.3.0,
  * by wit-bindgen).
  *
  *     #include "promptd.h"
@@ -66,19 +66,39 @@ const char *promptd_config_get(const promptd_config *config, const char *key);
 const char *promptd_config_get_or(const promptd_config *config, const char *key,
                                   const char *fallback);
 
-/* What the host knows about the step being assembled. */
+/*
+ * What the host knows about the step being assembled, as far as the call reads it: a plugin
+ * that declares what its dynamic items read (promptd_reads, promptd_default_reads) is shown
+ * only the facts and inputs that the items wanted in this call read. A plugin that declares
+ * nothing is shown every fact and input, as before 0.3.0; so is a review hook.
+ */
 typedef struct promptd_step {
     const char *agent;               /* the agent the request is for */
     const char *const *scope_chain;  /* `global`, the agent's ancestors, the agent */
     size_t scope_chain_len;
     const char *session_id;          /* empty outside a session */
-    uint64_t step_number;            /* from 1 in a session; 0 outside one */
-    const promptd_pair *facts;       /* step facts from the client, sorted by key */
+    uint64_t step_number;            /* from 1 in a session; 0 outside one, and 0 when not read
+                                        (PROMPTD_INPUT_STEP_NUMBER) */
+    const promptd_pair *facts;       /* the step facts read, from the client, sorted by key */
     size_t facts_len;
+    /* The inputs below are given only when read (PROMPTD_INPUT_*). */
+    const char *last_user_message;   /* the session's last user message's text; NULL when not
+                                        read or there is none */
+    const char *model;               /* the model the request is for; NULL when not read or
+                                        unknown */
+    bool client_tools_given;         /* true when read: client_tools holds the names of the tools
+                                        the client sent, in its order (none when it sent none) */
+    const char *const *client_tools;
+    size_t client_tools_len;
+    bool turn_count_given;           /* true when read: turn_count is set */
+    uint64_t turn_count;             /* the session's user messages so far, this step's included;
+                                        0 when not given */
 } promptd_step;
 
-/* One step fact, or NULL if the client did not send it. */
+/* One step fact, or NULL if the client did not send it (or no wanted item reads it). */
 const char *promptd_step_fact(const promptd_step *step, const char *key);
+/* True when the client sent a tool named `name` (false when client tools are not given). */
+bool promptd_step_client_tool(const promptd_step *step, const char *name);
 
 /*
  * Where a dynamic callback puts its answer. A text callback that sets nothing answers "" (for a
@@ -136,6 +156,54 @@ void promptd_complete(promptd_plugin *p);
 void promptd_verbatim(promptd_plugin *p);
 /* Refuses the plugin with a message, printf-style (e.g. a bad config value). */
 void promptd_fail(promptd_plugin *p, const char *format, ...) PROMPTD_PRINTF(2, 3);
+
+/*
+ * Reads: what a dynamic item reads of a step. The step a call is shown holds only what the
+ * items wanted in that call read, and in a session an item is asked again only when something
+ * it reads changed (unless it is volatile): the host keeps its last answer otherwise. Without
+ * any reads declared, every dynamic item reads the whole step and is asked at every step.
+ *
+ *     static const char *const TASK[] = {"task"};
+ *     promptd_dynamic_section(p, "ops:task", 20, task, NULL);
+ *     promptd_reads(p, TASK, 1, 0, false);                      // fact `task` only
+ *     promptd_dynamic_context(p, "ops:turn", 40, turn, NULL);
+ *     promptd_reads(p, NULL, 0, PROMPTD_INPUT_TURN_COUNT, false); // no facts, the turn count
+ */
+
+/* The request inputs a step may show besides its facts: OR them together. */
+#define PROMPTD_INPUT_LAST_USER_MESSAGE (1u << 0) /* step->last_user_message */
+#define PROMPTD_INPUT_MODEL (1u << 1)             /* step->model */
+#define PROMPTD_INPUT_CLIENT_TOOLS (1u << 2)      /* step->client_tools */
+#define PROMPTD_INPUT_STEP_NUMBER (1u << 3)       /* step->step_number */
+#define PROMPTD_INPUT_TURN_COUNT (1u << 4)        /* step->turn_count */
+
+/* Declares what the dynamic section, context or variable added last reads: the facts named in
+ * `facts` (`facts_len` names, copied; NULL when 0), the PROMPTD_INPUT_* flags in `inputs`, and
+ * whether it is volatile (asked at every step even when nothing it reads changed: its answer
+ * depends on something else too, the clock, a file). A later call replaces it. Without it the
+ * item reads what promptd_default_reads says. */
+void promptd_reads(promptd_plugin *p, const char *const *facts, size_t facts_len,
+                   unsigned inputs, bool is_volatile);
+/* What every dynamic item without its own promptd_reads reads, and what the show-tools callback
+ * reads (same arguments; a later call replaces it). Without it: the whole step, at every step. */
+void promptd_default_reads(promptd_plugin *p, const char *const *facts, size_t facts_len,
+                           unsigned inputs, bool is_volatile);
+
+/* When a change to a section's or tool's text may reach the model (the operator's
+ * `[plugins.ID] refresh` overrides it). */
+typedef enum promptd_refresh_when {
+    PROMPTD_REFRESH_STEP = 0,     /* at the session's next step (the default) */
+    PROMPTD_REFRESH_BOUNDARY = 1, /* at the session's next cache-cold point, or after
+                                     `max_stale_s`: catalogues, references, descriptions */
+    PROMPTD_REFRESH_SESSION = 2,  /* never within a session: a new session gets the new text */
+} promptd_refresh_when;
+
+/* Sets when a change to the section (static or dynamic) or tool added last reaches the model.
+ * Without it: PROMPTD_REFRESH_STEP, unless the operator's config says otherwise. */
+void promptd_refresh(promptd_plugin *p, promptd_refresh_when when);
+/* Marks the tool added last as deferred: sent for the provider's tool search to find, not in
+ * every request's cached prefix. */
+void promptd_defer(promptd_plugin *p);
 
 /*
  * Review: a hook the host calls once per session step, after assembly, with the step's new

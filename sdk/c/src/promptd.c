@@ -1,6 +1,6 @@
 /*
  * The promptd C SDK: the builder (promptd.h) and its glue to the bindings wit-bindgen generates
- * from wit/plugin.wit (world promptd:plugin@0.2.0; generated/plugin.h). Only this file knows
+ * from wit/plugin.wit (world promptd:plugin@0.3.0; generated/plugin.h). Only this file knows
  * the generated types.
  *
  * The world's `evaluate` export gets the step once and the lists of wanted dynamic items; it
@@ -115,6 +115,24 @@ static void pairs_free(promptd_pair *pairs, size_t len) {
     free(pairs);
 }
 
+static const char **strings_from_wit(const plugin_list_string_t *list) {
+    const char **out = xmalloc(list->len * sizeof *out);
+    for (size_t i = 0; i < list->len; i++) out[i] = cstr(&list->ptr[i]);
+    return out;
+}
+
+static void strings_free(const char *const *strings, size_t len) {
+    for (size_t i = 0; i < len; i++) free((char *)strings[i]);
+    free((void *)strings);
+}
+
+bool promptd_step_client_tool(const promptd_step *step, const char *name) {
+    if (!step || !name || !step->client_tools_given) return false;
+    for (size_t i = 0; i < step->client_tools_len; i++)
+        if (strcmp(step->client_tools[i], name) == 0) return true;
+    return false;
+}
+
 static void step_from_wit(const plugin_step_t *w, promptd_step *s) {
     s->agent = cstr(&w->agent);
     const char **chain = xmalloc(w->scope_chain.len * sizeof *chain);
@@ -125,6 +143,13 @@ static void step_from_wit(const plugin_step_t *w, promptd_step *s) {
     s->step_number = w->step_number;
     s->facts = pairs_from_wit(&w->facts);
     s->facts_len = w->facts.len;
+    s->last_user_message = w->last_user_message.is_some ? cstr(&w->last_user_message.val) : NULL;
+    s->model = w->model.is_some ? cstr(&w->model.val) : NULL;
+    s->client_tools_given = w->client_tools.is_some;
+    s->client_tools = w->client_tools.is_some ? strings_from_wit(&w->client_tools.val) : NULL;
+    s->client_tools_len = w->client_tools.is_some ? w->client_tools.val.len : 0;
+    s->turn_count_given = w->turn_count.is_some;
+    s->turn_count = w->turn_count.is_some ? w->turn_count.val : 0;
 }
 
 static void step_free(promptd_step *s) {
@@ -133,11 +158,26 @@ static void step_free(promptd_step *s) {
     free((void *)s->scope_chain);
     free((char *)s->session_id);
     pairs_free((promptd_pair *)s->facts, s->facts_len);
+    free((char *)s->last_user_message);
+    free((char *)s->model);
+    if (s->client_tools) strings_free(s->client_tools, s->client_tools_len);
 }
 
 /* ---- the builder ---- */
 
 typedef enum { K_SECTION, K_CONTEXT, K_VARIABLE, K_TOOL } kind_t;
+
+/* What a dynamic item (or, as the declaration's default, the plugin) reads. */
+typedef struct reads {
+    char **facts;
+    size_t facts_len;
+    uint8_t inputs; /* PROMPTD_INPUT_* */
+    bool is_volatile;
+} reads;
+
+#define KNOWN_INPUTS                                                                     \
+    (PROMPTD_INPUT_LAST_USER_MESSAGE | PROMPTD_INPUT_MODEL | PROMPTD_INPUT_CLIENT_TOOLS | \
+     PROMPTD_INPUT_STEP_NUMBER | PROMPTD_INPUT_TURN_COUNT)
 
 typedef struct item {
     kind_t kind;
@@ -151,6 +191,11 @@ typedef struct item {
     bool complete;
     bool verbatim;     /* sections and contexts */
     char *scope_agent; /* NULL: global */
+    bool has_reads;    /* dynamic sections, contexts and variables */
+    reads reads;
+    bool has_refresh;  /* sections and tools */
+    promptd_refresh_when refresh;
+    bool defer;        /* tools */
 } item;
 
 struct promptd_plugin {
@@ -162,6 +207,8 @@ struct promptd_plugin {
     promptd_review_fn review_fn; /* NULL: no review hook */
     void *review_user;
     int32_t review_order;
+    bool has_default_reads; /* the declaration's `reads` */
+    reads default_reads;
     char *misuse; /* the first misuse or promptd_fail message */
 };
 
@@ -170,6 +217,49 @@ static promptd_plugin *current;
 
 static void misuse(promptd_plugin *p, const char *message) {
     if (!p->misuse) p->misuse = xstrdup(message);
+}
+
+static void misusef(promptd_plugin *p, const char *format, ...) PROMPTD_PRINTF(2, 3);
+static void misusef(promptd_plugin *p, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    char *message = vformat(format, args);
+    va_end(args);
+    misuse(p, message);
+    free(message);
+}
+
+static void reads_free(reads *r) {
+    for (size_t i = 0; i < r->facts_len; i++) free(r->facts[i]);
+    free(r->facts);
+    memset(r, 0, sizeof *r);
+}
+
+/* Replaces *r by a copy of the arguments of promptd_reads or promptd_default_reads (`fn`);
+ * false (and *r untouched) on misuse. */
+static bool reads_set(promptd_plugin *p, const char *fn, reads *r, const char *const *facts,
+                      size_t facts_len, unsigned inputs, bool is_volatile) {
+    if (facts_len && !facts) {
+        misusef(p, "%s: facts is NULL but facts_len is %zu", fn, facts_len);
+        return false;
+    }
+    for (size_t i = 0; i < facts_len; i++) {
+        if (!facts[i]) {
+            misusef(p, "%s: fact %zu is NULL", fn, i);
+            return false;
+        }
+    }
+    if (inputs & ~(unsigned)KNOWN_INPUTS) {
+        misusef(p, "%s: unknown input flags 0x%x", fn, inputs & ~(unsigned)KNOWN_INPUTS);
+        return false;
+    }
+    reads_free(r);
+    r->facts = facts_len ? xmalloc(facts_len * sizeof *r->facts) : NULL;
+    for (size_t i = 0; i < facts_len; i++) r->facts[i] = xstrdup(facts[i]);
+    r->facts_len = facts_len;
+    r->inputs = (uint8_t)inputs;
+    r->is_volatile = is_volatile;
+    return true;
 }
 
 static item *push(promptd_plugin *p, kind_t kind, const char *name) {
@@ -267,6 +357,47 @@ void promptd_verbatim(promptd_plugin *p) {
     p->items[p->last].verbatim = true;
 }
 
+void promptd_reads(promptd_plugin *p, const char *const *facts, size_t facts_len,
+                   unsigned inputs, bool is_volatile) {
+    if (p->last < 0 || p->items[p->last].kind == K_TOOL || !p->items[p->last].fn) {
+        misuse(p, "promptd_reads applies to a dynamic section, context or variable only");
+        return;
+    }
+    item *it = &p->items[p->last];
+    if (reads_set(p, "promptd_reads", &it->reads, facts, facts_len, inputs, is_volatile))
+        it->has_reads = true;
+}
+
+void promptd_default_reads(promptd_plugin *p, const char *const *facts, size_t facts_len,
+                           unsigned inputs, bool is_volatile) {
+    if (reads_set(p, "promptd_default_reads", &p->default_reads, facts, facts_len, inputs,
+                  is_volatile))
+        p->has_default_reads = true;
+}
+
+void promptd_refresh(promptd_plugin *p, promptd_refresh_when when) {
+    if (p->last < 0 ||
+        (p->items[p->last].kind != K_SECTION && p->items[p->last].kind != K_TOOL)) {
+        misuse(p, "promptd_refresh applies to a section or tool only");
+        return;
+    }
+    if (when != PROMPTD_REFRESH_STEP && when != PROMPTD_REFRESH_BOUNDARY &&
+        when != PROMPTD_REFRESH_SESSION) {
+        misusef(p, "promptd_refresh: unknown refresh value %d", (int)when);
+        return;
+    }
+    p->items[p->last].has_refresh = true;
+    p->items[p->last].refresh = when;
+}
+
+void promptd_defer(promptd_plugin *p) {
+    if (p->last < 0 || p->items[p->last].kind != K_TOOL) {
+        misuse(p, "promptd_defer applies to a tool only");
+        return;
+    }
+    p->items[p->last].defer = true;
+}
+
 void promptd_review(promptd_plugin *p, int32_t order, promptd_review_fn fn, void *user) {
     if (!fn) misuse(p, "promptd_review: no callback");
     p->review_fn = fn;
@@ -292,8 +423,10 @@ static void plugin_free(promptd_plugin *p) {
         free(it->description);
         free(it->parameters);
         free(it->scope_agent);
+        reads_free(&it->reads);
     }
     free(p->items);
+    reads_free(&p->default_reads);
     free(p->misuse);
     free(p);
 }
@@ -380,6 +513,42 @@ static promptd_plugin_types_content_t content_to_wit(const item *it) {
     return c;
 }
 
+/* Some reads (malloc'd, as the post-return functions free it) when `has`, else none. */
+static promptd_plugin_types_option_reads_t reads_to_wit(bool has, const reads *r) {
+    promptd_plugin_types_option_reads_t o;
+    memset(&o, 0, sizeof o);
+    if (!has) return o;
+    o.is_some = true;
+    o.val.facts.len = r->facts_len;
+    o.val.facts.ptr = list_alloc(r->facts_len, sizeof *o.val.facts.ptr);
+    for (size_t i = 0; i < r->facts_len; i++) o.val.facts.ptr[i] = wit_str(r->facts[i]);
+    o.val.inputs = 0;
+    if (r->inputs & PROMPTD_INPUT_LAST_USER_MESSAGE)
+        o.val.inputs |= PROMPTD_PLUGIN_TYPES_INPUTS_LAST_USER_MESSAGE;
+    if (r->inputs & PROMPTD_INPUT_MODEL) o.val.inputs |= PROMPTD_PLUGIN_TYPES_INPUTS_MODEL;
+    if (r->inputs & PROMPTD_INPUT_CLIENT_TOOLS)
+        o.val.inputs |= PROMPTD_PLUGIN_TYPES_INPUTS_CLIENT_TOOLS;
+    if (r->inputs & PROMPTD_INPUT_STEP_NUMBER)
+        o.val.inputs |= PROMPTD_PLUGIN_TYPES_INPUTS_STEP_NUMBER;
+    if (r->inputs & PROMPTD_INPUT_TURN_COUNT)
+        o.val.inputs |= PROMPTD_PLUGIN_TYPES_INPUTS_TURN_COUNT;
+    o.val.volatile_ = r->is_volatile;
+    return o;
+}
+
+static promptd_plugin_types_option_refresh_t refresh_to_wit(const item *it) {
+    promptd_plugin_types_option_refresh_t o;
+    memset(&o, 0, sizeof o);
+    if (!it->has_refresh) return o;
+    o.is_some = true;
+    switch (it->refresh) {
+    case PROMPTD_REFRESH_BOUNDARY: o.val = PROMPTD_PLUGIN_TYPES_REFRESH_BOUNDARY; break;
+    case PROMPTD_REFRESH_SESSION: o.val = PROMPTD_PLUGIN_TYPES_REFRESH_SESSION; break;
+    default: o.val = PROMPTD_PLUGIN_TYPES_REFRESH_STEP; break;
+    }
+    return o;
+}
+
 static size_t count(const promptd_plugin *p, kind_t kind) {
     size_t n = 0;
     for (size_t i = 0; i < p->len; i++) n += p->items[i].kind == kind;
@@ -418,6 +587,8 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
             s->complete = it->complete;
             s->scope = scope_to_wit(it->scope_agent);
             s->verbatim = it->verbatim;
+            s->reads = reads_to_wit(it->has_reads, &it->reads);
+            s->refresh = refresh_to_wit(it);
             break;
         }
         case K_CONTEXT: {
@@ -427,6 +598,7 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
             c->text = content_to_wit(it);
             c->scope = scope_to_wit(it->scope_agent);
             c->verbatim = it->verbatim;
+            c->reads = reads_to_wit(it->has_reads, &it->reads);
             break;
         }
         case K_VARIABLE: {
@@ -434,6 +606,7 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
             v->name = wit_str(it->name);
             v->value = content_to_wit(it);
             v->scope = scope_to_wit(it->scope_agent);
+            v->reads = reads_to_wit(it->has_reads, &it->reads);
             break;
         }
         case K_TOOL: {
@@ -442,6 +615,8 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
             t->description = wit_str(it->description);
             t->parameters = wit_str(it->parameters);
             t->scope = scope_to_wit(it->scope_agent);
+            t->refresh = refresh_to_wit(it);
+            t->defer = it->defer;
             break;
         }
         }
@@ -449,6 +624,7 @@ bool exports_plugin_declare(plugin_list_tuple2_string_string_t *config, plugin_d
     ret->filters_tools = p->tools_fn != NULL;
     ret->review_order.is_some = p->review_fn != NULL;
     ret->review_order.val = p->review_fn ? p->review_order : 0;
+    ret->reads = reads_to_wit(p->has_default_reads, &p->default_reads);
 
     plugin_free(current);
     current = p;
@@ -649,17 +825,6 @@ bool promptd_review_mentions(const promptd_review_input *input, const char *need
             if (strstr(m->texts[j], needle)) return true;
     }
     return false;
-}
-
-static const char **strings_from_wit(const plugin_list_string_t *list) {
-    const char **out = xmalloc(list->len * sizeof *out);
-    for (size_t i = 0; i < list->len; i++) out[i] = cstr(&list->ptr[i]);
-    return out;
-}
-
-static void strings_free(const char *const *strings, size_t len) {
-    for (size_t i = 0; i < len; i++) free((char *)strings[i]);
-    free((void *)strings);
 }
 
 static void review_input_from_wit(const plugin_review_input_t *w, promptd_review_input *in) {

@@ -73,11 +73,44 @@ static void shown(const promptd_step *step, promptd_out *out, void *user) {
     promptd_out_tool(out, "t_read");
 }
 
+/* Every request input of the step, as text: `lum=... model=... tools=a,b turns=N step=N
+ * bash=0|1`, with `-` for one not given. */
+static void format_inputs(const promptd_step *step, char *buf, size_t size) {
+    char tools[256] = "-";
+    if (step->client_tools_given) {
+        strcpy(tools, step->client_tools_len ? "" : "(none)");
+        for (size_t i = 0; i < step->client_tools_len; i++) {
+            if (i) strcat(tools, ",");
+            strcat(tools, step->client_tools[i]);
+        }
+    }
+    char turns[32] = "-";
+    if (step->turn_count_given)
+        snprintf(turns, sizeof turns, "%llu", (unsigned long long)step->turn_count);
+    else if (step->turn_count != 0)
+        strcpy(turns, "not-zero");
+    snprintf(buf, size, "lum=%s model=%s tools=%s turns=%s step=%llu bash=%d",
+             step->last_user_message ? step->last_user_message : "-",
+             step->model ? step->model : "-", tools, turns,
+             (unsigned long long)step->step_number, promptd_step_client_tool(step, "bash"));
+}
+
+static void inputs(const promptd_step *step, promptd_out *out, void *user) {
+    (void)user;
+    char buf[512];
+    format_inputs(step, buf, sizeof buf);
+    promptd_out_text(out, buf);
+}
+
 static void review(const promptd_step *step, const promptd_review_input *input,
                    promptd_verdict *verdict, void *user) {
     (void)user;
     promptd_log(PROMPTD_INFO, "review of %s: %zu messages", step->agent, input->messages_len);
-    if (promptd_review_mentions(input, "boom")) {
+    if (step->model) { /* a review's step shows every input */
+        char buf[512];
+        format_inputs(step, buf, sizeof buf);
+        promptd_reject(verdict, "%s", buf);
+    } else if (promptd_review_mentions(input, "boom")) {
         promptd_redact(verdict, "x", "y");
         promptd_verdict_error(verdict, "boom in %s", input->system);
     } else if (promptd_review_mentions(input, "forbidden")) {
@@ -98,8 +131,104 @@ static void review(const promptd_step *step, const promptd_review_input *input,
     }
 }
 
+static const char *const TASK[] = {"task"};
+static const char *const BA[] = {"b", "a"};
+static const char *const CWD[] = {"cwd"};
+static const char *const WITH_NULL[] = {"a", NULL};
+#define ALL_INPUTS                                                                         \
+    (PROMPTD_INPUT_LAST_USER_MESSAGE | PROMPTD_INPUT_MODEL | PROMPTD_INPUT_CLIENT_TOOLS | \
+     PROMPTD_INPUT_STEP_NUMBER | PROMPTD_INPUT_TURN_COUNT)
+
+/* 0.3.0: reads, refresh and defer on the items added last, and the plugin-wide reads. */
+static void declare_reads(promptd_plugin *p) {
+    promptd_default_reads(p, NULL, 0, PROMPTD_INPUT_STEP_NUMBER, true); /* replaced below */
+    promptd_section(p, "r:static", 10, "Static.");
+    promptd_refresh(p, PROMPTD_REFRESH_SESSION);
+    promptd_dynamic_section(p, "r:task", 20, echo, NULL);
+    promptd_reads(p, BA, 2, PROMPTD_INPUT_MODEL, true); /* replaced by the next call */
+    promptd_reads(p, TASK, 1, 0, false);
+    promptd_refresh(p, PROMPTD_REFRESH_BOUNDARY);
+    promptd_scope(p, "coder");
+    promptd_dynamic_section(p, "r:plain", 30, echo, NULL);
+    promptd_context(p, "r:static", 35, "Static.");
+    promptd_dynamic_context(p, "r:inputs", 40, inputs, NULL);
+    promptd_reads(p, NULL, 0, ALL_INPUTS, true);
+    promptd_verbatim(p);
+    promptd_variable(p, "sv", "1");
+    promptd_dynamic_variable(p, "ba", mood, NULL);
+    promptd_reads(p, BA, 2, PROMPTD_INPUT_CLIENT_TOOLS, false);
+    promptd_tool(p, "t_one", "One.", "{\"type\":\"object\"}");
+    promptd_refresh(p, PROMPTD_REFRESH_STEP);
+    promptd_defer(p);
+    promptd_tool(p, "t_two", "Two.", "{\"type\":\"object\"}");
+    promptd_default_reads(p, CWD, 1, PROMPTD_INPUT_MODEL, false);
+    promptd_show_tools(p, shown, NULL);
+}
+
+/* Each misuse of the 0.3.0 functions, by name; the plugin is refused with its message. */
+static void declare_misuse(const char *which, promptd_plugin *p) {
+    if (strcmp(which, "reads-static") == 0) {
+        promptd_section(p, "s", 0, "S.");
+        promptd_reads(p, TASK, 1, 0, false);
+    } else if (strcmp(which, "reads-static-variable") == 0) {
+        promptd_variable(p, "v", "1");
+        promptd_reads(p, TASK, 1, 0, false);
+    } else if (strcmp(which, "reads-tool") == 0) {
+        promptd_tool(p, "t", "T.", "{}");
+        promptd_reads(p, TASK, 1, 0, false);
+    } else if (strcmp(which, "reads-first") == 0) {
+        promptd_reads(p, NULL, 0, 0, false);
+    } else if (strcmp(which, "reads-null-facts") == 0) {
+        promptd_dynamic_section(p, "s", 0, echo, NULL);
+        promptd_reads(p, NULL, 2, 0, false);
+    } else if (strcmp(which, "reads-null-fact") == 0) {
+        promptd_dynamic_context(p, "c", 0, echo, NULL);
+        promptd_reads(p, WITH_NULL, 2, 0, false);
+    } else if (strcmp(which, "reads-inputs") == 0) {
+        promptd_dynamic_variable(p, "v", mood, NULL);
+        promptd_reads(p, TASK, 1, PROMPTD_INPUT_MODEL | (1u << 5), false);
+    } else if (strcmp(which, "default-reads-inputs") == 0) {
+        promptd_default_reads(p, NULL, 0, 0x80, false);
+    } else if (strcmp(which, "default-reads-null-facts") == 0) {
+        promptd_default_reads(p, NULL, 1, 0, false);
+    } else if (strcmp(which, "refresh-context") == 0) {
+        promptd_context(p, "c", 0, "C.");
+        promptd_refresh(p, PROMPTD_REFRESH_BOUNDARY);
+    } else if (strcmp(which, "refresh-variable") == 0) {
+        promptd_dynamic_variable(p, "v", mood, NULL);
+        promptd_refresh(p, PROMPTD_REFRESH_BOUNDARY);
+    } else if (strcmp(which, "refresh-first") == 0) {
+        promptd_refresh(p, PROMPTD_REFRESH_STEP);
+    } else if (strcmp(which, "refresh-value") == 0) {
+        promptd_section(p, "s", 0, "S.");
+        promptd_refresh(p, (promptd_refresh_when)7);
+    } else if (strcmp(which, "defer-section") == 0) {
+        promptd_section(p, "s", 0, "S.");
+        promptd_defer(p);
+    } else if (strcmp(which, "defer-first") == 0) {
+        promptd_defer(p);
+    } else if (strcmp(which, "first-wins") == 0) {
+        /* The first misuse is reported; what was declared before and after is freed. */
+        promptd_default_reads(p, CWD, 1, 0, false);
+        promptd_dynamic_section(p, "s", 0, echo, NULL);
+        promptd_reads(p, TASK, 1, 0, false);
+        promptd_defer(p);
+        promptd_reads(p, BA, 2, 0x40, false);
+        promptd_tool(p, "t", "T.", "{}");
+        promptd_defer(p);
+    }
+}
+
 static void declare(const promptd_config *config, promptd_plugin *p) {
     const char *mode = promptd_config_get_or(config, "mode", "full");
+    if (strncmp(mode, "misuse:", 7) == 0) {
+        declare_misuse(mode + 7, p);
+        return;
+    }
+    if (strcmp(mode, "reads") == 0) {
+        declare_reads(p);
+        return;
+    }
     if (strcmp(mode, "verbatim-variable") == 0) {
         promptd_variable(p, "v", "1");
         promptd_verbatim(p);
@@ -158,6 +287,30 @@ static plugin_step_t step_with(const char *const *facts, size_t n) {
     st.step_number = 3;
     st.facts = pairs(facts, n);
     return st;
+}
+
+/* Sets the step's request inputs; NULL strings and a negative count leave them out. */
+static void step_inputs(plugin_step_t *st, const char *lum, const char *model,
+                        const char *const *tools, long ntools, long turns) {
+    st->last_user_message.is_some = lum != NULL;
+    if (lum) st->last_user_message.val = s(lum);
+    st->model.is_some = model != NULL;
+    if (model) st->model.val = s(model);
+    st->client_tools.is_some = ntools >= 0;
+    if (ntools > 0) {
+        st->client_tools.val.len = (size_t)ntools;
+        st->client_tools.val.ptr = malloc((size_t)ntools * sizeof(plugin_string_t));
+        for (long i = 0; i < ntools; i++) st->client_tools.val.ptr[i] = s(tools[i]);
+    }
+    st->turn_count.is_some = turns >= 0;
+    st->turn_count.val = turns >= 0 ? (uint64_t)turns : 0;
+}
+
+static bool list_is(const plugin_list_string_t *list, const char *const *want, size_t n) {
+    if (list->len != n) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!str_eq(&list->ptr[i], want[i])) return false;
+    return true;
 }
 
 static promptd_plugin_types_item_t item_of(const char *name, const char *agent) {
@@ -271,6 +424,14 @@ int main(void) {
     }
     CHECK(d.filters_tools);
     CHECK(d.review_order.is_some && d.review_order.val == -5);
+    /* Written without the 0.3.0 functions: no reads, refresh or defer anywhere. */
+    CHECK(!d.reads.is_some);
+    for (size_t i = 0; i < d.sections.len; i++)
+        CHECK(!d.sections.ptr[i].reads.is_some && !d.sections.ptr[i].refresh.is_some);
+    for (size_t i = 0; i < d.contexts.len; i++) CHECK(!d.contexts.ptr[i].reads.is_some);
+    for (size_t i = 0; i < d.variables.len; i++) CHECK(!d.variables.ptr[i].reads.is_some);
+    for (size_t i = 0; i < d.tools.len; i++)
+        CHECK(!d.tools.ptr[i].refresh.is_some && !d.tools.ptr[i].defer);
     plugin_declaration_free(&d);
 
     /* One evaluate: every wanted item answered in order, errors per item. */
@@ -379,6 +540,135 @@ int main(void) {
         CHECK(!r.is_err && r.val.ok.tag == PROMPTD_PLUGIN_TYPES_VERDICT_ACCEPT);
         plugin_result_verdict_string_free(&r);
         CHECK(logged == 5);
+
+        /* A review's step carries the request inputs too. */
+        const char *tools[] = {"bash"};
+        st = step_with(NULL, 0);
+        step_inputs(&st, "Hello\n\nthere", "m-review", tools, 1, 2);
+        in = review_input(plain, 1);
+        r.is_err = !exports_plugin_review(&st, &in, &r.val.ok, &r.val.err);
+        CHECK(!r.is_err && r.val.ok.tag == PROMPTD_PLUGIN_TYPES_VERDICT_REJECT);
+        if (!r.is_err)
+            CHECK_STR(&r.val.ok.val.reject,
+                      "lum=Hello\n\nthere model=m-review tools=bash turns=2 step=3 bash=1");
+        plugin_result_verdict_string_free(&r);
+    }
+
+    /* 0.3.0 misuse refuses the plugin with the first message. */
+    {
+        static const struct {
+            const char *which, *message;
+        } cases[] = {
+            {"reads-static", "promptd_reads applies to a dynamic section, context or variable only"},
+            {"reads-static-variable",
+             "promptd_reads applies to a dynamic section, context or variable only"},
+            {"reads-tool", "promptd_reads applies to a dynamic section, context or variable only"},
+            {"reads-first", "promptd_reads applies to a dynamic section, context or variable only"},
+            {"reads-null-facts", "promptd_reads: facts is NULL but facts_len is 2"},
+            {"reads-null-fact", "promptd_reads: fact 1 is NULL"},
+            {"reads-inputs", "promptd_reads: unknown input flags 0x20"},
+            {"default-reads-inputs", "promptd_default_reads: unknown input flags 0x80"},
+            {"default-reads-null-facts", "promptd_default_reads: facts is NULL but facts_len is 1"},
+            {"refresh-context", "promptd_refresh applies to a section or tool only"},
+            {"refresh-variable", "promptd_refresh applies to a section or tool only"},
+            {"refresh-first", "promptd_refresh applies to a section or tool only"},
+            {"refresh-value", "promptd_refresh: unknown refresh value 7"},
+            {"defer-section", "promptd_defer applies to a tool only"},
+            {"defer-first", "promptd_defer applies to a tool only"},
+            {"first-wins", "promptd_defer applies to a tool only"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            char mode[64];
+            snprintf(mode, sizeof mode, "misuse:%s", cases[i].which);
+            plugin_declaration_t md;
+            plugin_string_t merr;
+            bool ok = declare_with(mode, &md, &merr);
+            CHECK(!ok);
+            if (ok) {
+                fprintf(stderr, "  (case %s)\n", cases[i].which);
+                plugin_declaration_free(&md);
+                continue;
+            }
+            if (!str_eq(&merr, cases[i].message))
+                fprintf(stderr, "  (case %s)\n", cases[i].which);
+            CHECK_STR(&merr, cases[i].message);
+            plugin_string_free(&merr);
+        }
+    }
+
+    /* 0.3.0: what each item reads, its refresh and defer, and the plugin-wide reads. */
+    CHECK(declare_with("reads", &d, &err));
+    CHECK(d.sections.len == 3 && d.contexts.len == 2 && d.variables.len == 2 && d.tools.len == 2);
+    CHECK(d.reads.is_some);
+    if (d.reads.is_some) {
+        CHECK(list_is(&d.reads.val.facts, CWD, 1));
+        CHECK(d.reads.val.inputs == PROMPTD_PLUGIN_TYPES_INPUTS_MODEL);
+        CHECK(!d.reads.val.volatile_);
+    }
+    if (d.sections.len == 3 && d.contexts.len == 2 && d.variables.len == 2 && d.tools.len == 2) {
+        const promptd_plugin_types_section_t *sec = d.sections.ptr;
+        CHECK(!sec[0].reads.is_some);
+        CHECK(sec[0].refresh.is_some && sec[0].refresh.val == PROMPTD_PLUGIN_TYPES_REFRESH_SESSION);
+        CHECK(sec[1].reads.is_some);
+        if (sec[1].reads.is_some) {
+            CHECK(list_is(&sec[1].reads.val.facts, TASK, 1));
+            CHECK(sec[1].reads.val.inputs == 0 && !sec[1].reads.val.volatile_);
+        }
+        CHECK(sec[1].refresh.is_some && sec[1].refresh.val == PROMPTD_PLUGIN_TYPES_REFRESH_BOUNDARY);
+        CHECK(sec[1].scope.tag == PROMPTD_PLUGIN_TYPES_SCOPE_AGENT);
+        CHECK(!sec[2].reads.is_some && !sec[2].refresh.is_some);
+        const promptd_plugin_types_context_t *ctx = d.contexts.ptr;
+        CHECK(!ctx[0].reads.is_some);
+        CHECK(ctx[1].reads.is_some && ctx[1].verbatim);
+        if (ctx[1].reads.is_some) {
+            CHECK(ctx[1].reads.val.facts.len == 0);
+            CHECK(ctx[1].reads.val.inputs ==
+                  (PROMPTD_PLUGIN_TYPES_INPUTS_LAST_USER_MESSAGE | PROMPTD_PLUGIN_TYPES_INPUTS_MODEL |
+                   PROMPTD_PLUGIN_TYPES_INPUTS_CLIENT_TOOLS |
+                   PROMPTD_PLUGIN_TYPES_INPUTS_STEP_NUMBER | PROMPTD_PLUGIN_TYPES_INPUTS_TURN_COUNT));
+            CHECK(ctx[1].reads.val.volatile_);
+        }
+        const promptd_plugin_types_variable_t *var = d.variables.ptr;
+        CHECK(!var[0].reads.is_some);
+        CHECK(var[1].reads.is_some);
+        if (var[1].reads.is_some) {
+            CHECK(list_is(&var[1].reads.val.facts, BA, 2));
+            CHECK(var[1].reads.val.inputs == PROMPTD_PLUGIN_TYPES_INPUTS_CLIENT_TOOLS);
+            CHECK(!var[1].reads.val.volatile_);
+        }
+        const promptd_plugin_types_tool_t *tl = d.tools.ptr;
+        CHECK(tl[0].refresh.is_some && tl[0].refresh.val == PROMPTD_PLUGIN_TYPES_REFRESH_STEP);
+        CHECK(tl[0].defer);
+        CHECK(!tl[1].refresh.is_some && !tl[1].defer);
+    }
+    CHECK(d.filters_tools && !d.review_order.is_some);
+    plugin_declaration_free(&d);
+
+    /* The step's request inputs reach the callbacks: given, not given, given empty. */
+    {
+        const char *tools[] = {"read", "bash"};
+        struct {
+            const char *lum, *model;
+            long ntools, turns;
+            const char *want;
+        } cases[] = {
+            {"What now?", "m1", 2, 4, "lum=What now? model=m1 tools=read,bash turns=4 step=3 bash=1"},
+            {NULL, NULL, -1, -1, "lum=- model=- tools=- turns=- step=3 bash=0"},
+            {"", NULL, 0, 0, "lum= model=- tools=(none) turns=0 step=3 bash=0"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const char *facts[] = {"task", "t1"};
+            plugin_step_t st = step_with(facts, 1);
+            step_inputs(&st, cases[i].lum, cases[i].model, tools, cases[i].ntools, cases[i].turns);
+            promptd_plugin_types_item_t ctx[] = {item_of("r:inputs", NULL)};
+            plugin_wanted_t w = {items(NULL, 0), items(ctx, 1), items(NULL, 0), false};
+            plugin_result_evaluation_string_t r;
+            r.is_err = !exports_plugin_evaluate(&st, &w, &r.val.ok, &r.val.err);
+            CHECK(!r.is_err && r.val.ok.contexts.len == 1 && !r.val.ok.contexts.ptr[0].is_err);
+            if (!r.is_err && r.val.ok.contexts.len == 1 && !r.val.ok.contexts.ptr[0].is_err)
+                CHECK_STR(&r.val.ok.contexts.ptr[0].val.ok, cases[i].want);
+            plugin_result_evaluation_string_free(&r);
+        }
     }
 
     /* A second declare replaces the first, which is freed (the leak checker would see it). */
