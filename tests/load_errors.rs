@@ -69,7 +69,7 @@ fn a_component_of_another_world_is_refused() {
     // and what is missing.
     assert!(
         line.contains(
-            "does not implement the world promptd:plugin/plugin@0.2.0 (nor the older @0.1.0)"
+            "does not implement the world promptd:plugin/plugin@0.3.0 (nor the older @0.2.0 or @0.1.0)"
         ) && line.contains("declare"),
         "{line}"
     );

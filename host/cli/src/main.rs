@@ -548,6 +548,7 @@ fn assemble(
         session_id: String::new(),
         step_number: 0,
         facts,
+        inputs: Default::default(),
     };
     let assembled = assembly::assemble(&loaded.registry, &step, &plan.options_for(secret.into()))?;
     for o in &assembled.omitted {

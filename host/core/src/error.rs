@@ -105,7 +105,7 @@ pub enum Error {
 
     /// The component does not implement the plugin world promptd knows.
     #[error(
-        "plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.2.0 (nor the older @0.1.0): {cause}"
+        "plugin `{plugin}`: does not implement the world promptd:plugin/plugin@0.3.0 (nor the older @0.2.0 or @0.1.0): {cause}"
     )]
     WrongWorld {
         /// The plugin's id.
@@ -137,6 +137,20 @@ pub enum Error {
         name: String,
         /// The rule it breaks.
         rule: &'static str,
+    },
+
+    /// What a contribution says it reads cannot be (world 0.3.0): `reads` on a static item,
+    /// or a fact name that is empty, too long or repeated past the bound.
+    #[error("plugin `{plugin}`: {kind} `{name}`: reads {cause}")]
+    InvalidReads {
+        /// The plugin's id.
+        plugin: String,
+        /// What kind of contribution it is (`reads` on the declaration: a section named `*`).
+        kind: Kind,
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        cause: String,
     },
 
     /// `what` says what was counted ("100000 sections"), `limit` the bound and `key` the
@@ -495,6 +509,7 @@ impl Error {
             Error::WrongWorld { .. } => "wrong_world",
             Error::DeclareFailed { .. } => "declare_failed",
             Error::InvalidName { .. } => "invalid_name",
+            Error::InvalidReads { .. } => "invalid_reads",
             Error::DeclarationLimit { .. } => "declaration_limit",
             Error::MissingModelSetting { .. } => "missing_model_setting",
             Error::ReservedToolName { .. } => "reserved_tool_name",

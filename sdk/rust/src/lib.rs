@@ -111,8 +111,104 @@ pub struct Step {
     pub session_id: String,
     /// The step number in the session (from 1); 0 outside a session.
     pub step_number: u64,
-    /// Step facts from the client (cwd, git branch…), sorted by key.
+    /// Step facts from the client (cwd, git branch…), sorted by key: those the wanted
+    /// contributions read ([`Reads`]).
     pub facts: BTreeMap<String, String>,
+    /// The session's last user message's text, when a wanted contribution reads it
+    /// ([`Input::LastUserMessage`]) and there is one.
+    pub last_user_message: Option<String>,
+    /// The model the request is for, when read ([`Input::Model`]) and known.
+    pub model: Option<String>,
+    /// The names of the tools the client sent (through the gateway), when read
+    /// ([`Input::ClientTools`]).
+    pub client_tools: Option<Vec<String>>,
+    /// The session's user messages so far, this step's included, when read
+    /// ([`Input::TurnCount`]).
+    pub turn_count: Option<u64>,
+}
+
+/// A request input a dynamic contribution may read besides its facts ([`Reads`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Input {
+    /// The text of the session's last user message.
+    LastUserMessage,
+    /// The model the request is for.
+    Model,
+    /// The names of the tools the client sent.
+    ClientTools,
+    /// The step's number ([`Step::step_number`] is 0 unless read).
+    StepNumber,
+    /// How many user messages the session holds.
+    TurnCount,
+}
+
+/// What a dynamic contribution reads of a step: it is shown only these, and in a session the
+/// host asks it again only when one of them changed (unless [`Reads::volatile`]); otherwise its
+/// last answer stands without a call.
+///
+/// ```
+/// # use promptd_sdk::{Input, Plugin, Reads};
+/// let plugin = Plugin::new()
+///     .dynamic_context("docs:found", 60, |step| {
+///         Ok(format!("Asked: {}", step.last_user_message.as_deref().unwrap_or("")))
+///     })
+///     .reads(Reads::facts(["query"]).input(Input::LastUserMessage));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// The facts it reads, by name.
+    pub facts: Vec<String>,
+    /// The request inputs it reads.
+    pub inputs: Vec<Input>,
+    /// Asked at every step all the same: its answer depends on something else too (the
+    /// clock, a file).
+    pub volatile: bool,
+}
+
+impl Reads {
+    /// Reads nothing: asked once per session (and again only if volatile).
+    pub fn nothing() -> Self {
+        Self::default()
+    }
+
+    /// Reads these facts.
+    pub fn facts<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Self {
+        Reads {
+            facts: names.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Reads fact `name` too.
+    pub fn fact(mut self, name: impl Into<String>) -> Self {
+        self.facts.push(name.into());
+        self
+    }
+
+    /// Reads `input` too.
+    pub fn input(mut self, input: Input) -> Self {
+        self.inputs.push(input);
+        self
+    }
+
+    /// Asked at every step, whether or not what it reads changed.
+    pub fn volatile(mut self) -> Self {
+        self.volatile = true;
+        self
+    }
+}
+
+/// When a change to a section's or tool's text may reach the model. The operator's
+/// `[plugins.ID] refresh` overrides what the plugin says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refresh {
+    /// At the session's next step (the default).
+    Step,
+    /// At the session's next cache-cold point, or after `max_stale_s`: for catalogues,
+    /// references, descriptions the model can do without for a while.
+    Boundary,
+    /// Never within a session: a session keeps what it was first sent.
+    Session,
 }
 
 impl Step {
@@ -297,6 +393,8 @@ pub(crate) struct SectionItem {
     pub complete: bool,
     pub scope: Scope,
     pub verbatim: bool,
+    pub reads: Option<Reads>,
+    pub refresh: Option<Refresh>,
 }
 
 pub(crate) struct ContextItem {
@@ -305,12 +403,14 @@ pub(crate) struct ContextItem {
     pub text: Text,
     pub scope: Scope,
     pub verbatim: bool,
+    pub reads: Option<Reads>,
 }
 
 pub(crate) struct VariableItem {
     pub name: String,
     pub value: Value,
     pub scope: Scope,
+    pub reads: Option<Reads>,
 }
 
 pub(crate) struct ToolItem {
@@ -318,6 +418,8 @@ pub(crate) struct ToolItem {
     pub description: String,
     pub parameters: String,
     pub scope: Scope,
+    pub refresh: Option<Refresh>,
+    pub defer: bool,
 }
 
 /// Everything a plugin contributes. Methods add one item each; [`Plugin::scope`],
@@ -331,6 +433,7 @@ pub struct Plugin {
     pub(crate) shown_tools: Option<ToolsFn>,
     pub(crate) observers: Vec<ObserveFn>,
     pub(crate) review: Option<(i32, ReviewFn)>,
+    pub(crate) reads: Option<Reads>,
     last: Option<Last>,
     pub(crate) misuse: Option<String>,
 }
@@ -364,6 +467,8 @@ impl Plugin {
             complete: false,
             scope: Scope::Global,
             verbatim: false,
+            reads: None,
+            refresh: None,
         });
         self.last = Some(Last::Section(self.sections.len() - 1));
         self
@@ -391,6 +496,7 @@ impl Plugin {
             text,
             scope: Scope::Global,
             verbatim: false,
+            reads: None,
         });
         self.last = Some(Last::Context(self.contexts.len() - 1));
         self
@@ -416,6 +522,7 @@ impl Plugin {
             name: name.into(),
             value,
             scope: Scope::Global,
+            reads: None,
         });
         self.last = Some(Last::Variable(self.variables.len() - 1));
         self
@@ -428,6 +535,8 @@ impl Plugin {
             description: description.into(),
             parameters: parameters.into(),
             scope: Scope::Global,
+            refresh: None,
+            defer: false,
         });
         self.last = Some(Last::Tool(self.tools.len() - 1));
         self
@@ -481,6 +590,66 @@ impl Plugin {
             Some(Last::Section(i)) => self.sections[i].verbatim = true,
             Some(Last::Context(i)) => self.contexts[i].verbatim = true,
             _ => self.misuse = Some("verbatim() applies to a section or a context only".into()),
+        }
+        self
+    }
+
+    /// Says what the dynamic section, context or variable added last reads ([`Reads`]): the
+    /// step it is shown holds only that, and in a session it is asked again only when that
+    /// changed. Without it, the plugin's [`Plugin::reads_by_default`], else the whole step at
+    /// every step.
+    pub fn reads(mut self, reads: Reads) -> Self {
+        let dynamic = match self.last {
+            Some(Last::Section(i)) => matches!(self.sections[i].text, Text::Dynamic(_))
+                .then(|| &mut self.sections[i].reads),
+            Some(Last::Context(i)) => matches!(self.contexts[i].text, Text::Dynamic(_))
+                .then(|| &mut self.contexts[i].reads),
+            Some(Last::Variable(i)) => matches!(self.variables[i].value, Value::Dynamic(_))
+                .then(|| &mut self.variables[i].reads),
+            _ => None,
+        };
+        match dynamic {
+            Some(slot) => *slot = Some(reads),
+            None => {
+                self.misuse =
+                    Some("reads() applies to a dynamic section, context or variable only".into())
+            }
+        }
+        self
+    }
+
+    /// What the plugin's dynamic contributions read unless one says ([`Plugin::reads`]), and
+    /// what its tool filter ([`Plugin::show_tools`]) reads.
+    pub fn reads_by_default(mut self, reads: Reads) -> Self {
+        self.reads = Some(reads);
+        self
+    }
+
+    /// When a change to the section or tool added last may reach the model ([`Refresh`]).
+    ///
+    /// ```
+    /// # use promptd_sdk::{Plugin, Refresh};
+    /// let plugin = Plugin::new()
+    ///     .section("skills:catalogue", 120, "Skills: review, release.")
+    ///     .refresh(Refresh::Boundary)
+    ///     .tool("search", "Searches the notes.", r#"{"type":"object"}"#)
+    ///     .defer();
+    /// ```
+    pub fn refresh(mut self, refresh: Refresh) -> Self {
+        match self.last {
+            Some(Last::Section(i)) => self.sections[i].refresh = Some(refresh),
+            Some(Last::Tool(i)) => self.tools[i].refresh = Some(refresh),
+            _ => self.misuse = Some("refresh() applies to a section or a tool only".into()),
+        }
+        self
+    }
+
+    /// Defers the tool added last: sent for the provider's tool search to find, not in every
+    /// request's cached prefix.
+    pub fn defer(mut self) -> Self {
+        match self.last {
+            Some(Last::Tool(i)) => self.tools[i].defer = true,
+            _ => self.misuse = Some("defer() applies to a tool only".into()),
         }
         self
     }

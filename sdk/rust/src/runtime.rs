@@ -4,8 +4,8 @@ use std::rc::Rc;
 
 use crate::__private::wit;
 use crate::{
-    Config, Message, Plugin, ReviewInput, Scope, Step, Text, Value, Verdict, Wanted, WantedItem,
-    PLUGIN,
+    Config, Input, Message, Plugin, Reads, Refresh, ReviewInput, Scope, Step, Text, Value, Verdict,
+    Wanted, WantedItem, PLUGIN,
 };
 
 fn scope_to_wit(s: &Scope) -> wit::Scope {
@@ -29,6 +29,37 @@ fn step_from_wit(s: wit::Step) -> Step {
         session_id: s.session_id,
         step_number: s.step_number,
         facts: s.facts.into_iter().collect(),
+        last_user_message: s.last_user_message,
+        model: s.model,
+        client_tools: s.client_tools,
+        turn_count: s.turn_count,
+    }
+}
+
+fn reads_to_wit(r: &Reads) -> wit::Reads {
+    let mut inputs = wit::Inputs::empty();
+    for input in &r.inputs {
+        inputs = inputs
+            | (match input {
+                Input::LastUserMessage => wit::Inputs::LAST_USER_MESSAGE,
+                Input::Model => wit::Inputs::MODEL,
+                Input::ClientTools => wit::Inputs::CLIENT_TOOLS,
+                Input::StepNumber => wit::Inputs::STEP_NUMBER,
+                Input::TurnCount => wit::Inputs::TURN_COUNT,
+            });
+    }
+    wit::Reads {
+        facts: r.facts.clone(),
+        inputs,
+        volatile: r.volatile,
+    }
+}
+
+fn refresh_to_wit(r: Refresh) -> wit::Refresh {
+    match r {
+        Refresh::Step => wit::Refresh::Step,
+        Refresh::Boundary => wit::Refresh::Boundary,
+        Refresh::Session => wit::Refresh::Session,
     }
 }
 
@@ -67,6 +98,8 @@ pub fn declare(
                 complete: s.complete,
                 scope: scope_to_wit(&s.scope),
                 verbatim: s.verbatim,
+                reads: s.reads.as_ref().map(reads_to_wit),
+                refresh: s.refresh.map(refresh_to_wit),
             })
             .collect(),
         contexts: plugin
@@ -78,6 +111,7 @@ pub fn declare(
                 text: text_to_wit(&c.text),
                 scope: scope_to_wit(&c.scope),
                 verbatim: c.verbatim,
+                reads: c.reads.as_ref().map(reads_to_wit),
             })
             .collect(),
         variables: plugin
@@ -90,6 +124,7 @@ pub fn declare(
                     Value::Dynamic(_) => wit::Content::Dynamic,
                 },
                 scope: scope_to_wit(&v.scope),
+                reads: v.reads.as_ref().map(reads_to_wit),
             })
             .collect(),
         tools: plugin
@@ -100,10 +135,13 @@ pub fn declare(
                 description: t.description.clone(),
                 parameters: t.parameters.clone(),
                 scope: scope_to_wit(&t.scope),
+                refresh: t.refresh.map(refresh_to_wit),
+                defer: t.defer,
             })
             .collect(),
         filters_tools: plugin.shown_tools.is_some(),
         review_order: plugin.review.as_ref().map(|(order, _)| *order),
+        reads: plugin.reads.as_ref().map(reads_to_wit),
     };
     PLUGIN.with(|p| *p.borrow_mut() = Some(Rc::new(plugin)));
     Ok(declaration)
@@ -263,6 +301,10 @@ mod tests {
             session_id: String::new(),
             step_number: 3,
             facts: vec![("echo".into(), "{{x}}".into())],
+            last_user_message: Some("review my change".into()),
+            model: None,
+            client_tools: Some(vec!["read".into()]),
+            turn_count: Some(2),
         }
     }
 
@@ -479,5 +521,67 @@ mod tests {
                 .review(1, |_, _| Ok(Verdict::Accept)))),
             "review() called twice: a plugin has one review hook"
         );
+    }
+
+    #[test]
+    fn declaration_carries_reads_refresh_and_defer() {
+        fn p(_: &Config) -> Result<Plugin, String> {
+            Ok(Plugin::new()
+                .dynamic_section("q", 1, |s| {
+                    Ok(s.last_user_message.clone().unwrap_or_default())
+                })
+                .reads(
+                    Reads::facts(["task"])
+                        .input(Input::LastUserMessage)
+                        .input(Input::TurnCount)
+                        .volatile(),
+                )
+                .refresh(Refresh::Boundary)
+                .dynamic_context("r", 2, |_| Ok(String::new()))
+                .tool("t", "one", "{}")
+                .refresh(Refresh::Session)
+                .defer()
+                .reads_by_default(Reads::nothing()))
+        }
+        let d = load(p);
+        let reads = d.sections[0].reads.as_ref().expect("reads");
+        assert_eq!(reads.facts, ["task"]);
+        assert_eq!(
+            reads.inputs,
+            wit::Inputs::LAST_USER_MESSAGE | wit::Inputs::TURN_COUNT
+        );
+        assert!(reads.volatile);
+        assert_eq!(d.sections[0].refresh, Some(wit::Refresh::Boundary));
+        assert!(
+            d.contexts[0].reads.is_none(),
+            "the declaration's reads apply"
+        );
+        let default = d.reads.as_ref().expect("reads by default");
+        assert!(default.facts.is_empty() && !default.volatile);
+        assert_eq!(default.inputs, wit::Inputs::empty());
+        assert_eq!(d.tools[0].refresh, Some(wit::Refresh::Session));
+        assert!(d.tools[0].defer);
+
+        let step = step_from_wit(wit_step());
+        assert_eq!(step.last_user_message.as_deref(), Some("review my change"));
+        assert_eq!(step.client_tools, Some(vec!["read".to_string()]));
+        assert_eq!((step.model, step.turn_count), (None, Some(2)));
+    }
+
+    #[test]
+    fn reads_refresh_and_defer_on_the_wrong_item_are_misuse() {
+        fn on_static(_: &Config) -> Result<Plugin, String> {
+            Ok(Plugin::new().section("s", 1, "x").reads(Reads::nothing()))
+        }
+        fn refresh_context(_: &Config) -> Result<Plugin, String> {
+            Ok(Plugin::new().context("c", 1, "x").refresh(Refresh::Step))
+        }
+        fn defer_section(_: &Config) -> Result<Plugin, String> {
+            Ok(Plugin::new().section("s", 1, "x").defer())
+        }
+        let err = |f| declare(Vec::new(), f).unwrap_err();
+        assert!(err(on_static).contains("reads() applies to a dynamic"));
+        assert!(err(refresh_context).contains("refresh() applies to a section or a tool"));
+        assert!(err(defer_section).contains("defer() applies to a tool"));
     }
 }

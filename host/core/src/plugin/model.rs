@@ -3,7 +3,7 @@
 //! These types mirror `wit/plugin.wit` but carry no WebAssembly: the registry, assembly and
 //! rendering work on them alone, so they can be tested without an engine.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// Where a contribution is visible (SPEC "scope").
@@ -45,6 +45,94 @@ pub enum Content {
     Dynamic,
 }
 
+/// The request inputs a step may show a plugin besides its facts (world 0.3.0): each true
+/// one is shown to a call whose wanted contributions read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Inputs {
+    /// The text of the session's last user message.
+    pub last_user_message: bool,
+    /// The model the request is for.
+    pub model: bool,
+    /// The names of the tools the client sent.
+    pub client_tools: bool,
+    /// The step's number.
+    pub step_number: bool,
+    /// How many user messages the session holds.
+    pub turn_count: bool,
+}
+
+impl Inputs {
+    /// Every input.
+    pub const ALL: Inputs = Inputs {
+        last_user_message: true,
+        model: true,
+        client_tools: true,
+        step_number: true,
+        turn_count: true,
+    };
+
+    /// Each input either reads.
+    pub fn union(self, other: Inputs) -> Inputs {
+        Inputs {
+            last_user_message: self.last_user_message || other.last_user_message,
+            model: self.model || other.model,
+            client_tools: self.client_tools || other.client_tools,
+            step_number: self.step_number || other.step_number,
+            turn_count: self.turn_count || other.turn_count,
+        }
+    }
+
+    /// Their names, as the WIT spells them (for `promptd plugins` and errors).
+    pub fn names(self) -> Vec<&'static str> {
+        [
+            (self.last_user_message, "last-user-message"),
+            (self.model, "model"),
+            (self.client_tools, "client-tools"),
+            (self.step_number, "step-number"),
+            (self.turn_count, "turn-count"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+}
+
+/// What a dynamic contribution reads of a step (world 0.3.0): it is shown only these, and in
+/// a session it is asked again only when one of them changed, unless `volatile`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Reads {
+    /// The facts it reads, by name.
+    pub facts: BTreeSet<String>,
+    /// The request inputs it reads.
+    pub inputs: Inputs,
+    /// Asked at every step all the same (its answer depends on something else too).
+    pub volatile: bool,
+}
+
+/// When a change to a section's or tool's text may reach the model, as the plugin declares it
+/// (world 0.3.0; the operator's `[plugins.ID] refresh` overrides it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RefreshMode {
+    /// At the session's next step.
+    #[default]
+    Step,
+    /// At the session's next cache-cold point, or after `max_stale_s`.
+    Boundary,
+    /// Never within a session: a session keeps what it was first sent.
+    Session,
+}
+
+impl RefreshMode {
+    /// Its name, as the WIT and the config spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefreshMode::Step => "step",
+            RefreshMode::Boundary => "boundary",
+            RefreshMode::Session => "session",
+        }
+    }
+}
+
 /// C1: a part of the system prompt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Section {
@@ -60,6 +148,10 @@ pub struct Section {
     pub scope: Scope,
     /// Never interpolated: the text is used exactly as given (world 0.2.0).
     pub verbatim: bool,
+    /// What a dynamic section reads; `None`: the declaration's (world 0.3.0).
+    pub reads: Option<Reads>,
+    /// When a change reaches the model, as the plugin declares it (world 0.3.0).
+    pub refresh: Option<RefreshMode>,
 }
 
 /// C2: a part of the runtime context snapshot.
@@ -75,6 +167,8 @@ pub struct Context {
     pub scope: Scope,
     /// Never interpolated: the text is used exactly as given (world 0.2.0).
     pub verbatim: bool,
+    /// What a dynamic context reads; `None`: the declaration's (world 0.3.0).
+    pub reads: Option<Reads>,
 }
 
 /// C3: a value for `{{name}}` interpolation.
@@ -86,6 +180,8 @@ pub struct Variable {
     pub value: Content,
     /// Where it is visible.
     pub scope: Scope,
+    /// What a dynamic variable reads; `None`: the declaration's (world 0.3.0).
+    pub reads: Option<Reads>,
 }
 
 /// C4: a tool schema. `parameters` is the JSON text as declared; it is parsed at validation.
@@ -99,6 +195,11 @@ pub struct Tool {
     pub parameters: String,
     /// Where it is visible.
     pub scope: Scope,
+    /// When a change to it reaches the model, as the plugin declares it (world 0.3.0).
+    pub refresh: Option<RefreshMode>,
+    /// Deferred, as the plugin declares it: found through the provider's tool search (world
+    /// 0.3.0; the operator's `[plugins.ID] defer` overrides it).
+    pub defer: bool,
 }
 
 /// Everything one plugin may contribute.
@@ -116,6 +217,17 @@ pub struct Declaration {
     pub filters_tools: bool,
     /// Some: the plugin reviews each session step; hooks run by (this order, plugin id).
     pub review_order: Option<i32>,
+    /// What its dynamic contributions read unless one says, and what its tool filter reads;
+    /// `None`: the whole step, at every step (worlds 0.1.0 and 0.2.0).
+    pub reads: Option<Reads>,
+}
+
+impl Declaration {
+    /// What the dynamic item `reads` (its own, else the declaration's) makes of a read:
+    /// `None` reads the whole step.
+    pub fn reads_of<'a>(&'a self, own: Option<&'a Reads>) -> Option<&'a Reads> {
+        own.or(self.reads.as_ref())
+    }
 }
 
 /// What every kind of contribution has in common: a name, a scope, and a list in a
@@ -166,6 +278,22 @@ pub struct Step {
     pub step_number: u64,
     /// Sorted by key, so plugins see the same order whatever order the client sent.
     pub facts: BTreeMap<String, String>,
+    /// The request inputs a world 0.3.0 plugin may read.
+    pub inputs: StepInputs,
+}
+
+/// The request inputs of a step (world 0.3.0): each `None` when not known — or, in the step a
+/// call is shown, not read by the contributions it is asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StepInputs {
+    /// The text of the session's last user message (its text blocks joined by a blank line).
+    pub last_user_message: Option<String>,
+    /// The model the request is for.
+    pub model: Option<String>,
+    /// The names of the tools the client sent (through the gateway), in its order.
+    pub client_tools: Option<Vec<String>>,
+    /// How many user messages the session holds, this step's included.
+    pub turn_count: Option<u64>,
 }
 
 /// The four kinds of contribution (defined below the plugin model: errors name them too).

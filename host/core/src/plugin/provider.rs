@@ -328,6 +328,8 @@ impl NativePlugin {
             complete: false,
             scope: Scope::Global,
             verbatim: false,
+            reads: None,
+            refresh: None,
         });
         self.last = Some(Last::Section);
     }
@@ -357,6 +359,7 @@ impl NativePlugin {
             text,
             scope: Scope::Global,
             verbatim: false,
+            reads: None,
         });
         self.last = Some(Last::Context);
     }
@@ -383,6 +386,7 @@ impl NativePlugin {
             name: name.into(),
             value,
             scope: Scope::Global,
+            reads: None,
         });
         self.last = Some(Last::Variable);
     }
@@ -394,6 +398,8 @@ impl NativePlugin {
             description: description.into(),
             parameters: parameters.into(),
             scope: Scope::Global,
+            refresh: None,
+            defer: false,
         });
         self.last = Some(Last::Tool);
         self

@@ -38,8 +38,14 @@ pub fn validate(
         Ok(())
     };
 
+    if let Some(reads) = &decl.reads {
+        check_reads(plugin, Kind::Section, "*", &Content::Dynamic, reads, limits)?;
+    }
     for s in &decl.sections {
         check_item_name(plugin, Kind::Section, &s.name)?;
+        if let Some(reads) = &s.reads {
+            check_reads(plugin, Kind::Section, &s.name, &s.text, reads, limits)?;
+        }
         if !s.verbatim {
             check_template(plugin, Kind::Section, &s.name, &s.text)?;
         }
@@ -47,6 +53,9 @@ pub fn validate(
     }
     for c in &decl.contexts {
         check_item_name(plugin, Kind::Context, &c.name)?;
+        if let Some(reads) = &c.reads {
+            check_reads(plugin, Kind::Context, &c.name, &c.text, reads, limits)?;
+        }
         if !(c.verbatim || data_contexts) {
             check_template(plugin, Kind::Context, &c.name, &c.text)?;
         }
@@ -60,6 +69,9 @@ pub fn validate(
                 name: v.name.clone(),
                 rule: "variable names match ^[a-z][a-z0-9_]*$",
             });
+        }
+        if let Some(reads) = &v.reads {
+            check_reads(plugin, Kind::Variable, &v.name, &v.value, reads, limits)?;
         }
         unique(Kind::Variable, &v.name, &v.scope)?;
     }
@@ -99,6 +111,48 @@ pub fn validate(
             .push((t.scope.clone(), std::sync::Arc::new(value)));
     }
     Ok(schemas)
+}
+
+/// Most facts one `reads` names.
+pub const MAX_READ_FACTS: usize = 64;
+
+/// World 0.3.0: `reads` only on a dynamic item, naming at most [`MAX_READ_FACTS`] facts, each
+/// non-empty and no longer than a name may be.
+fn check_reads(
+    plugin: &str,
+    kind: Kind,
+    name: &str,
+    content: &Content,
+    reads: &crate::plugin::model::Reads,
+    limits: &DeclarationLimits,
+) -> Result<()> {
+    let refuse = |cause: String| Error::InvalidReads {
+        plugin: plugin.into(),
+        kind,
+        name: name.into(),
+        cause,
+    };
+    if let Content::Static(_) = content {
+        return Err(refuse(
+            "is for a dynamic item: a static one is never called".into(),
+        ));
+    }
+    if reads.facts.len() > MAX_READ_FACTS {
+        return Err(refuse(format!(
+            "{} facts, more than {MAX_READ_FACTS}",
+            reads.facts.len()
+        )));
+    }
+    for fact in &reads.facts {
+        if fact.is_empty() || fact.len() > limits.max_name_bytes {
+            return Err(refuse(format!(
+                "a fact name of {} bytes: names are 1 to {} bytes (limits.max_name_bytes)",
+                fact.len(),
+                limits.max_name_bytes
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// L8: counts per kind, name lengths and the declaration's total size, before any other check
@@ -251,6 +305,8 @@ mod tests {
             complete: false,
             scope: Scope::Global,
             verbatim: false,
+            reads: None,
+            refresh: None,
         }
     }
 
@@ -282,6 +338,8 @@ mod tests {
             description: String::new(),
             parameters: "{}".into(),
             scope: Scope::Global,
+            refresh: None,
+            defer: false,
         };
         let tools = Declaration {
             tools: vec![tool("a"), tool("b")],

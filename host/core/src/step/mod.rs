@@ -190,6 +190,7 @@ pub fn step_for(
         session_id: session.to_string(),
         step_number: number,
         facts,
+        inputs: Default::default(),
     }
 }
 

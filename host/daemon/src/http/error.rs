@@ -43,6 +43,7 @@ pub(crate) fn core_status(e: &Error) -> StatusCode {
         | Error::ToolOrderDuplicate(_)
         | Error::ToolOrderMissingRest
         | Error::InvalidName { .. }
+        | Error::InvalidReads { .. }
         | Error::DeclarationLimit { .. }
         | Error::ReservedToolName { .. }
         | Error::InvalidSchema { .. }
