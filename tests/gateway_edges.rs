@@ -473,6 +473,63 @@ config = { text = "You are {{agent_name}}'s {{role}} side.", role = "engineering
     );
 }
 
+/// G4, the client's tools: `deny_tools` takes the named ones out, `defer_tools` marks the
+/// named ones `"defer_loading":true` (inserted as each one's first member, nothing else of
+/// the tool touched); the upstream gets exactly that, and the step's `gateway/request` names
+/// them (`splice.denied`, `splice.deferred`).
+#[test]
+fn g4_deny_and_defer_tools_reach_the_upstream_and_the_record_names_them() {
+    let upstream = echo(ANTHROPIC_REPLY);
+    let folder = Folder::new().bundled("identity");
+    let rest = r#"
+[plugins.identity]
+config = { name = "Ada", model = "example-model" }
+[agents.base.gateway]
+defer_tools = ["lookup", "own"]
+[agents.coder]
+parent = "base"
+[agents.coder.gateway]
+deny_tools = ["drop_me"]
+"#;
+    let (served, _tmp) = serve(&folder, &upstream.url, "", rest);
+    let body = r#"{"model":"claude","max_tokens":10,"tools":[{"name":"keep","input_schema":{"type":"object"}},{ "name" : "lookup" , "input_schema":{"type":"object","x":1.50E+2}},{"name":"drop_me","input_schema":{}},{"name":"own","defer_loading":false,"input_schema":{}},{"type":"tool_search_tool_regex_20251119","name":"tool_search_tool_regex"}],"messages":[{"role":"user","content":"hi"}]}"#;
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages",
+        &[],
+        body.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let got = upstream.got.lock().unwrap().last().cloned().unwrap();
+    let sent = String::from_utf8(got.clone()).unwrap();
+    assert!(
+        sent.contains(r#"{"defer_loading":true, "name" : "lookup" , "input_schema":{"type":"object","x":1.50E+2}}"#),
+        "{sent}"
+    );
+    assert!(!sent.contains("drop_me"), "{sent}");
+    assert!(
+        sent.contains(r#"{"name":"own","defer_loading":false,"input_schema":{}}"#),
+        "the client's own defer_loading is left as it wrote it: {sent}"
+    );
+    assert_eq!(sent.matches("defer_loading").count(), 2, "{sent}");
+    let id = header_of(&head, "x-promptd-session").unwrap().to_string();
+    let record = records(&events_of(&served, &id)).pop().unwrap();
+    assert_eq!(record.splice.deferred, ["lookup"]);
+    assert_eq!(record.splice.denied, ["drop_me"]);
+    assert!(record.splice.skipped.is_empty(), "{:?}", record.splice);
+    assert_eq!(record.client_body, body, "recorded as sent");
+    assert_eq!(record.upstream_body(), got, "rebuilds byte for byte");
+    let (status, text) = common::daemon::request(
+        &served.url,
+        "GET",
+        &format!("/v1/sessions/{id}/steps/1/upstream"),
+        None,
+        None,
+    );
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(text.as_bytes(), got, "the body API gives the same bytes");
+}
+
 /// A session's events, read over a raw connection (no body limit).
 pub(crate) fn events_of(served: &Served, id: &str) -> Vec<Value> {
     let addr = served.url.trim_start_matches("http://");

@@ -677,6 +677,8 @@ async function gatewayPanel({ request, reply }, base) {
     edits.length ? h('ol', { class: 'edits' }, edits) : h('p', { class: 'muted' }, 'nothing'),
     splice.denied && splice.denied.length
       ? h('p', {}, 'client tools taken out: ', splice.denied.map((t) => h('code', {}, t))) : null,
+    splice.deferred && splice.deferred.length
+      ? h('p', {}, 'client tools deferred (loaded on a tool search): ', splice.deferred.map((t) => h('code', {}, t))) : null,
     (splice.skipped || []).map((s) => h('p', { class: 'muted' }, s)),
     h('p', {}, `client breakpoints: ${splice.client_breakpoints || 0}`,
       splice.breakpoint_added ? '; promptd added one after its sections' : ''),

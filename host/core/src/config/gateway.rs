@@ -76,6 +76,9 @@ pub struct AgentGatewayConfig {
     pub on_plugin_failure: Option<OnPluginFailure>,
     /// Client tools taken out of the request before it goes upstream (recorded).
     pub deny_tools: Option<Vec<String>>,
+    /// Client tools marked for deferred loading (`defer_loading`) where the endpoint has it
+    /// (recorded).
+    pub defer_tools: Option<Vec<String>>,
 }
 
 /// `[agents.NAME.gateway] on_plugin_failure`.
@@ -202,6 +205,7 @@ impl GatewayConfig {
             splice: SpliceSettings {
                 client_system: pick(&tables, |t| t.client_system).unwrap_or_default(),
                 deny_tools: pick(&tables, |t| t.deny_tools.clone()).unwrap_or_default(),
+                defer_tools: pick(&tables, |t| t.defer_tools.clone()).unwrap_or_default(),
             },
             on_plugin_failure: pick(&tables, |t| t.on_plugin_failure).unwrap_or_default(),
         }))

@@ -408,3 +408,35 @@ fn the_store_is_sqlite_unless_a_postgres_url_is_given_and_bad_values_name_the_ke
         assert!(!err.to_string().contains("secret"), "{err}");
     }
 }
+
+#[test]
+fn g4_deny_and_defer_tools_are_read_and_inherited_key_by_key() {
+    let c = Config::parse(
+        "[agents.coder.gateway]\ndeny_tools = [\"rm\"]\ndefer_tools = [\"search\", \"fetch\"]\n\
+         [agents.reviewer]\nparent = \"coder\"\n[agents.reviewer.gateway]\ndeny_tools = [\"edit\"]\n\
+         [agents.lean]\nparent = \"coder\"\n[agents.lean.gateway]\ndefer_tools = []\n",
+        "t",
+    )
+    .unwrap();
+    let splice = |agent: &str| c.gateway.agent(&c, agent).unwrap().unwrap().splice;
+    assert_eq!(splice("coder").deny_tools, ["rm"]);
+    assert_eq!(splice("coder").defer_tools, ["search", "fetch"]);
+    let reviewer = splice("reviewer");
+    assert_eq!(
+        reviewer.deny_tools,
+        ["edit"],
+        "the nearer agent's list wins"
+    );
+    assert_eq!(
+        reviewer.defer_tools,
+        ["search", "fetch"],
+        "inherited from its parent"
+    );
+    assert!(
+        splice("lean").defer_tools.is_empty(),
+        "an empty list clears it"
+    );
+    assert_eq!(splice("lean").deny_tools, ["rm"]);
+    let e = Config::parse("[agents.a.gateway]\ndefer_tools = \"search\"\n", "t").unwrap_err();
+    assert_eq!(e.code(), "config_parse");
+}

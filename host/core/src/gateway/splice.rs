@@ -44,6 +44,9 @@ pub struct SpliceSettings {
     pub client_system: ClientSystem,
     /// Client tools taken out of the request (`[agents.NAME.gateway] deny_tools`).
     pub deny_tools: Vec<String>,
+    /// Client tools marked for deferred loading where the endpoint has it
+    /// (`[agents.NAME.gateway] defer_tools`).
+    pub defer_tools: Vec<String>,
 }
 
 /// The part of promptd's contribution an edit carries.
@@ -61,6 +64,9 @@ pub enum Part {
     IncludeUsage,
     /// A client tool the agent's `deny_tools` takes out: the edit removes its bytes.
     DenyTool,
+    /// `"defer_loading":true`, the first member of a client tool the agent's `defer_tools`
+    /// names: the tool is loaded only when the client's tool-search tool finds it.
+    DeferTool,
 }
 
 /// One edit of the client's body: `remove` bytes at `at` replaced by `insert`.
@@ -100,6 +106,10 @@ pub struct Splice {
     /// The client tools taken out (`deny_tools`), in the client's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denied: Vec<String>,
+    /// The client tools promptd marked for deferred loading (`defer_tools`), in the client's
+    /// order; a tool the client gave its own `defer_loading` is not among them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deferred: Vec<String>,
     /// A part that had no place in this body, and why (e.g. the runtime context when the
     /// client's last message is the model's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -163,6 +173,7 @@ pub fn plan(
     body.check(ingress)?;
     let mut splice = Splice::default();
     deny_tools(ingress, body, &settings.deny_tools, &mut splice);
+    defer_tools(ingress, body, settings, &mut splice);
     match ingress {
         Ingress::Messages | Ingress::CountTokens => {
             messages(body, contributions, settings, &mut splice)?
@@ -184,27 +195,51 @@ fn first_member(body: &ClientBody<'_>, splice: &mut Splice, key: &str, value: &s
     );
 }
 
+/// Where the value of `key` sits in the object at `object` of `text` (the last, should the
+/// object repeat it, as JSON decoders take it).
+fn member_span(text: &str, object: Range<usize>, key: &str) -> Option<Range<usize>> {
+    members(text, object)?
+        .into_iter()
+        .rev()
+        .find(|m| m.key == key)
+        .map(|m| m.value)
+}
+
+/// The client's tools: each element of `tools` with its span and the name it gives (read
+/// from the client's bytes: nothing else of the tool is decoded).
+fn client_tools(ingress: Ingress, body: &ClientBody<'_>) -> Vec<(Range<usize>, Option<String>)> {
+    let text = body.text;
+    let Some(tools) = body.member("tools") else {
+        return Vec::new();
+    };
+    let name_of = |item: &Range<usize>| -> Option<String> {
+        let name = match ingress {
+            Ingress::ChatCompletions => {
+                member_span(text, member_span(text, item.clone(), "function")?, "name")?
+            }
+            _ => member_span(text, item.clone(), "name")?,
+        };
+        serde_json::from_str(&text[name]).ok()
+    };
+    elements(text, tools.value.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|item| {
+            let name = name_of(&item);
+            (item, name)
+        })
+        .collect()
+}
+
 /// Takes the client tools `deny` names out of `tools`: each denied element's bytes with the
 /// comma that joins it to the list.
 fn deny_tools(ingress: Ingress, body: &ClientBody<'_>, deny: &[String], splice: &mut Splice) {
     if deny.is_empty() {
         return;
     }
-    let text = body.text;
-    let Some(tools) = body.member("tools") else {
-        return;
-    };
-    let items = elements(text, tools.value.clone()).unwrap_or_default();
-    let name_of = |item: &Range<usize>| -> Option<String> {
-        let tool: Value = serde_json::from_str(&text[item.clone()]).ok()?;
-        let name = match ingress {
-            Ingress::ChatCompletions => tool.get("function")?.get("name"),
-            _ => tool.get("name"),
-        };
-        name.and_then(Value::as_str).map(str::to_string)
-    };
-    let names: Vec<Option<String>> = items.iter().map(name_of).collect();
-    let is_denied = |i: usize| names[i].as_ref().is_some_and(|n| deny.contains(n));
+    let tools = client_tools(ingress, body);
+    let items: Vec<&Range<usize>> = tools.iter().map(|(item, _)| item).collect();
+    let is_denied = |i: usize| tools[i].1.as_ref().is_some_and(|n| deny.contains(n));
     // Each run of denied elements goes with the commas that join it: up to the next kept
     // element, or, for a run at the end, from the end of the kept element before it.
     let mut i = 0;
@@ -215,7 +250,7 @@ fn deny_tools(ingress: Ingress, body: &ClientBody<'_>, deny: &[String], splice: 
         }
         let start = i;
         while i < items.len() && is_denied(i) {
-            splice.denied.extend(names[i].clone());
+            splice.denied.extend(tools[i].1.clone());
             i += 1;
         }
         let range = match (items.get(i), start.checked_sub(1)) {
@@ -224,6 +259,76 @@ fn deny_tools(ingress: Ingress, body: &ClientBody<'_>, deny: &[String], splice: 
             (None, None) => items[start].start..items[i - 1].end,
         };
         splice.replace(range, String::new(), Part::DenyTool);
+    }
+}
+
+/// Marks the client tools `defer_tools` names for deferred loading: `"defer_loading":true`
+/// inserted as each one's first member, the tool's own bytes untouched. Anthropic Messages
+/// defers any named tool, Responses a function tool; a denied tool, or one the client gave its
+/// own `defer_loading`, is left as it is. Where the endpoint has no deferred loading (Chat
+/// Completions, a token count) the tools stay loaded, said in `skipped`.
+fn defer_tools(
+    ingress: Ingress,
+    body: &ClientBody<'_>,
+    settings: &SpliceSettings,
+    splice: &mut Splice,
+) {
+    let defer = &settings.defer_tools;
+    if defer.is_empty() {
+        return;
+    }
+    let text = body.text;
+    let named: Vec<(Range<usize>, String)> = client_tools(ingress, body)
+        .into_iter()
+        .filter_map(|(item, name)| Some((item, name?)))
+        .filter(|(_, name)| defer.contains(name) && !settings.deny_tools.contains(name))
+        .collect();
+    if named.is_empty() {
+        return;
+    }
+    let endpoint = match ingress {
+        Ingress::Messages | Ingress::Responses => None,
+        Ingress::ChatCompletions => Some("Chat Completions"),
+        Ingress::CountTokens => Some("a token count"),
+    };
+    if let Some(endpoint) = endpoint {
+        let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();
+        splice.skipped.push(format!(
+            "defer_tools: {endpoint} has no deferred loading, so these stay loaded: {}",
+            names.join(", ")
+        ));
+        return;
+    }
+    let mut not_function = Vec::new();
+    for (item, name) in named {
+        let fields = members(text, item.clone()).unwrap_or_default();
+        let raw = |key: &str| {
+            fields
+                .iter()
+                .find(|m| m.key == key)
+                .map(|m| &text[m.value.clone()])
+        };
+        if raw("defer_loading").is_some() {
+            continue; // the client's own word on it
+        }
+        let kind = raw("type").and_then(|t| serde_json::from_str::<String>(t).ok());
+        if ingress == Ingress::Responses && kind.as_deref() != Some("function") {
+            not_function.push(name);
+            continue;
+        }
+        let comma = if fields.is_empty() { "" } else { "," };
+        splice.push(
+            item.start + 1,
+            format!("\"defer_loading\":true{comma}"),
+            Part::DeferTool,
+        );
+        splice.deferred.push(name);
+    }
+    if !not_function.is_empty() {
+        splice.skipped.push(format!(
+            "defer_tools: only a function tool is deferred on Responses, so these stay loaded: {}",
+            not_function.join(", ")
+        ));
     }
 }
 

@@ -519,3 +519,153 @@ fn g4_deny_tools_takes_the_named_client_tools_out_with_their_commas() {
         r#"{"tools":[{"type":"function","function":{"name":"keep"}}],"messages":[]}"#
     );
 }
+
+fn deferring(names: &[&str]) -> SpliceSettings {
+    SpliceSettings {
+        defer_tools: names.iter().map(|n| n.to_string()).collect(),
+        ..SpliceSettings::default()
+    }
+}
+
+#[test]
+fn g4_defer_tools_inserts_defer_loading_first_in_each_named_messages_tool() {
+    let client = format!(
+        r#"{{"model":"claude",{ODD},"tools":[ {{"name":"keep","input_schema":{{"type":"object"}}}} , {{ "name" : "search" , "input_schema":{{"n":1.50E+2}},"cache_control":{{"type":"ephemeral","ttl":"1h"}}}},{{"type":"tool_search_tool_regex_20251119","name":"tool_search_tool_regex"}},{{"name":"fetch","description":"\u00e9"}} ],"messages":[{{"role":"user","content":"q"}}]}}"#
+    );
+    let (plan, out) = spliced(
+        Ingress::Messages,
+        &client,
+        &added("S", Some("C")),
+        &deferring(&["fetch", "search", "absent"]),
+    );
+    assert_eq!(without_insertions(&plan, &out), client);
+    assert_eq!(plan.deferred, ["search", "fetch"], "in the client's order");
+    let inserted: Vec<&str> = plan
+        .edits
+        .iter()
+        .filter(|e| e.part == Part::DeferTool)
+        .map(|e| e.insert.as_str())
+        .collect();
+    assert_eq!(inserted, [r#""defer_loading":true,"#; 2]);
+    assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
+    // The member goes right after each tool's `{`, before its own first member.
+    assert!(
+        out.contains(r#"{"defer_loading":true, "name" : "search" ,"#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"{"defer_loading":true,"name":"fetch","#),
+        "{out}"
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let deferred: Vec<bool> = v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["defer_loading"] == json!(true))
+        .collect();
+    assert_eq!(deferred, [false, true, false, true]);
+    // Sorted by position, the sections' edit first.
+    assert!(plan.edits.windows(2).all(|w| w[0].at <= w[1].at));
+    assert_eq!(plan.client_breakpoints, 1, "the tool's breakpoint is kept");
+}
+
+#[test]
+fn g4_defer_tools_marks_responses_function_tools_only() {
+    let client = r#"{"model":"gpt","tools":[{"type":"function","name":"lookup","parameters":{}},{"type":"custom","name":"grammar"},{"type":"tool_search"},{"name":"fn2","type":"function"}],"input":"hi"}"#;
+    let (plan, out) = spliced(
+        Ingress::Responses,
+        client,
+        &added("S", None),
+        &deferring(&["lookup", "grammar", "fn2"]),
+    );
+    assert_eq!(without_insertions(&plan, &out), client);
+    assert_eq!(plan.deferred, ["lookup", "fn2"]);
+    assert!(out.contains(r#"[{"defer_loading":true,"type":"function","name":"lookup""#));
+    assert!(out.contains(r#"{"defer_loading":true,"name":"fn2","type":"function"}"#));
+    assert_eq!(plan.skipped.len(), 1, "{:?}", plan.skipped);
+    assert!(plan.skipped[0].contains("grammar"), "{:?}", plan.skipped);
+}
+
+#[test]
+fn g4_defer_tools_leaves_a_tool_the_client_deferred_and_a_denied_tool_alone() {
+    let client = r#"{"tools":[{"name":"a","defer_loading":false},{"name":"b","defer_loading":true},{"name":"c"},{"name":"d"}],"messages":[{"role":"user","content":"q"}]}"#;
+    let settings = SpliceSettings {
+        deny_tools: vec!["c".into()],
+        ..deferring(&["a", "b", "c", "d"])
+    };
+    let (plan, out) = spliced(Ingress::Messages, client, &added("", None), &settings);
+    assert_eq!(plan.denied, ["c"]);
+    assert_eq!(plan.deferred, ["d"], "only the tools promptd changed");
+    assert_eq!(
+        out,
+        r#"{"tools":[{"name":"a","defer_loading":false},{"name":"b","defer_loading":true},{"defer_loading":true,"name":"d"}],"messages":[{"role":"user","content":"q"}]}"#
+    );
+    assert!(plan.edits.windows(2).all(|w| w[0].at <= w[1].at));
+    assert_eq!(
+        plan.edits.iter().map(|e| e.part).collect::<Vec<_>>(),
+        [Part::DenyTool, Part::DeferTool]
+    );
+    assert_eq!(Splice::apply(&plan, client.as_bytes()), out.as_bytes());
+}
+
+#[test]
+fn g4_defer_tools_on_chat_and_token_counts_inserts_nothing_and_says_so() {
+    let chat = r#"{"tools":[{"type":"function","function":{"name":"lookup"}},{"type":"function","function":{"name":"other"}}],"messages":[{"role":"user","content":"q"}]}"#;
+    let (plan, out) = spliced(
+        Ingress::ChatCompletions,
+        chat,
+        &added("", None),
+        &deferring(&["lookup", "missing"]),
+    );
+    assert_eq!(out, chat);
+    assert!(plan.deferred.is_empty());
+    assert_eq!(plan.skipped.len(), 1, "{:?}", plan.skipped);
+    assert!(
+        plan.skipped[0].contains("Chat Completions") && plan.skipped[0].contains("lookup"),
+        "{:?}",
+        plan.skipped
+    );
+    let count = r#"{"tools":[{"name":"lookup"}],"messages":[{"role":"user","content":"q"}]}"#;
+    let (plan, out) = spliced(
+        Ingress::CountTokens,
+        count,
+        &added("", None),
+        &deferring(&["lookup"]),
+    );
+    assert_eq!(out, count);
+    assert!(plan.deferred.is_empty());
+    assert_eq!(plan.skipped.len(), 1, "{:?}", plan.skipped);
+    // A tool list the setting names nothing of says nothing.
+    let (plan, _) = spliced(
+        Ingress::ChatCompletions,
+        chat,
+        &added("", None),
+        &deferring(&["missing"]),
+    );
+    assert!(plan.skipped.is_empty());
+}
+
+#[test]
+fn g4_defer_tools_takes_empty_objects_and_odd_spacing() {
+    let client = "{\"tools\" : [ {} , {\"name\":\"only\"} ,{ \n\"name\"\n:\n\"x\" }, [], \"s\" ],\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}";
+    let (plan, out) = spliced(
+        Ingress::Messages,
+        client,
+        &added("", None),
+        &deferring(&["only", "x"]),
+    );
+    assert_eq!(without_insertions(&plan, &out), client);
+    assert_eq!(plan.deferred, ["only", "x"]);
+    assert!(out.contains(
+        "[ {} , {\"defer_loading\":true,\"name\":\"only\"} ,{\"defer_loading\":true, \n\"name\""
+    ));
+    let (plan, out) = spliced(
+        Ingress::Messages,
+        r#"{"tools":[{}],"messages":[]}"#,
+        &added("", None),
+        &deferring(&["x"]),
+    );
+    assert_eq!(out, r#"{"tools":[{}],"messages":[]}"#);
+    assert_eq!(plan, Splice::default());
+}
