@@ -70,6 +70,7 @@ fn step() -> Step {
             }),
         )
         .collect(),
+        inputs: Default::default(),
     }
 }
 

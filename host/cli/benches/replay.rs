@@ -142,6 +142,7 @@ fn record(registry: &Registry, plan: &AgentSettings, steps: usize) -> Vec<Event>
                 messages,
                 facts: facts.clone(),
                 sent_at: None,
+                client_tools: None,
             },
             Format::Anthropic,
         )

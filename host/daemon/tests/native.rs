@@ -253,6 +253,7 @@ fn input(messages: Vec<Message>, facts: &[(&str, &str)]) -> StepInput {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         sent_at: None,
+        client_tools: None,
     }
 }
 

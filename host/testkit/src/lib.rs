@@ -159,7 +159,7 @@ pub fn archived(world: &str, name: &str) -> PathBuf {
     let out = dir.join(format!("{name}.wasm"));
     let key = format!("{world}/{name}");
     let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
-    if !done.iter().any(|n| *n == key) {
+    if !done.contains(&key) {
         std::fs::create_dir_all(&dir).expect("create the unpack folder");
         let packed = repo_root().join(format!("tests/fixtures/plugin-{world}/{name}.wasm.gz"));
         let o = Command::new("gzip")

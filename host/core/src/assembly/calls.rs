@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::model::Omission;
+use super::reuse::{reads_of, shown, Answer, Read, Reuse};
 use crate::error::{Error, Result};
 use crate::observe::{observed, Activity, Observe};
-use crate::plugin::model::{Content, Kind, Step};
+use crate::plugin::model::{Content, Kind, Reads, Step};
 use crate::plugin::provider::{CallError, CallResult, Evaluation, Wanted};
 use crate::plugin::registry::PluginEntry;
 
@@ -46,6 +47,23 @@ pub(super) struct Calls<'o> {
     pub(super) tools: HashMap<usize, CallResult<Vec<String>>>,
     /// Contexts left out alone (`contexts_fail_alone`), in the order they were asked for.
     pub(super) omitted: Vec<Omission>,
+    /// The session's kept answers (world 0.3.0), when the assembly is a session's step.
+    pub(super) reuse: Option<&'o mut Reuse>,
+    /// The plugin calls made.
+    pub(super) called: usize,
+    /// The contributions answered from `reuse`, without a call: `plugin kind \`name\``.
+    pub(super) reused: Vec<String>,
+}
+
+/// The name of `entry`'s item `index` of `kind` (`Kind::Tool`: its tool filter).
+fn item_name(entry: &PluginEntry, kind: Kind, index: usize) -> &str {
+    let d = &entry.declaration;
+    match kind {
+        Kind::Section => &d.sections[index].name,
+        Kind::Context => &d.contexts[index].name,
+        Kind::Variable => &d.variables[index].name,
+        Kind::Tool => "shown-tools",
+    }
 }
 
 impl Calls<'_> {
@@ -58,6 +76,7 @@ impl Calls<'_> {
     pub(super) fn prefetch(&mut self, step: &Step, asks: &[Ask]) {
         for ask in asks {
             let entry = &ask.entry;
+            self.kept_answers(step, ask);
             let (texts, values) = (&ask.text_keys, &ask.value_keys);
             let ptr = Arc::as_ptr(entry) as usize;
             let fresh = !texts.iter().any(|k| self.texts.contains_key(k))
@@ -95,22 +114,87 @@ impl Calls<'_> {
                 owned = (t, v);
                 (&filtered, &owned.0, &owned.1)
             };
+            // The call is shown what its items read (world 0.3.0; all of it before).
+            let reads: Vec<Option<&Reads>> = (texts.iter().chain(values))
+                .map(|&(_, kind, i)| reads_of(entry, kind, i))
+                .chain(wanted.shown_tools.then(|| reads_of(entry, Kind::Tool, 0)))
+                .collect();
+            let shown_step = shown(step, &reads);
+            self.called += 1;
             let answer = observed(self.observe, Activity::call(entry, "evaluate"), || {
-                entry.provider.evaluate(step, wanted)
+                entry.provider.evaluate(&shown_step, wanted)
             })
             .and_then(|e| e.check(wanted).map(|()| e))
             .unwrap_or_else(|e| Evaluation::failed(wanted, e));
             // The answers come back in the order of `wanted`, which is the keys' order.
             let answered = answer.sections.into_iter().chain(answer.contexts);
             for (&k, text) in texts.iter().zip(answered) {
-                self.texts.insert(k, text.map(Arc::from));
+                let text: CallResult<Arc<str>> = text.map(Arc::from);
+                if let Ok(t) = &text {
+                    self.keep(step, entry, k, Answer::Text(t.clone()));
+                }
+                self.texts.insert(k, text);
             }
             for (&k, value) in values.iter().zip(answer.variables) {
-                self.values.insert(k, value.map(|v| v.map(Arc::from)));
+                let value: CallResult<Option<Arc<str>>> = value.map(|v| v.map(Arc::from));
+                if let Ok(v) = &value {
+                    self.keep(step, entry, k, Answer::Value(v.clone()));
+                }
+                self.values.insert(k, value);
             }
             if let Some(shown) = answer.shown_tools {
+                if let Ok(names) = &shown {
+                    let k = (ptr, Kind::Tool, 0);
+                    self.keep(step, entry, k, Answer::Tools(names.clone()));
+                }
                 self.tools.insert(ptr, shown);
             }
+        }
+    }
+
+    /// World 0.3.0: the answers `ask`'s items gave at an earlier step of the session when
+    /// they read what they read now, taken as this step's (no call for them).
+    fn kept_answers(&mut self, step: &Step, ask: &Ask) {
+        let Some(reuse) = self.reuse.as_deref() else {
+            return;
+        };
+        let entry = &ask.entry;
+        let ptr = Arc::as_ptr(entry) as usize;
+        let tools = ask.wanted.shown_tools.then_some((ptr, Kind::Tool, 0));
+        for key in (ask.text_keys.iter().chain(&ask.value_keys).copied()).chain(tools) {
+            let (_, kind, index) = key;
+            let Some(reads) = reads_of(entry, kind, index).filter(|r| !r.volatile) else {
+                continue;
+            };
+            let known = match kind {
+                Kind::Variable => self.values.contains_key(&key),
+                Kind::Tool => self.tools.contains_key(&ptr),
+                _ => self.texts.contains_key(&key),
+            };
+            if known {
+                continue;
+            }
+            let Some(answer) = reuse.get(entry, kind, index, &Read::of(reads, step)) else {
+                continue;
+            };
+            match answer {
+                Answer::Text(t) => self.texts.insert(key, Ok(t.clone())).map(drop),
+                Answer::Value(v) => self.values.insert(key, Ok(v.clone())).map(drop),
+                Answer::Tools(names) => self.tools.insert(ptr, Ok(names.clone())).map(drop),
+            };
+            let name = item_name(entry, kind, index);
+            self.reused.push(format!("{} {kind} `{name}`", entry.id));
+        }
+    }
+
+    /// Keeps an answer for the session's next steps, when its item declares what it reads.
+    fn keep(&mut self, step: &Step, entry: &Arc<PluginEntry>, key: CallKey, answer: Answer) {
+        let Some(reuse) = self.reuse.as_deref_mut() else {
+            return;
+        };
+        let (_, kind, index) = key;
+        if let Some(reads) = reads_of(entry, kind, index).filter(|r| !r.volatile) {
+            reuse.keep(entry, kind, index, Read::of(reads, step), answer);
         }
     }
 
@@ -141,7 +225,12 @@ impl Calls<'_> {
             }
         };
         let observe = self.observe;
-        let result = (self.texts.entry(call_key(entry, kind, index))).or_insert_with(|| {
+        let key = call_key(entry, kind, index);
+        if !self.texts.contains_key(&key) {
+            self.called += 1;
+        }
+        let result = (self.texts.entry(key)).or_insert_with(|| {
+            let step = &*shown(step, &[reads_of(entry, kind, index)]);
             match kind {
                 Kind::Section => observed(observe, Activity::call(entry, "section"), || {
                     entry.provider.section_text(name, scope, step)
@@ -187,13 +276,17 @@ impl Calls<'_> {
     ) -> Result<Option<Arc<str>>> {
         let v = &entry.declaration.variables[index];
         let observe = self.observe;
-        let result =
-            (self.values.entry(call_key(entry, Kind::Variable, index))).or_insert_with(|| {
-                observed(observe, Activity::call(entry, "variable"), || {
-                    entry.provider.variable_value(&v.name, &v.scope, step)
-                })
-                .map(|v| v.map(Arc::from))
-            });
+        let key = call_key(entry, Kind::Variable, index);
+        if !self.values.contains_key(&key) {
+            self.called += 1;
+        }
+        let result = (self.values.entry(key)).or_insert_with(|| {
+            let step = &*shown(step, &[reads_of(entry, Kind::Variable, index)]);
+            observed(observe, Activity::call(entry, "variable"), || {
+                entry.provider.variable_value(&v.name, &v.scope, step)
+            })
+            .map(|v| v.map(Arc::from))
+        });
         result
             .as_ref()
             .map_err(|e| call_error(entry, &format!("variable `{}`", v.name), e))
@@ -207,14 +300,16 @@ impl Calls<'_> {
         step: &Step,
     ) -> Result<&Vec<String>> {
         let observe = self.observe;
-        let result = self
-            .tools
-            .entry(Arc::as_ptr(entry) as usize)
-            .or_insert_with(|| {
-                observed(observe, Activity::call(entry, "shown-tools"), || {
-                    entry.provider.shown_tools(step)
-                })
-            });
+        let ptr = Arc::as_ptr(entry) as usize;
+        if !self.tools.contains_key(&ptr) {
+            self.called += 1;
+        }
+        let result = self.tools.entry(ptr).or_insert_with(|| {
+            let step = &*shown(step, &[reads_of(entry, Kind::Tool, 0)]);
+            observed(observe, Activity::call(entry, "shown-tools"), || {
+                entry.provider.shown_tools(step)
+            })
+        });
         result
             .as_ref()
             .map_err(|e| call_error(entry, "shown-tools", e))

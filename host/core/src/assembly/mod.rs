@@ -11,6 +11,7 @@ mod calls;
 mod effective;
 mod layout;
 mod model;
+mod reuse;
 pub mod review;
 mod tools;
 
@@ -27,6 +28,7 @@ use crate::plugin::trust::{self, Trust};
 use calls::{Calls, Source};
 use layout::Layout;
 pub use model::{AssembledTool, Assembly, Explain, Omission, Options, Origin};
+pub use reuse::Reuse;
 use tools::{order_tools, OrderedTools};
 
 /// The fixed first line of the runtime context snapshot (T6).
@@ -51,6 +53,19 @@ pub fn assemble_observed(
     options: &Options,
     observe: Option<&dyn Observe>,
 ) -> Result<Arc<Assembly>> {
+    assemble_reusing(registry, step, options, observe, None)
+}
+
+/// [`assemble_observed`] for a session's step: a world 0.3.0 contribution whose declared
+/// inputs are what they were when it last answered in the session (`reuse`) keeps that
+/// answer, without a call; the assembly says which ([`Assembly::reused`]).
+pub fn assemble_reusing(
+    registry: &Registry,
+    step: &Step,
+    options: &Options,
+    observe: Option<&dyn Observe>,
+    reuse: Option<&mut Reuse>,
+) -> Result<Arc<Assembly>> {
     let key = (
         step.scope_chain.clone(),
         options.tool_order.clone(),
@@ -59,7 +74,7 @@ pub fn assemble_observed(
     );
     let assembly = match registry.memo.get::<Assembly>(&key) {
         Some(assembly) => assembly,
-        None => assemble_fresh(registry, step, options, key, observe)?,
+        None => assemble_fresh(registry, step, options, key, observe, reuse)?,
     };
     Ok(fence_data(registry, assembly, &options.data_secret))
 }
@@ -105,9 +120,11 @@ fn assemble_fresh(
     options: &Options,
     key: crate::plugin::registry::MemoKey,
     observe: Option<&dyn Observe>,
+    reuse: Option<&mut Reuse>,
 ) -> Result<Arc<Assembly>> {
     let mut calls = Calls {
         observe,
+        reuse,
         ..Calls::default()
     };
     let mut excluded = BTreeSet::new();
@@ -132,6 +149,8 @@ fn assemble_fresh(
             Ok(mut assembly) => {
                 omitted.extend(calls.omitted.iter().cloned());
                 assembly.omitted = omitted;
+                assembly.called = calls.called;
+                assembly.reused = std::mem::take(&mut calls.reused);
                 let assembly = Arc::new(assembly);
                 if calls.is_empty() {
                     // No call, so no omission either: a function of the key alone.
@@ -265,6 +284,8 @@ fn attempt(
             tools: ordered.origins.clone(),
         },
         omitted: Vec::new(),
+        called: 0,
+        reused: Vec::new(),
     })
 }
 

@@ -41,6 +41,11 @@ pub struct Assembly {
     pub explain: Explain,
     /// Optional plugins left out because a call failed (A9).
     pub omitted: Vec<Omission>,
+    /// The plugin calls it made.
+    pub called: usize,
+    /// The contributions that kept their answer from the session's earlier step, without a
+    /// call (world 0.3.0): `plugin kind \`name\``, in the order they were asked for.
+    pub reused: Vec<String>,
 }
 
 /// One tool of a request, as assembly resolved it.

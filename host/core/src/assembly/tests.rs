@@ -1422,3 +1422,160 @@ fn t8_a_data_plugin_context_is_fenced_with_the_session_key_and_not_interpolated(
     assert_ne!(two.runtime_context, one.runtime_context);
     assert!(!two.runtime_context.as_deref().unwrap().contains(&key));
 }
+
+// ---- world 0.3.0: what a contribution reads, answers kept across a session's steps --------
+
+fn reads_facts(facts: &[&str]) -> crate::plugin::model::Reads {
+    crate::plugin::model::Reads {
+        facts: facts.iter().map(|f| f.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn session_step(n: u64, facts: &[(&str, &str)]) -> Step {
+    let mut step = default_step();
+    step.session_id = "s".into();
+    step.step_number = n;
+    step.facts = facts
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    step.inputs.last_user_message = Some(format!("question {n}"));
+    step.inputs.turn_count = Some(n);
+    step
+}
+
+#[test]
+fn w4_a_call_is_shown_only_what_its_contributions_read() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .batched()
+            .dynamic_section("task", 1, move |step| {
+                s.lock().unwrap().push(format!(
+                    "{:?} {} {:?} {:?}",
+                    step.facts,
+                    step.step_number,
+                    step.inputs.last_user_message,
+                    step.inputs.turn_count
+                ));
+                Ok(step.facts.get("task").cloned().unwrap_or_default())
+            })
+            .reads(crate::plugin::model::Reads {
+                inputs: crate::plugin::model::Inputs {
+                    last_user_message: true,
+                    ..Default::default()
+                },
+                ..reads_facts(&["task"])
+            }),
+    )]);
+    let step = session_step(3, &[("task", "review"), ("cwd", "/secret")]);
+    let a = assemble(&reg, &step, &Options::default()).unwrap();
+    assert_eq!(a.system, "review");
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        [r#"{"task": "review"} 0 Some("question 3") None"#],
+        "no cwd, no step number, no turn count: only what it reads"
+    );
+}
+
+#[test]
+fn w4_an_answer_is_kept_until_what_it_reads_changes_unless_volatile() {
+    let (calls, c) = counter();
+    let (volatile_calls, v) = counter();
+    let (all_calls, a) = counter();
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .batched()
+            .dynamic_section("task", 1, move |step| {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(format!(
+                    "task {}",
+                    step.facts.get("task").cloned().unwrap_or_default()
+                ))
+            })
+            .reads(reads_facts(&["task"]))
+            .dynamic_section("clock", 2, move |_| {
+                v.fetch_add(1, Ordering::SeqCst);
+                Ok("now".into())
+            })
+            .reads(crate::plugin::model::Reads {
+                volatile: true,
+                ..Default::default()
+            })
+            .dynamic_context("everything", 3, move |step| {
+                a.fetch_add(1, Ordering::SeqCst);
+                Ok(format!("step {}", step.step_number))
+            }),
+    )]);
+    let mut reuse = Reuse::default();
+    let mut at = |n: u64, task: &str| {
+        let step = session_step(n, &[("task", task), ("other", &n.to_string())]);
+        assemble_reusing(&reg, &step, &Options::default(), None, Some(&mut reuse)).unwrap()
+    };
+    let first = at(1, "review");
+    assert_eq!(first.reused, Vec::<String>::new());
+    let second = at(2, "review");
+    assert_eq!(second.system, first.system);
+    assert_eq!(second.reused, ["p section `task`"]);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "task's fact did not change"
+    );
+    assert_eq!(
+        volatile_calls.load(Ordering::SeqCst),
+        2,
+        "volatile: asked every step"
+    );
+    assert_eq!(
+        all_calls.load(Ordering::SeqCst),
+        2,
+        "no reads: asked every step"
+    );
+    let third = at(3, "release");
+    assert_eq!(third.system, "task release\n\nnow");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "its fact changed: asked again"
+    );
+    assert!(third.reused.is_empty());
+
+    // Outside a session nothing is kept.
+    let before = calls.load(Ordering::SeqCst);
+    let step = session_step(4, &[("task", "release")]);
+    assemble(&reg, &step, &Options::default()).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), before + 1);
+}
+
+#[test]
+fn w4_a_step_whose_inputs_did_not_change_makes_no_plugin_call() {
+    let (calls, c) = counter();
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .batched()
+            .dynamic_section("a", 1, move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok("a".into())
+            })
+            .reads(reads_facts(&[]))
+            .dynamic_variable("v", |_| Ok(Some("x".into())))
+            .reads(reads_facts(&["task"]))
+            .section("b", 2, "uses {{v}}"),
+    )]);
+    let mut reuse = Reuse::default();
+    let step = session_step(1, &[("task", "t")]);
+    let first = assemble_reusing(&reg, &step, &Options::default(), None, Some(&mut reuse)).unwrap();
+    assert_eq!(first.called, 1);
+    let step = session_step(2, &[("task", "t"), ("noise", "1")]);
+    let second =
+        assemble_reusing(&reg, &step, &Options::default(), None, Some(&mut reuse)).unwrap();
+    assert_eq!(second.called, 0, "{:?}", second.reused);
+    assert_eq!(second.system, first.system);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -231,6 +231,14 @@ fn client_tools(ingress: Ingress, body: &ClientBody<'_>) -> Vec<(Range<usize>, O
         .collect()
 }
 
+/// The names of the client's tools, in its order (those without one left out): what a
+/// plugin reading `client-tools` is shown (world 0.3.0).
+pub fn tool_names(ingress: Ingress, body: &ClientBody<'_>) -> Vec<String> {
+    (client_tools(ingress, body).into_iter())
+        .filter_map(|(_, name)| name)
+        .collect()
+}
+
 /// Takes the client tools `deny` names out of `tools`: each denied element's bytes with the
 /// comma that joins it to the list.
 fn deny_tools(ingress: Ingress, body: &ClientBody<'_>, deny: &[String], splice: &mut Splice) {

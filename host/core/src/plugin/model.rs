@@ -286,7 +286,7 @@ pub struct Step {
 /// call is shown, not read by the contributions it is asked for.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct StepInputs {
-    /// The text of the session's last user message (its text blocks joined by a blank line).
+    /// The text of the session's last user message (its text blocks joined by a newline).
     pub last_user_message: Option<String>,
     /// The model the request is for.
     pub model: Option<String>,

@@ -442,6 +442,21 @@ impl NativePlugin {
         self
     }
 
+    /// Says what the section, context or variable added last reads (world 0.3.0).
+    pub fn reads(mut self, reads: crate::plugin::model::Reads) -> Self {
+        let d = &mut self.declaration;
+        let slot = match self.last {
+            Some(Last::Section) => d.sections.last_mut().map(|s| &mut s.reads),
+            Some(Last::Context) => d.contexts.last_mut().map(|c| &mut c.reads),
+            Some(Last::Variable) => d.variables.last_mut().map(|v| &mut v.reads),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            *slot = Some(reads);
+        }
+        self
+    }
+
     /// Reviews every session step with `f`; hooks run by (`order`, plugin id).
     pub fn review(
         mut self,

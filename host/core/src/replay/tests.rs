@@ -137,6 +137,7 @@ impl Log {
                 messages,
                 facts,
                 sent_at: None,
+                client_tools: None,
             },
             Format::Anthropic,
         )

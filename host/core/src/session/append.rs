@@ -317,6 +317,7 @@ impl SessionState {
             step,
             usage: None,
             held: Vec::new(),
+            reused: assembly.reused.clone(),
         };
         Ok(StepEvents {
             step,

@@ -167,6 +167,10 @@ pub struct Marker {
     /// Changed parts the step did not send yet, waiting for a cache-cold point (K7).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<crate::held::Held>,
+    /// Contributions that kept their answer from an earlier step because nothing they read
+    /// changed, without a call (world 0.3.0): `plugin kind \`name\``.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reused: Vec<String>,
 }
 
 /// One event's body, by kind.
@@ -379,6 +383,7 @@ mod tests {
             step: 3,
             usage: None,
             held: Vec::new(),
+            reused: Vec::new(),
         }));
         assert_eq!(marker.encode().unwrap().body, r#"{"facts":{},"step":3}"#);
         let err = Body::decode(

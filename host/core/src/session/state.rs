@@ -90,6 +90,11 @@ pub struct SessionState {
     gateway: Option<(usize, String)>,
     /// The redactions the session's last `gateway/request` applied to the client's texts.
     gateway_redactions: Vec<crate::assembly::review::Redaction>,
+    /// The user messages the log holds, and the text of the last one (world 0.3.0's inputs).
+    user_turns: u64,
+    last_user: Option<String>,
+    /// The plugins' answers kept for the next steps (world 0.3.0), in memory only.
+    reuse: crate::assembly::Reuse,
 }
 
 /// What the last parts written for a session in one format stand for (a client's copy, issue 31).
@@ -178,6 +183,9 @@ impl SessionState {
             snapshot_bytes: 0,
             gateway: None,
             gateway_redactions: Vec::new(),
+            user_turns: 0,
+            last_user: None,
+            reuse: crate::assembly::Reuse::default(),
             snapshot: SnapshotState::Never,
             tool_calls: BTreeSet::new(),
             open_calls: BTreeSet::new(),
@@ -347,7 +355,14 @@ impl SessionState {
                 }
                 Some(r.message)
             }
-            Body::UserMessage(r) | Body::ToolResult(r) => Some(r.message),
+            Body::UserMessage(r) => {
+                if let Message::User { content, .. } = &r.message {
+                    self.user_turns += 1;
+                    self.last_user = Some(content.text());
+                }
+                Some(r.message)
+            }
+            Body::ToolResult(r) => Some(r.message),
             Body::PluginOmitted(_) => None,
         };
         if let Some(message) = message {
@@ -461,6 +476,33 @@ impl SessionState {
     /// Whether the model's call `id` waits for its result.
     pub fn call_open(&self, id: &str) -> bool {
         self.open_calls.contains(id)
+    }
+
+    /// The request inputs of the session's next step (world 0.3.0) with `new` its new
+    /// messages: the last user message's text (a new one, else the log's last), how many user
+    /// messages there are with them; `model` and `client_tools` as the caller knows them.
+    pub fn step_inputs(
+        &self,
+        new: &[Message],
+        model: Option<String>,
+        client_tools: Option<Vec<String>>,
+    ) -> crate::plugin::model::StepInputs {
+        let users = new.iter().filter_map(|m| match m {
+            Message::User { content, .. } => Some(content),
+            _ => None,
+        });
+        let (count, last) = users.fold((0, None), |(n, _), c| (n + 1, Some(c)));
+        crate::plugin::model::StepInputs {
+            last_user_message: last.map(|c| c.text()).or_else(|| self.last_user.clone()),
+            model,
+            client_tools,
+            turn_count: Some(self.user_turns + count),
+        }
+    }
+
+    /// The plugins' answers kept for the session's next steps (world 0.3.0).
+    pub fn reuse_mut(&mut self) -> &mut crate::assembly::Reuse {
+        &mut self.reuse
     }
 
     /// The redactions the session's last gateway request applied to the client's texts

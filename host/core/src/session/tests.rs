@@ -27,6 +27,8 @@ fn assembly(system: &str, context: Option<&str>) -> Assembly {
         .into(),
         explain: Default::default(),
         omitted: Vec::new(),
+        called: 0,
+        reused: Vec::new(),
     }
 }
 

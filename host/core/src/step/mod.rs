@@ -55,6 +55,9 @@ pub struct StepInput {
     /// daemon's clock otherwise): a held change's idle gap and age are measured from it (K7),
     /// as a recorded reply's idle gap is from its `sent_at`.
     pub sent_at: Option<u64>,
+    /// The names of the tools the client sent with its request (the gateway knows them), for
+    /// plugins that read `client-tools` (world 0.3.0).
+    pub client_tools: Option<Vec<String>>,
 }
 
 /// Who plans a step: the daemon process (`run`, recorded with each header, Q3) and what it
@@ -160,10 +163,13 @@ pub fn plan(
     input: StepInput,
     format: Format,
 ) -> Result<PlannedStep> {
-    let step = step_for(agent, session, state.steps() + 1, input.facts);
+    let mut step = step_for(agent, session, state.steps() + 1, input.facts);
+    let model = step.facts.get("model").cloned();
+    step.inputs = state.step_inputs(&input.messages, model, input.client_tools);
     let options = agent.options_for(state.data_secret().clone());
+    let reuse = state.reuse_mut();
     let assembly = observed(serving.observe, Activity::Assembly, || {
-        assembly::assemble_observed(registry, &step, &options, serving.observe)
+        assembly::assemble_reusing(registry, &step, &options, serving.observe, Some(reuse))
     })?;
     let mut assembled = Assembled { step, assembly };
     plan_assembled(

@@ -210,6 +210,8 @@ struct Read {
     streamed: bool,
     previous_response: Option<String>,
     model: Option<String>,
+    /// The names of the client's tools.
+    client_tools: Vec<String>,
 }
 
 async fn serve(
@@ -249,6 +251,7 @@ async fn serve(
             upstream_name: read.upstream_name.clone(),
             previous_response: read.previous_response.clone(),
             model: read.model.clone(),
+            client_tools: read.client_tools.clone(),
             streamed: read.streamed,
         };
         tokio::task::spawn_blocking(move || gateway.step(ingress, &headers, read)).await
@@ -488,6 +491,7 @@ async fn read(
         .ok()
         .flatten();
     let model = parsed.model();
+    let client_tools = promptd_core::gateway::splice::tool_names(ingress, &parsed);
     let spans = parsed.spans();
     drop(parsed);
     // UTF-8, checked by the parse.
@@ -509,6 +513,7 @@ async fn read(
         streamed,
         previous_response,
         model,
+        client_tools,
     })
 }
 
@@ -536,12 +541,26 @@ impl Gateway {
     fn count_body(&self, headers: &HeaderMap, read: &Read) -> Result<String, &'static str> {
         let daemon = &self.daemon;
         let plan = daemon.agent_settings(&read.agent).map_err(|e| e.code())?;
-        let step = promptd_core::step::step_for(
+        let mut step = promptd_core::step::step_for(
             &plan,
             "count_tokens",
             1,
             facts(headers, read.model.clone()),
         );
+        // What a first step of this conversation would show a world 0.3.0 plugin.
+        let users: Vec<&promptd_core::conversation::content::Content> =
+            (read.conversation.messages.iter())
+                .filter_map(|m| match m {
+                    promptd_core::conversation::Message::User { content, .. } => Some(content),
+                    _ => None,
+                })
+                .collect();
+        step.inputs = promptd_core::plugin::model::StepInputs {
+            last_user_message: users.last().map(|c| c.text()),
+            model: read.model.clone(),
+            client_tools: Some(read.client_tools.clone()),
+            turn_count: Some(users.len() as u64),
+        };
         // Data blocks are keyed per session (T8); a count has none, and a key's length is
         // the same whatever it is.
         let secret: Arc<str> = Arc::from("count_tokens");
@@ -628,6 +647,7 @@ impl Gateway {
             conversation,
             previous_response,
             model,
+            client_tools,
             ..
         } = read;
         let named = headers
@@ -695,6 +715,7 @@ impl Gateway {
                 session.clone(),
                 StepInput {
                     facts,
+                    client_tools: Some(client_tools),
                     ..StepInput::default()
                 },
                 // The client's body carries its own model settings: promptd's step

@@ -20,6 +20,7 @@ pub(crate) async fn step(
         messages: req.messages,
         facts: req.facts,
         sent_at: req.sent_at,
+        client_tools: None,
     };
     let (format, since) = (req.format, req.since);
     // Assembly, the append and rendering all run on the blocking pool.

@@ -233,6 +233,7 @@ impl Daemon {
             facts: input.facts.clone(),
             sent_at: input.sent_at,
             messages: Vec::new(),
+            client_tools: input.client_tools.clone(),
         });
         let mut gateway = gateway;
         let mut result = self.run_step(&run, input, &mut gateway, &mut outcome);

@@ -1,0 +1,148 @@
+//! Answers kept across a session's steps (world 0.3.0): a dynamic contribution that declares
+//! what it reads ([`Reads`]) is shown only that, and asked again only when that changed; until
+//! then its last answer stands, without a call.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use crate::plugin::model::{Kind, Reads, Step, StepInputs};
+use crate::plugin::registry::PluginEntry;
+
+/// Most answers kept for one session: past it the kept answers start over (a cleared memo
+/// costs calls, never a wrong answer).
+const MAX_KEPT: usize = 4096;
+
+/// What one contribution read when it answered: the values of what it declares, nothing else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Read {
+    facts: Vec<Option<String>>,
+    inputs: StepInputs,
+    step_number: u64,
+}
+
+impl Read {
+    /// What `reads` reads of `step`.
+    pub(super) fn of(reads: &Reads, step: &Step) -> Read {
+        Read {
+            facts: reads
+                .facts
+                .iter()
+                .map(|f| step.facts.get(f).cloned())
+                .collect(),
+            inputs: inputs_read(reads, &step.inputs),
+            step_number: if reads.inputs.step_number {
+                step.step_number
+            } else {
+                0
+            },
+        }
+    }
+}
+
+fn inputs_read(reads: &Reads, all: &StepInputs) -> StepInputs {
+    let read = reads.inputs;
+    StepInputs {
+        last_user_message: all
+            .last_user_message
+            .clone()
+            .filter(|_| read.last_user_message),
+        model: all.model.clone().filter(|_| read.model),
+        client_tools: all.client_tools.clone().filter(|_| read.client_tools),
+        turn_count: all.turn_count.filter(|_| read.turn_count),
+    }
+}
+
+/// A kept answer.
+#[derive(Clone, Debug)]
+pub(super) enum Answer {
+    /// A section's or context's text.
+    Text(Arc<str>),
+    /// A variable's value.
+    Value(Option<Arc<str>>),
+    /// The tools a filtering plugin shows.
+    Tools(Vec<String>),
+}
+
+/// What a contribution is known by here: its plugin entry, kind and index (`Kind::Tool` with
+/// index 0: the plugin's tool filter).
+type Key = (usize, Kind, usize);
+
+/// One session's kept answers, and what its last assembly made of them.
+#[derive(Clone, Debug, Default)]
+pub struct Reuse {
+    kept: HashMap<Key, (Weak<PluginEntry>, Read, Answer)>,
+}
+
+impl Reuse {
+    /// The answer `entry`'s contribution gave when it last read what it reads now (`None`:
+    /// ask it). A plugin that was swapped since is a new plugin: its entry is another.
+    pub(super) fn get(
+        &self,
+        entry: &Arc<PluginEntry>,
+        kind: Kind,
+        index: usize,
+        read: &Read,
+    ) -> Option<&Answer> {
+        let (owner, was, answer) = self.kept.get(&(Arc::as_ptr(entry) as usize, kind, index))?;
+        (owner.as_ptr() == Arc::as_ptr(entry) && owner.strong_count() > 0 && was == read)
+            .then_some(answer)
+    }
+
+    /// Keeps `answer`, given when the contribution read `read`.
+    pub(super) fn keep(
+        &mut self,
+        entry: &Arc<PluginEntry>,
+        kind: Kind,
+        index: usize,
+        read: Read,
+        answer: Answer,
+    ) {
+        if self.kept.len() >= MAX_KEPT {
+            self.kept.clear();
+        }
+        let key = (Arc::as_ptr(entry) as usize, kind, index);
+        self.kept.insert(key, (Arc::downgrade(entry), read, answer));
+    }
+}
+
+/// What `reads` of the items a call is asked for (`None`: one reads the whole step) leave of
+/// `step`: the union of their facts and inputs; the step number only when read.
+pub(super) fn shown<'s>(step: &'s Step, reads: &[Option<&Reads>]) -> Cow<'s, Step> {
+    if reads.iter().any(Option::is_none) {
+        return Cow::Borrowed(step);
+    }
+    let mut union = Reads::default();
+    for r in reads.iter().flatten() {
+        union.facts.extend(r.facts.iter().cloned());
+        union.inputs = union.inputs.union(r.inputs);
+    }
+    Cow::Owned(Step {
+        agent: step.agent.clone(),
+        scope_chain: step.scope_chain.clone(),
+        session_id: step.session_id.clone(),
+        step_number: if union.inputs.step_number {
+            step.step_number
+        } else {
+            0
+        },
+        facts: (step.facts.iter())
+            .filter(|(k, _)| union.facts.contains(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        inputs: inputs_read(&union, &step.inputs),
+    })
+}
+
+/// What the item `index` of `kind` of `entry` reads: its own `reads`, else its declaration's
+/// (`Kind::Tool`: the tool filter, which reads the declaration's).
+pub(super) fn reads_of(entry: &PluginEntry, kind: Kind, index: usize) -> Option<&Reads> {
+    let d = &entry.declaration;
+    let own = match kind {
+        Kind::Section => d.sections.get(index).and_then(|s| s.reads.as_ref()),
+        Kind::Context => d.contexts.get(index).and_then(|c| c.reads.as_ref()),
+        Kind::Variable => d.variables.get(index).and_then(|v| v.reads.as_ref()),
+        Kind::Tool => None,
+    };
+    d.reads_of(own)
+}
