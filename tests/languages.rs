@@ -242,7 +242,7 @@ Fill them & flatten: values with < or > stay literal.
 """
 "#;
 
-const CATALOGUE: &str = "Skills you can use. The full instructions of an activated skill appear under <active_skills>.\n\
+const CATALOGUE: &str = "Skills you can use. The full instructions of an activated skill appear under <active_skills> in the runtime context.\n\
 <available_skills>\n  <skill>\n    <name>git</name>\n    <description>Commit, branch and rebase safely.</description>\n  </skill>\n  \
 <skill>\n    <name>pdf</name>\n    <description>Read &amp; fill PDF forms &lt;fast&gt;.</description>\n  </skill>\n</available_skills>";
 
@@ -250,6 +250,14 @@ const PDF_SKILL: &str =
     "<skill name=\"pdf\">\nExtract the fields with `pdftk FILE dump_data_fields`.\n\
 Fill them & flatten: values with < or > stay literal.\n</skill>";
 
+/// The runtime context message the activated skills make.
+fn active_context(active: &str) -> Value {
+    json!([{"content": format!("{RUNTIME_HEADER}{active}"), "role": "user", "snapshot": true}])
+}
+
+/// The bundled skills plugin: the catalogue is a system section; an activated skill is a
+/// context — the runtime context at the request's end — so activating one never rewrites the
+/// system prompt (issue 48).
 #[test]
 fn skills_js_lists_the_catalogue_and_the_activated_skills() {
     let skills = Alone::shipped("skills", SKILLS_CONFIG);
@@ -258,24 +266,27 @@ fn skills_js_lists_the_catalogue_and_the_activated_skills() {
         json!({"messages": [], "model": {}, "system": CATALOGUE, "tools": []})
     );
 
-    // Activated skills appear in catalogue order, whatever the fact's order.
+    // Activated skills appear in catalogue order, whatever the fact's order, in the runtime
+    // context; the system prompt is the catalogue alone.
     let v = skills.assemble(&["skills=pdf,git"]);
     let active = format!(
         "<active_skills>\n<skill name=\"git\">\nNever force-push a shared branch.\n</skill>\n{PDF_SKILL}\n</active_skills>"
     );
-    assert_eq!(v["system"], format!("{CATALOGUE}\n\n{active}"));
+    assert_eq!(v["system"], CATALOGUE);
+    assert_eq!(v["messages"], active_context(&active));
     assert_eq!(skills.assemble(&["skills=git ,pdf"]), v);
 
     // Spaces, empty entries and repeats are forgiven.
     let v = skills.assemble(&["skills= pdf , ,pdf"]);
+    assert_eq!(v["system"], CATALOGUE);
     assert_eq!(
-        v["system"],
-        format!("{CATALOGUE}\n\n<active_skills>\n{PDF_SKILL}\n</active_skills>")
+        v["messages"],
+        active_context(&format!("<active_skills>\n{PDF_SKILL}\n</active_skills>"))
     );
 
     assert_eq!(
         skills.fails(&["skills=nope"], "plugin_error"),
-        "error[plugin_error]: plugin `skills`, section `skills:active`: fact `skills`: unknown skill `nope`; available: git, pdf"
+        "error[plugin_error]: plugin `skills`, context `skills:active`: fact `skills`: unknown skill `nope`; available: git, pdf"
     );
 
     // A bad config refuses the plugin at load, naming the key.
@@ -626,7 +637,6 @@ fn the_example_config_assembles_every_shipped_plugin() {
         "engineering side",
         "Tools: read a file",
         "<name>release</name>",
-        "<skill name=\"review\">",
     ] {
         assert!(
             system.contains(part),
@@ -637,6 +647,7 @@ fn the_example_config_assembles_every_shipped_plugin() {
     for part in [
         "Working directory: /src",
         "Today is Tuesday, 2026-12-01 (time zone: UTC).",
+        "<skill name=\"review\">",
         "source=\"CHANGELOG.md\"",
     ] {
         assert!(

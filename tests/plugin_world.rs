@@ -546,3 +546,99 @@ optional = true
     );
     assert_eq!(events(&d, &id), before);
 }
+
+// ---------------------------------------------------------------------------------------------
+// W4 in the README's walk-through: the bundled plugins keep the prefix where only the user's
+// words and the runtime context changed.
+
+/// The README's walk-through, run as written (its `promptd session …` lines) on the bundled
+/// plugins and the example config: step 2 only activates a skill and gives a date — runtime
+/// context, not system prompt — so it keeps the prefix; step 3 makes the step read-only,
+/// which hides tools, so it breaks it. `promptd session log` says so; and a step repeated
+/// with the same facts makes no plugin call (the marker names what was reused).
+#[test]
+fn w4_the_readme_walk_through_keeps_its_prefix_where_only_the_users_words_changed() {
+    let plugins = common::shipped("skills");
+    let plugins = plugins.parent().unwrap();
+    let config = common::repo_root().join("promptd.toml");
+    let (_tmp, state) = common::daemon::state_dir();
+    let d = Served::start(plugins, &config, &state);
+    let readme = std::fs::read_to_string(common::repo_root().join("README.md")).unwrap();
+    let cwd = common::repo_root().display().to_string();
+    let lines: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("id=$(promptd session new"))
+        .take_while(|l| !l.starts_with("promptd session log"))
+        .collect();
+    assert_eq!(lines.len(), 4, "the walk-through: {lines:?}");
+    let run = |args: Vec<String>| {
+        let out = common::promptd_command()
+            .env("PROMPTD_URL", &d.url)
+            .args(&args)
+            .output()
+            .expect("run promptd");
+        assert!(out.status.success(), "{args:?}: {}", common::stderr(&out));
+        common::stdout(&out)
+    };
+    let id = run(vec!["session".into(), "new".into(), "coder".into()]);
+    let id = id.trim().to_string();
+    for line in &lines[1..] {
+        // `promptd session step $id --user "…" --fact k=v …`, with $id and $PWD filled in.
+        let words = line.replace("$id", &id).replace("$PWD", &cwd);
+        let mut args = Vec::new();
+        let mut rest = words.trim_start_matches("promptd ").to_string();
+        while !rest.is_empty() {
+            rest = rest.trim_start().to_string();
+            let (word, after) = match rest.strip_prefix('"') {
+                Some(quoted) => {
+                    let end = quoted.find('"').expect("a closing quote");
+                    (quoted[..end].to_string(), quoted[end + 1..].to_string())
+                }
+                None => match rest.find(' ') {
+                    Some(at) => (rest[..at].to_string(), rest[at..].to_string()),
+                    None => (rest.clone(), String::new()),
+                },
+            };
+            args.push(word);
+            rest = after;
+        }
+        run(args);
+    }
+    let log = run(vec!["session".into(), "log".into(), id.clone()]);
+    assert!(
+        log.contains("prefix kept: 1 of 2 steps (50%)"),
+        "step 2 keeps the prefix, step 3 (read-only: fewer tools) does not:\n{log}"
+    );
+
+    // Step 4 repeats step 3's facts: every bundled dynamic item reads facts only, so nothing
+    // is asked again.
+    let (status, _) = d.post(
+        &format!("/v1/sessions/{id}/steps"),
+        &json!({"messages": [{"role": "user", "content": "And again."}],
+                "facts": {"cwd": cwd, "read_only": "true"}})
+        .to_string(),
+    );
+    assert_eq!(status, 200);
+    let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    let marker = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "step")
+        .unwrap()
+        .clone();
+    let reused: Vec<&str> = marker["body"]["reused"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no reused in {marker}"))
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    for part in [
+        "workspace context `workspace`",
+        "tools context `tools:mode`",
+        "skills context `skills:active`",
+    ] {
+        assert!(reused.contains(&part), "{part} not in {reused:?}");
+    }
+}

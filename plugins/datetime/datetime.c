@@ -290,6 +290,10 @@ static void declare(const promptd_config *config, promptd_plugin *p) {
     SETTINGS.locale = loc;
     SETTINGS.timezone = zone ? strdup(zone) : NULL;
 
+    /* Every dynamic item reads these facts only (world 0.3.0): in a session they are asked
+       again only when one changes. Nothing here reads the clock. */
+    static const char *const FACTS[] = {"date", "locale", "now", "timezone"};
+    promptd_default_reads(p, FACTS, 4, 0, false);
     promptd_dynamic_context(p, "datetime:now", order, context_text, &SETTINGS);
     promptd_dynamic_variable(p, "date", date_value, &SETTINGS);
     promptd_dynamic_variable(p, "weekday", weekday_value, &SETTINGS);

@@ -1,17 +1,21 @@
 // `skills`: a skill catalogue. Every configured skill is listed (name and one-line description)
 // in a static section; the skills the client activates for a step have their full instructions
-// in a dynamic section right after it.
+// in a dynamic context: the runtime context at the end of the request, so activating a skill
+// never rewrites the system prompt and the cached prefix holds (docs/bundled-plugins.md).
 //
 // Config (all strings):
 //   NAME.description  one line shown in the catalogue (`&`, `<`, `>` are escaped)
 //   NAME.text         the skill's full instructions; trusted, so not escaped, and `{{var}}` in it
 //                     is interpolated by the host. Trailing whitespace and newlines are dropped.
 //   order             optional integer, default 150: the catalogue's order; the active skills
-//                     section gets order + 1
+//                     context gets order + 1
 // NAME matches ^[a-z][a-z0-9_-]*$, and each skill needs both keys. Any other key is an error.
 //
 // Facts: `skills`, a comma-separated list of activated skill names (whitespace around names
-// trimmed, empty entries and duplicates ignored). An unknown name fails the assembly.
+// trimmed, empty entries and duplicates ignored). An unknown name fails the assembly. The
+// context reads that fact only (world 0.3.0): in a session it is asked again only when the
+// fact changes. The catalogue's changes (a config reload) wait for a cache-cold point
+// (`refresh` boundary).
 //
 // Output:
 //   skills:catalogue (order)      only when a skill is configured; skills sorted by name:
@@ -22,8 +26,8 @@
 //         <description>Commit, branch and rebase safely.</description>
 //       </skill>
 //     </available_skills>
-//   skills:active (order + 1)     "" without activated skills (the host drops it); else, in
-//                                 catalogue order whatever the fact's order:
+//   skills:active (order + 1)     a context: "" without activated skills (the host drops it);
+//                                 else, in catalogue order whatever the fact's order:
 //     <active_skills>
 //     <skill name="git">
 //     TEXT OF GIT
@@ -44,7 +48,7 @@ const DEFAULT_ORDER = 150;
 const SKILL_NAME = /^[a-z][a-z0-9_-]*$/;
 const SKILL_KEY = /^(.*)\.(description|text)$/;
 const INTRO =
-  "Skills you can use. The full instructions of an activated skill appear under <active_skills>.";
+  "Skills you can use. The full instructions of an activated skill appear under <active_skills> in the runtime context.";
 
 const escapeXml = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 
@@ -133,12 +137,14 @@ function activeSkills(skills, step) {
   return ["<active_skills>", ...blocks, "</active_skills>"].join("\n");
 }
 
-export const { declare, sectionText, contextText, variableValue, shownTools } = exportPlugin(
-  (config) => {
-    const { order, skills } = readConfig(config);
-    const plugin = new Plugin();
-    if (skills.size > 0) plugin.section("skills:catalogue", order, catalogue(skills));
-    // Declared even without skills, so that a client naming a skill gets an error, not silence.
-    return plugin.dynamicSection("skills:active", order + 1, (step) => activeSkills(skills, step));
-  },
-);
+export const { declare, evaluate, review } = exportPlugin((config) => {
+  const { order, skills } = readConfig(config);
+  const plugin = new Plugin();
+  if (skills.size > 0) {
+    plugin.section("skills:catalogue", order, catalogue(skills)).refresh("boundary");
+  }
+  // Declared even without skills, so that a client naming a skill gets an error, not silence.
+  return plugin
+    .dynamicContext("skills:active", order + 1, (step) => activeSkills(skills, step))
+    .reads({ facts: ["skills"] });
+});

@@ -30,8 +30,8 @@ from app import HEADER, Document, Settings, parse_config, parse_documents, rende
 GLOBAL = wit.Scope_Global()
 
 
-def step(**facts):
-    return wit.Step("default", ["global", "default"], "", 0, sorted(facts.items()))
+def step(last_user_message=None, **facts):
+    return wit.Step("default", ["global", "default"], "", 0, sorted(facts.items()), last_user_message, None, None, None)
 
 
 def context(w, step):
@@ -136,8 +136,8 @@ class ParseConfigTest(unittest.TestCase):
             ({"order": "1.5"}, 'config `order`: expected an integer from -2147483648 to 2147483647, got "1.5"'),
             ({"order": "2147483648"},
              'config `order`: expected an integer from -2147483648 to 2147483647, got "2147483648"'),
-            ({"maxchars": "1"}, "config: unknown key `maxchars` (known: max_chars, max_documents, order)"),
-            ({"b": "1", "a": "1"}, "config: unknown keys `a`, `b` (known: max_chars, max_documents, order)"),
+            ({"maxchars": "1"}, "config: unknown key `maxchars` (known: corpus, max_chars, max_documents, order)"),
+            ({"b": "1", "a": "1"}, "config: unknown keys `a`, `b` (known: corpus, max_chars, max_documents, order)"),
         ]:
             with self.subTest(config=config), self.assertRaises(Exception) as e:
                 parse_config(config)
@@ -148,7 +148,8 @@ class WorldTest(unittest.TestCase):
     def test_declare_and_call(self):
         w = app.WitWorld()
         d = w.declare([("max_documents", "1"), ("order", "7")])
-        self.assertEqual(d.contexts, [wit.Context("documents:retrieved", 7, wit.Content_Dynamic(), GLOBAL, True)])
+        reads = wit.Reads(["documents", "query"], wit.Inputs.LAST_USER_MESSAGE, False)
+        self.assertEqual(d.contexts, [wit.Context("documents:retrieved", 7, wit.Content_Dynamic(), GLOBAL, True, reads)])
         self.assertEqual((d.sections, d.variables, d.tools, d.review_order), ([], [], [], None))
         self.assertEqual(context(w, step()), Ok(""))
         self.assertEqual(context(w, step(documents="[]")), Ok(""))
@@ -157,6 +158,34 @@ class WorldTest(unittest.TestCase):
         self.assertEqual(
             context(w, step(documents="[1]")), Err("fact `documents`: item 1 is a number, expected an object")
         )
+
+    def test_retrieves_from_the_last_user_message_unless_a_fact_says(self):
+        corpus = (
+            '[{"source":"wiki/deploy.md","text":"Deploy with make."},'
+            '{"source":"notes/oncall.txt","text":"Page the on-call engineer."},'
+            '{"source":"wiki/release.md","text":"A release deploy needs a tag."}]'
+        )
+        w = app.WitWorld()
+        w.declare([("corpus", corpus)])
+        text = context(w, step(last_user_message="How do I deploy a release?")).value
+        # Two words match release.md (deploy, release), one deploy.md: ranked by that.
+        self.assertLess(text.index("wiki/release.md"), text.index("wiki/deploy.md"))
+        self.assertNotIn("oncall", text)
+        # The fact `query` wins over the message; the fact `documents` over both.
+        text = context(w, step(last_user_message="deploy", query="on-call")).value
+        self.assertIn("notes/oncall.txt", text)
+        self.assertNotIn("wiki/", text)
+        text = context(w, step(last_user_message="deploy", documents='[{"source":"x","text":"y"}]')).value
+        self.assertIn('source="x"', text)
+        self.assertNotIn("wiki/", text)
+        # Nothing matches, or no query: no context.
+        self.assertEqual(context(w, step(last_user_message="zebra")), Ok(""))
+        self.assertEqual(context(w, step()), Ok(""))
+
+    def test_a_bad_corpus_refuses_the_plugin(self):
+        with self.assertRaises(Err) as e:
+            app.WitWorld().declare([("corpus", '[{"source":"a"}]')])
+        self.assertEqual(e.exception.value, "config `corpus`: item 1 has no `text`")
 
     def test_declare_error(self):
         with self.assertRaises(Err) as e:

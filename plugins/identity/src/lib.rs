@@ -3,12 +3,15 @@
 //! Config: `name` (default "an AI assistant"), `model` (the model, when not given per step).
 //! Step fact `model` overrides the configured model.
 
-use promptd_sdk::{export_plugin, Config, Plugin};
+use promptd_sdk::{export_plugin, Config, Plugin, Reads};
 
 fn declare(config: &Config) -> Result<Plugin, String> {
     let configured_model = config.get("model").map(str::to_string);
     let model = configured_model.clone();
     Ok(Plugin::new()
+        // Both dynamic items read the fact `model` only: in a session they are asked again
+        // only when it changes (world 0.3.0).
+        .reads_by_default(Reads::facts(["model"]))
         .variable("agent_name", config.get_or("name", "an AI assistant"))
         .dynamic_variable("model", move |step| {
             Ok(step

@@ -3,7 +3,7 @@
 //! Step fact `read_only` = "true" hides the tools that change things (`write_file`, `bash`)
 //! and says so in the runtime context.
 
-use promptd_sdk::{export_plugin, Config, Plugin};
+use promptd_sdk::{export_plugin, Config, Plugin, Reads};
 
 const READ_FILE: &str = r#"{"type":"object","properties":{"path":{"type":"string","description":"File path, relative to the working directory"},"offset":{"type":"integer","minimum":1,"description":"First line to read (1-based)"},"limit":{"type":"integer","minimum":1,"description":"Most lines to read"}},"required":["path"],"additionalProperties":false}"#;
 const WRITE_FILE: &str = r#"{"type":"object","properties":{"path":{"type":"string","description":"File path, relative to the working directory"},"content":{"type":"string","description":"The whole new content of the file"}},"required":["path","content"],"additionalProperties":false}"#;
@@ -23,6 +23,8 @@ fn read_only(step: &promptd_sdk::Step) -> bool {
 
 fn declare(_config: &Config) -> Result<Plugin, String> {
     Ok(Plugin::new()
+        // The mode and the tool filter read the fact `read_only` only (world 0.3.0).
+        .reads_by_default(Reads::facts(["read_only"]))
         // Static guidance keeps the system prompt stable across steps (prefix caches hit);
         // the per-step mode goes into the runtime context instead.
         .section("tools:guidance", 100, GUIDANCE)

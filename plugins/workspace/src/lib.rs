@@ -3,7 +3,10 @@
 //! Facts read: `cwd`, `git_branch`, `git_dirty` ("true"/"false"), `os`, `date`. With none of
 //! them the context is empty, so no snapshot message is sent.
 
-use promptd_sdk::{export_plugin, Config, Plugin, Step};
+use promptd_sdk::{export_plugin, Config, Plugin, Reads, Step};
+
+/// The facts the context reads.
+const FACTS: [&str; 5] = ["cwd", "git_branch", "git_dirty", "os", "date"];
 
 fn describe(step: &Step) -> String {
     let mut lines = Vec::new();
@@ -31,7 +34,10 @@ fn describe(step: &Step) -> String {
 }
 
 fn declare(_config: &Config) -> Result<Plugin, String> {
-    Ok(Plugin::new().dynamic_context("workspace", 0, |step| Ok(describe(step))))
+    Ok(Plugin::new()
+        .dynamic_context("workspace", 0, |step| Ok(describe(step)))
+        // Asked again only when one of these facts changes (world 0.3.0).
+        .reads(Reads::facts(FACTS)))
 }
 
 export_plugin!(declare);
