@@ -90,8 +90,24 @@ fn step(d: &Served, id: &str, text: &str) -> (u64, Value) {
 /// new version at once; every step rebuilds byte-identically after a restart.
 #[test]
 fn k7_a_boundary_plugins_change_waits_for_a_cold_point_and_every_step_rebuilds() {
+    boundary_change_waits_for_a_cold_point(r#"refresh = "boundary""#, "config");
+}
+
+/// W4 and K7: the same, the plugin declaring `refresh = boundary` on its section and tool
+/// itself (world 0.3.0) with nothing in the operator's config.
+#[test]
+fn w4_a_boundary_declared_by_the_plugin_holds_exactly_as_one_set_in_config() {
+    boundary_change_waits_for_a_cold_point(
+        r#"config = { declare_refresh = "boundary" }"#,
+        "plugin",
+    );
+}
+
+/// The K7 walk of a `versioned` plugin made `boundary` by `marked` (its `[plugins.versioned]`
+/// table), which `GET /v1/plugins` says `by` set.
+fn boundary_change_waits_for_a_cold_point(marked: &str, by: &str) {
     let folder = folder();
-    let config = folder.config(&config_with(r#"refresh = "boundary""#));
+    let config = folder.config(&config_with(marked));
     let (_tmp, state) = common::daemon::state_dir();
     let d = Served::start(folder.path(), &config, &state);
     let stub = Stub::start();
@@ -103,7 +119,9 @@ fn k7_a_boundary_plugins_change_waits_for_a_cold_point_and_every_step_rebuilds()
         turn
     };
     let plugin = d.plugin("versioned");
-    assert_eq!(plugin["refresh"]["mode"], "boundary", "{plugin}");
+    let mode = if by == "config" { "boundary" } else { "parts" };
+    assert_eq!(plugin["refresh"]["mode"], mode, "{plugin}");
+    assert_eq!(plugin["refresh"]["by"], by, "{plugin}");
     assert_eq!(plugin["refresh"]["max_stale_s"], 3600, "{plugin}");
 
     let t0 = now_ms();
@@ -246,7 +264,9 @@ fn k7_max_stale_and_an_unmarked_part_apply_the_change() {
     let d = Served::start(folder.path(), &config, &state);
     assert_eq!(
         d.plugin("versioned")["refresh"],
-        json!({"mode": "parts", "sections": [], "tools": ["versioned_tool"], "max_stale_s": 1})
+        json!({"mode": "parts", "sections": [], "tools": ["versioned_tool"], "session": [],
+               "max_stale_s": 1, "by": "config",
+               "defer": {"all": false, "tools": [], "by": "default"}})
     );
     let id = d.session("coder");
     step(&d, &id, "first");
@@ -329,4 +349,52 @@ fn k7_refresh_names_only_what_the_plugin_declares() {
             "{refresh}: {err}"
         );
     }
+}
+
+/// W4 and K9: a tool the plugin declares deferred (world 0.3.0) is deferred exactly as one
+/// the operator's `defer` names — the same request bytes in every format, the search tool
+/// and `defer_loading` in Anthropic's — and the config overrides the plugin (`defer = false`).
+#[test]
+fn w4_a_tool_deferred_by_the_plugin_is_deferred_exactly_as_one_set_in_config() {
+    let request = |marked: &str| {
+        let folder = folder();
+        let config = folder.config(&config_with(marked));
+        let (_tmp, state) = common::daemon::state_dir();
+        let d = Served::start(folder.path(), &config, &state);
+        let id = d.session("coder");
+        step(&d, &id, "hello");
+        let bodies: Vec<Value> = ["anthropic", "openai-responses", "neutral"]
+            .iter()
+            .map(|f| {
+                d.ok(
+                    "GET",
+                    &format!("/v1/sessions/{id}/steps/1/request?format={f}"),
+                    None,
+                )
+            })
+            .collect();
+        (bodies, d.plugin("versioned")["refresh"]["defer"].clone())
+    };
+    let (by_config, said) = request(r#"defer = ["versioned_tool"]"#);
+    assert_eq!(said["by"], "config", "{said}");
+    let (by_plugin, said) = request(r#"config = { declare_defer = "true" }"#);
+    assert_eq!(said["by"], "plugin", "{said}");
+    assert_eq!(said["tools"], json!(["versioned_tool"]));
+    assert_eq!(by_plugin, by_config, "the same requests either way");
+    let tools = by_plugin[0]["tools"].as_array().unwrap();
+    let deferred = tools
+        .iter()
+        .find(|t| t["name"] == "versioned_tool")
+        .unwrap();
+    assert_eq!(deferred["defer_loading"], true, "{tools:?}");
+    assert!(tools.iter().any(|t| t["name"] == "tool_search_tool_regex"));
+
+    let (overridden, said) = request("defer = false\nconfig = { declare_defer = \"true\" }");
+    assert_eq!(said["by"], "config", "{said}");
+    let tools = overridden[0]["tools"].as_array().unwrap();
+    let tool = tools
+        .iter()
+        .find(|t| t["name"] == "versioned_tool")
+        .unwrap();
+    assert!(tool.get("defer_loading").is_none(), "{tools:?}");
 }

@@ -336,8 +336,30 @@ impl Server {
                 .chars()
                 .take(12)
                 .collect();
+            let refresh = &p["refresh"];
+            let intent = match refresh["mode"].as_str() {
+                Some(mode) => {
+                    let deferred = refresh["defer"]["tools"].as_array().map_or(0, Vec::len);
+                    let defer = match (refresh["defer"]["all"].as_bool(), deferred) {
+                        (Some(true), _) => format!(
+                            ", every tool deferred ({})",
+                            refresh["defer"]["by"].as_str().unwrap_or("")
+                        ),
+                        (_, 0) => String::new(),
+                        (_, n) => format!(
+                            ", {n} tool(s) deferred ({})",
+                            refresh["defer"]["by"].as_str().unwrap_or("")
+                        ),
+                    };
+                    format!(
+                        "refresh {mode} ({}){defer}",
+                        refresh["by"].as_str().unwrap_or("default")
+                    )
+                }
+                None => String::new(),
+            };
             println!(
-                "{:<16} {:<8} {sha}  {error}",
+                "{:<16} {:<8} {sha}  {intent}  {error}",
                 p["id"].as_str().unwrap_or(""),
                 p["state"].as_str().unwrap_or(""),
             );

@@ -534,6 +534,9 @@ fn defer_of(
     names: bool,
 ) -> std::result::Result<crate::plugin::registry::Defer, String> {
     let mut defer = crate::plugin::registry::Defer::default();
+    if value.is_some() {
+        defer.by = crate::plugin::refresh::SetBy::Config;
+    }
     match value {
         None | Some(toml::Value::Boolean(false)) => {}
         Some(toml::Value::Boolean(true)) => defer.all = true,
@@ -606,9 +609,9 @@ pub(crate) fn refresh_of(
     }
     let at = format!("{at}.refresh");
     let forms = if parts {
-        "\"step\", \"boundary\" or { sections = [...], tools = [...] }"
+        "\"step\", \"boundary\", \"session\" or { sections = [...], tools = [...] }"
     } else {
-        "\"step\" or \"boundary\""
+        "\"step\", \"boundary\" or \"session\""
     };
     let names = |key: &str,
                  v: &toml::Value|
@@ -620,11 +623,15 @@ pub(crate) fn refresh_of(
             .map(|n| n.as_str().map(str::to_string).ok_or_else(bad))
             .collect()
     };
+    if value.is_some() {
+        refresh.by = crate::plugin::refresh::SetBy::Config;
+    }
     match value {
         None => {}
         Some(toml::Value::String(word)) => match word.as_str() {
             "step" => {}
             "boundary" => refresh.whole = true,
+            "session" => refresh.whole_session = true,
             other => return Err(format!("{at} = {other:?}: use {forms}")),
         },
         Some(toml::Value::Table(table)) if parts => {

@@ -1,7 +1,8 @@
 //! Held changes (contract K7): a change to a contribution marked `refresh = "boundary"` waits
 //! for the next cache-cold point instead of breaking a warm prefix.
 //!
-//! A plugin, or some of its sections and tools, may be marked (config `[plugins.ID] refresh`).
+//! A plugin, or some of its sections and tools, may be marked (config `[plugins.ID] refresh`,
+//! or, where the config says nothing, the plugin's own `refresh`, world 0.3.0).
 //! When a step's header would change and **every** part that changed is marked, the session
 //! keeps sending its recorded header, and the step's marker lists what is held ([`Held`]).
 //! The change is applied — a new header, whose event says what it releases and why
@@ -11,6 +12,9 @@
 //! - a compaction or trimmed history since the last step;
 //! - an idle gap since the session's last recorded reply that passed the cache's TTL;
 //! - a change held for `max_stale_s` (the smallest of the plugins concerned).
+//!
+//! A part marked `session` is held past the last two: only a break that happens anyway
+//! releases it, so a session keeps what it was first sent.
 //!
 //! A new session takes the current parts from its first step. Never held: a part whose
 //! plugin was removed, a part that moved to another plugin, and a part whose plugin's trust
@@ -171,6 +175,8 @@ pub fn decide(
         return Decision::Apply(None);
     }
     let mut max_stale_s = u64::MAX;
+    // Parts held for the session (`refresh = "session"`) wait past any idle gap and age.
+    let mut for_session = true;
     let mut parts = Vec::with_capacity(changed.len());
     for (kind, (name, plugin)) in changed {
         let Some(plugin) = plugin else {
@@ -201,13 +207,16 @@ pub fn decide(
         {
             return release(format!("{what}: the plugin's trust changed"));
         }
-        max_stale_s = max_stale_s.min(policy.max_stale_s);
+        if unavailable.is_some() || !policy.for_session(kind, &name) {
+            for_session = false;
+            max_stale_s = max_stale_s.min(policy.max_stale_s);
+        }
         parts.push((kind, name, plugin, unavailable));
     }
     if moment.compacted {
         return release("compaction".into());
     }
-    if let (Some(now), Some(last)) = (moment.now_ms, moment.last_reply_ms) {
+    if let (Some(now), Some(last), false) = (moment.now_ms, moment.last_reply_ms, for_session) {
         let idle = now.saturating_sub(last);
         if idle >= moment.ttl_ms {
             return release(format!(
@@ -549,6 +558,43 @@ mod tests {
         cold.compacted = true;
         assert!(matches!(
             decide(Some(&old), &new, &boundary, None, &cold),
+            Decision::Apply(Some(_))
+        ));
+    }
+
+    #[test]
+    fn w4_a_part_held_for_the_session_outlasts_idleness_and_age_but_not_a_compaction() {
+        let session = |_: &str| {
+            Policy::Loaded(Refresh {
+                session: [(Kind::Section, "skills".to_string())].into(),
+                ..Refresh::default()
+            })
+        };
+        let new = provenance(
+            vec![given("persona", "p", "1"), given("skills", "cat", "2")],
+            vec![given("grep", "t", "1")],
+        );
+        let held = [Held {
+            kind: Kind::Section,
+            name: "skills".into(),
+            plugin: "cat".into(),
+            since_step: 3,
+            since_ms: Some(900_000),
+            kept_bytes: 1,
+            unavailable: None,
+        }];
+        // Idle past the TTL and held a day: still held.
+        let mut m = moment(&held);
+        m.now_ms = Some(900_000 + 86_400_000);
+        m.last_reply_ms = Some(900_000);
+        assert!(matches!(
+            decide(Some(&old()), &new, &session, None, &m),
+            Decision::Hold(_)
+        ));
+        let mut m = moment(&held);
+        m.compacted = true;
+        assert!(matches!(
+            decide(Some(&old()), &new, &session, None, &m),
             Decision::Apply(Some(_))
         ));
     }

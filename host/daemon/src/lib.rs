@@ -90,9 +90,13 @@ pub struct PluginStatus {
     /// What the serving version declares (null when none serves).
     #[schema(value_type = Object)]
     pub declares: Value,
-    /// K7: which of its parts wait for a cache-cold point: `{mode, sections, tools,
-    /// max_stale_s}`, `mode` being `step` (none, the default), `boundary` (every section and
-    /// tool) or `parts` (the sections and tools listed); null when none serves.
+    /// K7: which of its parts wait for a cache-cold point: `{mode, sections, tools, session,
+    /// max_stale_s, by, defer}`, `mode` being `step` (none, the default), `boundary` (every
+    /// section and tool), `session` (every one, for the whole session) or `parts` (the sections
+    /// and tools listed; `session` the parts held for the session); `by` is who set it:
+    /// `default`, `plugin` (its declaration, world 0.3.0) or `config` (`[plugins.ID] refresh`,
+    /// which overrides the plugin); `defer` is `{all, tools, by}` likewise (K9). Null when
+    /// none serves.
     #[schema(value_type = Object)]
     pub refresh: Value,
     /// K7: the changes of this plugin's that sessions' last steps on this daemon held, one

@@ -1579,3 +1579,37 @@ fn w4_a_step_whose_inputs_did_not_change_makes_no_plugin_call() {
     assert_eq!(second.system, first.system);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn w4_a_plugins_declared_refresh_and_defer_stand_unless_the_config_says() {
+    use crate::plugin::model::RefreshMode;
+    use crate::plugin::refresh::{Kind as Part, SetBy};
+    let plugin = || {
+        NativePlugin::new()
+            .section("catalogue", 1, "c")
+            .refresh(RefreshMode::Boundary)
+            .section("rules", 2, "r")
+            .refresh(RefreshMode::Session)
+            .tool("search", "s", OBJ)
+            .deferred()
+            .tool("edit", "e", OBJ)
+    };
+    let e = entry("p", plugin()).unwrap();
+    let refresh = &e.options.refresh;
+    assert_eq!(refresh.by, SetBy::Plugin);
+    assert!(refresh.holds(Part::Section, "catalogue"));
+    assert!(!refresh.for_session(Part::Section, "catalogue"));
+    assert!(refresh.for_session(Part::Section, "rules"));
+    assert!(!refresh.holds(Part::Tool, "edit"));
+    assert_eq!(e.options.defer.by, SetBy::Plugin);
+    assert!(e.options.defer.holds("search") && !e.options.defer.holds("edit"));
+
+    // The operator's `refresh = "step"` and `defer = false` override both.
+    let (decl, provider) = plugin().build();
+    let mut options = PluginOptions::default();
+    options.refresh.by = SetBy::Config;
+    options.defer.by = SetBy::Config;
+    let e = PluginEntry::new("p", decl, provider, options).unwrap();
+    assert!(e.options.refresh.is_step());
+    assert!(!e.options.defer.holds("search"));
+}

@@ -442,6 +442,27 @@ impl NativePlugin {
         self
     }
 
+    /// Says when a change to the section or tool added last reaches the model (world 0.3.0).
+    pub fn refresh(mut self, mode: crate::plugin::model::RefreshMode) -> Self {
+        let d = &mut self.declaration;
+        match self.last {
+            Some(Last::Section) => d.sections.last_mut().map(|s| s.refresh = Some(mode)),
+            Some(Last::Tool) => d.tools.last_mut().map(|t| t.refresh = Some(mode)),
+            _ => None,
+        };
+        self
+    }
+
+    /// Defers the tool added last (world 0.3.0).
+    pub fn deferred(mut self) -> Self {
+        if let Some(Last::Tool) = self.last {
+            if let Some(t) = self.declaration.tools.last_mut() {
+                t.defer = true;
+            }
+        }
+        self
+    }
+
     /// Says what the section, context or variable added last reads (world 0.3.0).
     pub fn reads(mut self, reads: crate::plugin::model::Reads) -> Self {
         let d = &mut self.declaration;

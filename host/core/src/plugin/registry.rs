@@ -12,6 +12,7 @@ use crate::plugin::model::{
     Context, Contribution, Declaration, Kind, Scope, Section, Tool, Variable,
 };
 use crate::plugin::provider::Provider;
+use crate::plugin::refresh::SetBy;
 use crate::plugin::sandbox::DeclarationLimits;
 use crate::plugin::trust::Trust;
 use crate::plugin::validate::{self, ToolSchemas};
@@ -47,8 +48,10 @@ pub struct PluginOptions {
 pub struct Defer {
     /// Every tool (`defer = true`).
     pub all: bool,
-    /// These tools (`defer = ["name", ...]`).
+    /// These tools (`defer = ["name", ...]`, or the plugin's `defer`, world 0.3.0).
     pub tools: std::collections::BTreeSet<String>,
+    /// Who set it.
+    pub by: crate::plugin::refresh::SetBy,
 }
 
 impl Defer {
@@ -170,6 +173,25 @@ impl PluginEntry {
             check_data(id, &declaration)?;
         }
         check_refresh(id, &declaration, &options.refresh)?;
+        // World 0.3.0: what the plugin declares stands where the operator's config says
+        // nothing.
+        let mut options = options;
+        if options.refresh.by != SetBy::Config {
+            options.refresh = options.refresh.declared(&declaration);
+        }
+        if options.defer.by != SetBy::Config {
+            let tools: std::collections::BTreeSet<String> = (declaration.tools.iter())
+                .filter(|t| t.defer)
+                .map(|t| t.name.clone())
+                .collect();
+            if !tools.is_empty() {
+                options.defer = Defer {
+                    all: false,
+                    tools,
+                    by: SetBy::Plugin,
+                };
+            }
+        }
         if let Some(name) = options
             .defer
             .tools

@@ -19,20 +19,31 @@ use serde_json::Value;
 use crate::events::RegistryEvent;
 
 /// `refresh` as `GET /v1/plugins` shows it: `mode` is `step`, `boundary` (every section and
-/// tool) or `parts` (the sections and tools listed).
-fn refresh_view(refresh: &promptd_core::plugin::refresh::Refresh) -> Value {
+/// tool), `session` (every one, for the session) or `parts` (the sections and tools listed;
+/// `session` lists those held for the session); `by` says who set it (`default`, `plugin` or
+/// `config`), and `defer` which tools are deferred and by whom.
+fn refresh_view(options: &promptd_core::plugin::registry::PluginOptions) -> Value {
+    let refresh = &options.refresh;
     let mode = if refresh.whole {
         "boundary"
+    } else if refresh.whole_session {
+        "session"
     } else if refresh.is_step() {
         "step"
     } else {
         "parts"
     };
+    let session: Vec<String> = (refresh.session.iter())
+        .map(|(kind, name)| format!("{} {name}", kind.as_str()))
+        .collect();
     serde_json::json!({
         "mode": mode,
         "sections": refresh.sections,
         "tools": refresh.tools,
+        "session": session,
         "max_stale_s": refresh.max_stale_s,
+        "by": refresh.by,
+        "defer": {"all": options.defer.all, "tools": options.defer.tools, "by": options.defer.by},
     })
 }
 use crate::{plugin_dir, Daemon, PluginStatus, Result};
@@ -48,7 +59,7 @@ impl Daemon {
         let held = lock(&self.cache.held);
         for status in &mut all {
             if let Some(entry) = registry.get(&status.id) {
-                status.refresh = refresh_view(&entry.options.refresh);
+                status.refresh = refresh_view(&entry.options);
             }
             let mut parts: Vec<crate::HeldIn> = held
                 .iter()
