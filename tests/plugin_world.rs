@@ -642,3 +642,44 @@ fn w4_the_readme_walk_through_keeps_its_prefix_where_only_the_users_words_change
         assert!(reused.contains(&part), "{part} not in {reused:?}");
     }
 }
+
+/// W4 with the bundled `documents` plugin: with no fact naming a query, a session's step
+/// retrieves from its corpus by the user's last message (world 0.3.0's `last-user-message`),
+/// and the next step, whose user asks something else, retrieves again.
+#[test]
+fn w4_documents_retrieves_by_the_last_user_message_when_no_fact_names_a_query() {
+    let folder = Folder::new().shipped("documents");
+    let corpus = r#"[{"source":"wiki/deploy.md","text":"Deploy with make deploy."},{"source":"notes/oncall.txt","text":"Page the on-call engineer."}]"#;
+    let config = folder.config(&format!(
+        "[agents.coder]\n[plugins.documents]\nconfig = {{ corpus = {corpus:?} }}\n"
+    ));
+    let (_tmp, state) = common::daemon::state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = d.session("coder");
+    let context_after = |text: &str| {
+        let (status, body) = d.post(
+            &format!("/v1/sessions/{id}/steps"),
+            &json!({"messages": [{"role": "user", "content": text}]}).to_string(),
+        );
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let last = v["request"]["messages"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .last()
+            .unwrap()
+            .clone();
+        last["content"].as_str().unwrap_or_default().to_string()
+    };
+    let first = context_after("How do I deploy?");
+    assert!(
+        first.contains("wiki/deploy.md") && !first.contains("oncall"),
+        "{first}"
+    );
+    d.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &json!({"role": "assistant", "content": "Run make deploy."}).to_string(),
+    );
+    let second = context_after("Whom do I page when it breaks? The on-call?");
+    assert!(second.contains("notes/oncall.txt"), "{second}");
+}

@@ -1,7 +1,9 @@
 //! Assembly alone (no HTTP, no store): the same contributions served by N WebAssembly plugins
-//! built against each plugin world (0.2.0: one `evaluate` per plugin per step; 0.1.0: one call
-//! per dynamic contribution) and by N native providers, so the table shows what the component
-//! boundary costs in each world.
+//! built against each plugin world (0.3.0 and 0.2.0: one `evaluate` per plugin per step; 0.1.0:
+//! one call per dynamic contribution) and by N native providers, so the table shows what the
+//! component boundary costs in each world; and, for world 0.3.0, consecutive steps of one
+//! session when every dynamic item declares what it reads (`cwd`), which changes nothing
+//! between them, so no plugin is asked again.
 //!
 //! Run: `cargo bench -p promptd --bench assembly` (criterion; builds the test fixtures first).
 //! Criterion's own arguments work after `--`, e.g. `-- static` to run one group.
@@ -10,9 +12,9 @@
 //! 2 contexts, 2 variables and 2 tools named after its `prefix`; with `dynamic_every = 3`,
 //! 3 of its 10 sections, contexts and variables are dynamic (30%), else all are static. It is
 //! copied under N file names (b00.wasm, b01.wasm, …) and loaded with `WasmEngine` through
-//! `promptd_core::load::load_all`, each copy with its own prefix. `wasm 0.2.0` is the fixture
-//! built now; `wasm 0.1.0` is the same source built against 0.1.0 before the world moved
-//! (tests/fixtures/plugin-0.1.0/bench.wasm.gz). The native side builds the same declarations with
+//! `promptd_core::load::load_all`, each copy with its own prefix. `wasm 0.3.0` is the fixture
+//! built now; `wasm 0.2.0` and `wasm 0.1.0` are the same source built against those worlds
+//! before they moved (tests/fixtures/plugin-0.2.0/bench.wasm.gz, plugin-0.1.0/bench.wasm.gz). The native side builds the same declarations with
 //! `NativePlugin` from the same shape (tests/fixtures/bench-shape), and the bench first checks that
 //! all three assemble to the same system prompt, runtime context and tools. One
 //! `promptd_core::assembly::assemble` per iteration, for agent `default` at step 7 with the
@@ -83,8 +85,17 @@ fn text(item: &Item, s: &Step) -> String {
     )
 }
 
-/// N native providers, each declaring what the fixture declares under its prefix.
-fn native_registry(n: usize, dynamic_every: usize) -> Registry {
+/// What every dynamic item reads in the `reads` case (world 0.3.0): the fact `cwd` only.
+fn reads_cwd() -> promptd_core::plugin::model::Reads {
+    promptd_core::plugin::model::Reads {
+        facts: ["cwd".to_string()].into(),
+        ..Default::default()
+    }
+}
+
+/// N native providers, each declaring what the fixture declares under its prefix (and, with
+/// `reads`, that its dynamic items read `cwd` only).
+fn native_registry(n: usize, dynamic_every: usize, reads: bool) -> Registry {
     let mut registry = Registry::new();
     for i in 0..n {
         let mut plugin = NativePlugin::new();
@@ -106,7 +117,8 @@ fn native_registry(n: usize, dynamic_every: usize) -> Registry {
                 (ItemKind::Tool, _) => plugin.tool(&name, &item.text, TOOL_PARAMETERS),
             };
         }
-        let (declaration, provider) = plugin.build();
+        let (mut declaration, provider) = plugin.build();
+        declaration.reads = reads.then(reads_cwd);
         let entry = PluginEntry::new(&prefix(i), declaration, provider, PluginOptions::default())
             .expect("native plugin");
         registry = registry.with_plugin(entry).expect("no conflicts");
@@ -121,14 +133,16 @@ fn wasm_registry(
     dir: &Path,
     n: usize,
     dynamic_every: usize,
+    reads: bool,
 ) -> Registry {
     std::fs::create_dir_all(dir).expect("plugin folder");
     let mut config = String::from("plugin_dir = \".\"\n");
+    let reads = if reads { ", reads = \"cwd\"" } else { "" };
     for i in 0..n {
         let p = prefix(i);
         std::fs::copy(wasm, dir.join(format!("{p}.wasm"))).expect("copy the fixture");
         config.push_str(&format!(
-            "[plugins.{p}]\nconfig = {{ prefix = \"{p}\", dynamic_every = \"{dynamic_every}\" }}\n"
+            "[plugins.{p}]\nconfig = {{ prefix = \"{p}\", dynamic_every = \"{dynamic_every}\"{reads} }}\n"
         ));
     }
     let path = dir.join("promptd.toml");
@@ -148,17 +162,18 @@ fn wasm_registry(
     loaded.registry
 }
 
-/// The 0.1.0 build of the fixture, unpacked into `dir`.
-fn old_world_bench(dir: &Path) -> std::path::PathBuf {
-    let packed = promptd_testkit::repo_root().join("tests/fixtures/plugin-0.1.0/bench.wasm.gz");
+/// The `world` (0.1.0 or 0.2.0) build of the fixture, unpacked into `dir`.
+fn old_world_bench(dir: &Path, world: &str) -> std::path::PathBuf {
+    let packed =
+        promptd_testkit::repo_root().join(format!("tests/fixtures/plugin-{world}/bench.wasm.gz"));
     let out = std::process::Command::new("gzip")
         .arg("-dc")
         .arg(&packed)
         .output()
         .expect("run gzip");
     assert!(out.status.success(), "gzip -dc {}", packed.display());
-    let path = dir.join("bench-0.1.0.wasm");
-    std::fs::write(&path, out.stdout).expect("write the 0.1.0 fixture");
+    let path = dir.join(format!("bench-{world}.wasm"));
+    std::fs::write(&path, out.stdout).expect("write the old fixture");
     path
 }
 
@@ -233,8 +248,13 @@ fn main() {
     support::print_machine();
     let wasm = promptd_testkit::build_wasm_workspace("tests/fixtures").join("bench.wasm");
     let work = support::scratch("assembly");
-    let old = old_world_bench(work.path());
-    let worlds = [("wasm-0.2.0", &wasm), ("wasm-0.1.0", &old)];
+    let old = old_world_bench(work.path(), "0.1.0");
+    let v2 = old_world_bench(work.path(), "0.2.0");
+    let worlds = [
+        ("wasm-0.3.0", &wasm),
+        ("wasm-0.1.0", &old),
+        ("wasm-0.2.0", &v2),
+    ];
     let engine = WasmEngine::new()
         .expect("engine")
         .with_cache(&work.path().join("cache"), cache::DEFAULT_MAX_BYTES)
@@ -249,15 +269,16 @@ fn main() {
     let options = plan().options_for("bench".into());
     let step = step();
     let mut side_by_side = Vec::new();
+    let mut reads_case = None;
     for (group, _, every) in MODES {
         let mut g = c.benchmark_group(group);
         for n in COUNTS {
-            let native_registry = native_registry(n, every);
+            let native_registry = native_registry(n, every, false);
             let b = assembly::assemble(&native_registry, &step, &options).expect("native assembly");
             let mut built = Vec::new();
             for (name, file) in worlds {
                 let dir = work.path().join(format!("{group}-{name}-{n}"));
-                let registry = wasm_registry(&engine, file, &dir, n, every);
+                let registry = wasm_registry(&engine, file, &dir, n, every, false);
                 let a = assembly::assemble(&registry, &step, &options).expect("wasm assembly");
                 assert_eq!(
                     (&a.system, &a.runtime_context, &a.tools),
@@ -279,6 +300,13 @@ fn main() {
                 let old = built.remove(0);
                 side_by_side.push((n, new, old, native_registry));
             }
+            if every > 0 && n == 10 {
+                // World 0.3.0, every dynamic item reading `cwd` only, a session's steps.
+                let native_reads = self::native_registry(n, every, true);
+                let dir = work.path().join(format!("{group}-reads-{n}"));
+                let wasm_reads = wasm_registry(&engine, &wasm, &dir, n, every, true);
+                reads_case = Some((n, wasm_reads, native_reads));
+            }
         }
         g.finish();
     }
@@ -288,25 +316,25 @@ fn main() {
         "contributions",
         "plugins",
         "calls 0.1.0",
-        "calls 0.2.0",
+        "calls 0.3.0",
         "0.1.0 p50",
-        "0.2.0 p50",
+        "0.3.0 p50",
         "native p50",
         "0.1.0 / native",
-        "0.2.0 / native",
+        "0.3.0 / native",
         "0.1.0 per call",
-        "0.2.0 per plugin",
+        "0.3.0 per plugin",
     ]);
     for (group, label, every) in MODES {
         for n in COUNTS {
             let p50 = |f: &str| median(&out, group, f, n, started);
-            let (old, new, nat) = (p50("wasm-0.1.0"), p50("wasm-0.2.0"), p50("native"));
+            let (old, new, nat) = (p50("wasm-0.1.0"), p50("wasm-0.3.0"), p50("native"));
             let dynamic = Shape::new("x", every)
                 .items()
                 .iter()
                 .filter(|i| i.dynamic)
                 .count();
-            // 0.1.0 calls once per dynamic item, 0.2.0 once per plugin with any.
+            // 0.1.0 calls once per dynamic item, 0.2.0 and 0.3.0 once per plugin with any.
             let (old_calls, new_calls) = (dynamic * n, if dynamic > 0 { n } else { 0 });
             let show = |d: Option<Duration>| d.map_or("-".into(), support::fmt_duration);
             let vs = |w: Option<Duration>| match (w, nat) {
@@ -342,12 +370,12 @@ fn main() {
     let mut table = support::Table::new(&[
         "30% dynamic, plugins",
         "0.1.0 p50",
-        "0.2.0 p50",
+        "0.3.0 p50",
         "native p50",
         "0.1.0 / native",
-        "0.2.0 / native",
-        "0.2.0 / 0.1.0",
-        "0.2.0 per plugin",
+        "0.3.0 / native",
+        "0.3.0 / 0.1.0",
+        "0.3.0 per plugin",
     ]);
     for (n, new, old, native) in &side_by_side {
         let [(t_new, r_new), (t_old, r_old), (t_nat, _)] =
@@ -366,4 +394,89 @@ fn main() {
     println!();
     println!("Interleaved, {} rounds:", 41);
     table.print();
+
+    if let Some((n, wasm_reads, native)) = &reads_case {
+        let [(t_wasm, r_wasm, calls), (t_nat, _, _)] =
+            session_steps(&[wasm_reads, native], &step, &options);
+        let [(t_every, _, _), _] = session_steps(
+            &[&built_every(&engine, &wasm, work.path(), *n), native],
+            &step,
+            &options,
+        );
+        let mut table = support::Table::new(&[
+            "a session's steps, 30% dynamic, plugins",
+            "0.3.0 reads p50",
+            "native reads p50",
+            "0.3.0 / native",
+            "calls per step",
+            "0.3.0 without reads p50",
+        ]);
+        table.row(vec![
+            n.to_string(),
+            support::fmt_duration(t_wasm),
+            support::fmt_duration(t_nat),
+            format!("x{r_wasm:.2}"),
+            format!("{calls:.0}"),
+            support::fmt_duration(t_every),
+        ]);
+        println!();
+        println!("World 0.3.0, every dynamic item reading `cwd` only; consecutive steps of one session (the step number changes, `cwd` does not), interleaved, {} rounds:", 41);
+        table.print();
+    }
+}
+
+/// The 0.3.0 fixture without `reads`, N copies: what a session's step costs when every dynamic
+/// item is asked every step.
+fn built_every(engine: &WasmEngine, wasm: &Path, work: &Path, n: usize) -> Registry {
+    wasm_registry(engine, wasm, &work.join(format!("every-{n}")), n, 3, false)
+}
+
+/// Consecutive steps of one session on each registry in turn (each with its own kept answers,
+/// [`assembly::Reuse`]): the median time per step, the median ratio against the last registry,
+/// and the plugin calls per step.
+fn session_steps(
+    registries: &[&Registry; 2],
+    step: &Step,
+    options: &assembly::Options,
+) -> [(Duration, f64, f64); 2] {
+    const ROUNDS: usize = 41;
+    const BATCH: u64 = 200;
+    let mut reuse: [assembly::Reuse; 2] = Default::default();
+    let mut steps = [step.clone(), step.clone()];
+    let mut times: [Vec<Duration>; 2] = Default::default();
+    let mut ratios: Vec<f64> = Vec::new();
+    let mut calls = [0usize; 2];
+    for round in 0..ROUNDS {
+        let mut this = [Duration::ZERO; 2];
+        for k in 0..2 {
+            let i = (k + round) % 2;
+            let t = std::time::Instant::now();
+            for _ in 0..BATCH {
+                steps[i].step_number += 1;
+                let a = assembly::assemble_reusing(
+                    registries[i],
+                    &steps[i],
+                    options,
+                    None,
+                    Some(&mut reuse[i]),
+                )
+                .expect("assemble");
+                calls[i] += a.called;
+                std::hint::black_box(a);
+            }
+            this[i] = t.elapsed() / BATCH as u32;
+        }
+        times[0].push(this[0]);
+        times[1].push(this[1]);
+        ratios.push(this[0].as_secs_f64() / this[1].as_secs_f64());
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    ratios.sort_by(f64::total_cmp);
+    let per_step = |c: usize| c as f64 / (ROUNDS as u64 * BATCH) as f64;
+    [
+        (times[0][ROUNDS / 2], ratios[ROUNDS / 2], per_step(calls[0])),
+        (times[1][ROUNDS / 2], 1.0, per_step(calls[1])),
+    ]
 }

@@ -10,5 +10,7 @@ export const { declare, evaluate, review } = exportPlugin(
       .dynamicContext("@NAME@:cwd", 50, (step) => {
         const cwd = step.fact("cwd");
         return cwd === undefined ? "" : `Working in ${cwd}.`;
-      }),
+      })
+      // It reads the fact `cwd` only: asked again only when that changes.
+      .reads({ facts: ["cwd"] }),
 );

@@ -14,6 +14,8 @@ def declare(config: Config) -> Plugin:
         .section("@NAME@:rules", 50, "Answer as {{@NAME@_style}}.")
         .variable("@NAME@_style", config.get("style", "briefly as you can"))
         .dynamic_context("@NAME@:cwd", 50, cwd)
+        # It reads the fact `cwd` only: asked again only when that changes.
+        .reads(facts=["cwd"])
     )
 
 

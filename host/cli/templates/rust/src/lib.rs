@@ -1,6 +1,6 @@
 //! The `@NAME@` promptd plugin.
 
-use promptd_sdk::{export_plugin, Config, Plugin};
+use promptd_sdk::{export_plugin, Config, Plugin, Reads};
 
 fn declare(config: &Config) -> Result<Plugin, String> {
     Ok(Plugin::new()
@@ -11,7 +11,9 @@ fn declare(config: &Config) -> Result<Plugin, String> {
                 .fact("cwd")
                 .map(|cwd| format!("Working in {cwd}."))
                 .unwrap_or_default())
-        }))
+        })
+        // It reads the fact `cwd` only: asked again only when that changes.
+        .reads(Reads::facts(["cwd"])))
 }
 
 export_plugin!(declare);
