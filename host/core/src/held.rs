@@ -361,6 +361,27 @@ mod tests {
         }
     }
 
+    /// The `skills` section of plugin `cat` changed, the rest as [`old`].
+    fn skills_changed() -> Provenance {
+        provenance(
+            vec![given("persona", "p", "1"), given("skills", "cat", "2")],
+            vec![given("grep", "t", "1")],
+        )
+    }
+
+    /// That change, held since step 3 (at 900 s).
+    fn skills_held_since_step_3() -> Held {
+        Held {
+            kind: Kind::Section,
+            name: "skills".into(),
+            plugin: "cat".into(),
+            since_step: 3,
+            since_ms: Some(900_000),
+            kept_bytes: 1,
+            unavailable: None,
+        }
+    }
+
     fn boundary(plugin: &str) -> Policy {
         match plugin {
             "gone" => Policy::Removed,
@@ -486,19 +507,7 @@ mod tests {
 
     #[test]
     fn k7_a_cold_point_applies_what_was_held() {
-        let new = provenance(
-            vec![given("persona", "p", "1"), given("skills", "cat", "2")],
-            vec![given("grep", "t", "1")],
-        );
-        let held = [Held {
-            kind: Kind::Section,
-            name: "skills".into(),
-            plugin: "cat".into(),
-            since_step: 3,
-            since_ms: Some(900_000),
-            kept_bytes: 1,
-            unavailable: None,
-        }];
+        let (new, held) = (skills_changed(), [skills_held_since_step_3()]);
         let cause = |m: Moment<'_>| match decide(Some(&old()), &new, &boundary, None, &m) {
             Decision::Apply(Some(r)) => r.cause,
             other => panic!("{other:?}"),
@@ -570,19 +579,7 @@ mod tests {
                 ..Refresh::default()
             })
         };
-        let new = provenance(
-            vec![given("persona", "p", "1"), given("skills", "cat", "2")],
-            vec![given("grep", "t", "1")],
-        );
-        let held = [Held {
-            kind: Kind::Section,
-            name: "skills".into(),
-            plugin: "cat".into(),
-            since_step: 3,
-            since_ms: Some(900_000),
-            kept_bytes: 1,
-            unavailable: None,
-        }];
+        let (new, held) = (skills_changed(), [skills_held_since_step_3()]);
         // Idle past the TTL and held a day: still held.
         let mut m = moment(&held);
         m.now_ms = Some(900_000 + 86_400_000);
