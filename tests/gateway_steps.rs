@@ -277,3 +277,35 @@ fn g6_a_token_count_counts_the_splice_and_records_nothing() {
     let list = served.ok("GET", "/v1/sessions", None);
     assert_eq!(list["sessions"], serde_json::json!([]), "nothing recorded");
 }
+
+/// W4 through the gateway: a plugin that reads the request inputs is shown what the client's
+/// own request says — its model, its tools' names, the user's last message — and the turns
+/// the session holds, with no fact header sent.
+#[test]
+fn w4_a_plugin_reads_the_model_tools_and_last_message_of_the_clients_request() {
+    let stub = Stub::start();
+    let folder = Folder::new().scripted("inputs");
+    let rest = r#"
+[plugins.inputs.config]
+"input_section.inputs:seen" = "5"
+[agents.coder.gateway]
+"#;
+    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":10,"tools":[{"name":"read_file","input_schema":{"type":"object"}},{"name":"bash","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"list the files"}]}"#;
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages",
+        &[],
+        body.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let sent = String::from_utf8(stub.requests().pop().unwrap().2).unwrap();
+    // `turn-count` is what the session holds: a new session records the turn after the
+    // client's last reply only (G3), so one user message.
+    assert!(
+        sent.contains(
+            "model=claude-sonnet-4-5; tools=read_file,bash; turns=1; last=list the files"
+        ),
+        "{sent}"
+    );
+}

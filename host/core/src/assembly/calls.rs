@@ -174,7 +174,7 @@ impl Calls<'_> {
             if known {
                 continue;
             }
-            let Some(answer) = reuse.get(entry, kind, index, &Read::of(reads, step)) else {
+            let Some(answer) = reuse.get(entry, kind, index, reads, step) else {
                 continue;
             };
             match answer {

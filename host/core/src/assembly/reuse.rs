@@ -22,6 +22,28 @@ pub(super) struct Read {
 }
 
 impl Read {
+    /// Whether `step` shows `reads` what it showed when this was taken, compared in place (no
+    /// copy: this runs for every kept answer at every step).
+    pub(super) fn same(&self, reads: &Reads, step: &Step) -> bool {
+        let read = reads.inputs;
+        let inputs = &step.inputs;
+        self.facts.len() == reads.facts.len()
+            && (self.facts.iter())
+                .zip(&reads.facts)
+                .all(|(was, f)| was.as_deref() == step.facts.get(f).map(String::as_str))
+            && self.step_number
+                == if read.step_number {
+                    step.step_number
+                } else {
+                    0
+                }
+            && (!read.last_user_message
+                || self.inputs.last_user_message == inputs.last_user_message)
+            && (!read.model || self.inputs.model == inputs.model)
+            && (!read.client_tools || self.inputs.client_tools == inputs.client_tools)
+            && (!read.turn_count || self.inputs.turn_count == inputs.turn_count)
+    }
+
     /// What `reads` reads of `step`.
     pub(super) fn of(reads: &Reads, step: &Step) -> Read {
         Read {
@@ -75,17 +97,19 @@ pub struct Reuse {
 }
 
 impl Reuse {
-    /// The answer `entry`'s contribution gave when it last read what it reads now (`None`:
-    /// ask it). A plugin that was swapped since is a new plugin: its entry is another.
+    /// The answer `entry`'s contribution gave when it last read what `reads` reads of `step`
+    /// now (`None`: ask it). A plugin that was swapped since is a new plugin: its entry is
+    /// another.
     pub(super) fn get(
         &self,
         entry: &Arc<PluginEntry>,
         kind: Kind,
         index: usize,
-        read: &Read,
+        reads: &Reads,
+        step: &Step,
     ) -> Option<&Answer> {
         let (owner, was, answer) = self.kept.get(&(Arc::as_ptr(entry) as usize, kind, index))?;
-        (owner.as_ptr() == Arc::as_ptr(entry) && owner.strong_count() > 0 && was == read)
+        (owner.as_ptr() == Arc::as_ptr(entry) && owner.strong_count() > 0 && was.same(reads, step))
             .then_some(answer)
     }
 

@@ -358,6 +358,19 @@ impl Registry {
         self.plugins.get(id)
     }
 
+    /// Whether any loaded plugin reads the request input `input` picks (world 0.3.0), so a
+    /// front door knows whether to read it out of a client's body at all.
+    pub fn reads_input(&self, input: impl Fn(&crate::plugin::model::Inputs) -> bool) -> bool {
+        self.plugins.values().any(|p| {
+            let d = &p.declaration;
+            let reads = (d.sections.iter().map(|s| s.reads.as_ref()))
+                .chain(d.contexts.iter().map(|c| c.reads.as_ref()))
+                .chain(d.variables.iter().map(|v| v.reads.as_ref()))
+                .chain(std::iter::once(d.reads.as_ref()));
+            reads.flatten().any(|r| input(&r.inputs))
+        })
+    }
+
     /// How many plugins are loaded.
     pub fn len(&self) -> usize {
         self.plugins.len()

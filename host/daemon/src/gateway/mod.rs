@@ -491,7 +491,11 @@ async fn read(
         .ok()
         .flatten();
     let model = parsed.model();
-    let client_tools = promptd_core::gateway::splice::tool_names(ingress, &parsed);
+    // Read out of the body only when a plugin reads them (a large tools list costs a scan).
+    let client_tools = match gateway.daemon.registry().reads_input(|i| i.client_tools) {
+        true => promptd_core::gateway::splice::tool_names(ingress, &parsed),
+        false => Vec::new(),
+    };
     let spans = parsed.spans();
     drop(parsed);
     // UTF-8, checked by the parse.
