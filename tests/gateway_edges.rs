@@ -220,6 +220,27 @@ on_plugin_failure = "refuse"
         before + 1,
         "nothing more went upstream"
     );
+    // A forwarded failure counts towards quarantine as any step's does: the third failed
+    // call (default `quarantine_after`) takes the plugin out, and the next request is a
+    // whole step again, not degraded.
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/fwd/v1/messages",
+        &[],
+        MESSAGES.as_bytes(),
+    );
+    assert_eq!(header_of(&head, "x-promptd-degraded"), Some("plugin_trap"));
+    common::eventually("flaky quarantined", || {
+        served.plugin("flaky")["state"] == "quarantined"
+    });
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/fwd/v1/messages",
+        &[],
+        MESSAGES.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(header_of(&head, "x-promptd-degraded"), None, "{head}");
     drop(served);
 
     let folder = Folder::new().scripted("guard");
@@ -597,14 +618,9 @@ fn slow_stream(every: Duration, text: &'static str, count: usize) -> String {
     url
 }
 
-/// G5: a client that goes away in the middle of a stream leaves the reply recorded as far as
-/// it came, with why it ended; the daemon keeps serving.
-#[test]
-fn g5_a_client_that_leaves_mid_stream_leaves_a_partial_reply_recorded() {
-    // A delta every 300 ms for 20 s: long enough to leave in the middle.
-    let upstream = slow_stream(Duration::from_millis(300), "more ", 66);
-    let folder = Folder::new().bundled("identity");
-    let (served, _tmp) = serve(&folder, &upstream, "", "[agents.coder.gateway]");
+/// A streamed Messages request for agent `coder` sent over a raw connection, left open to
+/// read (or not) as the test wants.
+fn streamed_messages(served: &Served) -> std::net::TcpStream {
     let body = r#"{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let addr = served.url.trim_start_matches("http://");
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -614,6 +630,18 @@ fn g5_a_client_that_leaves_mid_stream_leaves_a_partial_reply_recorded() {
         body.len()
     )
     .unwrap();
+    stream
+}
+
+/// G5: a client that goes away in the middle of a stream leaves the reply recorded as far as
+/// it came, with why it ended; the daemon keeps serving.
+#[test]
+fn g5_a_client_that_leaves_mid_stream_leaves_a_partial_reply_recorded() {
+    // A delta every 300 ms for 20 s: long enough to leave in the middle.
+    let upstream = slow_stream(Duration::from_millis(300), "more ", 66);
+    let folder = Folder::new().bundled("identity");
+    let (served, _tmp) = serve(&folder, &upstream, "", "[agents.coder.gateway]");
+    let mut stream = streamed_messages(&served);
     // Read until a text delta has come, then leave.
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
@@ -672,15 +700,7 @@ fn g5_a_client_that_stops_reading_is_cut_after_the_stall_bound() {
         "client_stall_ms = 500",
         "[agents.coder.gateway]",
     );
-    let body = r#"{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let addr = served.url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "POST /gateway/coder/v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let mut stream = streamed_messages(&served);
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {

@@ -373,12 +373,36 @@ fn w4_a_tool_deferred_by_the_plugin_is_deferred_exactly_as_one_set_in_config() {
                 )
             })
             .collect();
-        (bodies, d.plugin("versioned")["refresh"]["defer"].clone())
+        // `promptd plugins` says which setting is in force and who set it.
+        let out = common::promptd_command()
+            .env("PROMPTD_URL", &d.url)
+            .arg("plugins")
+            .output()
+            .expect("run promptd plugins");
+        let listed = common::stdout(&out);
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with("versioned "))
+            .unwrap_or_else(|| panic!("{listed}"))
+            .to_string();
+        (
+            bodies,
+            d.plugin("versioned")["refresh"]["defer"].clone(),
+            line,
+        )
     };
-    let (by_config, said) = request(r#"defer = ["versioned_tool"]"#);
+    let (by_config, said, line) = request(r#"defer = ["versioned_tool"]"#);
     assert_eq!(said["by"], "config", "{said}");
-    let (by_plugin, said) = request(r#"config = { declare_defer = "true" }"#);
+    assert!(
+        line.contains("refresh step (default), 1 tool(s) deferred (config)"),
+        "{line}"
+    );
+    let (by_plugin, said, line) = request(r#"config = { declare_defer = "true" }"#);
     assert_eq!(said["by"], "plugin", "{said}");
+    assert!(
+        line.contains("refresh step (default), 1 tool(s) deferred (plugin)"),
+        "{line}"
+    );
     assert_eq!(said["tools"], json!(["versioned_tool"]));
     assert_eq!(by_plugin, by_config, "the same requests either way");
     let tools = by_plugin[0]["tools"].as_array().unwrap();
@@ -389,8 +413,9 @@ fn w4_a_tool_deferred_by_the_plugin_is_deferred_exactly_as_one_set_in_config() {
     assert_eq!(deferred["defer_loading"], true, "{tools:?}");
     assert!(tools.iter().any(|t| t["name"] == "tool_search_tool_regex"));
 
-    let (overridden, said) = request("defer = false\nconfig = { declare_defer = \"true\" }");
+    let (overridden, said, line) = request("defer = false\nconfig = { declare_defer = \"true\" }");
     assert_eq!(said["by"], "config", "{said}");
+    assert!(!line.contains("deferred"), "{line}");
     let tools = overridden[0]["tools"].as_array().unwrap();
     let tool = tools
         .iter()

@@ -175,9 +175,11 @@ pub(crate) trait Added {
 // ---- conversions every world's alike types share, instantiated in each world's module -----
 
 /// The core's scope and step into world `$w`'s: `$scope`, `$step` and `$refresh` (which makes
-/// a kept lowering the lowering of a step, keeping what is already equal).
+/// a kept lowering the lowering of a step, keeping what is already equal). `inputs: a, b`
+/// names the request inputs the world's step carries (0.3.0), each a field of the same name
+/// in [`promptd_core::plugin::model::StepInputs`].
 macro_rules! to_wit {
-    ($w:ident, $scope:ident, $step:ident, $refresh:ident) => {
+    ($w:ident, $scope:ident, $step:ident, $refresh:ident $(, inputs: $($input:ident),*)?) => {
         pub(crate) fn $scope(scope: &Scope) -> $w::Scope {
             match scope {
                 Scope::Global => $w::Scope::Global,
@@ -196,6 +198,7 @@ macro_rules! to_wit {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
+                $($($input: step.inputs.$input.clone(),)*)?
             }
         }
 
@@ -225,6 +228,11 @@ macro_rules! to_wit {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
             }
+            $($(
+                if lowered.$input != step.inputs.$input {
+                    lowered.$input.clone_from(&step.inputs.$input);
+                }
+            )*)?
         }
     };
 }

@@ -28,6 +28,8 @@ use bindings::promptd::plugin::types as w3;
 /// World 0.3.0.
 pub(crate) struct V0_3;
 
+to_wit!(w3, lower_scope, lower_step, refresh_step,
+    inputs: last_user_message, model, client_tools, turn_count);
 from_wit!(w3, lift_scope, lift_content);
 level!(lift_level, w3);
 
@@ -37,69 +39,6 @@ impl bindings::promptd::plugin::host::Host for State {
     fn log(&mut self, level: w3::Level, message: String) {
         State::log(self, lift_level(level), &message);
     }
-}
-
-fn lower_scope(scope: &Scope) -> w3::Scope {
-    match scope {
-        Scope::Global => w3::Scope::Global,
-        Scope::Agent(a) => w3::Scope::Agent(a.clone()),
-    }
-}
-
-fn facts_of(step: &Step) -> Vec<(String, String)> {
-    (step.facts.iter())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
-/// The step as assembly made it for this call: what its contributions do not read is absent.
-fn lower_step(step: &Step) -> w3::Step {
-    let inputs = &step.inputs;
-    w3::Step {
-        agent: step.agent.clone(),
-        scope_chain: step.scope_chain.to_vec(),
-        session_id: step.session_id.clone(),
-        step_number: step.step_number,
-        facts: facts_of(step),
-        last_user_message: inputs.last_user_message.clone(),
-        model: inputs.model.clone(),
-        client_tools: inputs.client_tools.clone(),
-        turn_count: inputs.turn_count,
-    }
-}
-
-/// Makes `lowered` the lowering of `step`, keeping what is already equal.
-fn refresh_step(lowered: &mut w3::Step, step: &Step) {
-    if lowered.agent != step.agent {
-        lowered.agent.clone_from(&step.agent);
-    }
-    if lowered.scope_chain[..] != step.scope_chain[..] {
-        lowered.scope_chain = step.scope_chain.to_vec();
-    }
-    if lowered.session_id != step.session_id {
-        lowered.session_id.clone_from(&step.session_id);
-    }
-    lowered.step_number = step.step_number;
-    let same_facts = lowered.facts.len() == step.facts.len()
-        && (lowered.facts.iter())
-            .zip(&step.facts)
-            .all(|((a, b), (c, d))| a == c && b == d);
-    if !same_facts {
-        lowered.facts = facts_of(step);
-    }
-    let inputs = &step.inputs;
-    if lowered.last_user_message != inputs.last_user_message {
-        lowered
-            .last_user_message
-            .clone_from(&inputs.last_user_message);
-    }
-    if lowered.model != inputs.model {
-        lowered.model.clone_from(&inputs.model);
-    }
-    if lowered.client_tools != inputs.client_tools {
-        lowered.client_tools.clone_from(&inputs.client_tools);
-    }
-    lowered.turn_count = inputs.turn_count;
 }
 
 fn lift_reads(r: w3::Reads) -> Reads {
