@@ -226,7 +226,8 @@ fn g3_after_a_restart_a_conversation_joins_its_session_by_prefix() {
 
 /// G6: a token count counts what a step would send: the agent's sections and runtime context
 /// are spliced into the client's body as a step's would be, the upstream's count comes back
-/// as it answered, and nothing is recorded.
+/// as it answered, and nothing is recorded; when a plugin fails, the body goes as it came,
+/// marked degraded.
 #[test]
 fn g6_a_token_count_counts_the_splice_and_records_nothing() {
     let stub = Stub::start();
@@ -276,6 +277,21 @@ fn g6_a_token_count_counts_the_splice_and_records_nothing() {
     );
     let list = served.ok("GET", "/v1/sessions", None);
     assert_eq!(list["sessions"], serde_json::json!([]), "nothing recorded");
+    drop(served);
+
+    // When the plugins cannot say, the count goes as the client sent it, marked degraded.
+    let folder = Folder::new().scripted("flaky");
+    let rest = "[plugins.flaky.config]\n\"trap_section.broken\" = \"1\"\n[agents.coder.gateway]\n";
+    let (served, _tmp) = serve(&folder, &stub.url, "", rest);
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages/count_tokens",
+        &[],
+        count.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(header_of(&head, "x-promptd-degraded"), Some("plugin_trap"));
+    assert_eq!(stub.requests().pop().unwrap().2, count.as_bytes());
 }
 
 /// W4 through the gateway: a plugin that reads the request inputs is shown what the client's
