@@ -246,6 +246,30 @@ fn interleaved(
 fn main() {
     let started = std::time::SystemTime::now();
     support::print_machine();
+    let profile = support::env_or("ASSEMBLY_PROFILE_SECS", 0u64);
+    if profile > 0 {
+        // For `perf record`: native assembly only (10 plugins, 30% dynamic), nothing else.
+        let (options, step, registry) = (
+            plan().options_for("bench".into()),
+            step(),
+            native_registry(10, 3, false),
+        );
+        let until = std::time::Instant::now() + Duration::from_secs(profile);
+        let mut n = 0u64;
+        while std::time::Instant::now() < until {
+            for _ in 0..1000 {
+                std::hint::black_box(
+                    assembly::assemble(&registry, &step, &options).expect("assemble"),
+                );
+            }
+            n += 1000;
+        }
+        println!(
+            "native, 10 plugins, 30% dynamic: {:.2} µs per assembly",
+            profile as f64 * 1e6 / n as f64
+        );
+        return;
+    }
     let wasm = promptd_testkit::build_wasm_workspace("tests/fixtures").join("bench.wasm");
     let work = support::scratch("assembly");
     let old = old_world_bench(work.path(), "0.1.0");

@@ -7,17 +7,18 @@
 //! and splices the answers in (issue 31). A layout made with plugins left out (A9) is made for that
 //! assembly alone.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use std::sync::Mutex;
 
-use super::calls::{call_key, Ask, Calls};
+use super::calls::{call_key, Ask, Calls, KeyHasher};
 use super::effective::{effective, Picked};
 use super::model::{Options, Origin};
 use super::tools::{check_tool_order, order_tools, OrderedTools};
 use crate::error::{Error, Result};
-use crate::plugin::interpolate::{render, Resolved};
+use crate::plugin::interpolate::{parse, render, Piece, Resolved};
 use crate::plugin::model::Kind;
 use crate::plugin::model::{Content, Context, Scope, Section, Variable};
 use crate::plugin::provider::{Item, Wanted};
@@ -33,9 +34,63 @@ pub(super) struct Part {
     /// Its text when that is the same at every step: a static text, interpolated with static
     /// variables only (or never interpolated). `None`: called or rendered per step.
     pub fixed: Option<Arc<str>>,
+    /// A static text that is not fixed (it references a dynamic variable), split once.
+    pub split: Option<Split>,
+}
+
+/// A static text split into literals and references once (T1–T4 checked then), so a step
+/// only fills in the values: byte ranges into the text (a reference's is its name's).
+pub(super) struct Split {
+    spans: Vec<(bool, usize, usize)>,
+    references: usize,
+}
+
+impl Split {
+    /// The split of `content` when it is a static text that must be rendered per step: not
+    /// `raw`, not `fixed`, and well formed (a malformed one is left to the step to report).
+    fn of(content: &Content, raw: bool, fixed: &Option<Arc<str>>) -> Option<Split> {
+        let (Content::Static(text), false, None) = (content, raw, fixed) else {
+            return None;
+        };
+        let base = text.as_ptr() as usize;
+        let mut split = Split {
+            spans: Vec::new(),
+            references: 0,
+        };
+        for piece in parse(text).ok()? {
+            split.spans.push(match piece {
+                Piece::Literal(l) => (false, l.as_ptr() as usize - base, l.len()),
+                Piece::Reference { name, offset } => {
+                    split.references += 1;
+                    (true, offset + 2, name.len())
+                }
+            });
+        }
+        Some(split)
+    }
+
+    /// The pieces of `text`, the text this was split from.
+    pub fn pieces<'t>(&'t self, text: &'t str) -> impl Iterator<Item = Piece<'t>> {
+        self.spans.iter().map(move |&(reference, at, len)| {
+            let part = text.get(at..at + len).unwrap_or_default();
+            match reference {
+                true => Piece::Reference {
+                    name: part,
+                    offset: at - 2,
+                },
+                false => Piece::Literal(part),
+            }
+        })
+    }
+
+    /// How many references it has.
+    pub fn references(&self) -> usize {
+        self.references
+    }
 }
 
 /// One effective variable, by the plugin that gives it.
+#[derive(Clone)]
 pub(super) struct VarPart {
     pub entry: Arc<PluginEntry>,
     pub index: usize,
@@ -53,10 +108,13 @@ pub(super) struct Layout {
     pub sections: Vec<Part>,
     pub contexts: Vec<Part>,
     pub variables: BTreeMap<Arc<str>, VarPart>,
+    /// `variables` again, for a step's lookups by name (a hash is cheaper than a walk).
+    pub by_name: HashMap<Arc<str>, VarPart, BuildHasherDefault<KeyHasher>>,
     pub asks: Vec<Ask>,
     pub section_origins: Arc<[Origin]>,
     pub context_origins: Arc<[Origin]>,
-    /// Variables the fixed texts reference (explain lists them every step), and who gives them.
+    /// Variables the fixed texts reference, sorted (explain lists them every step), and who
+    /// gives them.
     pub fixed_used: Vec<Arc<str>>,
     pub fixed_origins: Arc<[Origin]>,
     /// The ordered tools, when no effective tool's plugin filters them (they are then the same
@@ -67,7 +125,13 @@ pub(super) struct Layout {
     /// The ordered tools the last step's filters gave, with what each filter said: a step
     /// whose filters say the same shares them.
     pub filtered: Mutex<Option<Filtered>>,
+    /// The variables the last step's rendered texts referenced (in the order first used), and
+    /// who gives all it referenced: a step that references the same shares the list.
+    pub last_used: Mutex<Option<Used>>,
 }
+
+/// Variables a step referenced (in the order first used), and who gives all it referenced.
+pub(super) type Used = (Vec<Arc<str>>, Arc<[Origin]>);
 
 /// Ordered tools, by what each filtering plugin (by its entry's address) showed.
 pub(super) type Filtered = (Vec<(usize, Vec<String>)>, Arc<OrderedTools>);
@@ -164,11 +228,13 @@ pub(super) fn layout(
         .map(|&(name, (entry, index, _, _))| {
             let s = &entry.declaration.sections[index];
             let location = || format!("section `{}` (plugin `{}`)", s.name, entry.id);
+            let fixed = fix(&s.text, s.verbatim, &location);
             Part {
                 entry: entry.clone(),
                 index,
                 name: Arc::from(name),
-                fixed: fix(&s.text, s.verbatim, &location),
+                split: Split::of(&s.text, s.verbatim, &fixed),
+                fixed,
             }
         })
         .collect();
@@ -179,11 +245,13 @@ pub(super) fn layout(
             // A data plugin's text is never interpolated (R7): it could name a secret variable.
             let raw = c.verbatim || entry.options.trust == Trust::Data;
             let location = || format!("context `{}` (plugin `{}`)", c.name, entry.id);
+            let fixed = fix(&c.text, raw, &location);
             Part {
                 entry: entry.clone(),
                 index,
                 name: Arc::from(name),
-                fixed: fix(&c.text, raw, &location),
+                split: Split::of(&c.text, raw, &fixed),
+                fixed,
             }
         })
         .collect();
@@ -206,6 +274,10 @@ pub(super) fn layout(
     let mut layout = Layout {
         sections: section_parts,
         contexts: context_parts,
+        by_name: variables
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         variables,
         asks: asks.into_values().collect(),
         section_origins,
@@ -215,6 +287,7 @@ pub(super) fn layout(
         tools,
         filtering,
         filtered: Mutex::new(None),
+        last_used: Mutex::new(None),
     };
     layout.fixed_origins = origins(&layout, layout.fixed_used.iter().map(|n| &**n));
     Ok(layout)
@@ -307,6 +380,37 @@ fn filtering_plugins(
         }
     }
     (filters, filtering)
+}
+
+impl Layout {
+    /// Who gives each variable a step referenced: the fixed texts' and `more` (the layout's
+    /// keys, in the order the step first used them). Made once for as long as steps reference
+    /// the same, which they do unless a dynamic text changes what it references.
+    pub(super) fn used_origins(&self, more: &[&Arc<str>]) -> Arc<[Origin]> {
+        if more.is_empty() {
+            return self.fixed_origins.clone();
+        }
+        let mut last = super::lock(&self.last_used);
+        if let Some((was, origins)) = last.as_ref() {
+            if was.len() == more.len() && was.iter().zip(more).all(|(a, b)| Arc::ptr_eq(a, b)) {
+                return origins.clone();
+            }
+        }
+        let made = if more
+            .iter()
+            .all(|n| self.fixed_used.binary_search(n).is_ok())
+        {
+            self.fixed_origins.clone()
+        } else {
+            let mut names: Vec<&Arc<str>> =
+                self.fixed_used.iter().chain(more.iter().copied()).collect();
+            names.sort_unstable();
+            names.dedup();
+            origins(self, names.iter().map(|n| &***n))
+        };
+        *last = Some((more.iter().map(|n| Arc::clone(n)).collect(), made.clone()));
+        made
+    }
 }
 
 /// Who gives each of the variables `names` (by name order, as given).

@@ -21,12 +21,12 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::observe::Observe;
-use crate::plugin::interpolate::{render, Resolved};
+use crate::plugin::interpolate::{fill, render, Resolved};
 use crate::plugin::model::{Content, Kind, Step, Tool, Variable};
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::plugin::trust::{self, Trust};
 use calls::{Calls, Source};
-use layout::Layout;
+use layout::{Layout, Split};
 pub use model::{AssembledTool, Assembly, Explain, Omission, Options, Origin};
 pub use reuse::Reuse;
 use tools::{order_tools, OrderedTools};
@@ -80,15 +80,28 @@ pub fn assemble_reusing(
 }
 
 /// T5: the non-empty texts joined by one blank line.
-fn joined<'a>(texts: impl Iterator<Item = &'a str>) -> String {
-    let parts: Vec<&str> = texts.filter(|t| !t.is_empty()).collect();
-    parts.join("\n\n")
+fn joined<'a>(texts: impl Iterator<Item = &'a str> + Clone) -> String {
+    join_onto(String::new(), texts)
 }
 
 /// The runtime context snapshot made of `texts` (T6): none when every one is empty.
-fn snapshot<'a>(texts: impl Iterator<Item = &'a str>) -> Option<String> {
-    let parts: Vec<&str> = texts.filter(|t| !t.is_empty()).collect();
-    (!parts.is_empty()).then(|| format!("{RUNTIME_CONTEXT_HEADER}\n\n{}", parts.join("\n\n")))
+fn snapshot<'a>(texts: impl Iterator<Item = &'a str> + Clone) -> Option<String> {
+    let mut texts = texts.filter(|t| !t.is_empty()).peekable();
+    texts.peek()?;
+    Some(join_onto(format!("{RUNTIME_CONTEXT_HEADER}\n\n"), texts))
+}
+
+/// `out` followed by the non-empty `texts` joined by one blank line, grown once.
+fn join_onto<'a>(mut out: String, texts: impl Iterator<Item = &'a str> + Clone) -> String {
+    let texts = texts.filter(|t| !t.is_empty());
+    out.reserve(texts.clone().map(|t| t.len() + 2).sum());
+    for (i, t) in texts.enumerate() {
+        if i > 0 {
+            out.push_str("\n\n");
+        }
+        out.push_str(t);
+    }
+    out
 }
 
 /// T8: each non-empty context of a `data` plugin inside its data block. Done after the memo,
@@ -195,24 +208,43 @@ fn plugin_failure(err: &Error) -> Option<(&str, String, String)> {
     }
 }
 
-/// `source`, interpolated unless `raw`; a text without a reference is shared, not copied.
+/// `source`, interpolated unless `raw` (from its `split` when the layout made one); a text
+/// without a reference is shared, not copied.
 fn finish<'v>(
     source: Source<'_>,
     raw: bool,
+    split: Option<&Split>,
     location: &dyn Fn() -> String,
     resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
 ) -> Result<Arc<str>> {
-    let text = match &source {
-        Source::Static(t) => *t,
-        Source::Called(t) => t,
+    let rendered = match (&source, split) {
+        (_, _) if raw => None,
+        (Source::Static(text), Some(split)) => {
+            let pieces = split.pieces(text);
+            Some(fill(
+                text.len(),
+                split.references(),
+                pieces,
+                location,
+                resolve,
+            )?)
+        }
+        (Source::Static(text), None) => owned(render(text, location, resolve)?),
+        (Source::Called(text), _) => owned(render(text, location, resolve)?),
     };
-    if raw || !text.contains("{{") {
-        return Ok(match source {
-            Source::Static(t) => Arc::from(t),
-            Source::Called(t) => t,
-        });
+    Ok(match (rendered, source) {
+        (Some(s), _) => Arc::from(s),
+        (None, Source::Static(t)) => Arc::from(t),
+        (None, Source::Called(t)) => t,
+    })
+}
+
+/// A rendered text that differs from its template.
+fn owned(rendered: Cow<'_, str>) -> Option<String> {
+    match rendered {
+        Cow::Borrowed(_) => None,
+        Cow::Owned(s) => Some(s),
     }
-    Ok(Arc::from(render(text, location, resolve)?.as_ref()))
 }
 
 fn attempt(
@@ -223,11 +255,16 @@ fn attempt(
     excluded: &BTreeSet<String>,
     calls: &mut Calls,
 ) -> Result<Assembly> {
+    // Room for every call up front: growing the memo mid-step costs more than it saves.
+    calls
+        .texts
+        .reserve(layout.sections.len() + layout.contexts.len());
+    calls.values.reserve(layout.variables.len());
     calls.prefetch(step, &layout.asks);
     let mut resolver = Resolver {
         layout,
         step,
-        used: layout.fixed_used.iter().map(|n| &**n).collect(),
+        used: Vec::new(),
     };
     let mut section_texts = Vec::with_capacity(layout.sections.len());
     for part in &layout.sections {
@@ -237,7 +274,8 @@ fn attempt(
                 let s = part.section();
                 let source = calls.text(&part.entry, Kind::Section, part.index, &s.text, step)?;
                 let location = || format!("section `{}` (plugin `{}`)", s.name, part.entry.id);
-                finish(source, s.verbatim, &location, &mut |n| {
+                let split = part.split.as_ref();
+                finish(source, s.verbatim, split, &location, &mut |n| {
                     resolver.resolve(n, calls)
                 })?
             }
@@ -255,17 +293,16 @@ fn attempt(
                 // A data plugin's text is never interpolated (R7): it could name a secret.
                 let raw = c.verbatim || part.entry.options.trust == Trust::Data;
                 let location = || format!("context `{}` (plugin `{}`)", c.name, part.entry.id);
-                finish(source, raw, &location, &mut |n| resolver.resolve(n, calls))?
+                let split = part.split.as_ref();
+                finish(source, raw, split, &location, &mut |n| {
+                    resolver.resolve(n, calls)
+                })?
             }
         };
         context_texts.push((part.name.clone(), text));
     }
     let runtime_context = snapshot(context_texts.iter().map(|(_, t)| &**t));
-    let variables = match resolver.used.len() == layout.fixed_used.len() {
-        // Only the fixed texts referenced variables: the layout's list.
-        true => layout.fixed_origins.clone(),
-        false => layout::origins(layout, resolver.used.iter().copied()),
-    };
+    let variables = layout.used_origins(&resolver.used);
     let ordered = match &layout.tools {
         Some(known) => known.clone(),
         None => filtered_tools(registry, layout, options, excluded, step, calls)?,
@@ -337,13 +374,13 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Resolver<'p> {
     layout: &'p Layout,
     step: &'p Step,
-    /// Variables referenced this assembly (for `--explain`).
-    used: BTreeSet<&'p str>,
+    /// Variables referenced this assembly by the texts rendered now (for `--explain`).
+    used: Vec<&'p Arc<str>>,
 }
 
 impl<'p> Resolver<'p> {
     fn resolve(&mut self, name: &str, calls: &mut Calls) -> Result<Resolved<'p>> {
-        let Some((key, v)) = self.layout.variables.get_key_value(name) else {
+        let Some((key, v)) = self.layout.by_name.get_key_value(name) else {
             let known = self
                 .layout
                 .variables
@@ -352,20 +389,19 @@ impl<'p> Resolver<'p> {
                 .collect();
             return Ok(Resolved::Unknown { known });
         };
-        self.used.insert(key);
+        if !self.used.iter().any(|u| Arc::ptr_eq(u, key)) {
+            self.used.push(key);
+        }
         let item: &'p Variable = v.item();
-        let value: Option<Cow<'p, str>> = match &item.value {
-            Content::Static(s) => Some(Cow::Borrowed(s)),
+        let value = match &item.value {
+            Content::Static(s) => Some(Resolved::Value(Cow::Borrowed(s))),
             Content::Dynamic => calls
                 .value(&v.entry, v.index, self.step)?
-                .map(|v| Cow::Owned(v.to_string())),
+                .map(Resolved::Shared),
         };
-        Ok(match value {
-            Some(v) => Resolved::Value(v),
-            None => Resolved::Absent {
-                plugin: v.entry.id.clone(),
-            },
-        })
+        Ok(value.unwrap_or_else(|| Resolved::Absent {
+            plugin: v.entry.id.clone(),
+        }))
     }
 }
 

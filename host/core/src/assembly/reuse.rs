@@ -3,9 +3,9 @@
 //! then its last answer stands, without a call.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use super::calls::KeyMap;
 use crate::plugin::model::{Kind, Reads, Step, StepInputs};
 use crate::plugin::registry::PluginEntry;
 
@@ -86,14 +86,10 @@ pub(super) enum Answer {
     Tools(Vec<String>),
 }
 
-/// What a contribution is known by here: its plugin entry, kind and index (`Kind::Tool` with
-/// index 0: the plugin's tool filter).
-type Key = (usize, Kind, usize);
-
 /// One session's kept answers, and what its last assembly made of them.
 #[derive(Clone, Debug, Default)]
 pub struct Reuse {
-    kept: HashMap<Key, (Weak<PluginEntry>, Read, Answer)>,
+    kept: KeyMap<(Weak<PluginEntry>, Read, Answer)>,
 }
 
 impl Reuse {

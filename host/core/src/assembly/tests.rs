@@ -1613,3 +1613,73 @@ fn w4_a_plugins_declared_refresh_and_defer_stand_unless_the_config_says() {
     assert!(e.options.refresh.is_step());
     assert!(!e.options.defer.holds("search"));
 }
+
+// ---- the per-step fast paths give what a fresh render gives -------------------------------
+
+#[test]
+fn t1_a_static_text_split_once_takes_its_dynamic_values_fresh_each_step() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .dynamic_variable("n", |s| Ok(Some(format!("step {}", s.step_number))))
+            .dynamic_variable("maybe", |s| {
+                Ok((s.step_number != 3).then(|| "here".to_string()))
+            })
+            .section("s", 0, "a {{n}} b {{n}} c")
+            .section("t", 1, "{{maybe}}"),
+    )]);
+    for n in [1u64, 2] {
+        let step = Step {
+            step_number: n,
+            ..default_step()
+        };
+        let a = assemble(&reg, &step, &Options::default()).unwrap();
+        assert_eq!(a.system, format!("a step {n} b step {n} c\n\nhere"));
+    }
+    // A dynamic value absent where a static text references it is the error a render gives.
+    let step = Step {
+        step_number: 3,
+        ..default_step()
+    };
+    let err = assemble(&reg, &step, &Options::default()).unwrap_err();
+    assert_eq!(err.code(), "variable_absent", "{err}");
+    assert!(err.to_string().contains("section `t`"), "{err}");
+}
+
+#[test]
+fn t1_explain_lists_the_variables_each_step_referenced_when_that_changes() {
+    let reg = registry(vec![(
+        "p",
+        NativePlugin::new()
+            .variable("a", "A")
+            .variable("b", "B")
+            .variable("c", "C")
+            .section("fixed", 0, "{{c}}")
+            .dynamic_section("d", 1, |s| {
+                Ok(match s.step_number % 2 {
+                    0 => "{{a}}".to_string(),
+                    _ => "{{b}} {{a}}".to_string(),
+                })
+            }),
+    )]);
+    let names = |a: &Assembly| -> Vec<String> {
+        a.explain.variables.iter().map(|o| o.name.clone()).collect()
+    };
+    for n in [2u64, 3, 4, 5, 5] {
+        let step = Step {
+            step_number: n,
+            ..default_step()
+        };
+        let a = assemble(&reg, &step, &Options::default()).unwrap();
+        match n % 2 {
+            0 => assert_eq!(
+                (a.system.as_str(), names(&a)),
+                ("C\n\nA", vec!["a".into(), "c".into()])
+            ),
+            _ => assert_eq!(
+                (a.system.as_str(), names(&a)),
+                ("C\n\nB A", vec!["a".into(), "b".into(), "c".into()])
+            ),
+        }
+    }
+}

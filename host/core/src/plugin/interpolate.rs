@@ -49,6 +49,8 @@ impl Malformed {
 pub enum Resolved<'v> {
     /// The variable's value: borrowed when it is a static one (no copy per reference).
     Value(Cow<'v, str>),
+    /// A dynamic variable's value, shared with the assembly's memo of calls (no copy either).
+    Shared(std::sync::Arc<str>),
     /// The variable exists but has no value this assembly; `plugin` declared it.
     Absent {
         /// The plugin that declares the variable.
@@ -67,46 +69,84 @@ pub enum Resolved<'v> {
 /// - `{{` with a later `}}` whose inside holds a brace is malformed (T3).
 /// - a group whose inside is not a variable name (`{{ model }}`, `{{}}`) is malformed (T4).
 pub fn parse(text: &str) -> Result<Vec<Piece<'_>>, Malformed> {
-    let mut pieces = Vec::new();
-    let mut rest_start = 0;
-    let mut search_from = 0;
-    while let Some(found) = text[search_from..].find("{{") {
-        let open = search_from + found;
-        let inner_start = open + 2;
-        let Some(close_rel) = text[inner_start..].find("}}") else {
-            break; // T2: nothing closes it, so it and everything after it is literal.
+    pieces(text).collect()
+}
+
+/// [`parse`], one piece at a time (nothing allocated): the first malformed reference ends it.
+pub fn pieces(text: &str) -> Pieces<'_> {
+    Pieces {
+        text,
+        at: 0,
+        reference: None,
+    }
+}
+
+/// The pieces of a template, in order ([`pieces`]).
+pub struct Pieces<'a> {
+    text: &'a str,
+    /// Where the text not yet split starts (its length once done).
+    at: usize,
+    /// A reference found after the literal just given.
+    reference: Option<Piece<'a>>,
+}
+
+impl<'a> Iterator for Pieces<'a> {
+    type Item = Result<Piece<'a>, Malformed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(reference) = self.reference.take() {
+            return Some(Ok(reference));
+        }
+        let (text, at) = (self.text, self.at);
+        if at >= text.len() {
+            return None;
+        }
+        let found = find_pair(text, at, '{')
+            .and_then(|open| find_pair(text, open + 2, '}').map(|close| (open, close)));
+        let Some((open, close)) = found else {
+            // T2: no `{{` is closed after here, so the rest is literal.
+            self.at = text.len();
+            return Some(Ok(Piece::Literal(&text[at..])));
         };
-        let close = inner_start + close_rel;
-        let inner = &text[inner_start..close];
-        let snippet = || text[open..close + 2].to_string();
-        if inner.contains(['{', '}']) {
-            return Err(Malformed {
+        let inner = &text[open + 2..close];
+        let reason = if inner.contains(['{', '}']) {
+            Some("a reference is `{{name}}` with no other braces inside")
+        } else if !is_variable_name(inner) {
+            Some("a variable name matches ^[a-z][a-z0-9_]*$ (no spaces)")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.at = text.len();
+            return Some(Err(Malformed {
                 offset: open,
-                snippet: snippet(),
-                reason: "a reference is `{{name}}` with no other braces inside",
-            });
+                snippet: text[open..close + 2].to_string(),
+                reason,
+            }));
         }
-        if !is_variable_name(inner) {
-            return Err(Malformed {
-                offset: open,
-                snippet: snippet(),
-                reason: "a variable name matches ^[a-z][a-z0-9_]*$ (no spaces)",
-            });
-        }
-        if open > rest_start {
-            pieces.push(Piece::Literal(&text[rest_start..open]));
-        }
-        pieces.push(Piece::Reference {
+        self.at = close + 2;
+        let reference = Piece::Reference {
             name: inner,
             offset: open,
-        });
-        rest_start = close + 2;
-        search_from = rest_start;
+        };
+        if open == at {
+            return Some(Ok(reference));
+        }
+        self.reference = Some(reference);
+        Some(Ok(Piece::Literal(&text[at..open])))
     }
-    if rest_start < text.len() {
-        pieces.push(Piece::Literal(&text[rest_start..]));
-    }
-    Ok(pieces)
+}
+
+/// The byte offset of the first `cc` (`{{` or `}}`) in `text` at or after `from`: a SIMD
+/// search with searchers built once, as this runs on every dynamic text of every step.
+fn find_pair(text: &str, from: usize, c: char) -> Option<usize> {
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    static OPEN: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"{{"));
+    static CLOSE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"}}"));
+    let finder = if c == '{' { &OPEN } else { &CLOSE };
+    let rest = text.as_bytes().get(from..)?;
+    finder.find(rest).map(|at| from + at)
 }
 
 /// Interpolates `text`, resolving each reference with `resolve`. `location` names the section
@@ -126,16 +166,39 @@ pub fn render<'t, 'v>(
     location: &dyn Fn() -> String,
     resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
 ) -> Result<Cow<'t, str>> {
-    if !text.contains("{{") {
+    // Checked whole before any value is looked up (T4), then rendered: two scans cost less
+    // than keeping the pieces.
+    let mut references = 0;
+    for piece in pieces(text) {
+        if let Piece::Reference { .. } = piece.map_err(|m| m.at(&location()))? {
+            references += 1;
+        }
+    }
+    if references == 0 {
         return Ok(Cow::Borrowed(text));
     }
-    let pieces = parse(text).map_err(|m| m.at(&location()))?;
-    let mut out = String::with_capacity(text.len());
+    // Every piece is known good now.
+    let pieces = pieces(text).map_while(Result::ok);
+    fill(text.len(), references, pieces, location, resolve).map(Cow::Owned)
+}
+
+/// The text of `pieces`, already checked (T4), with each reference resolved by `resolve`:
+/// [`render`]'s second half, and all of it for a text split once and kept ([`Piece`]s).
+pub fn fill<'t, 'v>(
+    len: usize,
+    references: usize,
+    pieces: impl Iterator<Item = Piece<'t>>,
+    location: &dyn Fn() -> String,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
+) -> Result<String> {
+    // Room for values a little longer than their references, so most renders never grow.
+    let mut out = String::with_capacity(len + 16 * references);
     for piece in pieces {
         match piece {
             Piece::Literal(s) => out.push_str(s),
             Piece::Reference { name, .. } => match resolve(name)? {
                 Resolved::Value(v) => out.push_str(&v),
+                Resolved::Shared(v) => out.push_str(&v),
                 Resolved::Absent { plugin } => {
                     return Err(Error::VariableAbsent {
                         location: location(),
@@ -153,7 +216,7 @@ pub fn render<'t, 'v>(
             },
         }
     }
-    Ok(Cow::Owned(out))
+    Ok(out)
 }
 
 #[cfg(test)]

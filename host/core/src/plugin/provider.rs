@@ -527,20 +527,33 @@ impl NativePlugin {
     }
 }
 
-/// Pairs each dynamic item's (name, scope) with its callback.
+/// Pairs each dynamic item's (name, scope) with its callback, looked up by name first so a
+/// call borrows its key rather than building one (this runs for every dynamic item, every step).
 fn keyed<'a, F>(
     keys: impl Iterator<Item = (&'a String, &'a Scope)>,
     fns: Vec<Option<F>>,
-) -> BTreeMap<(String, Scope), F> {
-    keys.zip(fns)
-        .filter_map(|((n, s), f)| f.map(|f| ((n.clone(), s.clone()), f)))
-        .collect()
+) -> Callbacks<F> {
+    let mut out: Callbacks<F> = BTreeMap::new();
+    for ((n, s), f) in keys.zip(fns) {
+        if let Some(f) = f {
+            out.entry(n.clone()).or_default().push((s.clone(), f));
+        }
+    }
+    out
+}
+
+/// A native plugin's callbacks of one kind: by name, then by scope.
+type Callbacks<F> = BTreeMap<String, Vec<(Scope, F)>>;
+
+fn callback<'f, F>(fns: &'f Callbacks<F>, name: &str, scope: &Scope) -> Option<&'f F> {
+    let by_scope = fns.get(name)?;
+    by_scope.iter().find(|(s, _)| s == scope).map(|(_, f)| f)
 }
 
 struct NativeProvider {
-    sections: BTreeMap<(String, Scope), TextFn>,
-    contexts: BTreeMap<(String, Scope), TextFn>,
-    variables: BTreeMap<(String, Scope), ValueFn>,
+    sections: Callbacks<TextFn>,
+    contexts: Callbacks<TextFn>,
+    variables: Callbacks<ValueFn>,
     shown_tools: Option<ToolsFn>,
     review: Option<ReviewFn>,
     batches: bool,
@@ -552,17 +565,17 @@ fn missing(kind: &str, name: &str) -> CallError {
 
 impl Provider for NativeProvider {
     fn section_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
-        let f = self.sections.get(&(name.to_string(), scope.clone()));
+        let f = callback(&self.sections, name, scope);
         f.ok_or_else(|| missing("section", name))?(step)
     }
 
     fn context_text(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<String> {
-        let f = self.contexts.get(&(name.to_string(), scope.clone()));
+        let f = callback(&self.contexts, name, scope);
         f.ok_or_else(|| missing("context", name))?(step)
     }
 
     fn variable_value(&self, name: &str, scope: &Scope, step: &Step) -> CallResult<Option<String>> {
-        let f = self.variables.get(&(name.to_string(), scope.clone()));
+        let f = callback(&self.variables, name, scope);
         f.ok_or_else(|| missing("variable", name))?(step)
     }
 
