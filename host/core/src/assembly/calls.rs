@@ -227,6 +227,23 @@ impl Calls<'_> {
         }
     }
 
+    /// The answer a contribution called one by one (worlds 0.1.0 and native plugins) gave at
+    /// an earlier step of the session when it read what it reads now: counted as reused.
+    fn kept_one(
+        &mut self,
+        entry: &Arc<PluginEntry>,
+        kind: Kind,
+        index: usize,
+        step: &Step,
+    ) -> Option<Answer> {
+        let reuse = self.reuse.as_deref()?;
+        let reads = reads_of(entry, kind, index).filter(|r| !r.volatile)?;
+        let answer = reuse.get(entry, kind, index, reads, step)?.clone();
+        let name = item_name(entry, kind, index);
+        self.reused.push(format!("{} {kind} `{name}`", entry.id));
+        Some(answer)
+    }
+
     /// Keeps an answer for the session's next steps, when its item declares what it reads.
     fn keep(&mut self, step: &Step, entry: &Arc<PluginEntry>, key: CallKey, answer: Answer) {
         let Some(reuse) = self.reuse.as_deref_mut() else {
@@ -264,23 +281,36 @@ impl Calls<'_> {
                 (&c.name, &c.scope)
             }
         };
-        let observe = self.observe;
         let key = call_key(entry, kind, index);
-        if !self.texts.contains_key(&key) {
-            self.called += 1;
-        }
-        let result = (self.texts.entry(key)).or_insert_with(|| {
-            let step = &*shown(step, &[reads_of(entry, kind, index)]);
-            match kind {
-                Kind::Section => observed(observe, Activity::call(entry, "section"), || {
-                    entry.provider.section_text(name, scope, step)
-                }),
-                _ => observed(observe, Activity::call(entry, "context"), || {
-                    entry.provider.context_text(name, scope, step)
-                }),
+        let result = match self.texts.get(&key) {
+            Some(known) => known.clone(),
+            None => {
+                let answer = match self.kept_one(entry, kind, index, step) {
+                    Some(Answer::Text(kept)) => Ok(kept),
+                    _ => {
+                        self.called += 1;
+                        let shown = &*shown(step, &[reads_of(entry, kind, index)]);
+                        let called = match kind {
+                            Kind::Section => {
+                                observed(self.observe, Activity::call(entry, "section"), || {
+                                    entry.provider.section_text(name, scope, shown)
+                                })
+                            }
+                            _ => observed(self.observe, Activity::call(entry, "context"), || {
+                                entry.provider.context_text(name, scope, shown)
+                            }),
+                        };
+                        let called = called.map(Arc::<str>::from);
+                        if let Ok(text) = &called {
+                            self.keep(step, entry, key, Answer::Text(text.clone()));
+                        }
+                        called
+                    }
+                };
+                self.texts.insert(key, answer.clone());
+                answer
             }
-            .map(Arc::from)
-        });
+        };
         match result {
             Ok(text) => Ok(Source::Called(text.clone())),
             Err(e)
@@ -304,7 +334,7 @@ impl Calls<'_> {
                 }
                 Ok(Source::Static(""))
             }
-            Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), e)),
+            Err(e) => Err(call_error(entry, &format!("{kind} `{name}`"), &e)),
         }
     }
 
@@ -315,22 +345,31 @@ impl Calls<'_> {
         step: &Step,
     ) -> Result<Option<Arc<str>>> {
         let v = &entry.declaration.variables[index];
-        let observe = self.observe;
         let key = call_key(entry, Kind::Variable, index);
-        if !self.values.contains_key(&key) {
-            self.called += 1;
-        }
-        let result = (self.values.entry(key)).or_insert_with(|| {
-            let step = &*shown(step, &[reads_of(entry, Kind::Variable, index)]);
-            observed(observe, Activity::call(entry, "variable"), || {
-                entry.provider.variable_value(&v.name, &v.scope, step)
-            })
-            .map(|v| v.map(Arc::from))
-        });
-        result
-            .as_ref()
-            .map_err(|e| call_error(entry, &format!("variable `{}`", v.name), e))
-            .cloned()
+        let result = match self.values.get(&key) {
+            Some(known) => known.clone(),
+            None => {
+                let answer = match self.kept_one(entry, Kind::Variable, index, step) {
+                    Some(Answer::Value(kept)) => Ok(kept),
+                    _ => {
+                        self.called += 1;
+                        let shown = &*shown(step, &[reads_of(entry, Kind::Variable, index)]);
+                        let called =
+                            observed(self.observe, Activity::call(entry, "variable"), || {
+                                entry.provider.variable_value(&v.name, &v.scope, shown)
+                            })
+                            .map(|v| v.map(Arc::<str>::from));
+                        if let Ok(value) = &called {
+                            self.keep(step, entry, key, Answer::Value(value.clone()));
+                        }
+                        called
+                    }
+                };
+                self.values.insert(key, answer.clone());
+                answer
+            }
+        };
+        result.map_err(|e| call_error(entry, &format!("variable `{}`", v.name), &e))
     }
 
     /// The tools `entry` shows this step (asked once).
@@ -339,20 +378,35 @@ impl Calls<'_> {
         entry: &Arc<PluginEntry>,
         step: &Step,
     ) -> Result<&Vec<String>> {
-        let observe = self.observe;
         let ptr = Arc::as_ptr(entry) as usize;
         if !self.tools.contains_key(&ptr) {
-            self.called += 1;
+            let key = (ptr, Kind::Tool, 0);
+            let answer = match self.kept_one(entry, Kind::Tool, 0, step) {
+                Some(Answer::Tools(kept)) => Ok(kept),
+                _ => {
+                    self.called += 1;
+                    let shown = &*shown(step, &[reads_of(entry, Kind::Tool, 0)]);
+                    let called =
+                        observed(self.observe, Activity::call(entry, "shown-tools"), || {
+                            entry.provider.shown_tools(shown)
+                        });
+                    if let Ok(names) = &called {
+                        self.keep(step, entry, key, Answer::Tools(names.clone()));
+                    }
+                    called
+                }
+            };
+            self.tools.insert(ptr, answer);
         }
-        let result = self.tools.entry(ptr).or_insert_with(|| {
-            let step = &*shown(step, &[reads_of(entry, Kind::Tool, 0)]);
-            observed(observe, Activity::call(entry, "shown-tools"), || {
-                entry.provider.shown_tools(step)
-            })
-        });
-        result
-            .as_ref()
-            .map_err(|e| call_error(entry, "shown-tools", e))
+        match self.tools.get(&ptr) {
+            Some(Ok(names)) => Ok(names),
+            Some(Err(e)) => Err(call_error(entry, "shown-tools", e)),
+            None => Err(call_error(
+                entry,
+                "shown-tools",
+                &CallError::Failed("no answer".into()),
+            )),
+        }
     }
 }
 
