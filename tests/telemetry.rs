@@ -474,6 +474,9 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
     assert_eq!(b_step["context"]["trace_id"], client_trace);
     assert_eq!(b_step["parent_id"], "00f067aa0ba902b7");
 
+    // The second step's facts and user words are the first's: its declared reads kept answers.
+    let kept = attr(&steps[&2], "promptd.plugins.reused.count").as_i64();
+    assert!(kept > Some(0), "step 2 reused nothing: {}", steps[&2]);
     // Every step's span: the GenAI attributes and promptd's own.
     for (n, s) in &steps {
         let say = |k: &str| format!("step {n}: {k} in {s}");
@@ -598,6 +601,20 @@ fn e1_e2_e3_a_session_in_phoenix_carries_each_steps_story_and_a_stopped_backend_
             say("cost")
         );
         assert_eq!(attr(s, "promptd.held.count"), 0, "{}", say("held"));
+        // W4: what each step's contributions kept from an earlier step, named one by one.
+        let reused = attr(s, "promptd.plugins.reused.count").as_i64();
+        let named = attr(s, "promptd.plugins.reused")
+            .as_array()
+            .map_or(0, Vec::len);
+        assert_eq!(reused, Some(named as i64), "{}", say("reused"));
+        if *n == 1 {
+            assert_eq!(
+                reused,
+                Some(0),
+                "{}",
+                say("nothing to reuse on a first step")
+            );
+        }
         assert!(
             attr(s, "promptd.system.sha256")
                 .as_str()

@@ -118,6 +118,7 @@ impl StepObserver for Observer {
             step: (o.step > 0).then_some(o.step),
             header_reason: o.header_reason,
             held: o.held.clone(),
+            reused: o.reused.clone(),
             timeline: self.timeline(&o.timings.stages),
             request_bytes: o.body.len(),
             error: error(e),

@@ -154,6 +154,9 @@ pub struct StepRecord {
     pub prefix: Option<PrefixFacts>,
     /// What the step held back for a cache-cold point (K7).
     pub held: Vec<Held>,
+    /// The contributions that kept their answer from an earlier step, without a call (W4):
+    /// `plugin kind \`name\``.
+    pub reused: Vec<String>,
     /// Bytes of the request body.
     pub request_bytes: usize,
     /// SHA-256 of the system prompt, and its bytes.
@@ -438,6 +441,13 @@ pub(crate) fn step_attributes(
         ));
         let kept: u64 = r.held.iter().map(|h| h.kept_bytes).sum();
         a.push(kv("promptd.held.kept_bytes", int(kept)));
+    }
+    a.push(kv("promptd.plugins.reused.count", int(r.reused.len())));
+    if !r.reused.is_empty() {
+        a.push(kv(
+            "promptd.plugins.reused",
+            strings(r.reused.iter().cloned()),
+        ));
     }
     a.push(kv("promptd.request.bytes", int(r.request_bytes)));
     if let Some((sha, bytes)) = &r.system {

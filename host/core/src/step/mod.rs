@@ -131,6 +131,14 @@ impl PlannedStep {
         }
     }
 
+    /// The contributions that kept an earlier step's answer (W4), as its marker records them.
+    pub fn reused(&self) -> &[String] {
+        match self.bodies.last() {
+            Some(Body::Step(marker)) => &marker.reused,
+            _ => &[],
+        }
+    }
+
     /// Takes the usage out of the marker (once the events are encoded: the state does not
     /// keep it), so the reply can carry it without a copy.
     pub fn take_usage(&mut self) -> Option<Usage> {

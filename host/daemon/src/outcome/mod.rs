@@ -139,6 +139,8 @@ pub struct StepOutcome {
     pub header_reason: Option<&'static str>,
     /// What the step held back for a cache-cold point (K7).
     pub held: Vec<Held>,
+    /// The contributions that kept their answer from an earlier step, without a call (W4).
+    pub reused: Vec<String>,
     /// Whether the previous step's request is a prefix of this one (`None` on the first).
     pub prefix_kept: Option<bool>,
     /// Header and prefix facts, when an observer asked for them.

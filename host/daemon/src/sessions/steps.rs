@@ -213,6 +213,7 @@ impl Daemon {
             usage: Usage::default(),
             header_reason: None,
             held: Vec::new(),
+            reused: Vec::new(),
             prefix_kept: None,
             facts: None,
             content: None,
@@ -340,6 +341,7 @@ impl Daemon {
         outcome.step = n;
         outcome.header_reason = planned.header_reason.map(|r| r.as_str());
         outcome.held = planned.held().to_vec();
+        outcome.reused = planned.reused().to_vec();
         if run.detail.content {
             let input = planned.bodies.iter().filter_map(Body::as_message);
             outcome.content = Some(input.cloned().collect());
