@@ -376,3 +376,35 @@ fn plugin_check_prints_what_a_plugin_declares() {
         .collect();
     assert_eq!(names, ["read_file", "write_file", "list_dir", "bash"]);
 }
+
+/// W4: `promptd assemble` shows a plugin of world 0.3.0 the request inputs it declares it
+/// reads — the last user message, the model, the client's tools — as a daemon's step would.
+#[test]
+fn w4_assemble_passes_the_request_inputs_a_plugin_reads() {
+    let folder = Folder::new().scripted("inputs");
+    let config = folder
+        .config("[agents.coder]\n[plugins.inputs.config]\n\"input_section.inputs:seen\" = \"5\"\n");
+    let args = [
+        "--agent",
+        "coder",
+        "--user",
+        "list the files",
+        "--model",
+        "claude-sonnet-4-5",
+        "--client-tool",
+        "read_file",
+        "--client-tool",
+        "bash",
+    ];
+    let out: Value = serde_json::from_str(&folder.assemble(&config, &args)).unwrap();
+    let seen = out.to_string();
+    assert!(
+        seen.contains(
+            "model=claude-sonnet-4-5; tools=read_file,bash; turns=1; last=list the files"
+        ),
+        "{seen}"
+    );
+    // Without them, the plugin is shown none, and the model falls back to the fact `model`.
+    let out = folder.assemble(&config, &["--agent", "coder", "--fact", "model=m-1"]);
+    assert!(out.contains("model=m-1; tools=; turns=0; last="), "{out}");
+}

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use promptd_core::assembly;
 use promptd_core::config::{AgentSettings, Config, DEFAULT_AGENT};
-use promptd_core::plugin::model::Step;
+use promptd_core::plugin::model::{Step, StepInputs};
 use promptd_core::{load, request};
 use promptd_daemon::plugin_dir;
 use promptd_engine::{cache, Compiler, WasmEngine};
@@ -42,6 +42,24 @@ struct Cli {
     command: Command,
 }
 
+/// What `promptd assemble` shows plugins of the request a step would answer (world 0.3.0's
+/// declared inputs); a daemon takes them from the session and the client's request.
+#[derive(clap::Args)]
+struct InputArgs {
+    /// The last user message's text (the session then has one user turn).
+    #[arg(long, value_name = "TEXT")]
+    user: Option<String>,
+    /// The model the request is for (default: the fact `model`, as a daemon takes it).
+    #[arg(long)]
+    model: Option<String>,
+    /// A tool the client sends, by name; repeatable, in order.
+    #[arg(long = "client-tool", value_name = "NAME")]
+    client_tools: Vec<String>,
+    /// The step's number.
+    #[arg(long, default_value_t = 0)]
+    step: u64,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Load the plugins in a folder and print the assembled request as JSON.
@@ -64,6 +82,9 @@ enum Command {
         /// Also print what each part costs (`usage`), by the agent's budget and tokenizer.
         #[arg(long)]
         budget: bool,
+        /// The request inputs plugins of world 0.3.0 may read.
+        #[command(flatten)]
+        inputs: InputArgs,
     },
     /// The cost ledger across sessions: replies, cache outcomes, misses by cause and by
     /// plugin, and cost by the config's `[pricing]`, in total and per agent.
@@ -375,7 +396,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             facts,
             explain,
             budget,
-        } => assemble(plugins, config, &agent, &facts, explain, budget),
+            inputs,
+        } => assemble(plugins, config, &agent, &facts, explain, budget, &inputs),
         Command::Plugin {
             command:
                 PluginCommand::Check {
@@ -527,6 +549,7 @@ fn assemble(
     facts: &[String],
     explain: bool,
     budget: bool,
+    inputs: &InputArgs,
 ) -> anyhow::Result<()> {
     let config_file = config_path(config);
     let secret = data_secret(config_file.as_deref());
@@ -542,13 +565,19 @@ fn assemble(
         return Err(refusal.error.into());
     }
     let plan = AgentSettings::resolve(&config, agent, promptd_tokenize::counter)?;
+    let model = (inputs.model.clone()).or_else(|| facts.get("model").cloned());
     let step = Step {
         agent: plan.agent.clone(),
         scope_chain: plan.scope_chain.clone(),
         session_id: String::new(),
-        step_number: 0,
+        step_number: inputs.step,
         facts,
-        inputs: Default::default(),
+        inputs: StepInputs {
+            last_user_message: inputs.user.clone(),
+            model,
+            client_tools: (!inputs.client_tools.is_empty()).then(|| inputs.client_tools.clone()),
+            turn_count: Some(u64::from(inputs.user.is_some())),
+        },
     };
     let assembled = assembly::assemble(&loaded.registry, &step, &plan.options_for(secret.into()))?;
     for o in &assembled.omitted {
