@@ -137,11 +137,11 @@ impl Splice {
         self.edits.iter().map(|e| e.insert.len()).sum()
     }
 
-    fn push(&mut self, at: usize, insert: String, part: Part) {
+    pub(super) fn push(&mut self, at: usize, insert: String, part: Part) {
         self.replace(at..at, insert, part);
     }
 
-    fn replace(&mut self, range: Range<usize>, insert: String, part: Part) {
+    pub(super) fn replace(&mut self, range: Range<usize>, insert: String, part: Part) {
         self.edits.push(Edit {
             at: range.start,
             remove: range.len(),
@@ -172,6 +172,11 @@ pub fn plan(
 ) -> Result<Splice, GatewayError> {
     body.check(ingress)?;
     let mut splice = Splice::default();
+    if ingress.provider() == super::Provider::Gemini {
+        super::gemini::splice(body, contributions, settings, &mut splice)?;
+        splice.edits.sort_by_key(|e| e.at);
+        return Ok(splice);
+    }
     deny_tools(ingress, body, &settings.deny_tools, &mut splice);
     defer_tools(ingress, body, settings, &mut splice);
     match ingress {
@@ -180,13 +185,20 @@ pub fn plan(
         }
         Ingress::ChatCompletions => chat(body, contributions, settings, &mut splice)?,
         Ingress::Responses => responses(body, contributions, settings, &mut splice)?,
+        Ingress::GenerateContent | Ingress::StreamGenerateContent => {}
     }
     splice.edits.sort_by_key(|e| e.at); // stable: edits at one place keep their order
     Ok(splice)
 }
 
 /// Inserts member `"key":value` as the body's first member.
-fn first_member(body: &ClientBody<'_>, splice: &mut Splice, key: &str, value: &str, part: Part) {
+pub(super) fn first_member(
+    body: &ClientBody<'_>,
+    splice: &mut Splice,
+    key: &str,
+    value: &str,
+    part: Part,
+) {
     let comma = if body.members.is_empty() { "" } else { "," };
     splice.push(
         body.open + 1,
@@ -234,6 +246,9 @@ fn client_tools(ingress: Ingress, body: &ClientBody<'_>) -> Vec<(Range<usize>, O
 /// The names of the client's tools, in its order (those without one left out): what a
 /// plugin reading `client-tools` is shown (world 0.3.0).
 pub fn tool_names(ingress: Ingress, body: &ClientBody<'_>) -> Vec<String> {
+    if ingress.provider() == super::Provider::Gemini {
+        return super::gemini::tool_names(body);
+    }
     (client_tools(ingress, body).into_iter())
         .filter_map(|(_, name)| name)
         .collect()
@@ -246,19 +261,32 @@ fn deny_tools(ingress: Ingress, body: &ClientBody<'_>, deny: &[String], splice: 
         return;
     }
     let tools = client_tools(ingress, body);
-    let items: Vec<&Range<usize>> = tools.iter().map(|(item, _)| item).collect();
     let is_denied = |i: usize| tools[i].1.as_ref().is_some_and(|n| deny.contains(n));
-    // Each run of denied elements goes with the commas that join it: up to the next kept
-    // element, or, for a run at the end, from the end of the kept element before it.
+    let items: Vec<Range<usize>> = tools.iter().map(|(item, _)| item.clone()).collect();
+    splice.denied.extend(
+        (0..items.len())
+            .filter(|&i| is_denied(i))
+            .filter_map(|i| tools[i].1.clone()),
+    );
+    remove_items(&items, is_denied, splice);
+}
+
+/// Removes the elements of a list (`items`, in order) that `remove` picks. Each run of them
+/// goes with the commas that join it: up to the next kept element, or, for a run at the end,
+/// from the end of the kept element before it.
+pub(super) fn remove_items(
+    items: &[Range<usize>],
+    remove: impl Fn(usize) -> bool,
+    splice: &mut Splice,
+) {
     let mut i = 0;
     while i < items.len() {
-        if !is_denied(i) {
+        if !remove(i) {
             i += 1;
             continue;
         }
         let start = i;
-        while i < items.len() && is_denied(i) {
-            splice.denied.extend(tools[i].1.clone());
+        while i < items.len() && remove(i) {
             i += 1;
         }
         let range = match (items.get(i), start.checked_sub(1)) {
@@ -298,6 +326,7 @@ fn defer_tools(
         Ingress::Messages | Ingress::Responses => None,
         Ingress::ChatCompletions => Some("Chat Completions"),
         Ingress::CountTokens => Some("a token count"),
+        Ingress::GenerateContent | Ingress::StreamGenerateContent => Some("Gemini"),
     };
     if let Some(endpoint) = endpoint {
         let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();
