@@ -72,7 +72,11 @@ fn gemini_loop(served: &Served, stream: bool, extra: &[&str]) -> Value {
         cmd.arg("--stream");
     }
     let (code, out, err) = common::process::run_bounded(cmd, LOOP_BOUND);
-    assert_eq!(code, Some(0), "gemini (stream {stream}) failed:\n{err}\n{out}");
+    assert_eq!(
+        code,
+        Some(0),
+        "gemini (stream {stream}) failed:\n{err}\n{out}"
+    );
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
@@ -122,7 +126,11 @@ fn g1_google_genai_reaches_the_gateway_by_base_url_alone_streamed_and_not() {
 
         let newest = newest_session(&served);
         let records = records(&newest);
-        assert_eq!(records.len(), requests, "{what}: one session holds every request");
+        assert_eq!(
+            records.len(),
+            requests,
+            "{what}: one session holds every request"
+        );
         assert_eq!(records[0].joined_by, JoinedBy::New, "{what}");
         for r in &records[1..] {
             assert_eq!(r.joined_by, JoinedBy::Prefix, "{what}");
@@ -137,7 +145,10 @@ fn g1_google_genai_reaches_the_gateway_by_base_url_alone_streamed_and_not() {
             .collect();
         assert_eq!(replies.len(), requests, "{what}: every reply recorded");
         for reply in &replies {
-            assert!(reply["body"]["usage"]["input_tokens"].is_u64(), "{what}: {reply}");
+            assert!(
+                reply["body"]["usage"]["input_tokens"].is_u64(),
+                "{what}: {reply}"
+            );
             assert!(reply["body"]["partial"].is_null(), "{what}: {reply}");
         }
         // Each tool result answered the call the log named: a session with no call left open.
@@ -151,7 +162,11 @@ fn g1_google_genai_reaches_the_gateway_by_base_url_alone_streamed_and_not() {
         let received = stub.requests();
         let mine = &received[seen..];
         seen = received.len();
-        assert_eq!(mine.len(), requests, "{what}: the stub got each request once");
+        assert_eq!(
+            mine.len(),
+            requests,
+            "{what}: the stub got each request once"
+        );
         let id = served.ok("GET", "/v1/sessions", None)["sessions"][0]["id"]
             .as_str()
             .unwrap()
@@ -164,26 +179,44 @@ fn g1_google_genai_reaches_the_gateway_by_base_url_alone_streamed_and_not() {
             let (status, text) = served.get(&format!("/v1/sessions/{id}/steps/{}/upstream", n + 1));
             assert_eq!(status, 200, "{what}: {text}");
             assert_eq!(text.as_bytes(), &body[..], "{what}: step {}", n + 1);
-            assert_eq!(&record.upstream_body(), body, "{what}: rebuilds from the log");
+            assert_eq!(
+                &record.upstream_body(),
+                body,
+                "{what}: rebuilds from the log"
+            );
             assert_eq!(
                 without_insertions(record, body),
                 record.client_body.as_bytes(),
                 "{what}: every other byte is the client's"
             );
-            assert_eq!(path, &format!("/{version}/models/{FLASH}:{method}"), "{what}");
+            assert_eq!(
+                path,
+                &format!("/{version}/models/{FLASH}:{method}"),
+                "{what}"
+            );
             let v: Value = serde_json::from_slice(body).unwrap();
             let system = v["systemInstruction"]["parts"].to_string();
             assert!(system.contains(PERSONA), "{what}: {system}");
-            assert!(system.contains("You are the client's own agent."), "{what}: {system}");
+            assert!(
+                system.contains("You are the client's own agent."),
+                "{what}: {system}"
+            );
             let last = &v["contents"].as_array().unwrap().last().unwrap()["parts"];
             let closing = last.as_array().unwrap().last().unwrap()["text"].to_string();
-            assert!(closing.contains("/repo"), "{what}: the runtime context closes: {last}");
+            assert!(
+                closing.contains("/repo"),
+                "{what}: the runtime context closes: {last}"
+            );
             let header = |name: &str| {
                 (headers.iter())
                     .find(|(k, _)| k.eq_ignore_ascii_case(name))
                     .map(|(_, v)| v.as_str())
             };
-            assert_eq!(header("x-goog-api-key"), Some("client-key-gemini"), "{what}");
+            assert_eq!(
+                header("x-goog-api-key"),
+                Some("client-key-gemini"),
+                "{what}"
+            );
             assert_eq!(header("x-client-extra"), Some("kept"), "{what}");
             assert!(
                 !(headers.iter()).any(|(k, _)| k.to_ascii_lowercase().starts_with("x-promptd-")),
@@ -205,7 +238,9 @@ fn g1_google_genai_reaches_the_gateway_by_base_url_alone_streamed_and_not() {
 /// `data:` frames of an event stream's body (dechunked), split at their CRLF blank lines.
 fn frames(body: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(&dechunk(body)).to_string();
-    text.split_inclusive("\r\n\r\n").map(str::to_string).collect()
+    text.split_inclusive("\r\n\r\n")
+        .map(str::to_string)
+        .collect()
 }
 
 /// G5: a Gemini stream reaches the client frame by frame as the upstream sent it, and the
@@ -252,7 +287,11 @@ fn g5_a_gemini_stream_is_recorded_as_the_unstreamed_reply_with_the_last_chunks_u
         let upstream = record.upstream_body();
         let (head, direct) = raw_post(&stub.url, &path, &[], &upstream);
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        assert_eq!(got, frames(&direct), "{text}: the client got the upstream's frames");
+        assert_eq!(
+            got,
+            frames(&direct),
+            "{text}: the client got the upstream's frames"
+        );
 
         // Cumulative usage: the last chunk's, which the chunks' sum is not.
         let chunks: Vec<Value> = (got.iter())
@@ -263,11 +302,18 @@ fn g5_a_gemini_stream_is_recorded_as_the_unstreamed_reply_with_the_last_chunks_u
             .map(|c| c["usageMetadata"]["candidatesTokenCount"].as_u64().unwrap())
             .sum();
         let output = reply["body"]["usage"]["output_tokens"].as_u64().unwrap();
-        assert_eq!(output, last["candidatesTokenCount"].as_u64().unwrap(), "{reply}");
+        assert_eq!(
+            output,
+            last["candidatesTokenCount"].as_u64().unwrap(),
+            "{reply}"
+        );
         if chunked {
             assert_ne!(output, sum, "{text}: more than one chunk counted output");
         }
-        assert_eq!(reply["body"]["usage"]["input_tokens"], last["promptTokenCount"]);
+        assert_eq!(
+            reply["body"]["usage"]["input_tokens"],
+            last["promptTokenCount"]
+        );
 
         // The unstreamed call of the same bytes, read as promptd reads replies.
         request(&stub.url, "POST", "/stub/reset", Some("{}"), None);
@@ -293,7 +339,10 @@ fn g5_a_gemini_stream_is_recorded_as_the_unstreamed_reply_with_the_last_chunks_u
                 theirs["id"] = ours["id"].clone();
             }
         }
-        assert_eq!(recorded, expected, "{text}: the recorded reply is the unstreamed one");
+        assert_eq!(
+            recorded, expected,
+            "{text}: the recorded reply is the unstreamed one"
+        );
         assert_eq!(reply["body"]["usage"], serde_json::to_value(usage).unwrap());
     }
 }
@@ -337,11 +386,22 @@ defer_tools = ["read_file"]"#,
     ];
     for (path, body, status, code, says) in cases {
         let (head, got) = raw_post(&served.url, path, &[("x-goog-api-key", "k")], body);
-        assert!(head.starts_with(&format!("HTTP/1.1 {status}")), "{path}: {head}");
-        assert_eq!(header_of(&head, "x-promptd-error"), Some(code), "{path}: {head}");
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status}")),
+            "{path}: {head}"
+        );
+        assert_eq!(
+            header_of(&head, "x-promptd-error"),
+            Some(code),
+            "{path}: {head}"
+        );
         let error: Value = serde_json::from_slice(&got).unwrap_or_else(|e| panic!("{e}: {got:?}"));
         assert_eq!(error["error"]["code"], status, "{path}: {error}");
-        let google = if status == 400 { "INVALID_ARGUMENT" } else { "NOT_FOUND" };
+        let google = if status == 400 {
+            "INVALID_ARGUMENT"
+        } else {
+            "NOT_FOUND"
+        };
         assert_eq!(error["error"]["status"], google, "{path}: {error}");
         let message = error["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{path}: {message}");
@@ -351,21 +411,37 @@ defer_tools = ["read_file"]"#,
     let bad_role = br#"{"contents":[{"role":"system","parts":[{"text":"hi"}]}]}"#;
     let (head, got) = raw_post(&served.url, &generate, &[("x-goog-api-key", "k")], bad_role);
     assert!(head.starts_with("HTTP/1.1 400"), "{head}");
-    assert_eq!(header_of(&head, "x-promptd-error"), None, "the upstream's, not promptd's");
-    let error: Value = serde_json::from_slice(&got).unwrap();
-    assert!(error["error"]["message"].as_str().unwrap().contains("[gemini.role]"), "{error}");
-    let events = newest_session(&served);
-    let reply = (events.iter().rev()).find(|e| e["kind"] == "assistant/message").unwrap();
     assert_eq!(
-        reply["body"]["partial"],
-        "the upstream answered 400 (INVALID_ARGUMENT)",
+        header_of(&head, "x-promptd-error"),
+        None,
+        "the upstream's, not promptd's"
+    );
+    let error: Value = serde_json::from_slice(&got).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("[gemini.role]"),
+        "{error}"
+    );
+    let events = newest_session(&served);
+    let reply = (events.iter().rev())
+        .find(|e| e["kind"] == "assistant/message")
+        .unwrap();
+    assert_eq!(
+        reply["body"]["partial"], "the upstream answered 400 (INVALID_ARGUMENT)",
         "{reply}"
     );
 
     // deny_tools and defer_tools on Gemini, and the configured key upstream.
     request(&stub.url, "POST", "/stub/reset", Some("{}"), None);
     let tools = r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"tools":[{"functionDeclarations":[{"name":"shell","parametersJsonSchema":{"type":"object"}},{"name":"read_file","parametersJsonSchema":{"type":"object"}}]}]}"#;
-    let (head, _) = raw_post(&served.url, &generate, &[("x-goog-api-key", "client-key")], tools.as_bytes());
+    let (head, _) = raw_post(
+        &served.url,
+        &generate,
+        &[("x-goog-api-key", "client-key")],
+        tools.as_bytes(),
+    );
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let events = newest_session(&served);
     let record = records(&events).pop().unwrap();

@@ -270,7 +270,7 @@ fn g5_gemini_a_stream_without_a_finish_reason_or_with_an_error_is_not_complete()
         json!({"candidates":[{"content":{"role":"model","parts":[{"text":"Hal"}]},"index":0}]});
     let mut frames = Frames::default();
     let mut folded = Reassembly::new(Ingress::StreamGenerateContent);
-    for frame in frames.push(&sse(&[chunk.clone()])).unwrap() {
+    for frame in frames.push(&sse(std::slice::from_ref(&chunk))).unwrap() {
         folded.push(&frame);
     }
     let out = folded.finish();
