@@ -15,8 +15,8 @@ use std::ops::Range;
 use serde_json::{Map, Value};
 
 use super::body::{elements, first_byte, members, ClientBody, Member};
-use super::splice::{first_member, quoted, remove_items, Contributions, Part};
-use super::splice::{ClientSystem, Splice, SpliceSettings};
+use super::edits::{first_member, quoted, remove_items, Contributions, Part};
+use super::edits::{ClientSystem, Splice, SpliceSettings};
 use super::{GatewayError, Ingress};
 use crate::conversation::content::{Block, Content};
 use crate::conversation::{Message, ToolCall};

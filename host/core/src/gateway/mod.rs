@@ -15,6 +15,7 @@
 //! ```
 
 pub mod body;
+mod edits;
 pub mod gemini;
 #[cfg(test)]
 mod gemini_tests;

@@ -237,6 +237,21 @@ struct Read {
     client_tools: Vec<String>,
 }
 
+/// Gemini's stream is read as server-sent events: without `alt=sse` it comes as one JSON
+/// array, which the gateway does not fold, so that call is refused.
+fn sse_only(ingress: Ingress, path: &str, uri: &Uri) -> Result<(), GatewayRefusal> {
+    let sse = (uri.query().unwrap_or("").split('&')).any(|p| p == "alt=sse");
+    match ingress.streams() && !sse {
+        true => Err(GatewayRefusal::new(
+            ingress.provider(),
+            StatusCode::BAD_REQUEST,
+            "stream_not_sse",
+            format!("`{path}` is served as server-sent events only: add `?alt=sse`"),
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Serves one request to `ingress`; `path` is what goes upstream (after the base URL, before
 /// the client's query).
 async fn serve(
@@ -250,17 +265,8 @@ async fn serve(
 ) -> Response {
     let provider = ingress.provider();
     let started = Instant::now();
-    // The stream is read as server-sent events; without `alt=sse` Gemini streams one JSON
-    // array, which the gateway does not fold.
-    let sse = (uri.query().unwrap_or("").split('&')).any(|p| p == "alt=sse");
-    if ingress.streams() && !sse {
-        return GatewayRefusal::new(
-            provider,
-            StatusCode::BAD_REQUEST,
-            "stream_not_sse",
-            format!("`{path}` is served as server-sent events only: add `?alt=sse`"),
-        )
-        .into_response();
+    if let Err(refusal) = sse_only(ingress, &path, &uri) {
+        return refusal.into_response();
     }
     let model = GeminiPath::parse(&path).map(|g| g.model);
     let read = match read(&gateway, ingress, agent, model, body).await {
