@@ -467,3 +467,45 @@ defer_tools = ["read_file"]"#,
     assert!(!text.contains("configured-gemini-key") && !text.contains("client-key"));
     assert_eq!(served.health()["status"], "ok");
 }
+
+/// G5: a Gemini stream the upstream cuts before a chunk with `finishReason` (there is no end
+/// event) reaches the client as far as it came and is recorded partial, with why, the text as
+/// far as it came kept.
+#[test]
+fn g5_a_gemini_stream_cut_before_its_finish_reason_is_recorded_partial() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, "", "", &[]);
+    // A function response: the reply is final text, word by word, more than the stub's four
+    // frames before the cut.
+    let body = r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]},{"role":"model","parts":[{"functionCall":{"name":"read_file","args":{}},"thoughtSignature":"skip_thought_signature_validator"}]},{"role":"user","parts":[{"functionResponse":{"name":"read_file","response":{"output":"x"}}}]}],"tools":[{"functionDeclarations":[{"name":"read_file","parametersJsonSchema":{"type":"object"}}]}]}"#;
+    let path = format!("/gateway/coder/v1beta/models/{FLASH}:streamGenerateContent?alt=sse");
+    for (fault, says) in [
+        ("midstream-error", "stream"),
+        ("invalid-sse", "no server-sent event field"),
+    ] {
+        let (head, got) = raw_post(
+            &served.url,
+            &path,
+            &[("x-stub-fault", fault)],
+            body.as_bytes(),
+        );
+        assert!(head.starts_with("HTTP/1.1 200"), "{fault}: {head}");
+        let got = String::from_utf8_lossy(&dechunk(&got)).to_string();
+        assert_eq!(got.matches("data: ").count(), 4, "{fault}: {got}");
+        assert!(!got.contains("finishReason"), "{fault}: {got}");
+        let events = newest_session(&served);
+        let reply = (events.iter().rev())
+            .find(|e| e["kind"] == "assistant/message")
+            .unwrap_or_else(|| panic!("{fault}: no reply recorded: {events:?}"));
+        let partial = reply["body"]["partial"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{reply}"));
+        assert!(partial.contains(says), "{fault}: {partial}");
+        let text = reply["body"]["content"].as_str().unwrap();
+        assert_eq!(
+            text, "Read the results of",
+            "{fault}: four words came: {reply}"
+        );
+    }
+    assert_eq!(served.health()["status"], "ok");
+}
