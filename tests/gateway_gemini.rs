@@ -509,3 +509,54 @@ fn g5_a_gemini_stream_cut_before_its_finish_reason_is_recorded_partial() {
     }
     assert_eq!(served.health()["status"], "ok");
 }
+
+/// G4's cache rule on Gemini (implicit caching): the sections are the same bytes at every
+/// step, so the next step of a conversation whose system text passes the model's minimum reads
+/// that prefix from the stub's cache, and the recorded reply carries the read.
+#[test]
+fn g4_a_gemini_conversation_reads_its_stable_prefix_from_the_cache() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, "", "", &[]);
+    let long = "You are the client's own agent. ".repeat(200); // over 1,024 tokens
+    let path = format!("/gateway/coder/v1beta/models/{FLASH}:generateContent");
+    let tools = r#"[{"functionDeclarations":[{"name":"read_file","parametersJsonSchema":{"type":"object"}}]}]"#;
+    let user = r#"{"role":"user","parts":[{"text":"Read a file."}]}"#;
+    let post = |contents: &str| -> Value {
+        let body = format!(
+            r#"{{"systemInstruction":{{"parts":[{{"text":"{long}"}}]}},"contents":[{contents}],"tools":{tools}}}"#
+        );
+        let (head, got) = raw_post(
+            &served.url,
+            &path,
+            &[("x-promptd-fact-cwd", "/repo")],
+            body.as_bytes(),
+        );
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "{head}: {}",
+            String::from_utf8_lossy(&got)
+        );
+        serde_json::from_slice(&got).unwrap()
+    };
+    let first = post(user);
+    assert!(
+        first["usageMetadata"]["cachedContentTokenCount"].is_null(),
+        "{first}"
+    );
+    let call = first["candidates"][0]["content"].to_string();
+    let answer = r#"{"role":"user","parts":[{"functionResponse":{"name":"read_file","response":{"output":"x"}}}]}"#;
+    let second = post(&format!("{user},{call},{answer}"));
+    let read = second["usageMetadata"]["cachedContentTokenCount"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        read >= 1024,
+        "the second step reads the first one's prefix: {second}"
+    );
+    let events = newest_session(&served);
+    assert_eq!(records(&events).len(), 2, "one session: {events:?}");
+    let reply = (events.iter().rev())
+        .find(|e| e["kind"] == "assistant/message")
+        .unwrap();
+    assert_eq!(reply["body"]["usage"]["cached_tokens"], read, "{reply}");
+}
