@@ -17,6 +17,7 @@ mod daemon;
 mod fleet;
 mod gateway;
 mod gateway_edges;
+mod gateway_gemini;
 mod gateway_steps;
 mod held_changes;
 mod hot_reload;

@@ -3,12 +3,14 @@
 
     gateway_loop.py SDK BASE_URL [--stream] [--turns N] [--header NAME=VALUE ...]
 
-SDK is `openai-chat`, `openai-responses` or `anthropic`. The loop is what an agent written
+SDK is `openai-chat`, `openai-responses`, `anthropic` or `gemini` (google-genai, its
+`http_options.base_url` the gateway's; `--gemini-api-version` picks the path's version, the
+SDK's default `v1` else). The loop is what an agent written
 against the SDK does, with nothing of promptd in it: it keeps its own history, offers one tool
 (`read_file`), answers each tool call with a result, and after each final answer sends the next
 user message, for N user turns. Streamed (--stream), it folds the stream as an SDK user does
 (text and tool-call fragments by index; Responses' `response.completed`; the anthropic
-client's own stream helper). --header adds a header to every request (e.g.
+client's own stream helper; Gemini's chunks, each one's parts appended to the model content). --header adds a header to every request (e.g.
 `x-promptd-fact-cwd=/repo`).
 
 Prints one line of JSON: {"requests", "turns", "texts": [final text of each turn],
@@ -30,11 +32,12 @@ TOOL_SCHEMA = {
 
 def args_of():
     p = argparse.ArgumentParser()
-    p.add_argument("sdk", choices=["openai-chat", "openai-responses", "anthropic"])
+    p.add_argument("sdk", choices=["openai-chat", "openai-responses", "anthropic", "gemini"])
     p.add_argument("base")
     p.add_argument("--stream", action="store_true")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--header", action="append", default=[])
+    p.add_argument("--gemini-api-version")
     return p.parse_args()
 
 
@@ -183,12 +186,59 @@ def anthropic(args, log):
             messages.append({"role": "user", "content": results})
 
 
+def gemini(args, log):
+    from google import genai
+    from google.genai import types
+
+    options = dict(base_url=args.base, headers=headers_of(args), timeout=TIMEOUT_S * 1000)
+    if args.gemini_api_version:
+        options["api_version"] = args.gemini_api_version
+    client = genai.Client(api_key="client-key-gemini", http_options=types.HttpOptions(**options))
+    config = types.GenerateContentConfig(
+        system_instruction="You are the client's own agent.",
+        tools=[types.Tool(function_declarations=[types.FunctionDeclaration(
+            name="read_file", description="Read a file.", parameters_json_schema=TOOL_SCHEMA)])])
+    model = "gemini-3-flash-preview"  # the stub checks Gemini 3's thought signatures
+    contents = []
+    for turn in range(1, args.turns + 1):
+        contents.append(types.Content(role="user", parts=[
+            types.Part(text=f"Turn {turn}: read a file, then answer.")]))
+        while True:
+            log.requests += 1
+            if args.stream:
+                parts, usage = [], None
+                for chunk in client.models.generate_content_stream(
+                        model=model, contents=contents, config=config):
+                    if chunk.usage_metadata is not None:
+                        usage = dump(chunk.usage_metadata)
+                    for candidate in chunk.candidates or []:
+                        if candidate.content and candidate.content.parts:
+                            parts.extend(candidate.content.parts)
+                content = types.Content(role="model", parts=parts)
+            else:
+                reply = client.models.generate_content(model=model, contents=contents,
+                                                       config=config)
+                content, usage = reply.candidates[0].content, dump(reply.usage_metadata)
+            log.usage.append(usage)
+            contents.append(content)
+            calls = [p.function_call for p in content.parts if p.function_call]
+            if not calls:
+                log.texts.append("".join(p.text or "" for p in content.parts if not p.thought))
+                break
+            for c in calls:
+                log.calls.append(c.name)
+            contents.append(types.Content(role="user", parts=[
+                types.Part.from_function_response(name=c.name,
+                                                  response={"output": f"contents of {c.name}"})
+                for c in calls]))
+
+
 def main():
     args = args_of()
     log = Log()
     try:
-        {"openai-chat": chat, "openai-responses": responses, "anthropic": anthropic}[args.sdk](
-            args, log)
+        {"openai-chat": chat, "openai-responses": responses, "anthropic": anthropic,
+         "gemini": gemini}[args.sdk](args, log)
     except Exception as e:  # the SDK's typed error, printed for the test to show
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)

@@ -17,6 +17,9 @@ Routes, each checking the body against the provider's documented rules (../share
     POST /v1/messages/count_tokens                Anthropic token count ({"input_tokens": N}; no cache)
     POST /v1beta/models/{model}:generateContent   Google Gemini (also /v1/..., which
                                                   google-genai 3.6.1 calls by default)
+    POST /v1beta/models/{model}:streamGenerateContent?alt=sse
+                                                  Gemini streamed (without alt=sse: one
+                                                  JSON array of the same chunks)
     POST /model/{modelId}/converse                Amazon Bedrock Converse (modelId
                                                   URL-encoded; SigV4 not checked)
 
@@ -67,6 +70,14 @@ Chat's `stream_options` takes `include_usage` and `include_obfuscation` (boolean
     message_delta with delta {stop_reason, stop_sequence} and the cumulative usage
     (input_tokens, cache_creation_input_tokens, cache_read_input_tokens as in message_start,
     output_tokens the final total); message_stop.
+    Gemini (`:streamGenerateContent?alt=sse`, whatever the body says): `data: {chunk}` frames
+    ended by a CRLF blank line (`\r\n\r\n`, as Google's servers send them), each chunk a
+    GenerateContentResponse with one candidate (index 0) holding one part: texts word by word,
+    a part's thoughtSignature on its last piece, each functionCall whole; every chunk carries
+    `usageMetadata` with CUMULATIVE totals (promptTokenCount and cachedContentTokenCount as the
+    unstreamed reply's, candidatesTokenCount growing to its final total on the last chunk),
+    `modelVersion` and `responseId`; only the last chunk has `finishReason`. There is no end
+    event: the stream ends with the reply.
 
 Faults: a request header `x-stub-fault: NAME` (a test sets it on its client; a gateway passes it
 on unchanged) makes a provider route misbehave as below; the request is captured (GET
@@ -2340,6 +2351,40 @@ def stream_responses(body, answer):
     return frames
 
 
+def stream_gemini(answer):
+    """The chunks of `answer` (reply_gemini's) as streamGenerateContent sends them (see the
+    docstring): GenerateContentResponse values, one part each, usage cumulative on each."""
+    candidate = answer["candidates"][0]
+    usage = answer["usageMetadata"]
+    pieces = []
+    for part in candidate["content"]["parts"]:
+        if "text" not in part:
+            pieces.append(part)  # a function call comes whole
+            continue
+        words = text_pieces(part["text"]) or [""]
+        for j, word in enumerate(words):
+            piece = {"text": word}
+            if j == len(words) - 1 and "thoughtSignature" in part:
+                piece["thoughtSignature"] = part["thoughtSignature"]
+            pieces.append(piece)
+    chunks = []
+    for i, piece in enumerate(pieces):
+        so_far = max(1, usage["candidatesTokenCount"] * (i + 1) // len(pieces))
+        cand = {"content": {"role": "model", "parts": [piece]}, "index": 0}
+        if i == len(pieces) - 1:
+            cand["finishReason"] = candidate["finishReason"]
+        chunks.append({"candidates": [cand],
+                       "usageMetadata": dict(usage, candidatesTokenCount=so_far,
+                                             totalTokenCount=usage["promptTokenCount"] + so_far),
+                       "modelVersion": answer["modelVersion"],
+                       "responseId": answer["responseId"]})
+    return chunks
+
+
+def gemini_frames(chunks):
+    return [b"data: " + json.dumps(c).encode() + b"\r\n\r\n" for c in chunks]
+
+
 def stream_messages(body, answer):
     """The frames of `answer` (reply_messages') as Messages streams it: message_start (no
     content, the input and cache usage, output_tokens 1); per block content_block_start (empty;
@@ -2779,7 +2824,7 @@ ROUTES = {
 # reply(body, model, served)). google-genai 3.6.1 calls /v1/ by default, the REST docs /v1beta/;
 # boto3 URL-encodes the modelId (`:` as %3A).
 MODEL_ROUTES = {
-    re.compile(r"^/v1(?:beta)?/models/([^/:]+):generateContent$"):
+    re.compile(r"^/v1(?:beta)?/models/([^/:]+):(?:generateContent|streamGenerateContent)$"):
         ("gemini", check_gemini, reply_gemini),
     re.compile(r"^/model/([^/]+)/converse$"): ("bedrock", check_bedrock, reply_bedrock),
 }
@@ -2908,6 +2953,13 @@ class Handler(BaseHTTPRequestHandler):
         self.record(path, 200, None, raw)
         if api in STREAMS and body.get("stream") is True:
             self.stream(STREAMS[api](body, answer), provider, fault)
+        elif provider == "gemini" and path.endswith(":streamGenerateContent"):
+            chunks = stream_gemini(answer)
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            if query.get("alt") == ["sse"]:
+                self.stream(gemini_frames(chunks), provider, fault)
+            else:
+                self.send(200, chunks, fault=fault)
         else:
             self.send(200, answer, fault=fault)
 

@@ -214,6 +214,53 @@ class Gemini(StubServer):
         self.assertEqual(sorted(bodies[0]), ["contents", "generationConfig", "systemInstruction",
                                              "tools"])
 
+    def test_stream_chunks_add_up_to_the_unstreamed_reply(self):
+        """streamGenerateContent?alt=sse: GenerateContentResponse chunks, one part each, texts
+        word by word with a part's signature on its last piece, calls whole, usageMetadata
+        cumulative on every chunk (the last equals the unstreamed reply's), finishReason on the
+        last chunk only; accounted like the unstreamed call."""
+        contents = [self.user("Look around.")]
+        whole = self.generate(contents, now=START_MS)
+        self.post("/stub/reset", {})
+        chunks = list(self.genai.models.generate_content_stream(
+            model=FLASH, contents=contents, config=self.config(now=START_MS)))
+        self.assertGreater(len(chunks), 0)
+        counts = [c.usage_metadata.candidates_token_count for c in chunks]
+        self.assertEqual(counts, sorted(counts))
+        self.assertEqual(chunks[-1].usage_metadata, whole.usage_metadata)
+        self.assertEqual([c.candidates[0].finish_reason for c in chunks[:-1]],
+                         [None] * (len(chunks) - 1))
+        self.assertEqual(chunks[-1].candidates[0].finish_reason, types.FinishReason.STOP)
+        parts = [p for c in chunks for p in c.candidates[0].content.parts]
+        self.assertEqual(parts, whole.candidates[0].content.parts)  # one call, whole
+        self.assertEqual(self.ledger()[-1]["output_tokens"], whole.usage_metadata.candidates_token_count)
+
+        # The final text streamed word by word, its signature on the last piece.
+        contents += [whole.candidates[0].content, self.answers(whole.candidates[0].content)]
+        final = self.generate(contents)
+        chunks = list(self.genai.models.generate_content_stream(
+            model=FLASH, contents=contents, config=self.config()))
+        pieces = [c.candidates[0].content.parts[0] for c in chunks]
+        self.assertGreater(len(pieces), 1)
+        self.assertEqual("".join(p.text for p in pieces), final.candidates[0].content.parts[0].text)
+        self.assertEqual([p.thought_signature is not None for p in pieces],
+                         [False] * (len(pieces) - 1) + [True])
+
+        # On the wire: `data:` frames ended by CRLF blank lines; without alt=sse one JSON array.
+        path = f"/v1beta/models/{FLASH}:streamGenerateContent"
+        body = {"contents": [{"role": "user", "parts": [{"text": "Hi."}]}]}
+        req = urllib.request.Request(self.base + path + "?alt=sse",
+                                     data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            self.assertEqual(resp.headers["Content-Type"], "text/event-stream")
+            raw = resp.read()
+        frames = raw.split(b"\r\n\r\n")
+        self.assertEqual(frames[-1], b"")
+        self.assertTrue(all(f.startswith(b"data: {") for f in frames[:-1]), raw[:200])
+        status, array, _ = self.post(path, body)
+        self.assertEqual(status, 200)
+        self.assertEqual(array, [json.loads(f[len(b"data: "):]) for f in frames[:-1]])
+
     def test_signature_missing_in_the_current_turn_is_refused(self):
         contents = self.conversation()
         call = contents[1].parts[0].function_call

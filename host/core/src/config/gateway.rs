@@ -50,7 +50,7 @@ pub struct GatewayConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// Whose API it is: `openai` or `anthropic`.
+    /// Whose API it is: `openai`, `anthropic` or `gemini`.
     pub provider: Provider,
     /// Where it is: `https://api.anthropic.com`, or a local stub's `http://127.0.0.1:PORT`.
     pub base_url: String,
@@ -69,6 +69,8 @@ pub struct AgentGatewayConfig {
     pub openai: Option<String>,
     /// The upstream for Anthropic requests (default: the one `anthropic` upstream).
     pub anthropic: Option<String>,
+    /// The upstream for Gemini requests (default: the one `gemini` upstream).
+    pub gemini: Option<String>,
     /// Where the client's own system text sits among the sections: `last` (the default)
     /// or `first`.
     pub client_system: Option<ClientSystem>,
@@ -139,7 +141,7 @@ impl GatewayConfig {
         }
         for agent in config.agents.keys() {
             if let Some(gateway) = self.agent(config, agent)? {
-                for provider in [Provider::Openai, Provider::Anthropic] {
+                for provider in Provider::ALL {
                     if let Some(name) = gateway.upstreams.get(&provider) {
                         match self.upstream.get(name) {
                             None => {
@@ -182,10 +184,11 @@ impl GatewayConfig {
             tables.iter().rev().find_map(|t| f(t))
         }
         let mut upstreams = BTreeMap::new();
-        for provider in [Provider::Openai, Provider::Anthropic] {
+        for provider in Provider::ALL {
             let named = match provider {
                 Provider::Openai => pick(&tables, |t| t.openai.clone()),
                 Provider::Anthropic => pick(&tables, |t| t.anthropic.clone()),
+                Provider::Gemini => pick(&tables, |t| t.gemini.clone()),
             };
             let name = named.or_else(|| {
                 let mut of: Vec<&String> = self

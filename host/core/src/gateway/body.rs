@@ -142,13 +142,14 @@ impl<'a> ClientBody<'a> {
     }
 
     /// Checks what the ingress needs of the body (`messages` for the Messages and Chat
-    /// shapes, `input` for Responses, each of the right JSON type).
+    /// shapes, `input` for Responses, `contents` for Gemini, each of the right JSON type).
     pub fn check(&self, ingress: Ingress) -> Result<(), GatewayError> {
         let (key, array_only) = match ingress {
             Ingress::ChatCompletions | Ingress::Messages | Ingress::CountTokens => {
                 ("messages", true)
             }
             Ingress::Responses => ("input", false),
+            Ingress::GenerateContent | Ingress::StreamGenerateContent => ("contents", true),
         };
         match self.raw(key).map(first_byte) {
             Some(b'[') => Ok(()),

@@ -47,6 +47,9 @@ pub fn conversation(ingress: Ingress, body: &ClientBody<'_>) -> Conversation {
             Some(Value::Array(items)) => responses(items),
             _ => Vec::new(),
         },
+        Ingress::GenerateContent | Ingress::StreamGenerateContent => {
+            super::gemini::conversation(list(body, "contents"))
+        }
     };
     let mut chain = String::new();
     let digests = messages
@@ -359,6 +362,9 @@ pub struct Held<'a> {
     pub last: Option<(usize, &'a str)>,
     /// Whether the call with this id waits for its result.
     pub call_open: &'a dyn Fn(&str) -> bool,
+    /// The log position of the session's last reply: a Gemini call that came without an id
+    /// was named by it (`call_{seq}_{n}`), so a response to it is too.
+    pub reply_seq: Option<u64>,
 }
 
 /// Which of `conversation`'s messages a step of the session appends. A conversation that
@@ -379,12 +385,26 @@ pub fn step_messages(held: &Held<'_>, conversation: &Conversation) -> StepMessag
     };
     let messages = all[new_from.max(last_reply)..]
         .iter()
+        .map(|m| match m {
+            Message::Tool {
+                tool_call_id,
+                content,
+                is_error,
+            } => match super::gemini::resolve_call(tool_call_id, held.reply_seq) {
+                Some(id) => Message::Tool {
+                    tool_call_id: id,
+                    content: content.clone(),
+                    is_error: *is_error,
+                },
+                None => m.clone(),
+            },
+            m => m.clone(),
+        })
         .filter(|m| match m {
             Message::Tool { tool_call_id, .. } => (held.call_open)(tool_call_id),
             Message::User { content, .. } => !content.is_blank(),
             Message::Assistant { .. } => true,
         })
-        .cloned()
         .collect();
     StepMessages {
         new_from,

@@ -15,6 +15,10 @@
 //! ```
 
 pub mod body;
+mod edits;
+pub mod gemini;
+#[cfg(test)]
+mod gemini_tests;
 pub mod messages;
 pub mod record;
 pub mod redact;
@@ -39,30 +43,49 @@ pub enum Ingress {
     Messages,
     /// Anthropic `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// Gemini `POST /v1beta/models/{model}:generateContent` (or `/v1/…`, which google-genai
+    /// calls by default): the model is named by the path ([`gemini::GeminiPath`]).
+    GenerateContent,
+    /// Gemini `POST /v1beta/models/{model}:streamGenerateContent?alt=sse`: the reply as
+    /// server-sent events, each a `GenerateContentResponse`.
+    StreamGenerateContent,
 }
 
 impl Ingress {
     /// Every endpoint, in a fixed order.
-    pub const ALL: [Ingress; 4] = [
+    pub const ALL: [Ingress; 6] = [
         Ingress::ChatCompletions,
         Ingress::Responses,
         Ingress::Messages,
         Ingress::CountTokens,
+        Ingress::GenerateContent,
+        Ingress::StreamGenerateContent,
     ];
 
-    /// The endpoint's path, after the gateway's prefix.
+    /// The endpoint's path, after the gateway's prefix (Gemini's as a template: its path
+    /// names the model).
     pub fn path(self) -> &'static str {
         match self {
             Ingress::ChatCompletions => "/v1/chat/completions",
             Ingress::Responses => "/v1/responses",
             Ingress::Messages => "/v1/messages",
             Ingress::CountTokens => "/v1/messages/count_tokens",
+            Ingress::GenerateContent => "/v1beta/models/{model}:generateContent",
+            Ingress::StreamGenerateContent => "/v1beta/models/{model}:streamGenerateContent",
         }
     }
 
-    /// The endpoint of `path` (after the gateway's prefix).
+    /// The endpoint of `path` (after the gateway's prefix), for the fixed paths.
     pub fn of_path(path: &str) -> Option<Ingress> {
-        Ingress::ALL.into_iter().find(|i| i.path() == path)
+        Ingress::ALL
+            .into_iter()
+            .filter(|i| i.fixed_path())
+            .find(|i| i.path() == path)
+    }
+
+    /// Whether its path is fixed (not a template naming the model).
+    pub fn fixed_path(self) -> bool {
+        self.provider() != Provider::Gemini
     }
 
     /// The body format promptd renders and reads for it.
@@ -71,6 +94,7 @@ impl Ingress {
             Ingress::ChatCompletions => Format::Openai,
             Ingress::Responses => Format::OpenaiResponses,
             Ingress::Messages | Ingress::CountTokens => Format::Anthropic,
+            Ingress::GenerateContent | Ingress::StreamGenerateContent => Format::Gemini,
         }
     }
 
@@ -79,7 +103,14 @@ impl Ingress {
         match self {
             Ingress::ChatCompletions | Ingress::Responses => Provider::Openai,
             Ingress::Messages | Ingress::CountTokens => Provider::Anthropic,
+            Ingress::GenerateContent | Ingress::StreamGenerateContent => Provider::Gemini,
         }
+    }
+
+    /// Whether the endpoint itself asks for a streamed reply (Gemini's streaming method;
+    /// the others say it in the body's `stream`).
+    pub fn streams(self) -> bool {
+        self == Ingress::StreamGenerateContent
     }
 }
 
@@ -91,14 +122,20 @@ pub enum Provider {
     Openai,
     /// Anthropic (Messages).
     Anthropic,
+    /// Google Gemini (`generateContent`, `streamGenerateContent`).
+    Gemini,
 }
 
 impl Provider {
+    /// Every provider, in a fixed order.
+    pub const ALL: [Provider; 3] = [Provider::Openai, Provider::Anthropic, Provider::Gemini];
+
     /// The provider's name as the config writes it.
     pub fn as_str(self) -> &'static str {
         match self {
             Provider::Openai => "openai",
             Provider::Anthropic => "anthropic",
+            Provider::Gemini => "gemini",
         }
     }
 }

@@ -51,6 +51,7 @@ pub fn redacted(
     let text = body.text;
     let list = match ingress {
         Ingress::Responses => "input",
+        Ingress::GenerateContent | Ingress::StreamGenerateContent => "contents",
         _ => "messages",
     };
     let Some(member) = body.member(list) else {

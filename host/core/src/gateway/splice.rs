@@ -5,156 +5,16 @@
 
 use std::ops::Range;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::body::{elements, first_byte, members, ClientBody};
+pub(super) use super::edits::quoted;
+use super::edits::{first_member, remove_items};
+pub use super::edits::{ClientSystem, Contributions, Edit, Part, Splice, SpliceSettings};
 use super::{GatewayError, Ingress};
 
 /// Anthropic's limit on `cache_control` breakpoints in one request.
 pub const MAX_BREAKPOINTS: usize = 4;
-
-/// What promptd adds to a client's request: the agent's assembled sections (its system
-/// text) and its runtime context snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Contributions {
-    /// The sections' text, in canonical order (empty: none).
-    pub system: String,
-    /// The runtime context snapshot, when the agent has one.
-    pub runtime_context: Option<String>,
-}
-
-/// Where the client's own system text sits among the agent's sections
-/// (`[agents.NAME.gateway] client_system`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ClientSystem {
-    /// After the sections (the default): the sections, stable, start the prompt, before any
-    /// breakpoint the client put in its own system text.
-    #[default]
-    Last,
-    /// Before the sections.
-    First,
-}
-
-/// How an agent's splice is made.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SpliceSettings {
-    /// Where the client's system text sits among the sections.
-    pub client_system: ClientSystem,
-    /// Client tools taken out of the request (`[agents.NAME.gateway] deny_tools`).
-    pub deny_tools: Vec<String>,
-    /// Client tools marked for deferred loading where the endpoint has it
-    /// (`[agents.NAME.gateway] defer_tools`).
-    pub defer_tools: Vec<String>,
-}
-
-/// The part of promptd's contribution an edit carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Part {
-    /// The agent's sections, joined to the client's system text.
-    Sections,
-    /// The runtime context snapshot, after the client's last message.
-    RuntimeContext,
-    /// The JSON that wraps a client's value so a part can join it (a string system prompt
-    /// made a list of blocks, …): the client's value itself is inside, unchanged.
-    Wrap,
-    /// `stream_options.include_usage`, asked for so a streamed reply can be costed (G5).
-    IncludeUsage,
-    /// A client tool the agent's `deny_tools` takes out: the edit removes its bytes.
-    DenyTool,
-    /// `"defer_loading":true`, the first member of a client tool the agent's `defer_tools`
-    /// names: the tool is loaded only when the client's tool-search tool finds it.
-    DeferTool,
-}
-
-/// One edit of the client's body: `remove` bytes at `at` replaced by `insert`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Edit {
-    /// Where, in the client's bytes.
-    pub at: usize,
-    /// How many of the client's bytes it replaces (0: an insertion; only a `null`, `false`
-    /// or empty string the part stands in for is ever replaced).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub remove: usize,
-    /// What goes there.
-    pub insert: String,
-    /// What it carries.
-    pub part: Part,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-/// The edits that make the upstream body of a client's body, and what they say of it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Splice {
-    /// The edits in the order of their position.
-    pub edits: Vec<Edit>,
-    /// Whether promptd asked for a streamed reply's usage the client did not ask for: the
-    /// client is not shown it (G5).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub usage_added: bool,
-    /// The breakpoints the client set.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub client_breakpoints: usize,
-    /// Whether promptd added a breakpoint of its own (never past the provider's limit).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub breakpoint_added: bool,
-    /// The client tools taken out (`deny_tools`), in the client's order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub denied: Vec<String>,
-    /// The client tools promptd marked for deferred loading (`defer_tools`), in the client's
-    /// order; a tool the client gave its own `defer_loading` is not among them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deferred: Vec<String>,
-    /// A part that had no place in this body, and why (e.g. the runtime context when the
-    /// client's last message is the model's).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
-}
-
-impl Splice {
-    /// The upstream body: `client` with the edits applied.
-    pub fn apply(&self, client: &[u8]) -> Vec<u8> {
-        let added: usize = self.edits.iter().map(|e| e.insert.len()).sum();
-        let mut out = Vec::with_capacity(client.len() + added);
-        let mut at = 0;
-        for edit in &self.edits {
-            let start = edit.at.min(client.len()).max(at);
-            out.extend_from_slice(&client[at..start]);
-            out.extend_from_slice(edit.insert.as_bytes());
-            at = (start + edit.remove).min(client.len());
-        }
-        out.extend_from_slice(&client[at..]);
-        out
-    }
-
-    /// The bytes promptd added.
-    pub fn added_bytes(&self) -> usize {
-        self.edits.iter().map(|e| e.insert.len()).sum()
-    }
-
-    fn push(&mut self, at: usize, insert: String, part: Part) {
-        self.replace(at..at, insert, part);
-    }
-
-    fn replace(&mut self, range: Range<usize>, insert: String, part: Part) {
-        self.edits.push(Edit {
-            at: range.start,
-            remove: range.len(),
-            insert,
-            part,
-        });
-    }
-}
-
-/// A JSON string literal of `text`.
-pub(super) fn quoted(text: &str) -> String {
-    Value::String(text.to_string()).to_string()
-}
 
 /// `text` escaped as the inside of a JSON string literal.
 fn escaped(text: &str) -> String {
@@ -172,6 +32,11 @@ pub fn plan(
 ) -> Result<Splice, GatewayError> {
     body.check(ingress)?;
     let mut splice = Splice::default();
+    if ingress.provider() == super::Provider::Gemini {
+        super::gemini::splice(body, contributions, settings, &mut splice)?;
+        splice.edits.sort_by_key(|e| e.at);
+        return Ok(splice);
+    }
     deny_tools(ingress, body, &settings.deny_tools, &mut splice);
     defer_tools(ingress, body, settings, &mut splice);
     match ingress {
@@ -180,19 +45,10 @@ pub fn plan(
         }
         Ingress::ChatCompletions => chat(body, contributions, settings, &mut splice)?,
         Ingress::Responses => responses(body, contributions, settings, &mut splice)?,
+        Ingress::GenerateContent | Ingress::StreamGenerateContent => {}
     }
     splice.edits.sort_by_key(|e| e.at); // stable: edits at one place keep their order
     Ok(splice)
-}
-
-/// Inserts member `"key":value` as the body's first member.
-fn first_member(body: &ClientBody<'_>, splice: &mut Splice, key: &str, value: &str, part: Part) {
-    let comma = if body.members.is_empty() { "" } else { "," };
-    splice.push(
-        body.open + 1,
-        format!("{}:{value}{comma}", quoted(key)),
-        part,
-    );
 }
 
 /// Where the value of `key` sits in the object at `object` of `text` (the last, should the
@@ -234,6 +90,9 @@ fn client_tools(ingress: Ingress, body: &ClientBody<'_>) -> Vec<(Range<usize>, O
 /// The names of the client's tools, in its order (those without one left out): what a
 /// plugin reading `client-tools` is shown (world 0.3.0).
 pub fn tool_names(ingress: Ingress, body: &ClientBody<'_>) -> Vec<String> {
+    if ingress.provider() == super::Provider::Gemini {
+        return super::gemini::tool_names(body);
+    }
     (client_tools(ingress, body).into_iter())
         .filter_map(|(_, name)| name)
         .collect()
@@ -246,28 +105,14 @@ fn deny_tools(ingress: Ingress, body: &ClientBody<'_>, deny: &[String], splice: 
         return;
     }
     let tools = client_tools(ingress, body);
-    let items: Vec<&Range<usize>> = tools.iter().map(|(item, _)| item).collect();
     let is_denied = |i: usize| tools[i].1.as_ref().is_some_and(|n| deny.contains(n));
-    // Each run of denied elements goes with the commas that join it: up to the next kept
-    // element, or, for a run at the end, from the end of the kept element before it.
-    let mut i = 0;
-    while i < items.len() {
-        if !is_denied(i) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < items.len() && is_denied(i) {
-            splice.denied.extend(tools[i].1.clone());
-            i += 1;
-        }
-        let range = match (items.get(i), start.checked_sub(1)) {
-            (Some(next), _) => items[start].start..next.start,
-            (None, Some(kept)) => items[kept].end..items[i - 1].end,
-            (None, None) => items[start].start..items[i - 1].end,
-        };
-        splice.replace(range, String::new(), Part::DenyTool);
-    }
+    let items: Vec<Range<usize>> = tools.iter().map(|(item, _)| item.clone()).collect();
+    splice.denied.extend(
+        (0..items.len())
+            .filter(|&i| is_denied(i))
+            .filter_map(|i| tools[i].1.clone()),
+    );
+    remove_items(&items, is_denied, splice);
 }
 
 /// Marks the client tools `defer_tools` names for deferred loading: `"defer_loading":true`
@@ -298,6 +143,7 @@ fn defer_tools(
         Ingress::Messages | Ingress::Responses => None,
         Ingress::ChatCompletions => Some("Chat Completions"),
         Ingress::CountTokens => Some("a token count"),
+        Ingress::GenerateContent | Ingress::StreamGenerateContent => Some("Gemini"),
     };
     if let Some(endpoint) = endpoint {
         let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();

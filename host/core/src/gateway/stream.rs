@@ -173,6 +173,14 @@ impl Reassembly {
             Ingress::ChatCompletions => self.chat(event),
             Ingress::Responses => self.responses(frame.event.as_deref(), event),
             Ingress::Messages | Ingress::CountTokens => self.anthropic(event),
+            Ingress::GenerateContent | Ingress::StreamGenerateContent => {
+                let folded = super::gemini::fold(&mut self.reply, event);
+                // No end event: a candidate's `finishReason` is the stream's last word.
+                self.done |= folded.finished;
+                if folded.error.is_some() {
+                    self.error = folded.error;
+                }
+            }
         }
     }
 
@@ -193,7 +201,7 @@ impl Reassembly {
                 let content = parts.into_iter().map(Value::Object).collect();
                 self.reply.insert("content".into(), Value::Array(content));
             }
-            Ingress::Responses => {}
+            Ingress::Responses | Ingress::GenerateContent | Ingress::StreamGenerateContent => {}
         }
         Reassembled {
             reply: Value::Object(self.reply),

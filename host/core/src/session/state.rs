@@ -419,6 +419,13 @@ impl SessionState {
         self.last_seq
     }
 
+    /// The seq of the last reply the log holds (a Gemini call without an id was named by it).
+    pub fn last_reply_seq(&self) -> Option<u64> {
+        (self.roles.iter().rev())
+            .find(|(_, r)| *r == Role::Assistant)
+            .map(|(seq, _)| *seq)
+    }
+
     /// How many steps the log holds.
     pub fn steps(&self) -> u64 {
         self.steps

@@ -95,6 +95,14 @@ impl IntoResponse for GatewayRefusal {
                 "type": "error",
                 "error": { "type": self.kind(), "message": message },
             }),
+            // Google's error shape: the HTTP code, and the canonical status it stands for.
+            Provider::Gemini => json!({
+                "error": {
+                    "code": self.status.as_u16(),
+                    "message": message,
+                    "status": google_status(self.status),
+                },
+            }),
             Provider::Openai => json!({
                 "error": {
                     "message": message,
@@ -112,5 +120,22 @@ impl IntoResponse for GatewayRefusal {
         );
         headers.insert("x-promptd-error", HeaderValue::from_static(self.code));
         response
+    }
+}
+
+/// The google.rpc status an HTTP status stands for in Google's error shape.
+fn google_status(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 413 | 422 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        499 => "CANCELLED",
+        501 => "UNIMPLEMENTED",
+        502 | 503 => "UNAVAILABLE",
+        504 => "DEADLINE_EXCEEDED",
+        _ => "INTERNAL",
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use axum::Router;
@@ -26,6 +26,7 @@ use promptd_core::config::gateway::{
     AgentGateway, OnPluginFailure, UpstreamConfig, DEFAULT_CLIENT_STALL_MS, DEFAULT_IDLE_TIMEOUT_MS,
 };
 use promptd_core::gateway::body::{ClientBody, Spans};
+use promptd_core::gateway::gemini::GeminiPath;
 use promptd_core::gateway::messages::{conversation, Conversation};
 use promptd_core::gateway::record::JoinedBy;
 use promptd_core::gateway::{Ingress, Provider};
@@ -129,7 +130,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         tracing::warn!("gateway: the index is not read back from the log: {e}");
     }
     let mut router = Router::new();
-    for ingress in Ingress::ALL {
+    for ingress in Ingress::ALL.into_iter().filter(|i| i.fixed_path()) {
         let path = format!("/gateway/{{agent}}{}", ingress.path());
         router = router.route(
             &path,
@@ -139,19 +140,41 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
                       uri: Uri,
                       headers: HeaderMap,
                       body: Body| async move {
-                    serve(state.0, ingress, agent, uri, headers, body).await
+                    let path = ingress.path().to_string();
+                    serve(state.0, ingress, agent, path, uri, headers, body).await
                 },
             ),
         );
     }
     router
-        .route("/gateway/{agent}/{*rest}", any(unknown_path))
+        .route("/gateway/{agent}/{*rest}", any(other_path))
         .with_state(gateway)
+}
+
+/// A path that names its model (Gemini's `/v1beta/models/{model}:generateContent`: the
+/// router cannot split a segment at its `:`), else one the gateway does not serve.
+async fn other_path(
+    state: State<Arc<Gateway>>,
+    Path((agent, rest)): Path<(String, String)>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let path = format!("/{}", rest.trim_start_matches('/'));
+    match GeminiPath::parse(&path) {
+        Some(gemini) if method == Method::POST => {
+            serve(state.0, gemini.ingress, agent, path, uri, headers, body).await
+        }
+        _ => unknown_path(uri).await,
+    }
 }
 
 /// A path under `/gateway/{agent}` the gateway does not serve: a provider-shaped 404.
 async fn unknown_path(uri: Uri) -> Response {
-    let provider = if uri.path().contains("/messages") {
+    let provider = if uri.path().contains("/models/") {
+        Provider::Gemini
+    } else if uri.path().contains("/messages") {
         Provider::Anthropic
     } else {
         Provider::Openai
@@ -214,24 +237,46 @@ struct Read {
     client_tools: Vec<String>,
 }
 
+/// Gemini's stream is read as server-sent events: without `alt=sse` it comes as one JSON
+/// array, which the gateway does not fold, so that call is refused.
+fn sse_only(ingress: Ingress, path: &str, uri: &Uri) -> Result<(), GatewayRefusal> {
+    let sse = (uri.query().unwrap_or("").split('&')).any(|p| p == "alt=sse");
+    match ingress.streams() && !sse {
+        true => Err(GatewayRefusal::new(
+            ingress.provider(),
+            StatusCode::BAD_REQUEST,
+            "stream_not_sse",
+            format!("`{path}` is served as server-sent events only: add `?alt=sse`"),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// Serves one request to `ingress`; `path` is what goes upstream (after the base URL, before
+/// the client's query).
 async fn serve(
     gateway: Arc<Gateway>,
     ingress: Ingress,
     agent: String,
+    path: String,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let provider = ingress.provider();
     let started = Instant::now();
-    let read = match read(&gateway, ingress, agent, body).await {
+    if let Err(refusal) = sse_only(ingress, &path, &uri) {
+        return refusal.into_response();
+    }
+    let model = GeminiPath::parse(&path).map(|g| g.model);
+    let read = match read(&gateway, ingress, agent, model, body).await {
         Ok(read) => read,
         Err(refusal) => return refusal.into_response(),
     };
     let parse = started.elapsed();
     let path_and_query = match uri.query() {
-        Some(q) => format!("{}?{q}", ingress.path()),
-        None => ingress.path().to_string(),
+        Some(q) => format!("{path}?{q}"),
+        None => path,
     };
     let step_started = Instant::now();
     // A token count is no step: it counts what a step would send, and records nothing.
@@ -410,6 +455,7 @@ async fn read(
     gateway: &Gateway,
     ingress: Ingress,
     agent: String,
+    path_model: Option<String>,
     body: Body,
 ) -> Result<Read, GatewayRefusal> {
     let provider = ingress.provider();
@@ -484,13 +530,14 @@ async fn read(
     };
     let parsed = ClientBody::parse(&bytes).map_err(invalid)?;
     parsed.check(ingress).map_err(invalid)?;
-    let streamed = parsed.streamed();
+    let streamed = parsed.streamed() || ingress.streams();
     let conversation = conversation(ingress, &parsed);
     let previous_response = parsed
         .decode::<String>("previous_response_id")
         .ok()
         .flatten();
-    let model = parsed.model();
+    // Gemini names the model in the path, not the body.
+    let model = path_model.or_else(|| parsed.model());
     // Read out of the body only when a plugin reads them (a large tools list costs a scan).
     let client_tools = match gateway.daemon.registry().reads_input(|i| i.client_tools) {
         true => promptd_core::gateway::splice::tool_names(ingress, &parsed),
@@ -865,7 +912,9 @@ impl Reply {
             // OpenAI 401 shows part of it).
             let kind = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| {
                 let error = v.get("error")?;
-                let kind = error.get("type").or_else(|| error.get("code"))?;
+                // Google's shape says it in `status` (its `code` is the HTTP status).
+                let kind = (error.get("type").or_else(|| error.get("status")))
+                    .or_else(|| error.get("code"))?;
                 kind.as_str()
                     .map(|k| k.chars().take(64).collect::<String>())
             });

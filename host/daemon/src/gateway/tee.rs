@@ -129,5 +129,8 @@ pub(crate) fn mark_partial(ingress: Ingress, reply: &mut Value, reason: &str) {
             reply["status"] = Value::from("incomplete");
             reply["incomplete_details"] = serde_json::json!({ "reason": why });
         }
+        Ingress::GenerateContent | Ingress::StreamGenerateContent => {
+            promptd_core::gateway::gemini::mark_partial(reply, &why)
+        }
     }
 }

@@ -154,7 +154,9 @@ fn forwarded_headers(upstream: &UpstreamConfig, headers: &HeaderMap) -> HeaderMa
         if hop_by_hop(name, headers) || n.starts_with("x-promptd-") {
             continue;
         }
-        if key.is_some() && (name == header::AUTHORIZATION || n == "x-api-key") {
+        if key.is_some()
+            && (name == header::AUTHORIZATION || n == "x-api-key" || n == "x-goog-api-key")
+        {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -162,6 +164,7 @@ fn forwarded_headers(upstream: &UpstreamConfig, headers: &HeaderMap) -> HeaderMa
     if let Some(key) = key {
         let (name, value) = match upstream.provider {
             Provider::Anthropic => (HeaderName::from_static("x-api-key"), key),
+            Provider::Gemini => (HeaderName::from_static("x-goog-api-key"), key),
             Provider::Openai => (header::AUTHORIZATION, format!("Bearer {key}")),
         };
         if let Ok(mut value) = HeaderValue::from_str(&value) {

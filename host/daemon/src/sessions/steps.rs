@@ -306,6 +306,7 @@ impl Daemon {
             let held = Held {
                 last: state.gateway_conversation(),
                 call_open: &|id| state.call_open(id),
+                reply_seq: state.last_reply_seq(),
             };
             let joined = step_messages(&held, &g.conversation);
             input.messages.clone_from(&joined.messages);
