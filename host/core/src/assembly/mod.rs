@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::observe::Observe;
-use crate::plugin::interpolate::{fill, render, Resolved};
+use crate::plugin::interpolate::{fill_into, render_into, Resolved};
 use crate::plugin::model::{Content, Kind, Step, Tool, Variable};
 use crate::plugin::registry::{PluginEntry, Registry};
 use crate::plugin::trust::{self, Trust};
@@ -219,32 +219,42 @@ fn finish<'v>(
 ) -> Result<Arc<str>> {
     let rendered = match (&source, split) {
         (_, _) if raw => None,
-        (Source::Static(text), Some(split)) => {
-            let pieces = split.pieces(text);
-            Some(fill(
-                text.len(),
-                split.references(),
-                pieces,
-                location,
-                resolve,
-            )?)
-        }
-        (Source::Static(text), None) => owned(render(text, location, resolve)?),
-        (Source::Called(text), _) => owned(render(text, location, resolve)?),
+        (Source::Static(text), Some(split)) => scratch(|out| {
+            out.reserve(text.len() + 16 * split.references());
+            fill_into(out, split.pieces(text), location, resolve).map(|()| true)
+        })?,
+        (Source::Static(text), None) => scratch(|out| render_into(text, out, location, resolve))?,
+        (Source::Called(text), _) => scratch(|out| render_into(text, out, location, resolve))?,
     };
     Ok(match (rendered, source) {
-        (Some(s), _) => Arc::from(s),
+        (Some(text), _) => text,
         (None, Source::Static(t)) => Arc::from(t),
         (None, Source::Called(t)) => t,
     })
 }
 
-/// A rendered text that differs from its template.
-fn owned(rendered: Cow<'_, str>) -> Option<String> {
-    match rendered {
-        Cow::Borrowed(_) => None,
-        Cow::Owned(s) => Some(s),
+/// What `render` writes, shared as a new text when it writes one (true). It writes into this
+/// thread's one buffer, so a step's texts cost one allocation each, not three; a buffer
+/// grown past 1 MiB is let go, so no thread holds more after one big text.
+fn scratch(render: impl FnOnce(&mut String) -> Result<bool>) -> Result<Option<Arc<str>>> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
     }
+    SCRATCH.with(|cell| {
+        // A plugin's call inside a render may render too: it gets its own buffer.
+        let mut own = String::new();
+        let mut kept = cell.try_borrow_mut();
+        let out = match &mut kept {
+            Ok(buffer) => &mut **buffer,
+            Err(_) => &mut own,
+        };
+        out.clear();
+        let written = render(out)?.then(|| Arc::from(out.as_str()));
+        if out.capacity() > 1 << 20 {
+            *out = String::new();
+        }
+        Ok(written)
+    })
 }
 
 fn attempt(

@@ -138,15 +138,18 @@ impl<'a> Iterator for Pieces<'a> {
 }
 
 /// The byte offset of the first `cc` (`{{` or `}}`) in `text` at or after `from`: a SIMD
-/// search with searchers built once, as this runs on every dynamic text of every step.
+/// search for the brace (memchr), as this runs on every dynamic text of every step; texts are
+/// short and braces rare, so a pair searcher's setup would cost more than it saves.
 fn find_pair(text: &str, from: usize, c: char) -> Option<usize> {
-    use memchr::memmem::Finder;
-    use std::sync::LazyLock;
-    static OPEN: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"{{"));
-    static CLOSE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"}}"));
-    let finder = if c == '{' { &OPEN } else { &CLOSE };
-    let rest = text.as_bytes().get(from..)?;
-    finder.find(rest).map(|at| from + at)
+    let (bytes, brace) = (text.as_bytes(), c as u8);
+    let mut at = from;
+    loop {
+        let found = at + memchr::memchr(brace, bytes.get(at..)?)?;
+        if bytes.get(found + 1) == Some(&brace) {
+            return Some(found);
+        }
+        at = found + 1;
+    }
 }
 
 /// Interpolates `text`, resolving each reference with `resolve`. `location` names the section
@@ -160,39 +163,60 @@ pub fn interpolate<'v>(
 }
 
 /// [`interpolate`] for the assembly's hot path: `location` is only made for an error, and a
-/// text without `{{` comes back borrowed, as it is (it can hold no reference, T2).
+/// text without a reference comes back borrowed, as it is (T2).
 pub fn render<'t, 'v>(
     text: &'t str,
     location: &dyn Fn() -> String,
     resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
 ) -> Result<Cow<'t, str>> {
-    // Checked whole before any value is looked up (T4), then rendered: two scans cost less
-    // than keeping the pieces.
-    let mut references = 0;
-    for piece in pieces(text) {
-        if let Piece::Reference { .. } = piece.map_err(|m| m.at(&location()))? {
-            references += 1;
-        }
-    }
-    if references == 0 {
-        return Ok(Cow::Borrowed(text));
-    }
-    // Every piece is known good now.
-    let pieces = pieces(text).map_while(Result::ok);
-    fill(text.len(), references, pieces, location, resolve).map(Cow::Owned)
+    let mut out = String::new();
+    Ok(match render_into(text, &mut out, location, resolve)? {
+        true => Cow::Owned(out),
+        false => Cow::Borrowed(text),
+    })
 }
 
-/// The text of `pieces`, already checked (T4), with each reference resolved by `resolve`:
-/// [`render`]'s second half, and all of it for a text split once and kept ([`Piece`]s).
-pub fn fill<'t, 'v>(
-    len: usize,
-    references: usize,
+/// [`render`] onto the end of `out`, so a caller can keep one buffer for many texts; false
+/// (and `out` untouched) when `text` references nothing.
+pub fn render_into<'v>(
+    text: &str,
+    out: &mut String,
+    location: &dyn Fn() -> String,
+    resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
+) -> Result<bool> {
+    // Checked whole before any value is looked up (T4); the first pieces are kept on the
+    // stack, so most texts are scanned once and none needs a list on the heap.
+    const KEPT: usize = 8;
+    let mut kept: [Option<Piece<'_>>; KEPT] = Default::default();
+    let (mut count, mut references) = (0, 0);
+    for piece in pieces(text) {
+        let piece = piece.map_err(|m| m.at(&location()))?;
+        references += usize::from(matches!(piece, Piece::Reference { .. }));
+        if let Some(slot) = kept.get_mut(count) {
+            *slot = Some(piece);
+        }
+        count += 1;
+    }
+    if references == 0 {
+        return Ok(false);
+    }
+    out.reserve(text.len() + 16 * references);
+    match count <= KEPT {
+        true => fill_into(out, kept.into_iter().flatten(), location, resolve)?,
+        // Every piece is known good now.
+        false => fill_into(out, pieces(text).map_while(Result::ok), location, resolve)?,
+    }
+    Ok(true)
+}
+
+/// `pieces`, already checked (T4), onto the end of `out` with each reference resolved by
+/// `resolve`: [`render`]'s second half, and all of it for a text split once and kept.
+pub fn fill_into<'t, 'v>(
+    out: &mut String,
     pieces: impl Iterator<Item = Piece<'t>>,
     location: &dyn Fn() -> String,
     resolve: &mut dyn FnMut(&str) -> Result<Resolved<'v>>,
-) -> Result<String> {
-    // Room for values a little longer than their references, so most renders never grow.
-    let mut out = String::with_capacity(len + 16 * references);
+) -> Result<()> {
     for piece in pieces {
         match piece {
             Piece::Literal(s) => out.push_str(s),
@@ -216,7 +240,7 @@ pub fn fill<'t, 'v>(
             },
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
