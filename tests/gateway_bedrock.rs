@@ -230,6 +230,11 @@ fn g1_boto3_reaches_the_gateway_by_endpoint_url_alone_streamed_and_not() {
         !log.contains(SECRET),
         "the secret never reaches the daemon's log"
     );
+    // G8: neither credential, the client's nor the gateway's, is in the session log.
+    let events = serde_json::to_string(&newest_session(&served)).unwrap();
+    for secret in [SECRET, KEY_ID, "AKIDCLIENTEXAMPLE", "client-secret-example"] {
+        assert!(!events.contains(secret), "{secret} in the log");
+    }
 }
 
 /// G9: with no credentials to re-sign with, a Bedrock request is refused before anything is
@@ -294,6 +299,23 @@ fn g1_a_bad_body_gets_bedrocks_error_shape() {
         let v: Value = serde_json::from_slice(&body_of(&head, &got)).unwrap();
         assert!(v["message"].as_str().unwrap().contains(says), "{body}: {v}");
     }
+    // A Bedrock method the gateway does not serve: 404 in the same shape.
+    let (head, got) = raw_post(
+        &served.url,
+        "/gateway/coder/model/amazon.nova-lite-v1%3A0/invoke",
+        &[],
+        b"{}",
+    );
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert_eq!(
+        header_of(&head, "x-amzn-errortype"),
+        Some("ResourceNotFoundException")
+    );
+    let v: Value = serde_json::from_slice(&body_of(&head, &got)).unwrap();
+    assert!(
+        v["message"].as_str().unwrap().contains("is not served"),
+        "{v}"
+    );
     assert!(stub.requests().is_empty());
 }
 
