@@ -365,6 +365,20 @@ fn g5_a_converse_stream_is_teed_and_recorded_with_usage_from_metadata() {
         reply["body"]["tool_calls"][0]["name"], "read_file",
         "{reply}"
     );
+    // The usage is the metadata event's (the last frame).
+    let mut decoder = Decoder::default();
+    let last = decoder.push(got.last().unwrap()).unwrap().remove(0);
+    assert_eq!(last.header(":event-type"), Some("metadata"));
+    let metadata: Value = serde_json::from_slice(&last.payload).unwrap();
+    let usage = &metadata["usage"];
+    assert_eq!(
+        reply["body"]["usage"]["output_tokens"], usage["outputTokens"],
+        "{reply}"
+    );
+    let input = usage["inputTokens"].as_u64().unwrap()
+        + usage["cacheReadInputTokens"].as_u64().unwrap_or(0)
+        + usage["cacheWriteInputTokens"].as_u64().unwrap_or(0);
+    assert_eq!(reply["body"]["usage"]["input_tokens"], input, "{reply}");
 
     request(&stub.url, "POST", "/stub/reset", Some("{}"), None);
     let (head, direct) = raw_post(&stub.url, path, &[], &record.upstream_body());

@@ -387,6 +387,40 @@ fn g9_a_changed_body_or_path_changes_the_signature() {
 }
 
 #[test]
+fn g9_a_session_token_is_signed_and_sent() {
+    let request = sigv4::Request {
+        method: "POST",
+        path: "/",
+        query: "",
+        headers: vec![("host".into(), "h".into())],
+        body: b"",
+    };
+    let credentials = sigv4::Credentials {
+        session_token: Some("token".into()),
+        ..example()
+    };
+    let signed = sigv4::sign(
+        &request,
+        &credentials,
+        "us-east-1",
+        "bedrock",
+        "20250101T000000Z",
+    );
+    assert!(signed
+        .authorization
+        .contains("SignedHeaders=host;x-amz-date;x-amz-security-token,"));
+    assert_eq!(signed.security_token.as_deref(), Some("token"));
+    let without = sigv4::sign(
+        &request,
+        &example(),
+        "us-east-1",
+        "bedrock",
+        "20250101T000000Z",
+    );
+    assert_ne!(signed.authorization, without.authorization);
+}
+
+#[test]
 fn g9_amz_date_is_utc_civil_time() {
     assert_eq!(sigv4::amz_date(0), "19700101T000000Z");
     assert_eq!(sigv4::amz_date(1_440_938_160), "20150830T123600Z");
