@@ -425,3 +425,22 @@ fn g5_a_frame_with_a_bad_crc_is_refused_and_recorded_partial_naming_it() {
     assert!(partial.contains("message CRC32"), "{reply}");
     assert!(partial.contains("event-stream frame 4"), "{reply}");
 }
+
+/// G1: a model id with an encoded `/` (an inference profile's ARN) reaches the gateway's
+/// Bedrock route and goes upstream exactly as the client encoded it.
+#[test]
+fn g1_an_arn_model_id_goes_upstream_as_the_client_encoded_it() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, SIGNED, &ENV);
+    let path = "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.amazon.nova-lite-v1%3A0/converse";
+    let (head, _) = raw_post(
+        &served.url,
+        &format!("/gateway/coder{path}"),
+        &[],
+        BODY.as_bytes(),
+    );
+    assert!(!head.contains("gateway_path"), "{head}");
+    let received = stub.requests();
+    assert_eq!(received.len(), 1, "{head}");
+    assert_eq!(received[0].0, path);
+}

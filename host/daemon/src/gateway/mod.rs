@@ -171,12 +171,9 @@ async fn other_path(
     let raw = (uri.path().strip_prefix("/gateway/"))
         .and_then(|p| p.split_once('/'))
         .map(|(_, rest)| format!("/{rest}"));
-    if let Some(raw) = raw {
-        if BedrockPath::parse(&raw).is_some() && method == Method::POST {
-            let ingress = BedrockPath::parse(&raw).map(|b| b.ingress);
-            if let Some(ingress) = ingress {
-                return serve(state.0, ingress, agent, raw, uri, headers, body).await;
-            }
+    if let Some(raw) = raw.filter(|_| method == Method::POST) {
+        if let Some(bedrock) = BedrockPath::parse(&raw) {
+            return serve(state.0, bedrock.ingress, agent, raw, uri, headers, body).await;
         }
     }
     unknown_path(uri).await
