@@ -16,6 +16,7 @@ mod contract;
 mod daemon;
 mod fleet;
 mod gateway;
+mod gateway_bedrock;
 mod gateway_edges;
 mod gateway_gemini;
 mod gateway_steps;

@@ -5,7 +5,8 @@
 
 SDK is `openai-chat`, `openai-responses`, `anthropic` or `gemini` (google-genai, its
 `http_options.base_url` the gateway's; `--gemini-api-version` picks the path's version, the
-SDK's default `v1` else). The loop is what an agent written
+SDK's default `v1` else) or `bedrock` (boto3's bedrock-runtime, its `endpoint_url` the gateway's,
+`converse` or `converse_stream`; `--bedrock-model` the modelId). The loop is what an agent written
 against the SDK does, with nothing of promptd in it: it keeps its own history, offers one tool
 (`read_file`), answers each tool call with a result, and after each final answer sends the next
 user message, for N user turns. Streamed (--stream), it folds the stream as an SDK user does
@@ -32,12 +33,14 @@ TOOL_SCHEMA = {
 
 def args_of():
     p = argparse.ArgumentParser()
-    p.add_argument("sdk", choices=["openai-chat", "openai-responses", "anthropic", "gemini"])
+    p.add_argument("sdk", choices=["openai-chat", "openai-responses", "anthropic", "gemini",
+                                        "bedrock"])
     p.add_argument("base")
     p.add_argument("--stream", action="store_true")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--header", action="append", default=[])
     p.add_argument("--gemini-api-version")
+    p.add_argument("--bedrock-model", default="amazon.nova-lite-v1:0")
     return p.parse_args()
 
 
@@ -233,12 +236,78 @@ def gemini(args, log):
                 for c in calls]))
 
 
+def bedrock(args, log):
+    import boto3
+    from botocore.config import Config
+
+    # The client signs with its own credentials; the gateway never forwards that signature.
+    client = boto3.client(
+        "bedrock-runtime", endpoint_url=args.base, region_name="us-east-1",
+        aws_access_key_id="AKIDCLIENTEXAMPLE", aws_secret_access_key="client-secret-example",
+        config=Config(retries={"max_attempts": 1}, read_timeout=TIMEOUT_S,
+                      connect_timeout=TIMEOUT_S))
+    extra = headers_of(args)
+
+    def add_headers(request, **_):
+        for name, value in extra.items():
+            request.headers[name] = value
+
+    client.meta.events.register("before-sign.bedrock-runtime.*", add_headers)
+    model = args.bedrock_model
+    system = [{"text": "You are the client's own agent."}]
+    tools = {"tools": [{"toolSpec": {"name": "read_file", "description": "Read a file.",
+                                     "inputSchema": {"json": TOOL_SCHEMA}}}]}
+    messages = []
+    for turn in range(1, args.turns + 1):
+        messages.append({"role": "user", "content": [
+            {"text": f"Turn {turn}: read a file, then answer."}]})
+        while True:
+            log.requests += 1
+            body = dict(modelId=model, messages=messages, system=system, toolConfig=tools)
+            if args.stream:
+                blocks, inputs, usage = {}, {}, None
+                for event in client.converse_stream(**body)["stream"]:
+                    if "contentBlockStart" in event:
+                        e = event["contentBlockStart"]
+                        use = e["start"]["toolUse"]
+                        blocks[e["contentBlockIndex"]] = {"toolUse": dict(use)}
+                        inputs[e["contentBlockIndex"]] = ""
+                    elif "contentBlockDelta" in event:
+                        e = event["contentBlockDelta"]
+                        i, delta = e["contentBlockIndex"], e["delta"]
+                        if "text" in delta:
+                            block = blocks.setdefault(i, {"text": ""})
+                            block["text"] += delta["text"]
+                        elif "toolUse" in delta:
+                            inputs[i] += delta["toolUse"]["input"]
+                    elif "metadata" in event:
+                        usage = event["metadata"]["usage"]
+                for i, text in inputs.items():
+                    blocks[i]["toolUse"]["input"] = json.loads(text or "{}")
+                content = [blocks[i] for i in sorted(blocks)]
+            else:
+                reply = client.converse(**body)
+                content, usage = reply["output"]["message"]["content"], reply["usage"]
+            log.usage.append(usage)
+            messages.append({"role": "assistant", "content": content})
+            uses = [b["toolUse"] for b in content if "toolUse" in b]
+            if not uses:
+                log.texts.append("".join(b.get("text", "") for b in content))
+                break
+            for u in uses:
+                log.calls.append(u["toolUseId"])
+            messages.append({"role": "user", "content": [
+                {"toolResult": {"toolUseId": u["toolUseId"],
+                                "content": [{"text": f"contents of {u['name']}"}]}}
+                for u in uses]})
+
+
 def main():
     args = args_of()
     log = Log()
     try:
         {"openai-chat": chat, "openai-responses": responses, "anthropic": anthropic,
-         "gemini": gemini}[args.sdk](args, log)
+         "gemini": gemini, "bedrock": bedrock}[args.sdk](args, log)
     except Exception as e:  # the SDK's typed error, printed for the test to show
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)

@@ -20,6 +20,8 @@ Routes, each checking the body against the provider's documented rules (../share
     POST /v1beta/models/{model}:streamGenerateContent?alt=sse
                                                   Gemini streamed (without alt=sse: one
                                                   JSON array of the same chunks)
+    POST /model/{modelId}/converse-stream         Bedrock streamed: AWS event-stream frames
+                                                  (CRC32s by zlib.crc32), see stream_bedrock
     POST /model/{modelId}/converse                Amazon Bedrock Converse (modelId
                                                   URL-encoded; SigV4 not checked)
 
@@ -224,6 +226,7 @@ import threading
 import time
 import traceback
 import urllib.parse
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -2385,6 +2388,54 @@ def gemini_frames(chunks):
     return [b"data: " + json.dumps(c).encode() + b"\r\n\r\n" for c in chunks]
 
 
+def eventstream_frame(headers, payload):
+    """One AWS event-stream message: prelude (total length, headers length, both u32
+    big-endian, and their CRC32), string headers (type 7), the payload, the CRC32 of all
+    before it."""
+    head = b"".join(bytes([len(n)]) + n.encode() + b"\x07" + struct.pack(">H", len(v)) +
+                    v.encode() for n, v in headers)
+    prelude = struct.pack(">II", 16 + len(head) + len(payload), len(head))
+    out = prelude + struct.pack(">I", zlib.crc32(prelude)) + head + payload
+    return out + struct.pack(">I", zlib.crc32(out))
+
+
+def bedrock_event(kind_, value):
+    return eventstream_frame([(":event-type", kind_), (":content-type", "application/json"),
+                              (":message-type", "event")], json.dumps(value).encode())
+
+
+def stream_bedrock(answer):
+    """The frames of `answer` (reply_bedrock's) as converse-stream sends them: messageStart;
+    per block contentBlockStart (tool uses only: id and name), deltas (text word by word, a
+    tool use's input JSON in pieces, reasoning text then its signature), contentBlockStop;
+    messageStop with the stopReason; metadata with the usage and metrics."""
+    frames = [bedrock_event("messageStart", {"role": "assistant"})]
+    for i, block in enumerate(answer["output"]["message"]["content"]):
+        if "toolUse" in block:
+            use = block["toolUse"]
+            frames.append(bedrock_event("contentBlockStart", {"contentBlockIndex": i, "start": {
+                "toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}}))
+            for piece in json_pieces(json.dumps(use["input"])):
+                frames.append(bedrock_event("contentBlockDelta", {"contentBlockIndex": i,
+                                                                  "delta": {"toolUse": {"input": piece}}}))
+        elif "reasoningContent" in block:
+            text = block["reasoningContent"]["reasoningText"]
+            for word in text_pieces(text["text"]):
+                frames.append(bedrock_event("contentBlockDelta", {"contentBlockIndex": i, "delta": {
+                    "reasoningContent": {"text": word}}}))
+            frames.append(bedrock_event("contentBlockDelta", {"contentBlockIndex": i, "delta": {
+                "reasoningContent": {"signature": text["signature"]}}}))
+        else:
+            for word in text_pieces(block["text"]) or [""]:
+                frames.append(bedrock_event("contentBlockDelta", {"contentBlockIndex": i,
+                                                                  "delta": {"text": word}}))
+        frames.append(bedrock_event("contentBlockStop", {"contentBlockIndex": i}))
+    frames.append(bedrock_event("messageStop", {"stopReason": answer["stopReason"]}))
+    frames.append(bedrock_event("metadata", {"usage": answer["usage"],
+                                             "metrics": answer["metrics"]}))
+    return frames
+
+
 def stream_messages(body, answer):
     """The frames of `answer` (reply_messages') as Messages streams it: message_start (no
     content, the input and cache usage, output_tokens 1); per block content_block_start (empty;
@@ -2826,7 +2877,7 @@ ROUTES = {
 MODEL_ROUTES = {
     re.compile(r"^/v1(?:beta)?/models/([^/:]+):(?:generateContent|streamGenerateContent)$"):
         ("gemini", check_gemini, reply_gemini),
-    re.compile(r"^/model/([^/]+)/converse$"): ("bedrock", check_bedrock, reply_bedrock),
+    re.compile(r"^/model/([^/]+)/converse(?:-stream)?$"): ("bedrock", check_bedrock, reply_bedrock),
 }
 
 
@@ -2960,6 +3011,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.stream(gemini_frames(chunks), provider, fault)
             else:
                 self.send(200, chunks, fault=fault)
+        elif provider == "bedrock" and path.endswith("/converse-stream"):
+            self.stream(stream_bedrock(answer), provider, fault,
+                        "application/vnd.amazon.eventstream")
         else:
             self.send(200, answer, fault=fault)
 
@@ -3043,7 +3097,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def stream(self, frames, provider, fault=None):
+    def stream(self, frames, provider, fault=None, content_type="text/event-stream"):
         """A 200 event stream of `frames`, each written (and sent: no Nagle delay) in a chunk
         of its own; over HTTP/1.0, unchunked and ended by closing the connection. A
         midstream-error or invalid-sse `fault` cuts it as the docstring says."""
@@ -3052,14 +3106,19 @@ class Handler(BaseHTTPRequestHandler):
         cut = False
         if fault in ("midstream-error", "invalid-sse"):
             frames = frames[:FAULT_FRAMES]
-            if fault == "invalid-sse":
+            if fault == "invalid-sse" and provider == "bedrock":
+                # A frame whose message CRC is off by one bit: an invalid event stream.
+                bad = bytearray(bedrock_event("contentBlockStop", {"contentBlockIndex": 0}))
+                bad[-1] ^= 1
+                frames.append(bytes(bad))
+            elif fault == "invalid-sse":
                 frames.append(GARBAGE)
             elif provider == "anthropic":
                 frames.append(sse_event("error", OVERLOADED))
             else:
                 cut = True
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache")
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import unittest
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import boto3
@@ -549,6 +550,69 @@ class Bedrock(StubServer):
         not_pdf = {"document": dict(doc["document"], source={"bytes": PNG})}
         self.assertEqual(self.refused([self.user("Read.", not_pdf)], tools=()),
                          "bedrock.document_bytes")
+
+    def test_converse_stream_rebuilds_the_unstreamed_reply(self):
+        """boto3 reads the stub's event-stream frames (it checks each frame's CRCs: a bad one
+        raises), and the events add up to what converse answers for the same request."""
+        messages = [self.user("Look around.")]
+        whole = self.converse(messages)
+        client = self.client()
+        events = list(client.converse_stream(
+            modelId=SONNET, messages=messages,
+            toolConfig={"tools": [READ_SPEC, BASH_SPEC]})["stream"])
+        kinds = [next(iter(e)) for e in events]
+        self.assertEqual(kinds[0], "messageStart")
+        self.assertEqual(kinds[-2:], ["messageStop", "metadata"])
+        blocks = {}
+        for e in events:
+            if "contentBlockStart" in e:
+                start = e["contentBlockStart"]
+                blocks[start["contentBlockIndex"]] = {"toolUse": dict(
+                    start["start"]["toolUse"], input="")}
+            elif "contentBlockDelta" in e:
+                d = e["contentBlockDelta"]
+                delta, i = d["delta"], d["contentBlockIndex"]
+                if "text" in delta:
+                    blocks.setdefault(i, {"text": ""})["text"] += delta["text"]
+                elif "toolUse" in delta:
+                    blocks[i]["toolUse"]["input"] += delta["toolUse"]["input"]
+                elif "reasoningContent" in delta:
+                    r = blocks.setdefault(i, {"reasoningContent": {"reasoningText": {"text": ""}}})
+                    text = r["reasoningContent"]["reasoningText"]
+                    if "text" in delta["reasoningContent"]:
+                        text["text"] += delta["reasoningContent"]["text"]
+                    else:
+                        text["signature"] = delta["reasoningContent"]["signature"]
+        for block in blocks.values():
+            if "toolUse" in block:
+                block["toolUse"]["input"] = json.loads(block["toolUse"]["input"])
+        self.assertEqual([blocks[i] for i in sorted(blocks)],
+                         whole["output"]["message"]["content"])
+        self.assertEqual(events[-2]["messageStop"]["stopReason"], whole["stopReason"])
+        self.assertEqual(events[-1]["metadata"]["usage"]["outputTokens"],
+                         whole["usage"]["outputTokens"])
+
+    def test_converse_stream_frames_carry_correct_crcs(self):
+        import struct
+        import zlib
+        body = json.dumps({"messages": [self.user("Look around.")]}).encode()
+        request = urllib.request.Request(
+            self.base + "/model/" + urllib.parse.quote(SONNET, safe="") + "/converse-stream",
+            data=body, headers={"Content-Type": "application/json",
+                                "X-Stub-Now-Ms": str(self.now)})
+        with urllib.request.urlopen(request) as reply:
+            self.assertEqual(reply.headers["Content-Type"], "application/vnd.amazon.eventstream")
+            data = reply.read()
+        at, frames = 0, 0
+        while at < len(data):
+            total, head = struct.unpack(">II", data[at:at + 8])
+            self.assertEqual(struct.unpack(">I", data[at + 8:at + 12])[0],
+                             zlib.crc32(data[at:at + 8]))
+            self.assertEqual(struct.unpack(">I", data[at + total - 4:at + total])[0],
+                             zlib.crc32(data[at:at + total - 4]))
+            at, frames = at + total, frames + 1
+        self.assertEqual(at, len(data))
+        self.assertGreater(frames, 4)
 
     def test_tool_round_trip_with_reasoning_and_a_missing_result(self):
         messages = [self.user("Look around.")]

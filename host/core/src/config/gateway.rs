@@ -50,13 +50,23 @@ pub struct GatewayConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// Whose API it is: `openai`, `anthropic` or `gemini`.
+    /// Whose API it is: `openai`, `anthropic`, `gemini` or `bedrock`.
     pub provider: Provider,
     /// Where it is: `https://api.anthropic.com`, or a local stub's `http://127.0.0.1:PORT`.
     pub base_url: String,
     /// The environment variable holding its key; none: the client's own credential is passed
     /// through.
     pub api_key_env: Option<String>,
+    /// Bedrock (G9): the environment variable holding the AWS access key id the gateway
+    /// re-signs with; without it (and the secret's) a Bedrock request is refused, as the
+    /// client's signature cannot survive the splice.
+    pub aws_access_key_id_env: Option<String>,
+    /// Bedrock: the environment variable holding the secret access key.
+    pub aws_secret_access_key_env: Option<String>,
+    /// Bedrock: the environment variable holding a temporary credential's session token.
+    pub aws_session_token_env: Option<String>,
+    /// Bedrock: the region signed for (`us-east-1`); required with the credentials.
+    pub aws_region: Option<String>,
 }
 
 /// `[agents.NAME.gateway]`: the agent is served by the gateway (inherited key by key along its
@@ -71,6 +81,8 @@ pub struct AgentGatewayConfig {
     pub anthropic: Option<String>,
     /// The upstream for Gemini requests (default: the one `gemini` upstream).
     pub gemini: Option<String>,
+    /// The upstream for Bedrock requests (default: the one `bedrock` upstream).
+    pub bedrock: Option<String>,
     /// Where the client's own system text sits among the sections: `last` (the default)
     /// or `first`.
     pub client_system: Option<ClientSystem>,
@@ -131,12 +143,39 @@ impl GatewayConfig {
                     "gateway.upstream.{name}.base_url `{url}` must start with http:// or https://"
                 ));
             }
-            if let Some(var) = &upstream.api_key_env {
-                if var.is_empty() || var.contains('=') {
-                    return bad(format!(
-                        "gateway.upstream.{name}.api_key_env `{var}` is not an environment variable name"
-                    ));
+            let vars = [
+                ("api_key_env", &upstream.api_key_env),
+                ("aws_access_key_id_env", &upstream.aws_access_key_id_env),
+                (
+                    "aws_secret_access_key_env",
+                    &upstream.aws_secret_access_key_env,
+                ),
+                ("aws_session_token_env", &upstream.aws_session_token_env),
+            ];
+            for (key, var) in vars {
+                if let Some(var) = var {
+                    if var.is_empty() || var.contains('=') {
+                        return bad(format!(
+                            "gateway.upstream.{name}.{key} `{var}` is not an environment variable name"
+                        ));
+                    }
                 }
+            }
+            let aws = [
+                upstream.aws_access_key_id_env.is_some(),
+                upstream.aws_secret_access_key_env.is_some(),
+                upstream.aws_region.is_some(),
+            ];
+            let any_aws = aws.iter().any(|s| *s) || upstream.aws_session_token_env.is_some();
+            if any_aws && upstream.provider != Provider::Bedrock {
+                return bad(format!(
+                    "gateway.upstream.{name}: the aws_* keys are for a provider = \"bedrock\" upstream"
+                ));
+            }
+            if any_aws && !aws.iter().all(|s| *s) {
+                return bad(format!(
+                    "gateway.upstream.{name}: re-signing needs aws_access_key_id_env, aws_secret_access_key_env and aws_region together"
+                ));
             }
         }
         for agent in config.agents.keys() {
@@ -189,6 +228,7 @@ impl GatewayConfig {
                 Provider::Openai => pick(&tables, |t| t.openai.clone()),
                 Provider::Anthropic => pick(&tables, |t| t.anthropic.clone()),
                 Provider::Gemini => pick(&tables, |t| t.gemini.clone()),
+                Provider::Bedrock => pick(&tables, |t| t.bedrock.clone()),
             };
             let name = named.or_else(|| {
                 let mut of: Vec<&String> = self

@@ -440,3 +440,27 @@ fn g4_deny_and_defer_tools_are_read_and_inherited_key_by_key() {
     let e = Config::parse("[agents.a.gateway]\ndefer_tools = \"search\"\n", "t").unwrap_err();
     assert_eq!(e.code(), "config_parse");
 }
+
+#[test]
+fn g9_bedrock_credentials_go_together_and_only_on_a_bedrock_upstream() {
+    let up = |provider: &str, keys: &str| {
+        format!(
+            "[gateway]\nenabled = true\n[gateway.upstream.aws]\nprovider = \"{provider}\"\n\
+             base_url = \"http://127.0.0.1:1\"\n{keys}\n[agents.a.gateway]\n"
+        )
+    };
+    let all = "aws_access_key_id_env = \"K\"\naws_secret_access_key_env = \"S\"\naws_region = \"us-east-1\"";
+    let c = Config::parse(&up("bedrock", all), "t").unwrap();
+    let a = c.gateway.agent(&c, "a").unwrap().unwrap();
+    assert_eq!(a.upstreams[&crate::gateway::Provider::Bedrock], "aws");
+    let e = Config::parse(&up("bedrock", "aws_access_key_id_env = \"K\""), "t").unwrap_err();
+    assert_eq!(e.code(), "config_invalid");
+    assert!(e.to_string().contains("aws_region"), "{e}");
+    let e = Config::parse(&up("openai", all), "t").unwrap_err();
+    assert!(e.to_string().contains("provider = \"bedrock\""), "{e}");
+    let e = Config::parse(&up("bedrock", "aws_secret_access_key_env = \"\""), "t").unwrap_err();
+    assert!(
+        e.to_string().contains("not an environment variable name"),
+        "{e}"
+    );
+}

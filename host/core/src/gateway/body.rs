@@ -150,6 +150,7 @@ impl<'a> ClientBody<'a> {
             }
             Ingress::Responses => ("input", false),
             Ingress::GenerateContent | Ingress::StreamGenerateContent => ("contents", true),
+            Ingress::Converse | Ingress::ConverseStream => ("messages", true),
         };
         match self.raw(key).map(first_byte) {
             Some(b'[') => Ok(()),

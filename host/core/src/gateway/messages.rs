@@ -50,6 +50,9 @@ pub fn conversation(ingress: Ingress, body: &ClientBody<'_>) -> Conversation {
         Ingress::GenerateContent | Ingress::StreamGenerateContent => {
             super::gemini::conversation(list(body, "contents"))
         }
+        Ingress::Converse | Ingress::ConverseStream => {
+            super::bedrock::conversation(list(body, "messages"))
+        }
     };
     let mut chain = String::new();
     let digests = messages

@@ -14,14 +14,19 @@
 //! assert!(upstream.ends_with(r#""model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#));
 //! ```
 
+pub mod bedrock;
+#[cfg(test)]
+mod bedrock_tests;
 pub mod body;
 mod edits;
+pub mod eventstream;
 pub mod gemini;
 #[cfg(test)]
 mod gemini_tests;
 pub mod messages;
 pub mod record;
 pub mod redact;
+pub mod sigv4;
 pub mod splice;
 pub mod stream;
 #[cfg(test)]
@@ -49,17 +54,25 @@ pub enum Ingress {
     /// Gemini `POST /v1beta/models/{model}:streamGenerateContent?alt=sse`: the reply as
     /// server-sent events, each a `GenerateContentResponse`.
     StreamGenerateContent,
+    /// Bedrock Runtime `POST /model/{modelId}/converse`: the model is named by the path
+    /// ([`bedrock::BedrockPath`]).
+    Converse,
+    /// Bedrock Runtime `POST /model/{modelId}/converse-stream`: the reply in AWS's binary
+    /// event-stream framing ([`eventstream`]).
+    ConverseStream,
 }
 
 impl Ingress {
     /// Every endpoint, in a fixed order.
-    pub const ALL: [Ingress; 6] = [
+    pub const ALL: [Ingress; 8] = [
         Ingress::ChatCompletions,
         Ingress::Responses,
         Ingress::Messages,
         Ingress::CountTokens,
         Ingress::GenerateContent,
         Ingress::StreamGenerateContent,
+        Ingress::Converse,
+        Ingress::ConverseStream,
     ];
 
     /// The endpoint's path, after the gateway's prefix (Gemini's as a template: its path
@@ -72,6 +85,8 @@ impl Ingress {
             Ingress::CountTokens => "/v1/messages/count_tokens",
             Ingress::GenerateContent => "/v1beta/models/{model}:generateContent",
             Ingress::StreamGenerateContent => "/v1beta/models/{model}:streamGenerateContent",
+            Ingress::Converse => "/model/{modelId}/converse",
+            Ingress::ConverseStream => "/model/{modelId}/converse-stream",
         }
     }
 
@@ -85,7 +100,7 @@ impl Ingress {
 
     /// Whether its path is fixed (not a template naming the model).
     pub fn fixed_path(self) -> bool {
-        self.provider() != Provider::Gemini
+        !matches!(self.provider(), Provider::Gemini | Provider::Bedrock)
     }
 
     /// The body format promptd renders and reads for it.
@@ -95,6 +110,7 @@ impl Ingress {
             Ingress::Responses => Format::OpenaiResponses,
             Ingress::Messages | Ingress::CountTokens => Format::Anthropic,
             Ingress::GenerateContent | Ingress::StreamGenerateContent => Format::Gemini,
+            Ingress::Converse | Ingress::ConverseStream => Format::Bedrock,
         }
     }
 
@@ -104,13 +120,17 @@ impl Ingress {
             Ingress::ChatCompletions | Ingress::Responses => Provider::Openai,
             Ingress::Messages | Ingress::CountTokens => Provider::Anthropic,
             Ingress::GenerateContent | Ingress::StreamGenerateContent => Provider::Gemini,
+            Ingress::Converse | Ingress::ConverseStream => Provider::Bedrock,
         }
     }
 
-    /// Whether the endpoint itself asks for a streamed reply (Gemini's streaming method;
-    /// the others say it in the body's `stream`).
+    /// Whether the endpoint itself asks for a streamed reply (Gemini's and Bedrock's
+    /// streaming methods; the others say it in the body's `stream`).
     pub fn streams(self) -> bool {
-        self == Ingress::StreamGenerateContent
+        matches!(
+            self,
+            Ingress::StreamGenerateContent | Ingress::ConverseStream
+        )
     }
 }
 
@@ -124,11 +144,18 @@ pub enum Provider {
     Anthropic,
     /// Google Gemini (`generateContent`, `streamGenerateContent`).
     Gemini,
+    /// Amazon Bedrock Runtime (`converse`, `converse-stream`), signed with SigV4 (G9).
+    Bedrock,
 }
 
 impl Provider {
     /// Every provider, in a fixed order.
-    pub const ALL: [Provider; 3] = [Provider::Openai, Provider::Anthropic, Provider::Gemini];
+    pub const ALL: [Provider; 4] = [
+        Provider::Openai,
+        Provider::Anthropic,
+        Provider::Gemini,
+        Provider::Bedrock,
+    ];
 
     /// The provider's name as the config writes it.
     pub fn as_str(self) -> &'static str {
@@ -136,6 +163,7 @@ impl Provider {
             Provider::Openai => "openai",
             Provider::Anthropic => "anthropic",
             Provider::Gemini => "gemini",
+            Provider::Bedrock => "bedrock",
         }
     }
 }

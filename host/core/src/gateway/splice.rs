@@ -37,6 +37,11 @@ pub fn plan(
         splice.edits.sort_by_key(|e| e.at);
         return Ok(splice);
     }
+    if ingress.provider() == super::Provider::Bedrock {
+        super::bedrock::splice(body, contributions, settings, &mut splice)?;
+        splice.edits.sort_by_key(|e| e.at);
+        return Ok(splice);
+    }
     deny_tools(ingress, body, &settings.deny_tools, &mut splice);
     defer_tools(ingress, body, settings, &mut splice);
     match ingress {
@@ -45,7 +50,10 @@ pub fn plan(
         }
         Ingress::ChatCompletions => chat(body, contributions, settings, &mut splice)?,
         Ingress::Responses => responses(body, contributions, settings, &mut splice)?,
-        Ingress::GenerateContent | Ingress::StreamGenerateContent => {}
+        Ingress::GenerateContent
+        | Ingress::StreamGenerateContent
+        | Ingress::Converse
+        | Ingress::ConverseStream => {}
     }
     splice.edits.sort_by_key(|e| e.at); // stable: edits at one place keep their order
     Ok(splice)
@@ -92,6 +100,9 @@ fn client_tools(ingress: Ingress, body: &ClientBody<'_>) -> Vec<(Range<usize>, O
 pub fn tool_names(ingress: Ingress, body: &ClientBody<'_>) -> Vec<String> {
     if ingress.provider() == super::Provider::Gemini {
         return super::gemini::tool_names(body);
+    }
+    if ingress.provider() == super::Provider::Bedrock {
+        return super::bedrock::tool_names(body);
     }
     (client_tools(ingress, body).into_iter())
         .filter_map(|(_, name)| name)
@@ -144,6 +155,7 @@ fn defer_tools(
         Ingress::ChatCompletions => Some("Chat Completions"),
         Ingress::CountTokens => Some("a token count"),
         Ingress::GenerateContent | Ingress::StreamGenerateContent => Some("Gemini"),
+        Ingress::Converse | Ingress::ConverseStream => Some("Bedrock Converse"),
     };
     if let Some(endpoint) = endpoint {
         let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();

@@ -134,6 +134,8 @@ pub struct Reassembly {
     pieces: Vec<(usize, usize, String)>,
     done: bool,
     error: Option<String>,
+    /// Bedrock: its events, folded apart (they come framed in binary, not as SSE).
+    bedrock: super::bedrock::Fold,
 }
 
 /// What a stream amounted to.
@@ -157,7 +159,13 @@ impl Reassembly {
             pieces: Vec::new(),
             done: false,
             error: None,
+            bedrock: super::bedrock::Fold::default(),
         }
+    }
+
+    /// Folds one Bedrock event-stream frame in (G5).
+    pub fn push_event(&mut self, frame: &super::eventstream::Message) {
+        self.bedrock.push(frame);
     }
 
     /// Folds one frame in.
@@ -181,6 +189,8 @@ impl Reassembly {
                     self.error = folded.error;
                 }
             }
+            // Framed in binary: read by `push_event`.
+            Ingress::Converse | Ingress::ConverseStream => {}
         }
     }
 
@@ -200,6 +210,14 @@ impl Reassembly {
             Ingress::Messages | Ingress::CountTokens => {
                 let content = parts.into_iter().map(Value::Object).collect();
                 self.reply.insert("content".into(), Value::Array(content));
+            }
+            Ingress::Converse | Ingress::ConverseStream => {
+                let (reply, complete, error) = std::mem::take(&mut self.bedrock).finish();
+                return Reassembled {
+                    reply,
+                    complete,
+                    error,
+                };
             }
             Ingress::Responses | Ingress::GenerateContent | Ingress::StreamGenerateContent => {}
         }

@@ -103,6 +103,8 @@ impl IntoResponse for GatewayRefusal {
                     "status": google_status(self.status),
                 },
             }),
+            // AWS's shape: the message alone, the type in `x-amzn-ErrorType` (below).
+            Provider::Bedrock => json!({ "message": message }),
             Provider::Openai => json!({
                 "error": {
                     "message": message,
@@ -119,6 +121,12 @@ impl IntoResponse for GatewayRefusal {
             HeaderValue::from_static("application/json"),
         );
         headers.insert("x-promptd-error", HeaderValue::from_static(self.code));
+        if self.provider == Provider::Bedrock {
+            headers.insert(
+                "x-amzn-errortype",
+                HeaderValue::from_static(aws_error_type(self.status)),
+            );
+        }
         response
     }
 }
@@ -137,5 +145,19 @@ fn google_status(status: StatusCode) -> &'static str {
         502 | 503 => "UNAVAILABLE",
         504 => "DEADLINE_EXCEEDED",
         _ => "INTERNAL",
+    }
+}
+
+/// The AWS exception an HTTP status stands for in Bedrock Runtime's error shape.
+fn aws_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 413 | 422 => "ValidationException",
+        401 | 403 => "AccessDeniedException",
+        404 => "ResourceNotFoundException",
+        409 => "ConflictException",
+        429 => "ThrottlingException",
+        502 | 503 => "ServiceUnavailableException",
+        504 => "ModelTimeoutException",
+        _ => "InternalServerException",
     }
 }

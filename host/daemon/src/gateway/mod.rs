@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use promptd_core::config::gateway::{
     AgentGateway, OnPluginFailure, UpstreamConfig, DEFAULT_CLIENT_STALL_MS, DEFAULT_IDLE_TIMEOUT_MS,
 };
+use promptd_core::gateway::bedrock::BedrockPath;
 use promptd_core::gateway::body::{ClientBody, Spans};
 use promptd_core::gateway::gemini::GeminiPath;
 use promptd_core::gateway::messages::{conversation, Conversation};
@@ -162,18 +163,28 @@ async fn other_path(
     body: Body,
 ) -> Response {
     let path = format!("/{}", rest.trim_start_matches('/'));
-    match GeminiPath::parse(&path) {
-        Some(gemini) if method == Method::POST => {
-            serve(state.0, gemini.ingress, agent, path, uri, headers, body).await
-        }
-        _ => unknown_path(uri).await,
+    if let Some(gemini) = GeminiPath::parse(&path).filter(|_| method == Method::POST) {
+        return serve(state.0, gemini.ingress, agent, path, uri, headers, body).await;
     }
+    // Bedrock's model id comes percent-encoded (an ARN's `/` as `%2F`): read from the raw
+    // path, which the router's decoded `rest` is not, and sent upstream as the client sent it.
+    let raw = (uri.path().strip_prefix("/gateway/"))
+        .and_then(|p| p.split_once('/'))
+        .map(|(_, rest)| format!("/{rest}"));
+    if let Some(raw) = raw.filter(|_| method == Method::POST) {
+        if let Some(bedrock) = BedrockPath::parse(&raw) {
+            return serve(state.0, bedrock.ingress, agent, raw, uri, headers, body).await;
+        }
+    }
+    unknown_path(uri).await
 }
 
 /// A path under `/gateway/{agent}` the gateway does not serve: a provider-shaped 404.
 async fn unknown_path(uri: Uri) -> Response {
     let provider = if uri.path().contains("/models/") {
         Provider::Gemini
+    } else if uri.path().contains("/model/") {
+        Provider::Bedrock
     } else if uri.path().contains("/messages") {
         Provider::Anthropic
     } else {
@@ -241,7 +252,7 @@ struct Read {
 /// array, which the gateway does not fold, so that call is refused.
 fn sse_only(ingress: Ingress, path: &str, uri: &Uri) -> Result<(), GatewayRefusal> {
     let sse = (uri.query().unwrap_or("").split('&')).any(|p| p == "alt=sse");
-    match ingress.streams() && !sse {
+    match ingress == Ingress::StreamGenerateContent && !sse {
         true => Err(GatewayRefusal::new(
             ingress.provider(),
             StatusCode::BAD_REQUEST,
@@ -249,6 +260,44 @@ fn sse_only(ingress: Ingress, path: &str, uri: &Uri) -> Result<(), GatewayRefusa
             format!("`{path}` is served as server-sent events only: add `?alt=sse`"),
         )),
         false => Ok(()),
+    }
+}
+
+/// Bedrock's signature rule (G9): the client's SigV4 signature covers the host, path and body
+/// the gateway changes, so it is never forwarded; the request goes re-signed with the
+/// upstream's configured credentials, or with its configured API key, else it is refused
+/// before anything is read or recorded.
+fn signature_rule(gateway: &Gateway, ingress: Ingress, agent: &str) -> Result<(), GatewayRefusal> {
+    if ingress.provider() != Provider::Bedrock {
+        return Ok(());
+    }
+    let config = gateway.daemon.config();
+    let upstream = match config.gateway.agent(&config, agent) {
+        Ok(Some(settings)) => (settings.upstreams.get(&Provider::Bedrock))
+            .and_then(|name| Some((name.clone(), config.gateway.upstream.get(name)?.clone()))),
+        _ => None,
+    };
+    // No agent or no upstream: `read` refuses it, naming which.
+    let Some((name, upstream)) = upstream else {
+        return Ok(());
+    };
+    let refuse = |message: String| {
+        Err(GatewayRefusal::new(
+            Provider::Bedrock,
+            StatusCode::FORBIDDEN,
+            "bedrock_signature",
+            message,
+        ))
+    };
+    match upstream::aws_credentials(&upstream) {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(why)) => refuse(format!(
+            "upstream `{name}` cannot re-sign the request (SigV4): {why}"
+        )),
+        None if upstream.api_key_env.is_some() => Ok(()),
+        None => refuse(format!(
+            "the client's SigV4 signature covers the body, host and path the gateway changes, so it is never forwarded, and upstream `{name}` has no credentials to re-sign with: set [gateway.upstream.{name}] aws_access_key_id_env, aws_secret_access_key_env and aws_region (or api_key_env for a Bedrock API key)"
+        )),
     }
 }
 
@@ -268,7 +317,11 @@ async fn serve(
     if let Err(refusal) = sse_only(ingress, &path, &uri) {
         return refusal.into_response();
     }
-    let model = GeminiPath::parse(&path).map(|g| g.model);
+    if let Err(refusal) = signature_rule(&gateway, ingress, &agent) {
+        return refusal.into_response();
+    }
+    let model = (GeminiPath::parse(&path).map(|g| g.model))
+        .or_else(|| BedrockPath::parse(&path).map(|b| b.model));
     let read = match read(&gateway, ingress, agent, model, body).await {
         Ok(read) => read,
         Err(refusal) => return refusal.into_response(),
@@ -870,6 +923,8 @@ impl Reply {
                 headers.insert("x-promptd-degraded", code);
             }
         }
+        // Bedrock's stream comes in AWS's binary framing (application/vnd.amazon.eventstream).
+        let event_stream = event_stream || self.ingress == Ingress::ConverseStream;
         if event_stream && parts.status.is_success() {
             headers.insert("server-timing", self.timing.header());
             return self.stream(parts.status, headers, body, usage_added);
@@ -910,13 +965,19 @@ impl Reply {
             // The upstream's own refusal: the request's reply is recorded as missing, with its
             // status and error type — not its message, which may quote the client's key (an
             // OpenAI 401 shows part of it).
-            let kind = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| {
-                let error = v.get("error")?;
-                // Google's shape says it in `status` (its `code` is the HTTP status).
-                let kind = (error.get("type").or_else(|| error.get("status")))
-                    .or_else(|| error.get("code"))?;
-                kind.as_str()
-                    .map(|k| k.chars().take(64).collect::<String>())
+            // AWS says it in a header (`ValidationException:http://…`).
+            let aws = (parts.headers.get("x-amzn-errortype"))
+                .and_then(|v| v.to_str().ok())
+                .map(|k| k.split(':').next().unwrap_or(k).chars().take(64).collect());
+            let kind = aws.or_else(|| {
+                serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| {
+                    let error = v.get("error")?;
+                    // Google's shape says it in `status` (its `code` is the HTTP status).
+                    let kind = (error.get("type").or_else(|| error.get("status")))
+                        .or_else(|| error.get("code"))?;
+                    kind.as_str()
+                        .map(|k| k.chars().take(64).collect::<String>())
+                })
             });
             let mut reason = format!("the upstream answered {}", parts.status.as_u16());
             if let Some(kind) = kind {

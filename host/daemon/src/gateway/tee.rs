@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use promptd_core::gateway::eventstream::Decoder;
 use promptd_core::gateway::stream::{unasked_usage, Frames, Reassembly};
 use promptd_core::gateway::Ingress;
 
@@ -37,6 +38,9 @@ impl Tee {
     /// Forwards `body`'s frames to `client`; returns what the stream amounted to.
     pub(crate) async fn run(&self, mut body: Incoming, client: &mpsc::Sender<Bytes>) -> Ended {
         let mut frames = Frames::default();
+        // Bedrock's stream is AWS's binary event-stream framing, not SSE.
+        let binary = self.ingress == Ingress::ConverseStream;
+        let mut decoder = Decoder::default();
         let mut folded = Reassembly::new(self.ingress);
         let mut partial = None;
         'read: loop {
@@ -58,21 +62,39 @@ impl Tee {
             let Ok(data) = next.into_data() else {
                 continue; // trailers
             };
-            let complete = match frames.push(&data) {
-                Ok(complete) => complete,
-                Err(e) => {
-                    partial = Some(e.to_string());
-                    break;
+            let shown: Vec<Vec<u8>> = if binary {
+                match decoder.push(&data) {
+                    Ok(complete) => (complete.into_iter())
+                        .map(|frame| {
+                            folded.push_event(&frame);
+                            frame.raw
+                        })
+                        .collect(),
+                    Err(e) => {
+                        // A frame whose CRC fails is not the client's to see (G5).
+                        partial = Some(format!("invalid stream from the upstream: {e}"));
+                        break;
+                    }
+                }
+            } else {
+                match frames.push(&data) {
+                    Ok(complete) => (complete.into_iter())
+                        .filter_map(|frame| {
+                            folded.push(&frame);
+                            if self.usage_added && self.ingress == Ingress::ChatCompletions {
+                                unasked_usage(&frame)
+                            } else {
+                                Some(frame.raw.clone())
+                            }
+                        })
+                        .collect(),
+                    Err(e) => {
+                        partial = Some(e.to_string());
+                        break;
+                    }
                 }
             };
-            for frame in complete {
-                folded.push(&frame);
-                let shown = if self.usage_added && self.ingress == Ingress::ChatCompletions {
-                    unasked_usage(&frame)
-                } else {
-                    Some(frame.raw.clone())
-                };
-                let Some(shown) = shown else { continue };
+            for shown in shown {
                 match tokio::time::timeout(self.stall, client.send(Bytes::from(shown))).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => {
@@ -90,6 +112,9 @@ impl Tee {
             }
         }
         let out = folded.finish();
+        if partial.is_none() && !decoder.rest().is_empty() {
+            partial = Some("the stream ended inside an event-stream frame".into());
+        }
         if partial.is_none() && !frames.rest().is_empty() {
             // What is left names the line that broke the framing, when one did.
             partial = Some(match frames.finish() {
@@ -131,6 +156,9 @@ pub(crate) fn mark_partial(ingress: Ingress, reply: &mut Value, reason: &str) {
         }
         Ingress::GenerateContent | Ingress::StreamGenerateContent => {
             promptd_core::gateway::gemini::mark_partial(reply, &why)
+        }
+        Ingress::Converse | Ingress::ConverseStream => {
+            promptd_core::gateway::bedrock::mark_partial(reply, &why)
         }
     }
 }

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 
 use promptd_core::config::gateway::{GatewayConfig, UpstreamConfig};
 use promptd_core::config::gateway::{DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_RESPONSE_TIMEOUT_MS};
-use promptd_core::gateway::Provider;
+use promptd_core::gateway::{sigv4, Provider};
 
 use super::errors::GatewayRefusal;
 
@@ -108,7 +108,10 @@ impl Upstreams {
         )
         .parse()
         .map_err(|e| Failure::Unreachable(format!("its URL is not valid: {e}")))?;
-        let forwarded = forwarded_headers(upstream, headers);
+        let mut forwarded = forwarded_headers(upstream, headers);
+        if let Some(Ok((credentials, region))) = aws_credentials(upstream) {
+            sign(&mut forwarded, &uri, &body, &credentials, &region);
+        }
         let mut tries = 0;
         loop {
             tries += 1;
@@ -141,6 +144,104 @@ fn describe(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The headers of the client's own SigV4 signature (and what it signed with): never forwarded,
+/// since the gateway changes what they sign (G9).
+const AWS_SIGNATURE: [&str; 4] = [
+    "authorization",
+    "x-amz-date",
+    "x-amz-security-token",
+    "x-amz-content-sha256",
+];
+
+/// A Bedrock upstream's credentials and region read from the environment its config names:
+/// `None` when it names none; an error naming the variable not set.
+pub(crate) fn aws_credentials(
+    upstream: &UpstreamConfig,
+) -> Option<Result<(sigv4::Credentials, String), String>> {
+    if upstream.provider != Provider::Bedrock {
+        return None;
+    }
+    let (id, secret) = (
+        upstream.aws_access_key_id_env.as_deref()?,
+        upstream.aws_secret_access_key_env.as_deref()?,
+    );
+    let region = upstream.aws_region.clone()?;
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("the environment variable `{name}` is not set"))
+    };
+    let read = || -> Result<(sigv4::Credentials, String), String> {
+        let token = match upstream.aws_session_token_env.as_deref() {
+            Some(name) => Some(var(name)?),
+            None => None,
+        };
+        Ok((
+            sigv4::Credentials {
+                access_key_id: var(id)?,
+                secret_access_key: var(secret)?,
+                session_token: token,
+            },
+            region,
+        ))
+    };
+    Some(read())
+}
+
+/// Signs the request for Bedrock (service `bedrock`) with the gateway's credentials: the
+/// headers signed are `host`, `content-type` and `x-amz-date` (and the session token's).
+fn sign(
+    headers: &mut HeaderMap,
+    uri: &Uri,
+    body: &[u8],
+    credentials: &sigv4::Credentials,
+    region: &str,
+) {
+    let host = uri
+        .authority()
+        .map(|a| a.as_str())
+        .unwrap_or("")
+        .to_string();
+    let mut signed = vec![("host".to_string(), host.clone())];
+    if let Some(kind) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        signed.push(("content-type".into(), kind.to_string()));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let request = sigv4::Request {
+        method: "POST",
+        path: uri.path(),
+        query: uri.query().unwrap_or(""),
+        headers: signed,
+        body,
+    };
+    let out = sigv4::sign(
+        &request,
+        credentials,
+        region,
+        "bedrock",
+        &sigv4::amz_date(now),
+    );
+    let mut put = |name: &'static str, value: &str| {
+        if let Ok(mut value) = HeaderValue::from_str(value) {
+            value.set_sensitive(true);
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    put("host", &host);
+    put("x-amz-date", &out.amz_date);
+    put("authorization", &out.authorization);
+    if let Some(token) = &out.security_token {
+        put("x-amz-security-token", token);
+    }
+}
+
 /// The client's headers as they go upstream.
 fn forwarded_headers(upstream: &UpstreamConfig, headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(headers.len() + 1);
@@ -154,6 +255,10 @@ fn forwarded_headers(upstream: &UpstreamConfig, headers: &HeaderMap) -> HeaderMa
         if hop_by_hop(name, headers) || n.starts_with("x-promptd-") {
             continue;
         }
+        // The client's signature no longer matches what goes (G9): never forwarded.
+        if upstream.provider == Provider::Bedrock && AWS_SIGNATURE.contains(&n) {
+            continue;
+        }
         if key.is_some()
             && (name == header::AUTHORIZATION || n == "x-api-key" || n == "x-goog-api-key")
         {
@@ -165,7 +270,10 @@ fn forwarded_headers(upstream: &UpstreamConfig, headers: &HeaderMap) -> HeaderMa
         let (name, value) = match upstream.provider {
             Provider::Anthropic => (HeaderName::from_static("x-api-key"), key),
             Provider::Gemini => (HeaderName::from_static("x-goog-api-key"), key),
-            Provider::Openai => (header::AUTHORIZATION, format!("Bearer {key}")),
+            // A Bedrock API key is a bearer token.
+            Provider::Openai | Provider::Bedrock => {
+                (header::AUTHORIZATION, format!("Bearer {key}"))
+            }
         };
         if let Ok(mut value) = HeaderValue::from_str(&value) {
             value.set_sensitive(true);
