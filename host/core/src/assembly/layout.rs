@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use std::sync::Mutex;
 
-use super::calls::{call_key, Ask, Calls, KeyHasher};
+use super::calls::{call_key, Ask, Calls};
 use super::effective::{effective, Picked};
+use super::keys::KeyHasher;
 use super::model::{Options, Origin};
 use super::tools::{check_tool_order, order_tools, OrderedTools};
 use crate::error::{Error, Result};

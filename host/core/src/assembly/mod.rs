@@ -9,6 +9,7 @@
 
 mod calls;
 mod effective;
+mod keys;
 mod layout;
 mod model;
 mod reuse;

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 
-use super::calls::KeyMap;
+use super::keys::KeyMap;
 use crate::plugin::model::{Kind, Reads, Step, StepInputs};
 use crate::plugin::registry::PluginEntry;
 
