@@ -12,9 +12,9 @@ use std::ops::Range;
 
 use serde_json::{json, Map, Value};
 
-use super::body::{elements, first_byte, members, ClientBody, Member};
-use super::edits::{first_member, quoted, remove_items, Contributions, Part};
-use super::edits::{ClientSystem, Splice, SpliceSettings};
+use super::body::{elements, members, ClientBody, Member};
+use super::edits::{first_member, into_system_list, quoted, remove_items, Contributions, Part};
+use super::edits::{Splice, SpliceSettings};
 use super::eventstream::Message as Frame;
 use super::{GatewayError, Ingress};
 use crate::conversation::content::{Block, Content};
@@ -161,28 +161,9 @@ fn system(
         );
         return Ok(());
     };
+    let what = "`system` must be an array of system content blocks ([{\"text\":…}])";
     let list = member.value.clone();
-    match first_byte(&text[list.clone()]) {
-        b'n' => splice.replace(list, format!("[{block}]"), Part::Sections),
-        b'[' => {
-            let items = elements(text, list.clone()).unwrap_or_default();
-            match (items.first(), items.last(), settings.client_system) {
-                (Some(first), _, ClientSystem::Last) => {
-                    splice.push(first.start, format!("{block},"), Part::Sections)
-                }
-                (_, Some(last), ClientSystem::First) => {
-                    splice.push(last.end, format!(",{block}"), Part::Sections)
-                }
-                _ => splice.push(list.start + 1, block, Part::Sections),
-            }
-        }
-        _ => {
-            return Err(GatewayError::InvalidBody(
-                "`system` must be an array of system content blocks ([{\"text\":…}])".into(),
-            ))
-        }
-    }
-    Ok(())
+    into_system_list(text, list, block, settings.client_system, splice, what)
 }
 
 /// The runtime context as a text block closing the last message when it is the user's; after

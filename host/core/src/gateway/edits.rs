@@ -8,7 +8,8 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::body::ClientBody;
+use super::body::{elements, first_byte, ClientBody};
+use super::GatewayError;
 
 /// What promptd adds to a client's request: the agent's assembled sections (its system
 /// text) and its runtime context snapshot.
@@ -150,6 +151,37 @@ impl Splice {
 /// A JSON string literal of `text`.
 pub(super) fn quoted(text: &str) -> String {
     Value::String(text.to_string()).to_string()
+}
+
+/// `item` (promptd's block) joined to the client's system list at `list` (its JSON value):
+/// the list made when it is `null`, else put before the client's blocks, after them
+/// ([`ClientSystem::First`]) or into an empty list. Anything but a list or null is refused as
+/// `what` says a list must be.
+pub(super) fn into_system_list(
+    text: &str,
+    list: Range<usize>,
+    item: String,
+    client_system: ClientSystem,
+    splice: &mut Splice,
+    what: &str,
+) -> Result<(), GatewayError> {
+    match first_byte(&text[list.clone()]) {
+        b'n' => splice.replace(list, format!("[{item}]"), Part::Sections),
+        b'[' => {
+            let items = elements(text, list.clone()).unwrap_or_default();
+            match (items.first(), items.last(), client_system) {
+                (Some(first), _, ClientSystem::Last) => {
+                    splice.push(first.start, format!("{item},"), Part::Sections)
+                }
+                (_, Some(last), ClientSystem::First) => {
+                    splice.push(last.end, format!(",{item}"), Part::Sections)
+                }
+                _ => splice.push(list.start + 1, item, Part::Sections),
+            }
+        }
+        _ => return Err(GatewayError::InvalidBody(what.into())),
+    }
+    Ok(())
 }
 
 /// Inserts member `"key":value` as the body's first member.

@@ -14,9 +14,9 @@ use std::ops::Range;
 
 use serde_json::{Map, Value};
 
-use super::body::{elements, first_byte, members, ClientBody, Member};
-use super::edits::{first_member, quoted, remove_items, Contributions, Part};
-use super::edits::{ClientSystem, Splice, SpliceSettings};
+use super::body::{elements, members, ClientBody, Member};
+use super::edits::{first_member, into_system_list, quoted, remove_items, Contributions, Part};
+use super::edits::{Splice, SpliceSettings};
 use super::{GatewayError, Ingress};
 use crate::conversation::content::{Block, Content};
 use crate::conversation::{Message, ToolCall};
@@ -213,28 +213,9 @@ fn system_instruction(
         );
         return Ok(());
     };
+    let what = "`systemInstruction.parts` must be an array of parts";
     let list = parts.value.clone();
-    match first_byte(&text[list.clone()]) {
-        b'n' => splice.replace(list, format!("[{part}]"), Part::Sections),
-        b'[' => {
-            let items = elements(text, list.clone()).unwrap_or_default();
-            match (items.first(), items.last(), settings.client_system) {
-                (Some(first), _, ClientSystem::Last) => {
-                    splice.push(first.start, format!("{part},"), Part::Sections)
-                }
-                (_, Some(last), ClientSystem::First) => {
-                    splice.push(last.end, format!(",{part}"), Part::Sections)
-                }
-                _ => splice.push(list.start + 1, part, Part::Sections),
-            }
-        }
-        _ => {
-            return Err(GatewayError::InvalidBody(
-                "`systemInstruction.parts` must be an array of parts".into(),
-            ))
-        }
-    }
-    Ok(())
+    into_system_list(text, list, part, settings.client_system, splice, what)
 }
 
 /// The runtime context as a text part closing the last content when it is the user's (a
