@@ -3,7 +3,10 @@
 //! side in one run.
 //!
 //! Run: `cargo bench -p promptd --bench gateway`. Environment: `GATEWAY_SECS` (5) measured
-//! seconds per scenario after `GATEWAY_WARMUP_SECS` (1); `GATEWAY_CLIENTS` (`1,16,64`).
+//! seconds per scenario after `GATEWAY_WARMUP_SECS` (1); `GATEWAY_CLIENTS` (`1,16,64`);
+//! `GATEWAY_PROVIDERS` (`anthropic`; `anthropic,gemini` adds Gemini `generateContent` and
+//! `streamGenerateContent?alt=sse` traffic of the same shape: contents, a system instruction,
+//! three function declarations; its stream is five chunks, `usageMetadata` on each).
 //!
 //! Method. The stub is in this process: a thread per connection, answering each request at
 //! once with a canned reply of the Messages API, whole (JSON with usage) or streamed (nine
@@ -72,6 +75,31 @@ fn stream_events() -> Vec<String> {
         .collect()
 }
 
+/// The canned whole Gemini reply.
+const GEMINI_REPLY: &str = r#"{"candidates":[{"content":{"role":"model","parts":[{"text":"Done: the file is read and the answer is ready."}]},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":5296,"cachedContentTokenCount":4096,"candidatesTokenCount":12,"totalTokenCount":5308},"modelVersion":"gemini-2.5-flash"}"#;
+
+/// The canned Gemini stream's chunks (`alt=sse`): the text in five pieces, cumulative usage
+/// on each, the finish reason on the last.
+fn gemini_events() -> Vec<String> {
+    let pieces = [
+        "Done: ",
+        "the file ",
+        "is read ",
+        "and the answer ",
+        "is ready.",
+    ];
+    (pieces.iter().enumerate())
+        .map(|(i, piece)| {
+            let finish = if i + 1 == pieces.len() { r#","finishReason":"STOP""# } else { "" };
+            format!(
+                "data: {{\"candidates\":[{{\"content\":{{\"role\":\"model\",\"parts\":[{{\"text\":\"{piece}\"}}]}}{finish},\"index\":0}}],\"usageMetadata\":{{\"promptTokenCount\":5296,\"cachedContentTokenCount\":4096,\"candidatesTokenCount\":{},\"totalTokenCount\":{}}},\"modelVersion\":\"gemini-2.5-flash\"}}\r\n\r\n",
+                2 * i + 2,
+                5296 + 2 * i + 2
+            )
+        })
+        .collect()
+}
+
 /// The stub upstream: a thread per connection.
 struct Stub {
     url: String,
@@ -85,7 +113,7 @@ fn start_stub() -> Stub {
     let hold = Arc::new(AtomicBool::new(false));
     let held = hold.clone();
     std::thread::spawn(move || {
-        let events = Arc::new(stream_events());
+        let events = Arc::new([stream_events(), gemini_events()]);
         for conn in listener.incoming().flatten() {
             let (events, held) = (events.clone(), held.clone());
             std::thread::spawn(move || serve_stub(conn, &events, &held));
@@ -94,12 +122,18 @@ fn start_stub() -> Stub {
     Stub { url, hold }
 }
 
-fn serve_stub(conn: TcpStream, events: &[String], hold: &AtomicBool) {
+/// `events`: Anthropic's stream, then Gemini's.
+fn serve_stub(conn: TcpStream, events: &[Vec<String>; 2], hold: &AtomicBool) {
     let _ = conn.set_nodelay(true);
     let mut reader = BufReader::new(conn.try_clone().expect("clone"));
     let mut out = conn;
-    while let Some((_, body)) = read_request(&mut reader) {
-        let streamed = memchr(&body, b"\"stream\":true");
+    while let Some((head, body)) = read_request(&mut reader) {
+        let gemini = head.lines().next().is_some_and(|l| l.contains("Content"));
+        let streamed = memchr(&body, b"\"stream\":true") || head.contains(":streamGenerateContent");
+        let (events, reply) = match gemini {
+            true => (&events[1], GEMINI_REPLY),
+            false => (&events[0], REPLY),
+        };
         let ok = if streamed {
             let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
             let mut ok = out.write_all(head.as_bytes()).is_ok();
@@ -114,9 +148,9 @@ fn serve_stub(conn: TcpStream, events: &[String], hold: &AtomicBool) {
         } else {
             let head = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                REPLY.len()
+                reply.len()
             );
-            out.write_all(head.as_bytes()).is_ok() && out.write_all(REPLY.as_bytes()).is_ok()
+            out.write_all(head.as_bytes()).is_ok() && out.write_all(reply.as_bytes()).is_ok()
         };
         if !ok {
             return;
@@ -253,6 +287,59 @@ fn body(conversation: u64, turn: usize, stream: bool) -> String {
     )
 }
 
+/// The body a Gemini SDK agent (google-genai) sends at `turn` of a conversation: the same
+/// conversation as [`body`]'s (the stream is asked for by the method, not the body).
+fn gemini_body(conversation: u64, turn: usize) -> String {
+    let mut contents = Vec::new();
+    for t in 0..=turn {
+        contents.push(format!(
+            r#"{{"role":"user","parts":[{{"text":"Conversation {conversation}, turn {t}: look at src/main.rs and tell me what the handler at line {t} returns."}}]}}"#
+        ));
+        if t < turn {
+            contents.push(r#"{"role":"model","parts":[{"text":"Done: the file is read and the answer is ready."}]}"#.to_string());
+        }
+    }
+    let tools = ["read_file", "list_dir", "run_command"]
+        .map(|t| format!(r#"{{"name":"{t}","description":"{t} on the workspace.","parameters":{{"type":"OBJECT","properties":{{"path":{{"type":"STRING"}}}},"required":["path"]}}}}"#))
+        .join(",");
+    format!(
+        r#"{{"contents":[{}],"systemInstruction":{{"parts":[{{"text":"You are a coding agent. Work in small steps and explain each change."}}]}},"tools":[{{"functionDeclarations":[{tools}]}}],"generationConfig":{{"maxOutputTokens":4096}}}}"#,
+        contents.join(",")
+    )
+}
+
+/// The provider API a scenario speaks.
+#[derive(Clone, Copy, PartialEq)]
+enum Api {
+    Anthropic,
+    Gemini,
+}
+
+impl Api {
+    fn name(self) -> &'static str {
+        match self {
+            Api::Anthropic => "anthropic",
+            Api::Gemini => "gemini",
+        }
+    }
+
+    /// The path after the gateway's prefix (and on the stub).
+    fn path(self, stream: bool) -> &'static str {
+        match (self, stream) {
+            (Api::Anthropic, _) => "/v1/messages",
+            (Api::Gemini, false) => "/v1beta/models/gemini-2.5-flash:generateContent",
+            (Api::Gemini, true) => "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+        }
+    }
+
+    fn body(self, conversation: u64, turn: usize, stream: bool) -> String {
+        match self {
+            Api::Anthropic => body(conversation, turn, stream),
+            Api::Gemini => gemini_body(conversation, turn),
+        }
+    }
+}
+
 /// What one scenario measured on one path.
 struct Measured {
     totals: Vec<Duration>,
@@ -261,6 +348,7 @@ struct Measured {
 }
 
 fn run(
+    api: Api,
     url: &str,
     path: &str,
     clients: usize,
@@ -283,7 +371,7 @@ fn run(
                 let conversation_base = (c as u64) << 32;
                 while !stop.load(Ordering::Acquire) {
                     let conversation = conversation_base + (n / TURNS) as u64;
-                    let timed = conn.post(&path, &body(conversation, n % TURNS, stream));
+                    let timed = conn.post(&path, &api.body(conversation, n % TURNS, stream));
                     if measuring.load(Ordering::Acquire) {
                         totals.push(timed.total);
                         first_bytes.push(timed.first_byte);
@@ -324,7 +412,7 @@ fn plugin_folder(dir: &Path, stub: &str) -> std::path::PathBuf {
     std::fs::remove_file(dir.join("tools.wasm")).expect("remove tools.wasm");
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(&format!(
-        "\n[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{stub}\"\n[agents.coder.gateway]\n"
+        "\n[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{stub}\"\n[gateway.upstream.google]\nprovider = \"gemini\"\nbase_url = \"{stub}\"\n[agents.coder.gateway]\n"
     ));
     std::fs::write(&config, text).unwrap();
     config
@@ -346,9 +434,19 @@ fn main() {
         .split(',')
         .map(|c| c.trim().parse().expect("GATEWAY_CLIENTS: numbers"))
         .collect();
+    let apis: Vec<Api> = std::env::var("GATEWAY_PROVIDERS")
+        .unwrap_or_else(|_| "anthropic".into())
+        .split(',')
+        .map(|p| match p.trim() {
+            "anthropic" => Api::Anthropic,
+            "gemini" => Api::Gemini,
+            other => panic!("GATEWAY_PROVIDERS: `{other}` is not anthropic or gemini"),
+        })
+        .collect();
     let stub = start_stub();
     let bin: Binary = binaries().remove(0);
     let mut table = Table::new(&[
+        "api",
         "clients",
         "stream",
         "direct p50",
@@ -364,7 +462,10 @@ fn main() {
         "daemon CPU/req",
     ]);
     let mut rss_line = String::new();
-    for &n in &clients {
+    for (&api, &n) in apis
+        .iter()
+        .flat_map(|a| clients.iter().map(move |n| (a, n)))
+    {
         for stream in [false, true] {
             let dir = scratch("gateway");
             let config = plugin_folder(&dir.path().join("plugins"), &stub.url);
@@ -375,16 +476,11 @@ fn main() {
                 &dir.path().join("state"),
             );
             daemon.wait_ready();
-            let direct = run(&stub.url, "/v1/messages", n, stream, warmup, secs);
+            let path = api.path(stream);
+            let direct = run(api, &stub.url, path, n, stream, warmup, secs);
             let cpu_before = daemon.cpu_seconds();
-            let gateway = run(
-                &daemon.url,
-                "/gateway/coder/v1/messages",
-                n,
-                stream,
-                warmup,
-                secs,
-            );
+            let through = format!("/gateway/coder{path}");
+            let gateway = run(api, &daemon.url, &through, n, stream, warmup, secs);
             let cpu = daemon.cpu_seconds() - cpu_before;
             // The CPU window includes the warm-up's requests too: count them by rate.
             let per_req = cpu
@@ -392,6 +488,7 @@ fn main() {
                     * (1.0 + warmup.as_secs_f64() / gateway.elapsed.as_secs_f64()));
             let p = |v: &[Duration], q: f64| percentile(v, q);
             table.row(vec![
+                api.name().to_string(),
                 n.to_string(),
                 stream.to_string(),
                 fmt_duration(p(&direct.totals, 0.5)),
@@ -420,7 +517,7 @@ fn main() {
                 ),
                 format!("{:.3} ms", per_req * 1000.0),
             ]);
-            if stream && n == *clients.iter().max().unwrap() {
+            if api == Api::Anthropic && stream && n == *clients.iter().max().unwrap() {
                 rss_line = open_streams(&daemon, &stub, n);
             }
             daemon.stop();
