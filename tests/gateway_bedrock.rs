@@ -444,3 +444,36 @@ fn g1_an_arn_model_id_goes_upstream_as_the_client_encoded_it() {
     assert_eq!(received.len(), 1, "{head}");
     assert_eq!(received[0].0, path);
 }
+
+/// G5: an upstream stream that ends inside a frame gives the client the whole frames before it
+/// (never the half frame) and is recorded partial, never complete.
+#[test]
+fn g5_a_converse_stream_cut_inside_a_frame_is_recorded_partial() {
+    let stub = Stub::start();
+    let (served, _tmp, _folder) = gateway(&stub, SIGNED, &ENV);
+    let (head, got) = raw_post(
+        &served.url,
+        "/gateway/coder/model/amazon.nova-lite-v1%3A0/converse-stream",
+        &[("x-stub-fault", "midstream-error")],
+        BODY.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut decoder = Decoder::default();
+    let frames = decoder.push(&dechunk(&got)).expect("whole frames only");
+    assert_eq!(frames.len(), 4, "the frames before the cut one");
+    assert!(decoder.rest().is_empty(), "no byte of the cut frame");
+    let mut reply = None;
+    for _ in 0..50 {
+        let events = newest_session(&served);
+        reply = (events.iter().rev())
+            .find(|e| e["kind"] == "assistant/message")
+            .cloned();
+        if reply.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let reply = reply.expect("a recorded reply");
+    let partial = reply["body"]["partial"].as_str().unwrap_or_default();
+    assert!(partial.contains("the upstream's stream broke"), "{reply}");
+}

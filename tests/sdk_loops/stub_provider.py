@@ -100,7 +100,9 @@ error shape. A faulted stream's headers carry `Connection: close`.
                      {"type": "overloaded_error", "message": ...}} and ends the stream properly
                      (the terminating chunk, then the close); Chat and Responses send nothing
                      more and close the connection with the chunked body unfinished (no
-                     terminating chunk, no [DONE], no response.completed). A reply not streamed
+                     terminating chunk, no [DONE], no response.completed); Bedrock's
+                     converse-stream sends half of a fifth frame first, so it ends inside a
+                     frame. A reply not streamed
                      (and Gemini's, Bedrock's): its headers, half its body, the close, short of
                      the Content-Length announced
     invalid-sse      checked and accounted as usual; a stream's first 4 frames, then the line
@@ -3117,6 +3119,10 @@ class Handler(BaseHTTPRequestHandler):
                 frames.append(sse_event("error", OVERLOADED))
             else:
                 cut = True
+                if provider == "bedrock":
+                    # Cut inside a frame: its prelude and half its payload, then the close.
+                    half = bedrock_event("contentBlockStop", {"contentBlockIndex": 0})
+                    frames.append(half[:len(half) // 2])
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache")
