@@ -327,6 +327,19 @@ fn body_of(head: &str, body: &[u8]) -> Vec<u8> {
     }
 }
 
+/// The newest session's recorded reply, once it is recorded (off the answer's path).
+fn recorded_reply(served: &Served) -> Value {
+    for _ in 0..50 {
+        let events = newest_session(served);
+        let reply = (events.iter().rev()).find(|e| e["kind"] == "assistant/message");
+        if let Some(reply) = reply {
+            return reply.clone();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("no reply recorded within 5 s")
+}
+
 fn stream_frames(body: &[u8]) -> Vec<Vec<u8>> {
     let mut decoder = Decoder::default();
     let frames = decoder.push(&dechunk(body)).expect("a valid event stream");
@@ -409,18 +422,7 @@ fn g5_a_frame_with_a_bad_crc_is_refused_and_recorded_partial_naming_it() {
         4,
         "the frames before the bad one, which never went"
     );
-    let mut reply = None;
-    for _ in 0..50 {
-        let events = newest_session(&served);
-        reply = (events.iter().rev())
-            .find(|e| e["kind"] == "assistant/message")
-            .cloned();
-        if reply.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let reply = reply.expect("a recorded reply");
+    let reply = recorded_reply(&served);
     let partial = reply["body"]["partial"].as_str().unwrap_or_default();
     assert!(partial.contains("message CRC32"), "{reply}");
     assert!(partial.contains("event-stream frame 4"), "{reply}");
@@ -462,18 +464,7 @@ fn g5_a_converse_stream_cut_inside_a_frame_is_recorded_partial() {
     let frames = decoder.push(&dechunk(&got)).expect("whole frames only");
     assert_eq!(frames.len(), 4, "the frames before the cut one");
     assert!(decoder.rest().is_empty(), "no byte of the cut frame");
-    let mut reply = None;
-    for _ in 0..50 {
-        let events = newest_session(&served);
-        reply = (events.iter().rev())
-            .find(|e| e["kind"] == "assistant/message")
-            .cloned();
-        if reply.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let reply = reply.expect("a recorded reply");
+    let reply = recorded_reply(&served);
     let partial = reply["body"]["partial"].as_str().unwrap_or_default();
     assert!(partial.contains("the upstream's stream broke"), "{reply}");
 }
