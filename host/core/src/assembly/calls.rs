@@ -153,17 +153,14 @@ impl Calls<'_> {
     /// World 0.3.0: the answers `ask`'s items gave at an earlier step of the session when
     /// they read what they read now, taken as this step's (no call for them).
     fn kept_answers(&mut self, step: &Step, ask: &Ask) {
-        let Some(reuse) = self.reuse.as_deref() else {
+        if self.reuse.is_none() {
             return;
-        };
+        }
         let entry = &ask.entry;
         let ptr = Arc::as_ptr(entry) as usize;
         let tools = ask.wanted.shown_tools.then_some((ptr, Kind::Tool, 0));
         for key in (ask.text_keys.iter().chain(&ask.value_keys).copied()).chain(tools) {
             let (_, kind, index) = key;
-            let Some(reads) = reads_of(entry, kind, index).filter(|r| !r.volatile) else {
-                continue;
-            };
             let known = match kind {
                 Kind::Variable => self.values.contains_key(&key),
                 Kind::Tool => self.tools.contains_key(&ptr),
@@ -172,21 +169,17 @@ impl Calls<'_> {
             if known {
                 continue;
             }
-            let Some(answer) = reuse.get(entry, kind, index, reads, step) else {
-                continue;
+            match self.kept_one(entry, kind, index, step) {
+                Some(Answer::Text(t)) => self.texts.insert(key, Ok(t)).map(drop),
+                Some(Answer::Value(v)) => self.values.insert(key, Ok(v)).map(drop),
+                Some(Answer::Tools(names)) => self.tools.insert(ptr, Ok(names)).map(drop),
+                None => None,
             };
-            match answer {
-                Answer::Text(t) => self.texts.insert(key, Ok(t.clone())).map(drop),
-                Answer::Value(v) => self.values.insert(key, Ok(v.clone())).map(drop),
-                Answer::Tools(names) => self.tools.insert(ptr, Ok(names.clone())).map(drop),
-            };
-            let name = item_name(entry, kind, index);
-            self.reused.push(format!("{} {kind} `{name}`", entry.id));
         }
     }
 
-    /// The answer a contribution called one by one (worlds 0.1.0 and native plugins) gave at
-    /// an earlier step of the session when it read what it reads now: counted as reused.
+    /// The answer a contribution gave at an earlier step of the session when it read what it
+    /// reads now, named in `reused` (`None`: ask it).
     fn kept_one(
         &mut self,
         entry: &Arc<PluginEntry>,
