@@ -308,6 +308,30 @@ pub trait SessionStore: Send + Sync {
             "this store keeps no plugin sets",
         ))
     }
+    /// G10: adds `micro_usd` to gateway key `key`'s spend in each of `periods` (a UTC day
+    /// `2026-12-06` and month `2026-12`), durably and atomically, and returns each period's
+    /// total after it, in order. A shared store counts every daemon's spend.
+    fn add_spend(
+        &self,
+        key: &str,
+        periods: &[&str],
+        micro_usd: u64,
+    ) -> Result<Vec<u64>, StoreError> {
+        let _ = (key, periods, micro_usd);
+        Err(StoreError::backend(
+            format!("counting gateway key {key}'s spend"),
+            "this store keeps no spend",
+        ))
+    }
+    /// G10: gateway key `key`'s spend in each of `periods`, in micro-USD (0 for a period
+    /// with none).
+    fn spend(&self, key: &str, periods: &[&str]) -> Result<Vec<u64>, StoreError> {
+        let _ = periods;
+        Err(StoreError::backend(
+            format!("reading gateway key {key}'s spend"),
+            "this store keeps no spend",
+        ))
+    }
 }
 
 /// A plugin set published for a fleet of daemons (K10): its version and its files, by stem.
@@ -382,6 +406,8 @@ pub struct SessionSummary {
 pub struct MemoryStore {
     sessions: Mutex<BTreeMap<String, (String, Vec<Event>)>>,
     sets: Mutex<PublishedSets>,
+    /// Spend by (key, period), in micro-USD.
+    spend: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 /// A memory store's plugin sets, in order, and their files by sha256.
@@ -426,6 +452,36 @@ impl SessionStore for MemoryStore {
             .iter()
             .find(|s| s.version == version)
             .cloned())
+    }
+
+    fn add_spend(
+        &self,
+        key: &str,
+        periods: &[&str],
+        micro_usd: u64,
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut spend = lock(&self.spend);
+        Ok(periods
+            .iter()
+            .map(|p| {
+                let total = spend.entry((key.to_string(), p.to_string())).or_default();
+                *total = total.saturating_add(micro_usd);
+                *total
+            })
+            .collect())
+    }
+
+    fn spend(&self, key: &str, periods: &[&str]) -> Result<Vec<u64>, StoreError> {
+        let spend = lock(&self.spend);
+        Ok(periods
+            .iter()
+            .map(|p| {
+                spend
+                    .get(&(key.to_string(), p.to_string()))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .collect())
     }
 
     fn set_file(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {

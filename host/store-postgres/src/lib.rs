@@ -40,7 +40,7 @@ use promptd_core::store::{
 use promptd_core::sync::{lock, wait};
 
 /// The schema this binary writes: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Each version's SQL, applied in order from the database's version + 1.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -78,6 +78,16 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          version BIGINT PRIMARY KEY,
          created_ms BIGINT NOT NULL,
          files TEXT NOT NULL
+     );",
+    ),
+    (
+        3,
+        // G10: each gateway key's spend per UTC day and month, counted by every daemon.
+        "CREATE TABLE key_spend (
+         key TEXT NOT NULL,
+         period TEXT NOT NULL,
+         micro_usd BIGINT NOT NULL,
+         PRIMARY KEY (key, period)
      );",
     ),
 ];
@@ -555,6 +565,58 @@ impl SessionStore for PostgresStore {
 
     fn latest_set(&self) -> Result<Option<PluginSet>, StoreError> {
         self.with(|conn| latest_set(&mut conn.client))
+    }
+
+    fn add_spend(
+        &self,
+        key: &str,
+        periods: &[&str],
+        micro_usd: u64,
+    ) -> Result<Vec<u64>, StoreError> {
+        let add = i64::try_from(micro_usd).unwrap_or(i64::MAX);
+        self.with(|conn| {
+            let mut tx = conn
+                .client
+                .transaction()
+                .map_err(pg("beginning a transaction"))?;
+            let mut totals = Vec::with_capacity(periods.len());
+            for period in periods {
+                let total: i64 = tx
+                    .query_one(
+                        "INSERT INTO key_spend (key, period, micro_usd) VALUES ($1, $2, $3)
+                         ON CONFLICT (key, period)
+                         DO UPDATE SET micro_usd = key_spend.micro_usd + EXCLUDED.micro_usd
+                         RETURNING micro_usd",
+                        &[&key, period, &add],
+                    )
+                    .map_err(pg("counting a key's spend"))?
+                    .get(0);
+                totals.push(total.max(0) as u64);
+            }
+            tx.commit().map_err(pg("committing the spend"))?;
+            Ok(totals)
+        })
+    }
+
+    fn spend(&self, key: &str, periods: &[&str]) -> Result<Vec<u64>, StoreError> {
+        let periods: Vec<&str> = periods.to_vec();
+        self.with(|conn| {
+            let rows = conn
+                .client
+                .query(
+                    "SELECT period, micro_usd FROM key_spend WHERE key = $1 AND period = ANY($2)",
+                    &[&key, &periods],
+                )
+                .map_err(pg("reading a key's spend"))?;
+            Ok(periods
+                .iter()
+                .map(|p| {
+                    rows.iter()
+                        .find(|r| r.get::<_, &str>(0) == *p)
+                        .map_or(0, |r| r.get::<_, i64>(1).max(0) as u64)
+                })
+                .collect())
+        })
     }
 
     fn plugin_set(&self, version: u64) -> Result<Option<PluginSet>, StoreError> {

@@ -140,7 +140,13 @@ impl SqliteStore {
                  version INTEGER PRIMARY KEY,
                  created_ms INTEGER NOT NULL,
                  files TEXT NOT NULL
-             );",
+             );
+             CREATE TABLE IF NOT EXISTS key_spend (
+                 key TEXT NOT NULL,
+                 period TEXT NOT NULL,
+                 micro_usd INTEGER NOT NULL,
+                 PRIMARY KEY (key, period)
+             ) WITHOUT ROWID;",
         )
         .map_err(db("creating the schema"))?;
         let versioned: bool = conn
@@ -686,6 +692,38 @@ impl SessionStore for SqliteStore {
         self.read(latest_set)
     }
 
+    fn add_spend(
+        &self,
+        key: &str,
+        periods: &[&str],
+        micro_usd: u64,
+    ) -> Result<Vec<u64>, StoreError> {
+        // Checked and settled as any write (Q12): a count in a lost file is no count.
+        let left = self.files.check_written()?;
+        let totals = self.add_spend_in(key, periods, micro_usd)?;
+        self.files.check()?;
+        self.files.settled(left)?;
+        Ok(totals)
+    }
+
+    fn spend(&self, key: &str, periods: &[&str]) -> Result<Vec<u64>, StoreError> {
+        self.read(|conn| {
+            let mut totals = Vec::with_capacity(periods.len());
+            for period in periods {
+                let total: Option<i64> = conn
+                    .query_row(
+                        "SELECT micro_usd FROM key_spend WHERE key = ?1 AND period = ?2",
+                        params![key, period],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(db("reading a key's spend"))?;
+                totals.push(total.unwrap_or(0).max(0) as u64);
+            }
+            Ok(totals)
+        })
+    }
+
     fn plugin_set(&self, version: u64) -> Result<Option<PluginSet>, StoreError> {
         let Ok(version) = i64::try_from(version) else {
             return Ok(None);
@@ -788,6 +826,36 @@ fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, St
 }
 
 impl SqliteStore {
+    /// [`SessionStore::add_spend`]'s transaction: small and rare (one per recorded reply of
+    /// a keyed request), so a connection of its own beside the writer's.
+    fn add_spend_in(
+        &self,
+        key: &str,
+        periods: &[&str],
+        micro_usd: u64,
+    ) -> Result<Vec<u64>, StoreError> {
+        let add = i64::try_from(micro_usd).unwrap_or(i64::MAX);
+        let mut conn = connect(&self.path, false)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("beginning the spend's transaction"))?;
+        let mut totals = Vec::with_capacity(periods.len());
+        for period in periods {
+            let total: i64 = tx
+                .query_row(
+                    "INSERT INTO key_spend (key, period, micro_usd) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (key, period) DO UPDATE SET micro_usd = micro_usd + excluded.micro_usd
+                     RETURNING micro_usd",
+                    params![key, period, add],
+                    |r| r.get(0),
+                )
+                .map_err(db("counting a key's spend"))?;
+            totals.push(total.max(0) as u64);
+        }
+        tx.commit().map_err(db("committing the spend"))?;
+        Ok(totals)
+    }
+
     /// [`SessionStore::publish_set`]'s transaction.
     fn publish_set_in(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
         // Rare and large: a connection of its own, one immediate transaction.

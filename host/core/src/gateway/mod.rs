@@ -23,6 +23,7 @@ pub mod eventstream;
 pub mod gemini;
 #[cfg(test)]
 mod gemini_tests;
+pub mod keys;
 pub mod messages;
 pub mod record;
 pub mod redact;

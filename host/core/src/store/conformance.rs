@@ -29,7 +29,8 @@ macro_rules! store_suite {
             sessions_are_listed_most_recent_first,
             appending_to_an_unknown_session_fails,
             plugin_sets_are_numbered_content_addressed_and_shared,
-            every_published_plugin_set_reads_back_by_version);
+            every_published_plugin_set_reads_back_by_version,
+            key_spend_adds_up_per_period_across_handles);
     };
     (@cases $open:expr; $($case:ident),*) => {
         $(
@@ -333,4 +334,31 @@ pub fn every_published_plugin_set_reads_back_by_version(open: Open) {
     assert_eq!(other.plugin_set(0).unwrap(), None);
     assert_eq!(other.plugin_set(4).unwrap(), None);
     assert_eq!(other.latest_set().unwrap().as_ref(), published.last());
+}
+
+/// G10: a gateway key's spend adds up per period, is returned as the total after each add,
+/// and is read back by another handle (a restart, or another daemon of the fleet).
+pub fn key_spend_adds_up_per_period_across_handles(open: Open) {
+    let (a, b) = (open(), open());
+    let periods = ["2026-12-06", "2026-12"];
+    assert_eq!(a.spend("team-a", &periods).unwrap(), vec![0, 0]);
+    assert_eq!(
+        a.add_spend("team-a", &periods, 1_500).unwrap(),
+        vec![1_500, 1_500]
+    );
+    assert_eq!(
+        b.add_spend("team-a", &periods, 500).unwrap(),
+        vec![2_000, 2_000]
+    );
+    assert_eq!(
+        a.add_spend("team-a", &["2026-12-07", "2026-12"], 7)
+            .unwrap(),
+        vec![7, 2_007]
+    );
+    assert_eq!(b.add_spend("team-b", &periods, 1).unwrap(), vec![1, 1]);
+    assert_eq!(
+        open().spend("team-a", &periods).unwrap(),
+        vec![2_000, 2_007]
+    );
+    assert_eq!(a.spend("team-a", &["2026-11"]).unwrap(), vec![0]);
 }
