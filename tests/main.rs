@@ -19,6 +19,7 @@ mod gateway;
 mod gateway_bedrock;
 mod gateway_edges;
 mod gateway_gemini;
+mod gateway_keys;
 mod gateway_steps;
 mod held_changes;
 mod hot_reload;

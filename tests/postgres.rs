@@ -714,12 +714,12 @@ fn q17_promptd_migrate_applies_the_schema_once_and_refuses_a_newer_one() {
     };
     let (ok, stdout, stderr) = migrate(Some(&url));
     assert!(
-        ok && stdout.contains("schema version 2 (was 0)"),
+        ok && stdout.contains("schema version 3 (was 0)"),
         "{stdout}{stderr}"
     );
     let (ok, stdout, stderr) = migrate(Some(&url));
     assert!(
-        ok && stdout.contains("schema version 2 (was 2)"),
+        ok && stdout.contains("schema version 3 (was 3)"),
         "{stdout}{stderr}"
     );
     // The variable the config names is not set: a config error naming the key and variable.
@@ -742,7 +742,7 @@ fn q17_promptd_migrate_applies_the_schema_once_and_refuses_a_newer_one() {
     let (ok, _, stderr) = migrate(Some(&url));
     assert!(!ok);
     assert!(
-        stderr.contains("version 99") && stderr.contains("version 2)"),
+        stderr.contains("version 99") && stderr.contains("version 3)"),
         "{stderr}"
     );
     assert!(

@@ -16,9 +16,6 @@ pub enum CliError {
     #[error("listening on {addr} (not loopback) requires a token: set `token` in the config or PROMPTD_TOKEN")]
     TokenRequired { addr: std::net::SocketAddr },
 
-    #[error("--listen {addr}: the gateway ([gateway] enabled) is served on loopback only until gateway keys exist: its routes take the client's Authorization as the provider's credential, so anyone who reaches them spends it; listen on 127.0.0.1, [::1] or a Unix socket, or set [gateway] enabled = false")]
-    GatewayNotLoopback { addr: std::net::SocketAddr },
-
     #[error("{}: already exists; choose another name or folder", path.display())]
     AlreadyExists { path: PathBuf },
 
@@ -61,7 +58,6 @@ impl CliError {
         match self {
             CliError::BadArgument { .. } => "bad_argument",
             CliError::TokenRequired { .. } => "token_required",
-            CliError::GatewayNotLoopback { .. } => "gateway_not_loopback",
             CliError::AlreadyExists { .. } => "already_exists",
             CliError::NotAPluginFolder { .. } => "not_a_plugin_folder",
             CliError::Folder { .. } => "folder",

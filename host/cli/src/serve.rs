@@ -44,11 +44,11 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let (follow, dir, poll) = plugin_source(&config, plugins, state);
 
     let target = listen_target(listen, token.is_some())?;
-    if let Listen::Tcp(addr) = &target {
-        if config.gateway.enabled && !addr.ip().is_loopback() {
-            return Err(CliError::GatewayNotLoopback { addr: *addr }.into());
-        }
-    }
+    // Beyond loopback, gateway traffic presents a gateway key (G10).
+    let listening = match &target {
+        Listen::Tcp(addr) if !addr.ip().is_loopback() => promptd_daemon::gateway::Listening::Beyond,
+        _ => promptd_daemon::gateway::Listening::Local,
+    };
 
     std::fs::create_dir_all(state).map_err(|source| CliError::Folder {
         path: state.to_path_buf(),
@@ -105,7 +105,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     };
     // MCP servers connect on the runtime below; each publishes beside the plugins (M1).
     let mcp = daemon.clone();
-    let app = http::router(daemon, token);
+    let app = http::router_listening(daemon, token, listening);
 
     runtime()?.block_on(async move {
         promptd_mcp::start(&mcp, &tokio::runtime::Handle::current());

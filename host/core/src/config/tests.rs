@@ -464,3 +464,50 @@ fn g9_bedrock_credentials_go_together_and_only_on_a_bedrock_upstream() {
         "{e}"
     );
 }
+
+#[test]
+fn g10_gateway_keys_hold_digests_only_and_name_what_they_may_use() {
+    let digest = crate::gateway::keys::token_sha256("t");
+    let ok = format!(
+        "[gateway.upstream.a]\nprovider = \"anthropic\"\nbase_url = \"http://x\"\n[agents.coder.gateway]\n\
+         [gateway.keys.k]\ntoken_sha256 = \"{digest}\"\nagents = [\"coder\"]\nupstreams = [\"a\"]\n\
+         requests_per_minute = 5\nusd_per_day = 2.5\nusd_per_month = 10\n"
+    );
+    let c = Config::parse(&ok, "t").unwrap();
+    let key = &c.gateway.keys["k"];
+    assert_eq!(key.usd_per_day.map(|u| u.micro()), Some(2_500_000));
+    assert_eq!(key.usd_per_month.map(|u| u.micro()), Some(10_000_000));
+    let refused = |from: &str, to: &str| {
+        let text = ok.replace(from, to);
+        Config::parse(&text, "t").unwrap_err().to_string()
+    };
+    let e = refused(&digest, "sk-the-token-itself");
+    assert!(
+        e.contains("gateway.keys.k.token_sha256") && e.contains("never the token"),
+        "{e}"
+    );
+    let e = refused(&digest, &digest.to_uppercase());
+    assert!(e.contains("lower-case hex"), "{e}");
+    let e = refused("agents = [\"coder\"]", "agents = [\"nobody\"]");
+    assert!(
+        e.contains("gateway.keys.k.agents") && e.contains("nobody"),
+        "{e}"
+    );
+    let e = refused("upstreams = [\"a\"]", "upstreams = [\"b\"]");
+    assert!(
+        e.contains("gateway.keys.k.upstreams") && e.contains("`b`"),
+        "{e}"
+    );
+    let e = refused("usd_per_day = 2.5", "usd_per_day = -1");
+    assert!(
+        e.contains("usd_per_day") || e.contains("not an amount"),
+        "{e}"
+    );
+    let e = refused("requests_per_minute = 5", "requests_per_minute = 0");
+    assert!(e.contains("requests_per_minute"), "{e}");
+    let e = refused("usd_per_month = 10", "usd_per_month = 10\ntoken = \"x\"");
+    assert!(e.contains("token"), "{e}");
+    let twice = format!("{ok}[gateway.keys.j]\ntoken_sha256 = [\"{digest}\"]\n");
+    let e = Config::parse(&twice, "t").unwrap_err().to_string();
+    assert!(e.contains("the same token"), "{e}");
+}

@@ -4,8 +4,7 @@
 //!
 //! ```
 //! use std::collections::BTreeMap;
-//! use promptd_core::config::gateway::KeyConfig;
-//! use promptd_core::gateway::keys::{self, KeyIndex, Periods, Used};
+//! use promptd_core::gateway::keys::{self, KeyConfig, KeyIndex, Periods, Used};
 //! use promptd_core::gateway::Provider;
 //!
 //! let config: KeyConfig = toml::from_str(&format!(
@@ -30,10 +29,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::Provider;
-use crate::config::gateway::KeyConfig;
 
 /// The header a client may send its gateway key in whatever provider it speaks to; its
 /// provider credential then goes upstream as it came.
@@ -57,6 +56,90 @@ pub struct Presented<'a> {
     pub token: &'a str,
     /// Where it was.
     pub via: Via,
+}
+
+/// `[gateway.keys.NAME]`: a key a team or an agent sends the gateway instead of its provider
+/// key, what it may use, and its limits (G10).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// The SHA-256 (hex) of the token, never the token: one, or several while a token is
+    /// rotated (each is accepted).
+    pub token_sha256: Digests,
+    /// The agents it may use (default: every agent the gateway serves).
+    pub agents: Option<Vec<String>>,
+    /// The upstreams it may reach, by `[gateway.upstream.NAME]` (default: all).
+    pub upstreams: Option<Vec<String>>,
+    /// Requests admitted per minute (UTC minute), per daemon.
+    pub requests_per_minute: Option<u32>,
+    /// Spend per UTC day, in USD, from the ledger's prices; counted in the store.
+    pub usd_per_day: Option<Usd>,
+    /// Spend per UTC month, in USD.
+    pub usd_per_month: Option<Usd>,
+}
+
+/// `token_sha256`: one digest or a list.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Digests {
+    /// One token.
+    One(String),
+    /// Several (a rotation: old and new).
+    Many(Vec<String>),
+}
+
+impl Digests {
+    /// The digests as written.
+    pub fn hex(&self) -> &[String] {
+        match self {
+            Digests::One(d) => std::slice::from_ref(d),
+            Digests::Many(d) => d,
+        }
+    }
+
+    /// The digests as bytes; one that is not 64 hex digits is left out (config validation
+    /// refuses it first).
+    pub fn digests(&self) -> Vec<[u8; 32]> {
+        self.hex().iter().filter_map(|h| decode_hex(h)).collect()
+    }
+}
+
+fn decode_hex(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// An amount in US dollars, kept as whole micro-dollars so limits compare exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "f64")]
+pub struct Usd(u64);
+
+impl Usd {
+    /// In micro-USD.
+    pub fn micro(self) -> u64 {
+        self.0
+    }
+}
+
+impl TryFrom<f64> for Usd {
+    type Error = String;
+
+    fn try_from(usd: f64) -> std::result::Result<Usd, String> {
+        if !usd.is_finite() || usd <= 0.0 || usd > 1e9 {
+            return Err(format!(
+                "{usd} is not an amount in USD (more than 0, at most 1e9)"
+            ));
+        }
+        Ok(Usd((usd * 1e6).round() as u64))
+    }
 }
 
 /// The key `header` (a lookup by lower-case name) presents to `provider`'s endpoints:
@@ -124,6 +207,11 @@ impl KeyIndex {
             by_digest,
             keys: keys.clone(),
         }
+    }
+
+    /// The key named `name`.
+    pub fn get(&self, name: &str) -> Option<&KeyConfig> {
+        self.keys.get(name)
     }
 
     /// Whether any key is configured.

@@ -28,6 +28,13 @@ pub struct GatewayRecord {
     pub ingress: Ingress,
     /// The upstream it went to (`[gateway.upstream.NAME]`).
     pub upstream: String,
+    /// The model the client named (its body's `model`, or Gemini's and Bedrock's path): the
+    /// reply's cache outcome and cost are that model's, whatever promptd's own config names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The gateway key that sent it (`[gateway.keys.NAME]`, G10); none without keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// How the request joined the session.
     pub joined_by: JoinedBy,
     /// The client's body as it sent it (with a review's redactions applied: `redacted`).

@@ -94,6 +94,11 @@ impl SessionState {
                 .to_string();
             (crate::cache::blocks(&request, format), model)
         };
+        // A gateway request's model is the client's.
+        let model = match &self.gateway_model {
+            Some(m) => m.clone(),
+            None => model,
+        };
         let Some(rules) = Rules::of(format, &model, rules) else {
             return Ok(None);
         };

@@ -88,6 +88,9 @@ pub struct SessionState {
     /// The client conversation the last `gateway/request` held: how many messages, and their
     /// chained digest (G3).
     gateway: Option<(usize, String)>,
+    /// The model the last `gateway/request` named: a gateway reply's cache outcome and cost
+    /// are the client's model's.
+    pub(super) gateway_model: Option<String>,
     /// The redactions the session's last `gateway/request` applied to the client's texts.
     gateway_redactions: Vec<crate::assembly::review::Redaction>,
     /// The user messages the log holds, and the text of the last one (world 0.3.0's inputs).
@@ -182,6 +185,7 @@ impl SessionState {
             header_bytes: 0,
             snapshot_bytes: 0,
             gateway: None,
+            gateway_model: None,
             gateway_redactions: Vec::new(),
             user_turns: 0,
             last_user: None,
@@ -307,6 +311,7 @@ impl SessionState {
             }
             Body::GatewayRequest(record) => {
                 self.gateway = Some((record.messages, record.digest));
+                self.gateway_model = record.model;
                 self.gateway_redactions = record.redactions;
                 None
             }

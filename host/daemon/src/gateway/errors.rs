@@ -18,6 +18,8 @@ pub struct GatewayRefusal {
     pub code: &'static str,
     /// What went wrong, naming the thing and the cause.
     pub message: String,
+    /// `retry-after`, in seconds, for a limit's 429 (G10).
+    pub retry_after: Option<HeaderValue>,
 }
 
 impl GatewayRefusal {
@@ -33,6 +35,7 @@ impl GatewayRefusal {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -46,6 +49,22 @@ impl GatewayRefusal {
                     "authentication_error"
                 } else {
                     "invalid_request_error"
+                }
+            }
+            403 => {
+                if anthropic {
+                    "permission_error"
+                } else {
+                    "invalid_request_error"
+                }
+            }
+            429 => {
+                if anthropic {
+                    "rate_limit_error"
+                } else if self.code == "key_spend_limit" {
+                    "insufficient_quota"
+                } else {
+                    "requests"
                 }
             }
             404 => {
@@ -121,6 +140,9 @@ impl IntoResponse for GatewayRefusal {
             HeaderValue::from_static("application/json"),
         );
         headers.insert("x-promptd-error", HeaderValue::from_static(self.code));
+        if let Some(after) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, after);
+        }
         if self.provider == Provider::Bedrock {
             headers.insert(
                 "x-amzn-errortype",

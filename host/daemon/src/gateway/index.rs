@@ -13,11 +13,21 @@ const MAX_ENTRIES: usize = 100_000;
 /// The most recent sessions whose conversation a starting daemon reads back.
 pub(crate) const RECOVERED: usize = 1000;
 
+/// The index's scope of a request: its agent, and its gateway key when it has one (G10), so
+/// one key's conversations are never joined to another's.
+pub(crate) fn scope(agent: &str, key: Option<&str>) -> String {
+    match key {
+        Some(key) => format!("{agent}\u{0}{key}"),
+        None => agent.to_string(),
+    }
+}
+
 /// The index.
 #[derive(Default)]
 pub(crate) struct Index {
     by_digest: HashMap<(String, String), String>,
-    by_response: HashMap<String, String>,
+    /// By (scope, reply id).
+    by_response: HashMap<(String, String), String>,
 }
 
 impl Index {
@@ -55,16 +65,18 @@ impl Index {
             .or_insert_with(|| session.to_string());
     }
 
-    /// The session that recorded the reply `id`.
-    pub(crate) fn response(&self, id: &str) -> Option<String> {
-        self.by_response.get(id).cloned()
+    /// The session of `scope` that recorded the reply `id`.
+    pub(crate) fn response(&self, scope: &str, id: &str) -> Option<String> {
+        (self.by_response)
+            .get(&(scope.to_string(), id.to_string()))
+            .cloned()
     }
 
-    /// Notes that `session` recorded the reply `id`.
-    pub(crate) fn replied(&mut self, id: &str, session: &str) {
+    /// Notes that `session` of `scope` recorded the reply `id`.
+    pub(crate) fn replied(&mut self, scope: &str, id: &str, session: &str) {
         if self.by_response.len() >= MAX_ENTRIES {
             self.by_response.clear();
         }
-        self.by_response.insert(id.to_string(), session.to_string());
+        (self.by_response).insert((scope.to_string(), id.to_string()), session.to_string());
     }
 }

@@ -27,6 +27,7 @@ use promptd_core::config::gateway::{
 use promptd_core::gateway::bedrock::BedrockPath;
 use promptd_core::gateway::body::{ClientBody, Spans};
 use promptd_core::gateway::gemini::GeminiPath;
+use promptd_core::gateway::keys::Via;
 use promptd_core::gateway::messages::{conversation, Conversation};
 use promptd_core::gateway::record::JoinedBy;
 use promptd_core::gateway::{Ingress, Provider};
@@ -38,6 +39,7 @@ use crate::{Daemon, DaemonError};
 
 mod errors;
 mod index;
+mod keys;
 mod reply;
 mod tee;
 mod upstream;
@@ -58,6 +60,8 @@ const MAX_REPLY_BYTES: usize = 64 << 20;
 struct Gateway {
     daemon: Arc<Daemon>,
     upstreams: Upstreams,
+    /// The keys at the door (G10).
+    keys: keys::Keys,
     index: Mutex<Index>,
     idle: Duration,
     stall: Duration,
@@ -98,14 +102,25 @@ impl Drop for Pending {
     }
 }
 
+/// Where the daemon listens, for the gateway's door (G10).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Listening {
+    /// On loopback or a Unix socket: without `[gateway.keys]`, gateway traffic needs no key.
+    #[default]
+    Local,
+    /// Beyond loopback: every gateway request presents a key.
+    Beyond,
+}
+
 /// The gateway's routes for `daemon`: none when `[gateway] enabled` is not set.
-pub fn router(daemon: Arc<Daemon>) -> Router {
+pub fn router(daemon: Arc<Daemon>, listening: Listening) -> Router {
     let config = daemon.config();
     if !config.gateway.enabled {
         return Router::new();
     }
     let gateway = Arc::new(Gateway {
         upstreams: Upstreams::new(&config.gateway),
+        keys: keys::Keys::new(listening == Listening::Beyond),
         index: Mutex::new(Index::default()),
         pending: Mutex::new(HashMap::new()),
         settled: Condvar::new(),
@@ -246,6 +261,8 @@ struct Read {
     model: Option<String>,
     /// The names of the client's tools.
     client_tools: Vec<String>,
+    /// The gateway key that admitted it (G10).
+    key: Option<keys::Admitted>,
 }
 
 /// Gemini's stream is read as server-sent events: without `alt=sse` it comes as one JSON
@@ -322,10 +339,21 @@ async fn serve(
     }
     let model = (GeminiPath::parse(&path).map(|g| g.model))
         .or_else(|| BedrockPath::parse(&path).map(|b| b.model));
-    let read = match read(&gateway, ingress, agent, model, body).await {
+    let read = match read(&gateway, ingress, agent, model, &headers, body).await {
         Ok(read) => read,
         Err(refusal) => return refusal.into_response(),
     };
+    // A gateway key sent as the provider's credential stands in for it: never forwarded
+    // (the upstream's configured credential goes instead, G10).
+    let mut headers = headers;
+    if let Some(keys::Admitted {
+        via: Via::Credential(name),
+        ..
+    }) = &read.key
+    {
+        headers.remove(*name);
+    }
+    headers.remove(promptd_core::gateway::keys::KEY_HEADER);
     let parse = started.elapsed();
     let path_and_query = match uri.query() {
         Some(q) => format!("{path}?{q}"),
@@ -351,6 +379,7 @@ async fn serve(
             model: read.model.clone(),
             client_tools: read.client_tools.clone(),
             streamed: read.streamed,
+            key: read.key.clone(),
         };
         tokio::task::spawn_blocking(move || gateway.step(ingress, &headers, read)).await
     };
@@ -392,6 +421,8 @@ async fn serve(
         gateway,
         ingress,
         session,
+        scope: index::scope(&read.agent, read.key.as_ref().map(|k| k.name.as_str())),
+        key: read.key.as_ref().map(|k| k.name.clone()),
         sent_at: now_ms(),
         degraded,
         _pending: pending,
@@ -469,6 +500,8 @@ async fn count_tokens(
                 gateway,
                 ingress: Ingress::CountTokens,
                 session: None,
+                scope: String::new(),
+                key: None,
                 sent_at: now_ms(),
                 degraded,
                 _pending: None,
@@ -509,6 +542,7 @@ async fn read(
     ingress: Ingress,
     agent: String,
     path_model: Option<String>,
+    headers: &HeaderMap,
     body: Body,
 ) -> Result<Read, GatewayRefusal> {
     let provider = ingress.provider();
@@ -553,6 +587,28 @@ async fn read(
             format!("no [gateway.upstream.{upstream_name}] table"),
         ));
     };
+    // The door, before the body is read (G10).
+    let store = gateway.daemon.sessions.store.clone();
+    let key = (gateway.keys)
+        .admit(&config, &store, provider, &agent, &upstream_name, headers)
+        .await?;
+    if let Some(keys::Admitted {
+        via: Via::Credential(header),
+        name,
+    }) = &key
+    {
+        let has_own = upstream.api_key_env.is_some()
+            || (provider == Provider::Bedrock && upstream.aws_access_key_id_env.is_some());
+        if !has_own {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                "key_no_upstream_credential",
+                format!(
+                    "gateway key `{name}` came in `{header}`, where the provider's own key goes, and upstream `{upstream_name}` has no api_key_env to send instead: set [gateway.upstream.{upstream_name}] api_key_env, or send the gateway key as `x-promptd-key` beside the provider's key"
+                ),
+            ));
+        }
+    }
     let limit = config.gateway.max_body_bytes();
     let bytes = match http_body_util::Limited::new(body, limit as usize)
         .collect()
@@ -618,6 +674,7 @@ async fn read(
         previous_response,
         model,
         client_tools,
+        key,
     })
 }
 
@@ -716,10 +773,28 @@ impl Gateway {
             let Some(promptd_core::session::log::Body::GatewayRequest(record)) = decoded else {
                 continue;
             };
-            crate::lock(&self.index).recovered(&summary.agent, &record.digest, &summary.id);
+            let scope = index::scope(&summary.agent, record.key.as_deref());
+            crate::lock(&self.index).recovered(&scope, &record.digest, &summary.id);
             read += 1;
         }
         tracing::info!(sessions = read, "gateway: index read back from the log");
+    }
+
+    /// Whether `session` is `key`'s: its last `gateway/request` was sent with that key (or
+    /// with none, when `key` is none). A session with no gateway request yet is anyone's.
+    fn owned_by(&self, session: &str, key: Option<&str>) -> bool {
+        let Ok(events) = self.daemon.session_events(session) else {
+            return false;
+        };
+        let last = (events.iter().rev())
+            .find(|e| e.kind == promptd_core::store::EventKind::GatewayRequest)
+            .and_then(|e| promptd_core::session::decode(session, e).ok());
+        match last {
+            Some(promptd_core::session::log::Body::GatewayRequest(record)) => {
+                record.key.as_deref() == key
+            }
+            _ => true,
+        }
     }
 
     /// Waits until `session`'s earlier replies are recorded (at most [`SETTLE_WAIT`]).
@@ -752,13 +827,25 @@ impl Gateway {
             previous_response,
             model,
             client_tools,
+            key,
             ..
         } = read;
+        let key = key.map(|k| k.name);
+        // A key's sessions are its own (G10): joined by prefix or response id only among
+        // them, and one named by header only when the key sent it.
+        let scope = index::scope(&agent, key.as_deref());
         let named = headers
             .get(SESSION_HEADER)
             .map(|v| v.to_str().unwrap_or("").to_string());
         let (session, joined_by) = match named {
             Some(id) => match daemon.agent_of(&id) {
+                Ok(a) if a == agent && !self.owned_by(&id, key.as_deref()) => {
+                    return Err(refuse(
+                        StatusCode::NOT_FOUND,
+                        "unknown_session",
+                        format!("no session `{id}` ({SESSION_HEADER}) of this key"),
+                    ))
+                }
                 Ok(a) if a == agent => (id, JoinedBy::Header),
                 Ok(a) => {
                     return Err(refuse(
@@ -781,8 +868,8 @@ impl Gateway {
                 let index = crate::lock(&self.index);
                 let by_response = previous_response
                     .as_deref()
-                    .and_then(|id| index.response(id));
-                let by_prefix = || index.prefix(&agent, &conversation.digests);
+                    .and_then(|id| index.response(&scope, id));
+                let by_prefix = || index.prefix(&scope, &conversation.digests);
                 match (by_response, by_prefix()) {
                     (Some(s), _) => (s, JoinedBy::PreviousResponse),
                     (None, Some(s)) => (s, JoinedBy::Prefix),
@@ -801,12 +888,14 @@ impl Gateway {
             }
         };
         self.settle(&session);
-        let facts = facts(headers, model);
+        let facts = facts(headers, model.clone());
         let digest = conversation.digest(conversation.messages.len()).to_string();
         let request = StepRequest {
             gateway: Some(Box::new(GatewayStep {
                 ingress,
                 upstream: upstream_name,
+                model,
+                key: key.clone(),
                 joined_by,
                 client_body,
                 spans,
@@ -829,7 +918,7 @@ impl Gateway {
         };
         match daemon.step(request) {
             Ok(outcome) => {
-                crate::lock(&self.index).reached(&agent, &digest, &session);
+                crate::lock(&self.index).reached(&scope, &digest, &session);
                 let record = outcome.gateway.as_deref();
                 let usage_added = record.is_some_and(|g| g.splice.usage_added);
                 let degraded = record.and_then(|g| g.degraded.clone());

@@ -23,6 +23,10 @@ pub(super) struct Reply {
     pub(super) gateway: Arc<Gateway>,
     pub(super) ingress: Ingress,
     pub(super) session: Option<String>,
+    /// The index's scope of the request (its agent and key).
+    pub(super) scope: String,
+    /// The gateway key that sent it: the reply's cost is counted to it (G10).
+    pub(super) key: Option<String>,
     pub(super) sent_at: u64,
     pub(super) degraded: Option<String>,
     /// Held until the reply is recorded.
@@ -170,6 +174,7 @@ impl Reply {
         let id = reply.get("id").and_then(Value::as_str).map(str::to_string);
         let (format, sent_at) = (self.ingress.format(), self.sent_at);
         let gateway = self.gateway.clone();
+        let (scope, key) = (self.scope.clone(), self.key.clone());
         let reason = partial.map(str::to_string);
         let recorded = tokio::task::spawn_blocking(move || {
             let mut request =
@@ -189,9 +194,12 @@ impl Reply {
                     Err(e) => return Err(e),
                 };
             request.partial = reason;
-            gateway.daemon.record(request)?;
+            let outcome = gateway.daemon.record(request)?;
             if let Some(id) = id {
-                crate::lock(&gateway.index).replied(&id, &session);
+                crate::lock(&gateway.index).replied(&scope, &id, &session);
+            }
+            if let Some(key) = &key {
+                count_spend(&gateway, key, &outcome);
             }
             Ok::<(), DaemonError>(())
         })
@@ -205,5 +213,28 @@ impl Reply {
             ),
             Err(e) => tracing::warn!("gateway: recording the reply did not finish: {e}"),
         }
+    }
+}
+
+/// Counts what the recorded reply cost to its gateway key (G10), by the ledger's prices: a
+/// reply whose model has no price counts nothing. A count that cannot be written is logged;
+/// the reply stays recorded.
+fn count_spend(gateway: &Gateway, key: &str, outcome: &crate::outcome::RecordOutcome) {
+    let config = gateway.daemon.config();
+    let pricing = promptd_core::ledger::Pricing {
+        prices: &config.pricing,
+        rules: &config.cache,
+    };
+    let cost = (outcome.usage.as_ref()).and_then(|u| pricing.cost(u, outcome.cache.as_ref()));
+    let Some(cost) = cost else {
+        return;
+    };
+    let micro = (cost.total * 1e6).round().max(0.0) as u64;
+    let store = gateway.daemon.sessions.store.as_ref();
+    if let Err(e) = gateway.keys.spent(store, key, micro) {
+        tracing::warn!(
+            key,
+            "gateway: the reply's cost was not counted to its key: {e}"
+        );
     }
 }

@@ -63,10 +63,20 @@ struct AppState {
 /// The router for `daemon`; `token`, when set, is required as `Authorization: Bearer …` on
 /// every route but `/v1/health`.
 pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
+    router_listening(daemon, token, crate::gateway::Listening::Local)
+}
+
+/// [`router`] for a daemon listening as `listening` says: beyond loopback, gateway traffic
+/// presents a gateway key (G10).
+pub fn router_listening(
+    daemon: Arc<Daemon>,
+    token: Option<String>,
+    listening: crate::gateway::Listening,
+) -> Router {
     let max_body = daemon.config().max_body_bytes();
     // The gateway's routes: promptd's token and body limit are not theirs (the client's
     // Authorization is the provider's credential; [gateway] max_body_bytes bounds bodies).
-    let gateway = crate::gateway::router(daemon.clone());
+    let gateway = crate::gateway::router(daemon.clone(), listening);
     let state = Arc::new(AppState {
         daemon,
         token,

@@ -61,6 +61,10 @@ pub struct GatewayStep {
     pub ingress: Ingress,
     /// The upstream it goes to.
     pub upstream: String,
+    /// The model the client named.
+    pub model: Option<String>,
+    /// The gateway key that sent it (G10).
+    pub key: Option<String>,
     /// How it joined the session.
     pub joined_by: JoinedBy,
     /// The client's body.

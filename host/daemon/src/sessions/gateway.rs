@@ -159,6 +159,8 @@ fn recorded(
     GatewayRecord {
         ingress: gateway.ingress,
         upstream: gateway.upstream.clone(),
+        model: gateway.model.clone(),
+        key: gateway.key.clone(),
         joined_by: gateway.joined_by,
         splice,
         messages: conversation.messages.len(),
