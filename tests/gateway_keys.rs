@@ -1,4 +1,4 @@
-//! Gateway keys (G10, docs/gateway.md "Keys, tenants and spend"): a key admits a client to the
+//! Gateway keys (G12, docs/gateway.md "Keys, tenants and spend"): a key admits a client to the
 //! agents and upstreams it lists, in place of the provider key or beside it; a forged,
 //! revoked or other agent's key is refused in the provider's shape; a key past its spend
 //! limit gets the provider's 429 with `retry-after`, through the official SDK's typed error;
@@ -132,7 +132,7 @@ fn to_midnight() -> u64 {
     86_400 - now % 86_400
 }
 
-/// G10: without a key, with a forged one, or with another agent's key, a request is refused in
+/// G12: without a key, with a forged one, or with another agent's key, a request is refused in
 /// Anthropic's shape before anything is read or sent; a key sent as the provider's key is
 /// never forwarded (the configured key goes); `x-promptd-key` beside the client's own key
 /// leaves that key as it was; the key's name is on each `gateway/request`; once the day's
@@ -140,7 +140,7 @@ fn to_midnight() -> u64 {
 /// midnight; a rotated token works, the old one and a removed key are refused, all without a
 /// restart; and the spend is still there after one.
 #[test]
-fn g10_keys_admit_refuse_count_spend_and_rotate_without_a_restart() {
+fn g12_keys_admit_refuse_count_spend_and_rotate_without_a_restart() {
     let stub = Stub::start();
     let folder = Folder::new().bundled("identity");
     let (tmp, state) = state_dir();
@@ -307,11 +307,11 @@ fn g10_keys_admit_refuse_count_spend_and_rotate_without_a_restart() {
     }
 }
 
-/// G10: `requests_per_minute` admits that many requests in a UTC minute, then answers 429
+/// G12: `requests_per_minute` admits that many requests in a UTC minute, then answers 429
 /// `key_rate_limit` with `retry-after` to the minute's end; a key's conversations are its
 /// own: the same messages sent with another key start another session.
 #[test]
-fn g10_a_rate_limit_and_one_keys_sessions_are_not_anothers() {
+fn g12_a_rate_limit_and_one_keys_sessions_are_not_anothers() {
     let stub = Stub::start();
     let folder = Folder::new().bundled("identity");
     let (tmp, state) = state_dir();
@@ -368,10 +368,10 @@ fn pg_server() -> &'static pg::Server {
     SERVER.get_or_init(pg::Server::start)
 }
 
-/// G10 on PostgreSQL: two daemons on one database count one spend, so a key past its limit
+/// G12 on PostgreSQL: two daemons on one database count one spend, so a key past its limit
 /// on one daemon is refused by the other too.
 #[test]
-fn g10_two_daemons_on_postgresql_hold_one_spend_limit() {
+fn g12_two_daemons_on_postgresql_hold_one_spend_limit() {
     let stub = Stub::start();
     let url = pg_server().database();
     let a_tokens = format!("\"{}\"", token_sha256(TEAM_A));
@@ -438,11 +438,11 @@ fn g10_two_daemons_on_postgresql_hold_one_spend_limit() {
     assert_eq!(stub.requests().len(), sent);
 }
 
-/// G10: a daemon listening beyond loopback serves gateway traffic only with a key: with none
+/// G12: a daemon listening beyond loopback serves gateway traffic only with a key: with none
 /// configured every gateway request is refused (401 `key_required`, naming why), the admin
 /// token is no gateway key, and it keeps guarding the admin routes.
 #[test]
-fn g10_a_daemon_listening_beyond_loopback_refuses_gateway_traffic_without_a_key() {
+fn g12_a_daemon_listening_beyond_loopback_refuses_gateway_traffic_without_a_key() {
     let stub = Stub::start();
     let folder = Folder::new().bundled("identity");
     let (_tmp, state) = state_dir();

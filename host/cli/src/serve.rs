@@ -44,7 +44,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let (follow, dir, poll) = plugin_source(&config, plugins, state);
 
     let target = listen_target(listen, token.is_some())?;
-    // Beyond loopback, gateway traffic presents a gateway key (G10).
+    // Beyond loopback, gateway traffic presents a gateway key (G12).
     let listening = match &target {
         Listen::Tcp(addr) if !addr.ip().is_loopback() => promptd_daemon::gateway::Listening::Beyond,
         _ => promptd_daemon::gateway::Listening::Local,

@@ -308,7 +308,7 @@ pub trait SessionStore: Send + Sync {
             "this store keeps no plugin sets",
         ))
     }
-    /// G10: adds `micro_usd` to gateway key `key`'s spend in each of `periods` (a UTC day
+    /// G12: adds `micro_usd` to gateway key `key`'s spend in each of `periods` (a UTC day
     /// `2026-12-06` and month `2026-12`), durably and atomically, and returns each period's
     /// total after it, in order. A shared store counts every daemon's spend.
     fn add_spend(
@@ -323,7 +323,7 @@ pub trait SessionStore: Send + Sync {
             "this store keeps no spend",
         ))
     }
-    /// G10: gateway key `key`'s spend in each of `periods`, in micro-USD (0 for a period
+    /// G12: gateway key `key`'s spend in each of `periods`, in micro-USD (0 for a period
     /// with none).
     fn spend(&self, key: &str, periods: &[&str]) -> Result<Vec<u64>, StoreError> {
         let _ = periods;

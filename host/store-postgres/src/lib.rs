@@ -82,7 +82,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (
         3,
-        // G10: each gateway key's spend per UTC day and month, counted by every daemon.
+        // G12: each gateway key's spend per UTC day and month, counted by every daemon.
         "CREATE TABLE key_spend (
          key TEXT NOT NULL,
          period TEXT NOT NULL,

@@ -45,7 +45,7 @@ pub struct GatewayConfig {
     /// `[gateway.upstream.NAME]`, by name.
     #[serde(default)]
     pub upstream: BTreeMap<String, UpstreamConfig>,
-    /// `[gateway.keys.NAME]`, by name (G10): when any is set, every gateway request presents
+    /// `[gateway.keys.NAME]`, by name (G12): when any is set, every gateway request presents
     /// one (read at each request, so a key is added, rotated or revoked without a restart).
     #[serde(default)]
     pub keys: BTreeMap<String, KeyConfig>,

@@ -466,7 +466,7 @@ fn g9_bedrock_credentials_go_together_and_only_on_a_bedrock_upstream() {
 }
 
 #[test]
-fn g10_gateway_keys_hold_digests_only_and_name_what_they_may_use() {
+fn g12_gateway_keys_hold_digests_only_and_name_what_they_may_use() {
     let digest = crate::gateway::keys::token_sha256("t");
     let ok = format!(
         "[gateway.upstream.a]\nprovider = \"anthropic\"\nbase_url = \"http://x\"\n[agents.coder.gateway]\n\

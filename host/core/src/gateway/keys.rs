@@ -1,4 +1,4 @@
-//! Gateway keys (G10): which key a request presents, whether it may use the agent and
+//! Gateway keys (G12): which key a request presents, whether it may use the agent and
 //! upstream it asks for, and whether its rate and spend limits let it start. Pure: the
 //! daemon keeps the counts and the store keeps the spend; this module judges.
 //!
@@ -59,7 +59,7 @@ pub struct Presented<'a> {
 }
 
 /// `[gateway.keys.NAME]`: a key a team or an agent sends the gateway instead of its provider
-/// key, what it may use, and its limits (G10).
+/// key, what it may use, and its limits (G12).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyConfig {
@@ -344,6 +344,121 @@ pub fn usd(micro: u64) -> String {
     format!("${}.{:06}", micro / 1_000_000, micro % 1_000_000)
 }
 
+/// Keys counted at most: past it the counts start over (the store keeps the spend, so a
+/// cleared count costs one read of it).
+pub const MAX_COUNTED: usize = 10_000;
+
+/// How old a shared store's spend may be before it is read again (other daemons spend too).
+pub const SHARED_REFRESH_MS: u64 = 1_000;
+
+/// Each key's counts in the periods of now: its spend as last read from or written to the
+/// store, and the requests it was admitted in the current minute. Plain data: the daemon
+/// holds it under a lock and does the store's reads and writes.
+#[derive(Debug, Default)]
+pub struct Counts {
+    by_key: HashMap<String, Count>,
+}
+
+#[derive(Debug, Default)]
+struct Count {
+    day: String,
+    month: String,
+    day_micro_usd: u64,
+    month_micro_usd: u64,
+    /// When the spend was read (ms); none: never.
+    read_at_ms: Option<u64>,
+    refreshing: bool,
+    minute: u64,
+    requests: u32,
+}
+
+/// Whether a key's spend must be read from the store before its request is judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpendRead {
+    /// The count is current.
+    No,
+    /// Not read for these periods: read it, and judge after.
+    Now,
+    /// Read on a shared store more than [`SHARED_REFRESH_MS`] ago: judge with the count held
+    /// and read it again in the background (marked as being read, so once at a time).
+    Background,
+}
+
+impl Counts {
+    fn entry(&mut self, name: &str) -> &mut Count {
+        if self.by_key.len() >= MAX_COUNTED && !self.by_key.contains_key(name) {
+            self.by_key.clear();
+        }
+        self.by_key.entry(name.to_string()).or_default()
+    }
+
+    /// Whether key `name`'s spend must be read (a key with no spend limit never needs it).
+    pub fn spend_read(
+        &mut self,
+        name: &str,
+        periods: &Periods,
+        now_ms: u64,
+        shared: bool,
+    ) -> SpendRead {
+        let Some(count) = self.by_key.get_mut(name) else {
+            return SpendRead::Now;
+        };
+        match count.read_at_ms {
+            Some(at) if count.day == periods.day => {
+                let old = now_ms.saturating_sub(at) > SHARED_REFRESH_MS;
+                if shared && old && !count.refreshing {
+                    count.refreshing = true;
+                    SpendRead::Background
+                } else {
+                    SpendRead::No
+                }
+            }
+            _ => SpendRead::Now,
+        }
+    }
+
+    /// Key `name`'s spend in `periods` as the store says (`totals`: the day's, the month's),
+    /// or `None` when a background read failed (it is tried again later).
+    pub fn read(&mut self, name: &str, periods: &Periods, totals: Option<&[u64]>, now_ms: u64) {
+        let count = self.entry(name);
+        count.refreshing = false;
+        let Some(totals) = totals else {
+            return;
+        };
+        count.day.clone_from(&periods.day);
+        count.month.clone_from(&periods.month);
+        count.day_micro_usd = totals.first().copied().unwrap_or(0);
+        count.month_micro_usd = totals.get(1).copied().unwrap_or(0);
+        count.read_at_ms = Some(now_ms);
+    }
+
+    /// Judges a request of key `name` (configured as `key`) by its limits, and counts it in
+    /// its minute when it may start.
+    pub fn admit(&mut self, key: &KeyConfig, name: &str, periods: &Periods) -> Result<(), Over> {
+        let count = self.entry(name);
+        if count.minute != periods.minute {
+            count.minute = periods.minute;
+            count.requests = 0;
+        }
+        let used = Used {
+            day_micro_usd: if count.day == periods.day {
+                count.day_micro_usd
+            } else {
+                0
+            },
+            month_micro_usd: if count.month == periods.month {
+                count.month_micro_usd
+            } else {
+                0
+            },
+            requests_this_minute: count.requests,
+        };
+        key.judge(&used, periods)?;
+        count.requests += 1;
+        Ok(())
+    }
+}
+
 /// The periods a moment falls in (UTC), named as the store counts them, and when each ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Periods {
@@ -522,5 +637,53 @@ mod tests {
             (Limit::Month, 26 * 86_400 - 30)
         );
         assert_eq!(key("").judge(&used, &p), Ok(()));
+    }
+}
+
+#[cfg(test)]
+mod counts_tests {
+    use super::*;
+
+    #[test]
+    fn a_count_is_read_once_per_day_and_again_in_the_background_on_a_shared_store() {
+        let key: KeyConfig = toml::from_str(&format!(
+            "token_sha256 = \"{}\"\nusd_per_day = 1.0\nrequests_per_minute = 1",
+            token_sha256("t")
+        ))
+        .unwrap();
+        let day = 1_796_515_200_000;
+        let p = Periods::at(day);
+        let mut counts = Counts::default();
+        assert_eq!(counts.spend_read("k", &p, day, true), SpendRead::Now);
+        counts.read("k", &p, Some(&[999_999, 999_999]), day);
+        assert_eq!(counts.spend_read("k", &p, day + 500, true), SpendRead::No);
+        assert_eq!(
+            counts.spend_read("k", &p, day + 1_500, false),
+            SpendRead::No
+        );
+        assert_eq!(
+            counts.spend_read("k", &p, day + 1_500, true),
+            SpendRead::Background
+        );
+        assert_eq!(
+            counts.spend_read("k", &p, day + 1_600, true),
+            SpendRead::No,
+            "once at a time"
+        );
+        assert_eq!(counts.admit(&key, "k", &p), Ok(()));
+        assert_eq!(counts.admit(&key, "k", &p).unwrap_err().limit, Limit::Rate);
+        counts.read("k", &p, Some(&[1_000_000, 1_000_000]), day + 1_700);
+        let next_minute = Periods::at(day + 60_000);
+        assert_eq!(
+            counts.admit(&key, "k", &next_minute).unwrap_err().limit,
+            Limit::Day
+        );
+        // The next day the spend is read again, and the day's count starts at 0.
+        let tomorrow = Periods::at(day + 86_400_000);
+        assert_eq!(
+            counts.spend_read("k", &tomorrow, day + 86_400_000, false),
+            SpendRead::Now
+        );
+        assert_eq!(counts.admit(&key, "k", &tomorrow), Ok(()));
     }
 }

@@ -32,7 +32,7 @@ pub struct GatewayRecord {
     /// reply's cache outcome and cost are that model's, whatever promptd's own config names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The gateway key that sent it (`[gateway.keys.NAME]`, G10); none without keys.
+    /// The gateway key that sent it (`[gateway.keys.NAME]`, G12); none without keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// How the request joined the session.

@@ -336,7 +336,7 @@ pub fn every_published_plugin_set_reads_back_by_version(open: Open) {
     assert_eq!(other.latest_set().unwrap().as_ref(), published.last());
 }
 
-/// G10: a gateway key's spend adds up per period, is returned as the total after each add,
+/// G12: a gateway key's spend adds up per period, is returned as the total after each add,
 /// and is read back by another handle (a restart, or another daemon of the fleet).
 pub fn key_spend_adds_up_per_period_across_handles(open: Open) {
     let (a, b) = (open(), open());

@@ -18,7 +18,7 @@ pub struct GatewayRefusal {
     pub code: &'static str,
     /// What went wrong, naming the thing and the cause.
     pub message: String,
-    /// `retry-after`, in seconds, for a limit's 429 (G10).
+    /// `retry-after`, in seconds, for a limit's 429 (G12).
     pub retry_after: Option<HeaderValue>,
 }
 

@@ -13,7 +13,7 @@ const MAX_ENTRIES: usize = 100_000;
 /// The most recent sessions whose conversation a starting daemon reads back.
 pub(crate) const RECOVERED: usize = 1000;
 
-/// The index's scope of a request: its agent, and its gateway key when it has one (G10), so
+/// The index's scope of a request: its agent, and its gateway key when it has one (G12), so
 /// one key's conversations are never joined to another's.
 pub(crate) fn scope(agent: &str, key: Option<&str>) -> String {
     match key {

@@ -1,29 +1,18 @@
-//! Gateway keys at the door (G10): the key a request presents is found by its digest, held to
+//! Gateway keys at the door (G12): the key a request presents is found by its digest, held to
 //! the agents and upstreams it may use, and to its rate and spend limits, before the body is
 //! read. The config is read at each request, so keys are added, rotated and revoked without a
 //! restart; a key's spend is counted in the store when each reply is recorded.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 
 use promptd_core::config::Config;
-use promptd_core::gateway::keys::KeyConfig;
-use promptd_core::gateway::keys::{self, KeyIndex, NotAllowed, Periods, Used, Via};
+use promptd_core::gateway::keys::{self, Counts, KeyIndex, NotAllowed, Periods, SpendRead, Via};
 use promptd_core::gateway::Provider;
 use promptd_core::store::SessionStore;
 
 use super::GatewayRefusal;
-
-/// How old a shared store's count of a key's spend may be before it is read again (other
-/// daemons of the fleet spend too). Read in the background: a request never waits for it.
-const SHARED_REFRESH: Duration = Duration::from_secs(1);
-
-/// Keys counted at most (a key removed from the config leaves its count until this bound
-/// clears them all; the store keeps the spend).
-const MAX_COUNTED: usize = 10_000;
 
 /// The gateway's keys: the index of the config in force, and each key's counts.
 pub(super) struct Keys {
@@ -31,21 +20,7 @@ pub(super) struct Keys {
     exposed: bool,
     /// The index, with the config it was built from.
     index: Mutex<Option<(Arc<Config>, Arc<KeyIndex>)>>,
-    counts: Arc<Mutex<HashMap<String, Count>>>,
-}
-
-/// A key's counts in the periods of now.
-#[derive(Default)]
-struct Count {
-    day: String,
-    month: String,
-    day_micro_usd: u64,
-    month_micro_usd: u64,
-    /// When the spend was last read from the store; none: not read for these periods.
-    read_at: Option<Instant>,
-    refreshing: bool,
-    minute: u64,
-    requests: u32,
+    counts: Arc<Mutex<Counts>>,
 }
 
 /// A request a key admitted.
@@ -68,7 +43,7 @@ impl Keys {
         Keys {
             exposed,
             index: Mutex::new(None),
-            counts: Arc::new(Mutex::new(HashMap::new())),
+            counts: Arc::new(Mutex::new(Counts::default())),
         }
     }
 
@@ -104,11 +79,25 @@ impl Keys {
         let Some(key) = index.get(&admitted.name) else {
             return Ok(None);
         };
+        let name = admitted.name.as_str();
+        let periods = Periods::at(crate::now_ms());
         if key.usd_per_day.is_some() || key.usd_per_month.is_some() {
-            self.read_spend(store, &admitted.name, provider).await?;
+            self.read_spend(store, name, &periods, provider).await?;
         }
-        self.count(key, &admitted.name, provider)?;
-        Ok(Some(admitted))
+        let admitted_now = crate::lock(&self.counts).admit(key, name, &periods);
+        match admitted_now {
+            Ok(()) => Ok(Some(admitted)),
+            Err(over) => {
+                let mut refusal = GatewayRefusal::new(
+                    provider,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    over.limit.code(),
+                    format!("gateway key `{name}` is at its limit of {}", over.detail),
+                );
+                refusal.retry_after = HeaderValue::from_str(&over.retry_after_s.to_string()).ok();
+                Err(refusal)
+            }
+        }
     }
 
     /// The key presented, found and allowed (nothing counted yet).
@@ -181,124 +170,50 @@ impl Keys {
         }))
     }
 
-    /// Reads the key's spend of the periods of now from the store, when it was not read for
-    /// them (then the request waits for it), or, on a shared store, when the count is older
-    /// than [`SHARED_REFRESH`] (then it is read in the background).
+    /// Reads the key's spend of `periods` from the store when it was not read for them (the
+    /// request waits for it), or, on a shared store, when it is over a second old (read in
+    /// the background: the request is judged with the count held).
     async fn read_spend(
         &self,
         store: &Arc<dyn SessionStore>,
         name: &str,
+        periods: &Periods,
         provider: Provider,
     ) -> Result<(), GatewayRefusal> {
-        let periods = Periods::at(crate::now_ms());
-        let (fresh, stale) = {
-            let counts = crate::lock(&self.counts);
-            match counts.get(name) {
-                Some(c) if c.day == periods.day && c.read_at.is_some() => {
-                    let old = c.read_at.is_some_and(|at| at.elapsed() > SHARED_REFRESH);
-                    (true, old && store.is_shared() && !c.refreshing)
-                }
-                _ => (false, false),
-            }
-        };
-        if fresh && !stale {
+        let now = crate::now_ms();
+        let need = crate::lock(&self.counts).spend_read(name, periods, now, store.is_shared());
+        if need == SpendRead::No {
             return Ok(());
-        }
-        if stale {
-            if let Some(c) = crate::lock(&self.counts).get_mut(name) {
-                c.refreshing = true;
-            }
         }
         let read = {
             let (store, name, periods) = (store.clone(), name.to_string(), periods.clone());
             tokio::task::spawn_blocking(move || store.spend(&name, &[&periods.day, &periods.month]))
         };
-        if stale {
-            let counts = self.counts.clone();
-            let name = name.to_string();
+        if need == SpendRead::Background {
+            let (counts, name, periods) = (self.counts.clone(), name.to_string(), periods.clone());
             tokio::spawn(async move {
                 let totals = read.await.ok().and_then(Result::ok);
-                let mut counts = crate::lock(&counts);
-                if let Some(c) = counts.get_mut(&name) {
-                    c.refreshing = false;
-                    if let Some(totals) = totals {
-                        c.set_spend(&periods, &totals);
-                    }
-                }
+                crate::lock(&counts).read(&name, &periods, totals.as_deref(), crate::now_ms());
             });
             return Ok(());
         }
-        let totals = match read.await {
-            Ok(Ok(totals)) => totals,
-            Ok(Err(e)) => {
-                return Err(GatewayRefusal::new(
-                    provider,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "key_spend_unavailable",
-                    format!("gateway key `{name}`'s spend cannot be read, so its limit cannot be checked: {e}"),
-                ))
-            }
-            Err(e) => {
-                return Err(GatewayRefusal::new(
-                    provider,
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    format!("reading gateway key `{name}`'s spend did not finish: {e}"),
-                ))
-            }
-        };
-        let mut counts = crate::lock(&self.counts);
-        if counts.len() >= MAX_COUNTED && !counts.contains_key(name) {
-            counts.clear();
-        }
-        counts
-            .entry(name.to_string())
-            .or_default()
-            .set_spend(&periods, &totals);
-        Ok(())
-    }
-
-    /// Judges the key's limits and counts the request in its minute.
-    fn count(&self, key: &KeyConfig, name: &str, provider: Provider) -> Result<(), GatewayRefusal> {
-        let periods = Periods::at(crate::now_ms());
-        let mut counts = crate::lock(&self.counts);
-        if counts.len() >= MAX_COUNTED && !counts.contains_key(name) {
-            counts.clear();
-        }
-        let count = counts.entry(name.to_string()).or_default();
-        if count.minute != periods.minute {
-            count.minute = periods.minute;
-            count.requests = 0;
-        }
-        let spend_counted = count.day == periods.day;
-        let used = Used {
-            day_micro_usd: if spend_counted {
-                count.day_micro_usd
-            } else {
-                0
-            },
-            month_micro_usd: if count.month == periods.month {
-                count.month_micro_usd
-            } else {
-                0
-            },
-            requests_this_minute: count.requests,
-        };
-        match key.judge(&used, &periods) {
-            Ok(()) => {
-                count.requests += 1;
+        match read.await {
+            Ok(Ok(totals)) => {
+                crate::lock(&self.counts).read(name, periods, Some(&totals), crate::now_ms());
                 Ok(())
             }
-            Err(over) => {
-                let mut refusal = GatewayRefusal::new(
-                    provider,
-                    StatusCode::TOO_MANY_REQUESTS,
-                    over.limit.code(),
-                    format!("gateway key `{name}` is at its limit of {}", over.detail),
-                );
-                refusal.retry_after = HeaderValue::from_str(&over.retry_after_s.to_string()).ok();
-                Err(refusal)
-            }
+            Ok(Err(e)) => Err(GatewayRefusal::new(
+                provider,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "key_spend_unavailable",
+                format!("gateway key `{name}`'s spend cannot be read, so its limit cannot be checked: {e}"),
+            )),
+            Err(e) => Err(GatewayRefusal::new(
+                provider,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("reading gateway key `{name}`'s spend did not finish: {e}"),
+            )),
         }
     }
 
@@ -312,29 +227,11 @@ impl Keys {
     ) -> Result<(u64, u64), promptd_core::store::StoreError> {
         let periods = Periods::at(crate::now_ms());
         let totals = store.add_spend(name, &[&periods.day, &periods.month], micro_usd)?;
-        let mut counts = crate::lock(&self.counts);
-        if counts.len() >= MAX_COUNTED && !counts.contains_key(name) {
-            counts.clear();
-        }
-        counts
-            .entry(name.to_string())
-            .or_default()
-            .set_spend(&periods, &totals);
-        Ok((totals[0], totals[1]))
-    }
-}
-
-impl Count {
-    fn set_spend(&mut self, periods: &Periods, totals: &[u64]) {
-        let (day, month) = (
+        crate::lock(&self.counts).read(name, &periods, Some(&totals), crate::now_ms());
+        Ok((
             totals.first().copied().unwrap_or(0),
             totals.get(1).copied().unwrap_or(0),
-        );
-        self.day.clone_from(&periods.day);
-        self.month.clone_from(&periods.month);
-        self.day_micro_usd = day;
-        self.month_micro_usd = month;
-        self.read_at = Some(Instant::now());
+        ))
     }
 }
 

@@ -60,7 +60,7 @@ const MAX_REPLY_BYTES: usize = 64 << 20;
 struct Gateway {
     daemon: Arc<Daemon>,
     upstreams: Upstreams,
-    /// The keys at the door (G10).
+    /// The keys at the door (G12).
     keys: keys::Keys,
     index: Mutex<Index>,
     idle: Duration,
@@ -102,7 +102,7 @@ impl Drop for Pending {
     }
 }
 
-/// Where the daemon listens, for the gateway's door (G10).
+/// Where the daemon listens, for the gateway's door (G12).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Listening {
     /// On loopback or a Unix socket: without `[gateway.keys]`, gateway traffic needs no key.
@@ -261,7 +261,7 @@ struct Read {
     model: Option<String>,
     /// The names of the client's tools.
     client_tools: Vec<String>,
-    /// The gateway key that admitted it (G10).
+    /// The gateway key that admitted it (G12).
     key: Option<keys::Admitted>,
 }
 
@@ -344,7 +344,7 @@ async fn serve(
         Err(refusal) => return refusal.into_response(),
     };
     // A gateway key sent as the provider's credential stands in for it: never forwarded
-    // (the upstream's configured credential goes instead, G10).
+    // (the upstream's configured credential goes instead, G12).
     let mut headers = headers;
     if let Some(keys::Admitted {
         via: Via::Credential(name),
@@ -587,7 +587,7 @@ async fn read(
             format!("no [gateway.upstream.{upstream_name}] table"),
         ));
     };
-    // The door, before the body is read (G10).
+    // The door, before the body is read (G12).
     let store = gateway.daemon.sessions.store.clone();
     let key = (gateway.keys)
         .admit(&config, &store, provider, &agent, &upstream_name, headers)
@@ -831,7 +831,7 @@ impl Gateway {
             ..
         } = read;
         let key = key.map(|k| k.name);
-        // A key's sessions are its own (G10): joined by prefix or response id only among
+        // A key's sessions are its own (G12): joined by prefix or response id only among
         // them, and one named by header only when the key sent it.
         let scope = index::scope(&agent, key.as_deref());
         let named = headers

@@ -25,7 +25,7 @@ pub(super) struct Reply {
     pub(super) session: Option<String>,
     /// The index's scope of the request (its agent and key).
     pub(super) scope: String,
-    /// The gateway key that sent it: the reply's cost is counted to it (G10).
+    /// The gateway key that sent it: the reply's cost is counted to it (G12).
     pub(super) key: Option<String>,
     pub(super) sent_at: u64,
     pub(super) degraded: Option<String>,
@@ -216,7 +216,7 @@ impl Reply {
     }
 }
 
-/// Counts what the recorded reply cost to its gateway key (G10), by the ledger's prices: a
+/// Counts what the recorded reply cost to its gateway key (G12), by the ledger's prices: a
 /// reply whose model has no price counts nothing. A count that cannot be written is logged;
 /// the reply stays recorded.
 fn count_spend(gateway: &Gateway, key: &str, outcome: &crate::outcome::RecordOutcome) {

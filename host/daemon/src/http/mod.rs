@@ -67,7 +67,7 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
 }
 
 /// [`router`] for a daemon listening as `listening` says: beyond loopback, gateway traffic
-/// presents a gateway key (G10).
+/// presents a gateway key (G12).
 pub fn router_listening(
     daemon: Arc<Daemon>,
     token: Option<String>,

@@ -63,7 +63,7 @@ pub struct GatewayStep {
     pub upstream: String,
     /// The model the client named.
     pub model: Option<String>,
-    /// The gateway key that sent it (G10).
+    /// The gateway key that sent it (G12).
     pub key: Option<String>,
     /// How it joined the session.
     pub joined_by: JoinedBy,
