@@ -18,6 +18,7 @@ mod fleet;
 mod gateway;
 mod gateway_bedrock;
 mod gateway_edges;
+mod gateway_fleet;
 mod gateway_gemini;
 mod gateway_steps;
 mod held_changes;

@@ -37,6 +37,7 @@ use crate::outcome::{GatewayStep, StepRequest};
 use crate::{Daemon, DaemonError};
 
 mod errors;
+mod fleet;
 mod index;
 mod reply;
 mod tee;
@@ -59,6 +60,8 @@ struct Gateway {
     daemon: Arc<Daemon>,
     upstreams: Upstreams,
     index: Mutex<Index>,
+    /// What the index has read of a store other daemons share (G10).
+    seen: Mutex<fleet::Seen>,
     idle: Duration,
     stall: Duration,
     /// Replies not recorded yet, by session: a session's next step waits for them (G5), so
@@ -107,6 +110,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     let gateway = Arc::new(Gateway {
         upstreams: Upstreams::new(&config.gateway),
         index: Mutex::new(Index::default()),
+        seen: Mutex::new(fleet::Seen::new(now_ms())),
         pending: Mutex::new(HashMap::new()),
         settled: Condvar::new(),
         idle: Duration::from_millis(
@@ -778,6 +782,8 @@ impl Gateway {
                 }
             },
             None => {
+                // G10: what other daemons recorded since, so their sessions are joined too.
+                self.catch_up();
                 let index = crate::lock(&self.index);
                 let by_response = previous_response
                     .as_deref()
