@@ -20,6 +20,7 @@ mod gateway_bedrock;
 mod gateway_edges;
 mod gateway_fleet;
 mod gateway_gemini;
+mod gateway_pin;
 mod gateway_steps;
 mod held_changes;
 mod hot_reload;
