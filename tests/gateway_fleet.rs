@@ -208,6 +208,16 @@ fn g10_a_gateway_session_goes_on_across_a_fleet_and_survives_the_kill_of_its_str
         between.iter().all(|e| e["body"]["partial"].is_string()),
         "the cut request is never recorded complete: {between:?}"
     );
+    // Each reply right after the request it answers, whichever daemon recorded it: the log
+    // never holds a step before the reply it follows (the cut request has none).
+    for (i, request) in requests.iter().enumerate().filter(|(i, _)| *i != turns) {
+        let next = events.iter().find(|e| seq(e) == seq(request) + 1);
+        assert_eq!(
+            next.map(|e| &e["kind"]),
+            Some(&Value::from("assistant/message")),
+            "request {i}'s reply follows it"
+        );
+    }
     // Each user turn once: the retry appended none again.
     let users: Vec<String> = (events.iter())
         .filter(|e| e["kind"] == "user/message")

@@ -371,12 +371,16 @@ pub struct Held<'a> {
 }
 
 /// G10: whether `conversation` carries back a reply to the session's last gateway request
-/// that the log does not hold yet (`replied` is false): the client continues the conversation
-/// that request held, and the message after it is the model's. Another daemon answered that
+/// (`last`: the messages it held and their digest) that the log does not hold yet (`replied`
+/// is false): the client continues the conversation that request held, and the message after it is the model's. Another daemon answered that
 /// reply and records it off the answer's path, so the step waits for it; a client resending
 /// the request itself (a retry after a cut) carries no reply and waits for nothing.
-pub fn awaits_reply(held: &Held<'_>, replied: bool, conversation: &Conversation) -> bool {
-    match held.last {
+pub fn awaits_reply(
+    last: Option<(usize, &str)>,
+    replied: bool,
+    conversation: &Conversation,
+) -> bool {
+    match last {
         Some((n, digest)) if !replied && n < conversation.messages.len() => {
             conversation.digest(n) == digest
                 && matches!(conversation.messages[n], Message::Assistant { .. })

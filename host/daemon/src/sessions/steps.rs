@@ -293,13 +293,8 @@ impl Daemon {
         let started = Instant::now();
         loop {
             let state = &slot.get().state;
-            let held = Held {
-                last: state.gateway_conversation(),
-                call_open: &|id| state.call_open(id),
-                reply_seq: state.last_reply_seq(),
-            };
             let awaits = promptd_core::gateway::messages::awaits_reply(
-                &held,
+                state.gateway_conversation(),
                 state.gateway_replied(),
                 conversation,
             );
