@@ -34,7 +34,7 @@ const MAX_AGENTS: usize = 1024;
 /// The longest a gateway step waits for another daemon to record the reply it carries (G10):
 /// a reply is recorded right after its answer, so this is the bound for a daemon that died
 /// in between.
-pub(crate) const FLEET_REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+const FLEET_REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How often the wait reads the log again.
 const FLEET_REPLY_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
