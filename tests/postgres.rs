@@ -26,7 +26,7 @@ config = { name = "Ada" }
 "#;
 
 /// One server for the tests that do not stop it; each test gets its own database.
-fn server() -> &'static harness::Server {
+pub(crate) fn server() -> &'static harness::Server {
     static SERVER: OnceLock<harness::Server> = OnceLock::new();
     SERVER.get_or_init(harness::Server::start)
 }
@@ -576,15 +576,16 @@ fn q17_postgresql_stopped_under_load_gives_503_store_unavailable_loses_nothing_a
     assert_all_acknowledged_kept(&urls[1], &sessions, &acked);
 }
 
-/// HAProxy on a free loopback port in front of `backends`, checking `/v1/health`.
-struct Haproxy {
+/// HAProxy on a free loopback port in front of `backends`, checking `/v1/health`; each
+/// answer says which backend served it (`x-promptd-test-backend: d0` for the first).
+pub(crate) struct Haproxy {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     _dir: tempfile::TempDir,
 }
 
 impl Haproxy {
-    fn start(backends: &[&str]) -> Haproxy {
+    pub(crate) fn start(backends: &[&str]) -> Haproxy {
         let haproxy = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
             .into_iter()
             .find(|p| Path::new(p).exists())
@@ -610,7 +611,8 @@ impl Haproxy {
              timeout server 30s\n    retries 3\n    option redispatch\n\
              frontend promptd\n    bind 127.0.0.1:{port}\n    default_backend daemons\n\
              backend daemons\n    balance roundrobin\n    option httpchk GET /v1/health\n    \
-             http-check expect status 200\n{servers}"
+             http-check expect status 200\n    \
+             http-response set-header x-promptd-test-backend %s\n{servers}"
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("haproxy.cfg");

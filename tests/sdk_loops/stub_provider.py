@@ -112,6 +112,9 @@ error shape. A faulted stream's headers carry `Connection: close`.
                      its whole body
     slow             2 s of sleep before anything else (no status line meanwhile), then the
                      usual reply
+    drip             checked and accounted as usual; a stream's frames each sent 0.5 s after
+                     the one before (the first at once), so a test can act in the middle of a
+                     stream (kill the gateway serving it); a reply not streamed is the usual
 
 Images and documents are checked as the APIs take them: Chat Completions `image_url` parts (an
 https URL or a `data:image/(png|jpeg|gif|webp);base64,` URL) and `file` parts (a PDF data URL
@@ -2488,9 +2491,11 @@ def stream_messages(body, answer):
     return frames
 
 
-FAULTS = ("status-500", "status-429", "hang", "reset", "midstream-error", "invalid-sse", "slow")
+FAULTS = ("status-500", "status-429", "hang", "reset", "midstream-error", "invalid-sse", "slow",
+          "drip")
 FAULT_FRAMES = 4  # frames a midstream-error or invalid-sse stream sends before it fails
 SLOW_S = 2
+DRIP_S = 0.5  # between a drip stream's frames
 GARBAGE = b"<html>stub invalid-sse garbage, not an event stream</html>\n"
 OVERLOADED = {"type": "error", "error": {"type": "overloaded_error",
                                          "message": "Overloaded (x-stub-fault: midstream-error)"}}
@@ -3132,7 +3137,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         try:
-            for frame in frames:
+            for i, frame in enumerate(frames):
+                if fault == "drip" and i > 0:
+                    time.sleep(DRIP_S)
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame) if chunked else frame)
             if chunked and not cut:
                 self.wfile.write(b"0\r\n\r\n")

@@ -809,6 +809,15 @@ class Faults(StubServer):
         self.assertEqual(frames[-1][0], "message_stop")
         self.assertEqual(len(self.ledger()), 1)
 
+    def test_drip(self):
+        plain = self.streamed("/v1/messages", messages_body(stream=True))
+        started = time.monotonic()
+        frames = self.streamed("/v1/messages", messages_body(stream=True),
+                               headers=[("x-stub-fault", "drip")])
+        # The same stream (its cache figures aside: the first wrote what this one reads).
+        self.assertEqual([e for e, _ in frames], [e for e, _ in plain])
+        self.assertGreaterEqual(time.monotonic() - started, 0.5 * (len(frames) - 1))
+
 
 
 @SDKS

@@ -260,6 +260,14 @@ pub trait SessionStore: Send + Sync {
     /// Sessions whose id or agent contains `filter` (all when empty), most recent activity
     /// first, at most `limit`.
     fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError>;
+    /// Sessions with activity at or after `since_ms`, most recent first, at most `limit`
+    /// (G10: a daemon sharing the store learns what the others recorded). Stores shared by
+    /// several daemons answer it from an index.
+    fn active_since(&self, since_ms: u64, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
+        let mut out = self.sessions("", limit)?;
+        out.retain(|s| s.last_ms >= since_ms);
+        Ok(out)
+    }
     /// Whether the store can still keep what it acknowledges (Q12): an error says why not
     /// (e.g. its database file was deleted). Cheap: health checks call it.
     fn health(&self) -> Result<(), StoreError> {

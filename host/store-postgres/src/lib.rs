@@ -517,6 +517,36 @@ impl SessionStore for PostgresStore {
         })
     }
 
+    fn active_since(&self, since_ms: u64, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
+        // Read off `sessions_by_last`: only the rows active since.
+        self.with(|conn| {
+            let rows = conn
+                .client
+                .query(
+                    "SELECT id, agent, created_ms, steps, last_seq, last_ms FROM sessions
+                     WHERE last_ms >= $1
+                     ORDER BY last_ms DESC, id DESC
+                     LIMIT $2",
+                    &[
+                        &(since_ms.min(i64::MAX as u64) as i64),
+                        &(limit.min(i64::MAX as usize) as i64),
+                    ],
+                )
+                .map_err(pg("listing active sessions"))?;
+            Ok(rows
+                .iter()
+                .map(|r| SessionSummary {
+                    id: r.get(0),
+                    agent: r.get(1),
+                    created_ms: r.get::<_, i64>(2) as u64,
+                    steps: r.get::<_, i64>(3) as u64,
+                    events: r.get::<_, i64>(4) as u64,
+                    last_ms: r.get::<_, i64>(5) as u64,
+                })
+                .collect())
+        })
+    }
+
     fn is_shared(&self) -> bool {
         true
     }

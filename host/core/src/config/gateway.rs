@@ -98,6 +98,9 @@ pub struct AgentGatewayConfig {
     /// Client tools marked for deferred loading (`defer_loading`) where the endpoint has it
     /// (recorded).
     pub defer_tools: Option<Vec<String>>,
+    /// Whether a session keeps the plugin versions its header was built from while the
+    /// provider's cache for it is warm (G11): `false` by default.
+    pub pin_plugins: Option<bool>,
 }
 
 /// `[agents.NAME.gateway] on_plugin_failure`.
@@ -120,6 +123,8 @@ pub struct AgentGateway {
     pub splice: SpliceSettings,
     /// On a plugin failure.
     pub on_plugin_failure: OnPluginFailure,
+    /// Sessions keep their header's plugin versions until a cache-cold point (G11).
+    pub pin_plugins: bool,
 }
 
 impl GatewayConfig {
@@ -299,6 +304,7 @@ impl GatewayConfig {
                 defer_tools: pick(&tables, |t| t.defer_tools.clone()).unwrap_or_default(),
             },
             on_plugin_failure: pick(&tables, |t| t.on_plugin_failure).unwrap_or_default(),
+            pin_plugins: pick(&tables, |t| t.pin_plugins).unwrap_or(false),
         }))
     }
 }

@@ -65,6 +65,11 @@ pub struct AgentSettings {
     /// How long the provider keeps an idle prefix, in ms, by the cache rules of the agent's
     /// models: Anthropic's 5-minute and 1-hour TTLs, then OpenAI's (K7's idle cold point).
     pub idle_ttl_ms: [u64; 3],
+    /// G11: `[agents.NAME.gateway] pin_plugins`: every change of the agent's sections and
+    /// tools waits for a cache-cold point (as if each plugin were `refresh = "boundary"` with
+    /// no `max_stale_s`), so a warm session keeps the plugin versions its header was built
+    /// from; a new session takes the current ones.
+    pub pin_plugins: bool,
 }
 
 /// How an agent's Anthropic breakpoints get their TTL (`[agents.NAME.cache] ttl`).
@@ -152,6 +157,10 @@ impl AgentSettings {
                     openai.longest_ttl_ms(),
                 ]
             },
+            pin_plugins: matches!(
+                config.gateway.agent(config, agent),
+                Ok(Some(g)) if g.pin_plugins
+            ),
             cache_ttl: match config.cache_ttl(agent) {
                 TtlSetting::Minutes5 => TtlPolicy::Fixed(Ttl::Minutes5),
                 TtlSetting::Hour1 => TtlPolicy::Fixed(Ttl::Hour1),

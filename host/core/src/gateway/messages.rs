@@ -370,6 +370,25 @@ pub struct Held<'a> {
     pub reply_seq: Option<u64>,
 }
 
+/// G10: whether `conversation` carries back a reply to the session's last gateway request
+/// (`last`: the messages it held and their digest) that the log does not hold yet (`replied`
+/// is false): the client continues the conversation that request held, and the message after it is the model's. Another daemon answered that
+/// reply and records it off the answer's path, so the step waits for it; a client resending
+/// the request itself (a retry after a cut) carries no reply and waits for nothing.
+pub fn awaits_reply(
+    last: Option<(usize, &str)>,
+    replied: bool,
+    conversation: &Conversation,
+) -> bool {
+    match last {
+        Some((n, digest)) if !replied && n < conversation.messages.len() => {
+            conversation.digest(n) == digest
+                && matches!(conversation.messages[n], Message::Assistant { .. })
+        }
+        _ => false,
+    }
+}
+
 /// Which of `conversation`'s messages a step of the session appends. A conversation that
 /// continues the last recorded one adds what follows it (the model's reply the client sends
 /// back was recorded when it came); one that does not (the first request of a client with

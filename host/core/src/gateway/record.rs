@@ -64,6 +64,12 @@ pub struct GatewayRecord {
     /// only, never written: each rule's `find` is the text it hides.
     #[serde(skip)]
     pub redactions: Vec<crate::assembly::review::Redaction>,
+    /// The plugin versions the request's sections were built from (G11): each plugin of the
+    /// header it sent, id → sha256 of its file. A session that pins its plugins keeps its
+    /// header's versions while a newer one serves; absent for a degraded request (no plugins)
+    /// and in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub plugins: std::collections::BTreeMap<String, String>,
 }
 
 fn is_zero(n: &usize) -> bool {

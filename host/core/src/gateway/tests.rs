@@ -669,3 +669,35 @@ fn g4_defer_tools_takes_empty_objects_and_odd_spacing() {
     assert_eq!(out, r#"{"tools":[{}],"messages":[]}"#);
     assert_eq!(plan, Splice::default());
 }
+
+/// G10: a request that carries back the reply to the session's last gateway request waits for
+/// that reply's record when the log does not hold it yet; a resent request (a retry after a
+/// cut) carries no reply and waits for nothing, nor does a conversation that does not continue
+/// the last one, nor one whose reply is recorded.
+#[test]
+fn g10_a_request_waits_only_for_a_reply_it_carries_that_the_log_lacks() {
+    use super::messages::{awaits_reply, conversation};
+    let read = |b: &str| conversation(Ingress::Messages, &ClientBody::parse(b.as_bytes()).unwrap());
+    let first = read(r#"{"messages":[{"role":"user","content":"hi"}]}"#);
+    let next = read(
+        r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#,
+    );
+    let other = read(
+        r#"{"messages":[{"role":"user","content":"bye"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#,
+    );
+    let held = Some((1, first.digest(1)));
+    assert!(
+        awaits_reply(held, false, &next),
+        "the reply is not recorded yet"
+    );
+    assert!(!awaits_reply(held, true, &next), "the reply is recorded");
+    assert!(
+        !awaits_reply(held, false, &first),
+        "a retry carries no reply"
+    );
+    assert!(
+        !awaits_reply(held, false, &other),
+        "not the held conversation"
+    );
+    assert!(!awaits_reply(None, false, &next), "no gateway request yet");
+}

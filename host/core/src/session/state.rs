@@ -91,6 +91,8 @@ pub struct SessionState {
     /// The model the last `gateway/request` named: a gateway reply's cache outcome and cost
     /// are the client's model's.
     pub(super) gateway_model: Option<String>,
+    /// The seq of the last `gateway/request` (0 before the first): a reply after it answers it.
+    gateway_seq: u64,
     /// The redactions the session's last `gateway/request` applied to the client's texts.
     gateway_redactions: Vec<crate::assembly::review::Redaction>,
     /// The user messages the log holds, and the text of the last one (world 0.3.0's inputs).
@@ -186,6 +188,7 @@ impl SessionState {
             snapshot_bytes: 0,
             gateway: None,
             gateway_model: None,
+            gateway_seq: 0,
             gateway_redactions: Vec::new(),
             user_turns: 0,
             last_user: None,
@@ -312,6 +315,7 @@ impl SessionState {
             Body::GatewayRequest(record) => {
                 self.gateway = Some((record.messages, record.digest));
                 self.gateway_model = record.model;
+                self.gateway_seq = seq;
                 self.gateway_redactions = record.redactions;
                 None
             }
@@ -527,6 +531,13 @@ impl SessionState {
     /// and their chained digest.
     pub fn gateway_conversation(&self) -> Option<(usize, &str)> {
         self.gateway.as_ref().map(|(n, d)| (*n, d.as_str()))
+    }
+
+    /// Whether the log holds a reply after the session's last gateway request (G10: a reply
+    /// another daemon answered may not be recorded yet).
+    pub fn gateway_replied(&self) -> bool {
+        self.last_reply_seq()
+            .is_some_and(|seq| seq > self.gateway_seq)
     }
 
     /// The runtime context snapshot in force, if one is (Q2).

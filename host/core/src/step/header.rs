@@ -61,7 +61,7 @@ pub(super) fn choose(
         {
             None
         }
-        Some(h) if holds_any(registry, assembled) => {
+        Some(h) if agent.pin_plugins || holds_any(registry, assembled) => {
             let now = Provenance::of(registry, assembled);
             let change = Change {
                 recorded: h,
@@ -236,6 +236,16 @@ fn decide_held(
     let policy = |id: &str| match (registry.get(id), registry.kept(id)) {
         (Some(e), _) => match failed_keeping(registry, assembled, id) {
             Some(cause) => held::Policy::Kept(cause),
+            None if agent.pin_plugins => {
+                // G11: the agent pins its sessions' plugins: every part waits for a cold
+                // point; a plugin's own `max_stale_s` still applies when it set a refresh.
+                let mut refresh = e.options.refresh.clone();
+                if refresh.is_step() {
+                    refresh.max_stale_s = u64::MAX;
+                }
+                refresh.whole = true;
+                held::Policy::Loaded(refresh)
+            }
             None => held::Policy::Loaded(e.options.refresh.clone()),
         },
         (None, Some(kept)) => held::Policy::Kept(kept.cause.clone()),

@@ -267,6 +267,15 @@ pub fn sessions_are_listed_most_recent_first(open: Open) {
     assert_eq!(store.sessions(&format!("{tag}-b"), 10).unwrap()[0].id, b);
     // The filter is plain text: `%` and `_` mean themselves.
     assert!(store.sessions("%", 10).unwrap().is_empty());
+    // G10: the sessions active since a time, as listed (other tests' sessions aside).
+    let since = |ms: u64| -> Vec<String> {
+        let active = store.active_since(ms, 10_000).unwrap();
+        let ours = active.into_iter().filter(|s| s.agent.starts_with(&tag));
+        ours.map(|s| s.id).collect()
+    };
+    assert_eq!(since(listed[0].last_ms), std::slice::from_ref(&a));
+    assert_eq!(since(listed[1].last_ms), [a.clone(), b.clone()]);
+    assert!(since(listed[0].last_ms + 1).is_empty());
 }
 
 /// Appending to a session that does not exist fails and creates nothing.

@@ -38,6 +38,7 @@ use crate::outcome::{GatewayStep, StepRequest};
 use crate::{Daemon, DaemonError};
 
 mod errors;
+mod fleet;
 mod index;
 mod keys;
 mod reply;
@@ -63,6 +64,8 @@ struct Gateway {
     /// The keys at the door (G12).
     keys: keys::Keys,
     index: Mutex<Index>,
+    /// What the index has read of a store other daemons share (G10).
+    seen: Mutex<fleet::Seen>,
     idle: Duration,
     stall: Duration,
     /// Replies not recorded yet, by session: a session's next step waits for them (G5), so
@@ -122,6 +125,7 @@ pub fn router(daemon: Arc<Daemon>, listening: Listening) -> Router {
         upstreams: Upstreams::new(&config.gateway),
         keys: keys::Keys::new(listening == Listening::Beyond),
         index: Mutex::new(Index::default()),
+        seen: Mutex::new(fleet::Seen::new(now_ms())),
         pending: Mutex::new(HashMap::new()),
         settled: Condvar::new(),
         idle: Duration::from_millis(
@@ -865,6 +869,8 @@ impl Gateway {
                 }
             },
             None => {
+                // G10: what other daemons recorded since, so their sessions are joined too.
+                self.catch_up();
                 let index = crate::lock(&self.index);
                 let by_response = previous_response
                     .as_deref()

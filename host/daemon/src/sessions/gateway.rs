@@ -115,6 +115,16 @@ pub(super) fn splice(
     drop(body);
     let mut record = recorded(&gateway, joined, edits, None, redactions);
     record.redacted = strings;
+    // G11: the versions of the header this request sends (a new one's, else the recorded).
+    let built_from = bodies
+        .iter()
+        .rev()
+        .find_map(|b| match b {
+            Body::RequestHeader(r) => r.provenance.as_ref(),
+            _ => None,
+        })
+        .or_else(|| state.header_provenance());
+    record.plugins = built_from.map(|p| p.plugins.clone()).unwrap_or_default();
     finish(record, gateway.client_body)
 }
 
@@ -171,5 +181,6 @@ fn recorded(
         redacted: 0,
         redactions,
         client_body: String::new(),
+        plugins: Default::default(),
     }
 }

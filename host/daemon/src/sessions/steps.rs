@@ -31,6 +31,13 @@ use promptd_core::gateway::record::GatewayRecord;
 /// this (a cleared map is refilled one resolve per agent).
 const MAX_AGENTS: usize = 1024;
 
+/// The longest a gateway step waits for another daemon to record the reply it carries (G10):
+/// a reply is recorded right after its answer, so this is the bound for a daemon that died
+/// in between.
+const FLEET_REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often the wait reads the log again.
+const FLEET_REPLY_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Agents' settings resolved for one config version.
 #[derive(Default)]
 pub(crate) struct ResolvedAgents {
@@ -267,6 +274,40 @@ impl Daemon {
         result.map(|()| outcome)
     }
 
+    /// G10: on a store other daemons share, a gateway request that carries back the reply to
+    /// the session's last request, answered by another daemon and not recorded yet, waits
+    /// (at most [`FLEET_REPLY_WAIT`], the session's lock let go meanwhile) until the log holds
+    /// it, so the log never holds a step before the reply it follows. A daemon that died
+    /// between answering and recording never records it: the step then goes on without it
+    /// (the client's body, recorded whole, still holds it).
+    fn await_reply<'a>(
+        &'a self,
+        id: &'a str,
+        mut slot: SessionSlot<'a>,
+        conversation: &promptd_core::gateway::messages::Conversation,
+        gone: &dyn Fn() -> Result<()>,
+    ) -> Result<SessionSlot<'a>> {
+        if !self.sessions.store.is_shared() {
+            return Ok(slot);
+        }
+        let started = Instant::now();
+        loop {
+            let state = &slot.get().state;
+            let awaits = promptd_core::gateway::messages::awaits_reply(
+                state.gateway_conversation(),
+                state.gateway_replied(),
+                conversation,
+            );
+            if !awaits || started.elapsed() >= FLEET_REPLY_WAIT {
+                return Ok(slot);
+            }
+            drop(slot);
+            std::thread::sleep(FLEET_REPLY_POLL);
+            gone()?;
+            slot = self.checkout(id)?;
+        }
+    }
+
     fn run_step(
         &self,
         run: &StepRun<'_>,
@@ -289,6 +330,9 @@ impl Daemon {
         }
         gone()?;
         let mut slot = self.checkout(id)?;
+        if let Some(g) = gateway.as_ref() {
+            slot = self.await_reply(id, slot, &g.conversation, &gone)?;
+        }
         // One snapshot of the registry and the plan for the whole step (H2).
         let registry = match degraded {
             true => Arc::new(promptd_core::plugin::registry::Registry::default()),
@@ -700,6 +744,25 @@ impl Daemon {
     pub fn session_events(&self, id: &str) -> Result<Vec<Event>> {
         self.agent_of(id)?;
         Ok(self.sessions.store.events(id)?)
+    }
+
+    /// Whether other daemons may append to the sessions this one serves (a shared store).
+    pub(crate) fn store_shared(&self) -> bool {
+        self.sessions.store.is_shared()
+    }
+
+    /// Sessions with activity at or after `since_ms`, most recent first (G10).
+    pub(crate) fn active_since(
+        &self,
+        since_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<promptd_core::store::SessionSummary>> {
+        Ok(self.sessions.store.active_since(since_ms, limit)?)
+    }
+
+    /// Session `id`'s events after `seq`.
+    pub(crate) fn events_after(&self, id: &str, seq: u64) -> Result<Vec<Event>> {
+        Ok(self.sessions.store.events_after(id, seq)?)
     }
 
     /// Sessions whose id or agent contains `filter`, most recent activity first.
