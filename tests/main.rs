@@ -39,3 +39,4 @@ mod sandbox;
 mod soak;
 mod step_parts;
 mod telemetry;
+mod usage;
