@@ -1,6 +1,6 @@
 //! `GET /v1/usage`'s day buckets (K12) over real records: a real `promptd serve` with prices,
 //! steps and replies sent through its API on three UTC days (`sent_at`), a plugin swap between
-//! two of them, so the log holds a cold start, expired TTLs and a prefix a plugin broke. The
+//! two of them, so the log holds a cold start, expired TTLs, a prefix a plugin broke and a hit. The
 //! fixture is shared with the inspector's usage page test (`tests/inspector.rs`, K13).
 
 use promptd_testkit as common;
@@ -45,10 +45,10 @@ fn step(d: &Served, id: &str, at: u64, text: &str) {
     d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body));
 }
 
-/// A reply as Anthropic reports it: nothing read from the cache, `written` tokens written.
-fn reply(d: &Served, id: &str, at: u64, written: u64, output: u64) -> Value {
+/// A reply as Anthropic reports it: `read` tokens read from the cache, `written` written.
+fn reply(d: &Served, id: &str, at: u64, read: u64, written: u64, output: u64) -> Value {
     let body = json!({"role": "assistant", "content": "Done.",
-        "usage": {"input_tokens": 12, "cache_read_input_tokens": 0,
+        "usage": {"input_tokens": 12, "cache_read_input_tokens": read,
                   "cache_creation_input_tokens": written, "output_tokens": output}});
     d.ok(
         "POST",
@@ -78,9 +78,9 @@ pub(crate) fn recorded() -> Fixture {
 
     let coder = d.session("coder");
     step(&d, &coder, day0, "Start.");
-    reply(&d, &coder, day0, 3000, 40); // cold
+    reply(&d, &coder, day0, 0, 3000, 40); // cold
     step(&d, &coder, day1, "A day later.");
-    reply(&d, &coder, day1, 3100, 30); // ttl_expired
+    reply(&d, &coder, day1, 0, 3100, 30); // ttl_expired
     let before = d.plugin("versioned")["sha256"].clone();
     put(folder.path(), "versioned", &v2);
     eventually("versioned v2 to serve", || {
@@ -88,17 +88,20 @@ pub(crate) fn recorded() -> Fixture {
         p["sha256"] != before && p["state"] == "loaded"
     });
     step(&d, &coder, day1 + MIN_MS, "After the swap.");
-    reply(&d, &coder, day1 + MIN_MS, 3200, 50); // prefix_changed by `versioned`
+    reply(&d, &coder, day1 + MIN_MS, 0, 3200, 50); // prefix_changed by `versioned`
 
     let today_session = d.session("coder");
     step(&d, &today_session, day2, "Today.");
-    reply(&d, &today_session, day2, 3000, 10);
+    reply(&d, &today_session, day2, 0, 3000, 10);
+    // A minute later: what the first request wrote is read back.
+    step(&d, &today_session, day2 + MIN_MS, "And again.");
+    reply(&d, &today_session, day2 + MIN_MS, 3000, 200, 10); // hit
 
     let other = d.session("default");
     step(&d, &other, day1 + 60 * MIN_MS, "Hello.");
-    reply(&d, &other, day1 + 60 * MIN_MS, 2000, 20);
+    reply(&d, &other, day1 + 60 * MIN_MS, 0, 2000, 20);
     step(&d, &other, day2 + 60 * MIN_MS, "Again.");
-    reply(&d, &other, day2 + 60 * MIN_MS, 2100, 20);
+    reply(&d, &other, day2 + 60 * MIN_MS, 0, 2100, 20);
 
     let first_day = d.ok("GET", "/v1/usage?days=3", None)["window"]["from"]
         .as_str()
@@ -131,7 +134,7 @@ fn k12_usage_is_bucketed_by_utc_day_agent_and_key_from_real_records() {
         .iter()
         .map(|b| b["replies"].as_u64().unwrap())
         .collect();
-    assert_eq!(replies, [1, 3, 2], "{u}");
+    assert_eq!(replies, [1, 3, 3], "{u}");
     // Day 1: the coder's expired TTL and the swap the `versioned` plugin broke, the default
     // agent's first reply.
     let d1 = &days[1];
@@ -142,12 +145,19 @@ fn k12_usage_is_bucketed_by_utc_day_agent_and_key_from_real_records() {
     assert_eq!(d1["by_agent"]["coder"]["replies"], 2);
     assert_eq!(d1["by_agent"]["default"]["replies"], 1);
     assert_eq!(days[0]["outcomes"]["cold"]["replies"], 1);
+    // Today: a hit read the 3000 tokens its session wrote a minute before.
+    let d2 = &days[2];
+    assert_eq!(d2["outcomes"]["hit"]["replies"], 1, "{d2}");
+    assert_eq!(d2["cached_tokens"], 3000);
+    let share = 3000.0 / f(&d2["input_tokens"]);
+    assert!((f(&d2["cached_share"]) - share).abs() < 1e-12, "{d2}");
+    assert_eq!(days[1]["cached_share"], 0.0);
     // No gateway key served these: one keyless entry a day, and in total.
     assert_eq!(d1["by_key"], json!([d1["by_key"][0].clone()]));
     assert_eq!(d1["by_key"][0]["key"], Value::Null);
     assert_eq!(d1["by_key"][0]["replies"], 3);
     assert_eq!(u["keys"][0]["key"], Value::Null);
-    assert_eq!(u["keys"][0]["replies"], 6);
+    assert_eq!(u["keys"][0]["replies"], 7);
     // Day 0's cost is the cold write at its price: 3000 × 3.75 + 12 × 3 + 40 × 15 per million.
     let cost0 = f(&days[0]["cost"]["total"]);
     assert!((cost0 - (3000.0 * 3.75 + 12.0 * 3.0 + 40.0 * 15.0) / 1e6).abs() < 1e-12);
@@ -188,7 +198,7 @@ fn k12_usage_is_bucketed_by_utc_day_agent_and_key_from_real_records() {
     assert_eq!(first["window"], Value::Null);
     assert_eq!(first["days"], json!([]));
     assert_eq!(
-        first["total"]["replies"], 6,
+        first["total"]["replies"], 7,
         "without a window, every reply"
     );
 
