@@ -1,7 +1,9 @@
 //! `GET /v1/usage`'s day buckets (K12) over real records: a real `promptd serve` with prices,
 //! steps and replies sent through its API on three UTC days (`sent_at`), a plugin swap between
 //! two of them, so the log holds a cold start, expired TTLs, a prefix a plugin broke and a hit. The
-//! fixture is shared with the inspector's usage page test (`tests/inspector.rs`, K13).
+//! fixture is shared with the inspector's usage page test (`tests/inspector.rs`, K13). The API
+//! test then sends a request through the gateway (to the provider stub): its reply counts too,
+//! under the keyless `null` key, as every gateway reply no key served.
 
 use promptd_testkit as common;
 
@@ -23,6 +25,10 @@ model = "claude-sonnet-4-5"
 [plugins.identity]
 config = { name = "Ada", model = "example-model" }
 
+# Its tool is not for the gateway's agent, which serves no plugin tools.
+[plugins.versioned]
+scope = "coder"
+
 [pricing."claude-sonnet-4-5"]
 input = 3.0
 output = 15.0
@@ -33,6 +39,7 @@ pub(crate) struct Fixture {
     pub(crate) d: Served,
     pub(crate) _state: tempfile::TempDir,
     pub(crate) _folder: Folder,
+    pub(crate) _stub: crate::gateway::Stub,
     /// The coder's three-day session, the coder's session of today, the default agent's.
     pub(crate) sessions: [String; 3],
     /// The first day, `YYYY-MM-DD`; the other two follow it.
@@ -64,7 +71,12 @@ pub(crate) fn recorded() -> Fixture {
     let v1 = std::fs::read(fixture("versioned_v1")).unwrap();
     let v2 = std::fs::read(fixture("versioned_v2")).unwrap();
     put(folder.path(), "versioned", &v1);
-    let (d, state) = folder.serve(CONFIG);
+    // A provider stub behind the gateway: a gateway step's record reads like any other.
+    let stub = crate::gateway::Stub::start();
+    let (d, state) = folder.serve(&format!(
+        "{CONFIG}\n[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.gw.gateway]\n",
+        stub.url
+    ));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -111,6 +123,7 @@ pub(crate) fn recorded() -> Fixture {
         d,
         _state: state,
         _folder: folder,
+        _stub: stub,
         sessions: [coder, today_session, other],
         first_day,
     }
@@ -200,6 +213,40 @@ fn k12_usage_is_bucketed_by_utc_day_agent_and_key_from_real_records() {
     assert_eq!(
         first["total"]["replies"], 7,
         "without a window, every reply"
+    );
+
+    // A request through the gateway: its reply counts today, with no key (none served it).
+    let before = d.ok("GET", "/v1/usage?days=1", None);
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"Count me."}]}"#;
+    let (head, _) =
+        crate::gateway::raw_post(&d.url, "/gateway/gw/v1/messages", &[], body.as_bytes());
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let gateway_session = crate::gateway::header_of(&head, "x-promptd-session")
+        .unwrap()
+        .to_string();
+    let events = crate::gateway::newest_session(d);
+    assert!(
+        events.iter().any(|e| e["kind"] == "gateway/request"),
+        "{events:?}"
+    );
+    let after = d.ok("GET", "/v1/usage?days=1", None);
+    assert_eq!(
+        after["total"]["replies"].as_u64(),
+        before["total"]["replies"].as_u64().map(|n| n + 1),
+        "{after}"
+    );
+    assert_eq!(after["keys"].as_array().map(Vec::len), Some(1), "{after}");
+    assert_eq!(after["keys"][0]["key"], Value::Null);
+    assert_eq!(after["days"][0]["by_key"][0]["key"], Value::Null);
+    let listed = after["top_sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["session"] == gateway_session.as_str())
+        .unwrap_or_else(|| panic!("{gateway_session} not among {after}"));
+    assert_eq!(
+        (listed["agent"].as_str(), listed["top_step"].as_u64()),
+        (Some("gw"), Some(1))
     );
 
     // Bad windows and filters are refused, naming the parameter.
