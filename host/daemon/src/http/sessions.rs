@@ -112,9 +112,11 @@ pub(crate) async fn usage_summary(
 pub(crate) struct UsageQuery {
     /// Only this agent's sessions.
     #[serde(default)]
+    #[param(min_length = 1, max_length = 256)]
     agent: Option<String>,
     /// Only replies served with this gateway key (`[gateway.keys]`).
     #[serde(default)]
+    #[param(min_length = 1, max_length = 256)]
     key: Option<String>,
     /// Only replies to requests sent at or after this time, in milliseconds since the Unix
     /// epoch.
@@ -124,17 +126,19 @@ pub(crate) struct UsageQuery {
     /// The window's first UTC day, `YYYY-MM-DD` (default: 30 days ending at `to`); with a
     /// window the answer has one bucket per day.
     #[serde(default)]
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
     from: Option<String>,
     /// The window's last UTC day, `YYYY-MM-DD` (default: today).
     #[serde(default)]
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
     to: Option<String>,
     /// The window as the N UTC days ending today (1 to 366; not with `from`/`to`).
     #[serde(default)]
-    #[param(maximum = 18446744073709551615_u64)]
+    #[param(minimum = 1, maximum = 366)]
     days: Option<u64>,
     /// The most expensive sessions listed (default 10, 1 to 100).
     #[serde(default)]
-    #[param(maximum = 18446744073709551615_u64)]
+    #[param(minimum = 1, maximum = 100)]
     top: Option<u64>,
     /// At most this many sessions read, most recent activity first (default 1000, at most
     /// 10000).
