@@ -194,6 +194,29 @@ fn k12_usage_is_bucketed_by_utc_day_agent_and_key_from_real_records() {
     assert_eq!(top.len(), 3);
     assert!(ids.contains(&today.as_str()) && ids.contains(&other.as_str()));
 
+    // The CLI prints the same days, key and top session.
+    let printed = common::ok(&["usage", "--server", &d.url, "--days", "3"]);
+    for d in days {
+        let line = format!(
+            "  {}  {:>6} replies",
+            d["day"].as_str().unwrap(),
+            d["replies"].as_u64().unwrap()
+        );
+        assert!(printed.contains(&line), "`{line}` in {printed}");
+        let spend = format!("spend ${:.4}", f(&d["cost"]["total"]));
+        assert!(
+            printed
+                .lines()
+                .any(|l| l.starts_with(&line) && l.contains(&spend)),
+            "{spend} in {printed}"
+        );
+    }
+    assert!(printed.contains("key (no key): 7 replies"), "{printed}");
+    assert!(
+        printed.contains(&format!("top: session {coder} (agent coder)")),
+        "{printed}"
+    );
+
     // Filters: an agent, a window of one day by dates, a key nobody used, the top one.
     let one = d.ok(
         "GET",
