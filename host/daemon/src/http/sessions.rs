@@ -114,7 +114,7 @@ pub(crate) struct UsageQuery {
     #[serde(default)]
     #[param(min_length = 1, max_length = 256)]
     agent: Option<String>,
-    /// Only replies served with this gateway key (`[gateway.keys]`).
+    /// Only replies served with this gateway key (the `key` their `gateway/request` names).
     #[serde(default)]
     #[param(min_length = 1, max_length = 256)]
     key: Option<String>,
