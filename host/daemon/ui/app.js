@@ -1153,14 +1153,18 @@ async function streamSse(path, signal, onEvent) {
 // Usage (`GET /v1/usage` with a window): every number on this page is one the API answered;
 // the charts are SVG drawn here, nothing is fetched from elsewhere.
 
-const SVG_NS = 'http://www.w3.org/2000/svg';
+// The SVG namespace, read from the empty <svg> in index.html (the HTML parser puts it there):
+// the page names no URL, not even a namespace's.
+function svgNamespace() {
+  return document.getElementById('svg-namespace').namespaceURI;
+}
 const USAGE_WINDOWS = [7, 14, 30, 90];
 // One colour per series (agent or key), in the order the series are listed; the last repeats.
 const SERIES_COLOURS = ['#2456a6', '#d98c3a', '#1f7a3a', '#8e3b9e', '#a3320b', '#3a8fa0', '#7a7a2a', '#6b6f76'];
 
 /** An SVG element, attributes set one by one. */
 function svg(tag, attrs, ...children) {
-  const el = document.createElementNS(SVG_NS, tag);
+  const el = document.createElementNS(svgNamespace(), tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v != null) el.setAttribute(k, String(v));
   }
