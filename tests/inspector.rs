@@ -376,16 +376,35 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
 }
 
 /// The usage page (K13) on `tests/usage.rs`'s fixture (three sessions over three UTC days, a
-/// cold start, expired TTLs, a plugin's prefix change, priced): every figure the page shows —
+/// cold start, expired TTLs, a plugin's prefix change and a hit, priced; and a reply of a model
+/// without a price): every figure the page shows —
 /// tiles, each bar of the spend per day by agent and by key, each point of the cached share,
 /// the day table, the misses by cause and by plugin, the top sessions and their step links —
-/// equals what `GET /v1/usage` answers, and choosing an agent shows that agent's. The
+/// equals what `GET /v1/usage` answers, the unpriced model is named, and choosing an agent
+/// shows that agent's. The
 /// screenshot goes to `target/test-artifacts/usage.png` (and `docs/usage.png` with
 /// `PROMPTD_SCREENSHOT=1`).
 #[test]
 fn k13_the_usage_page_shows_the_apis_numbers_drawn_by_hand() {
     let python = prerequisites();
     let fx = crate::usage::recorded();
+    // A reply of a model without a price: the page must say its replies cost nothing it can
+    // count.
+    let unpriced_session = fx.d.session("haiku");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    crate::usage::step(&fx.d, &unpriced_session, now, "Unpriced.");
+    crate::usage::reply(&fx.d, &unpriced_session, now, 0, 3000, 10);
+    let usage = fx.d.ok("GET", "/v1/usage?days=3", None);
+    assert_eq!(
+        usage["total"]["unpriced_models"],
+        json!(["claude-haiku-4-5"]),
+        "{usage}"
+    );
+    let mut sessions = fx.sessions.to_vec();
+    sessions.push(unpriced_session);
     let artifacts = repo_root().join("target/test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
     let screenshot = artifacts.join("usage.png");
@@ -396,7 +415,8 @@ fn k13_the_usage_page_shows_the_apis_numbers_drawn_by_hand() {
         "chromium": CHROMIUM,
         "chromedriver": CHROMEDRIVER,
         "usage_days": 3,
-        "usage_sessions": fx.sessions,
+        "usage_sessions": sessions,
+        "usage_unpriced": ["claude-haiku-4-5"],
         "usage_agent": "default",
         "screenshot": screenshot,
     });
@@ -412,6 +432,7 @@ fn k13_the_usage_page_shows_the_apis_numbers_drawn_by_hand() {
         "usage: the most expensive sessions in the API's order, each linked to its costliest step",
         "usage: the agent filter shows default's numbers",
         "usage: a session's costliest step link opens that step",
+        "usage: a model without a price is named as such",
         "no script errors or policy violations",
         "screenshot saved",
     ] {

@@ -29,6 +29,10 @@ config = { name = "Ada", model = "example-model" }
 [plugins.versioned]
 scope = "coder"
 
+# A model without a price: the inspector's usage page test records a reply of it.
+[agents.haiku]
+model = { model = "claude-haiku-4-5" }
+
 [pricing."claude-sonnet-4-5"]
 input = 3.0
 output = 15.0
@@ -46,14 +50,14 @@ pub(crate) struct Fixture {
     pub(crate) first_day: String,
 }
 
-fn step(d: &Served, id: &str, at: u64, text: &str) {
+pub(crate) fn step(d: &Served, id: &str, at: u64, text: &str) {
     let body = json!({"messages": [{"role": "user", "content": text}], "format": "anthropic",
                       "sent_at": at});
     d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body));
 }
 
 /// A reply as Anthropic reports it: `read` tokens read from the cache, `written` written.
-fn reply(d: &Served, id: &str, at: u64, read: u64, written: u64, output: u64) -> Value {
+pub(crate) fn reply(d: &Served, id: &str, at: u64, read: u64, written: u64, output: u64) -> Value {
     let body = json!({"role": "assistant", "content": "Done.",
         "usage": {"input_tokens": 12, "cache_read_input_tokens": read,
                   "cache_creation_input_tokens": written, "output_tokens": output}});

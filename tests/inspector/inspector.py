@@ -357,6 +357,11 @@ def usage_view(driver):
     api_top = [(s["session"], s["cost"], f"/session/{s['session']}/step/{s['top_step']}") for s in api["top_sessions"]]
     check("usage: the most expensive sessions in the API's order, each linked to its costliest step",
           top == api_top and len(top) == len(spec["usage_sessions"]), f"page {top}, API {api_top}")
+    unpriced = css(driver, "[data-testid=usage-unpriced]")
+    named = text(unpriced[0]) if unpriced else ""
+    check("usage: a model without a price is named as such",
+          total["unpriced_models"] == spec["usage_unpriced"] and all(m in named for m in total["unpriced_models"]),
+          f"notice {named!r}, API {total['unpriced_models']}")
     no_script_errors(driver)
 
     # The whole page in one picture.

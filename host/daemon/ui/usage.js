@@ -240,9 +240,11 @@ async function usageView(page, query) {
         'data-step': s.top_step, 'data-value': String(s.top_step_cost) }, `step ${s.top_step}`, ' · ', usd(s.top_step_cost)))))));
 
   const windowText = u.window ? `${u.window.from} to ${u.window.to} (UTC)` : '';
-  const unpriced = (total.unpriced_models || []).length
-    ? notice(`No price for ${total.unpriced_models.map((m) => `\`${m}\``).join(', ')}: their replies count tokens but no cost (\`[pricing]\`).`, 'warn')
-    : null;
+  let unpriced = null;
+  if ((total.unpriced_models || []).length) {
+    unpriced = notice(`No price for ${total.unpriced_models.map((m) => `\`${m}\``).join(', ')}: their replies count tokens but no cost (\`[pricing]\`).`, 'warn');
+    unpriced.setAttribute('data-testid', 'usage-unpriced');
+  }
   add(page,
     h('div', { class: 'title-row' }, h('h1', {}, 'Usage'),
       h('span', { class: 'muted', 'data-testid': 'usage-window' }, windowText)),
