@@ -227,6 +227,31 @@ fn g12_keys_admit_refuse_count_spend_and_rotate_without_a_restart() {
         sent_before,
         "the refused request was not sent"
     );
+    // The usage API counts the same replies to the key, at the spend the refusal names.
+    let usage: serde_json::Value = serde_json::from_str(
+        &common::daemon::request(
+            &served.url,
+            "GET",
+            "/v1/usage?days=1&key=team-a",
+            None,
+            None,
+        )
+        .1,
+    )
+    .unwrap();
+    assert_eq!(usage["keys"][0]["key"], "team-a", "{usage}");
+    assert_eq!(usage["keys"][0]["replies"], tries + 1, "{usage}");
+    let spent = words[3]
+        .split("spent $")
+        .nth(1)
+        .and_then(|t| t.split(',').next())
+        .unwrap();
+    let spent: f64 = spent.parse().unwrap();
+    let cost = usage["keys"][0]["cost"].as_f64().unwrap();
+    assert!(
+        (cost - spent).abs() < 1e-5,
+        "usage {cost} vs the limit's count {spent}"
+    );
 
     // x-promptd-key beside the client's own key (an upstream with no api_key_env): the
     // client's key goes as it came; the same key in the provider's place is refused, since

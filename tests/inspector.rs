@@ -87,6 +87,52 @@ fn step(d: &Served, id: &str, messages: &Value) -> Value {
     d.ok("POST", &format!("/v1/sessions/{id}/steps"), Some(&body))
 }
 
+/// Runs `tests/inspector/inspector.py` on `spec` and returns the checks it passed (bounded by
+/// [`SCRIPT_BOUND`]; a failure panics with the script's report).
+fn run_browser(python: &Path, spec: &Value) -> Vec<String> {
+    let spec_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(spec_file.path(), spec.to_string()).unwrap();
+
+    let started = Instant::now();
+    let mut child = Command::new(python)
+        .arg(dir().join("inspector.py"))
+        .arg(spec_file.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tests/inspector/inspector.py");
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > SCRIPT_BOUND {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser run failed after {:.1} s ({}):\n{}\n{stdout}",
+        started.elapsed().as_secs_f64(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("the script's report: {e}: {stdout}"));
+    eprintln!(
+        "inspector: {} checks in the browser in {:.1} s",
+        report["checks"].as_array().map_or(0, Vec::len),
+        started.elapsed().as_secs_f64()
+    );
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .map(String::from)
+        .collect()
+}
+
 #[test]
 fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     let python = prerequisites();
@@ -282,41 +328,8 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
         "gateway_client": gateway_body,
         "gateway_upstream": gateway_upstream,
     });
-    let spec_file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(spec_file.path(), spec.to_string()).unwrap();
-
-    let started = Instant::now();
-    let mut child = Command::new(&python)
-        .arg(dir().join("inspector.py"))
-        .arg(spec_file.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tests/inspector/inspector.py");
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > SCRIPT_BOUND {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the browser run failed after {:.1} s ({}):\n{}\n{stdout}",
-        started.elapsed().as_secs_f64(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("the script's report: {e}: {stdout}"));
-    let checks: Vec<&str> = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let checks = run_browser(&python, &spec);
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
     // Every part of the brief was seen in the page, not only reached.
     for needed in [
         format!("session list: {coder} shows agent coder and 4 steps"),
@@ -359,10 +372,83 @@ fn the_inspector_shows_sessions_steps_origins_and_why_the_cache_broke() {
     if std::env::var("PROMPTD_SCREENSHOT").as_deref() == Ok("1") {
         std::fs::copy(&screenshot, repo_root().join("docs/inspector.png")).unwrap();
     }
-    eprintln!(
-        "inspector: {} checks in the browser in {:.1} s; screenshot {}",
-        checks.len(),
-        started.elapsed().as_secs_f64(),
-        screenshot.display()
+    eprintln!("inspector: screenshot {}", screenshot.display());
+}
+
+/// The usage page (K13) on `tests/usage.rs`'s fixture (three sessions over three UTC days, a
+/// cold start, expired TTLs, a plugin's prefix change and a hit, priced; and a reply of a model
+/// without a price): every figure the page shows —
+/// tiles, each bar of the spend per day by agent and by key, each point of the cached share,
+/// the day table, the misses by cause and by plugin, the top sessions and their step links —
+/// equals what `GET /v1/usage` answers, the unpriced model is named, and choosing an agent
+/// shows that agent's. The
+/// screenshot goes to `target/test-artifacts/usage.png` (and `docs/usage.png` with
+/// `PROMPTD_SCREENSHOT=1`).
+#[test]
+fn k13_the_usage_page_shows_the_apis_numbers_drawn_by_hand() {
+    let python = prerequisites();
+    let fx = crate::usage::recorded();
+    // A reply of a model without a price: the page must say its replies cost nothing it can
+    // count.
+    let unpriced_session = fx.d.session("haiku");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    crate::usage::step(&fx.d, &unpriced_session, now, "Unpriced.");
+    crate::usage::reply(&fx.d, &unpriced_session, now, 0, 3000, 10);
+    let usage = fx.d.ok("GET", "/v1/usage?days=3", None);
+    assert_eq!(
+        usage["total"]["unpriced_models"],
+        json!(["claude-haiku-4-5"]),
+        "{usage}"
     );
+    let mut sessions = fx.sessions.to_vec();
+    sessions.push(unpriced_session);
+    let artifacts = repo_root().join("target/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let screenshot = artifacts.join("usage.png");
+    let _ = std::fs::remove_file(&screenshot);
+    let spec = json!({
+        "mode": "usage",
+        "url": fx.d.url,
+        "chromium": CHROMIUM,
+        "chromedriver": CHROMEDRIVER,
+        "usage_days": 3,
+        "usage_sessions": sessions,
+        "usage_unpriced": ["claude-haiku-4-5"],
+        "usage_agent": "default",
+        "screenshot": screenshot,
+    });
+    let checks = run_browser(&python, &spec);
+    for needed in [
+        "usage: the tiles show the API's spend, replies, cached share and miss cost",
+        "usage: each day's spend by agent is the API's, bar by bar",
+        "usage: each day's spend by gateway key is the API's, the keyless as such",
+        "usage: the share read from cache per day is the API's",
+        "usage: the day table is the API's, day by day",
+        "usage: misses by cause with their cost are the API's",
+        "usage: misses by plugin with their cost are the API's",
+        "usage: the most expensive sessions in the API's order, each linked to its costliest step",
+        "usage: the agent filter shows default's numbers",
+        "usage: a session's costliest step link opens that step",
+        "usage: a model without a price is named as such",
+        "no script errors or policy violations",
+        "screenshot saved",
+    ] {
+        assert!(
+            checks.iter().any(|c| c == needed),
+            "the script did not check `{needed}`: {checks:?}"
+        );
+    }
+    let png = std::fs::read(&screenshot).expect("the screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 20_000,
+        "{} is not a screenshot of the page ({} bytes)",
+        screenshot.display(),
+        png.len()
+    );
+    if std::env::var("PROMPTD_SCREENSHOT").as_deref() == Ok("1") {
+        std::fs::copy(&screenshot, repo_root().join("docs/usage.png")).unwrap();
+    }
 }

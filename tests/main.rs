@@ -42,3 +42,4 @@ mod sandbox;
 mod soak;
 mod step_parts;
 mod telemetry;
+mod usage;

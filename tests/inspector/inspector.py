@@ -277,9 +277,141 @@ def token(driver):
     check("token: kept in sessionStorage", stored == secret, repr(stored))
 
 
+def usage_view(driver):
+    """The usage page (K13): every number on it is the one `GET /v1/usage` answers."""
+    url, days = spec["url"], spec["usage_days"]
+    api = json.load(urllib.request.urlopen(f"{url}/v1/usage?days={days}&top=10"))
+    driver.get(f"{url}/ui/#/usage?days={days}")
+    wait_for(driver, "the usage page", lambda d: css(d, "[data-testid=usage-cost]"))
+
+    def value(el):
+        v = el.get_attribute("data-value")
+        return None if v is None else float(v)
+
+    def usd(x):
+        return f"${x:.4f}"
+
+    total = api["total"]
+    tiles = {t: css(driver, f"[data-testid={t}]")[0] for t in
+             ["usage-cost", "usage-replies", "usage-cached-share", "usage-miss-cost"]}
+    seen = {t: (value(e), text(e)) for t, e in tiles.items()}
+    want = {
+        "usage-cost": (total["cost"]["total"], usd(total["cost"]["total"])),
+        "usage-replies": (float(total["replies"]), str(total["replies"])),
+        "usage-cached-share": (total["cached_share"], f"{total['cached_share'] * 100:.1f}%"),
+        "usage-miss-cost": (total["cost"]["miss"], usd(total["cost"]["miss"])),
+    }
+    check("usage: the tiles show the API's spend, replies, cached share and miss cost", seen == want,
+          f"page {seen}, API {want}")
+
+    def bars(chart):
+        return {(b.get_attribute("data-day"), b.get_attribute("data-series")): value(b)
+                for b in css(driver, f"[data-testid={chart}] rect[data-testid=bar]")}
+
+    by_agent = {(d["day"], a): s["cost"] for d in api["days"] for a, s in d["by_agent"].items() if s["cost"]}
+    check("usage: each day's spend by agent is the API's, bar by bar", bars("spend-by-agent") == by_agent,
+          f"page {bars('spend-by-agent')}, API {by_agent}")
+    by_key = {(d["day"], k["key"] if k["key"] is not None else "(no key)"): k["cost"]
+              for d in api["days"] for k in d["by_key"] if k["cost"]}
+    check("usage: each day's spend by gateway key is the API's, the keyless as such", bars("spend-by-key") == by_key,
+          f"page {bars('spend-by-key')}, API {by_key}")
+    points = {p.get_attribute("data-day"): value(p) for p in css(driver, "[data-testid=share-chart] circle[data-testid=share-point]")}
+    shares = {d["day"]: d["cached_share"] for d in api["days"] if d["cached_share"] is not None}
+    check("usage: the share read from cache per day is the API's", points == shares and len(shares) > 1,
+          f"page {points}, API {shares}")
+
+    rows = {}
+    for r in css(driver, "tr[data-testid=usage-day]"):
+        cells = {c.get_attribute("data-testid"): value(c) for c in r.find_elements(By.CSS_SELECTOR, "td[data-value]")}
+        rows[r.get_attribute("data-day")] = cells
+    api_rows = {}
+    for d in api["days"]:
+        cells = {"replies": float(d["replies"]), "input": float(d["input_tokens"]),
+                 "cost": d["cost"]["total"] if d["cost"] else 0.0}
+        if d["cached_share"] is not None:
+            cells["cached-share"] = d["cached_share"]
+        for a in sorted({a for x in api["days"] for a in x["by_agent"]}):
+            cells[f"agent-cost:{a}"] = d["by_agent"][a]["cost"] if a in d["by_agent"] else 0.0
+        api_rows[d["day"]] = cells
+    check("usage: the day table is the API's, day by day", rows == api_rows, f"page {rows}, API {api_rows}")
+
+    def miss_rows(testid):
+        out = {}
+        for r in css(driver, f"[data-testid={testid}] tr[data-testid={testid}-row]"):
+            out[r.get_attribute("data-name")] = tuple(
+                value(r.find_element(By.CSS_SELECTOR, f"[data-testid={c}]")) for c in ["replies", "lost", "miss-cost"])
+        return out
+
+    causes = {k: (float(t["replies"]), float(t["lost_tokens"]), t["miss_cost"])
+              for k, t in total["outcomes"].items() if k not in ("hit", "cold", "uncacheable")}
+    check("usage: misses by cause with their cost are the API's", miss_rows("usage-causes") == causes and causes,
+          f"page {miss_rows('usage-causes')}, API {causes}")
+    plugins = {k: (float(t["replies"]), float(t["lost_tokens"]), t["miss_cost"]) for k, t in total["plugins"].items()}
+    check("usage: misses by plugin with their cost are the API's", miss_rows("usage-plugins") == plugins and plugins,
+          f"page {miss_rows('usage-plugins')}, API {plugins}")
+
+    top = [(r.get_attribute("data-session-id"),
+            value(r.find_element(By.CSS_SELECTOR, "[data-testid=cost]")),
+            r.find_element(By.CSS_SELECTOR, "[data-testid=usage-step-link]").get_attribute("href").split("#", 1)[1])
+           for r in css(driver, "tr[data-testid=usage-top-row]")]
+    api_top = [(s["session"], s["cost"], f"/session/{s['session']}/step/{s['top_step']}") for s in api["top_sessions"]]
+    check("usage: the most expensive sessions in the API's order, each linked to its costliest step",
+          top == api_top and len(top) == len(spec["usage_sessions"]), f"page {top}, API {api_top}")
+    unpriced = css(driver, "[data-testid=usage-unpriced]")
+    named = text(unpriced[0]) if unpriced else ""
+    check("usage: a model without a price is named as such",
+          total["unpriced_models"] == spec["usage_unpriced"] and all(m in named for m in total["unpriced_models"]),
+          f"notice {named!r}, API {total['unpriced_models']}")
+    no_script_errors(driver)
+
+    # The whole page in one picture.
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1360, min(max(height + 40, 1200), 4000))
+    driver.execute_script("window.scrollTo(0, 0)")
+    time.sleep(0.3)
+    driver.save_screenshot(spec["screenshot"])
+    checks.append("screenshot saved")
+
+    # An agent chosen in the page: its numbers are the API's for that agent.
+    agent = spec["usage_agent"]
+    from selenium.webdriver.support.ui import Select
+    Select(driver.find_element(By.ID, "usage-agent")).select_by_value(agent)
+    wait_for(driver, f"the page for agent {agent}", lambda d: f"agent={agent}" in d.current_url
+             and css(d, "[data-testid=usage-cost]"))
+    scoped = json.load(urllib.request.urlopen(f"{url}/v1/usage?days={days}&top=10&agent={agent}"))
+    want_top = [s["session"] for s in scoped["top_sessions"]]
+
+    def scoped_page(d):
+        # Read in one script call: the page is replaced as the new hash renders.
+        return d.execute_script(
+            "const c = document.querySelector('[data-testid=usage-cost]');"
+            "return c && {cost: c.getAttribute('data-value'), top: [...document.querySelectorAll("
+            "'tr[data-testid=usage-top-row]')].map((r) => r.getAttribute('data-session-id'))};")
+
+    wait_for(driver, f"{agent}'s spend {scoped['total']['cost']['total']} and sessions {want_top}",
+             lambda d: (p := scoped_page(d)) and p["cost"] is not None
+             and float(p["cost"]) == scoped["total"]["cost"]["total"] and p["top"] == want_top)
+    check(f"usage: the agent filter shows {agent}'s numbers", want_top and
+          scoped["total"]["cost"]["total"] < total["cost"]["total"], f"API {scoped['total']}")
+
+    # The costliest step of the most expensive session opens that step.
+    first = api["top_sessions"][0]
+    driver.get(f"{url}/ui/#/usage?days={days}")
+    wait_for(driver, "the usage page again", lambda d: css(d, "[data-testid=usage-step-link]"))
+    css(driver, "[data-testid=usage-step-link]")[0].click()
+    wait_for(driver, f"step {first['top_step']} of {first['session']}",
+             lambda d: css(d, "#step-title") and f"Step {first['top_step']}" in text(d.find_element(By.ID, "step-title")))
+    check("usage: a session's costliest step link opens that step", first["session"] in driver.current_url, driver.current_url)
+    no_script_errors(driver)
+
+
 def main():
     driver = browser()
     try:
+        if spec.get("mode") == "usage":
+            usage_view(driver)
+            print(json.dumps({"checks": checks, "browser": spec.get("chromium")}))
+            return
         sessions_list(driver, spec["url"])
         session_timeline(driver)
         step_view(driver)

@@ -159,6 +159,8 @@ impl Server {
         &self,
         agent: Option<&str>,
         since: Option<&str>,
+        days: Option<u64>,
+        key: Option<&str>,
         json: bool,
     ) -> anyhow::Result<()> {
         let mut query = Vec::new();
@@ -167,6 +169,12 @@ impl Server {
         }
         if let Some(s) = since {
             query.push(format!("since={}", since_ms(s)?));
+        }
+        if let Some(n) = days {
+            query.push(format!("days={n}"));
+        }
+        if let Some(k) = key {
+            query.push(format!("key={}", percent(k)));
         }
         let path = if query.is_empty() {
             "/v1/usage".to_string()
@@ -188,6 +196,7 @@ impl Server {
         for (agent, ledger) in v["agents"].as_object().into_iter().flatten() {
             print_ledger(&format!("agent {agent}"), ledger);
         }
+        print_buckets(&v);
         Ok(())
     }
 
@@ -672,6 +681,50 @@ fn duration(ms: u64) -> String {
 }
 
 /// A ledger (`replies`, tokens, `outcomes`, `plugins`, `cost`) as indented lines.
+/// `GET /v1/usage`'s day buckets (with a window), spend per gateway key and top sessions.
+fn print_buckets(v: &Value) {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let dollars = |v: &Value| v.as_f64().map_or("-".to_string(), |d| format!("${d:.4}"));
+    let share = |v: &Value| {
+        v.as_f64()
+            .map_or("-".to_string(), |s| format!("{:.1}%", 100.0 * s))
+    };
+    let days = v["days"].as_array().map_or(&[][..], Vec::as_slice);
+    if !days.is_empty() {
+        println!("by day (UTC):");
+    }
+    for d in days {
+        println!(
+            "  {}  {:>6} replies  {:>10} input tokens  {:>6} from cache  spend {}  misses {}",
+            d["day"].as_str().unwrap_or(""),
+            n(&d["replies"]),
+            n(&d["input_tokens"]),
+            share(&d["cached_share"]),
+            dollars(&d["cost"]["total"]),
+            dollars(&d["cost"]["miss"]),
+        );
+    }
+    for k in v["keys"].as_array().into_iter().flatten() {
+        let name = k["key"].as_str().unwrap_or("(no key)");
+        println!(
+            "key {name}: {} replies, spend {}, misses {}",
+            n(&k["replies"]),
+            dollars(&k["cost"]),
+            dollars(&k["miss_cost"]),
+        );
+    }
+    for t in v["top_sessions"].as_array().into_iter().flatten() {
+        println!(
+            "top: session {} (agent {}): spend {}, costliest step {} ({})",
+            t["session"].as_str().unwrap_or(""),
+            t["agent"].as_str().unwrap_or(""),
+            dollars(&t["cost"]),
+            n(&t["top_step"]),
+            dollars(&t["top_step_cost"]),
+        );
+    }
+}
+
 fn print_ledger(title: &str, l: &Value) {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let share = l["cached_share"].as_f64().map_or(String::new(), |s| {

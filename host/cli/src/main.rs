@@ -96,6 +96,12 @@ enum Command {
         /// (`30m`, `2h`, `7d`).
         #[arg(long)]
         since: Option<String>,
+        /// Only the last N UTC days (1 to 366), with a line per day.
+        #[arg(long)]
+        days: Option<u64>,
+        /// Only replies served with this gateway key.
+        #[arg(long)]
+        key: Option<String>,
         /// Print the daemon's JSON as it is.
         #[arg(long)]
         json: bool,
@@ -465,9 +471,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Usage {
             agent,
             since,
+            days,
+            key,
             json,
             server,
-        } => server.usage(agent.as_deref(), since.as_deref(), json),
+        } => server.usage(
+            agent.as_deref(),
+            since.as_deref(),
+            days,
+            key.as_deref(),
+            json,
+        ),
         Command::Replay {
             sessions,
             agent,

@@ -48,5 +48,6 @@ pub mod session;
 pub mod step;
 pub mod store;
 pub mod sync;
+pub mod usage;
 
 pub use error::{Error, ErrorBody, Result};

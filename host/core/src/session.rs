@@ -37,7 +37,10 @@ pub use diff::step_diff;
 pub use fit::message_size;
 use fit::Measured;
 pub use rebuild::{held_at, provenance_at, rebuild, step_count};
-pub use report::{priced_usage_report, usage_report, StepUsage, UsageReport, UsageTotals};
+pub use report::{
+    priced_replies, priced_usage_report, usage_report, PricedReply, StepUsage, UsageReport,
+    UsageTotals,
+};
 use state::{remember, role, Role, SnapshotState};
 pub use state::{RequestView, SessionState};
 

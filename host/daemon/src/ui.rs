@@ -1,4 +1,4 @@
-//! The web inspector (issue 17): a single page served at `/ui/`, its three files embedded in the
+//! The web inspector (issue 17): a single page served at `/ui/`, its four files embedded in the
 //! binary, so the daemon needs nothing beside it and nothing is fetched from elsewhere.
 //!
 //! The pages are static and hold no data, so they are served without the token; every API call
@@ -11,6 +11,8 @@ use axum::Router;
 
 const INDEX_HTML: &str = include_str!("../ui/index.html");
 const APP_JS: &str = include_str!("../ui/app.js");
+/// The usage page (issue 49), a script of its own beside app.js.
+const USAGE_JS: &str = include_str!("../ui/usage.js");
 const STYLE_CSS: &str = include_str!("../ui/style.css");
 
 /// Only this origin's own files and API: no inline script or style, no other host, no frames.
@@ -19,7 +21,8 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
      style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// The inspector's routes: `GET /ui` (redirects), `/ui/`, `/ui/app.js`, `/ui/style.css`.
+/// The inspector's routes: `GET /ui` (redirects), `/ui/`, `/ui/app.js`, `/ui/usage.js`,
+/// `/ui/style.css`.
 /// Generic over the state so it merges into any router.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
@@ -35,6 +38,10 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route(
             "/ui/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/ui/usage.js",
+            get(|| async { asset("text/javascript; charset=utf-8", USAGE_JS) }),
         )
         .route(
             "/ui/style.css",
@@ -68,6 +75,7 @@ mod tests {
         for (content_type, body) in [
             ("text/html; charset=utf-8", INDEX_HTML),
             ("text/javascript; charset=utf-8", APP_JS),
+            ("text/javascript; charset=utf-8", USAGE_JS),
             ("text/css; charset=utf-8", STYLE_CSS),
         ] {
             let response = asset(content_type, body);
@@ -88,6 +96,7 @@ mod tests {
         for (name, text) in [
             ("index.html", INDEX_HTML),
             ("app.js", APP_JS),
+            ("usage.js", USAGE_JS),
             ("style.css", STYLE_CSS),
         ] {
             for external in ["http://", "https://", "//cdn", "@import", "url("] {
@@ -101,10 +110,13 @@ mod tests {
             "document.write",
             "eval(",
         ] {
-            assert!(!APP_JS.contains(sink), "ui/app.js uses `{sink}`");
+            for (name, script) in [("app.js", APP_JS), ("usage.js", USAGE_JS)] {
+                assert!(!script.contains(sink), "ui/{name} uses `{sink}`");
+            }
         }
         // No inline script or style: the policy would block them.
         assert!(!INDEX_HTML.contains("<script>") && !INDEX_HTML.contains("style="));
         assert!(INDEX_HTML.contains(r#"<script src="/ui/app.js""#));
+        assert!(INDEX_HTML.contains(r#"<script src="/ui/usage.js""#));
     }
 }

@@ -3,6 +3,7 @@
 // Every piece of data is put into the page as text (textContent, Text nodes, attributes set one
 // by one): nothing from the daemon is ever parsed as HTML. Routes live in the hash:
 //   #/sessions[?q=TEXT]   #/session/ID   #/session/ID/step/N[?format=F]   #/plugins
+//   #/usage[?days=N&agent=A&key=K]
 'use strict';
 
 const FORMATS = ['neutral', 'openai', 'anthropic', 'openai-responses', 'gemini', 'bedrock'];
@@ -211,6 +212,9 @@ async function render() {
   if (parts[0] === 'plugins') {
     document.getElementById('nav-plugins').classList.add('active');
     build = () => pluginsView(page, () => mine === generation);
+  } else if (parts[0] === 'usage') {
+    document.getElementById('nav-usage').classList.add('active');
+    build = () => usageView(page, query);
   } else if (parts[0] === 'session' && parts[1] && parts[2] === 'step' && parts[3]) {
     document.getElementById('nav-sessions').classList.add('active');
     build = () => stepView(page, parts[1], Number(parts[3]), query);

@@ -129,3 +129,82 @@ pub fn priced_usage_report(
         ledger,
     })
 }
+
+/// One recorded reply with a provider usage, as the usage API counts it (issue 49): the step
+/// it answered, when its request was sent, the gateway key that served it, its cache outcome
+/// and cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PricedReply {
+    /// The step it answered.
+    pub step: u64,
+    /// When its request was sent (the outcome's `sent_at_ms`, else the reply's event time).
+    pub at_ms: u64,
+    /// The gateway key named by the step's `gateway/request` (`None`: no key, or no gateway).
+    pub key: Option<String>,
+    /// What the provider reported.
+    pub usage: crate::formats::replies::ProviderUsage,
+    /// How the provider's cache served it.
+    pub outcome: Option<crate::cache::outcome::Outcome>,
+    /// By the config's `[pricing]`, when its model has a price.
+    pub cost: Option<crate::cache::price::Cost>,
+}
+
+/// Only the `key` of a `gateway/request` body: read apart from the typed record so a log
+/// written before keys existed (no `key`) reads as "no key".
+#[derive(serde::Deserialize)]
+struct GatewayKey {
+    #[serde(default)]
+    key: Option<String>,
+}
+
+/// The session's replies that [`priced_usage_report`]'s ledger counts (a reply with a usage,
+/// the first after a step marker), each with its step's gateway key.
+pub fn priced_replies(
+    session: &str,
+    events: &[Event],
+    pricing: crate::ledger::Pricing<'_>,
+) -> Result<Vec<PricedReply>> {
+    let mut replies = Vec::new();
+    // The last step marker not answered yet, and its gateway key.
+    let mut pending: Option<(u64, Option<String>)> = None;
+    for event in events {
+        match event.kind {
+            crate::store::EventKind::Step => {
+                if let Body::Step(m) = decode(session, event)? {
+                    pending = Some((m.step, None));
+                }
+            }
+            crate::store::EventKind::GatewayRequest => {
+                // It follows its step's marker (docs/log-format.md).
+                let read: GatewayKey =
+                    serde_json::from_str(&event.body).map_err(|e| corrupt(session, event, e))?;
+                if let Some((_, key)) = pending.as_mut() {
+                    *key = read.key;
+                }
+            }
+            crate::store::EventKind::AssistantMessage => {
+                let Body::AssistantMessage(r) = decode(session, event)? else {
+                    continue;
+                };
+                let Some(reported) = r.usage else {
+                    // Not counted, but it answers the step, as in the report.
+                    pending = None;
+                    continue;
+                };
+                let Some((step, key)) = pending.take() else {
+                    continue;
+                };
+                replies.push(PricedReply {
+                    step,
+                    at_ms: r.cache.as_ref().map_or(event.at_ms, |o| o.sent_at_ms),
+                    key,
+                    usage: reported,
+                    cost: pricing.cost(&reported, r.cache.as_ref()),
+                    outcome: r.cache,
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(replies)
+}

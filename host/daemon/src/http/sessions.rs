@@ -72,20 +72,38 @@ pub(crate) async fn usage_report(
 }
 
 /// The cost ledger across sessions: replies, tokens, cache outcomes, misses by cause and by
-/// plugin, and cost by the config's `[pricing]`, in total and per agent.
+/// plugin, and cost by the config's `[pricing]`, in total, per agent and per gateway key; with a
+/// window, per UTC day; and the most expensive sessions.
 #[utoipa::path(get, path = "/v1/usage", tag = "sessions",
     params(UsageQuery),
-    responses((status = 200, description = "`{\"since_ms\", \"sessions\", \"total\", \"agents\"}`", body = Object), api::Errors))]
+    responses((status = 200, description = "`{\"since_ms\", \"sessions\", \"total\", \"agents\", \"window\", \"key\", \"days\", \"keys\", \"top_sessions\"}`", body = Object), api::Errors))]
 pub(crate) async fn usage_summary(
     State(state): State<Arc<AppState>>,
     QueryOf(query): QueryOf<UsageQuery>,
 ) -> ApiResult {
+    use promptd_core::usage;
     let limit = query.limit.unwrap_or(1000).clamp(1, 10_000) as usize;
-    let summary = blocking(&state, move |daemon| {
-        daemon.usage_summary(query.agent.as_deref(), query.since, limit)
+    let checked = (|| {
+        if let Some(a) = &query.agent {
+            usage::check_name("agent", a)?;
+        }
+        let today = usage::Day::of_ms(crate::now_ms());
+        let window = usage::Window::resolve(
+            query.from.as_deref(),
+            query.to.as_deref(),
+            query.days,
+            today,
+        )?;
+        usage::Query::new(window, query.since, query.key.clone(), query.top)
+    })();
+    let counted =
+        checked.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
+    let agent = query.agent;
+    let report = blocking(&state, move |daemon| {
+        daemon.usage_summary(agent.as_deref(), counted, limit)
     })
     .await?;
-    Ok(json_body(&summary))
+    Ok(json_body(&report))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -94,13 +112,36 @@ pub(crate) async fn usage_summary(
 pub(crate) struct UsageQuery {
     /// Only this agent's sessions.
     #[serde(default)]
+    #[param(min_length = 1, max_length = 256)]
     agent: Option<String>,
+    /// Only replies served with this gateway key (the `key` their `gateway/request` names).
+    #[serde(default)]
+    #[param(min_length = 1, max_length = 256)]
+    key: Option<String>,
     /// Only replies to requests sent at or after this time, in milliseconds since the Unix
     /// epoch.
     #[serde(default)]
     #[param(maximum = 18446744073709551615_u64)]
     since: Option<u64>,
-    /// At most this many sessions, most recent activity first (default 1000, at most 10000).
+    /// The window's first UTC day, `YYYY-MM-DD` (default: 30 days ending at `to`); with a
+    /// window the answer has one bucket per day.
+    #[serde(default)]
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
+    from: Option<String>,
+    /// The window's last UTC day, `YYYY-MM-DD` (default: today).
+    #[serde(default)]
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
+    to: Option<String>,
+    /// The window as the N UTC days ending today (1 to 366; not with `from`/`to`).
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 366)]
+    days: Option<u64>,
+    /// The most expensive sessions listed (default 10, 1 to 100).
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 100)]
+    top: Option<u64>,
+    /// At most this many sessions read, most recent activity first (default 1000, at most
+    /// 10000).
     #[serde(default)]
     #[param(maximum = 18446744073709551615_u64)]
     limit: Option<u64>,

@@ -710,34 +710,38 @@ impl Daemon {
     }
 
     /// The cost ledger across sessions (`GET /v1/usage`): of `agent`'s sessions (all when
-    /// `None`) with activity at or after `since_ms`, the replies to requests sent since then;
-    /// at most `limit` sessions, most recent first.
+    /// `None`) with activity since the query's `since` and window start, the replies the query
+    /// counts, in total, per agent, per key, per UTC day of its window, and its top sessions;
+    /// at most `limit` sessions are read, most recent first (each one's log, in full).
     pub fn usage_summary(
         &self,
         agent: Option<&str>,
-        since_ms: Option<u64>,
+        query: promptd_core::usage::Query,
         limit: usize,
-    ) -> Result<promptd_core::ledger::Summary> {
+    ) -> Result<promptd_core::usage::Report> {
         let config = self.config();
         let pricing = promptd_core::ledger::Pricing {
             prices: &config.pricing,
             rules: &config.cache,
         };
-        let mut summary = promptd_core::ledger::Summary {
-            since_ms,
-            ..Default::default()
-        };
+        // A session last active before both bounds holds no reply they count.
+        let active_since = query
+            .since_ms
+            .into_iter()
+            .chain(query.window.map(|w| w.from.start_ms()))
+            .max();
+        let mut usage = promptd_core::usage::Usage::new(query);
         // The store filters by substring; the exact agent is checked here.
         let listed = self.sessions.store.sessions(agent.unwrap_or(""), limit)?;
         for s in listed {
-            if agent.is_some_and(|a| a != s.agent) || since_ms.is_some_and(|t| s.last_ms < t) {
+            if agent.is_some_and(|a| a != s.agent) || active_since.is_some_and(|t| s.last_ms < t) {
                 continue;
             }
             let events = self.sessions.store.events(&s.id)?;
-            let report = session::priced_usage_report(&s.id, &events, pricing, since_ms)?;
-            summary.add_session(&s.agent, &report.ledger);
+            let replies = session::priced_replies(&s.id, &events, pricing)?;
+            usage.add_session(&s.id, &s.agent, &replies);
         }
-        Ok(summary)
+        Ok(usage.finish())
     }
 
     /// The session's log, in order.
