@@ -4,7 +4,8 @@
 //!
 //! Run: `cargo bench -p promptd --bench gateway`. Environment: `GATEWAY_SECS` (5) measured
 //! seconds per scenario after `GATEWAY_WARMUP_SECS` (1); `GATEWAY_CLIENTS` (`1,16,64`);
-//! `GATEWAY_PROVIDERS` (`anthropic`; `anthropic,gemini` adds Gemini `generateContent` and
+//! `GATEWAY_PROVIDERS` (`anthropic`; `bedrock` is Bedrock `converse` and `converse-stream`,
+//! re-signed by the gateway with SigV4 and streamed as AWS event-stream frames; `anthropic,gemini` adds Gemini `generateContent` and
 //! `streamGenerateContent?alt=sse` traffic of the same shape: contents, a system instruction,
 //! three function declarations; its stream is five chunks, `usageMetadata` on each).
 //!
@@ -100,6 +101,35 @@ fn gemini_events() -> Vec<String> {
         .collect()
 }
 
+/// The canned whole Bedrock Converse reply.
+const BEDROCK_REPLY: &str = r#"{"output":{"message":{"role":"assistant","content":[{"text":"Done: the file is read and the answer is ready."}]}},"stopReason":"end_turn","usage":{"inputTokens":1200,"outputTokens":12,"totalTokens":5308,"cacheReadInputTokens":4096,"cacheWriteInputTokens":0},"metrics":{"latencyMs":120}}"#;
+
+/// The canned Bedrock `converse-stream` frames: the text in five deltas, then `messageStop`
+/// and `metadata` with the usage, each an AWS event-stream frame with its CRCs.
+fn bedrock_events() -> Vec<Vec<u8>> {
+    use promptd_core::gateway::eventstream::event;
+    let mut frames = vec![event("messageStart", r#"{"role":"assistant"}"#)];
+    for piece in [
+        "Done: the ",
+        "file is read ",
+        "and the ",
+        "answer is ",
+        "ready.",
+    ] {
+        frames.push(event(
+            "contentBlockDelta",
+            &format!(r#"{{"contentBlockIndex":0,"delta":{{"text":"{piece}"}}}}"#),
+        ));
+    }
+    frames.push(event("contentBlockStop", r#"{"contentBlockIndex":0}"#));
+    frames.push(event("messageStop", r#"{"stopReason":"end_turn"}"#));
+    frames.push(event(
+        "metadata",
+        r#"{"usage":{"inputTokens":1200,"outputTokens":12,"totalTokens":5308,"cacheReadInputTokens":4096,"cacheWriteInputTokens":0},"metrics":{"latencyMs":120}}"#,
+    ));
+    frames
+}
+
 /// The stub upstream: a thread per connection.
 struct Stub {
     url: String,
@@ -113,7 +143,12 @@ fn start_stub() -> Stub {
     let hold = Arc::new(AtomicBool::new(false));
     let held = hold.clone();
     std::thread::spawn(move || {
-        let events = Arc::new([stream_events(), gemini_events()]);
+        let bytes = |events: Vec<String>| events.into_iter().map(String::into_bytes).collect();
+        let events = Arc::new([
+            bytes(stream_events()),
+            bytes(gemini_events()),
+            bedrock_events(),
+        ]);
         for conn in listener.incoming().flatten() {
             let (events, held) = (events.clone(), held.clone());
             std::thread::spawn(move || serve_stub(conn, &events, &held));
@@ -122,24 +157,36 @@ fn start_stub() -> Stub {
     Stub { url, hold }
 }
 
-/// `events`: Anthropic's stream, then Gemini's.
-fn serve_stub(conn: TcpStream, events: &[Vec<String>; 2], hold: &AtomicBool) {
+/// `events`: Anthropic's stream, Gemini's, then Bedrock's (binary event-stream frames).
+fn serve_stub(conn: TcpStream, events: &[Vec<Vec<u8>>; 3], hold: &AtomicBool) {
     let _ = conn.set_nodelay(true);
     let mut reader = BufReader::new(conn.try_clone().expect("clone"));
     let mut out = conn;
     while let Some((head, body)) = read_request(&mut reader) {
-        let gemini = head.lines().next().is_some_and(|l| l.contains("Content"));
-        let streamed = memchr(&body, b"\"stream\":true") || head.contains(":streamGenerateContent");
-        let (events, reply) = match gemini {
-            true => (&events[1], GEMINI_REPLY),
-            false => (&events[0], REPLY),
+        let line = head.lines().next().unwrap_or("");
+        let (gemini, bedrock) = (line.contains("Content"), line.contains("/model/"));
+        let streamed = memchr(&body, b"\"stream\":true")
+            || head.contains(":streamGenerateContent")
+            || line.contains("/converse-stream");
+        let (events, reply, kind) = match (gemini, bedrock) {
+            (true, _) => (&events[1], GEMINI_REPLY, "text/event-stream"),
+            (_, true) => (
+                &events[2],
+                BEDROCK_REPLY,
+                "application/vnd.amazon.eventstream",
+            ),
+            _ => (&events[0], REPLY, "text/event-stream"),
         };
         let ok = if streamed {
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n"
+            );
             let mut ok = out.write_all(head.as_bytes()).is_ok();
             for (i, event) in events.iter().enumerate() {
-                let chunk = format!("{:x}\r\n{event}\r\n", event.len());
-                ok = ok && out.write_all(chunk.as_bytes()).is_ok() && out.flush().is_ok();
+                let mut chunk = format!("{:x}\r\n", event.len()).into_bytes();
+                chunk.extend_from_slice(event);
+                chunk.extend_from_slice(b"\r\n");
+                ok = ok && out.write_all(&chunk).is_ok() && out.flush().is_ok();
                 while i == 0 && hold.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -308,11 +355,33 @@ fn gemini_body(conversation: u64, turn: usize) -> String {
     )
 }
 
+/// The body a boto3 agent sends to Converse at `turn` of a conversation: the same
+/// conversation as [`body`]'s (the stream is asked for by the path).
+fn bedrock_body(conversation: u64, turn: usize) -> String {
+    let mut messages = Vec::new();
+    for t in 0..=turn {
+        messages.push(format!(
+            r#"{{"role":"user","content":[{{"text":"Conversation {conversation}, turn {t}: look at src/main.rs and tell me what the handler at line {t} returns."}}]}}"#
+        ));
+        if t < turn {
+            messages.push(r#"{"role":"assistant","content":[{"text":"Done: the file is read and the answer is ready."}]}"#.to_string());
+        }
+    }
+    let tools = ["read_file", "list_dir", "run_command"]
+        .map(|t| format!(r#"{{"toolSpec":{{"name":"{t}","description":"{t} on the workspace.","inputSchema":{{"json":{{"type":"object","properties":{{"path":{{"type":"string"}}}},"required":["path"]}}}}}}}}"#))
+        .join(",");
+    format!(
+        r#"{{"messages":[{}],"system":[{{"text":"You are a coding agent. Work in small steps and explain each change."}},{{"cachePoint":{{"type":"default"}}}}],"toolConfig":{{"tools":[{tools}]}},"inferenceConfig":{{"maxTokens":4096}}}}"#,
+        messages.join(",")
+    )
+}
+
 /// The provider API a scenario speaks.
 #[derive(Clone, Copy, PartialEq)]
 enum Api {
     Anthropic,
     Gemini,
+    Bedrock,
 }
 
 impl Api {
@@ -320,6 +389,7 @@ impl Api {
         match self {
             Api::Anthropic => "anthropic",
             Api::Gemini => "gemini",
+            Api::Bedrock => "bedrock",
         }
     }
 
@@ -329,6 +399,8 @@ impl Api {
             (Api::Anthropic, _) => "/v1/messages",
             (Api::Gemini, false) => "/v1beta/models/gemini-2.5-flash:generateContent",
             (Api::Gemini, true) => "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+            (Api::Bedrock, false) => "/model/amazon.nova-lite-v1%3A0/converse",
+            (Api::Bedrock, true) => "/model/amazon.nova-lite-v1%3A0/converse-stream",
         }
     }
 
@@ -336,6 +408,7 @@ impl Api {
         match self {
             Api::Anthropic => body(conversation, turn, stream),
             Api::Gemini => gemini_body(conversation, turn),
+            Api::Bedrock => bedrock_body(conversation, turn),
         }
     }
 }
@@ -412,7 +485,7 @@ fn plugin_folder(dir: &Path, stub: &str) -> std::path::PathBuf {
     std::fs::remove_file(dir.join("tools.wasm")).expect("remove tools.wasm");
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(&format!(
-        "\n[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{stub}\"\n[gateway.upstream.google]\nprovider = \"gemini\"\nbase_url = \"{stub}\"\n[agents.coder.gateway]\n"
+        "\n[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{stub}\"\n[gateway.upstream.google]\nprovider = \"gemini\"\nbase_url = \"{stub}\"\n[gateway.upstream.aws]\nprovider = \"bedrock\"\nbase_url = \"{stub}\"\naws_access_key_id_env = \"BENCH_AWS_ACCESS_KEY_ID\"\naws_secret_access_key_env = \"BENCH_AWS_SECRET_ACCESS_KEY\"\naws_region = \"us-east-1\"\n[agents.coder.gateway]\n"
     ));
     std::fs::write(&config, text).unwrap();
     config
@@ -440,7 +513,8 @@ fn main() {
         .map(|p| match p.trim() {
             "anthropic" => Api::Anthropic,
             "gemini" => Api::Gemini,
-            other => panic!("GATEWAY_PROVIDERS: `{other}` is not anthropic or gemini"),
+            "bedrock" => Api::Bedrock,
+            other => panic!("GATEWAY_PROVIDERS: `{other}` is not anthropic, gemini or bedrock"),
         })
         .collect();
     let stub = start_stub();
@@ -469,11 +543,19 @@ fn main() {
         for stream in [false, true] {
             let dir = scratch("gateway");
             let config = plugin_folder(&dir.path().join("plugins"), &stub.url);
-            let daemon = Daemon::start(
+            // Bedrock's requests are re-signed with these (G9): AWS's documented example keys.
+            let daemon = Daemon::start_with_env(
                 &bin,
                 &dir.path().join("plugins"),
                 &config,
                 &dir.path().join("state"),
+                &[
+                    ("BENCH_AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+                    (
+                        "BENCH_AWS_SECRET_ACCESS_KEY",
+                        "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+                    ),
+                ],
             );
             daemon.wait_ready();
             let path = api.path(stream);
