@@ -20,6 +20,7 @@ mod gateway_bedrock;
 mod gateway_edges;
 mod gateway_gemini;
 mod gateway_steps;
+mod gateway_tools;
 mod held_changes;
 mod hot_reload;
 mod inspect;

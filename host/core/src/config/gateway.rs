@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::Config;
 use crate::error::{Error, Result};
+use crate::gateway::own_tools;
 use crate::gateway::splice::{ClientSystem, SpliceSettings};
 use crate::gateway::Provider;
 
@@ -93,6 +94,13 @@ pub struct AgentGatewayConfig {
     /// Client tools marked for deferred loading (`defer_loading`) where the endpoint has it
     /// (recorded).
     pub defer_tools: Option<Vec<String>>,
+    /// Rounds of promptd's own tool calls one client request may take (G10; default 8).
+    pub max_tool_rounds: Option<u32>,
+    /// The longest one of promptd's own tool calls may run, in ms (G10; default 30 000).
+    pub tool_timeout_ms: Option<u64>,
+    /// The largest output one of promptd's own tool calls may give, in bytes (G10; default
+    /// 1 MiB).
+    pub max_tool_output_bytes: Option<u64>,
 }
 
 /// `[agents.NAME.gateway] on_plugin_failure`.
@@ -115,6 +123,19 @@ pub struct AgentGateway {
     pub splice: SpliceSettings,
     /// On a plugin failure.
     pub on_plugin_failure: OnPluginFailure,
+    /// The bounds of promptd's own tool calls (G10).
+    pub tool_bounds: ToolBounds,
+}
+
+/// The bounds of promptd's own tool calls in one gateway request (G10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolBounds {
+    /// Rounds of promptd's own calls one client request may take.
+    pub max_rounds: u32,
+    /// The longest one call may run, in ms.
+    pub timeout_ms: u64,
+    /// The largest output one call may give, in bytes.
+    pub max_output_bytes: u64,
 }
 
 impl GatewayConfig {
@@ -180,6 +201,18 @@ impl GatewayConfig {
         }
         for agent in config.agents.keys() {
             if let Some(gateway) = self.agent(config, agent)? {
+                let b = gateway.tool_bounds;
+                for (key, zero) in [
+                    ("max_tool_rounds", b.max_rounds == 0),
+                    ("tool_timeout_ms", b.timeout_ms == 0),
+                    ("max_tool_output_bytes", b.max_output_bytes == 0),
+                ] {
+                    if zero {
+                        return bad(format!(
+                            "agents.{agent}.gateway.{key} must be greater than 0"
+                        ));
+                    }
+                }
                 for provider in Provider::ALL {
                     if let Some(name) = gateway.upstreams.get(&provider) {
                         match self.upstream.get(name) {
@@ -251,6 +284,14 @@ impl GatewayConfig {
                 defer_tools: pick(&tables, |t| t.defer_tools.clone()).unwrap_or_default(),
             },
             on_plugin_failure: pick(&tables, |t| t.on_plugin_failure).unwrap_or_default(),
+            tool_bounds: ToolBounds {
+                max_rounds: pick(&tables, |t| t.max_tool_rounds)
+                    .unwrap_or(own_tools::DEFAULT_MAX_TOOL_ROUNDS),
+                timeout_ms: pick(&tables, |t| t.tool_timeout_ms)
+                    .unwrap_or(own_tools::DEFAULT_TOOL_TIMEOUT_MS),
+                max_output_bytes: pick(&tables, |t| t.max_tool_output_bytes)
+                    .unwrap_or(own_tools::DEFAULT_MAX_TOOL_OUTPUT_BYTES),
+            },
         }))
     }
 }

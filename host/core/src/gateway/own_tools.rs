@@ -1,0 +1,411 @@
+//! promptd's own tools in a gateway request (G10): tools the client does not know, which
+//! promptd runs itself (an MCP server's). Pure pieces the daemon's tool loop uses: the tools
+//! spliced into the client's `tools` in the provider's shape, a reply's calls split into
+//! promptd's and the client's, the next round's body (the client's with the model's turn and
+//! promptd's results appended), the reply the client is shown (promptd's calls taken out),
+//! and the restore that puts promptd's calls and results back into the client's next body at
+//! their place, so the upstream sees the same bytes every request.
+//!
+//! Covered: Anthropic Messages and OpenAI Chat Completions ([`covers`]).
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::body::{elements, first_byte, members, ClientBody};
+use super::edits::{first_member, Part, Splice};
+use super::messages::Conversation;
+use super::{GatewayError, Ingress};
+use crate::conversation::ToolSpec as Tool;
+
+/// `[agents.NAME.gateway] max_tool_rounds` when not set: rounds of promptd's own calls one
+/// client request may take.
+pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
+/// `[agents.NAME.gateway] tool_timeout_ms` when not set: the longest one call may run.
+pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 30_000;
+/// `[agents.NAME.gateway] max_tool_output_bytes` when not set: the largest output a call may
+/// give the model.
+pub const DEFAULT_MAX_TOOL_OUTPUT_BYTES: u64 = 1 << 20;
+/// Most restores a session holds: beyond, the oldest is dropped (its calls then stay out of
+/// the upstream's view: a valid conversation, a colder cache).
+pub const MAX_RESTORES: usize = 256;
+
+/// Whether promptd runs its own tools for `ingress` (else an agent with them is refused).
+pub fn covers(ingress: Ingress) -> bool {
+    matches!(ingress, Ingress::Messages | Ingress::ChatCompletions)
+}
+
+/// One tool in the provider's shape (serialized with sorted keys: the same bytes every step).
+fn tool_json(ingress: Ingress, tool: &Tool) -> Result<String, GatewayError> {
+    let parameters = &tool.parameters;
+    Ok(match ingress {
+        Ingress::ChatCompletions => json!({"type": "function", "function": {
+            "name": tool.name, "description": tool.description, "parameters": parameters}}),
+        _ => json!({"name": tool.name, "description": tool.description,
+            "input_schema": parameters}),
+    }
+    .to_string())
+}
+
+/// Adds promptd's `tools` before the client's in `tools` (a body without one gets it as its
+/// first member). A client tool of the same name is refused: the model could not tell them
+/// apart. Runs after the `deny_tools` edits of `splice`; `client` names the client's tools.
+pub fn add_tools(
+    ingress: Ingress,
+    body: &ClientBody<'_>,
+    tools: &[Tool],
+    client: &[String],
+    splice: &mut Splice,
+) -> Result<(), GatewayError> {
+    if tools.is_empty() {
+        return Ok(());
+    }
+    if let Some(t) = tools.iter().find(|t| client.contains(&t.name)) {
+        return Err(GatewayError::InvalidBody(format!(
+            "the client's tool `{}` has the name of a tool promptd runs itself (an MCP server's); rename one of them",
+            t.name
+        )));
+    }
+    let items = tools
+        .iter()
+        .map(|t| tool_json(ingress, t))
+        .collect::<Result<Vec<_>, _>>()?
+        .join(",");
+    splice.own_tools = tools.iter().map(|t| t.name.clone()).collect();
+    let Some(member) = body.member("tools") else {
+        first_member(body, splice, "tools", &format!("[{items}]"), Part::OwnTools);
+        return Ok(());
+    };
+    let range = member.value.clone();
+    match first_byte(&body.text[range.clone()]) {
+        b'n' => splice.replace(range, format!("[{items}]"), Part::OwnTools),
+        b'[' => {
+            let elements = elements(body.text, range.clone()).unwrap_or_default();
+            // Every client tool denied: its bytes go, so nothing follows promptd's.
+            let all_denied = !elements.is_empty() && splice.denied.len() >= elements.len();
+            match elements.first() {
+                Some(first) if !all_denied => {
+                    splice.push(first.start, format!("{items},"), Part::OwnTools)
+                }
+                Some(first) => splice.push(first.start, items, Part::OwnTools),
+                None => splice.push(range.start + 1, items, Part::OwnTools),
+            }
+        }
+        _ => {
+            return Err(GatewayError::InvalidBody(
+                "`tools` must be an array".to_string(),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// One tool call of a reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    /// Its id.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// Its arguments (an object; `{}` when they do not parse to one).
+    pub arguments: Value,
+    /// Where it sits: its index in Messages' `content`, in Chat's `tool_calls`.
+    pub index: usize,
+}
+
+/// Chat's one message of a reply.
+fn chat_message(reply: &Value) -> &Value {
+    &reply["choices"][0]["message"]
+}
+
+/// The tool calls of a whole (unstreamed) reply, in its order.
+pub fn calls(ingress: Ingress, reply: &Value) -> Vec<Call> {
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    match ingress {
+        Ingress::ChatCompletions => (chat_message(reply)["tool_calls"].as_array())
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(index, c)| Call {
+                id: s(&c["id"]),
+                name: s(&c["function"]["name"]),
+                arguments: (c["function"]["arguments"].as_str())
+                    .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({})),
+                index,
+            })
+            .collect(),
+        _ => (reply["content"].as_array())
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, b)| b["type"] == "tool_use")
+            .map(|(index, b)| Call {
+                id: s(&b["id"]),
+                name: s(&b["name"]),
+                arguments: b.get("input").cloned().unwrap_or_else(|| json!({})),
+                index,
+            })
+            .collect(),
+    }
+}
+
+/// What running one of promptd's calls gave the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ran {
+    /// The call's id.
+    pub id: String,
+    /// The text the model reads.
+    pub content: String,
+    /// Whether the tool failed.
+    pub is_error: bool,
+}
+
+/// The model's turn as the conversation holds it (Messages: its `content`; Chat: its text and
+/// calls), as one message's JSON.
+fn assistant_turn(ingress: Ingress, reply: &Value) -> String {
+    match ingress {
+        Ingress::ChatCompletions => {
+            let m = chat_message(reply);
+            let mut turn = json!({"role": "assistant", "content": m["content"].clone()});
+            if let Some(calls) = m.get("tool_calls").filter(|c| c.is_array()) {
+                turn["tool_calls"] = calls.clone();
+            }
+            turn.to_string()
+        }
+        _ => json!({"role": "assistant", "content": reply["content"].clone()}).to_string(),
+    }
+}
+
+/// Messages' `tool_result` block for one run call.
+fn result_block(ran: &Ran) -> Value {
+    let mut block = json!({"type": "tool_result", "tool_use_id": ran.id, "content": ran.content});
+    if ran.is_error {
+        block["is_error"] = json!(true);
+    }
+    block
+}
+
+/// The results as messages: Messages' one user turn of `tool_result` blocks, Chat's one
+/// `tool` message per call.
+fn result_messages(ingress: Ingress, ran: &[Ran]) -> Vec<String> {
+    match ingress {
+        Ingress::ChatCompletions => ran
+            .iter()
+            .map(|r| {
+                json!({"role": "tool", "tool_call_id": r.id, "content": r.content}).to_string()
+            })
+            .collect(),
+        _ => vec![json!({"role": "user",
+            "content": ran.iter().map(result_block).collect::<Vec<_>>()})
+        .to_string()],
+    }
+}
+
+/// The messages one round of promptd's own calls adds: the model's turn, then the results.
+pub fn round_messages(ingress: Ingress, reply: &Value, ran: &[Ran]) -> Vec<String> {
+    let mut out = vec![assistant_turn(ingress, reply)];
+    out.extend(result_messages(ingress, ran));
+    out
+}
+
+/// Where `messages` sits in `body`, and its elements.
+fn message_list(body: &ClientBody<'_>) -> Result<(Range<usize>, Vec<Range<usize>>), GatewayError> {
+    let range = (body.member("messages").map(|m| m.value.clone()))
+        .ok_or_else(|| GatewayError::InvalidBody("the body has no `messages`".into()))?;
+    let items = elements(body.text, range.clone())
+        .ok_or_else(|| GatewayError::InvalidBody("`messages` must be an array".into()))?;
+    Ok((range, items))
+}
+
+/// The next round's body: `body` with `messages` appended to its `messages` (nothing else of
+/// it changes).
+pub fn appended(body: &str, messages: &[String]) -> Result<String, GatewayError> {
+    let parsed = ClientBody::parse(body.as_bytes())?;
+    let (range, items) = message_list(&parsed)?;
+    let mut splice = Splice::default();
+    match items.last() {
+        Some(last) => splice.push(last.end, format!(",{}", messages.join(",")), Part::OwnTools),
+        None => splice.push(range.start + 1, messages.join(","), Part::OwnTools),
+    }
+    String::from_utf8(splice.apply(body.as_bytes()))
+        .map_err(|_| GatewayError::InvalidBody("the appended body is not UTF-8".into()))
+}
+
+/// The reply the client is shown when it mixes promptd's calls and the client's: promptd's
+/// (`own`, by id) taken out; the rest as the upstream sent it.
+pub fn for_client(ingress: Ingress, reply: &Value, own: &[String]) -> Value {
+    let mut reply = reply.clone();
+    let keep = |item: &Value, id: &str| !own.iter().any(|o| o == item[id].as_str().unwrap_or(""));
+    match ingress {
+        Ingress::ChatCompletions => {
+            if let Some(calls) = reply["choices"][0]["message"]["tool_calls"].as_array_mut() {
+                calls.retain(|c| keep(c, "id"));
+            }
+        }
+        _ => {
+            if let Some(blocks) = reply["content"].as_array_mut() {
+                blocks.retain(|b| b["type"] != "tool_use" || keep(b, "id"));
+            }
+        }
+    }
+    reply
+}
+
+/// What promptd puts back into a client's later bodies (the client's history lacks it): the
+/// rounds of its own calls before the reply the client got, and, when that reply mixed its
+/// calls with the client's, its calls in that reply and their results after it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restore {
+    /// The client's messages (as promptd reads them) before the reply, and their chained
+    /// digest: a later body holding them holds the reply next.
+    pub messages: usize,
+    /// The digest over them.
+    pub digest: String,
+    /// The index in the client's `messages` array where the reply sits.
+    pub anchor: usize,
+    /// Whole messages (each round's model turn and results) put before the reply.
+    pub before: Vec<String>,
+    /// promptd's calls put back into the reply: their index in it and their JSON.
+    pub calls: Vec<(usize, String)>,
+    /// Their results: Messages' `tool_result` blocks first in the turn after the reply,
+    /// Chat's `tool` messages right after it.
+    pub results: Vec<String>,
+}
+
+impl Restore {
+    /// A restore of the rounds `before` the reply (at `anchor`, after the client's
+    /// `conversation`), and, for a mixed reply, of promptd's `own` calls in it and their `ran`
+    /// results.
+    pub fn new(
+        ingress: Ingress,
+        conversation: &Conversation,
+        anchor: usize,
+        before: Vec<String>,
+        reply: &Value,
+        own: &[Call],
+        ran: &[Ran],
+    ) -> Restore {
+        let items: Vec<Value> = match ingress {
+            Ingress::ChatCompletions => (chat_message(reply)["tool_calls"].as_array())
+                .cloned()
+                .unwrap_or_default(),
+            _ => reply["content"].as_array().cloned().unwrap_or_default(),
+        };
+        let calls = own
+            .iter()
+            .filter_map(|c| Some((c.index, items.get(c.index)?.to_string())))
+            .collect();
+        let results = match ingress {
+            Ingress::ChatCompletions => result_messages(ingress, ran),
+            _ => ran.iter().map(|r| result_block(r).to_string()).collect(),
+        };
+        Restore {
+            messages: conversation.messages.len(),
+            digest: conversation.digest(conversation.messages.len()).to_string(),
+            anchor,
+            before,
+            calls,
+            results,
+        }
+    }
+}
+
+/// The insertions that put `restores` back into a client's `body` whose conversation is
+/// `conversation` (sorted by place). A restore whose place the body no longer holds (the
+/// client rewrote its history, or has not sent the reply back yet) is left out, as is a
+/// mixed reply's part when its results have no place (Messages' turn after it not a list of
+/// blocks): the upstream then sees the client's history, still a valid conversation.
+pub fn restore(
+    ingress: Ingress,
+    body: &ClientBody<'_>,
+    conversation: &Conversation,
+    restores: &[Restore],
+) -> Vec<super::edits::Edit> {
+    let Ok((_, items)) = message_list(body) else {
+        return Vec::new();
+    };
+    let mut splice = Splice::default();
+    for r in restores {
+        let holds =
+            conversation.messages.len() > r.messages && conversation.digest(r.messages) == r.digest;
+        let Some(reply) = items.get(r.anchor).filter(|_| holds) else {
+            continue;
+        };
+        if !r.before.is_empty() {
+            splice.push(
+                reply.start,
+                format!("{},", r.before.join(",")),
+                Part::Restored,
+            );
+        }
+        if r.calls.is_empty() {
+            continue;
+        }
+        // The reply's list the calls go back into, and where the results go.
+        let list = match ingress {
+            Ingress::ChatCompletions => member(body.text, reply.clone(), "tool_calls"),
+            _ => member(body.text, reply.clone(), "content"),
+        };
+        let Some(list) = list.and_then(|l| Some((l.clone(), elements(body.text, l)?))) else {
+            continue;
+        };
+        let results_at = match ingress {
+            Ingress::ChatCompletions => Some((reply.end, format!(",{}", r.results.join(",")))),
+            _ => items
+                .get(r.anchor + 1)
+                .and_then(|next| member(body.text, next.clone(), "content"))
+                .and_then(|c| elements(body.text, c))
+                .and_then(|blocks| blocks.first().cloned())
+                .map(|first| (first.start, format!("{},", r.results.join(",")))),
+        };
+        let Some((results_at, results)) = results_at else {
+            continue;
+        };
+        put_back(&list.0, &list.1, &r.calls, &mut splice);
+        splice.push(results_at, results, Part::Restored);
+    }
+    splice.edits.sort_by_key(|e| e.at); // stable: insertions at one place keep their order
+    splice.edits
+}
+
+/// The value of `key` in the object at `object`.
+fn member(text: &str, object: Range<usize>, key: &str) -> Option<Range<usize>> {
+    members(text, object)?
+        .into_iter()
+        .rev()
+        .find(|m| m.key == key)
+        .map(|m| m.value)
+}
+
+/// Inserts `calls` (each at its index in the whole list) among the client's `kept` elements
+/// of the list at `list`.
+fn put_back(
+    list: &Range<usize>,
+    kept: &[Range<usize>],
+    calls: &[(usize, String)],
+    splice: &mut Splice,
+) {
+    let total = kept.len() + calls.len();
+    let mut next_kept = 0;
+    let mut placed = 0;
+    for index in 0..total {
+        let Some((_, call)) = calls.iter().find(|(i, _)| *i == index) else {
+            next_kept += 1;
+            continue;
+        };
+        // Before the next kept element, or after the last one (or into the empty list).
+        let (at, text) = match kept.get(next_kept) {
+            Some(k) => (k.start, format!("{call},")),
+            None => match kept.last() {
+                Some(last) => (last.end, format!(",{call}")),
+                None if placed == 0 => (list.start + 1, call.clone()),
+                None => (list.start + 1, format!(",{call}")),
+            },
+        };
+        splice.push(at, text, Part::Restored);
+        placed += 1;
+    }
+}
