@@ -409,3 +409,137 @@ fn put_back(
         placed += 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::messages::conversation;
+
+    fn tool(name: &str) -> Tool {
+        Tool {
+            name: name.into(),
+            description: "What time it is.".into(),
+            parameters: json!({"type": "object", "properties": {"tz": {"type": "string"}}}),
+            defer: None,
+        }
+    }
+
+    fn spliced(ingress: Ingress, body: &str, tools: &[Tool]) -> Result<String, GatewayError> {
+        let parsed = ClientBody::parse(body.as_bytes())?;
+        let client = crate::gateway::splice::tool_names(ingress, &parsed);
+        let mut splice = Splice::default();
+        add_tools(ingress, &parsed, tools, &client, &mut splice)?;
+        splice.edits.sort_by_key(|e| e.at);
+        Ok(String::from_utf8(splice.apply(body.as_bytes())).unwrap())
+    }
+
+    /// G10: promptd's tools go before the client's, in each provider's shape, keys sorted; a
+    /// body without `tools` gets it first; a client tool of the same name is refused.
+    #[test]
+    fn g10_own_tools_are_spliced_before_the_clients_in_the_providers_shape() {
+        let body = r#"{"model":"m","messages":[],"tools":[ {"name":"read_file"} ]}"#;
+        assert_eq!(
+            spliced(Ingress::Messages, body, &[tool("clock_now")]).unwrap(),
+            r#"{"model":"m","messages":[],"tools":[ {"description":"What time it is.","input_schema":{"properties":{"tz":{"type":"string"}},"type":"object"},"name":"clock_now"},{"name":"read_file"} ]}"#
+        );
+        let chat = r#"{"model":"m","messages":[]}"#;
+        assert_eq!(
+            spliced(Ingress::ChatCompletions, chat, &[tool("a"), tool("b")]).unwrap(),
+            format!(
+                r#"{{"tools":[{},{}],"model":"m","messages":[]}}"#,
+                r#"{"function":{"description":"What time it is.","name":"a","parameters":{"properties":{"tz":{"type":"string"}},"type":"object"}},"type":"function"}"#,
+                r#"{"function":{"description":"What time it is.","name":"b","parameters":{"properties":{"tz":{"type":"string"}},"type":"object"}},"type":"function"}"#
+            )
+        );
+        let null = r#"{"model":"m","messages":[],"tools":null}"#;
+        assert!(spliced(Ingress::Messages, null, &[tool("a")])
+            .unwrap()
+            .ends_with(r#""tools":[{"description":"What time it is.","input_schema":{"properties":{"tz":{"type":"string"}},"type":"object"},"name":"a"}]}"#));
+        let clash = spliced(Ingress::Messages, body, &[tool("read_file")]).unwrap_err();
+        assert_eq!(clash.code(), "invalid_body");
+        assert!(clash.to_string().contains("`read_file`"), "{clash}");
+    }
+
+    /// G10: a mixed reply's calls split by name; the client is shown its own only; the next
+    /// body gets promptd's call back at its index and its result first in the next turn, and
+    /// nothing when the place is gone.
+    #[test]
+    fn g10_a_mixed_reply_is_split_and_put_back_at_its_place() {
+        let reply = json!({"content": [
+            {"type": "text", "text": "Looking."},
+            {"type": "tool_use", "id": "t1", "name": "read_file", "input": {}},
+            {"type": "tool_use", "id": "t2", "name": "clock_now", "input": {"tz": "UTC"}},
+        ], "stop_reason": "tool_use"});
+        let all = calls(Ingress::Messages, &reply);
+        assert_eq!(
+            all.iter()
+                .map(|c| (c.index, c.name.as_str()))
+                .collect::<Vec<_>>(),
+            [(1, "read_file"), (2, "clock_now")]
+        );
+        let own = vec![all[1].clone()];
+        let shown = for_client(Ingress::Messages, &reply, &["t2".to_string()]);
+        assert_eq!(shown["content"].as_array().unwrap().len(), 2);
+        let first = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let parsed = ClientBody::parse(first.as_bytes()).unwrap();
+        let ran = [Ran {
+            id: "t2".into(),
+            content: "12:00".into(),
+            is_error: false,
+        }];
+        let restore = Restore::new(
+            Ingress::Messages,
+            &conversation(Ingress::Messages, &parsed),
+            1,
+            Vec::new(),
+            &reply,
+            &own,
+            &ran,
+        );
+        let next = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":{}}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t1","content":"x"}}]}}]}}"#,
+            shown["content"]
+        );
+        let edits = restore_edits(&next, std::slice::from_ref(&restore));
+        let restored = String::from_utf8(
+            Splice {
+                edits,
+                ..Splice::default()
+            }
+            .apply(next.as_bytes()),
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&restored).unwrap();
+        assert_eq!(v["messages"][1]["content"], reply["content"], "{restored}");
+        assert_eq!(v["messages"][2]["content"][0]["tool_use_id"], "t2");
+        assert_eq!(v["messages"][2]["content"][1]["tool_use_id"], "t1");
+        // The client rewrote the message before the reply: nothing goes back.
+        let rewritten = next.replace("\"hi\"", "\"hello\"");
+        assert!(restore_edits(&rewritten, &[restore]).is_empty());
+    }
+
+    fn restore_edits(body: &str, restores: &[Restore]) -> Vec<super::super::edits::Edit> {
+        let parsed = ClientBody::parse(body.as_bytes()).unwrap();
+        let conv = conversation(Ingress::Messages, &parsed);
+        restore(Ingress::Messages, &parsed, &conv, restores)
+    }
+
+    /// G10: a round's messages append to the body's messages, nothing else of it changed.
+    #[test]
+    fn g10_a_round_appends_the_models_turn_and_the_results() {
+        let reply = json!({"choices": [{"message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "clock_now", "arguments": "{\"tz\":\"UTC\"}"}}]}}]});
+        let ran = [Ran {
+            id: "c1".into(),
+            content: "12:00".into(),
+            is_error: false,
+        }];
+        let added = round_messages(Ingress::ChatCompletions, &reply, &ran);
+        let body = r#"{"messages":[ {"role":"user","content":"hi"} ],"model":"m"}"#;
+        assert_eq!(
+            appended(body, &added).unwrap(),
+            r#"{"messages":[ {"role":"user","content":"hi"},{"content":null,"role":"assistant","tool_calls":[{"function":{"arguments":"{\"tz\":\"UTC\"}","name":"clock_now"},"id":"c1","type":"function"}]},{"content":"12:00","role":"tool","tool_call_id":"c1"} ],"model":"m"}"#
+        );
+    }
+}
