@@ -37,13 +37,17 @@ fn time_config(name: &str, prefix: &str) -> String {
     )
 }
 
-/// tests/sdk_loops/gateway_loop.py on `sdk` for `turns` user turns; its JSON line.
-fn sdk_loop(served: &Served, sdk: &str, turns: u32) -> Value {
+/// tests/sdk_loops/gateway_loop.py on `sdk` for `turns` user turns (streamed with
+/// `stream`); its JSON line.
+fn sdk_loop(served: &Served, sdk: &str, turns: u32, stream: bool) -> Value {
     let mut cmd = Command::new(python());
     cmd.arg(repo_root().join("tests/sdk_loops/gateway_loop.py"))
         .arg(sdk)
         .arg(format!("{}/gateway/coder", served.url))
         .args(["--turns", &turns.to_string()]);
+    if stream {
+        cmd.arg("--stream");
+    }
     let (code, out, err) = common::process::run_bounded(cmd, LOOP_BOUND);
     assert_eq!(code, Some(0), "{sdk} failed:\n{err}\n{out}");
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
@@ -111,8 +115,8 @@ fn end_of_last_message(body: &[u8]) -> usize {
 }
 
 /// G10: the model calls only `mcp-server-time`'s tools; promptd runs them (the real server),
-/// records call and result, and asks the upstream again, so the anthropic SDK's loop sees one
-/// reply per request, and never a call it cannot run. On its next turn the client's history
+/// records call and result, and asks the upstream again, so the anthropic SDK's streamed loop
+/// sees one reply per request (the final round's frames), and never a call it cannot run. On its next turn the client's history
 /// lacks promptd's round: promptd puts it back at its place, so the upstream sees every byte
 /// it saw before, and the session's log rebuilds each upstream body.
 #[test]
@@ -121,7 +125,7 @@ fn g10_promptd_runs_its_mcp_tools_and_puts_its_rounds_back_byte_stable() {
     let (served, _tmp) = daemon(&stub, &time_config("clock", "clock_"), "", &["mcp:clock"]);
     // The stub calls the first tool by name (clock_convert_time), then, in its second round,
     // the first two (both promptd's): read_file, the client's, is never called.
-    let out = sdk_loop(&served, "anthropic", 2);
+    let out = sdk_loop(&served, "anthropic", 2, true);
     assert_eq!(out["requests"], 2, "one reply per client request: {out}");
     assert_eq!(out["calls"], json!([]), "the client saw no call: {out}");
     for text in out["texts"].as_array().unwrap() {
@@ -202,7 +206,7 @@ fn g10_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_pla
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
     // read_file sorts first: in turn 1 the stub calls it alone; in turn 2 (its second round
     // of calls) read_file and time_convert_time in one reply.
-    let out = sdk_loop(&served, "openai-chat", 2);
+    let out = sdk_loop(&served, "openai-chat", 2, false);
     assert_eq!(out["requests"], 4, "{out}");
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(
@@ -264,9 +268,9 @@ fn g10_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_pla
 
 /// G10 bad input: a model that never stops calling promptd's tools is refused at
 /// `max_tool_rounds`; a tool that answers 2 MiB at `max_tool_output_bytes`; one that answers
-/// 100 MiB (dropped by the MCP client) or runs long at `tool_timeout_ms`; a streamed request and an endpoint not covered are refused
-/// before anything goes: each in the provider's shape, naming the tool, every round recorded,
-/// and the daemon still serving.
+/// 100 MiB (dropped by the MCP client) or runs long at `tool_timeout_ms`; an endpoint not
+/// covered is refused before anything goes: each in the provider's shape, naming the tool,
+/// every round recorded, and the daemon still serving.
 #[test]
 fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() {
     let stub = Stub::start();
@@ -362,20 +366,8 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
         "its call closed: {results:?}"
     );
 
-    // Streamed, and Responses: not covered yet, refused before anything goes upstream.
+    // Responses: not covered yet, refused before anything goes upstream.
     let before = stub.requests().len();
-    let streamed = body("b_huge").replace("\"max_tokens\"", "\"stream\":true,\"max_tokens\"");
-    let (head, answer) = raw_post(&served.url, path, &[], streamed.as_bytes());
-    assert!(head.starts_with("HTTP/1.1 500"), "{head}");
-    assert_eq!(
-        header_of(&head, "x-promptd-error"),
-        Some("gateway_plugin_tools")
-    );
-    let message = String::from_utf8_lossy(&answer);
-    assert!(
-        message.contains("b_huge") && message.contains("streamed"),
-        "{message}"
-    );
     let (head, answer) = raw_post(
         &served.url,
         "/gateway/coder/v1/responses",
@@ -415,4 +407,41 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
     );
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(parse(&answer)["stop_reason"], "end_turn");
+}
+
+/// G10, G5: the mixed reply streamed: the Chat Completions client is shown the round's frames
+/// without promptd's call (the indexes after it renumbered, the usage it did not ask for left
+/// out), and its next request gets promptd's call and result back at their place.
+#[test]
+fn g10_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
+    let stub = Stub::start();
+    let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
+    let out = sdk_loop(&served, "openai-chat", 2, true);
+    assert_eq!(out["requests"], 4, "{out}");
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(
+        calls.len(),
+        2,
+        "the client folded its own two calls only: {out}"
+    );
+    assert!(
+        out["usage"].as_array().unwrap().iter().all(Value::is_null),
+        "no usage shown to a client that did not ask: {out}"
+    );
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
+    assert_eq!(received.len(), 4);
+    let events = newest_session(&served);
+    let records = records(&events);
+    bodies_rebuild(&records, &received);
+    let last = parse(&received[3]);
+    let messages = last["messages"].as_array().unwrap();
+    let n = messages.len();
+    let names: Vec<&str> = (messages[n - 3]["tool_calls"].as_array().unwrap().iter())
+        .map(|c| c["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["read_file", "time_convert_time"]);
+    assert_eq!(messages[n - 1]["tool_call_id"], calls[1]);
+    assert_eq!(records[3].restored.len(), 2, "{:?}", records[3].restored);
+    let own = messages[n - 2]["tool_call_id"].as_str().unwrap();
+    assert!(out["texts"][1].as_str().unwrap().contains(own), "{out}");
 }

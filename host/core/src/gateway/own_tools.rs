@@ -6,7 +6,7 @@
 //! and the restore that puts promptd's calls and results back into the client's next body at
 //! their place, so the upstream sees the same bytes every request.
 //!
-//! Covered: Anthropic Messages and OpenAI Chat Completions ([`covers`]).
+//! Covered: Anthropic Messages and OpenAI Chat Completions, streamed and not ([`covers`]).
 
 use std::ops::Range;
 
@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use super::body::{elements, first_byte, members, ClientBody};
 use super::edits::{first_member, Part, Splice};
 use super::messages::Conversation;
+use super::stream::Frame;
 use super::{GatewayError, Ingress};
 use crate::conversation::ToolSpec as Tool;
 
@@ -252,6 +253,72 @@ pub fn for_client(ingress: Ingress, reply: &Value, own: &[String]) -> Value {
         }
     }
     reply
+}
+
+/// The frames of a streamed reply the client is shown when it mixes promptd's calls with the
+/// client's: the frames of promptd's calls (`own`: their indexes, Messages' content blocks,
+/// Chat's `tool_calls`) taken out and the indexes after them renumbered, so the frames fold
+/// into [`for_client`]'s reply. A frame that changes is re-encoded; the others go as they came.
+pub fn frames_for_client(ingress: Ingress, frames: Vec<Frame>, own: &[usize]) -> Vec<Frame> {
+    let shift = |index: u64| index - own.iter().filter(|&&o| (o as u64) < index).count() as u64;
+    let is_own = |index: u64| own.iter().any(|&o| o as u64 == index);
+    let mut out = Vec::with_capacity(frames.len());
+    for frame in frames {
+        let Some(Value::Object(mut event)) = frame.json() else {
+            out.push(frame);
+            continue;
+        };
+        match ingress {
+            Ingress::ChatCompletions => {
+                let calls = event
+                    .get_mut("choices")
+                    .and_then(|c| c.get_mut(0))
+                    .and_then(|c| c.get_mut("delta"))
+                    .and_then(|d| d.get_mut("tool_calls"))
+                    .and_then(Value::as_array_mut);
+                let Some(calls) = calls else {
+                    out.push(frame);
+                    continue;
+                };
+                calls.retain(|c| !c["index"].as_u64().is_some_and(is_own));
+                for call in calls.iter_mut() {
+                    if let Some(i) = call["index"].as_u64() {
+                        call["index"] = json!(shift(i));
+                    }
+                }
+                if calls.is_empty() {
+                    if let Some(delta) = event["choices"][0]["delta"].as_object_mut() {
+                        delta.remove("tool_calls");
+                    }
+                }
+            }
+            _ => {
+                let Some(index) = event.get("index").and_then(Value::as_u64) else {
+                    out.push(frame);
+                    continue;
+                };
+                if is_own(index) {
+                    continue;
+                }
+                if shift(index) == index {
+                    out.push(frame);
+                    continue;
+                }
+                event.insert("index".into(), json!(shift(index)));
+            }
+        }
+        let data = Value::Object(event).to_string();
+        let raw = match &frame.event {
+            Some(name) => format!("event: {name}\ndata: {data}\n\n"),
+            None => format!("data: {data}\n\n"),
+        };
+        out.push(Frame {
+            raw: raw.into_bytes(),
+            event: frame.event,
+            data: Some(data),
+        });
+    }
+    out
 }
 
 /// What promptd puts back into a client's later bodies (the client's history lacks it): the
@@ -541,5 +608,35 @@ mod tests {
             appended(body, &added).unwrap(),
             r#"{"messages":[ {"role":"user","content":"hi"},{"content":null,"role":"assistant","tool_calls":[{"function":{"arguments":"{\"tz\":\"UTC\"}","name":"clock_now"},"id":"c1","type":"function"}]},{"content":"12:00","role":"tool","tool_call_id":"c1"} ],"model":"m"}"#
         );
+    }
+
+    /// G10: a mixed stream's frames: promptd's block taken out, the blocks after it
+    /// renumbered (re-encoded), every other frame as it came.
+    #[test]
+    fn g10_a_mixed_streams_frames_lose_promptds_call() {
+        let mut cut = crate::gateway::stream::Frames::default();
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\"}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"own\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"theirs\"}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let frames = cut.push(stream.as_bytes()).unwrap();
+        let shown = frames_for_client(Ingress::Messages, frames.clone(), &[0]);
+        assert_eq!(shown.len(), 3);
+        assert_eq!(shown[0], frames[0], "untouched frames go as they came");
+        assert_eq!(
+            String::from_utf8(shown[1].raw.clone()).unwrap(),
+            "event: content_block_start\ndata: {\"content_block\":{\"id\":\"theirs\",\"type\":\"tool_use\"},\"index\":0,\"type\":\"content_block_start\"}\n\n"
+        );
+        assert_eq!(shown[2], frames[4]);
+        let chat = "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"a\"},{\"index\":1,\"id\":\"b\"}]}}]}\n\n";
+        let frames = crate::gateway::stream::Frames::default()
+            .push(chat.as_bytes())
+            .unwrap();
+        let shown = frames_for_client(Ingress::ChatCompletions, frames, &[0]);
+        let calls = &shown[0].json().unwrap()["choices"][0]["delta"]["tool_calls"];
+        assert_eq!(calls, &json!([{"index": 0, "id": "b"}]));
     }
 }

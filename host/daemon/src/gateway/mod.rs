@@ -370,6 +370,7 @@ async fn serve(
             append,
             own_tools,
             restored_body,
+            usage_added,
             ..
         }) if !own_tools.is_empty() => {
             let timing = Timing {
@@ -387,6 +388,7 @@ async fn serve(
                 path_and_query,
                 own: own_tools,
                 base,
+                usage_added,
                 timing,
             };
             return run.run(body).await;

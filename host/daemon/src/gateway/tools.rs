@@ -23,9 +23,11 @@ use promptd_core::gateway::body::{elements, ClientBody, Spans};
 use promptd_core::gateway::messages::{conversation, Conversation};
 use promptd_core::gateway::own_tools::{self, Call, Ran, Restore, MAX_RESTORES};
 use promptd_core::gateway::splice::{Edit, Splice};
+use promptd_core::gateway::stream::{unasked_usage, Frame, Frames, Reassembly};
 use promptd_core::gateway::{GatewayError, Ingress};
 
 use super::reply::Reply;
+use super::tee::mark_partial;
 use super::upstream::hop_by_hop;
 use super::{
     now_ms, Gateway, GatewayRefusal, Read, Stepped, Timing, MAX_REPLY_BYTES, SESSION_HEADER,
@@ -131,6 +133,18 @@ fn conversation_of(ingress: Ingress, body: &ClientBody<'_>) -> Conversation {
     conversation(ingress, body)
 }
 
+/// A round's reply as read.
+struct Got {
+    /// The reply (a stream folded into it).
+    reply: Value,
+    /// An unstreamed reply's bytes.
+    bytes: Bytes,
+    /// A streamed reply's frames.
+    frames: Option<Vec<Frame>>,
+    /// Why a stream is partial, when it is.
+    partial: Option<String>,
+}
+
 /// One client request whose agent has tools promptd runs itself.
 pub(super) struct Loop {
     pub(super) gateway: Arc<Gateway>,
@@ -144,6 +158,8 @@ pub(super) struct Loop {
     pub(super) own: Vec<String>,
     /// The body the first step took (the client's, with earlier rounds put back).
     pub(super) base: String,
+    /// promptd asked a Chat stream for usage the client did not: the client is not shown it.
+    pub(super) usage_added: bool,
     pub(super) timing: Timing,
 }
 
@@ -202,45 +218,39 @@ impl Loop {
                 return self.reply(sent_at).answer(response, false).await;
             }
             let (parts, incoming) = response.into_parts();
-            let read = tokio::time::timeout(
-                self.gateway.idle,
-                http_body_util::Limited::new(incoming, MAX_REPLY_BYTES).collect(),
-            )
-            .await;
-            let bytes = match read {
-                Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(e)) => {
-                    return self.refusal(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream_reply",
-                        format!("the upstream's reply could not be read: {e}"),
-                    )
-                }
-                Err(_) => {
-                    return self.refusal(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "upstream_timeout",
-                        "the upstream's reply stalled ([gateway] idle_timeout_ms)".into(),
-                    )
-                }
+            let got = match self.read.streamed {
+                true => self.read_stream(incoming).await,
+                false => self.read_whole(incoming).await,
             };
-            let Ok(reply) = serde_json::from_slice::<Value>(&bytes) else {
-                return self.refusal(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_reply",
-                    "the upstream's reply is not JSON".into(),
-                );
+            let Got {
+                reply,
+                bytes,
+                frames,
+                partial,
+            } = match got {
+                Ok(got) => got,
+                Err(refusal) => return refusal,
             };
             // Recorded before promptd answers any of its calls: the log holds the call first.
-            self.reply(sent_at).record(reply.clone(), None).await;
-            let calls = own_tools::calls(self.ingress, &reply);
+            self.reply(sent_at)
+                .record(reply.clone(), partial.as_deref())
+                .await;
+            let calls = match partial {
+                // A stream that broke: the client gets it as it came, no call of it is run.
+                Some(_) => Vec::new(),
+                None => own_tools::calls(self.ingress, &reply),
+            };
             let (mine, theirs): (Vec<Call>, Vec<Call>) =
                 calls.into_iter().partition(|c| self.own.contains(&c.name));
             if mine.is_empty() {
                 if !before.is_empty() {
                     self.keep(before, &reply, &[], &[]);
                 }
-                return self.respond(&parts.headers, parts.status, bytes);
+                let body = match frames {
+                    Some(frames) => self.shown(frames),
+                    None => bytes,
+                };
+                return self.respond(&parts.headers, parts.status, body);
             }
             let names: Vec<&str> = mine.iter().map(|c| c.name.as_str()).collect();
             if rounds >= bounds.max_rounds {
@@ -263,10 +273,19 @@ impl Loop {
                 }
             }
             if !theirs.is_empty() {
-                let ids: Vec<String> = mine.iter().map(|c| c.id.clone()).collect();
-                let shown = own_tools::for_client(self.ingress, &reply, &ids);
                 self.keep(before, &reply, &mine, &ran);
-                return self.respond(&parts.headers, parts.status, Bytes::from(shown.to_string()));
+                let body = match frames {
+                    Some(frames) => {
+                        let own: Vec<usize> = mine.iter().map(|c| c.index).collect();
+                        self.shown(own_tools::frames_for_client(self.ingress, frames, &own))
+                    }
+                    None => {
+                        let ids: Vec<String> = mine.iter().map(|c| c.id.clone()).collect();
+                        let shown = own_tools::for_client(self.ingress, &reply, &ids);
+                        Bytes::from(shown.to_string())
+                    }
+                };
+                return self.respond(&parts.headers, parts.status, body);
             }
             rounds += 1;
             let added = own_tools::round_messages(self.ingress, &reply, &ran);
@@ -280,6 +299,124 @@ impl Loop {
                 Err(refusal) => return refusal,
             };
         }
+    }
+
+    /// A whole (unstreamed) reply.
+    async fn read_whole(&self, incoming: hyper::body::Incoming) -> Result<Got, Response> {
+        let read = tokio::time::timeout(
+            self.gateway.idle,
+            http_body_util::Limited::new(incoming, MAX_REPLY_BYTES).collect(),
+        )
+        .await;
+        let bytes = match read {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(e)) => {
+                return Err(self.refusal(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_reply",
+                    format!("the upstream's reply could not be read: {e}"),
+                ))
+            }
+            Err(_) => {
+                return Err(self.refusal(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    "the upstream's reply stalled ([gateway] idle_timeout_ms)".into(),
+                ))
+            }
+        };
+        let Ok(reply) = serde_json::from_slice::<Value>(&bytes) else {
+            return Err(self.refusal(
+                StatusCode::BAD_GATEWAY,
+                "upstream_reply",
+                "the upstream's reply is not JSON".into(),
+            ));
+        };
+        Ok(Got {
+            reply,
+            bytes,
+            frames: None,
+            partial: None,
+        })
+    }
+
+    /// A streamed round, read whole (at most [`MAX_REPLY_BYTES`]): whether it is the client's
+    /// to see is known only once it ended (G10: the client gets the final round's frames).
+    async fn read_stream(&self, mut incoming: hyper::body::Incoming) -> Result<Got, Response> {
+        let mut cut = Frames::default();
+        let mut frames = Vec::new();
+        let mut folded = Reassembly::new(self.ingress);
+        let (mut held, mut partial) = (0usize, None);
+        loop {
+            let next = match tokio::time::timeout(self.gateway.idle, incoming.frame()).await {
+                Err(_) => {
+                    partial = Some(format!(
+                        "the upstream sent nothing for {} ms ([gateway] idle_timeout_ms)",
+                        self.gateway.idle.as_millis()
+                    ));
+                    break;
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    partial = Some(format!("the upstream's stream broke: {e}"));
+                    break;
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = next.into_data() else {
+                continue; // trailers
+            };
+            held += data.len();
+            if held > MAX_REPLY_BYTES {
+                return Err(self.refusal(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_reply",
+                    format!("a round's stream passed {MAX_REPLY_BYTES} bytes (promptd holds a round whole to know whether it is the client's)"),
+                ));
+            }
+            match cut.push(&data) {
+                Ok(complete) => {
+                    for frame in complete {
+                        folded.push(&frame);
+                        frames.push(frame);
+                    }
+                }
+                Err(e) => {
+                    partial = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let ended = folded.finish();
+        let mut reply = ended.reply;
+        let partial = partial
+            .or(ended.error)
+            .or_else(|| (!ended.complete).then(|| "the stream ended before its end event".into()));
+        if let Some(reason) = &partial {
+            mark_partial(self.ingress, &mut reply, reason);
+        }
+        Ok(Got {
+            reply,
+            bytes: Bytes::new(),
+            frames: Some(frames),
+            partial,
+        })
+    }
+
+    /// The bytes of `frames` the client sees: as they came, but for the usage promptd asked a
+    /// Chat stream for that the client did not (G5).
+    fn shown(&self, frames: Vec<Frame>) -> Bytes {
+        let mut out = Vec::new();
+        for frame in frames {
+            if self.usage_added && self.ingress == Ingress::ChatCompletions {
+                if let Some(raw) = unasked_usage(&frame) {
+                    out.extend_from_slice(&raw);
+                }
+            } else {
+                out.extend_from_slice(&frame.raw);
+            }
+        }
+        Bytes::from(out)
     }
 
     /// Runs one of promptd's calls within the bounds, and records its result (G10). A call

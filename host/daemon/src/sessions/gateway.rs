@@ -119,8 +119,8 @@ pub(super) fn splice(
 }
 
 /// G10: the agent's tools, when promptd runs each itself for this request; else why not,
-/// naming the tools: a plugin's tool has no runner, and an endpoint or a stream not covered
-/// yet leaves the client with tools it cannot run.
+/// naming the tools: a plugin's tool has no runner, and an endpoint not covered yet leaves
+/// the client with tools it cannot run.
 fn own_tools(
     step: &Step<'_>,
     gateway: &GatewayStep,
@@ -147,16 +147,9 @@ fn own_tools(
         return refuse(
             names(tools.iter().collect()),
             format!(
-                "promptd runs its own tools for Anthropic Messages and Chat Completions only, not for {:?} yet",
+                "promptd runs its own tools for Anthropic Messages and Chat Completions only (streamed or not), not for {:?} yet",
                 gateway.ingress
             ),
-        );
-    }
-    if gateway.streamed {
-        return refuse(
-            names(tools.iter().collect()),
-            "promptd does not run its own tools for a streamed request yet; ask without `stream`"
-                .into(),
         );
     }
     Ok(tools.to_vec())
