@@ -382,6 +382,30 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
     );
     assert_eq!(stub.requests().len(), before, "nothing went upstream");
 
+    // A token count counts promptd's tools as a step sends them.
+    let (head, _) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/messages/count_tokens",
+        &[],
+        br#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(header_of(&head, "x-promptd-degraded"), None, "{head}");
+    let counted = parse(&stub.requests().last().unwrap().2);
+    let names: Vec<&str> = (counted["tools"].as_array().unwrap().iter())
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "b_big",
+            "b_huge",
+            "b_slow",
+            "clock_convert_time",
+            "clock_get_current_time"
+        ]
+    );
+
     // A tool past tool_timeout_ms.
     let (head, answer) = raw_post(&served.url, path, &[], body("b_slow").as_bytes());
     assert!(head.starts_with("HTTP/1.1 504"), "{head}");

@@ -795,7 +795,6 @@ impl Gateway {
             previous_response,
             model,
             client_tools,
-            streamed,
             round,
             ..
         } = read;
@@ -882,7 +881,6 @@ impl Gateway {
                 splice: settings.splice.clone(),
                 on_plugin_failure: settings.on_plugin_failure,
                 degraded: None,
-                streamed,
                 round,
                 restored,
             })),

@@ -76,8 +76,6 @@ pub struct GatewayStep {
     /// Why the step goes without its plugins, once they failed and the agent forwards: the
     /// client's body goes upstream as it came.
     pub degraded: Option<&'static str>,
-    /// Whether the client asked for a streamed reply.
-    pub streamed: bool,
     /// G10: the round of promptd's own tool calls (0: the client's request).
     pub round: u32,
     /// G10: promptd's calls and results put back into `client_body` at their place.
