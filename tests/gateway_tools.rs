@@ -116,9 +116,10 @@ fn end_of_last_message(body: &[u8]) -> usize {
 
 /// G10: the model calls only `mcp-server-time`'s tools; promptd runs them (the real server),
 /// records call and result, and asks the upstream again, so the anthropic SDK's streamed loop
-/// sees one reply per request (the final round's frames), and never a call it cannot run. On its next turn the client's history
-/// lacks promptd's round: promptd puts it back at its place, so the upstream sees every byte
-/// it saw before, and the session's log rebuilds each upstream body.
+/// sees one reply per request (the final round's frames), and never a call it cannot run. On
+/// its next turn the client's history lacks promptd's round: promptd puts it back at its
+/// place, so the upstream sees every byte it saw before, and the session's log rebuilds each
+/// upstream body.
 #[test]
 fn g10_promptd_runs_its_mcp_tools_and_puts_its_rounds_back_byte_stable() {
     let stub = Stub::start();
