@@ -470,3 +470,34 @@ fn g10_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
     let own = messages[n - 2]["tool_call_id"].as_str().unwrap();
     assert!(out["texts"][1].as_str().unwrap().contains(own), "{out}");
 }
+
+/// G10, G5: the mixed reply streamed to the anthropic SDK: the content block frames of
+/// promptd's call are taken out (the SDK's own stream helper folds the rest), its thinking
+/// blocks come back unchanged, and the next request gets promptd's `tool_use` back in the
+/// reply at its index and its `tool_result` first in the next turn.
+#[test]
+fn g10_g5_a_mixed_streamed_messages_reply_folds_without_promptds_block() {
+    let stub = Stub::start();
+    let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
+    let out = sdk_loop(&served, "anthropic", 2, true);
+    assert_eq!(out["requests"], 4, "{out}");
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{out}");
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
+    let records = records(&newest_session(&served));
+    bodies_rebuild(&records, &received);
+    let last = parse(&received[3]);
+    let messages = last["messages"].as_array().unwrap();
+    let n = messages.len();
+    let uses: Vec<&str> = (messages[n - 2]["content"].as_array().unwrap().iter())
+        .filter(|b| b["type"] == "tool_use")
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(uses, ["read_file", "time_convert_time"]);
+    let results = messages[n - 1]["content"].as_array().unwrap();
+    assert_eq!(results[1]["tool_use_id"], calls[1]);
+    assert!(out["texts"][1]
+        .as_str()
+        .unwrap()
+        .contains(results[0]["tool_use_id"].as_str().unwrap()));
+}
