@@ -269,8 +269,9 @@ fn g10_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_pla
 
 /// G10 bad input: a model that never stops calling promptd's tools is refused at
 /// `max_tool_rounds`; a tool that answers 2 MiB at `max_tool_output_bytes`; one that answers
-/// 100 MiB (dropped by the MCP client) or runs long at `tool_timeout_ms`; an endpoint not
-/// covered is refused before anything goes: each in the provider's shape, naming the tool,
+/// 100 MiB (dropped by the MCP client) or runs long at `tool_timeout_ms`; a round whose body
+/// grows past `max_body_bytes` as a client's would; an endpoint not covered is refused before
+/// anything goes: each in the provider's shape, naming the tool,
 /// every round recorded, and the daemon still serving.
 #[test]
 fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() {
@@ -281,7 +282,12 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
         time_config("clock", "clock_")
     );
     let agent = "max_tool_rounds = 3\ntool_timeout_ms = 2000\n";
-    let (served, _tmp) = daemon(&stub, &mcp, agent, &["mcp:clock", "mcp:bounds"]);
+    // A client's body and each round's are bounded alike.
+    let rest = format!("{mcp}\n[agents.coder.gateway]\n{agent}\n");
+    let (served, _tmp) = serve(&Folder::new(), &stub.url, "max_body_bytes = 4096", &rest);
+    for id in ["mcp:clock", "mcp:bounds"] {
+        wait_state(&served, id, "loaded");
+    }
     let path = "/gateway/coder/v1/messages";
     let body = |choice: &str| {
         format!(
@@ -367,6 +373,19 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
         "its call closed: {results:?}"
     );
 
+    // A round whose body, with a result, passes max_body_bytes.
+    let (head, answer) = raw_post(&served.url, path, &[], body("b_medium").as_bytes());
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert_eq!(header_of(&head, "x-promptd-error"), Some("body_too_large"));
+    let message = parse(&answer)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("b_medium") && message.contains("max_body_bytes"),
+        "{message}"
+    );
+
     // Responses: not covered yet, refused before anything goes upstream.
     let before = stub.requests().len();
     let (head, answer) = raw_post(
@@ -401,6 +420,7 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
         [
             "b_big",
             "b_huge",
+            "b_medium",
             "b_slow",
             "clock_convert_time",
             "clock_get_current_time"

@@ -9,8 +9,8 @@ Usage: fixture_server.py MODE
   same        lists `same` and `crash`; calling `same` announces list_changed with an
               unchanged list; calling `crash` exits (the daemon restarts it)
   slow_list   lists `slow_tool`, 2 s after it is asked
-  bounds      lists `big`, whose call answers 2 MiB of text, `huge`, 100 MiB, and `slow`,
-              whose call answers after 5 s (a gateway's tool bounds, G10)
+  bounds      lists `big`, whose call answers 2 MiB of text, `huge`, 100 MiB, `medium`,
+              8 KiB, and `slow`, whose call answers after 5 s (a gateway's tool bounds, G10)
 Each start appends a line to the file named by $FIXTURE_STARTS, when set; while the file
 named by $FIXTURE_DOWN exists, a start exits at once (the server stays down).
 """
@@ -43,11 +43,13 @@ tools = {
     "bounds": [
         {"name": "big", "description": "Answers 2 MiB of text.", "inputSchema": SCHEMA},
         {"name": "huge", "description": "Answers 100 MiB of text.", "inputSchema": SCHEMA},
+        {"name": "medium", "description": "Answers 8 KiB of text.", "inputSchema": SCHEMA},
         {"name": "slow", "description": "Answers after 5 s.", "inputSchema": SCHEMA},
     ],
 }[mode]
 BIG_BYTES = 2 << 20
 HUGE_BYTES = 100 << 20
+SIZES = {"big": BIG_BYTES, "huge": HUGE_BYTES, "medium": 8 << 10}
 SLOW_S = 5
 
 
@@ -78,8 +80,8 @@ for line in sys.stdin:
         name = message["params"]["name"]
         if name == "crash":
             sys.exit(1)
-        if name in ("big", "huge"):
-            size = BIG_BYTES if name == "big" else HUGE_BYTES
+        if name in SIZES:
+            size = SIZES[name]
             send({"jsonrpc": "2.0", "id": id_, "result": {
                 "content": [{"type": "text", "text": "x" * size}]}})
             continue

@@ -343,6 +343,14 @@ pub struct Restore {
 }
 
 impl Restore {
+    /// The bytes it holds.
+    pub fn bytes(&self) -> usize {
+        let texts = self.before.iter().chain(&self.results);
+        texts.map(String::len).sum::<usize>()
+            + self.calls.iter().map(|(_, c)| c.len()).sum::<usize>()
+            + self.digest.len()
+    }
+
     /// A restore of the rounds `before` the reply (at `anchor`, after the client's
     /// `conversation`), and, for a mixed reply, of promptd's `own` calls in it and their `ran`
     /// results.
@@ -385,17 +393,18 @@ impl Restore {
 /// client rewrote its history, or has not sent the reply back yet) is left out, as is a
 /// mixed reply's part when its results have no place (Messages' turn after it not a list of
 /// blocks): the upstream then sees the client's history, still a valid conversation.
-pub fn restore(
+pub fn restore<R: std::borrow::Borrow<Restore>>(
     ingress: Ingress,
     body: &ClientBody<'_>,
     conversation: &Conversation,
-    restores: &[Restore],
+    restores: &[R],
 ) -> Vec<super::edits::Edit> {
     let Ok((_, items)) = message_list(body) else {
         return Vec::new();
     };
     let mut splice = Splice::default();
     for r in restores {
+        let r: &Restore = r.borrow();
         let holds =
             conversation.messages.len() > r.messages && conversation.digest(r.messages) == r.digest;
         let Some(reply) = items.get(r.anchor).filter(|_| holds) else {

@@ -41,33 +41,54 @@ const STDIO_MESSAGE_MIB: usize = 16;
 /// Most sessions whose restores are held; beyond, the least recently used is dropped (its
 /// later requests then go as the client sends them: valid, a colder cache).
 const MAX_SESSIONS: usize = 1024;
+/// Most bytes the restores of all sessions hold; beyond, the least recently used sessions'
+/// go first (then a session's oldest).
+const MAX_HELD_BYTES: usize = 64 << 20;
 
 /// What each session's later requests get back of promptd's own tool calls, in memory
-/// (bounded: [`MAX_SESSIONS`] sessions of [`MAX_RESTORES`] each).
+/// (bounded: [`MAX_SESSIONS`] sessions of [`MAX_RESTORES`] each, [`MAX_HELD_BYTES`] in all).
 #[derive(Default)]
 pub(super) struct Restores {
-    by_session: HashMap<String, Vec<Restore>>,
+    by_session: HashMap<String, Vec<Arc<Restore>>>,
     order: VecDeque<String>,
+    bytes: usize,
 }
 
 impl Restores {
     /// Session `session`'s restores, oldest first.
-    pub(super) fn of(&self, session: &str) -> Vec<Restore> {
+    pub(super) fn of(&self, session: &str) -> Vec<Arc<Restore>> {
         self.by_session.get(session).cloned().unwrap_or_default()
     }
 
     fn add(&mut self, session: &str, restore: Restore) {
+        self.bytes += restore.bytes();
         let held = self.by_session.entry(session.to_string()).or_default();
-        held.push(restore);
+        held.push(Arc::new(restore));
         if held.len() > MAX_RESTORES {
-            held.remove(0);
+            let old = held.remove(0);
+            self.bytes -= old.bytes();
         }
         self.order.retain(|s| s != session);
         self.order.push_back(session.to_string());
-        while self.order.len() > MAX_SESSIONS {
-            if let Some(old) = self.order.pop_front() {
-                self.by_session.remove(&old);
+        while self.order.len() > MAX_SESSIONS || self.bytes > MAX_HELD_BYTES {
+            let Some(oldest) = self.order.front().cloned() else {
+                break;
+            };
+            let Some(held) = self.by_session.get_mut(&oldest) else {
+                self.order.pop_front();
+                continue;
+            };
+            // The session itself, when others are older (or there are too many); else its
+            // oldest restore.
+            if held.len() > 1 && self.order.len() == 1 {
+                let old = held.remove(0);
+                self.bytes -= old.bytes();
+                continue;
             }
+            for old in self.by_session.remove(&oldest).unwrap_or_default() {
+                self.bytes -= old.bytes();
+            }
+            self.order.pop_front();
         }
     }
 }
@@ -92,7 +113,7 @@ pub(super) fn restored(
     client_body: String,
     spans: Spans,
     conversation: Conversation,
-    held: &[Restore],
+    held: &[Arc<Restore>],
 ) -> Result<Restored, GatewayError> {
     let unchanged = |body, spans, conversation| Restored {
         body,
@@ -293,6 +314,20 @@ impl Loop {
                 Ok(body) => body,
                 Err(e) => return self.refusal(StatusCode::BAD_REQUEST, e.code(), e.to_string()),
             };
+            // Each round's body grows by the model's turn and the results: bounded as a
+            // client's body is.
+            let limit = self.gateway.daemon.config().gateway.max_body_bytes();
+            if body.len() as u64 > limit {
+                return self.refusal(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!(
+                        "round {rounds}'s body, with the results of {}, is {} bytes, over {limit} ([gateway] max_body_bytes)",
+                        names.join(", "),
+                        body.len()
+                    ),
+                );
+            }
             before.extend(added);
             upstream = match self.step(&body, rounds).await {
                 Ok(upstream) => upstream,
@@ -592,5 +627,44 @@ impl Loop {
         *response.status_mut() = status;
         *response.headers_mut() = headers;
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn restore(text: &str) -> Restore {
+        Restore {
+            before: vec![text.to_string()],
+            ..Restore::default()
+        }
+    }
+
+    /// G10: what is put back is bounded: per session, in sessions, and in bytes, the least
+    /// recently used going first.
+    #[test]
+    fn g10_restores_are_bounded() {
+        let mut held = Restores::default();
+        for i in 0..MAX_RESTORES + 3 {
+            held.add("s", restore(&i.to_string()));
+        }
+        let of = held.of("s");
+        assert_eq!(of.len(), MAX_RESTORES);
+        assert_eq!(of[0].before[0], "3", "the oldest went");
+        for i in 0..MAX_SESSIONS {
+            held.add(&format!("t{i}"), restore("x"));
+        }
+        assert!(
+            held.of("s").is_empty(),
+            "the least recently used session went"
+        );
+        assert_eq!(held.of("t0").len(), 1);
+        let big = "y".repeat(MAX_HELD_BYTES / 2 + 1);
+        held.add("big1", restore(&big));
+        held.add("big2", restore(&big));
+        assert!(held.bytes <= MAX_HELD_BYTES, "{}", held.bytes);
+        assert!(held.of("big1").is_empty() && held.of("big2").len() == 1);
+        assert!(held.of("t0").is_empty(), "older sessions went first");
     }
 }
