@@ -348,9 +348,22 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
         "{results:?}"
     );
 
+    // A round whose body, with a result, passes max_body_bytes.
+    let (head, answer) = raw_post(&served.url, path, &[], body("b_medium").as_bytes());
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert_eq!(header_of(&head, "x-promptd-error"), Some("body_too_large"));
+    let message = parse(&answer)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("b_medium") && message.contains("max_body_bytes"),
+        "{message}"
+    );
+
     // A tool that answers 100 MiB over stdio: the MCP client drops a message that long, so no
     // answer comes; refused at tool_timeout_ms, saying so, and the daemon's memory never holds
-    // it.
+    // it. (Last but the slow one: the server's next answer waits behind those bytes.)
     let (head, answer) = raw_post(&served.url, path, &[], body("b_huge").as_bytes());
     assert!(head.starts_with("HTTP/1.1 504"), "{head}");
     assert_eq!(
@@ -371,19 +384,6 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
     assert!(
         results.len() == 1 && results[0].2,
         "its call closed: {results:?}"
-    );
-
-    // A round whose body, with a result, passes max_body_bytes.
-    let (head, answer) = raw_post(&served.url, path, &[], body("b_medium").as_bytes());
-    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
-    assert_eq!(header_of(&head, "x-promptd-error"), Some("body_too_large"));
-    let message = parse(&answer)["error"]["message"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        message.contains("b_medium") && message.contains("max_body_bytes"),
-        "{message}"
     );
 
     // Responses: not covered yet, refused before anything goes upstream.
@@ -520,4 +520,54 @@ fn g10_g5_a_mixed_streamed_messages_reply_folds_without_promptds_block() {
         .as_str()
         .unwrap()
         .contains(results[0]["tool_use_id"].as_str().unwrap()));
+}
+
+/// G10, G9: on Bedrock Converse (boto3, unstreamed), promptd runs the model's calls to
+/// `mcp-server-time`'s tools, each round re-signed and recorded, and puts its rounds back into
+/// the client's next body byte for byte.
+#[test]
+fn g10_g9_bedrock_converse_runs_promptds_tools_and_puts_its_rounds_back() {
+    let stub = Stub::start();
+    let config = format!(
+        "[gateway]\nenabled = true\n[gateway.upstream.aws]\nprovider = \"bedrock\"\nbase_url = \"{}\"\naws_access_key_id_env = \"PROMPTD_TEST_AWS_KEY_ID\"\naws_secret_access_key_env = \"PROMPTD_TEST_AWS_SECRET\"\naws_region = \"us-west-2\"\n{}\n[agents.coder.gateway]\n",
+        stub.url,
+        time_config("clock", "clock_")
+    );
+    let folder = Folder::new();
+    let config = folder.config(&config);
+    let (tmp, state) = common::daemon::state_dir();
+    let env = [
+        ("PROMPTD_TEST_AWS_KEY_ID", "AKIDGATEWAYEXAMPLE"),
+        ("PROMPTD_TEST_AWS_SECRET", "gateway/secret+EXAMPLEKEY"),
+    ];
+    let log = tmp.path().join("daemon.log");
+    let served = Served::start_logged_with_env(folder.path(), &config, &state, &env, &log);
+    wait_state(&served, "mcp:clock", "loaded");
+    let out = sdk_loop(&served, "bedrock", 2, false);
+    assert_eq!(out["requests"], 2, "one reply per client request: {out}");
+    assert_eq!(out["calls"], json!([]), "the client saw no call: {out}");
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
+    assert_eq!(received.len(), 4, "two rounds per client request");
+    let events = newest_session(&served);
+    let records = records(&events);
+    assert_eq!(
+        records.iter().map(|r| r.round).collect::<Vec<_>>(),
+        vec![0, 1, 0, 1]
+    );
+    bodies_rebuild(&records, &received);
+    let end = end_of_last_message(&received[1]);
+    assert_eq!(
+        String::from_utf8_lossy(&received[2][..end]),
+        String::from_utf8_lossy(&received[1][..end]),
+        "the upstream's conversation is byte-stable across the client's requests"
+    );
+    let tools = parse(&received[0])["toolConfig"]["tools"].clone();
+    let names: Vec<&str> = (tools.as_array().unwrap().iter())
+        .map(|t| t["toolSpec"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["clock_convert_time", "clock_get_current_time", "read_file"]
+    );
+    assert_eq!(tool_results(&events).len(), 3);
 }

@@ -6,7 +6,8 @@
 //! and the restore that puts promptd's calls and results back into the client's next body at
 //! their place, so the upstream sees the same bytes every request.
 //!
-//! Covered: Anthropic Messages and OpenAI Chat Completions, streamed and not ([`covers`]).
+//! Covered: Anthropic Messages and OpenAI Chat Completions, streamed and not, and Bedrock
+//! Converse unstreamed ([`covers`]).
 
 use std::ops::Range;
 
@@ -34,7 +35,10 @@ pub const MAX_RESTORES: usize = 256;
 
 /// Whether promptd runs its own tools for `ingress` (else an agent with them is refused).
 pub fn covers(ingress: Ingress) -> bool {
-    matches!(ingress, Ingress::Messages | Ingress::ChatCompletions)
+    matches!(
+        ingress,
+        Ingress::Messages | Ingress::ChatCompletions | Ingress::Converse
+    )
 }
 
 /// One tool in the provider's shape (serialized with sorted keys: the same bytes every step).
@@ -43,6 +47,9 @@ fn tool_json(ingress: Ingress, tool: &Tool) -> Result<String, GatewayError> {
     Ok(match ingress {
         Ingress::ChatCompletions => json!({"type": "function", "function": {
             "name": tool.name, "description": tool.description, "parameters": parameters}}),
+        Ingress::Converse | Ingress::ConverseStream => json!({"toolSpec": {
+            "name": tool.name, "description": tool.description,
+            "inputSchema": {"json": parameters}}}),
         _ => json!({"name": tool.name, "description": tool.description,
             "input_schema": parameters}),
     }
@@ -74,11 +81,39 @@ pub fn add_tools(
         .collect::<Result<Vec<_>, _>>()?
         .join(",");
     splice.own_tools = tools.iter().map(|t| t.name.clone()).collect();
-    let Some(member) = body.member("tools") else {
-        first_member(body, splice, "tools", &format!("[{items}]"), Part::OwnTools);
-        return Ok(());
+    let range = match ingress {
+        // Bedrock's tools are `toolConfig.tools`.
+        Ingress::Converse | Ingress::ConverseStream => {
+            let Some(config) = body.member("toolConfig").map(|m| m.value.clone()) else {
+                let config = format!("{{\"tools\":[{items}]}}");
+                first_member(body, splice, "toolConfig", &config, Part::OwnTools);
+                return Ok(());
+            };
+            if first_byte(&body.text[config.clone()]) == b'n' {
+                splice.replace(config, format!("{{\"tools\":[{items}]}}"), Part::OwnTools);
+                return Ok(());
+            }
+            let inner = members(body.text, config.clone()).ok_or_else(|| {
+                GatewayError::InvalidBody("`toolConfig` must be an object".into())
+            })?;
+            match inner.iter().rev().find(|m| m.key == "tools") {
+                Some(tools) => tools.value.clone(),
+                None => {
+                    let comma = if inner.is_empty() { "" } else { "," };
+                    let member = format!("\"tools\":[{items}]{comma}");
+                    splice.push(config.start + 1, member, Part::OwnTools);
+                    return Ok(());
+                }
+            }
+        }
+        _ => match body.member("tools") {
+            Some(member) => member.value.clone(),
+            None => {
+                first_member(body, splice, "tools", &format!("[{items}]"), Part::OwnTools);
+                return Ok(());
+            }
+        },
     };
-    let range = member.value.clone();
     match first_byte(&body.text[range.clone()]) {
         b'n' => splice.replace(range, format!("[{items}]"), Part::OwnTools),
         b'[' => {
@@ -120,6 +155,19 @@ fn chat_message(reply: &Value) -> &Value {
     &reply["choices"][0]["message"]
 }
 
+/// Bedrock's reply message.
+fn converse_message(reply: &Value) -> &Value {
+    &reply["output"]["message"]
+}
+
+/// The content blocks of a Messages or Converse reply.
+fn content_of(ingress: Ingress, reply: &Value) -> &Value {
+    match ingress {
+        Ingress::Converse | Ingress::ConverseStream => &converse_message(reply)["content"],
+        _ => &reply["content"],
+    }
+}
+
 /// The tool calls of a whole (unstreamed) reply, in its order.
 pub fn calls(ingress: Ingress, reply: &Value) -> Vec<Call> {
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
@@ -135,6 +183,18 @@ pub fn calls(ingress: Ingress, reply: &Value) -> Vec<Call> {
                     .and_then(|a| serde_json::from_str::<Value>(a).ok())
                     .filter(Value::is_object)
                     .unwrap_or_else(|| json!({})),
+                index,
+            })
+            .collect(),
+        Ingress::Converse | Ingress::ConverseStream => (content_of(ingress, reply).as_array())
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(index, b)| Some((index, b.get("toolUse")?)))
+            .map(|(index, u)| Call {
+                id: s(&u["toolUseId"]),
+                name: s(&u["name"]),
+                arguments: u.get("input").cloned().unwrap_or_else(|| json!({})),
                 index,
             })
             .collect(),
@@ -176,12 +236,21 @@ fn assistant_turn(ingress: Ingress, reply: &Value) -> String {
             }
             turn.to_string()
         }
-        _ => json!({"role": "assistant", "content": reply["content"].clone()}).to_string(),
+        _ => {
+            json!({"role": "assistant", "content": content_of(ingress, reply).clone()}).to_string()
+        }
     }
 }
 
-/// Messages' `tool_result` block for one run call.
-fn result_block(ran: &Ran) -> Value {
+/// The result block of one run call: Messages' `tool_result`, Bedrock's `toolResult`.
+fn result_block(ingress: Ingress, ran: &Ran) -> Value {
+    if matches!(ingress, Ingress::Converse | Ingress::ConverseStream) {
+        let mut result = json!({"toolUseId": ran.id, "content": [{"text": ran.content}]});
+        if ran.is_error {
+            result["status"] = json!("error");
+        }
+        return json!({ "toolResult": result });
+    }
     let mut block = json!({"type": "tool_result", "tool_use_id": ran.id, "content": ran.content});
     if ran.is_error {
         block["is_error"] = json!(true);
@@ -200,7 +269,7 @@ fn result_messages(ingress: Ingress, ran: &[Ran]) -> Vec<String> {
             })
             .collect(),
         _ => vec![json!({"role": "user",
-            "content": ran.iter().map(result_block).collect::<Vec<_>>()})
+            "content": ran.iter().map(|r| result_block(ingress, r)).collect::<Vec<_>>()})
         .to_string()],
     }
 }
@@ -244,6 +313,11 @@ pub fn for_client(ingress: Ingress, reply: &Value, own: &[String]) -> Value {
         Ingress::ChatCompletions => {
             if let Some(calls) = reply["choices"][0]["message"]["tool_calls"].as_array_mut() {
                 calls.retain(|c| keep(c, "id"));
+            }
+        }
+        Ingress::Converse | Ingress::ConverseStream => {
+            if let Some(blocks) = reply["output"]["message"]["content"].as_array_mut() {
+                blocks.retain(|b| b.get("toolUse").is_none_or(|u| keep(u, "toolUseId")));
             }
         }
         _ => {
@@ -367,7 +441,9 @@ impl Restore {
             Ingress::ChatCompletions => (chat_message(reply)["tool_calls"].as_array())
                 .cloned()
                 .unwrap_or_default(),
-            _ => reply["content"].as_array().cloned().unwrap_or_default(),
+            _ => (content_of(ingress, reply).as_array())
+                .cloned()
+                .unwrap_or_default(),
         };
         let calls = own
             .iter()
@@ -375,7 +451,10 @@ impl Restore {
             .collect();
         let results = match ingress {
             Ingress::ChatCompletions => result_messages(ingress, ran),
-            _ => ran.iter().map(|r| result_block(r).to_string()).collect(),
+            _ => ran
+                .iter()
+                .map(|r| result_block(ingress, r).to_string())
+                .collect(),
         };
         Restore {
             messages: conversation.messages.len(),
@@ -411,11 +490,14 @@ pub fn restore<R: std::borrow::Borrow<Restore>>(
             continue;
         };
         if !r.before.is_empty() {
-            splice.push(
-                reply.start,
-                format!("{},", r.before.join(",")),
-                Part::Restored,
-            );
+            // Right after the message before the reply, as the round appended them: the
+            // client's own separator (`, ` from some encoders) then follows, so the bytes the
+            // upstream saw in that round come again unchanged.
+            let before = r.before.join(",");
+            match r.anchor.checked_sub(1).and_then(|i| items.get(i)) {
+                Some(previous) => splice.push(previous.end, format!(",{before}"), Part::Restored),
+                None => splice.push(reply.start, format!("{before},"), Part::Restored),
+            }
         }
         if r.calls.is_empty() {
             continue;
@@ -647,5 +729,23 @@ mod tests {
         let shown = frames_for_client(Ingress::ChatCompletions, frames, &[0]);
         let calls = &shown[0].json().unwrap()["choices"][0]["delta"]["tool_calls"];
         assert_eq!(calls, &json!([{"index": 0, "id": "b"}]));
+    }
+
+    /// G10: Bedrock's tools are `toolConfig.tools` toolSpecs, made when absent.
+    #[test]
+    fn g10_bedrock_own_tools_go_into_tool_config() {
+        let none = r#"{"messages":[]}"#;
+        assert_eq!(
+            spliced(Ingress::Converse, none, &[tool("a")]).unwrap(),
+            r#"{"toolConfig":{"tools":[{"toolSpec":{"description":"What time it is.","inputSchema":{"json":{"properties":{"tz":{"type":"string"}},"type":"object"}},"name":"a"}}]},"messages":[]}"#
+        );
+        let some = r#"{"messages":[],"toolConfig":{"toolChoice":{"auto":{}},"tools":[{"toolSpec":{"name":"b"}},{"cachePoint":{"type":"default"}}]}}"#;
+        let out = spliced(Ingress::Converse, some, &[tool("a")]).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let names: Vec<&str> = (v["toolConfig"]["tools"].as_array().unwrap().iter())
+            .filter_map(|t| t["toolSpec"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(out.ends_with(r#"{"toolSpec":{"name":"b"}},{"cachePoint":{"type":"default"}}]}}"#));
     }
 }

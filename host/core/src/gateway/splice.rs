@@ -39,6 +39,10 @@ pub fn plan(
     }
     if ingress.provider() == super::Provider::Bedrock {
         super::bedrock::splice(body, contributions, settings, &mut splice)?;
+        if !contributions.tools.is_empty() {
+            let client = tool_names(ingress, body);
+            super::own_tools::add_tools(ingress, body, &contributions.tools, &client, &mut splice)?;
+        }
         splice.edits.sort_by_key(|e| e.at);
         return Ok(splice);
     }

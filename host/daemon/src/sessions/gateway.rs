@@ -147,7 +147,7 @@ fn own_tools(
         return refuse(
             names(tools.iter().collect()),
             format!(
-                "promptd runs its own tools for Anthropic Messages and Chat Completions only (streamed or not), not for {:?} yet",
+                "promptd runs its own tools for Anthropic Messages and Chat Completions (streamed or not) and Bedrock Converse (unstreamed) only, not for {:?} yet",
                 gateway.ingress
             ),
         );
