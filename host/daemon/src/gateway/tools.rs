@@ -20,7 +20,7 @@ use serde_json::Value;
 use promptd_core::conversation::content::Content;
 use promptd_core::conversation::Message;
 use promptd_core::gateway::body::{elements, ClientBody, Spans};
-use promptd_core::gateway::messages::{conversation, Conversation};
+use promptd_core::gateway::messages::{conversation as read_conversation, Conversation};
 use promptd_core::gateway::own_tools::{self, Call, Ran, Restore, MAX_RESTORES};
 use promptd_core::gateway::splice::{Edit, Splice};
 use promptd_core::gateway::stream::{unasked_usage, Frame, Frames, Reassembly};
@@ -139,7 +139,7 @@ pub(super) fn restored(
     let text = String::from_utf8(splice.apply(client_body.as_bytes()))
         .map_err(|_| GatewayError::InvalidBody("the restored body is not UTF-8".into()))?;
     let parsed = ClientBody::parse(text.as_bytes())?;
-    let (spans, conversation) = (parsed.spans(), conversation_of(ingress, &parsed));
+    let (spans, conversation) = (parsed.spans(), read_conversation(ingress, &parsed));
     drop(parsed);
     Ok(Restored {
         body: text.clone(),
@@ -148,10 +148,6 @@ pub(super) fn restored(
         edits,
         again: Some(text),
     })
-}
-
-fn conversation_of(ingress: Ingress, body: &ClientBody<'_>) -> Conversation {
-    conversation(ingress, body)
 }
 
 /// A round's reply as read.
@@ -581,7 +577,7 @@ impl Loop {
             Err(e) => return Err(self.refusal(StatusCode::BAD_REQUEST, e.code(), e.to_string())),
         };
         let read = Read {
-            conversation: conversation_of(self.ingress, &parsed),
+            conversation: read_conversation(self.ingress, &parsed),
             spans: parsed.spans(),
             client_body: body.to_string(),
             round,
