@@ -1,4 +1,4 @@
-//! Tools promptd runs itself through the gateway (docs/gateway.md, G10): an official SDK's
+//! Tools promptd runs itself through the gateway (docs/gateway.md, G13): an official SDK's
 //! tool-calling loop against the real daemon and the stub upstream, the model calling the
 //! real `mcp-server-time`'s tools (and the client's own), and the bounds, each refusal naming
 //! the tool. Each check compares bytes: what the stub received against the recorded bodies.
@@ -73,7 +73,7 @@ fn tool_results(events: &[Value]) -> Vec<(String, String, bool)> {
         .collect()
 }
 
-/// Each record's upstream body is the bytes the stub received, in order (G4, G10).
+/// Each record's upstream body is the bytes the stub received, in order (G4, G13).
 fn bodies_rebuild(records: &[GatewayRecord], received: &[Vec<u8>]) {
     assert_eq!(
         records.len(),
@@ -114,14 +114,14 @@ fn end_of_last_message(body: &[u8]) -> usize {
     items.last().unwrap().end
 }
 
-/// G10: the model calls only `mcp-server-time`'s tools; promptd runs them (the real server),
+/// G13: the model calls only `mcp-server-time`'s tools; promptd runs them (the real server),
 /// records call and result, and asks the upstream again, so the anthropic SDK's streamed loop
 /// sees one reply per request (the final round's frames), and never a call it cannot run. On
 /// its next turn the client's history lacks promptd's round: promptd puts it back at its
 /// place, so the upstream sees every byte it saw before, and the session's log rebuilds each
 /// upstream body.
 #[test]
-fn g10_promptd_runs_its_mcp_tools_and_puts_its_rounds_back_byte_stable() {
+fn g13_promptd_runs_its_mcp_tools_and_puts_its_rounds_back_byte_stable() {
     let stub = Stub::start();
     let (served, _tmp) = daemon(&stub, &time_config("clock", "clock_"), "", &["mcp:clock"]);
     // The stub calls the first tool by name (clock_convert_time), then, in its second round,
@@ -197,12 +197,12 @@ fn g10_promptd_runs_its_mcp_tools_and_puts_its_rounds_back_byte_stable() {
     );
 }
 
-/// G10: one reply mixes a call to promptd's tool with a call to the client's: promptd answers
+/// G13: one reply mixes a call to promptd's tool with a call to the client's: promptd answers
 /// its own, the Chat Completions client is shown only its call, and its next request goes
 /// upstream with promptd's call back in the assistant message at its index and its result
 /// right after it, so the upstream sees a valid conversation.
 #[test]
-fn g10_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_place() {
+fn g13_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_place() {
     let stub = Stub::start();
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
     // read_file sorts first: in turn 1 the stub calls it alone; in turn 2 (its second round
@@ -267,14 +267,14 @@ fn g10_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_pla
     assert!(record.restored[0].insert.contains(&own_id));
 }
 
-/// G10 bad input: a model that never stops calling promptd's tools is refused at
+/// G13 bad input: a model that never stops calling promptd's tools is refused at
 /// `max_tool_rounds`; a tool that answers 2 MiB at `max_tool_output_bytes`; one that answers
 /// 100 MiB (dropped by the MCP client) or runs long at `tool_timeout_ms`; a round whose body
 /// grows past `max_body_bytes` as a client's would; an endpoint not covered is refused before
 /// anything goes: each in the provider's shape, naming the tool,
 /// every round recorded, and the daemon still serving.
 #[test]
-fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() {
+fn g13_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() {
     let stub = Stub::start();
     let (python_bin, script) = fixture_server("fixture_server.py");
     let mcp = format!(
@@ -454,11 +454,11 @@ fn g10_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
     assert_eq!(parse(&answer)["stop_reason"], "end_turn");
 }
 
-/// G10, G5: the mixed reply streamed: the Chat Completions client is shown the round's frames
+/// G13, G5: the mixed reply streamed: the Chat Completions client is shown the round's frames
 /// without promptd's call (the indexes after it renumbered, the usage it did not ask for left
 /// out), and its next request gets promptd's call and result back at their place.
 #[test]
-fn g10_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
+fn g13_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
     let stub = Stub::start();
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
     let out = sdk_loop(&served, "openai-chat", 2, true);
@@ -491,12 +491,12 @@ fn g10_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
     assert!(out["texts"][1].as_str().unwrap().contains(own), "{out}");
 }
 
-/// G10, G5: the mixed reply streamed to the anthropic SDK: the content block frames of
+/// G13, G5: the mixed reply streamed to the anthropic SDK: the content block frames of
 /// promptd's call are taken out (the SDK's own stream helper folds the rest), its thinking
 /// blocks come back unchanged, and the next request gets promptd's `tool_use` back in the
 /// reply at its index and its `tool_result` first in the next turn.
 #[test]
-fn g10_g5_a_mixed_streamed_messages_reply_folds_without_promptds_block() {
+fn g13_g5_a_mixed_streamed_messages_reply_folds_without_promptds_block() {
     let stub = Stub::start();
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
     let out = sdk_loop(&served, "anthropic", 2, true);
@@ -522,11 +522,11 @@ fn g10_g5_a_mixed_streamed_messages_reply_folds_without_promptds_block() {
         .contains(results[0]["tool_use_id"].as_str().unwrap()));
 }
 
-/// G10, G9: on Bedrock Converse (boto3, unstreamed), promptd runs the model's calls to
+/// G13, G9: on Bedrock Converse (boto3, unstreamed), promptd runs the model's calls to
 /// `mcp-server-time`'s tools, each round re-signed and recorded, and puts its rounds back into
 /// the client's next body byte for byte.
 #[test]
-fn g10_g9_bedrock_converse_runs_promptds_tools_and_puts_its_rounds_back() {
+fn g13_g9_bedrock_converse_runs_promptds_tools_and_puts_its_rounds_back() {
     let stub = Stub::start();
     let config = format!(
         "[gateway]\nenabled = true\n[gateway.upstream.aws]\nprovider = \"bedrock\"\nbase_url = \"{}\"\naws_access_key_id_env = \"PROMPTD_TEST_AWS_KEY_ID\"\naws_secret_access_key_env = \"PROMPTD_TEST_AWS_SECRET\"\naws_region = \"us-west-2\"\n{}\n[agents.coder.gateway]\n",

@@ -10,7 +10,7 @@ Usage: fixture_server.py MODE
               unchanged list; calling `crash` exits (the daemon restarts it)
   slow_list   lists `slow_tool`, 2 s after it is asked
   bounds      lists `big`, whose call answers 2 MiB of text, `huge`, 100 MiB, `medium`,
-              8 KiB, and `slow`, whose call answers after 5 s (a gateway's tool bounds, G10)
+              8 KiB, and `slow`, whose call answers after 5 s (a gateway's tool bounds, G13)
 Each start appends a line to the file named by $FIXTURE_STARTS, when set; while the file
 named by $FIXTURE_DOWN exists, a start exits at once (the server stays down).
 """

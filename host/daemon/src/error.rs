@@ -139,7 +139,7 @@ pub enum DaemonError {
         tool: String,
     },
 
-    /// G4, G10: a gateway agent whose scope gives it tools promptd cannot run for this
+    /// G4, G13: a gateway agent whose scope gives it tools promptd cannot run for this
     /// request (a plugin's tool has no runner; an endpoint or a stream not covered yet): the
     /// client cannot run them, so they must not reach the model.
     #[error("agent `{agent}` is served by the gateway, and its scope gives it tools ({}) that the client cannot run: {why}", tools.join(", "))]

@@ -94,11 +94,11 @@ pub struct AgentGatewayConfig {
     /// Client tools marked for deferred loading (`defer_loading`) where the endpoint has it
     /// (recorded).
     pub defer_tools: Option<Vec<String>>,
-    /// Rounds of promptd's own tool calls one client request may take (G10; default 8).
+    /// Rounds of promptd's own tool calls one client request may take (G13; default 8).
     pub max_tool_rounds: Option<u32>,
-    /// The longest one of promptd's own tool calls may run, in ms (G10; default 30 000).
+    /// The longest one of promptd's own tool calls may run, in ms (G13; default 30 000).
     pub tool_timeout_ms: Option<u64>,
-    /// The largest output one of promptd's own tool calls may give, in bytes (G10; default
+    /// The largest output one of promptd's own tool calls may give, in bytes (G13; default
     /// 1 MiB).
     pub max_tool_output_bytes: Option<u64>,
 }
@@ -123,11 +123,11 @@ pub struct AgentGateway {
     pub splice: SpliceSettings,
     /// On a plugin failure.
     pub on_plugin_failure: OnPluginFailure,
-    /// The bounds of promptd's own tool calls (G10).
+    /// The bounds of promptd's own tool calls (G13).
     pub tool_bounds: ToolBounds,
 }
 
-/// The bounds of promptd's own tool calls in one gateway request (G10).
+/// The bounds of promptd's own tool calls in one gateway request (G13).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ToolBounds {
     /// Rounds of promptd's own calls one client request may take.

@@ -442,7 +442,7 @@ fn g4_deny_and_defer_tools_are_read_and_inherited_key_by_key() {
 }
 
 #[test]
-fn g10_tool_bounds_default_are_inherited_and_never_zero() {
+fn g13_tool_bounds_default_are_inherited_and_never_zero() {
     let c = Config::parse(
         "[agents.coder.gateway]\nmax_tool_rounds = 3\n\
          [agents.child]\nparent = \"coder\"\n[agents.child.gateway]\ntool_timeout_ms = 500\n\

@@ -19,7 +19,7 @@ pub struct Contributions {
     pub system: String,
     /// The runtime context snapshot, when the agent has one.
     pub runtime_context: Option<String>,
-    /// The tools promptd runs itself (G10), spliced before the client's.
+    /// The tools promptd runs itself (G13), spliced before the client's.
     pub tools: Vec<crate::conversation::ToolSpec>,
 }
 
@@ -66,11 +66,11 @@ pub enum Part {
     /// `"defer_loading":true`, the first member of a client tool the agent's `defer_tools`
     /// names: the tool is loaded only when the client's tool-search tool finds it.
     DeferTool,
-    /// The tools promptd runs itself (G10), before the client's; in a round of promptd's own
+    /// The tools promptd runs itself (G13), before the client's; in a round of promptd's own
     /// calls, the model's turn and the results appended to the conversation.
     OwnTools,
     /// promptd's own calls and results put back at their place in a client's later body
-    /// (G10): the client's history lacks them.
+    /// (G13): the client's history lacks them.
     Restored,
 }
 
@@ -115,7 +115,7 @@ pub struct Splice {
     /// order; a tool the client gave its own `defer_loading` is not among them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deferred: Vec<String>,
-    /// The tools promptd runs itself (G10), spliced in before the client's.
+    /// The tools promptd runs itself (G13), spliced in before the client's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub own_tools: Vec<String>,
     /// A part that had no place in this body, and why (e.g. the runtime context when the

@@ -1,4 +1,4 @@
-//! promptd's own tools in a gateway request (G10): tools the client does not know, which
+//! promptd's own tools in a gateway request (G13): tools the client does not know, which
 //! promptd runs itself (an MCP server's). Pure pieces the daemon's tool loop uses: the tools
 //! spliced into the client's `tools` in the provider's shape, a reply's calls split into
 //! promptd's and the client's, the next round's body (the client's with the model's turn and
@@ -591,10 +591,10 @@ mod tests {
         Ok(String::from_utf8(splice.apply(body.as_bytes())).unwrap())
     }
 
-    /// G10: promptd's tools go before the client's, in each provider's shape, keys sorted; a
+    /// G13: promptd's tools go before the client's, in each provider's shape, keys sorted; a
     /// body without `tools` gets it first; a client tool of the same name is refused.
     #[test]
-    fn g10_own_tools_are_spliced_before_the_clients_in_the_providers_shape() {
+    fn g13_own_tools_are_spliced_before_the_clients_in_the_providers_shape() {
         let body = r#"{"model":"m","messages":[],"tools":[ {"name":"read_file"} ]}"#;
         assert_eq!(
             spliced(Ingress::Messages, body, &[tool("clock_now")]).unwrap(),
@@ -618,11 +618,11 @@ mod tests {
         assert!(clash.to_string().contains("`read_file`"), "{clash}");
     }
 
-    /// G10: a mixed reply's calls split by name; the client is shown its own only; the next
+    /// G13: a mixed reply's calls split by name; the client is shown its own only; the next
     /// body gets promptd's call back at its index and its result first in the next turn, and
     /// nothing when the place is gone.
     #[test]
-    fn g10_a_mixed_reply_is_split_and_put_back_at_its_place() {
+    fn g13_a_mixed_reply_is_split_and_put_back_at_its_place() {
         let reply = json!({"content": [
             {"type": "text", "text": "Looking."},
             {"type": "tool_use", "id": "t1", "name": "read_file", "input": {}},
@@ -682,9 +682,9 @@ mod tests {
         restore(Ingress::Messages, &parsed, &conv, restores)
     }
 
-    /// G10: a round's messages append to the body's messages, nothing else of it changed.
+    /// G13: a round's messages append to the body's messages, nothing else of it changed.
     #[test]
-    fn g10_a_round_appends_the_models_turn_and_the_results() {
+    fn g13_a_round_appends_the_models_turn_and_the_results() {
         let reply = json!({"choices": [{"message": {"role": "assistant", "content": null,
             "tool_calls": [{"id": "c1", "type": "function",
                 "function": {"name": "clock_now", "arguments": "{\"tz\":\"UTC\"}"}}]}}]});
@@ -701,10 +701,10 @@ mod tests {
         );
     }
 
-    /// G10: a mixed stream's frames: promptd's block taken out, the blocks after it
+    /// G13: a mixed stream's frames: promptd's block taken out, the blocks after it
     /// renumbered (re-encoded), every other frame as it came.
     #[test]
-    fn g10_a_mixed_streams_frames_lose_promptds_call() {
+    fn g13_a_mixed_streams_frames_lose_promptds_call() {
         let mut cut = crate::gateway::stream::Frames::default();
         let stream = concat!(
             "event: message_start\ndata: {\"type\":\"message_start\"}\n\n",
@@ -731,9 +731,9 @@ mod tests {
         assert_eq!(calls, &json!([{"index": 0, "id": "b"}]));
     }
 
-    /// G10: Bedrock's tools are `toolConfig.tools` toolSpecs, made when absent.
+    /// G13: Bedrock's tools are `toolConfig.tools` toolSpecs, made when absent.
     #[test]
-    fn g10_bedrock_own_tools_go_into_tool_config() {
+    fn g13_bedrock_own_tools_go_into_tool_config() {
         let none = r#"{"messages":[]}"#;
         assert_eq!(
             spliced(Ingress::Converse, none, &[tool("a")]).unwrap(),

@@ -57,12 +57,12 @@ pub struct GatewayRecord {
     /// only, never written: each rule's `find` is the text it hides.
     #[serde(skip)]
     pub redactions: Vec<crate::assembly::review::Redaction>,
-    /// G10: 0 for a client's request; `n` for the n-th round of promptd's own tool calls
+    /// G13: 0 for a client's request; `n` for the n-th round of promptd's own tool calls
     /// within it, whose `client_body` is the client's body with the model's turns and
     /// promptd's results appended.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub round: u32,
-    /// G10: promptd's own calls and results put back into the client's body at their place
+    /// G13: promptd's own calls and results put back into the client's body at their place
     /// (the client's history lacks them): `client_body` holds them; taking these insertions
     /// out (each at `at` in the client's own bytes) gives the bytes the client sent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

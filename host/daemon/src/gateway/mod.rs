@@ -66,7 +66,7 @@ struct Gateway {
     /// a reply's record is off the path of its answer, never out of order.
     pending: Mutex<HashMap<String, usize>>,
     settled: Condvar,
-    /// G10: what each session's later requests get back of promptd's own tool calls.
+    /// G13: what each session's later requests get back of promptd's own tool calls.
     restores: Mutex<tools::Restores>,
 }
 
@@ -251,7 +251,7 @@ struct Read {
     model: Option<String>,
     /// The names of the client's tools.
     client_tools: Vec<String>,
-    /// G10: 0 for the client's request; `n` for the n-th round of promptd's own tool calls
+    /// G13: 0 for the client's request; `n` for the n-th round of promptd's own tool calls
     /// within it (its body the client's with the rounds before appended).
     round: u32,
 }
@@ -363,7 +363,7 @@ async fn serve(
         }
     };
     let (session, upstream_body, usage_added, degraded, append) = match stepped {
-        // G10: the agent has tools promptd runs itself: its loop answers the client.
+        // G13: the agent has tools promptd runs itself: its loop answers the client.
         Ok(Stepped::Spliced {
             session,
             body,
@@ -661,9 +661,9 @@ enum Stepped {
         degraded: Option<String>,
         /// How long the request's record took, within the step.
         append: Duration,
-        /// G10: the tools promptd runs itself, spliced in (none: the reply goes as it came).
+        /// G13: the tools promptd runs itself, spliced in (none: the reply goes as it came).
         own_tools: Vec<String>,
-        /// G10: the client's body with promptd's earlier calls and results put back, when
+        /// G13: the client's body with promptd's earlier calls and results put back, when
         /// the step took that instead of the body the client sent.
         restored_body: Option<String>,
     },
@@ -703,7 +703,7 @@ impl Gateway {
         let secret: Arc<str> = Arc::from("count_tokens");
         let assembly = promptd_core::step::assemble(&daemon.registry(), &plan, &step, &secret)
             .map_err(|e| e.code())?;
-        // G10: tools promptd runs itself are counted as a step sends them; a plugin's tool
+        // G13: tools promptd runs itself are counted as a step sends them; a plugin's tool
         // (no runner) makes the step refuse, so the count cannot say.
         if (assembly.tools.iter()).any(|t| daemon.tool_runner(&t.name).is_none()) {
             return Err("gateway_plugin_tools");
@@ -848,7 +848,7 @@ impl Gateway {
         // The index holds the conversation as the client sends it (G3): its later requests
         // lack what is put back below.
         let digest = conversation.digest(conversation.messages.len()).to_string();
-        // G10: promptd's own calls and results the client's history lacks, put back.
+        // G13: promptd's own calls and results the client's history lacks, put back.
         let restored = if round == 0 {
             let held = crate::lock(&self.restores).of(&session);
             tools::restored(ingress, client_body, spans, conversation, &held)

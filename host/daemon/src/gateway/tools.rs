@@ -1,4 +1,4 @@
-//! G10: tools promptd runs itself (an MCP server's), in a gateway request. When the model
+//! G13: tools promptd runs itself (an MCP server's), in a gateway request. When the model
 //! calls only such tools, promptd runs them, records call and result, and asks the upstream
 //! again — each round a step of the session, its body the client's with the rounds before
 //! appended — until the reply is text or calls the client's tools; the client sees the last
@@ -372,7 +372,7 @@ impl Loop {
     }
 
     /// A streamed round, read whole (at most [`MAX_REPLY_BYTES`]): whether it is the client's
-    /// to see is known only once it ended (G10: the client gets the final round's frames).
+    /// to see is known only once it ended (G13: the client gets the final round's frames).
     async fn read_stream(&self, mut incoming: hyper::body::Incoming) -> Result<Got, Response> {
         let mut cut = Frames::default();
         let mut frames = Vec::new();
@@ -450,7 +450,7 @@ impl Loop {
         Bytes::from(out)
     }
 
-    /// Runs one of promptd's calls within the bounds, and records its result (G10). A call
+    /// Runs one of promptd's calls within the bounds, and records its result (G13). A call
     /// past `tool_timeout_ms` or an output over `max_tool_output_bytes` refuses the request,
     /// naming the tool; its result is recorded as that error, so no call is left open.
     async fn run_one(
@@ -570,7 +570,7 @@ impl Loop {
         crate::lock(&self.gateway.restores).add(&self.session, restore);
     }
 
-    /// The next round: a step of the session with `body` (G10), its upstream body back.
+    /// The next round: a step of the session with `body` (G13), its upstream body back.
     async fn step(&self, body: &str, round: u32) -> Result<String, Response> {
         let parsed = match ClientBody::parse(body.as_bytes()) {
             Ok(parsed) => parsed,
@@ -637,10 +637,10 @@ mod tests {
         }
     }
 
-    /// G10: what is put back is bounded: per session, in sessions, and in bytes, the least
+    /// G13: what is put back is bounded: per session, in sessions, and in bytes, the least
     /// recently used going first.
     #[test]
-    fn g10_restores_are_bounded() {
+    fn g13_restores_are_bounded() {
         let mut held = Restores::default();
         for i in 0..MAX_RESTORES + 3 {
             held.add("s", restore(&i.to_string()));

@@ -51,7 +51,7 @@ pub(super) struct Step<'a> {
     pub joined: &'a StepMessages,
     /// The redactions the step's review hooks made.
     pub redactions: &'a [Redaction],
-    /// Whether promptd has a runner for the tool of this name (G10: an MCP server's).
+    /// Whether promptd has a runner for the tool of this name (G13: an MCP server's).
     pub runnable: &'a dyn Fn(&str) -> bool,
 }
 
@@ -118,7 +118,7 @@ pub(super) fn splice(
     finish(record, gateway.client_body)
 }
 
-/// G10: the agent's tools, when promptd runs each itself for this request; else why not,
+/// G13: the agent's tools, when promptd runs each itself for this request; else why not,
 /// naming the tools: a plugin's tool has no runner, and an endpoint not covered yet leaves
 /// the client with tools it cannot run.
 fn own_tools(
