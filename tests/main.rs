@@ -23,6 +23,7 @@ mod gateway_gemini;
 mod gateway_keys;
 mod gateway_pin;
 mod gateway_steps;
+mod gateway_tools;
 mod held_changes;
 mod hot_reload;
 mod inspect;

@@ -22,12 +22,12 @@ fn installed(path: &str) -> PathBuf {
 }
 
 /// PyPI's `mcp-server-time`, as a `[mcp.NAME]` command.
-fn time_server() -> String {
+pub(crate) fn time_server() -> String {
     installed(".venv/bin/mcp-server-time").display().to_string()
 }
 
 /// A fixture server in tests/mcp, run with the venv's Python.
-fn fixture_server(name: &str) -> (String, String) {
+pub(crate) fn fixture_server(name: &str) -> (String, String) {
     (
         installed(".venv/bin/python").display().to_string(),
         repo_root()
@@ -39,7 +39,7 @@ fn fixture_server(name: &str) -> (String, String) {
 }
 
 /// Waits until `GET /v1/plugins` shows `id` in `state`; returns its entry.
-fn wait_state(d: &Served, id: &str, state: &str) -> Value {
+pub(crate) fn wait_state(d: &Served, id: &str, state: &str) -> Value {
     let mut last = Value::Null;
     eventually_within(60, &format!("{id} to be {state}"), || {
         last = d.plugin(id);

@@ -9,6 +9,8 @@ Usage: fixture_server.py MODE
   same        lists `same` and `crash`; calling `same` announces list_changed with an
               unchanged list; calling `crash` exits (the daemon restarts it)
   slow_list   lists `slow_tool`, 2 s after it is asked
+  bounds      lists `big`, whose call answers 2 MiB of text, `huge`, 100 MiB, `medium`,
+              8 KiB, and `slow`, whose call answers after 5 s (a gateway's tool bounds, G13)
 Each start appends a line to the file named by $FIXTURE_STARTS, when set; while the file
 named by $FIXTURE_DOWN exists, a start exits at once (the server stays down).
 """
@@ -38,7 +40,17 @@ tools = {
     "hang_list": [],
     "slow_list": [{"name": "slow_tool", "description": "Listed late.", "inputSchema": SCHEMA}],
     "collide": [{"name": n, "description": "", "inputSchema": SCHEMA} for n in ("a.b", "a_b")],
+    "bounds": [
+        {"name": "big", "description": "Answers 2 MiB of text.", "inputSchema": SCHEMA},
+        {"name": "huge", "description": "Answers 100 MiB of text.", "inputSchema": SCHEMA},
+        {"name": "medium", "description": "Answers 8 KiB of text.", "inputSchema": SCHEMA},
+        {"name": "slow", "description": "Answers after 5 s.", "inputSchema": SCHEMA},
+    ],
 }[mode]
+BIG_BYTES = 2 << 20
+HUGE_BYTES = 100 << 20
+SIZES = {"big": BIG_BYTES, "huge": HUGE_BYTES, "medium": 8 << 10}
+SLOW_S = 5
 
 
 def send(message):
@@ -68,6 +80,17 @@ for line in sys.stdin:
         name = message["params"]["name"]
         if name == "crash":
             sys.exit(1)
+        if name in SIZES:
+            size = SIZES[name]
+            send({"jsonrpc": "2.0", "id": id_, "result": {
+                "content": [{"type": "text", "text": "x" * size}]}})
+            continue
+        if name == "slow":
+            import time
+            time.sleep(SLOW_S)
+            send({"jsonrpc": "2.0", "id": id_, "result": {
+                "content": [{"type": "text", "text": "slow done"}]}})
+            continue
         if name == "grow":
             tools.append({"name": "grown", "description": "Grown.", "inputSchema": SCHEMA})
         send({"jsonrpc": "2.0", "id": id_, "result": {

@@ -114,7 +114,11 @@ error shape. A faulted stream's headers carry `Connection: close`.
                      usual reply
     drip             checked and accounted as usual; a stream's frames each sent 0.5 s after
                      the one before (the first at once), so a test can act in the middle of a
-                     stream (kill the gateway serving it); a reply not streamed is the usual
+                     stream (kill the gateway serving it); a reply not streamed is the usual reply
+    tool-loop        checked and accounted as usual; Messages and Chat Completions then reply
+                     with a call to the first tool by name that tool_choice allows, alone,
+                     whatever the newest turn holds (a model that never stops calling: a loop
+                     that runs its calls never ends)
 
 Images and documents are checked as the APIs take them: Chat Completions `image_url` parts (an
 https URL or a `data:image/(png|jpeg|gif|webp);base64,` URL) and `file` parts (a PDF data URL
@@ -712,6 +716,8 @@ def reply_chat(body, served):
     rounds = sum(1 for m in messages if m["role"] == "assistant" and m.get("tool_calls"))
     key = digest(messages, body.get("tools"))
     message = {"role": "assistant", "content": None, "refusal": None, "annotations": []}
+    if tool_loop() and tools:
+        answered, rounds = [], 0  # never done; one call at a time
     if answered or not tools:
         message["content"] = final_text(answered)
         finish = "stop"
@@ -1419,6 +1425,8 @@ def reply_messages(body, served):
     rounds = sum(1 for t in turns if t["role"] == "assistant"
                  and any(b["type"] == "tool_use" for b in blocks_of(t)))
     key = digest(turns, body.get("tools"), body.get("system"))
+    if tool_loop() and tools:
+        answered, rounds = [], 0  # never done; one call at a time
     if answered or not tools:
         content = [{"type": "text", "text": final_text(answered)}]
         stop = "end_turn"
@@ -2492,7 +2500,14 @@ def stream_messages(body, answer):
 
 
 FAULTS = ("status-500", "status-429", "hang", "reset", "midstream-error", "invalid-sse", "slow",
-          "drip")
+          "drip", "tool-loop")
+# The request being answered, per handler thread: what a reply function reads of its fault.
+REQUEST = threading.local()
+
+
+def tool_loop():
+    """Whether the request being answered carries `x-stub-fault: tool-loop`."""
+    return getattr(REQUEST, "fault", None) == "tool-loop"
 FAULT_FRAMES = 4  # frames a midstream-error or invalid-sse stream sends before it fails
 SLOW_S = 2
 DRIP_S = 0.5  # between a drip stream's frames
@@ -2997,6 +3012,7 @@ class Handler(BaseHTTPRequestHandler):
             check(body)
             served = CACHES.serve(api, path, body, body["model"] if model is None else model,
                                   now_ms(self.headers))
+            REQUEST.fault = fault
             answer = reply(body, served)
         except Broken as e:
             self.record(path, 400, str(e), raw)

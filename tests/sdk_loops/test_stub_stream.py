@@ -729,6 +729,28 @@ class Faults(StubServer):
         self.assertEqual(self.ledger(), [])
         self.assertEqual(len(self.captured()), 2 * len(ROUTES) + 1)
 
+    def test_tool_loop_calls_a_tool_even_when_answered(self):
+        answered = chat_body(answered=True)
+        status, _, data = self.post("/v1/chat/completions", answered)
+        self.assertEqual(json.loads(data)["choices"][0]["finish_reason"], "stop")
+        status, _, data = self.post("/v1/chat/completions", answered,
+                                    headers=[("x-stub-fault", "tool-loop")])
+        self.assertEqual(status, 200, data)
+        calls = json.loads(data)["choices"][0]["message"]["tool_calls"]
+        self.assertEqual([c["function"]["name"] for c in calls], ["list_dir"])
+        body = messages_body()
+        body["messages"] += [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_x",
+                                               "name": "read_file", "input": {"path": "."}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x",
+                                          "content": "ok"}]}]
+        status, _, data = self.post("/v1/messages", body, headers=[("x-stub-fault", "tool-loop")])
+        self.assertEqual(status, 200, data)
+        reply = json.loads(data)
+        self.assertEqual(reply["stop_reason"], "tool_use")
+        self.assertEqual([b["name"] for b in reply["content"] if b["type"] == "tool_use"],
+                         ["list_dir"])
+
     def test_unknown_fault_is_refused(self):
         status, _, data = self.post("/v1/chat/completions", chat_body(),
                                     headers=[("x-stub-fault", "explode")])

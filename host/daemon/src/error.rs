@@ -139,14 +139,17 @@ pub enum DaemonError {
         tool: String,
     },
 
-    /// G4: a gateway agent whose scope gives it plugin tools: the client cannot run them, so
-    /// they must not reach the model (until promptd runs them itself).
-    #[error("agent `{agent}` is served by the gateway, and its scope gives it plugin tools ({}) that the client cannot run; take them out of its scope (plugin scopes or the agent's chain)", tools.join(", "))]
+    /// G4, G13: a gateway agent whose scope gives it tools promptd cannot run for this
+    /// request (a plugin's tool has no runner; an endpoint or a stream not covered yet): the
+    /// client cannot run them, so they must not reach the model.
+    #[error("agent `{agent}` is served by the gateway, and its scope gives it tools ({}) that the client cannot run: {why}", tools.join(", "))]
     GatewayPluginTools {
         /// The agent.
         agent: String,
         /// The tools.
         tools: Vec<String>,
+        /// Why promptd does not run them itself.
+        why: String,
     },
 
     /// A gateway client's body the splice cannot read.

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use super::Config;
 use crate::error::{Error, Result};
 use crate::gateway::keys::KeyConfig;
+use crate::gateway::own_tools;
 use crate::gateway::splice::{ClientSystem, SpliceSettings};
 use crate::gateway::Provider;
 
@@ -101,6 +102,13 @@ pub struct AgentGatewayConfig {
     /// Whether a session keeps the plugin versions its header was built from while the
     /// provider's cache for it is warm (G11): `false` by default.
     pub pin_plugins: Option<bool>,
+    /// Rounds of promptd's own tool calls one client request may take (G13; default 8).
+    pub max_tool_rounds: Option<u32>,
+    /// The longest one of promptd's own tool calls may run, in ms (G13; default 30 000).
+    pub tool_timeout_ms: Option<u64>,
+    /// The largest output one of promptd's own tool calls may give, in bytes (G13; default
+    /// 1 MiB).
+    pub max_tool_output_bytes: Option<u64>,
 }
 
 /// `[agents.NAME.gateway] on_plugin_failure`.
@@ -125,6 +133,19 @@ pub struct AgentGateway {
     pub on_plugin_failure: OnPluginFailure,
     /// Sessions keep their header's plugin versions until a cache-cold point (G11).
     pub pin_plugins: bool,
+    /// The bounds of promptd's own tool calls (G13).
+    pub tool_bounds: ToolBounds,
+}
+
+/// The bounds of promptd's own tool calls in one gateway request (G13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolBounds {
+    /// Rounds of promptd's own calls one client request may take.
+    pub max_rounds: u32,
+    /// The longest one call may run, in ms.
+    pub timeout_ms: u64,
+    /// The largest output one call may give, in bytes.
+    pub max_output_bytes: u64,
 }
 
 impl GatewayConfig {
@@ -233,6 +254,18 @@ impl GatewayConfig {
         }
         for agent in config.agents.keys() {
             if let Some(gateway) = self.agent(config, agent)? {
+                let b = gateway.tool_bounds;
+                for (key, zero) in [
+                    ("max_tool_rounds", b.max_rounds == 0),
+                    ("tool_timeout_ms", b.timeout_ms == 0),
+                    ("max_tool_output_bytes", b.max_output_bytes == 0),
+                ] {
+                    if zero {
+                        return bad(format!(
+                            "agents.{agent}.gateway.{key} must be greater than 0"
+                        ));
+                    }
+                }
                 for provider in Provider::ALL {
                     if let Some(name) = gateway.upstreams.get(&provider) {
                         match self.upstream.get(name) {
@@ -305,6 +338,14 @@ impl GatewayConfig {
             },
             on_plugin_failure: pick(&tables, |t| t.on_plugin_failure).unwrap_or_default(),
             pin_plugins: pick(&tables, |t| t.pin_plugins).unwrap_or(false),
+            tool_bounds: ToolBounds {
+                max_rounds: pick(&tables, |t| t.max_tool_rounds)
+                    .unwrap_or(own_tools::DEFAULT_MAX_TOOL_ROUNDS),
+                timeout_ms: pick(&tables, |t| t.tool_timeout_ms)
+                    .unwrap_or(own_tools::DEFAULT_TOOL_TIMEOUT_MS),
+                max_output_bytes: pick(&tables, |t| t.max_tool_output_bytes)
+                    .unwrap_or(own_tools::DEFAULT_MAX_TOOL_OUTPUT_BYTES),
+            },
         }))
     }
 }

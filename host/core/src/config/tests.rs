@@ -442,6 +442,34 @@ fn g4_deny_and_defer_tools_are_read_and_inherited_key_by_key() {
 }
 
 #[test]
+fn g13_tool_bounds_default_are_inherited_and_never_zero() {
+    let c = Config::parse(
+        "[agents.coder.gateway]\nmax_tool_rounds = 3\n\
+         [agents.child]\nparent = \"coder\"\n[agents.child.gateway]\ntool_timeout_ms = 500\n\
+         [agents.plain.gateway]\n",
+        "t",
+    )
+    .unwrap();
+    let bounds = |agent: &str| c.gateway.agent(&c, agent).unwrap().unwrap().tool_bounds;
+    assert_eq!(bounds("plain").max_rounds, 8);
+    assert_eq!(bounds("plain").timeout_ms, 30_000);
+    assert_eq!(bounds("plain").max_output_bytes, 1 << 20);
+    assert_eq!(bounds("child").max_rounds, 3, "inherited from its parent");
+    assert_eq!(bounds("child").timeout_ms, 500);
+    for key in [
+        "max_tool_rounds",
+        "tool_timeout_ms",
+        "max_tool_output_bytes",
+    ] {
+        let e = Config::parse(&format!("[agents.a.gateway]\n{key} = 0\n"), "t").unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("agents.a.gateway.{key}")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn g9_bedrock_credentials_go_together_and_only_on_a_bedrock_upstream() {
     let up = |provider: &str, keys: &str| {
         format!(

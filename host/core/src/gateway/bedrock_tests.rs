@@ -27,6 +27,7 @@ fn sections(context: Option<&str>) -> Contributions {
     Contributions {
         system: "You are Ada.".into(),
         runtime_context: context.map(str::to_string),
+        tools: Vec::new(),
     }
 }
 

@@ -13,12 +13,14 @@ use super::GatewayError;
 
 /// What promptd adds to a client's request: the agent's assembled sections (its system
 /// text) and its runtime context snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Contributions {
     /// The sections' text, in canonical order (empty: none).
     pub system: String,
     /// The runtime context snapshot, when the agent has one.
     pub runtime_context: Option<String>,
+    /// The tools promptd runs itself (G13), spliced before the client's.
+    pub tools: Vec<crate::conversation::ToolSpec>,
 }
 
 /// Where the client's own system text sits among the agent's sections
@@ -64,6 +66,12 @@ pub enum Part {
     /// `"defer_loading":true`, the first member of a client tool the agent's `defer_tools`
     /// names: the tool is loaded only when the client's tool-search tool finds it.
     DeferTool,
+    /// The tools promptd runs itself (G13), before the client's; in a round of promptd's own
+    /// calls, the model's turn and the results appended to the conversation.
+    OwnTools,
+    /// promptd's own calls and results put back at their place in a client's later body
+    /// (G13): the client's history lacks them.
+    Restored,
 }
 
 /// One edit of the client's body: `remove` bytes at `at` replaced by `insert`.
@@ -107,6 +115,9 @@ pub struct Splice {
     /// order; a tool the client gave its own `defer_loading` is not among them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deferred: Vec<String>,
+    /// The tools promptd runs itself (G13), spliced in before the client's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub own_tools: Vec<String>,
     /// A part that had no place in this body, and why (e.g. the runtime context when the
     /// client's last message is the model's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

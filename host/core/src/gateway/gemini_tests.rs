@@ -33,6 +33,7 @@ fn added(system: &str, context: Option<&str>) -> Contributions {
     Contributions {
         system: system.into(),
         runtime_context: context.map(str::to_string),
+        tools: Vec::new(),
     }
 }
 

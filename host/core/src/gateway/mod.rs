@@ -7,7 +7,7 @@
 //!
 //! let client = br#"{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#;
 //! let body = ClientBody::parse(client).unwrap();
-//! let added = splice::Contributions { system: "You are Ada.".into(), runtime_context: None };
+//! let added = splice::Contributions { system: "You are Ada.".into(), runtime_context: None, tools: vec![] };
 //! let plan = splice::plan(Ingress::Messages, &body, &added, &Default::default()).unwrap();
 //! let upstream = String::from_utf8(plan.apply(client)).unwrap();
 //! assert!(upstream.starts_with(r#"{"system":[{"type":"text","text":"You are Ada.","#));
@@ -25,6 +25,7 @@ pub mod gemini;
 mod gemini_tests;
 pub mod keys;
 pub mod messages;
+pub mod own_tools;
 pub mod record;
 pub mod redact;
 pub mod sigv4;

@@ -70,6 +70,20 @@ pub struct GatewayRecord {
     /// and in logs written before it was recorded.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub plugins: std::collections::BTreeMap<String, String>,
+    /// G13: 0 for a client's request; `n` for the n-th round of promptd's own tool calls
+    /// within it, whose `client_body` is the client's body with the model's turns and
+    /// promptd's results appended.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub round: u32,
+    /// G13: promptd's own calls and results put back into the client's body at their place
+    /// (the client's history lacks them): `client_body` holds them; taking these insertions
+    /// out (each at `at` in the client's own bytes) gives the bytes the client sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restored: Vec<super::splice::Edit>,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &usize) -> bool {

@@ -39,11 +39,19 @@ pub fn plan(
     }
     if ingress.provider() == super::Provider::Bedrock {
         super::bedrock::splice(body, contributions, settings, &mut splice)?;
+        if !contributions.tools.is_empty() {
+            let client = tool_names(ingress, body);
+            super::own_tools::add_tools(ingress, body, &contributions.tools, &client, &mut splice)?;
+        }
         splice.edits.sort_by_key(|e| e.at);
         return Ok(splice);
     }
     deny_tools(ingress, body, &settings.deny_tools, &mut splice);
     defer_tools(ingress, body, settings, &mut splice);
+    if !contributions.tools.is_empty() {
+        let client = tool_names(ingress, body);
+        super::own_tools::add_tools(ingress, body, &contributions.tools, &client, &mut splice)?;
+    }
     match ingress {
         Ingress::Messages | Ingress::CountTokens => {
             messages(body, contributions, settings, &mut splice)?

@@ -43,6 +43,7 @@ mod index;
 mod keys;
 mod reply;
 mod tee;
+mod tools;
 mod upstream;
 
 pub use errors::GatewayRefusal;
@@ -72,6 +73,8 @@ struct Gateway {
     /// a reply's record is off the path of its answer, never out of order.
     pending: Mutex<HashMap<String, usize>>,
     settled: Condvar,
+    /// G13: what each session's later requests get back of promptd's own tool calls.
+    restores: Mutex<tools::Restores>,
 }
 
 /// The longest a step waits for its session's earlier replies to be recorded.
@@ -128,6 +131,7 @@ pub fn router(daemon: Arc<Daemon>, listening: Listening) -> Router {
         seen: Mutex::new(fleet::Seen::new(now_ms())),
         pending: Mutex::new(HashMap::new()),
         settled: Condvar::new(),
+        restores: Mutex::new(tools::Restores::default()),
         idle: Duration::from_millis(
             config
                 .gateway
@@ -252,6 +256,7 @@ impl Timing {
 }
 
 /// A request read and checked, ready for its step.
+#[derive(Clone)]
 struct Read {
     agent: String,
     settings: AgentGateway,
@@ -267,6 +272,9 @@ struct Read {
     client_tools: Vec<String>,
     /// The gateway key that admitted it (G12).
     key: Option<keys::Admitted>,
+    /// G13: 0 for the client's request; `n` for the n-th round of promptd's own tool calls
+    /// within it (its body the client's with the rounds before appended).
+    round: u32,
 }
 
 /// Gemini's stream is read as server-sent events: without `alt=sse` it comes as one JSON
@@ -371,20 +379,7 @@ async fn serve(
     let stepped = {
         let gateway = gateway.clone();
         let headers = headers.clone();
-        let read = Read {
-            client_body: read.client_body.clone(),
-            spans: read.spans.clone(),
-            conversation: read.conversation.clone(),
-            settings: read.settings.clone(),
-            upstream: read.upstream.clone(),
-            agent: read.agent.clone(),
-            upstream_name: read.upstream_name.clone(),
-            previous_response: read.previous_response.clone(),
-            model: read.model.clone(),
-            client_tools: read.client_tools.clone(),
-            streamed: read.streamed,
-            key: read.key.clone(),
-        };
+        let read = read.clone();
         tokio::task::spawn_blocking(move || gateway.step(ingress, &headers, read)).await
     };
     let stepped = match stepped {
@@ -400,12 +395,43 @@ async fn serve(
         }
     };
     let (session, upstream_body, usage_added, degraded, append) = match stepped {
+        // G13: the agent has tools promptd runs itself: its loop answers the client.
+        Ok(Stepped::Spliced {
+            session,
+            body,
+            append,
+            own_tools,
+            restored_body,
+            usage_added,
+            ..
+        }) if !own_tools.is_empty() => {
+            let timing = Timing {
+                parse,
+                step: step_started.elapsed().saturating_sub(append),
+                record: append,
+            };
+            let base = restored_body.unwrap_or_else(|| read.client_body.clone());
+            let run = tools::Loop {
+                gateway,
+                ingress,
+                session,
+                read,
+                headers,
+                path_and_query,
+                own: own_tools,
+                base,
+                usage_added,
+                timing,
+            };
+            return run.run(body).await;
+        }
         Ok(Stepped::Spliced {
             session,
             body,
             usage_added,
             degraded,
             append,
+            ..
         }) => (Some(session), body, usage_added, degraded, append),
         Ok(Stepped::Degraded(code)) => (
             None,
@@ -679,6 +705,7 @@ async fn read(
         model,
         client_tools,
         key,
+        round: 0,
     })
 }
 
@@ -694,6 +721,11 @@ enum Stepped {
         degraded: Option<String>,
         /// How long the request's record took, within the step.
         append: Duration,
+        /// G13: the tools promptd runs itself, spliced in (none: the reply goes as it came).
+        own_tools: Vec<String>,
+        /// G13: the client's body with promptd's earlier calls and results put back, when
+        /// the step took that instead of the body the client sent.
+        restored_body: Option<String>,
     },
     /// The step failed and the agent forwards: the client's body goes as it came.
     Degraded(&'static str),
@@ -731,12 +763,22 @@ impl Gateway {
         let secret: Arc<str> = Arc::from("count_tokens");
         let assembly = promptd_core::step::assemble(&daemon.registry(), &plan, &step, &secret)
             .map_err(|e| e.code())?;
-        if !assembly.tools.is_empty() {
+        // G13: tools promptd runs itself are counted as a step sends them; a plugin's tool
+        // (no runner) makes the step refuse, so the count cannot say.
+        if (assembly.tools.iter()).any(|t| daemon.tool_runner(&t.name).is_none()) {
             return Err("gateway_plugin_tools");
         }
         let contributions = promptd_core::gateway::splice::Contributions {
             system: assembly.system.clone(),
             runtime_context: assembly.runtime_context.clone(),
+            tools: (assembly.tools.iter())
+                .map(|t| promptd_core::conversation::ToolSpec {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    parameters: (*t.parameters).clone(),
+                    defer: None,
+                })
+                .collect(),
         };
         let body = ClientBody::with_spans(&read.client_body, read.spans.clone());
         let splice = promptd_core::gateway::splice::plan(
@@ -832,6 +874,7 @@ impl Gateway {
             model,
             client_tools,
             key,
+            round,
             ..
         } = read;
         let key = key.map(|k| k.name);
@@ -894,8 +937,31 @@ impl Gateway {
             }
         };
         self.settle(&session);
-        let facts = facts(headers, model.clone());
+        // The index holds the conversation as the client sends it (G3): its later requests
+        // lack what is put back below.
         let digest = conversation.digest(conversation.messages.len()).to_string();
+        // G13: promptd's own calls and results the client's history lacks, put back.
+        let restored = if round == 0 {
+            let held = crate::lock(&self.restores).of(&session);
+            tools::restored(ingress, client_body, spans, conversation, &held)
+                .map_err(|e| refuse(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?
+        } else {
+            tools::Restored {
+                body: client_body,
+                spans,
+                conversation,
+                edits: Vec::new(),
+                again: None,
+            }
+        };
+        let tools::Restored {
+            body: client_body,
+            spans,
+            conversation,
+            edits: restored,
+            again: restored_body,
+        } = restored;
+        let facts = facts(headers, model.clone());
         let request = StepRequest {
             gateway: Some(Box::new(GatewayStep {
                 ingress,
@@ -909,6 +975,8 @@ impl Gateway {
                 splice: settings.splice.clone(),
                 on_plugin_failure: settings.on_plugin_failure,
                 degraded: None,
+                round,
+                restored,
             })),
             ..StepRequest::new(
                 session.clone(),
@@ -928,12 +996,17 @@ impl Gateway {
                 let record = outcome.gateway.as_deref();
                 let usage_added = record.is_some_and(|g| g.splice.usage_added);
                 let degraded = record.and_then(|g| g.degraded.clone());
+                let own_tools = record
+                    .map(|g| g.splice.own_tools.clone())
+                    .unwrap_or_default();
                 Ok(Stepped::Spliced {
                     session,
                     usage_added,
                     degraded,
                     append: outcome.append,
                     body: outcome.body.into_string(),
+                    own_tools,
+                    restored_body,
                 })
             }
             Err(e) => self.failed(provider, &agent, &settings, &e),

@@ -80,6 +80,10 @@ pub struct GatewayStep {
     /// Why the step goes without its plugins, once they failed and the agent forwards: the
     /// client's body goes upstream as it came.
     pub degraded: Option<&'static str>,
+    /// G13: the round of promptd's own tool calls (0: the client's request).
+    pub round: u32,
+    /// G13: promptd's calls and results put back into `client_body` at their place.
+    pub restored: Vec<promptd_core::gateway::splice::Edit>,
 }
 
 impl StepRequest {

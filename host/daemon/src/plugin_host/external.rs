@@ -287,6 +287,35 @@ impl Daemon {
         externals.values().map(|e| e.status.clone()).collect()
     }
 
+    /// The contributor that runs tool `name` (the name the model saw), and its runner: the
+    /// tool's owner in the registry serving now (a name is unique per scope chain, and an
+    /// external contributor's tool names are its own), or a down server's kept tool (K8),
+    /// whose runner answers "unavailable since". `None`: no runner has it (a plugin's tool).
+    pub fn tool_runner(&self, name: &str) -> Option<(String, Arc<dyn ToolRunner>)> {
+        let registry = self.registry();
+        let externals = read(&self.plugins.externals);
+        let declares = |declares: &Value| {
+            declares["tools"]
+                .as_array()
+                .is_some_and(|tools| tools.iter().any(|t| t["name"] == name))
+        };
+        let found = registry
+            .plugins()
+            .filter(|e| e.declaration.tools.iter().any(|t| t.name == name))
+            .find_map(|e| {
+                let runner = externals.get(&e.id)?.runner.clone()?;
+                Some((e.id.clone(), runner))
+            })
+            .or_else(|| {
+                externals.iter().find_map(|(id, e)| {
+                    (registry.kept(id).is_some() && declares(&e.status.declares))
+                        .then(|| Some((id.clone(), e.runner.clone()?)))
+                        .flatten()
+                })
+            });
+        found
+    }
+
     /// Runs the open tool call `call_id` of session `id` on the contributor whose tool it
     /// names, and records the outcome as the call's `tool/result` (M4).
     pub fn run_tool_call(&self, id: &str, call_id: &str) -> Result<ToolRun> {
@@ -314,36 +343,12 @@ impl Daemon {
         let call = call.ok_or_else(|| DaemonError::ToolCallNotFound(call_id.to_string()))?;
         let name = call.name.as_str();
         let arguments = call.arguments.clone();
-        // The tool's owner in the registry serving now: the name is unique per scope chain,
-        // and an external contributor's tool names are its own.
-        let registry = self.registry();
-        let (plugin, runner) = {
-            let externals = read(&self.plugins.externals);
-            let declares = |declares: &Value| {
-                declares["tools"]
-                    .as_array()
-                    .is_some_and(|tools| tools.iter().any(|t| t["name"] == name))
-            };
-            registry
-                .plugins()
-                .filter(|e| e.declaration.tools.iter().any(|t| t.name == name))
-                .find_map(|e| {
-                    let runner = externals.get(&e.id)?.runner.clone()?;
-                    Some((e.id.clone(), runner))
-                })
-                // K8: a down server's kept tool: its runner answers "unavailable since".
-                .or_else(|| {
-                    externals.iter().find_map(|(id, e)| {
-                        (registry.kept(id).is_some() && declares(&e.status.declares))
-                            .then(|| Some((id.clone(), e.runner.clone()?)))
-                            .flatten()
-                    })
-                })
+        let (plugin, runner) =
+            self.tool_runner(name)
                 .ok_or_else(|| DaemonError::ToolNotRunnable {
                     call: call_id.to_string(),
                     tool: name.to_string(),
-                })?
-        };
+                })?;
         let outcome = runner.run(name, &arguments);
         let message = Message::Tool {
             tool_call_id: call_id.to_string(),

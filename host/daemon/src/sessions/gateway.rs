@@ -51,6 +51,8 @@ pub(super) struct Step<'a> {
     pub joined: &'a StepMessages,
     /// The redactions the step's review hooks made.
     pub redactions: &'a [Redaction],
+    /// Whether promptd has a runner for the tool of this name (G13: an MCP server's).
+    pub runnable: &'a dyn Fn(&str) -> bool,
 }
 
 /// The upstream body, the record without the client's body (the caller has it), and the
@@ -62,7 +64,6 @@ pub(super) fn splice(
     let Step {
         state,
         bodies,
-        agent,
         joined,
         ..
     } = *step;
@@ -95,12 +96,10 @@ pub(super) fn splice(
             _ => None,
         })
         .or_else(|| state.header());
-    if let Some(h) = header.filter(|h| !h.tools.is_empty()) {
-        return Err(DaemonError::GatewayPluginTools {
-            agent: agent.to_string(),
-            tools: h.tools.iter().map(|t| t.name.clone()).collect(),
-        });
-    }
+    let tools = match header.filter(|h| !h.tools.is_empty()) {
+        Some(h) => own_tools(step, &gateway, &h.tools)?,
+        None => Vec::new(),
+    };
     let snapshot = bodies.iter().rev().find_map(|b| match b {
         Body::ContextSnapshot(s) => Some((!s.cleared).then(|| s.content.clone())),
         _ => None,
@@ -108,6 +107,7 @@ pub(super) fn splice(
     let contributions = Contributions {
         system: header.map(|h| h.system.clone()).unwrap_or_default(),
         runtime_context: snapshot.unwrap_or_else(|| state.snapshot_text().map(str::to_string)),
+        tools,
     };
     let spans = std::mem::take(&mut gateway.spans);
     let body = ClientBody::with_spans(&gateway.client_body, spans);
@@ -126,6 +126,43 @@ pub(super) fn splice(
         .or_else(|| state.header_provenance());
     record.plugins = built_from.map(|p| p.plugins.clone()).unwrap_or_default();
     finish(record, gateway.client_body)
+}
+
+/// G13: the agent's tools, when promptd runs each itself for this request; else why not,
+/// naming the tools: a plugin's tool has no runner, and an endpoint not covered yet leaves
+/// the client with tools it cannot run.
+fn own_tools(
+    step: &Step<'_>,
+    gateway: &GatewayStep,
+    tools: &[promptd_core::conversation::ToolSpec],
+) -> Result<Vec<promptd_core::conversation::ToolSpec>> {
+    let names = |tools: Vec<&promptd_core::conversation::ToolSpec>| {
+        tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>()
+    };
+    let refuse = |tools: Vec<String>, why: String| {
+        Err(DaemonError::GatewayPluginTools {
+            agent: step.agent.to_string(),
+            tools,
+            why,
+        })
+    };
+    let unrunnable: Vec<_> = tools.iter().filter(|t| !(step.runnable)(&t.name)).collect();
+    if !unrunnable.is_empty() {
+        return refuse(
+            names(unrunnable),
+            "promptd runs an MCP server's tools itself, but a plugin's tool has no runner; take them out of its scope (plugin scopes or the agent's chain)".into(),
+        );
+    }
+    if !promptd_core::gateway::own_tools::covers(gateway.ingress) {
+        return refuse(
+            names(tools.iter().collect()),
+            format!(
+                "promptd runs its own tools for Anthropic Messages and Chat Completions (streamed or not) and Bedrock Converse (unstreamed) only, not for {:?} yet",
+                gateway.ingress
+            ),
+        );
+    }
+    Ok(tools.to_vec())
 }
 
 /// The upstream body `record`'s edits make of `client_body`, the record without it, and the
@@ -182,5 +219,7 @@ fn recorded(
         redactions,
         client_body: String::new(),
         plugins: Default::default(),
+        round: gateway.round,
+        restored: gateway.restored.clone(),
     }
 }

@@ -402,6 +402,7 @@ impl Daemon {
                     agent: &plan.agent,
                     joined,
                     redactions: &planned.redactions,
+                    runnable: &|name| self.tool_runner(name).is_some(),
                 };
                 let (upstream, record, body) = super::gateway::splice(&step, *gateway)?;
                 events.push(step::encode(&body)?);
