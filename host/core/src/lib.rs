@@ -26,6 +26,7 @@
 pub mod assembly;
 pub mod budget;
 pub mod cache;
+pub mod calendar;
 pub mod config;
 pub mod conversation;
 pub mod error;

@@ -33,6 +33,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::Provider;
+use crate::calendar::{civil_from_days as civil, days_from_civil};
 
 /// The header a client may send its gateway key in whatever provider it speaks to; its
 /// provider credential then goes upstream as it came.
@@ -494,31 +495,6 @@ impl Periods {
             month_ends_in_s: up(next_month),
         }
     }
-}
-
-/// The civil date of a day count since 1970-01-01 (H. Hinnant's algorithm, days ≥ 0).
-fn civil(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
-}
-
-/// The day count since 1970-01-01 of a civil date (the inverse of [`civil`]).
-fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

@@ -34,6 +34,30 @@ pub(crate) struct Tee {
     pub stall: Duration,
 }
 
+/// The next data of an upstream's body (trailers skipped): `Ok(None)` at its end, else why it
+/// ended early (nothing for `idle`, or broken).
+pub(super) async fn next_data(
+    body: &mut Incoming,
+    idle: Duration,
+) -> Result<Option<Bytes>, String> {
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                return Err(format!(
+                    "the upstream sent nothing for {} ms ([gateway] idle_timeout_ms)",
+                    idle.as_millis()
+                ))
+            }
+            Ok(None) => return Ok(None),
+            Ok(Some(Err(e))) => return Err(format!("the upstream's stream broke: {e}")),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            return Ok(Some(data));
+        }
+    }
+}
+
 impl Tee {
     /// Forwards `body`'s frames to `client`; returns what the stream amounted to.
     pub(crate) async fn run(&self, mut body: Incoming, client: &mpsc::Sender<Bytes>) -> Ended {
@@ -44,23 +68,13 @@ impl Tee {
         let mut folded = Reassembly::new(self.ingress);
         let mut partial = None;
         'read: loop {
-            let next = match tokio::time::timeout(self.idle, body.frame()).await {
-                Err(_) => {
-                    partial = Some(format!(
-                        "the upstream sent nothing for {} ms ([gateway] idle_timeout_ms)",
-                        self.idle.as_millis()
-                    ));
-                    break;
-                }
+            let data = match next_data(&mut body, self.idle).await {
+                Ok(Some(data)) => data,
                 Ok(None) => break,
-                Ok(Some(Err(e))) => {
-                    partial = Some(format!("the upstream's stream broke: {e}"));
+                Err(why) => {
+                    partial = Some(why);
                     break;
                 }
-                Ok(Some(Ok(frame))) => frame,
-            };
-            let Ok(data) = next.into_data() else {
-                continue; // trailers
             };
             let shown: Vec<Vec<u8>> = if binary {
                 match decoder.push(&data) {

@@ -385,23 +385,13 @@ impl Loop {
         let mut folded = Reassembly::new(self.ingress);
         let (mut held, mut partial) = (0usize, None);
         loop {
-            let next = match tokio::time::timeout(self.gateway.idle, incoming.frame()).await {
-                Err(_) => {
-                    partial = Some(format!(
-                        "the upstream sent nothing for {} ms ([gateway] idle_timeout_ms)",
-                        self.gateway.idle.as_millis()
-                    ));
-                    break;
-                }
+            let data = match super::tee::next_data(&mut incoming, self.gateway.idle).await {
+                Ok(Some(data)) => data,
                 Ok(None) => break,
-                Ok(Some(Err(e))) => {
-                    partial = Some(format!("the upstream's stream broke: {e}"));
+                Err(why) => {
+                    partial = Some(why);
                     break;
                 }
-                Ok(Some(Ok(frame))) => frame,
-            };
-            let Ok(data) = next.into_data() else {
-                continue; // trailers
             };
             held += data.len();
             if held > MAX_REPLY_BYTES {
