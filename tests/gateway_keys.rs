@@ -496,6 +496,16 @@ fn g12_a_daemon_listening_beyond_loopback_refuses_gateway_traffic_without_a_key(
             .contains("beyond loopback"),
         "{body}"
     );
+    // Without a key nothing of the config is told: an agent that does not exist is a 401 too,
+    // not the 404 that lists the agents served.
+    let (head, body) = raw_post(
+        &served.url,
+        "/gateway/nobody/v1/messages",
+        &[],
+        MESSAGES.as_bytes(),
+    );
+    assert_eq!(status(&head), 401, "{head}");
+    assert!(!String::from_utf8_lossy(&body).contains("coder"));
     let (head, _) = messages(&served, &[("authorization", "Bearer admin-token-77")]);
     assert_eq!(
         header_of(&head, "x-promptd-error"),

@@ -32,9 +32,11 @@ pub(super) struct Admitted {
     pub via: Via,
 }
 
-/// What the door decided before counting.
-enum Door {
+/// Who a request is, before its agent is known: its key found by digest (G12).
+pub(super) enum Door {
+    /// No key needed and none presented.
     Open,
+    /// The key presented, found.
     Admit(Admitted),
 }
 
@@ -59,27 +61,53 @@ impl Keys {
         index
     }
 
-    /// Admits a request of `provider` for `agent` through `upstream`, or refuses it in the
-    /// provider's shape. `Ok(None)`: no key is needed (loopback, no key configured) and none
-    /// was presented as `x-promptd-key`.
+    /// Admits `door`'s key to `agent` through `upstream` by its lists and its limits (the
+    /// request counted in its minute), or refuses it in the provider's shape. `Ok(None)`: the
+    /// door was open (no key needed, none presented).
     pub(super) async fn admit(
         &self,
         config: &Arc<Config>,
         store: &Arc<dyn SessionStore>,
         provider: Provider,
+        door: Door,
         agent: &str,
         upstream: &str,
-        headers: &HeaderMap,
     ) -> Result<Option<Admitted>, GatewayRefusal> {
-        let admitted = match self.door(config, provider, agent, upstream, headers)? {
+        let admitted = match door {
             Door::Open => return Ok(None),
             Door::Admit(admitted) => admitted,
         };
         let index = self.index(config);
-        let Some(key) = index.get(&admitted.name) else {
-            return Ok(None);
-        };
         let name = admitted.name.as_str();
+        // Revoked between the door and here (a reload): as at the door.
+        let Some(key) = index.get(name) else {
+            return Err(GatewayRefusal::new(
+                provider,
+                StatusCode::UNAUTHORIZED,
+                "key_invalid",
+                format!("gateway key `{name}` was revoked"),
+            ));
+        };
+        let refuse = |status, code, message: String| {
+            Err(GatewayRefusal::new(provider, status, code, message))
+        };
+        match key.allows(agent, upstream) {
+            Ok(()) => {}
+            Err(NotAllowed::Agent) => {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    "key_agent",
+                    format!("gateway key `{name}` may not use agent `{agent}` (its `agents` do not list it)"),
+                )
+            }
+            Err(NotAllowed::Upstream) => {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    "key_upstream",
+                    format!("gateway key `{name}` may not use upstream `{upstream}` (its `upstreams` do not list it)"),
+                )
+            }
+        }
         let periods = Periods::at(crate::now_ms());
         if key.usd_per_day.is_some() || key.usd_per_month.is_some() {
             self.read_spend(store, name, &periods, provider).await?;
@@ -100,13 +128,12 @@ impl Keys {
         }
     }
 
-    /// The key presented, found and allowed (nothing counted yet).
-    fn door(
+    /// The door, first of all (G12): whether a key is needed, and the one presented found by
+    /// its digest; a client without a valid key learns nothing of the config.
+    pub(super) fn door(
         &self,
         config: &Arc<Config>,
         provider: Provider,
-        agent: &str,
-        upstream: &str,
         headers: &HeaderMap,
     ) -> Result<Door, GatewayRefusal> {
         let index = self.index(config);
@@ -136,7 +163,7 @@ impl Keys {
                 );
             }
         };
-        let Some((name, key)) = index.find(presented.token) else {
+        let Some((name, _)) = index.find(presented.token) else {
             let place = match presented.via {
                 Via::KeyHeader => keys::KEY_HEADER,
                 Via::Credential(h) => h,
@@ -147,23 +174,6 @@ impl Keys {
                 format!("the key in `{place}` is no gateway key of this daemon (unknown, revoked or rotated out)"),
             );
         };
-        match key.allows(agent, upstream) {
-            Ok(()) => {}
-            Err(NotAllowed::Agent) => {
-                return refuse(
-                    StatusCode::FORBIDDEN,
-                    "key_agent",
-                    format!("gateway key `{name}` may not use agent `{agent}` (its `agents` do not list it)"),
-                )
-            }
-            Err(NotAllowed::Upstream) => {
-                return refuse(
-                    StatusCode::FORBIDDEN,
-                    "key_upstream",
-                    format!("gateway key `{name}` may not use upstream `{upstream}` (its `upstreams` do not list it)"),
-                )
-            }
-        }
         Ok(Door::Admit(Admitted {
             name: name.to_string(),
             via: presented.via,

@@ -346,12 +346,17 @@ async fn serve(
     if let Err(refusal) = sse_only(ingress, &path, &uri) {
         return refusal.into_response();
     }
+    // The door comes first (G12): a client without a valid key learns nothing of the config.
+    let door = match gateway.keys.door(&gateway.daemon.config(), provider, &headers) {
+        Ok(door) => door,
+        Err(refusal) => return refusal.into_response(),
+    };
     if let Err(refusal) = signature_rule(&gateway, ingress, &agent) {
         return refusal.into_response();
     }
     let model = (GeminiPath::parse(&path).map(|g| g.model))
         .or_else(|| BedrockPath::parse(&path).map(|b| b.model));
-    let read = match read(&gateway, ingress, agent, model, &headers, body).await {
+    let read = match read(&gateway, ingress, agent, model, door, body).await {
         Ok(read) => read,
         Err(refusal) => return refusal.into_response(),
     };
@@ -572,7 +577,7 @@ async fn read(
     ingress: Ingress,
     agent: String,
     path_model: Option<String>,
-    headers: &HeaderMap,
+    door: keys::Door,
     body: Body,
 ) -> Result<Read, GatewayRefusal> {
     let provider = ingress.provider();
@@ -617,10 +622,10 @@ async fn read(
             format!("no [gateway.upstream.{upstream_name}] table"),
         ));
     };
-    // The door, before the body is read (G12).
+    // The key's lists and limits, before the body is read (G12).
     let store = gateway.daemon.sessions.store.clone();
     let key = (gateway.keys)
-        .admit(&config, &store, provider, &agent, &upstream_name, headers)
+        .admit(&config, &store, provider, door, &agent, &upstream_name)
         .await?;
     if let Some(keys::Admitted {
         via: Via::Credential(header),
