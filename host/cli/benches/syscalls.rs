@@ -99,7 +99,9 @@ fn main() {
     let work = scratch("syscalls");
     let plugins = work.path().join("plugins");
     let config = rust_plugin_folder(&plugins);
-    let mut rows: Vec<(String, BTreeMap<String, u64>, BTreeMap<String, u64>)> = Vec::new();
+    // Per binary: its label, and the calls per syscall in the steps' and the health checks' windows.
+    type Calls = BTreeMap<String, u64>;
+    let mut rows: Vec<(String, Calls, Calls)> = Vec::new();
     for (i, bin) in binaries().iter().enumerate() {
         let daemon = Daemon::start(
             bin,
