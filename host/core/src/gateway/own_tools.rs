@@ -1324,6 +1324,15 @@ mod tests {
             added[1],
             r#"{"parts":[{"functionResponse":{"name":"clock_now","response":{"output":"12:00"}}}],"role":"user"}"#
         );
+        // A failed tool's result is Gemini's `error`; a call that had an id gets it back.
+        let failed = Ran {
+            is_error: true,
+            ..ran("c9", "clock_now", "no such zone")
+        };
+        assert_eq!(
+            result_messages(Ingress::GenerateContent, &[failed])[0],
+            r#"{"parts":[{"functionResponse":{"id":"c9","name":"clock_now","response":{"error":"no such zone"}}}],"role":"user"}"#
+        );
         let own = vec![all[1].clone()];
         let shown = for_client(Ingress::GenerateContent, &reply, &own);
         let parts = &shown["candidates"][0]["content"]["parts"];
