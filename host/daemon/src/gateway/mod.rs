@@ -347,7 +347,10 @@ async fn serve(
         return refusal.into_response();
     }
     // The door comes first (G12): a client without a valid key learns nothing of the config.
-    let door = match gateway.keys.door(&gateway.daemon.config(), provider, &headers) {
+    let door = match gateway
+        .keys
+        .door(&gateway.daemon.config(), provider, &headers)
+    {
         Ok(door) => door,
         Err(refusal) => return refusal.into_response(),
     };
