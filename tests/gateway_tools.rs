@@ -270,8 +270,8 @@ fn g13_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_pla
 /// G13 bad input: a model that never stops calling promptd's tools is refused at
 /// `max_tool_rounds`; a tool that answers 2 MiB at `max_tool_output_bytes`; one that answers
 /// 100 MiB (dropped by the MCP client) or runs long at `tool_timeout_ms`; a round whose body
-/// grows past `max_body_bytes` as a client's would; an endpoint not covered is refused before
-/// anything goes: each in the provider's shape, naming the tool,
+/// grows past `max_body_bytes` as a client's would: each in the provider's shape, naming the
+/// tool,
 /// every round recorded, and the daemon still serving.
 #[test]
 fn g13_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() {
@@ -385,22 +385,6 @@ fn g13_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
         results.len() == 1 && results[0].2,
         "its call closed: {results:?}"
     );
-
-    // Responses: not covered yet, refused before anything goes upstream.
-    let before = stub.requests().len();
-    let (head, answer) = raw_post(
-        &served.url,
-        "/gateway/coder/v1/responses",
-        &[],
-        br#"{"model":"gpt-4.1","input":"hi"}"#,
-    );
-    assert!(head.starts_with("HTTP/1.1 500"), "{head}");
-    let message = String::from_utf8_lossy(&answer);
-    assert!(
-        message.contains("clock_convert_time") && message.contains("Responses"),
-        "{message}"
-    );
-    assert_eq!(stub.requests().len(), before, "nothing went upstream");
 
     // A token count counts promptd's tools as a step sends them.
     let (head, _) = raw_post(
@@ -570,4 +554,255 @@ fn g13_g9_bedrock_converse_runs_promptds_tools_and_puts_its_rounds_back() {
         ["clock_convert_time", "clock_get_current_time", "read_file"]
     );
     assert_eq!(tool_results(&events).len(), 3);
+
+    // converse-stream: not covered yet, refused before anything goes upstream, naming the
+    // tools and the endpoint.
+    let before = stub.requests().len();
+    let (head, answer) = raw_post(
+        &served.url,
+        "/gateway/coder/model/amazon.nova-lite-v1%3A0/converse-stream",
+        &[],
+        br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}]}"#,
+    );
+    assert!(head.starts_with("HTTP/1.1 500"), "{head}");
+    assert_eq!(
+        header_of(&head, "x-promptd-error"),
+        Some("gateway_plugin_tools")
+    );
+    let message = String::from_utf8_lossy(&answer);
+    assert!(
+        message.contains("clock_convert_time") && message.contains("ConverseStream"),
+        "{message}"
+    );
+    assert_eq!(stub.requests().len(), before, "nothing went upstream");
+}
+
+/// The names of a Responses or Gemini body's `tools`, in order (Gemini's declarations
+/// flattened).
+fn names_of(tools: &Value) -> Vec<String> {
+    (tools.as_array().unwrap().iter())
+        .flat_map(|t| match t.get("functionDeclarations") {
+            Some(d) => d.as_array().unwrap().clone(),
+            None => vec![t.clone()],
+        })
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// G13: on OpenAI Responses (the openai SDK's `responses.create`), a reply mixing a call to
+/// `mcp-server-time`'s tool with the client's: promptd runs its own (the real server), the
+/// client is shown its call only, and its next `input` goes upstream with promptd's call back
+/// among the reply's items and its output right after them. promptd's tools go first, flat,
+/// `strict` false. Streamed (G5), the client folds `response.completed` without promptd's
+/// item. A request whose model calls only promptd's tool goes a round, and the client gets the
+/// text after it (streamed: the final round's frames only).
+#[test]
+fn g13_g5_responses_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back() {
+    responses_mixed(false);
+    responses_mixed(true);
+}
+
+fn responses_mixed(stream: bool) {
+    let stub = Stub::start();
+    let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
+    // read_file sorts first: in turn 1 the stub calls it alone; in turn 2 (its second round
+    // of calls) read_file and time_convert_time in one reply.
+    let out = sdk_loop(&served, "openai-responses", 2, stream);
+    assert_eq!(out["requests"], 4, "{out}");
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(
+        calls.len(),
+        2,
+        "the client saw its own two calls only: {out}"
+    );
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
+    assert_eq!(
+        received.len(),
+        4,
+        "no round of promptd's: the reply was mixed"
+    );
+    let events = newest_session(&served);
+    let records = records(&events);
+    bodies_rebuild(&records, &received);
+    let tools = parse(&received[0])["tools"].clone();
+    assert_eq!(
+        names_of(&tools),
+        ["time_convert_time", "time_get_current_time", "read_file"]
+    );
+    assert_eq!(tools[0]["strict"], json!(false), "{tools}");
+    let results = tool_results(&events);
+    let own: Vec<&(String, String, bool)> = (results.iter())
+        .filter(|(id, _, _)| !calls.contains(&json!(id)))
+        .collect();
+    assert_eq!(
+        own.len(),
+        1,
+        "promptd's call answered and recorded: {results:?}"
+    );
+    let own_id = own[0].0.clone();
+    let text = out["texts"][1].as_str().unwrap();
+    assert!(
+        text.contains(&own_id) && text.contains(calls[1].as_str().unwrap()),
+        "the model read both results: {text}"
+    );
+    // The last request: the client's input, promptd's call and output at their place.
+    let last = parse(&received[3]);
+    let input = last["input"].as_array().unwrap();
+    let n = input.len();
+    assert_eq!(input[n - 4]["name"], "read_file", "{last}");
+    assert_eq!(input[n - 3]["name"], "time_convert_time");
+    assert_eq!(input[n - 3]["call_id"], json!(own_id));
+    assert_eq!(input[n - 2]["type"], "function_call_output");
+    assert_eq!(input[n - 2]["call_id"], json!(own_id));
+    assert_eq!(input[n - 1]["call_id"], calls[1]);
+    assert_eq!(records[3].restored.len(), 2, "{:?}", records[3].restored);
+    let client = client_sent(&records[3]);
+    assert!(
+        !client.contains(&own_id),
+        "the client's own body lacks promptd's call: {client}"
+    );
+
+    // Only promptd's tool called (tool_choice names it): one round, then the text; streamed,
+    // the client gets the final round's frames only.
+    let before = stub.requests().len();
+    let body = format!(
+        r#"{{"model":"gpt-4.1","input":"What time is it?","stream":{stream},"tool_choice":{{"type":"function","name":"time_get_current_time"}}}}"#
+    );
+    let (head, answer) = raw_post(
+        &served.url,
+        "/gateway/coder/v1/responses",
+        &[],
+        body.as_bytes(),
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    assert!(answer.contains("Read the results of call_"), "{answer}");
+    assert!(
+        !answer.contains("function_call"),
+        "no round shown: {answer}"
+    );
+    let round = parse(&stub.requests()[before + 1].2);
+    let input = round["input"].as_array().unwrap();
+    assert_eq!(
+        input[0],
+        json!({"role": "user", "content": "What time is it?"})
+    );
+    assert_eq!(input[1]["name"], "time_get_current_time");
+    assert_eq!(input[2]["type"], "function_call_output");
+    assert_eq!(stub.requests().len(), before + 2);
+}
+
+/// G13: on Gemini (google-genai's `generate_content`), whose calls come without ids, a reply
+/// mixing a call to `mcp-server-time`'s tool with the client's: promptd runs its own (its
+/// result recorded under the name the log gave the call), the client is shown its call only,
+/// and its next `contents` go upstream with promptd's call back among the reply's parts (the
+/// thought signature as it came) and its function response first in the next content.
+/// Streamed (`generate_content_stream`, G5), the chunk of promptd's call reaches the client
+/// without it, and the call goes back after the client's among the pieces it folded. A request
+/// whose model calls only promptd's tool goes a round, streamed and not.
+#[test]
+fn g13_g5_gemini_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back() {
+    gemini_mixed(false);
+    gemini_mixed(true);
+}
+
+fn gemini_mixed(stream: bool) {
+    let stub = Stub::start();
+    let mcp = format!(
+        "[gateway.upstream.google]\nprovider = \"gemini\"\nbase_url = \"{}\"\n{}",
+        stub.url,
+        time_config("time", "time_")
+    );
+    let (served, _tmp) = daemon(&stub, &mcp, "", &["mcp:time"]);
+    let out = sdk_loop(&served, "gemini", 2, stream);
+    assert_eq!(out["requests"], 4, "{out}");
+    assert_eq!(
+        out["calls"],
+        json!(["read_file", "read_file"]),
+        "the client saw its own calls only: {out}"
+    );
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
+    assert_eq!(
+        received.len(),
+        4,
+        "no round of promptd's: the reply was mixed"
+    );
+    let events = newest_session(&served);
+    let records = records(&events);
+    bodies_rebuild(&records, &received);
+    let tools = parse(&received[0])["tools"].clone();
+    assert_eq!(
+        names_of(&tools),
+        ["time_convert_time", "time_get_current_time", "read_file"]
+    );
+    assert!(
+        tools[0]["functionDeclarations"][0]["parametersJsonSchema"].is_object(),
+        "{tools}"
+    );
+    let text = out["texts"][1].as_str().unwrap();
+    assert!(
+        text.contains("time_convert_time") && text.contains("read_file"),
+        "the model read both results: {text}"
+    );
+    let last = parse(&received[3]);
+    let contents = last["contents"].as_array().unwrap();
+    let n = contents.len();
+    let called: Vec<&str> = (contents[n - 2]["parts"].as_array().unwrap().iter())
+        .filter_map(|p| p["functionCall"]["name"].as_str())
+        .collect();
+    assert_eq!(called, ["read_file", "time_convert_time"], "{last}");
+    let answered: Vec<&str> = (contents[n - 1]["parts"].as_array().unwrap().iter())
+        .filter_map(|p| p["functionResponse"]["name"].as_str())
+        .collect();
+    assert_eq!(answered, ["time_convert_time", "read_file"]);
+    assert_eq!(records[3].restored.len(), 2, "{:?}", records[3].restored);
+    let client = client_sent(&records[3]);
+    assert!(
+        !client.contains("time_convert_time"),
+        "the client's own body lacks promptd's call: {client}"
+    );
+    // promptd's result is in the log under the id the log gave its call, and only once.
+    let results = tool_results(&events);
+    let own: Vec<_> = (results.iter())
+        .filter(|(_, content, _)| !content.starts_with("contents of"))
+        .collect();
+    assert_eq!(own.len(), 1, "{results:?}");
+    assert!(own[0].0.starts_with("call_"), "{results:?}");
+
+    // Only promptd's tool called (the config allows it alone): one round, its content as it
+    // came (the signature kept), then the text; the result is in the log once. Streamed, the
+    // client gets the final round's chunks only.
+    let before = stub.requests().len();
+    let method = match stream {
+        true => "streamGenerateContent?alt=sse",
+        false => "generateContent",
+    };
+    let (head, answer) = raw_post(
+        &served.url,
+        &format!("/gateway/coder/v1beta/models/gemini-3-flash-preview:{method}"),
+        &[],
+        br#"{"contents":[{"role":"user","parts":[{"text":"What time is it?"}]}],"toolConfig":{"functionCallingConfig":{"mode":"ANY","allowedFunctionNames":["time_get_current_time"]}}}"#,
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    // (A stream carries the text word by word.)
+    assert!(answer.contains("time_get_current_time."), "{answer}");
+    assert!(!answer.contains("functionCall"), "no round shown: {answer}");
+    assert_eq!(stub.requests().len(), before + 2);
+    let round = parse(&stub.requests()[before + 1].2);
+    let contents = round["contents"].as_array().unwrap();
+    assert_eq!(contents.len(), 3, "{round}");
+    let call = &contents[1]["parts"][0];
+    assert_eq!(call["functionCall"]["name"], "time_get_current_time");
+    assert!(call["thoughtSignature"].is_string(), "{round}");
+    let response = &contents[2]["parts"][0]["functionResponse"];
+    assert_eq!(response["name"], "time_get_current_time", "{round}");
+    assert!(response.get("id").is_none(), "the call had no id: {round}");
+    let results = tool_results(&newest_session(&served));
+    assert_eq!(
+        results.len(),
+        1,
+        "recorded once, under the log's name: {results:?}"
+    );
+    assert!(results[0].0.starts_with("call_"), "{results:?}");
 }

@@ -34,6 +34,10 @@ pub fn plan(
     let mut splice = Splice::default();
     if ingress.provider() == super::Provider::Gemini {
         super::gemini::splice(body, contributions, settings, &mut splice)?;
+        if !contributions.tools.is_empty() {
+            let client = tool_names(ingress, body);
+            super::own_tools::add_tools(ingress, body, &contributions.tools, &client, &mut splice)?;
+        }
         splice.edits.sort_by_key(|e| e.at);
         return Ok(splice);
     }

@@ -166,10 +166,11 @@ impl Reply {
     }
 
     /// Records the reply in the request's session (not for a degraded request: its step
-    /// was not recorded).
-    pub(super) async fn record(&self, reply: Value, partial: Option<&str>) {
+    /// was not recorded). The ids of its tool calls as the log names them (G13: a Gemini call
+    /// that came without one is named by where it landed), none when it was not recorded.
+    pub(super) async fn record(&self, reply: Value, partial: Option<&str>) -> Vec<String> {
         let Some(session) = self.session.clone() else {
-            return;
+            return Vec::new();
         };
         let id = reply.get("id").and_then(Value::as_str).map(str::to_string);
         let (format, sent_at) = (self.ingress.format(), self.sent_at);
@@ -201,11 +202,12 @@ impl Reply {
             if let Some(key) = &key {
                 count_spend(&gateway, key, &outcome);
             }
-            Ok::<(), DaemonError>(())
+            let calls = outcome.tool_calls.into_iter().map(|c| c.id).collect();
+            Ok::<Vec<String>, DaemonError>(calls)
         })
         .await;
         match recorded {
-            Ok(Ok(())) => {}
+            Ok(Ok(calls)) => return calls,
             Ok(Err(e)) => tracing::warn!(
                 code = e.code(),
                 partial = partial.unwrap_or(""),
@@ -213,6 +215,7 @@ impl Reply {
             ),
             Err(e) => tracing::warn!("gateway: recording the reply did not finish: {e}"),
         }
+        Vec::new()
     }
 }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use promptd_core::conversation::content::Content;
 use promptd_core::conversation::Message;
-use promptd_core::gateway::body::{elements, ClientBody, Spans};
+use promptd_core::gateway::body::{ClientBody, Spans};
 use promptd_core::gateway::messages::{conversation as read_conversation, Conversation};
 use promptd_core::gateway::own_tools::{self, Call, Ran, Restore, MAX_RESTORES};
 use promptd_core::gateway::splice::{Edit, Splice};
@@ -255,7 +255,7 @@ impl Loop {
                 Err(refusal) => return refusal,
             };
             // Recorded before promptd answers any of its calls: the log holds the call first.
-            self.reply(sent_at)
+            let logged = (self.reply(sent_at))
                 .record(reply.clone(), partial.as_deref())
                 .await;
             let calls = match partial {
@@ -290,7 +290,11 @@ impl Loop {
             }
             let mut ran = Vec::with_capacity(mine.len());
             for call in &mine {
-                match self.run_one(call, bounds).await {
+                // Its result is recorded under the id the log gave the call (a Gemini call
+                // may have come without one).
+                let logged = logged.get(call.nth).filter(|id| !id.is_empty());
+                let logged = logged.cloned().unwrap_or_else(|| call.id.clone());
+                match self.run_one(call, &logged, bounds).await {
                     Ok(result) => ran.push(result),
                     Err(refusal) => return refusal,
                 }
@@ -299,12 +303,10 @@ impl Loop {
                 self.keep(before, &reply, &mine, &ran);
                 let body = match frames {
                     Some(frames) => {
-                        let own: Vec<usize> = mine.iter().map(|c| c.index).collect();
-                        self.shown(own_tools::frames_for_client(self.ingress, frames, &own))
+                        self.shown(own_tools::frames_for_client(self.ingress, frames, &mine))
                     }
                     None => {
-                        let ids: Vec<String> = mine.iter().map(|c| c.id.clone()).collect();
-                        let shown = own_tools::for_client(self.ingress, &reply, &ids);
+                        let shown = own_tools::for_client(self.ingress, &reply, &mine);
                         Bytes::from(shown.to_string())
                     }
                 };
@@ -312,7 +314,7 @@ impl Loop {
             }
             rounds += 1;
             let added = own_tools::round_messages(self.ingress, &reply, &ran);
-            body = match own_tools::appended(&body, &added) {
+            body = match own_tools::appended(self.ingress, &body, &added) {
                 Ok(body) => body,
                 Err(e) => return self.refusal(StatusCode::BAD_REQUEST, e.code(), e.to_string()),
             };
@@ -452,6 +454,7 @@ impl Loop {
     async fn run_one(
         &self,
         call: &Call,
+        logged: &str,
         bounds: promptd_core::config::gateway::ToolBounds,
     ) -> Result<Ran, Response> {
         let agent = &self.read.agent;
@@ -459,6 +462,7 @@ impl Loop {
             // Gone since the step (its server's config dropped): the model reads why.
             None => Ok(Ran {
                 id: call.id.clone(),
+                name: call.name.clone(),
                 content: format!("promptd has no runner for tool `{}` now", call.name),
                 is_error: true,
             }),
@@ -496,6 +500,7 @@ impl Loop {
                     }
                     Ok(Ok(outcome)) => Ok(Ran {
                         id: call.id.clone(),
+                        name: call.name.clone(),
                         content: outcome.content,
                         is_error: outcome.is_error,
                     }),
@@ -507,20 +512,21 @@ impl Loop {
             Err((status, code, message)) => (
                 Ran {
                     id: call.id.clone(),
+                    name: call.name.clone(),
                     content: format!("promptd refused this call: {message}"),
                     is_error: true,
                 },
                 Err(self.refusal(status, code, message)),
             ),
         };
-        self.record_result(&recorded).await;
+        self.record_result(&recorded, logged).await;
         answer
     }
 
-    /// Records one result as the call's tool message.
-    async fn record_result(&self, ran: &Ran) {
+    /// Records one result as the tool message of the call the log names `logged`.
+    async fn record_result(&self, ran: &Ran, logged: &str) {
         let message = Message::Tool {
-            tool_call_id: ran.id.clone(),
+            tool_call_id: logged.to_string(),
             content: Content::Text(ran.content.clone()),
             is_error: ran.is_error,
         };
@@ -547,10 +553,7 @@ impl Loop {
         // Where the reply lands in the client's next body: after the messages it sent.
         let anchor = ClientBody::parse(self.read.client_body.as_bytes())
             .ok()
-            .and_then(|b| {
-                let range = b.member("messages")?.value.clone();
-                Some(elements(b.text, range)?.len())
-            });
+            .and_then(|b| own_tools::anchor(self.ingress, &b));
         let Some(anchor) = anchor else {
             return;
         };

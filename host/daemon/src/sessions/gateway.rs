@@ -157,7 +157,7 @@ fn own_tools(
         return refuse(
             names(tools.iter().collect()),
             format!(
-                "promptd runs its own tools for Anthropic Messages and Chat Completions (streamed or not) and Bedrock Converse (unstreamed) only, not for {:?} yet",
+                "promptd runs its own tools for Anthropic Messages, Chat Completions, Responses and Gemini (streamed or not) and Bedrock Converse (unstreamed) only, not for {:?} yet",
                 gateway.ingress
             ),
         );
