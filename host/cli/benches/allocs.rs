@@ -16,7 +16,7 @@
 use std::path::Path;
 
 use promptd_testkit::bench::{
-    self as support, binaries, env_or, rust_plugin_folder, scratch, small_step, Client, Daemon,
+    self as support, binaries, env_or, rust_plugin_folder, scratch, short_steps, Client, Daemon,
     Table,
 };
 
@@ -34,25 +34,6 @@ fn build_counter(out: &Path) {
         .status()
         .expect("cc (the C compiler SQLite's build already needs)");
     assert!(status.success(), "building {}", src.display());
-}
-
-fn new_session(client: &Client) -> String {
-    let (status, text) = client.post("/v1/sessions", r#"{"agent":"coder"}"#);
-    assert_eq!(status, 201, "{text}");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
-    v["id"].as_str().expect("id").to_string()
-}
-
-/// `n` short steps, a new session every 100.
-fn steps(client: &Client, n: u64) {
-    let mut session = new_session(client);
-    for k in 0..n {
-        if k > 0 && k % 100 == 0 {
-            session = new_session(client);
-        }
-        let (status, text) = client.step(&session, &small_step(k % 100));
-        assert_eq!(status, 200, "{text}");
-    }
 }
 
 fn main() {
@@ -77,13 +58,13 @@ fn main() {
             ],
         );
         let client = Client::new(&daemon.url);
-        steps(&client, 200);
+        short_steps(&client, 200);
         let before = count(&file);
         assert!(
             before > 0,
             "the counter is not counting (LD_PRELOAD ignored?)"
         );
-        steps(&client, n);
+        short_steps(&client, n);
         let per_step = (count(&file) - before) as f64 / n as f64;
         for _ in 0..200 {
             assert_eq!(client.get("/v1/health").0, 200);

@@ -19,28 +19,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use promptd_testkit::bench::{
-    self as support, binaries, env_or, rust_plugin_folder, scratch, small_step, Client, Daemon,
+    self as support, binaries, env_or, rust_plugin_folder, scratch, short_steps, Client, Daemon,
     Table,
 };
-
-fn new_session(client: &Client) -> String {
-    let (status, text) = client.post("/v1/sessions", r#"{"agent":"coder"}"#);
-    assert_eq!(status, 201, "{text}");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
-    v["id"].as_str().expect("id").to_string()
-}
-
-/// `n` short steps, a new session every 100.
-fn steps(client: &Client, n: u64) {
-    let mut session = new_session(client);
-    for k in 0..n {
-        if k > 0 && k % 100 == 0 {
-            session = new_session(client);
-        }
-        let (status, text) = client.step(&session, &small_step(k % 100));
-        assert_eq!(status, 200, "{text}");
-    }
-}
 
 /// Runs `work` with strace attached to `pid`'s threads; the calls per syscall.
 fn traced(pid: u32, work: impl FnOnce()) -> BTreeMap<String, u64> {
@@ -111,8 +92,8 @@ fn main() {
         );
         daemon.wait_ready();
         let client = Client::new(&daemon.url);
-        steps(&client, 200);
-        let per_step = traced(daemon.pid, || steps(&client, n));
+        short_steps(&client, 200);
+        let per_step = traced(daemon.pid, || short_steps(&client, n));
         for _ in 0..200 {
             assert_eq!(client.get("/v1/health").0, 200);
         }

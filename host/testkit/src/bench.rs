@@ -424,6 +424,19 @@ pub fn small_step(n: u64) -> String {
     )
 }
 
+/// `n` short steps ([`small_step`]) of agent `coder`, a new session every 100 (its creation
+/// counted, as in `load`): the allocs and syscalls benches' workload.
+pub fn short_steps(client: &Client, n: u64) {
+    let mut session = client.session("coder");
+    for k in 0..n {
+        if k > 0 && k % 100 == 0 {
+            session = client.session("coder");
+        }
+        let (status, text) = client.step(&session, &small_step(k % 100));
+        assert_eq!(status, 200, "{text}");
+    }
+}
+
 /// The `p`-th percentile (0..=1) of sorted values (nearest rank).
 pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
     assert!(!sorted.is_empty(), "percentile of nothing");
