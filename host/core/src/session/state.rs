@@ -91,6 +91,8 @@ pub struct SessionState {
     /// The model the last `gateway/request` named: a gateway reply's cache outcome and cost
     /// are the client's model's.
     pub(super) gateway_model: Option<String>,
+    /// The gateway key the last `gateway/request` came with (G12): whose session it is.
+    gateway_key: Option<String>,
     /// The seq of the last `gateway/request` (0 before the first): a reply after it answers it.
     gateway_seq: u64,
     /// The redactions the session's last `gateway/request` applied to the client's texts.
@@ -188,6 +190,7 @@ impl SessionState {
             snapshot_bytes: 0,
             gateway: None,
             gateway_model: None,
+            gateway_key: None,
             gateway_seq: 0,
             gateway_redactions: Vec::new(),
             user_turns: 0,
@@ -315,6 +318,7 @@ impl SessionState {
             Body::GatewayRequest(record) => {
                 self.gateway = Some((record.messages, record.digest));
                 self.gateway_model = record.model;
+                self.gateway_key = record.key;
                 self.gateway_seq = seq;
                 self.gateway_redactions = record.redactions;
                 None
@@ -525,6 +529,12 @@ impl SessionState {
     /// (G6): every one its review hooks made so far.
     pub fn gateway_redactions(&self) -> &[crate::assembly::review::Redaction] {
         &self.gateway_redactions
+    }
+
+    /// Whose session it is (G12): the gateway key its last `gateway/request` came with, or
+    /// `None` (no key, or no gateway request yet: `gateway_conversation` says which).
+    pub fn gateway_key(&self) -> Option<&str> {
+        self.gateway_key.as_deref()
     }
 
     /// The client conversation the session's last gateway request held (G3): its messages

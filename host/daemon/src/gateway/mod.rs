@@ -837,21 +837,14 @@ impl Gateway {
     /// Whether `session` is `key`'s: its last `gateway/request` was sent with that key (or
     /// with none, when `key` is none). A session with no gateway request yet is anyone's.
     fn owned_by(&self, session: &str, key: Option<&str>) -> bool {
-        // Without keys in play every session is the one tenant's: no log read on the path.
+        // Without keys in play every session is the one tenant's.
         if key.is_none() && self.daemon.config().gateway.keys.is_empty() {
             return true;
         }
-        let Ok(events) = self.daemon.session_events(session) else {
-            return false;
-        };
-        let last = (events.iter().rev())
-            .find(|e| e.kind == promptd_core::store::EventKind::GatewayRequest)
-            .and_then(|e| promptd_core::session::decode(session, e).ok());
-        match last {
-            Some(promptd_core::session::log::Body::GatewayRequest(record)) => {
-                record.key.as_deref() == key
-            }
-            _ => true,
+        match self.daemon.gateway_owner(session) {
+            Ok(Some(owner)) => owner.as_deref() == key,
+            Ok(None) => true,
+            Err(_) => false,
         }
     }
 

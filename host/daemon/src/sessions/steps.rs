@@ -92,6 +92,17 @@ impl Daemon {
             .ok_or_else(|| Error::UnknownSession(id.to_string()).into())
     }
 
+    /// Whose gateway session `id` is (G12): `Some(key)` for the gateway key its last
+    /// `gateway/request` came with (`Some(None)`: none), `None` when it has no gateway request
+    /// yet. From the session's cached state: no log read when it is cached.
+    pub(crate) fn gateway_owner(&self, id: &str) -> Result<Option<Option<String>>> {
+        let mut slot = self.checkout(id)?;
+        let state = &slot.get().state;
+        Ok(state
+            .gateway_conversation()
+            .map(|_| state.gateway_key().map(str::to_string)))
+    }
+
     /// `agent`'s plan for the config serving now, resolved once per agent and config version.
     pub fn agent_settings(&self, agent: &str) -> Result<Arc<AgentSettings>> {
         let config = self.config();
