@@ -827,7 +827,7 @@ fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, St
 
 impl SqliteStore {
     /// [`SessionStore::add_spend`]'s transaction: small and rare (one per recorded reply of
-    /// a keyed request), so a connection of its own beside the writer's.
+    /// a keyed request), on a pooled connection beside the writer's.
     fn add_spend_in(
         &self,
         key: &str,
@@ -835,7 +835,12 @@ impl SqliteStore {
         micro_usd: u64,
     ) -> Result<Vec<u64>, StoreError> {
         let add = i64::try_from(micro_usd).unwrap_or(i64::MAX);
-        let mut conn = connect(&self.path, false)?;
+        // A pooled connection: one per reply would open the file and set its pragmas each time.
+        let idle = lock(&self.readers).pop();
+        let mut conn = match idle {
+            Some(conn) => conn,
+            None => connect(&self.path, false)?,
+        };
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db("beginning the spend's transaction"))?;
@@ -853,6 +858,10 @@ impl SqliteStore {
             totals.push(total.max(0) as u64);
         }
         tx.commit().map_err(db("committing the spend"))?;
+        let mut readers = lock(&self.readers);
+        if readers.len() < MAX_IDLE_READERS {
+            readers.push(conn);
+        }
         Ok(totals)
     }
 

@@ -373,7 +373,6 @@ async fn serve(
     {
         headers.remove(*name);
     }
-    headers.remove(promptd_core::gateway::keys::KEY_HEADER);
     let parse = started.elapsed();
     let path_and_query = match uri.query() {
         Some(q) => format!("{path}?{q}"),
