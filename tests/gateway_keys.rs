@@ -524,3 +524,29 @@ fn g12_a_daemon_listening_beyond_loopback_refuses_gateway_traffic_without_a_key(
     );
     assert_eq!(code, 200);
 }
+
+/// G12: on loopback with no key configured the gateway is open, and a key sent as
+/// `x-promptd-key` is still checked.
+#[test]
+fn g12_on_loopback_without_keys_the_gateway_is_open_but_a_sent_key_is_checked() {
+    let stub = Stub::start();
+    let folder = Folder::new().bundled("identity");
+    let (_tmp, state) = state_dir();
+    let path = folder.config(&format!(
+        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.coder.gateway]\n",
+        stub.url
+    ));
+    let served = Served::start(folder.path(), &path, &state);
+    let (head, _) = messages(&served, &[("x-api-key", "sk-ant-client-own")]);
+    assert_eq!(status(&head), 200, "{head}");
+    let (head, _) = messages(
+        &served,
+        &[
+            ("x-api-key", "sk-ant-client-own"),
+            ("x-promptd-key", "sk-gw-unknown"),
+        ],
+    );
+    assert_eq!(status(&head), 401, "{head}");
+    assert_eq!(header_of(&head, "x-promptd-error"), Some("key_invalid"));
+    assert_eq!(stub.requests().len(), 1);
+}
