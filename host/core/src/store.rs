@@ -256,7 +256,8 @@ pub trait SessionStore: Send + Sync {
     fn events(&self, id: &str) -> Result<Vec<Event>, StoreError>;
     /// Appends `events` atomically (all or none), durable before it returns. `next_seq` must
     /// be the log's length + 1, so a concurrent writer is detected instead of interleaved.
-    fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError>;
+    /// The events are the store's: a writer on another thread takes them without a copy.
+    fn append(&self, id: &str, next_seq: u64, events: Vec<NewEvent>) -> Result<(), StoreError>;
     /// Sessions whose id or agent contains `filter` (all when empty), most recent activity
     /// first, at most `limit`.
     fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError>;
@@ -548,7 +549,7 @@ impl SessionStore for MemoryStore {
             .unwrap_or_default())
     }
 
-    fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+    fn append(&self, id: &str, next_seq: u64, events: Vec<NewEvent>) -> Result<(), StoreError> {
         let mut sessions = self.sessions();
         let Some((_, log)) = sessions.get_mut(id) else {
             return Err(StoreError::backend(
@@ -604,14 +605,14 @@ mod tests {
             .append(
                 &id,
                 2,
-                &[NewEvent::json(EventKind::Step, &json!({"step": 1}))],
+                vec![NewEvent::json(EventKind::Step, &json!({"step": 1}))],
             )
             .unwrap();
         let err = store
             .append(
                 &id,
                 2,
-                &[NewEvent::json(EventKind::Step, &json!({"step": 2}))],
+                vec![NewEvent::json(EventKind::Step, &json!({"step": 2}))],
             )
             .unwrap_err();
         assert!(

@@ -45,6 +45,7 @@ impl From<Pieces> for PiecesBody {
             .map(|piece| match piece {
                 Piece::Small(range) => small.slice(range),
                 Piece::Shared(text) => Bytes::from_owner(Shared(text)),
+                Piece::Owned(text) => Bytes::from(text),
             })
             .collect();
         Self { frames, left }

@@ -392,7 +392,7 @@ impl SessionStore for Shared {
         &self,
         id: &str,
         next_seq: u64,
-        events: &[promptd_core::store::NewEvent],
+        events: Vec<promptd_core::store::NewEvent>,
     ) -> Result<(), promptd_core::store::StoreError> {
         self.0.append(id, next_seq, events)
     }

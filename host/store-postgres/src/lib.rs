@@ -458,7 +458,7 @@ impl SessionStore for PostgresStore {
         })
     }
 
-    fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+    fn append(&self, id: &str, next_seq: u64, events: Vec<NewEvent>) -> Result<(), StoreError> {
         if events.is_empty() {
             return Ok(());
         }
@@ -485,7 +485,7 @@ impl SessionStore for PostgresStore {
                     found: last as u64,
                 });
             }
-            insert(&mut tx, &statements, id, next_seq, events)?;
+            insert(&mut tx, &statements, id, next_seq, &events)?;
             tx.commit().map_err(pg("committing"))
         })
     }

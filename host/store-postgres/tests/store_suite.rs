@@ -76,17 +76,17 @@ fn a_stopped_server_is_unavailable_and_the_store_reconnects_when_it_is_back() {
     let id = store
         .create_session("a", NewEvent::json(EventKind::SessionCreated, &json!({})))
         .unwrap();
-    let step = |n: u64| [NewEvent::json(EventKind::Step, &json!({"step": n}))];
-    store.append(&id, 2, &step(1)).unwrap();
+    let step = |n: u64| vec![NewEvent::json(EventKind::Step, &json!({"step": n}))];
+    store.append(&id, 2, step(1)).unwrap();
     own.stop();
     for call in 0..3 {
-        let err = store.append(&id, 3, &step(2)).unwrap_err();
+        let err = store.append(&id, 3, step(2)).unwrap_err();
         assert_eq!(err.code(), "store_unavailable", "call {call}: {err}");
         assert_eq!(store.events(&id).unwrap_err().code(), "store_unavailable");
     }
     own.resume();
     // The pooled connections died with the server: the store connects anew.
-    store.append(&id, 3, &step(2)).unwrap();
+    store.append(&id, 3, step(2)).unwrap();
     let seqs: Vec<u64> = store.events(&id).unwrap().iter().map(|e| e.seq).collect();
     assert_eq!(seqs, [1, 2, 3]);
 }

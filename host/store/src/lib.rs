@@ -449,10 +449,14 @@ fn write_loop(mut conn: Connection, rx: &Receiver<Job>, fail_commits: &AtomicU32
                         (Job::Create { reply, .. }, Err(e)) => {
                             let _ = reply.send(Err(e));
                         }
-                        (Job::Append { reply, .. }, Ok(_)) => {
+                        // The events go before the step wakes: it may hold a large
+                        // message's other copies then.
+                        (Job::Append { reply, events, .. }, Ok(_)) => {
+                            drop(events);
                             let _ = reply.send(Ok(()));
                         }
-                        (Job::Append { reply, .. }, Err(e)) => {
+                        (Job::Append { reply, events, .. }, Err(e)) => {
+                            drop(events);
                             let _ = reply.send(Err(e));
                         }
                         (Job::Create { reply, .. }, Ok(Written::Events)) => {
@@ -665,11 +669,11 @@ impl SessionStore for SqliteStore {
         })
     }
 
-    fn append(&self, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+    fn append(&self, id: &str, next_seq: u64, events: Vec<NewEvent>) -> Result<(), StoreError> {
         self.send(|reply| Job::Append {
             id: id.to_string(),
             next_seq,
-            events: events.to_vec(),
+            events,
             reply,
         })
     }

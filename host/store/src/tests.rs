@@ -26,7 +26,7 @@ fn q13_media_data_is_stored_once_by_its_hash() {
             .append(
                 &id,
                 2 + i as u64,
-                &[NewEvent::json(EventKind::ToolResult, &body(i))],
+                vec![NewEvent::json(EventKind::ToolResult, &body(i))],
             )
             .unwrap();
     }
@@ -80,14 +80,14 @@ fn q7_appends_are_ordered_durable_and_checked() {
             .append(
                 &id,
                 2,
-                &[
+                vec![
                     NewEvent::json(EventKind::UserMessage, &json!(1)),
                     NewEvent::json(EventKind::Step, &json!({"x": "y"})),
                 ],
             )
             .unwrap();
         let err = store
-            .append(&id, 2, &[NewEvent::json(EventKind::Step, &json!(null))])
+            .append(&id, 2, vec![NewEvent::json(EventKind::Step, &json!(null))])
             .unwrap_err();
         assert!(
             matches!(
@@ -134,11 +134,11 @@ fn q11_a_failed_commit_acknowledges_nothing_of_its_batch() {
     let store = SqliteStore::open(&path).unwrap();
     let id = new_session(&store);
     store.fail_commits(1);
-    let err = store.append(&id, 2, &step(1)).unwrap_err();
+    let err = store.append(&id, 2, step(1)).unwrap_err();
     assert_eq!(err.code(), "store", "{err}");
     assert_eq!(store.events(&id).unwrap().len(), 1, "nothing was written");
     // The next commit works, at the same seq.
-    store.append(&id, 2, &step(1)).unwrap();
+    store.append(&id, 2, step(1)).unwrap();
     drop(store);
     let events = SqliteStore::open(&path).unwrap().events(&id).unwrap();
     assert_eq!(events.len(), 2);
@@ -155,7 +155,7 @@ fn remove_files(path: &Path) {
 
 /// Everything the store does fails with code `store`, naming the file and the cause.
 fn assert_lost(store: &SqliteStore, id: &str, cause: &str) {
-    let err = store.append(id, 3, &step(2)).unwrap_err();
+    let err = store.append(id, 3, step(2)).unwrap_err();
     assert_eq!(err.code(), "store", "{err}");
     assert!(err.to_string().contains(cause), "{err}");
     let err = store.health().unwrap_err();
@@ -167,7 +167,7 @@ fn assert_lost(store: &SqliteStore, id: &str, cause: &str) {
         .unwrap_err();
     assert_eq!(err.code(), "store", "{err}");
     // Lost for good: a later append fails too, it is not written anywhere.
-    assert!(store.append(id, 3, &step(2)).is_err());
+    assert!(store.append(id, 3, step(2)).is_err());
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn q12_a_database_deleted_under_the_store_acknowledges_nothing_after() {
     let path = dir.path().join("s.db");
     let store = SqliteStore::open(&path).unwrap();
     let id = new_session(&store);
-    store.append(&id, 2, &step(1)).unwrap();
+    store.append(&id, 2, step(1)).unwrap();
     store.health().unwrap();
     remove_files(&path);
     assert_lost(&store, &id, "s.db was deleted while open");
@@ -197,7 +197,7 @@ fn q12_a_deleted_wal_or_shm_loses_the_store_too() {
         let path = dir.path().join("s.db");
         let store = SqliteStore::open(&path).unwrap();
         let id = new_session(&store);
-        store.append(&id, 2, &step(1)).unwrap();
+        store.append(&id, 2, step(1)).unwrap();
         let mut name = path.as_os_str().to_owned();
         name.push(suffix);
         std::fs::remove_file(&name).unwrap();
@@ -237,7 +237,7 @@ fn q12_a_database_overwritten_in_place_is_noticed_before_anything_is_acknowledge
     }
     let store = SqliteStore::open(&path).unwrap();
     let id = new_session(&store);
-    store.append(&id, 2, &step(1)).unwrap();
+    store.append(&id, 2, step(1)).unwrap();
     #[cfg(unix)]
     let inode = {
         use std::os::unix::fs::MetadataExt;
@@ -271,11 +271,11 @@ fn q11_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itse
                 for n in 1..=40u64 {
                     // Every fifth append claims a seq that is already taken.
                     if n % 5 == 0 {
-                        let err = store.append(&id, n, &step(n)).unwrap_err();
+                        let err = store.append(&id, n, step(n)).unwrap_err();
                         assert_eq!(err.code(), "store_conflict", "thread {t}: {err}");
                         refused += 1;
                     }
-                    store.append(&id, n + 1, &step(n)).unwrap();
+                    store.append(&id, n + 1, step(n)).unwrap();
                 }
                 (id, refused)
             })

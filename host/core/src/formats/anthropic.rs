@@ -73,18 +73,27 @@ pub(crate) fn anthropic_last_turn(
     role: &'static str,
     mut blocks: Vec<Value>,
 ) -> Value {
-    if header.layout >= 1 {
-        let cacheable = blocks.iter_mut().rev().find(|b| {
-            !matches!(
-                b.get("type").and_then(Value::as_str),
-                Some("thinking" | "redacted_thinking")
-            )
-        });
-        if let Some(Value::Object(block)) = cacheable {
-            block.insert("cache_control".into(), ephemeral(header));
+    if let Some((i, breakpoint)) = last_breakpoint(header, &blocks) {
+        if let Value::Object(block) = &mut blocks[i] {
+            block.insert("cache_control".into(), breakpoint);
         }
     }
     anthropic_turn(role, blocks)
+}
+
+/// Where the last turn's rolling breakpoint goes (the index of its last block that may carry
+/// one, an object) and what it is; `None` when the header's layout has none.
+pub(crate) fn last_breakpoint(header: &Header, blocks: &[Value]) -> Option<(usize, Value)> {
+    if header.layout < 1 {
+        return None;
+    }
+    let i = blocks.iter().rposition(|b| {
+        !matches!(
+            b.get("type").and_then(Value::as_str),
+            Some("thinking" | "redacted_thinking")
+        )
+    })?;
+    blocks[i].is_object().then(|| (i, ephemeral(header)))
 }
 
 /// A breakpoint with the header's TTL: every breakpoint of a request has the same, so none

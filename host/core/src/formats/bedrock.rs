@@ -109,10 +109,13 @@ pub(crate) fn turn(role: &'static str, content: Vec<Value>) -> Value {
 
 /// The last turn, with the rolling cache point at its end when the header's layout has it.
 pub(crate) fn last_turn(header: &Header, role: &'static str, mut content: Vec<Value>) -> Value {
-    if header.layout >= 1 {
-        content.push(cache_point(header));
-    }
+    content.extend(last_cache_point(header));
     turn(role, content)
+}
+
+/// The cache point the last turn ends with, when the header's layout has it.
+pub(crate) fn last_cache_point(header: &Header) -> Option<Value> {
+    (header.layout >= 1).then(|| cache_point(header))
 }
 
 /// Adds `message` to `turns`; Converse wants user and assistant in turn, so consecutive

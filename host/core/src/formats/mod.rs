@@ -14,6 +14,7 @@ mod anthropic;
 pub mod bedrock;
 pub mod dialect;
 pub mod gemini;
+pub(crate) mod json_text;
 mod neutral;
 mod openai;
 pub mod pieces;
@@ -21,7 +22,7 @@ pub mod replies;
 mod responses;
 pub mod transcript;
 
-pub use neutral::neutral_message;
+pub use neutral::{neutral_message, neutral_text};
 
 use serde_json::{json, Map, Value};
 

@@ -37,6 +37,11 @@ pub fn neutral_message(message: &Message) -> Value {
     serde_json::json!(message)
 }
 
+/// [`neutral_message`]`(message).to_string()`, in a buffer of exactly its size.
+pub fn neutral_text(message: &Message) -> String {
+    super::json_text::json_string(&neutral_message(message))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

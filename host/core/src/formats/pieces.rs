@@ -29,6 +29,11 @@ pub trait Sink {
     fn text(&mut self, text: &str);
     /// Appends a fragment kept elsewhere (shared when large enough to be worth it).
     fn kept(&mut self, kept: &Arc<str>);
+    /// Appends text made for this body and handed over (moved in, not copied, when large
+    /// enough to be worth a piece of its own).
+    fn made(&mut self, made: String) {
+        self.text(&made);
+    }
     /// Room for about `bytes` more (a body's size is known before it is written).
     fn reserve(&mut self, bytes: usize) {
         let _ = bytes;
@@ -56,6 +61,9 @@ pub enum Piece {
     Small(Range<usize>),
     /// A kept fragment, shared.
     Shared(Arc<str>),
+    /// Large text made for this body, handed over whole (the open turn holding a long
+    /// message is not copied again into the small-text buffer).
+    Owned(String),
 }
 
 /// A body as pieces in order; see the module's documentation.
@@ -134,9 +142,10 @@ impl Pieces {
         (self.small, self.pieces)
     }
 
-    /// Whether any piece is shared (else the small-text buffer is the whole body).
+    /// Whether any piece is not of the small-text buffer (else that buffer is the whole
+    /// body).
     pub fn shares(&self) -> bool {
-        self.pieces.iter().any(|p| matches!(p, Piece::Shared(_)))
+        (self.pieces.iter()).any(|p| matches!(p, Piece::Shared(_) | Piece::Owned(_)))
     }
 
     /// The body in one string (for callers that want it whole, and tests); without a copy
@@ -150,6 +159,7 @@ impl Pieces {
             match piece {
                 Piece::Small(r) => out.push_str(&self.small[r.clone()]),
                 Piece::Shared(s) => out.push_str(s),
+                Piece::Owned(s) => out.push_str(s),
             }
         }
         out
@@ -167,6 +177,17 @@ impl Sink for Pieces {
         } else {
             self.len += kept.len();
             self.pieces.push(Piece::Shared(kept.clone()));
+        }
+    }
+
+    fn made(&mut self, made: String) {
+        // A body announced short may still end with a long open turn (the announcement does
+        // not count it): past the whole-body size it is handed over, not copied.
+        if made.len() < self.share_from.min(Self::WHOLE_BELOW) {
+            self.text(&made);
+        } else {
+            self.len += made.len();
+            self.pieces.push(Piece::Owned(made));
         }
     }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::conversation::{Header, Message};
+use crate::formats::json_text::{json_len, json_string, write_json};
 use crate::formats::pieces::Sink;
 use crate::formats::{self, Format};
 use crate::store::StoreError;
@@ -155,7 +156,8 @@ const FORMATS: usize = Format::ALL.len();
 /// `values` as compact JSON, comma-separated, written into one string.
 fn comma_joined(values: &[Value]) -> String {
     use std::fmt::Write;
-    let mut out = String::new();
+    let len = values.iter().map(json_len).sum::<usize>() + values.len().saturating_sub(1);
+    let mut out = String::with_capacity(len);
     for (i, v) in values.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -193,7 +195,7 @@ impl Transcript {
                 .iter()
                 .any(|b| matches!(b, crate::conversation::content::Block::Document { .. }));
         }
-        let neutral = formats::neutral_message(message).to_string();
+        let neutral = formats::neutral_text(message);
         self.bytes += neutral.len();
         self.format_bytes[slot(Format::Neutral)] += neutral.len() + 1;
         self.neutral.push(neutral.into());
@@ -229,7 +231,7 @@ impl Transcript {
                 // Every turn but the last is closed: the next message cannot merge into it.
                 let open = turns.pop();
                 for (role, blocks) in turns {
-                    let closed = formats::anthropic::anthropic_turn(role, blocks).to_string();
+                    let closed = json_string(&formats::anthropic::anthropic_turn(role, blocks));
                     self.bytes += closed.len();
                     self.format_bytes[slot(Format::Anthropic)] += closed.len() + 1;
                     self.anthropic.push(closed.into());
@@ -250,7 +252,7 @@ impl Transcript {
                 self.gemini_state.push(message, None);
                 let closed = self.gemini_state.turns.len().saturating_sub(1);
                 for (role, parts) in self.gemini_state.turns.drain(..closed) {
-                    let turn = formats::gemini::turn(role, parts).to_string();
+                    let turn = json_string(&formats::gemini::turn(role, parts));
                     self.bytes += turn.len();
                     self.format_bytes[slot(Format::Gemini)] += turn.len() + 1;
                     self.gemini.push(turn.into());
@@ -262,7 +264,7 @@ impl Transcript {
                 formats::bedrock::push(&mut turns, message);
                 let open = turns.pop();
                 for (role, content) in turns {
-                    let closed = formats::bedrock::turn(role, content).to_string();
+                    let closed = json_string(&formats::bedrock::turn(role, content));
                     self.bytes += closed.len();
                     self.format_bytes[slot(Format::Bedrock)] += closed.len() + 1;
                     self.bedrock.push(closed.into());
@@ -340,10 +342,7 @@ impl Transcript {
             Format::Anthropic => Fragments {
                 lead: None,
                 closed: &self.anthropic,
-                tail: self.open_turn.as_ref().map(|(role, blocks)| {
-                    formats::anthropic::anthropic_last_turn(header, role, blocks.clone())
-                        .to_string()
-                }),
+                tail: self.open_anthropic(header),
             },
             Format::OpenaiResponses => Fragments {
                 lead: None,
@@ -355,21 +354,15 @@ impl Transcript {
                 closed: &[],
                 tail: Some(comma_joined(&self.gemini_whole(header))),
             },
-            Format::Gemini => {
-                Fragments {
-                    lead: None,
-                    closed: &self.gemini,
-                    tail: self.gemini_state.turns.last().map(|(role, parts)| {
-                        formats::gemini::turn(role, parts.clone()).to_string()
-                    }),
-                }
-            }
+            Format::Gemini => Fragments {
+                lead: None,
+                closed: &self.gemini,
+                tail: self.open_gemini(),
+            },
             Format::Bedrock => Fragments {
                 lead: None,
                 closed: &self.bedrock,
-                tail: self.bedrock_open.as_ref().map(|(role, content)| {
-                    formats::bedrock::last_turn(header, role, content.clone()).to_string()
-                }),
+                tail: self.open_bedrock(header),
             },
         }
     }
@@ -453,9 +446,9 @@ impl Transcript {
             .filter(|i| !i.is_empty())
             .peekable();
         while let Some(item) = items.next() {
-            match &item {
+            match item {
                 Item::Kept(kept) => out.kept(kept),
-                Item::Made(made) => out.text(made),
+                Item::Made(made) => out.made(made),
             }
             if items.peek().is_some() {
                 out.text(",");
@@ -517,45 +510,131 @@ impl Transcript {
                             .map(|m| Item::Made(m.to_string())),
                     ),
             ),
-            Format::Anthropic => Box::new(self.anthropic.iter().map(Item::Kept).chain(
-                self.open_turn.iter().map(move |(role, blocks)| {
-                    let turn =
-                        formats::anthropic::anthropic_last_turn(header, role, blocks.clone());
-                    Item::Made(to_json_sized(&turn, blocks.iter().map(text_bytes).sum()))
-                }),
-            )),
+            Format::Anthropic => Box::new(
+                (self.anthropic.iter().map(Item::Kept))
+                    .chain(self.open_anthropic(header).map(Item::Made)),
+            ),
             Format::OpenaiResponses => Box::new(self.responses.iter().map(Item::Kept)),
             Format::Gemini if self.gemini_rerender(header) => Box::new(
                 self.gemini_whole(header)
                     .into_iter()
                     .map(|turn| Item::Made(turn.to_string())),
             ),
-            Format::Gemini => Box::new(self.gemini.iter().map(Item::Kept).chain(
-                self.gemini_state.turns.last().map(|(role, parts)| {
-                    let turn = formats::gemini::turn(role, parts.clone());
-                    Item::Made(to_json_sized(&turn, parts.iter().map(text_bytes).sum()))
-                }),
-            )),
-            Format::Bedrock => Box::new(self.bedrock.iter().map(Item::Kept).chain(
-                self.bedrock_open.iter().map(move |(role, content)| {
-                    let turn = formats::bedrock::last_turn(header, role, content.clone());
-                    Item::Made(to_json_sized(&turn, content.iter().map(text_bytes).sum()))
-                }),
-            )),
+            Format::Gemini => Box::new(
+                (self.gemini.iter().map(Item::Kept)).chain(self.open_gemini().map(Item::Made)),
+            ),
+            Format::Bedrock => Box::new(
+                (self.bedrock.iter().map(Item::Kept))
+                    .chain(self.open_bedrock(header).map(Item::Made)),
+            ),
         }
+    }
+
+    /// The open Anthropic turn, with its rolling breakpoint, as JSON text.
+    fn open_anthropic(&self, header: &Header) -> Option<String> {
+        let (role, blocks) = self.open_turn.as_ref()?;
+        let empty = formats::anthropic::anthropic_turn(role, Vec::new());
+        let mark = formats::anthropic::last_breakpoint(header, blocks);
+        let mark = mark.as_ref().map(|(i, v)| (*i, "cache_control", v));
+        Some(turn_json(&empty, blocks, mark, None))
+    }
+
+    /// The open Gemini turn as JSON text.
+    fn open_gemini(&self) -> Option<String> {
+        let (role, parts) = self.gemini_state.turns.last()?;
+        Some(turn_json(
+            &formats::gemini::turn(role, Vec::new()),
+            parts,
+            None,
+            None,
+        ))
+    }
+
+    /// The open Bedrock turn, with its cache point, as JSON text.
+    fn open_bedrock(&self, header: &Header) -> Option<String> {
+        let (role, content) = self.bedrock_open.as_ref()?;
+        let empty = formats::bedrock::turn(role, Vec::new());
+        let point = formats::bedrock::last_cache_point(header);
+        Some(turn_json(&empty, content, None, point.as_ref()))
     }
 }
 
-use crate::conversation::text_bytes;
-
-/// `value` as JSON text in a buffer sized once for `text` bytes of strings and the markup
-/// around them: a turn holding a 20 MiB message is not grown by doubling (issue 32).
-fn to_json_sized(value: &Value, text: usize) -> String {
-    let mut out = Vec::with_capacity(256 + text + text / 16);
-    // Writing a `Value` into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut out, value);
+/// The JSON text of `empty` (a turn whose one list is empty) with `items` in that list, each
+/// written where it is kept: entry `(i, key, value)` of `mark` added to item `i`, `extra`
+/// after the last. The same bytes as the turn built with copies of the items and written
+/// out, without the copies (a turn holding a 20 MiB message is not cloned, issue 32).
+fn turn_json(
+    empty: &Value,
+    items: &[Value],
+    mark: Option<(usize, &str, &Value)>,
+    extra: Option<&Value>,
+) -> String {
+    let skeleton = json_string(empty);
+    // The turn's only list is empty, and its other values (a role) hold no brackets.
+    let (before, after) = skeleton.split_once("[]").unwrap_or((&skeleton, ""));
+    let item = |i: usize| match mark {
+        Some((at, key, value)) if at == i => match &items[i] {
+            Value::Object(map) => Either::Marked(WithEntry { map, key, value }),
+            other => Either::Kept(other),
+        },
+        _ => Either::Kept(&items[i]),
+    };
+    let all = || (0..items.len()).map(item).chain(extra.map(Either::Kept));
+    let count = all().count();
+    let len = before.len() + after.len() + 2 + count.saturating_sub(1);
+    let mut out = Vec::with_capacity(len + all().map(|i| json_len(&i)).sum::<usize>());
+    out.extend_from_slice(before.as_bytes());
+    out.push(b'[');
+    for (n, i) in all().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        write_json(&mut out, &i);
+    }
+    out.push(b']');
+    out.extend_from_slice(after.as_bytes());
     // serde_json writes UTF-8 only.
     String::from_utf8(out).unwrap_or_default()
+}
+
+/// An item of [`turn_json`]: kept as it is, or with one entry added.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Either<'a> {
+    Kept(&'a Value),
+    Marked(WithEntry<'a>),
+}
+
+/// `map` with `key` set to `value`, written in the order a [`serde_json::Map`] holding it
+/// iterates (sorted, or in insertion order with serde_json's `preserve_order`): the bytes
+/// of the map with the entry inserted, without copying its values.
+struct WithEntry<'a> {
+    map: &'a serde_json::Map<String, Value>,
+    key: &'a str,
+    value: &'a Value,
+}
+
+impl serde::Serialize for WithEntry<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        // The keys alone, to learn the map's order; the values are not copied.
+        let mut order: serde_json::Map<String, Value> = (self.map.keys())
+            .map(|k| (k.clone(), Value::Null))
+            .collect();
+        order.insert(self.key.to_string(), Value::Null);
+        let mut map = s.serialize_map(Some(order.len()))?;
+        for k in order.keys() {
+            let value = if k == self.key {
+                Some(self.value)
+            } else {
+                self.map.get(k)
+            };
+            if let Some(value) = value {
+                map.serialize_entry(k, value)?;
+            }
+        }
+        map.end()
+    }
 }
 
 /// One item of a body's message list: a fragment kept as messages arrived, or one made for
@@ -734,6 +813,38 @@ mod tests {
                     defer: None,
                 })
                 .collect(),
+        }
+    }
+
+    /// An open turn is written where its blocks are kept, with the breakpoint added to the
+    /// last block that may carry one (replacing one it has), after a thinking block and
+    /// before; the bytes are those of the turn built from copies.
+    #[test]
+    fn q4_an_open_turn_is_written_in_place_as_the_built_turn_is() {
+        let header = header(true, "", 0);
+        let cases = [
+            vec![json!({"type": "text", "text": "a\"b"})],
+            vec![
+                json!({"type": "text", "text": "x", "cache_control": {"type": "old"}}),
+                json!({"type": "thinking", "thinking": "t", "signature": "s"}),
+            ],
+            vec![json!({"type": "tool_result", "tool_use_id": "c", "content": "r", "z": 1})],
+        ];
+        for blocks in cases {
+            let built = formats::anthropic::anthropic_last_turn(&header, "user", blocks.clone());
+            let empty = formats::anthropic::anthropic_turn("user", Vec::new());
+            let mark = formats::anthropic::last_breakpoint(&header, &blocks);
+            let mark = mark.as_ref().map(|(i, v)| (*i, "cache_control", v));
+            let written = turn_json(&empty, &blocks, mark, None);
+            assert_eq!(written, built.to_string());
+            assert_eq!(written.capacity(), written.len(), "sized once");
+            let point = formats::bedrock::last_cache_point(&header);
+            let bedrock = formats::bedrock::last_turn(&header, "user", blocks.clone());
+            let empty = formats::bedrock::turn("user", Vec::new());
+            assert_eq!(
+                turn_json(&empty, &blocks, None, point.as_ref()),
+                bedrock.to_string()
+            );
         }
     }
 

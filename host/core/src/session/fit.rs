@@ -32,10 +32,7 @@ pub fn message_size(
         ..
     }) = message
     else {
-        return Size::of(
-            &crate::formats::neutral_message(message).to_string(),
-            counter,
-        );
+        return Size::of(&crate::formats::neutral_text(message), counter);
     };
     let rules = MeasureRules::default();
     let mut media = 0usize;
@@ -62,7 +59,7 @@ pub fn message_size(
             }
         }
     }
-    let mut size = Size::of(&crate::formats::neutral_message(&bare).to_string(), counter);
+    let mut size = Size::of(&crate::formats::neutral_text(&bare), counter);
     size.tokens += media;
     size
 }
@@ -84,7 +81,7 @@ impl SessionState {
         };
         for summary in self.summaries.values() {
             let m = Message::user(summary.clone());
-            total += Size::of(&crate::formats::neutral_message(&m).to_string(), counter);
+            total += Size::of(&crate::formats::neutral_text(&m), counter);
             count += 1;
         }
         for m in new {

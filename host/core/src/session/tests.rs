@@ -101,7 +101,7 @@ impl Log {
             None,
         )?;
         self.store
-            .append(&self.id, log.len() as u64 + 1, &encoded(&plan))
+            .append(&self.id, log.len() as u64 + 1, encoded(&plan))
             .unwrap();
         Ok(plan)
     }
@@ -113,7 +113,7 @@ impl Log {
             .append(
                 &self.id,
                 log.len() as u64 + 1,
-                &[crate::step::encode(&message_event(message.clone())).unwrap()],
+                vec![crate::step::encode(&message_event(message.clone())).unwrap()],
             )
             .unwrap();
     }
@@ -179,7 +179,7 @@ fn q3_a_header_that_names_no_run_was_written_by_0_1_0_and_resumes_when_it_change
         .append(
             &log.id,
             2,
-            &[
+            vec![
                 NewEvent::json(EventKind::RequestHeader, &old_header),
                 NewEvent::json(EventKind::Step, &json!({"step": 1, "facts": {}})),
             ],

@@ -89,11 +89,11 @@ pub fn created_sessions_read_back(open: Open) {
 pub fn appends_are_gapless_and_checked(open: Open) {
     let store = open();
     let id = created(&*store, "a");
-    store.append(&id, 2, &step(1)).unwrap();
-    store.append(&id, 4, &step(2)).unwrap();
+    store.append(&id, 2, step(1)).unwrap();
+    store.append(&id, 4, step(2)).unwrap();
     // A writer that did not see the last append is refused, and writes nothing.
     for stale in [2, 4, 7] {
-        let err = store.append(&id, stale, &step(9)).unwrap_err();
+        let err = store.append(&id, stale, step(9)).unwrap_err();
         assert!(
             matches!(err, StoreError::Conflict { expected, found: 5, .. } if expected == stale),
             "{err}"
@@ -125,7 +125,7 @@ pub fn appends_are_durable_across_handles(open: Open) {
         let store = open();
         let id = created(&*store, "a");
         for n in 0..10 {
-            store.append(&id, 2 + 2 * n, &step(n)).unwrap();
+            store.append(&id, 2 + 2 * n, step(n)).unwrap();
         }
         let events = store.events(&id).unwrap();
         (id, events)
@@ -133,7 +133,7 @@ pub fn appends_are_durable_across_handles(open: Open) {
     // Another handle (a restart, or another daemon) reads exactly what was acknowledged.
     let store = open();
     assert_eq!(store.events(&id).unwrap(), expected);
-    store.append(&id, 22, &step(10)).unwrap();
+    store.append(&id, 22, step(10)).unwrap();
     assert_eq!(store.last_seq(&id).unwrap(), 23);
 }
 
@@ -143,9 +143,9 @@ pub fn last_seq_and_events_after_follow_the_log(open: Open) {
     let other = open();
     let id = created(&*store, "a");
     assert_eq!(store.last_seq(&id).unwrap(), 1);
-    store.append(&id, 2, &step(1)).unwrap();
+    store.append(&id, 2, step(1)).unwrap();
     // Appended through one handle, seen through the other at once.
-    other.append(&id, 4, &step(2)).unwrap();
+    other.append(&id, 4, step(2)).unwrap();
     assert_eq!(store.last_seq(&id).unwrap(), 5);
     let after: Vec<u64> = store
         .events_after(&id, 3)
@@ -189,7 +189,7 @@ pub fn bodies_read_back_as_given(open: Open) {
         ),
     ];
     let events: Vec<NewEvent> = bodies.iter().map(|(k, b)| NewEvent::json(*k, b)).collect();
-    store.append(&id, 2, &events).unwrap();
+    store.append(&id, 2, events).unwrap();
     let read = open().events(&id).unwrap();
     for ((kind, body), event) in bodies.iter().zip(&read[1..]) {
         assert_eq!((event.kind, &event.body_value().unwrap()), (*kind, body));
@@ -215,8 +215,11 @@ pub fn racing_appends_at_one_seq_have_one_winner(open: Open) {
                     while won < EACH {
                         let last = store.last_seq(id).unwrap();
                         let body = json!({"writer": w, "n": won});
-                        match store.append(id, last + 1, &[NewEvent::json(EventKind::Step, &body)])
-                        {
+                        match store.append(
+                            id,
+                            last + 1,
+                            vec![NewEvent::json(EventKind::Step, &body)],
+                        ) {
                             Ok(()) => won += 1,
                             Err(StoreError::Conflict { .. }) => refused += 1,
                             Err(e) => panic!("writer {w}: {e}"),
@@ -256,7 +259,7 @@ pub fn sessions_are_listed_most_recent_first(open: Open) {
     std::thread::sleep(std::time::Duration::from_millis(5));
     let b = created(&*store, &format!("{tag}-b"));
     std::thread::sleep(std::time::Duration::from_millis(5));
-    store.append(&a, 2, &step(1)).unwrap();
+    store.append(&a, 2, step(1)).unwrap();
     let listed = store.sessions(&tag, 10).unwrap();
     let ids: Vec<&str> = listed.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, [a.as_str(), b.as_str()], "the last appended first");
@@ -281,7 +284,7 @@ pub fn sessions_are_listed_most_recent_first(open: Open) {
 /// Appending to a session that does not exist fails and creates nothing.
 pub fn appending_to_an_unknown_session_fails(open: Open) {
     let store = open();
-    let err = store.append("no-such-session", 2, &step(1)).unwrap_err();
+    let err = store.append("no-such-session", 2, step(1)).unwrap_err();
     assert!(!err.to_string().is_empty());
     assert!(store.events("no-such-session").unwrap().is_empty());
     assert_eq!(store.session_agent("no-such-session").unwrap(), None);

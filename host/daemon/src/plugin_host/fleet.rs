@@ -654,7 +654,7 @@ mod tests {
         fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
             self.store.events(id)
         }
-        fn append(&self, id: &str, next: u64, events: &[NewEvent]) -> Result<(), StoreError> {
+        fn append(&self, id: &str, next: u64, events: Vec<NewEvent>) -> Result<(), StoreError> {
             self.store.append(id, next, events)
         }
         fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {

@@ -185,14 +185,14 @@ impl Daemon {
     fn append(
         &self,
         slot: &mut SessionSlot<'_>,
-        events: &[NewEvent],
+        events: Vec<NewEvent>,
         bodies: Vec<Body>,
     ) -> Result<u64> {
         let next = slot.get().state.last_seq() + 1;
-        let applied = self
-            .sessions
-            .store
-            .append(slot.id, next, events)
+        // The store takes the encoded events (a copy of each message) and drops them once
+        // written: they are not kept while the state takes the bodies (issue 32: a step's
+        // memory a small multiple of its body).
+        let applied = (self.sessions.store.append(slot.id, next, events))
             .map_err(DaemonError::from)
             .and_then(|()| Ok(slot.get().state.apply_planned(next, bodies)?));
         if let Err(e) = applied {
@@ -422,11 +422,8 @@ impl Daemon {
             }
             _ => None,
         };
-        outcome.append = self.append_timed(&mut slot, &events, bodies, run.timeline)?;
         outcome.appended = events.len();
-        // Written: the encoded events (a copy of each message) are not kept while the reply
-        // is rendered (issue 32: a step's memory a small multiple of its body).
-        drop(events);
+        outcome.append = self.append_timed(&mut slot, events, bodies, run.timeline)?;
         if !outcome.held.is_empty() || self.holding(id) {
             self.note_held(id, &outcome.held);
         }
@@ -491,18 +488,17 @@ impl Daemon {
     fn append_timed(
         &self,
         slot: &mut SessionSlot<'_>,
-        events: &[NewEvent],
+        events: Vec<NewEvent>,
         bodies: Vec<Body>,
         timeline: Option<&Timeline>,
     ) -> Result<std::time::Duration> {
         let append_started = SystemTime::now();
         let clock = Instant::now();
+        let count = events.len();
         let appended = self.append(slot, events, bodies);
         let took = clock.elapsed();
         if let Some(timeline) = timeline {
-            let work = Work::Append {
-                events: events.len(),
-            };
+            let work = Work::Append { events: count };
             let failed = appended.as_ref().err().map(|e| e.to_string());
             timeline.push(work, append_started, failed);
         }
@@ -627,7 +623,7 @@ impl Daemon {
             }
         }
         let append_started = SystemTime::now();
-        let appended = self.append(&mut slot, &[event], vec![body]);
+        let appended = self.append(&mut slot, vec![event], vec![body]);
         if let Some(timeline) = run.timeline {
             let failed = appended.as_ref().err().map(|e| e.to_string());
             timeline.push(Work::Append { events: 1 }, append_started, failed);
@@ -706,7 +702,7 @@ impl Daemon {
         let mut slot = self.checkout(id)?;
         let body = slot.get().state.compaction(from, to, summary)?;
         let event = step::encode(&body)?;
-        self.append(&mut slot, &[event], vec![body])
+        self.append(&mut slot, vec![event], vec![body])
     }
 
     /// Estimate against provider-reported usage, per step and in total (Q14), with each

@@ -1,0 +1,37 @@
+//! JSON text written into a buffer of exactly its size, counted first: a fragment a session
+//! keeps lives as long as the session, and a buffer grown by doubling held up to twice a large
+//! message at a step's peak (issue 32; the 20 MiB step in `tests/limits.rs`).
+
+use serde_json::Value;
+
+/// `value.to_string()`, in a buffer of exactly its size.
+pub fn json_string(value: &Value) -> String {
+    let mut out = Vec::with_capacity(json_len(value));
+    write_json(&mut out, value);
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends `value`'s JSON text to `out`.
+pub(crate) fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
+    // Writing a `Value` (string keys, finite numbers) into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// How many bytes `value` is as JSON, counted without writing them.
+pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Counting cannot fail, and a `Value` always serializes.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
