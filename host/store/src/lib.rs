@@ -271,19 +271,22 @@ struct Files {
 /// file's size.
 #[derive(Clone, PartialEq, Eq)]
 struct Content {
-    header: Vec<u8>,
+    header: [u8; 100],
+    /// How much of `header` the file had (a new file may have less).
+    read: usize,
     size: u64,
 }
 
 fn content(file: &std::fs::File) -> std::io::Result<Content> {
-    let mut header = vec![0u8; 100];
+    // On the stack: this runs twice per write group.
+    let mut header = [0u8; 100];
     #[cfg(unix)]
     let read = std::os::unix::fs::FileExt::read_at(file, &mut header, 0)?;
     #[cfg(not(unix))]
     let read = 0;
-    header.truncate(read);
     Ok(Content {
         header,
+        read,
         size: file.metadata()?.len(),
     })
 }

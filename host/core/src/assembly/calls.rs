@@ -191,7 +191,13 @@ impl Calls<'_> {
         let reads = reads_of(entry, kind, index).filter(|r| !r.volatile)?;
         let answer = reuse.get(entry, kind, index, reads, step)?.clone();
         let name = item_name(entry, kind, index);
-        self.reused.push(format!("{} {kind} `{name}`", entry.id));
+        // Sized once: `format!` grew it two or three times, each step, for each item.
+        let kind = kind.as_str();
+        let mut named = String::with_capacity(entry.id.len() + kind.len() + name.len() + 4);
+        for part in [entry.id.as_str(), " ", kind, " `", name, "`"] {
+            named.push_str(part);
+        }
+        self.reused.push(named);
         Some(answer)
     }
 

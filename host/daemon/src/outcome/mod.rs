@@ -147,7 +147,9 @@ pub struct StepOutcome {
     pub header_reason: Option<&'static str>,
     /// What the step held back for a cache-cold point (K7).
     pub held: Vec<Held>,
-    /// The contributions that kept their answer from an earlier step, without a call (W4).
+    /// The contributions that kept their answer from an earlier step, without a call (W4);
+    /// gathered only for a step an observer traces (`Detail::traced`): the step's marker in
+    /// the log has them anyway.
     pub reused: Vec<String>,
     /// Whether the previous step's request is a prefix of this one (`None` on the first).
     pub prefix_kept: Option<bool>,

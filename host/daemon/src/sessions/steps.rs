@@ -397,7 +397,10 @@ impl Daemon {
         outcome.step = n;
         outcome.header_reason = planned.header_reason.map(|r| r.as_str());
         outcome.held = planned.held().to_vec();
-        outcome.reused = planned.reused().to_vec();
+        if run.detail.traced {
+            // Only a traced step's observers read them (a copy per item otherwise).
+            outcome.reused = planned.reused().to_vec();
+        }
         if run.detail.content {
             let input = planned.bodies.iter().filter_map(Body::as_message);
             outcome.content = Some(input.cloned().collect());
