@@ -4,7 +4,8 @@
 //! Run: `cargo bench -p promptd --bench load`. Environment:
 //! - `LOAD_SECS` (10): measured seconds per scenario, after `LOAD_WARMUP_SECS` (1) of warm-up;
 //! - `LOAD_RATE` (4000): the open loop's offered steps per second, over `LOAD_OPEN_THREADS` (64);
-//! - `LOAD_SCENARIOS` (all): which scenarios to run, 1-based and comma-separated (`2` = 16 threads);
+//! - `LOAD_SCENARIOS` (all): which scenarios to run, 1-based and comma-separated (`2` = 16 threads,
+//!   `5` = the HTTP floor);
 //! - `PROMPTD_BIN` / `PROMPTD_BIN_BASELINE`: see the test kit's `bench` module (before/after
 //!   side by side);
 //! - `LOAD_STORE=postgres`: each scenario also runs on PostgreSQL (a server of its own, started by
@@ -23,6 +24,9 @@
 //! starts a new session (agent `coder`) every 100 steps; a step is one short user message with
 //! the facts `cwd` and `git_branch`.
 //! - Closed loop, 1/16/64 threads: each thread sends its next step when the last one returned.
+//! - The HTTP floor, `GET /v1/health` in a closed loop of 16 threads on the same kind of
+//!   connections: what the daemon's CPU per request is when a request does nothing (issue 50
+//!   compares a short step's against it).
 //! - Open loop: each thread sends on a fixed schedule (thread k of T at `k/rate + i*T/rate`),
 //!   and latency is measured from the *scheduled* send time, so a stalled daemon is charged for
 //!   the steps it delayed (no coordinated omission). Slots still unsent at the end are counted.
@@ -45,7 +49,12 @@ const STEPS_PER_SESSION: u64 = 100;
 #[derive(Clone, Copy)]
 enum Scenario {
     Closed(usize),
-    Open { rate: f64, threads: usize },
+    Open {
+        rate: f64,
+        threads: usize,
+    },
+    /// `GET /v1/health` instead of steps, closed loop.
+    Health(usize),
 }
 
 impl Scenario {
@@ -55,6 +64,7 @@ impl Scenario {
             Scenario::Open { rate, threads } => {
                 format!("open, {rate:.0}/s offered, {threads} threads")
             }
+            Scenario::Health(t) => format!("GET /v1/health, closed, {t} threads"),
         }
     }
 }
@@ -210,6 +220,25 @@ fn closed_loop(urls: &[String], threads: usize, secs: f64) -> (Vec<ThreadResult>
     })
 }
 
+/// Like [`closed_loop`], with `GET /v1/health` for each step.
+fn health_loop(urls: &[String], threads: usize, secs: f64) -> (Vec<ThreadResult>, Duration) {
+    let urls = urls.to_vec();
+    run_threads(threads, move |_, t0| {
+        let deadline = t0 + Duration::from_secs_f64(secs);
+        let client = Client::new(&urls[0]);
+        let mut result = ThreadResult::default();
+        while Instant::now() < deadline {
+            let sent = Instant::now();
+            let (status, _) = client.get("/v1/health");
+            match status {
+                200 => result.latencies.push(sent.elapsed()),
+                _ => result.errors += 1,
+            }
+        }
+        result
+    })
+}
+
 fn open_loop(
     urls: &[String],
     rate: f64,
@@ -289,7 +318,7 @@ fn measure(
     let secs: f64 = env_or("LOAD_SECS", 10.0);
     let warmup: f64 = env_or("LOAD_WARMUP_SECS", 1.0);
     let warm_threads = match scenario {
-        Scenario::Closed(t) => t,
+        Scenario::Closed(t) | Scenario::Health(t) => t,
         Scenario::Open { .. } => 16,
     };
     if warmup > 0.0 {
@@ -299,6 +328,7 @@ fn measure(
     let (results, elapsed) = match scenario {
         Scenario::Closed(t) => closed_loop(&urls, t, secs),
         Scenario::Open { rate, threads } => open_loop(&urls, rate, threads, secs),
+        Scenario::Health(t) => health_loop(&urls, t, secs),
     };
     let ((user1, sys1), client1) = (cpu(), cpu_seconds("self"));
     let rss_kib = daemons.iter().map(Daemon::rss_kib).max().unwrap_or(0);
@@ -338,6 +368,7 @@ fn main() {
             rate,
             threads: open_threads,
         },
+        Scenario::Health(16),
     ];
     // `LOAD_SCENARIOS=2,3` runs only the second and third (1-based), e.g. under a profiler.
     let picked: Vec<usize> = std::env::var("LOAD_SCENARIOS")

@@ -1,10 +1,11 @@
 //! Durable session logs on SQLite (Q1, Q7): append-only events with a per-session sequence
 //! number, implementing [`promptd_core::store::SessionStore`].
 //!
-//! **Group commit.** One writer thread owns the write connection. It takes every pending
-//! append (from all sessions) at once, writes them in one transaction — each in a savepoint,
-//! so one refused append does not undo the others — commits once with `synchronous = FULL`,
-//! and only then acknowledges each. Nothing is acknowledged before it is on disk, and a failed
+//! **Group commit.** One write connection, written by one caller at a time ([`group`]): the
+//! caller that finds no write in progress takes every pending append (from all sessions) at
+//! once, writes them in one transaction — each in a savepoint, so one refused append does not
+//! undo the others — commits once with `synchronous = FULL`, and only then acknowledges each;
+//! the callers that queued meanwhile wait for that write or write the next batch. Nothing is acknowledged before it is on disk, and a failed
 //! commit fails every append of its batch. Reads use their own connections (WAL readers), so a
 //! read never waits behind a writer's sync.
 //!
@@ -25,15 +26,14 @@
 //! are, so old logs keep rebuilding byte-identically.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use promptd_core::sync::lock;
 
 mod blobs;
+mod group;
 
 use promptd_core::store::{
     Event, EventKind, NewEvent, PluginSet, SessionStore, SessionSummary, StoreError, BODY_VERSION,
@@ -46,31 +46,25 @@ const MAX_BATCH: usize = 512;
 /// Read connections kept open for reuse.
 const MAX_IDLE_READERS: usize = 4;
 
-/// SQLite in WAL mode with `synchronous = FULL`, written by one group-committing thread.
+/// SQLite in WAL mode with `synchronous = FULL`, group-committed.
 pub struct SqliteStore {
     path: PathBuf,
     /// The files the store has open, checked before anything is acknowledged or read (Q12).
     files: Arc<Files>,
-    jobs: Option<Sender<Job>>,
-    writer: Option<JoinHandle<()>>,
+    writer: group::GroupCommit,
     readers: Mutex<Vec<Connection>>,
-    /// Test hook: how many commits to fail on purpose (see [`SqliteStore::fail_commits`]).
-    fail_commits: Arc<AtomicU32>,
 }
 
-type Reply<T> = Sender<Result<T, StoreError>>;
-
+/// A write waiting for the write connection.
 enum Job {
     Create {
         agent: String,
         first: NewEvent,
-        reply: Reply<String>,
     },
     Append {
         id: String,
         next_seq: u64,
         events: Vec<NewEvent>,
-        reply: Reply<()>,
     },
 }
 
@@ -168,21 +162,11 @@ impl SqliteStore {
         // connection closes.
         let files = Arc::new(Files::open(path)?);
         files.settled(lock(&files.left))?;
-        let fail_commits = Arc::new(AtomicU32::new(0));
-        let (jobs, rx) = mpsc::channel();
-        let failing = fail_commits.clone();
-        let checked = files.clone();
-        let writer = std::thread::Builder::new()
-            .name("promptd-store-writer".into())
-            .spawn(move || write_loop(conn, &rx, &failing, &checked))
-            .map_err(|e| StoreError::backend("starting the writer thread", e))?;
         Ok(Self {
             path: path.to_path_buf(),
             files,
-            jobs: Some(jobs),
-            writer: Some(writer),
+            writer: group::GroupCommit::new(conn),
             readers: Mutex::new(Vec::new()),
-            fail_commits,
         })
     }
 
@@ -190,14 +174,14 @@ impl SqliteStore {
     /// test that nothing is acknowledged unless its commit succeeded.
     #[doc(hidden)]
     pub fn fail_commits(&self, n: u32) {
-        self.fail_commits.store(n, Ordering::SeqCst);
+        self.writer.fail_commits.store(n, Ordering::SeqCst);
     }
 
-    fn send<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, StoreError> {
-        let (reply, answer) = mpsc::channel();
-        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
-        jobs.send(job(reply)).map_err(|_| stopped())?;
-        answer.recv().map_err(|_| stopped())?
+    /// How many batches the store has written (each one transaction and one sync), for the
+    /// tests of group commit.
+    #[doc(hidden)]
+    pub fn batches(&self) -> u64 {
+        self.writer.batches.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on a read connection from the pool (opened when none is idle), unless the
@@ -403,97 +387,29 @@ fn lost(why: &str) -> StoreError {
     )
 }
 
-fn stopped() -> StoreError {
-    StoreError::backend("session store", "the writer thread has stopped")
-}
-
-impl Drop for SqliteStore {
-    fn drop(&mut self) {
-        // Closing the queue lets the writer finish what is queued and stop.
-        self.jobs.take();
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
-        }
+/// One batch's write: the files checked (Q12), every job in one transaction (made to fail
+/// when `fail` is set, the test hook), the files checked again before anything is
+/// acknowledged. Each job's result is valid only once this returns `Ok`.
+fn write_group(
+    conn: &mut Connection,
+    batch: &[(u64, Job)],
+    fail: bool,
+    files: &Files,
+) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+    if fail {
+        conn.commit_hook(Some(|| true));
     }
-}
-
-/// The writer: one transaction per batch of queued jobs, one sync, a check that the files are
-/// still the ones on disk (Q12), then the replies.
-fn write_loop(mut conn: Connection, rx: &Receiver<Job>, fail_commits: &AtomicU32, files: &Files) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        if fail_commits.load(Ordering::SeqCst) > 0 {
-            fail_commits.fetch_sub(1, Ordering::SeqCst);
-            conn.commit_hook(Some(|| true));
-        }
-        // Once lost, nothing more is written: it would go to a file no one will read.
-        let outcome = files.check_written().and_then(|left| {
-            let results = write_batch(&mut conn, &batch);
-            // Committed to a deleted or replaced file is not on disk: acknowledge nothing.
-            // What the commit (and its checkpoint) left is what the next write expects.
-            files.check()?;
-            files.settled(left)?;
-            results
-        });
-        conn.commit_hook(None::<fn() -> bool>);
-        match outcome {
-            Ok(results) => {
-                for (job, result) in batch.into_iter().zip(results) {
-                    match (job, result) {
-                        (Job::Create { reply, .. }, Ok(Written::Session(id))) => {
-                            let _ = reply.send(Ok(id));
-                        }
-                        (Job::Create { reply, .. }, Err(e)) => {
-                            let _ = reply.send(Err(e));
-                        }
-                        // The events go before the step wakes: it may hold a large
-                        // message's other copies then.
-                        (Job::Append { reply, events, .. }, Ok(_)) => {
-                            drop(events);
-                            let _ = reply.send(Ok(()));
-                        }
-                        (Job::Append { reply, events, .. }, Err(e)) => {
-                            drop(events);
-                            let _ = reply.send(Err(e));
-                        }
-                        (Job::Create { reply, .. }, Ok(Written::Events)) => {
-                            let _ = reply.send(Err(StoreError::backend(
-                                "creating a session",
-                                "the writer lost the session id",
-                            )));
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                // The commit failed (or went to a lost file): nothing of the batch is on disk,
-                // so nothing is acknowledged.
-                let (context, message) = match &e {
-                    StoreError::Backend { context, source } => {
-                        (context.clone(), source.to_string())
-                    }
-                    other => ("committing".to_string(), other.to_string()),
-                };
-                for job in batch {
-                    let error = || StoreError::backend(context.clone(), message.clone());
-                    match job {
-                        Job::Create { reply, .. } => {
-                            let _ = reply.send(Err(error()));
-                        }
-                        Job::Append { reply, .. } => {
-                            let _ = reply.send(Err(error()));
-                        }
-                    }
-                }
-            }
-        }
-    }
+    // Once lost, nothing more is written: it would go to a file no one will read.
+    let outcome = files.check_written().and_then(|left| {
+        let results = write_batch(conn, batch);
+        // Committed to a deleted or replaced file is not on disk: acknowledge nothing.
+        // What the commit (and its checkpoint) left is what the next write expects.
+        files.check()?;
+        files.settled(left)?;
+        results
+    });
+    conn.commit_hook(None::<fn() -> bool>);
+    outcome
 }
 
 enum Written {
@@ -505,7 +421,7 @@ enum Written {
 /// (valid only once the commit succeeded, which is this function's own result).
 fn write_batch(
     conn: &mut Connection,
-    batch: &[Job],
+    batch: &[(u64, Job)],
 ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -518,7 +434,7 @@ fn write_batch(
             .map(drop)
     };
     let mut results = Vec::with_capacity(batch.len());
-    for job in batch {
+    for (_, job) in batch {
         run("SAVEPOINT job").map_err(db("making a savepoint"))?;
         let result = match job {
             Job::Create { agent, first, .. } => create(&tx, agent, first).map(Written::Session),
@@ -606,11 +522,17 @@ fn insert_events(
 
 impl SessionStore for SqliteStore {
     fn create_session(&self, agent: &str, first: NewEvent) -> Result<String, StoreError> {
-        self.send(|reply| Job::Create {
+        let job = Job::Create {
             agent: agent.to_string(),
             first,
-            reply,
-        })
+        };
+        match self.writer.submit(&self.files, job)? {
+            Written::Session(id) => Ok(id),
+            Written::Events => Err(StoreError::backend(
+                "creating a session",
+                "the writer lost the session id",
+            )),
+        }
     }
 
     fn session_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
@@ -673,12 +595,12 @@ impl SessionStore for SqliteStore {
     }
 
     fn append(&self, id: &str, next_seq: u64, events: Vec<NewEvent>) -> Result<(), StoreError> {
-        self.send(|reply| Job::Append {
+        let job = Job::Append {
             id: id.to_string(),
             next_seq,
             events,
-            reply,
-        })
+        };
+        self.writer.submit(&self.files, job).map(drop)
     }
 
     fn health(&self) -> Result<(), StoreError> {

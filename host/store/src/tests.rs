@@ -282,6 +282,13 @@ fn q11_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itse
         })
         .collect();
     let sessions: Vec<(String, u32)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // 16 × (1 creation + 48 appends), and appends queued behind a sync share the next one.
+    let batches = store.batches();
+    assert!(
+        batches < 16 * 49,
+        "{batches} batches for {} writes",
+        16 * 49
+    );
     drop(Arc::try_unwrap(store).ok().unwrap());
     let store = SqliteStore::open(&path).unwrap();
     for (id, refused) in sessions {
