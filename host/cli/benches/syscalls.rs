@@ -7,7 +7,9 @@
 //!
 //! Method: the allocs bench's workload (one client on one keep-alive connection, the four
 //! bundled Rust plugins, durable SQLite, a new session every 100 steps, `--no-watch`
-//! implied by the bench daemon). strace attaches to every thread of the daemon, the window's
+//! implied by the bench daemon); then the same steps from 16 clients at once, each on its own
+//! connection and sessions (group commit shares a sync, its file checks and SQLite's locks
+//! among the appends that queue behind one). strace attaches to every thread of the daemon, the window's
 //! requests run, strace detaches and prints its summary; each syscall's calls are divided by
 //! the window's requests. strace slows every syscall, so its times are not reported: only
 //! counts, which do not depend on speed except where a thread waits (`futex`, `epoll_wait`)
@@ -82,7 +84,7 @@ fn main() {
     let config = rust_plugin_folder(&plugins);
     // Per binary: its label, and the calls per syscall in the steps' and the health checks' windows.
     type Calls = BTreeMap<String, u64>;
-    let mut rows: Vec<(String, Calls, Calls)> = Vec::new();
+    let mut rows: Vec<(String, Calls, Calls, Calls)> = Vec::new();
     for (i, bin) in binaries().iter().enumerate() {
         let daemon = Daemon::start(
             bin,
@@ -94,6 +96,13 @@ fn main() {
         let client = Client::new(&daemon.url);
         short_steps(&client, 200);
         let per_step = traced(daemon.pid, || short_steps(&client, n));
+        let per_step_16 = traced(daemon.pid, || {
+            std::thread::scope(|s| {
+                for _ in 0..16 {
+                    s.spawn(|| short_steps(&Client::new(&daemon.url), n / 16));
+                }
+            })
+        });
         for _ in 0..200 {
             assert_eq!(client.get("/v1/health").0, 200);
         }
@@ -102,16 +111,24 @@ fn main() {
                 assert_eq!(client.get("/v1/health").0, 200);
             }
         });
-        rows.push((bin.label.to_string(), per_step, per_health));
+        rows.push((bin.label.to_string(), per_step, per_step_16, per_health));
         daemon.stop();
     }
-    let mut table = Table::new(&["binary", "syscall", "per short step", "per GET /v1/health"]);
-    for (label, step, health) in &rows {
+    let mut table = Table::new(&[
+        "binary",
+        "syscall",
+        "per short step, 1 client",
+        "per short step, 16 clients",
+        "per GET /v1/health",
+    ]);
+    let n16 = (n / 16 * 16) as f64;
+    for (label, step, step16, health) in &rows {
         let total = |m: &BTreeMap<String, u64>| m.values().sum::<u64>() as f64 / n as f64;
         table.row(vec![
             label.clone(),
             "all".into(),
             format!("{:.1}", total(step)),
+            format!("{:.1}", step16.values().sum::<u64>() as f64 / n16),
             format!("{:.1}", total(health)),
         ]);
         let mut names: Vec<&String> = step.keys().chain(health.keys()).collect();
@@ -128,6 +145,7 @@ fn main() {
                 label.clone(),
                 name.clone(),
                 format!("{:.2}", per(step)),
+                format!("{:.2}", step16.get(name).copied().unwrap_or(0) as f64 / n16),
                 format!("{:.2}", per(health)),
             ]);
         }

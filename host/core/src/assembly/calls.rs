@@ -42,7 +42,7 @@ pub(super) struct Calls<'o> {
     pub(super) observe: Option<&'o dyn Observe>,
     pub(super) texts: KeyMap<CallResult<Arc<str>>>,
     pub(super) values: KeyMap<CallResult<Option<Arc<str>>>>,
-    pub(super) tools: HashMap<usize, CallResult<Vec<String>>, BuildHasherDefault<KeyHasher>>,
+    pub(super) tools: HashMap<usize, CallResult<Arc<[String]>>, BuildHasherDefault<KeyHasher>>,
     /// Contexts left out alone (`contexts_fail_alone`), in the order they were asked for.
     pub(super) omitted: Vec<Omission>,
     /// The session's kept answers (world 0.3.0), when the assembly is a session's step.
@@ -50,10 +50,16 @@ pub(super) struct Calls<'o> {
     /// The plugin calls made.
     pub(super) called: usize,
     /// The contributions answered from `reuse`, without a call: `plugin kind \`name\``.
-    pub(super) reused: Vec<String>,
+    pub(super) reused: Vec<Arc<str>>,
 }
 
 /// The name of `entry`'s item `index` of `kind` (`Kind::Tool`: its tool filter).
+/// How a step's marker names a contribution that kept its answer: `plugin kind \`name\``.
+fn reuse_label(entry: &PluginEntry, kind: Kind, index: usize) -> Arc<str> {
+    let name = item_name(entry, kind, index);
+    Arc::from(format!("{} {kind} `{name}`", entry.id))
+}
+
 fn item_name(entry: &PluginEntry, kind: Kind, index: usize) -> &str {
     let d = &entry.declaration;
     match kind {
@@ -141,6 +147,7 @@ impl Calls<'_> {
                 self.values.insert(k, value);
             }
             if let Some(shown) = answer.shown_tools {
+                let shown: CallResult<Arc<[String]>> = shown.map(Arc::from);
                 if let Ok(names) = &shown {
                     let k = (ptr, Kind::Tool, 0);
                     self.keep(step, entry, k, Answer::Tools(names.clone()));
@@ -189,16 +196,9 @@ impl Calls<'_> {
     ) -> Option<Answer> {
         let reuse = self.reuse.as_deref()?;
         let reads = reads_of(entry, kind, index).filter(|r| !r.volatile)?;
-        let answer = reuse.get(entry, kind, index, reads, step)?.clone();
-        let name = item_name(entry, kind, index);
-        // Sized once: `format!` grew it two or three times, each step, for each item.
-        let kind = kind.as_str();
-        let mut named = String::with_capacity(entry.id.len() + kind.len() + name.len() + 4);
-        for part in [entry.id.as_str(), " ", kind, " `", name, "`"] {
-            named.push_str(part);
-        }
-        self.reused.push(named);
-        Some(answer)
+        let (answer, label) = reuse.get(entry, kind, index, reads, step)?;
+        self.reused.push(label.clone());
+        Some(answer.clone())
     }
 
     /// Keeps an answer for the session's next steps, when its item declares what it reads.
@@ -208,7 +208,8 @@ impl Calls<'_> {
         };
         let (_, kind, index) = key;
         if let Some(reads) = reads_of(entry, kind, index).filter(|r| !r.volatile) {
-            reuse.keep(entry, kind, index, Read::of(reads, step), answer);
+            let label = || reuse_label(entry, kind, index);
+            reuse.keep(entry, (kind, index), Read::of(reads, step), answer, label);
         }
     }
 
@@ -334,7 +335,7 @@ impl Calls<'_> {
         &mut self,
         entry: &Arc<PluginEntry>,
         step: &Step,
-    ) -> Result<&Vec<String>> {
+    ) -> Result<&Arc<[String]>> {
         let ptr = Arc::as_ptr(entry) as usize;
         if !self.tools.contains_key(&ptr) {
             let key = (ptr, Kind::Tool, 0);
@@ -343,10 +344,11 @@ impl Calls<'_> {
                 _ => {
                     self.called += 1;
                     let shown = &*shown(step, &[reads_of(entry, Kind::Tool, 0)]);
-                    let called =
+                    let called: CallResult<Arc<[String]>> =
                         observed(self.observe, Activity::call(entry, "shown-tools"), || {
                             entry.provider.shown_tools(shown)
-                        });
+                        })
+                        .map(Arc::from);
                     if let Ok(names) = &called {
                         self.keep(step, entry, key, Answer::Tools(names.clone()));
                     }

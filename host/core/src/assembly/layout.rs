@@ -135,7 +135,7 @@ pub(super) struct Layout {
 pub(super) type Used = (Vec<Arc<str>>, Arc<[Origin]>);
 
 /// Ordered tools, by what each filtering plugin (by its entry's address) showed.
-pub(super) type Filtered = (Vec<(usize, Vec<String>)>, Arc<OrderedTools>);
+pub(super) type Filtered = (Vec<(usize, Arc<[String]>)>, Arc<OrderedTools>);
 
 impl Part {
     pub fn section(&self) -> &Section {

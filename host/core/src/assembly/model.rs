@@ -45,7 +45,7 @@ pub struct Assembly {
     pub called: usize,
     /// The contributions that kept their answer from the session's earlier step, without a
     /// call (world 0.3.0): `plugin kind \`name\``, in the order they were asked for.
-    pub reused: Vec<String>,
+    pub reused: Vec<Arc<str>>,
 }
 
 /// One tool of a request, as assembly resolved it.

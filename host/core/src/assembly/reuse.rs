@@ -83,13 +83,15 @@ pub(super) enum Answer {
     /// A variable's value.
     Value(Option<Arc<str>>),
     /// The tools a filtering plugin shows.
-    Tools(Vec<String>),
+    Tools(Arc<[String]>),
 }
 
 /// One session's kept answers, and what its last assembly made of them.
 #[derive(Clone, Debug, Default)]
 pub struct Reuse {
-    kept: KeyMap<(Weak<PluginEntry>, Read, Answer)>,
+    /// Each answer with its owner, what it read, and its name as a step's marker records it
+    /// when kept (made once, not at every step that keeps it).
+    kept: KeyMap<(Weak<PluginEntry>, Read, Answer, Arc<str>)>,
 }
 
 impl Reuse {
@@ -103,26 +105,33 @@ impl Reuse {
         index: usize,
         reads: &Reads,
         step: &Step,
-    ) -> Option<&Answer> {
-        let (owner, was, answer) = self.kept.get(&(Arc::as_ptr(entry) as usize, kind, index))?;
+    ) -> Option<(&Answer, &Arc<str>)> {
+        let key = (Arc::as_ptr(entry) as usize, kind, index);
+        let (owner, was, answer, label) = self.kept.get(&key)?;
         (owner.as_ptr() == Arc::as_ptr(entry) && owner.strong_count() > 0 && was.same(reads, step))
-            .then_some(answer)
+            .then_some((answer, label))
     }
 
-    /// Keeps `answer`, given when the contribution read `read`.
+    /// Keeps `answer`, given when the contribution read `read`; `label` names the
+    /// contribution (made only when it was not kept before).
     pub(super) fn keep(
         &mut self,
         entry: &Arc<PluginEntry>,
-        kind: Kind,
-        index: usize,
+        (kind, index): (Kind, usize),
         read: Read,
         answer: Answer,
+        label: impl FnOnce() -> Arc<str>,
     ) {
+        let key = (Arc::as_ptr(entry) as usize, kind, index);
+        let label = match self.kept.get(&key) {
+            Some((owner, _, _, label)) if owner.as_ptr() == Arc::as_ptr(entry) => label.clone(),
+            _ => label(),
+        };
         if self.kept.len() >= MAX_KEPT {
             self.kept.clear();
         }
-        let key = (Arc::as_ptr(entry) as usize, kind, index);
-        self.kept.insert(key, (Arc::downgrade(entry), read, answer));
+        self.kept
+            .insert(key, (Arc::downgrade(entry), read, answer, label));
     }
 }
 

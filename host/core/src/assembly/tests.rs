@@ -1531,10 +1531,10 @@ fn kept_until_what_it_reads_changes(batched: bool) {
         assemble_reusing(&reg, &step, &Options::default(), None, Some(&mut reuse)).unwrap()
     };
     let first = at(1, "review");
-    assert_eq!(first.reused, Vec::<String>::new());
+    assert!(first.reused.is_empty(), "{:?}", first.reused);
     let second = at(2, "review");
     assert_eq!(second.system, first.system);
-    assert_eq!(second.reused, ["p section `task`"]);
+    assert_eq!(second.reused, [Arc::from("p section `task`")]);
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,

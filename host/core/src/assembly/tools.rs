@@ -81,7 +81,7 @@ pub(super) fn order_tools(
                     tool: bad.clone(),
                 });
             }
-            shown.insert(&entry.id, names.into_iter().collect());
+            shown.insert(&entry.id, names.iter().cloned().collect());
         }
     }
     let visible: BTreeSet<&str> = tools

@@ -170,7 +170,7 @@ pub struct Marker {
     /// Contributions that kept their answer from an earlier step because nothing they read
     /// changed, without a call (world 0.3.0): `plugin kind \`name\``.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub reused: Vec<String>,
+    pub reused: Vec<std::sync::Arc<str>>,
 }
 
 /// One event's body, by kind.

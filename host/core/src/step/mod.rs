@@ -132,7 +132,7 @@ impl PlannedStep {
     }
 
     /// The contributions that kept an earlier step's answer (W4), as its marker records them.
-    pub fn reused(&self) -> &[String] {
+    pub fn reused(&self) -> &[std::sync::Arc<str>] {
         match self.bodies.last() {
             Some(Body::Step(marker)) => &marker.reused,
             _ => &[],

@@ -89,12 +89,8 @@ pub fn router_listening(
         .merge(crate::ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            refuse_oversized,
-        ))
+        .layer(middleware::from_fn_with_state(state.clone(), gate))
         .with_state(state)
         .merge(gateway)
 }
@@ -143,7 +139,21 @@ pub fn openapi_json_text() -> String {
     text
 }
 
-async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// What every API request passes before its handler: a body declared too large is refused
+/// first (and drained), then one without the token. One middleware, not two: each costs
+/// allocations on every request (issue 50).
+async fn gate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    match oversized(&state, request).await {
+        Ok(request) => match unauthorized(&state, &request) {
+            Some(refused) => refused,
+            None => next.run(request).await,
+        },
+        Err(refused) => refused,
+    }
+}
+
+/// The refusal of a request without the daemon's token, if it has none.
+fn unauthorized(state: &AppState, request: &Request) -> Option<Response> {
     if let Some(token) = &state.token {
         let path = request.uri().path();
         let public = path == "/v1/health" || path == "/ui" || path.starts_with("/ui/");
@@ -154,16 +164,16 @@ async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) 
                 .map(|v| v.as_bytes())
                 .and_then(|v| v.strip_prefix(b"Bearer "));
             if !given.is_some_and(|given| same_secret(given, token.as_bytes())) {
-                return ApiError::new(
+                let refused = ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "unauthorized",
                     "this daemon requires `Authorization: Bearer <token>`",
-                )
-                .into_response();
+                );
+                return Some(refused.into_response());
             }
         }
     }
-    next.run(request).await
+    None
 }
 
 /// Compares a presented token with the expected one in time that does not depend on where
@@ -176,13 +186,10 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
         == 0
 }
 
-/// Refuses a body whose declared length is over the limit before any handler runs.
-/// (Chunked bodies without a length still meet the limit in the body extractors.)
-async fn refuse_oversized(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Refuses a body whose declared length is over the limit before any handler runs (the
+/// request back when it is not). (Chunked bodies without a length still meet the limit in
+/// the body extractors.)
+async fn oversized(state: &AppState, request: Request) -> Result<Request, Response> {
     let limit = state.max_body;
     let declared = request
         .headers()
@@ -190,7 +197,7 @@ async fn refuse_oversized(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let Some(length) = declared.filter(|&n| n > limit as u64) else {
-        return next.run(request).await;
+        return Ok(request);
     };
     let mut response = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -207,7 +214,7 @@ async fn refuse_oversized(
             header::HeaderValue::from_static("close"),
         );
     }
-    response
+    Err(response)
 }
 
 async fn not_found(request: Request) -> ApiError {

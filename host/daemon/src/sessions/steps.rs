@@ -399,7 +399,7 @@ impl Daemon {
         outcome.held = planned.held().to_vec();
         if run.detail.traced {
             // Only a traced step's observers read them (a copy per item otherwise).
-            outcome.reused = planned.reused().to_vec();
+            outcome.reused = planned.reused().iter().map(|r| r.to_string()).collect();
         }
         if run.detail.content {
             let input = planned.bodies.iter().filter_map(Body::as_message);
