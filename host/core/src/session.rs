@@ -203,23 +203,5 @@ pub(super) fn header_heap_bytes(header: &Header) -> usize {
     header.system.len() + model + tools + header.cache_key.as_ref().map_or(0, |k| k.len() + 16)
 }
 
-/// The length of `value` as JSON, without building the text.
-pub(super) fn json_bytes(value: &impl Serialize) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter cannot fail, and these bodies hold no non-string map keys.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
 #[cfg(test)]
 mod tests;

@@ -18,7 +18,8 @@ pub(crate) fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
     let _ = serde_json::to_writer(out, value);
 }
 
-/// How many bytes `value` is as JSON, counted without writing them.
+/// How many bytes `value` is as JSON, counted without writing them (a session's memory
+/// estimate counts records so, too).
 pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
@@ -31,7 +32,8 @@ pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {
         }
     }
     let mut count = Count(0);
-    // Counting cannot fail, and a `Value` always serializes.
+    // Counting cannot fail; only a map keyed by something other than strings would stop the
+    // count early, and none of what is counted has one.
     let _ = serde_json::to_writer(&mut count, value);
     count.0
 }

@@ -4,6 +4,7 @@
 use super::log::{HeaderRecord, Marker, Snapshot};
 use super::*;
 
+use crate::formats::json_text::json_len;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a message is, for trimming (units, turns, snapshots).
@@ -247,9 +248,9 @@ impl SessionState {
     fn apply_header(&mut self, seq: u64, record: HeaderRecord) {
         // The record as JSON is what its strings hold; the header's `Value` trees hold more
         // in memory, and the provenance is kept twice (below).
-        self.header_bytes = json_bytes(&record)
+        self.header_bytes = json_len(&record)
             + header_heap_bytes(&record.header)
-            + record.provenance.as_ref().map_or(0, json_bytes);
+            + record.provenance.as_ref().map_or(0, json_len);
         let HeaderRecord {
             header,
             provenance,
