@@ -463,6 +463,14 @@ fn g12_two_daemons_on_postgresql_hold_one_spend_limit() {
     assert_eq!(stub.requests().len(), sent);
 }
 
+/// A gateway to the stub for agent `coder`, with no key configured.
+fn keyless_config(folder: &Folder, stub: &Stub) -> std::path::PathBuf {
+    folder.config(&format!(
+        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.coder.gateway]\n",
+        stub.url
+    ))
+}
+
 /// G12: a daemon listening beyond loopback serves gateway traffic only with a key: with none
 /// configured every gateway request is refused (401 `key_required`, naming why), the admin
 /// token is no gateway key, and it keeps guarding the admin routes.
@@ -471,10 +479,7 @@ fn g12_a_daemon_listening_beyond_loopback_refuses_gateway_traffic_without_a_key(
     let stub = Stub::start();
     let folder = Folder::new().bundled("identity");
     let (_tmp, state) = state_dir();
-    let path = folder.config(&format!(
-        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.coder.gateway]\n",
-        stub.url
-    ));
+    let path = keyless_config(&folder, &stub);
     let served = Served::start_with(
         folder.path(),
         &path,
@@ -532,10 +537,7 @@ fn g12_on_loopback_without_keys_the_gateway_is_open_but_a_sent_key_is_checked() 
     let stub = Stub::start();
     let folder = Folder::new().bundled("identity");
     let (_tmp, state) = state_dir();
-    let path = folder.config(&format!(
-        "[gateway]\nenabled = true\n[gateway.upstream.anthropic]\nprovider = \"anthropic\"\nbase_url = \"{}\"\n[agents.coder.gateway]\n",
-        stub.url
-    ));
+    let path = keyless_config(&folder, &stub);
     let served = Served::start(folder.path(), &path, &state);
     let (head, _) = messages(&served, &[("x-api-key", "sk-ant-client-own")]);
     assert_eq!(status(&head), 200, "{head}");

@@ -54,6 +54,37 @@ fn sdk_loop(served: &Served, sdk: &str, turns: u32, stream: bool) -> Value {
 }
 
 /// The recorded tool results of a session's events: (call id, content, is_error).
+/// What a client's two-turn loop saw through a mixed reply (turn 2's reply calls the
+/// client's tool and promptd's at once, so no round of promptd's goes upstream): its output,
+/// the four bodies the stub received (each rebuilt byte for byte from its record), the
+/// session's events and its gateway records.
+struct Mixed {
+    out: Value,
+    received: Vec<Vec<u8>>,
+    events: Vec<Value>,
+    records: Vec<GatewayRecord>,
+}
+
+fn mixed_loop(stub: &Stub, served: &Served, sdk: &str, stream: bool) -> Mixed {
+    let out = sdk_loop(served, sdk, 2, stream);
+    assert_eq!(out["requests"], 4, "{out}");
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
+    assert_eq!(
+        received.len(),
+        4,
+        "no round of promptd's: the reply was mixed"
+    );
+    let events = newest_session(served);
+    let records = records(&events);
+    bodies_rebuild(&records, &received);
+    Mixed {
+        out,
+        received,
+        events,
+        records,
+    }
+}
+
 fn tool_results(events: &[Value]) -> Vec<(String, String, bool)> {
     events
         .iter()
@@ -207,23 +238,18 @@ fn g13_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_pla
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
     // read_file sorts first: in turn 1 the stub calls it alone; in turn 2 (its second round
     // of calls) read_file and time_convert_time in one reply.
-    let out = sdk_loop(&served, "openai-chat", 2, false);
-    assert_eq!(out["requests"], 4, "{out}");
+    let Mixed {
+        out,
+        received,
+        events,
+        records,
+    } = mixed_loop(&stub, &served, "openai-chat", false);
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(
         calls.len(),
         2,
         "the client saw its own two calls only: {out}"
     );
-    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
-    assert_eq!(
-        received.len(),
-        4,
-        "no round of promptd's: the reply was mixed"
-    );
-    let events = newest_session(&served);
-    let records = records(&events);
-    bodies_rebuild(&records, &received);
     let results = tool_results(&events);
     let own: Vec<&(String, String, bool)> = results
         .iter()
@@ -445,8 +471,12 @@ fn g13_bad_input_a_loop_a_huge_output_a_slow_tool_are_refused_naming_the_tool() 
 fn g13_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
     let stub = Stub::start();
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
-    let out = sdk_loop(&served, "openai-chat", 2, true);
-    assert_eq!(out["requests"], 4, "{out}");
+    let Mixed {
+        out,
+        received,
+        records,
+        ..
+    } = mixed_loop(&stub, &served, "openai-chat", true);
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(
         calls.len(),
@@ -457,11 +487,6 @@ fn g13_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
         out["usage"].as_array().unwrap().iter().all(Value::is_null),
         "no usage shown to a client that did not ask: {out}"
     );
-    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
-    assert_eq!(received.len(), 4);
-    let events = newest_session(&served);
-    let records = records(&events);
-    bodies_rebuild(&records, &received);
     let last = parse(&received[3]);
     let messages = last["messages"].as_array().unwrap();
     let n = messages.len();
@@ -483,13 +508,9 @@ fn g13_g5_a_mixed_streamed_reply_shows_the_client_its_calls_frames_only() {
 fn g13_g5_a_mixed_streamed_messages_reply_folds_without_promptds_block() {
     let stub = Stub::start();
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
-    let out = sdk_loop(&served, "anthropic", 2, true);
-    assert_eq!(out["requests"], 4, "{out}");
+    let Mixed { out, received, .. } = mixed_loop(&stub, &served, "anthropic", true);
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(calls.len(), 2, "{out}");
-    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
-    let records = records(&newest_session(&served));
-    bodies_rebuild(&records, &received);
     let last = parse(&received[3]);
     let messages = last["messages"].as_array().unwrap();
     let n = messages.len();
@@ -607,23 +628,18 @@ fn responses_mixed(stream: bool) {
     let (served, _tmp) = daemon(&stub, &time_config("time", "time_"), "", &["mcp:time"]);
     // read_file sorts first: in turn 1 the stub calls it alone; in turn 2 (its second round
     // of calls) read_file and time_convert_time in one reply.
-    let out = sdk_loop(&served, "openai-responses", 2, stream);
-    assert_eq!(out["requests"], 4, "{out}");
+    let Mixed {
+        out,
+        received,
+        events,
+        records,
+    } = mixed_loop(&stub, &served, "openai-responses", stream);
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(
         calls.len(),
         2,
         "the client saw its own two calls only: {out}"
     );
-    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
-    assert_eq!(
-        received.len(),
-        4,
-        "no round of promptd's: the reply was mixed"
-    );
-    let events = newest_session(&served);
-    let records = records(&events);
-    bodies_rebuild(&records, &received);
     let tools = parse(&received[0])["tools"].clone();
     assert_eq!(
         names_of(&tools),
@@ -714,22 +730,17 @@ fn gemini_mixed(stream: bool) {
         time_config("time", "time_")
     );
     let (served, _tmp) = daemon(&stub, &mcp, "", &["mcp:time"]);
-    let out = sdk_loop(&served, "gemini", 2, stream);
-    assert_eq!(out["requests"], 4, "{out}");
+    let Mixed {
+        out,
+        received,
+        events,
+        records,
+    } = mixed_loop(&stub, &served, "gemini", stream);
     assert_eq!(
         out["calls"],
         json!(["read_file", "read_file"]),
         "the client saw its own calls only: {out}"
     );
-    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.2).collect();
-    assert_eq!(
-        received.len(),
-        4,
-        "no round of promptd's: the reply was mixed"
-    );
-    let events = newest_session(&served);
-    let records = records(&events);
-    bodies_rebuild(&records, &received);
     let tools = parse(&received[0])["tools"].clone();
     assert_eq!(
         names_of(&tools),
