@@ -85,6 +85,27 @@ fn mixed_loop(stub: &Stub, served: &Served, sdk: &str, stream: bool) -> Mixed {
     }
 }
 
+/// The id of promptd's own call in a mixed reply (the one result not among the client's
+/// `calls`), recorded and answered once, whose result the model read beside the client's.
+fn own_call_answered(events: &[Value], calls: &[Value], out: &Value) -> String {
+    let results = tool_results(events);
+    let own: Vec<&(String, String, bool)> = (results.iter())
+        .filter(|(id, _, _)| !calls.contains(&json!(id)))
+        .collect();
+    assert_eq!(
+        own.len(),
+        1,
+        "promptd's call answered and recorded: {results:?}"
+    );
+    let own_id = own[0].0.clone();
+    let text = out["texts"][1].as_str().unwrap();
+    assert!(
+        text.contains(&own_id) && text.contains(calls[1].as_str().unwrap()),
+        "the model read both results: {text}"
+    );
+    own_id
+}
+
 fn tool_results(events: &[Value]) -> Vec<(String, String, bool)> {
     events
         .iter()
@@ -250,22 +271,7 @@ fn g13_a_mixed_reply_shows_the_client_its_call_and_puts_promptds_back_at_its_pla
         2,
         "the client saw its own two calls only: {out}"
     );
-    let results = tool_results(&events);
-    let own: Vec<&(String, String, bool)> = results
-        .iter()
-        .filter(|(id, _, _)| !calls.contains(&json!(id)))
-        .collect();
-    assert_eq!(
-        own.len(),
-        1,
-        "promptd's call answered and recorded: {results:?}"
-    );
-    let own_id = own[0].0.clone();
-    let text = out["texts"][1].as_str().unwrap();
-    assert!(
-        text.contains(&own_id) && text.contains(calls[1].as_str().unwrap()),
-        "the model read both results: {text}"
-    );
+    let own_id = own_call_answered(&events, calls, &out);
     // The last request: the client's body, promptd's call and result inserted at their place.
     let last = parse(&received[3]);
     let messages = last["messages"].as_array().unwrap();
@@ -646,21 +652,7 @@ fn responses_mixed(stream: bool) {
         ["time_convert_time", "time_get_current_time", "read_file"]
     );
     assert_eq!(tools[0]["strict"], json!(false), "{tools}");
-    let results = tool_results(&events);
-    let own: Vec<&(String, String, bool)> = (results.iter())
-        .filter(|(id, _, _)| !calls.contains(&json!(id)))
-        .collect();
-    assert_eq!(
-        own.len(),
-        1,
-        "promptd's call answered and recorded: {results:?}"
-    );
-    let own_id = own[0].0.clone();
-    let text = out["texts"][1].as_str().unwrap();
-    assert!(
-        text.contains(&own_id) && text.contains(calls[1].as_str().unwrap()),
-        "the model read both results: {text}"
-    );
+    let own_id = own_call_answered(&events, calls, &out);
     // The last request: the client's input, promptd's call and output at their place.
     let last = parse(&received[3]);
     let input = last["input"].as_array().unwrap();
