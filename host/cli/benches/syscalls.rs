@@ -3,7 +3,8 @@
 //!
 //! Run: `cargo bench -p promptd --bench syscalls`; `PROMPTD_BIN_BASELINE` adds a binary to
 //! compare (see the test kit's `bench` module). `SYSCALLS_STEPS` (1000): measured steps, after
-//! 200 of warm-up. Needs `strace` (and ptrace allowed).
+//! 200 of warm-up. Needs `strace` (and ptrace allowed): `bash host/cli/benches/support/install.sh`
+//! installs it.
 //!
 //! Method: the allocs bench's workload (one client on one keep-alive connection, the four
 //! bundled Rust plugins, durable SQLite, a new session every 100 steps, `--no-watch`
@@ -36,7 +37,7 @@ fn traced(pid: u32, work: impl FnOnce()) -> BTreeMap<String, u64> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("strace runs (is it installed?)");
+        .expect("strace runs (install it with host/cli/benches/support/install.sh)");
     // strace says nothing when attached; give it a moment to reach every thread.
     std::thread::sleep(Duration::from_millis(500));
     work();
