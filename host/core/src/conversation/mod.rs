@@ -84,7 +84,7 @@ impl Native {
 }
 
 /// The strings' bytes in a JSON value, keys included: what its text is at least.
-pub(crate) fn text_bytes(value: &Value) -> usize {
+fn text_bytes(value: &Value) -> usize {
     match value {
         Value::String(s) => s.len(),
         Value::Array(a) => a.iter().map(text_bytes).sum(),
