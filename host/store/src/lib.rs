@@ -161,7 +161,7 @@ impl SqliteStore {
         // long as the writer's connection is open: SQLite removes them only when the last
         // connection closes.
         let files = Arc::new(Files::open(path)?);
-        files.settled(lock(&files.left))?;
+        files.settle(lock(&files.left))?;
         Ok(Self {
             path: path.to_path_buf(),
             files,
@@ -219,21 +219,24 @@ impl std::fmt::Display for FileId {
     }
 }
 
-fn file_id(path: &Path) -> std::io::Result<FileId> {
+/// A file's identity and its size, from one `stat` of its path.
+fn file_id(path: &Path) -> std::io::Result<(FileId, u64)> {
     let meta = std::fs::metadata(path)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        Ok(FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        })
+        Ok((
+            FileId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+            meta.len(),
+        ))
     }
     #[cfg(not(unix))]
     {
         // No inodes: only a deletion is noticed.
-        let _ = meta;
-        Ok(FileId { dev: 0, ino: 0 })
+        Ok((FileId { dev: 0, ino: 0 }, meta.len()))
     }
 }
 
@@ -261,18 +264,19 @@ struct Content {
     size: u64,
 }
 
-fn content(file: &std::fs::File) -> std::io::Result<Content> {
+/// The database file's content: its header read from the open file, and `size`, the size
+/// the `stat` of its path that found it to be the open file gave (no second `stat`).
+fn content(file: &std::fs::File, size: u64) -> std::io::Result<Content> {
     // On the stack: this runs twice per write group.
     let mut header = [0u8; 100];
     #[cfg(unix)]
     let read = std::os::unix::fs::FileExt::read_at(file, &mut header, 0)?;
     #[cfg(not(unix))]
-    let read = 0;
-    Ok(Content {
-        header,
-        read,
-        size: file.metadata()?.len(),
-    })
+    let read = {
+        let _ = file;
+        0
+    };
+    Ok(Content { header, read, size })
 }
 
 impl Files {
@@ -288,7 +292,7 @@ impl Files {
             PathBuf::from(name)
         };
         for file in [path.to_path_buf(), sibling("-wal"), sibling("-shm")] {
-            let id = file_id(&file)
+            let (id, _) = file_id(&file)
                 .map_err(|e| StoreError::backend(format!("reading {}", file.display()), e))?;
             open.push((file, id));
         }
@@ -304,17 +308,19 @@ impl Files {
 
     /// A write's check before it writes: the inodes ([`Files::check`]), then that the
     /// database file holds what the last write left. The guard returned is given back to
-    /// [`Files::settled`] once the write committed.
+    /// [`Files::settle`] once the write committed. The guard is taken first, so the size and
+    /// header compared are never read in the middle of another of this store's writes.
     fn check_written(&self) -> Result<std::sync::MutexGuard<'_, Option<Content>>, StoreError> {
-        self.check()?;
         let left = lock(&self.left);
-        let now = content(&self.main)
+        let size = self.identify()?;
+        let now = content(&self.main, size)
             .map_err(|e| StoreError::backend("reading the database header", e))?;
         match &*left {
             Some(was) if *was != now => {
                 let path = &self.open[0].0;
                 let why = format!(
-                    "{} was overwritten in place while open (its SQLite header or size changed                      from what this store last wrote: {} → {} bytes)",
+                    "{} was overwritten in place while open (its SQLite header or size changed \
+                     from what this store last wrote: {} → {} bytes)",
                     path.display(),
                     was.size,
                     now.size
@@ -326,12 +332,15 @@ impl Files {
         }
     }
 
-    /// Records the database file's content as our write (holding `left`) left it.
-    fn settled(
+    /// After a write committed: the inodes checked again (committed to a deleted or replaced
+    /// file is not on disk), then the database file's content as the write (holding `left`)
+    /// left it recorded, for the next write's check.
+    fn settle(
         &self,
         mut left: std::sync::MutexGuard<'_, Option<Content>>,
     ) -> Result<(), StoreError> {
-        let now = content(&self.main)
+        let size = self.identify()?;
+        let now = content(&self.main, size)
             .map_err(|e| StoreError::backend("reading the database header", e))?;
         *left = Some(now);
         Ok(())
@@ -353,13 +362,25 @@ impl Files {
     /// file. A deleted or replaced file makes the store lost for good, logged once; a file
     /// that cannot be checked (e.g. permissions) fails this call only.
     fn check(&self) -> Result<(), StoreError> {
+        self.identify().map(drop)
+    }
+
+    /// [`Files::check`], returning the database file's size from the same `stat` (the first
+    /// path is the database file's).
+    fn identify(&self) -> Result<u64, StoreError> {
         if let Some(why) = self.lost.get() {
             return Err(lost(why));
         }
-        for (path, id) in &self.open {
+        let mut size = 0;
+        for (i, (path, id)) in self.open.iter().enumerate() {
             let why = match file_id(path) {
-                Ok(now) if now == *id => continue,
-                Ok(now) => format!(
+                Ok((now, len)) if now == *id => {
+                    if i == 0 {
+                        size = len;
+                    }
+                    continue;
+                }
+                Ok((now, _)) => format!(
                     "{} was replaced while open ({id}, now {now})",
                     path.display()
                 ),
@@ -375,7 +396,7 @@ impl Files {
             };
             return Err(self.lose(path, &why));
         }
-        Ok(())
+        Ok(size)
     }
 }
 
@@ -404,8 +425,7 @@ fn write_group(
         let results = write_batch(conn, batch);
         // Committed to a deleted or replaced file is not on disk: acknowledge nothing.
         // What the commit (and its checkpoint) left is what the next write expects.
-        files.check()?;
-        files.settled(left)?;
+        files.settle(left)?;
         results
     });
     conn.commit_hook(None::<fn() -> bool>);
@@ -612,8 +632,7 @@ impl SessionStore for SqliteStore {
         let left = self.files.check_written()?;
         let published = self.publish_set_in(files)?;
         // Committed to a deleted or replaced file is not on disk: not published.
-        self.files.check()?;
-        self.files.settled(left)?;
+        self.files.settle(left)?;
         Ok(published)
     }
 
@@ -630,8 +649,7 @@ impl SessionStore for SqliteStore {
         // Checked and settled as any write (Q12): a count in a lost file is no count.
         let left = self.files.check_written()?;
         let totals = self.add_spend_in(key, periods, micro_usd)?;
-        self.files.check()?;
-        self.files.settled(left)?;
+        self.files.settle(left)?;
         Ok(totals)
     }
 
