@@ -453,18 +453,28 @@ fn write_batch(
             .and_then(|mut stmt| stmt.execute([]))
             .map(drop)
     };
+    let write = |job: &Job| match job {
+        Job::Create { agent, first, .. } => create(&tx, agent, first).map(Written::Session),
+        Job::Append {
+            id,
+            next_seq,
+            events,
+            ..
+        } => append(&tx, id, *next_seq, events).map(|()| Written::Events),
+    };
+    if let [(_, job)] = batch {
+        // A batch of one (every write when steps do not overlap) needs no savepoint: the
+        // transaction is its job's, and a failed job rolls it back whole.
+        let result = write(job);
+        if result.is_ok() {
+            tx.commit().map_err(db("committing"))?;
+        }
+        return Ok(vec![result]);
+    }
     let mut results = Vec::with_capacity(batch.len());
     for (_, job) in batch {
         run("SAVEPOINT job").map_err(db("making a savepoint"))?;
-        let result = match job {
-            Job::Create { agent, first, .. } => create(&tx, agent, first).map(Written::Session),
-            Job::Append {
-                id,
-                next_seq,
-                events,
-                ..
-            } => append(&tx, id, *next_seq, events).map(|()| Written::Events),
-        };
+        let result = write(job);
         if result.is_err() {
             // Only this job's writes go.
             run("ROLLBACK TO job").map_err(db("rolling back a savepoint"))?;

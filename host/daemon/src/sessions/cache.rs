@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use promptd_core::session::SessionState;
 use promptd_core::sync::lock;
@@ -17,13 +17,16 @@ use promptd_core::sync::lock;
 pub(crate) struct Cached {
     pub agent: String,
     pub state: SessionState,
+    /// The key the cache kept it under, given back by [`SessionCache::take`] so that putting
+    /// it back allocates no new key (once per step otherwise).
+    pub key: Option<Arc<str>>,
 }
 
 #[derive(Default)]
 struct Inner {
-    entries: HashMap<String, (u64, Cached)>,
+    entries: HashMap<Arc<str>, (u64, Cached)>,
     /// Last use → session id, oldest first.
-    order: BTreeMap<u64, String>,
+    order: BTreeMap<u64, Arc<str>>,
     tick: u64,
     bytes: usize,
 }
@@ -57,15 +60,16 @@ impl SessionCache {
     /// Takes session `id` out of the cache.
     pub(crate) fn take(&self, id: &str) -> Option<Cached> {
         let mut inner = self.lock();
-        let (tick, cached) = inner.entries.remove(id)?;
+        let (key, (tick, mut cached)) = inner.entries.remove_entry(id)?;
         inner.order.remove(&tick);
         inner.bytes -= size(&cached);
+        cached.key = Some(key);
         Some(cached)
     }
 
     /// Puts session `id` back as the most recently used, evicting the least recently used
     /// ones beyond the budget. A session larger than the whole budget is not kept.
-    pub(crate) fn put(&self, id: &str, cached: Cached) {
+    pub(crate) fn put(&self, id: &str, mut cached: Cached) {
         let bytes = size(&cached);
         let budget = self.budget.load(Ordering::Relaxed);
         let mut inner = self.lock();
@@ -75,7 +79,7 @@ impl SessionCache {
                 let Some((_, oldest)) = inner.order.pop_first() else {
                     break;
                 };
-                if let Some((_, evicted)) = inner.entries.remove(&oldest) {
+                if let Some((_, evicted)) = inner.entries.remove(&*oldest) {
                     inner.bytes -= size(&evicted);
                 }
             }
@@ -85,15 +89,19 @@ impl SessionCache {
             let Some((_, oldest)) = inner.order.pop_first() else {
                 break;
             };
-            if let Some((_, evicted)) = inner.entries.remove(&oldest) {
+            if let Some((_, evicted)) = inner.entries.remove(&*oldest) {
                 inner.bytes -= size(&evicted);
             }
         }
         inner.tick += 1;
         let tick = inner.tick;
-        inner.order.insert(tick, id.to_string());
+        let key = match cached.key.take() {
+            Some(key) if &*key == id => key,
+            _ => Arc::from(id),
+        };
+        inner.order.insert(tick, key.clone());
         inner.bytes += bytes;
-        if let Some((old_tick, old)) = inner.entries.insert(id.to_string(), (tick, cached)) {
+        if let Some((old_tick, old)) = inner.entries.insert(key, (tick, cached)) {
             // Not reached while callers hold the session lock, but keep the books right.
             inner.order.remove(&old_tick);
             inner.bytes -= size(&old);
@@ -113,6 +121,7 @@ mod tests {
 
     fn cached(agent: &str) -> Cached {
         Cached {
+            key: None,
             agent: agent.into(),
             state: SessionState::new("s"),
         }

@@ -23,13 +23,13 @@ struct Slot {
 /// The session's lock, held until dropped.
 pub(crate) struct Held<'a> {
     locks: &'a SessionLocks,
-    id: String,
+    id: &'a str,
     slot: Arc<Slot>,
 }
 
 impl SessionLocks {
     /// Waits until no one else holds session `id`, then holds it.
-    pub(crate) fn hold(&self, id: &str) -> Held<'_> {
+    pub(crate) fn hold<'a>(&'a self, id: &'a str) -> Held<'a> {
         // Clones of a slot are made only under the map's lock, which is what makes the
         // strong-count check in `drop` sound.
         let slot = lock(&self.slots).entry(id.to_string()).or_default().clone();
@@ -41,7 +41,7 @@ impl SessionLocks {
         drop(busy);
         Held {
             locks: self,
-            id: id.to_string(),
+            id,
             slot,
         }
     }
@@ -59,7 +59,7 @@ impl Drop for Held<'_> {
         let mut slots = lock(&self.locks.slots);
         // The map's reference and ours: no one else holds or waits for this session.
         if Arc::strong_count(&self.slot) == 2 {
-            slots.remove(&self.id);
+            slots.remove(self.id);
         }
     }
 }
@@ -73,7 +73,8 @@ mod tests {
     fn the_map_holds_only_sessions_in_use() {
         let locks = SessionLocks::default();
         for i in 0..1000 {
-            let _held = locks.hold(&format!("s{i}"));
+            let id = format!("s{i}");
+            let _held = locks.hold(&id);
             assert_eq!(locks.len(), 1);
         }
         assert_eq!(locks.len(), 0);

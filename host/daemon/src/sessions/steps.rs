@@ -175,7 +175,11 @@ impl Daemon {
         }
         let agent = self.agent_of(id)?;
         let state = SessionState::from_log(id, &self.sessions.store.events(id)?)?;
-        Ok(Cached { agent, state })
+        Ok(Cached {
+            agent,
+            state,
+            key: None,
+        })
     }
 
     /// Appends `bodies` (encoded as `events`) at the state's next seq and extends the state
