@@ -76,7 +76,9 @@ impl std::ops::AddAssign for Size {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Part {
     /// The section's or context's name.
-    pub name: String,
+    // Shared with the assembly's (no copy per step).
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub name: std::sync::Arc<str>,
     /// Its size.
     #[serde(flatten)]
     pub size: Size,
@@ -375,7 +377,7 @@ pub fn usage_with(
     let parts = |list: &[(std::sync::Arc<str>, std::sync::Arc<str>)]| {
         list.iter()
             .map(|(name, text)| Part {
-                name: name.to_string(),
+                name: name.clone(),
                 size: Size::of(text, counter),
             })
             .collect()

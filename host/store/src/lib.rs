@@ -443,24 +443,17 @@ fn write_batch(
     conn: &mut Connection,
     batch: &[(u64, Job)],
 ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(db("beginning a transaction"))?;
-    // Savepoints by cached statements: rusqlite's own parse their SQL at every use, which
-    // cost more than the inserts they guard.
-    let run = |sql: &str| {
-        tx.prepare_cached(sql)
-            .and_then(|mut stmt| stmt.execute([]))
-            .map(drop)
-    };
+    let tx = Immediate::begin(conn).map_err(db("beginning a transaction"))?;
+    let tx = &tx;
+    let run = |sql: &str| cached(tx, sql);
     let write = |job: &Job| match job {
-        Job::Create { agent, first, .. } => create(&tx, agent, first).map(Written::Session),
+        Job::Create { agent, first, .. } => create(tx, agent, first).map(Written::Session),
         Job::Append {
             id,
             next_seq,
             events,
             ..
-        } => append(&tx, id, *next_seq, events).map(|()| Written::Events),
+        } => append(tx, id, *next_seq, events).map(|()| Written::Events),
     };
     if let [(_, job)] = batch {
         // A batch of one (every write when steps do not overlap) needs no savepoint: the
@@ -484,6 +477,59 @@ fn write_batch(
     }
     tx.commit().map_err(db("committing"))?;
     Ok(results)
+}
+
+/// Runs `sql` (no parameters, no rows) by a cached statement: rusqlite's `Transaction` and
+/// `execute_batch` parse their SQL at every use, which costs more than the inserts a
+/// transaction or savepoint guards.
+fn cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute([]))
+        .map(drop)
+}
+
+/// A `BEGIN IMMEDIATE` transaction run by cached statements ([`cached`]), rolled back when
+/// dropped before [`Immediate::commit`].
+struct Immediate<'c> {
+    conn: &'c Connection,
+    open: std::cell::Cell<bool>,
+}
+
+impl<'c> Immediate<'c> {
+    fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
+        cached(conn, "BEGIN IMMEDIATE")?;
+        Ok(Self {
+            conn,
+            open: std::cell::Cell::new(true),
+        })
+    }
+
+    /// Commits; on failure (e.g. the test hook's refused commit) nothing of it is kept.
+    fn commit(&self) -> rusqlite::Result<()> {
+        let committed = cached(self.conn, "COMMIT");
+        if committed.is_ok() {
+            self.open.set(false);
+        }
+        committed
+    }
+}
+
+impl std::ops::Deref for Immediate<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for Immediate<'_> {
+    fn drop(&mut self) {
+        // Not committed: undo it all. A transaction SQLite already ended (a failed commit
+        // rolls back) makes this fail harmlessly.
+        if self.open.get() && !self.conn.is_autocommit() {
+            let _ = cached(self.conn, "ROLLBACK");
+        }
+    }
 }
 
 fn create(tx: &Connection, agent: &str, first: &NewEvent) -> Result<String, StoreError> {

@@ -258,6 +258,30 @@ fn q12_a_database_overwritten_in_place_is_noticed_before_anything_is_acknowledge
 }
 
 #[test]
+fn q12_a_database_grown_in_place_with_its_header_kept_is_noticed_by_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let id = new_session(&store);
+    store.append(&id, 2, step(1)).unwrap();
+    // Bytes added at the end: the first 100 are what the store last wrote, the size is not
+    // (the size compared comes from the same `stat` that checks the file's identity).
+    let header = std::fs::read(&path).unwrap()[..100].to_vec();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(&mut file, &[0u8; 4096]).unwrap();
+    drop(file);
+    assert_eq!(
+        std::fs::read(&path).unwrap()[..100],
+        header[..],
+        "header kept"
+    );
+    assert_lost(&store, &id, "s.db was overwritten in place while open");
+}
+
+#[test]
 fn q11_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itself() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");

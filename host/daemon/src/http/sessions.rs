@@ -36,11 +36,10 @@ pub(crate) struct ListQuery {
     responses((status = 201, description = "The new session", body = api::SessionCreated), api::Errors))]
 pub(crate) async fn create_session(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    TraceParent(parent): TraceParent,
     JsonBody(req): JsonBody<api::NewSession>,
 ) -> ApiResult {
     let agent = req.agent.clone();
-    let parent = trace_parent(&headers);
     let id = blocking(&state, move |daemon| {
         daemon.create_session_traced(&agent, parent.as_ref())
     })
@@ -57,6 +56,21 @@ pub(crate) async fn create_session(
 pub(crate) fn trace_parent(headers: &HeaderMap) -> Option<crate::TraceContext> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     crate::TraceContext::from_headers(get("traceparent"), get("tracestate"))
+}
+
+/// A handler's [`trace_parent`], read where the headers are (a `HeaderMap` argument would
+/// copy every header of every request).
+pub(crate) struct TraceParent(pub(crate) Option<crate::TraceContext>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for TraceParent {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(TraceParent(trace_parent(&parts.headers)))
+    }
 }
 
 /// Per step, the budget's estimate against the usage the provider reported; totals.

@@ -12,10 +12,9 @@ use super::*;
 pub(crate) async fn step(
     State(state): State<Arc<AppState>>,
     SessionId(id): SessionId,
-    headers: HeaderMap,
+    TraceParent(parent): TraceParent,
     JsonBody(req): JsonBody<api::StepBody>,
 ) -> ApiResult {
-    let parent = trace_parent(&headers);
     let input = StepInput {
         messages: req.messages,
         facts: req.facts,
@@ -98,10 +97,9 @@ pub(crate) async fn record_message(
     State(state): State<Arc<AppState>>,
     SessionId(id): SessionId,
     sent: Sent,
-    headers: HeaderMap,
+    TraceParent(parent): TraceParent,
     JsonBody(value): JsonBody<Value>,
 ) -> ApiResult {
-    let parent = trace_parent(&headers);
     // Any of the shapes the SDKs return (promptd_core::formats::replies), not only the neutral one.
     let mut request = crate::RecordRequest::reply(id, value, sent.format, sent.at)?;
     request.trace = parent;
