@@ -288,6 +288,11 @@ pub enum Error {
         known: Vec<String>,
     },
 
+    /// A step planned where no plugin may be called needed a call (internal: such a step is
+    /// planned again where calls may be made, so no client is answered with it).
+    #[error("a plugin call is needed where none may be made")]
+    WouldCall,
+
     /// A plugin's call failed during assembly: an error result or a trap.
     #[error("plugin `{plugin}`, {contribution}: {cause}")]
     PluginCall {
@@ -526,6 +531,7 @@ impl Error {
             Error::UnknownPlugin(_) => "unknown_plugin",
             Error::MultipleComplete(_) => "multiple_complete",
             Error::UnknownToolOrderName { .. } => "unknown_tool_order_name",
+            Error::WouldCall => "would_call",
             Error::PluginCall { trapped: false, .. } => "plugin_error",
             Error::PluginCall { trapped: true, .. } => "plugin_trap",
             Error::UnknownShownTool { .. } => "unknown_shown_tool",

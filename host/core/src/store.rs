@@ -246,6 +246,9 @@ impl StoreError {
     }
 }
 
+/// What [`SessionStore::append_then`] calls with an append's result.
+pub type AppendDone = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
 /// Where session logs live.
 pub trait SessionStore: Send + Sync {
     /// Creates a session for `agent` with a fresh id, recording `first` as event 1.
@@ -258,6 +261,17 @@ pub trait SessionStore: Send + Sync {
     /// be the log's length + 1, so a concurrent writer is detected instead of interleaved.
     /// The events are the store's: a writer on another thread takes them without a copy.
     fn append(&self, id: &str, next_seq: u64, events: Vec<NewEvent>) -> Result<(), StoreError>;
+    /// [`SessionStore::append`], its result given to `then` instead of returned. A store that
+    /// [`defers`](SessionStore::defers) returns at once and calls `then` from a writer of its
+    /// own once the events are durable (or refused); the default calls it before returning.
+    fn append_then(&self, id: &str, next_seq: u64, events: Vec<NewEvent>, then: AppendDone) {
+        then(self.append(id, next_seq, events));
+    }
+    /// Whether [`SessionStore::append_then`] returns before the append is written (so a
+    /// caller whose thread must not block on the disk or the network may use it).
+    fn defers(&self) -> bool {
+        false
+    }
     /// Sessions whose id or agent contains `filter` (all when empty), most recent activity
     /// first, at most `limit`.
     fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError>;

@@ -28,6 +28,19 @@ impl Engine for NativeEngine {
         let plugin = match std::str::from_utf8(r.bytes).unwrap_or("").trim() {
             "persona-v1" => NativePlugin::new().section("persona", 0, "You are v1."),
             "persona-v2" => NativePlugin::new().section("persona", 0, "You are v2."),
+            // Its context declares what it reads (world 0.3.0): kept while `cwd` is unchanged.
+            "reading" => NativePlugin::new()
+                .section("persona", 0, "You read.")
+                .dynamic_context("cwd", 10, |step| {
+                    Ok(format!(
+                        "cwd {}",
+                        step.facts.get("cwd").cloned().unwrap_or_default()
+                    ))
+                })
+                .reads(promptd_core::plugin::model::Reads {
+                    facts: ["cwd".to_string()].into(),
+                    ..Default::default()
+                }),
             "tools" => NativePlugin::new()
                 .tool("read", "Reads a file.", r#"{"type":"object"}"#)
                 .dynamic_context("cwd", 10, |step| {
@@ -612,4 +625,125 @@ fn r5_a_client_resuming_from_before_the_kept_history_is_told_it_lagged() {
     );
     assert!(!body.contains("lagged"), "{body}");
     assert!(body.contains(&format!("id: {}", HISTORY + 4)), "{body}");
+}
+
+/// A store that writes appends on a thread of its own and answers later, as SQLite's writer
+/// does (`SessionStore::defers`), over the memory store.
+struct Deferring(Arc<MemoryStore>);
+
+impl SessionStore for Deferring {
+    fn create_session(
+        &self,
+        agent: &str,
+        first: promptd_core::store::NewEvent,
+    ) -> Result<String, promptd_core::store::StoreError> {
+        self.0.create_session(agent, first)
+    }
+    fn session_agent(&self, id: &str) -> Result<Option<String>, promptd_core::store::StoreError> {
+        self.0.session_agent(id)
+    }
+    fn events(
+        &self,
+        id: &str,
+    ) -> Result<Vec<promptd_core::store::Event>, promptd_core::store::StoreError> {
+        self.0.events(id)
+    }
+    fn append(
+        &self,
+        id: &str,
+        next_seq: u64,
+        events: Vec<promptd_core::store::NewEvent>,
+    ) -> Result<(), promptd_core::store::StoreError> {
+        self.0.append(id, next_seq, events)
+    }
+    fn append_then(
+        &self,
+        id: &str,
+        next_seq: u64,
+        events: Vec<promptd_core::store::NewEvent>,
+        then: promptd_core::store::AppendDone,
+    ) {
+        let (store, id) = (self.0.clone(), id.to_string());
+        std::thread::spawn(move || then(store.append(&id, next_seq, events)));
+    }
+    fn defers(&self) -> bool {
+        true
+    }
+    fn sessions(
+        &self,
+        filter: &str,
+        limit: usize,
+    ) -> Result<Vec<promptd_core::store::SessionSummary>, promptd_core::store::StoreError> {
+        self.0.sessions(filter, limit)
+    }
+}
+
+/// Runs `Daemon::step_inline` to its end on a runtime of this thread: the step's number and
+/// body, or `None` when the step was given back for the blocking pool.
+fn inline(d: &Daemon, id: &str, input: &StepInput) -> Option<(u64, String)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let request = StepRequest::new(id, input.clone(), Format::Neutral);
+    match runtime.block_on(d.step_inline(request)) {
+        Ok(outcome) => {
+            let outcome = outcome.unwrap();
+            Some((outcome.step, outcome.body.into_string()))
+        }
+        Err(back) => {
+            // Given back as it came.
+            assert_eq!(back.session, id);
+            assert_eq!(back.input.messages, input.messages);
+            assert_eq!(back.input.facts, input.facts);
+            None
+        }
+    }
+}
+
+#[test]
+fn q22_a_short_step_runs_inline_with_the_bytes_and_log_of_one_on_the_blocking_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    put(dir.path(), "reading", "reading");
+    let d = daemon(
+        Arc::new(Deferring(Arc::new(MemoryStore::default()))),
+        dir.path(),
+    );
+    let (inline_id, pooled_id) = (
+        d.create_session("coder").unwrap(),
+        d.create_session("coder").unwrap(),
+    );
+    let mut inline_bodies = Vec::new();
+    let mut pooled_bodies = Vec::new();
+    let mut ran_inline = Vec::new();
+    for (i, cwd) in ["/a", "/a", "/a", "/b", "/b"].iter().enumerate() {
+        let input = input(vec![Message::user(format!("turn {i}"))], &[("cwd", cwd)]);
+        let body = match inline(&d, &inline_id, &input) {
+            Some(body) => {
+                ran_inline.push(true);
+                body
+            }
+            None => {
+                ran_inline.push(false);
+                d.step_body(&inline_id, &input, Format::Neutral).unwrap()
+            }
+        };
+        let rebuilt = formats::render(&d.request(&inline_id, body.0).unwrap(), Format::Neutral);
+        assert_eq!(body.1, rebuilt.to_string(), "step {} rebuilt", body.0);
+        inline_bodies.push(body);
+        pooled_bodies.push(d.step_body(&pooled_id, &input, Format::Neutral).unwrap());
+    }
+    // The first step has no kept answer, and `cwd` changed at the fourth: those call the
+    // plugin, so they are given back; the others keep its answer and run inline.
+    assert_eq!(ran_inline, [false, true, true, false, true]);
+    // The same bytes and the same log whichever way a step ran (the sessions differ only by
+    // their ids and data secrets, which no body here shows).
+    assert_eq!(inline_bodies, pooled_bodies);
+    let kinds = |id: &str| -> Vec<String> {
+        d.session_events(id)
+            .unwrap()
+            .iter()
+            .map(|e| e.kind.to_string())
+            .collect()
+    };
+    assert_eq!(kinds(&inline_id), kinds(&pooled_id));
 }

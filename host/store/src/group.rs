@@ -1,22 +1,27 @@
-//! Group commit (Q11) without a writer thread: the caller that finds no write in progress
-//! becomes the writer, takes everything queued (its own job and any others, from all
-//! sessions), writes it in one transaction and one sync, then hands each queued caller its
-//! result and wakes those that wait. A caller that finds a write in progress queues its job
-//! and waits; when that write ends, its job is either done or the next writer takes it.
+//! Group commit (Q11): the caller that finds no write in progress becomes the writer, takes
+//! everything queued (its own job and any others, from all sessions), writes it in one
+//! transaction and one sync, then hands each queued job its result. A caller that finds a
+//! write in progress queues its job and waits; when that write ends, its job is either done
+//! or the next writer takes it.
 //!
 //! Alone, a step's append so costs no thread switch at all (a writer thread meant a wake of
 //! that thread and a wake back per append: issue 50 counted 14 `futex` calls per short step);
 //! under load, the appends that queue behind a sync still share the next one. A write that
 //! ends wakes exactly the callers it wrote for, and the oldest one still queued to write next
 //! (waking every waiter cost 8% of the steps at 16 clients).
+//!
+//! A caller that must not block (a step planned on the async runtime) queues a deferred job
+//! instead ([`GroupCommit::submit_then`]): it returns at once, and whoever writes the job
+//! gives its result to the job's callback. When no write is in progress the store's writer
+//! thread is woken to write it: one wake per batch, not per job.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::thread::Thread;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::{Thread, ThreadId};
 
-use promptd_core::store::StoreError;
+use promptd_core::store::{AppendDone, StoreError};
 use promptd_core::sync::lock;
 use rusqlite::Connection;
 
@@ -31,14 +36,26 @@ pub(crate) struct GroupCommit {
     pub(crate) fail_commits: AtomicU32,
     /// How many batches were written (the tests see that appends share them).
     pub(crate) batches: AtomicU64,
+    /// The thread that writes deferred jobs when no caller is writing ([`GroupCommit::start`]).
+    writer: OnceLock<Thread>,
+    /// Set when the store closes: the writer thread ends.
+    stop: AtomicBool,
+}
+
+/// Who waits for a job's result.
+enum Waiter {
+    /// A caller parked in [`GroupCommit::submit`]: its result is left in `Queue::results`.
+    Caller(Thread),
+    /// A deferred append ([`GroupCommit::submit_then`]): its result goes to the callback.
+    Then(AppendDone),
 }
 
 #[derive(Default)]
 struct Queue {
     /// The next job's ticket.
     next: u64,
-    /// Jobs not taken by a write yet, oldest first, each with its caller (to wake).
-    jobs: VecDeque<(u64, Job, Thread)>,
+    /// Jobs not taken by a write yet, oldest first, each with who waits for it.
+    jobs: VecDeque<(u64, Job, Waiter)>,
     /// Results of written jobs whose callers have not taken them yet.
     results: HashMap<u64, Result<Written, StoreError>>,
     /// Whether a caller is writing.
@@ -52,6 +69,41 @@ impl GroupCommit {
             conn: Mutex::new(conn),
             fail_commits: AtomicU32::new(0),
             batches: AtomicU64::new(0),
+            writer: OnceLock::new(),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the writer thread of deferred jobs. It holds the group weakly, so it ends when
+    /// the store is dropped ([`GroupCommit::close`]).
+    pub(crate) fn start(self: &Arc<Self>, files: Arc<Files>) -> std::io::Result<()> {
+        let group = Arc::downgrade(self);
+        let thread = std::thread::Builder::new()
+            .name("promptd-store-writer".into())
+            .spawn(move || loop {
+                std::thread::park();
+                let Some(group) = group.upgrade() else {
+                    return;
+                };
+                if group.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let me = std::thread::current().id();
+                let mut queue = lock(&group.queue);
+                while !queue.writing && !queue.jobs.is_empty() {
+                    queue = group.lead(&files, queue, me);
+                }
+            })?;
+        let _ = self.writer.set(thread.thread().clone());
+        Ok(())
+    }
+
+    /// Ends the writer thread (deferred jobs still queued are never written: their callbacks
+    /// are dropped, which their callers see as a failure, not an acknowledgement).
+    pub(crate) fn close(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(writer) = self.writer.get() {
+            writer.unpark();
         }
     }
 
@@ -62,7 +114,9 @@ impl GroupCommit {
         let mut queue = lock(&self.queue);
         let ticket = queue.next;
         queue.next += 1;
-        queue.jobs.push_back((ticket, job, me.clone()));
+        queue
+            .jobs
+            .push_back((ticket, job, Waiter::Caller(me.clone())));
         loop {
             if let Some(result) = queue.results.remove(&ticket) {
                 return result;
@@ -75,29 +129,77 @@ impl GroupCommit {
                 queue = lock(&self.queue);
                 continue;
             }
-            queue.writing = true;
-            let n = queue.jobs.len().min(MAX_BATCH);
-            let mut callers = Vec::with_capacity(n);
-            let batch: Vec<(u64, Job)> = (queue.jobs.drain(..n))
-                .map(|(ticket, job, caller)| {
-                    callers.push(caller);
-                    (ticket, job)
-                })
-                .collect();
-            drop(queue);
-            let results = self.write(files, batch);
-            queue = lock(&self.queue);
-            queue.writing = false;
-            queue.results.extend(results);
-            let next = queue.jobs.front().map(|(_, _, caller)| caller.clone());
-            drop(queue);
-            for caller in callers.iter().chain(&next) {
-                if caller.id() != me.id() {
-                    caller.unpark();
-                }
-            }
-            queue = lock(&self.queue);
+            queue = self.lead(files, queue, me.id());
         }
+    }
+
+    /// Queues the append `job` and returns at once: `then` gets its result once it is written
+    /// (durable, the files checked), from the thread that writes it — a caller writing its own
+    /// batch, or the writer thread, woken when no write is in progress.
+    pub(crate) fn submit_then(&self, job: Job, then: AppendDone) {
+        let mut queue = lock(&self.queue);
+        let ticket = queue.next;
+        queue.next += 1;
+        queue.jobs.push_back((ticket, job, Waiter::Then(then)));
+        let idle = !queue.writing;
+        drop(queue);
+        if idle {
+            if let Some(writer) = self.writer.get() {
+                writer.unpark();
+            }
+        }
+    }
+
+    /// Writes a batch of what is queued (the caller holds `queue`, no write in progress) and
+    /// hands out its results: a caller's is left for it and the caller woken, a deferred
+    /// job's given to its callback. Then wakes whoever writes next: the oldest job still
+    /// queued's caller, or the writer thread for a deferred one. `me` is not woken (it
+    /// loops). Returns the queue locked again.
+    fn lead<'q>(
+        &'q self,
+        files: &Files,
+        mut queue: MutexGuard<'q, Queue>,
+        me: ThreadId,
+    ) -> MutexGuard<'q, Queue> {
+        queue.writing = true;
+        let n = queue.jobs.len().min(MAX_BATCH);
+        let mut waiters = Vec::with_capacity(n);
+        let batch: Vec<(u64, Job)> = (queue.jobs.drain(..n))
+            .map(|(ticket, job, waiter)| {
+                waiters.push(waiter);
+                (ticket, job)
+            })
+            .collect();
+        drop(queue);
+        let results = self.write(files, batch);
+        let mut callbacks = Vec::new();
+        let mut wake = Vec::with_capacity(n + 1);
+        queue = lock(&self.queue);
+        queue.writing = false;
+        for ((ticket, result), waiter) in results.into_iter().zip(waiters) {
+            match waiter {
+                Waiter::Caller(caller) => {
+                    queue.results.insert(ticket, result);
+                    wake.push(caller);
+                }
+                Waiter::Then(then) => callbacks.push((then, result)),
+            }
+        }
+        let next = queue.jobs.front().and_then(|(_, _, waiter)| match waiter {
+            Waiter::Caller(caller) => Some(caller.clone()),
+            Waiter::Then(_) => self.writer.get().cloned(),
+        });
+        drop(queue);
+        for thread in wake.iter().chain(&next) {
+            if thread.id() != me {
+                thread.unpark();
+            }
+        }
+        for (then, result) in callbacks {
+            // A callback that panics must not take the writer with it.
+            let _ = catch_unwind(AssertUnwindSafe(|| then(result.map(drop))));
+        }
+        lock(&self.queue)
     }
 
     /// Writes one batch; every job gets a result, whatever happens (a panic while writing

@@ -51,8 +51,14 @@ pub struct SqliteStore {
     path: PathBuf,
     /// The files the store has open, checked before anything is acknowledged or read (Q12).
     files: Arc<Files>,
-    writer: group::GroupCommit,
+    writer: Arc<group::GroupCommit>,
     readers: Mutex<Vec<Connection>>,
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.writer.close();
+    }
 }
 
 /// A write waiting for the write connection.
@@ -162,10 +168,14 @@ impl SqliteStore {
         // connection closes.
         let files = Arc::new(Files::open(path)?);
         files.settle(lock(&files.left))?;
+        let writer = Arc::new(group::GroupCommit::new(conn));
+        writer
+            .start(files.clone())
+            .map_err(|e| StoreError::backend("starting the store's writer thread", e))?;
         Ok(Self {
             path: path.to_path_buf(),
             files,
-            writer: group::GroupCommit::new(conn),
+            writer,
             readers: Mutex::new(Vec::new()),
         })
     }
@@ -677,6 +687,25 @@ impl SessionStore for SqliteStore {
             events,
         };
         self.writer.submit(&self.files, job).map(drop)
+    }
+
+    fn append_then(
+        &self,
+        id: &str,
+        next_seq: u64,
+        events: Vec<NewEvent>,
+        then: promptd_core::store::AppendDone,
+    ) {
+        let job = Job::Append {
+            id: id.to_string(),
+            next_seq,
+            events,
+        };
+        self.writer.submit_then(job, then);
+    }
+
+    fn defers(&self) -> bool {
+        true
     }
 
     fn health(&self) -> Result<(), StoreError> {

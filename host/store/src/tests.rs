@@ -321,3 +321,68 @@ fn q11_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itse
         assert_eq!(seqs, (1..=41).collect::<Vec<_>>(), "session {id}");
     }
 }
+
+/// Deferred appends (a step planned on the async runtime): `append_then` returns at once, each
+/// callback gets its own append's result once it is durable, a refused one is refused alone,
+/// and appends deferred together share commits.
+#[test]
+fn q11_deferred_appends_are_answered_once_durable_and_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    assert!(store.defers());
+    let sessions: Vec<String> = (0..8).map(|_| new_session(&store)).collect();
+    let before = store.batches();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for n in 1..=20u64 {
+        for (s, id) in sessions.iter().enumerate() {
+            let tx = tx.clone();
+            store.append_then(
+                id,
+                n + 1,
+                step(n),
+                Box::new(move |r| tx.send((s, n, r)).unwrap()),
+            );
+        }
+        // And one that claims a seq already taken.
+        let tx = tx.clone();
+        store.append_then(
+            &sessions[0],
+            1,
+            step(n),
+            Box::new(move |r| tx.send((usize::MAX, n, r)).unwrap()),
+        );
+    }
+    drop(tx);
+    let answers: Vec<_> = rx.iter().collect();
+    assert_eq!(answers.len(), 20 * 9, "every callback called once");
+    for (s, n, r) in &answers {
+        match *s {
+            usize::MAX => assert_eq!(r.as_ref().unwrap_err().code(), "store_conflict"),
+            _ => assert!(r.is_ok(), "session {s} append {n}: {r:?}"),
+        }
+    }
+    let batches = store.batches() - before;
+    assert!(batches < 20 * 9, "{batches} batches for {} appends", 20 * 9);
+    drop(Arc::try_unwrap(store).ok().unwrap());
+    let store = SqliteStore::open(&path).unwrap();
+    for id in &sessions {
+        let seqs: Vec<u64> = store.events(id).unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=21).collect::<Vec<_>>(), "session {id}");
+    }
+}
+
+/// A deferred append to a store whose files were lost is refused, not acknowledged (Q12).
+#[test]
+fn q12_a_deferred_append_to_a_lost_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let id = new_session(&store);
+    remove_files(&path);
+    let (tx, rx) = std::sync::mpsc::channel();
+    store.append_then(&id, 2, step(1), Box::new(move |r| tx.send(r).unwrap()));
+    let err = rx.recv().unwrap().unwrap_err();
+    assert_eq!(err.code(), "store", "{err}");
+    assert!(err.to_string().contains("deleted while open"), "{err}");
+}

@@ -51,6 +51,9 @@ pub(super) struct Calls<'o> {
     pub(super) called: usize,
     /// The contributions answered from `reuse`, without a call: `plugin kind \`name\``.
     pub(super) reused: Vec<Arc<str>>,
+    /// No plugin may be called: an item that needs a call fails the assembly with
+    /// [`Error::WouldCall`] instead (a step planned where a call could block other work).
+    pub(super) forbid: bool,
 }
 
 /// The name of `entry`'s item `index` of `kind` (`Kind::Tool`: its tool filter).
@@ -118,6 +121,10 @@ impl Calls<'_> {
                 owned = (t, v);
                 (&filtered, &owned.0, &owned.1)
             };
+            if self.forbid {
+                // Not asked: the per-item path refuses the first item it needs.
+                continue;
+            }
             // The call is shown what its items read (world 0.3.0; all of it before).
             let reads: Vec<Option<&Reads>> = (texts.iter().chain(values))
                 .map(|&(_, kind, i)| reads_of(entry, kind, i))
@@ -213,6 +220,14 @@ impl Calls<'_> {
         }
     }
 
+    /// Refuses a call when calls are forbidden ([`Calls::forbid`]).
+    fn may_call(&self) -> Result<()> {
+        match self.forbid {
+            true => Err(Error::WouldCall),
+            false => Ok(()),
+        }
+    }
+
     /// Whether no plugin was called.
     pub(super) fn is_empty(&self) -> bool {
         self.texts.is_empty() && self.values.is_empty() && self.tools.is_empty()
@@ -246,6 +261,7 @@ impl Calls<'_> {
                 let answer = match self.kept_one(entry, kind, index, step) {
                     Some(Answer::Text(kept)) => Ok(kept),
                     _ => {
+                        self.may_call()?;
                         self.called += 1;
                         let shown = &*shown(step, &[reads_of(entry, kind, index)]);
                         let called = match kind {
@@ -310,6 +326,7 @@ impl Calls<'_> {
                 let answer = match self.kept_one(entry, Kind::Variable, index, step) {
                     Some(Answer::Value(kept)) => Ok(kept),
                     _ => {
+                        self.may_call()?;
                         self.called += 1;
                         let shown = &*shown(step, &[reads_of(entry, Kind::Variable, index)]);
                         let called =
@@ -342,6 +359,7 @@ impl Calls<'_> {
             let answer = match self.kept_one(entry, Kind::Tool, 0, step) {
                 Some(Answer::Tools(kept)) => Ok(kept),
                 _ => {
+                    self.may_call()?;
                     self.called += 1;
                     let shown = &*shown(step, &[reads_of(entry, Kind::Tool, 0)]);
                     let called: CallResult<Arc<[String]>> =

@@ -67,6 +67,30 @@ pub fn assemble_reusing(
     observe: Option<&dyn Observe>,
     reuse: Option<&mut Reuse>,
 ) -> Result<Arc<Assembly>> {
+    assemble_with(registry, step, options, observe, reuse, false)
+}
+
+/// [`assemble_reusing`] where no plugin may be called (a step planned on a thread that other
+/// work shares, where a call could block it to its deadline): served from the memo and the
+/// kept answers alone, or [`Error::WouldCall`], with nothing called and nothing kept.
+pub fn assemble_without_calls(
+    registry: &Registry,
+    step: &Step,
+    options: &Options,
+    observe: Option<&dyn Observe>,
+    reuse: &mut Reuse,
+) -> Result<Arc<Assembly>> {
+    assemble_with(registry, step, options, observe, Some(reuse), true)
+}
+
+fn assemble_with(
+    registry: &Registry,
+    step: &Step,
+    options: &Options,
+    observe: Option<&dyn Observe>,
+    reuse: Option<&mut Reuse>,
+    forbid: bool,
+) -> Result<Arc<Assembly>> {
     let key = (
         step.scope_chain.clone(),
         options.tool_order.clone(),
@@ -75,7 +99,7 @@ pub fn assemble_reusing(
     );
     let assembly = match registry.memo.get::<Assembly>(&key) {
         Some(assembly) => assembly,
-        None => assemble_fresh(registry, step, options, key, observe, reuse)?,
+        None => assemble_fresh(registry, step, options, key, observe, reuse, forbid)?,
     };
     Ok(fence_data(registry, assembly, &options.data_secret))
 }
@@ -135,10 +159,12 @@ fn assemble_fresh(
     key: crate::plugin::registry::MemoKey,
     observe: Option<&dyn Observe>,
     reuse: Option<&mut Reuse>,
+    forbid: bool,
 ) -> Result<Arc<Assembly>> {
     let mut calls = Calls {
         observe,
         reuse,
+        forbid,
         ..Calls::default()
     };
     let mut excluded = BTreeSet::new();

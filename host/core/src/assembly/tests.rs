@@ -1601,6 +1601,69 @@ fn no_call_when_nothing_read_changed(batched: bool) {
 }
 
 #[test]
+fn w4_an_assembly_without_calls_is_the_reusing_one_or_refuses_before_any_call() {
+    for batched in [true, false] {
+        without_calls(batched);
+    }
+}
+
+fn without_calls(batched: bool) {
+    let (calls, c) = counter();
+    let reg = registry(vec![(
+        "p",
+        batched_or_not(batched)
+            .dynamic_section("task", 1, move |step| {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(format!(
+                    "task {}",
+                    step.facts.get("task").cloned().unwrap_or_default()
+                ))
+            })
+            .reads(reads_facts(&["task"]))
+            .dynamic_variable("v", |_| Ok(Some("x".into())))
+            .reads(reads_facts(&[]))
+            .section("b", 2, "uses {{v}}"),
+    )]);
+    let mut reuse = Reuse::default();
+    let step = |n: u64, task: &str| session_step(n, &[("task", task)]);
+    // Nothing kept yet: refused, with no call made and nothing kept.
+    let refused =
+        assemble_without_calls(&reg, &step(1, "a"), &Options::default(), None, &mut reuse);
+    assert!(matches!(refused, Err(Error::WouldCall)), "{refused:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let first = assemble_reusing(
+        &reg,
+        &step(1, "a"),
+        &Options::default(),
+        None,
+        Some(&mut reuse),
+    )
+    .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // What it reads unchanged: served from the kept answers, as the reusing assembly would.
+    let mut twin = reuse.clone();
+    let inline =
+        assemble_without_calls(&reg, &step(2, "a"), &Options::default(), None, &mut reuse).unwrap();
+    let reusing = assemble_reusing(
+        &reg,
+        &step(2, "a"),
+        &Options::default(),
+        None,
+        Some(&mut twin),
+    )
+    .unwrap();
+    assert_eq!(inline, reusing);
+    assert_eq!(inline.system, first.system);
+    assert_eq!(inline.called, 0);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // A fact it reads changed: refused again, still without a call.
+    let refused =
+        assemble_without_calls(&reg, &step(3, "b"), &Options::default(), None, &mut reuse);
+    assert!(matches!(refused, Err(Error::WouldCall)), "{refused:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
 fn w4_a_plugins_declared_refresh_and_defer_stand_unless_the_config_says() {
     use crate::plugin::model::RefreshMode;
     use crate::plugin::refresh::{Kind as Part, SetBy};

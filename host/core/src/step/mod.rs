@@ -171,14 +171,73 @@ pub fn plan(
     input: StepInput,
     format: Format,
 ) -> Result<PlannedStep> {
-    let mut step = step_for(agent, session, state.steps() + 1, input.facts);
+    match plan_with(
+        state, registry, agent, session, serving, input, format, false,
+    )? {
+        Ok(planned) => Ok(planned),
+        // Not reached: calls are allowed.
+        Err(_) => Err(Error::WouldCall),
+    }
+}
+
+/// [`plan`] where no plugin may be called (the caller shares its thread with other work, and
+/// a call could block it to its deadline): a step whose assembly is served from the memo and
+/// the session's kept answers (world 0.3.0), with no review hook, is planned as [`plan`]
+/// plans it; any other gives its input back, untouched, with nothing called and the state
+/// as it was, to be planned by [`plan`] where calls may block.
+pub fn plan_without_calls(
+    state: &mut SessionState,
+    registry: &Registry,
+    agent: &AgentSettings,
+    session: &str,
+    serving: Serving<'_>,
+    input: StepInput,
+    format: Format,
+) -> Result<std::result::Result<PlannedStep, StepInput>> {
+    if registry
+        .plugins()
+        .any(|p| p.declaration.review_order.is_some())
+    {
+        return Ok(Err(input)); // review hooks are calls
+    }
+    plan_with(
+        state, registry, agent, session, serving, input, format, true,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_with(
+    state: &mut SessionState,
+    registry: &Registry,
+    agent: &AgentSettings,
+    session: &str,
+    serving: Serving<'_>,
+    mut input: StepInput,
+    format: Format,
+    forbid: bool,
+) -> Result<std::result::Result<PlannedStep, StepInput>> {
+    let facts = std::mem::take(&mut input.facts);
+    let mut step = step_for(agent, session, state.steps() + 1, facts);
     let model = step.facts.get("model").cloned();
-    step.inputs = state.step_inputs(&input.messages, model, input.client_tools);
+    let client_tools = input.client_tools.take();
+    let kept_tools = forbid.then(|| client_tools.clone());
+    step.inputs = state.step_inputs(&input.messages, model, client_tools);
     let options = agent.options_for(state.data_secret().clone());
     let reuse = state.reuse_mut();
-    let assembly = observed(serving.observe, Activity::Assembly, || {
-        assembly::assemble_reusing(registry, &step, &options, serving.observe, Some(reuse))
-    })?;
+    let assembly = observed(serving.observe, Activity::Assembly, || match forbid {
+        true => assembly::assemble_without_calls(registry, &step, &options, serving.observe, reuse),
+        false => {
+            assembly::assemble_reusing(registry, &step, &options, serving.observe, Some(reuse))
+        }
+    });
+    let assembly = match (assembly, kept_tools) {
+        (Err(Error::WouldCall), Some(client_tools)) => {
+            input.facts = step.facts;
+            input.client_tools = client_tools;
+            return Ok(Err(input));
+        }
+        (assembly, _) => assembly?,
+    };
     let mut assembled = Assembled { step, assembly };
     plan_assembled(
         state,
@@ -189,6 +248,7 @@ pub fn plan(
         input.messages,
         format,
     )
+    .map(Ok)
 }
 
 /// What plugins are shown of step `number` of session `session` with `facts`.

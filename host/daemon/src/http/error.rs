@@ -32,6 +32,8 @@ pub(crate) fn core_status(e: &Error) -> StatusCode {
         Error::Store(StoreError::Unavailable { .. }) => StatusCode::SERVICE_UNAVAILABLE,
         Error::Store(StoreError::Corrupt { .. } | StoreError::Backend { .. })
         | Error::Engine { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        // Internal: a step that meets it is planned again where calls may be made.
+        Error::WouldCall => StatusCode::INTERNAL_SERVER_ERROR,
         // Well-formed input that cannot be assembled or validated.
         Error::NotAComponent { .. }
         | Error::CompileLimit { .. }

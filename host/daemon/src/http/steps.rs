@@ -22,57 +22,68 @@ pub(crate) async fn step(
         client_tools: None,
     };
     let (format, since) = (req.format, req.since);
-    // Assembly, the append and rendering all run on the blocking pool.
     // An `api::StepReply` built by hand around the body, so the `request` bytes are exactly
     // what GET …/request returns (Q4), and the session's kept fragments (megabytes in a long
     // session) are written to the socket as they are, not copied into one buffer.
+    let mut out = Pieces::default();
+    out.text(match since {
+        Some(_) => "{\"parts\":",
+        None => "{\"request\":",
+    });
     // Set when this handler is dropped before the step finished (the client disconnected):
     // the step then records nothing (issue 32, cancellation).
     let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut guard = CancelOnDrop(Some(cancelled.clone()));
-    let response = blocking(&state, move |daemon| {
-        let mut out = Pieces::default();
-        out.text(match since {
-            Some(_) => "{\"parts\":",
-            None => "{\"request\":",
-        });
-        let request = crate::StepRequest {
-            session: id,
-            input,
-            format,
-            since,
-            out,
-            cancelled: Some(cancelled),
-            trace: parent,
-            gateway: None,
-        };
-        let crate::StepOutcome {
-            step: n,
-            usage,
-            body: mut out,
-            ..
-        } = daemon.step(request)?;
-        let usage = serde_json::to_string(&usage).map_err(|e| {
-            promptd_core::Error::Store(promptd_core::store::StoreError::backend(
-                "writing a step's usage",
-                e.to_string(),
-            ))
-        })?;
-        out.text_with(|out| {
-            use std::fmt::Write;
-            // Writing to a String cannot fail.
-            let _ = write!(out, ",\"step\":{n},\"usage\":{usage}}}");
-        });
-        Ok(out)
-    })
-    .await?;
-    guard.0 = None; // finished: nothing to cancel
+    let request = crate::StepRequest {
+        session: id,
+        input,
+        format,
+        since,
+        out,
+        cancelled: Some(cancelled.clone()),
+        trace: parent,
+        gateway: None,
+    };
+    // A short step runs here, on the runtime's thread, and waits for its append without
+    // holding it (`Daemon::step_inline`); any other runs on the blocking pool (plugin calls,
+    // a session read from the log).
+    let response = match state.daemon.step_inline(request).await {
+        Ok(outcome) => step_reply(outcome?)?,
+        Err(request) => {
+            let mut guard = CancelOnDrop(Some(cancelled));
+            let response =
+                blocking(&state, move |daemon| step_reply(daemon.step(request)?)).await?;
+            guard.0 = None; // finished: nothing to cancel
+            response
+        }
+    };
     Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
         axum::body::Body::new(crate::reply_body::PiecesBody::from(response)),
     )
         .into_response())
+}
+
+/// A step's reply: its body's pieces closed with its number and usage.
+fn step_reply(outcome: crate::StepOutcome) -> Result<Pieces, crate::DaemonError> {
+    let crate::StepOutcome {
+        step: n,
+        usage,
+        body: mut out,
+        ..
+    } = outcome;
+    let usage = serde_json::to_string(&usage).map_err(|e| {
+        promptd_core::Error::Store(promptd_core::store::StoreError::backend(
+            "writing a step's usage",
+            e.to_string(),
+        ))
+    })?;
+    out.text_with(|out| {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(out, ",\"step\":{n},\"usage\":{usage}}}");
+    });
+    Ok(out)
 }
 
 /// Sets its flag when dropped, unless disarmed: a handler dropped mid-await (hyper drops it

@@ -42,6 +42,12 @@ impl Daemon {
         *lock(&self.plugins.readiness)
     }
 
+    /// Whether a step would not wait at all in [`Daemon::wait_ready`]: the first load done and
+    /// every MCP server's first tool list in.
+    pub(crate) fn ready_now(&self) -> bool {
+        self.readiness() == Readiness::Ok && lock(&self.plugins.first_lists).is_empty()
+    }
+
     pub(crate) fn progress(&self, loaded: usize, total: usize) {
         let mut readiness = lock(&self.plugins.readiness);
         if let Readiness::Loading { .. } = *readiness {

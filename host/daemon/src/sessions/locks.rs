@@ -46,6 +46,28 @@ impl SessionLocks {
         }
     }
 
+    /// Holds session `id` if no one else does, without waiting.
+    pub(crate) fn try_hold<'a>(&'a self, id: &'a str) -> Option<Held<'a>> {
+        let slot = lock(&self.slots).entry(id.to_string()).or_default().clone();
+        let mut busy = lock(&slot.busy);
+        if !*busy {
+            *busy = true;
+            drop(busy);
+            return Some(Held {
+                locks: self,
+                id,
+                slot,
+            });
+        }
+        drop(busy);
+        // Held by another: leave the map as that holder's drop expects it.
+        let mut slots = lock(&self.slots);
+        if Arc::strong_count(&slot) == 2 {
+            slots.remove(id);
+        }
+        None
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         lock(&self.slots).len()

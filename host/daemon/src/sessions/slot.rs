@@ -46,6 +46,12 @@ impl<'a> SessionSlot<'a> {
     pub(crate) fn mark_stale(&mut self) {
         self.stale = true;
     }
+
+    /// The state continues the log again (after [`SessionSlot::mark_stale`] covered a wait
+    /// that could have been cut short).
+    pub(crate) fn keep(&mut self) {
+        self.stale = false;
+    }
 }
 
 impl Drop for SessionSlot<'_> {

@@ -149,6 +149,17 @@ impl Daemon {
         Ok(SessionSlot::new(&self.sessions.cache, id, cached, lock))
     }
 
+    /// [`Daemon::checkout`] when it can be had at once: session `id` free, its state in
+    /// memory, and no other daemon appending to the store (which would mean reading the log).
+    fn try_checkout<'a>(&'a self, id: &'a str) -> Option<SessionSlot<'a>> {
+        if self.sessions.store.is_shared() {
+            return None;
+        }
+        let lock = self.sessions.locks.try_hold(id)?;
+        let cached = self.sessions.cache.take(id)?;
+        Some(SessionSlot::new(&self.sessions.cache, id, cached, lock))
+    }
+
     /// Session `id`'s cached state, caught up with the log; call with its lock held.
     fn cached_state(&self, id: &str) -> Result<Cached> {
         if let Some(mut cached) = self.sessions.cache.take(id) {
@@ -196,7 +207,46 @@ impl Daemon {
         // The store takes the encoded events (a copy of each message) and drops them once
         // written: they are not kept while the state takes the bodies (issue 32: a step's
         // memory a small multiple of its body).
-        let applied = (self.sessions.store.append(slot.id, next, events))
+        let written = self.sessions.store.append(slot.id, next, events);
+        Self::applied(slot, next, written, bodies)
+    }
+
+    /// [`Daemon::append`] without blocking: the store's writer writes the events while this
+    /// waits (the runtime's thread free meanwhile). Dropped while it waits (the client went
+    /// away), the events may still be written: the state is then dropped, not put back, and
+    /// rebuilt from the log by the session's next use.
+    async fn append_deferred(
+        &self,
+        slot: &mut SessionSlot<'_>,
+        events: Vec<NewEvent>,
+        bodies: Vec<Body>,
+    ) -> Result<u64> {
+        let next = slot.get().state.last_seq() + 1;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let then = Box::new(move |written| {
+            let _ = tx.send(written);
+        });
+        self.sessions.store.append_then(slot.id, next, events, then);
+        slot.mark_stale();
+        let written = rx.await.unwrap_or_else(|_| {
+            Err(promptd_core::store::StoreError::backend(
+                "appending",
+                "the store closed before the append was written",
+            ))
+        });
+        slot.keep();
+        Self::applied(slot, next, written, bodies)
+    }
+
+    /// The state extended by `bodies` at `next` once the store `written` them; a refused
+    /// append or one the state cannot take drops the state (rebuilt from the log next time).
+    fn applied(
+        slot: &mut SessionSlot<'_>,
+        next: u64,
+        written: std::result::Result<(), promptd_core::store::StoreError>,
+        bodies: Vec<Body>,
+    ) -> Result<u64> {
+        let applied = written
             .map_err(DaemonError::from)
             .and_then(|()| Ok(slot.get().state.apply_planned(next, bodies)?));
         if let Err(e) = applied {
@@ -211,7 +261,6 @@ impl Daemon {
     /// from the log renders (Q4), spliced from the session's cached fragments. The one step
     /// boundary: every front door calls it, and the observers see its outcome.
     pub fn step(&self, request: StepRequest) -> Result<StepOutcome> {
-        let started = Instant::now();
         let StepRequest {
             session,
             input,
@@ -222,10 +271,205 @@ impl Daemon {
             trace,
             gateway,
         } = request;
-        let detail = self.observers.step_detail(&session, trace.as_ref());
+        let mut begun = self.begin_step(&session, format, out, trace);
+        let run = StepRun {
+            id: &session,
+            since,
+            cancelled: cancelled.as_deref(),
+            detail: begun.detail,
+            timeline: begun.timeline.as_ref(),
+        };
+        // A gateway step that may be forwarded without its plugins keeps what a second try
+        // needs (its facts; its messages come from the client's body again).
+        let again = gateway.as_ref().map(|_| StepInput {
+            facts: input.facts.clone(),
+            sent_at: input.sent_at,
+            messages: Vec::new(),
+            client_tools: input.client_tools.clone(),
+        });
+        let mut gateway = gateway;
+        let outcome = &mut begun.outcome;
+        let mut result = self.run_step(&run, input, &mut gateway, outcome);
+        if let (Err(e), Some(g), Some(input)) = (&result, gateway.as_mut(), again) {
+            if let Some(code) = super::gateway::forwards(e, g) {
+                // G6: the plugins failed and the agent forwards; the failure counts towards
+                // quarantine as any step's does, and the step is recorded without them.
+                if let DaemonError::Core(e) = e {
+                    self.quarantine_failing(Some(e));
+                }
+                tracing::warn!(session = %session, code, "gateway: the step failed; forwarding the client's body as it came: {e}");
+                g.degraded = Some(code);
+                result = self.run_step(&run, input, &mut gateway, outcome);
+            }
+        }
+        self.end_step(begun, result)
+    }
+
+    /// [`Daemon::step`] on the async runtime's thread, for a step that is short and bounded:
+    /// its session's state is in memory and free, and its assembly is served from the memo
+    /// and the session's kept answers (no plugin call, no review hook). Its append is handed
+    /// to the store's writer, and this waits for it without holding the thread (so concurrent
+    /// steps share a sync with no thread switch each). Any other step is given back, as it
+    /// came, for [`Daemon::step`] on a thread that may block: a store that does not defer
+    /// its appends, a daemon still loading, a gateway step, a session busy or not cached, or
+    /// an assembly that would call a plugin.
+    pub async fn step_inline(
+        &self,
+        request: StepRequest,
+    ) -> std::result::Result<Result<StepOutcome>, StepRequest> {
+        let store = &self.sessions.store;
+        let possible = request.gateway.is_none()
+            && store.defers()
+            && !store.is_shared()
+            && self.ready_now()
+            && self.check_serving().is_ok();
+        if !possible {
+            return Err(request);
+        }
+        let StepRequest {
+            session,
+            input,
+            format,
+            since,
+            out,
+            cancelled,
+            trace,
+            gateway: _,
+        } = request;
+        let back = |session, input, out, trace| StepRequest {
+            session,
+            input,
+            format,
+            since,
+            out,
+            cancelled: cancelled.clone(),
+            trace,
+            gateway: None,
+        };
+        let Some(slot) = self.try_checkout(&session) else {
+            return Err(back(session, input, out, trace));
+        };
+        let mut begun = self.begin_step(&session, format, out, trace);
+        let run = StepRun {
+            id: &session,
+            since,
+            cancelled: None,
+            detail: begun.detail,
+            timeline: begun.timeline.as_ref(),
+        };
+        let planned = self.prepare_inline(&run, slot, input, &mut begun.outcome);
+        let prepared = match planned {
+            Ok(Ok(prepared)) => prepared,
+            Ok(Err(input)) => {
+                // (The slot borrowed `session` for the plan: a copy goes back.)
+                let (out, trace) = (begun.outcome.body, begun.outcome.trace);
+                return Err(back(session.clone(), input, out, trace));
+            }
+            Err(e) => return Ok(self.end_step(begun, Err(e))),
+        };
+        let result = self.finish_inline(&run, prepared, &mut begun.outcome).await;
+        Ok(self.end_step(begun, result))
+    }
+
+    /// The inline step's plan ([`Daemon::step_inline`]): its input back when a plugin would
+    /// be called.
+    fn prepare_inline<'a>(
+        &self,
+        run: &StepRun<'_>,
+        mut slot: SessionSlot<'a>,
+        input: StepInput,
+        outcome: &mut StepOutcome,
+    ) -> Result<std::result::Result<Prepared<'a>, StepInput>> {
+        let (id, format) = (run.id, outcome.format);
+        let registry = self.registry();
+        let plan = self.agent_settings(&slot.get().agent)?;
+        outcome.plan = Some(plan.clone());
+        let cached = slot.get();
+        self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
+        let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
+        let now = crate::now_ms();
+        let (agent_gaps, key_shards) = self.cache_counts(&plan, openai, now);
+        let serving = step::Serving {
+            run: &self.sessions.run,
+            agent_gaps: agent_gaps.as_ref(),
+            key_shards: key_shards.as_deref(),
+            now_ms: Some(input.sent_at.unwrap_or(now)),
+            observe: run
+                .timeline
+                .map(|t| t as &dyn promptd_core::observe::Observe),
+        };
+        let planned = step::plan_without_calls(
+            &mut cached.state,
+            &registry,
+            &plan,
+            id,
+            serving,
+            input,
+            format,
+        )?;
+        let mut planned = match planned {
+            Ok(planned) => planned,
+            Err(input) => return Ok(Err(input)),
+        };
+        let events = planned.encode()?;
+        self.took_plan(run, &mut planned, outcome);
+        Ok(Ok(Prepared {
+            slot,
+            plan,
+            openai,
+            now,
+            events,
+            bodies: planned.bodies,
+            prefix_kept: planned.prefix_kept,
+        }))
+    }
+
+    /// The inline step's append, awaited, and what follows it.
+    async fn finish_inline(
+        &self,
+        run: &StepRun<'_>,
+        prepared: Prepared<'_>,
+        outcome: &mut StepOutcome,
+    ) -> Result<()> {
+        let Prepared {
+            mut slot,
+            plan,
+            openai,
+            now,
+            events,
+            bodies,
+            prefix_kept,
+        } = prepared;
+        outcome.appended = events.len();
+        let (started, clock) = (SystemTime::now(), Instant::now());
+        let appended = self.append_deferred(&mut slot, events, bodies).await;
+        outcome.append = timed(run.timeline, outcome.appended, started, clock, appended)?;
+        self.after_append(
+            run,
+            &mut slot,
+            outcome,
+            &plan,
+            openai,
+            now,
+            prefix_kept,
+            None,
+        )
+    }
+
+    /// What every step does before it runs: whether it is traced (its timeline kept) and its
+    /// outcome so far.
+    fn begin_step(
+        &self,
+        session: &str,
+        format: Format,
+        out: formats::pieces::Pieces,
+        trace: Option<TraceContext>,
+    ) -> Begun {
+        let started = Instant::now();
+        let detail = self.observers.step_detail(session, trace.as_ref());
         let timeline = detail.traced.then(Timeline::new);
-        let mut outcome = StepOutcome {
-            session: Arc::from(session.as_str()),
+        let outcome = StepOutcome {
+            session: Arc::from(session),
             trace,
             format,
             plan: None,
@@ -243,35 +487,23 @@ impl Daemon {
             gateway: None,
             append: std::time::Duration::ZERO,
         };
-        let run = StepRun {
-            id: &session,
-            since,
-            cancelled: cancelled.as_deref(),
+        Begun {
+            started,
             detail,
-            timeline: timeline.as_ref(),
-        };
-        // A gateway step that may be forwarded without its plugins keeps what a second try
-        // needs (its facts; its messages come from the client's body again).
-        let again = gateway.as_ref().map(|_| StepInput {
-            facts: input.facts.clone(),
-            sent_at: input.sent_at,
-            messages: Vec::new(),
-            client_tools: input.client_tools.clone(),
-        });
-        let mut gateway = gateway;
-        let mut result = self.run_step(&run, input, &mut gateway, &mut outcome);
-        if let (Err(e), Some(g), Some(input)) = (&result, gateway.as_mut(), again) {
-            if let Some(code) = super::gateway::forwards(e, g) {
-                // G6: the plugins failed and the agent forwards; the failure counts towards
-                // quarantine as any step's does, and the step is recorded without them.
-                if let DaemonError::Core(e) = e {
-                    self.quarantine_failing(Some(e));
-                }
-                tracing::warn!(session = %session, code, "gateway: the step failed; forwarding the client's body as it came: {e}");
-                g.degraded = Some(code);
-                result = self.run_step(&run, input, &mut gateway, &mut outcome);
-            }
+            timeline,
+            outcome,
         }
+    }
+
+    /// What every step does once it ran: its timings, the observers told, the quarantine
+    /// counted.
+    fn end_step(&self, begun: Begun, result: Result<()>) -> Result<StepOutcome> {
+        let Begun {
+            started,
+            timeline,
+            mut outcome,
+            ..
+        } = begun;
         outcome.timings.end = SystemTime::now();
         outcome.timings.elapsed = started.elapsed();
         if let Some(timeline) = timeline {
@@ -396,19 +628,7 @@ impl Daemon {
         // The last point before anything is recorded: plugin calls made for a client that went
         // away (they ran to their deadline) are dropped here.
         gone()?;
-        outcome.usage = planned.take_usage().unwrap_or_default();
-        let n = planned.step;
-        outcome.step = n;
-        outcome.header_reason = planned.header_reason.map(|r| r.as_str());
-        outcome.held = planned.held().to_vec();
-        if run.detail.traced {
-            // Only a traced step's observers read them (a copy per item otherwise).
-            outcome.reused = planned.reused().iter().map(|r| r.to_string()).collect();
-        }
-        if run.detail.content {
-            let input = planned.bodies.iter().filter_map(Body::as_message);
-            outcome.content = Some(input.cloned().collect());
-        }
+        self.took_plan(run, &mut planned, outcome);
         let mut bodies = planned.bodies;
         // G4: the gateway's request is appended with the step, in the same transaction.
         let spliced = match (gateway.take(), &joined) {
@@ -430,7 +650,59 @@ impl Daemon {
             _ => None,
         };
         outcome.appended = events.len();
-        outcome.append = self.append_timed(&mut slot, events, bodies, run.timeline)?;
+        let (started, clock) = (SystemTime::now(), Instant::now());
+        let appended = self.append(&mut slot, events, bodies);
+        outcome.append = timed(run.timeline, outcome.appended, started, clock, appended)?;
+        let prefix_kept = planned.prefix_kept;
+        self.after_append(
+            run,
+            &mut slot,
+            outcome,
+            &plan,
+            openai,
+            now,
+            prefix_kept,
+            spliced,
+        )
+    }
+
+    /// A planned step's outcome so far: its number, usage, header reason, held changes, and
+    /// (for observers that ask) what it reused and its new messages.
+    fn took_plan(
+        &self,
+        run: &StepRun<'_>,
+        planned: &mut step::PlannedStep,
+        outcome: &mut StepOutcome,
+    ) {
+        outcome.usage = planned.take_usage().unwrap_or_default();
+        outcome.step = planned.step;
+        outcome.header_reason = planned.header_reason.map(|r| r.as_str());
+        outcome.held = planned.held().to_vec();
+        if run.detail.traced {
+            // Only a traced step's observers read them (a copy per item otherwise).
+            outcome.reused = planned.reused().iter().map(|r| r.to_string()).collect();
+        }
+        if run.detail.content {
+            let input = planned.bodies.iter().filter_map(Body::as_message);
+            outcome.content = Some(input.cloned().collect());
+        }
+    }
+
+    /// What follows a step's append: its held changes and key rate counted, its facts for
+    /// the observers, and its body rendered (or the gateway's spliced upstream body).
+    #[allow(clippy::too_many_arguments)]
+    fn after_append(
+        &self,
+        run: &StepRun<'_>,
+        slot: &mut SessionSlot<'_>,
+        outcome: &mut StepOutcome,
+        plan: &AgentSettings,
+        openai: bool,
+        now: u64,
+        prefix_kept: Option<bool>,
+        spliced: Option<(String, GatewayRecord)>,
+    ) -> Result<()> {
+        let id = run.id;
         if !outcome.held.is_empty() || self.holding(id) {
             self.note_held(id, &outcome.held);
         }
@@ -444,9 +716,9 @@ impl Daemon {
                 crate::lock(&self.cache.key_rates).count(step::key_base(key), now);
             }
         }
-        outcome.prefix_kept = planned.prefix_kept;
+        outcome.prefix_kept = prefix_kept;
         if run.detail.traced {
-            let facts = self.step_facts(run, n, outcome, &plan, &slot.get().state);
+            let facts = self.step_facts(run, outcome.step, outcome, plan, &slot.get().state);
             outcome.facts = Some(facts);
         }
         if let Some((upstream, record)) = spliced {
@@ -457,8 +729,10 @@ impl Daemon {
         let state = &mut slot.get().state;
         let out = &mut outcome.body;
         match run.since {
-            Some(since) => out.text_with(|out| state.render_parts_into(format, since, out))?,
-            None => state.render_into(format, out)?,
+            Some(since) => {
+                out.text_with(|out| state.render_parts_into(outcome.format, since, out))?
+            }
+            None => state.render_into(outcome.format, out)?,
         }
         Ok(())
     }
@@ -492,26 +766,6 @@ impl Daemon {
     }
 
     /// [`Daemon::append`], timed, and told to the step's timeline; returns how long it took.
-    fn append_timed(
-        &self,
-        slot: &mut SessionSlot<'_>,
-        events: Vec<NewEvent>,
-        bodies: Vec<Body>,
-        timeline: Option<&Timeline>,
-    ) -> Result<std::time::Duration> {
-        let append_started = SystemTime::now();
-        let clock = Instant::now();
-        let count = events.len();
-        let appended = self.append(slot, events, bodies);
-        let took = clock.elapsed();
-        if let Some(timeline) = timeline {
-            let work = Work::Append { events: count };
-            let failed = appended.as_ref().err().map(|e| e.to_string());
-            timeline.push(work, append_started, failed);
-        }
-        appended.map(|_| took)
-    }
-
     /// Records the model's reply or a tool's output (Q5), with what came with it (the
     /// provider's usage, the format and time its request was sent: the cache outcome of that
     /// request is recorded with it, issue 29). The one record boundary: every front door
@@ -893,6 +1147,42 @@ struct StepRun<'a> {
     cancelled: Option<&'a AtomicBool>,
     detail: Detail,
     timeline: Option<&'a Timeline>,
+}
+
+/// A step's outcome while it runs: what [`Daemon::end_step`] finishes.
+struct Begun {
+    started: Instant,
+    detail: Detail,
+    timeline: Option<Timeline>,
+    outcome: StepOutcome,
+}
+
+/// An inline step planned ([`Daemon::step_inline`]): what its append and what follows need.
+struct Prepared<'a> {
+    slot: SessionSlot<'a>,
+    plan: Arc<AgentSettings>,
+    openai: bool,
+    now: u64,
+    events: Vec<NewEvent>,
+    bodies: Vec<Body>,
+    prefix_kept: Option<bool>,
+}
+
+/// An append's time, told to the timeline (a traced step's) with its event count and any
+/// failure.
+fn timed<T>(
+    timeline: Option<&Timeline>,
+    events: usize,
+    started: SystemTime,
+    clock: Instant,
+    appended: Result<T>,
+) -> Result<std::time::Duration> {
+    let took = clock.elapsed();
+    if let Some(timeline) = timeline {
+        let failed = appended.as_ref().err().map(|e| e.to_string());
+        timeline.push(Work::Append { events }, started, failed);
+    }
+    appended.map(|_| took)
 }
 
 /// What one record runs with.
