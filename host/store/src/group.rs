@@ -172,8 +172,8 @@ impl GroupCommit {
             .collect();
         drop(queue);
         let results = self.write(files, batch);
-        let mut callbacks = Vec::new();
-        let mut wake = Vec::with_capacity(n + 1);
+        // Both stay unallocated when no job of their kind was written.
+        let (mut callbacks, mut wake) = (Vec::new(), Vec::new());
         queue = lock(&self.queue);
         queue.writing = false;
         for ((ticket, result), waiter) in results.into_iter().zip(waiters) {
