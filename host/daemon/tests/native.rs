@@ -381,10 +381,18 @@ fn q3_a_new_daemon_over_the_same_store_records_resume_only_when_the_header_chang
     );
 }
 
-/// A memory store that says it is shared, as PostgreSQL does.
-struct Shared(MemoryStore);
+/// The memory store as another kind of store: `Shared` as one other daemons append to (Q17),
+/// `Deferring` as one that writes appends on a thread of its own and answers later, as
+/// SQLite's writer does (`SessionStore::defers`).
+struct Like(Arc<MemoryStore>, Kind);
 
-impl SessionStore for Shared {
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Shared,
+    Deferring,
+}
+
+impl SessionStore for Like {
     fn create_session(
         &self,
         agent: &str,
@@ -409,6 +417,24 @@ impl SessionStore for Shared {
     ) -> Result<(), promptd_core::store::StoreError> {
         self.0.append(id, next_seq, events)
     }
+    fn append_then(
+        &self,
+        id: &str,
+        next_seq: u64,
+        events: Vec<promptd_core::store::NewEvent>,
+        then: promptd_core::store::AppendDone,
+    ) {
+        match self.1 {
+            Kind::Deferring => {
+                let (store, id) = (self.0.clone(), id.to_string());
+                std::thread::spawn(move || then(store.append(&id, next_seq, events)));
+            }
+            Kind::Shared => then(self.0.append(id, next_seq, events)),
+        }
+    }
+    fn defers(&self) -> bool {
+        self.1 == Kind::Deferring
+    }
     fn sessions(
         &self,
         filter: &str,
@@ -417,7 +443,7 @@ impl SessionStore for Shared {
         self.0.sessions(filter, limit)
     }
     fn is_shared(&self) -> bool {
-        true
+        self.1 == Kind::Shared
     }
 }
 
@@ -427,7 +453,7 @@ fn q17_daemons_on_a_shared_store_alternate_without_conflicts_and_record_their_pl
     put(a_dir.path(), "persona", "persona-v1");
     // The same plugin from another file: the same header, another plugin set (sha256).
     put(b_dir.path(), "persona", "persona-v1\n");
-    let store: Arc<dyn SessionStore> = Arc::new(Shared(MemoryStore::new()));
+    let store: Arc<dyn SessionStore> = Arc::new(Like(Arc::new(MemoryStore::new()), Kind::Shared));
     let (a, b) = (
         daemon(store.clone(), a_dir.path()),
         daemon(store, b_dir.path()),
@@ -627,57 +653,6 @@ fn r5_a_client_resuming_from_before_the_kept_history_is_told_it_lagged() {
     assert!(body.contains(&format!("id: {}", HISTORY + 4)), "{body}");
 }
 
-/// A store that writes appends on a thread of its own and answers later, as SQLite's writer
-/// does (`SessionStore::defers`), over the memory store.
-struct Deferring(Arc<MemoryStore>);
-
-impl SessionStore for Deferring {
-    fn create_session(
-        &self,
-        agent: &str,
-        first: promptd_core::store::NewEvent,
-    ) -> Result<String, promptd_core::store::StoreError> {
-        self.0.create_session(agent, first)
-    }
-    fn session_agent(&self, id: &str) -> Result<Option<String>, promptd_core::store::StoreError> {
-        self.0.session_agent(id)
-    }
-    fn events(
-        &self,
-        id: &str,
-    ) -> Result<Vec<promptd_core::store::Event>, promptd_core::store::StoreError> {
-        self.0.events(id)
-    }
-    fn append(
-        &self,
-        id: &str,
-        next_seq: u64,
-        events: Vec<promptd_core::store::NewEvent>,
-    ) -> Result<(), promptd_core::store::StoreError> {
-        self.0.append(id, next_seq, events)
-    }
-    fn append_then(
-        &self,
-        id: &str,
-        next_seq: u64,
-        events: Vec<promptd_core::store::NewEvent>,
-        then: promptd_core::store::AppendDone,
-    ) {
-        let (store, id) = (self.0.clone(), id.to_string());
-        std::thread::spawn(move || then(store.append(&id, next_seq, events)));
-    }
-    fn defers(&self) -> bool {
-        true
-    }
-    fn sessions(
-        &self,
-        filter: &str,
-        limit: usize,
-    ) -> Result<Vec<promptd_core::store::SessionSummary>, promptd_core::store::StoreError> {
-        self.0.sessions(filter, limit)
-    }
-}
-
 /// Runs `Daemon::step_inline` to its end on a runtime of this thread: the step's number and
 /// body, or `None` when the step was given back for the blocking pool.
 fn inline(d: &Daemon, id: &str, input: &StepInput) -> Option<(u64, String)> {
@@ -705,7 +680,7 @@ fn q22_a_short_step_runs_inline_with_the_bytes_and_log_of_one_on_the_blocking_po
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "reading", "reading");
     let d = daemon(
-        Arc::new(Deferring(Arc::new(MemoryStore::default()))),
+        Arc::new(Like(Arc::new(MemoryStore::default()), Kind::Deferring)),
         dir.path(),
     );
     let (inline_id, pooled_id) = (

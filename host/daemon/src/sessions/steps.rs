@@ -386,18 +386,9 @@ impl Daemon {
         outcome.plan = Some(plan.clone());
         let cached = slot.get();
         self.check_set(id, cached.state.provenance().and_then(|p| p.set))?;
-        let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
-        let now = crate::now_ms();
-        let (agent_gaps, key_shards) = self.cache_counts(&plan, openai, now);
-        let serving = step::Serving {
-            run: &self.sessions.run,
-            agent_gaps: agent_gaps.as_ref(),
-            key_shards: key_shards.as_deref(),
-            now_ms: Some(input.sent_at.unwrap_or(now)),
-            observe: run
-                .timeline
-                .map(|t| t as &dyn promptd_core::observe::Observe),
-        };
+        let across = self.across(&plan, format);
+        let serving = across.serving(&self.sessions.run, input.sent_at, run.timeline);
+        let (openai, now) = (across.openai, across.now);
         let planned = step::plan_without_calls(
             &mut cached.state,
             &registry,
@@ -603,18 +594,9 @@ impl Daemon {
             input.messages.clone_from(&joined.messages);
             joined
         });
-        let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
-        let now = crate::now_ms();
-        let (agent_gaps, key_shards) = self.cache_counts(&plan, openai, now);
-        let serving = step::Serving {
-            run: &self.sessions.run,
-            agent_gaps: agent_gaps.as_ref(),
-            key_shards: key_shards.as_deref(),
-            now_ms: Some(input.sent_at.unwrap_or(now)),
-            observe: run
-                .timeline
-                .map(|t| t as &dyn promptd_core::observe::Observe),
-        };
+        let across = self.across(&plan, format);
+        let serving = across.serving(&self.sessions.run, input.sent_at, run.timeline);
+        let (openai, now) = (across.openai, across.now);
         let mut planned = step::plan(
             &mut cached.state,
             &registry,
@@ -735,6 +717,19 @@ impl Daemon {
             None => state.render_into(outcome.format, out)?,
         }
         Ok(())
+    }
+
+    /// What a step of `plan`'s agent in `format` is planned with across sessions.
+    fn across(&self, plan: &AgentSettings, format: Format) -> Across {
+        let openai = matches!(format, Format::Openai | Format::OpenaiResponses);
+        let now = crate::now_ms();
+        let (agent_gaps, key_shards) = self.cache_counts(plan, openai, now);
+        Across {
+            openai,
+            now,
+            agent_gaps,
+            key_shards,
+        }
     }
 
     /// What the cache policies count across sessions for a step of `plan`'s agent: its idle
@@ -1147,6 +1142,34 @@ struct StepRun<'a> {
     cancelled: Option<&'a AtomicBool>,
     detail: Detail,
     timeline: Option<&'a Timeline>,
+}
+
+/// What a step is planned with across sessions ([`Daemon::across`]): whether its format is
+/// OpenAI's, now, and the cache policies' counts.
+struct Across {
+    openai: bool,
+    now: u64,
+    agent_gaps: Option<promptd_core::cache::ttl::Gaps>,
+    key_shards: Option<Arc<std::collections::BTreeMap<String, u32>>>,
+}
+
+impl Across {
+    /// The plan's [`step::Serving`]: `run` the daemon's, `sent_at` the client's time of the
+    /// request (now if it gave none), and `timeline` told of each stage when traced.
+    fn serving<'a>(
+        &'a self,
+        run: &'a str,
+        sent_at: Option<u64>,
+        timeline: Option<&'a Timeline>,
+    ) -> step::Serving<'a> {
+        step::Serving {
+            run,
+            agent_gaps: self.agent_gaps.as_ref(),
+            key_shards: self.key_shards.as_deref(),
+            now_ms: Some(sent_at.unwrap_or(self.now)),
+            observe: timeline.map(|t| t as &dyn promptd_core::observe::Observe),
+        }
+    }
 }
 
 /// A step's outcome while it runs: what [`Daemon::end_step`] finishes.
