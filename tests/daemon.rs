@@ -1376,3 +1376,58 @@ fn h6_a_chunked_body_counts_as_max_body_mb_in_flight() {
         "a 19-byte body waited for the chunked body's max_body_mb",
     );
 }
+
+/// Q22: short steps of one session sent by several clients at once, a quarter of whose
+/// clients hang up before the reply, never meet a conflict: every step answered is 200, and
+/// the log holds every recorded step in order, with no gap. (A short step runs to its end
+/// and holds its session until its append is applied, whether or not its client waits.)
+#[test]
+fn q22_short_steps_of_one_session_from_clients_that_hang_up_never_conflict() {
+    use std::io::Write;
+    let folder = Folder::new().scripted("s");
+    let config = folder.config("[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n");
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = d.session("default");
+    assert_eq!(d.step(&id).0, 200);
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let answered = std::sync::atomic::AtomicU64::new(1);
+    std::thread::scope(|s| {
+        for t in 0..6 {
+            let (d, id, addr, answered) = (&d, &id, &addr, &answered);
+            s.spawn(move || {
+                for i in 0..40 {
+                    if (i + t) % 4 == 0 {
+                        let mut c = std::net::TcpStream::connect(addr).unwrap();
+                        write!(
+                            c,
+                            "POST /v1/sessions/{id}/steps HTTP/1.1\r\nHost: x\r\n\
+                             Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+                        )
+                        .unwrap();
+                        drop(c);
+                        continue;
+                    }
+                    let (status, v) = d.step(id);
+                    assert_eq!(status, 200, "thread {t} step {i}: {v}");
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    // One more step after all: its number counts every step recorded before it.
+    let (status, last) = d.step(&id);
+    assert_eq!(status, 200, "{last}");
+    let last = last["step"].as_u64().unwrap();
+    let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    let events = events["events"].as_array().unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "no gap");
+    let steps = events.iter().filter(|e| e["kind"] == "step").count() as u64;
+    assert_eq!(steps, last, "every recorded step counted");
+    let answered = answered.load(Ordering::Relaxed) + 1;
+    assert!(
+        (answered..=answered + 60).contains(&steps),
+        "{steps} steps recorded, {answered} answered"
+    );
+}

@@ -43,10 +43,21 @@ pub(crate) async fn step(
         trace: parent,
         gateway: None,
     };
-    // A short step runs here, on the runtime's thread, and waits for its append without
-    // holding it (`Daemon::step_inline`); any other runs on the blocking pool (plugin calls,
-    // a session read from the log).
-    let response = match state.daemon.step_inline(request).await {
+    // A short step runs on the runtime's thread and waits for its append without holding it
+    // (`Daemon::step_inline`); any other runs on the blocking pool (plugin calls, a session
+    // read from the log). The short one is a task of its own, so a client that goes away
+    // does not cut it between its append and its state's update: it holds its session until
+    // both are done, and the next step of the session never meets a half-finished one.
+    let daemon = state.daemon.clone();
+    let inline = tokio::spawn(async move { daemon.step_inline(request).await });
+    let inline = inline.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("step failed: {e}"),
+        )
+    })?;
+    let response = match inline {
         Ok(outcome) => step_reply(outcome?)?,
         Err(request) => {
             let mut guard = CancelOnDrop(Some(cancelled));
