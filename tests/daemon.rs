@@ -1431,3 +1431,44 @@ fn q22_short_steps_of_one_session_from_clients_that_hang_up_never_conflict() {
         "{steps} steps recorded, {answered} answered"
     );
 }
+
+/// Q22: a short step whose client hangs up before the reply still runs to its end: its
+/// message and its step are recorded, and the session's next step follows it.
+#[test]
+fn q22_a_short_step_whose_client_hangs_up_is_still_recorded() {
+    use std::io::Write;
+    let folder = Folder::new().scripted("s");
+    let config = folder.config("[plugins.s]\nconfig = { \"section.a\" = \"0|A\" }\n");
+    let (_tmp, state) = state_dir();
+    let d = Served::start(folder.path(), &config, &state);
+    let id = d.session("default");
+    assert_eq!(d.step(&id).0, 200);
+    let body = r#"{"messages":[{"role":"user","content":"gone before the reply"}]}"#;
+    let addr = d.url.trim_start_matches("http://");
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "POST /v1/sessions/{id}/steps HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    drop(c);
+    let kinds = || -> Vec<String> {
+        let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+        (events["events"].as_array().unwrap().iter())
+            .map(|e| e["kind"].as_str().unwrap().to_string())
+            .collect()
+    };
+    common::eventually("the step of the client that hung up is recorded", || {
+        kinds().iter().filter(|k| *k == "step").count() == 2
+    });
+    let events = d.ok("GET", &format!("/v1/sessions/{id}/events"), None);
+    assert!(
+        events.to_string().contains("gone before the reply"),
+        "{events}"
+    );
+    let (status, next) = d.step(&id);
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(next["step"], 3, "{next}");
+}
