@@ -41,6 +41,9 @@ impl Engine for NativeEngine {
                     facts: ["cwd".to_string()].into(),
                     ..Default::default()
                 }),
+            // A dynamic context that declares nothing it reads (worlds 0.1.0, 0.2.0).
+            "clock" => NativePlugin::new()
+                .dynamic_context("clock", 20, |step| Ok(format!("step {}", step.step_number))),
             "tools" => NativePlugin::new()
                 .tool("read", "Reads a file.", r#"{"type":"object"}"#)
                 .dynamic_context("cwd", 10, |step| {
@@ -721,4 +724,21 @@ fn q22_a_short_step_runs_inline_with_the_bytes_and_log_of_one_on_the_blocking_po
             .collect()
     };
     assert_eq!(kinds(&inline_id), kinds(&pooled_id));
+
+    // A loaded plugin with an item asked at every step (no `reads`): every step goes to the
+    // blocking pool, the second and later ones too.
+    let dir = tempfile::tempdir().unwrap();
+    put(dir.path(), "reading", "reading");
+    put(dir.path(), "clock", "clock");
+    let d = daemon(
+        Arc::new(Like(Arc::new(MemoryStore::default()), Kind::Deferring)),
+        dir.path(),
+    );
+    let id = d.create_session("coder").unwrap();
+    for i in 0..3 {
+        let input = input(vec![Message::user(format!("turn {i}"))], &[("cwd", "/a")]);
+        assert_eq!(inline(&d, &id, &input), None, "step {}", i + 1);
+        let (_, body) = d.step_body(&id, &input, Format::Neutral).unwrap();
+        assert!(body.contains(&format!("step {}", i + 1)), "{body}");
+    }
 }

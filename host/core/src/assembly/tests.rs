@@ -1664,6 +1664,42 @@ fn without_calls(batched: bool) {
 }
 
 #[test]
+fn w4_an_item_that_reads_the_whole_step_or_is_volatile_is_asked_every_step() {
+    let declared = |p: NativePlugin| p.build().0.asked_every_step();
+    let volatile = crate::plugin::model::Reads {
+        volatile: true,
+        ..Default::default()
+    };
+    // Static items are never asked.
+    assert!(!declared(
+        NativePlugin::new()
+            .section("a", 1, "A")
+            .context("c", 2, "C")
+    ));
+    // Dynamic ones that say what they read keep their answers.
+    let reading = NativePlugin::new()
+        .dynamic_section("a", 1, |_| Ok("a".into()))
+        .reads(reads_facts(&["task"]))
+        .dynamic_variable("v", |_| Ok(None))
+        .reads(reads_facts(&[]));
+    assert!(!declared(reading));
+    // No `reads` (worlds 0.1.0 and 0.2.0), or volatile ones: asked at every step.
+    assert!(declared(NativePlugin::new().dynamic_context(
+        "c",
+        1,
+        |_| Ok("c".into())
+    )));
+    assert!(declared(
+        NativePlugin::new()
+            .dynamic_section("a", 1, |_| Ok("a".into()))
+            .reads(volatile)
+    ));
+    assert!(declared(
+        NativePlugin::new().dynamic_variable("v", |_| Ok(None))
+    ));
+}
+
+#[test]
 fn w4_a_plugins_declared_refresh_and_defer_stand_unless_the_config_says() {
     use crate::plugin::model::RefreshMode;
     use crate::plugin::refresh::{Kind as Part, SetBy};

@@ -228,6 +228,20 @@ impl Declaration {
     pub fn reads_of<'a>(&'a self, own: Option<&'a Reads>) -> Option<&'a Reads> {
         own.or(self.reads.as_ref())
     }
+
+    /// Whether some dynamic item (or the tool filter) is asked at every step whatever it
+    /// answered before: it reads the whole step (no `reads`) or says it is volatile. An
+    /// assembly that shows it can then never be served from kept answers alone.
+    pub fn asked_every_step(&self) -> bool {
+        let every = |own: Option<&Reads>| self.reads_of(own).is_none_or(|r| r.volatile);
+        let dynamic = |c: &Content| matches!(c, Content::Dynamic);
+        self.sections
+            .iter()
+            .any(|s| dynamic(&s.text) && every(s.reads.as_ref()))
+            || (self.contexts.iter()).any(|c| dynamic(&c.text) && every(c.reads.as_ref()))
+            || (self.variables.iter()).any(|v| dynamic(&v.value) && every(v.reads.as_ref()))
+            || (self.filters_tools && every(None))
+    }
 }
 
 /// What every kind of contribution has in common: a name, a scope, and a list in a

@@ -184,7 +184,11 @@ pub fn plan(
 /// a call could block it to its deadline): a step whose assembly is served from the memo and
 /// the session's kept answers (world 0.3.0), with no review hook, is planned as [`plan`]
 /// plans it; any other gives its input back, untouched, with nothing called and the state
-/// as it was, to be planned by [`plan`] where calls may block.
+/// as it was, to be planned by [`plan`] where calls may block. A registry with a hook, or
+/// with an item asked at every step ([`Declaration::asked_every_step`], a plugin of world
+/// 0.1.0 or 0.2.0), gives it back at once, whatever the step.
+///
+/// [`Declaration::asked_every_step`]: crate::plugin::model::Declaration::asked_every_step
 pub fn plan_without_calls(
     state: &mut SessionState,
     registry: &Registry,
@@ -194,11 +198,12 @@ pub fn plan_without_calls(
     input: StepInput,
     format: Format,
 ) -> Result<std::result::Result<PlannedStep, StepInput>> {
-    if registry
-        .plugins()
-        .any(|p| p.declaration.review_order.is_some())
-    {
-        return Ok(Err(input)); // review hooks are calls
+    // Review hooks are calls, and an item asked at every step is one: given back before any
+    // work, rather than planned up to its call here and again on the blocking pool.
+    let calls =
+        |d: &crate::plugin::model::Declaration| d.review_order.is_some() || d.asked_every_step();
+    if registry.plugins().any(|p| calls(&p.declaration)) {
+        return Ok(Err(input));
     }
     plan_with(
         state, registry, agent, session, serving, input, format, true,

@@ -212,8 +212,8 @@ impl Daemon {
     }
 
     /// [`Daemon::append`] without blocking: the store's writer writes the events while this
-    /// waits (the runtime's thread free meanwhile). Dropped while it waits (the client went
-    /// away), the events may still be written: the state is then dropped, not put back, and
+    /// waits (the runtime's thread free meanwhile). Dropped while it waits (the runtime shutting
+    /// down), the events may still be written: the state is then dropped, not put back, and
     /// rebuilt from the log by the session's next use.
     async fn append_deferred(
         &self,
@@ -311,8 +311,10 @@ impl Daemon {
     /// to the store's writer, and this waits for it without holding the thread (so concurrent
     /// steps share a sync with no thread switch each). Any other step is given back, as it
     /// came, for [`Daemon::step`] on a thread that may block: a store that does not defer
-    /// its appends, a daemon still loading, a gateway step, a session busy or not cached, or
-    /// an assembly that would call a plugin.
+    /// its appends, a daemon still loading, a gateway step, a session busy, not cached or on
+    /// a shared store, or an assembly that would call a plugin. Run it as a task of its own
+    /// (the HTTP route does): a future dropped between its append and its state's update
+    /// would let the session's next step meet a conflict (Q22).
     pub async fn step_inline(
         &self,
         request: StepRequest,
@@ -320,7 +322,6 @@ impl Daemon {
         let store = &self.sessions.store;
         let possible = request.gateway.is_none()
             && store.defers()
-            && !store.is_shared()
             && self.ready_now()
             && self.check_serving().is_ok();
         if !possible {
