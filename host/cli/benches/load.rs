@@ -20,9 +20,11 @@
 //! Method: per scenario and binary, a fresh `promptd serve --listen 127.0.0.1:0 --no-watch`
 //! with the four bundled Rust plugins (identity, persona, tools, workspace) and a fresh state
 //! folder (durable SQLite, `synchronous = FULL`) under target/bench-tmp; the binaries take
-//! turns, scenario by scenario. Each client thread has its own keep-alive connection (ureq) and
-//! starts a new session (agent `coder`) every 100 steps; a step is one short user message with
-//! the facts `cwd` and `git_branch`.
+//! turns, scenario by scenario. Each client has its own keep-alive connection and starts a new
+//! session (agent `coder`) every 100 steps; a step is one short user message with the facts `cwd`
+//! and `git_branch`. The closed loops' clients are tasks on one runtime thread of this process
+//! (hyper's HTTP/1.1 client), as wrk and oha drive theirs; the open loop's are threads (ureq),
+//! since its schedule needs sleeps finer than tokio's 1 ms timer.
 //! - Closed loop, 1/16/64 threads: each thread sends its next step when the last one returned.
 //! - The HTTP floor, `GET /v1/health` in a closed loop of 16 threads on the same kind of
 //!   connections: what the daemon's CPU per request is when a request does nothing (issue 50
@@ -208,34 +210,167 @@ fn run_threads(
     (results, t0.elapsed())
 }
 
-fn closed_loop(urls: &[String], threads: usize, secs: f64) -> (Vec<ThreadResult>, Duration) {
-    let urls = urls.to_vec();
-    run_threads(threads, move |_, t0| {
-        let deadline = t0 + Duration::from_secs_f64(secs);
-        let mut s = Stepper::new(&urls);
-        while Instant::now() < deadline {
-            s.step(None);
+/// The closed loops' client: one runtime thread drives every connection (as wrk and oha do),
+/// each connection a task on it. One blocking thread per connection (ureq, as the open loop
+/// has) cost the generator 150–180 µs of CPU per request here, most of it in the scheduler,
+/// and took as much of the two cores as the daemon did.
+mod driver {
+    use std::time::{Duration, Instant};
+
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use hyper::client::conn::http1::SendRequest;
+    use hyper::{header, Method, Request};
+    use hyper_util::rt::TokioIo;
+
+    use super::{small_step, ThreadResult, STEPS_PER_SESSION};
+
+    /// One keep-alive HTTP/1.1 connection to a daemon.
+    pub struct Conn {
+        sender: SendRequest<Full<Bytes>>,
+        host: String,
+    }
+
+    impl Conn {
+        /// Connects to `url` (`http://host:port`).
+        pub async fn open(url: &str) -> Conn {
+            let host = url.trim_start_matches("http://").to_string();
+            let stream = tokio::net::TcpStream::connect(&host)
+                .await
+                .unwrap_or_else(|e| panic!("connect {host}: {e}"));
+            stream.set_nodelay(true).expect("TCP_NODELAY");
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .expect("HTTP/1.1 handshake");
+            tokio::spawn(conn);
+            Conn { sender, host }
         }
-        s.result
+
+        /// Sends one request and reads the whole reply; returns (status, body).
+        pub async fn send(&mut self, method: Method, path: &str, body: String) -> (u16, Bytes) {
+            let mut request = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(header::HOST, &self.host);
+            if !body.is_empty() {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+            }
+            let request = request
+                .body(Full::new(Bytes::from(body)))
+                .expect("a request");
+            self.sender.ready().await.expect("connection ready");
+            let response = self
+                .sender
+                .send_request(request)
+                .await
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            let status = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .unwrap_or_else(|e| panic!("{path}: read the reply: {e}"))
+                .to_bytes();
+            (status, body)
+        }
+    }
+
+    /// One client's closed loop of steps until `deadline`: a new session every 100 steps, step
+    /// i to daemon i mod n.
+    pub async fn steps(urls: Vec<String>, deadline: Instant) -> ThreadResult {
+        let mut conns = Vec::with_capacity(urls.len());
+        for url in &urls {
+            conns.push(Conn::open(url).await);
+        }
+        let mut result = ThreadResult::default();
+        let (mut session, mut done) = (String::new(), 0u64);
+        while Instant::now() < deadline {
+            let n = conns.len();
+            let conn = &mut conns[done as usize % n];
+            if done.is_multiple_of(STEPS_PER_SESSION) {
+                let (status, body) = conn
+                    .send(Method::POST, "/v1/sessions", r#"{"agent":"coder"}"#.into())
+                    .await;
+                assert_eq!(status, 201, "POST /v1/sessions: {body:?}");
+                let v: serde_json::Value = serde_json::from_slice(&body).expect("session JSON");
+                session = v["id"].as_str().expect("session id").to_string();
+            }
+            let sent = Instant::now();
+            let path = format!("/v1/sessions/{session}/steps");
+            let (status, body) = conn.send(Method::POST, &path, small_step(done)).await;
+            let latency = sent.elapsed();
+            done += 1;
+            record(&mut result, status, latency, &body);
+        }
+        result
+    }
+
+    /// One client's closed loop of `GET /v1/health` until `deadline`.
+    pub async fn health(url: String, deadline: Instant) -> ThreadResult {
+        let mut conn = Conn::open(&url).await;
+        let mut result = ThreadResult::default();
+        while Instant::now() < deadline {
+            let sent = Instant::now();
+            let (status, body) = conn.send(Method::GET, "/v1/health", String::new()).await;
+            record(&mut result, status, sent.elapsed(), &body);
+        }
+        result
+    }
+
+    fn record(result: &mut ThreadResult, status: u16, latency: Duration, body: &Bytes) {
+        if status == 200 {
+            result.latencies.push(latency);
+        } else {
+            if result.errors == 0 {
+                eprintln!(
+                    "request failed: HTTP {status}: {}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+            result.errors += 1;
+        }
+    }
+}
+
+/// Runs `clients` closed-loop clients for `secs` on one runtime thread of this process;
+/// `client(k, deadline)` is client k's loop.
+fn run_driven<F>(
+    clients: usize,
+    secs: f64,
+    client: impl Fn(usize, Instant) -> F,
+) -> (Vec<ThreadResult>, Duration)
+where
+    F: std::future::Future<Output = ThreadResult> + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("the load generator's runtime");
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async {
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs_f64(secs);
+        let tasks: Vec<_> = (0..clients)
+            .map(|k| tokio::task::spawn_local(client(k, deadline)))
+            .collect();
+        let mut results = Vec::with_capacity(clients);
+        for task in tasks {
+            results.push(task.await.expect("client task"));
+        }
+        (results, t0.elapsed())
+    })
+}
+
+fn closed_loop(urls: &[String], threads: usize, secs: f64) -> (Vec<ThreadResult>, Duration) {
+    run_driven(threads, secs, |_, deadline| {
+        driver::steps(urls.to_vec(), deadline)
     })
 }
 
 /// Like [`closed_loop`], with `GET /v1/health` for each step.
 fn health_loop(urls: &[String], threads: usize, secs: f64) -> (Vec<ThreadResult>, Duration) {
-    let urls = urls.to_vec();
-    run_threads(threads, move |_, t0| {
-        let deadline = t0 + Duration::from_secs_f64(secs);
-        let client = Client::new(&urls[0]);
-        let mut result = ThreadResult::default();
-        while Instant::now() < deadline {
-            let sent = Instant::now();
-            let (status, _) = client.get("/v1/health");
-            match status {
-                200 => result.latencies.push(sent.elapsed()),
-                _ => result.errors += 1,
-            }
-        }
-        result
+    run_driven(threads, secs, |_, deadline| {
+        driver::health(urls[0].clone(), deadline)
     })
 }
 

@@ -21,6 +21,10 @@
 //! cookie…) and size as its own last commit left them, and before writing a batch and before
 //! acknowledging one, a file that is no longer so was written by someone else: lost too.
 //!
+//! Events are kept in a rowid table, in the order they were appended, with a unique index on
+//! (session, seq) ([`EVENTS`]); opening a database from before issue 50, whose events table
+//! was keyed by (session, seq), rebuilds it so once.
+//!
 //! Each event row carries its body's format version (`body_version`). Databases written by
 //! 0.1.0 had no such column: opening one adds it with the default 1, which is what those rows
 //! are, so old logs keep rebuilding byte-identically.
@@ -106,6 +110,60 @@ fn connect(path: &Path, create: bool) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// The events table: a rowid table, so rows sit in the order they were appended and a commit
+/// group's rows share the table's last pages, and an index that finds a session's rows by
+/// seq (and refuses a second row at one). Keyed by (session, seq) instead, as databases
+/// before issue 50 were, a step's row went in the middle of the tree beside its session's
+/// last one, and SQLite rebalanced three leaves and their parent on most commits (3.6 pages
+/// per commit for one client, counted in the WAL).
+const EVENTS: &str = "CREATE TABLE IF NOT EXISTS events (
+                 session_id TEXT NOT NULL REFERENCES sessions(id),
+                 seq INTEGER NOT NULL,
+                 kind TEXT NOT NULL,
+                 body TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL,
+                 body_version INTEGER NOT NULL DEFAULT 1
+             )";
+
+/// The events' index by session, made once the table has [`EVENTS`]'s layout.
+const EVENTS_BY_SESSION: &str =
+    "CREATE UNIQUE INDEX IF NOT EXISTS events_by_session ON events (session_id, seq)";
+
+/// Rebuilds an events table keyed by (session, seq) (`WITHOUT ROWID`, every database before
+/// issue 50) into [`EVENTS`]'s layout, in one transaction: the same rows, column for column.
+/// A crash before its commit leaves the old table as it was.
+fn append_order(conn: &Connection) -> Result<(), StoreError> {
+    let sql: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db("reading the schema"))?;
+    if !sql.to_ascii_uppercase().contains("WITHOUT ROWID") {
+        return Ok(());
+    }
+    let rows: i64 = conn
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .map_err(db("counting events"))?;
+    tracing::info!(rows, "moving the events table to append order (once)");
+    let new = EVENTS.replacen("events (", "events_appended (", 1);
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE;
+         {new};
+         INSERT INTO events_appended (session_id, seq, kind, body, at_ms, body_version)
+             SELECT session_id, seq, kind, body, at_ms, body_version FROM events;
+         DROP TABLE events;
+         ALTER TABLE events_appended RENAME TO events;
+         {EVENTS_BY_SESSION};
+         COMMIT;"
+    ))
+    .map_err(|e| {
+        let _ = conn.execute_batch("ROLLBACK");
+        StoreError::backend("moving the events table to append order", e)
+    })
+}
+
 impl SqliteStore {
     /// Opens (or creates) the database file at `path`, upgrading a 0.1.0 schema in place, and
     /// starts the writer thread.
@@ -113,21 +171,13 @@ impl SqliteStore {
         let conn = connect(path, true)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(db("setting journal_mode"))?;
-        conn.execute_batch(
+        conn.execute_batch(&format!(
             "CREATE TABLE IF NOT EXISTS sessions (
                  id TEXT PRIMARY KEY,
                  agent TEXT NOT NULL,
                  created_ms INTEGER NOT NULL
              );
-             CREATE TABLE IF NOT EXISTS events (
-                 session_id TEXT NOT NULL REFERENCES sessions(id),
-                 seq INTEGER NOT NULL,
-                 kind TEXT NOT NULL,
-                 body TEXT NOT NULL,
-                 at_ms INTEGER NOT NULL,
-                 body_version INTEGER NOT NULL DEFAULT 1,
-                 PRIMARY KEY (session_id, seq)
-             ) WITHOUT ROWID;
+             {EVENTS};
              CREATE TABLE IF NOT EXISTS blobs (
                  sha256 TEXT PRIMARY KEY,
                  data TEXT NOT NULL
@@ -146,8 +196,8 @@ impl SqliteStore {
                  period TEXT NOT NULL,
                  micro_usd INTEGER NOT NULL,
                  PRIMARY KEY (key, period)
-             ) WITHOUT ROWID;",
-        )
+             ) WITHOUT ROWID;"
+        ))
         .map_err(db("creating the schema"))?;
         let versioned: bool = conn
             .query_row(
@@ -163,6 +213,9 @@ impl SqliteStore {
             )
             .map_err(db("adding events.body_version"))?;
         }
+        append_order(&conn)?;
+        conn.execute_batch(EVENTS_BY_SESSION)
+            .map_err(db("creating the events' index"))?;
         // The schema queries above opened the -wal and -shm, which stay (same inodes) for as
         // long as the writer's connection is open: SQLite removes them only when the last
         // connection closes.

@@ -117,6 +117,200 @@ fn q7_appends_are_ordered_durable_and_checked() {
     assert!(store.events("nope").unwrap().is_empty());
 }
 
+/// Rows are kept in the order they were appended, whichever session they belong to, and each
+/// session's are found by seq; a second row at a (session, seq) is refused by the database too.
+#[test]
+fn q7_events_are_stored_in_append_order_and_read_by_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let (a, b) = (new_session(&store), new_session(&store));
+    for n in 2..=4 {
+        store.append(&b, n, step(n)).unwrap();
+        store.append(&a, n, step(n)).unwrap();
+    }
+    let seqs = |id: &str| -> Vec<u64> { store.events(id).unwrap().iter().map(|e| e.seq).collect() };
+    assert_eq!(seqs(&a), [1, 2, 3, 4]);
+    assert_eq!(seqs(&b), [1, 2, 3, 4]);
+    drop(store);
+    let conn = Connection::open(&path).unwrap();
+    let order: Vec<(String, i64)> = conn
+        .prepare("SELECT session_id, seq FROM events ORDER BY rowid")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut expected = vec![(a.clone(), 1), (b.clone(), 1)];
+    for n in 2..=4 {
+        expected.extend([(b.clone(), n), (a.clone(), n)]);
+    }
+    assert_eq!(order, expected);
+    let again = conn.execute(
+        "INSERT INTO events (session_id, seq, kind, body, at_ms) VALUES (?1, 3, 'step', '{}', 0)",
+        [&a],
+    );
+    assert!(
+        again.unwrap_err().to_string().contains("UNIQUE"),
+        "a second row at (session, 3) is refused"
+    );
+}
+
+/// A database from before issue 50, its events table keyed by (session, seq), is rebuilt in
+/// append order when opened, once: every row kept column for column, and its sessions go on.
+#[test]
+fn q7_an_events_table_keyed_by_session_is_moved_to_append_order_keeping_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let rows: Vec<(String, i64, String, String, i64, i64)> = vec![
+        ("bb".into(), 1, "session/created".into(), "{}".into(), 10, 1),
+        ("aa".into(), 1, "session/created".into(), "{}".into(), 11, 1),
+        ("bb".into(), 2, "step".into(), r#"{"step":2}"#.into(), 12, 1),
+        ("aa".into(), 2, "step".into(), r#"{"n":"é"}"#.into(), 13, 1),
+    ];
+    let all = |conn: &Connection| -> Vec<(String, i64, String, String, i64, i64)> {
+        conn.prepare(
+            "SELECT session_id, seq, kind, body, at_ms, body_version FROM events
+             ORDER BY session_id, seq",
+        )
+        .unwrap()
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    };
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_ms INTEGER NOT NULL);
+             CREATE TABLE events (
+                 session_id TEXT NOT NULL REFERENCES sessions(id),
+                 seq INTEGER NOT NULL,
+                 kind TEXT NOT NULL,
+                 body TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL,
+                 body_version INTEGER NOT NULL DEFAULT 1,
+                 PRIMARY KEY (session_id, seq)
+             ) WITHOUT ROWID;
+             INSERT INTO sessions VALUES ('aa', 'coder', 1), ('bb', 'coder', 2);",
+        )
+        .unwrap();
+        for r in &rows {
+            conn.execute(
+                "INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![r.0, r.1, r.2, r.3, r.4, r.5],
+            )
+            .unwrap();
+        }
+    }
+    let schema = |conn: &Connection| -> String {
+        conn.query_row(
+            "SELECT group_concat(sql, ';') FROM sqlite_schema WHERE tbl_name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(
+        store
+            .events("aa")
+            .unwrap()
+            .iter()
+            .map(|e| (e.seq, e.body.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "{}"), (2, r#"{"n":"é"}"#)]
+    );
+    let err = store.append("aa", 2, step(2)).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { found: 2, .. }),
+        "{err}"
+    );
+    store.append("aa", 3, step(3)).unwrap();
+    drop(store);
+    let conn = Connection::open(&path).unwrap();
+    let after = schema(&conn);
+    assert!(!after.to_uppercase().contains("WITHOUT ROWID"), "{after}");
+    assert!(after.contains("events_by_session"), "{after}");
+    let mut kept = all(&conn);
+    let new = kept.remove(2);
+    assert_eq!((new.0.as_str(), new.1, new.2.as_str()), ("aa", 3, "step"));
+    let mut sorted = rows.clone();
+    sorted.sort();
+    assert_eq!(kept, sorted, "every row, column for column");
+    drop(conn);
+    // Opening it again changes nothing.
+    drop(SqliteStore::open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    assert_eq!(schema(&conn), after);
+    assert_eq!(all(&conn).len(), rows.len() + 1);
+}
+
+/// The move is one transaction: when it fails (here an event whose session is missing, which
+/// the new table's foreign key refuses), opening says so and the old table is left as it was.
+#[test]
+fn q7_a_move_to_append_order_that_fails_leaves_the_old_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let old = "CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_ms INTEGER NOT NULL);
+         CREATE TABLE events (
+             session_id TEXT NOT NULL REFERENCES sessions(id),
+             seq INTEGER NOT NULL,
+             kind TEXT NOT NULL,
+             body TEXT NOT NULL,
+             at_ms INTEGER NOT NULL,
+             body_version INTEGER NOT NULL DEFAULT 1,
+             PRIMARY KEY (session_id, seq)
+         ) WITHOUT ROWID";
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA foreign_keys = OFF; PRAGMA journal_mode = WAL; {old};
+             INSERT INTO sessions VALUES ('aa', 'coder', 1);
+             INSERT INTO events VALUES ('aa', 1, 'session/created', '{{}}', 1, 1);
+             INSERT INTO events VALUES ('gone', 1, 'session/created', '{{}}', 2, 1);"
+        ))
+        .unwrap();
+    }
+    let err = SqliteStore::open(&path).err().expect("refused");
+    assert!(
+        err.to_string()
+            .contains("moving the events table to append order"),
+        "{err}"
+    );
+    let conn = Connection::open(&path).unwrap();
+    let sql: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(sql.contains("WITHOUT ROWID"), "{sql}");
+    let rows: i64 = conn
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 2);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_schema WHERE name = 'events_appended'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 0, "nothing of the new table is left");
+}
+
 fn new_session(store: &SqliteStore) -> String {
     store
         .create_session("a", NewEvent::json(EventKind::SessionCreated, &json!({})))
