@@ -636,15 +636,18 @@ fn insert_events(
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .map_err(db("preparing the insert"))?;
-    let mut blob = tx
-        .prepare_cached("INSERT OR IGNORE INTO blobs (sha256, data) VALUES (?1, ?2)")
-        .map_err(db("preparing the blob insert"))?;
     let at = now_ms() as i64;
     for (i, e) in events.iter().enumerate() {
         let (body, blobs) = blobs::deflate(e.kind, &e.body);
-        for (sha, data) in blobs {
-            blob.execute(params![sha, data])
-                .map_err(db("inserting a blob"))?;
+        // Prepared only for an event with media: a statement cache lookup allocates its key.
+        if !blobs.is_empty() {
+            let mut blob = tx
+                .prepare_cached("INSERT OR IGNORE INTO blobs (sha256, data) VALUES (?1, ?2)")
+                .map_err(db("preparing the blob insert"))?;
+            for (sha, data) in blobs {
+                blob.execute(params![sha, data])
+                    .map_err(db("inserting a blob"))?;
+            }
         }
         stmt.execute(params![
             id,
