@@ -156,6 +156,19 @@ fn q7_events_are_stored_in_append_order_and_read_by_session() {
     );
 }
 
+/// The sessions and events tables as every database before issue 50 had them.
+const KEYED_BY_SESSION: &str =
+    "CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_ms INTEGER NOT NULL);
+     CREATE TABLE events (
+         session_id TEXT NOT NULL REFERENCES sessions(id),
+         seq INTEGER NOT NULL,
+         kind TEXT NOT NULL,
+         body TEXT NOT NULL,
+         at_ms INTEGER NOT NULL,
+         body_version INTEGER NOT NULL DEFAULT 1,
+         PRIMARY KEY (session_id, seq)
+     ) WITHOUT ROWID";
+
 /// A database from before issue 50, its events table keyed by (session, seq), is rebuilt in
 /// append order when opened, once: every row kept column for column, and its sessions go on.
 #[test]
@@ -190,20 +203,10 @@ fn q7_an_events_table_keyed_by_session_is_moved_to_append_order_keeping_every_ro
     };
     {
         let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_ms INTEGER NOT NULL);
-             CREATE TABLE events (
-                 session_id TEXT NOT NULL REFERENCES sessions(id),
-                 seq INTEGER NOT NULL,
-                 kind TEXT NOT NULL,
-                 body TEXT NOT NULL,
-                 at_ms INTEGER NOT NULL,
-                 body_version INTEGER NOT NULL DEFAULT 1,
-                 PRIMARY KEY (session_id, seq)
-             ) WITHOUT ROWID;
-             INSERT INTO sessions VALUES ('aa', 'coder', 1), ('bb', 'coder', 2);",
-        )
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode = WAL; {KEYED_BY_SESSION};
+             INSERT INTO sessions VALUES ('aa', 'coder', 1), ('bb', 'coder', 2);"
+        ))
         .unwrap();
         for r in &rows {
             conn.execute(
@@ -262,20 +265,10 @@ fn q7_an_events_table_keyed_by_session_is_moved_to_append_order_keeping_every_ro
 fn q7_a_move_to_append_order_that_fails_leaves_the_old_table() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
-    let old = "CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_ms INTEGER NOT NULL);
-         CREATE TABLE events (
-             session_id TEXT NOT NULL REFERENCES sessions(id),
-             seq INTEGER NOT NULL,
-             kind TEXT NOT NULL,
-             body TEXT NOT NULL,
-             at_ms INTEGER NOT NULL,
-             body_version INTEGER NOT NULL DEFAULT 1,
-             PRIMARY KEY (session_id, seq)
-         ) WITHOUT ROWID";
     {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch(&format!(
-            "PRAGMA foreign_keys = OFF; PRAGMA journal_mode = WAL; {old};
+            "PRAGMA foreign_keys = OFF; PRAGMA journal_mode = WAL; {KEYED_BY_SESSION};
              INSERT INTO sessions VALUES ('aa', 'coder', 1);
              INSERT INTO events VALUES ('aa', 1, 'session/created', '{{}}', 1, 1);
              INSERT INTO events VALUES ('gone', 1, 'session/created', '{{}}', 2, 1);"
