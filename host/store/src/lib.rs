@@ -110,13 +110,13 @@ fn connect(path: &Path, create: bool) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// The events table: a rowid table, so rows sit in the order they were appended and a commit
+/// The events table's columns: a rowid table, so rows sit in the order they were appended and a commit
 /// group's rows share the table's last pages, and an index that finds a session's rows by
 /// seq (and refuses a second row at one). Keyed by (session, seq) instead, as databases
 /// before issue 50 were, a step's row went in the middle of the tree beside its session's
 /// last one, and SQLite rebalanced three leaves and their parent on most commits (3.6 pages
 /// per commit for one client, counted in the WAL).
-const EVENTS: &str = "CREATE TABLE IF NOT EXISTS events (
+const EVENTS: &str = "(
                  session_id TEXT NOT NULL REFERENCES sessions(id),
                  seq INTEGER NOT NULL,
                  kind TEXT NOT NULL,
@@ -132,7 +132,7 @@ const EVENTS_BY_SESSION: &str =
 /// Rebuilds an events table keyed by (session, seq) (`WITHOUT ROWID`, every database before
 /// issue 50) into [`EVENTS`]'s layout, in one transaction: the same rows, column for column.
 /// A crash before its commit leaves the old table as it was.
-fn append_order(conn: &Connection) -> Result<(), StoreError> {
+fn append_order(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let sql: String = conn
         .query_row(
             "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'events'",
@@ -146,11 +146,10 @@ fn append_order(conn: &Connection) -> Result<(), StoreError> {
     let rows: i64 = conn
         .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
         .map_err(db("counting events"))?;
-    tracing::info!(rows, "moving the events table to append order (once)");
-    let new = EVENTS.replacen("events (", "events_appended (", 1);
+    tracing::info!(rows, path = %path.display(), "moving the events table to append order (once)");
     conn.execute_batch(&format!(
         "BEGIN IMMEDIATE;
-         {new};
+         CREATE TABLE events_appended {EVENTS};
          INSERT INTO events_appended (session_id, seq, kind, body, at_ms, body_version)
              SELECT session_id, seq, kind, body, at_ms, body_version FROM events;
          DROP TABLE events;
@@ -160,7 +159,13 @@ fn append_order(conn: &Connection) -> Result<(), StoreError> {
     ))
     .map_err(|e| {
         let _ = conn.execute_batch("ROLLBACK");
-        StoreError::backend("moving the events table to append order", e)
+        StoreError::backend(
+            format!(
+                "moving the events table of {} to append order",
+                path.display()
+            ),
+            e,
+        )
     })
 }
 
@@ -177,7 +182,7 @@ impl SqliteStore {
                  agent TEXT NOT NULL,
                  created_ms INTEGER NOT NULL
              );
-             {EVENTS};
+             CREATE TABLE IF NOT EXISTS events {EVENTS};
              CREATE TABLE IF NOT EXISTS blobs (
                  sha256 TEXT PRIMARY KEY,
                  data TEXT NOT NULL
@@ -213,7 +218,7 @@ impl SqliteStore {
             )
             .map_err(db("adding events.body_version"))?;
         }
-        append_order(&conn)?;
+        append_order(&conn, path)?;
         conn.execute_batch(EVENTS_BY_SESSION)
             .map_err(db("creating the events' index"))?;
         // The schema queries above opened the -wal and -shm, which stay (same inodes) for as

@@ -276,11 +276,12 @@ fn q7_a_move_to_append_order_that_fails_leaves_the_old_table() {
         .unwrap();
     }
     let err = SqliteStore::open(&path).err().expect("refused");
-    assert!(
-        err.to_string()
-            .contains("moving the events table to append order"),
-        "{err}"
+    let moving = format!(
+        "moving the events table of {} to append order",
+        path.display()
     );
+    assert!(err.to_string().contains(&moving), "{err}");
+    assert!(err.to_string().contains("FOREIGN KEY"), "{err}");
     let conn = Connection::open(&path).unwrap();
     let sql: String = conn
         .query_row(
