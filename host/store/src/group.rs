@@ -34,6 +34,8 @@ pub(crate) struct GroupCommit {
     conn: Mutex<Connection>,
     /// Test hook: how many commits to fail on purpose.
     pub(crate) fail_commits: AtomicU32,
+    /// Test hook: what to run inside the next commit.
+    pub(crate) during_commit: Mutex<Option<DuringCommit>>,
     /// How many batches were written (the tests see that appends share them).
     pub(crate) batches: AtomicU64,
     /// The thread that writes deferred jobs when no caller is writing ([`GroupCommit::start`]).
@@ -41,6 +43,9 @@ pub(crate) struct GroupCommit {
     /// Set when the store closes: the writer thread ends.
     stop: AtomicBool,
 }
+
+/// What a test runs inside a commit ([`crate::SqliteStore::during_next_commit`]).
+pub(crate) type DuringCommit = Box<dyn FnOnce() + Send>;
 
 /// Who waits for a job's result.
 enum Waiter {
@@ -68,6 +73,7 @@ impl GroupCommit {
             queue: Mutex::new(Queue::default()),
             conn: Mutex::new(conn),
             fail_commits: AtomicU32::new(0),
+            during_commit: Mutex::new(None),
             batches: AtomicU64::new(0),
             writer: OnceLock::new(),
             stop: AtomicBool::new(false),
@@ -216,7 +222,8 @@ impl GroupCommit {
             if fail {
                 self.fail_commits.fetch_sub(1, Ordering::SeqCst);
             }
-            write_group(&mut conn, &batch, fail, files)
+            let during = lock(&self.during_commit).take();
+            write_group(&mut conn, &batch, (fail, during), files)
         }));
         let tickets = batch.iter().map(|(ticket, _)| *ticket);
         let results: Vec<_> = match outcome {

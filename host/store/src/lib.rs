@@ -18,8 +18,10 @@
 //! logged, and [`SessionStore::health`] reports it. A database overwritten *in place* (`cp
 //! other.db s.db` keeps the inode) is caught by its content instead: the writer remembers the
 //! database file's SQLite header (its first 100 bytes: change counter, page count, schema
-//! cookie…) and size as its own last commit left them, and before writing a batch and before
-//! acknowledging one, a file that is no longer so was written by someone else: lost too.
+//! cookie…) and size as its own last write left them, and before writing a batch and before
+//! acknowledging one, a file that is no longer so was written by someone else: lost too. A
+//! commit writes only the WAL; the writer copies the WAL into the database file itself
+//! ([`checkpoint`]), after the commit's check, and records what the copy left.
 //!
 //! Events are kept in a rowid table, in the order they were appended, with a unique index on
 //! (session, seq) ([`EVENTS`]); opening a database from before issue 50, whose events table
@@ -37,6 +39,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use promptd_core::sync::lock;
 
 mod blobs;
+mod checkpoint;
 mod group;
 
 use promptd_core::store::{
@@ -107,6 +110,9 @@ fn connect(path: &Path, create: bool) -> Result<Connection, StoreError> {
         .map_err(db("setting foreign_keys"))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(db("setting busy_timeout"))?;
+    // Only the writer checkpoints, and only where Q12's check expects it (`checkpoint`).
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(db("setting wal_autocheckpoint"))?;
     Ok(conn)
 }
 
@@ -226,6 +232,7 @@ impl SqliteStore {
         // connection closes.
         let files = Arc::new(Files::open(path)?);
         files.settle(lock(&files.left))?;
+        checkpoint::watch(&conn);
         let writer = Arc::new(group::GroupCommit::new(conn));
         writer
             .start(files.clone())
@@ -243,6 +250,14 @@ impl SqliteStore {
     #[doc(hidden)]
     pub fn fail_commits(&self, n: u32) {
         self.writer.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// Runs `during` inside the next commit (SQLite's commit hook, as the transaction's end
+    /// begins): after the write's checks, before its pages reach the WAL, to test what the
+    /// store finds before it acknowledges anything.
+    #[doc(hidden)]
+    pub fn during_next_commit(&self, during: impl FnOnce() + Send + 'static) {
+        *lock(&self.writer.during_commit) = Some(Box::new(during));
     }
 
     /// How many batches the store has written (each one transaction and one sync), for the
@@ -376,10 +391,22 @@ impl Files {
 
     /// A write's check before it writes: the inodes ([`Files::check`]), then that the
     /// database file holds what the last write left. The guard returned is given back to
-    /// [`Files::settle`] once the write committed. The guard is taken first, so the size and
-    /// header compared are never read in the middle of another of this store's writes.
+    /// [`Files::unchanged`] once the write committed. The guard is taken first, so the size
+    /// and header compared are never read in the middle of another of this store's writes.
     fn check_written(&self) -> Result<std::sync::MutexGuard<'_, Option<Content>>, StoreError> {
-        let left = lock(&self.left);
+        self.unchanged(lock(&self.left))
+    }
+
+    /// The same check after a write committed, before anything of it is acknowledged, with
+    /// the guard its check took: committed to a deleted or replaced file is not on disk, and
+    /// a database file overwritten while the write ran is someone else's. A commit writes
+    /// only the WAL (no connection checkpoints by itself, [`checkpoint`]), so the file must
+    /// still hold what the last write left. Returns the guard for a checkpoint to
+    /// [`Files::settle`].
+    fn unchanged<'f>(
+        &'f self,
+        left: std::sync::MutexGuard<'f, Option<Content>>,
+    ) -> Result<std::sync::MutexGuard<'f, Option<Content>>, StoreError> {
         let size = self.identify()?;
         let now = content(&self.main, size)
             .map_err(|e| StoreError::backend("reading the database header", e))?;
@@ -400,9 +427,9 @@ impl Files {
         }
     }
 
-    /// After a write committed: the inodes checked again (committed to a deleted or replaced
-    /// file is not on disk), then the database file's content as the write (holding `left`)
-    /// left it recorded, for the next write's check.
+    /// After the store wrote the database file itself (a checkpoint, or opening it): the
+    /// inodes checked again, then the file's content as the write (holding `left`) left it
+    /// recorded, for the next write's check.
     fn settle(
         &self,
         mut left: std::sync::MutexGuard<'_, Option<Content>>,
@@ -476,24 +503,38 @@ fn lost(why: &str) -> StoreError {
     )
 }
 
-/// One batch's write: the files checked (Q12), every job in one transaction (made to fail
-/// when `fail` is set, the test hook), the files checked again before anything is
-/// acknowledged. Each job's result is valid only once this returns `Ok`.
+/// One batch's write: the files checked (Q12), every job in one transaction, the files
+/// checked again before anything is acknowledged, then the WAL copied into the database file
+/// when it has grown. Each job's result is valid only once this returns `Ok`. The test hooks
+/// (`trial`) make the commit fail, or run something inside it.
 fn write_group(
     conn: &mut Connection,
     batch: &[(u64, Job)],
-    fail: bool,
+    trial: (bool, Option<group::DuringCommit>),
     files: &Files,
 ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
-    if fail {
-        conn.commit_hook(Some(|| true));
+    let (fail, mut during) = trial;
+    if fail || during.is_some() {
+        conn.commit_hook(Some(move || {
+            if let Some(during) = during.take() {
+                during();
+            }
+            fail
+        }));
     }
     // Once lost, nothing more is written: it would go to a file no one will read.
     let outcome = files.check_written().and_then(|left| {
+        checkpoint::before_commit();
         let results = write_batch(conn, batch);
-        // Committed to a deleted or replaced file is not on disk: acknowledge nothing.
-        // What the commit (and its checkpoint) left is what the next write expects.
-        files.settle(left)?;
+        // Committed to a deleted, replaced or overwritten file is not on disk: acknowledge
+        // nothing.
+        let left = files.unchanged(left)?;
+        if results.is_ok() && checkpoint::due() {
+            // Copied into the database file only now, after the comparison: what the copy
+            // leaves is what the next write expects.
+            checkpoint::run(conn);
+            files.settle(left)?;
+        }
         results
     });
     conn.commit_hook(None::<fn() -> bool>);
@@ -774,11 +815,11 @@ impl SessionStore for SqliteStore {
     }
 
     fn publish_set(&self, files: &[(String, Vec<u8>)]) -> Result<PluginSet, StoreError> {
-        // Its commit may checkpoint into the database file: checked and settled as a write.
+        // Checked as any write.
         let left = self.files.check_written()?;
         let published = self.publish_set_in(files)?;
-        // Committed to a deleted or replaced file is not on disk: not published.
-        self.files.settle(left)?;
+        // Committed to a deleted, replaced or overwritten file is not on disk: not published.
+        drop(self.files.unchanged(left)?);
         Ok(published)
     }
 
@@ -795,7 +836,7 @@ impl SessionStore for SqliteStore {
         // Checked and settled as any write (Q12): a count in a lost file is no count.
         let left = self.files.check_written()?;
         let totals = self.add_spend_in(key, periods, micro_usd)?;
-        self.files.settle(left)?;
+        drop(self.files.unchanged(left)?);
         Ok(totals)
     }
 

@@ -574,3 +574,81 @@ fn q12_a_deferred_append_to_a_lost_store_is_refused() {
     assert_eq!(err.code(), "store", "{err}");
     assert!(err.to_string().contains("deleted while open"), "{err}");
 }
+
+/// Q12: a database file overwritten in place while a write commits is found before that
+/// write is acknowledged, and the store acknowledges nothing after (the commit's own check
+/// compares the file, not only the check before it).
+#[test]
+fn q12_a_database_overwritten_while_a_write_commits_acknowledges_nothing_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let other = dir.path().join("other.db");
+    {
+        let other = SqliteStore::open(&other).unwrap();
+        for _ in 0..50 {
+            new_session(&other);
+        }
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let id = new_session(&store);
+    store.append(&id, 2, step(1)).unwrap();
+    let (target, bytes) = (path.clone(), std::fs::read(&other).unwrap());
+    // `cp other.db s.db` in the middle of the next write.
+    store.during_next_commit(move || std::fs::write(&target, bytes).unwrap());
+    let err = store.append(&id, 3, step(2)).unwrap_err();
+    assert_eq!(err.code(), "store", "{err}");
+    assert!(
+        err.to_string()
+            .contains("s.db was overwritten in place while open"),
+        "{err}"
+    );
+    assert!(store.append(&id, 3, step(2)).is_err(), "lost for good");
+    assert_eq!(store.health().unwrap_err().code(), "store");
+}
+
+/// Q12 with checkpoints: the writer copies the WAL into the database file once it passes
+/// 1,000 pages, as SQLite's automatic checkpoint would, so the WAL stays bounded however
+/// long the appends go on, and every append reads back.
+#[test]
+fn q12_the_writer_copies_the_wal_into_the_database_file_and_the_wal_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let id = new_session(&store);
+    let text = "x".repeat(16 * 1024);
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let mut largest = 0;
+    // About 5 pages each: the WAL passes 1,000 pages several times.
+    let n = 1000;
+    for seq in 2..2 + n {
+        let body = json!({"role": "user", "content": format!("{seq} {text}")});
+        store
+            .append(
+                &id,
+                seq,
+                vec![NewEvent::json(EventKind::UserMessage, &body)],
+            )
+            .unwrap();
+        largest = largest.max(std::fs::metadata(&wal).unwrap().len());
+    }
+    // A WAL frame is a page and its 24-byte header; one commit adds at most a few dozen.
+    let bound = u64::from(checkpoint::CHECKPOINT_PAGES + 64) * (4096 + 24);
+    assert!(
+        largest <= bound,
+        "the WAL grew to {largest} bytes (bound {bound})"
+    );
+    let copied = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        copied >= 3 * u64::from(checkpoint::CHECKPOINT_PAGES) * 4096,
+        "the database file holds {copied} bytes: the WAL was not copied into it"
+    );
+    // Each check compared the file with what the checkpoint before it left: no false loss.
+    store.health().unwrap();
+    drop(store);
+    let events = SqliteStore::open(&path).unwrap().events(&id).unwrap();
+    assert_eq!(events.len() as u64, n + 1, "every append kept");
+    assert!(events[n as usize]
+        .body
+        .starts_with(&format!("{{\"content\":\"{} ", n + 1)));
+}
