@@ -18,10 +18,10 @@
 //! logged, and [`SessionStore::health`] reports it. A database overwritten *in place* (`cp
 //! other.db s.db` keeps the inode) is caught by its content instead: the writer remembers the
 //! database file's SQLite header (its first 100 bytes: change counter, page count, schema
-//! cookie…) and size as its own last write left them, and before writing a batch and before
-//! acknowledging one, a file that is no longer so was written by someone else: lost too. A
-//! commit writes only the WAL; the writer copies the WAL into the database file itself
-//! ([`checkpoint`]), after the commit's check, and records what the copy left.
+//! cookie…), size and write time as its own last write left them, and before writing a batch
+//! and before acknowledging one, a file that is no longer so was written by someone else:
+//! lost too. A commit writes only the WAL; the writer copies the WAL into the database file
+//! itself ([`checkpoint`]), after the commit's check, and records what the copy left.
 //!
 //! Events are kept in a rowid table, in the order they were appended, with a unique index on
 //! (session, seq) ([`EVENTS`]); opening a database from before issue 50, whose events table
@@ -302,9 +302,21 @@ impl std::fmt::Display for FileId {
     }
 }
 
-/// A file's identity and its size, from one `stat` of its path.
-fn file_id(path: &Path) -> std::io::Result<(FileId, u64)> {
+/// What a `stat` of the database file says of its content: its size and when its data was
+/// last written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Stat {
+    size: u64,
+    modified: Option<SystemTime>,
+}
+
+/// A file's identity, its size and when it was last written, from one `stat` of its path.
+fn file_id(path: &Path) -> std::io::Result<(FileId, Stat)> {
     let meta = std::fs::metadata(path)?;
+    let stat = Stat {
+        size: meta.len(),
+        modified: meta.modified().ok(),
+    };
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
@@ -313,13 +325,13 @@ fn file_id(path: &Path) -> std::io::Result<(FileId, u64)> {
                 dev: meta.dev(),
                 ino: meta.ino(),
             },
-            meta.len(),
+            stat,
         ))
     }
     #[cfg(not(unix))]
     {
         // No inodes: only a deletion is noticed.
-        Ok((FileId { dev: 0, ino: 0 }, meta.len()))
+        Ok((FileId { dev: 0, ino: 0 }, stat))
     }
 }
 
@@ -331,25 +343,28 @@ struct Files {
     lost: OnceLock<String>,
     /// The database file, read-only, to see its content as it is on disk.
     main: std::fs::File,
-    /// Its header and size as this store's writes last left them. Held from a write's check
-    /// to its settling, so one of our own writes is never taken for a stranger's (the
-    /// writer's batches and `publish_set`'s own transaction both write the file).
+    /// Its header, size and write time as this store's writes last left them. Held from a
+    /// write's check to the check after it, so one of our own writes is never taken for a
+    /// stranger's.
     left: Mutex<Option<Content>>,
 }
 
-/// What the store checks of the database file's content: SQLite's 100-byte header and the
-/// file's size.
+/// What the store checks of the database file's content: SQLite's 100-byte header, the
+/// file's size and when its data was last written. Only the store's own checkpoints write it
+/// ([`checkpoint`]), each recorded as it ends, so a later write time is someone else's, even
+/// one that left the header and size as they were (a copy of another database of the same
+/// schema and page count).
 #[derive(Clone, PartialEq, Eq)]
 struct Content {
     header: [u8; 100],
     /// How much of `header` the file had (a new file may have less).
     read: usize,
-    size: u64,
+    stat: Stat,
 }
 
-/// The database file's content: its header read from the open file, and `size`, the size
-/// the `stat` of its path that found it to be the open file gave (no second `stat`).
-fn content(file: &std::fs::File, size: u64) -> std::io::Result<Content> {
+/// The database file's content: its header read from the open file, and `stat`, what the
+/// `stat` of its path that found it to be the open file gave (no second `stat`).
+fn content(file: &std::fs::File, stat: Stat) -> std::io::Result<Content> {
     // On the stack: this runs twice per write group.
     let mut header = [0u8; 100];
     #[cfg(unix)]
@@ -359,7 +374,7 @@ fn content(file: &std::fs::File, size: u64) -> std::io::Result<Content> {
         let _ = file;
         0
     };
-    Ok(Content { header, read, size })
+    Ok(Content { header, read, stat })
 }
 
 impl Files {
@@ -407,18 +422,18 @@ impl Files {
         &'f self,
         left: std::sync::MutexGuard<'f, Option<Content>>,
     ) -> Result<std::sync::MutexGuard<'f, Option<Content>>, StoreError> {
-        let size = self.identify()?;
-        let now = content(&self.main, size)
+        let stat = self.identify()?;
+        let now = content(&self.main, stat)
             .map_err(|e| StoreError::backend("reading the database header", e))?;
         match &*left {
             Some(was) if *was != now => {
                 let path = &self.open[0].0;
                 let why = format!(
-                    "{} was overwritten in place while open (its SQLite header or size changed \
-                     from what this store last wrote: {} → {} bytes)",
+                    "{} was overwritten in place while open (its SQLite header, size or write \
+                     time changed from what this store last wrote: {} → {} bytes)",
                     path.display(),
-                    was.size,
-                    now.size
+                    was.stat.size,
+                    now.stat.size
                 );
                 drop(left);
                 Err(self.lose(path, &why))
@@ -434,8 +449,8 @@ impl Files {
         &self,
         mut left: std::sync::MutexGuard<'_, Option<Content>>,
     ) -> Result<(), StoreError> {
-        let size = self.identify()?;
-        let now = content(&self.main, size)
+        let stat = self.identify()?;
+        let now = content(&self.main, stat)
             .map_err(|e| StoreError::backend("reading the database header", e))?;
         *left = Some(now);
         Ok(())
@@ -460,18 +475,18 @@ impl Files {
         self.identify().map(drop)
     }
 
-    /// [`Files::check`], returning the database file's size from the same `stat` (the first
-    /// path is the database file's).
-    fn identify(&self) -> Result<u64, StoreError> {
+    /// [`Files::check`], returning the database file's size and write time from the same
+    /// `stat` (the first path is the database file's).
+    fn identify(&self) -> Result<Stat, StoreError> {
         if let Some(why) = self.lost.get() {
             return Err(lost(why));
         }
-        let mut size = 0;
+        let mut main = Stat::default();
         for (i, (path, id)) in self.open.iter().enumerate() {
             let why = match file_id(path) {
-                Ok((now, len)) if now == *id => {
+                Ok((now, stat)) if now == *id => {
                     if i == 0 {
-                        size = len;
+                        main = stat;
                     }
                     continue;
                 }
@@ -491,7 +506,7 @@ impl Files {
             };
             return Err(self.lose(path, &why));
         }
-        Ok(size)
+        Ok(main)
     }
 }
 

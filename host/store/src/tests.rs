@@ -446,6 +446,30 @@ fn q12_a_database_overwritten_in_place_is_noticed_before_anything_is_acknowledge
 }
 
 #[test]
+fn q12_a_database_overwritten_with_its_header_and_size_kept_is_noticed_by_its_write_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let id = new_session(&store);
+    store.append(&id, 2, step(1)).unwrap();
+    // The file's own bytes with one changed past its header, as a copy of another database
+    // of the same schema and page count would be: the header and size are what the store
+    // last wrote, the data is not. (Written a tick later than the store's last look: file
+    // times are kept to the kernel's clock tick.)
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 100, "{} bytes", bytes.len());
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len() as usize,
+        bytes.len()
+    );
+    assert_lost(&store, &id, "s.db was overwritten in place while open");
+}
+
+#[test]
 fn q12_a_database_grown_in_place_with_its_header_kept_is_noticed_by_its_size() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
