@@ -412,11 +412,11 @@ fn q12_a_database_replaced_by_another_file_is_noticed() {
     // the old s.db-wal stays beside the new file and would be replayed onto it.)
 }
 
-#[test]
-fn q12_a_database_overwritten_in_place_is_noticed_before_anything_is_acknowledged() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let other = dir.path().join("other.db");
+/// A store at `dir/s.db` with one session at seq 2, and `dir/other.db`, another database
+/// (50 sessions) to overwrite it with: the store, the session, and both paths.
+fn beside_another(dir: &Path) -> (SqliteStore, String, PathBuf, PathBuf) {
+    let path = dir.join("s.db");
+    let other = dir.join("other.db");
     {
         let other = SqliteStore::open(&other).unwrap();
         for _ in 0..50 {
@@ -426,6 +426,13 @@ fn q12_a_database_overwritten_in_place_is_noticed_before_anything_is_acknowledge
     let store = SqliteStore::open(&path).unwrap();
     let id = new_session(&store);
     store.append(&id, 2, step(1)).unwrap();
+    (store, id, path, other)
+}
+
+#[test]
+fn q12_a_database_overwritten_in_place_is_noticed_before_anything_is_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id, path, other) = beside_another(dir.path());
     #[cfg(unix)]
     let inode = {
         use std::os::unix::fs::MetadataExt;
@@ -605,17 +612,7 @@ fn q12_a_deferred_append_to_a_lost_store_is_refused() {
 #[test]
 fn q12_a_database_overwritten_while_a_write_commits_acknowledges_nothing_of_it() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let other = dir.path().join("other.db");
-    {
-        let other = SqliteStore::open(&other).unwrap();
-        for _ in 0..50 {
-            new_session(&other);
-        }
-    }
-    let store = SqliteStore::open(&path).unwrap();
-    let id = new_session(&store);
-    store.append(&id, 2, step(1)).unwrap();
+    let (store, id, path, other) = beside_another(dir.path());
     let (target, bytes) = (path.clone(), std::fs::read(&other).unwrap());
     // `cp other.db s.db` in the middle of the next write.
     store.during_next_commit(move || std::fs::write(&target, bytes).unwrap());
