@@ -116,9 +116,9 @@ fn connect(path: &Path, create: bool) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// The events table's columns: a rowid table, so rows sit in the order they were appended and a commit
-/// group's rows share the table's last pages, and an index that finds a session's rows by
-/// seq (and refuses a second row at one). Keyed by (session, seq) instead, as databases
+/// The events table's columns: a rowid table, so rows sit in the order they were appended
+/// and a commit group's rows share the table's last pages, and an index that finds a
+/// session's rows by seq (and refuses a second row at one). Keyed by (session, seq) instead, as databases
 /// before issue 50 were, a step's row went in the middle of the tree beside its session's
 /// last one, and SQLite rebalanced three leaves and their parent on most commits (3.6 pages
 /// per commit for one client, counted in the WAL).

@@ -129,8 +129,8 @@ mod tests {
     }
 
     proptest! {
-        /// Q8 (keys sorted, the same bytes): a message of text alone is written byte for byte as its
-        /// neutral value is, without building the value.
+        /// Q8 (keys sorted, the same bytes): a message of text alone is written byte for
+        /// byte as its neutral value is, without building the value.
         #[test]
         fn plain_messages_are_written_as_their_value_is(message in plain_message()) {
             let written = plain_text(&message);
