@@ -105,7 +105,7 @@ pub fn run(config: Config, options: Options) -> anyhow::Result<()> {
     };
     // MCP servers connect on the runtime below; each publishes beside the plugins (M1).
     let mcp = daemon.clone();
-    let app = http::router_listening(daemon, token, listening);
+    let app = http::app(daemon, token, listening);
 
     runtime()?.block_on(async move {
         promptd_mcp::start(&mcp, &tokio::runtime::Handle::current());

@@ -10,7 +10,8 @@
 //! used: it starts as soon as a connection is idle, so it would be the idle timeout as well.
 //!
 //! This is the server `promptd serve` runs; an embedder of the library serves the daemon's
-//! router the same way and gets the same limits:
+//! API ([`crate::http::app`]) the same way and gets the same limits (any other service of
+//! axum's requests, an [`axum::Router`] of its own, is served the same way):
 //!
 //! ```no_run
 //! # async fn run(daemon: std::sync::Arc<promptd_daemon::Daemon>) -> std::io::Result<()> {
@@ -18,7 +19,7 @@
 //!
 //! let limits = server::Limits::of(&daemon);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:7070").await?;
-//! let app = http::router(daemon, None);
+//! let app = http::app(daemon, None, promptd_daemon::gateway::Listening::Local);
 //! let stop = async {
 //!     let _ = tokio::signal::ctrl_c().await;
 //! };
@@ -37,7 +38,6 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::serve::Listener;
-use axum::Router;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -51,6 +51,34 @@ use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
 use crate::Daemon;
+
+/// What [`serve`] serves: a service of axum's requests that always answers, as an [`axum::Router`]
+/// and [`crate::http::App`] are.
+pub trait App:
+    tower_service::Service<
+        axum::extract::Request,
+        Response = axum::response::Response,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> App for S where
+    S: tower_service::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// A connection's time limits, read from the config in force when it opens.
 #[derive(Clone, Copy, Debug)]
@@ -131,9 +159,9 @@ pub fn no_delay(
 /// once (beyond that, connections wait in the listen backlog), each within the timeouts
 /// `limits` gives when it opens, until `shutdown` completes; then lets open connections finish
 /// their responses and returns once all are closed.
-pub async fn serve<L: Listener>(
+pub async fn serve<L: Listener, S: App>(
     mut listener: L,
-    app: Router,
+    app: S,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -174,9 +202,9 @@ pub async fn serve<L: Listener>(
 }
 
 /// Serves one connection until it closes, times out (H6) or has finished after `stopping`.
-async fn connection<I>(
+async fn connection<I, S: App>(
     io: I,
-    app: Router,
+    app: S,
     timeouts: Timeouts,
     bodies: Arc<Bodies>,
     mut stopping: watch::Receiver<()>,
@@ -196,7 +224,7 @@ async fn connection<I>(
         let weight = bodies.weight(&request);
         let bodies = bodies.clone();
         // The body's own deadline: a request in flight is not the watchdog's to close.
-        let response = app.call(request.map(|body| TimedBody::new(body, timeouts.body)));
+        let response = app.call(request.map(|body| Body::new(TimedBody::new(body, timeouts.body))));
         async move {
             // Its body's share of the bytes in flight, held until the answer is made.
             let _share = bodies.take(weight).await;

@@ -53,11 +53,11 @@ pub(crate) async fn blocking<T: Send + 'static>(
     }
 }
 
-/// Parses a JSON body strictly, with errors that name the problem. Every body is a JSON object:
-/// serde would also read a struct from a list of its fields' values (`[]` for a session).
 /// The [`crate::server::BodyTimeout`] behind a body that could not be read, if that was why.
-pub(crate) fn body_timeout(rejection: &BytesRejection) -> Option<&crate::server::BodyTimeout> {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+pub(crate) fn body_timeout<'a>(
+    failure: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a crate::server::BodyTimeout> {
+    let mut cause = Some(failure);
     while let Some(e) = cause {
         if let Some(late) = e.downcast_ref::<crate::server::BodyTimeout>() {
             return Some(late);
@@ -67,32 +67,60 @@ pub(crate) fn body_timeout(rejection: &BytesRejection) -> Option<&crate::server:
     None
 }
 
+/// Parses a JSON body strictly, with errors that name the problem ([`parse_json`]), or
+/// answers why it could not be read.
 pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<T, ApiError> {
-    let bytes = body.map_err(|r| {
-        if let Some(late) = body_timeout(&r) {
-            return ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
-                late.to_string(),
-            );
-        }
-        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            "body_too_large"
-        } else {
-            "bad_request"
-        };
-        ApiError::new(
-            r.status(),
-            code,
-            format!(
-                "{} (limit {limit} bytes: limits.max_body_mb)",
-                r.body_text()
-            ),
-        )
+    let bytes = body.map_err(|r| match body_timeout(&r) {
+        Some(late) => late_body(late),
+        None => unread_body(r.status(), &r.body_text(), limit),
     })?;
+    parse_json(&bytes)
+}
+
+/// [`parse_body`]'s answer to a body read without axum's extractor that could not be read
+/// whole (too long for `limit`, too slow, or cut off), worded as axum words it.
+pub(crate) fn body_failure(failure: &(dyn std::error::Error + 'static), limit: usize) -> ApiError {
+    if let Some(late) = body_timeout(failure) {
+        return late_body(late);
+    }
+    let status = match failure.is::<http_body_util::LengthLimitError>() {
+        true => StatusCode::PAYLOAD_TOO_LARGE,
+        false => StatusCode::BAD_REQUEST,
+    };
+    unread_body(
+        status,
+        &format!("Failed to buffer the request body: {failure}"),
+        limit,
+    )
+}
+
+fn late_body(late: &crate::server::BodyTimeout) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        late.to_string(),
+    )
+}
+
+fn unread_body(status: StatusCode, reason: &str, limit: usize) -> ApiError {
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        _ => "bad_request",
+    };
+    ApiError::new(
+        status,
+        code,
+        format!("{reason} (limit {limit} bytes: limits.max_body_mb)"),
+    )
+}
+
+/// Parses a JSON body strictly, with errors that name the problem. Every body is a JSON
+/// object: serde would also read a struct from a list of its fields' values (`[]` for a
+/// session).
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -103,10 +131,10 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
     // Parsed without tracking the path first: the tracker copies every key it passes (seven
     // allocations of a short step's body, issue 50). Only a body that fails is parsed again,
     // with it, to name where: the same bytes fail the same way.
-    if let Ok(value) = T::deserialize(&mut serde_json::Deserializer::from_slice(&bytes)) {
+    if let Ok(value) = T::deserialize(&mut serde_json::Deserializer::from_slice(bytes)) {
         return Ok(value);
     }
-    let mut json = serde_json::Deserializer::from_slice(&bytes);
+    let mut json = serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(&mut json).map_err(|e| {
         // Name the field the error is in (`.` is the body itself).
         let at = e.path().to_string();

@@ -33,6 +33,7 @@ use crate::{Daemon, DaemonError, StepInput};
 
 mod error;
 mod extract;
+mod front;
 mod health;
 mod plugins;
 mod replay;
@@ -41,6 +42,7 @@ mod steps;
 
 use error::*;
 use extract::*;
+use front::*;
 use health::*;
 use plugins::*;
 use replay::*;
@@ -52,6 +54,8 @@ use steps::*;
 /// 413 answer: a client still sending it would otherwise get a broken pipe instead of the error.
 /// Larger ones are answered at once and the connection is closed.
 const DRAIN_MAX: u64 = 16 << 20;
+
+pub use front::{Answer, App};
 
 struct AppState {
     pub(crate) daemon: Arc<Daemon>,
@@ -73,6 +77,26 @@ pub fn router_listening(
     token: Option<String>,
     listening: crate::gateway::Listening,
 ) -> Router {
+    routed(daemon, token, listening).0
+}
+
+/// The API as the daemon serves it: [`router_listening`]'s router with a step answered
+/// before it, the same answers at less cost ([`App`]).
+pub fn app(
+    daemon: Arc<Daemon>,
+    token: Option<String>,
+    listening: crate::gateway::Listening,
+) -> App {
+    let (router, state) = routed(daemon, token, listening);
+    App::new(router, state)
+}
+
+/// The router, and the state its API routes share.
+fn routed(
+    daemon: Arc<Daemon>,
+    token: Option<String>,
+    listening: crate::gateway::Listening,
+) -> (Router, Arc<AppState>) {
     let max_body = daemon.config().max_body_bytes();
     // The gateway's routes: promptd's token and body limit are not theirs (the client's
     // Authorization is the provider's credential; [gateway] max_body_bytes bounds bodies).
@@ -85,14 +109,14 @@ pub fn router_listening(
     let (routes, _) = api_routes().split_for_parts();
     // The inspector's static page is not API: not in the document, and served without the
     // token (the API calls it makes need it).
-    routes
+    let routes = routes
         .merge(crate::ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), gate))
-        .with_state(state)
-        .merge(gateway)
+        .with_state(state.clone());
+    (routes.merge(gateway), state)
 }
 
 /// Every route, each with its part of the OpenAPI document.
@@ -191,11 +215,7 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
 /// the body extractors.)
 async fn oversized(state: &AppState, request: Request) -> Result<Request, Response> {
     let limit = state.max_body;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(request.headers());
     let Some(length) = declared.filter(|&n| n > limit as u64) else {
         return Ok(request);
     };

@@ -15,6 +15,16 @@ pub(crate) async fn step(
     TraceParent(parent): TraceParent,
     JsonBody(req): JsonBody<api::StepBody>,
 ) -> ApiResult {
+    run_step(&state, id, parent, req).await
+}
+
+/// A step of session `id`: what [`step`] runs, and [`App`] before the router.
+pub(crate) async fn run_step(
+    state: &Arc<AppState>,
+    id: String,
+    parent: Option<crate::TraceContext>,
+    req: api::StepBody,
+) -> ApiResult {
     let input = StepInput {
         messages: req.messages,
         facts: req.facts,
@@ -61,8 +71,7 @@ pub(crate) async fn step(
         Ok(outcome) => step_reply(outcome?)?,
         Err(request) => {
             let mut guard = CancelOnDrop(Some(cancelled));
-            let response =
-                blocking(&state, move |daemon| step_reply(daemon.step(request)?)).await?;
+            let response = blocking(state, move |daemon| step_reply(daemon.step(request)?)).await?;
             guard.0 = None; // finished: nothing to cancel
             response
         }
