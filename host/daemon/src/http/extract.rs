@@ -6,8 +6,15 @@ use super::*;
 
 /// A JSON response from pre-serialized bytes (sorted keys: stable).
 pub(crate) fn json_bytes(status: StatusCode, body: String) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    (status, [JSON], body).into_response()
 }
+
+/// `Content-Type: application/json`, a static value: one written from a `&str` is copied into
+/// an allocation on every reply.
+pub(crate) const JSON: (header::HeaderName, header::HeaderValue) = (
+    header::CONTENT_TYPE,
+    header::HeaderValue::from_static("application/json"),
+);
 
 /// `v` as JSON with its keys sorted (through a `Value`), so a body's bytes never depend on a
 /// struct's field order. A value that cannot be written (a map with non-string keys: a bug)

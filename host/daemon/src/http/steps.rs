@@ -40,16 +40,14 @@ pub(crate) async fn run_step(
         Some(_) => "{\"parts\":",
         None => "{\"request\":",
     });
-    // Set when this handler is dropped before the step finished (the client disconnected):
-    // the step then records nothing (issue 32, cancellation).
-    let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let request = crate::StepRequest {
         session: id,
         input,
         format,
         since,
         out,
-        cancelled: Some(cancelled.clone()),
+        // A short step is not cancelled (it runs to its end); any other gets its flag below.
+        cancelled: None,
         trace: parent,
         gateway: None,
     };
@@ -69,7 +67,11 @@ pub(crate) async fn run_step(
     })?;
     let response = match inline {
         Ok(outcome) => step_reply(outcome?)?,
-        Err(request) => {
+        Err(mut request) => {
+            // Set when this handler is dropped before the step finished (the client
+            // disconnected): the step then records nothing (issue 32, cancellation).
+            let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            request.cancelled = Some(cancelled.clone());
             let mut guard = CancelOnDrop(Some(cancelled));
             let response = blocking(state, move |daemon| step_reply(daemon.step(request)?)).await?;
             guard.0 = None; // finished: nothing to cancel
@@ -78,7 +80,7 @@ pub(crate) async fn run_step(
     };
     Ok((
         StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
+        [JSON],
         axum::body::Body::new(crate::reply_body::PiecesBody::from(response)),
     )
         .into_response())
