@@ -65,6 +65,19 @@ struct Queue {
     results: HashMap<u64, Result<Written, StoreError>>,
     /// Whether a caller is writing.
     writing: bool,
+    /// The writer's buffers, kept from one batch to the next (each at most [`MAX_BATCH`]
+    /// long): a short step's batch of one would otherwise allocate five.
+    spare: Spare,
+}
+
+/// The buffers a batch is written with; empty between batches.
+#[derive(Default)]
+struct Spare {
+    batch: Vec<(u64, Job)>,
+    waiters: Vec<(u64, Waiter)>,
+    results: Vec<Result<Written, StoreError>>,
+    callbacks: Vec<(AppendDone, Result<Written, StoreError>)>,
+    wake: Vec<Thread>,
 }
 
 impl GroupCommit {
@@ -169,26 +182,25 @@ impl GroupCommit {
     ) -> MutexGuard<'q, Queue> {
         queue.writing = true;
         let n = queue.jobs.len().min(MAX_BATCH);
-        let mut waiters = Vec::with_capacity(n);
-        let batch: Vec<(u64, Job)> = (queue.jobs.drain(..n))
-            .map(|(ticket, job, waiter)| {
-                waiters.push(waiter);
-                (ticket, job)
-            })
-            .collect();
+        let mut spare = std::mem::take(&mut queue.spare);
+        for (ticket, job, waiter) in queue.jobs.drain(..n) {
+            spare.batch.push((ticket, job));
+            spare.waiters.push((ticket, waiter));
+        }
         drop(queue);
-        let results = self.write(files, batch);
-        // Both stay unallocated when no job of their kind was written.
-        let (mut callbacks, mut wake) = (Vec::new(), Vec::new());
+        self.write(files, &spare.batch, &mut spare.results);
+        // The events go before any caller wakes: a step may hold a large message's other
+        // copies then.
+        spare.batch.clear();
         queue = lock(&self.queue);
         queue.writing = false;
-        for ((ticket, result), waiter) in results.into_iter().zip(waiters) {
+        for ((ticket, waiter), result) in spare.waiters.drain(..).zip(spare.results.drain(..)) {
             match waiter {
                 Waiter::Caller(caller) => {
                     queue.results.insert(ticket, result);
-                    wake.push(caller);
+                    spare.wake.push(caller);
                 }
-                Waiter::Then(then) => callbacks.push((then, result)),
+                Waiter::Then(then) => spare.callbacks.push((then, result)),
             }
         }
         let next = queue.jobs.front().and_then(|(_, _, waiter)| match waiter {
@@ -196,25 +208,29 @@ impl GroupCommit {
             Waiter::Then(_) => self.writer.get().cloned(),
         });
         drop(queue);
-        for thread in wake.iter().chain(&next) {
+        for thread in spare.wake.drain(..).chain(next) {
             if thread.id() != me {
                 thread.unpark();
             }
         }
-        for (then, result) in callbacks {
+        for (then, result) in spare.callbacks.drain(..) {
             // A callback that panics must not take the writer with it.
             let _ = catch_unwind(AssertUnwindSafe(|| then(result.map(drop))));
         }
-        lock(&self.queue)
+        let mut queue = lock(&self.queue);
+        queue.spare = spare;
+        queue
     }
 
-    /// Writes one batch; every job gets a result, whatever happens (a panic while writing
-    /// fails the batch rather than leaving its callers waiting).
+    /// Writes one batch, leaving each job's result in `results` in the batch's order, whatever
+    /// happens (a panic while writing fails the batch rather than leaving its callers
+    /// waiting).
     fn write(
         &self,
         files: &Files,
-        batch: Vec<(u64, Job)>,
-    ) -> Vec<(u64, Result<Written, StoreError>)> {
+        batch: &[(u64, Job)],
+        results: &mut Vec<Result<Written, StoreError>>,
+    ) {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let mut conn = lock(&self.conn);
@@ -223,31 +239,29 @@ impl GroupCommit {
                 self.fail_commits.fetch_sub(1, Ordering::SeqCst);
             }
             let during = lock(&self.during_commit).take();
-            write_group(&mut conn, &batch, (fail, during), files)
+            write_group(&mut conn, batch, (fail, during), files, results)
         }));
-        let tickets = batch.iter().map(|(ticket, _)| *ticket);
-        let results: Vec<_> = match outcome {
-            Ok(Ok(results)) => tickets.zip(results).collect(),
+        let failed = match outcome {
+            Ok(Ok(())) => return,
             Ok(Err(e)) => {
                 // The commit failed (or went to a lost file): nothing of the batch is on
                 // disk, so nothing is acknowledged.
-                let (context, message) = match &e {
-                    StoreError::Backend { context, source } => {
-                        (context.clone(), source.to_string())
-                    }
+                match e {
+                    StoreError::Backend { context, source } => (context, source.to_string()),
                     other => ("committing".to_string(), other.to_string()),
-                };
-                let error = || StoreError::backend(context.clone(), message.clone());
-                tickets.map(|ticket| (ticket, Err(error()))).collect()
+                }
             }
-            Err(_) => {
-                let error = || StoreError::backend("writing a batch", "the writer panicked");
-                tickets.map(|ticket| (ticket, Err(error()))).collect()
-            }
+            Err(_) => (
+                "writing a batch".to_string(),
+                "the writer panicked".to_string(),
+            ),
         };
-        // The events go before any caller wakes: a step may hold a large message's other
-        // copies then.
-        drop(batch);
-        results
+        results.clear();
+        let (context, message) = failed;
+        results.extend(
+            batch
+                .iter()
+                .map(|_| Err(StoreError::backend(context.clone(), message.clone()))),
+        );
     }
 }

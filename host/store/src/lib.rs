@@ -527,7 +527,8 @@ fn write_group(
     batch: &[(u64, Job)],
     trial: (bool, Option<group::DuringCommit>),
     files: &Files,
-) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+    results: &mut Vec<Result<Written, StoreError>>,
+) -> Result<(), StoreError> {
     let (fail, mut during) = trial;
     if fail || during.is_some() {
         conn.commit_hook(Some(move || {
@@ -540,17 +541,17 @@ fn write_group(
     // Once lost, nothing more is written: it would go to a file no one will read.
     let outcome = files.check_written().and_then(|left| {
         checkpoint::before_commit();
-        let results = write_batch(conn, batch);
+        let written = write_batch(conn, batch, results);
         // Committed to a deleted, replaced or overwritten file is not on disk: acknowledge
         // nothing.
         let left = files.unchanged(left)?;
-        if results.is_ok() && checkpoint::due() {
+        if written.is_ok() && checkpoint::due() {
             // Copied into the database file only now, after the comparison: what the copy
             // leaves is what the next write expects.
             checkpoint::run(conn);
             files.settle(left)?;
         }
-        results
+        written
     });
     conn.commit_hook(None::<fn() -> bool>);
     outcome
@@ -561,12 +562,14 @@ enum Written {
     Events,
 }
 
-/// Writes every job in one transaction, each in its own savepoint; returns each job's result
-/// (valid only once the commit succeeded, which is this function's own result).
+/// Writes every job in one transaction, each in its own savepoint; leaves each job's result
+/// in `results`, in order (valid only once the commit succeeded, which is this function's
+/// own result).
 fn write_batch(
     conn: &mut Connection,
     batch: &[(u64, Job)],
-) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+    results: &mut Vec<Result<Written, StoreError>>,
+) -> Result<(), StoreError> {
     let tx = Immediate::begin(conn).map_err(db("beginning a transaction"))?;
     let tx = &tx;
     let run = |sql: &str| cached(tx, sql);
@@ -586,9 +589,9 @@ fn write_batch(
         if result.is_ok() {
             tx.commit().map_err(db("committing"))?;
         }
-        return Ok(vec![result]);
+        results.push(result);
+        return Ok(());
     }
-    let mut results = Vec::with_capacity(batch.len());
     for (_, job) in batch {
         run("SAVEPOINT job").map_err(db("making a savepoint"))?;
         let result = write(job);
@@ -600,7 +603,7 @@ fn write_batch(
         results.push(result);
     }
     tx.commit().map_err(db("committing"))?;
-    Ok(results)
+    Ok(())
 }
 
 /// Runs `sql` (no parameters, no rows) by a cached statement: rusqlite's `Transaction` and
