@@ -204,6 +204,10 @@ impl Calls<'_> {
         let reuse = self.reuse.as_deref()?;
         let reads = reads_of(entry, kind, index).filter(|r| !r.volatile)?;
         let (answer, label) = reuse.get(entry, kind, index, reads, step)?;
+        if self.reused.capacity() == 0 {
+            // Room for a step's usual few at once, not grown one doubling at a time.
+            self.reused.reserve(8);
+        }
         self.reused.push(label.clone());
         Some(answer.clone())
     }

@@ -18,6 +18,33 @@ pub(crate) fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
     let _ = serde_json::to_writer(out, value);
 }
 
+/// Appends `value`'s JSON text to the text `out`, as it is written (no buffer of its own);
+/// on an error `out` is left as it was.
+pub fn write_json_str<T: serde::Serialize + ?Sized>(
+    out: &mut String,
+    value: &T,
+) -> serde_json::Result<()> {
+    struct Into<'a>(&'a mut String);
+    impl std::io::Write for Into<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            // serde_json writes whole characters at a time: every piece is UTF-8.
+            let s = std::str::from_utf8(buf)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            self.0.push_str(s);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let start = out.len();
+    let written = serde_json::to_writer(Into(&mut *out), value);
+    if written.is_err() {
+        out.truncate(start);
+    }
+    written
+}
+
 /// How many bytes `value` is as JSON, counted without writing them (a session's memory
 /// estimate counts records so, too).
 pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {

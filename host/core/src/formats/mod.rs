@@ -14,7 +14,7 @@ mod anthropic;
 pub mod bedrock;
 pub mod dialect;
 pub mod gemini;
-pub(crate) mod json_text;
+pub mod json_text;
 mod neutral;
 mod openai;
 pub mod pieces;

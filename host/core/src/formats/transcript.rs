@@ -436,11 +436,14 @@ impl Transcript {
         debug_assert!(self.active[slot(format)], "render_with before activate");
         out.reserve(head.before.len() + self.list_bytes(format) + head.after.len());
         out.kept(&head.before);
-        let mut first = head.before.len() == 1; // only the `{`
-        let mut list = String::with_capacity(16);
-        entry(&mut list, &mut first, formats::list_key(format));
-        list.push('[');
-        out.text(&list);
+        // The list's key after the head's entries (the head is only the `{` when it has
+        // none); the formats' list keys are plain names, written as they are.
+        if head.before.len() != 1 {
+            out.text(",");
+        }
+        out.text("\"");
+        out.text(formats::list_key(format));
+        out.text("\":[");
         let mut items = self
             .items(header, format)
             .filter(|i| !i.is_empty())

@@ -17,32 +17,15 @@
 //! client's copy: another step in between, another format, a new header or other tools shown,
 //! history trimmed or compacted, a restart or an eviction of the session's state.
 
-use std::io::Write as _;
-
 use super::state::Mark;
 use super::SessionState;
 use crate::error::Result;
 use crate::formats::transcript::split_body;
 use crate::formats::Format;
 
-/// Writes `text` as a JSON string into `out`.
+/// Writes `text` as a JSON string into `out` (a string always writes).
 fn json_str(out: &mut String, text: &str) {
-    struct Into<'a>(&'a mut String);
-    impl std::io::Write for Into<'_> {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let s = std::str::from_utf8(buf)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-            self.0.push_str(s);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    // serde_json writes a string in valid UTF-8 pieces, so the adapter never fails.
-    let mut w = Into(out);
-    let _ = serde_json::to_writer(&mut w, text);
-    let _ = w.flush();
+    let _ = crate::formats::json_text::write_json_str(out, text);
 }
 
 /// Writes the parts object.

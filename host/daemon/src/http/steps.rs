@@ -94,17 +94,21 @@ fn step_reply(outcome: crate::StepOutcome) -> Result<Pieces, crate::DaemonError>
         body: mut out,
         ..
     } = outcome;
-    let usage = serde_json::to_string(&usage).map_err(|e| {
+    // Written straight into the body: a string of its own would be copied again.
+    let written = out.text_with(|out| {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(out, ",\"step\":{n},\"usage\":");
+        let written = promptd_core::formats::json_text::write_json_str(out, &usage);
+        out.push('}');
+        written
+    });
+    written.map_err(|e| {
         promptd_core::Error::Store(promptd_core::store::StoreError::backend(
             "writing a step's usage",
             e.to_string(),
         ))
     })?;
-    out.text_with(|out| {
-        use std::fmt::Write;
-        // Writing to a String cannot fail.
-        let _ = write!(out, ",\"step\":{n},\"usage\":{usage}}}");
-    });
     Ok(out)
 }
 

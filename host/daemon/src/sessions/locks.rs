@@ -2,7 +2,8 @@
 //!
 //! An entry lives only while some thread holds or waits for its session: the last one to
 //! leave removes it, so the map is bounded by the requests in flight, not by the number of
-//! sessions ever seen.
+//! sessions ever seen. A removed entry's key and lock are kept for the next session to be
+//! held (at most [`SPARE`] of them): a step then takes its session's lock without allocating.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -11,7 +12,49 @@ use promptd_core::sync::{lock, wait};
 
 #[derive(Default)]
 pub(crate) struct SessionLocks {
-    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    slots: Mutex<Slots>,
+}
+
+/// Removed entries kept for reuse, at most.
+const SPARE: usize = 64;
+
+#[derive(Default)]
+struct Slots {
+    /// The sessions held or waited for.
+    held: HashMap<String, Arc<Slot>>,
+    /// Entries no one holds any more, for the next sessions.
+    spare: Vec<(String, Arc<Slot>)>,
+}
+
+impl Slots {
+    /// The lock of session `id`, made (or taken from the spare ones) if no one holds it.
+    fn slot(&mut self, id: &str) -> Arc<Slot> {
+        if let Some(slot) = self.held.get(id) {
+            return slot.clone();
+        }
+        let (mut key, slot) = match self.spare.pop() {
+            // Its last holder may not have let go of its reference yet: a lock shared with
+            // a holder would not be seen as free when it is.
+            Some((key, slot)) if Arc::strong_count(&slot) == 1 => (key, slot),
+            _ => Default::default(),
+        };
+        key.clear();
+        key.push_str(id);
+        self.held.insert(key, slot.clone());
+        slot
+    }
+
+    /// Removes session `id`'s entry if only the map and the caller (`slot`) refer to it: no
+    /// one else holds or waits for it.
+    fn release(&mut self, id: &str, slot: &Arc<Slot>) {
+        if Arc::strong_count(slot) == 2 {
+            if let Some(entry) = self.held.remove_entry(id) {
+                if self.spare.len() < SPARE {
+                    self.spare.push(entry);
+                }
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -32,7 +75,7 @@ impl SessionLocks {
     pub(crate) fn hold<'a>(&'a self, id: &'a str) -> Held<'a> {
         // Clones of a slot are made only under the map's lock, which is what makes the
         // strong-count check in `drop` sound.
-        let slot = lock(&self.slots).entry(id.to_string()).or_default().clone();
+        let slot = lock(&self.slots).slot(id);
         let mut busy = lock(&slot.busy);
         while *busy {
             busy = wait(&slot.free, busy);
@@ -48,7 +91,7 @@ impl SessionLocks {
 
     /// Holds session `id` if no one else does, without waiting.
     pub(crate) fn try_hold<'a>(&'a self, id: &'a str) -> Option<Held<'a>> {
-        let slot = lock(&self.slots).entry(id.to_string()).or_default().clone();
+        let slot = lock(&self.slots).slot(id);
         let mut busy = lock(&slot.busy);
         if !*busy {
             *busy = true;
@@ -61,16 +104,13 @@ impl SessionLocks {
         }
         drop(busy);
         // Held by another: leave the map as that holder's drop expects it.
-        let mut slots = lock(&self.slots);
-        if Arc::strong_count(&slot) == 2 {
-            slots.remove(id);
-        }
+        lock(&self.slots).release(id, &slot);
         None
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        lock(&self.slots).len()
+        lock(&self.slots).held.len()
     }
 }
 
@@ -78,11 +118,7 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         *lock(&self.slot.busy) = false;
         self.slot.free.notify_one();
-        let mut slots = lock(&self.locks.slots);
-        // The map's reference and ours: no one else holds or waits for this session.
-        if Arc::strong_count(&self.slot) == 2 {
-            slots.remove(self.id);
-        }
+        lock(&self.locks.slots).release(self.id, &self.slot);
     }
 }
 
@@ -100,6 +136,14 @@ mod tests {
             assert_eq!(locks.len(), 1);
         }
         assert_eq!(locks.len(), 0);
+        // What is kept for reuse is bounded too.
+        assert_eq!(lock(&locks.slots).spare.len(), 1);
+        let held: Vec<String> = (0..2 * SPARE).map(|i| format!("t{i}")).collect();
+        let holds: Vec<_> = held.iter().map(|id| locks.hold(id)).collect();
+        assert_eq!(locks.len(), 2 * SPARE);
+        drop(holds);
+        assert_eq!(locks.len(), 0);
+        assert_eq!(lock(&locks.slots).spare.len(), SPARE);
     }
 
     #[test]
