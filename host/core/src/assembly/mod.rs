@@ -161,6 +161,14 @@ fn assemble_fresh(
     reuse: Option<&mut Reuse>,
     forbid: bool,
 ) -> Result<Arc<Assembly>> {
+    // A session's step that would be made of the answers its last one was made of is that
+    // one's assembly (no text rendered again).
+    if let Some(reuse) = reuse.as_deref() {
+        let same = registry.skeletons.get::<Layout>(&key);
+        if let Some(same) = same.and_then(|layout| reuse.same_as_last(&layout, &key, step)) {
+            return Ok(same);
+        }
+    }
     let mut calls = Calls {
         observe,
         reuse,
@@ -183,10 +191,11 @@ fn assemble_fresh(
             },
             false => layout::layout(registry, &step.scope_chain, options, &excluded).map(Arc::new),
         };
-        let result = planned
-            .and_then(|layout| attempt(registry, &layout, step, options, &excluded, &mut calls));
+        let result = planned.and_then(|layout| {
+            attempt(registry, &layout, step, options, &excluded, &mut calls).map(|a| (layout, a))
+        });
         match result {
-            Ok(mut assembly) => {
+            Ok((layout, mut assembly)) => {
                 omitted.extend(calls.omitted.iter().cloned());
                 assembly.omitted = omitted;
                 assembly.called = calls.called;
@@ -195,6 +204,11 @@ fn assemble_fresh(
                 if calls.is_empty() {
                     // No call, so no omission either: a function of the key alone.
                     registry.memo.put(key, &assembly);
+                } else if let Some(reuse) = calls.reuse.as_deref_mut() {
+                    let alone = assembly.called == 0 && assembly.omitted.is_empty();
+                    if alone && excluded.is_empty() {
+                        reuse.remember(&layout, key, &assembly);
+                    }
                 }
                 return Ok(assembly);
             }

@@ -6,7 +6,10 @@ use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 
 use super::keys::KeyMap;
-use crate::plugin::model::{Kind, Reads, Step, StepInputs};
+use super::layout::Layout;
+use super::model::Assembly;
+use crate::plugin::model::{Content, Kind, Reads, Step, StepInputs};
+use crate::plugin::registry::MemoKey;
 use crate::plugin::registry::PluginEntry;
 
 /// Most answers kept for one session: past it the kept answers start over (a cleared memo
@@ -92,6 +95,21 @@ pub struct Reuse {
     /// Each answer with its owner, what it read, and its name as a step's marker records it
     /// when kept (made once, not at every step that keeps it).
     kept: KeyMap<(Weak<PluginEntry>, Read, Answer, Arc<str>)>,
+    /// Counts every change to `kept`: an assembly made at the same count was made of the
+    /// same answers.
+    changes: u64,
+    /// The session's last assembly made of kept answers alone, and what it was made of.
+    last: Option<Last>,
+}
+
+/// An assembly made of kept answers alone: of `layout` (held weakly, so its address is not
+/// another layout's while this lives), `key`, and the kept answers as they were at `changes`.
+#[derive(Clone, Debug)]
+struct Last {
+    layout: Weak<Layout>,
+    key: MemoKey,
+    changes: u64,
+    assembly: Arc<Assembly>,
 }
 
 impl Reuse {
@@ -132,6 +150,63 @@ impl Reuse {
         }
         self.kept
             .insert(key, (Arc::downgrade(entry), read, answer, label));
+        self.changes += 1;
+    }
+
+    /// The session's last assembly, when this step's would be the same: made of the same
+    /// layout and key, while no answer was kept since, and every dynamic item of `layout` has
+    /// a kept answer for `step` (so this step would call no plugin and be made of exactly the
+    /// answers the last one was). An assembly is a function of these alone.
+    pub(super) fn same_as_last(
+        &self,
+        layout: &Arc<Layout>,
+        key: &MemoKey,
+        step: &Step,
+    ) -> Option<Arc<Assembly>> {
+        let last = self.last.as_ref()?;
+        let same = last.changes == self.changes
+            && std::ptr::eq(last.layout.as_ptr(), Arc::as_ptr(layout))
+            && last.key == *key
+            && self.answers_all(layout, step);
+        same.then(|| last.assembly.clone())
+    }
+
+    /// Whether every dynamic item of `layout` (sections, contexts, variables, tool filters)
+    /// has a kept answer for `step`. (More than a step may use, which only makes the check
+    /// stricter: a variable no text references is checked too.)
+    fn answers_all(&self, layout: &Layout, step: &Step) -> bool {
+        let kept = |entry: &Arc<PluginEntry>, kind: Kind, index: usize| {
+            reads_of(entry, kind, index)
+                .filter(|r| !r.volatile)
+                .is_some_and(|reads| self.get(entry, kind, index, reads, step).is_some())
+        };
+        let sections = (layout.sections.iter())
+            .filter(|p| p.section().text == Content::Dynamic)
+            .all(|p| kept(&p.entry, Kind::Section, p.index));
+        let contexts = (layout.contexts.iter())
+            .filter(|p| p.context().text == Content::Dynamic)
+            .all(|p| kept(&p.entry, Kind::Context, p.index));
+        let variables = (layout.variables.values())
+            .filter(|v| v.item().value == Content::Dynamic)
+            .all(|v| kept(&v.entry, Kind::Variable, v.index));
+        let tools = layout.tools.is_some()
+            || (layout.filtering.iter()).all(|entry| kept(entry, Kind::Tool, 0));
+        sections && contexts && variables && tools
+    }
+
+    /// Remembers `assembly`, made of `layout`, `key` and kept answers alone.
+    pub(super) fn remember(
+        &mut self,
+        layout: &Arc<Layout>,
+        key: MemoKey,
+        assembly: &Arc<Assembly>,
+    ) {
+        self.last = Some(Last {
+            layout: Arc::downgrade(layout),
+            key,
+            changes: self.changes,
+            assembly: assembly.clone(),
+        });
     }
 }
 

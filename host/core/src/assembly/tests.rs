@@ -1663,6 +1663,124 @@ fn without_calls(batched: bool) {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// A step that would be made of exactly the answers the session's last step was made of is
+/// that step's assembly, shared (nothing rendered again); any change to what it is made of
+/// (an answer kept anew, a fact an item reads, another registry, a volatile item) makes it
+/// afresh, and either way it is the assembly a fresh one would be.
+#[test]
+fn w4_a_step_made_of_the_answers_the_last_was_made_of_is_that_assembly() {
+    for batched in [true, false] {
+        made_of_the_answers_the_last_was_made_of(batched);
+    }
+}
+
+fn made_of_the_answers_the_last_was_made_of(batched: bool) {
+    let registry_of = |volatile: bool| {
+        let clock = crate::plugin::model::Reads {
+            volatile,
+            ..Default::default()
+        };
+        registry(vec![(
+            "p",
+            batched_or_not(batched)
+                .dynamic_section("task", 1, |step| {
+                    Ok(format!(
+                        "task {}",
+                        step.facts.get("task").cloned().unwrap_or_default()
+                    ))
+                })
+                .reads(reads_facts(&["task"]))
+                .dynamic_variable("v", |_| Ok(Some("x".into())))
+                .reads(reads_facts(&[]))
+                .section("b", 2, "uses {{v}}")
+                .dynamic_context("cwd", 3, |step| {
+                    Ok(format!(
+                        "cwd {}",
+                        step.facts.get("cwd").cloned().unwrap_or_default()
+                    ))
+                })
+                .reads(reads_facts(&["cwd"]))
+                .dynamic_section("clock", 4, |_| Ok("now".into()))
+                .reads(clock),
+        )])
+    };
+    let reg = registry_of(false);
+    let step = |n: u64, task: &str| {
+        session_step(n, &[("task", task), ("cwd", "/a"), ("n", &n.to_string())])
+    };
+    let mut reuse = Reuse::default();
+    let mut at = |reg: &Registry, n: u64, task: &str, reuse: &mut Reuse| {
+        let made = assemble_reusing(reg, &step(n, task), &Options::default(), None, Some(reuse));
+        made.unwrap()
+    };
+    // The step as a fresh assembly (no kept answers) makes it.
+    let fresh = |reg: &Registry, n: u64, task: &str| {
+        let mut own = Reuse::default();
+        assemble_reusing(
+            reg,
+            &step(n, task),
+            &Options::default(),
+            None,
+            Some(&mut own),
+        )
+        .unwrap()
+    };
+    let same_texts = |a: &Assembly, b: &Assembly| {
+        assert_eq!(
+            (
+                &a.system,
+                &a.runtime_context,
+                &a.sections,
+                &a.contexts,
+                &a.tools,
+                &a.explain
+            ),
+            (
+                &b.system,
+                &b.runtime_context,
+                &b.sections,
+                &b.contexts,
+                &b.tools,
+                &b.explain
+            )
+        );
+    };
+    let first = at(&reg, 1, "a", &mut reuse);
+    assert!(first.called > 0);
+    let second = at(&reg, 2, "a", &mut reuse);
+    assert_eq!(second.called, 0);
+    let third = at(&reg, 3, "a", &mut reuse);
+    assert!(
+        Arc::ptr_eq(&second, &third),
+        "made again from the same answers"
+    );
+    assert_eq!(third.reused, second.reused);
+    same_texts(&third, &fresh(&reg, 3, "a"));
+    // Also without calls allowed (the inline step's assembly).
+    let inline = assemble_without_calls(&reg, &step(4, "a"), &Options::default(), None, &mut reuse);
+    assert!(Arc::ptr_eq(&second, &inline.unwrap()));
+    // A fact an item reads changed: asked again, made afresh, then shared again.
+    let changed = at(&reg, 5, "b", &mut reuse);
+    assert!(changed.called > 0 && !Arc::ptr_eq(&changed, &third));
+    same_texts(&changed, &fresh(&reg, 5, "b"));
+    let kept = at(&reg, 6, "b", &mut reuse);
+    assert!(kept.called == 0 && !Arc::ptr_eq(&kept, &changed));
+    assert!(Arc::ptr_eq(&kept, &at(&reg, 7, "b", &mut reuse)));
+    // Another registry (a plugin swapped): made afresh.
+    let swapped = registry_of(false);
+    let after = at(&swapped, 8, "b", &mut reuse);
+    assert!(!Arc::ptr_eq(&after, &kept));
+    same_texts(&after, &fresh(&swapped, 8, "b"));
+    // A volatile item is asked every step: never shared.
+    let volatile = registry_of(true);
+    let mut reuse = Reuse::default();
+    let made: Vec<_> = (1..=4).map(|n| at(&volatile, n, "a", &mut reuse)).collect();
+    for pair in made.windows(2) {
+        assert!(!Arc::ptr_eq(&pair[0], &pair[1]));
+        assert!(pair[1].called > 0);
+    }
+}
+
 #[test]
 fn w4_an_item_that_reads_the_whole_step_or_is_volatile_is_asked_every_step() {
     let declared = |p: NativePlugin| p.build().0.asked_every_step();
