@@ -1709,7 +1709,7 @@ fn made_of_the_answers_the_last_was_made_of(batched: bool) {
         session_step(n, &[("task", task), ("cwd", "/a"), ("n", &n.to_string())])
     };
     let mut reuse = Reuse::default();
-    let mut at = |reg: &Registry, n: u64, task: &str, reuse: &mut Reuse| {
+    let at = |reg: &Registry, n: u64, task: &str, reuse: &mut Reuse| {
         let made = assemble_reusing(reg, &step(n, task), &Options::default(), None, Some(reuse));
         made.unwrap()
     };
