@@ -22,8 +22,9 @@ impl AsRef<[u8]> for Shared {
     }
 }
 
-/// The frames of one body, in order.
+/// The frames of one body, in order: a body written whole is its one frame, with no list.
 pub struct PiecesBody {
+    first: Option<Bytes>,
     frames: VecDeque<Bytes>,
     left: u64,
 }
@@ -34,7 +35,8 @@ impl From<Pieces> for PiecesBody {
         // Nothing shared (a body announced short, `Sink::reserve`): the buffer is the body.
         if !pieces.shares() {
             return Self {
-                frames: VecDeque::from([Bytes::from(pieces.into_string())]),
+                first: Some(Bytes::from(pieces.into_string())),
+                frames: VecDeque::new(),
                 left,
             };
         }
@@ -48,7 +50,11 @@ impl From<Pieces> for PiecesBody {
                 Piece::Owned(text) => Bytes::from(text),
             })
             .collect();
-        Self { frames, left }
+        Self {
+            first: None,
+            frames,
+            left,
+        }
     }
 }
 
@@ -61,14 +67,15 @@ impl http_body::Body for PiecesBody {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
-        Poll::Ready(this.frames.pop_front().map(|bytes| {
+        let next = this.first.take().or_else(|| this.frames.pop_front());
+        Poll::Ready(next.map(|bytes| {
             this.left -= bytes.len() as u64;
             Ok(Frame::data(bytes))
         }))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
+        self.first.is_none() && self.frames.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -115,7 +122,7 @@ mod tests {
         pieces.text("}");
         let whole = pieces.clone().into_string();
         let body = PiecesBody::from(pieces);
-        assert_eq!(body.frames.len(), 1);
+        assert!(body.first.is_some() && body.frames.is_empty());
         let collected = axum::body::to_bytes(axum::body::Body::new(body), usize::MAX).await;
         assert_eq!(collected.ok().as_deref(), Some(whole.as_bytes()));
     }

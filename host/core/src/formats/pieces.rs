@@ -96,6 +96,10 @@ impl Pieces {
     /// vector entry, a reference count) costs more than the copy.
     pub const SHARE_FROM: usize = 1024;
 
+    /// Room kept beyond a body announced ([`Sink::reserve`]) for what a reply adds after it
+    /// (a step's number and usage), so the buffer is not grown again for it.
+    pub const TAIL: usize = 1024;
+
     /// A body announced ([`Sink::reserve`]) shorter than this is written whole into one
     /// buffer: the copy costs less than a piece per fragment (a short step's body is a few
     /// KiB).
@@ -194,7 +198,7 @@ impl Sink for Pieces {
     fn reserve(&mut self, bytes: usize) {
         if !self.fixed && self.len + bytes < Self::WHOLE_BELOW {
             self.share_from = usize::MAX;
-            self.small.reserve(bytes);
+            self.small.reserve(bytes + Self::TAIL);
         }
     }
 }

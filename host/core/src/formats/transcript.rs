@@ -496,13 +496,11 @@ impl Transcript {
     }
 
     /// The messages' fragments in `format`, in order.
-    fn items<'a>(
-        &'a self,
-        header: &'a Header,
-        format: Format,
-    ) -> Box<dyn Iterator<Item = Item<'a>> + 'a> {
-        match format {
-            Format::Neutral => Box::new(self.neutral.iter().map(Item::Kept)),
+    fn items<'a>(&'a self, header: &'a Header, format: Format) -> Items<'a> {
+        let other: Box<dyn Iterator<Item = Item<'a>> + 'a> = match format {
+            // Kept fragments alone: walked as they are, with no iterator boxed.
+            Format::Neutral => return Items::Kept(self.neutral.iter()),
+            Format::OpenaiResponses => return Items::Kept(self.responses.iter()),
             Format::Openai => Box::new(
                 formats::openai::system_message(header)
                     .map(|s| Item::Made(s.to_string()))
@@ -517,7 +515,6 @@ impl Transcript {
                 (self.anthropic.iter().map(Item::Kept))
                     .chain(self.open_anthropic(header).map(Item::Made)),
             ),
-            Format::OpenaiResponses => Box::new(self.responses.iter().map(Item::Kept)),
             Format::Gemini if self.gemini_rerender(header) => Box::new(
                 self.gemini_whole(header)
                     .into_iter()
@@ -530,7 +527,8 @@ impl Transcript {
                 (self.bedrock.iter().map(Item::Kept))
                     .chain(self.open_bedrock(header).map(Item::Made)),
             ),
-        }
+        };
+        Items::Other(other)
     }
 
     /// The open Anthropic turn, with its rolling breakpoint, as JSON text.
@@ -645,6 +643,23 @@ impl serde::Serialize for WithEntry<'_> {
 enum Item<'a> {
     Kept(&'a Arc<str>),
     Made(String),
+}
+
+/// A format's message list items ([`Transcript::items`]).
+enum Items<'a> {
+    Kept(std::slice::Iter<'a, Arc<str>>),
+    Other(Box<dyn Iterator<Item = Item<'a>> + 'a>),
+}
+
+impl<'a> Iterator for Items<'a> {
+    type Item = Item<'a>;
+
+    fn next(&mut self) -> Option<Item<'a>> {
+        match self {
+            Items::Kept(kept) => kept.next().map(Item::Kept),
+            Items::Other(other) => other.next(),
+        }
+    }
 }
 
 impl Item<'_> {
