@@ -670,7 +670,7 @@ fn inline(d: &Daemon, id: &str, input: &StepInput) -> Option<(u64, String)> {
         }
         Err(back) => {
             // Given back as it came.
-            assert_eq!(back.session, id);
+            assert_eq!(&*back.session, id);
             assert_eq!(back.input.messages, input.messages);
             assert_eq!(back.input.facts, input.facts);
             None

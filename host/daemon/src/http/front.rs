@@ -96,7 +96,7 @@ fn direct_step(
     if unauthorized(state, &request).is_some() {
         return Err(request);
     }
-    let id = id.to_owned();
+    let id = Arc::<str>::from(id);
     let parent = trace_parent(request.headers());
     let state = state.clone();
     Ok(Box::pin(async move {

@@ -15,13 +15,13 @@ pub(crate) async fn step(
     TraceParent(parent): TraceParent,
     JsonBody(req): JsonBody<api::StepBody>,
 ) -> ApiResult {
-    run_step(&state, id, parent, req).await
+    run_step(&state, id.into(), parent, req).await
 }
 
 /// A step of session `id`: what [`step`] runs, and [`App`] before the router.
 pub(crate) async fn run_step(
     state: &Arc<AppState>,
-    id: String,
+    id: Arc<str>,
     parent: Option<crate::TraceContext>,
     req: api::StepBody,
 ) -> ApiResult {

@@ -33,8 +33,8 @@ use timeline::Stage;
 /// One step to run ([`crate::Daemon::step`]).
 #[derive(Debug, Default)]
 pub struct StepRequest {
-    /// The session.
-    pub session: String,
+    /// The session (shared: the step's outcome names it too).
+    pub session: Arc<str>,
     /// The step's new messages and facts.
     pub input: StepInput,
     /// The format to render the request body in.
@@ -88,7 +88,7 @@ pub struct GatewayStep {
 
 impl StepRequest {
     /// A step of `session` with `input`, rendered in `format`.
-    pub fn new(session: impl Into<String>, input: StepInput, format: Format) -> StepRequest {
+    pub fn new(session: impl Into<Arc<str>>, input: StepInput, format: Format) -> StepRequest {
         StepRequest {
             session: session.into(),
             input,

@@ -452,7 +452,7 @@ impl Daemon {
     /// outcome so far.
     fn begin_step(
         &self,
-        session: &str,
+        session: &Arc<str>,
         format: Format,
         out: formats::pieces::Pieces,
         trace: Option<TraceContext>,
@@ -461,7 +461,7 @@ impl Daemon {
         let detail = self.observers.step_detail(session, trace.as_ref());
         let timeline = detail.traced.then(Timeline::new);
         let outcome = StepOutcome {
-            session: Arc::from(session),
+            session: session.clone(),
             trace,
             format,
             plan: None,
