@@ -194,6 +194,16 @@ impl Reuse {
         sections && contexts && variables && tools
     }
 
+    /// Roughly the memory kept here that nothing else of the session holds: the last
+    /// assembly's system prompt and runtime context (its other texts are the kept answers
+    /// and the plugins' own, shared).
+    pub fn bytes(&self) -> usize {
+        self.last.as_ref().map_or(0, |last| {
+            let assembly = &last.assembly;
+            assembly.system.len() + assembly.runtime_context.as_ref().map_or(0, String::len)
+        })
+    }
+
     /// Remembers `assembly`, made of `layout`, `key` and kept answers alone.
     pub(super) fn remember(
         &mut self,

@@ -1600,6 +1600,23 @@ fn no_call_when_nothing_read_changed(batched: bool) {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// A plugin with a dynamic section `task` that reads the fact `task` (`asked` runs at each
+/// call), a dynamic variable `v` that reads nothing, and a static section that uses it.
+fn task_plugin(batched: bool, asked: impl Fn() + Send + Sync + 'static) -> NativePlugin {
+    batched_or_not(batched)
+        .dynamic_section("task", 1, move |step| {
+            asked();
+            Ok(format!(
+                "task {}",
+                step.facts.get("task").cloned().unwrap_or_default()
+            ))
+        })
+        .reads(reads_facts(&["task"]))
+        .dynamic_variable("v", |_| Ok(Some("x".into())))
+        .reads(reads_facts(&[]))
+        .section("b", 2, "uses {{v}}")
+}
+
 #[test]
 fn w4_an_assembly_without_calls_is_the_reusing_one_or_refuses_before_any_call() {
     for batched in [true, false] {
@@ -1611,18 +1628,9 @@ fn without_calls(batched: bool) {
     let (calls, c) = counter();
     let reg = registry(vec![(
         "p",
-        batched_or_not(batched)
-            .dynamic_section("task", 1, move |step| {
-                c.fetch_add(1, Ordering::SeqCst);
-                Ok(format!(
-                    "task {}",
-                    step.facts.get("task").cloned().unwrap_or_default()
-                ))
-            })
-            .reads(reads_facts(&["task"]))
-            .dynamic_variable("v", |_| Ok(Some("x".into())))
-            .reads(reads_facts(&[]))
-            .section("b", 2, "uses {{v}}"),
+        task_plugin(batched, move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        }),
     )]);
     let mut reuse = Reuse::default();
     let step = |n: u64, task: &str| session_step(n, &[("task", task)]);
@@ -1682,17 +1690,7 @@ fn made_of_the_answers_the_last_was_made_of(batched: bool) {
         };
         registry(vec![(
             "p",
-            batched_or_not(batched)
-                .dynamic_section("task", 1, |step| {
-                    Ok(format!(
-                        "task {}",
-                        step.facts.get("task").cloned().unwrap_or_default()
-                    ))
-                })
-                .reads(reads_facts(&["task"]))
-                .dynamic_variable("v", |_| Ok(Some("x".into())))
-                .reads(reads_facts(&[]))
-                .section("b", 2, "uses {{v}}")
+            task_plugin(batched, || {})
                 .dynamic_context("cwd", 3, |step| {
                     Ok(format!(
                         "cwd {}",
@@ -1755,6 +1753,10 @@ fn made_of_the_answers_the_last_was_made_of(batched: bool) {
         "made again from the same answers"
     );
     assert_eq!(third.reused, second.reused);
+    // What it keeps is counted in the session's memory.
+    let context = third.runtime_context.as_ref().map_or(0, String::len);
+    assert!(context > 0);
+    assert_eq!(reuse.bytes(), third.system.len() + context);
     same_texts(&third, &fresh(&reg, 3, "a"));
     // Also without calls allowed (the inline step's assembly).
     let inline = assemble_without_calls(&reg, &step(4, "a"), &Options::default(), None, &mut reuse);

@@ -567,6 +567,7 @@ impl SessionState {
             + self.snapshot_bytes
             + self.memo.bytes()
             + self.cache_bytes()
+            + self.reuse.bytes()
     }
 
     /// The request of the last step in `format`: the last header and every message, the same
