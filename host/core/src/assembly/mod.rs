@@ -165,7 +165,7 @@ fn assemble_fresh(
     // one's assembly (no text rendered again).
     if let Some(reuse) = reuse.as_deref() {
         let same = registry.skeletons.get::<Layout>(&key);
-        if let Some(same) = same.and_then(|layout| reuse.same_as_last(&layout, &key, step)) {
+        if let Some(same) = same.and_then(|layout| same_as_last(reuse, &layout, &key, step)) {
             return Ok(same);
         }
     }
@@ -232,6 +232,33 @@ fn assemble_fresh(
             }
         }
     }
+}
+
+/// The session's last assembly ([`Reuse::last`]), when this step's would be the same: every
+/// dynamic item of `layout` (sections, contexts, variables, tool filters) has a kept answer
+/// for `step`. (More than a step may use, which only makes the check stricter: a variable
+/// no text references is checked too.)
+fn same_as_last(
+    reuse: &Reuse,
+    layout: &Arc<Layout>,
+    key: &crate::plugin::registry::MemoKey,
+    step: &Step,
+) -> Option<Arc<Assembly>> {
+    let last = reuse.last(layout, key)?;
+    let kept = |entry: &Arc<PluginEntry>, kind: Kind, index: usize| {
+        reuse.kept_for(entry, kind, index, step)
+    };
+    let sections = (layout.sections.iter())
+        .filter(|p| p.section().text == Content::Dynamic)
+        .all(|p| kept(&p.entry, Kind::Section, p.index));
+    let contexts = (layout.contexts.iter())
+        .filter(|p| p.context().text == Content::Dynamic)
+        .all(|p| kept(&p.entry, Kind::Context, p.index));
+    let variables = (layout.variables.values())
+        .filter(|v| v.item().value == Content::Dynamic)
+        .all(|v| kept(&v.entry, Kind::Variable, v.index));
+    let tools = layout.tools.is_some() || (layout.filtering.iter()).all(|e| kept(e, Kind::Tool, 0));
+    (sections && contexts && variables && tools).then(|| last.clone())
 }
 
 fn plugin_failure(err: &Error) -> Option<(&str, String, String)> {

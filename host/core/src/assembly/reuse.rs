@@ -2,13 +2,13 @@
 //! what it reads ([`Reads`]) is shown only that, and asked again only when that changed; until
 //! then its last answer stands, without a call.
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 
 use super::keys::KeyMap;
-use super::layout::Layout;
 use super::model::Assembly;
-use crate::plugin::model::{Content, Kind, Reads, Step, StepInputs};
+use crate::plugin::model::{Kind, Reads, Step, StepInputs};
 use crate::plugin::registry::MemoKey;
 use crate::plugin::registry::PluginEntry;
 
@@ -103,10 +103,11 @@ pub struct Reuse {
 }
 
 /// An assembly made of kept answers alone: of `layout` (held weakly, so its address is not
-/// another layout's while this lives), `key`, and the kept answers as they were at `changes`.
+/// another layout's while this lives; typed `Any` so this module need not know layouts),
+/// `key`, and the kept answers as they were at `changes`.
 #[derive(Clone, Debug)]
 struct Last {
-    layout: Weak<Layout>,
+    layout: Weak<dyn Any + Send + Sync>,
     key: MemoKey,
     changes: u64,
     assembly: Arc<Assembly>,
@@ -153,45 +154,37 @@ impl Reuse {
         self.changes += 1;
     }
 
-    /// The session's last assembly, when this step's would be the same: made of the same
-    /// layout and key, while no answer was kept since, and every dynamic item of `layout` has
-    /// a kept answer for `step` (so this step would call no plugin and be made of exactly the
-    /// answers the last one was). An assembly is a function of these alone.
-    pub(super) fn same_as_last(
+    /// The session's last assembly made of kept answers alone, when it was made of `layout`
+    /// and `key` and no answer was kept since. It is this step's assembly too when every
+    /// dynamic item of the layout has a kept answer for this step ([`Reuse::kept_for`]):
+    /// the step would then call no plugin and be made of exactly the same answers.
+    pub(super) fn last<L: Any + Send + Sync>(
         &self,
-        layout: &Arc<Layout>,
+        layout: &Arc<L>,
         key: &MemoKey,
-        step: &Step,
-    ) -> Option<Arc<Assembly>> {
+    ) -> Option<&Arc<Assembly>> {
         let last = self.last.as_ref()?;
         let same = last.changes == self.changes
-            && std::ptr::eq(last.layout.as_ptr(), Arc::as_ptr(layout))
-            && last.key == *key
-            && self.answers_all(layout, step);
-        same.then(|| last.assembly.clone())
+            && std::ptr::eq(
+                last.layout.as_ptr() as *const (),
+                Arc::as_ptr(layout) as *const (),
+            )
+            && last.key == *key;
+        same.then_some(&last.assembly)
     }
 
-    /// Whether every dynamic item of `layout` (sections, contexts, variables, tool filters)
-    /// has a kept answer for `step`. (More than a step may use, which only makes the check
-    /// stricter: a variable no text references is checked too.)
-    fn answers_all(&self, layout: &Layout, step: &Step) -> bool {
-        let kept = |entry: &Arc<PluginEntry>, kind: Kind, index: usize| {
-            reads_of(entry, kind, index)
-                .filter(|r| !r.volatile)
-                .is_some_and(|reads| self.get(entry, kind, index, reads, step).is_some())
-        };
-        let sections = (layout.sections.iter())
-            .filter(|p| p.section().text == Content::Dynamic)
-            .all(|p| kept(&p.entry, Kind::Section, p.index));
-        let contexts = (layout.contexts.iter())
-            .filter(|p| p.context().text == Content::Dynamic)
-            .all(|p| kept(&p.entry, Kind::Context, p.index));
-        let variables = (layout.variables.values())
-            .filter(|v| v.item().value == Content::Dynamic)
-            .all(|v| kept(&v.entry, Kind::Variable, v.index));
-        let tools = layout.tools.is_some()
-            || (layout.filtering.iter()).all(|entry| kept(entry, Kind::Tool, 0));
-        sections && contexts && variables && tools
+    /// Whether `entry`'s item `index` of `kind` has a kept answer for `step` (as
+    /// `Calls::kept_one` finds one).
+    pub(super) fn kept_for(
+        &self,
+        entry: &Arc<PluginEntry>,
+        kind: Kind,
+        index: usize,
+        step: &Step,
+    ) -> bool {
+        reads_of(entry, kind, index)
+            .filter(|r| !r.volatile)
+            .is_some_and(|reads| self.get(entry, kind, index, reads, step).is_some())
     }
 
     /// Roughly the memory kept here that nothing else of the session holds: the last
@@ -205,14 +198,15 @@ impl Reuse {
     }
 
     /// Remembers `assembly`, made of `layout`, `key` and kept answers alone.
-    pub(super) fn remember(
+    pub(super) fn remember<L: Any + Send + Sync>(
         &mut self,
-        layout: &Arc<Layout>,
+        layout: &Arc<L>,
         key: MemoKey,
         assembly: &Arc<Assembly>,
     ) {
+        let layout: Arc<dyn Any + Send + Sync> = layout.clone();
         self.last = Some(Last {
-            layout: Arc::downgrade(layout),
+            layout: Arc::downgrade(&layout),
             key,
             changes: self.changes,
             assembly: assembly.clone(),
