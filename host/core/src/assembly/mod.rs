@@ -163,9 +163,10 @@ fn assemble_fresh(
 ) -> Result<Arc<Assembly>> {
     // A session's step that would be made of the answers its last one was made of is that
     // one's assembly (no text rendered again).
-    if let Some(reuse) = reuse.as_deref() {
-        let same = registry.skeletons.get::<Layout>(&key);
-        if let Some(same) = same.and_then(|layout| same_as_last(reuse, &layout, &key, step)) {
+    // The shared layout, looked up once: the loop's first attempt uses it too.
+    let mut skeleton = registry.skeletons.get::<Layout>(&key);
+    if let (Some(reuse), Some(layout)) = (reuse.as_deref(), &skeleton) {
+        if let Some(same) = same_as_last(reuse, layout, &key, step) {
             return Ok(same);
         }
     }
@@ -181,7 +182,7 @@ fn assemble_fresh(
         // The layout of every step of this key is made once and shared; one that leaves
         // plugins out (A9) is this assembly's alone.
         let planned = match excluded.is_empty() {
-            true => match registry.skeletons.get::<Layout>(&key) {
+            true => match skeleton.take() {
                 Some(layout) => Ok(layout),
                 None => layout::layout(registry, &step.scope_chain, options, &excluded).map(|p| {
                     let p = Arc::new(p);
