@@ -52,9 +52,9 @@ use tokio::time::Instant;
 
 use crate::Daemon;
 
-/// What [`serve`] serves: a service of axum's requests that always answers, as an [`axum::Router`]
-/// and [`crate::http::App`] are.
-pub trait App:
+/// What [`serve`] serves: a service of axum's requests that always answers, as an
+/// [`axum::Router`] and [`crate::http::App`] are.
+pub trait AxumService:
     tower_service::Service<
         axum::extract::Request,
         Response = axum::response::Response,
@@ -67,7 +67,7 @@ pub trait App:
 {
 }
 
-impl<S> App for S where
+impl<S> AxumService for S where
     S: tower_service::Service<
             axum::extract::Request,
             Response = axum::response::Response,
@@ -159,7 +159,7 @@ pub fn no_delay(
 /// once (beyond that, connections wait in the listen backlog), each within the timeouts
 /// `limits` gives when it opens, until `shutdown` completes; then lets open connections finish
 /// their responses and returns once all are closed.
-pub async fn serve<L: Listener, S: App>(
+pub async fn serve<L: Listener, S: AxumService>(
     mut listener: L,
     app: S,
     limits: Limits,
@@ -202,7 +202,7 @@ pub async fn serve<L: Listener, S: App>(
 }
 
 /// Serves one connection until it closes, times out (H6) or has finished after `stopping`.
-async fn connection<I, S: App>(
+async fn connection<I, S: AxumService>(
     io: I,
     app: S,
     timeouts: Timeouts,

@@ -3,7 +3,7 @@
 //! An agent calls `POST /v1/sessions/{id}/steps` on every turn. Through the router a step
 //! pays for route matching, its path parameters and extensions, the gate's middleware, the
 //! body limit's layer and the boxed services between them: about 20 of a short step's
-//! allocations, and a sixth of its time on the runtime's workers (issue 50). [`App`] takes
+//! allocations (issue 50; BENCHMARKS.md, fifth stop). [`App`] takes
 //! a step whose request needs none of that as it is — a session id without escapes, a
 //! declared length within the limit, the daemon's token when it has one — and runs the same
 //! handler the route runs ([`run_step`]) on it. Every other request, and every request it
