@@ -398,6 +398,42 @@ fn q12_a_deleted_wal_or_shm_loses_the_store_too() {
 }
 
 #[test]
+fn q12_a_wal_or_shm_replaced_by_another_file_loses_the_store_too() {
+    // Their identity is read without their times (`identity`): a new inode at the path is
+    // still found.
+    for suffix in ["-wal", "-shm"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let id = new_session(&store);
+        store.append(&id, 2, step(1)).unwrap();
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let name = PathBuf::from(name);
+        let copy = dir.path().join("copy");
+        std::fs::copy(&name, &copy).unwrap();
+        // `mv copy s.db-wal`: the same bytes, another inode.
+        std::fs::rename(&copy, &name).unwrap();
+        assert_lost(
+            &store,
+            &id,
+            &format!("s.db{suffix} was replaced while open"),
+        );
+    }
+}
+
+#[test]
+fn an_identity_read_without_times_is_the_one_a_whole_stat_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"x").unwrap();
+    let (whole, _) = crate::file_id(&file).unwrap();
+    assert_eq!(crate::identity(&file).unwrap(), whole);
+    let gone = crate::identity(&dir.path().join("missing")).unwrap_err();
+    assert_eq!(gone.kind(), std::io::ErrorKind::NotFound);
+}
+
+#[test]
 fn q12_a_database_replaced_by_another_file_is_noticed() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
