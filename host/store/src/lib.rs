@@ -598,14 +598,49 @@ enum Written {
     Events,
 }
 
-/// Writes every job in one transaction, each in its own savepoint; leaves each job's result
-/// in `results`, in order (valid only once the commit succeeded, which is this function's
-/// own result).
+/// Writes every job in one transaction; leaves each job's result in `results`, in order
+/// (valid only once the commit succeeded, which is this function's own result). A job that
+/// fails must leave nothing of itself while the others are kept (Q11). A refused append (a
+/// conflict) fails before it writes anything, so the jobs are first written without
+/// savepoints: each costs a statement journal that copies every page the job touches. Only
+/// when a job fails otherwise, possibly half-written, is the whole transaction rolled back and
+/// the batch written again with a savepoint around each job.
 fn write_batch(
     conn: &mut Connection,
     batch: &[(u64, Job)],
     results: &mut Vec<Result<Written, StoreError>>,
 ) -> Result<(), StoreError> {
+    if let Batch::Again = write_jobs(conn, batch, results, false)? {
+        results.clear();
+        // With savepoints a failed job is rolled back alone: this one commits.
+        write_jobs(conn, batch, results, true)?;
+    }
+    Ok(())
+}
+
+/// What [`write_jobs`] did.
+enum Batch {
+    /// The transaction committed (or, for a batch of one, its job failed and nothing was
+    /// written); `results` holds each job's.
+    Committed,
+    /// Written without savepoints, a job failed after it may have written: nothing was
+    /// committed, and the batch must be written again with savepoints.
+    Again,
+}
+
+/// Whether a job that failed with `error` wrote nothing before it did: a conflict is found by
+/// the seq check before any insert ([`append`]).
+fn failed_unwritten(error: &StoreError) -> bool {
+    matches!(error, StoreError::Conflict { .. })
+}
+
+/// Writes `batch` in one transaction, each job in a savepoint of its own when `savepoints`.
+fn write_jobs(
+    conn: &mut Connection,
+    batch: &[(u64, Job)],
+    results: &mut Vec<Result<Written, StoreError>>,
+    savepoints: bool,
+) -> Result<Batch, StoreError> {
     let tx = Immediate::begin(conn).map_err(db("beginning a transaction"))?;
     let tx = &tx;
     let run = |sql: &str| cached(tx, sql);
@@ -626,9 +661,20 @@ fn write_batch(
             tx.commit().map_err(db("committing"))?;
         }
         results.push(result);
-        return Ok(());
+        return Ok(Batch::Committed);
     }
     for (_, job) in batch {
+        if !savepoints {
+            let result = write(job);
+            if let Err(e) = &result {
+                if !failed_unwritten(e) {
+                    // Dropping `tx` rolls every job back.
+                    return Ok(Batch::Again);
+                }
+            }
+            results.push(result);
+            continue;
+        }
         run("SAVEPOINT job").map_err(db("making a savepoint"))?;
         let result = write(job);
         if result.is_err() {
@@ -639,7 +685,7 @@ fn write_batch(
         results.push(result);
     }
     tx.commit().map_err(db("committing"))?;
-    Ok(())
+    Ok(Batch::Committed)
 }
 
 /// Runs `sql` (no parameters, no rows) by a cached statement: rusqlite's `Transaction` and

@@ -581,6 +581,64 @@ fn q11_concurrent_appends_are_group_committed_and_a_refused_one_undoes_only_itse
 /// callback gets its own append's result once it is durable, a refused one is refused alone,
 /// and appends deferred together share commits.
 #[test]
+fn q11_a_job_failing_in_a_shared_batch_leaves_nothing_and_the_others_are_kept() {
+    // Jobs are first written without savepoints; a job that fails other than by a conflict
+    // (here an append to a session that does not exist, refused by the foreign key) makes the
+    // batch be written again with one around each job.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+    let (a, b) = (new_session(&store), new_session(&store));
+    // The next commit waits until the jobs to share a batch are queued behind it.
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (open_tx, open) = std::sync::mpsc::channel::<()>();
+    store.during_next_commit(move || {
+        entered_tx.send(()).unwrap();
+        let _ = open.recv();
+    });
+    let first = {
+        let (store, a) = (store.clone(), a.clone());
+        std::thread::spawn(move || store.append(&a, 2, step(1)))
+    };
+    entered.recv().unwrap();
+    let before = store.batches();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let jobs = [
+        (b.clone(), 2),
+        ("0000".to_string(), 1),
+        (a.clone(), 3),
+        (b.clone(), 2),
+    ];
+    for (i, (id, seq)) in jobs.iter().enumerate() {
+        let tx = tx.clone();
+        store.append_then(
+            id,
+            *seq,
+            step(*seq),
+            Box::new(move |r| tx.send((i, r)).unwrap()),
+        );
+    }
+    open_tx.send(()).unwrap();
+    first.join().unwrap().unwrap();
+    let mut results: Vec<_> = (0..jobs.len()).map(|_| rx.recv().unwrap()).collect();
+    results.sort_by_key(|(i, _)| *i);
+    assert!(results[0].1.is_ok(), "{:?}", results[0].1);
+    let err = results[1].1.as_ref().unwrap_err();
+    assert_eq!(err.code(), "store", "{err}");
+    assert!(err.to_string().contains("FOREIGN KEY"), "{err}");
+    assert!(results[2].1.is_ok(), "{:?}", results[2].1);
+    // The same seq twice in one batch: the second is a conflict, and undoes only itself.
+    assert_eq!(results[3].1.as_ref().unwrap_err().code(), "store_conflict");
+    assert_eq!(
+        store.batches(),
+        before + 1,
+        "the four jobs shared one batch"
+    );
+    assert_eq!(store.events(&a).unwrap().len(), 3);
+    assert_eq!(store.events(&b).unwrap().len(), 2);
+    assert!(store.events("0000").unwrap().is_empty());
+}
+
+#[test]
 fn q11_deferred_appends_are_answered_once_durable_and_share_commits() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
