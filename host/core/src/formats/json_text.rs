@@ -45,6 +45,39 @@ pub fn write_json_str<T: serde::Serialize + ?Sized>(
     written
 }
 
+/// Appends a small value's JSON text to the text `out` (a step's usage): written first into
+/// a buffer the thread keeps, then checked as UTF-8 and copied once. serde_json writes a value
+/// of many fields in many small pieces, and [`write_json_str`] checks and appends each
+/// piece on its own. The buffer is not kept once it has grown past 16 KiB, so a large value
+/// costs an allocation rather than memory held for good; on an error `out` is left as it was.
+pub fn write_small_json_str<T: serde::Serialize + ?Sized>(
+    out: &mut String,
+    value: &T,
+) -> serde_json::Result<()> {
+    const KEPT: usize = 16 * 1024;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        // A value whose serialization writes JSON the same way finds the buffer taken.
+        let Ok(mut buf) = scratch.try_borrow_mut() else {
+            return write_json_str(out, value);
+        };
+        buf.clear();
+        let written = serde_json::to_writer(&mut *buf, value).and_then(|()| {
+            let text = std::str::from_utf8(&buf).map_err(|e| {
+                serde_json::Error::io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            })?;
+            out.push_str(text);
+            Ok(())
+        });
+        if buf.capacity() > KEPT {
+            *buf = Vec::new();
+        }
+        written
+    })
+}
+
 /// How many bytes `value` is as JSON, counted without writing them (a session's memory
 /// estimate counts records so, too).
 pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {
@@ -63,4 +96,39 @@ pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {
     // count early, and none of what is counted has one.
     let _ = serde_json::to_writer(&mut count, value);
     count.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_small_value_is_appended_as_serde_json_writes_it() {
+        let usage = serde_json::json!({"total": {"chars": 12, "tokens": 3}, "name": "é\"\n", "list": [1, 2.5, null]});
+        let mut out = String::from("{\"usage\":");
+        write_small_json_str(&mut out, &usage).unwrap();
+        assert_eq!(
+            out,
+            format!("{{\"usage\":{}", serde_json::to_string(&usage).unwrap())
+        );
+        // Again on the same thread (the buffer reused), and a value over the buffer's kept size.
+        let big = "x".repeat(40_000);
+        let mut out = String::new();
+        write_small_json_str(&mut out, &big).unwrap();
+        write_small_json_str(&mut out, &usage).unwrap();
+        assert_eq!(
+            out,
+            serde_json::to_string(&big).unwrap() + &serde_json::to_string(&usage).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_value_json_cannot_write_leaves_the_text_as_it_was() {
+        let mut keyed_by_pairs = BTreeMap::new();
+        keyed_by_pairs.insert((1, 2), 3);
+        let mut out = String::from("kept");
+        assert!(write_small_json_str(&mut out, &keyed_by_pairs).is_err());
+        assert_eq!(out, "kept");
+    }
 }

@@ -99,7 +99,7 @@ fn step_reply(outcome: crate::StepOutcome) -> Result<Pieces, crate::DaemonError>
         use std::fmt::Write;
         // Writing to a String cannot fail.
         let _ = write!(out, ",\"step\":{n},\"usage\":");
-        let written = promptd_core::formats::json_text::write_json_str(out, &usage);
+        let written = promptd_core::formats::json_text::write_small_json_str(out, &usage);
         out.push('}');
         written
     });
