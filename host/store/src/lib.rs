@@ -3,8 +3,9 @@
 //!
 //! **Group commit.** One write connection, written by one caller at a time ([`group`]): the
 //! caller that finds no write in progress takes every pending append (from all sessions) at
-//! once, writes them in one transaction — each in a savepoint, so one refused append does not
-//! undo the others — commits once with `synchronous = FULL`, and only then acknowledges each;
+//! once, writes them in one transaction — one refused append does not undo the others: a
+//! conflict is found before the append writes anything, and a job that fails otherwise makes
+//! the batch be written again with a savepoint around each job — commits once with `synchronous = FULL`, and only then acknowledges each;
 //! the callers that queued meanwhile wait for that write or write the next batch. Nothing is acknowledged before it is on disk, and a failed
 //! commit fails every append of its batch. Reads use their own connections (WAL readers), so a
 //! read never waits behind a writer's sync.
