@@ -378,16 +378,23 @@ fn q12_a_database_deleted_under_the_store_acknowledges_nothing_after() {
     assert!(store.events(&id).unwrap().is_empty());
 }
 
+/// A store at `dir/s.db` with one session at seq 2: the store, the session, the database's
+/// path and the path of its file ending in `suffix` (`-wal`, `-shm`).
+fn appended_once(dir: &Path, suffix: &str) -> (SqliteStore, String, PathBuf, PathBuf) {
+    let path = dir.join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let id = new_session(&store);
+    store.append(&id, 2, step(1)).unwrap();
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    (store, id, path, PathBuf::from(name))
+}
+
 #[test]
 fn q12_a_deleted_wal_or_shm_loses_the_store_too() {
     for suffix in ["-wal", "-shm"] {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.db");
-        let store = SqliteStore::open(&path).unwrap();
-        let id = new_session(&store);
-        store.append(&id, 2, step(1)).unwrap();
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
+        let (store, id, path, name) = appended_once(dir.path(), suffix);
         std::fs::remove_file(&name).unwrap();
         assert_lost(&store, &id, &format!("s.db{suffix} was deleted while open"));
         drop(store);
@@ -403,13 +410,7 @@ fn q12_a_wal_or_shm_replaced_by_another_file_loses_the_store_too() {
     // still found.
     for suffix in ["-wal", "-shm"] {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.db");
-        let store = SqliteStore::open(&path).unwrap();
-        let id = new_session(&store);
-        store.append(&id, 2, step(1)).unwrap();
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        let name = PathBuf::from(name);
+        let (store, id, _, name) = appended_once(dir.path(), suffix);
         let copy = dir.path().join("copy");
         std::fs::copy(&name, &copy).unwrap();
         // `mv copy s.db-wal`: the same bytes, another inode.
