@@ -5,9 +5,10 @@
 //! caller that finds no write in progress takes every pending append (from all sessions) at
 //! once, writes them in one transaction — one refused append does not undo the others: a
 //! conflict is found before the append writes anything, and a job that fails otherwise makes
-//! the batch be written again with a savepoint around each job — commits once with `synchronous = FULL`, and only then acknowledges each;
-//! the callers that queued meanwhile wait for that write or write the next batch. Nothing is acknowledged before it is on disk, and a failed
-//! commit fails every append of its batch. Reads use their own connections (WAL readers), so a
+//! the batch be written again with a savepoint around each job — commits once with
+//! `synchronous = FULL`, and only then acknowledges each; the callers that queued meanwhile
+//! wait for that write or write the next batch. Nothing is acknowledged before it is on disk,
+//! and a failed commit fails every append of its batch. Reads use their own connections (WAL readers), so a
 //! read never waits behind a writer's sync.
 //!
 //! **The files stay the files (Q12).** SQLite keeps writing to a database file that was deleted
@@ -340,9 +341,10 @@ fn file_id(path: &Path) -> std::io::Result<(FileId, Stat)> {
 /// reads a file's times makes the file's next write take a fine-grained time, so that the
 /// write is seen to change it: stating the WAL at every commit made every commit change the
 /// WAL's modification time, and each `fdatasync` then wrote the WAL's inode as well as its
-/// frames (a second synchronous write: 25 µs of CPU and 45 µs of waiting per sync, measured
-/// in BENCHMARKS.md). The `-wal` and `-shm` are checked for identity only, so this asks for
-/// the inode number alone; their writes keep the coarse time, which changes once a tick.
+/// frames (a second synchronous write: about 25 µs more CPU and 50 µs more waiting per
+/// sync, `cargo bench -p promptd-store --bench sync`). The `-wal` and `-shm` are checked for
+/// identity only, so this asks for the inode number alone; their writes keep the coarse
+/// time, which changes once a tick.
 #[cfg(target_os = "linux")]
 fn identity(path: &Path) -> std::io::Result<FileId> {
     use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
@@ -357,6 +359,17 @@ fn identity(path: &Path) -> std::io::Result<FileId> {
 #[cfg(not(target_os = "linux"))]
 fn identity(path: &Path) -> std::io::Result<FileId> {
     file_id(path).map(|(id, _)| id)
+}
+
+/// What the store checks of one of its files: its identity, and for the database file
+/// (`whole`) its size and write time too, from one `stat`; the `-wal` and `-shm` are asked
+/// for their inode alone ([`identity`]).
+fn checked(path: &Path, whole: bool) -> std::io::Result<(FileId, Stat)> {
+    if whole {
+        file_id(path)
+    } else {
+        identity(path).map(|id| (id, Stat::default()))
+    }
 }
 
 /// The database's files as opened, and whether they have been lost (Q12).
@@ -417,13 +430,8 @@ impl Files {
             .into_iter()
             .enumerate()
         {
-            let id = if i == 0 {
-                file_id(&file).map(|(id, _)| id)
-            } else {
-                identity(&file)
-            };
-            let id =
-                id.map_err(|e| StoreError::backend(format!("reading {}", file.display()), e))?;
+            let (id, _) = checked(&file, i == 0)
+                .map_err(|e| StoreError::backend(format!("reading {}", file.display()), e))?;
             open.push((file, id));
         }
         let main = std::fs::File::open(&real)
@@ -515,19 +523,14 @@ impl Files {
         }
         let mut main = Stat::default();
         for (i, (path, id)) in self.open.iter().enumerate() {
-            // The database file's times are part of its content (Q12); the others' are not
-            // asked for (see `identity`).
-            let found = if i == 0 {
-                file_id(path).map(|(now, stat)| {
-                    main = stat;
-                    now
-                })
-            } else {
-                identity(path)
-            };
-            let why = match found {
-                Ok(now) if now == *id => continue,
-                Ok(now) => format!(
+            let why = match checked(path, i == 0) {
+                Ok((now, stat)) if now == *id => {
+                    if i == 0 {
+                        main = stat;
+                    }
+                    continue;
+                }
+                Ok((now, _)) => format!(
                     "{} was replaced while open ({id}, now {now})",
                     path.display()
                 ),

@@ -428,8 +428,15 @@ fn an_identity_read_without_times_is_the_one_a_whole_stat_gives() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("f");
     std::fs::write(&file, b"x").unwrap();
-    let (whole, _) = crate::file_id(&file).unwrap();
+    let (whole, stat) = crate::file_id(&file).unwrap();
     assert_eq!(crate::identity(&file).unwrap(), whole);
+    // The database file's check reads its size and time; the others' read neither.
+    assert_eq!(crate::checked(&file, true).unwrap(), (whole, stat));
+    assert!(stat.modified.is_some() && stat.size == 1);
+    assert_eq!(
+        crate::checked(&file, false).unwrap(),
+        (whole, Stat::default())
+    );
     let gone = crate::identity(&dir.path().join("missing")).unwrap_err();
     assert_eq!(gone.kind(), std::io::ErrorKind::NotFound);
 }
