@@ -45,6 +45,14 @@ pub fn write_json_str<T: serde::Serialize + ?Sized>(
     written
 }
 
+/// The most [`write_small_json_str`]'s buffer keeps between calls.
+const KEPT: usize = 16 * 1024;
+
+thread_local! {
+    /// [`write_small_json_str`]'s buffer.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Appends a small value's JSON text to the text `out` (a step's usage): written first into
 /// a buffer the thread keeps, then checked as UTF-8 and copied once. serde_json writes a value
 /// of many fields in many small pieces, and [`write_json_str`] checks and appends each
@@ -54,10 +62,6 @@ pub fn write_small_json_str<T: serde::Serialize + ?Sized>(
     out: &mut String,
     value: &T,
 ) -> serde_json::Result<()> {
-    const KEPT: usize = 16 * 1024;
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
     SCRATCH.with(|scratch| {
         // A value whose serialization writes JSON the same way finds the buffer taken.
         let Ok(mut buf) = scratch.try_borrow_mut() else {
@@ -116,6 +120,8 @@ mod tests {
         let big = "x".repeat(40_000);
         let mut out = String::new();
         write_small_json_str(&mut out, &big).unwrap();
+        // Not kept past its bound once a large value went through it.
+        assert!(SCRATCH.with(|s| s.borrow().capacity()) <= KEPT);
         write_small_json_str(&mut out, &usage).unwrap();
         assert_eq!(
             out,
