@@ -276,6 +276,9 @@ struct Instance<W: World> {
 struct Pool<W: World> {
     idle: Vec<Instance<W>>,
     live: usize,
+    /// Calls waiting for an instance: a give-back wakes one only when some wait (a condvar's
+    /// notify is a system call whether or not anyone waits, once per plugin call).
+    waiting: usize,
 }
 
 impl<W: World> Default for Pool<W> {
@@ -283,6 +286,7 @@ impl<W: World> Default for Pool<W> {
         Self {
             idle: Vec::new(),
             live: 0,
+            waiting: 0,
         }
     }
 }
@@ -385,11 +389,23 @@ impl<W: World> Plugin<W> {
                 drop(pool);
                 // Instantiated outside the lock; `live` already counts it.
                 return self.fresh_instance().map(|(_, i)| i).inspect_err(|_| {
-                    self.pool().live -= 1;
-                    self.returned.notify_one();
+                    let mut pool = self.pool();
+                    pool.live -= 1;
+                    self.wake_one(pool);
                 });
             }
+            pool.waiting += 1;
             pool = wait(&self.returned, pool);
+            pool.waiting -= 1;
+        }
+    }
+
+    /// Wakes one call waiting for an instance, if any does (`pool` released first).
+    fn wake_one(&self, pool: std::sync::MutexGuard<'_, Pool<W>>) {
+        let waiting = pool.waiting > 0;
+        drop(pool);
+        if waiting {
+            self.returned.notify_one();
         }
     }
 
@@ -400,8 +416,7 @@ impl<W: World> Plugin<W> {
             Some(instance) => pool.idle.push(instance),
             None => pool.live -= 1,
         }
-        drop(pool);
-        self.returned.notify_one();
+        self.wake_one(pool);
     }
 
     fn count<T>(&self, result: &CallResult<T>) {

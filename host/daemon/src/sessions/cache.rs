@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use promptd_core::session::SessionState;
 use promptd_core::sync::lock;
 
-/// One cached session.
+/// One cached session. The cache and a checked-out slot hold it boxed: a session's state is
+/// kilobytes, and a step moves it out of the cache, through its task, and back; boxed, each
+/// move is a pointer's, not a copy of the state (issue 50).
 pub(crate) struct Cached {
     pub agent: String,
     pub state: SessionState,
@@ -24,7 +26,7 @@ pub(crate) struct Cached {
 
 #[derive(Default)]
 struct Inner {
-    entries: HashMap<Arc<str>, (u64, Cached)>,
+    entries: HashMap<Arc<str>, (u64, Box<Cached>)>,
     /// Last use → session id, oldest first.
     order: BTreeMap<u64, Arc<str>>,
     tick: u64,
@@ -58,7 +60,7 @@ impl SessionCache {
     }
 
     /// Takes session `id` out of the cache.
-    pub(crate) fn take(&self, id: &str) -> Option<Cached> {
+    pub(crate) fn take(&self, id: &str) -> Option<Box<Cached>> {
         let mut inner = self.lock();
         let (key, (tick, mut cached)) = inner.entries.remove_entry(id)?;
         inner.order.remove(&tick);
@@ -69,7 +71,7 @@ impl SessionCache {
 
     /// Puts session `id` back as the most recently used, evicting the least recently used
     /// ones beyond the budget. A session larger than the whole budget is not kept.
-    pub(crate) fn put(&self, id: &str, mut cached: Cached) {
+    pub(crate) fn put(&self, id: &str, mut cached: Box<Cached>) {
         let bytes = size(&cached);
         let budget = self.budget.load(Ordering::Relaxed);
         let mut inner = self.lock();
@@ -119,12 +121,12 @@ impl SessionCache {
 mod tests {
     use super::*;
 
-    fn cached(agent: &str) -> Cached {
-        Cached {
+    fn cached(agent: &str) -> Box<Cached> {
+        Box::new(Cached {
             key: None,
             agent: agent.into(),
             state: SessionState::new("s"),
-        }
+        })
     }
 
     #[test]

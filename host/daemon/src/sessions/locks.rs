@@ -59,8 +59,17 @@ impl Slots {
 
 #[derive(Default)]
 struct Slot {
-    busy: Mutex<bool>,
+    state: Mutex<State>,
     free: Condvar,
+}
+
+/// A session lock's state: whether someone holds it, and how many wait for it.
+#[derive(Default)]
+struct State {
+    busy: bool,
+    /// Counted so that a release with no one waiting wakes no one: a condvar's notify is a
+    /// system call whether or not anyone waits (one per step, issue 50).
+    waiting: u32,
 }
 
 /// The session's lock, held until dropped.
@@ -76,12 +85,14 @@ impl SessionLocks {
         // Clones of a slot are made only under the map's lock, which is what makes the
         // strong-count check in `drop` sound.
         let slot = lock(&self.slots).slot(id);
-        let mut busy = lock(&slot.busy);
-        while *busy {
-            busy = wait(&slot.free, busy);
+        let mut state = lock(&slot.state);
+        while state.busy {
+            state.waiting += 1;
+            state = wait(&slot.free, state);
+            state.waiting -= 1;
         }
-        *busy = true;
-        drop(busy);
+        state.busy = true;
+        drop(state);
         Held {
             locks: self,
             id,
@@ -92,17 +103,17 @@ impl SessionLocks {
     /// Holds session `id` if no one else does, without waiting.
     pub(crate) fn try_hold<'a>(&'a self, id: &'a str) -> Option<Held<'a>> {
         let slot = lock(&self.slots).slot(id);
-        let mut busy = lock(&slot.busy);
-        if !*busy {
-            *busy = true;
-            drop(busy);
+        let mut state = lock(&slot.state);
+        if !state.busy {
+            state.busy = true;
+            drop(state);
             return Some(Held {
                 locks: self,
                 id,
                 slot,
             });
         }
-        drop(busy);
+        drop(state);
         // Held by another: leave the map as that holder's drop expects it.
         lock(&self.slots).release(id, &slot);
         None
@@ -116,8 +127,13 @@ impl SessionLocks {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        *lock(&self.slot.busy) = false;
-        self.slot.free.notify_one();
+        let mut state = lock(&self.slot.state);
+        state.busy = false;
+        let waiting = state.waiting > 0;
+        drop(state);
+        if waiting {
+            self.slot.free.notify_one();
+        }
         lock(&self.locks.slots).release(self.id, &self.slot);
     }
 }

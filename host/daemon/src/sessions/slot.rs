@@ -11,7 +11,7 @@ pub(crate) struct SessionSlot<'a> {
     cache: &'a SessionCache,
     pub(crate) id: &'a str,
     /// Always `Some` until the slot drops (only `drop` takes it).
-    cached: Option<Cached>,
+    cached: Option<Box<Cached>>,
     stale: bool,
     /// Released after `drop` put the state back (fields drop after it).
     _lock: Held<'a>,
@@ -21,7 +21,7 @@ impl<'a> SessionSlot<'a> {
     pub(crate) fn new(
         cache: &'a SessionCache,
         id: &'a str,
-        cached: Cached,
+        cached: Box<Cached>,
         lock: Held<'a>,
     ) -> SessionSlot<'a> {
         SessionSlot {

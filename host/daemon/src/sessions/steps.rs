@@ -161,7 +161,7 @@ impl Daemon {
     }
 
     /// Session `id`'s cached state, caught up with the log; call with its lock held.
-    fn cached_state(&self, id: &str) -> Result<Cached> {
+    fn cached_state(&self, id: &str) -> Result<Box<Cached>> {
         if let Some(mut cached) = self.sessions.cache.take(id) {
             if !self.sessions.store.is_shared() {
                 return Ok(cached);
@@ -186,11 +186,11 @@ impl Daemon {
         }
         let agent = self.agent_of(id)?;
         let state = SessionState::from_log(id, &self.sessions.store.events(id)?)?;
-        Ok(Cached {
+        Ok(Box::new(Cached {
             agent,
             state,
             key: None,
-        })
+        }))
     }
 
     /// Appends `bodies` (encoded as `events`) at the state's next seq and extends the state
