@@ -71,7 +71,7 @@ struct Gateway {
     stall: Duration,
     /// Replies not recorded yet, by session: a session's next step waits for them (G5), so
     /// a reply's record is off the path of its answer, never out of order.
-    pending: Mutex<HashMap<String, usize>>,
+    pending: Mutex<Unrecorded>,
     settled: Condvar,
     /// G13: what each session's later requests get back of promptd's own tool calls.
     restores: Mutex<tools::Restores>,
@@ -79,6 +79,15 @@ struct Gateway {
 
 /// The longest a step waits for its session's earlier replies to be recorded.
 const SETTLE_WAIT: Duration = Duration::from_secs(30);
+
+/// The replies not recorded yet, and how many steps wait for their session's.
+#[derive(Default)]
+struct Unrecorded {
+    by_session: HashMap<String, usize>,
+    /// Counted so that a reply recorded while no step waits wakes no one: a condvar's notify
+    /// is a system call whether or not anyone waits (one per gateway request otherwise).
+    waiting: usize,
+}
 
 /// A reply of `session` that is not recorded yet; dropped once it is (or cannot be).
 struct Pending {
@@ -89,6 +98,7 @@ struct Pending {
 impl Pending {
     fn new(gateway: Arc<Gateway>, session: String) -> Pending {
         *crate::lock(&gateway.pending)
+            .by_session
             .entry(session.clone())
             .or_default() += 1;
         Pending { gateway, session }
@@ -98,13 +108,17 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         let mut pending = crate::lock(&self.gateway.pending);
-        if let Some(n) = pending.get_mut(&self.session) {
+        if let Some(n) = pending.by_session.get_mut(&self.session) {
             *n -= 1;
             if *n == 0 {
-                pending.remove(&self.session);
+                pending.by_session.remove(&self.session);
             }
         }
-        self.gateway.settled.notify_all();
+        let waiting = pending.waiting > 0;
+        drop(pending);
+        if waiting {
+            self.gateway.settled.notify_all();
+        }
     }
 }
 
@@ -129,7 +143,7 @@ pub fn router(daemon: Arc<Daemon>, listening: Listening) -> Router {
         keys: keys::Keys::new(listening == Listening::Beyond),
         index: Mutex::new(Index::default()),
         seen: Mutex::new(fleet::Seen::new(now_ms())),
-        pending: Mutex::new(HashMap::new()),
+        pending: Mutex::new(Unrecorded::default()),
         settled: Condvar::new(),
         restores: Mutex::new(tools::Restores::default()),
         idle: Duration::from_millis(
@@ -849,11 +863,16 @@ impl Gateway {
 
     /// Waits until `session`'s earlier replies are recorded (at most [`SETTLE_WAIT`]).
     fn settle(&self, session: &str) {
-        let pending = crate::lock(&self.pending);
-        let waited = self
+        let mut pending = crate::lock(&self.pending);
+        if !pending.by_session.contains_key(session) {
+            return;
+        }
+        pending.waiting += 1;
+        let (mut pending, _) = self
             .settled
-            .wait_timeout_while(pending, SETTLE_WAIT, |p| p.contains_key(session));
-        drop(waited);
+            .wait_timeout_while(pending, SETTLE_WAIT, |p| p.by_session.contains_key(session))
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.waiting -= 1;
     }
 
     /// Joins the request's session and runs its step (blocking).
