@@ -7,11 +7,11 @@
 //! fresh one is made from the pre-instantiated component on the next call.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use promptd_core::sync::{lock, wait};
+use promptd_core::sync::{lock, Signal};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
 
@@ -197,7 +197,7 @@ impl WithWorld for Load<'_> {
             config: self.config,
             pool: Mutex::new(Pool::default()),
             memo: W::Memo::default(),
-            returned: Condvar::new(),
+            returned: Signal::default(),
             failures: AtomicU32::new(0),
         };
         let (declaration, instance) =
@@ -276,9 +276,6 @@ struct Instance<W: World> {
 struct Pool<W: World> {
     idle: Vec<Instance<W>>,
     live: usize,
-    /// Calls waiting for an instance: a give-back wakes one only when some wait (a condvar's
-    /// notify is a system call whether or not anyone waits, once per plugin call).
-    waiting: usize,
 }
 
 impl<W: World> Default for Pool<W> {
@@ -286,7 +283,6 @@ impl<W: World> Default for Pool<W> {
         Self {
             idle: Vec::new(),
             live: 0,
-            waiting: 0,
         }
     }
 }
@@ -338,7 +334,7 @@ struct Plugin<W: World> {
     config: Vec<(String, String)>,
     pool: Mutex<Pool<W>>,
     /// Signalled when an instance goes back to the pool or is dropped.
-    returned: Condvar,
+    returned: Signal,
     /// Failed calls since the last successful one (L3: quarantine after too many).
     failures: AtomicU32,
     /// The plugin's log budget (L9), shared by its instances.
@@ -389,23 +385,11 @@ impl<W: World> Plugin<W> {
                 drop(pool);
                 // Instantiated outside the lock; `live` already counts it.
                 return self.fresh_instance().map(|(_, i)| i).inspect_err(|_| {
-                    let mut pool = self.pool();
-                    pool.live -= 1;
-                    self.wake_one(pool);
+                    self.pool().live -= 1;
+                    self.returned.notify_one();
                 });
             }
-            pool.waiting += 1;
-            pool = wait(&self.returned, pool);
-            pool.waiting -= 1;
-        }
-    }
-
-    /// Wakes one call waiting for an instance, if any does (`pool` released first).
-    fn wake_one(&self, pool: std::sync::MutexGuard<'_, Pool<W>>) {
-        let waiting = pool.waiting > 0;
-        drop(pool);
-        if waiting {
-            self.returned.notify_one();
+            pool = self.returned.wait(pool);
         }
     }
 
@@ -416,7 +400,8 @@ impl<W: World> Plugin<W> {
             Some(instance) => pool.idle.push(instance),
             None => pool.live -= 1,
         }
-        self.wake_one(pool);
+        drop(pool);
+        self.returned.notify_one();
     }
 
     fn count<T>(&self, result: &CallResult<T>) {

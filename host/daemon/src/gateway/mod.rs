@@ -9,7 +9,7 @@
 //! nothing but its upstream client and the index of conversations it has seen.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -32,6 +32,7 @@ use promptd_core::gateway::messages::{conversation, Conversation};
 use promptd_core::gateway::record::JoinedBy;
 use promptd_core::gateway::{Ingress, Provider};
 use promptd_core::step::StepInput;
+use promptd_core::sync::Signal;
 use promptd_core::Error;
 
 use crate::outcome::{GatewayStep, StepRequest};
@@ -71,23 +72,15 @@ struct Gateway {
     stall: Duration,
     /// Replies not recorded yet, by session: a session's next step waits for them (G5), so
     /// a reply's record is off the path of its answer, never out of order.
-    pending: Mutex<Unrecorded>,
-    settled: Condvar,
+    pending: Mutex<HashMap<String, usize>>,
+    /// Wakes waiting steps only when some wait: a reply is recorded once per request.
+    settled: Signal,
     /// G13: what each session's later requests get back of promptd's own tool calls.
     restores: Mutex<tools::Restores>,
 }
 
 /// The longest a step waits for its session's earlier replies to be recorded.
 const SETTLE_WAIT: Duration = Duration::from_secs(30);
-
-/// The replies not recorded yet, and how many steps wait for their session's.
-#[derive(Default)]
-struct Unrecorded {
-    by_session: HashMap<String, usize>,
-    /// Counted so that a reply recorded while no step waits wakes no one: a condvar's notify
-    /// is a system call whether or not anyone waits (one per gateway request otherwise).
-    waiting: usize,
-}
 
 /// A reply of `session` that is not recorded yet; dropped once it is (or cannot be).
 struct Pending {
@@ -98,7 +91,6 @@ struct Pending {
 impl Pending {
     fn new(gateway: Arc<Gateway>, session: String) -> Pending {
         *crate::lock(&gateway.pending)
-            .by_session
             .entry(session.clone())
             .or_default() += 1;
         Pending { gateway, session }
@@ -108,17 +100,13 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         let mut pending = crate::lock(&self.gateway.pending);
-        if let Some(n) = pending.by_session.get_mut(&self.session) {
+        if let Some(n) = pending.get_mut(&self.session) {
             *n -= 1;
             if *n == 0 {
-                pending.by_session.remove(&self.session);
+                pending.remove(&self.session);
             }
         }
-        let waiting = pending.waiting > 0;
-        drop(pending);
-        if waiting {
-            self.gateway.settled.notify_all();
-        }
+        self.gateway.settled.notify_all();
     }
 }
 
@@ -143,8 +131,8 @@ pub fn router(daemon: Arc<Daemon>, listening: Listening) -> Router {
         keys: keys::Keys::new(listening == Listening::Beyond),
         index: Mutex::new(Index::default()),
         seen: Mutex::new(fleet::Seen::new(now_ms())),
-        pending: Mutex::new(Unrecorded::default()),
-        settled: Condvar::new(),
+        pending: Mutex::new(HashMap::new()),
+        settled: Signal::default(),
         restores: Mutex::new(tools::Restores::default()),
         idle: Duration::from_millis(
             config
@@ -863,16 +851,11 @@ impl Gateway {
 
     /// Waits until `session`'s earlier replies are recorded (at most [`SETTLE_WAIT`]).
     fn settle(&self, session: &str) {
-        let mut pending = crate::lock(&self.pending);
-        if !pending.by_session.contains_key(session) {
-            return;
-        }
-        pending.waiting += 1;
-        let (mut pending, _) = self
+        let pending = crate::lock(&self.pending);
+        let waited = self
             .settled
-            .wait_timeout_while(pending, SETTLE_WAIT, |p| p.by_session.contains_key(session))
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        pending.waiting -= 1;
+            .wait_timeout_while(pending, SETTLE_WAIT, |p| p.contains_key(session));
+        drop(waited);
     }
 
     /// Joins the request's session and runs its step (blocking).

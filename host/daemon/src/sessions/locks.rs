@@ -6,9 +6,9 @@
 //! held (at most [`SPARE`] of them): a step then takes its session's lock without allocating.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
-use promptd_core::sync::{lock, wait};
+use promptd_core::sync::{lock, Signal};
 
 #[derive(Default)]
 pub(crate) struct SessionLocks {
@@ -59,17 +59,9 @@ impl Slots {
 
 #[derive(Default)]
 struct Slot {
-    state: Mutex<State>,
-    free: Condvar,
-}
-
-/// A session lock's state: whether someone holds it, and how many wait for it.
-#[derive(Default)]
-struct State {
-    busy: bool,
-    /// Counted so that a release with no one waiting wakes no one: a condvar's notify is a
-    /// system call whether or not anyone waits (one per step, issue 50).
-    waiting: u32,
+    busy: Mutex<bool>,
+    /// Wakes a waiter only when one waits: a release is once per step.
+    free: Signal,
 }
 
 /// The session's lock, held until dropped.
@@ -85,14 +77,12 @@ impl SessionLocks {
         // Clones of a slot are made only under the map's lock, which is what makes the
         // strong-count check in `drop` sound.
         let slot = lock(&self.slots).slot(id);
-        let mut state = lock(&slot.state);
-        while state.busy {
-            state.waiting += 1;
-            state = wait(&slot.free, state);
-            state.waiting -= 1;
+        let mut busy = lock(&slot.busy);
+        while *busy {
+            busy = slot.free.wait(busy);
         }
-        state.busy = true;
-        drop(state);
+        *busy = true;
+        drop(busy);
         Held {
             locks: self,
             id,
@@ -103,17 +93,17 @@ impl SessionLocks {
     /// Holds session `id` if no one else does, without waiting.
     pub(crate) fn try_hold<'a>(&'a self, id: &'a str) -> Option<Held<'a>> {
         let slot = lock(&self.slots).slot(id);
-        let mut state = lock(&slot.state);
-        if !state.busy {
-            state.busy = true;
-            drop(state);
+        let mut busy = lock(&slot.busy);
+        if !*busy {
+            *busy = true;
+            drop(busy);
             return Some(Held {
                 locks: self,
                 id,
                 slot,
             });
         }
-        drop(state);
+        drop(busy);
         // Held by another: leave the map as that holder's drop expects it.
         lock(&self.slots).release(id, &slot);
         None
@@ -127,13 +117,8 @@ impl SessionLocks {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        let mut state = lock(&self.slot.state);
-        state.busy = false;
-        let waiting = state.waiting > 0;
-        drop(state);
-        if waiting {
-            self.slot.free.notify_one();
-        }
+        *lock(&self.slot.busy) = false;
+        self.slot.free.notify_one();
         lock(&self.locks.slots).release(self.id, &self.slot);
     }
 }
