@@ -25,13 +25,15 @@ use promptd_core::store::{AppendDone, StoreError};
 use promptd_core::sync::lock;
 use rusqlite::Connection;
 
+use crate::keys::Keys;
 use crate::{write_group, Files, Job, Written, MAX_BATCH};
 
 /// The write connection and the queue of jobs waiting for it.
 pub(crate) struct GroupCommit {
     queue: Mutex<Queue>,
+    /// The write connection and its view of the events past the index ([`crate::keys`]).
     /// Only the caller writing (`Queue::writing`) locks it: never contended.
-    conn: Mutex<Connection>,
+    conn: Mutex<(Connection, Keys)>,
     /// Test hook: how many commits to fail on purpose.
     pub(crate) fail_commits: AtomicU32,
     /// Test hook: what to run inside the next commit.
@@ -81,10 +83,10 @@ struct Spare {
 }
 
 impl GroupCommit {
-    pub(crate) fn new(conn: Connection) -> Self {
+    pub(crate) fn new(conn: Connection, keys: Keys) -> Self {
         Self {
             queue: Mutex::new(Queue::default()),
-            conn: Mutex::new(conn),
+            conn: Mutex::new((conn, keys)),
             fail_commits: AtomicU32::new(0),
             during_commit: Mutex::new(None),
             batches: AtomicU64::new(0),
@@ -233,13 +235,14 @@ impl GroupCommit {
     ) {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let mut conn = lock(&self.conn);
+            let mut writer = lock(&self.conn);
+            let (conn, keys) = &mut *writer;
             let fail = self.fail_commits.load(Ordering::SeqCst) > 0;
             if fail {
                 self.fail_commits.fetch_sub(1, Ordering::SeqCst);
             }
             let during = lock(&self.during_commit).take();
-            write_group(&mut conn, batch, (fail, during), files, results)
+            write_group(conn, keys, batch, (fail, during), files, results)
         }));
         let failed = match outcome {
             Ok(Ok(())) => return,

@@ -25,9 +25,11 @@
 //! lost too. A commit writes only the WAL; the writer copies the WAL into the database file
 //! itself ([`checkpoint`]), after the commit's check, and records what the copy left.
 //!
-//! Events are kept in a rowid table, in the order they were appended, with a unique index on
-//! (session, seq) ([`EVENTS`]); opening a database from before issue 50, whose events table
-//! was keyed by (session, seq), rebuilds it so once.
+//! Events are kept in a rowid table, in the order they were appended ([`EVENTS`]), and found
+//! by (session, seq) through a key table the writer fills a few hundred rows behind
+//! ([`keys`]); opening a database from before issue 50, whose events table was keyed by
+//! (session, seq), rebuilds it so once, and one from issue 50 on, which found them through a
+//! SQLite index, is keyed once.
 //!
 //! Each event row carries its body's format version (`body_version`). Databases written by
 //! 0.1.0 had no such column: opening one adds it with the default 1, which is what those rows
@@ -43,6 +45,7 @@ use promptd_core::sync::lock;
 mod blobs;
 mod checkpoint;
 mod group;
+mod keys;
 
 use promptd_core::store::{
     Event, EventKind, NewEvent, PluginSet, SessionStore, SessionSummary, StoreError, BODY_VERSION,
@@ -119,8 +122,8 @@ fn connect(path: &Path, create: bool) -> Result<Connection, StoreError> {
 }
 
 /// The events table's columns: a rowid table, so rows sit in the order they were appended
-/// and a commit group's rows share the table's last pages, and an index that finds a
-/// session's rows by seq (and refuses a second row at one). Keyed by (session, seq) instead, as databases
+/// and a commit group's rows share the table's last pages; a session's rows are found by
+/// [`keys`]. Keyed by (session, seq) instead, as databases
 /// before issue 50 were, a step's row went in the middle of the tree beside its session's
 /// last one, and SQLite rebalanced three leaves and their parent on most commits (3.6 pages
 /// per commit for one client, counted in the WAL).
@@ -132,10 +135,6 @@ const EVENTS: &str = "(
                  at_ms INTEGER NOT NULL,
                  body_version INTEGER NOT NULL DEFAULT 1
              )";
-
-/// The events' index by session, made once the table has [`EVENTS`]'s layout.
-const EVENTS_BY_SESSION: &str =
-    "CREATE UNIQUE INDEX IF NOT EXISTS events_by_session ON events (session_id, seq)";
 
 /// Rebuilds an events table keyed by (session, seq) (`WITHOUT ROWID`, every database before
 /// issue 50) into [`EVENTS`]'s layout, in one transaction: the same rows, column for column.
@@ -162,7 +161,6 @@ fn append_order(conn: &Connection, path: &Path) -> Result<(), StoreError> {
              SELECT session_id, seq, kind, body, at_ms, body_version FROM events;
          DROP TABLE events;
          ALTER TABLE events_appended RENAME TO events;
-         {EVENTS_BY_SESSION};
          COMMIT;"
     ))
     .map_err(|e| {
@@ -227,15 +225,15 @@ impl SqliteStore {
             .map_err(db("adding events.body_version"))?;
         }
         append_order(&conn, path)?;
-        conn.execute_batch(EVENTS_BY_SESSION)
-            .map_err(db("creating the events' index"))?;
+        keys::make(&conn)?;
+        let keys = keys::Keys::load(&conn)?;
         // The schema queries above opened the -wal and -shm, which stay (same inodes) for as
         // long as the writer's connection is open: SQLite removes them only when the last
         // connection closes.
         let files = Arc::new(Files::open(path)?);
         files.settle(lock(&files.left))?;
         checkpoint::watch(&conn);
-        let writer = Arc::new(group::GroupCommit::new(conn));
+        let writer = Arc::new(group::GroupCommit::new(conn, keys));
         writer
             .start(files.clone())
             .map_err(|e| StoreError::backend("starting the store's writer thread", e))?;
@@ -564,6 +562,7 @@ fn lost(why: &str) -> StoreError {
 /// (`trial`) make the commit fail, or run something inside it.
 fn write_group(
     conn: &mut Connection,
+    keys: &mut keys::Keys,
     batch: &[(u64, Job)],
     trial: (bool, Option<group::DuringCommit>),
     files: &Files,
@@ -581,7 +580,7 @@ fn write_group(
     // Once lost, nothing more is written: it would go to a file no one will read.
     let outcome = files.check_written().and_then(|left| {
         checkpoint::before_commit();
-        let written = write_batch(conn, batch, results);
+        let written = write_batch(conn, keys, batch, results);
         // Committed to a deleted, replaced or overwritten file is not on disk: acknowledge
         // nothing.
         let left = files.unchanged(left)?;
@@ -611,13 +610,14 @@ enum Written {
 /// the batch written again with a savepoint around each job.
 fn write_batch(
     conn: &mut Connection,
+    keys: &mut keys::Keys,
     batch: &[(u64, Job)],
     results: &mut Vec<Result<Written, StoreError>>,
 ) -> Result<(), StoreError> {
-    if let Batch::Again = write_jobs(conn, batch, results, false)? {
+    if let Batch::Again = write_jobs(conn, keys, batch, results, false)? {
         results.clear();
         // With savepoints a failed job is rolled back alone: this one commits.
-        write_jobs(conn, batch, results, true)?;
+        write_jobs(conn, keys, batch, results, true)?;
     }
     Ok(())
 }
@@ -641,35 +641,44 @@ fn failed_unwritten(error: &StoreError) -> bool {
 /// Writes `batch` in one transaction, each job in a savepoint of its own when `savepoints`.
 fn write_jobs(
     conn: &mut Connection,
+    keys: &mut keys::Keys,
     batch: &[(u64, Job)],
     results: &mut Vec<Result<Written, StoreError>>,
     savepoints: bool,
 ) -> Result<Batch, StoreError> {
     let tx = Immediate::begin(conn).map_err(db("beginning a transaction"))?;
     let tx = &tx;
+    keys.begin(tx)?;
     let run = |sql: &str| cached(tx, sql);
-    let write = |job: &Job| match job {
-        Job::Create { agent, first, .. } => create(tx, agent, first).map(Written::Session),
+    let write = |keys: &mut keys::Keys, job: &Job| match job {
+        Job::Create { agent, first, .. } => create(tx, keys, agent, first).map(Written::Session),
         Job::Append {
             id,
             next_seq,
             events,
             ..
-        } => append(tx, id, *next_seq, events).map(|()| Written::Events),
+        } => append(tx, keys, id, *next_seq, events).map(|()| Written::Events),
+    };
+    // Keys the tail when due, commits, and tells `keys` so.
+    let commit = |keys: &mut keys::Keys| -> Result<(), StoreError> {
+        keys.key_if_due(tx)?;
+        tx.commit().map_err(db("committing"))?;
+        keys.committed();
+        Ok(())
     };
     if let [(_, job)] = batch {
         // A batch of one (every write when steps do not overlap) needs no savepoint: the
         // transaction is its job's, and a failed job rolls it back whole.
-        let result = write(job);
+        let result = write(keys, job);
         if result.is_ok() {
-            tx.commit().map_err(db("committing"))?;
+            commit(keys)?;
         }
         results.push(result);
         return Ok(Batch::Committed);
     }
     for (_, job) in batch {
         if !savepoints {
-            let result = write(job);
+            let result = write(keys, job);
             if let Err(e) = &result {
                 if !failed_unwritten(e) {
                     // Dropping `tx` rolls every job back.
@@ -680,15 +689,16 @@ fn write_jobs(
             continue;
         }
         run("SAVEPOINT job").map_err(db("making a savepoint"))?;
-        let result = write(job);
+        let result = write(keys, job);
         if result.is_err() {
-            // Only this job's writes go.
+            // Only this job's writes go, and what `keys` noted of them.
             run("ROLLBACK TO job").map_err(db("rolling back a savepoint"))?;
+            keys.reload(tx)?;
         }
         run("RELEASE job").map_err(db("releasing a savepoint"))?;
         results.push(result);
     }
-    tx.commit().map_err(db("committing"))?;
+    commit(keys)?;
     Ok(Batch::Committed)
 }
 
@@ -745,7 +755,12 @@ impl Drop for Immediate<'_> {
     }
 }
 
-fn create(tx: &Connection, agent: &str, first: &NewEvent) -> Result<String, StoreError> {
+fn create(
+    tx: &Connection,
+    keys: &mut keys::Keys,
+    agent: &str,
+    first: &NewEvent,
+) -> Result<String, StoreError> {
     let id: String = tx
         .query_row("SELECT lower(hex(randomblob(12)))", [], |r| r.get(0))
         .map_err(db("making a session id"))?;
@@ -754,28 +769,31 @@ fn create(tx: &Connection, agent: &str, first: &NewEvent) -> Result<String, Stor
         params![id, agent, now_ms() as i64],
     )
     .map_err(db("inserting a session"))?;
-    insert_events(tx, &id, 1, std::slice::from_ref(first))?;
+    insert_events(tx, keys, &id, 1, std::slice::from_ref(first))?;
     Ok(id)
 }
 
-fn append(tx: &Connection, id: &str, next_seq: u64, events: &[NewEvent]) -> Result<(), StoreError> {
-    // Cached: this runs once per append, and parsing it again cost more than running it.
-    let last: i64 = tx
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1")
-        .and_then(|mut last| last.query_row([id], |r| r.get(0)))
-        .map_err(db("reading the last seq"))?;
-    if last as u64 + 1 != next_seq {
+fn append(
+    tx: &Connection,
+    keys: &mut keys::Keys,
+    id: &str,
+    next_seq: u64,
+    events: &[NewEvent],
+) -> Result<(), StoreError> {
+    let last = keys.last_seq(tx, id)?;
+    if last + 1 != next_seq {
         return Err(StoreError::Conflict {
             session: id.to_string(),
             expected: next_seq,
-            found: last as u64,
+            found: last,
         });
     }
-    insert_events(tx, id, next_seq, events)
+    insert_events(tx, keys, id, next_seq, events)
 }
 
 fn insert_events(
     tx: &Connection,
+    keys: &mut keys::Keys,
     id: &str,
     next_seq: u64,
     events: &[NewEvent],
@@ -799,15 +817,17 @@ fn insert_events(
                     .map_err(db("inserting a blob"))?;
             }
         }
+        let seq = next_seq + i as u64;
         stmt.execute(params![
             id,
-            (next_seq + i as u64) as i64,
+            seq as i64,
             e.kind.as_str(),
             body.as_deref().unwrap_or(&e.body),
             at,
             BODY_VERSION
         ])
         .map_err(db("inserting an event"))?;
+        keys.note(id, seq, tx.last_insert_rowid());
     }
     Ok(())
 }
@@ -847,7 +867,7 @@ impl SessionStore for SqliteStore {
 
     fn last_seq(&self, id: &str) -> Result<u64, StoreError> {
         self.read(|conn| {
-            conn.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1")
+            conn.prepare_cached(keys::LAST_SEQ)
                 .and_then(|mut last| last.query_row([id], |r| r.get::<_, i64>(0)))
                 .map(|last| last as u64)
                 .map_err(db("reading the last seq"))
@@ -855,19 +875,9 @@ impl SessionStore for SqliteStore {
     }
 
     fn sessions(&self, filter: &str, limit: usize) -> Result<Vec<SessionSummary>, StoreError> {
-        // `instr` rather than LIKE: the filter is plain text, `%` and `_` in it mean themselves.
         self.read(|conn| {
             let mut stmt = conn
-                .prepare_cached(
-                    "SELECT s.id, s.agent, s.created_ms,
-                            (SELECT COUNT(*) FROM events e WHERE e.session_id = s.id AND e.kind = 'step'),
-                            (SELECT COUNT(*) FROM events e WHERE e.session_id = s.id),
-                            (SELECT at_ms FROM events e WHERE e.session_id = s.id ORDER BY seq DESC LIMIT 1) AS last
-                     FROM sessions s
-                     WHERE ?1 = '' OR instr(s.id, ?1) > 0 OR instr(s.agent, ?1) > 0
-                     ORDER BY last DESC, s.id DESC
-                     LIMIT ?2",
-                )
+                .prepare_cached(keys::SESSIONS)
                 .map_err(db("listing sessions"))?;
             let rows = stmt
                 .query_map(params![filter, limit.min(i64::MAX as usize) as i64], |r| {
@@ -1023,10 +1033,7 @@ fn decoded_set((version, files): (i64, String)) -> Result<PluginSet, StoreError>
 
 fn read_events(conn: &Connection, id: &str, after: u64) -> Result<Vec<Event>, StoreError> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT seq, kind, body, at_ms, body_version FROM events
-             WHERE session_id = ?1 AND seq > ?2 ORDER BY seq",
-        )
+        .prepare_cached(keys::READ_EVENTS)
         .map_err(db("preparing the read"))?;
     let rows = stmt
         .query_map(params![id, after as i64], |r| {

@@ -118,7 +118,7 @@ fn q7_appends_are_ordered_durable_and_checked() {
 }
 
 /// Rows are kept in the order they were appended, whichever session they belong to, and each
-/// session's are found by seq; a second row at a (session, seq) is refused by the database too.
+/// session's are found by seq.
 #[test]
 fn q7_events_are_stored_in_append_order_and_read_by_session() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,14 +146,6 @@ fn q7_events_are_stored_in_append_order_and_read_by_session() {
         expected.extend([(b.clone(), n), (a.clone(), n)]);
     }
     assert_eq!(order, expected);
-    let again = conn.execute(
-        "INSERT INTO events (session_id, seq, kind, body, at_ms) VALUES (?1, 3, 'step', '{}', 0)",
-        [&a],
-    );
-    assert!(
-        again.unwrap_err().to_string().contains("UNIQUE"),
-        "a second row at (session, 3) is refused"
-    );
 }
 
 /// The sessions and events tables as every database before issue 50 had them.
@@ -244,7 +236,11 @@ fn q7_an_events_table_keyed_by_session_is_moved_to_append_order_keeping_every_ro
     let conn = Connection::open(&path).unwrap();
     let after = schema(&conn);
     assert!(!after.to_uppercase().contains("WITHOUT ROWID"), "{after}");
-    assert!(after.contains("events_by_session"), "{after}");
+    assert!(!after.contains("events_by_session"), "{after}");
+    let keyed: i64 = conn
+        .query_row("SELECT COUNT(*) FROM event_keys", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(keyed as usize, rows.len(), "every moved row is keyed");
     let mut kept = all(&conn);
     let new = kept.remove(2);
     assert_eq!((new.0.as_str(), new.1, new.2.as_str()), ("aa", 3, "step"));
@@ -774,4 +770,258 @@ fn q12_the_writer_copies_the_wal_into_the_database_file_and_the_wal_stays_bounde
     assert!(events[n as usize]
         .body
         .starts_with(&format!("{{\"content\":\"{} ", n + 1)));
+}
+
+/// What the database holds of the keys: (keyed rows, the mark, unkeyed rows, every row),
+/// after checking that each key points at its own row and every row up to the mark is keyed.
+fn key_counts(path: &Path) -> (i64, i64, i64, i64) {
+    let conn = Connection::open(path).unwrap();
+    let (wrong, unkeyed_early): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM event_keys k LEFT JOIN events e ON e.rowid = k.event
+                     WHERE e.session_id IS NOT k.session_id OR e.seq IS NOT k.seq),
+                    (SELECT COUNT(*) FROM events e
+                     WHERE rowid <= (SELECT upto FROM event_keys_upto)
+                       AND NOT EXISTS (SELECT 1 FROM event_keys k WHERE k.event = e.rowid))",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((wrong, unkeyed_early), (0, 0), "keys point at their rows");
+    conn.query_row(
+        "SELECT (SELECT COUNT(*) FROM event_keys), (SELECT upto FROM event_keys_upto),
+                (SELECT COUNT(*) FROM events e
+                 WHERE NOT EXISTS (SELECT 1 FROM event_keys k WHERE k.event = e.rowid)),
+                (SELECT COUNT(*) FROM events)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )
+    .unwrap()
+}
+
+/// A session's seqs, its last seq, its seqs after `after`, and its listing's event count.
+fn seen(store: &SqliteStore, id: &str, after: u64) -> (Vec<u64>, u64, Vec<u64>, u64) {
+    let seqs = |events: Vec<Event>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    let listed = store.sessions(id, 5).unwrap();
+    assert_eq!(listed.len(), 1, "{id}");
+    (
+        seqs(store.events(id).unwrap()),
+        store.last_seq(id).unwrap(),
+        seqs(store.events_after(id, after).unwrap()),
+        listed[0].events,
+    )
+}
+
+/// The key table trails the rows by less than [`keys::LAG`] of them, and every read sees a
+/// session's keyed rows and the rows past the mark together, before and after the tail is
+/// keyed, and after a reopen; a stale seq is refused wherever the session's last row is.
+#[test]
+fn q7_the_keys_trail_the_rows_and_every_read_sees_keyed_and_tail_rows_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let ids: Vec<String> = (0..3).map(|_| new_session(&store)).collect();
+    let mut last = [1u64; 3];
+    let mut marks = std::collections::BTreeSet::new();
+    // Rows enough to be keyed twice; one session falls quiet so its last row gets keyed.
+    for round in 0..(keys::LAG + 20) {
+        for (i, id) in ids.iter().enumerate() {
+            if i == 2 && round > 10 {
+                continue;
+            }
+            store.append(id, last[i] + 1, step(round)).unwrap();
+            last[i] += 1;
+        }
+        let (keyed, upto, unkeyed, rows) = key_counts(&path);
+        assert_eq!(keyed + unkeyed, rows);
+        assert!(unkeyed < keys::LAG as i64, "{unkeyed} rows unkeyed");
+        marks.insert(upto);
+        if round % 37 == 0 || round + 1 == keys::LAG + 20 {
+            for (i, id) in ids.iter().enumerate() {
+                let after = last[i] / 2;
+                assert_eq!(
+                    seen(&store, id, after),
+                    (
+                        (1..=last[i]).collect(),
+                        last[i],
+                        (after + 1..=last[i]).collect(),
+                        last[i]
+                    ),
+                    "session {i}, round {round}"
+                );
+            }
+        }
+    }
+    assert!(marks.len() >= 3, "the mark moved: {marks:?}");
+    // A stale seq is refused for the session whose last row is keyed and the busy ones.
+    for (i, id) in ids.iter().enumerate() {
+        let err = store.append(id, last[i], step(0)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Conflict { found, .. } if found == last[i]),
+            "{err}"
+        );
+    }
+    drop(store);
+    let store = SqliteStore::open(&path).unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(seen(&store, id, 0).0, (1..=last[i]).collect::<Vec<_>>());
+        let err = store.append(id, last[i], step(0)).unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+        store.append(id, last[i] + 1, step(0)).unwrap();
+    }
+    drop(store);
+    // Once keyed, a second key at a (session, seq) is refused by the database too.
+    let conn = Connection::open(&path).unwrap();
+    let again = conn.execute(
+        "INSERT INTO event_keys (session_id, seq, event) VALUES (?1, 2, 0)",
+        [&ids[2]],
+    );
+    assert!(
+        again.unwrap_err().to_string().contains("UNIQUE"),
+        "a second key at (session, 2) is refused"
+    );
+}
+
+/// A database from issue 50 until the key table, its events found by the SQLite index
+/// `events_by_session`, is keyed when opened, once, and the index dropped; rows a binary from
+/// then writes into it later (re-creating its index) are read as the tail.
+#[test]
+fn q7_a_database_with_the_index_is_keyed_once_and_rows_written_by_an_older_binary_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let older = |conn: &Connection, from: i64, to: i64| {
+        conn.execute_batch(
+            "CREATE UNIQUE INDEX IF NOT EXISTS events_by_session ON events (session_id, seq)",
+        )
+        .unwrap();
+        for seq in from..=to {
+            conn.execute(
+                "INSERT INTO events (session_id, seq, kind, body, at_ms, body_version)
+                 VALUES ('aa', ?1, 'step', '{}', ?1, 1)",
+                [seq],
+            )
+            .unwrap();
+        }
+    };
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_ms INTEGER NOT NULL);
+             CREATE TABLE events {EVENTS};
+             INSERT INTO sessions VALUES ('aa', 'coder', 1);"
+        ))
+        .unwrap();
+        older(&conn, 1, 5);
+    }
+    let index = |path: &Path| -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_schema WHERE name = 'events_by_session'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(index(&path), 0, "the index is dropped");
+    assert_eq!(key_counts(&path), (5, 5, 0, 5), "every row keyed");
+    store.append("aa", 6, step(6)).unwrap();
+    drop(store);
+    // An older binary opens it again, re-creates its index and appends 7..=9.
+    older(&Connection::open(&path).unwrap(), 7, 9);
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(index(&path), 0);
+    assert_eq!(key_counts(&path), (5, 5, 4, 9), "rows 6..=9 are the tail");
+    assert_eq!(
+        seen(&store, "aa", 4),
+        ((1..=9).collect(), 9, (5..=9).collect(), 9)
+    );
+    let err = store.append("aa", 9, step(9)).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { found: 9, .. }),
+        "{err}"
+    );
+    store.append("aa", 10, step(10)).unwrap();
+}
+
+/// A commit that would key the tail and fails keys nothing: the mark stays, the store reads
+/// its tail again, and the next commit keys it, a chunk of the oldest rows.
+#[test]
+fn q11_a_failed_commit_that_would_key_the_tail_keys_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let id = new_session(&store);
+    // Row 1 is the creation: after these the tail is one row short of being keyed.
+    for seq in 2..keys::LAG {
+        store.append(&id, seq, step(seq)).unwrap();
+    }
+    let n = keys::LAG as i64;
+    assert_eq!(key_counts(&path), (0, 0, n - 1, n - 1));
+    store.fail_commits(1);
+    let err = store.append(&id, keys::LAG, step(0)).unwrap_err();
+    assert_eq!(err.code(), "store", "{err}");
+    assert_eq!(key_counts(&path), (0, 0, n - 1, n - 1));
+    store.append(&id, keys::LAG, step(0)).unwrap();
+    let chunk = keys::CHUNK as i64;
+    assert_eq!(
+        key_counts(&path),
+        (chunk, chunk, n - chunk, n),
+        "the oldest rows keyed once it committed"
+    );
+    assert_eq!(
+        seen(&store, &id, chunk as u64 - 2),
+        (
+            (1..=keys::LAG).collect(),
+            keys::LAG,
+            (chunk as u64 - 1..=keys::LAG).collect(),
+            keys::LAG
+        )
+    );
+}
+
+/// Two stores on one file (another daemon, a restart beside the old one) each key rows and
+/// see the other's: every append's seq is checked against both, every key points at its row.
+#[test]
+fn q7_two_stores_on_one_file_key_each_others_rows_and_refuse_stale_seqs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let stores = [
+        SqliteStore::open(&path).unwrap(),
+        SqliteStore::open(&path).unwrap(),
+    ];
+    let ids: Vec<String> = (0..4).map(|i| new_session(&stores[i % 2])).collect();
+    let mut last = vec![1u64; ids.len()];
+    // Eight events an append: past the keys' lag twice before the WAL needs a checkpoint,
+    // which a second store on the file takes for an overwrite (Q12).
+    const EACH: u64 = 8;
+    for round in 0..(2 * keys::LAG / EACH) {
+        let i = round as usize % ids.len();
+        let store = &stores[(round as usize / ids.len() + i) % 2];
+        // The other store appended to this session last: the next seq is taken as such.
+        let events = (0..EACH).flat_map(step).collect();
+        store.append(&ids[i], last[i] + 1, events).unwrap();
+        last[i] += EACH;
+    }
+    for (i, id) in ids.iter().enumerate() {
+        for store in &stores {
+            let err = store.append(id, last[i], step(0)).unwrap_err();
+            assert!(
+                matches!(err, StoreError::Conflict { found, .. } if found == last[i]),
+                "{err}"
+            );
+        }
+    }
+    let (keyed, _, unkeyed, rows) = key_counts(&path);
+    assert!(
+        keyed > 0 && keyed + unkeyed == rows,
+        "{keyed} + {unkeyed} != {rows}"
+    );
+    for (i, id) in ids.iter().enumerate() {
+        for store in &stores {
+            assert_eq!(seen(store, id, 3).0, (1..=last[i]).collect::<Vec<_>>());
+        }
+    }
 }
