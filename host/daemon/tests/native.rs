@@ -5,6 +5,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -387,7 +388,18 @@ fn q3_a_new_daemon_over_the_same_store_records_resume_only_when_the_header_chang
 /// The memory store as another kind of store: `Shared` as one other daemons append to (Q17),
 /// `Deferring` as one that writes appends on a thread of its own and answers later, as
 /// SQLite's writer does (`SessionStore::defers`).
-struct Like(Arc<MemoryStore>, Kind);
+struct Like(Arc<MemoryStore>, Kind, AtomicUsize);
+
+impl Like {
+    fn new(kind: Kind) -> Self {
+        Like(Arc::new(MemoryStore::default()), kind, AtomicUsize::new(0))
+    }
+
+    /// How many times the log was read (`events`, `events_after`, `session_agent`).
+    fn reads(&self) -> usize {
+        self.2.load(Ordering::SeqCst)
+    }
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -404,13 +416,23 @@ impl SessionStore for Like {
         self.0.create_session(agent, first)
     }
     fn session_agent(&self, id: &str) -> Result<Option<String>, promptd_core::store::StoreError> {
+        self.2.fetch_add(1, Ordering::SeqCst);
         self.0.session_agent(id)
     }
     fn events(
         &self,
         id: &str,
     ) -> Result<Vec<promptd_core::store::Event>, promptd_core::store::StoreError> {
+        self.2.fetch_add(1, Ordering::SeqCst);
         self.0.events(id)
+    }
+    fn events_after(
+        &self,
+        id: &str,
+        seq: u64,
+    ) -> Result<Vec<promptd_core::store::Event>, promptd_core::store::StoreError> {
+        self.2.fetch_add(1, Ordering::SeqCst);
+        self.0.events_after(id, seq)
     }
     fn append(
         &self,
@@ -456,7 +478,7 @@ fn q17_daemons_on_a_shared_store_alternate_without_conflicts_and_record_their_pl
     put(a_dir.path(), "persona", "persona-v1");
     // The same plugin from another file: the same header, another plugin set (sha256).
     put(b_dir.path(), "persona", "persona-v1\n");
-    let store: Arc<dyn SessionStore> = Arc::new(Like(Arc::new(MemoryStore::new()), Kind::Shared));
+    let store: Arc<dyn SessionStore> = Arc::new(Like::new(Kind::Shared));
     let (a, b) = (
         daemon(store.clone(), a_dir.path()),
         daemon(store, b_dir.path()),
@@ -682,10 +704,7 @@ fn inline(d: &Daemon, id: &str, input: &StepInput) -> Option<(u64, String)> {
 fn q22_a_short_step_runs_inline_with_the_bytes_and_log_of_one_on_the_blocking_pool() {
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "reading", "reading");
-    let d = daemon(
-        Arc::new(Like(Arc::new(MemoryStore::default()), Kind::Deferring)),
-        dir.path(),
-    );
+    let d = daemon(Arc::new(Like::new(Kind::Deferring)), dir.path());
     let (inline_id, pooled_id) = (
         d.create_session("coder").unwrap(),
         d.create_session("coder").unwrap(),
@@ -730,10 +749,7 @@ fn q22_a_short_step_runs_inline_with_the_bytes_and_log_of_one_on_the_blocking_po
     let dir = tempfile::tempdir().unwrap();
     put(dir.path(), "reading", "reading");
     put(dir.path(), "clock", "clock");
-    let d = daemon(
-        Arc::new(Like(Arc::new(MemoryStore::default()), Kind::Deferring)),
-        dir.path(),
-    );
+    let d = daemon(Arc::new(Like::new(Kind::Deferring)), dir.path());
     let id = d.create_session("coder").unwrap();
     for i in 0..3 {
         let input = input(vec![Message::user(format!("turn {i}"))], &[("cwd", "/a")]);
@@ -741,4 +757,27 @@ fn q22_a_short_step_runs_inline_with_the_bytes_and_log_of_one_on_the_blocking_po
         let (_, body) = d.step_body(&id, &input, Format::Neutral).unwrap();
         assert!(body.contains(&format!("step {}", i + 1)), "{body}");
     }
+}
+
+/// Q10: a session is cached from its creation, so its first step reads nothing from the log,
+/// and its body is the one a daemon that rebuilds the session from the log plans.
+#[test]
+fn q10_a_new_sessions_first_step_reads_nothing_from_the_log_and_plans_what_the_log_rebuilds() {
+    let dir = tempfile::tempdir().unwrap();
+    put(dir.path(), "persona", "persona-v1");
+    let store = Arc::new(Like::new(Kind::Deferring));
+    let d = daemon(store.clone(), dir.path());
+    let id = d.create_session("coder").unwrap();
+    let input = input(vec![Message::user("hello")], &[("cwd", "/a")]);
+    let body = d.step_body(&id, &input, Format::Neutral).unwrap();
+    assert_eq!(store.reads(), 0, "the first step read the log");
+    // The same first step on a daemon that rebuilds the session from the log.
+    let other = Arc::new(Like::new(Kind::Deferring));
+    let cold = uncached(other.clone(), dir.path());
+    let cold_id = cold.create_session("coder").unwrap();
+    let cold_body = cold.step_body(&cold_id, &input, Format::Neutral).unwrap();
+    assert!(other.reads() > 0, "an uncached daemon reads the log");
+    assert_eq!(body, cold_body);
+    let rebuilt = formats::render(&d.request(&id, body.0).unwrap(), Format::Neutral);
+    assert_eq!(body.1, rebuilt.to_string());
 }

@@ -82,6 +82,19 @@ impl Daemon {
             .sessions
             .store
             .create_session(agent, promptd_core::step::encode(&created)?)?;
+        // Its state is cached now, as the first step would rebuild it from the log: so a
+        // session's first step reads nothing (1% of the steps at 100 steps a session spent
+        // a millisecond more reading its log, BENCHMARKS.md issue 50's eighth stop).
+        let mut state = SessionState::new(&id);
+        state.apply_planned(1, vec![created])?;
+        self.sessions.cache.put(
+            &id,
+            Box::new(Cached {
+                agent: agent.to_string(),
+                state,
+                key: None,
+            }),
+        );
         Ok(id)
     }
 
