@@ -944,6 +944,22 @@ fn q7_a_database_with_the_index_is_keyed_once_and_rows_written_by_an_older_binar
         "{err}"
     );
     store.append("aa", 10, step(10)).unwrap();
+    drop(store);
+    // An older binary appends more than the lag: the next commit keys all but fewer than 256.
+    let many = 10 + keys::LAG as i64 + 40;
+    older(&Connection::open(&path).unwrap(), 11, many);
+    let store = SqliteStore::open(&path).unwrap();
+    store.append("aa", many as u64 + 1, step(0)).unwrap();
+    let (keyed, _, unkeyed, rows) = key_counts(&path);
+    assert_eq!(rows, many + 1);
+    assert!(
+        unkeyed < keys::LAG as i64 && keyed + unkeyed == rows,
+        "{keyed} keyed, {unkeyed} not"
+    );
+    assert_eq!(
+        seen(&store, "aa", 0).0,
+        (1..=many as u64 + 1).collect::<Vec<_>>()
+    );
 }
 
 /// A commit that would key the tail and fails keys nothing: the mark stays, the store reads
