@@ -10,10 +10,11 @@
 //! The rows past the mark [`UPTO`] (the *tail*) are found by rowid; every row at or before it
 //! is keyed. A tail row may be keyed already: a session's keyed rows are always its first
 //! ones, so a read takes the session's keyed rows, then its tail rows after its last keyed seq,
-//! in one statement (one snapshot). Once the tail holds [`LAG`] rows, each commit keys every
-//! unkeyed row of the session that has the tail's oldest one, and moves the mark up to the
-//! next unkeyed row: a few keys per commit, no pause, and a busy session's keys go in a
-//! dozen at a time.
+//! in one statement (one snapshot). Once [`LAG`] rows are unkeyed, each commit keys the
+//! oldest unkeyed rows ([`CHUNK`] at most at a time) of the session that has the oldest one,
+//! until fewer than [`LAG`] are left, and moves the mark up to the next unkeyed row: about as
+//! many keys per commit as it wrote rows, no pause, and a busy session's keys go in a dozen
+//! or more at a time.
 //!
 //! The writer checks an append's seq against the session's last one: the tail's, which it
 //! keeps in memory ([`Keys`]), else the key table's. A second row at one (session, seq) is so
