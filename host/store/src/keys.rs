@@ -49,6 +49,9 @@ pub(crate) const UPTO: &str = "CREATE TABLE IF NOT EXISTS event_keys_upto (
                  keyings INTEGER NOT NULL
              )";
 
+/// A session's last keyed seq (0 when none is).
+const LAST_KEYED: &str = "SELECT COALESCE(MAX(seq), 0) FROM event_keys WHERE session_id = ?1";
+
 /// A session's events after a seq, in seq order: its keyed rows, then its tail rows.
 pub(crate) const READ_EVENTS: &str = "SELECT e.seq, e.kind, e.body, e.at_ms, e.body_version
      FROM event_keys k JOIN events e ON e.rowid = k.event
@@ -144,8 +147,6 @@ pub(crate) struct Keys {
     upto: i64,
     /// Unkeyed rows in all.
     rows: u64,
-    /// The newest row noted.
-    newest: i64,
     sessions: HashMap<String, Unkeyed>,
     /// The newest row of the table, and the mark's `keyings`, as this store left them.
     seen: Seen,
@@ -206,9 +207,7 @@ impl Keys {
                 "SELECT session_id, seq, rowid FROM events WHERE rowid > ?1 ORDER BY rowid",
             )
             .map_err(&failed)?;
-        let mut last_keyed = conn
-            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM event_keys WHERE session_id = ?1")
-            .map_err(&failed)?;
+        let mut last_keyed = conn.prepare_cached(LAST_KEYED).map_err(&failed)?;
         // Each session's last keyed seq, read once: its rows after it are unkeyed.
         let mut keyed: HashMap<String, u64> = HashMap::new();
         let mut found = rows.query([upto]).map_err(&failed)?;
@@ -262,7 +261,7 @@ impl Keys {
         if let Some(unkeyed) = self.sessions.get(id) {
             return Ok(unkeyed.last);
         }
-        tx.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM event_keys WHERE session_id = ?1")
+        tx.prepare_cached(LAST_KEYED)
             .and_then(|mut last| last.query_row([id], |r| r.get::<_, i64>(0)))
             .map(|last| last as u64)
             .map_err(db("reading the last seq"))
@@ -278,7 +277,6 @@ impl Keys {
         unkeyed.last = seq;
         unkeyed.rows.push(rowid);
         self.rows += 1;
-        self.newest = self.newest.max(rowid);
         self.seen.newest = self.seen.newest.max(rowid);
     }
 
@@ -320,7 +318,8 @@ impl Keys {
             .filter_map(|u| u.rows.first())
             .min()
             .copied();
-        self.upto = next.map_or(self.newest, |rowid| rowid - 1);
+        // None unkeyed: every row of the table is keyed.
+        self.upto = next.map_or(self.seen.newest, |rowid| rowid - 1);
         tx.prepare_cached("UPDATE event_keys_upto SET upto = ?1, keyings = keyings + 1")
             .and_then(|mut mark| mark.execute(params![self.upto]))
             .map_err(db("keying the events by session"))?;
