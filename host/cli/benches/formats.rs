@@ -33,7 +33,8 @@ fn header() -> Header {
                 description: format!("Tool number {i}: does one thing well."),
                 parameters: json!({"type": "object", "properties": {
                     "path": {"type": "string", "description": "A path."},
-                    "limit": {"type": "integer"}}, "required": ["path"]}),
+                    "limit": {"type": "integer"}}, "required": ["path"]})
+                .into(),
                 defer: None,
             })
             .collect(),

@@ -779,7 +779,7 @@ mod tests {
                 tools: vec![ToolSpec {
                     name: "probe_search".into(),
                     description: "Search.".into(),
-                    parameters: schema,
+                    parameters: schema.into(),
                     defer: None,
                 }],
                 ..Header::default()

@@ -59,7 +59,7 @@ pub fn header(assembly: &Assembly, model: serde_json::Map<String, serde_json::Va
             .map(|t| ToolSpec {
                 name: t.name.clone(),
                 description: t.description.clone(),
-                parameters: (*t.parameters).clone(),
+                parameters: std::sync::Arc::clone(&t.parameters),
                 defer: t.defer.as_deref().map(str::to_string),
             })
             .collect(),
@@ -141,7 +141,7 @@ pub fn same_header(recorded: &Header, new: Proposed<'_>) -> bool {
                     && recorded.tools.iter().zip(tools.iter()).all(|(h, a)| {
                         h.name == a.name
                             && h.description == a.description
-                            && h.parameters == *a.parameters
+                            && h.parameters == a.parameters
                             && h.defer.as_deref() == a.defer.as_deref()
                     })
             }

@@ -185,8 +185,10 @@ pub struct ToolSpec {
     pub name: String,
     /// What the tool does, for the model.
     pub description: String,
-    /// A JSON Schema object.
-    pub parameters: Value,
+    /// A JSON Schema object, shared with the assembly that gave it: a step compares its
+    /// header's tools with the assembly's ([`crate::session::same_header`]), and the same
+    /// schema is then one pointer comparison, not a walk of the whole tree.
+    pub parameters: std::sync::Arc<Value>,
     /// K9: deferred (`defer = true` in its plugin's config): the id of the plugin that gives
     /// it, which names its namespace. Absent for a tool sent in full.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -110,7 +110,7 @@ pub(super) fn anthropic_tool(header: &Header, tool: &ToolSpec, last: bool) -> Va
     let mut out = Map::new();
     out.insert("name".into(), json!(tool.name));
     out.insert("description".into(), json!(tool.description));
-    out.insert("input_schema".into(), tool.parameters.clone());
+    out.insert("input_schema".into(), (*tool.parameters).clone());
     if last {
         out.insert("cache_control".into(), ephemeral(header));
     }

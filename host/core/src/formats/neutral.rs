@@ -161,7 +161,7 @@ mod tests {
         let spec = |defer: Option<&str>| ToolSpec {
             name: "write_file".into(),
             description: "Writes.".into(),
-            parameters: json!({"type": "object"}),
+            parameters: json!({"type": "object"}).into(),
             defer: defer.map(str::to_string),
         };
         let header = Header {

@@ -21,13 +21,14 @@ fn fixture() -> FrozenRequest {
                         "type": "object",
                         "properties": { "path": { "type": "string" } },
                         "required": ["path"],
-                    }),
+                    })
+                    .into(),
                     defer: None,
                 },
                 ToolSpec {
                     name: "list-dir".into(),
                     description: "List a directory.".into(),
-                    parameters: json!({ "type": "object", "properties": {} }),
+                    parameters: json!({ "type": "object", "properties": {} }).into(),
                     defer: None,
                 },
             ],
@@ -936,7 +937,7 @@ fn q8_never_panics_on_odd_input() {
             tools: vec![ToolSpec {
                 name: String::new(),
                 description: String::new(),
-                parameters: Value::Null,
+                parameters: Value::Null.into(),
                 defer: None,
             }],
         },

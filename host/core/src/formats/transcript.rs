@@ -827,7 +827,7 @@ mod tests {
                 .map(|i| ToolSpec {
                     name: format!("t{i}"),
                     description: "d".into(),
-                    parameters: json!({"type": "object"}),
+                    parameters: json!({"type": "object"}).into(),
                     defer: None,
                 })
                 .collect(),

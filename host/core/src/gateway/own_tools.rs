@@ -938,7 +938,7 @@ mod tests {
         Tool {
             name: name.into(),
             description: "What time it is.".into(),
-            parameters: json!({"type": "object", "properties": {"tz": {"type": "string"}}}),
+            parameters: json!({"type": "object", "properties": {"tz": {"type": "string"}}}).into(),
             defer: None,
         }
     }

@@ -671,3 +671,29 @@ fn q21_parts_relative_to_a_step_the_daemon_did_not_write_last_start_from_nothing
     }
     assert_eq!(since, [(0, true), (1, false), (0, true)]);
 }
+
+#[test]
+fn q3_a_header_shares_its_assemblys_tool_schemas_so_comparing_them_walks_no_tree() {
+    let a = assembly("You are terse.", None);
+    let h = header(&a, serde_json::Map::new());
+    assert!(std::sync::Arc::ptr_eq(
+        &h.tools[0].parameters,
+        &a.tools[0].parameters
+    ));
+    // A header decoded from the log holds a copy: still the same header by value.
+    let decoded: Header = serde_json::from_value(serde_json::to_value(&h).unwrap()).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(
+        &decoded.tools[0].parameters,
+        &a.tools[0].parameters
+    ));
+    let proposed = Proposed {
+        model: &serde_json::Map::new(),
+        system: &a.system,
+        tools: ToolsOf::Assembled(&a.tools),
+        layout: crate::conversation::LAYOUT,
+        cache_ttl: None,
+        key: KeyRule::Equal(None),
+    };
+    assert!(same_header(&h, proposed));
+    assert!(same_header(&decoded, proposed));
+}

@@ -784,7 +784,7 @@ impl Gateway {
                 .map(|t| promptd_core::conversation::ToolSpec {
                     name: t.name.clone(),
                     description: t.description.clone(),
-                    parameters: (*t.parameters).clone(),
+                    parameters: std::sync::Arc::clone(&t.parameters),
                     defer: None,
                 })
                 .collect(),
