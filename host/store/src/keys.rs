@@ -1,4 +1,4 @@
-//! The events' index by session, kept a few hundred rows behind the table.
+//! The events' index by session, kept about a thousand rows behind the table.
 //!
 //! An index that SQLite updates at each insert puts each step's key beside its session's
 //! earlier ones: a commit group of steps from N sessions rewrote N index leaves, one 4 KiB
@@ -13,8 +13,8 @@
 //! in one statement (one snapshot). Once [`LAG`] rows are unkeyed, each commit keys the
 //! oldest unkeyed rows ([`CHUNK`] at most at a time) of the session that has the oldest one,
 //! until fewer than [`LAG`] are left, and moves the mark up to the next unkeyed row: about as
-//! many keys per commit as it wrote rows, no pause, and a busy session's keys go in a dozen
-//! or more at a time.
+//! many keys per commit as it wrote rows, no pause, and a busy session's keys go in dozens
+//! at a time.
 //!
 //! The writer checks an append's seq against the session's last one: the tail's, which it
 //! keeps in memory ([`Keys`]), else the key table's. A second row at one (session, seq) is so
@@ -28,11 +28,17 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::db;
 
-/// Unkeyed rows past which each commit keys some ([`Keys::key_if_due`]).
-pub(crate) const LAG: u64 = 256;
+/// Unkeyed rows past which each commit keys some ([`Keys::key_if_due`]). A session keyed
+/// has about `LAG / sessions stepping` unkeyed rows, and its keys go into one leaf whatever
+/// their number: at 256, sixteen sessions keyed 16 rows per 4 KiB leaf written, and keying
+/// was a third of the WAL frames a commit wrote; at 1,024, a quarter of that (BENCHMARKS.md,
+/// issue 50's ninth stop). A read scans the tail for its session's rows, about 0.1 ms at
+/// 1,024 rows.
+pub(crate) const LAG: u64 = 1024;
 
-/// Most keys of one session added at a time.
-pub(crate) const CHUNK: usize = 64;
+/// Most keys of one session added at a time: a session that steps alone is keyed 128 rows
+/// at once, not a whole tail's worth in one commit.
+pub(crate) const CHUNK: usize = 128;
 
 /// The key table: each event's (session, seq), pointing at its row.
 pub(crate) const KEYS: &str = "CREATE TABLE IF NOT EXISTS event_keys (

@@ -26,7 +26,7 @@
 //! itself ([`checkpoint`]), after the commit's check, and records what the copy left.
 //!
 //! Events are kept in a rowid table, in the order they were appended ([`EVENTS`]), and found
-//! by (session, seq) through a key table the writer fills a few hundred rows behind
+//! by (session, seq) through a key table the writer fills about a thousand rows behind
 //! ([`keys`]); opening a database from before issue 50, whose events table was keyed by
 //! (session, seq), rebuilds it so once, and one from issue 50 on, which found them through a
 //! SQLite index, is keyed once.

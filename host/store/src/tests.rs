@@ -1010,9 +1010,9 @@ fn q7_two_stores_on_one_file_key_each_others_rows_and_refuse_stale_seqs() {
     ];
     let ids: Vec<String> = (0..4).map(|i| new_session(&stores[i % 2])).collect();
     let mut last = vec![1u64; ids.len()];
-    // Eight events an append: past the keys' lag twice before the WAL needs a checkpoint,
-    // which a second store on the file takes for an overwrite (Q12).
-    const EACH: u64 = 8;
+    // 32 events an append: past the keys' lag twice in 64 commits, before the WAL needs a
+    // checkpoint, which a second store on the file takes for an overwrite (Q12).
+    const EACH: u64 = 32;
     for round in 0..(2 * keys::LAG / EACH) {
         let i = round as usize % ids.len();
         let store = &stores[(round as usize / ids.len() + i) % 2];
