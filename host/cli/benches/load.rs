@@ -3,6 +3,11 @@
 //!
 //! Run: `cargo bench -p promptd --bench load`. Environment:
 //! - `LOAD_SECS` (10): measured seconds per scenario, after `LOAD_WARMUP_SECS` (1) of warm-up;
+//! - `LOAD_ROUNDS` (1): how many times each binary runs each scenario, in rounds that take
+//!   turns (A B, then B A…); a binary's rounds are reported as one window (their steps, CPU
+//!   and latencies together). On a shared machine the binary that runs second has often been
+//!   the cheaper by about 8% (BENCHMARKS.md, issue 50's ninth stop): with 2, each runs first
+//!   once and last once;
 //! - `LOAD_RATE` (4000): the open loop's offered steps per second, over `LOAD_OPEN_THREADS` (64);
 //! - `LOAD_SCENARIOS` (all): which scenarios to run, 1-based and comma-separated (`2` = 16 threads,
 //!   `5` = the HTTP floor);
@@ -101,6 +106,19 @@ impl Measured {
     }
     fn p(&self, p: f64) -> Duration {
         percentile(&self.latencies, p)
+    }
+    /// This measure and a later one of the same binary and scenario, as one window.
+    fn merge(mut self, other: Measured) -> Measured {
+        self.latencies.extend(other.latencies);
+        self.latencies.sort_unstable();
+        self.errors += other.errors;
+        self.unsent += other.unsent;
+        self.elapsed += other.elapsed;
+        self.daemon_cpu += other.daemon_cpu;
+        self.daemon_sys += other.daemon_sys;
+        self.client_cpu += other.client_cpu;
+        self.rss_kib = self.rss_kib.max(other.rss_kib);
+        self
     }
     fn daemon_cpu_per_step(&self) -> Duration {
         Duration::from_secs_f64(self.daemon_cpu / self.steps().max(1) as f64)
@@ -552,7 +570,8 @@ fn main() {
             ratio: 1.0,
         });
     }
-    println!("load: {secs} s per scenario, 4 Rust plugins, agent coder, new session every {STEPS_PER_SESSION} steps");
+    let rounds: usize = env_or("LOAD_ROUNDS", 1_usize).max(1);
+    println!("load: {secs} s per scenario and round, {rounds} round(s) taking turns, 4 Rust plugins, agent coder, new session every {STEPS_PER_SESSION} steps");
 
     let mut table = Table::new(&[
         "scenario",
@@ -569,14 +588,26 @@ fn main() {
         "errors, unsent",
     ]);
     for (i, scenario) in scenarios.iter().enumerate() {
-        // Alternate who goes first, so neither binary always runs on a warmer machine.
+        // Alternate who goes first, so neither binary always runs on a warmer machine; with
+        // `LOAD_ROUNDS`, each round reverses the last (A B, B A, A B…), so each binary runs
+        // first and last as often.
         let mut order: Vec<&Binary> = bins.iter().collect();
         if i % 2 == 1 {
             order.reverse();
         }
+        let rounds: Vec<Vec<&Binary>> = (0..rounds)
+            .map(|r| {
+                let mut o = order.clone();
+                if r % 2 == 1 {
+                    o.reverse();
+                }
+                o
+            })
+            .collect();
         let mut measured: Vec<(String, &Binary, Measured)> = Vec::new();
-        for (bin, store) in order
+        for (bin, store) in rounds
             .iter()
+            .flatten()
             .flat_map(|b| stores.iter().map(move |s| (*b, s)))
         {
             // The store column only when there is more than one.
@@ -597,7 +628,14 @@ fn main() {
                 fmt_duration(m.daemon_cpu_per_step()),
                 fmt_duration(m.daemon_sys_per_step())
             );
-            measured.push((label, bin, m));
+            // A later round of the same binary and store joins its earlier window.
+            match measured.iter().position(|(l, _, _)| *l == label) {
+                Some(at) => {
+                    let (l, b, earlier) = measured.remove(at);
+                    measured.insert(at, (l, b, earlier.merge(m)));
+                }
+                None => measured.push((label, bin, m)),
+            }
         }
         measured.sort_by_key(|(_, b, _)| b.label != "current");
         for (label, _, m) in &measured {
