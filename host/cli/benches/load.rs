@@ -107,8 +107,8 @@ impl Measured {
     fn p(&self, p: f64) -> Duration {
         percentile(&self.latencies, p)
     }
-    /// This measure and a later one of the same binary and scenario, as one window.
-    fn merge(mut self, other: Measured) -> Measured {
+    /// Adds a later measure of the same binary and scenario, as one window.
+    fn merge(&mut self, other: Measured) {
         self.latencies.extend(other.latencies);
         self.latencies.sort_unstable();
         self.errors += other.errors;
@@ -118,7 +118,6 @@ impl Measured {
         self.daemon_sys += other.daemon_sys;
         self.client_cpu += other.client_cpu;
         self.rss_kib = self.rss_kib.max(other.rss_kib);
-        self
     }
     fn daemon_cpu_per_step(&self) -> Duration {
         Duration::from_secs_f64(self.daemon_cpu / self.steps().max(1) as f64)
@@ -629,11 +628,8 @@ fn main() {
                 fmt_duration(m.daemon_sys_per_step())
             );
             // A later round of the same binary and store joins its earlier window.
-            match measured.iter().position(|(l, _, _)| *l == label) {
-                Some(at) => {
-                    let (l, b, earlier) = measured.remove(at);
-                    measured.insert(at, (l, b, earlier.merge(m)));
-                }
+            match measured.iter_mut().find(|(l, _, _)| *l == label) {
+                Some((_, _, earlier)) => earlier.merge(m),
                 None => measured.push((label, bin, m)),
             }
         }

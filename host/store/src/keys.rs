@@ -29,11 +29,11 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::db;
 
 /// Unkeyed rows past which each commit keys some ([`Keys::key_if_due`]). A session keyed
-/// has about `LAG / sessions stepping` unkeyed rows, and its keys go into one leaf whatever
-/// their number: at 256, sixteen sessions keyed 16 rows per 4 KiB leaf written, and keying
-/// was a third of the WAL frames a commit wrote; at 1,024, a quarter of that (BENCHMARKS.md,
-/// issue 50's ninth stop). A read scans the tail for its session's rows, about 0.1 ms at
-/// 1,024 rows.
+/// has about `LAG / sessions stepping` unkeyed rows, and its keys go into one leaf however
+/// few they are: at 256, sixteen sessions keyed 16 rows per 4 KiB leaf written, and keying
+/// was a third of the WAL frames a commit wrote; at 1,024, about a third of that
+/// (BENCHMARKS.md, issue 50's ninth stop). A read scans the tail for its session's rows,
+/// about 0.1 ms at 1,024 rows.
 pub(crate) const LAG: u64 = 1024;
 
 /// Most keys of one session added at a time: a session that steps alone is keyed 128 rows

@@ -945,7 +945,7 @@ fn q7_a_database_with_the_index_is_keyed_once_and_rows_written_by_an_older_binar
     );
     store.append("aa", 10, step(10)).unwrap();
     drop(store);
-    // An older binary appends more than the lag: the next commit keys all but fewer than 256.
+    // An older binary appends more than the lag: the next commit keys all but fewer than the lag.
     let many = 10 + keys::LAG as i64 + 40;
     older(&Connection::open(&path).unwrap(), 11, many);
     let store = SqliteStore::open(&path).unwrap();
